@@ -1,0 +1,61 @@
+# rdzv build, test and demo entry points. See README.md.
+SHELL := /bin/bash
+GO ?= go
+TOOLS := $(CURDIR)/.tools
+BIN := $(CURDIR)/bin
+export PATH := $(TOOLS):$(PATH)
+
+# Pinned code generators; `make proto` installs them with `go install`.
+BUF_VERSION := v1.57.2
+PROTOC_GEN_GO_VERSION := v1.36.11
+PROTOC_GEN_GO_GRPC_VERSION := v1.6.2
+
+# Extra flags for go test, e.g. GOTEST_FLAGS=-race (CI sets it).
+GOTEST_FLAGS ?=
+
+.PHONY: all build test unit e2e lint proto tools demo clean bench
+
+all: build
+
+build:
+	@mkdir -p $(BIN)
+	CGO_ENABLED=0 $(GO) build -o $(BIN)/rdzv-controller ./cmd/rdzv-controller
+	CGO_ENABLED=0 $(GO) build -o $(BIN)/rdzvctl ./cmd/rdzvctl
+	CGO_ENABLED=1 $(GO) build -o $(BIN)/rdzv-agent ./cmd/rdzv-agent
+
+$(TOOLS)/buf:
+	GOBIN=$(TOOLS) GOFLAGS= $(GO) install github.com/bufbuild/buf/cmd/buf@$(BUF_VERSION)
+
+$(TOOLS)/protoc-gen-go:
+	GOBIN=$(TOOLS) GOFLAGS= $(GO) install google.golang.org/protobuf/cmd/protoc-gen-go@$(PROTOC_GEN_GO_VERSION)
+
+$(TOOLS)/protoc-gen-go-grpc:
+	GOBIN=$(TOOLS) GOFLAGS= $(GO) install google.golang.org/grpc/cmd/protoc-gen-go-grpc@$(PROTOC_GEN_GO_GRPC_VERSION)
+
+tools: $(TOOLS)/buf $(TOOLS)/protoc-gen-go $(TOOLS)/protoc-gen-go-grpc
+
+proto: tools
+	find proto -name '*.pb.go' -delete
+	buf generate
+
+lint: $(TOOLS)/buf
+	buf lint
+	@unformatted=$$(gofmt -l $$(git ls-files '*.go' | grep -v '\.pb\.go$$')); \
+	  if [ -n "$$unformatted" ]; then echo "gofmt needed:"; echo "$$unformatted"; exit 1; fi
+	$(GO) vet ./...
+	@# The controller and CLI must not need cgo (only agent/gpu/nvmlgpu imports go-nvml).
+	CGO_ENABLED=0 $(GO) build -o /dev/null ./cmd/rdzv-controller ./cmd/rdzvctl
+
+unit:
+	$(GO) test $(GOTEST_FLAGS) -count=1 $$($(GO) list ./... | grep -v /test/e2e)
+
+e2e: build
+	RDZV_BIN_DIR=$(BIN) $(GO) test -count=1 -v -timeout 30m ./test/e2e/...
+
+test: lint unit e2e
+
+demo: build
+	./examples/demo.sh
+
+clean:
+	rm -rf $(BIN) .demo
