@@ -719,6 +719,93 @@ func (x *Event) GetMessage() string {
 	return ""
 }
 
+// Round is one committed rendezvous: the nodes and ranks of one generation
+// of a job. The controller stores it once per generation; worker progress is
+// stored per node beside it so that a report never rewrites the whole round.
+type Round struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Job           string                 `protobuf:"bytes,1,opt,name=job,proto3" json:"job,omitempty"`
+	Generation    uint64                 `protobuf:"varint,2,opt,name=generation,proto3" json:"generation,omitempty"`
+	MasterAddr    string                 `protobuf:"bytes,3,opt,name=master_addr,json=masterAddr,proto3" json:"master_addr,omitempty"`
+	MasterPort    uint32                 `protobuf:"varint,4,opt,name=master_port,json=masterPort,proto3" json:"master_port,omitempty"`
+	Nodes         []*NodeAssignment      `protobuf:"bytes,5,rep,name=nodes,proto3" json:"nodes,omitempty"`
+	CommittedAt   *timestamppb.Timestamp `protobuf:"bytes,6,opt,name=committed_at,json=committedAt,proto3" json:"committed_at,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Round) Reset() {
+	*x = Round{}
+	mi := &file_rdzv_v1_job_proto_msgTypes[5]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Round) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Round) ProtoMessage() {}
+
+func (x *Round) ProtoReflect() protoreflect.Message {
+	mi := &file_rdzv_v1_job_proto_msgTypes[5]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Round.ProtoReflect.Descriptor instead.
+func (*Round) Descriptor() ([]byte, []int) {
+	return file_rdzv_v1_job_proto_rawDescGZIP(), []int{5}
+}
+
+func (x *Round) GetJob() string {
+	if x != nil {
+		return x.Job
+	}
+	return ""
+}
+
+func (x *Round) GetGeneration() uint64 {
+	if x != nil {
+		return x.Generation
+	}
+	return 0
+}
+
+func (x *Round) GetMasterAddr() string {
+	if x != nil {
+		return x.MasterAddr
+	}
+	return ""
+}
+
+func (x *Round) GetMasterPort() uint32 {
+	if x != nil {
+		return x.MasterPort
+	}
+	return 0
+}
+
+func (x *Round) GetNodes() []*NodeAssignment {
+	if x != nil {
+		return x.Nodes
+	}
+	return nil
+}
+
+func (x *Round) GetCommittedAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.CommittedAt
+	}
+	return nil
+}
+
 var File_rdzv_v1_job_proto protoreflect.FileDescriptor
 
 const file_rdzv_v1_job_proto_rawDesc = "" +
@@ -801,7 +888,18 @@ const file_rdzv_v1_job_proto_rawDesc = "" +
 	"generation\x18\x04 \x01(\x04R\n" +
 	"generation\x12\x12\n" +
 	"\x04kind\x18\x05 \x01(\tR\x04kind\x12\x18\n" +
-	"\amessage\x18\x06 \x01(\tR\amessage*\xb1\x01\n" +
+	"\amessage\x18\x06 \x01(\tR\amessage\"\xe9\x01\n" +
+	"\x05Round\x12\x10\n" +
+	"\x03job\x18\x01 \x01(\tR\x03job\x12\x1e\n" +
+	"\n" +
+	"generation\x18\x02 \x01(\x04R\n" +
+	"generation\x12\x1f\n" +
+	"\vmaster_addr\x18\x03 \x01(\tR\n" +
+	"masterAddr\x12\x1f\n" +
+	"\vmaster_port\x18\x04 \x01(\rR\n" +
+	"masterPort\x12-\n" +
+	"\x05nodes\x18\x05 \x03(\v2\x17.rdzv.v1.NodeAssignmentR\x05nodes\x12=\n" +
+	"\fcommitted_at\x18\x06 \x01(\v2\x1a.google.protobuf.TimestampR\vcommittedAt*\xb1\x01\n" +
 	"\bJobState\x12\x19\n" +
 	"\x15JOB_STATE_UNSPECIFIED\x10\x00\x12\x15\n" +
 	"\x11JOB_STATE_PENDING\x10\x01\x12\x15\n" +
@@ -832,7 +930,7 @@ func file_rdzv_v1_job_proto_rawDescGZIP() []byte {
 }
 
 var file_rdzv_v1_job_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
-var file_rdzv_v1_job_proto_msgTypes = make([]protoimpl.MessageInfo, 7)
+var file_rdzv_v1_job_proto_msgTypes = make([]protoimpl.MessageInfo, 8)
 var file_rdzv_v1_job_proto_goTypes = []any{
 	(JobState)(0),                 // 0: rdzv.v1.JobState
 	(WorkerState)(0),              // 1: rdzv.v1.WorkerState
@@ -841,30 +939,33 @@ var file_rdzv_v1_job_proto_goTypes = []any{
 	(*Job)(nil),                   // 4: rdzv.v1.Job
 	(*Assignment)(nil),            // 5: rdzv.v1.Assignment
 	(*Event)(nil),                 // 6: rdzv.v1.Event
-	nil,                           // 7: rdzv.v1.JobSpec.EnvEntry
-	nil,                           // 8: rdzv.v1.JobSpec.SelectorEntry
-	(*durationpb.Duration)(nil),   // 9: google.protobuf.Duration
-	(*timestamppb.Timestamp)(nil), // 10: google.protobuf.Timestamp
+	(*Round)(nil),                 // 7: rdzv.v1.Round
+	nil,                           // 8: rdzv.v1.JobSpec.EnvEntry
+	nil,                           // 9: rdzv.v1.JobSpec.SelectorEntry
+	(*durationpb.Duration)(nil),   // 10: google.protobuf.Duration
+	(*timestamppb.Timestamp)(nil), // 11: google.protobuf.Timestamp
 }
 var file_rdzv_v1_job_proto_depIdxs = []int32{
-	7,  // 0: rdzv.v1.JobSpec.env:type_name -> rdzv.v1.JobSpec.EnvEntry
-	8,  // 1: rdzv.v1.JobSpec.selector:type_name -> rdzv.v1.JobSpec.SelectorEntry
-	9,  // 2: rdzv.v1.JobSpec.rendezvous_last_call:type_name -> google.protobuf.Duration
-	9,  // 3: rdzv.v1.JobSpec.rendezvous_timeout:type_name -> google.protobuf.Duration
+	8,  // 0: rdzv.v1.JobSpec.env:type_name -> rdzv.v1.JobSpec.EnvEntry
+	9,  // 1: rdzv.v1.JobSpec.selector:type_name -> rdzv.v1.JobSpec.SelectorEntry
+	10, // 2: rdzv.v1.JobSpec.rendezvous_last_call:type_name -> google.protobuf.Duration
+	10, // 3: rdzv.v1.JobSpec.rendezvous_timeout:type_name -> google.protobuf.Duration
 	1,  // 4: rdzv.v1.NodeAssignment.state:type_name -> rdzv.v1.WorkerState
 	2,  // 5: rdzv.v1.Job.spec:type_name -> rdzv.v1.JobSpec
 	0,  // 6: rdzv.v1.Job.state:type_name -> rdzv.v1.JobState
 	3,  // 7: rdzv.v1.Job.assignments:type_name -> rdzv.v1.NodeAssignment
-	10, // 8: rdzv.v1.Job.created_at:type_name -> google.protobuf.Timestamp
-	10, // 9: rdzv.v1.Job.started_at:type_name -> google.protobuf.Timestamp
-	10, // 10: rdzv.v1.Job.finished_at:type_name -> google.protobuf.Timestamp
+	11, // 8: rdzv.v1.Job.created_at:type_name -> google.protobuf.Timestamp
+	11, // 9: rdzv.v1.Job.started_at:type_name -> google.protobuf.Timestamp
+	11, // 10: rdzv.v1.Job.finished_at:type_name -> google.protobuf.Timestamp
 	2,  // 11: rdzv.v1.Assignment.spec:type_name -> rdzv.v1.JobSpec
-	10, // 12: rdzv.v1.Event.time:type_name -> google.protobuf.Timestamp
-	13, // [13:13] is the sub-list for method output_type
-	13, // [13:13] is the sub-list for method input_type
-	13, // [13:13] is the sub-list for extension type_name
-	13, // [13:13] is the sub-list for extension extendee
-	0,  // [0:13] is the sub-list for field type_name
+	11, // 12: rdzv.v1.Event.time:type_name -> google.protobuf.Timestamp
+	3,  // 13: rdzv.v1.Round.nodes:type_name -> rdzv.v1.NodeAssignment
+	11, // 14: rdzv.v1.Round.committed_at:type_name -> google.protobuf.Timestamp
+	15, // [15:15] is the sub-list for method output_type
+	15, // [15:15] is the sub-list for method input_type
+	15, // [15:15] is the sub-list for extension type_name
+	15, // [15:15] is the sub-list for extension extendee
+	0,  // [0:15] is the sub-list for field type_name
 }
 
 func init() { file_rdzv_v1_job_proto_init() }
@@ -878,7 +979,7 @@ func file_rdzv_v1_job_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_rdzv_v1_job_proto_rawDesc), len(file_rdzv_v1_job_proto_rawDesc)),
 			NumEnums:      2,
-			NumMessages:   7,
+			NumMessages:   8,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

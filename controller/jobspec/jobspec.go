@@ -1,0 +1,161 @@
+// Package jobspec parses, defaults and validates job.yaml. rdzvctl validates
+// before it submits and the controller validates again on every StartJob, so
+// both share this one implementation. It must stay free of cgo and etcd.
+package jobspec
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"time"
+
+	"sigs.k8s.io/yaml"
+)
+
+// Limits on what a job may ask for; they bound memory and message sizes.
+const (
+	MaxNodes        = 10000
+	MaxGPUsPerNode  = 64
+	MaxProcsPerNode = 256
+	MaxFileBytes    = 1 << 20
+)
+
+// Defaults applied by Default.
+const (
+	DefaultLastCall = 10 * time.Second
+	DefaultTimeout  = 15 * time.Minute
+	DefaultTorchrun = "torchrun"
+)
+
+// Spec is job.yaml. Field tags are the YAML names (sigs.k8s.io/yaml goes
+// through JSON).
+type Spec struct {
+	Name         string            `json:"name"`
+	Nodes        NodeRange         `json:"nodes"`
+	GPUsPerNode  int               `json:"gpus_per_node"`
+	ProcsPerNode int               `json:"procs_per_node"`
+	Command      []string          `json:"command"`
+	Workdir      string            `json:"workdir"`
+	Env          map[string]string `json:"env"`
+	Selector     map[string]string `json:"selector"`
+	Checkpoint   Checkpoint        `json:"checkpoint"`
+	Rendezvous   Rendezvous        `json:"rendezvous"`
+	Launcher     Launcher          `json:"launcher"`
+}
+
+type NodeRange struct {
+	Min int `json:"min"`
+	Max int `json:"max"`
+}
+
+type Checkpoint struct {
+	Dir string `json:"dir"`
+}
+
+type Rendezvous struct {
+	// LastCall is how long to wait for more nodes once min are available.
+	LastCall *Duration `json:"last_call"`
+	// Timeout is how long a job may wait for min nodes before it fails; 0s
+	// waits forever.
+	Timeout *Duration `json:"timeout"`
+}
+
+type Launcher struct {
+	Torchrun  string   `json:"torchrun"`
+	ExtraArgs []string `json:"extra_args"`
+}
+
+// Duration is a time.Duration written as a Go duration string ("30s").
+type Duration struct{ time.Duration }
+
+func (d Duration) MarshalJSON() ([]byte, error) { return json.Marshal(d.String()) }
+
+func (d *Duration) UnmarshalJSON(b []byte) error {
+	var s string
+	if err := json.Unmarshal(b, &s); err != nil {
+		return fmt.Errorf("duration must be a string such as \"30s\", got %s", b)
+	}
+	v, err := time.ParseDuration(s)
+	if err != nil {
+		return fmt.Errorf("invalid duration %q: %w", s, err)
+	}
+	d.Duration = v
+	return nil
+}
+
+// Dur wraps a time.Duration for building a Spec in code.
+func Dur(d time.Duration) *Duration { return &Duration{d} }
+
+// LoadFile reads, parses and defaults a job file. Relative workdir and
+// checkpoint.dir are resolved against the file's directory, which is where
+// an operator naturally keeps a job's script. It does not validate.
+func LoadFile(path string) (*Spec, error) {
+	info, err := os.Stat(path)
+	if err != nil {
+		return nil, fmt.Errorf("reading job file: %w", err)
+	}
+	if info.Size() > MaxFileBytes {
+		return nil, fmt.Errorf("job file %s is %d bytes, more than the %d allowed: %w", path, info.Size(), MaxFileBytes, ErrInvalid)
+	}
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("reading job file: %w", err)
+	}
+	spec, err := Parse(data)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", path, err)
+	}
+	base, err := filepath.Abs(filepath.Dir(path))
+	if err != nil {
+		return nil, fmt.Errorf("resolving job file directory: %w", err)
+	}
+	spec.Workdir = resolve(base, spec.Workdir)
+	spec.Checkpoint.Dir = resolve(base, spec.Checkpoint.Dir)
+	return spec, nil
+}
+
+func resolve(base, p string) string {
+	if p == "" || filepath.IsAbs(p) {
+		return p
+	}
+	return filepath.Join(base, p)
+}
+
+// Parse decodes job.yaml strictly (unknown fields and wrong types are
+// errors) and applies defaults.
+func Parse(data []byte) (*Spec, error) {
+	if len(data) > MaxFileBytes {
+		return nil, fmt.Errorf("job is %d bytes, more than the %d allowed: %w", len(data), MaxFileBytes, ErrInvalid)
+	}
+	var spec Spec
+	if err := yaml.UnmarshalStrict(data, &spec); err != nil {
+		return nil, fmt.Errorf("parsing job: %v: %w", err, ErrInvalid)
+	}
+	spec.Default()
+	return &spec, nil
+}
+
+// Default fills in what the operator left out.
+func (s *Spec) Default() {
+	if s.Nodes.Max == 0 {
+		s.Nodes.Max = s.Nodes.Min
+	}
+	if s.ProcsPerNode == 0 {
+		s.ProcsPerNode = max(s.GPUsPerNode, 1)
+	}
+	if s.Rendezvous.LastCall == nil {
+		s.Rendezvous.LastCall = Dur(DefaultLastCall)
+	}
+	if s.Rendezvous.Timeout == nil {
+		s.Rendezvous.Timeout = Dur(DefaultTimeout)
+	}
+	if s.Launcher.Torchrun == "" {
+		s.Launcher.Torchrun = DefaultTorchrun
+	}
+}
+
+// ErrInvalid marks every validation failure so callers can map it (to
+// InvalidArgument at the gRPC boundary) with errors.Is.
+var ErrInvalid = errors.New("invalid job")

@@ -1,0 +1,156 @@
+package jobspec
+
+import (
+	"errors"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+)
+
+const goodJob = `
+name: llama-pretrain
+nodes: {min: 2, max: 4}
+gpus_per_node: 8
+command: ["train.py", "--lr", "3e-4"]
+workdir: /shared/llama
+env: {OMP_NUM_THREADS: "4"}
+selector: {pool: train}
+checkpoint: {dir: /shared/ckpt}
+rendezvous: {last_call: 5s, timeout: 2m}
+launcher: {torchrun: /usr/bin/torchrun, extra_args: ["--redirects", "2"]}
+`
+
+func TestParseGood(t *testing.T) {
+	spec, err := Parse([]byte(goodJob))
+	require.NoError(t, err)
+	require.NoError(t, spec.Validate())
+	require.Equal(t, "llama-pretrain", spec.Name)
+	require.Equal(t, NodeRange{Min: 2, Max: 4}, spec.Nodes)
+	require.Equal(t, 8, spec.ProcsPerNode, "procs_per_node defaults to gpus_per_node")
+	require.Equal(t, 5*time.Second, spec.Rendezvous.LastCall.Duration)
+	require.Equal(t, 2*time.Minute, spec.Rendezvous.Timeout.Duration)
+	require.Equal(t, []string{"--redirects", "2"}, spec.Launcher.ExtraArgs)
+}
+
+func TestDefaults(t *testing.T) {
+	spec, err := Parse([]byte("name: a\nnodes: {min: 3}\ncommand: [x.py]\n"))
+	require.NoError(t, err)
+	require.NoError(t, spec.Validate())
+	require.Equal(t, 3, spec.Nodes.Max, "max defaults to min")
+	require.Equal(t, 1, spec.ProcsPerNode, "one process per node without GPUs")
+	require.Equal(t, DefaultLastCall, spec.Rendezvous.LastCall.Duration)
+	require.Equal(t, DefaultTimeout, spec.Rendezvous.Timeout.Duration)
+	require.Equal(t, DefaultTorchrun, spec.Launcher.Torchrun)
+}
+
+func TestExplicitZeroTimeoutIsKept(t *testing.T) {
+	spec, err := Parse([]byte("name: a\nnodes: {min: 1}\ncommand: [x.py]\nrendezvous: {timeout: 0s, last_call: 0s}\n"))
+	require.NoError(t, err)
+	require.Zero(t, spec.Rendezvous.Timeout.Duration)
+	require.Zero(t, spec.Rendezvous.LastCall.Duration)
+}
+
+func TestParseRejects(t *testing.T) {
+	tests := []struct {
+		name string
+		yaml string
+		// wantField is the field the error must name.
+		wantField string
+	}{
+		{"unknown field", "name: a\nnodes: {min: 1}\ncommand: [x]\nnodez: 3\n", "nodez"},
+		{"unknown nested field", "name: a\nnodes: {min: 1, maxx: 2}\ncommand: [x]\n", "maxx"},
+		{"wrong type", "name: a\nnodes: {min: two}\ncommand: [x]\n", "min"},
+		{"duration as number", "name: a\nnodes: {min: 1}\ncommand: [x]\nrendezvous: {last_call: 10}\n", "duration"},
+		{"bad duration", "name: a\nnodes: {min: 1}\ncommand: [x]\nrendezvous: {timeout: soon}\n", "soon"},
+		{"not yaml", "name: [unclosed\n", "parsing job"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			_, err := Parse([]byte(tt.yaml))
+			require.ErrorIs(t, err, ErrInvalid)
+			require.ErrorContains(t, err, tt.wantField)
+		})
+	}
+}
+
+func TestValidateRejects(t *testing.T) {
+	tests := []struct {
+		name      string
+		mutate    func(*Spec)
+		wantField string
+	}{
+		{"empty name", func(s *Spec) { s.Name = "" }, "name: is required"},
+		{"uppercase name", func(s *Spec) { s.Name = "Llama" }, `name: must be a DNS-1123 label`},
+		{"name with slash", func(s *Spec) { s.Name = "../etc" }, "name:"},
+		{"long name", func(s *Spec) { s.Name = string(make([]byte, 64)) }, "name:"},
+		{"min zero", func(s *Spec) { s.Nodes.Min = 0 }, "nodes.min: must be at least 1"},
+		{"min above max", func(s *Spec) { s.Nodes.Min, s.Nodes.Max = 4, 2 }, "nodes.max: must be at least nodes.min (4) (got 2)"},
+		{"too many nodes", func(s *Spec) { s.Nodes.Max = MaxNodes + 1 }, "nodes.max: must be at most"},
+		{"negative gpus", func(s *Spec) { s.GPUsPerNode = -1 }, "gpus_per_node"},
+		{"procs zero", func(s *Spec) { s.ProcsPerNode = 0 }, "procs_per_node"},
+		{"empty command", func(s *Spec) { s.Command = nil }, "command: is required"},
+		{"blank script", func(s *Spec) { s.Command = []string{" "} }, "command[0]"},
+		{"relative workdir", func(s *Spec) { s.Workdir = "jobs/x" }, "workdir: must be an absolute path"},
+		{"unclean workdir", func(s *Spec) { s.Workdir = "/jobs/../etc" }, "workdir: must be a clean path"},
+		{"relative checkpoint", func(s *Spec) { s.Checkpoint.Dir = "ckpt" }, "checkpoint.dir"},
+		{"bad env name", func(s *Spec) { s.Env = map[string]string{"1BAD": "x"} }, `env: variable names`},
+		{"reserved env", func(s *Spec) { s.Env = map[string]string{"NCCL_SOCKET_IFNAME": "eth1"} }, "env.NCCL_SOCKET_IFNAME: is set by the rdzv agent"},
+		{"rdzv env prefix", func(s *Spec) { s.Env = map[string]string{"RDZV_JOB": "x"} }, "env.RDZV_JOB"},
+		{"bad selector key", func(s *Spec) { s.Selector = map[string]string{"-bad": "x"} }, "selector:"},
+		{"bad selector value", func(s *Spec) { s.Selector = map[string]string{"pool": "a b"} }, "selector.pool"},
+		{"negative last call", func(s *Spec) { s.Rendezvous.LastCall = Dur(-time.Second) }, "rendezvous.last_call"},
+		{"negative timeout", func(s *Spec) { s.Rendezvous.Timeout = Dur(-time.Second) }, "rendezvous.timeout"},
+		{"empty torchrun", func(s *Spec) { s.Launcher.Torchrun = " " }, "launcher.torchrun"},
+		{"agent-owned flag", func(s *Spec) { s.Launcher.ExtraArgs = []string{"--nnodes=4"} }, "launcher.extra_args[0]"},
+		{"agent-owned flag spaced", func(s *Spec) { s.Launcher.ExtraArgs = []string{"--tee", "2", "--master_port", "1"} }, "launcher.extra_args[2]"},
+		{"nul in arg", func(s *Spec) { s.Command = []string{"x.py", "a\x00b"} }, "command[1]"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			spec, err := Parse([]byte(goodJob))
+			require.NoError(t, err)
+			tt.mutate(spec)
+			err = spec.Validate()
+			require.ErrorIs(t, err, ErrInvalid)
+			var verr *ValidationError
+			require.True(t, errors.As(err, &verr))
+			require.ErrorContains(t, err, tt.wantField)
+		})
+	}
+}
+
+func TestValidateReportsEveryProblem(t *testing.T) {
+	spec := &Spec{Name: "Bad_Name", Nodes: NodeRange{Min: 0}}
+	spec.Default()
+	var verr *ValidationError
+	require.ErrorAs(t, spec.Validate(), &verr)
+	require.Len(t, verr.Errors, 3) // name, nodes.min, command
+}
+
+func TestLoadFileResolvesRelativePaths(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "job.yaml")
+	require.NoError(t, os.WriteFile(path, []byte("name: a\nnodes: {min: 1}\ncommand: [train.py]\nworkdir: .\ncheckpoint: {dir: ckpt}\n"), 0o600))
+	spec, err := LoadFile(path)
+	require.NoError(t, err)
+	require.NoError(t, spec.Validate())
+	require.Equal(t, dir, spec.Workdir)
+	require.Equal(t, filepath.Join(dir, "ckpt"), spec.Checkpoint.Dir)
+}
+
+func TestLoadFileRejectsOversized(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "job.yaml")
+	require.NoError(t, os.WriteFile(path, make([]byte, MaxFileBytes+1), 0o600))
+	_, err := LoadFile(path)
+	require.ErrorIs(t, err, ErrInvalid)
+}
+
+func TestProtoRoundTrip(t *testing.T) {
+	spec, err := Parse([]byte(goodJob))
+	require.NoError(t, err)
+	back := FromProto(spec.ToProto())
+	require.Equal(t, spec, back)
+}

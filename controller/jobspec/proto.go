@@ -1,0 +1,57 @@
+package jobspec
+
+import (
+	"google.golang.org/protobuf/types/known/durationpb"
+
+	rdzvv1 "github.com/rdzv/rdzv/proto/rdzv/v1"
+)
+
+// ToProto converts a defaulted Spec for the wire.
+func (s *Spec) ToProto() *rdzvv1.JobSpec {
+	p := &rdzvv1.JobSpec{
+		Name:              s.Name,
+		NodesMin:          uint32(s.Nodes.Min),
+		NodesMax:          uint32(s.Nodes.Max),
+		GpusPerNode:       uint32(s.GPUsPerNode),
+		ProcsPerNode:      uint32(s.ProcsPerNode),
+		Command:           s.Command,
+		Workdir:           s.Workdir,
+		Env:               s.Env,
+		Selector:          s.Selector,
+		CheckpointDir:     s.Checkpoint.Dir,
+		LauncherTorchrun:  s.Launcher.Torchrun,
+		LauncherExtraArgs: s.Launcher.ExtraArgs,
+	}
+	if s.Rendezvous.LastCall != nil {
+		p.RendezvousLastCall = durationpb.New(s.Rendezvous.LastCall.Duration)
+	}
+	if s.Rendezvous.Timeout != nil {
+		p.RendezvousTimeout = durationpb.New(s.Rendezvous.Timeout.Duration)
+	}
+	return p
+}
+
+// FromProto converts a request's spec and applies defaults, so the
+// controller validates exactly what rdzvctl would have.
+func FromProto(p *rdzvv1.JobSpec) *Spec {
+	s := &Spec{
+		Name:         p.GetName(),
+		Nodes:        NodeRange{Min: int(p.GetNodesMin()), Max: int(p.GetNodesMax())},
+		GPUsPerNode:  int(p.GetGpusPerNode()),
+		ProcsPerNode: int(p.GetProcsPerNode()),
+		Command:      p.GetCommand(),
+		Workdir:      p.GetWorkdir(),
+		Env:          p.GetEnv(),
+		Selector:     p.GetSelector(),
+		Checkpoint:   Checkpoint{Dir: p.GetCheckpointDir()},
+		Launcher:     Launcher{Torchrun: p.GetLauncherTorchrun(), ExtraArgs: p.GetLauncherExtraArgs()},
+	}
+	if p.RendezvousLastCall != nil {
+		s.Rendezvous.LastCall = Dur(p.RendezvousLastCall.AsDuration())
+	}
+	if p.RendezvousTimeout != nil {
+		s.Rendezvous.Timeout = Dur(p.RendezvousTimeout.AsDuration())
+	}
+	s.Default()
+	return s
+}

@@ -1,0 +1,239 @@
+package jobspec
+
+import (
+	"fmt"
+	"path/filepath"
+	"regexp"
+	"sort"
+	"strings"
+	"time"
+)
+
+// FieldError names one problem: the field's path in job.yaml, the offending
+// value and what was expected.
+type FieldError struct {
+	Field  string
+	Value  string
+	Reason string
+}
+
+func (e *FieldError) Error() string {
+	if e.Value == "" {
+		return fmt.Sprintf("%s: %s", e.Field, e.Reason)
+	}
+	return fmt.Sprintf("%s: %s (got %s)", e.Field, e.Reason, e.Value)
+}
+
+// ValidationError lists every problem found, so an operator fixes a job file
+// in one go rather than one error at a time.
+type ValidationError struct {
+	Errors []*FieldError
+}
+
+func (e *ValidationError) Error() string {
+	msgs := make([]string, len(e.Errors))
+	for i, fe := range e.Errors {
+		msgs[i] = fe.Error()
+	}
+	return "invalid job: " + strings.Join(msgs, "; ")
+}
+
+func (e *ValidationError) Is(target error) bool { return target == ErrInvalid }
+
+var (
+	dns1123Label = regexp.MustCompile(`^[a-z0-9]([-a-z0-9]*[a-z0-9])?$`)
+	envName      = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*$`)
+	labelKey     = regexp.MustCompile(`^[A-Za-z0-9]([A-Za-z0-9._/-]*[A-Za-z0-9])?$`)
+	labelValue   = regexp.MustCompile(`^([A-Za-z0-9]([A-Za-z0-9._/-]*[A-Za-z0-9])?)?$`)
+)
+
+// reservedEnv are set by the agent for every worker; a job overriding them
+// would silently break rank assignment or interface selection.
+var reservedEnv = map[string]bool{
+	"NCCL_SOCKET_IFNAME":   true,
+	"GLOO_SOCKET_IFNAME":   true,
+	"CUDA_VISIBLE_DEVICES": true,
+	"MASTER_ADDR":          true,
+	"MASTER_PORT":          true,
+}
+
+// agentLauncherFlags are the torchrun flags the agent sets from the
+// assignment; accepting them in extra_args would let a job contradict the
+// controller's rendezvous.
+var agentLauncherFlags = []string{
+	"--nnodes", "--node_rank", "--node-rank", "--nproc_per_node", "--nproc-per-node",
+	"--master_addr", "--master-addr", "--master_port", "--master-port",
+	"--rdzv_backend", "--rdzv-backend", "--rdzv_endpoint", "--rdzv-endpoint",
+	"--rdzv_id", "--rdzv-id", "--standalone",
+}
+
+const (
+	maxArgs     = 256
+	maxArgBytes = 4096
+	maxEnv      = 256
+	maxEnvBytes = 32 << 10
+	maxLabels   = 64
+	maxPathLen  = 4096
+)
+
+// ValidateNodeName checks a node name with the same rule as job names, so
+// that names are safe in etcd keys, file paths and log fields.
+func ValidateNodeName(field, name string) *FieldError {
+	if len(name) > 63 || !dns1123Label.MatchString(name) {
+		return &FieldError{Field: field, Value: quote(name), Reason: "must be a DNS-1123 label: at most 63 lowercase letters, digits and '-', starting and ending with a letter or digit"}
+	}
+	return nil
+}
+
+// ValidateLabels checks node labels or a job selector.
+func ValidateLabels(field string, labels map[string]string) []*FieldError {
+	var errs []*FieldError
+	if len(labels) > maxLabels {
+		errs = append(errs, &FieldError{Field: field, Value: fmt.Sprint(len(labels)), Reason: fmt.Sprintf("at most %d labels are allowed", maxLabels)})
+	}
+	for _, k := range sortedKeys(labels) {
+		v := labels[k]
+		if len(k) > 253 || !labelKey.MatchString(k) {
+			errs = append(errs, &FieldError{Field: field, Value: quote(k), Reason: "label key must be letters, digits, '.', '_', '-' or '/', starting and ending with a letter or digit, at most 253 characters"})
+		}
+		if len(v) > 63 || !labelValue.MatchString(v) {
+			errs = append(errs, &FieldError{Field: field + "." + k, Value: quote(v), Reason: "label value must be empty or letters, digits, '.', '_', '-' or '/', starting and ending with a letter or digit, at most 63 characters"})
+		}
+	}
+	return errs
+}
+
+// Validate checks a defaulted Spec. It returns a *ValidationError listing
+// every problem, or nil.
+func (s *Spec) Validate() error {
+	var errs []*FieldError
+	add := func(field, value, reason string) {
+		errs = append(errs, &FieldError{Field: field, Value: value, Reason: reason})
+	}
+
+	if fe := ValidateNodeName("name", s.Name); fe != nil {
+		if s.Name == "" {
+			fe.Reason = "is required; " + fe.Reason
+		}
+		errs = append(errs, fe)
+	}
+
+	switch {
+	case s.Nodes.Min < 1:
+		add("nodes.min", fmt.Sprint(s.Nodes.Min), "must be at least 1")
+	case s.Nodes.Max < s.Nodes.Min:
+		add("nodes.max", fmt.Sprint(s.Nodes.Max), fmt.Sprintf("must be at least nodes.min (%d)", s.Nodes.Min))
+	case s.Nodes.Max > MaxNodes:
+		add("nodes.max", fmt.Sprint(s.Nodes.Max), fmt.Sprintf("must be at most %d", MaxNodes))
+	}
+	if s.GPUsPerNode < 0 || s.GPUsPerNode > MaxGPUsPerNode {
+		add("gpus_per_node", fmt.Sprint(s.GPUsPerNode), fmt.Sprintf("must be between 0 and %d", MaxGPUsPerNode))
+	}
+	if s.ProcsPerNode < 1 || s.ProcsPerNode > MaxProcsPerNode {
+		add("procs_per_node", fmt.Sprint(s.ProcsPerNode), fmt.Sprintf("must be between 1 and %d", MaxProcsPerNode))
+	}
+
+	switch {
+	case len(s.Command) == 0:
+		add("command", "", "is required: the training script and its arguments, passed to torchrun")
+	case len(s.Command) > maxArgs:
+		add("command", fmt.Sprint(len(s.Command)), fmt.Sprintf("at most %d arguments are allowed", maxArgs))
+	case strings.TrimSpace(s.Command[0]) == "":
+		add("command[0]", quote(s.Command[0]), "must name the training script")
+	}
+	errs = append(errs, validateArgs("command", s.Command)...)
+
+	errs = append(errs, validatePath("workdir", s.Workdir)...)
+	errs = append(errs, validatePath("checkpoint.dir", s.Checkpoint.Dir)...)
+
+	if len(s.Env) > maxEnv {
+		add("env", fmt.Sprint(len(s.Env)), fmt.Sprintf("at most %d variables are allowed", maxEnv))
+	}
+	for _, k := range sortedKeys(s.Env) {
+		switch {
+		case !envName.MatchString(k):
+			add("env", quote(k), "variable names must match [A-Za-z_][A-Za-z0-9_]*")
+		case reservedEnv[k] || strings.HasPrefix(k, "RDZV_"):
+			add("env."+k, "", "is set by the rdzv agent from the assignment and cannot be overridden")
+		case len(s.Env[k]) > maxEnvBytes || strings.ContainsRune(s.Env[k], 0):
+			add("env."+k, "", fmt.Sprintf("value must be at most %d bytes without NUL characters", maxEnvBytes))
+		}
+	}
+	errs = append(errs, ValidateLabels("selector", s.Selector)...)
+
+	if lc := s.Rendezvous.LastCall; lc == nil || lc.Duration < 0 || lc.Duration > time.Hour {
+		add("rendezvous.last_call", durString(lc), "must be between 0s and 1h")
+	}
+	if to := s.Rendezvous.Timeout; to == nil || to.Duration < 0 {
+		add("rendezvous.timeout", durString(to), "must be 0s (wait forever) or a positive duration")
+	}
+
+	if strings.TrimSpace(s.Launcher.Torchrun) == "" || len(s.Launcher.Torchrun) > maxPathLen {
+		add("launcher.torchrun", quote(s.Launcher.Torchrun), "must name the torchrun executable")
+	}
+	if len(s.Launcher.ExtraArgs) > maxArgs {
+		add("launcher.extra_args", fmt.Sprint(len(s.Launcher.ExtraArgs)), fmt.Sprintf("at most %d arguments are allowed", maxArgs))
+	}
+	errs = append(errs, validateArgs("launcher.extra_args", s.Launcher.ExtraArgs)...)
+	for i, a := range s.Launcher.ExtraArgs {
+		flag, _, _ := strings.Cut(a, "=")
+		for _, reserved := range agentLauncherFlags {
+			if flag == reserved {
+				add(fmt.Sprintf("launcher.extra_args[%d]", i), quote(a), "is set by the rdzv agent from the rendezvous and cannot be given")
+			}
+		}
+	}
+
+	if len(errs) == 0 {
+		return nil
+	}
+	return &ValidationError{Errors: errs}
+}
+
+func validateArgs(field string, args []string) []*FieldError {
+	var errs []*FieldError
+	for i, a := range args {
+		if len(a) > maxArgBytes || strings.ContainsRune(a, 0) {
+			errs = append(errs, &FieldError{Field: fmt.Sprintf("%s[%d]", field, i), Reason: fmt.Sprintf("must be at most %d bytes without NUL characters", maxArgBytes)})
+		}
+	}
+	return errs
+}
+
+func validatePath(field, p string) []*FieldError {
+	if p == "" {
+		return nil
+	}
+	switch {
+	case len(p) > maxPathLen || strings.ContainsRune(p, 0):
+		return []*FieldError{{Field: field, Reason: fmt.Sprintf("must be at most %d bytes without NUL characters", maxPathLen)}}
+	case !filepath.IsAbs(p):
+		return []*FieldError{{Field: field, Value: quote(p), Reason: "must be an absolute path (rdzvctl resolves relative paths against the job file's directory)"}}
+	case filepath.Clean(p) != p:
+		return []*FieldError{{Field: field, Value: quote(p), Reason: "must be a clean path without '..', '.' or repeated '/' elements"}}
+	}
+	return nil
+}
+
+func durString(d *Duration) string {
+	if d == nil {
+		return "nothing"
+	}
+	return d.String()
+}
+
+func quote(s string) string {
+	if len(s) > 80 {
+		s = s[:80] + "..."
+	}
+	return fmt.Sprintf("%q", s)
+}
+
+func sortedKeys(m map[string]string) []string {
+	keys := make([]string, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	return keys
+}

@@ -1,0 +1,194 @@
+package rendezvous
+
+import (
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+)
+
+func node(name string, gpus int, labels map[string]string) Candidate {
+	c := Candidate{Name: name, Labels: labels, Free: true, Address: "10.0.0." + name, Interface: "eth0"}
+	for i := range gpus {
+		c.GPUs = append(c.GPUs, uint32(i))
+	}
+	return c
+}
+
+func busy(c Candidate) Candidate { c.Free = false; return c }
+
+func names(t *testing.T, placed []Placed) []string {
+	out := make([]string, len(placed))
+	for i, p := range placed {
+		require.Equal(t, i, p.Rank)
+		out[i] = p.Name
+	}
+	return out
+}
+
+func TestPlan(t *testing.T) {
+	tests := []struct {
+		name       string
+		req        Requirements
+		candidates []Candidate
+		want       []string
+		wantErr    error
+	}{
+		{
+			name:       "sorted by name when no topology",
+			req:        Requirements{Min: 2, Max: 3},
+			candidates: []Candidate{node("c", 0, nil), node("a", 0, nil), node("b", 0, nil)},
+			want:       []string{"a", "b", "c"},
+		},
+		{
+			name: "topology groups before name",
+			req:  Requirements{Min: 1, Max: 4},
+			candidates: []Candidate{
+				node("a", 0, map[string]string{TopologyLabel: "rack2"}),
+				node("b", 0, map[string]string{TopologyLabel: "rack1"}),
+				node("c", 0, map[string]string{TopologyLabel: "rack2"}),
+				node("d", 0, map[string]string{TopologyLabel: "rack1"}),
+			},
+			want: []string{"b", "d", "a", "c"},
+		},
+		{
+			name:       "capped at max",
+			req:        Requirements{Min: 1, Max: 2},
+			candidates: []Candidate{node("c", 0, nil), node("a", 0, nil), node("b", 0, nil)},
+			want:       []string{"a", "b"},
+		},
+		{
+			name:       "busy nodes skipped",
+			req:        Requirements{Min: 2, Max: 3},
+			candidates: []Candidate{busy(node("a", 0, nil)), node("b", 0, nil), node("c", 0, nil)},
+			want:       []string{"b", "c"},
+		},
+		{
+			name:       "too few gpus skipped",
+			req:        Requirements{Min: 1, Max: 3, GPUsPerNode: 8},
+			candidates: []Candidate{node("a", 4, nil), node("b", 8, nil)},
+			want:       []string{"b"},
+		},
+		{
+			name:       "selector must match every key",
+			req:        Requirements{Min: 1, Max: 3, Selector: map[string]string{"pool": "train", "gpu": "a100"}},
+			candidates: []Candidate{node("a", 0, map[string]string{"pool": "train"}), node("b", 0, map[string]string{"pool": "train", "gpu": "a100"})},
+			want:       []string{"b"},
+		},
+		{
+			name:       "below min",
+			req:        Requirements{Min: 3, Max: 3},
+			candidates: []Candidate{node("a", 0, nil), busy(node("b", 0, nil))},
+			wantErr:    ErrNotEnoughNodes,
+		},
+		{
+			name:    "no nodes",
+			req:     Requirements{Min: 1, Max: 1},
+			wantErr: ErrNotEnoughNodes,
+		},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			placed, err := Plan(tt.req, tt.candidates)
+			if tt.wantErr != nil {
+				require.ErrorIs(t, err, tt.wantErr)
+				return
+			}
+			require.NoError(t, err)
+			require.Equal(t, tt.want, names(t, placed))
+		})
+	}
+}
+
+func TestPlanIsDeterministicWhateverTheInputOrder(t *testing.T) {
+	var nodes []Candidate
+	for i := range 50 {
+		nodes = append(nodes, node(fmt.Sprintf("n%02d", i), 0, map[string]string{TopologyLabel: fmt.Sprint(i % 5)}))
+	}
+	req := Requirements{Min: 1, Max: 50}
+	first, err := Plan(req, nodes)
+	require.NoError(t, err)
+	reversed := make([]Candidate, len(nodes))
+	for i, n := range nodes {
+		reversed[len(nodes)-1-i] = n
+	}
+	second, err := Plan(req, reversed)
+	require.NoError(t, err)
+	require.Equal(t, names(t, first), names(t, second))
+}
+
+func TestPlanPicksLowestGPUIndices(t *testing.T) {
+	c := Candidate{Name: "a", Free: true, GPUs: []uint32{7, 3, 5, 1}}
+	placed, err := Plan(Requirements{Min: 1, Max: 1, GPUsPerNode: 2}, []Candidate{c})
+	require.NoError(t, err)
+	require.Equal(t, []uint32{1, 3}, placed[0].GPUIndices)
+}
+
+func TestExplain(t *testing.T) {
+	req := Requirements{Min: 3, Max: 3, GPUsPerNode: 8, Selector: map[string]string{"pool": "train"}}
+	got := Explain(req, []Candidate{
+		node("a", 8, map[string]string{"pool": "train"}),
+		busy(node("b", 8, map[string]string{"pool": "train"})),
+		node("c", 4, map[string]string{"pool": "train"}),
+		node("d", 8, map[string]string{"pool": "eval"}),
+	})
+	require.Equal(t, "1 of 4 nodes eligible, need 3 with 8 GPUs matching pool=train (1 busy or not ready, 1 with too few GPUs, 1 not matching the selector)", got)
+}
+
+func TestLastCall(t *testing.T) {
+	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	req := Requirements{Min: 2, Max: 4}
+	window := 10 * time.Second
+	type step struct {
+		at       time.Duration
+		eligible int
+		commit   bool
+		recheck  time.Duration // zero: expect no recheck time
+	}
+	tests := []struct {
+		name  string
+		steps []step
+	}{
+		{"below min waits without deadline", []step{{0, 1, false, 0}, {time.Hour, 1, false, 0}}},
+		{"max commits at once", []step{{0, 4, true, 0}}},
+		{"min then last call expiry commits", []step{{0, 2, false, 10 * time.Second}, {5 * time.Second, 3, false, 10 * time.Second}, {10 * time.Second, 3, true, 0}}},
+		{"reaching max during last call commits early", []step{{0, 2, false, 10 * time.Second}, {3 * time.Second, 4, true, 0}}},
+		{"dropping below min resets the window", []step{{0, 2, false, 10 * time.Second}, {5 * time.Second, 1, false, 0}, {8 * time.Second, 2, false, 18 * time.Second}, {17 * time.Second, 2, false, 18 * time.Second}, {18 * time.Second, 2, true, 0}}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			var lc LastCall
+			for i, s := range tt.steps {
+				d := lc.Observe(t0.Add(s.at), s.eligible, req, window)
+				require.Equal(t, s.commit, d.Commit, "step %d: %s", i, d.Reason)
+				require.NotEmpty(t, d.Reason)
+				if s.recheck == 0 {
+					require.True(t, d.RecheckAt.IsZero(), "step %d", i)
+				} else {
+					require.Equal(t, t0.Add(s.recheck), d.RecheckAt, "step %d", i)
+				}
+			}
+		})
+	}
+}
+
+func TestLastCallZeroWindowCommitsAtMin(t *testing.T) {
+	var lc LastCall
+	d := lc.Observe(time.Now(), 2, Requirements{Min: 2, Max: 5}, 0)
+	require.True(t, d.Commit)
+}
+
+func BenchmarkPlan10kNodes(b *testing.B) {
+	nodes := make([]Candidate, 10000)
+	for i := range nodes {
+		nodes[i] = node(fmt.Sprintf("node-%05d", i), 8, map[string]string{TopologyLabel: fmt.Sprintf("rack%03d", i%250), "pool": "train"})
+	}
+	req := Requirements{Min: 1000, Max: 4096, GPUsPerNode: 8, Selector: map[string]string{"pool": "train"}}
+	b.ReportAllocs()
+	for b.Loop() {
+		if _, err := Plan(req, nodes); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
