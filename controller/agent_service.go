@@ -1,0 +1,317 @@
+package controller
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"go.uber.org/zap"
+	"golang.org/x/sync/errgroup"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	"github.com/rdzv/rdzv/controller/jobspec"
+	rdzvv1 "github.com/rdzv/rdzv/proto/rdzv/v1"
+)
+
+// registerTimeout bounds how long a new stream may take to say who it is.
+const registerTimeout = 10 * time.Second
+
+type agentService struct {
+	rdzvv1.UnimplementedAgentServiceServer
+	c *Controller
+}
+
+func (a *agentService) Connect(stream rdzvv1.AgentService_ConnectServer) error {
+	c := a.c
+	first, err := recvWithTimeout(stream, registerTimeout)
+	if err != nil {
+		return err
+	}
+	reg := first.GetRegister()
+	if reg == nil {
+		return status.Error(codes.InvalidArgument, "the first message on an agent stream must be register")
+	}
+	if err := validateNodeInfo(reg.GetNode()); err != nil {
+		return status.Error(codes.InvalidArgument, err.Error())
+	}
+	name := reg.GetNode().GetName()
+	sess := newSession(stream.Context(), name, c.clock.Now())
+	defer sess.cancel()
+	log := c.log.Named("agent").With(zap.String("node", name))
+	if err := c.register(stream.Context(), sess, reg); err != nil {
+		log.Warn("registration failed", zap.Error(err))
+		return toStatus(err)
+	}
+	defer c.disconnect(sess)
+
+	g, gctx := errgroup.WithContext(sess.ctx)
+	g.Go(func() error {
+		for {
+			select {
+			case <-gctx.Done():
+				return nil
+			case m := <-sess.out:
+				if err := stream.Send(m); err != nil {
+					return fmt.Errorf("sending to agent: %w", err)
+				}
+			}
+		}
+	})
+	g.Go(func() error {
+		defer sess.cancel()
+		for {
+			m, err := stream.Recv()
+			if err != nil {
+				return nil // the agent went away; it reconnects and re-registers
+			}
+			sess.touch(c.clock.Now())
+			switch msg := m.GetMsg().(type) {
+			case *rdzvv1.ConnectRequest_Heartbeat:
+			case *rdzvv1.ConnectRequest_WorkerStatus:
+				c.workerStatus(gctx, name, msg.WorkerStatus)
+			case *rdzvv1.ConnectRequest_PortProbeResult:
+				sess.deliver(msg.PortProbeResult.GetRequestId(), m)
+			case *rdzvv1.ConnectRequest_LogChunk:
+				sess.deliver(msg.LogChunk.GetRequestId(), m)
+			case *rdzvv1.ConnectRequest_Register:
+				log.Warn("ignoring repeated register on an open stream")
+			}
+		}
+	})
+	err = g.Wait()
+	if sess.ctx.Err() != nil && stream.Context().Err() == nil && err == nil {
+		return status.Error(codes.ResourceExhausted, "agent stream fell behind or was replaced by a newer connection; reconnect")
+	}
+	return err
+}
+
+func recvWithTimeout(stream rdzvv1.AgentService_ConnectServer, d time.Duration) (*rdzvv1.ConnectRequest, error) {
+	type result struct {
+		m   *rdzvv1.ConnectRequest
+		err error
+	}
+	ch := make(chan result, 1)
+	go func() {
+		m, err := stream.Recv()
+		ch <- result{m, err}
+	}()
+	select {
+	case r := <-ch:
+		if r.err != nil {
+			return nil, status.Errorf(codes.Canceled, "agent stream closed before register: %v", r.err)
+		}
+		return r.m, nil
+	case <-time.After(d):
+		return nil, status.Errorf(codes.DeadlineExceeded, "no register message within %s", d)
+	}
+}
+
+func validateNodeInfo(n *rdzvv1.NodeInfo) error {
+	var errs []error
+	if fe := jobspec.ValidateNodeName("node.name", n.GetName()); fe != nil {
+		errs = append(errs, fe)
+	}
+	for _, fe := range jobspec.ValidateLabels("node.labels", n.GetLabels()) {
+		errs = append(errs, fe)
+	}
+	if len(n.GetGpus()) > jobspec.MaxGPUsPerNode {
+		errs = append(errs, fmt.Errorf("node.gpus: at most %d GPUs are supported, got %d", jobspec.MaxGPUsPerNode, len(n.GetGpus())))
+	}
+	if n.GetAddress() == "" {
+		errs = append(errs, errors.New("node.address: required (the agent's NCCL interface address)"))
+	}
+	return errors.Join(errs...)
+}
+
+// register records the node (writing etcd only when something durable
+// changed), replaces any previous stream of the same node, and reconciles
+// what the agent runs with what the controller expects.
+func (c *Controller) register(ctx context.Context, sess *session, reg *rdzvv1.Register) error {
+	info := reg.GetNode()
+	name := info.GetName()
+	now := c.clock.Now()
+	c.mu.Lock()
+	defer c.mu.Unlock()
+
+	ns := c.nodes[name]
+	var prevRev int64
+	wasLost := false
+	if ns != nil {
+		prevRev = ns.rev
+		wasLost = ns.rec.GetState() == rdzvv1.NodeState_NODE_STATE_LOST
+	}
+	if ns == nil || wasLost || !proto.Equal(ns.rec.GetInfo(), info) {
+		rec := &rdzvv1.Node{Info: info, State: rdzvv1.NodeState_NODE_STATE_READY, RegisteredAt: timestamppb.New(now), StateChangedAt: timestamppb.New(now)}
+		if ns != nil && !wasLost {
+			rec.StateChangedAt = ns.rec.GetStateChangedAt()
+		}
+		ev := c.event("", name, 0, EventNodeRegistered, "node %s registered: %d GPUs%s, interface %s (%s), address %s, agent %s",
+			name, len(info.GetGpus()), fakeSuffix(info), info.GetNcclInterface(), info.GetNcclInterfaceReason(), info.GetAddress(), info.GetAgentVersion())
+		rev, err := c.store.PutNode(ctx, rec, prevRev, ev)
+		if err != nil {
+			return err
+		}
+		if ns == nil {
+			ns = &nodeState{}
+			c.nodes[name] = ns
+		}
+		ns.rec, ns.rev = rec, rev
+		c.log.Info("node registered", zap.String("node", name), zap.Int("gpus", len(info.GetGpus())),
+			zap.String("interface", info.GetNcclInterface()), zap.String("address", info.GetAddress()))
+	}
+	if ns.session != nil {
+		ns.session.cancel()
+	}
+	ns.session = sess
+	ns.lastSeen = now
+	sess.send(&rdzvv1.ConnectResponse{Msg: &rdzvv1.ConnectResponse_Registered{Registered: &rdzvv1.Registered{
+		HeartbeatIntervalMs: uint32(c.cfg.Heartbeat.Interval.Milliseconds()),
+	}}})
+
+	reported := map[string]bool{}
+	for _, w := range reg.GetWorkers() {
+		reported[fmt.Sprintf("%s/%d", w.GetJob(), w.GetGeneration())] = true
+		c.applyWorkerStatus(ctx, name, w)
+	}
+	c.resumeAssignment(ctx, ns, reported)
+	c.wake()
+	return nil
+}
+
+func fakeSuffix(info *rdzvv1.NodeInfo) string {
+	if info.GetFakeGpus() {
+		return " (fake)"
+	}
+	return ""
+}
+
+// resumeAssignment handles a node that the controller believes is in a job
+// the agent did not mention: an assignment the agent never confirmed is sent
+// again; one it had confirmed was lost with the agent's workers.
+func (c *Controller) resumeAssignment(ctx context.Context, ns *nodeState, reported map[string]bool) {
+	if ns.job == "" || reported[fmt.Sprintf("%s/%d", ns.job, ns.generation)] {
+		return
+	}
+	js := c.jobs[ns.job]
+	if js == nil || js.rec.GetGeneration() != ns.generation || js.round == nil {
+		return
+	}
+	name := ns.rec.GetInfo().GetName()
+	if js.rec.GetState() != rdzvv1.JobState_JOB_STATE_RUNNING {
+		// The job ended while the agent was away and it runs nothing of it.
+		c.release(name, js)
+		return
+	}
+	switch js.workers[name].GetState() {
+	case rdzvv1.WorkerState_WORKER_STATE_UNSPECIFIED, rdzvv1.WorkerState_WORKER_STATE_ASSIGNED:
+		if a := c.assignmentFor(js, name); a != nil {
+			ns.session.send(&rdzvv1.ConnectResponse{Msg: &rdzvv1.ConnectResponse_Assignment{Assignment: a}})
+		}
+	case rdzvv1.WorkerState_WORKER_STATE_RUNNING:
+		c.applyWorkerStatus(ctx, name, &rdzvv1.WorkerStatus{
+			Job: ns.job, Generation: ns.generation, State: rdzvv1.WorkerState_WORKER_STATE_FAILED,
+			ExitCode: -1, Message: "agent reconnected without its workers",
+		})
+	}
+}
+
+// disconnect forgets a stream unless a newer one replaced it. The node stays
+// in its state: only the heartbeat timeout declares it lost, so a brief
+// reconnect never disturbs a job.
+func (c *Controller) disconnect(sess *session) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if ns := c.nodes[sess.node]; ns != nil && ns.session == sess {
+		ns.lastSeen = sess.seen()
+		ns.session = nil
+	}
+}
+
+func (c *Controller) workerStatus(ctx context.Context, node string, w *rdzvv1.WorkerStatus) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.applyWorkerStatus(ctx, node, w)
+}
+
+// applyWorkerStatus records a worker report and advances the job. Reports
+// for another generation, or for a job that no longer runs, are answered by
+// telling the agent to kill those workers: only the current generation of a
+// running job may have live workers. Callers hold c.mu.
+func (c *Controller) applyWorkerStatus(ctx context.Context, node string, w *rdzvv1.WorkerStatus) {
+	log := c.log.With(zap.String("node", node), zap.String("job", w.GetJob()), zap.Uint64("generation", w.GetGeneration()))
+	js := c.jobs[w.GetJob()]
+	alive := !terminalWorker(w.GetState())
+	current := js != nil && js.rec.GetGeneration() == w.GetGeneration() && js.round != nil && inRound(js.round, node)
+	if !current {
+		if alive {
+			log.Warn("stopping workers of a stale generation")
+			c.sendStop(node, w.GetJob(), w.GetGeneration(), "stale generation")
+		}
+		return
+	}
+	if alive && js.rec.GetState() != rdzvv1.JobState_JOB_STATE_RUNNING {
+		c.sendStop(node, w.GetJob(), w.GetGeneration(), "job is "+stateName(js.rec.GetState()))
+	}
+	prev := js.workers[node]
+	if prev.GetState() == w.GetState() || terminalWorker(prev.GetState()) {
+		return
+	}
+	var ev *rdzvv1.Event
+	if alive {
+		ev = c.event(js.rec.GetSpec().GetName(), node, w.GetGeneration(), EventWorkerStarted, "workers started on %s", node)
+	} else {
+		ev = c.event(js.rec.GetSpec().GetName(), node, w.GetGeneration(), EventWorkerExited, "workers on %s %s", node, describeExit(w))
+	}
+	if err := c.store.PutWorker(ctx, w.GetJob(), node, w, js.rev, ev); err != nil {
+		log.Error("recording worker status failed", zap.Error(err))
+		return
+	}
+	js.workers[node] = w
+	log.Info("worker status", zap.String("state", w.GetState().String()), zap.Int32("exit_code", w.GetExitCode()), zap.String("signal", w.GetSignal()))
+	if !alive {
+		c.release(node, js)
+	}
+	c.advanceJob(ctx, js)
+}
+
+func describeExit(w *rdzvv1.WorkerStatus) string {
+	switch {
+	case w.GetState() == rdzvv1.WorkerState_WORKER_STATE_SUCCEEDED:
+		return "succeeded"
+	case w.GetSignal() != "":
+		return fmt.Sprintf("killed by signal %s %s", w.GetSignal(), w.GetMessage())
+	default:
+		return fmt.Sprintf("exited with code %d %s", w.GetExitCode(), w.GetMessage())
+	}
+}
+
+// release frees a node whose part in js is over.
+func (c *Controller) release(node string, js *jobState) {
+	if ns := c.nodes[node]; ns != nil && ns.job == js.rec.GetSpec().GetName() {
+		ns.job, ns.generation = "", 0
+		c.wake()
+	}
+}
+
+func inRound(r *rdzvv1.Round, node string) bool {
+	for _, a := range r.GetNodes() {
+		if a.GetNode() == node {
+			return true
+		}
+	}
+	return false
+}
+
+func (c *Controller) sendStop(node, job string, generation uint64, reason string) {
+	ns := c.nodes[node]
+	if ns == nil || ns.session == nil {
+		return
+	}
+	ns.session.send(&rdzvv1.ConnectResponse{Msg: &rdzvv1.ConnectResponse_StopWorkers{StopWorkers: &rdzvv1.StopWorkers{
+		Job: job, Generation: generation, Reason: reason,
+	}}})
+}

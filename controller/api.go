@@ -1,0 +1,230 @@
+package controller
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sort"
+
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/rdzv/rdzv/controller/jobspec"
+	"github.com/rdzv/rdzv/controller/store"
+	rdzvv1 "github.com/rdzv/rdzv/proto/rdzv/v1"
+)
+
+const (
+	defaultEventLimit = 1000
+	maxEventLimit     = 10000
+	// logBuffer is how many chunks may queue between an agent and a slow
+	// `rdzvctl logs` reader before the stream is cut.
+	logBuffer = 256
+)
+
+// toStatus maps internal errors to gRPC status codes at the API boundary.
+func toStatus(err error) error {
+	if err == nil {
+		return nil
+	}
+	var etcdErr rpctypes.EtcdError
+	switch {
+	case errors.Is(err, jobspec.ErrInvalid):
+		return status.Error(codes.InvalidArgument, err.Error())
+	case errors.Is(err, errNotFound):
+		return status.Error(codes.NotFound, err.Error())
+	case errors.Is(err, errAlreadyExists):
+		return status.Error(codes.AlreadyExists, err.Error())
+	case errors.Is(err, store.ErrConflict):
+		return status.Error(codes.Aborted, err.Error()+"; retry")
+	case errors.Is(err, errUnavailable), errors.As(err, &etcdErr):
+		return status.Error(codes.Unavailable, err.Error())
+	case errors.Is(err, context.DeadlineExceeded):
+		return status.Error(codes.DeadlineExceeded, err.Error())
+	case errors.Is(err, context.Canceled):
+		return status.Error(codes.Canceled, err.Error())
+	}
+	// The etcd client reports connectivity trouble as gRPC statuses
+	// (Unavailable, DeadlineExceeded); keep their code, add our context.
+	if s, ok := status.FromError(err); ok && s.Code() != codes.Unknown {
+		return status.Error(s.Code(), err.Error())
+	}
+	return status.Error(codes.Internal, err.Error())
+}
+
+func validName(field, name string) error {
+	if fe := jobspec.ValidateNodeName(field, name); fe != nil {
+		return status.Error(codes.InvalidArgument, fe.Error())
+	}
+	return nil
+}
+
+type jobService struct {
+	rdzvv1.UnimplementedJobServiceServer
+	c *Controller
+}
+
+func (s *jobService) StartJob(ctx context.Context, req *rdzvv1.StartJobRequest) (*rdzvv1.StartJobResponse, error) {
+	if req.GetSpec() == nil {
+		return nil, status.Error(codes.InvalidArgument, "spec: required")
+	}
+	job, err := s.c.startJob(ctx, req.GetSpec())
+	if err != nil {
+		return nil, toStatus(err)
+	}
+	return &rdzvv1.StartJobResponse{Job: job}, nil
+}
+
+func (s *jobService) GetJob(_ context.Context, req *rdzvv1.GetJobRequest) (*rdzvv1.GetJobResponse, error) {
+	if err := validName("name", req.GetName()); err != nil {
+		return nil, err
+	}
+	s.c.mu.Lock()
+	defer s.c.mu.Unlock()
+	js := s.c.jobs[req.GetName()]
+	if js == nil {
+		return nil, status.Errorf(codes.NotFound, "job %s not found", req.GetName())
+	}
+	return &rdzvv1.GetJobResponse{Job: s.c.jobView(js)}, nil
+}
+
+func (s *jobService) ListJobs(context.Context, *rdzvv1.ListJobsRequest) (*rdzvv1.ListJobsResponse, error) {
+	s.c.mu.Lock()
+	defer s.c.mu.Unlock()
+	resp := &rdzvv1.ListJobsResponse{}
+	for _, js := range s.c.jobs {
+		resp.Jobs = append(resp.Jobs, s.c.jobView(js))
+	}
+	sort.Slice(resp.Jobs, func(i, j int) bool {
+		return resp.Jobs[i].GetCreatedAt().AsTime().Before(resp.Jobs[j].GetCreatedAt().AsTime())
+	})
+	return resp, nil
+}
+
+func (s *jobService) StopJob(ctx context.Context, req *rdzvv1.StopJobRequest) (*rdzvv1.StopJobResponse, error) {
+	if err := validName("name", req.GetName()); err != nil {
+		return nil, err
+	}
+	job, err := s.c.stopJob(ctx, req.GetName())
+	if err != nil {
+		return nil, toStatus(err)
+	}
+	return &rdzvv1.StopJobResponse{Job: job}, nil
+}
+
+func (s *jobService) ListEvents(ctx context.Context, req *rdzvv1.ListEventsRequest) (*rdzvv1.ListEventsResponse, error) {
+	scope := store.ClusterScope
+	if req.GetJob() != "" {
+		if err := validName("job", req.GetJob()); err != nil {
+			return nil, err
+		}
+		scope = req.GetJob()
+	}
+	limit := int(req.GetLimit())
+	switch {
+	case limit == 0:
+		limit = defaultEventLimit
+	case limit > maxEventLimit:
+		return nil, status.Errorf(codes.InvalidArgument, "limit: at most %d, got %d", maxEventLimit, limit)
+	}
+	events, err := s.c.store.ListEvents(ctx, scope, limit)
+	if err != nil {
+		return nil, toStatus(err)
+	}
+	return &rdzvv1.ListEventsResponse{Events: events}, nil
+}
+
+// StreamLogs relays a job's log from the node that holds it: the agent
+// reads its local file and sends chunks over its stream, so output is never
+// shipped anywhere unless an operator asks for it.
+func (s *jobService) StreamLogs(req *rdzvv1.StreamLogsRequest, stream rdzvv1.JobService_StreamLogsServer) error {
+	c := s.c
+	if err := validName("job", req.GetJob()); err != nil {
+		return err
+	}
+	if req.GetNode() != "" {
+		if err := validName("node", req.GetNode()); err != nil {
+			return err
+		}
+	}
+	c.mu.Lock()
+	js := c.jobs[req.GetJob()]
+	if js == nil {
+		c.mu.Unlock()
+		return status.Errorf(codes.NotFound, "job %s not found", req.GetJob())
+	}
+	node := req.GetNode()
+	if node == "" {
+		if len(js.round.GetNodes()) == 0 {
+			c.mu.Unlock()
+			return status.Errorf(codes.FailedPrecondition, "job %s has not run on any node yet", req.GetJob())
+		}
+		node = js.round.GetNodes()[0].GetNode()
+	}
+	ns := c.nodes[node]
+	var sess *session
+	if ns != nil {
+		sess = ns.session
+	}
+	c.mu.Unlock()
+	if ns == nil {
+		return status.Errorf(codes.NotFound, "node %s not found", node)
+	}
+	if sess == nil {
+		return status.Errorf(codes.Unavailable, "node %s is not connected; its logs are on the node under the agent's state directory", node)
+	}
+
+	id := newID()
+	chunks := sess.expect(id, logBuffer)
+	defer sess.forget(id)
+	sess.send(&rdzvv1.ConnectResponse{Msg: &rdzvv1.ConnectResponse_LogTail{LogTail: &rdzvv1.LogTail{
+		RequestId: id, Job: req.GetJob(), TailBytes: req.GetTailBytes(), Follow: req.GetFollow(),
+	}}})
+	cancel := func() {
+		sess.send(&rdzvv1.ConnectResponse{Msg: &rdzvv1.ConnectResponse_LogCancel{LogCancel: &rdzvv1.LogCancel{RequestId: id}}})
+	}
+	for {
+		select {
+		case <-stream.Context().Done():
+			cancel()
+			return nil
+		case <-sess.ctx.Done():
+			return status.Errorf(codes.Unavailable, "node %s disconnected while streaming logs", node)
+		case m := <-chunks:
+			chunk := m.GetLogChunk()
+			if chunk.GetError() != "" {
+				return status.Errorf(codes.NotFound, "reading logs of job %s on %s: %s", req.GetJob(), node, chunk.GetError())
+			}
+			if len(chunk.GetData()) > 0 {
+				if err := stream.Send(&rdzvv1.StreamLogsResponse{Node: node, Data: chunk.GetData()}); err != nil {
+					cancel()
+					return fmt.Errorf("sending logs: %w", err)
+				}
+			}
+			if chunk.GetEof() {
+				return nil
+			}
+			if len(chunks) == cap(chunks) {
+				cancel()
+				return status.Errorf(codes.ResourceExhausted, "log stream of %s fell behind; retry with a smaller --tail", node)
+			}
+		}
+	}
+}
+
+type nodeService struct {
+	rdzvv1.UnimplementedNodeServiceServer
+	c *Controller
+}
+
+func (s *nodeService) ListNodes(context.Context, *rdzvv1.ListNodesRequest) (*rdzvv1.ListNodesResponse, error) {
+	s.c.mu.Lock()
+	defer s.c.mu.Unlock()
+	resp := &rdzvv1.ListNodesResponse{Nodes: make([]*rdzvv1.Node, 0, len(s.c.nodes))}
+	for _, ns := range s.c.nodes {
+		resp.Nodes = append(resp.Nodes, s.c.nodeView(ns))
+	}
+	sort.Slice(resp.Nodes, func(i, j int) bool { return resp.Nodes[i].GetInfo().GetName() < resp.Nodes[j].GetInfo().GetName() })
+	return resp, nil
+}

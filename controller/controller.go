@@ -1,0 +1,242 @@
+// Package controller is rdzv-controller: the node registry, rendezvous,
+// job lifecycle and the gRPC API, with durable state in etcd.
+package controller
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"sync"
+	"time"
+
+	"github.com/jonboulle/clockwork"
+	"go.uber.org/zap"
+	"golang.org/x/sync/errgroup"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/keepalive"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	"github.com/rdzv/rdzv/controller/store"
+	"github.com/rdzv/rdzv/rendezvous"
+	rdzvv1 "github.com/rdzv/rdzv/proto/rdzv/v1"
+)
+
+// maxMessageBytes bounds every gRPC message; a round of 10,000 nodes fits.
+const maxMessageBytes = 16 << 20
+
+// Controller is the rdzv-controller daemon.
+type Controller struct {
+	cfg   Config
+	log   *zap.Logger
+	clock clockwork.Clock
+	// listener, when set, replaces listening on cfg.Listen (tests).
+	listener net.Listener
+
+	store *store.Store
+	// kick wakes the scheduler after anything that may let a job start.
+	kick chan struct{}
+	// ready is closed once the gRPC server accepts connections.
+	ready chan struct{}
+	addr  net.Addr
+
+	mu    sync.Mutex
+	nodes map[string]*nodeState
+	jobs  map[string]*jobState
+}
+
+type nodeState struct {
+	rec     *rdzvv1.Node
+	rev     int64
+	session *session
+	// lastSeen is kept for nodes without a session (just loaded, or
+	// disconnected) so the liveness clock keeps running for them.
+	lastSeen time.Time
+	// job and generation are set while the node is reserved for or running
+	// a job; the node is busy until its worker's exit is reported.
+	job        string
+	generation uint64
+}
+
+type jobState struct {
+	rec     *rdzvv1.Job
+	rev     int64
+	round   *rdzvv1.Round
+	workers map[string]*rdzvv1.WorkerStatus
+	// Scheduling state for a pending job, in memory only.
+	lastCall     rendezvous.LastCall
+	committing   bool
+	pendingSince time.Time
+}
+
+// Option adjusts a Controller for tests.
+type Option func(*Controller)
+
+// WithClock replaces the wall clock.
+func WithClock(c clockwork.Clock) Option { return func(ctl *Controller) { ctl.clock = c } }
+
+// WithListener serves on l instead of listening on cfg.Listen.
+func WithListener(l net.Listener) Option { return func(ctl *Controller) { ctl.listener = l } }
+
+// New builds a controller; Run starts it.
+func New(cfg Config, log *zap.Logger, opts ...Option) (*Controller, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, fmt.Errorf("invalid controller config: %w", err)
+	}
+	c := &Controller{
+		cfg:   cfg,
+		log:   log,
+		clock: clockwork.NewRealClock(),
+		kick:  make(chan struct{}, 1),
+		ready: make(chan struct{}),
+		nodes: map[string]*nodeState{},
+		jobs:  map[string]*jobState{},
+	}
+	for _, o := range opts {
+		o(c)
+	}
+	return c, nil
+}
+
+// Ready is closed when the controller serves; Addr is valid from then on.
+func (c *Controller) Ready() <-chan struct{} { return c.ready }
+
+// Addr is the address the gRPC server listens on.
+func (c *Controller) Addr() net.Addr { return c.addr }
+
+// Run connects to etcd, loads state and serves until ctx ends.
+func (c *Controller) Run(ctx context.Context) error {
+	cli, closeEtcd, err := connectEtcd(ctx, c.cfg, c.log)
+	if err != nil {
+		return err
+	}
+	defer closeEtcd()
+	c.store = store.New(cli)
+	if err := c.load(ctx); err != nil {
+		return err
+	}
+
+	lis := c.listener
+	if lis == nil {
+		if lis, err = net.Listen("tcp", c.cfg.Listen); err != nil {
+			return fmt.Errorf("listening on %s: %w", c.cfg.Listen, err)
+		}
+	}
+	srv := grpc.NewServer(
+		grpc.MaxRecvMsgSize(maxMessageBytes),
+		grpc.MaxSendMsgSize(maxMessageBytes),
+		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 5 * time.Second, PermitWithoutStream: true}),
+		grpc.KeepaliveParams(keepalive.ServerParameters{Time: 10 * time.Second, Timeout: 5 * time.Second}),
+	)
+	rdzvv1.RegisterAgentServiceServer(srv, &agentService{c: c})
+	rdzvv1.RegisterJobServiceServer(srv, &jobService{c: c})
+	rdzvv1.RegisterNodeServiceServer(srv, &nodeService{c: c})
+	c.addr = lis.Addr()
+	c.log.Info("controller serving", zap.Stringer("addr", c.addr), zap.Bool("embedded_etcd", c.cfg.Embedded()))
+	close(c.ready)
+
+	g, gctx := errgroup.WithContext(ctx)
+	g.Go(func() error {
+		if err := srv.Serve(lis); err != nil && !errors.Is(err, grpc.ErrServerStopped) {
+			return fmt.Errorf("serving grpc: %w", err)
+		}
+		return nil
+	})
+	g.Go(func() error { c.scheduleLoop(gctx); return nil })
+	g.Go(func() error { c.livenessLoop(gctx); return nil })
+	g.Go(func() error {
+		<-gctx.Done()
+		stopGRPC(srv, 5*time.Second)
+		return nil
+	})
+	err = g.Wait()
+	c.log.Info("controller stopped")
+	return err
+}
+
+// stopGRPC drains in-flight calls but never waits on streams (agents keep
+// theirs open forever) for longer than grace.
+func stopGRPC(srv *grpc.Server, grace time.Duration) {
+	done := make(chan struct{})
+	go func() { srv.GracefulStop(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(grace):
+		srv.Stop()
+		<-done
+	}
+}
+
+// load rebuilds the in-memory view from etcd. Nodes start with a fresh
+// liveness clock: a restarted controller gives every agent a full timeout to
+// reconnect before it declares anything lost.
+func (c *Controller) load(ctx context.Context) error {
+	snap, err := c.store.Load(ctx)
+	if err != nil {
+		return fmt.Errorf("loading state from etcd: %w", err)
+	}
+	now := c.clock.Now()
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for name, v := range snap.Nodes {
+		c.nodes[name] = &nodeState{rec: v.Value, rev: v.ModRevision, lastSeen: now}
+	}
+	for name, v := range snap.Jobs {
+		js := &jobState{rec: v.Value, rev: v.ModRevision, round: snap.Rounds[name], workers: snap.Workers[name], pendingSince: now}
+		if js.workers == nil {
+			js.workers = map[string]*rdzvv1.WorkerStatus{}
+		}
+		c.jobs[name] = js
+		if !activeJob(js.rec.GetState()) || js.round == nil || js.round.GetGeneration() != js.rec.GetGeneration() {
+			continue
+		}
+		for _, a := range js.round.GetNodes() {
+			if ns := c.nodes[a.GetNode()]; ns != nil && !terminalWorker(js.workers[a.GetNode()].GetState()) {
+				ns.job, ns.generation = name, js.rec.GetGeneration()
+			}
+		}
+	}
+	c.log.Info("state loaded", zap.Int("nodes", len(c.nodes)), zap.Int("jobs", len(c.jobs)))
+	return nil
+}
+
+func (c *Controller) wake() {
+	select {
+	case c.kick <- struct{}{}:
+	default:
+	}
+}
+
+func activeJob(s rdzvv1.JobState) bool {
+	return s == rdzvv1.JobState_JOB_STATE_RUNNING || s == rdzvv1.JobState_JOB_STATE_STOPPING ||
+		s == rdzvv1.JobState_JOB_STATE_FAILED || s == rdzvv1.JobState_JOB_STATE_STOPPED
+}
+
+func terminalJob(s rdzvv1.JobState) bool {
+	return s == rdzvv1.JobState_JOB_STATE_SUCCEEDED || s == rdzvv1.JobState_JOB_STATE_FAILED || s == rdzvv1.JobState_JOB_STATE_STOPPED
+}
+
+func terminalWorker(s rdzvv1.WorkerState) bool {
+	return s == rdzvv1.WorkerState_WORKER_STATE_SUCCEEDED || s == rdzvv1.WorkerState_WORKER_STATE_FAILED || s == rdzvv1.WorkerState_WORKER_STATE_STOPPED
+}
+
+func (c *Controller) event(job, node string, generation uint64, kind, format string, args ...any) *rdzvv1.Event {
+	return &rdzvv1.Event{
+		Time: timestamppb.New(c.clock.Now()), Job: job, Node: node, Generation: generation,
+		Kind: kind, Message: fmt.Sprintf(format, args...),
+	}
+}
+
+// Event kinds, stable for `rdzvctl events -o json`.
+const (
+	EventNodeRegistered      = "node_registered"
+	EventNodeLost            = "node_lost"
+	EventJobSubmitted        = "job_submitted"
+	EventRendezvousCommitted = "rendezvous_committed"
+	EventWorkerStarted       = "worker_started"
+	EventWorkerExited        = "worker_exited"
+	EventJobSucceeded        = "job_succeeded"
+	EventJobFailed           = "job_failed"
+	EventJobStopping         = "job_stopping"
+	EventJobStopped          = "job_stopped"
+)

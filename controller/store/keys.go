@@ -1,0 +1,97 @@
+// Package store is the controller's durable state in etcd.
+//
+// # Key schema
+//
+// Every key lives under Prefix ("/rdzv/v1/"); values are binary protobuf
+// messages from proto/rdzv/v1. This file is the only place keys are built.
+//
+//	/rdzv/v1/nodes/<node>                      Node: registration and durable state (READY or LOST).
+//	                                           Written on registration and state transitions only,
+//	                                           never per heartbeat (liveness is tracked in memory).
+//	/rdzv/v1/jobs/<job>                        Job: spec, state, reason, current generation, master.
+//	/rdzv/v1/rounds/<job>/<generation>         Round: the nodes and ranks of one committed rendezvous,
+//	                                           one key per generation (generation zero-padded to 20
+//	                                           digits so keys sort numerically).
+//	/rdzv/v1/workers/<job>/<node>              WorkerStatus: one node's worker state in the current
+//	                                           generation. Per node so a report rewrites one small key.
+//	/rdzv/v1/events/<scope>/<time>-<seq>       Event; scope is a job name or "_cluster". time is
+//	                                           UnixNano zero-padded to 20 digits, seq a per-process
+//	                                           counter, so keys sort by time.
+//
+// Job and node names are DNS-1123 labels (validated before any key is
+// built), so they never contain '/' and "_cluster" cannot collide with a job.
+package store
+
+import (
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// Prefix is the root of every rdzv key.
+const Prefix = "/rdzv/v1/"
+
+// ClusterScope is the event scope for events that belong to no job.
+const ClusterScope = "_cluster"
+
+const (
+	nodesPrefix   = Prefix + "nodes/"
+	jobsPrefix    = Prefix + "jobs/"
+	roundsPrefix  = Prefix + "rounds/"
+	workersPrefix = Prefix + "workers/"
+	eventsPrefix  = Prefix + "events/"
+)
+
+// NodeKey is the key of one node's record.
+func NodeKey(node string) string { return nodesPrefix + node }
+
+// NodesPrefix covers every node record.
+func NodesPrefix() string { return nodesPrefix }
+
+// JobKey is the key of one job's record.
+func JobKey(job string) string { return jobsPrefix + job }
+
+// JobsPrefix covers every job record.
+func JobsPrefix() string { return jobsPrefix }
+
+// RoundKey is the key of one generation's round.
+func RoundKey(job string, generation uint64) string {
+	return fmt.Sprintf("%s%s/%020d", roundsPrefix, job, generation)
+}
+
+// RoundsPrefix covers every round of one job.
+func RoundsPrefix(job string) string { return roundsPrefix + job + "/" }
+
+// WorkerKey is the key of one node's worker status within a job.
+func WorkerKey(job, node string) string { return workersPrefix + job + "/" + node }
+
+// WorkersPrefix covers every worker status of one job.
+func WorkersPrefix(job string) string { return workersPrefix + job + "/" }
+
+// EventKey is the key of one event.
+func EventKey(scope string, at time.Time, seq uint64) string {
+	return fmt.Sprintf("%s%s/%020d-%012d", eventsPrefix, scope, at.UnixNano(), seq)
+}
+
+// EventsPrefix covers every event of one scope.
+func EventsPrefix(scope string) string { return eventsPrefix + scope + "/" }
+
+// nameFromKey returns the last path element of key under prefix.
+func nameFromKey(prefix, key string) (string, error) {
+	name, ok := strings.CutPrefix(key, prefix)
+	if !ok || name == "" || strings.Contains(name, "/") {
+		return "", fmt.Errorf("unexpected key %q under %q", key, prefix)
+	}
+	return name, nil
+}
+
+// generationFromRoundKey parses the generation out of a RoundKey.
+func generationFromRoundKey(key string) (uint64, error) {
+	i := strings.LastIndexByte(key, '/')
+	g, err := strconv.ParseUint(key[i+1:], 10, 64)
+	if err != nil {
+		return 0, fmt.Errorf("parsing generation of round key %q: %w", key, err)
+	}
+	return g, nil
+}

@@ -1,0 +1,333 @@
+package store
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync/atomic"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"google.golang.org/protobuf/proto"
+
+	rdzvv1 "github.com/rdzv/rdzv/proto/rdzv/v1"
+)
+
+// ErrConflict means a guarded write lost a race: the record changed since it
+// was read. The caller reloads and decides again.
+var ErrConflict = errors.New("record changed concurrently")
+
+// pageSize bounds each range read so loading 10,000 nodes never builds one
+// huge response.
+const pageSize = 500
+
+// Store reads and writes the key schema in keys.go.
+type Store struct {
+	cli *clientv3.Client
+	seq atomic.Uint64
+}
+
+// New wraps an etcd client.
+func New(cli *clientv3.Client) *Store { return &Store{cli: cli} }
+
+// Versioned is a record with the etcd mod revision it was read or written
+// at; guarded writes compare against it.
+type Versioned[T any] struct {
+	Value       T
+	ModRevision int64
+}
+
+// Snapshot is everything the controller needs in memory at start.
+type Snapshot struct {
+	Nodes map[string]Versioned[*rdzvv1.Node]
+	Jobs  map[string]Versioned[*rdzvv1.Job]
+	// Rounds holds each job's latest round.
+	Rounds map[string]*rdzvv1.Round
+	// Workers maps job to node to that node's worker status.
+	Workers map[string]map[string]*rdzvv1.WorkerStatus
+}
+
+// Load reads the whole durable state.
+func (s *Store) Load(ctx context.Context) (*Snapshot, error) {
+	snap := &Snapshot{
+		Nodes:   map[string]Versioned[*rdzvv1.Node]{},
+		Jobs:    map[string]Versioned[*rdzvv1.Job]{},
+		Rounds:  map[string]*rdzvv1.Round{},
+		Workers: map[string]map[string]*rdzvv1.WorkerStatus{},
+	}
+	err := s.rangeAll(ctx, NodesPrefix(), func(key string, value []byte, modRev int64) error {
+		n := &rdzvv1.Node{}
+		if err := proto.Unmarshal(value, n); err != nil {
+			return fmt.Errorf("decoding %s: %w", key, err)
+		}
+		snap.Nodes[n.GetInfo().GetName()] = Versioned[*rdzvv1.Node]{n, modRev}
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("loading nodes: %w", err)
+	}
+	err = s.rangeAll(ctx, JobsPrefix(), func(key string, value []byte, modRev int64) error {
+		j := &rdzvv1.Job{}
+		if err := proto.Unmarshal(value, j); err != nil {
+			return fmt.Errorf("decoding %s: %w", key, err)
+		}
+		snap.Jobs[j.GetSpec().GetName()] = Versioned[*rdzvv1.Job]{j, modRev}
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("loading jobs: %w", err)
+	}
+	for name := range snap.Jobs {
+		round, err := s.LatestRound(ctx, name)
+		if err != nil {
+			return nil, err
+		}
+		if round != nil {
+			snap.Rounds[name] = round
+		}
+		workers, err := s.Workers(ctx, name)
+		if err != nil {
+			return nil, err
+		}
+		snap.Workers[name] = workers
+	}
+	return snap, nil
+}
+
+// LatestRound returns a job's newest round, or nil if it never ran.
+func (s *Store) LatestRound(ctx context.Context, job string) (*rdzvv1.Round, error) {
+	resp, err := s.cli.Get(ctx, RoundsPrefix(job), clientv3.WithPrefix(),
+		clientv3.WithSort(clientv3.SortByKey, clientv3.SortDescend), clientv3.WithLimit(1))
+	if err != nil {
+		return nil, fmt.Errorf("reading latest round of job %s: %w", job, err)
+	}
+	if len(resp.Kvs) == 0 {
+		return nil, nil
+	}
+	r := &rdzvv1.Round{}
+	if err := proto.Unmarshal(resp.Kvs[0].Value, r); err != nil {
+		return nil, fmt.Errorf("decoding %s: %w", resp.Kvs[0].Key, err)
+	}
+	return r, nil
+}
+
+// Workers returns a job's worker statuses by node.
+func (s *Store) Workers(ctx context.Context, job string) (map[string]*rdzvv1.WorkerStatus, error) {
+	out := map[string]*rdzvv1.WorkerStatus{}
+	prefix := WorkersPrefix(job)
+	err := s.rangeAll(ctx, prefix, func(key string, value []byte, _ int64) error {
+		node, err := nameFromKey(prefix, key)
+		if err != nil {
+			return err
+		}
+		w := &rdzvv1.WorkerStatus{}
+		if err := proto.Unmarshal(value, w); err != nil {
+			return fmt.Errorf("decoding %s: %w", key, err)
+		}
+		out[node] = w
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("loading workers of job %s: %w", job, err)
+	}
+	return out, nil
+}
+
+func (s *Store) rangeAll(ctx context.Context, prefix string, fn func(key string, value []byte, modRev int64) error) error {
+	end := clientv3.GetPrefixRangeEnd(prefix)
+	key := prefix
+	for {
+		resp, err := s.cli.Get(ctx, key, clientv3.WithRange(end), clientv3.WithLimit(pageSize),
+			clientv3.WithSort(clientv3.SortByKey, clientv3.SortAscend))
+		if err != nil {
+			return err
+		}
+		for _, kv := range resp.Kvs {
+			if err := fn(string(kv.Key), kv.Value, kv.ModRevision); err != nil {
+				return err
+			}
+		}
+		if !resp.More || len(resp.Kvs) == 0 {
+			return nil
+		}
+		key = string(resp.Kvs[len(resp.Kvs)-1].Key) + "\x00"
+	}
+}
+
+// PutNode writes a node record if it is still at expectRev (0: must not
+// exist) and returns the new revision.
+func (s *Store) PutNode(ctx context.Context, n *rdzvv1.Node, expectRev int64, events ...*rdzvv1.Event) (int64, error) {
+	key := NodeKey(n.GetInfo().GetName())
+	stored := proto.Clone(n).(*rdzvv1.Node)
+	// Liveness and job membership are in-memory views; persisting them would
+	// mean a write per heartbeat.
+	stored.LastHeartbeat, stored.Job, stored.Generation = nil, "", 0
+	var l opList
+	l.put(key, stored)
+	s.events(&l, events)
+	rev, err := s.txn(ctx, []clientv3.Cmp{revCmp(key, expectRev)}, &l)
+	if err != nil {
+		return 0, fmt.Errorf("writing node %s: %w", n.GetInfo().GetName(), err)
+	}
+	return rev, nil
+}
+
+// CreateJob stores a new job. replaceRev is 0 for a new name, or the
+// revision of a finished job of the same name that this one replaces (its
+// rounds, workers and events go with it).
+func (s *Store) CreateJob(ctx context.Context, j *rdzvv1.Job, replaceRev int64, events ...*rdzvv1.Event) (int64, error) {
+	name := j.GetSpec().GetName()
+	var l opList
+	l.put(JobKey(name), stripJob(j))
+	if replaceRev != 0 {
+		l.deletePrefix(RoundsPrefix(name))
+		l.deletePrefix(WorkersPrefix(name))
+		l.deletePrefix(EventsPrefix(name))
+	}
+	s.events(&l, events)
+	rev, err := s.txn(ctx, []clientv3.Cmp{revCmp(JobKey(name), replaceRev)}, &l)
+	if err != nil {
+		return 0, fmt.Errorf("creating job %s: %w", name, err)
+	}
+	return rev, nil
+}
+
+// UpdateJob writes a job record if it is still at expectRev.
+func (s *Store) UpdateJob(ctx context.Context, j *rdzvv1.Job, expectRev int64, events ...*rdzvv1.Event) (int64, error) {
+	name := j.GetSpec().GetName()
+	var l opList
+	l.put(JobKey(name), stripJob(j))
+	s.events(&l, events)
+	rev, err := s.txn(ctx, []clientv3.Cmp{revCmp(JobKey(name), expectRev)}, &l)
+	if err != nil {
+		return 0, fmt.Errorf("updating job %s: %w", name, err)
+	}
+	return rev, nil
+}
+
+// CommitRound atomically moves a job to its new generation: the job record,
+// the round, and a clean slate of worker statuses, guarded by the job's
+// revision so two rounds can never both commit.
+func (s *Store) CommitRound(ctx context.Context, j *rdzvv1.Job, expectRev int64, round *rdzvv1.Round, events ...*rdzvv1.Event) (int64, error) {
+	name := j.GetSpec().GetName()
+	var l opList
+	l.put(JobKey(name), stripJob(j))
+	l.put(RoundKey(name, round.GetGeneration()), round)
+	l.deletePrefix(WorkersPrefix(name))
+	s.events(&l, events)
+	rev, err := s.txn(ctx, []clientv3.Cmp{
+		revCmp(JobKey(name), expectRev),
+		clientv3.Compare(clientv3.CreateRevision(RoundKey(name, round.GetGeneration())), "=", 0),
+	}, &l)
+	if err != nil {
+		return 0, fmt.Errorf("committing round %d of job %s: %w", round.GetGeneration(), name, err)
+	}
+	return rev, nil
+}
+
+// PutWorker records one node's worker status for a job, only while the job
+// is still at jobRev, so a report for a superseded generation cannot land.
+func (s *Store) PutWorker(ctx context.Context, job, node string, w *rdzvv1.WorkerStatus, jobRev int64, events ...*rdzvv1.Event) error {
+	var l opList
+	l.put(WorkerKey(job, node), w)
+	s.events(&l, events)
+	if _, err := s.txn(ctx, []clientv3.Cmp{revCmp(JobKey(job), jobRev)}, &l); err != nil {
+		return fmt.Errorf("recording worker of job %s on node %s: %w", job, node, err)
+	}
+	return nil
+}
+
+// AppendEvent stores one event on its own.
+func (s *Store) AppendEvent(ctx context.Context, ev *rdzvv1.Event) error {
+	var l opList
+	s.events(&l, []*rdzvv1.Event{ev})
+	if _, err := s.txn(ctx, nil, &l); err != nil {
+		return fmt.Errorf("appending event %s: %w", ev.GetKind(), err)
+	}
+	return nil
+}
+
+// ListEvents returns up to limit of a scope's newest events, oldest first.
+func (s *Store) ListEvents(ctx context.Context, scope string, limit int) ([]*rdzvv1.Event, error) {
+	resp, err := s.cli.Get(ctx, EventsPrefix(scope), clientv3.WithPrefix(),
+		clientv3.WithSort(clientv3.SortByKey, clientv3.SortDescend), clientv3.WithLimit(int64(limit)))
+	if err != nil {
+		return nil, fmt.Errorf("listing events of %s: %w", scope, err)
+	}
+	events := make([]*rdzvv1.Event, len(resp.Kvs))
+	for i, kv := range resp.Kvs {
+		ev := &rdzvv1.Event{}
+		if err := proto.Unmarshal(kv.Value, ev); err != nil {
+			return nil, fmt.Errorf("decoding %s: %w", kv.Key, err)
+		}
+		events[len(resp.Kvs)-1-i] = ev
+	}
+	return events, nil
+}
+
+func (s *Store) txn(ctx context.Context, cmps []clientv3.Cmp, l *opList) (int64, error) {
+	if l.err != nil {
+		return 0, l.err
+	}
+	resp, err := s.cli.Txn(ctx).If(cmps...).Then(l.ops...).Commit()
+	if err != nil {
+		return 0, err
+	}
+	if !resp.Succeeded {
+		return 0, ErrConflict
+	}
+	return resp.Header.Revision, nil
+}
+
+// revCmp guards a write on key being at rev; rev 0 means the key must not
+// exist.
+func revCmp(key string, rev int64) clientv3.Cmp {
+	if rev == 0 {
+		return clientv3.Compare(clientv3.CreateRevision(key), "=", 0)
+	}
+	return clientv3.Compare(clientv3.ModRevision(key), "=", rev)
+}
+
+// opList accumulates etcd operations and the first marshalling error, so
+// callers build a transaction without checking every step.
+type opList struct {
+	ops []clientv3.Op
+	err error
+}
+
+func (l *opList) put(key string, m proto.Message) {
+	if l.err != nil {
+		return
+	}
+	b, err := proto.Marshal(m)
+	if err != nil {
+		l.err = fmt.Errorf("encoding %s: %w", key, err)
+		return
+	}
+	l.ops = append(l.ops, clientv3.OpPut(key, string(b)))
+}
+
+func (l *opList) deletePrefix(prefix string) {
+	l.ops = append(l.ops, clientv3.OpDelete(prefix, clientv3.WithPrefix()))
+}
+
+func (s *Store) events(l *opList, events []*rdzvv1.Event) {
+	for _, ev := range events {
+		scope := ev.GetJob()
+		if scope == "" {
+			scope = ClusterScope
+		}
+		at := time.Now()
+		if ev.GetTime() != nil {
+			at = ev.GetTime().AsTime()
+		}
+		l.put(EventKey(scope, at, s.seq.Add(1)), ev)
+	}
+}
+
+func stripJob(j *rdzvv1.Job) *rdzvv1.Job {
+	stored := proto.Clone(j).(*rdzvv1.Job)
+	// Assignments are assembled from the round and worker keys on read.
+	stored.Assignments = nil
+	return stored
+}
