@@ -1,0 +1,274 @@
+package agent
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"time"
+
+	"go.uber.org/zap"
+	"golang.org/x/sync/errgroup"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/keepalive"
+
+	"github.com/rdzv/rdzv/agent/gpu"
+	"github.com/rdzv/rdzv/agent/netif"
+	rdzvv1 "github.com/rdzv/rdzv/proto/rdzv/v1"
+)
+
+// GPUDiscoverer lists this node's GPUs.
+type GPUDiscoverer interface {
+	Discover(ctx context.Context) ([]gpu.GPU, error)
+}
+
+// NetworkDetector reads this node's interfaces and routes.
+type NetworkDetector interface {
+	Interfaces() ([]netif.Interface, error)
+	DefaultRouteInterface() (string, error)
+	InterfaceFacing(target string) (string, error)
+}
+
+const (
+	minBackoff = 250 * time.Millisecond
+	maxBackoff = 10 * time.Second
+	// stableSession is how long a session must last before a disconnect is
+	// treated as new trouble rather than a continuing outage.
+	stableSession = 30 * time.Second
+	// defaultHeartbeat is used until the controller says otherwise.
+	defaultHeartbeat = time.Second
+)
+
+// Agent is the rdzv-agent daemon.
+type Agent struct {
+	cfg     Config
+	log     *zap.Logger
+	gpus    GPUDiscoverer
+	net     NetworkDetector
+	spawner Spawner
+}
+
+// New builds an agent. gpus is the NVML discoverer in production, or
+// gpu.Fake when cfg.FakeGPUs is set.
+func New(cfg Config, log *zap.Logger, gpus GPUDiscoverer, net NetworkDetector, spawner Spawner) (*Agent, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, fmt.Errorf("invalid agent config: %w", err)
+	}
+	return &Agent{cfg: cfg, log: log, gpus: gpus, net: net, spawner: spawner}, nil
+}
+
+// Run discovers the node, then stays connected to the controller and runs
+// what it is assigned until ctx ends; on the way out it stops its workers.
+func (a *Agent) Run(ctx context.Context) error {
+	info, err := a.Describe(ctx)
+	if err != nil {
+		return err
+	}
+	log := a.log.With(zap.String("node", info.GetName()))
+	log.Info("node discovered", zap.Int("gpus", len(info.GetGpus())), zap.Bool("fake_gpus", info.GetFakeGpus()),
+		zap.String("interface", info.GetNcclInterface()), zap.String("address", info.GetAddress()),
+		zap.String("reason", info.GetNcclInterfaceReason()))
+
+	conn, err := grpc.NewClient(a.cfg.Controller,
+		grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithKeepaliveParams(keepalive.ClientParameters{Time: 10 * time.Second, Timeout: 5 * time.Second, PermitWithoutStream: true}),
+	)
+	if err != nil {
+		return fmt.Errorf("creating controller client for %s: %w", a.cfg.Controller, err)
+	}
+	defer conn.Close()
+
+	sup := NewSupervisor(a.cfg, info.GetName(), info.GetNcclInterface(), a.spawner, log.Named("supervisor"))
+	sess := &agentSession{agent: a, info: info, sup: sup, client: rdzvv1.NewAgentServiceClient(conn), log: log.Named("session")}
+	g, gctx := errgroup.WithContext(ctx)
+	g.Go(func() error { return sup.Run(gctx) })
+	g.Go(func() error { sess.loop(gctx); return nil })
+	return g.Wait()
+}
+
+// Describe discovers GPUs and interfaces and picks the NCCL interface.
+func (a *Agent) Describe(ctx context.Context) (*rdzvv1.NodeInfo, error) {
+	name := a.cfg.NodeName
+	if name == "" {
+		host, err := os.Hostname()
+		if err != nil {
+			return nil, fmt.Errorf("reading hostname for the node name: %w", err)
+		}
+		name = host
+	}
+	info := &rdzvv1.NodeInfo{Name: name, Labels: a.cfg.Labels, AgentVersion: Version, FakeGpus: a.cfg.FakeGPUs > 0}
+
+	gpus, err := a.gpus.Discover(ctx)
+	if err != nil {
+		// A broken driver leaves the GPUs unusable; the node still registers
+		// (with none) so operators see it and the reason in the log.
+		a.log.Error("gpu discovery failed, reporting zero gpus", zap.Error(err))
+	}
+	for _, g := range gpus {
+		info.Gpus = append(info.Gpus, &rdzvv1.GPU{Index: g.Index, Uuid: g.UUID, Name: g.Name, MemoryBytes: g.MemoryBytes, PciBusId: g.PCIBusID})
+	}
+
+	ifaces, err := a.net.Interfaces()
+	if err != nil {
+		return nil, fmt.Errorf("listing network interfaces: %w", err)
+	}
+	opts := netif.SelectOptions{Explicit: a.cfg.NCCLInterface}
+	if opts.ControllerFacing, err = a.net.InterfaceFacing(a.cfg.Controller); err != nil {
+		a.log.Warn("no route to the controller found", zap.String("controller", a.cfg.Controller), zap.Error(err))
+	}
+	if opts.DefaultRoute, err = a.net.DefaultRouteInterface(); err != nil {
+		a.log.Warn("reading default route failed", zap.Error(err))
+	}
+	choice, err := netif.Select(ifaces, opts)
+	if err != nil {
+		return nil, fmt.Errorf("choosing the NCCL interface: %w", err)
+	}
+	info.NcclInterface, info.Address, info.NcclInterfaceReason = choice.Interface.Name, choice.Address.String(), choice.Reason
+	for _, ifc := range ifaces {
+		pi := &rdzvv1.NetworkInterface{Name: ifc.Name, Kind: interfaceKind(ifc.Kind), Mtu: uint32(ifc.MTU), Up: ifc.Up,
+			SpeedMbps: uint32(max(ifc.SpeedMbps, 0)), RdmaDevices: ifc.RDMADevices}
+		for _, p := range ifc.Addrs {
+			pi.Addresses = append(pi.Addresses, p.String())
+		}
+		info.Interfaces = append(info.Interfaces, pi)
+	}
+	return info, nil
+}
+
+func interfaceKind(k netif.Kind) rdzvv1.InterfaceKind {
+	switch k {
+	case netif.KindLoopback:
+		return rdzvv1.InterfaceKind_INTERFACE_KIND_LOOPBACK
+	case netif.KindInfiniBand:
+		return rdzvv1.InterfaceKind_INTERFACE_KIND_INFINIBAND
+	case netif.KindVirtual:
+		return rdzvv1.InterfaceKind_INTERFACE_KIND_VIRTUAL
+	case netif.KindEthernet:
+		return rdzvv1.InterfaceKind_INTERFACE_KIND_ETHERNET
+	}
+	return rdzvv1.InterfaceKind_INTERFACE_KIND_UNSPECIFIED
+}
+
+// agentSession keeps the agent connected to the controller.
+type agentSession struct {
+	agent  *Agent
+	info   *rdzvv1.NodeInfo
+	sup    *Supervisor
+	client rdzvv1.AgentServiceClient
+	log    *zap.Logger
+}
+
+// loop connects, and reconnects with jittered exponential backoff, until
+// ctx ends. Jitter keeps 10,000 agents from reconnecting in lockstep after
+// a controller restart.
+func (s *agentSession) loop(ctx context.Context) {
+	backoff := minBackoff
+	failures := 0
+	for ctx.Err() == nil {
+		started := time.Now()
+		err := s.connect(ctx)
+		if ctx.Err() != nil {
+			return
+		}
+		if time.Since(started) > stableSession {
+			backoff, failures = minBackoff, 0
+		}
+		failures++
+		wait := backoff/2 + rand.N(backoff/2+1)
+		if failures == 1 || failures%10 == 0 {
+			s.log.Warn("controller connection lost, reconnecting", zap.Error(err), zap.Int("attempt", failures), zap.Duration("backoff", wait))
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(wait):
+		}
+		backoff = min(backoff*2, maxBackoff)
+	}
+}
+
+func (s *agentSession) connect(ctx context.Context) error {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	stream, err := s.client.Connect(ctx)
+	if err != nil {
+		return fmt.Errorf("opening stream: %w", err)
+	}
+	reg := &rdzvv1.Register{Node: s.info, Workers: s.sup.Statuses()}
+	if err := stream.Send(&rdzvv1.ConnectRequest{Msg: &rdzvv1.ConnectRequest_Register{Register: reg}}); err != nil {
+		return fmt.Errorf("sending register: %w", err)
+	}
+	first, err := stream.Recv()
+	if err != nil {
+		return fmt.Errorf("registering: %w", err)
+	}
+	interval := defaultHeartbeat
+	if ms := first.GetRegistered().GetHeartbeatIntervalMs(); ms > 0 {
+		interval = time.Duration(ms) * time.Millisecond
+	}
+	s.log.Info("registered with controller", zap.Duration("heartbeat_interval", interval))
+
+	// Only the sender goroutine calls stream.Send after registration.
+	out := make(chan *rdzvv1.ConnectRequest, 256)
+	logs := newLogTails(s.sup, out, s.log.Named("logs"))
+	defer logs.cancelAll()
+	g, gctx := errgroup.WithContext(ctx)
+	g.Go(func() error {
+		ticker := time.NewTicker(interval)
+		defer ticker.Stop()
+		var seq uint64
+		for {
+			var m *rdzvv1.ConnectRequest
+			select {
+			case <-gctx.Done():
+				return gctx.Err()
+			case <-ticker.C:
+				seq++
+				m = &rdzvv1.ConnectRequest{Msg: &rdzvv1.ConnectRequest_Heartbeat{Heartbeat: &rdzvv1.Heartbeat{Seq: seq}}}
+			case st := <-s.sup.Updates():
+				m = &rdzvv1.ConnectRequest{Msg: &rdzvv1.ConnectRequest_WorkerStatus{WorkerStatus: st}}
+			case m = <-out:
+			}
+			if err := stream.Send(m); err != nil {
+				return fmt.Errorf("sending to controller: %w", err)
+			}
+		}
+	})
+	g.Go(func() error {
+		for {
+			m, err := stream.Recv()
+			if err != nil {
+				return fmt.Errorf("receiving from controller: %w", err)
+			}
+			s.handle(gctx, m, out, logs)
+		}
+	})
+	return g.Wait()
+}
+
+func (s *agentSession) handle(ctx context.Context, m *rdzvv1.ConnectResponse, out chan<- *rdzvv1.ConnectRequest, logs *logTails) {
+	switch msg := m.GetMsg().(type) {
+	case *rdzvv1.ConnectResponse_Assignment:
+		s.sup.Assign(msg.Assignment)
+	case *rdzvv1.ConnectResponse_StopWorkers:
+		s.sup.Stop(msg.StopWorkers.GetJob(), msg.StopWorkers.GetGeneration(), msg.StopWorkers.GetReason())
+	case *rdzvv1.ConnectResponse_PortProbe:
+		res := probePort(msg.PortProbe)
+		select {
+		case out <- &rdzvv1.ConnectRequest{Msg: &rdzvv1.ConnectRequest_PortProbeResult{PortProbeResult: res}}:
+		case <-ctx.Done():
+		}
+	case *rdzvv1.ConnectResponse_LogTail:
+		logs.start(ctx, msg.LogTail)
+	case *rdzvv1.ConnectResponse_LogCancel:
+		logs.cancel(msg.LogCancel.GetRequestId())
+	case *rdzvv1.ConnectResponse_Registered:
+		s.log.Warn("ignoring repeated registered message")
+	default:
+		s.log.Warn("ignoring unknown message from controller", zap.String("type", fmt.Sprintf("%T", m.GetMsg())))
+	}
+}
+
+var errNoFreePort = errors.New("no free port")

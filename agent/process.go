@@ -1,0 +1,174 @@
+package agent
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// ProcessSpec is one worker process to start.
+type ProcessSpec struct {
+	Path string
+	Args []string
+	Dir  string
+	Env  []string
+	// Output receives stdout and stderr.
+	Output io.Writer
+}
+
+// Exit is how a worker's launcher ended.
+type Exit struct {
+	Code   int
+	Signal string
+}
+
+// Process is a started worker: the launcher and its whole process group.
+type Process interface {
+	Pid() int
+	// Wait blocks until the launcher exits.
+	Wait() Exit
+	// Kill terminates the process group: SIGTERM, then SIGKILL after grace,
+	// and returns once no process of the group is left.
+	Kill(grace time.Duration) error
+}
+
+// Spawner starts worker processes; tests replace it.
+type Spawner interface {
+	Spawn(spec ProcessSpec) (Process, error)
+}
+
+// ExecSpawner runs workers as real processes, each in its own process group
+// so the agent can signal torchrun and every worker it forked at once.
+type ExecSpawner struct {
+	// ProcRoot is where to look for leftover group members (default /proc).
+	ProcRoot string
+}
+
+func (s ExecSpawner) Spawn(spec ProcessSpec) (Process, error) {
+	cmd := exec.Command(spec.Path, spec.Args...)
+	cmd.Dir, cmd.Env = spec.Dir, spec.Env
+	cmd.Stdout, cmd.Stderr = spec.Output, spec.Output
+	// No Pdeathsig: workers must survive a brief agent restart; the agent's
+	// shutdown path and systemd's KillMode=mixed stop them instead.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	if err := cmd.Start(); err != nil {
+		return nil, fmt.Errorf("starting %s: %w", spec.Path, err)
+	}
+	p := &execProcess{cmd: cmd, procRoot: s.ProcRoot, done: make(chan struct{})}
+	go p.reap()
+	return p, nil
+}
+
+type execProcess struct {
+	cmd      *exec.Cmd
+	procRoot string
+	done     chan struct{}
+	exit     Exit
+}
+
+func (p *execProcess) Pid() int { return p.cmd.Process.Pid }
+
+func (p *execProcess) reap() {
+	err := p.cmd.Wait()
+	var ee *exec.ExitError
+	switch {
+	case err == nil:
+	case errors.As(err, &ee):
+		if ws, ok := ee.Sys().(syscall.WaitStatus); ok && ws.Signaled() {
+			p.exit = Exit{Code: -1, Signal: unix.SignalName(ws.Signal())}
+		} else {
+			p.exit = Exit{Code: ee.ExitCode()}
+		}
+	default:
+		p.exit = Exit{Code: -1, Signal: "unknown"}
+	}
+	close(p.done)
+}
+
+func (p *execProcess) Wait() Exit {
+	<-p.done
+	return p.exit
+}
+
+// groupSweepTimeout bounds the wait for SIGKILLed group members to vanish
+// (uninterruptible sleep in a GPU driver call can delay them).
+const groupSweepTimeout = 30 * time.Second
+
+func (p *execProcess) Kill(grace time.Duration) error {
+	pgid := p.Pid()
+	if p.groupAlive(pgid) {
+		_ = syscall.Kill(-pgid, syscall.SIGTERM)
+		deadline := time.Now().Add(grace)
+		for time.Now().Before(deadline) && p.groupAlive(pgid) {
+			time.Sleep(50 * time.Millisecond)
+		}
+	}
+	deadline := time.Now().Add(groupSweepTimeout)
+	for p.groupAlive(pgid) {
+		_ = syscall.Kill(-pgid, syscall.SIGKILL)
+		if time.Now().After(deadline) {
+			return fmt.Errorf("process group %d still has members %v after SIGKILL", pgid, p.members(pgid))
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	<-p.done
+	return nil
+}
+
+// groupAlive reports whether any process other than a zombie is in the
+// group. The launcher itself counts until reaped.
+func (p *execProcess) groupAlive(pgid int) bool {
+	select {
+	case <-p.done:
+		return len(p.members(pgid)) > 0
+	default:
+		return true
+	}
+}
+
+// members lists live (non-zombie) processes whose process group is pgid, by
+// reading /proc/<pid>/stat.
+func (p *execProcess) members(pgid int) []int {
+	root := p.procRoot
+	if root == "" {
+		root = "/proc"
+	}
+	entries, err := os.ReadDir(root)
+	if err != nil {
+		return nil
+	}
+	var pids []int
+	for _, e := range entries {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		stat, err := os.ReadFile(filepath.Join(root, e.Name(), "stat"))
+		if err != nil {
+			continue
+		}
+		// Fields after the parenthesised command: state ppid pgrp ...
+		s := string(stat)
+		i := strings.LastIndexByte(s, ')')
+		if i < 0 {
+			continue
+		}
+		fields := strings.Fields(s[i+1:])
+		if len(fields) < 3 || fields[0] == "Z" || fields[0] == "X" {
+			continue
+		}
+		if g, err := strconv.Atoi(fields[2]); err == nil && g == pgid {
+			pids = append(pids, pid)
+		}
+	}
+	return pids
+}

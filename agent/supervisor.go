@@ -1,0 +1,350 @@
+package agent
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"go.uber.org/zap"
+
+	"github.com/rdzv/rdzv/controller/jobspec"
+	rdzvv1 "github.com/rdzv/rdzv/proto/rdzv/v1"
+)
+
+// historySize bounds the finished-worker statuses kept for re-reporting
+// after a reconnect.
+const historySize = 16
+
+// Supervisor runs at most one job's workers on this node. Commands are
+// applied in the order the controller sent them, on one goroutine, so a stop
+// of generation N is always applied before the start of N+1.
+type Supervisor struct {
+	stateDir  string
+	stopGrace time.Duration
+	node      string
+	iface     string
+	log       *zap.Logger
+	spawner   Spawner
+
+	cmds    chan func()
+	updates chan *rdzvv1.WorkerStatus
+
+	mu      sync.Mutex
+	cur     *worker
+	lastGen map[string]uint64
+	history []*rdzvv1.WorkerStatus
+}
+
+type worker struct {
+	job        string
+	generation uint64
+	proc       Process
+	logPath    string
+	stopReason string
+	done       chan struct{}
+}
+
+// NewSupervisor builds a supervisor for node, whose workers use iface for
+// NCCL and Gloo.
+func NewSupervisor(cfg Config, node, iface string, spawner Spawner, log *zap.Logger) *Supervisor {
+	return &Supervisor{
+		stateDir: cfg.StateDir, stopGrace: cfg.StopGrace.Duration, node: node, iface: iface,
+		log: log, spawner: spawner,
+		cmds:    make(chan func(), 64),
+		updates: make(chan *rdzvv1.WorkerStatus, 64),
+		lastGen: map[string]uint64{},
+	}
+}
+
+// Updates delivers every worker status change. The supervisor never blocks
+// on it: when the reader is away, Statuses still has the latest state.
+func (s *Supervisor) Updates() <-chan *rdzvv1.WorkerStatus { return s.updates }
+
+// Run applies commands until ctx ends, then stops any running worker.
+func (s *Supervisor) Run(ctx context.Context) error {
+	for {
+		select {
+		case cmd := <-s.cmds:
+			cmd()
+		case <-ctx.Done():
+			s.stopCurrent("agent shutting down")
+			return nil
+		}
+	}
+}
+
+// Assign queues an assignment.
+func (s *Supervisor) Assign(a *rdzvv1.Assignment) {
+	s.cmds <- func() { s.assign(a) }
+}
+
+// Stop queues stopping a job's workers of one generation.
+func (s *Supervisor) Stop(job string, generation uint64, reason string) {
+	s.cmds <- func() { s.stop(job, generation, reason) }
+}
+
+// Statuses is what this node runs and recently ran, for registration.
+func (s *Supervisor) Statuses() []*rdzvv1.WorkerStatus {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out := append([]*rdzvv1.WorkerStatus(nil), s.history...)
+	if s.cur != nil {
+		out = append(out, &rdzvv1.WorkerStatus{Job: s.cur.job, Generation: s.cur.generation, State: rdzvv1.WorkerState_WORKER_STATE_RUNNING})
+	}
+	return out
+}
+
+// Running reports whether job's workers are running here.
+func (s *Supervisor) Running(job string) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.cur != nil && s.cur.job == job
+}
+
+func (s *Supervisor) assign(a *rdzvv1.Assignment) {
+	job, gen := a.GetSpec().GetName(), a.GetGeneration()
+	log := s.log.With(zap.String("job", job), zap.Uint64("generation", gen), zap.Uint32("node_rank", a.GetNodeRank()))
+	s.mu.Lock()
+	last := s.lastGen[job]
+	cur := s.cur
+	s.mu.Unlock()
+	if gen <= last {
+		log.Warn("rejecting stale assignment", zap.Uint64("latest_generation", last))
+		return
+	}
+	if cur != nil {
+		s.stopCurrent(fmt.Sprintf("replaced by generation %d of job %s", gen, job))
+	}
+	s.mu.Lock()
+	s.lastGen[job] = gen
+	s.mu.Unlock()
+
+	spec := jobspec.FromProto(a.GetSpec())
+	if err := spec.Validate(); err != nil {
+		s.finished(job, gen, rdzvv1.WorkerState_WORKER_STATE_FAILED, Exit{Code: -1}, fmt.Sprintf("refusing assignment: %v", err))
+		return
+	}
+	w, err := s.start(a)
+	if err != nil {
+		log.Error("starting workers failed", zap.Error(err))
+		s.finished(job, gen, rdzvv1.WorkerState_WORKER_STATE_FAILED, Exit{Code: -1}, err.Error())
+		return
+	}
+	log.Info("workers started", zap.Int("pid", w.proc.Pid()), zap.String("master_addr", a.GetMasterAddr()), zap.Uint32("master_port", a.GetMasterPort()))
+	s.mu.Lock()
+	s.cur = w
+	s.mu.Unlock()
+	s.emit(&rdzvv1.WorkerStatus{Job: job, Generation: gen, State: rdzvv1.WorkerState_WORKER_STATE_RUNNING})
+	go s.watch(w)
+}
+
+func (s *Supervisor) watch(w *worker) {
+	exit := w.proc.Wait()
+	// torchrun has exited; anything it left in its group (a worker that
+	// ignored its parent's death) still holds a GPU, so sweep the group.
+	if err := w.proc.Kill(0); err != nil {
+		s.log.Error("workers left behind", zap.String("job", w.job), zap.Error(err))
+	}
+	s.mu.Lock()
+	reason := w.stopReason
+	s.mu.Unlock()
+	state := rdzvv1.WorkerState_WORKER_STATE_FAILED
+	msg := ""
+	switch {
+	case reason != "":
+		state, msg = rdzvv1.WorkerState_WORKER_STATE_STOPPED, reason
+	case exit.Code == 0:
+		state = rdzvv1.WorkerState_WORKER_STATE_SUCCEEDED
+	}
+	// The closing line goes in before the worker stops counting as running,
+	// so `rdzvctl logs -f` always ends with it.
+	appendLog(w.logPath, fmt.Sprintf("=== rdzv: generation %d ended: %s exit_code=%d signal=%q %s\n", w.generation, state, exit.Code, exit.Signal, msg))
+	s.mu.Lock()
+	if s.cur == w {
+		s.cur = nil
+	}
+	s.mu.Unlock()
+	s.log.Info("workers exited", zap.String("job", w.job), zap.Uint64("generation", w.generation),
+		zap.Int("exit_code", exit.Code), zap.String("signal", exit.Signal), zap.String("state", state.String()))
+	s.finished(w.job, w.generation, state, exit, msg)
+	close(w.done)
+}
+
+func (s *Supervisor) stop(job string, gen uint64, reason string) {
+	s.mu.Lock()
+	cur := s.cur
+	if gen > s.lastGen[job] {
+		// A stop for a generation never started here fences it: a late
+		// assignment for it is rejected.
+		s.lastGen[job] = gen
+	}
+	s.mu.Unlock()
+	if cur != nil && cur.job == job && cur.generation == gen {
+		s.stopCurrent(reason)
+		return
+	}
+	// Nothing of that generation runs here; say so, so the controller frees
+	// the node.
+	if st := s.lastStatus(job, gen); st != nil {
+		s.emit(st)
+		return
+	}
+	s.finished(job, gen, rdzvv1.WorkerState_WORKER_STATE_STOPPED, Exit{}, "not running on this node: "+reason)
+}
+
+// stopCurrent kills the running worker, if any, and waits until its status
+// is recorded.
+func (s *Supervisor) stopCurrent(reason string) {
+	s.mu.Lock()
+	w := s.cur
+	if w != nil && w.stopReason == "" {
+		w.stopReason = reason
+	}
+	s.mu.Unlock()
+	if w == nil {
+		return
+	}
+	s.log.Info("stopping workers", zap.String("job", w.job), zap.Uint64("generation", w.generation), zap.String("reason", reason))
+	if err := w.proc.Kill(s.stopGrace); err != nil {
+		s.log.Error("stopping workers failed", zap.String("job", w.job), zap.Error(err))
+	}
+	<-w.done
+}
+
+func (s *Supervisor) lastStatus(job string, gen uint64) *rdzvv1.WorkerStatus {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for i := len(s.history) - 1; i >= 0; i-- {
+		if h := s.history[i]; h.GetJob() == job && h.GetGeneration() == gen {
+			return h
+		}
+	}
+	return nil
+}
+
+func (s *Supervisor) finished(job string, gen uint64, state rdzvv1.WorkerState, exit Exit, msg string) {
+	st := &rdzvv1.WorkerStatus{Job: job, Generation: gen, State: state, ExitCode: int32(exit.Code), Signal: exit.Signal, Message: msg}
+	s.mu.Lock()
+	s.history = append(s.history, st)
+	if len(s.history) > historySize {
+		s.history = s.history[len(s.history)-historySize:]
+	}
+	s.mu.Unlock()
+	s.emit(st)
+}
+
+func (s *Supervisor) emit(st *rdzvv1.WorkerStatus) {
+	select {
+	case s.updates <- st:
+	default:
+		s.log.Warn("status update queue full; the status is re-sent on reconnect", zap.String("job", st.GetJob()))
+	}
+}
+
+// LogPath is where a job's output is kept on this node.
+func (s *Supervisor) LogPath(job string) string {
+	return filepath.Join(s.stateDir, "logs", job+".log")
+}
+
+func (s *Supervisor) start(a *rdzvv1.Assignment) (*worker, error) {
+	spec := a.GetSpec()
+	job := spec.GetName()
+	workdir := spec.GetWorkdir()
+	if workdir == "" {
+		workdir = filepath.Join(s.stateDir, "jobs", job)
+		if err := os.MkdirAll(workdir, 0o755); err != nil {
+			return nil, fmt.Errorf("creating scratch workdir: %w", err)
+		}
+	}
+	torchrun, err := exec.LookPath(spec.GetLauncherTorchrun())
+	if err != nil {
+		return nil, fmt.Errorf("finding launcher %q: %w", spec.GetLauncherTorchrun(), err)
+	}
+	logPath := s.LogPath(job)
+	if err := os.MkdirAll(filepath.Dir(logPath), 0o755); err != nil {
+		return nil, fmt.Errorf("creating log directory: %w", err)
+	}
+	out, err := os.OpenFile(logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+	if err != nil {
+		return nil, fmt.Errorf("opening job log: %w", err)
+	}
+	defer out.Close() // the child keeps its own descriptor
+	args := LauncherArgs(a)
+	fmt.Fprintf(out, "=== rdzv: job %s generation %d node %s rank %d/%d started %s: %s %s\n",
+		job, a.GetGeneration(), s.node, a.GetNodeRank(), a.GetNnodes(), time.Now().UTC().Format(time.RFC3339), torchrun, strings.Join(args, " "))
+	proc, err := s.spawner.Spawn(ProcessSpec{Path: torchrun, Args: args, Dir: workdir, Env: s.env(a), Output: out})
+	if err != nil {
+		return nil, err
+	}
+	return &worker{job: job, generation: a.GetGeneration(), proc: proc, logPath: logPath, done: make(chan struct{})}, nil
+}
+
+// LauncherArgs is the torchrun command line for an assignment: the
+// rendezvous the controller decided, then the job's extra launcher
+// arguments, then its command.
+func LauncherArgs(a *rdzvv1.Assignment) []string {
+	spec := a.GetSpec()
+	args := []string{
+		"--nnodes", strconv.Itoa(int(a.GetNnodes())),
+		"--node_rank", strconv.Itoa(int(a.GetNodeRank())),
+		"--nproc_per_node", strconv.Itoa(int(a.GetProcsPerNode())),
+		"--master_addr", a.GetMasterAddr(),
+		"--master_port", strconv.Itoa(int(a.GetMasterPort())),
+	}
+	args = append(args, spec.GetLauncherExtraArgs()...)
+	return append(args, spec.GetCommand()...)
+}
+
+// env is the agent's environment, then the job's, then what rdzv decides;
+// the last word on interfaces, devices and identity is always rdzv's.
+func (s *Supervisor) env(a *rdzvv1.Assignment) []string {
+	spec := a.GetSpec()
+	gpus := make([]string, len(a.GetGpuIndices()))
+	for i, g := range a.GetGpuIndices() {
+		gpus[i] = strconv.Itoa(int(g))
+	}
+	rdzv := map[string]string{
+		"NCCL_SOCKET_IFNAME":   s.iface,
+		"GLOO_SOCKET_IFNAME":   s.iface,
+		"CUDA_VISIBLE_DEVICES": strings.Join(gpus, ","),
+		"RDZV_JOB":             spec.GetName(),
+		"RDZV_GENERATION":      strconv.FormatUint(a.GetGeneration(), 10),
+		"RDZV_NODE":            s.node,
+		"RDZV_NODE_RANK":       strconv.Itoa(int(a.GetNodeRank())),
+		"RDZV_CHECKPOINT_DIR":  spec.GetCheckpointDir(),
+		"RDZV_RESUME_FROM":     a.GetResumeFrom(),
+	}
+	var env []string
+	for _, kv := range os.Environ() {
+		k, _, _ := strings.Cut(kv, "=")
+		if _, overridden := spec.GetEnv()[k]; overridden {
+			continue
+		}
+		if _, ours := rdzv[k]; ours {
+			continue
+		}
+		env = append(env, kv)
+	}
+	for k, v := range spec.GetEnv() {
+		env = append(env, k+"="+v)
+	}
+	for k, v := range rdzv {
+		env = append(env, k+"="+v)
+	}
+	return env
+}
+
+func appendLog(path, line string) {
+	f, err := os.OpenFile(path, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+	if err != nil {
+		return
+	}
+	defer f.Close()
+	_, _ = f.WriteString(line)
+}

@@ -1,0 +1,112 @@
+// Command rdzv-agent runs on every GPU node.
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"os"
+	"path/filepath"
+	"os/signal"
+	"syscall"
+
+	"golang.org/x/sync/errgroup"
+
+	"github.com/rdzv/rdzv/agent"
+	"github.com/rdzv/rdzv/agent/gpu"
+	"github.com/rdzv/rdzv/agent/gpu/nvmlgpu"
+	"github.com/rdzv/rdzv/agent/netif"
+	"github.com/rdzv/rdzv/cmd/internal/cli"
+)
+
+func main() {
+	cfg, err := config(os.Args[1:])
+	if err != nil {
+		cli.Fatal("rdzv-agent", err)
+	}
+	log, err := cli.NewLogger(cfg.LogLevel)
+	if err != nil {
+		cli.Fatal("rdzv-agent", err)
+	}
+	defer func() { _ = log.Sync() }()
+	var gpus agent.GPUDiscoverer = nvmlgpu.NewSystem(log.Named("nvml"))
+	if cfg.FakeGPUs > 0 {
+		gpus = gpu.Fake{Count: cfg.FakeGPUs, Node: cfg.NodeName}
+	}
+	a, err := agent.New(cfg, log.Named("agent"), gpus, &netif.SystemDetector{}, agent.ExecSpawner{})
+	if err != nil {
+		cli.Fatal("rdzv-agent", err)
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+	defer stop()
+	g, ctx := errgroup.WithContext(ctx)
+	g.Go(func() error { return a.Run(ctx) })
+	if err := g.Wait(); err != nil {
+		cli.Fatal("rdzv-agent", err)
+	}
+}
+
+func config(args []string) (agent.Config, error) {
+	fs := flag.NewFlagSet("rdzv-agent", flag.ContinueOnError)
+	def := agent.DefaultConfig()
+	path := fs.String("config", "", "YAML config file (see deploy/config/agent.yaml); flags override it")
+	controllerAddr := fs.String("controller", os.Getenv("RDZV_CONTROLLER"), "controller host:port (default $RDZV_CONTROLLER)")
+	name := fs.String("node-name", "", "node name (default: the hostname)")
+	labels := fs.String("labels", "", "node labels k=v,k2=v2 (\"topology\" orders ranks)")
+	iface := fs.String("nccl-interface", "", "interface for NCCL/Gloo (default: picked automatically)")
+	fake := fs.Int("fake-gpus", 0, "pretend to have N GPUs, for scheduling tests on CPU hosts")
+	stateDir := fs.String("state-dir", def.StateDir, "directory for job logs and scratch workdirs")
+	grace := fs.Duration("stop-grace", def.StopGrace.Duration, "time between SIGTERM and SIGKILL when stopping workers")
+	level := fs.String("log-level", def.LogLevel, "debug, info, warn or error")
+	if err := fs.Parse(args); err != nil {
+		return def, err
+	}
+	cfg := def
+	if *path != "" {
+		var err error
+		if cfg, err = agent.LoadConfig(*path); err != nil {
+			return cfg, err
+		}
+	}
+	set := cli.Set(fs)
+	if set["controller"] || cfg.Controller == "" {
+		cfg.Controller = *controllerAddr
+	}
+	if set["node-name"] {
+		cfg.NodeName = *name
+	}
+	if set["labels"] {
+		l, err := cli.ParseLabels(*labels)
+		if err != nil {
+			return cfg, err
+		}
+		cfg.Labels = l
+	}
+	if set["nccl-interface"] {
+		cfg.NCCLInterface = *iface
+	}
+	if set["fake-gpus"] {
+		cfg.FakeGPUs = *fake
+	}
+	if set["state-dir"] {
+		cfg.StateDir = *stateDir
+	}
+	if abs, err := filepath.Abs(cfg.StateDir); err == nil {
+		cfg.StateDir = abs
+	}
+	if cfg.NodeName == "" {
+		// The hostname names the node; addresses always come from interfaces.
+		host, err := os.Hostname()
+		if err != nil {
+			return cfg, fmt.Errorf("reading hostname for the node name (set --node-name): %w", err)
+		}
+		cfg.NodeName = host
+	}
+	if set["stop-grace"] {
+		cfg.StopGrace.Duration = *grace
+	}
+	if set["log-level"] {
+		cfg.LogLevel = *level
+	}
+	return cfg, cfg.Validate()
+}

@@ -1,0 +1,371 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"strings"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/encoding/protojson"
+	"google.golang.org/protobuf/proto"
+
+	"github.com/rdzv/rdzv/controller/jobspec"
+	rdzvv1 "github.com/rdzv/rdzv/proto/rdzv/v1"
+)
+
+type globals struct {
+	controller string
+	output     string
+	timeout    time.Duration
+}
+
+func defaultGlobals() *globals {
+	addr := os.Getenv("RDZV_CONTROLLER")
+	if addr == "" {
+		addr = "127.0.0.1:7070"
+	}
+	return &globals{controller: addr, output: "table", timeout: 10 * time.Second}
+}
+
+func (g *globals) register(fs *flag.FlagSet) {
+	fs.StringVar(&g.controller, "controller", g.controller, "controller host:port")
+	fs.StringVar(&g.output, "o", g.output, "output format: table or json")
+	fs.DurationVar(&g.timeout, "timeout", g.timeout, "per-request timeout")
+}
+
+type command struct {
+	*globals
+	out  io.Writer
+	conn *grpc.ClientConn
+}
+
+// jobFailedError is returned by --wait when the job did not succeed.
+type jobFailedError struct{ job *rdzvv1.Job }
+
+func (e *jobFailedError) Error() string {
+	return fmt.Sprintf("job %s %s: %s", e.job.GetSpec().GetName(), stateWord(e.job.GetState()), e.job.GetReason())
+}
+
+func (c *command) flags(name string) *flag.FlagSet {
+	fs := flag.NewFlagSet("rdzvctl "+name, flag.ContinueOnError)
+	fs.SetOutput(io.Discard)
+	c.register(fs)
+	return fs
+}
+
+func (c *command) dial() (*grpc.ClientConn, error) {
+	if c.output != "table" && c.output != "json" {
+		return nil, fmt.Errorf("%w: -o must be table or json, got %q", errUsage, c.output)
+	}
+	if c.conn == nil {
+		conn, err := grpc.NewClient(c.controller, grpc.WithTransportCredentials(insecure.NewCredentials()))
+		if err != nil {
+			return nil, fmt.Errorf("controller address %q: %w", c.controller, err)
+		}
+		c.conn = conn
+	}
+	return c.conn, nil
+}
+
+func (c *command) close() {
+	if c.conn != nil {
+		_ = c.conn.Close()
+	}
+}
+
+func (c *command) jobs() (rdzvv1.JobServiceClient, error) {
+	conn, err := c.dial()
+	if err != nil {
+		return nil, err
+	}
+	return rdzvv1.NewJobServiceClient(conn), nil
+}
+
+// rpcErr turns a gRPC error into an operator-facing one.
+func (c *command) rpcErr(what string, err error) error {
+	st, ok := status.FromError(err)
+	if !ok {
+		return fmt.Errorf("%s: %w", what, err)
+	}
+	switch st.Code() {
+	case codes.Unavailable:
+		return fmt.Errorf("%s: cannot reach the controller at %s (set --controller or RDZV_CONTROLLER): %s", what, c.controller, st.Message())
+	case codes.DeadlineExceeded:
+		return fmt.Errorf("%s: the controller at %s did not answer within %s", what, c.controller, c.timeout)
+	}
+	return fmt.Errorf("%s: %s", what, st.Message())
+}
+
+func (c *command) call(ctx context.Context) (context.Context, context.CancelFunc) {
+	return context.WithTimeout(ctx, c.timeout)
+}
+
+func (c *command) printJSON(m proto.Message) error {
+	b, err := protojson.MarshalOptions{UseProtoNames: true, EmitUnpopulated: true, Indent: "  "}.Marshal(m)
+	if err != nil {
+		return err
+	}
+	_, err = fmt.Fprintln(c.out, string(b))
+	return err
+}
+
+func (c *command) start(ctx context.Context, args []string) error {
+	fs := c.flags("start")
+	wait := fs.Bool("wait", false, "follow the job until it ends; exit non-zero unless it succeeds")
+	pos, err := parse(fs, args)
+	if err != nil {
+		return err
+	}
+	if len(pos) != 1 {
+		return fmt.Errorf("%w: start takes one job file, got %d arguments", errUsage, len(pos))
+	}
+	spec, err := jobspec.LoadFile(pos[0])
+	if err != nil {
+		return err
+	}
+	if err := spec.Validate(); err != nil {
+		return fmt.Errorf("%s: %w", pos[0], err)
+	}
+	client, err := c.jobs()
+	if err != nil {
+		return err
+	}
+	cctx, cancel := c.call(ctx)
+	resp, err := client.StartJob(cctx, &rdzvv1.StartJobRequest{Spec: spec.ToProto()})
+	cancel()
+	if err != nil {
+		return c.rpcErr("starting job", err)
+	}
+	if !*wait {
+		if c.output == "json" {
+			return c.printJSON(resp.GetJob())
+		}
+		fmt.Fprintln(c.out, resp.GetJob().GetSpec().GetName())
+		return nil
+	}
+	fmt.Fprintf(c.out, "job %s submitted\n", spec.Name)
+	return c.wait(ctx, client, spec.Name)
+}
+
+// wait follows a job by polling, printing new events, until it ends. Polling
+// rides out a controller restart: errors are retried until the job ends or
+// the operator interrupts.
+func (c *command) wait(ctx context.Context, client rdzvv1.JobServiceClient, name string) error {
+	seen := map[string]bool{}
+	var lastErr string
+	for {
+		cctx, cancel := c.call(ctx)
+		jr, err := client.GetJob(cctx, &rdzvv1.GetJobRequest{Name: name})
+		var er *rdzvv1.ListEventsResponse
+		if err == nil {
+			er, err = client.ListEvents(cctx, &rdzvv1.ListEventsRequest{Job: name})
+		}
+		cancel()
+		if err != nil {
+			if st, _ := status.FromError(err); st.Code() == codes.NotFound || st.Code() == codes.InvalidArgument {
+				return c.rpcErr("following job", err)
+			}
+			if msg := c.rpcErr("following job", err).Error(); msg != lastErr {
+				fmt.Fprintf(os.Stderr, "rdzvctl: %s (retrying)\n", msg)
+				lastErr = msg
+			}
+		} else {
+			lastErr = ""
+			for _, ev := range er.GetEvents() {
+				key := ev.GetTime().AsTime().String() + ev.GetKind() + ev.GetNode() + ev.GetMessage()
+				if !seen[key] {
+					seen[key] = true
+					fmt.Fprintf(c.out, "%s  %-22s %s\n", ev.GetTime().AsTime().Local().Format("15:04:05.000"), ev.GetKind(), ev.GetMessage())
+				}
+			}
+			job := jr.GetJob()
+			switch job.GetState() {
+			case rdzvv1.JobState_JOB_STATE_SUCCEEDED:
+				fmt.Fprintf(c.out, "job %s succeeded: %s\n", name, job.GetReason())
+				return nil
+			case rdzvv1.JobState_JOB_STATE_FAILED, rdzvv1.JobState_JOB_STATE_STOPPED:
+				return &jobFailedError{job: job}
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("stopped following job %s (it keeps running): %w", name, ctx.Err())
+		case <-time.After(time.Second):
+		}
+	}
+}
+
+func (c *command) status(ctx context.Context, args []string) error {
+	fs := c.flags("status")
+	pos, err := parse(fs, args)
+	if err != nil {
+		return err
+	}
+	if len(pos) > 1 {
+		return fmt.Errorf("%w: status takes at most one job name", errUsage)
+	}
+	client, err := c.jobs()
+	if err != nil {
+		return err
+	}
+	cctx, cancel := c.call(ctx)
+	defer cancel()
+	if len(pos) == 1 {
+		resp, err := client.GetJob(cctx, &rdzvv1.GetJobRequest{Name: pos[0]})
+		if err != nil {
+			return c.rpcErr("getting job", err)
+		}
+		if c.output == "json" {
+			return c.printJSON(resp.GetJob())
+		}
+		printJob(c.out, resp.GetJob())
+		return nil
+	}
+	resp, err := client.ListJobs(cctx, &rdzvv1.ListJobsRequest{})
+	if err != nil {
+		return c.rpcErr("listing jobs", err)
+	}
+	if c.output == "json" {
+		return c.printJSON(resp)
+	}
+	printJobs(c.out, resp.GetJobs())
+	return nil
+}
+
+func (c *command) nodes(ctx context.Context, args []string) error {
+	fs := c.flags("nodes")
+	pos, err := parse(fs, args)
+	if err != nil {
+		return err
+	}
+	if len(pos) != 0 {
+		return fmt.Errorf("%w: nodes takes no arguments", errUsage)
+	}
+	conn, err := c.dial()
+	if err != nil {
+		return err
+	}
+	cctx, cancel := c.call(ctx)
+	defer cancel()
+	resp, err := rdzvv1.NewNodeServiceClient(conn).ListNodes(cctx, &rdzvv1.ListNodesRequest{})
+	if err != nil {
+		return c.rpcErr("listing nodes", err)
+	}
+	if c.output == "json" {
+		return c.printJSON(resp)
+	}
+	printNodes(c.out, resp.GetNodes())
+	return nil
+}
+
+func (c *command) logs(ctx context.Context, args []string) error {
+	fs := c.flags("logs")
+	node := fs.String("node", "", "node to read from (default: node rank 0)")
+	follow := fs.Bool("f", false, "keep streaming until the job's workers on that node exit")
+	tail := fs.Uint64("tail", 0, "start this many bytes before the end (0: whole log)")
+	pos, err := parse(fs, args)
+	if err != nil {
+		return err
+	}
+	if len(pos) != 1 {
+		return fmt.Errorf("%w: logs takes one job name", errUsage)
+	}
+	client, err := c.jobs()
+	if err != nil {
+		return err
+	}
+	// A followed log has no deadline; the operator ends it.
+	sctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	stream, err := client.StreamLogs(sctx, &rdzvv1.StreamLogsRequest{Job: pos[0], Node: *node, Follow: *follow, TailBytes: *tail})
+	if err != nil {
+		return c.rpcErr("streaming logs", err)
+	}
+	for {
+		chunk, err := stream.Recv()
+		if errors.Is(err, io.EOF) {
+			return nil
+		}
+		if err != nil {
+			if ctx.Err() != nil {
+				return nil
+			}
+			return c.rpcErr("streaming logs", err)
+		}
+		if _, err := c.out.Write(chunk.GetData()); err != nil {
+			return err
+		}
+	}
+}
+
+func (c *command) events(ctx context.Context, args []string) error {
+	fs := c.flags("events")
+	limit := fs.Uint("limit", 0, "newest N events (default: the controller's cap)")
+	pos, err := parse(fs, args)
+	if err != nil {
+		return err
+	}
+	if len(pos) > 1 {
+		return fmt.Errorf("%w: events takes at most one job name", errUsage)
+	}
+	job := ""
+	if len(pos) == 1 {
+		job = pos[0]
+	}
+	client, err := c.jobs()
+	if err != nil {
+		return err
+	}
+	cctx, cancel := c.call(ctx)
+	defer cancel()
+	resp, err := client.ListEvents(cctx, &rdzvv1.ListEventsRequest{Job: job, Limit: uint32(*limit)})
+	if err != nil {
+		return c.rpcErr("listing events", err)
+	}
+	if c.output == "json" {
+		return c.printJSON(resp)
+	}
+	printEvents(c.out, resp.GetEvents())
+	return nil
+}
+
+func (c *command) stop(ctx context.Context, args []string) error {
+	fs := c.flags("stop")
+	wait := fs.Bool("wait", false, "wait until every worker has exited")
+	pos, err := parse(fs, args)
+	if err != nil {
+		return err
+	}
+	if len(pos) != 1 {
+		return fmt.Errorf("%w: stop takes one job name", errUsage)
+	}
+	client, err := c.jobs()
+	if err != nil {
+		return err
+	}
+	cctx, cancel := c.call(ctx)
+	resp, err := client.StopJob(cctx, &rdzvv1.StopJobRequest{Name: pos[0]})
+	cancel()
+	if err != nil {
+		return c.rpcErr("stopping job", err)
+	}
+	if *wait {
+		var failed *jobFailedError
+		if err := c.wait(ctx, client, pos[0]); err != nil && !errors.As(err, &failed) {
+			return err
+		}
+	}
+	if c.output == "json" {
+		return c.printJSON(resp.GetJob())
+	}
+	fmt.Fprintf(c.out, "job %s %s\n", pos[0], strings.ToLower(stateWord(resp.GetJob().GetState())))
+	return nil
+}

@@ -1,0 +1,139 @@
+package main
+
+import (
+	"fmt"
+	"io"
+	"sort"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	rdzvv1 "github.com/rdzv/rdzv/proto/rdzv/v1"
+)
+
+func stateWord(s rdzvv1.JobState) string { return strings.TrimPrefix(s.String(), "JOB_STATE_") }
+
+func table(out io.Writer) *tabwriter.Writer { return tabwriter.NewWriter(out, 0, 4, 2, ' ', 0) }
+
+func age(ts *timestamppb.Timestamp) string {
+	if ts == nil {
+		return "-"
+	}
+	return time.Since(ts.AsTime()).Round(time.Second).String()
+}
+
+func printJobs(out io.Writer, jobs []*rdzvv1.Job) {
+	w := table(out)
+	fmt.Fprintln(w, "NAME\tSTATE\tGENERATION\tNODES\tMASTER\tAGE\tREASON")
+	for _, j := range jobs {
+		master := "-"
+		if j.GetMasterAddr() != "" {
+			master = fmt.Sprintf("%s:%d", j.GetMasterAddr(), j.GetMasterPort())
+		}
+		fmt.Fprintf(w, "%s\t%s\t%d\t%d\t%s\t%s\t%s\n", j.GetSpec().GetName(), stateWord(j.GetState()), j.GetGeneration(),
+			len(j.GetAssignments()), master, age(j.GetCreatedAt()), j.GetReason())
+	}
+	_ = w.Flush()
+}
+
+func printJob(out io.Writer, j *rdzvv1.Job) {
+	spec := j.GetSpec()
+	fmt.Fprintf(out, "Job:         %s\n", spec.GetName())
+	fmt.Fprintf(out, "State:       %s\n", stateWord(j.GetState()))
+	fmt.Fprintf(out, "Reason:      %s\n", j.GetReason())
+	fmt.Fprintf(out, "Generation:  %d\n", j.GetGeneration())
+	fmt.Fprintf(out, "Nodes:       %d-%d, %d GPUs and %d processes per node\n", spec.GetNodesMin(), spec.GetNodesMax(), spec.GetGpusPerNode(), spec.GetProcsPerNode())
+	if j.GetMasterAddr() != "" {
+		fmt.Fprintf(out, "Master:      %s:%d\n", j.GetMasterAddr(), j.GetMasterPort())
+	}
+	fmt.Fprintf(out, "Command:     %s\n", strings.Join(spec.GetCommand(), " "))
+	fmt.Fprintf(out, "Created:     %s\n", when(j.GetCreatedAt()))
+	fmt.Fprintf(out, "Started:     %s\n", when(j.GetStartedAt()))
+	fmt.Fprintf(out, "Finished:    %s\n", when(j.GetFinishedAt()))
+	if len(j.GetAssignments()) == 0 {
+		return
+	}
+	fmt.Fprintln(out)
+	w := table(out)
+	fmt.Fprintln(w, "RANK\tNODE\tADDRESS\tINTERFACE\tGPUS\tWORKERS\tEXIT\tMESSAGE")
+	for _, a := range j.GetAssignments() {
+		exit := "-"
+		if terminal(a.GetState()) {
+			exit = fmt.Sprint(a.GetExitCode())
+			if a.GetSignal() != "" {
+				exit = a.GetSignal()
+			}
+		}
+		fmt.Fprintf(w, "%d\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", a.GetNodeRank(), a.GetNode(), a.GetAddress(), a.GetNcclInterface(),
+			uints(a.GetGpuIndices()), strings.TrimPrefix(a.GetState().String(), "WORKER_STATE_"), exit, a.GetMessage())
+	}
+	_ = w.Flush()
+}
+
+func terminal(s rdzvv1.WorkerState) bool {
+	return s == rdzvv1.WorkerState_WORKER_STATE_SUCCEEDED || s == rdzvv1.WorkerState_WORKER_STATE_FAILED || s == rdzvv1.WorkerState_WORKER_STATE_STOPPED
+}
+
+func when(ts *timestamppb.Timestamp) string {
+	if ts == nil {
+		return "-"
+	}
+	return fmt.Sprintf("%s (%s ago)", ts.AsTime().Local().Format(time.RFC3339), age(ts))
+}
+
+func uints(v []uint32) string {
+	if len(v) == 0 {
+		return "-"
+	}
+	s := make([]string, len(v))
+	for i, x := range v {
+		s[i] = fmt.Sprint(x)
+	}
+	return strings.Join(s, ",")
+}
+
+func printNodes(out io.Writer, nodes []*rdzvv1.Node) {
+	w := table(out)
+	fmt.Fprintln(w, "NAME\tSTATE\tJOB\tGPUS\tINTERFACE\tADDRESS\tHEARTBEAT\tLABELS")
+	for _, n := range nodes {
+		info := n.GetInfo()
+		gpus := fmt.Sprint(len(info.GetGpus()))
+		if info.GetFakeGpus() {
+			gpus += " (fake)"
+		}
+		job := "-"
+		if n.GetJob() != "" {
+			job = fmt.Sprintf("%s/%d", n.GetJob(), n.GetGeneration())
+		}
+		fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\t%s\t%s ago\t%s\n", info.GetName(), strings.TrimPrefix(n.GetState().String(), "NODE_STATE_"),
+			job, gpus, info.GetNcclInterface(), info.GetAddress(), age(n.GetLastHeartbeat()), labels(info.GetLabels()))
+	}
+	_ = w.Flush()
+}
+
+func labels(m map[string]string) string {
+	if len(m) == 0 {
+		return "-"
+	}
+	parts := make([]string, 0, len(m))
+	for k, v := range m {
+		parts = append(parts, k+"="+v)
+	}
+	sort.Strings(parts)
+	return strings.Join(parts, ",")
+}
+
+func printEvents(out io.Writer, events []*rdzvv1.Event) {
+	w := table(out)
+	fmt.Fprintln(w, "TIME\tKIND\tNODE\tGENERATION\tMESSAGE")
+	for _, e := range events {
+		node := e.GetNode()
+		if node == "" {
+			node = "-"
+		}
+		fmt.Fprintf(w, "%s\t%s\t%s\t%d\t%s\n", e.GetTime().AsTime().Local().Format("2006-01-02 15:04:05.000"), e.GetKind(), node, e.GetGeneration(), e.GetMessage())
+	}
+	_ = w.Flush()
+}

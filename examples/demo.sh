@@ -1,0 +1,122 @@
+#!/usr/bin/env bash
+# Runs examples/job.yaml on this machine alone: a controller with embedded etcd
+# and two agents standing in for two nodes (the job needs at least two).
+# `make demo` builds bin/ first. Exits with the job's result.
+set -euo pipefail
+
+cd "$(dirname "$0")/.."
+DEMO=.demo
+CONTROLLER=127.0.0.1:7070
+CTL=(bin/rdzvctl --controller "$CONTROLLER")
+
+for b in rdzv-controller rdzv-agent rdzvctl; do
+	if [[ ! -x bin/$b ]]; then
+		echo "bin/$b is missing: run 'make demo' (or 'make build' first)" >&2
+		exit 1
+	fi
+done
+
+if [[ ! -x /usr/bin/torchrun ]]; then
+	if [[ $EUID -eq 0 ]] && command -v apt-get >/dev/null; then
+		echo "== installing python3-torch (provides torchrun)"
+		apt-get update
+		DEBIAN_FRONTEND=noninteractive apt-get install -y python3-torch
+	else
+		echo "torchrun not found. Install PyTorch, e.g. on Debian or Ubuntu:" >&2
+		echo "  sudo apt-get install python3-torch" >&2
+		exit 1
+	fi
+fi
+
+pids=() names=()
+cleanup() {
+	local rc=$?
+	if ((${#pids[@]})); then
+		# SIGTERM lets each agent stop its workers before it exits.
+		kill -TERM "${pids[@]}" 2>/dev/null || true
+		for _ in $(seq 150); do
+			local alive=0 p
+			for p in "${pids[@]}"; do
+				if kill -0 "$p" 2>/dev/null; then alive=1; fi
+			done
+			((alive)) || break
+			sleep 0.1
+		done
+		kill -KILL "${pids[@]}" 2>/dev/null || true
+		wait || true
+	fi
+	if ((rc != 0)) && [[ -d $DEMO ]]; then
+		for f in "$DEMO"/*.log; do
+			echo "== last lines of $f"
+			tail -n 20 "$f"
+		done >&2
+	fi
+	rm -rf "$DEMO"
+	exit "$rc"
+}
+trap cleanup EXIT
+# Turn signals into a plain exit so that cleanup runs with a meaningful status.
+trap 'exit 130' INT
+trap 'exit 143' TERM
+
+rm -rf "$DEMO"
+mkdir -p "$DEMO"
+if [[ -d examples/checkpoints ]]; then
+	echo "== removing examples/checkpoints from an earlier run"
+	rm -rf examples/checkpoints
+fi
+
+echo "== starting controller on $CONTROLLER (logs: $DEMO/controller.log)"
+bin/rdzv-controller --listen "$CONTROLLER" --data-dir "$DEMO/controller" \
+	--embedded-etcd-client-url http://127.0.0.1:23790 \
+	--embedded-etcd-peer-url http://127.0.0.1:23800 \
+	>"$DEMO/controller.log" 2>&1 &
+pids+=($!)
+names+=(controller)
+
+for n in 1 2; do
+	echo "== starting agent demo-node-$n (logs: $DEMO/node-$n.log)"
+	bin/rdzv-agent --controller "$CONTROLLER" --node-name "demo-node-$n" --state-dir "$DEMO/node-$n" \
+		>"$DEMO/node-$n.log" 2>&1 &
+	pids+=($!)
+	names+=("demo-node-$n")
+done
+
+echo "== waiting for both agents to register"
+for i in $(seq 60); do
+	nodes=$("${CTL[@]}" nodes -o json 2>/dev/null || true)
+	if grep -q '"demo-node-1"' <<<"$nodes" && grep -q '"demo-node-2"' <<<"$nodes"; then
+		break
+	fi
+	for j in "${!pids[@]}"; do
+		if ! kill -0 "${pids[j]}" 2>/dev/null; then
+			echo "${names[j]} exited early" >&2
+			exit 1
+		fi
+	done
+	if ((i == 60)); then
+		echo "agents did not register within 30s" >&2
+		exit 1
+	fi
+	sleep 0.5
+done
+
+echo "== running examples/job.yaml"
+set +e
+"${CTL[@]}" start --wait examples/job.yaml
+job_rc=$?
+set -e
+
+echo "== rdzvctl status example-ddp"
+"${CTL[@]}" status example-ddp || true
+echo "== rdzvctl logs example-ddp | tail -20"
+"${CTL[@]}" logs example-ddp | tail -20 || true
+echo "== rdzvctl events example-ddp"
+"${CTL[@]}" events example-ddp || true
+
+if ((job_rc == 0)); then
+	echo "== job succeeded"
+else
+	echo "== job failed (rdzvctl exit status $job_rc)" >&2
+fi
+exit "$job_rc"

@@ -1,0 +1,121 @@
+"""Tiny DDP job for rdzv: linear regression on CPU with gloo, run by torchrun.
+
+It prints machine-readable lines the e2e tests look for:
+  RDZV_WORKER ... once per rank at start
+  RDZV_RESUMED rank=<r> step=<s>        when resuming from a checkpoint
+  RDZV_STEP rank=<r> step=<s> loss=<f>  every 10 steps
+  RDZV_DONE rank=<r> steps=<n> first_loss=<f> final_loss=<f>
+
+With RDZV_CHECKPOINT_DIR set, rank 0 saves <dir>/step-<N>/model.pt every
+--checkpoint-every steps. A step directory is complete once it holds the
+COMPLETE marker; it is built under a temporary name and renamed into place, so
+a killed worker never leaves a partial step-<N>. RDZV_RESUME_FROM names the
+step directory to continue from. The directory must be shared by all nodes,
+since every rank reads the checkpoint it resumes from.
+"""
+
+import argparse
+import os
+import shutil
+import sys
+import time
+
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel
+
+FEATURES = 8
+SAMPLES = 1024
+BATCH = 32
+MARKER = "COMPLETE"
+
+
+def log(*fields):
+    # One write per line: ranks share stdout, and print() writes the line and
+    # its newline separately, letting another rank's line land in between.
+    sys.stdout.write(" ".join(fields) + "\n")
+    sys.stdout.flush()
+
+
+def save_checkpoint(ckpt_dir, step, model, opt):
+    final = os.path.join(ckpt_dir, f"step-{step}")
+    tmp = os.path.join(ckpt_dir, f".step-{step}.tmp-{os.getpid()}")
+    os.makedirs(tmp)
+    torch.save({"step": step, "model": model.state_dict(), "opt": opt.state_dict()},
+               os.path.join(tmp, "model.pt"))
+    # Written only after torch.save has returned, so the marker vouches for
+    # a whole model.pt.
+    with open(os.path.join(tmp, MARKER), "w") as f:
+        f.write(f"{step}\n")
+    # An earlier generation may have reached the same step before failing.
+    shutil.rmtree(final, ignore_errors=True)
+    os.rename(tmp, final)
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--steps", type=int, default=60)
+    p.add_argument("--step-time", type=float, default=0.05, help="seconds to sleep per step")
+    p.add_argument("--checkpoint-every", type=int, default=20)
+    args = p.parse_args()
+
+    rank = int(os.environ["RANK"])
+    world_size = int(os.environ["WORLD_SIZE"])
+    log("RDZV_WORKER", f"rank={rank}", f"world_size={world_size}",
+        f"node_rank={os.environ.get('GROUP_RANK', '')}",
+        f"local_rank={os.environ.get('LOCAL_RANK', '')}",
+        f"node={os.environ.get('RDZV_NODE', '')}",
+        f"generation={os.environ.get('RDZV_GENERATION', '')}",
+        f"job={os.environ.get('RDZV_JOB', '')}")
+
+    dist.init_process_group("gloo")  # env://, from torchrun's MASTER_ADDR/PORT
+
+    # Same seed everywhere: every rank builds the same data set and model.
+    torch.manual_seed(0)
+    x = torch.randn(SAMPLES, FEATURES)
+    y = x @ torch.randn(FEATURES, 1) + 0.01 * torch.randn(SAMPLES, 1)
+    shard = torch.arange(rank, SAMPLES, world_size)  # like DistributedSampler
+    model = torch.nn.Linear(FEATURES, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+
+    start = 1
+    resume_from = os.environ.get("RDZV_RESUME_FROM", "")
+    if resume_from:
+        ckpt = torch.load(os.path.join(resume_from, "model.pt"))
+        model.load_state_dict(ckpt["model"])
+        opt.load_state_dict(ckpt["opt"])
+        start = ckpt["step"] + 1
+        log("RDZV_RESUMED", f"rank={rank}", f"step={ckpt['step']}")
+
+    ddp = DistributedDataParallel(model)
+    ckpt_dir = os.environ.get("RDZV_CHECKPOINT_DIR", "")
+    if rank == 0 and ckpt_dir:
+        os.makedirs(ckpt_dir, exist_ok=True)
+
+    first_loss = loss = None
+    for step in range(start, args.steps + 1):
+        # Batches depend on the step alone, so a resumed run sees the data
+        # the interrupted one would have.
+        batch = shard[(torch.arange(BATCH) + step * BATCH) % len(shard)]
+        opt.zero_grad()
+        loss = torch.nn.functional.mse_loss(ddp(x[batch]), y[batch])
+        loss.backward()  # DDP all-reduces the gradients here
+        opt.step()
+        if first_loss is None:
+            first_loss = loss.item()
+        if step % 10 == 0:
+            log("RDZV_STEP", f"rank={rank}", f"step={step}", f"loss={loss.item():.6f}")
+        if rank == 0 and ckpt_dir and step % args.checkpoint_every == 0:
+            save_checkpoint(ckpt_dir, step, model, opt)
+        time.sleep(args.step_time)
+
+    final_loss = loss.item() if loss is not None else float("nan")
+    if first_loss is None:  # resumed at or past the last step
+        first_loss = final_loss
+    log("RDZV_DONE", f"rank={rank}", f"steps={args.steps}",
+        f"first_loss={first_loss:.6f}", f"final_loss={final_loss:.6f}")
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
