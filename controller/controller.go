@@ -18,8 +18,8 @@ import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/rdzv/rdzv/controller/store"
-	"github.com/rdzv/rdzv/rendezvous"
 	rdzvv1 "github.com/rdzv/rdzv/proto/rdzv/v1"
+	"github.com/rdzv/rdzv/rendezvous"
 )
 
 // maxMessageBytes bounds every gRPC message; a round of 10,000 nodes fits.

@@ -15,8 +15,8 @@ import (
 
 	"github.com/rdzv/rdzv/controller/jobspec"
 	"github.com/rdzv/rdzv/controller/store"
-	"github.com/rdzv/rdzv/rendezvous"
 	rdzvv1 "github.com/rdzv/rdzv/proto/rdzv/v1"
+	"github.com/rdzv/rdzv/rendezvous"
 )
 
 const (
