@@ -4,10 +4,12 @@ GO ?= go
 TOOLS := $(CURDIR)/.tools
 BIN := $(CURDIR)/bin
 export PATH := $(TOOLS):$(PATH)
+# go-nvml's C header trips deprecation warnings that are not ours to fix.
+export CGO_CFLAGS ?= -O2 -g -Wno-deprecated-declarations
 
 # Pinned code generators; `make proto` installs them with `go install`.
 BUF_VERSION := v1.57.2
-PROTOC_GEN_GO_VERSION := v1.36.11
+PROTOC_GEN_GO_VERSION := v1.36.12
 PROTOC_GEN_GO_GRPC_VERSION := v1.6.2
 
 # Extra flags for go test, e.g. GOTEST_FLAGS=-race (CI sets it).
@@ -21,8 +23,7 @@ build:
 	@mkdir -p $(BIN)
 	CGO_ENABLED=0 $(GO) build -o $(BIN)/rdzv-controller ./cmd/rdzv-controller
 	CGO_ENABLED=0 $(GO) build -o $(BIN)/rdzvctl ./cmd/rdzvctl
-	@# go-nvml's header trips deprecation warnings that are not ours to fix.
-	CGO_ENABLED=1 CGO_CFLAGS=-Wno-deprecated-declarations $(GO) build -o $(BIN)/rdzv-agent ./cmd/rdzv-agent
+	CGO_ENABLED=1 $(GO) build -o $(BIN)/rdzv-agent ./cmd/rdzv-agent
 
 $(TOOLS)/buf:
 	GOBIN=$(TOOLS) GOFLAGS= $(GO) install github.com/bufbuild/buf/cmd/buf@$(BUF_VERSION)
@@ -39,8 +40,11 @@ proto: tools
 	find proto -name '*.pb.go' -delete
 	buf generate
 
-lint: $(TOOLS)/buf
+lint: tools
 	buf lint
+	@# The committed generated code must be exactly what `make proto` makes.
+	@tmp=$$(mktemp -d) && buf generate -o $$tmp && \
+	  diff -r -x '*.proto' $$tmp/proto proto >/dev/null || { echo "generated code is stale: run make proto"; rm -rf $$tmp; exit 1; }; rm -rf $$tmp
 	@unformatted=$$(gofmt -l $$(git ls-files '*.go' | grep -v '\.pb\.go$$')); \
 	  if [ -n "$$unformatted" ]; then echo "gofmt needed:"; echo "$$unformatted"; exit 1; fi
 	$(GO) vet ./...
@@ -57,6 +61,10 @@ test: lint unit e2e
 
 demo: build
 	./examples/demo.sh
+
+# Benchmarks print figures; they never gate a build.
+bench:
+	$(GO) test -run '^$$' -bench . -benchmem ./rendezvous/
 
 clean:
 	rm -rf $(BIN) .demo
