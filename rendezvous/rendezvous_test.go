@@ -179,16 +179,22 @@ func TestLastCallZeroWindowCommitsAtMin(t *testing.T) {
 	require.True(t, d.Commit)
 }
 
-func BenchmarkPlan10kNodes(b *testing.B) {
-	nodes := make([]Candidate, 10000)
-	for i := range nodes {
-		nodes[i] = node(fmt.Sprintf("node-%05d", i), 8, map[string]string{TopologyLabel: fmt.Sprintf("rack%03d", i%250), "pool": "train"})
-	}
-	req := Requirements{Min: 1000, Max: 4096, GPUsPerNode: 8, Selector: map[string]string{"pool": "train"}}
-	b.ReportAllocs()
-	for b.Loop() {
-		if _, err := Plan(req, nodes); err != nil {
-			b.Fatal(err)
+// BenchmarkPlan sweeps cluster size; compare ns/op across sizes: 10x the
+// nodes should cost about 10x (n log n), never 100x.
+func BenchmarkPlan(b *testing.B) {
+	for _, n := range []int{1000, 10000} {
+		nodes := make([]Candidate, n)
+		for i := range nodes {
+			nodes[i] = node(fmt.Sprintf("node-%05d", i), 8, map[string]string{TopologyLabel: fmt.Sprintf("rack%03d", i%250), "pool": "train"})
 		}
+		req := Requirements{Min: n / 10, Max: n / 2, GPUsPerNode: 8, Selector: map[string]string{"pool": "train"}}
+		b.Run(fmt.Sprintf("nodes=%d", n), func(b *testing.B) {
+			b.ReportAllocs()
+			for b.Loop() {
+				if _, err := Plan(req, nodes); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
 	}
 }
