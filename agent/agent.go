@@ -37,6 +37,9 @@ const (
 	// stableSession is how long a session must last before a disconnect is
 	// treated as new trouble rather than a continuing outage.
 	stableSession = 30 * time.Second
+	// shutdownFlush bounds how long a stopping agent waits for its last
+	// worker reports to be sent.
+	shutdownFlush = 2 * time.Second
 	// defaultHeartbeat is used until the controller says otherwise.
 	defaultHeartbeat = time.Second
 )
@@ -82,9 +85,18 @@ func (a *Agent) Run(ctx context.Context) error {
 
 	sup := NewSupervisor(a.cfg, info.GetName(), info.GetNcclInterface(), a.spawner, log.Named("supervisor"))
 	sess := &agentSession{agent: a, info: info, sup: sup, client: rdzvv1.NewAgentServiceClient(conn), log: log.Named("session")}
+	// The session outlives ctx a little: on shutdown the supervisor first
+	// stops the workers, and their final status should reach the controller
+	// rather than leave it to notice a silent node.
+	sessCtx, endSession := context.WithCancel(context.WithoutCancel(ctx))
 	g, gctx := errgroup.WithContext(ctx)
-	g.Go(func() error { return sup.Run(gctx) })
-	g.Go(func() error { sess.loop(gctx); return nil })
+	g.Go(func() error {
+		defer endSession()
+		err := sup.Run(gctx)
+		sup.drain(shutdownFlush)
+		return err
+	})
+	g.Go(func() error { sess.loop(sessCtx); return nil })
 	return g.Wait()
 }
 

@@ -79,6 +79,16 @@ func (s *Supervisor) Run(ctx context.Context) error {
 	}
 }
 
+// drain waits up to timeout for queued status updates to be taken, plus a
+// moment for the last one taken to leave on the stream.
+func (s *Supervisor) drain(timeout time.Duration) {
+	deadline := time.Now().Add(timeout)
+	for len(s.updates) > 0 && time.Now().Before(deadline) {
+		time.Sleep(20 * time.Millisecond)
+	}
+	time.Sleep(50 * time.Millisecond)
+}
+
 // Assign queues an assignment.
 func (s *Supervisor) Assign(a *rdzvv1.Assignment) {
 	s.cmds <- func() { s.assign(a) }
