@@ -84,7 +84,7 @@ func (a *agentService) Connect(stream rdzvv1.AgentService_ConnectServer) error {
 	})
 	err = g.Wait()
 	if sess.ctx.Err() != nil && stream.Context().Err() == nil && err == nil {
-		return status.Error(codes.ResourceExhausted, "agent stream fell behind or was replaced by a newer connection; reconnect")
+		return status.Error(codes.Unavailable, "agent stream ended by the controller (shutting down, replaced by a newer connection of this node, or fell behind); reconnect")
 	}
 	return err
 }
@@ -279,14 +279,19 @@ func (c *Controller) applyWorkerStatus(ctx context.Context, node string, w *rdzv
 }
 
 func describeExit(w *rdzvv1.WorkerStatus) string {
+	var what string
 	switch {
 	case w.GetState() == rdzvv1.WorkerState_WORKER_STATE_SUCCEEDED:
 		return "succeeded"
 	case w.GetSignal() != "":
-		return fmt.Sprintf("killed by signal %s %s", w.GetSignal(), w.GetMessage())
+		what = "killed by signal " + w.GetSignal()
 	default:
-		return fmt.Sprintf("exited with code %d %s", w.GetExitCode(), w.GetMessage())
+		what = fmt.Sprintf("exited with code %d", w.GetExitCode())
 	}
+	if w.GetMessage() != "" {
+		what += " (" + w.GetMessage() + ")"
+	}
+	return what
 }
 
 // release frees a node whose part in js is over.

@@ -146,12 +146,25 @@ func (c *Controller) Run(ctx context.Context) error {
 	g.Go(func() error { c.livenessLoop(gctx); return nil })
 	g.Go(func() error {
 		<-gctx.Done()
+		// Agent streams never end by themselves; end them so the graceful
+		// stop only waits for operator calls in flight.
+		c.endSessions()
 		stopGRPC(srv, 5*time.Second)
 		return nil
 	})
 	err = g.Wait()
 	c.log.Info("controller stopped")
 	return err
+}
+
+func (c *Controller) endSessions() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for _, ns := range c.nodes {
+		if ns.session != nil {
+			ns.session.cancel()
+		}
+	}
 }
 
 // stopGRPC drains in-flight calls but never waits on streams (agents keep

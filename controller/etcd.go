@@ -62,6 +62,9 @@ func startEmbedded(ctx context.Context, cfg Config, log *zap.Logger) (*embed.Etc
 	// Keep months of state changes from growing the database without bound.
 	ec.AutoCompactionMode = "periodic"
 	ec.AutoCompactionRetention = "1h"
+	// embed.NewConfig leaves the slow-request threshold at zero, which logs
+	// every request as slow; use etcd's own default.
+	ec.WarningUnaryRequestDuration = embed.DefaultWarningUnaryRequestDuration
 	ec.ZapLoggerBuilder = embed.NewZapLoggerBuilder(log.WithOptions(zap.IncreaseLevel(zap.WarnLevel)))
 	e, err := embed.StartEtcd(ec)
 	if err != nil {

@@ -12,6 +12,7 @@ import (
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/connectivity"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/encoding/protojson"
@@ -99,6 +100,9 @@ func (c *command) rpcErr(what string, err error) error {
 	case codes.Unavailable:
 		return fmt.Errorf("%s: cannot reach the controller at %s (set --controller or RDZV_CONTROLLER): %s", what, c.controller, st.Message())
 	case codes.DeadlineExceeded:
+		if c.conn != nil && c.conn.GetState() != connectivity.Ready {
+			return fmt.Errorf("%s: cannot reach the controller at %s within %s (set --controller or RDZV_CONTROLLER)", what, c.controller, c.timeout)
+		}
 		return fmt.Errorf("%s: the controller at %s did not answer within %s", what, c.controller, c.timeout)
 	}
 	return fmt.Errorf("%s: %s", what, st.Message())
@@ -238,6 +242,17 @@ func (c *command) status(ctx context.Context, args []string) error {
 	}
 	printJobs(c.out, resp.GetJobs())
 	return nil
+}
+
+func (c *command) list(ctx context.Context, args []string) error {
+	pos, err := parse(c.flags("list"), args)
+	if err != nil {
+		return err
+	}
+	if len(pos) != 0 {
+		return fmt.Errorf("%w: list takes no arguments", errUsage)
+	}
+	return c.status(ctx, nil)
 }
 
 func (c *command) nodes(ctx context.Context, args []string) error {

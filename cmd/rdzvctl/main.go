@@ -70,7 +70,7 @@ func run(ctx context.Context, args []string, out io.Writer) (int, error) {
 	case "status":
 		runErr = c.status(ctx, cmdArgs)
 	case "list":
-		runErr = c.status(ctx, nil)
+		runErr = c.list(ctx, cmdArgs)
 	case "nodes":
 		runErr = c.nodes(ctx, cmdArgs)
 	case "logs":

@@ -50,6 +50,8 @@ func TestRun(t *testing.T) {
 		{"start unknown yaml field", []string{"--controller", down, "start", unknownField}, 1, `unknown field "nodez"`},
 		{"bad output format", []string{"-o", "yaml", "nodes"}, 2, "-o must be table or json"},
 		{"status too many args", []string{"status", "a", "b"}, 2, "at most one job name"},
+		{"list takes no arguments", []string{"list", "junk"}, 2, "list takes no arguments"},
+		{"list checks the output format", []string{"list", "-o", "bogus"}, 2, "-o must be table or json"},
 		{"logs needs a job", []string{"logs"}, 2, "logs takes one job name"},
 		{"unknown flag", []string{"nodes", "--bogus"}, 2, "flag provided but not defined"},
 		{"unreachable controller", []string{"--controller", down, "--timeout", "2s", "nodes"}, 1, "cannot reach the controller at " + down},

@@ -1,0 +1,192 @@
+package e2e
+
+import (
+	"context"
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+	"google.golang.org/protobuf/proto"
+
+	rdzvv1 "github.com/rdzv/rdzv/proto/rdzv/v1"
+	"github.com/rdzv/rdzv/test/netns"
+)
+
+// etcdBin is Debian's etcd-server.
+const etcdBin = "/usr/bin/etcd"
+
+func TestTrainingJobEmbeddedEtcd(t *testing.T) {
+	c := newCluster(t)
+	defer c.report()
+	c.startEmbeddedController()
+	c.startAgents()
+	job, events := trainAndVerify(t, c)
+
+	t.Run("invalid jobs change nothing", func(t *testing.T) {
+		tests := []struct {
+			name string
+			edit func(spec map[string]any)
+			want string
+		}{
+			{"bad-nodes", func(spec map[string]any) { spec["nodes"] = map[string]any{"min": 3, "max": 1} }, "nodes.max"},
+			{"bad-field", func(spec map[string]any) { spec["bogus_field"] = true }, `unknown field "bogus_field"`},
+		}
+		for _, tt := range tests {
+			t.Run(tt.name, func(t *testing.T) {
+				r := c.ctl("start", job.variant(t, tt.name, tt.edit))
+				require.Positive(t, r.exitCode(), "%s", r)
+				require.Contains(t, r.stderr, tt.want, "%s", r)
+
+				r = c.ctl("status", tt.name)
+				require.Positive(t, r.exitCode(), "%s", r)
+				require.Contains(t, r.stderr, "not found", "%s", r)
+			})
+		}
+		// -o goes before the command: `rdzvctl list` ignores flags given
+		// after it.
+		var list struct {
+			Jobs []jobJSON `json:"jobs"`
+		}
+		out := c.ctlOK(t, "-o", "json", "list")
+		require.NoError(t, json.Unmarshal([]byte(out), &list), out)
+		require.Len(t, list.Jobs, 1, out)
+		require.Equal(t, job.Name, list.Jobs[0].Spec.Name)
+		require.Equal(t, "JOB_STATE_SUCCEEDED", list.Jobs[0].State)
+	})
+
+	t.Run("unreachable controller", func(t *testing.T) {
+		tests := []struct {
+			name, addr string
+			want       *regexp.Regexp
+		}{
+			{
+				// Connection refused fails the call at once.
+				"host up, nothing listening", c.agentHost(0).IP + ":" + controllerPort,
+				regexp.MustCompile(`^rdzvctl: listing nodes: cannot reach the controller at 10\.77\.0\.11:7070 \(set --controller or RDZV_CONTROLLER\)`),
+			},
+			{
+				// On the hosts' subnet but nobody has it: connecting waits
+				// for ARP, which outlasts the 2s timeout, so the call ends on
+				// its deadline. Either wording tells the operator where it
+				// looked and that nothing answered.
+				"no such host", "10.77.0.99:7070",
+				regexp.MustCompile(`^rdzvctl: listing nodes: (cannot reach the controller at 10\.77\.0\.99:7070|the controller at 10\.77\.0\.99:7070 did not answer within 2s)`),
+			},
+		}
+		for _, tt := range tests {
+			t.Run(tt.name, func(t *testing.T) {
+				r := c.ctlWith(commandTimeout, "--controller", tt.addr, "--timeout", "2s", "nodes")
+				require.Equal(t, 1, r.exitCode(), "%s", r)
+				require.Empty(t, r.stdout, "%s", r)
+				require.Regexp(t, tt.want, r.stderr, "%s", r)
+			})
+		}
+	})
+
+	t.Run("state survives a controller restart", func(t *testing.T) {
+		registrations := func(i int) int {
+			data, err := os.ReadFile(c.agents[i].LogPath())
+			require.NoError(t, err)
+			return strings.Count(string(data), `"registered with controller"`)
+		}
+		before := make([]int, agentHosts)
+		for i := range before {
+			before[i] = registrations(i)
+		}
+		begin := time.Now()
+		c.restartController()
+		// Nodes are loaded from etcd as READY, so READY alone would not show
+		// that the agents came back: each must also have registered again.
+		c.waitNodes(t, "READY and re-registered", func(nodes []nodeJSON) bool {
+			for i, n := range nodes {
+				if n.Info.Name != c.agentHost(i).Name || n.State != "NODE_STATE_READY" || registrations(i) <= before[i] {
+					return false
+				}
+			}
+			return true
+		})
+		t.Logf("e2e: controller restarted and all agents re-registered in %s", time.Since(begin).Round(time.Millisecond))
+		requireSucceeded(t, c, job)
+		var after struct {
+			Events []eventJSON `json:"events"`
+		}
+		c.ctlJSON(t, &after, "events", job.Name)
+		require.Equal(t, events, after.Events, "events changed across the restart")
+		requireIdle(t, c)
+	})
+}
+
+func TestTrainingJobExternalEtcd(t *testing.T) {
+	if _, err := os.Stat(etcdBin); err != nil {
+		netns.SkipOrFail(t, "e2e: %s is missing (apt-get install etcd-server)", etcdBin)
+	}
+	c := newCluster(t)
+	defer c.report()
+	h0 := c.controllerHost()
+	endpoint := "http://" + h0.IP + ":2379"
+	peer := "http://127.0.0.1:2380"
+	h0.Start(t, "etcd", nil, etcdBin, "--name", "e2e", "--data-dir", filepath.Join(c.dir, "etcd-data"),
+		"--listen-client-urls", endpoint, "--advertise-client-urls", endpoint,
+		"--listen-peer-urls", peer, "--initial-advertise-peer-urls", peer, "--initial-cluster", "e2e="+peer)
+	// The controller would wait for etcd too, but a dead etcd is clearer
+	// reported here.
+	require.Eventually(t, func() bool {
+		_, err := c.etcdGet(endpoint, "/")
+		return err == nil
+	}, readyTimeout, pollEvery, "etcd at %s never answered", endpoint)
+
+	c.startController("--etcd-endpoints", endpoint)
+	c.startAgents()
+	job, _ := trainAndVerify(t, c)
+
+	// The job's whole history must be in the external etcd: the controller
+	// must not have fallen back to an etcd of its own.
+	kvs, err := c.etcdGet(endpoint, "/rdzv/v1/")
+	require.NoError(t, err)
+	values := map[string][]byte{}
+	for _, kv := range kvs {
+		values[kv.Key] = kv.Value
+	}
+	keys := make([]string, 0, len(values))
+	for k := range values {
+		keys = append(keys, k)
+	}
+	t.Logf("e2e: %d rdzv keys in %s", len(keys), endpoint)
+	for i := range agentHosts {
+		require.Contains(t, keys, "/rdzv/v1/nodes/"+c.agentHost(i).Name)
+		require.Contains(t, keys, "/rdzv/v1/workers/"+job.Name+"/"+c.agentHost(i).Name)
+	}
+	require.Contains(t, keys, "/rdzv/v1/rounds/"+job.Name+"/00000000000000000001")
+	jobKey := "/rdzv/v1/jobs/" + job.Name
+	require.Contains(t, keys, jobKey)
+	var stored rdzvv1.Job
+	require.NoError(t, proto.Unmarshal(values[jobKey], &stored))
+	require.Equal(t, rdzvv1.JobState_JOB_STATE_SUCCEEDED, stored.GetState())
+	require.EqualValues(t, 1, stored.GetGeneration())
+	require.Equal(t, c.agentHost(0).IP, stored.GetMasterAddr())
+}
+
+// etcdGet reads every key under prefix from the etcd at endpoint, by running
+// this test binary as an etcd client on h0.
+func (c *cluster) etcdGet(endpoint, prefix string) ([]etcdKV, error) {
+	self, err := os.Executable()
+	if err != nil {
+		return nil, err
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), commandTimeout)
+	defer cancel()
+	out, _, err := c.controllerHost().Run(ctx, []string{helperEnv + "=etcd-get"}, self, endpoint, prefix)
+	if err != nil {
+		return nil, err
+	}
+	var kvs []etcdKV
+	if err := json.Unmarshal([]byte(out), &kvs); err != nil {
+		return nil, err
+	}
+	return kvs, nil
+}

@@ -1,0 +1,62 @@
+package e2e
+
+import "time"
+
+// The shapes of `rdzvctl ... -o json`: protobuf field names, every field
+// present, 64-bit integers as strings. Decoding into our own structs rather
+// than the generated types keeps the test tied to the output operators and
+// scripts see.
+
+type nodeJSON struct {
+	Info struct {
+		Name                string `json:"name"`
+		NcclInterface       string `json:"nccl_interface"`
+		NcclInterfaceReason string `json:"nccl_interface_reason"`
+		Address             string `json:"address"`
+		FakeGpus            bool   `json:"fake_gpus"`
+		Gpus                []any  `json:"gpus"`
+	} `json:"info"`
+	State         string    `json:"state"`
+	Job           string    `json:"job"`
+	Generation    uint64    `json:"generation,string"`
+	LastHeartbeat time.Time `json:"last_heartbeat"`
+}
+
+type jobJSON struct {
+	Spec struct {
+		Name         string `json:"name"`
+		NodesMin     int    `json:"nodes_min"`
+		NodesMax     int    `json:"nodes_max"`
+		ProcsPerNode int    `json:"procs_per_node"`
+	} `json:"spec"`
+	State       string           `json:"state"`
+	Reason      string           `json:"reason"`
+	Generation  uint64           `json:"generation,string"`
+	MasterAddr  string           `json:"master_addr"`
+	MasterPort  int              `json:"master_port"`
+	Assignments []assignmentJSON `json:"assignments"`
+	CreatedAt   time.Time        `json:"created_at"`
+	StartedAt   time.Time        `json:"started_at"`
+	FinishedAt  time.Time        `json:"finished_at"`
+}
+
+type assignmentJSON struct {
+	Node          string `json:"node"`
+	NodeRank      int    `json:"node_rank"`
+	Address       string `json:"address"`
+	NcclInterface string `json:"nccl_interface"`
+	State         string `json:"state"`
+	// Pointers, so that a missing field is not mistaken for exit code 0.
+	ExitCode *int    `json:"exit_code"`
+	Signal   *string `json:"signal"`
+	Message  string  `json:"message"`
+}
+
+type eventJSON struct {
+	Time       time.Time `json:"time"`
+	Job        string    `json:"job"`
+	Node       string    `json:"node"`
+	Generation uint64    `json:"generation,string"`
+	Kind       string    `json:"kind"`
+	Message    string    `json:"message"`
+}
