@@ -2,15 +2,10 @@
 package main
 
 import (
-	"context"
 	"flag"
 	"fmt"
 	"os"
-	"os/signal"
 	"path/filepath"
-	"syscall"
-
-	"golang.org/x/sync/errgroup"
 
 	"github.com/rdzv/rdzv/agent"
 	"github.com/rdzv/rdzv/agent/gpu"
@@ -28,7 +23,6 @@ func main() {
 	if err != nil {
 		cli.Fatal("rdzv-agent", err)
 	}
-	defer func() { _ = log.Sync() }()
 	var gpus agent.GPUDiscoverer = nvmlgpu.NewSystem(log.Named("nvml"))
 	if cfg.FakeGPUs > 0 {
 		gpus = gpu.Fake{Count: cfg.FakeGPUs, Node: cfg.NodeName}
@@ -37,13 +31,7 @@ func main() {
 	if err != nil {
 		cli.Fatal("rdzv-agent", err)
 	}
-	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
-	defer stop()
-	g, ctx := errgroup.WithContext(ctx)
-	g.Go(func() error { return a.Run(ctx) })
-	if err := g.Wait(); err != nil {
-		cli.Fatal("rdzv-agent", err)
-	}
+	cli.RunDaemon("rdzv-agent", log, a)
 }
 
 func config(args []string) (agent.Config, error) {

@@ -2,15 +2,10 @@
 package main
 
 import (
-	"context"
 	"flag"
 	"fmt"
 	"os"
-	"os/signal"
 	"strings"
-	"syscall"
-
-	"golang.org/x/sync/errgroup"
 
 	"github.com/rdzv/rdzv/cmd/internal/cli"
 	"github.com/rdzv/rdzv/controller"
@@ -25,18 +20,11 @@ func main() {
 	if err != nil {
 		cli.Fatal("rdzv-controller", err)
 	}
-	defer func() { _ = log.Sync() }()
 	ctl, err := controller.New(cfg, log.Named("controller"))
 	if err != nil {
 		cli.Fatal("rdzv-controller", err)
 	}
-	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
-	defer stop()
-	g, ctx := errgroup.WithContext(ctx)
-	g.Go(func() error { return ctl.Run(ctx) })
-	if err := g.Wait(); err != nil {
-		cli.Fatal("rdzv-controller", err)
-	}
+	cli.RunDaemon("rdzv-controller", log, ctl)
 }
 
 func config(args []string) (controller.Config, error) {

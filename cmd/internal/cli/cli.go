@@ -3,10 +3,15 @@
 package cli
 
 import (
+	"context"
 	"flag"
 	"fmt"
 	"os"
+	"os/signal"
 	"strings"
+	"syscall"
+
+	"golang.org/x/sync/errgroup"
 
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
@@ -54,4 +59,22 @@ func ParseLabels(s string) (map[string]string, error) {
 func Fatal(prog string, err error) {
 	fmt.Fprintf(os.Stderr, "%s: %v\n", prog, err)
 	os.Exit(1)
+}
+
+// Daemon is a long-running component.
+type Daemon interface {
+	Run(ctx context.Context) error
+}
+
+// RunDaemon runs d until SIGINT or SIGTERM and exits non-zero if it failed.
+func RunDaemon(prog string, log *zap.Logger, d Daemon) {
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+	g, gctx := errgroup.WithContext(ctx)
+	g.Go(func() error { return d.Run(gctx) })
+	err := g.Wait()
+	stop()
+	_ = log.Sync()
+	if err != nil {
+		Fatal(prog, err)
+	}
 }
