@@ -97,6 +97,9 @@ func (t *logTails) stream(ctx context.Context, req *rdzvv1.LogTail) error {
 	}
 	buf := make([]byte, logChunkBytes)
 	for {
+		// Sampled before reading: once the workers are seen gone, one more
+		// pass to the end picks up the closing line written before that.
+		running := t.sup.Running(job)
 		n, err := f.Read(buf)
 		if n > 0 {
 			if !t.send(ctx, &rdzvv1.LogChunk{RequestId: req.GetRequestId(), Data: append([]byte(nil), buf[:n]...)}) {
@@ -107,7 +110,7 @@ func (t *logTails) stream(ctx context.Context, req *rdzvv1.LogTail) error {
 		if err != nil && !errors.Is(err, io.EOF) {
 			return err
 		}
-		if !req.GetFollow() || !t.sup.Running(job) {
+		if !req.GetFollow() || !running {
 			t.send(ctx, &rdzvv1.LogChunk{RequestId: req.GetRequestId(), Eof: true})
 			return nil
 		}

@@ -60,6 +60,9 @@ func (s ExecSpawner) Spawn(spec ProcessSpec) (Process, error) {
 	// No Pdeathsig: workers must survive a brief agent restart; the agent's
 	// shutdown path and systemd's KillMode=mixed stop them instead.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	// With a pipe for output, Wait would also wait for every group member
+	// still holding it; the launcher's exit is what matters here.
+	cmd.WaitDelay = time.Second
 	if err := cmd.Start(); err != nil {
 		return nil, fmt.Errorf("starting %s: %w", spec.Path, err)
 	}

@@ -7,7 +7,6 @@ import (
 	"time"
 
 	"go.uber.org/zap"
-	"golang.org/x/sync/errgroup"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
@@ -48,31 +47,23 @@ func (a *agentService) Connect(stream rdzvv1.AgentService_ConnectServer) error {
 	}
 	defer c.disconnect(sess)
 
-	g, gctx := errgroup.WithContext(sess.ctx)
-	g.Go(func() error {
-		for {
-			select {
-			case <-gctx.Done():
-				return nil
-			case m := <-sess.out:
-				if err := stream.Send(m); err != nil {
-					return fmt.Errorf("sending to agent: %w", err)
-				}
-			}
-		}
-	})
-	g.Go(func() error {
+	// Receiving runs beside this handler, which owns sending. The handler
+	// returns as soon as the session ends from either side; returning is what
+	// makes gRPC tear the stream down, which ends the blocked Recv.
+	go func() {
 		defer sess.cancel()
 		for {
 			m, err := stream.Recv()
 			if err != nil {
-				return nil // the agent went away; it reconnects and re-registers
+				return // the agent went away; it reconnects and re-registers
 			}
 			sess.touch(c.clock.Now())
 			switch msg := m.GetMsg().(type) {
 			case *rdzvv1.ConnectRequest_Heartbeat:
 			case *rdzvv1.ConnectRequest_WorkerStatus:
-				c.workerStatus(gctx, name, msg.WorkerStatus)
+				// Reports are applied under the controller's lifetime, not the
+				// stream's: one that arrived is recorded even if the stream dies.
+				c.workerStatus(c.runCtx, name, msg.WorkerStatus)
 			case *rdzvv1.ConnectRequest_PortProbeResult:
 				sess.deliver(msg.PortProbeResult.GetRequestId(), m)
 			case *rdzvv1.ConnectRequest_LogChunk:
@@ -81,12 +72,20 @@ func (a *agentService) Connect(stream rdzvv1.AgentService_ConnectServer) error {
 				log.Warn("ignoring repeated register on an open stream")
 			}
 		}
-	})
-	err = g.Wait()
-	if sess.ctx.Err() != nil && stream.Context().Err() == nil && err == nil {
-		return status.Error(codes.Unavailable, "agent stream ended by the controller (shutting down, replaced by a newer connection of this node, or fell behind); reconnect")
+	}()
+	for {
+		select {
+		case <-sess.ctx.Done():
+			if stream.Context().Err() != nil {
+				return nil
+			}
+			return status.Error(codes.Unavailable, "agent stream ended by the controller (shutting down, node declared lost, replaced by a newer connection of this node, or fell behind); reconnect")
+		case m := <-sess.out:
+			if err := stream.Send(m); err != nil {
+				return fmt.Errorf("sending to agent %s: %w", name, err)
+			}
+		}
 	}
-	return err
 }
 
 func recvWithTimeout(stream rdzvv1.AgentService_ConnectServer, d time.Duration) (*rdzvv1.ConnectRequest, error) {
@@ -202,8 +201,13 @@ func (c *Controller) resumeAssignment(ctx context.Context, ns *nodeState, report
 	}
 	name := ns.rec.GetInfo().GetName()
 	if js.rec.GetState() != rdzvv1.JobState_JOB_STATE_RUNNING {
-		// The job ended while the agent was away and it runs nothing of it.
-		c.release(name, js)
+		// The job is ending or ended while the agent was away, and nothing of
+		// it runs there any more: record that, which frees the node and lets
+		// a stopping job finish.
+		c.applyWorkerStatus(ctx, name, &rdzvv1.WorkerStatus{
+			Job: ns.job, Generation: ns.generation, State: rdzvv1.WorkerState_WORKER_STATE_STOPPED,
+			ExitCode: -1, Message: "agent reconnected without its workers",
+		})
 		return
 	}
 	switch js.workers[name].GetState() {

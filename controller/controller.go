@@ -34,6 +34,9 @@ type Controller struct {
 	listener net.Listener
 
 	store *store.Store
+	// runCtx lives as long as Run; work that must not die with one request
+	// (recording an agent's report) uses it.
+	runCtx context.Context
 	// kick wakes the scheduler after anything that may let a job start.
 	kick chan struct{}
 	// ready is closed once the gRPC server accepts connections.
@@ -52,6 +55,9 @@ type nodeState struct {
 	// lastSeen is kept for nodes without a session (just loaded, or
 	// disconnected) so the liveness clock keeps running for them.
 	lastSeen time.Time
+	// graceUntil keeps a node loaded at start from being declared lost
+	// before its agent had a fair chance to reconnect.
+	graceUntil time.Time
 	// job and generation are set while the node is reserved for or running
 	// a job; the node is busy until its worker's exit is reported.
 	job        string
@@ -106,6 +112,7 @@ func (c *Controller) Addr() net.Addr { return c.addr }
 
 // Run connects to etcd, loads state and serves until ctx ends.
 func (c *Controller) Run(ctx context.Context) error {
+	c.runCtx = ctx
 	cli, closeEtcd, err := connectEtcd(ctx, c.cfg, c.log)
 	if err != nil {
 		return err
@@ -180,9 +187,15 @@ func stopGRPC(srv *grpc.Server, grace time.Duration) {
 	}
 }
 
+// reconnectGrace is added to the heartbeat timeout for nodes loaded at
+// start: agents back off up to 10s between reconnect attempts (agent's
+// maxBackoff), so after a long controller outage a healthy agent may take
+// that long to come back. Declaring it lost sooner would fail healthy jobs.
+const reconnectGrace = 10 * time.Second
+
 // load rebuilds the in-memory view from etcd. Nodes start with a fresh
-// liveness clock: a restarted controller gives every agent a full timeout to
-// reconnect before it declares anything lost.
+// liveness clock plus reconnectGrace, so a restarted controller never
+// declares a node lost merely because it just started.
 func (c *Controller) load(ctx context.Context) error {
 	snap, err := c.store.Load(ctx)
 	if err != nil {
@@ -192,7 +205,7 @@ func (c *Controller) load(ctx context.Context) error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	for name, v := range snap.Nodes {
-		c.nodes[name] = &nodeState{rec: v.Value, rev: v.ModRevision, lastSeen: now}
+		c.nodes[name] = &nodeState{rec: v.Value, rev: v.ModRevision, lastSeen: now, graceUntil: now.Add(reconnectGrace + c.cfg.Heartbeat.Timeout.Duration)}
 	}
 	for name, v := range snap.Jobs {
 		js := &jobState{rec: v.Value, rev: v.ModRevision, round: snap.Rounds[name], workers: snap.Workers[name], pendingSince: now}

@@ -18,7 +18,6 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/goleak"
 	"go.uber.org/zap"
-	"go.uber.org/zap/zapcore"
 	"go.uber.org/zap/zaptest"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
@@ -53,7 +52,6 @@ const (
 //
 //	train.py ok               print a greeting and exit 0
 //	train.py exit CODE        exit CODE
-//	train.py sleep SECONDS    sleep, then exit 0
 //	train.py hang             sleep until killed
 //	train.py gate             wait until the file <job>.go appears, exit 0
 //	train.py fail-on NODE CODE  once every node has started, exit CODE on
@@ -75,7 +73,6 @@ echo "hello from $RDZV_NODE rank $RDZV_NODE_RANK generation $RDZV_GENERATION"
 case "$1" in
 ok) exit 0 ;;
 exit) exit "$2" ;;
-sleep) sleep "$2"; exit 0 ;;
 hang) sleep 300 ;;
 gate) while [ ! -e "$RDZV_JOB.go" ]; do sleep 0.05; done; exit 0 ;;
 fail-on)
@@ -101,17 +98,15 @@ type cluster struct {
 	stopController func()
 	jobs           rdzvv1.JobServiceClient
 	nodes          rdzvv1.NodeServiceClient
-	agents         map[string]*runningAgent
 }
 
-type runningAgent struct {
-	stateDir string
-	stop     func()
-}
+// runningAgent is an in-process agent; stop shuts it down as SIGTERM would.
+type runningAgent struct{ stop func() }
 
-func newCluster(t *testing.T) *cluster {
+// newCluster starts a controller; edits adjust its config first.
+func newCluster(t *testing.T, edits ...func(*controller.Config)) *cluster {
 	t.Helper()
-	c := &cluster{t: t, workdir: t.TempDir(), agents: map[string]*runningAgent{}}
+	c := &cluster{t: t, workdir: t.TempDir()}
 	bin := t.TempDir()
 	c.torchrun = filepath.Join(bin, "torchrun")
 	require.NoError(t, os.WriteFile(c.torchrun, []byte(fakeTorchrun), 0o755))
@@ -125,6 +120,9 @@ func newCluster(t *testing.T) *cluster {
 	c.cfg.MasterPortRange = controller.PortRange{Min: masterPortMin, Max: masterPortMax}
 	c.addr = freeAddr(t)
 	c.cfg.Listen = c.addr
+	for _, edit := range edits {
+		edit(&c.cfg)
+	}
 	c.startController()
 
 	conn, err := grpc.NewClient(c.addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
@@ -188,7 +186,7 @@ func (c *cluster) addAgent(name string, gpus int, labels map[string]string) *run
 	done := make(chan error, 1)
 	go func() { done <- a.Run(ctx) }()
 	stopped := false
-	ra := &runningAgent{stateDir: cfg.StateDir, stop: func() {
+	ra := &runningAgent{stop: func() {
 		if stopped {
 			return
 		}
@@ -197,7 +195,6 @@ func (c *cluster) addAgent(name string, gpus int, labels map[string]string) *run
 		require.NoError(t, <-done, "agent %s", name)
 	}}
 	t.Cleanup(ra.stop)
-	c.agents[name] = ra
 	c.waitNode(name, func(n *rdzvv1.Node) bool { return n.GetState() == rdzvv1.NodeState_NODE_STATE_READY })
 	return ra
 }
@@ -453,29 +450,96 @@ func freeAddr(t *testing.T) string {
 	return addr
 }
 
-// testLogger logs to the test, without the embedded etcd's per-request
-// "request stats" warnings (the controller leaves etcd's slow-request
-// threshold at zero, so every request is reported as slow).
-func testLogger(t *testing.T) *zap.Logger {
-	return zaptest.NewLogger(t, zaptest.Level(zap.InfoLevel), zaptest.WrapOptions(zap.WrapCore(func(core zapcore.Core) zapcore.Core {
-		return dropMessage{Core: core, msg: "request stats"}
-	})))
+func testLogger(t *testing.T) *zap.Logger { return zaptest.NewLogger(t, zaptest.Level(zap.InfoLevel)) }
+
+// fakeAgent speaks the agent protocol from a script, for what a real agent
+// never does on purpose: go silent, or vanish without reporting.
+type fakeAgent struct {
+	t      *testing.T
+	name   string
+	stream rdzvv1.AgentService_ConnectClient
+	cancel context.CancelFunc
+	msgs   chan *rdzvv1.ConnectResponse
 }
 
-type dropMessage struct {
-	zapcore.Core
-	msg string
+// connectFake registers a node named name with no GPUs on loopback.
+func (c *cluster) connectFake(name string) *fakeAgent {
+	t := c.t
+	t.Helper()
+	conn, err := grpc.NewClient(c.addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	require.NoError(t, err)
+	ctx, cancel := context.WithCancel(context.Background())
+	stream, err := rdzvv1.NewAgentServiceClient(conn).Connect(ctx)
+	require.NoError(t, err)
+	f := &fakeAgent{t: t, name: name, stream: stream, cancel: cancel, msgs: make(chan *rdzvv1.ConnectResponse, 64)}
+	received := make(chan struct{})
+	go func() {
+		defer close(received)
+		defer close(f.msgs)
+		for {
+			m, err := stream.Recv()
+			if err != nil {
+				return
+			}
+			f.msgs <- m
+		}
+	}()
+	t.Cleanup(func() {
+		f.crash()
+		<-received
+		_ = conn.Close()
+	})
+	f.send(&rdzvv1.ConnectRequest{Msg: &rdzvv1.ConnectRequest_Register{Register: &rdzvv1.Register{Node: &rdzvv1.NodeInfo{
+		Name: name, Address: "127.0.0.1", NcclInterface: "lo", AgentVersion: "fake",
+	}}}})
+	require.NotNil(t, f.next().GetRegistered())
+	return f
 }
 
-func (d dropMessage) With(fields []zapcore.Field) zapcore.Core {
-	return dropMessage{Core: d.Core.With(fields), msg: d.msg}
+func (f *fakeAgent) send(m *rdzvv1.ConnectRequest) {
+	f.t.Helper()
+	require.NoError(f.t, f.stream.Send(m))
 }
 
-func (d dropMessage) Check(e zapcore.Entry, ce *zapcore.CheckedEntry) *zapcore.CheckedEntry {
-	if e.Message == d.msg {
-		return ce
+// next is the next message from the controller.
+func (f *fakeAgent) next() *rdzvv1.ConnectResponse {
+	f.t.Helper()
+	select {
+	case m, ok := <-f.msgs:
+		require.True(f.t, ok, "controller closed the stream of %s", f.name)
+		return m
+	case <-time.After(waitTimeout):
+		require.FailNow(f.t, "no message for "+f.name)
+		return nil
 	}
-	return d.Core.Check(e, ce)
+}
+
+// run waits for an assignment and reports its workers running.
+func (f *fakeAgent) run() *rdzvv1.Assignment {
+	f.t.Helper()
+	a := f.next().GetAssignment()
+	require.NotNil(f.t, a, "expected an assignment for %s", f.name)
+	f.send(&rdzvv1.ConnectRequest{Msg: &rdzvv1.ConnectRequest_WorkerStatus{WorkerStatus: &rdzvv1.WorkerStatus{
+		Job: a.GetSpec().GetName(), Generation: a.GetGeneration(), State: rdzvv1.WorkerState_WORKER_STATE_RUNNING,
+	}}})
+	return a
+}
+
+// crash drops the stream without a word, as a killed agent process does.
+func (f *fakeAgent) crash() { f.cancel() }
+
+// closed reports whether the controller ended the stream.
+func (f *fakeAgent) closed() bool {
+	for {
+		select {
+		case _, ok := <-f.msgs:
+			if !ok {
+				return true
+			}
+		default:
+			return false
+		}
+	}
 }
 
 // loopbackOnly is a machine whose only interface is lo, as an agent sees a

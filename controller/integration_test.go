@@ -14,6 +14,7 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/durationpb"
 
+	"github.com/rdzv/rdzv/controller"
 	"github.com/rdzv/rdzv/controller/store"
 	rdzvv1 "github.com/rdzv/rdzv/proto/rdzv/v1"
 )
@@ -333,7 +334,11 @@ func TestRendezvousTimeout(t *testing.T) {
 	c.waitIdle("node-a")
 }
 
-func TestNodeLostFailsJob(t *testing.T) {
+// TestStoppedAgentIsLost stops an agent in the middle of a job. It reports
+// its workers stopped on the way out, which fails the job at once; its node
+// is declared lost when its heartbeats stop. TestSilentNodeIsLost covers a
+// node that says nothing.
+func TestStoppedAgentIsLost(t *testing.T) {
 	c := newCluster(t)
 	c.addAgent("node-a", 0, nil)
 	lost := c.addAgent("node-b", 0, nil)
@@ -343,24 +348,27 @@ func TestNodeLostFailsJob(t *testing.T) {
 	recA, recB := c.record("train", "node-a", 1), c.record("train", "node-b", 1)
 
 	lost.stop()
-	c.waitGroupGone(recB.pid) // a stopping agent takes its workers with it
-	c.waitNode("node-b", func(n *rdzvv1.Node) bool { return n.GetState() == rdzvv1.NodeState_NODE_STATE_LOST })
+	require.True(t, groupGone(recB.pid), "a stopped agent leaves workers behind")
 	j := c.waitJobState("train", failed)
-	require.Contains(t, j.GetReason(), "node-b")
-
+	require.Equal(t, "node node-b (rank 1): workers killed by signal SIGTERM (agent shutting down)", j.GetReason())
 	c.waitGroupGone(recA.pid)
 	c.waitIdle("node-a")
 
-	// The loss is recorded whether or not the node still counted as the
-	// job's when it was declared lost.
+	c.waitNode("node-b", func(n *rdzvv1.Node) bool { return n.GetState() == rdzvv1.NodeState_NODE_STATE_LOST })
+	require.NotContains(t, eventKinds(c.events("train")), "node_lost", "the node had left the job before it was lost")
 	var lostEvents []*rdzvv1.Event
-	for _, ev := range append(c.events("train"), c.events("")...) {
+	for _, ev := range c.events("") {
 		if ev.GetKind() == "node_lost" {
 			lostEvents = append(lostEvents, ev)
 		}
 	}
 	require.Len(t, lostEvents, 1)
 	require.Equal(t, "node-b", lostEvents[0].GetNode())
+
+	// Back from the dead, it registers again and takes work.
+	c.addAgent("node-b", 0, nil)
+	c.startJob(c.spec("again", 2, 2, "ok"))
+	require.Equal(t, []string{"node-a", "node-b"}, assigned(t, c.waitJobState("again", succeeded)))
 }
 
 func TestStartJobRejectsInvalidSpecs(t *testing.T) {
@@ -399,11 +407,37 @@ func TestStartJobRejectsInvalidSpecs(t *testing.T) {
 	require.Empty(t, c.etcdKeys(store.JobsPrefix()), "a rejected job was stored")
 	require.Empty(t, c.etcdKeys(store.EventsPrefix("valid-name")))
 
-	t.Run("unknown job", func(t *testing.T) {
-		_, err := c.jobs.GetJob(rpcCtx(t), &rdzvv1.GetJobRequest{Name: "ghost"})
-		require.Equal(t, codes.NotFound, status.Code(err), "%v", err)
-		_, err = c.jobs.GetJob(rpcCtx(t), &rdzvv1.GetJobRequest{Name: "Not/A/Name"})
-		require.Equal(t, codes.InvalidArgument, status.Code(err), "%v", err)
+	t.Run("other calls", func(t *testing.T) {
+		tests := []struct {
+			name string
+			call func() error
+			want codes.Code
+		}{
+			{"get unknown job", func() error {
+				_, err := c.jobs.GetJob(rpcCtx(t), &rdzvv1.GetJobRequest{Name: "ghost"})
+				return err
+			}, codes.NotFound},
+			{"get invalid name", func() error {
+				_, err := c.jobs.GetJob(rpcCtx(t), &rdzvv1.GetJobRequest{Name: "Not/A/Name"})
+				return err
+			}, codes.InvalidArgument},
+			{"stop invalid name", func() error {
+				_, err := c.jobs.StopJob(rpcCtx(t), &rdzvv1.StopJobRequest{Name: ""})
+				return err
+			}, codes.InvalidArgument},
+			{"events of an invalid job name", func() error {
+				_, err := c.jobs.ListEvents(rpcCtx(t), &rdzvv1.ListEventsRequest{Job: "_cluster"})
+				return err
+			}, codes.InvalidArgument},
+			{"too many events", func() error {
+				_, err := c.jobs.ListEvents(rpcCtx(t), &rdzvv1.ListEventsRequest{Limit: 10001})
+				return err
+			}, codes.InvalidArgument},
+		}
+		for _, tt := range tests {
+			err := tt.call()
+			require.Equal(t, tt.want, status.Code(err), "%s: %v", tt.name, err)
+		}
 	})
 
 	t.Run("duplicate name", func(t *testing.T) {
@@ -432,9 +466,6 @@ func TestRerunFinishedJob(t *testing.T) {
 	c.waitJobState("train", failed)
 
 	_, err := c.jobs.StartJob(rpcCtx(t), &rdzvv1.StartJobRequest{Spec: c.spec("train", 1, 1, "ok")})
-	if status.Code(err) == codes.Unavailable && strings.Contains(err.Error(), "duplicate key given in txn request") {
-		t.Skip("blocked by bug: store.CreateJob deletes the job's events prefix and puts the job_submitted event in the same txn; etcd rejects it: " + err.Error())
-	}
 	require.NoError(t, err)
 	j := c.waitJobState("train", succeeded)
 	require.Equal(t, uint64(2), j.GetGeneration())
@@ -443,7 +474,9 @@ func TestRerunFinishedJob(t *testing.T) {
 }
 
 func TestControllerRestart(t *testing.T) {
-	c := newCluster(t)
+	// Agents retry with a backoff that can exceed a short heartbeat timeout;
+	// this test is about what survives a restart, not about liveness.
+	c := newCluster(t, func(cfg *controller.Config) { cfg.Heartbeat.Timeout.Duration = time.Minute })
 	c.addAgent("node-a", 2, map[string]string{"pool": "train"})
 	c.addAgent("node-b", 2, nil)
 	c.startJob(c.spec("before", 2, 2, "ok"))
@@ -453,6 +486,11 @@ func TestControllerRestart(t *testing.T) {
 	c.waitRunning("during")
 
 	c.stopController()
+	// A worker that finishes while no controller listens is reported when
+	// its agent registers with the next one.
+	c.release("during")
+	c.waitGroupGone(c.record("during", "node-a", 1).pid)
+	c.waitGroupGone(c.record("during", "node-b", 1).pid)
 	restarted := time.Now()
 	c.startController()
 
@@ -464,7 +502,6 @@ func TestControllerRestart(t *testing.T) {
 	require.Equal(t, before.GetMasterPort(), jobs[0].GetMasterPort())
 	require.Equal(t, []string{"node-a", "node-b"}, assigned(t, jobs[0]))
 	require.Equal(t, "during", jobs[1].GetSpec().GetName())
-	require.Equal(t, running, jobs[1].GetState())
 
 	nodes := c.listNodes()
 	require.Len(t, nodes, 2)
@@ -472,14 +509,13 @@ func TestControllerRestart(t *testing.T) {
 	require.Len(t, nodes["node-b"].GetInfo().GetGpus(), 2)
 
 	// The agents find the new controller by themselves.
+	during := c.waitJobState("during", succeeded)
+	require.Equal(t, uint64(1), during.GetGeneration())
 	for _, n := range []string{"node-a", "node-b"} {
 		c.waitNode(n, func(n *rdzvv1.Node) bool {
 			return n.GetState() == rdzvv1.NodeState_NODE_STATE_READY && n.GetLastHeartbeat().AsTime().After(restarted)
 		})
 	}
-	// Workers that ran on through the restart finish the job.
-	c.release("during")
-	c.waitJobState("during", succeeded)
 
 	c.startJob(c.spec("after", 2, 2, "ok"))
 	after := c.waitJobState("after", succeeded)
@@ -546,6 +582,30 @@ func TestStreamLogs(t *testing.T) {
 		})
 	}
 
+	t.Run("follow until the workers exit", func(t *testing.T) {
+		c.startJob(c.spec("follow", 2, 2, "gate"))
+		c.waitRunning("follow")
+		stream, err := c.jobs.StreamLogs(rpcCtx(t), &rdzvv1.StreamLogsRequest{Job: "follow", Follow: true})
+		require.NoError(t, err)
+		var out strings.Builder
+		for !strings.Contains(out.String(), "hello from node-a") {
+			resp, err := stream.Recv()
+			require.NoError(t, err, "stream ended while the job ran; got %q", out.String())
+			out.Write(resp.GetData())
+		}
+		c.release("follow")
+		for {
+			resp, err := stream.Recv()
+			if errors.Is(err, io.EOF) {
+				break
+			}
+			require.NoError(t, err)
+			out.Write(resp.GetData())
+		}
+		require.True(t, strings.HasSuffix(out.String(), "=== rdzv: generation 1 ended: WORKER_STATE_SUCCEEDED exit_code=0 signal=\"\" \n"),
+			"a followed log ends with the closing line: %q", out.String())
+	})
+
 	t.Run("job that never ran", func(t *testing.T) {
 		c.startJob(c.spec("waiting", 5, 5, "ok"))
 		_, _, err := read(&rdzvv1.StreamLogsRequest{Job: "waiting"})
@@ -569,5 +629,116 @@ func TestHeartbeatsDoNotWriteEtcd(t *testing.T) {
 		require.True(t, n.GetLastHeartbeat().AsTime().After(seen[name].GetLastHeartbeat().AsTime()),
 			"no heartbeat from %s during the check", name)
 		require.Equal(t, rdzvv1.NodeState_NODE_STATE_READY, n.GetState())
+	}
+}
+
+// TestSilentNodeIsLost: a node that stops heartbeating but keeps its
+// stream open, as behind a network partition, is declared lost and fails
+// its job.
+func TestSilentNodeIsLost(t *testing.T) {
+	c := newCluster(t)
+	c.addAgent("node-a", 0, nil)
+	silent := c.connectFake("node-b")
+	c.startJob(c.spec("train", 2, 2, "hang"))
+	silent.run()
+	c.waitRunning("train")
+	recA := c.record("train", "node-a", 1)
+
+	lost := c.waitNode("node-b", func(n *rdzvv1.Node) bool { return n.GetState() == rdzvv1.NodeState_NODE_STATE_LOST })
+	require.Empty(t, lost.GetJob())
+	j := c.waitJobState("train", failed)
+	require.Contains(t, j.GetReason(), "node node-b (rank 1)")
+	require.Contains(t, j.GetReason(), "node lost: no heartbeat for")
+	b := assignment(t, j, "node-b")
+	require.Equal(t, rdzvv1.WorkerState_WORKER_STATE_FAILED, b.GetState())
+
+	var lostEvents []*rdzvv1.Event
+	for _, ev := range c.events("train") {
+		if ev.GetKind() == "node_lost" {
+			lostEvents = append(lostEvents, ev)
+		}
+	}
+	require.Len(t, lostEvents, 1, "the loss is one of the job's events")
+	require.Equal(t, "node-b", lostEvents[0].GetNode())
+	require.Equal(t, uint64(1), lostEvents[0].GetGeneration())
+
+	c.waitGroupGone(recA.pid)
+	c.waitIdle("node-a")
+}
+
+// TestControllerEndsAgentStreams: when the controller drops an agent's
+// session (the node was declared lost, or the controller shuts down) it
+// must end the stream too. An agent only reconnects and re-registers when
+// its stream ends; one whose stream stays open keeps heartbeating into a
+// session the controller has forgotten, and a lost node never comes back.
+func TestControllerEndsAgentStreams(t *testing.T) {
+	tests := []struct {
+		name string
+		drop func(*cluster)
+	}{
+		{"node declared lost", func(c *cluster) {
+			c.waitNode("node-b", func(n *rdzvv1.Node) bool { return n.GetState() == rdzvv1.NodeState_NODE_STATE_LOST })
+		}},
+		{"controller shutting down", func(c *cluster) { c.stopController() }},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			c := newCluster(t)
+			f := c.connectFake("node-b")
+			tt.drop(c)
+			// The agent is still there and heartbeats as if nothing happened.
+			for seq := uint64(1); !f.closed(); seq++ {
+				require.Less(t, seq, uint64(waitTimeout/heartbeatInterval), "the controller never ended the stream")
+				if f.stream.Send(&rdzvv1.ConnectRequest{Msg: &rdzvv1.ConnectRequest_Heartbeat{Heartbeat: &rdzvv1.Heartbeat{Seq: seq}}}) != nil {
+					break
+				}
+				time.Sleep(heartbeatInterval)
+			}
+			_, err := f.stream.Recv()
+			require.Equal(t, codes.Unavailable, status.Code(err), "%v", err)
+			require.Contains(t, status.Convert(err).Message(), "agent stream ended by the controller")
+		})
+	}
+}
+
+// TestAgentRestartDuringJob: an agent process dies without a word and is
+// back before the heartbeat timeout, without the workers the controller
+// expects of it.
+func TestAgentRestartDuringJob(t *testing.T) {
+	tests := []struct {
+		name string
+		// stopFirst stops the job while the agent is away.
+		stopFirst  bool
+		want       rdzvv1.JobState
+		wantReason string
+	}{
+		{name: "running job fails", want: failed, wantReason: "node node-b (rank 1): workers exited with code -1 (agent reconnected without its workers)"},
+		{name: "stopping job stops", stopFirst: true, want: stopped, wantReason: "stopped by operator"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			// A long heartbeat timeout: the restart, not the timeout, must
+			// settle the job.
+			c := newCluster(t, func(cfg *controller.Config) { cfg.Heartbeat.Timeout.Duration = time.Minute })
+			c.addAgent("node-a", 0, nil)
+			crashed := c.connectFake("node-b")
+			c.startJob(c.spec("train", 2, 2, "hang"))
+			crashed.run()
+			c.waitRunning("train")
+
+			crashed.crash()
+			if tt.stopFirst {
+				require.Equal(t, stopping, c.stopJob("train").GetState())
+				c.waitJob("train", func(j *rdzvv1.Job) bool {
+					return assignment(t, j, "node-a").GetState() == rdzvv1.WorkerState_WORKER_STATE_STOPPED
+				})
+			}
+			c.addAgent("node-b", 0, nil)
+
+			j := c.waitJob("train", func(j *rdzvv1.Job) bool { return j.GetState() != running && j.GetState() != stopping })
+			require.Equal(t, tt.want, j.GetState(), j.GetReason())
+			require.Contains(t, j.GetReason(), tt.wantReason)
+			c.waitIdle("node-a", "node-b")
+		})
 	}
 }

@@ -372,7 +372,7 @@ func (c *Controller) checkLiveness(ctx context.Context) {
 	now := c.clock.Now()
 	timeout := c.cfg.Heartbeat.Timeout.Duration
 	for name, ns := range c.nodes {
-		if ns.rec.GetState() == rdzvv1.NodeState_NODE_STATE_LOST {
+		if ns.rec.GetState() == rdzvv1.NodeState_NODE_STATE_LOST || now.Before(ns.graceUntil) {
 			continue
 		}
 		seen := ns.lastSeen

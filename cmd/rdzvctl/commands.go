@@ -183,14 +183,17 @@ func (c *command) wait(ctx context.Context, client rdzvv1.JobServiceClient, name
 			}
 		} else {
 			lastErr = ""
+			job := jr.GetJob()
 			for _, ev := range er.GetEvents() {
+				if ev.GetTime().AsTime().Before(job.GetCreatedAt().AsTime()) {
+					continue // an earlier run of the same name
+				}
 				key := ev.GetTime().AsTime().String() + ev.GetKind() + ev.GetNode() + ev.GetMessage()
 				if !seen[key] {
 					seen[key] = true
 					fmt.Fprintf(c.out, "%s  %-22s %s\n", ev.GetTime().AsTime().Local().Format("15:04:05.000"), ev.GetKind(), ev.GetMessage())
 				}
 			}
-			job := jr.GetJob()
 			switch job.GetState() {
 			case rdzvv1.JobState_JOB_STATE_SUCCEEDED:
 				fmt.Fprintf(c.out, "job %s succeeded: %s\n", name, job.GetReason())

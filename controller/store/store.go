@@ -173,8 +173,8 @@ func (s *Store) PutNode(ctx context.Context, n *rdzvv1.Node, expectRev int64, ev
 }
 
 // CreateJob stores a new job. replaceRev is 0 for a new name, or the
-// revision of a finished job of the same name that this one replaces (its
-// rounds, workers and events go with it).
+// revision of a finished job of the same name that this one replaces: its
+// rounds and workers go with it, its events stay as the name's history.
 func (s *Store) CreateJob(ctx context.Context, j *rdzvv1.Job, replaceRev int64, events ...*rdzvv1.Event) (int64, error) {
 	name := j.GetSpec().GetName()
 	var l opList
@@ -182,7 +182,6 @@ func (s *Store) CreateJob(ctx context.Context, j *rdzvv1.Job, replaceRev int64, 
 	if replaceRev != 0 {
 		l.deletePrefix(RoundsPrefix(name))
 		l.deletePrefix(WorkersPrefix(name))
-		l.deletePrefix(EventsPrefix(name))
 	}
 	s.events(&l, events)
 	rev, err := s.txn(ctx, []clientv3.Cmp{revCmp(JobKey(name), replaceRev)}, &l)

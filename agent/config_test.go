@@ -1,0 +1,83 @@
+package agent
+
+import (
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+)
+
+func TestConfigValidate(t *testing.T) {
+	valid := func() Config {
+		c := DefaultConfig()
+		c.Controller = "controller.example:7070"
+		return c
+	}
+	tests := []struct {
+		name string
+		edit func(*Config)
+		// wantFields are the fields the error must name; none means valid.
+		wantFields []string
+	}{
+		{name: "defaults with a controller", edit: func(*Config) {}},
+		{name: "everything set", edit: func(c *Config) {
+			c.NodeName, c.Labels, c.NCCLInterface, c.FakeGPUs = "gpu-01", map[string]string{"pool": "train"}, "ib0", 8
+		}},
+		{name: "no controller", edit: func(c *Config) { c.Controller = "" }, wantFields: []string{"controller"}},
+		{name: "controller without port", edit: func(c *Config) { c.Controller = "controller.example" }, wantFields: []string{"controller"}},
+		{name: "bad node name", edit: func(c *Config) { c.NodeName = "GPU_01" }, wantFields: []string{"node_name"}},
+		{name: "bad label key", edit: func(c *Config) { c.Labels = map[string]string{"-pool": "x"} }, wantFields: []string{"labels"}},
+		{name: "bad label value", edit: func(c *Config) { c.Labels = map[string]string{"pool": "a b"} }, wantFields: []string{"labels.pool"}},
+		{name: "negative fake gpus", edit: func(c *Config) { c.FakeGPUs = -1 }, wantFields: []string{"fake_gpus"}},
+		{name: "too many fake gpus", edit: func(c *Config) { c.FakeGPUs = 65 }, wantFields: []string{"fake_gpus"}},
+		{name: "relative state dir", edit: func(c *Config) { c.StateDir = "var/lib/rdzv" }, wantFields: []string{"state_dir"}},
+		{name: "no state dir", edit: func(c *Config) { c.StateDir = "" }, wantFields: []string{"state_dir"}},
+		{name: "zero stop grace", edit: func(c *Config) { c.StopGrace.Duration = 0 }, wantFields: []string{"stop_grace"}},
+		{name: "every problem at once", edit: func(c *Config) {
+			c.Controller, c.NodeName, c.FakeGPUs, c.StateDir, c.StopGrace.Duration = "", "X", -1, "rel", -time.Second
+		}, wantFields: []string{"controller", "node_name", "fake_gpus", "state_dir", "stop_grace"}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			c := valid()
+			tt.edit(&c)
+			err := c.Validate()
+			if len(tt.wantFields) == 0 {
+				require.NoError(t, err)
+				return
+			}
+			require.Error(t, err)
+			for _, f := range tt.wantFields {
+				require.Contains(t, err.Error(), f+":")
+			}
+			require.Len(t, strings.Split(err.Error(), "\n"), len(tt.wantFields), "one line per problem: %v", err)
+		})
+	}
+}
+
+func TestLoadConfig(t *testing.T) {
+	dir := t.TempDir()
+	write := func(name, body string) string {
+		p := filepath.Join(dir, name)
+		require.NoError(t, os.WriteFile(p, []byte(body), 0o644))
+		return p
+	}
+
+	cfg, err := LoadConfig(write("agent.yaml", "controller: 10.0.0.1:7070\nnode_name: gpu-01\nstop_grace: 30s\nlabels: {pool: train}\n"))
+	require.NoError(t, err)
+	require.NoError(t, cfg.Validate())
+	require.Equal(t, "10.0.0.1:7070", cfg.Controller)
+	require.Equal(t, 30*time.Second, cfg.StopGrace.Duration)
+	require.Equal(t, map[string]string{"pool": "train"}, cfg.Labels)
+	require.Equal(t, DefaultConfig().StateDir, cfg.StateDir, "unset fields keep their defaults")
+
+	_, err = LoadConfig(write("typo.yaml", "controler: 10.0.0.1:7070\n"))
+	require.ErrorContains(t, err, "controler", "an unknown field is an error, not a silent default")
+	_, err = LoadConfig(write("baddur.yaml", "stop_grace: soon\n"))
+	require.ErrorContains(t, err, "soon")
+	_, err = LoadConfig(filepath.Join(dir, "missing.yaml"))
+	require.ErrorIs(t, err, os.ErrNotExist)
+}

@@ -1,0 +1,224 @@
+package agent
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+	"github.com/stretchr/testify/require"
+	"go.uber.org/goleak"
+	"go.uber.org/zap/zaptest"
+	"google.golang.org/protobuf/testing/protocmp"
+
+	rdzvv1 "github.com/rdzv/rdzv/proto/rdzv/v1"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+// waitTimeout only keeps a broken test from hanging.
+const waitTimeout = 30 * time.Second
+
+// fakeTorchrun stands in for torchrun. It records how it was launched in
+// its working directory, in a file named <job>-<generation>, then acts out
+// the job's command (after the ten rendezvous arguments and "train.py"):
+//
+//	ok        print a greeting and exit 0
+//	exit CODE exit CODE
+//	hang      sleep until killed
+const fakeTorchrun = `#!/bin/sh
+rec="$PWD/$RDZV_JOB-$RDZV_GENERATION"
+{
+	echo "pid=$$"
+	for a in "$@"; do echo "arg=$a"; done
+	env | grep -E '^(RDZV_[A-Z_]*|NCCL_SOCKET_IFNAME|GLOO_SOCKET_IFNAME|CUDA_VISIBLE_DEVICES|JOB_VAR|AGENT_VAR|PATH)=' | sed 's/^/env=/'
+} >"$rec.tmp"
+mv "$rec.tmp" "$rec"
+shift 11
+echo "hello from $RDZV_NODE generation $RDZV_GENERATION"
+case "$1" in
+ok) exit 0 ;;
+exit) exit "$2" ;;
+hang) sleep 300 ;;
+*) echo "unknown mode $1" >&2; exit 99 ;;
+esac
+`
+
+// supHarness is a running Supervisor for node-a, whose NCCL interface is
+// eth9, launching fakeTorchrun.
+type supHarness struct {
+	t        *testing.T
+	sup      *Supervisor
+	stateDir string
+	workdir  string
+	torchrun string
+}
+
+func newSupervisor(t *testing.T) *supHarness {
+	t.Helper()
+	h := &supHarness{t: t, workdir: t.TempDir()}
+	h.torchrun = filepath.Join(t.TempDir(), "torchrun")
+	require.NoError(t, os.WriteFile(h.torchrun, []byte(fakeTorchrun), 0o755))
+
+	cfg := DefaultConfig()
+	cfg.Controller = "127.0.0.1:7070"
+	cfg.StateDir = t.TempDir()
+	h.stateDir = cfg.StateDir
+	cfg.StopGrace.Duration = 2 * time.Second
+	h.sup = NewSupervisor(cfg, "node-a", "eth9", ExecSpawner{}, zaptest.NewLogger(t))
+
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- h.sup.Run(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		require.NoError(t, <-done)
+	})
+	return h
+}
+
+// assignment is rank 1 of 2 on GPUs 2 and 3, running fakeTorchrun with
+// command.
+func (h *supHarness) assignment(job string, gen uint64, command ...string) *rdzvv1.Assignment {
+	return &rdzvv1.Assignment{
+		Spec: &rdzvv1.JobSpec{
+			Name: job, NodesMin: 2, NodesMax: 2, ProcsPerNode: 2,
+			Command: append([]string{"train.py"}, command...), Workdir: h.workdir,
+			Env: map[string]string{"JOB_VAR": "from-job"}, LauncherTorchrun: h.torchrun,
+		},
+		Generation: gen, NodeRank: 1, Nnodes: 2, ProcsPerNode: 2,
+		MasterAddr: "10.0.0.1", MasterPort: 29500, GpuIndices: []uint32{2, 3},
+	}
+}
+
+// next is the supervisor's next status update.
+func (h *supHarness) next() *rdzvv1.WorkerStatus {
+	h.t.Helper()
+	select {
+	case st := <-h.sup.Updates():
+		return st
+	case <-time.After(waitTimeout):
+		require.FailNow(h.t, "no status update")
+		return nil
+	}
+}
+
+// expect reads the next update and checks it is job's generation in state.
+func (h *supHarness) expect(job string, gen uint64, state rdzvv1.WorkerState) *rdzvv1.WorkerStatus {
+	h.t.Helper()
+	st := h.next()
+	require.Equal(h.t, job, st.GetJob(), "update %v", st)
+	require.Equal(h.t, gen, st.GetGeneration(), "update %v", st)
+	require.Equal(h.t, state, st.GetState(), "update %v", st)
+	return st
+}
+
+// sync returns once every command queued before it has been applied: a
+// stop for a generation nothing runs is answered at once.
+func (h *supHarness) sync() {
+	h.t.Helper()
+	h.sup.Stop("sync-marker", 1, "sync")
+	h.expect("sync-marker", 1, rdzvv1.WorkerState_WORKER_STATE_STOPPED)
+}
+
+func (h *supHarness) recordPath(job string, gen uint64) string {
+	return filepath.Join(h.workdir, fmt.Sprintf("%s-%d", job, gen))
+}
+
+// record is what fakeTorchrun saw.
+type record struct {
+	pid  int
+	args []string
+	env  map[string]string
+}
+
+// record waits for fakeTorchrun's record: RUNNING is reported as soon as
+// the launcher is started, before it has written anything.
+func (h *supHarness) record(job string, gen uint64) record {
+	h.t.Helper()
+	require.Eventually(h.t, func() bool {
+		_, err := os.Stat(h.recordPath(job, gen))
+		return err == nil
+	}, waitTimeout, 10*time.Millisecond, "%s never written", h.recordPath(job, gen))
+	f, err := os.Open(h.recordPath(job, gen))
+	require.NoError(h.t, err)
+	defer f.Close()
+	r := record{env: map[string]string{}}
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		key, value, _ := strings.Cut(sc.Text(), "=")
+		switch key {
+		case "pid":
+			r.pid, err = strconv.Atoi(value)
+			require.NoError(h.t, err)
+		case "arg":
+			r.args = append(r.args, value)
+		case "env":
+			k, v, _ := strings.Cut(value, "=")
+			r.env[k] = v
+		}
+	}
+	require.NoError(h.t, sc.Err())
+	return r
+}
+
+// requireProto compares protobuf messages (or slices of them) by content;
+// reflect.DeepEqual also compares their internal state.
+func requireProto(t *testing.T, want, got any, msgAndArgs ...any) {
+	t.Helper()
+	require.Empty(t, cmp.Diff(want, got, protocmp.Transform()), msgAndArgs...)
+}
+
+// groupMembers lists the live processes in process group pgid, read from
+// /proc independently of the code under test. Zombies do not count: they
+// hold nothing, and whether they are reaped depends on the init process of
+// the machine running the tests.
+func groupMembers(pgid int) []int {
+	entries, err := os.ReadDir("/proc")
+	if err != nil {
+		panic(err)
+	}
+	var pids []int
+	for _, e := range entries {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		stat, err := os.ReadFile(filepath.Join("/proc", e.Name(), "stat"))
+		if err != nil {
+			continue
+		}
+		s := string(stat)
+		fields := strings.Fields(s[strings.LastIndexByte(s, ')')+1:])
+		if len(fields) >= 3 && fields[0] != "Z" && fields[0] != "X" && fields[2] == strconv.Itoa(pgid) {
+			pids = append(pids, pid)
+		}
+	}
+	return pids
+}
+
+// syncBuffer collects a process's output while the test reads it.
+type syncBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *syncBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *syncBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
+}

@@ -1,0 +1,153 @@
+package agent
+
+import (
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+)
+
+// spawnShell starts script under /bin/sh with ExecSpawner, its output in a
+// file as the supervisor's is, and returns the process and a reader of its
+// output so far.
+func spawnShell(t *testing.T, script string) (Process, func() string) {
+	t.Helper()
+	dir := t.TempDir()
+	out, err := os.Create(filepath.Join(dir, "output"))
+	require.NoError(t, err)
+	defer out.Close() // the child has its own descriptor
+	p, err := ExecSpawner{}.Spawn(ProcessSpec{Path: "/bin/sh", Args: []string{"-c", script}, Dir: dir, Env: os.Environ(), Output: out})
+	require.NoError(t, err)
+	// Whatever a test leaves running is not left to outlive it.
+	t.Cleanup(func() { _ = p.Kill(0) })
+	return p, func() string {
+		b, err := os.ReadFile(out.Name())
+		require.NoError(t, err)
+		return string(b)
+	}
+}
+
+func TestExecProcessKillsWholeGroup(t *testing.T) {
+	tests := []struct {
+		name string
+		// script prints "ready" once its traps are set and its children
+		// forked.
+		script string
+		// members is how many live processes the group has when ready.
+		members int
+		grace   time.Duration
+		want    Exit
+	}{
+		{
+			name:    "launcher and child die of SIGTERM",
+			script:  `sleep 300 & echo ready; wait`,
+			members: 2, grace: 5 * time.Second,
+			want: Exit{Code: -1, Signal: "SIGTERM"},
+		},
+		{
+			// Only the launcher ignores SIGTERM; once its children and
+			// grandchildren are gone its wait returns and it exits.
+			name:    "launcher ignores SIGTERM",
+			script:  `sleep 300 & sh -c 'sleep 300 & wait' & trap "" TERM; echo ready; wait`,
+			members: 4, grace: 5 * time.Second,
+			want: Exit{Code: 0},
+		},
+		{
+			// Ignored signals are inherited: nothing in the group reacts to
+			// SIGTERM, so only SIGKILL after the grace period ends it.
+			name:    "whole group ignores SIGTERM",
+			script:  `trap "" TERM; sleep 300 & sh -c 'sleep 300 & wait' & echo ready; wait`,
+			members: 4, grace: 300 * time.Millisecond,
+			want: Exit{Code: -1, Signal: "SIGKILL"},
+		},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			p, out := spawnShell(t, tt.script)
+			// The launcher leads its own group, so signalling the group
+			// never reaches the agent.
+			pgid := p.Pid()
+			require.Eventually(t, func() bool {
+				return strings.Contains(out(), "ready") && len(groupMembers(pgid)) == tt.members
+			}, waitTimeout, 10*time.Millisecond, "group %d never had %d members: %v", pgid, tt.members, groupMembers(pgid))
+
+			require.NoError(t, p.Kill(tt.grace))
+			require.Empty(t, groupMembers(pgid), "Kill returned with members left")
+			require.Equal(t, tt.want, p.Wait())
+			require.NoError(t, p.Kill(tt.grace), "killing a dead group again")
+		})
+	}
+}
+
+// TestExecProcessSweepsAfterLauncherExit is what the supervisor relies on
+// after torchrun exits: workers it left in its group are still killed.
+func TestExecProcessSweepsAfterLauncherExit(t *testing.T) {
+	p, out := spawnShell(t, `sleep 300 & echo ready; exit 5`)
+	require.Equal(t, Exit{Code: 5}, p.Wait())
+	require.Contains(t, out(), "ready")
+	pgid := p.Pid()
+	require.Len(t, groupMembers(pgid), 1, "the orphaned sleep should still be in the group")
+
+	require.NoError(t, p.Kill(0))
+	require.Empty(t, groupMembers(pgid))
+	require.Equal(t, Exit{Code: 5}, p.Wait(), "the launcher's exit is kept")
+}
+
+// TestExecProcessWaitWithPipeOutput: Wait promises to return when the
+// launcher exits. With an Output that is not an *os.File, os/exec copies
+// through a pipe and cmd.Wait also waits for every holder of the pipe's
+// write end; WaitDelay bounds that, so a worker left in the group cannot
+// delay Wait.
+func TestExecProcessWaitWithPipeOutput(t *testing.T) {
+	p, err := ExecSpawner{}.Spawn(ProcessSpec{Path: "/bin/sh", Args: []string{"-c", "sleep 300 & exit 5"}, Dir: t.TempDir(), Output: &syncBuffer{}})
+	require.NoError(t, err)
+	t.Cleanup(func() { require.NoError(t, p.Kill(0)) })
+	exited := make(chan Exit, 1)
+	go func() { exited <- p.Wait() }()
+	select {
+	case e := <-exited:
+		require.Equal(t, Exit{Code: 5}, e)
+	case <-time.After(waitTimeout):
+		require.FailNow(t, "Wait did not return after the launcher exited")
+	}
+}
+
+func TestExecProcessExit(t *testing.T) {
+	tests := []struct {
+		script string
+		want   Exit
+	}{
+		{"exit 0", Exit{}},
+		{"exit 7", Exit{Code: 7}},
+		{"exit 255", Exit{Code: 255}},
+		{"kill -KILL $$", Exit{Code: -1, Signal: "SIGKILL"}},
+		{"kill -TERM $$", Exit{Code: -1, Signal: "SIGTERM"}},
+		{"kill -SEGV $$", Exit{Code: -1, Signal: "SIGSEGV"}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.script, func(t *testing.T) {
+			p, _ := spawnShell(t, tt.script)
+			require.Equal(t, tt.want, p.Wait())
+		})
+	}
+}
+
+func TestExecSpawnerRunsInDirWithEnv(t *testing.T) {
+	dir := t.TempDir()
+	out := &syncBuffer{}
+	p, err := ExecSpawner{}.Spawn(ProcessSpec{
+		Path: "/bin/sh", Args: []string{"-c", `echo "$PWD $ONLY_VAR ${HOME:-nohome}"; echo oops >&2`},
+		Dir: dir, Env: []string{"ONLY_VAR=set"}, Output: out,
+	})
+	require.NoError(t, err)
+	require.Equal(t, Exit{}, p.Wait())
+	require.Equal(t, dir+" set nohome\noops\n", out.String(), "stdout and stderr both go to Output, env is exactly Env")
+}
+
+func TestExecSpawnerMissingBinary(t *testing.T) {
+	_, err := ExecSpawner{}.Spawn(ProcessSpec{Path: "/nonexistent/torchrun", Dir: t.TempDir(), Output: &syncBuffer{}})
+	require.ErrorContains(t, err, "/nonexistent/torchrun")
+}

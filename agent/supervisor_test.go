@@ -1,0 +1,341 @@
+package agent
+
+import (
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	rdzvv1 "github.com/rdzv/rdzv/proto/rdzv/v1"
+)
+
+const (
+	wRunning   = rdzvv1.WorkerState_WORKER_STATE_RUNNING
+	wSucceeded = rdzvv1.WorkerState_WORKER_STATE_SUCCEEDED
+	wFailed    = rdzvv1.WorkerState_WORKER_STATE_FAILED
+	wStopped   = rdzvv1.WorkerState_WORKER_STATE_STOPPED
+)
+
+func TestSupervisorRunsToExit(t *testing.T) {
+	tests := []struct {
+		name      string
+		command   []string
+		wantState rdzvv1.WorkerState
+		wantCode  int32
+	}{
+		{"success", []string{"ok"}, wSucceeded, 0},
+		{"failure", []string{"exit", "3"}, wFailed, 3},
+		{"launcher usage error", []string{"bogus"}, wFailed, 99},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			h := newSupervisor(t)
+			h.sup.Assign(h.assignment("train", 1, tt.command...))
+			h.expect("train", 1, wRunning)
+			st := h.expect("train", 1, tt.wantState)
+			require.Equal(t, tt.wantCode, st.GetExitCode())
+			require.Empty(t, st.GetSignal())
+			require.Empty(t, st.GetMessage())
+			require.False(t, h.sup.Running("train"))
+			require.Empty(t, groupMembers(h.record("train", 1).pid))
+		})
+	}
+}
+
+func TestSupervisorLaunchesWithRendezvous(t *testing.T) {
+	// The agent's own environment reaches workers, except where the job or
+	// rdzv says otherwise.
+	t.Setenv("AGENT_VAR", "from-agent")
+	t.Setenv("JOB_VAR", "from-agent")
+	t.Setenv("NCCL_SOCKET_IFNAME", "from-agent")
+	t.Setenv("RDZV_NODE", "from-agent")
+
+	h := newSupervisor(t)
+	a := h.assignment("train", 7, "ok")
+	a.Spec.CheckpointDir = "/ckpt/train"
+	a.ResumeFrom = "/ckpt/train/step-100"
+	h.sup.Assign(a)
+	h.expect("train", 7, wRunning)
+	h.expect("train", 7, wSucceeded)
+
+	rec := h.record("train", 7)
+	require.Equal(t, []string{
+		"--nnodes", "2", "--node_rank", "1", "--nproc_per_node", "2",
+		"--master_addr", "10.0.0.1", "--master_port", "29500", "train.py", "ok",
+	}, rec.args)
+	require.Equal(t, map[string]string{
+		"NCCL_SOCKET_IFNAME":   "eth9",
+		"GLOO_SOCKET_IFNAME":   "eth9",
+		"CUDA_VISIBLE_DEVICES": "2,3",
+		"RDZV_JOB":             "train",
+		"RDZV_GENERATION":      "7",
+		"RDZV_NODE":            "node-a",
+		"RDZV_NODE_RANK":       "1",
+		"RDZV_CHECKPOINT_DIR":  "/ckpt/train",
+		"RDZV_RESUME_FROM":     "/ckpt/train/step-100",
+		"JOB_VAR":              "from-job",
+		"AGENT_VAR":            "from-agent",
+		"PATH":                 os.Getenv("PATH"),
+	}, rec.env)
+}
+
+func TestSupervisorScratchWorkdir(t *testing.T) {
+	h := newSupervisor(t)
+	a := h.assignment("scratch", 1, "ok")
+	a.Spec.Workdir = ""
+	h.sup.Assign(a)
+	h.expect("scratch", 1, wRunning)
+	h.expect("scratch", 1, wSucceeded)
+	// fakeTorchrun records into its working directory.
+	require.FileExists(t, filepath.Join(h.stateDir, "jobs", "scratch", "scratch-1"),
+		"workers without a workdir run in the agent's scratch directory")
+}
+
+func TestSupervisorRejectsStaleAssignments(t *testing.T) {
+	h := newSupervisor(t)
+	h.sup.Assign(h.assignment("train", 2, "ok"))
+	h.expect("train", 2, wRunning)
+	h.expect("train", 2, wSucceeded)
+	first := h.record("train", 2)
+
+	h.sup.Assign(h.assignment("train", 2, "ok"))
+	h.sup.Assign(h.assignment("train", 1, "ok"))
+	// Commands apply in order, so the marker's update coming next means
+	// neither stale assignment produced one.
+	h.sync()
+	require.NoFileExists(t, h.recordPath("train", 1))
+	require.Equal(t, first.pid, h.record("train", 2).pid, "generation 2 ran twice")
+
+	// Generations are per job: another job's generation 1 is fine.
+	h.sup.Assign(h.assignment("other", 1, "ok"))
+	h.expect("other", 1, wRunning)
+	h.expect("other", 1, wSucceeded)
+}
+
+func TestSupervisorStopsCurrentGeneration(t *testing.T) {
+	h := newSupervisor(t)
+	h.sup.Assign(h.assignment("train", 1, "hang"))
+	h.expect("train", 1, wRunning)
+	require.True(t, h.sup.Running("train"))
+	pgid := h.record("train", 1).pid
+	require.NotEmpty(t, groupMembers(pgid))
+
+	h.sup.Stop("train", 1, "stopped by operator")
+	st := h.expect("train", 1, wStopped)
+	require.Equal(t, "stopped by operator", st.GetMessage())
+	require.Equal(t, "SIGTERM", st.GetSignal())
+	require.EqualValues(t, -1, st.GetExitCode())
+	// The update is sent only after the whole group is gone.
+	require.Empty(t, groupMembers(pgid))
+	require.False(t, h.sup.Running("train"))
+	requireProto(t, []*rdzvv1.WorkerStatus{st}, h.sup.Statuses())
+
+	// A repeated stop re-reports the outcome instead of inventing one.
+	h.sup.Stop("train", 1, "again")
+	requireProto(t, st, h.expect("train", 1, wStopped))
+}
+
+func TestSupervisorStopOfUnknownGeneration(t *testing.T) {
+	h := newSupervisor(t)
+	h.sup.Stop("train", 3, "freeing the node")
+	st := h.expect("train", 3, wStopped)
+	require.Equal(t, "not running on this node: freeing the node", st.GetMessage())
+
+	// The stop fenced generation 3: its assignment arriving late is dropped.
+	h.sup.Assign(h.assignment("train", 3, "ok"))
+	h.sync()
+	require.NoFileExists(t, h.recordPath("train", 3))
+
+	h.sup.Assign(h.assignment("train", 4, "ok"))
+	h.expect("train", 4, wRunning)
+	h.expect("train", 4, wSucceeded)
+
+	// Stopping another job's generation leaves the running one alone.
+	h.sup.Assign(h.assignment("train", 5, "hang"))
+	h.expect("train", 5, wRunning)
+	h.sup.Stop("other", 5, "not ours")
+	h.expect("other", 5, wStopped)
+	require.True(t, h.sup.Running("train"))
+	h.sup.Stop("train", 4, "old generation")
+	h.expect("train", 4, wSucceeded) // its recorded outcome, re-reported
+	require.True(t, h.sup.Running("train"))
+}
+
+func TestSupervisorReplacesRunningWorkers(t *testing.T) {
+	tests := []struct {
+		name    string
+		nextJob string
+		nextGen uint64
+		reason  string
+	}{
+		{"next generation of the same job", "train", 2, "replaced by generation 2 of job train"},
+		{"another job", "eval", 1, "replaced by generation 1 of job eval"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			h := newSupervisor(t)
+			h.sup.Assign(h.assignment("train", 1, "hang"))
+			h.expect("train", 1, wRunning)
+			old := h.record("train", 1).pid
+
+			h.sup.Assign(h.assignment(tt.nextJob, tt.nextGen, "ok"))
+			// The old workers are gone before the new ones start.
+			st := h.expect("train", 1, wStopped)
+			require.Equal(t, tt.reason, st.GetMessage())
+			require.Empty(t, groupMembers(old))
+			h.expect(tt.nextJob, tt.nextGen, wRunning)
+			h.expect(tt.nextJob, tt.nextGen, wSucceeded)
+		})
+	}
+}
+
+func TestSupervisorStatuses(t *testing.T) {
+	h := newSupervisor(t)
+	require.Empty(t, h.sup.Statuses())
+
+	h.sup.Assign(h.assignment("train", 1, "exit", "2"))
+	h.expect("train", 1, wRunning)
+	done := h.expect("train", 1, wFailed)
+	h.sup.Assign(h.assignment("train", 2, "hang"))
+	h.expect("train", 2, wRunning)
+	requireProto(t, []*rdzvv1.WorkerStatus{
+		done,
+		{Job: "train", Generation: 2, State: wRunning},
+	}, h.sup.Statuses(), "finished history, then what runs now")
+
+	// History is bounded: only the newest outcomes are kept.
+	for gen := uint64(1); gen <= historySize+4; gen++ {
+		h.sup.Stop("noise", gen, "noise")
+		h.expect("noise", gen, wStopped)
+	}
+	got := h.sup.Statuses()
+	require.Len(t, got, historySize+1)
+	require.Equal(t, uint64(5), got[0].GetGeneration())
+	require.Equal(t, uint64(historySize+4), got[historySize-1].GetGeneration())
+	require.Equal(t, "train", got[historySize].GetJob())
+}
+
+func TestSupervisorLogFile(t *testing.T) {
+	h := newSupervisor(t)
+	h.sup.Assign(h.assignment("train", 1, "ok"))
+	h.expect("train", 1, wRunning)
+	h.expect("train", 1, wSucceeded)
+	h.sup.Assign(h.assignment("train", 2, "exit", "3"))
+	h.expect("train", 2, wRunning)
+	h.expect("train", 2, wFailed)
+
+	b, err := os.ReadFile(h.sup.LogPath("train"))
+	require.NoError(t, err)
+	lines := strings.Split(strings.TrimSuffix(string(b), "\n"), "\n")
+	require.Len(t, lines, 6, "generations append to one log:\n%s", b)
+	require.True(t, strings.HasPrefix(lines[0], "=== rdzv: job train generation 1 node node-a rank 1/2 started "), lines[0])
+	require.True(t, strings.HasSuffix(lines[0], h.torchrun+" --nnodes 2 --node_rank 1 --nproc_per_node 2 --master_addr 10.0.0.1 --master_port 29500 train.py ok"), lines[0])
+	require.Equal(t, "hello from node-a generation 1", lines[1])
+	require.Equal(t, `=== rdzv: generation 1 ended: WORKER_STATE_SUCCEEDED exit_code=0 signal="" `, lines[2])
+	require.True(t, strings.HasPrefix(lines[3], "=== rdzv: job train generation 2 node node-a rank 1/2 started "), lines[3])
+	require.Equal(t, "hello from node-a generation 2", lines[4])
+	require.Equal(t, `=== rdzv: generation 2 ended: WORKER_STATE_FAILED exit_code=3 signal="" `, lines[5])
+}
+
+func TestSupervisorRefusesToStart(t *testing.T) {
+	tests := []struct {
+		name        string
+		edit        func(*rdzvv1.Assignment)
+		wantMessage []string
+	}{
+		{"spec fails validation", func(a *rdzvv1.Assignment) { a.Spec.Command = nil },
+			[]string{"refusing assignment", "command: is required"}},
+		{"reserved env", func(a *rdzvv1.Assignment) { a.Spec.Env = map[string]string{"CUDA_VISIBLE_DEVICES": "0"} },
+			[]string{"refusing assignment", "env.CUDA_VISIBLE_DEVICES"}},
+		{"launcher not found", func(a *rdzvv1.Assignment) { a.Spec.LauncherTorchrun = "/nonexistent/torchrun" },
+			[]string{`finding launcher "/nonexistent/torchrun"`}},
+		{"launcher not on PATH", func(a *rdzvv1.Assignment) { a.Spec.LauncherTorchrun = "rdzv-no-such-torchrun" },
+			[]string{`finding launcher "rdzv-no-such-torchrun"`}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			h := newSupervisor(t)
+			a := h.assignment("train", 1, "ok")
+			tt.edit(a)
+			h.sup.Assign(a)
+			st := h.expect("train", 1, wFailed)
+			require.EqualValues(t, -1, st.GetExitCode())
+			for _, m := range tt.wantMessage {
+				require.Contains(t, st.GetMessage(), m)
+			}
+			require.False(t, h.sup.Running("train"))
+			require.NoFileExists(t, h.recordPath("train", 1))
+			requireProto(t, []*rdzvv1.WorkerStatus{st}, h.sup.Statuses())
+		})
+	}
+}
+
+func TestLauncherArgs(t *testing.T) {
+	tests := []struct {
+		name string
+		a    *rdzvv1.Assignment
+		want []string
+	}{
+		{
+			name: "rendezvous then command",
+			a: &rdzvv1.Assignment{
+				Spec:   &rdzvv1.JobSpec{Command: []string{"train.py", "--lr", "3e-4"}},
+				Nnodes: 16, NodeRank: 15, ProcsPerNode: 8, MasterAddr: "10.1.2.3", MasterPort: 29517,
+			},
+			want: []string{"--nnodes", "16", "--node_rank", "15", "--nproc_per_node", "8",
+				"--master_addr", "10.1.2.3", "--master_port", "29517", "train.py", "--lr", "3e-4"},
+		},
+		{
+			name: "extra launcher args go before the command",
+			a: &rdzvv1.Assignment{
+				Spec:   &rdzvv1.JobSpec{Command: []string{"-m", "pkg.train"}, LauncherExtraArgs: []string{"--redirects", "3", "--max_restarts=0"}},
+				Nnodes: 1, ProcsPerNode: 1, MasterAddr: "127.0.0.1", MasterPort: 29500,
+			},
+			want: []string{"--nnodes", "1", "--node_rank", "0", "--nproc_per_node", "1",
+				"--master_addr", "127.0.0.1", "--master_port", "29500", "--redirects", "3", "--max_restarts=0", "-m", "pkg.train"},
+		},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) { require.Equal(t, tt.want, LauncherArgs(tt.a)) })
+	}
+}
+
+// TestSupervisorEnvHasLastWord feeds env a spec that skipped validation:
+// whatever the job or the agent's environment says, rdzv's values come last
+// and so are the ones the worker sees (os/exec keeps the last duplicate).
+func TestSupervisorEnvHasLastWord(t *testing.T) {
+	t.Setenv("GLOO_SOCKET_IFNAME", "agent-env")
+	t.Setenv("RDZV_JOB", "agent-env")
+	h := newSupervisor(t)
+	a := h.assignment("train", 4)
+	a.Spec.Env = map[string]string{
+		"NCCL_SOCKET_IFNAME":   "job-env",
+		"GLOO_SOCKET_IFNAME":   "job-env",
+		"CUDA_VISIBLE_DEVICES": "job-env",
+		"RDZV_GENERATION":      "job-env",
+		"RDZV_NODE":            "job-env",
+		"JOB_VAR":              "from-job",
+	}
+	env := h.sup.env(a)
+
+	last := map[string]string{}
+	for _, kv := range env {
+		k, v, _ := strings.Cut(kv, "=")
+		last[k] = v
+	}
+	for k, want := range map[string]string{
+		"NCCL_SOCKET_IFNAME":   "eth9",
+		"GLOO_SOCKET_IFNAME":   "eth9",
+		"CUDA_VISIBLE_DEVICES": "2,3",
+		"RDZV_GENERATION":      "4",
+		"RDZV_NODE":            "node-a",
+		"RDZV_JOB":             "train",
+		"JOB_VAR":              "from-job",
+		"PATH":                 os.Getenv("PATH"),
+	} {
+		require.Equal(t, want, last[k], k)
+	}
+	require.NotContains(t, env, "GLOO_SOCKET_IFNAME=agent-env", "the agent's own value is dropped, not shadowed")
+}

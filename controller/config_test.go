@@ -1,0 +1,102 @@
+package controller_test
+
+import (
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/rdzv/rdzv/controller"
+)
+
+func TestConfigValidate(t *testing.T) {
+	tests := []struct {
+		name string
+		edit func(*controller.Config)
+		// wantFields are the fields the error must name; none means valid.
+		wantFields []string
+	}{
+		{name: "defaults", edit: func(*controller.Config) {}},
+		{name: "external etcd needs no data dir or embedded urls", edit: func(c *controller.Config) {
+			c.Etcd.Endpoints, c.DataDir, c.EmbeddedEtcd = []string{"https://etcd-0:2379"}, "", controller.EmbeddedEtcdConfig{}
+		}},
+		{name: "listen without port", edit: func(c *controller.Config) { c.Listen = "0.0.0.0" }, wantFields: []string{"listen"}},
+		{name: "embedded etcd without data dir", edit: func(c *controller.Config) { c.DataDir = "" }, wantFields: []string{"data_dir"}},
+		{name: "client url without scheme", edit: func(c *controller.Config) { c.EmbeddedEtcd.ClientURL = "127.0.0.1:2379" },
+			wantFields: []string{"embedded_etcd.client_url"}},
+		{name: "peer url with another scheme", edit: func(c *controller.Config) { c.EmbeddedEtcd.PeerURL = "unix:///run/etcd" },
+			wantFields: []string{"embedded_etcd.peer_url"}},
+		{name: "zero dial timeout", edit: func(c *controller.Config) { c.Etcd.DialTimeout.Duration = 0 }, wantFields: []string{"etcd.dial_timeout"}},
+		{name: "zero heartbeat interval", edit: func(c *controller.Config) { c.Heartbeat.Interval.Duration = 0 },
+			wantFields: []string{"heartbeat.interval"}},
+		{name: "timeout under two intervals", edit: func(c *controller.Config) {
+			c.Heartbeat.Interval.Duration, c.Heartbeat.Timeout.Duration = time.Second, 1999*time.Millisecond
+		}, wantFields: []string{"heartbeat.timeout"}},
+		{name: "timeout of exactly two intervals", edit: func(c *controller.Config) {
+			c.Heartbeat.Interval.Duration, c.Heartbeat.Timeout.Duration = time.Second, 2*time.Second
+		}},
+		{name: "privileged master ports", edit: func(c *controller.Config) { c.MasterPortRange.Min = 1000 },
+			wantFields: []string{"master_port_range"}},
+		{name: "master ports beyond 65535", edit: func(c *controller.Config) { c.MasterPortRange.Max = 65536 },
+			wantFields: []string{"master_port_range"}},
+		{name: "inverted master ports", edit: func(c *controller.Config) { c.MasterPortRange = controller.PortRange{Min: 30000, Max: 29999} },
+			wantFields: []string{"master_port_range"}},
+		{name: "one master port", edit: func(c *controller.Config) { c.MasterPortRange = controller.PortRange{Min: 29500, Max: 29500} }},
+		{name: "every problem at once", edit: func(c *controller.Config) {
+			c.Listen, c.DataDir, c.Heartbeat.Interval.Duration, c.MasterPortRange.Min = "x", "", 0, 0
+		}, wantFields: []string{"listen", "data_dir", "heartbeat.interval", "master_port_range"}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			c := controller.DefaultConfig()
+			tt.edit(&c)
+			err := c.Validate()
+			if len(tt.wantFields) == 0 {
+				require.NoError(t, err)
+				return
+			}
+			require.Error(t, err)
+			for _, f := range tt.wantFields {
+				require.Contains(t, err.Error(), f+":")
+			}
+			require.Len(t, strings.Split(err.Error(), "\n"), len(tt.wantFields), "one line per problem: %v", err)
+
+			_, err = controller.New(c, testLogger(t))
+			require.ErrorContains(t, err, "invalid controller config")
+		})
+	}
+}
+
+func TestLoadConfig(t *testing.T) {
+	dir := t.TempDir()
+	write := func(name, body string) string {
+		p := filepath.Join(dir, name)
+		require.NoError(t, os.WriteFile(p, []byte(body), 0o644))
+		return p
+	}
+
+	cfg, err := controller.LoadConfig(write("controller.yaml", `
+listen: 10.0.0.1:7070
+heartbeat: {interval: 250ms, timeout: 3s}
+etcd: {endpoints: ["http://etcd-0:2379"]}
+master_port_range: {min: 40000, max: 40100}
+`))
+	require.NoError(t, err)
+	require.NoError(t, cfg.Validate())
+	require.Equal(t, "10.0.0.1:7070", cfg.Listen)
+	require.Equal(t, 250*time.Millisecond, cfg.Heartbeat.Interval.Duration)
+	require.Equal(t, 3*time.Second, cfg.Heartbeat.Timeout.Duration)
+	require.False(t, cfg.Embedded())
+	require.Equal(t, controller.PortRange{Min: 40000, Max: 40100}, cfg.MasterPortRange)
+	require.Equal(t, controller.DefaultConfig().Etcd.DialTimeout, cfg.Etcd.DialTimeout, "unset fields keep their defaults")
+
+	_, err = controller.LoadConfig(write("typo.yaml", "heartbeat: {intervall: 1s}\n"))
+	require.ErrorContains(t, err, "intervall", "an unknown field is an error, not a silent default")
+	_, err = controller.LoadConfig(write("number.yaml", "heartbeat: {interval: 5}\n"))
+	require.ErrorContains(t, err, "duration must be a string")
+	_, err = controller.LoadConfig(filepath.Join(dir, "missing.yaml"))
+	require.ErrorIs(t, err, os.ErrNotExist)
+}
