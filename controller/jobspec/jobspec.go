@@ -24,10 +24,18 @@ const (
 
 // Defaults applied by Default.
 const (
-	DefaultLastCall = 10 * time.Second
-	DefaultTimeout  = 15 * time.Minute
-	DefaultTorchrun = "torchrun"
+	DefaultLastCall   = 10 * time.Second
+	DefaultTimeout    = 15 * time.Minute
+	DefaultTorchrun   = "torchrun"
+	DefaultRestarts   = 3
+	DefaultBackoff    = time.Second
+	DefaultBackoffMax = time.Minute
 )
+
+// DefaultMarkers recognise torch.distributed.checkpoint (.metadata, written
+// last), Hugging Face Trainer (trainer_state.json, written after the
+// weights) and rdzv's example (COMPLETE).
+var DefaultMarkers = []string{".metadata", "trainer_state.json", "COMPLETE"}
 
 // Spec is job.yaml. Field tags are the YAML names (sigs.k8s.io/yaml goes
 // through JSON).
@@ -43,6 +51,8 @@ type Spec struct {
 	Checkpoint   Checkpoint        `json:"checkpoint"`
 	Rendezvous   Rendezvous        `json:"rendezvous"`
 	Launcher     Launcher          `json:"launcher"`
+	Restart      Restart           `json:"restart"`
+	Health       Health            `json:"health"`
 }
 
 type NodeRange struct {
@@ -52,6 +62,29 @@ type NodeRange struct {
 
 type Checkpoint struct {
 	Dir string `json:"dir"`
+	// Markers are file names whose presence in a step directory under Dir
+	// marks that checkpoint complete; any one suffices.
+	Markers []string `json:"markers"`
+}
+
+type Restart struct {
+	// MaxRestarts is how many failed attempts are restarted before the job
+	// fails; 0 never restarts.
+	MaxRestarts *int    `json:"max_restarts"`
+	Backoff     Backoff `json:"backoff"`
+}
+
+// Backoff is the wait before a restart: Initial, doubled per consecutive
+// failure, capped at Max.
+type Backoff struct {
+	Initial *Duration `json:"initial"`
+	Max     *Duration `json:"max"`
+}
+
+type Health struct {
+	// ProgressTimeout: no training step reported for this long is a hang
+	// and restarts the job. 0s turns hang detection off.
+	ProgressTimeout *Duration `json:"progress_timeout"`
 }
 
 type Rendezvous struct {
@@ -153,6 +186,22 @@ func (s *Spec) Default() {
 	}
 	if s.Launcher.Torchrun == "" {
 		s.Launcher.Torchrun = DefaultTorchrun
+	}
+	if s.Restart.MaxRestarts == nil {
+		n := DefaultRestarts
+		s.Restart.MaxRestarts = &n
+	}
+	if s.Restart.Backoff.Initial == nil {
+		s.Restart.Backoff.Initial = Dur(DefaultBackoff)
+	}
+	if s.Restart.Backoff.Max == nil {
+		s.Restart.Backoff.Max = Dur(max(DefaultBackoffMax, s.Restart.Backoff.Initial.Duration))
+	}
+	if len(s.Checkpoint.Markers) == 0 {
+		s.Checkpoint.Markers = append([]string(nil), DefaultMarkers...)
+	}
+	if s.Health.ProgressTimeout == nil {
+		s.Health.ProgressTimeout = Dur(0)
 	}
 }
 

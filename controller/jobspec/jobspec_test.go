@@ -21,6 +21,8 @@ selector: {pool: train}
 checkpoint: {dir: /shared/ckpt}
 rendezvous: {last_call: 5s, timeout: 2m}
 launcher: {torchrun: /usr/bin/torchrun, extra_args: ["--redirects", "2"]}
+restart: {max_restarts: 5, backoff: {initial: 2s, max: 20s}}
+health: {progress_timeout: 2m}
 `
 
 func TestParseGood(t *testing.T) {
@@ -33,6 +35,9 @@ func TestParseGood(t *testing.T) {
 	require.Equal(t, 5*time.Second, spec.Rendezvous.LastCall.Duration)
 	require.Equal(t, 2*time.Minute, spec.Rendezvous.Timeout.Duration)
 	require.Equal(t, []string{"--redirects", "2"}, spec.Launcher.ExtraArgs)
+	require.Equal(t, 5, *spec.Restart.MaxRestarts)
+	require.Equal(t, 20*time.Second, spec.Restart.Backoff.Max.Duration)
+	require.Equal(t, 2*time.Minute, spec.Health.ProgressTimeout.Duration)
 }
 
 func TestDefaults(t *testing.T) {
@@ -44,6 +49,18 @@ func TestDefaults(t *testing.T) {
 	require.Equal(t, DefaultLastCall, spec.Rendezvous.LastCall.Duration)
 	require.Equal(t, DefaultTimeout, spec.Rendezvous.Timeout.Duration)
 	require.Equal(t, DefaultTorchrun, spec.Launcher.Torchrun)
+	require.Equal(t, DefaultRestarts, *spec.Restart.MaxRestarts)
+	require.Equal(t, DefaultBackoff, spec.Restart.Backoff.Initial.Duration)
+	require.Equal(t, DefaultBackoffMax, spec.Restart.Backoff.Max.Duration)
+	require.Equal(t, DefaultMarkers, spec.Checkpoint.Markers)
+	require.Zero(t, spec.Health.ProgressTimeout.Duration, "hang detection is off unless asked for")
+}
+
+func TestExplicitZeroRestartsIsKept(t *testing.T) {
+	spec, err := Parse([]byte("name: a\nnodes: {min: 1}\ncommand: [x.py]\nrestart: {max_restarts: 0}\n"))
+	require.NoError(t, err)
+	require.Zero(t, *spec.Restart.MaxRestarts)
+	require.Zero(t, *FromProto(spec.ToProto()).Restart.MaxRestarts)
 }
 
 func TestExplicitZeroTimeoutIsKept(t *testing.T) {
@@ -106,6 +123,12 @@ func TestValidateRejects(t *testing.T) {
 		{"empty torchrun", func(s *Spec) { s.Launcher.Torchrun = " " }, "launcher.torchrun"},
 		{"agent-owned flag", func(s *Spec) { s.Launcher.ExtraArgs = []string{"--nnodes=4"} }, "launcher.extra_args[0]"},
 		{"agent-owned flag spaced", func(s *Spec) { s.Launcher.ExtraArgs = []string{"--tee", "2", "--master_port", "1"} }, "launcher.extra_args[2]"},
+		{"negative restarts", func(s *Spec) { n := -1; s.Restart.MaxRestarts = &n }, "restart.max_restarts"},
+		{"backoff max below initial", func(s *Spec) { s.Restart.Backoff.Max = Dur(time.Millisecond) }, "restart.backoff.max: must be at least restart.backoff.initial"},
+		{"negative backoff", func(s *Spec) { s.Restart.Backoff.Initial = Dur(-time.Second) }, "restart.backoff.initial"},
+		{"marker with a slash", func(s *Spec) { s.Checkpoint.Markers = []string{"../x"} }, "checkpoint.markers[0]: must be a plain file name"},
+		{"empty marker", func(s *Spec) { s.Checkpoint.Markers = []string{"COMPLETE", ""} }, "checkpoint.markers[1]"},
+		{"negative progress timeout", func(s *Spec) { s.Health.ProgressTimeout = Dur(-time.Second) }, "health.progress_timeout"},
 		{"nul in arg", func(s *Spec) { s.Command = []string{"x.py", "a\x00b"} }, "command[1]"},
 	}
 	for _, tt := range tests {

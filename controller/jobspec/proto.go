@@ -21,6 +21,19 @@ func (s *Spec) ToProto() *rdzvv1.JobSpec {
 		CheckpointDir:     s.Checkpoint.Dir,
 		LauncherTorchrun:  s.Launcher.Torchrun,
 		LauncherExtraArgs: s.Launcher.ExtraArgs,
+		CheckpointMarkers: s.Checkpoint.Markers,
+	}
+	if s.Restart.MaxRestarts != nil {
+		p.RestartMaxRestarts = uint32(*s.Restart.MaxRestarts)
+	}
+	if b := s.Restart.Backoff.Initial; b != nil {
+		p.RestartBackoffInitial = durationpb.New(b.Duration)
+	}
+	if b := s.Restart.Backoff.Max; b != nil {
+		p.RestartBackoffMax = durationpb.New(b.Duration)
+	}
+	if t := s.Health.ProgressTimeout; t != nil {
+		p.HealthProgressTimeout = durationpb.New(t.Duration)
 	}
 	if s.Rendezvous.LastCall != nil {
 		p.RendezvousLastCall = durationpb.New(s.Rendezvous.LastCall.Duration)
@@ -43,7 +56,7 @@ func FromProto(p *rdzvv1.JobSpec) *Spec {
 		Workdir:      p.GetWorkdir(),
 		Env:          p.GetEnv(),
 		Selector:     p.GetSelector(),
-		Checkpoint:   Checkpoint{Dir: p.GetCheckpointDir()},
+		Checkpoint:   Checkpoint{Dir: p.GetCheckpointDir(), Markers: p.GetCheckpointMarkers()},
 		Launcher:     Launcher{Torchrun: p.GetLauncherTorchrun(), ExtraArgs: p.GetLauncherExtraArgs()},
 	}
 	if p.RendezvousLastCall != nil {
@@ -51,6 +64,19 @@ func FromProto(p *rdzvv1.JobSpec) *Spec {
 	}
 	if p.RendezvousTimeout != nil {
 		s.Rendezvous.Timeout = Dur(p.RendezvousTimeout.AsDuration())
+	}
+	// A spec from rdzvctl always carries these (it defaults before sending);
+	// proto3 cannot tell an explicit 0 from absent, so 0 is taken as given.
+	restarts := int(p.GetRestartMaxRestarts())
+	s.Restart.MaxRestarts = &restarts
+	if p.RestartBackoffInitial != nil {
+		s.Restart.Backoff.Initial = Dur(p.RestartBackoffInitial.AsDuration())
+	}
+	if p.RestartBackoffMax != nil {
+		s.Restart.Backoff.Max = Dur(p.RestartBackoffMax.AsDuration())
+	}
+	if p.HealthProgressTimeout != nil {
+		s.Health.ProgressTimeout = Dur(p.HealthProgressTimeout.AsDuration())
 	}
 	s.Default()
 	return s

@@ -74,7 +74,16 @@ const (
 	maxEnvBytes = 32 << 10
 	maxLabels   = 64
 	maxPathLen  = 4096
+	maxRestarts = 1000
+	maxMarkers  = 16
 )
+
+func derefInt(p *int) int {
+	if p == nil {
+		return 0
+	}
+	return *p
+}
 
 // ValidateNodeName checks a node name with the same rule as job names, so
 // that names are safe in etcd keys, file paths and log fields.
@@ -182,6 +191,27 @@ func (s *Spec) Validate() error {
 				add(fmt.Sprintf("launcher.extra_args[%d]", i), quote(a), "is set by the rdzv agent from the rendezvous and cannot be given")
 			}
 		}
+	}
+
+	if r := s.Restart.MaxRestarts; r == nil || *r < 0 || *r > maxRestarts {
+		add("restart.max_restarts", fmt.Sprint(derefInt(r)), fmt.Sprintf("must be between 0 and %d", maxRestarts))
+	}
+	if b := s.Restart.Backoff.Initial; b == nil || b.Duration < 0 {
+		add("restart.backoff.initial", durString(b), "must be 0s or a positive duration")
+	}
+	if b := s.Restart.Backoff.Max; b == nil || s.Restart.Backoff.Initial == nil || b.Duration < s.Restart.Backoff.Initial.Duration {
+		add("restart.backoff.max", durString(b), "must be at least restart.backoff.initial")
+	}
+	if len(s.Checkpoint.Markers) > maxMarkers {
+		add("checkpoint.markers", fmt.Sprint(len(s.Checkpoint.Markers)), fmt.Sprintf("at most %d markers are allowed", maxMarkers))
+	}
+	for i, m := range s.Checkpoint.Markers {
+		if m == "" || m == "." || m == ".." || strings.ContainsAny(m, "/\x00") || len(m) > 255 {
+			add(fmt.Sprintf("checkpoint.markers[%d]", i), quote(m), "must be a plain file name")
+		}
+	}
+	if p := s.Health.ProgressTimeout; p == nil || p.Duration < 0 {
+		add("health.progress_timeout", durString(p), "must be 0s (off) or a positive duration")
 	}
 
 	if len(errs) == 0 {

@@ -9,6 +9,7 @@ package rdzvv1
 import (
 	protoreflect "google.golang.org/protobuf/reflect/protoreflect"
 	protoimpl "google.golang.org/protobuf/runtime/protoimpl"
+	timestamppb "google.golang.org/protobuf/types/known/timestamppb"
 	reflect "reflect"
 	sync "sync"
 	unsafe "unsafe"
@@ -30,6 +31,8 @@ type ConnectRequest struct {
 	//	*ConnectRequest_WorkerStatus
 	//	*ConnectRequest_PortProbeResult
 	//	*ConnectRequest_LogChunk
+	//	*ConnectRequest_Progress
+	//	*ConnectRequest_Checkpoint
 	Msg           isConnectRequest_Msg `protobuf_oneof:"msg"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -117,6 +120,24 @@ func (x *ConnectRequest) GetLogChunk() *LogChunk {
 	return nil
 }
 
+func (x *ConnectRequest) GetProgress() *Progress {
+	if x != nil {
+		if x, ok := x.Msg.(*ConnectRequest_Progress); ok {
+			return x.Progress
+		}
+	}
+	return nil
+}
+
+func (x *ConnectRequest) GetCheckpoint() *CheckpointReport {
+	if x != nil {
+		if x, ok := x.Msg.(*ConnectRequest_Checkpoint); ok {
+			return x.Checkpoint
+		}
+	}
+	return nil
+}
+
 type isConnectRequest_Msg interface {
 	isConnectRequest_Msg()
 }
@@ -141,6 +162,14 @@ type ConnectRequest_LogChunk struct {
 	LogChunk *LogChunk `protobuf:"bytes,5,opt,name=log_chunk,json=logChunk,proto3,oneof"`
 }
 
+type ConnectRequest_Progress struct {
+	Progress *Progress `protobuf:"bytes,6,opt,name=progress,proto3,oneof"`
+}
+
+type ConnectRequest_Checkpoint struct {
+	Checkpoint *CheckpointReport `protobuf:"bytes,7,opt,name=checkpoint,proto3,oneof"`
+}
+
 func (*ConnectRequest_Register) isConnectRequest_Msg() {}
 
 func (*ConnectRequest_Heartbeat) isConnectRequest_Msg() {}
@@ -150,6 +179,10 @@ func (*ConnectRequest_WorkerStatus) isConnectRequest_Msg() {}
 func (*ConnectRequest_PortProbeResult) isConnectRequest_Msg() {}
 
 func (*ConnectRequest_LogChunk) isConnectRequest_Msg() {}
+
+func (*ConnectRequest_Progress) isConnectRequest_Msg() {}
+
+func (*ConnectRequest_Checkpoint) isConnectRequest_Msg() {}
 
 type ConnectResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -355,8 +388,11 @@ type Registered struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// How often the controller expects a heartbeat, in milliseconds.
 	HeartbeatIntervalMs uint32 `protobuf:"varint,1,opt,name=heartbeat_interval_ms,json=heartbeatIntervalMs,proto3" json:"heartbeat_interval_ms,omitempty"`
-	unknownFields       protoimpl.UnknownFields
-	sizeCache           protoimpl.SizeCache
+	// How long the controller waits for a heartbeat before it declares the
+	// node lost and moves its job on.
+	HeartbeatTimeoutMs uint32 `protobuf:"varint,2,opt,name=heartbeat_timeout_ms,json=heartbeatTimeoutMs,proto3" json:"heartbeat_timeout_ms,omitempty"`
+	unknownFields      protoimpl.UnknownFields
+	sizeCache          protoimpl.SizeCache
 }
 
 func (x *Registered) Reset() {
@@ -392,6 +428,13 @@ func (*Registered) Descriptor() ([]byte, []int) {
 func (x *Registered) GetHeartbeatIntervalMs() uint32 {
 	if x != nil {
 		return x.HeartbeatIntervalMs
+	}
+	return 0
+}
+
+func (x *Registered) GetHeartbeatTimeoutMs() uint32 {
+	if x != nil {
+		return x.HeartbeatTimeoutMs
 	}
 	return 0
 }
@@ -441,13 +484,15 @@ func (x *Heartbeat) GetSeq() uint64 {
 }
 
 type WorkerStatus struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Job           string                 `protobuf:"bytes,1,opt,name=job,proto3" json:"job,omitempty"`
-	Generation    uint64                 `protobuf:"varint,2,opt,name=generation,proto3" json:"generation,omitempty"`
-	State         WorkerState            `protobuf:"varint,3,opt,name=state,proto3,enum=rdzv.v1.WorkerState" json:"state,omitempty"`
-	ExitCode      int32                  `protobuf:"varint,4,opt,name=exit_code,json=exitCode,proto3" json:"exit_code,omitempty"`
-	Signal        string                 `protobuf:"bytes,5,opt,name=signal,proto3" json:"signal,omitempty"`
-	Message       string                 `protobuf:"bytes,6,opt,name=message,proto3" json:"message,omitempty"`
+	state      protoimpl.MessageState `protogen:"open.v1"`
+	Job        string                 `protobuf:"bytes,1,opt,name=job,proto3" json:"job,omitempty"`
+	Generation uint64                 `protobuf:"varint,2,opt,name=generation,proto3" json:"generation,omitempty"`
+	State      WorkerState            `protobuf:"varint,3,opt,name=state,proto3,enum=rdzv.v1.WorkerState" json:"state,omitempty"`
+	ExitCode   int32                  `protobuf:"varint,4,opt,name=exit_code,json=exitCode,proto3" json:"exit_code,omitempty"`
+	Signal     string                 `protobuf:"bytes,5,opt,name=signal,proto3" json:"signal,omitempty"`
+	Message    string                 `protobuf:"bytes,6,opt,name=message,proto3" json:"message,omitempty"`
+	// When the agent saw the workers exit, for detection latency.
+	ExitedAt      *timestamppb.Timestamp `protobuf:"bytes,7,opt,name=exited_at,json=exitedAt,proto3" json:"exited_at,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -524,6 +569,161 @@ func (x *WorkerStatus) GetMessage() string {
 	return ""
 }
 
+func (x *WorkerStatus) GetExitedAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.ExitedAt
+	}
+	return nil
+}
+
+// Progress is the newest training step the workers reported; the agent sends
+// it at most once per heartbeat interval, and only when it changed.
+type Progress struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Job           string                 `protobuf:"bytes,1,opt,name=job,proto3" json:"job,omitempty"`
+	Generation    uint64                 `protobuf:"varint,2,opt,name=generation,proto3" json:"generation,omitempty"`
+	Step          uint64                 `protobuf:"varint,3,opt,name=step,proto3" json:"step,omitempty"`
+	At            *timestamppb.Timestamp `protobuf:"bytes,4,opt,name=at,proto3" json:"at,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Progress) Reset() {
+	*x = Progress{}
+	mi := &file_rdzv_v1_agent_service_proto_msgTypes[6]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Progress) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Progress) ProtoMessage() {}
+
+func (x *Progress) ProtoReflect() protoreflect.Message {
+	mi := &file_rdzv_v1_agent_service_proto_msgTypes[6]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Progress.ProtoReflect.Descriptor instead.
+func (*Progress) Descriptor() ([]byte, []int) {
+	return file_rdzv_v1_agent_service_proto_rawDescGZIP(), []int{6}
+}
+
+func (x *Progress) GetJob() string {
+	if x != nil {
+		return x.Job
+	}
+	return ""
+}
+
+func (x *Progress) GetGeneration() uint64 {
+	if x != nil {
+		return x.Generation
+	}
+	return 0
+}
+
+func (x *Progress) GetStep() uint64 {
+	if x != nil {
+		return x.Step
+	}
+	return 0
+}
+
+func (x *Progress) GetAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.At
+	}
+	return nil
+}
+
+// CheckpointReport announces a complete checkpoint.
+type CheckpointReport struct {
+	state      protoimpl.MessageState `protogen:"open.v1"`
+	Job        string                 `protobuf:"bytes,1,opt,name=job,proto3" json:"job,omitempty"`
+	Generation uint64                 `protobuf:"varint,2,opt,name=generation,proto3" json:"generation,omitempty"`
+	Step       uint64                 `protobuf:"varint,3,opt,name=step,proto3" json:"step,omitempty"`
+	Path       string                 `protobuf:"bytes,4,opt,name=path,proto3" json:"path,omitempty"`
+	// "helper" or "scan", as in Checkpoint.source.
+	Source        string `protobuf:"bytes,5,opt,name=source,proto3" json:"source,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CheckpointReport) Reset() {
+	*x = CheckpointReport{}
+	mi := &file_rdzv_v1_agent_service_proto_msgTypes[7]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CheckpointReport) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CheckpointReport) ProtoMessage() {}
+
+func (x *CheckpointReport) ProtoReflect() protoreflect.Message {
+	mi := &file_rdzv_v1_agent_service_proto_msgTypes[7]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CheckpointReport.ProtoReflect.Descriptor instead.
+func (*CheckpointReport) Descriptor() ([]byte, []int) {
+	return file_rdzv_v1_agent_service_proto_rawDescGZIP(), []int{7}
+}
+
+func (x *CheckpointReport) GetJob() string {
+	if x != nil {
+		return x.Job
+	}
+	return ""
+}
+
+func (x *CheckpointReport) GetGeneration() uint64 {
+	if x != nil {
+		return x.Generation
+	}
+	return 0
+}
+
+func (x *CheckpointReport) GetStep() uint64 {
+	if x != nil {
+		return x.Step
+	}
+	return 0
+}
+
+func (x *CheckpointReport) GetPath() string {
+	if x != nil {
+		return x.Path
+	}
+	return ""
+}
+
+func (x *CheckpointReport) GetSource() string {
+	if x != nil {
+		return x.Source
+	}
+	return ""
+}
+
 type StopWorkers struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Job           string                 `protobuf:"bytes,1,opt,name=job,proto3" json:"job,omitempty"`
@@ -535,7 +735,7 @@ type StopWorkers struct {
 
 func (x *StopWorkers) Reset() {
 	*x = StopWorkers{}
-	mi := &file_rdzv_v1_agent_service_proto_msgTypes[6]
+	mi := &file_rdzv_v1_agent_service_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -547,7 +747,7 @@ func (x *StopWorkers) String() string {
 func (*StopWorkers) ProtoMessage() {}
 
 func (x *StopWorkers) ProtoReflect() protoreflect.Message {
-	mi := &file_rdzv_v1_agent_service_proto_msgTypes[6]
+	mi := &file_rdzv_v1_agent_service_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -560,7 +760,7 @@ func (x *StopWorkers) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StopWorkers.ProtoReflect.Descriptor instead.
 func (*StopWorkers) Descriptor() ([]byte, []int) {
-	return file_rdzv_v1_agent_service_proto_rawDescGZIP(), []int{6}
+	return file_rdzv_v1_agent_service_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *StopWorkers) GetJob() string {
@@ -597,7 +797,7 @@ type PortProbe struct {
 
 func (x *PortProbe) Reset() {
 	*x = PortProbe{}
-	mi := &file_rdzv_v1_agent_service_proto_msgTypes[7]
+	mi := &file_rdzv_v1_agent_service_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -609,7 +809,7 @@ func (x *PortProbe) String() string {
 func (*PortProbe) ProtoMessage() {}
 
 func (x *PortProbe) ProtoReflect() protoreflect.Message {
-	mi := &file_rdzv_v1_agent_service_proto_msgTypes[7]
+	mi := &file_rdzv_v1_agent_service_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -622,7 +822,7 @@ func (x *PortProbe) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PortProbe.ProtoReflect.Descriptor instead.
 func (*PortProbe) Descriptor() ([]byte, []int) {
-	return file_rdzv_v1_agent_service_proto_rawDescGZIP(), []int{7}
+	return file_rdzv_v1_agent_service_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *PortProbe) GetRequestId() string {
@@ -658,7 +858,7 @@ type PortProbeResult struct {
 
 func (x *PortProbeResult) Reset() {
 	*x = PortProbeResult{}
-	mi := &file_rdzv_v1_agent_service_proto_msgTypes[8]
+	mi := &file_rdzv_v1_agent_service_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -670,7 +870,7 @@ func (x *PortProbeResult) String() string {
 func (*PortProbeResult) ProtoMessage() {}
 
 func (x *PortProbeResult) ProtoReflect() protoreflect.Message {
-	mi := &file_rdzv_v1_agent_service_proto_msgTypes[8]
+	mi := &file_rdzv_v1_agent_service_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -683,7 +883,7 @@ func (x *PortProbeResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PortProbeResult.ProtoReflect.Descriptor instead.
 func (*PortProbeResult) Descriptor() ([]byte, []int) {
-	return file_rdzv_v1_agent_service_proto_rawDescGZIP(), []int{8}
+	return file_rdzv_v1_agent_service_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *PortProbeResult) GetRequestId() string {
@@ -720,7 +920,7 @@ type LogTail struct {
 
 func (x *LogTail) Reset() {
 	*x = LogTail{}
-	mi := &file_rdzv_v1_agent_service_proto_msgTypes[9]
+	mi := &file_rdzv_v1_agent_service_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -732,7 +932,7 @@ func (x *LogTail) String() string {
 func (*LogTail) ProtoMessage() {}
 
 func (x *LogTail) ProtoReflect() protoreflect.Message {
-	mi := &file_rdzv_v1_agent_service_proto_msgTypes[9]
+	mi := &file_rdzv_v1_agent_service_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -745,7 +945,7 @@ func (x *LogTail) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LogTail.ProtoReflect.Descriptor instead.
 func (*LogTail) Descriptor() ([]byte, []int) {
-	return file_rdzv_v1_agent_service_proto_rawDescGZIP(), []int{9}
+	return file_rdzv_v1_agent_service_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *LogTail) GetRequestId() string {
@@ -785,7 +985,7 @@ type LogCancel struct {
 
 func (x *LogCancel) Reset() {
 	*x = LogCancel{}
-	mi := &file_rdzv_v1_agent_service_proto_msgTypes[10]
+	mi := &file_rdzv_v1_agent_service_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -797,7 +997,7 @@ func (x *LogCancel) String() string {
 func (*LogCancel) ProtoMessage() {}
 
 func (x *LogCancel) ProtoReflect() protoreflect.Message {
-	mi := &file_rdzv_v1_agent_service_proto_msgTypes[10]
+	mi := &file_rdzv_v1_agent_service_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -810,7 +1010,7 @@ func (x *LogCancel) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LogCancel.ProtoReflect.Descriptor instead.
 func (*LogCancel) Descriptor() ([]byte, []int) {
-	return file_rdzv_v1_agent_service_proto_rawDescGZIP(), []int{10}
+	return file_rdzv_v1_agent_service_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *LogCancel) GetRequestId() string {
@@ -833,7 +1033,7 @@ type LogChunk struct {
 
 func (x *LogChunk) Reset() {
 	*x = LogChunk{}
-	mi := &file_rdzv_v1_agent_service_proto_msgTypes[11]
+	mi := &file_rdzv_v1_agent_service_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -845,7 +1045,7 @@ func (x *LogChunk) String() string {
 func (*LogChunk) ProtoMessage() {}
 
 func (x *LogChunk) ProtoReflect() protoreflect.Message {
-	mi := &file_rdzv_v1_agent_service_proto_msgTypes[11]
+	mi := &file_rdzv_v1_agent_service_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -858,7 +1058,7 @@ func (x *LogChunk) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LogChunk.ProtoReflect.Descriptor instead.
 func (*LogChunk) Descriptor() ([]byte, []int) {
-	return file_rdzv_v1_agent_service_proto_rawDescGZIP(), []int{11}
+	return file_rdzv_v1_agent_service_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *LogChunk) GetRequestId() string {
@@ -893,13 +1093,17 @@ var File_rdzv_v1_agent_service_proto protoreflect.FileDescriptor
 
 const file_rdzv_v1_agent_service_proto_rawDesc = "" +
 	"\n" +
-	"\x1brdzv/v1/agent_service.proto\x12\ardzv.v1\x1a\x11rdzv/v1/job.proto\x1a\x12rdzv/v1/node.proto\"\xb4\x02\n" +
+	"\x1brdzv/v1/agent_service.proto\x12\ardzv.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x11rdzv/v1/job.proto\x1a\x12rdzv/v1/node.proto\"\xa2\x03\n" +
 	"\x0eConnectRequest\x12/\n" +
 	"\bregister\x18\x01 \x01(\v2\x11.rdzv.v1.RegisterH\x00R\bregister\x122\n" +
 	"\theartbeat\x18\x02 \x01(\v2\x12.rdzv.v1.HeartbeatH\x00R\theartbeat\x12<\n" +
 	"\rworker_status\x18\x03 \x01(\v2\x15.rdzv.v1.WorkerStatusH\x00R\fworkerStatus\x12F\n" +
 	"\x11port_probe_result\x18\x04 \x01(\v2\x18.rdzv.v1.PortProbeResultH\x00R\x0fportProbeResult\x120\n" +
-	"\tlog_chunk\x18\x05 \x01(\v2\x11.rdzv.v1.LogChunkH\x00R\blogChunkB\x05\n" +
+	"\tlog_chunk\x18\x05 \x01(\v2\x11.rdzv.v1.LogChunkH\x00R\blogChunk\x12/\n" +
+	"\bprogress\x18\x06 \x01(\v2\x11.rdzv.v1.ProgressH\x00R\bprogress\x12;\n" +
+	"\n" +
+	"checkpoint\x18\a \x01(\v2\x19.rdzv.v1.CheckpointReportH\x00R\n" +
+	"checkpointB\x05\n" +
 	"\x03msg\"\xda\x02\n" +
 	"\x0fConnectResponse\x125\n" +
 	"\n" +
@@ -917,12 +1121,13 @@ const file_rdzv_v1_agent_service_proto_rawDesc = "" +
 	"\x03msg\"b\n" +
 	"\bRegister\x12%\n" +
 	"\x04node\x18\x01 \x01(\v2\x11.rdzv.v1.NodeInfoR\x04node\x12/\n" +
-	"\aworkers\x18\x02 \x03(\v2\x15.rdzv.v1.WorkerStatusR\aworkers\"@\n" +
+	"\aworkers\x18\x02 \x03(\v2\x15.rdzv.v1.WorkerStatusR\aworkers\"r\n" +
 	"\n" +
 	"Registered\x122\n" +
-	"\x15heartbeat_interval_ms\x18\x01 \x01(\rR\x13heartbeatIntervalMs\"\x1d\n" +
+	"\x15heartbeat_interval_ms\x18\x01 \x01(\rR\x13heartbeatIntervalMs\x120\n" +
+	"\x14heartbeat_timeout_ms\x18\x02 \x01(\rR\x12heartbeatTimeoutMs\"\x1d\n" +
 	"\tHeartbeat\x12\x10\n" +
-	"\x03seq\x18\x01 \x01(\x04R\x03seq\"\xbb\x01\n" +
+	"\x03seq\x18\x01 \x01(\x04R\x03seq\"\xf4\x01\n" +
 	"\fWorkerStatus\x12\x10\n" +
 	"\x03job\x18\x01 \x01(\tR\x03job\x12\x1e\n" +
 	"\n" +
@@ -931,7 +1136,23 @@ const file_rdzv_v1_agent_service_proto_rawDesc = "" +
 	"\x05state\x18\x03 \x01(\x0e2\x14.rdzv.v1.WorkerStateR\x05state\x12\x1b\n" +
 	"\texit_code\x18\x04 \x01(\x05R\bexitCode\x12\x16\n" +
 	"\x06signal\x18\x05 \x01(\tR\x06signal\x12\x18\n" +
-	"\amessage\x18\x06 \x01(\tR\amessage\"W\n" +
+	"\amessage\x18\x06 \x01(\tR\amessage\x127\n" +
+	"\texited_at\x18\a \x01(\v2\x1a.google.protobuf.TimestampR\bexitedAt\"|\n" +
+	"\bProgress\x12\x10\n" +
+	"\x03job\x18\x01 \x01(\tR\x03job\x12\x1e\n" +
+	"\n" +
+	"generation\x18\x02 \x01(\x04R\n" +
+	"generation\x12\x12\n" +
+	"\x04step\x18\x03 \x01(\x04R\x04step\x12*\n" +
+	"\x02at\x18\x04 \x01(\v2\x1a.google.protobuf.TimestampR\x02at\"\x84\x01\n" +
+	"\x10CheckpointReport\x12\x10\n" +
+	"\x03job\x18\x01 \x01(\tR\x03job\x12\x1e\n" +
+	"\n" +
+	"generation\x18\x02 \x01(\x04R\n" +
+	"generation\x12\x12\n" +
+	"\x04step\x18\x03 \x01(\x04R\x04step\x12\x12\n" +
+	"\x04path\x18\x04 \x01(\tR\x04path\x12\x16\n" +
+	"\x06source\x18\x05 \x01(\tR\x06source\"W\n" +
 	"\vStopWorkers\x12\x10\n" +
 	"\x03job\x18\x01 \x01(\tR\x03job\x12\x1e\n" +
 	"\n" +
@@ -980,46 +1201,53 @@ func file_rdzv_v1_agent_service_proto_rawDescGZIP() []byte {
 	return file_rdzv_v1_agent_service_proto_rawDescData
 }
 
-var file_rdzv_v1_agent_service_proto_msgTypes = make([]protoimpl.MessageInfo, 12)
+var file_rdzv_v1_agent_service_proto_msgTypes = make([]protoimpl.MessageInfo, 14)
 var file_rdzv_v1_agent_service_proto_goTypes = []any{
-	(*ConnectRequest)(nil),  // 0: rdzv.v1.ConnectRequest
-	(*ConnectResponse)(nil), // 1: rdzv.v1.ConnectResponse
-	(*Register)(nil),        // 2: rdzv.v1.Register
-	(*Registered)(nil),      // 3: rdzv.v1.Registered
-	(*Heartbeat)(nil),       // 4: rdzv.v1.Heartbeat
-	(*WorkerStatus)(nil),    // 5: rdzv.v1.WorkerStatus
-	(*StopWorkers)(nil),     // 6: rdzv.v1.StopWorkers
-	(*PortProbe)(nil),       // 7: rdzv.v1.PortProbe
-	(*PortProbeResult)(nil), // 8: rdzv.v1.PortProbeResult
-	(*LogTail)(nil),         // 9: rdzv.v1.LogTail
-	(*LogCancel)(nil),       // 10: rdzv.v1.LogCancel
-	(*LogChunk)(nil),        // 11: rdzv.v1.LogChunk
-	(*Assignment)(nil),      // 12: rdzv.v1.Assignment
-	(*NodeInfo)(nil),        // 13: rdzv.v1.NodeInfo
-	(WorkerState)(0),        // 14: rdzv.v1.WorkerState
+	(*ConnectRequest)(nil),        // 0: rdzv.v1.ConnectRequest
+	(*ConnectResponse)(nil),       // 1: rdzv.v1.ConnectResponse
+	(*Register)(nil),              // 2: rdzv.v1.Register
+	(*Registered)(nil),            // 3: rdzv.v1.Registered
+	(*Heartbeat)(nil),             // 4: rdzv.v1.Heartbeat
+	(*WorkerStatus)(nil),          // 5: rdzv.v1.WorkerStatus
+	(*Progress)(nil),              // 6: rdzv.v1.Progress
+	(*CheckpointReport)(nil),      // 7: rdzv.v1.CheckpointReport
+	(*StopWorkers)(nil),           // 8: rdzv.v1.StopWorkers
+	(*PortProbe)(nil),             // 9: rdzv.v1.PortProbe
+	(*PortProbeResult)(nil),       // 10: rdzv.v1.PortProbeResult
+	(*LogTail)(nil),               // 11: rdzv.v1.LogTail
+	(*LogCancel)(nil),             // 12: rdzv.v1.LogCancel
+	(*LogChunk)(nil),              // 13: rdzv.v1.LogChunk
+	(*Assignment)(nil),            // 14: rdzv.v1.Assignment
+	(*NodeInfo)(nil),              // 15: rdzv.v1.NodeInfo
+	(WorkerState)(0),              // 16: rdzv.v1.WorkerState
+	(*timestamppb.Timestamp)(nil), // 17: google.protobuf.Timestamp
 }
 var file_rdzv_v1_agent_service_proto_depIdxs = []int32{
 	2,  // 0: rdzv.v1.ConnectRequest.register:type_name -> rdzv.v1.Register
 	4,  // 1: rdzv.v1.ConnectRequest.heartbeat:type_name -> rdzv.v1.Heartbeat
 	5,  // 2: rdzv.v1.ConnectRequest.worker_status:type_name -> rdzv.v1.WorkerStatus
-	8,  // 3: rdzv.v1.ConnectRequest.port_probe_result:type_name -> rdzv.v1.PortProbeResult
-	11, // 4: rdzv.v1.ConnectRequest.log_chunk:type_name -> rdzv.v1.LogChunk
-	3,  // 5: rdzv.v1.ConnectResponse.registered:type_name -> rdzv.v1.Registered
-	12, // 6: rdzv.v1.ConnectResponse.assignment:type_name -> rdzv.v1.Assignment
-	6,  // 7: rdzv.v1.ConnectResponse.stop_workers:type_name -> rdzv.v1.StopWorkers
-	7,  // 8: rdzv.v1.ConnectResponse.port_probe:type_name -> rdzv.v1.PortProbe
-	9,  // 9: rdzv.v1.ConnectResponse.log_tail:type_name -> rdzv.v1.LogTail
-	10, // 10: rdzv.v1.ConnectResponse.log_cancel:type_name -> rdzv.v1.LogCancel
-	13, // 11: rdzv.v1.Register.node:type_name -> rdzv.v1.NodeInfo
-	5,  // 12: rdzv.v1.Register.workers:type_name -> rdzv.v1.WorkerStatus
-	14, // 13: rdzv.v1.WorkerStatus.state:type_name -> rdzv.v1.WorkerState
-	0,  // 14: rdzv.v1.AgentService.Connect:input_type -> rdzv.v1.ConnectRequest
-	1,  // 15: rdzv.v1.AgentService.Connect:output_type -> rdzv.v1.ConnectResponse
-	15, // [15:16] is the sub-list for method output_type
-	14, // [14:15] is the sub-list for method input_type
-	14, // [14:14] is the sub-list for extension type_name
-	14, // [14:14] is the sub-list for extension extendee
-	0,  // [0:14] is the sub-list for field type_name
+	10, // 3: rdzv.v1.ConnectRequest.port_probe_result:type_name -> rdzv.v1.PortProbeResult
+	13, // 4: rdzv.v1.ConnectRequest.log_chunk:type_name -> rdzv.v1.LogChunk
+	6,  // 5: rdzv.v1.ConnectRequest.progress:type_name -> rdzv.v1.Progress
+	7,  // 6: rdzv.v1.ConnectRequest.checkpoint:type_name -> rdzv.v1.CheckpointReport
+	3,  // 7: rdzv.v1.ConnectResponse.registered:type_name -> rdzv.v1.Registered
+	14, // 8: rdzv.v1.ConnectResponse.assignment:type_name -> rdzv.v1.Assignment
+	8,  // 9: rdzv.v1.ConnectResponse.stop_workers:type_name -> rdzv.v1.StopWorkers
+	9,  // 10: rdzv.v1.ConnectResponse.port_probe:type_name -> rdzv.v1.PortProbe
+	11, // 11: rdzv.v1.ConnectResponse.log_tail:type_name -> rdzv.v1.LogTail
+	12, // 12: rdzv.v1.ConnectResponse.log_cancel:type_name -> rdzv.v1.LogCancel
+	15, // 13: rdzv.v1.Register.node:type_name -> rdzv.v1.NodeInfo
+	5,  // 14: rdzv.v1.Register.workers:type_name -> rdzv.v1.WorkerStatus
+	16, // 15: rdzv.v1.WorkerStatus.state:type_name -> rdzv.v1.WorkerState
+	17, // 16: rdzv.v1.WorkerStatus.exited_at:type_name -> google.protobuf.Timestamp
+	17, // 17: rdzv.v1.Progress.at:type_name -> google.protobuf.Timestamp
+	0,  // 18: rdzv.v1.AgentService.Connect:input_type -> rdzv.v1.ConnectRequest
+	1,  // 19: rdzv.v1.AgentService.Connect:output_type -> rdzv.v1.ConnectResponse
+	19, // [19:20] is the sub-list for method output_type
+	18, // [18:19] is the sub-list for method input_type
+	18, // [18:18] is the sub-list for extension type_name
+	18, // [18:18] is the sub-list for extension extendee
+	0,  // [0:18] is the sub-list for field type_name
 }
 
 func init() { file_rdzv_v1_agent_service_proto_init() }
@@ -1035,6 +1263,8 @@ func file_rdzv_v1_agent_service_proto_init() {
 		(*ConnectRequest_WorkerStatus)(nil),
 		(*ConnectRequest_PortProbeResult)(nil),
 		(*ConnectRequest_LogChunk)(nil),
+		(*ConnectRequest_Progress)(nil),
+		(*ConnectRequest_Checkpoint)(nil),
 	}
 	file_rdzv_v1_agent_service_proto_msgTypes[1].OneofWrappers = []any{
 		(*ConnectResponse_Registered)(nil),
@@ -1050,7 +1280,7 @@ func file_rdzv_v1_agent_service_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_rdzv_v1_agent_service_proto_rawDesc), len(file_rdzv_v1_agent_service_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   12,
+			NumMessages:   14,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -35,6 +35,9 @@ const (
 	JobState_JOB_STATE_SUCCEEDED JobState = 4
 	JobState_JOB_STATE_FAILED    JobState = 5
 	JobState_JOB_STATE_STOPPED   JobState = 6
+	// An attempt failed: its workers are being stopped everywhere, then the
+	// job waits out its backoff and re-rendezvouses on healthy nodes.
+	JobState_JOB_STATE_RECOVERING JobState = 7
 )
 
 // Enum value maps for JobState.
@@ -47,6 +50,7 @@ var (
 		4: "JOB_STATE_SUCCEEDED",
 		5: "JOB_STATE_FAILED",
 		6: "JOB_STATE_STOPPED",
+		7: "JOB_STATE_RECOVERING",
 	}
 	JobState_value = map[string]int32{
 		"JOB_STATE_UNSPECIFIED": 0,
@@ -56,6 +60,7 @@ var (
 		"JOB_STATE_SUCCEEDED":   4,
 		"JOB_STATE_FAILED":      5,
 		"JOB_STATE_STOPPED":     6,
+		"JOB_STATE_RECOVERING":  7,
 	}
 )
 
@@ -163,8 +168,17 @@ type JobSpec struct {
 	RendezvousTimeout  *durationpb.Duration   `protobuf:"bytes,12,opt,name=rendezvous_timeout,json=rendezvousTimeout,proto3" json:"rendezvous_timeout,omitempty"`
 	LauncherTorchrun   string                 `protobuf:"bytes,13,opt,name=launcher_torchrun,json=launcherTorchrun,proto3" json:"launcher_torchrun,omitempty"`
 	LauncherExtraArgs  []string               `protobuf:"bytes,14,rep,name=launcher_extra_args,json=launcherExtraArgs,proto3" json:"launcher_extra_args,omitempty"`
-	unknownFields      protoimpl.UnknownFields
-	sizeCache          protoimpl.SizeCache
+	// How often a failed attempt is restarted before the job fails.
+	RestartMaxRestarts uint32 `protobuf:"varint,15,opt,name=restart_max_restarts,json=restartMaxRestarts,proto3" json:"restart_max_restarts,omitempty"`
+	// Wait before a restart: doubles per consecutive failure, capped.
+	RestartBackoffInitial *durationpb.Duration `protobuf:"bytes,16,opt,name=restart_backoff_initial,json=restartBackoffInitial,proto3" json:"restart_backoff_initial,omitempty"`
+	RestartBackoffMax     *durationpb.Duration `protobuf:"bytes,17,opt,name=restart_backoff_max,json=restartBackoffMax,proto3" json:"restart_backoff_max,omitempty"`
+	// File names whose presence in a step directory marks it complete.
+	CheckpointMarkers []string `protobuf:"bytes,18,rep,name=checkpoint_markers,json=checkpointMarkers,proto3" json:"checkpoint_markers,omitempty"`
+	// No reported training step for this long counts as a hang; zero is off.
+	HealthProgressTimeout *durationpb.Duration `protobuf:"bytes,19,opt,name=health_progress_timeout,json=healthProgressTimeout,proto3" json:"health_progress_timeout,omitempty"`
+	unknownFields         protoimpl.UnknownFields
+	sizeCache             protoimpl.SizeCache
 }
 
 func (x *JobSpec) Reset() {
@@ -295,6 +309,41 @@ func (x *JobSpec) GetLauncherExtraArgs() []string {
 	return nil
 }
 
+func (x *JobSpec) GetRestartMaxRestarts() uint32 {
+	if x != nil {
+		return x.RestartMaxRestarts
+	}
+	return 0
+}
+
+func (x *JobSpec) GetRestartBackoffInitial() *durationpb.Duration {
+	if x != nil {
+		return x.RestartBackoffInitial
+	}
+	return nil
+}
+
+func (x *JobSpec) GetRestartBackoffMax() *durationpb.Duration {
+	if x != nil {
+		return x.RestartBackoffMax
+	}
+	return nil
+}
+
+func (x *JobSpec) GetCheckpointMarkers() []string {
+	if x != nil {
+		return x.CheckpointMarkers
+	}
+	return nil
+}
+
+func (x *JobSpec) GetHealthProgressTimeout() *durationpb.Duration {
+	if x != nil {
+		return x.HealthProgressTimeout
+	}
+	return nil
+}
+
 // NodeAssignment is one node's place in a generation of a job.
 type NodeAssignment struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
@@ -413,15 +462,32 @@ type Job struct {
 	// why a job failed.
 	Reason string `protobuf:"bytes,3,opt,name=reason,proto3" json:"reason,omitempty"`
 	// Rendezvous round; increases by one with every committed round.
-	Generation    uint64                 `protobuf:"varint,4,opt,name=generation,proto3" json:"generation,omitempty"`
-	MasterAddr    string                 `protobuf:"bytes,5,opt,name=master_addr,json=masterAddr,proto3" json:"master_addr,omitempty"`
-	MasterPort    uint32                 `protobuf:"varint,6,opt,name=master_port,json=masterPort,proto3" json:"master_port,omitempty"`
-	Assignments   []*NodeAssignment      `protobuf:"bytes,7,rep,name=assignments,proto3" json:"assignments,omitempty"`
-	CreatedAt     *timestamppb.Timestamp `protobuf:"bytes,8,opt,name=created_at,json=createdAt,proto3" json:"created_at,omitempty"`
-	StartedAt     *timestamppb.Timestamp `protobuf:"bytes,9,opt,name=started_at,json=startedAt,proto3" json:"started_at,omitempty"`
-	FinishedAt    *timestamppb.Timestamp `protobuf:"bytes,10,opt,name=finished_at,json=finishedAt,proto3" json:"finished_at,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Generation  uint64                 `protobuf:"varint,4,opt,name=generation,proto3" json:"generation,omitempty"`
+	MasterAddr  string                 `protobuf:"bytes,5,opt,name=master_addr,json=masterAddr,proto3" json:"master_addr,omitempty"`
+	MasterPort  uint32                 `protobuf:"varint,6,opt,name=master_port,json=masterPort,proto3" json:"master_port,omitempty"`
+	Assignments []*NodeAssignment      `protobuf:"bytes,7,rep,name=assignments,proto3" json:"assignments,omitempty"`
+	CreatedAt   *timestamppb.Timestamp `protobuf:"bytes,8,opt,name=created_at,json=createdAt,proto3" json:"created_at,omitempty"`
+	StartedAt   *timestamppb.Timestamp `protobuf:"bytes,9,opt,name=started_at,json=startedAt,proto3" json:"started_at,omitempty"`
+	FinishedAt  *timestamppb.Timestamp `protobuf:"bytes,10,opt,name=finished_at,json=finishedAt,proto3" json:"finished_at,omitempty"`
+	// Restarts so far, and consecutive ones without training progress.
+	Restarts                uint32 `protobuf:"varint,11,opt,name=restarts,proto3" json:"restarts,omitempty"`
+	RestartsWithoutProgress uint32 `protobuf:"varint,12,opt,name=restarts_without_progress,json=restartsWithoutProgress,proto3" json:"restarts_without_progress,omitempty"`
+	// Newest complete checkpoint; the next generation resumes from it.
+	LatestCheckpoint *Checkpoint `protobuf:"bytes,13,opt,name=latest_checkpoint,json=latestCheckpoint,proto3" json:"latest_checkpoint,omitempty"`
+	// Highest training step reported in the current generation, and when it
+	// last advanced. Kept in memory: step reports are never written to etcd.
+	Step       uint64                 `protobuf:"varint,14,opt,name=step,proto3" json:"step,omitempty"`
+	ProgressAt *timestamppb.Timestamp `protobuf:"bytes,15,opt,name=progress_at,json=progressAt,proto3" json:"progress_at,omitempty"`
+	// Wall time spent training vs. recovering (failure detected until the next
+	// generation runs), for the effective training time ratio.
+	TrainingTime *durationpb.Duration `protobuf:"bytes,16,opt,name=training_time,json=trainingTime,proto3" json:"training_time,omitempty"`
+	RecoveryTime *durationpb.Duration `protobuf:"bytes,17,opt,name=recovery_time,json=recoveryTime,proto3" json:"recovery_time,omitempty"`
+	// When the current recovery began; unset unless RECOVERING.
+	RecoveryStartedAt *timestamppb.Timestamp `protobuf:"bytes,18,opt,name=recovery_started_at,json=recoveryStartedAt,proto3" json:"recovery_started_at,omitempty"`
+	// Earliest time the next rendezvous may commit (restart backoff).
+	RestartNotBefore *timestamppb.Timestamp `protobuf:"bytes,19,opt,name=restart_not_before,json=restartNotBefore,proto3" json:"restart_not_before,omitempty"`
+	unknownFields    protoimpl.UnknownFields
+	sizeCache        protoimpl.SizeCache
 }
 
 func (x *Job) Reset() {
@@ -524,6 +590,156 @@ func (x *Job) GetFinishedAt() *timestamppb.Timestamp {
 	return nil
 }
 
+func (x *Job) GetRestarts() uint32 {
+	if x != nil {
+		return x.Restarts
+	}
+	return 0
+}
+
+func (x *Job) GetRestartsWithoutProgress() uint32 {
+	if x != nil {
+		return x.RestartsWithoutProgress
+	}
+	return 0
+}
+
+func (x *Job) GetLatestCheckpoint() *Checkpoint {
+	if x != nil {
+		return x.LatestCheckpoint
+	}
+	return nil
+}
+
+func (x *Job) GetStep() uint64 {
+	if x != nil {
+		return x.Step
+	}
+	return 0
+}
+
+func (x *Job) GetProgressAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.ProgressAt
+	}
+	return nil
+}
+
+func (x *Job) GetTrainingTime() *durationpb.Duration {
+	if x != nil {
+		return x.TrainingTime
+	}
+	return nil
+}
+
+func (x *Job) GetRecoveryTime() *durationpb.Duration {
+	if x != nil {
+		return x.RecoveryTime
+	}
+	return nil
+}
+
+func (x *Job) GetRecoveryStartedAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.RecoveryStartedAt
+	}
+	return nil
+}
+
+func (x *Job) GetRestartNotBefore() *timestamppb.Timestamp {
+	if x != nil {
+		return x.RestartNotBefore
+	}
+	return nil
+}
+
+// Checkpoint is one complete checkpoint in a job's catalog.
+type Checkpoint struct {
+	state      protoimpl.MessageState `protogen:"open.v1"`
+	Step       uint64                 `protobuf:"varint,1,opt,name=step,proto3" json:"step,omitempty"`
+	Path       string                 `protobuf:"bytes,2,opt,name=path,proto3" json:"path,omitempty"`
+	Generation uint64                 `protobuf:"varint,3,opt,name=generation,proto3" json:"generation,omitempty"`
+	Node       string                 `protobuf:"bytes,4,opt,name=node,proto3" json:"node,omitempty"`
+	ReportedAt *timestamppb.Timestamp `protobuf:"bytes,5,opt,name=reported_at,json=reportedAt,proto3" json:"reported_at,omitempty"`
+	// "helper" when the training script reported it after the save returned,
+	// "scan" when the agent found it with its completion marker.
+	Source        string `protobuf:"bytes,6,opt,name=source,proto3" json:"source,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Checkpoint) Reset() {
+	*x = Checkpoint{}
+	mi := &file_rdzv_v1_job_proto_msgTypes[3]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Checkpoint) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Checkpoint) ProtoMessage() {}
+
+func (x *Checkpoint) ProtoReflect() protoreflect.Message {
+	mi := &file_rdzv_v1_job_proto_msgTypes[3]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Checkpoint.ProtoReflect.Descriptor instead.
+func (*Checkpoint) Descriptor() ([]byte, []int) {
+	return file_rdzv_v1_job_proto_rawDescGZIP(), []int{3}
+}
+
+func (x *Checkpoint) GetStep() uint64 {
+	if x != nil {
+		return x.Step
+	}
+	return 0
+}
+
+func (x *Checkpoint) GetPath() string {
+	if x != nil {
+		return x.Path
+	}
+	return ""
+}
+
+func (x *Checkpoint) GetGeneration() uint64 {
+	if x != nil {
+		return x.Generation
+	}
+	return 0
+}
+
+func (x *Checkpoint) GetNode() string {
+	if x != nil {
+		return x.Node
+	}
+	return ""
+}
+
+func (x *Checkpoint) GetReportedAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.ReportedAt
+	}
+	return nil
+}
+
+func (x *Checkpoint) GetSource() string {
+	if x != nil {
+		return x.Source
+	}
+	return ""
+}
+
 // Assignment is what an agent needs to launch its part of a job.
 type Assignment struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
@@ -542,7 +758,7 @@ type Assignment struct {
 
 func (x *Assignment) Reset() {
 	*x = Assignment{}
-	mi := &file_rdzv_v1_job_proto_msgTypes[3]
+	mi := &file_rdzv_v1_job_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -554,7 +770,7 @@ func (x *Assignment) String() string {
 func (*Assignment) ProtoMessage() {}
 
 func (x *Assignment) ProtoReflect() protoreflect.Message {
-	mi := &file_rdzv_v1_job_proto_msgTypes[3]
+	mi := &file_rdzv_v1_job_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -567,7 +783,7 @@ func (x *Assignment) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Assignment.ProtoReflect.Descriptor instead.
 func (*Assignment) Descriptor() ([]byte, []int) {
-	return file_rdzv_v1_job_proto_rawDescGZIP(), []int{3}
+	return file_rdzv_v1_job_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *Assignment) GetSpec() *JobSpec {
@@ -649,7 +865,7 @@ type Event struct {
 
 func (x *Event) Reset() {
 	*x = Event{}
-	mi := &file_rdzv_v1_job_proto_msgTypes[4]
+	mi := &file_rdzv_v1_job_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -661,7 +877,7 @@ func (x *Event) String() string {
 func (*Event) ProtoMessage() {}
 
 func (x *Event) ProtoReflect() protoreflect.Message {
-	mi := &file_rdzv_v1_job_proto_msgTypes[4]
+	mi := &file_rdzv_v1_job_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -674,7 +890,7 @@ func (x *Event) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Event.ProtoReflect.Descriptor instead.
 func (*Event) Descriptor() ([]byte, []int) {
-	return file_rdzv_v1_job_proto_rawDescGZIP(), []int{4}
+	return file_rdzv_v1_job_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *Event) GetTime() *timestamppb.Timestamp {
@@ -736,7 +952,7 @@ type Round struct {
 
 func (x *Round) Reset() {
 	*x = Round{}
-	mi := &file_rdzv_v1_job_proto_msgTypes[5]
+	mi := &file_rdzv_v1_job_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -748,7 +964,7 @@ func (x *Round) String() string {
 func (*Round) ProtoMessage() {}
 
 func (x *Round) ProtoReflect() protoreflect.Message {
-	mi := &file_rdzv_v1_job_proto_msgTypes[5]
+	mi := &file_rdzv_v1_job_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -761,7 +977,7 @@ func (x *Round) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Round.ProtoReflect.Descriptor instead.
 func (*Round) Descriptor() ([]byte, []int) {
-	return file_rdzv_v1_job_proto_rawDescGZIP(), []int{5}
+	return file_rdzv_v1_job_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *Round) GetJob() string {
@@ -810,7 +1026,7 @@ var File_rdzv_v1_job_proto protoreflect.FileDescriptor
 
 const file_rdzv_v1_job_proto_rawDesc = "" +
 	"\n" +
-	"\x11rdzv/v1/job.proto\x12\ardzv.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xce\x05\n" +
+	"\x11rdzv/v1/job.proto\x12\ardzv.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xa0\b\n" +
 	"\aJobSpec\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x1b\n" +
 	"\tnodes_min\x18\x02 \x01(\rR\bnodesMin\x12\x1b\n" +
@@ -826,7 +1042,12 @@ const file_rdzv_v1_job_proto_rawDesc = "" +
 	"\x14rendezvous_last_call\x18\v \x01(\v2\x19.google.protobuf.DurationR\x12rendezvousLastCall\x12H\n" +
 	"\x12rendezvous_timeout\x18\f \x01(\v2\x19.google.protobuf.DurationR\x11rendezvousTimeout\x12+\n" +
 	"\x11launcher_torchrun\x18\r \x01(\tR\x10launcherTorchrun\x12.\n" +
-	"\x13launcher_extra_args\x18\x0e \x03(\tR\x11launcherExtraArgs\x1a6\n" +
+	"\x13launcher_extra_args\x18\x0e \x03(\tR\x11launcherExtraArgs\x120\n" +
+	"\x14restart_max_restarts\x18\x0f \x01(\rR\x12restartMaxRestarts\x12Q\n" +
+	"\x17restart_backoff_initial\x18\x10 \x01(\v2\x19.google.protobuf.DurationR\x15restartBackoffInitial\x12I\n" +
+	"\x13restart_backoff_max\x18\x11 \x01(\v2\x19.google.protobuf.DurationR\x11restartBackoffMax\x12-\n" +
+	"\x12checkpoint_markers\x18\x12 \x03(\tR\x11checkpointMarkers\x12Q\n" +
+	"\x17health_progress_timeout\x18\x13 \x01(\v2\x19.google.protobuf.DurationR\x15healthProgressTimeout\x1a6\n" +
 	"\bEnvEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\x1a;\n" +
@@ -843,7 +1064,7 @@ const file_rdzv_v1_job_proto_rawDesc = "" +
 	"\x05state\x18\x06 \x01(\x0e2\x14.rdzv.v1.WorkerStateR\x05state\x12\x1b\n" +
 	"\texit_code\x18\a \x01(\x05R\bexitCode\x12\x16\n" +
 	"\x06signal\x18\b \x01(\tR\x06signal\x12\x18\n" +
-	"\amessage\x18\t \x01(\tR\amessage\"\xbc\x03\n" +
+	"\amessage\x18\t \x01(\tR\amessage\"\xbd\a\n" +
 	"\x03Job\x12$\n" +
 	"\x04spec\x18\x01 \x01(\v2\x10.rdzv.v1.JobSpecR\x04spec\x12'\n" +
 	"\x05state\x18\x02 \x01(\x0e2\x11.rdzv.v1.JobStateR\x05state\x12\x16\n" +
@@ -862,7 +1083,28 @@ const file_rdzv_v1_job_proto_rawDesc = "" +
 	"started_at\x18\t \x01(\v2\x1a.google.protobuf.TimestampR\tstartedAt\x12;\n" +
 	"\vfinished_at\x18\n" +
 	" \x01(\v2\x1a.google.protobuf.TimestampR\n" +
-	"finishedAt\"\xb1\x02\n" +
+	"finishedAt\x12\x1a\n" +
+	"\brestarts\x18\v \x01(\rR\brestarts\x12:\n" +
+	"\x19restarts_without_progress\x18\f \x01(\rR\x17restartsWithoutProgress\x12@\n" +
+	"\x11latest_checkpoint\x18\r \x01(\v2\x13.rdzv.v1.CheckpointR\x10latestCheckpoint\x12\x12\n" +
+	"\x04step\x18\x0e \x01(\x04R\x04step\x12;\n" +
+	"\vprogress_at\x18\x0f \x01(\v2\x1a.google.protobuf.TimestampR\n" +
+	"progressAt\x12>\n" +
+	"\rtraining_time\x18\x10 \x01(\v2\x19.google.protobuf.DurationR\ftrainingTime\x12>\n" +
+	"\rrecovery_time\x18\x11 \x01(\v2\x19.google.protobuf.DurationR\frecoveryTime\x12J\n" +
+	"\x13recovery_started_at\x18\x12 \x01(\v2\x1a.google.protobuf.TimestampR\x11recoveryStartedAt\x12H\n" +
+	"\x12restart_not_before\x18\x13 \x01(\v2\x1a.google.protobuf.TimestampR\x10restartNotBefore\"\xbd\x01\n" +
+	"\n" +
+	"Checkpoint\x12\x12\n" +
+	"\x04step\x18\x01 \x01(\x04R\x04step\x12\x12\n" +
+	"\x04path\x18\x02 \x01(\tR\x04path\x12\x1e\n" +
+	"\n" +
+	"generation\x18\x03 \x01(\x04R\n" +
+	"generation\x12\x12\n" +
+	"\x04node\x18\x04 \x01(\tR\x04node\x12;\n" +
+	"\vreported_at\x18\x05 \x01(\v2\x1a.google.protobuf.TimestampR\n" +
+	"reportedAt\x12\x16\n" +
+	"\x06source\x18\x06 \x01(\tR\x06source\"\xb1\x02\n" +
 	"\n" +
 	"Assignment\x12$\n" +
 	"\x04spec\x18\x01 \x01(\v2\x10.rdzv.v1.JobSpecR\x04spec\x12\x1e\n" +
@@ -899,7 +1141,7 @@ const file_rdzv_v1_job_proto_rawDesc = "" +
 	"\vmaster_port\x18\x04 \x01(\rR\n" +
 	"masterPort\x12-\n" +
 	"\x05nodes\x18\x05 \x03(\v2\x17.rdzv.v1.NodeAssignmentR\x05nodes\x12=\n" +
-	"\fcommitted_at\x18\x06 \x01(\v2\x1a.google.protobuf.TimestampR\vcommittedAt*\xb1\x01\n" +
+	"\fcommitted_at\x18\x06 \x01(\v2\x1a.google.protobuf.TimestampR\vcommittedAt*\xcb\x01\n" +
 	"\bJobState\x12\x19\n" +
 	"\x15JOB_STATE_UNSPECIFIED\x10\x00\x12\x15\n" +
 	"\x11JOB_STATE_PENDING\x10\x01\x12\x15\n" +
@@ -907,7 +1149,8 @@ const file_rdzv_v1_job_proto_rawDesc = "" +
 	"\x12JOB_STATE_STOPPING\x10\x03\x12\x17\n" +
 	"\x13JOB_STATE_SUCCEEDED\x10\x04\x12\x14\n" +
 	"\x10JOB_STATE_FAILED\x10\x05\x12\x15\n" +
-	"\x11JOB_STATE_STOPPED\x10\x06*\xaf\x01\n" +
+	"\x11JOB_STATE_STOPPED\x10\x06\x12\x18\n" +
+	"\x14JOB_STATE_RECOVERING\x10\a*\xaf\x01\n" +
 	"\vWorkerState\x12\x1c\n" +
 	"\x18WORKER_STATE_UNSPECIFIED\x10\x00\x12\x19\n" +
 	"\x15WORKER_STATE_ASSIGNED\x10\x01\x12\x18\n" +
@@ -930,42 +1173,53 @@ func file_rdzv_v1_job_proto_rawDescGZIP() []byte {
 }
 
 var file_rdzv_v1_job_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
-var file_rdzv_v1_job_proto_msgTypes = make([]protoimpl.MessageInfo, 8)
+var file_rdzv_v1_job_proto_msgTypes = make([]protoimpl.MessageInfo, 9)
 var file_rdzv_v1_job_proto_goTypes = []any{
 	(JobState)(0),                 // 0: rdzv.v1.JobState
 	(WorkerState)(0),              // 1: rdzv.v1.WorkerState
 	(*JobSpec)(nil),               // 2: rdzv.v1.JobSpec
 	(*NodeAssignment)(nil),        // 3: rdzv.v1.NodeAssignment
 	(*Job)(nil),                   // 4: rdzv.v1.Job
-	(*Assignment)(nil),            // 5: rdzv.v1.Assignment
-	(*Event)(nil),                 // 6: rdzv.v1.Event
-	(*Round)(nil),                 // 7: rdzv.v1.Round
-	nil,                           // 8: rdzv.v1.JobSpec.EnvEntry
-	nil,                           // 9: rdzv.v1.JobSpec.SelectorEntry
-	(*durationpb.Duration)(nil),   // 10: google.protobuf.Duration
-	(*timestamppb.Timestamp)(nil), // 11: google.protobuf.Timestamp
+	(*Checkpoint)(nil),            // 5: rdzv.v1.Checkpoint
+	(*Assignment)(nil),            // 6: rdzv.v1.Assignment
+	(*Event)(nil),                 // 7: rdzv.v1.Event
+	(*Round)(nil),                 // 8: rdzv.v1.Round
+	nil,                           // 9: rdzv.v1.JobSpec.EnvEntry
+	nil,                           // 10: rdzv.v1.JobSpec.SelectorEntry
+	(*durationpb.Duration)(nil),   // 11: google.protobuf.Duration
+	(*timestamppb.Timestamp)(nil), // 12: google.protobuf.Timestamp
 }
 var file_rdzv_v1_job_proto_depIdxs = []int32{
-	8,  // 0: rdzv.v1.JobSpec.env:type_name -> rdzv.v1.JobSpec.EnvEntry
-	9,  // 1: rdzv.v1.JobSpec.selector:type_name -> rdzv.v1.JobSpec.SelectorEntry
-	10, // 2: rdzv.v1.JobSpec.rendezvous_last_call:type_name -> google.protobuf.Duration
-	10, // 3: rdzv.v1.JobSpec.rendezvous_timeout:type_name -> google.protobuf.Duration
-	1,  // 4: rdzv.v1.NodeAssignment.state:type_name -> rdzv.v1.WorkerState
-	2,  // 5: rdzv.v1.Job.spec:type_name -> rdzv.v1.JobSpec
-	0,  // 6: rdzv.v1.Job.state:type_name -> rdzv.v1.JobState
-	3,  // 7: rdzv.v1.Job.assignments:type_name -> rdzv.v1.NodeAssignment
-	11, // 8: rdzv.v1.Job.created_at:type_name -> google.protobuf.Timestamp
-	11, // 9: rdzv.v1.Job.started_at:type_name -> google.protobuf.Timestamp
-	11, // 10: rdzv.v1.Job.finished_at:type_name -> google.protobuf.Timestamp
-	2,  // 11: rdzv.v1.Assignment.spec:type_name -> rdzv.v1.JobSpec
-	11, // 12: rdzv.v1.Event.time:type_name -> google.protobuf.Timestamp
-	3,  // 13: rdzv.v1.Round.nodes:type_name -> rdzv.v1.NodeAssignment
-	11, // 14: rdzv.v1.Round.committed_at:type_name -> google.protobuf.Timestamp
-	15, // [15:15] is the sub-list for method output_type
-	15, // [15:15] is the sub-list for method input_type
-	15, // [15:15] is the sub-list for extension type_name
-	15, // [15:15] is the sub-list for extension extendee
-	0,  // [0:15] is the sub-list for field type_name
+	9,  // 0: rdzv.v1.JobSpec.env:type_name -> rdzv.v1.JobSpec.EnvEntry
+	10, // 1: rdzv.v1.JobSpec.selector:type_name -> rdzv.v1.JobSpec.SelectorEntry
+	11, // 2: rdzv.v1.JobSpec.rendezvous_last_call:type_name -> google.protobuf.Duration
+	11, // 3: rdzv.v1.JobSpec.rendezvous_timeout:type_name -> google.protobuf.Duration
+	11, // 4: rdzv.v1.JobSpec.restart_backoff_initial:type_name -> google.protobuf.Duration
+	11, // 5: rdzv.v1.JobSpec.restart_backoff_max:type_name -> google.protobuf.Duration
+	11, // 6: rdzv.v1.JobSpec.health_progress_timeout:type_name -> google.protobuf.Duration
+	1,  // 7: rdzv.v1.NodeAssignment.state:type_name -> rdzv.v1.WorkerState
+	2,  // 8: rdzv.v1.Job.spec:type_name -> rdzv.v1.JobSpec
+	0,  // 9: rdzv.v1.Job.state:type_name -> rdzv.v1.JobState
+	3,  // 10: rdzv.v1.Job.assignments:type_name -> rdzv.v1.NodeAssignment
+	12, // 11: rdzv.v1.Job.created_at:type_name -> google.protobuf.Timestamp
+	12, // 12: rdzv.v1.Job.started_at:type_name -> google.protobuf.Timestamp
+	12, // 13: rdzv.v1.Job.finished_at:type_name -> google.protobuf.Timestamp
+	5,  // 14: rdzv.v1.Job.latest_checkpoint:type_name -> rdzv.v1.Checkpoint
+	12, // 15: rdzv.v1.Job.progress_at:type_name -> google.protobuf.Timestamp
+	11, // 16: rdzv.v1.Job.training_time:type_name -> google.protobuf.Duration
+	11, // 17: rdzv.v1.Job.recovery_time:type_name -> google.protobuf.Duration
+	12, // 18: rdzv.v1.Job.recovery_started_at:type_name -> google.protobuf.Timestamp
+	12, // 19: rdzv.v1.Job.restart_not_before:type_name -> google.protobuf.Timestamp
+	12, // 20: rdzv.v1.Checkpoint.reported_at:type_name -> google.protobuf.Timestamp
+	2,  // 21: rdzv.v1.Assignment.spec:type_name -> rdzv.v1.JobSpec
+	12, // 22: rdzv.v1.Event.time:type_name -> google.protobuf.Timestamp
+	3,  // 23: rdzv.v1.Round.nodes:type_name -> rdzv.v1.NodeAssignment
+	12, // 24: rdzv.v1.Round.committed_at:type_name -> google.protobuf.Timestamp
+	25, // [25:25] is the sub-list for method output_type
+	25, // [25:25] is the sub-list for method input_type
+	25, // [25:25] is the sub-list for extension type_name
+	25, // [25:25] is the sub-list for extension extendee
+	0,  // [0:25] is the sub-list for field type_name
 }
 
 func init() { file_rdzv_v1_job_proto_init() }
@@ -979,7 +1233,7 @@ func file_rdzv_v1_job_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_rdzv_v1_job_proto_rawDesc), len(file_rdzv_v1_job_proto_rawDesc)),
 			NumEnums:      2,
-			NumMessages:   8,
+			NumMessages:   9,
 			NumExtensions: 0,
 			NumServices:   0,
 		},
