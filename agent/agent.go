@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"net"
 	"os"
 	"time"
 
@@ -83,17 +84,28 @@ func (a *Agent) Run(ctx context.Context) error {
 	}
 	defer conn.Close()
 
-	sup := NewSupervisor(a.cfg, info.GetName(), info.GetNcclInterface(), a.spawner, log.Named("supervisor"))
+	// Loopback only: workers report from this node, and nothing else
+	// should be able to move a job's progress. The OS picks the port, so
+	// agents sharing a host cannot collide.
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return fmt.Errorf("listening for worker reports: %w", err)
+	}
+	sup := NewSupervisor(a.cfg, info.GetName(), info.GetNcclInterface(), ln.Addr().String(), a.spawner, log.Named("supervisor"))
+	reports := newReportServer(sup, log.Named("reports"))
 	sess := &agentSession{agent: a, info: info, sup: sup, client: rdzvv1.NewAgentServiceClient(conn), log: log.Named("session")}
 	// The session outlives ctx a little: on shutdown the supervisor first
 	// stops the workers, and their final status should reach the controller
 	// rather than leave it to notice a silent node.
 	sessCtx, endSession := context.WithCancel(context.WithoutCancel(ctx))
 	g, gctx := errgroup.WithContext(ctx)
+	g.Go(func() error { return reports.serve(ln) })
 	g.Go(func() error {
 		defer endSession()
 		err := sup.Run(gctx)
 		sup.drain(shutdownFlush)
+		// Only now: workers report until they are gone.
+		reports.shutdown()
 		return err
 	})
 	g.Go(func() error { sess.loop(sessCtx); return nil })
@@ -170,6 +182,9 @@ type agentSession struct {
 	sup    *Supervisor
 	client rdzvv1.AgentServiceClient
 	log    *zap.Logger
+	// heartbeatTimeout is how long the controller waits for a heartbeat
+	// before declaring this node lost, as of the last registration.
+	heartbeatTimeout time.Duration
 }
 
 // loop connects, and reconnects with jittered exponential backoff, until
@@ -220,7 +235,8 @@ func (s *agentSession) connect(ctx context.Context) error {
 	if ms := first.GetRegistered().GetHeartbeatIntervalMs(); ms > 0 {
 		interval = time.Duration(ms) * time.Millisecond
 	}
-	s.log.Info("registered with controller", zap.Duration("heartbeat_interval", interval))
+	s.heartbeatTimeout = time.Duration(first.GetRegistered().GetHeartbeatTimeoutMs()) * time.Millisecond
+	s.log.Info("registered with controller", zap.Duration("heartbeat_interval", interval), zap.Duration("heartbeat_timeout", s.heartbeatTimeout))
 
 	// Only the sender goroutine calls stream.Send after registration.
 	out := make(chan *rdzvv1.ConnectRequest, 256)
@@ -231,20 +247,36 @@ func (s *agentSession) connect(ctx context.Context) error {
 		ticker := time.NewTicker(interval)
 		defer ticker.Stop()
 		var seq uint64
+		// Per session: a controller that restarted learns the current
+		// progress on the first tick.
+		var progress progressFilter
 		for {
-			var m *rdzvv1.ConnectRequest
+			var msgs []*rdzvv1.ConnectRequest
 			select {
 			case <-gctx.Done():
 				return gctx.Err()
 			case <-ticker.C:
 				seq++
-				m = &rdzvv1.ConnectRequest{Msg: &rdzvv1.ConnectRequest_Heartbeat{Heartbeat: &rdzvv1.Heartbeat{Seq: seq}}}
+				msgs = append(msgs, &rdzvv1.ConnectRequest{Msg: &rdzvv1.ConnectRequest_Heartbeat{Heartbeat: &rdzvv1.Heartbeat{Seq: seq}}})
+				// Riding on the heartbeat bounds progress messages to one per
+				// interval however often the workers report.
+				if p := s.sup.Progress(); progress.changed(p) {
+					msgs = append(msgs, &rdzvv1.ConnectRequest{Msg: &rdzvv1.ConnectRequest_Progress{Progress: p}})
+				}
 			case st := <-s.sup.Updates():
-				m = &rdzvv1.ConnectRequest{Msg: &rdzvv1.ConnectRequest_WorkerStatus{WorkerStatus: st}}
-			case m = <-out:
+				// Checkpoints queued before the workers exited go first: the
+				// controller picks the one to resume from when it learns of
+				// the exit.
+				msgs = append(s.pendingCheckpoints(), &rdzvv1.ConnectRequest{Msg: &rdzvv1.ConnectRequest_WorkerStatus{WorkerStatus: st}})
+			case c := <-s.sup.Checkpoints():
+				msgs = append(msgs, checkpointMsg(c))
+			case m := <-out:
+				msgs = append(msgs, m)
 			}
-			if err := stream.Send(m); err != nil {
-				return fmt.Errorf("sending to controller: %w", err)
+			for _, m := range msgs {
+				if err := stream.Send(m); err != nil {
+					return fmt.Errorf("sending to controller: %w", err)
+				}
 			}
 		}
 	})
@@ -258,6 +290,23 @@ func (s *agentSession) connect(ctx context.Context) error {
 		}
 	})
 	return g.Wait()
+}
+
+// pendingCheckpoints takes every checkpoint report queued so far.
+func (s *agentSession) pendingCheckpoints() []*rdzvv1.ConnectRequest {
+	var msgs []*rdzvv1.ConnectRequest
+	for {
+		select {
+		case c := <-s.sup.Checkpoints():
+			msgs = append(msgs, checkpointMsg(c))
+		default:
+			return msgs
+		}
+	}
+}
+
+func checkpointMsg(c *rdzvv1.CheckpointReport) *rdzvv1.ConnectRequest {
+	return &rdzvv1.ConnectRequest{Msg: &rdzvv1.ConnectRequest_Checkpoint{Checkpoint: c}}
 }
 
 func (s *agentSession) handle(ctx context.Context, m *rdzvv1.ConnectResponse, out chan<- *rdzvv1.ConnectRequest, logs *logTails) {

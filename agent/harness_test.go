@@ -34,6 +34,7 @@ const waitTimeout = 30 * time.Second
 //	ok        print a greeting and exit 0
 //	exit CODE exit CODE
 //	hang      sleep until killed
+//	py ARGS   run /usr/bin/python3 ARGS in its place (see needPython)
 const fakeTorchrun = `#!/bin/sh
 rec="$PWD/$RDZV_JOB-$RDZV_GENERATION"
 {
@@ -48,6 +49,7 @@ case "$1" in
 ok) exit 0 ;;
 exit) exit "$2" ;;
 hang) sleep 300 ;;
+py) shift; exec /usr/bin/python3 "$@" ;;
 *) echo "unknown mode $1" >&2; exit 99 ;;
 esac
 `
@@ -73,7 +75,10 @@ func newSupervisor(t *testing.T) *supHarness {
 	cfg.StateDir = t.TempDir()
 	h.stateDir = cfg.StateDir
 	cfg.StopGrace.Duration = 2 * time.Second
-	h.sup = NewSupervisor(cfg, "node-a", "eth9", ExecSpawner{}, zaptest.NewLogger(t))
+	h.sup = NewSupervisor(cfg, "node-a", "eth9", "127.0.0.1:7071", ExecSpawner{}, zaptest.NewLogger(t))
+	// Tests wait on the scanner; one may set it again before its first
+	// Assign, which orders the write before the scanner reads it.
+	h.sup.scanEvery = 20 * time.Millisecond
 
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
@@ -221,4 +226,16 @@ func (b *syncBuffer) String() string {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	return b.buf.String()
+}
+
+// python is the interpreter the examples are checked with; fakeTorchrun's
+// py mode runs it too.
+const python = "/usr/bin/python3"
+
+// needPython skips tests of the Python helper where there is no Python.
+func needPython(t *testing.T) {
+	t.Helper()
+	if _, err := os.Stat(python); err != nil {
+		t.Skipf("%s not found: %v", python, err)
+	}
 }

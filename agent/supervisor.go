@@ -12,28 +12,37 @@ import (
 	"time"
 
 	"go.uber.org/zap"
+	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/rdzv/rdzv/controller/jobspec"
 	rdzvv1 "github.com/rdzv/rdzv/proto/rdzv/v1"
 )
 
-// historySize bounds the finished-worker statuses kept for re-reporting
-// after a reconnect.
-const historySize = 16
+const (
+	// historySize bounds the finished-worker statuses kept for re-reporting
+	// after a reconnect.
+	historySize = 16
+	// checkpointQueueSize bounds the checkpoint reports waiting for the
+	// controller while the agent is disconnected.
+	checkpointQueueSize = 64
+)
 
 // Supervisor runs at most one job's workers on this node. Commands are
 // applied in the order the controller sent them, on one goroutine, so a stop
 // of generation N is always applied before the start of N+1.
 type Supervisor struct {
-	stateDir  string
-	stopGrace time.Duration
-	node      string
-	iface     string
-	log       *zap.Logger
-	spawner   Spawner
+	stateDir   string
+	stopGrace  time.Duration
+	node       string
+	iface      string
+	reportAddr string
+	scanEvery  time.Duration
+	log        *zap.Logger
+	spawner    Spawner
 
-	cmds    chan func()
-	updates chan *rdzvv1.WorkerStatus
+	cmds        chan func()
+	updates     chan *rdzvv1.WorkerStatus
+	checkpoints chan *rdzvv1.CheckpointReport
 
 	mu      sync.Mutex
 	cur     *worker
@@ -42,29 +51,46 @@ type Supervisor struct {
 }
 
 type worker struct {
-	job        string
-	generation uint64
-	proc       Process
-	logPath    string
+	job           string
+	generation    uint64
+	checkpointDir string
+	proc          Process
+	logPath       string
+	done          chan struct{}
+	// scanStop and scanDone are set when this node scans checkpointDir.
+	scanStop chan struct{}
+	scanDone chan struct{}
+
+	// Guarded by Supervisor.mu.
 	stopReason string
-	done       chan struct{}
+	// step is the highest step the workers reported, at stepAt.
+	step    uint64
+	stepAt  time.Time
+	hasStep bool
+	// reported holds the checkpoint steps queued in this generation.
+	reported map[uint64]bool
 }
 
 // NewSupervisor builds a supervisor for node, whose workers use iface for
-// NCCL and Gloo.
-func NewSupervisor(cfg Config, node, iface string, spawner Spawner, log *zap.Logger) *Supervisor {
+// NCCL and Gloo and report to the endpoint at reportAddr.
+func NewSupervisor(cfg Config, node, iface, reportAddr string, spawner Spawner, log *zap.Logger) *Supervisor {
 	return &Supervisor{
 		stateDir: cfg.StateDir, stopGrace: cfg.StopGrace.Duration, node: node, iface: iface,
-		log: log, spawner: spawner,
-		cmds:    make(chan func(), 64),
-		updates: make(chan *rdzvv1.WorkerStatus, 64),
-		lastGen: map[string]uint64{},
+		reportAddr: reportAddr, scanEvery: scanEvery, log: log, spawner: spawner,
+		cmds:        make(chan func(), 64),
+		updates:     make(chan *rdzvv1.WorkerStatus, 64),
+		checkpoints: make(chan *rdzvv1.CheckpointReport, checkpointQueueSize),
+		lastGen:     map[string]uint64{},
 	}
 }
 
 // Updates delivers every worker status change. The supervisor never blocks
 // on it: when the reader is away, Statuses still has the latest state.
 func (s *Supervisor) Updates() <-chan *rdzvv1.WorkerStatus { return s.updates }
+
+// Checkpoints delivers complete checkpoints reported by the workers or found
+// on disk, for the controller's catalog.
+func (s *Supervisor) Checkpoints() <-chan *rdzvv1.CheckpointReport { return s.checkpoints }
 
 // Run applies commands until ctx ends, then stops any running worker.
 func (s *Supervisor) Run(ctx context.Context) error {
@@ -137,29 +163,45 @@ func (s *Supervisor) assign(a *rdzvv1.Assignment) {
 
 	spec := jobspec.FromProto(a.GetSpec())
 	if err := spec.Validate(); err != nil {
-		s.finished(job, gen, rdzvv1.WorkerState_WORKER_STATE_FAILED, Exit{Code: -1}, fmt.Sprintf("refusing assignment: %v", err))
+		s.finished(job, gen, rdzvv1.WorkerState_WORKER_STATE_FAILED, Exit{Code: -1}, fmt.Sprintf("refusing assignment: %v", err), nil)
 		return
 	}
 	w, err := s.start(a)
 	if err != nil {
 		log.Error("starting workers failed", zap.Error(err))
-		s.finished(job, gen, rdzvv1.WorkerState_WORKER_STATE_FAILED, Exit{Code: -1}, err.Error())
+		s.finished(job, gen, rdzvv1.WorkerState_WORKER_STATE_FAILED, Exit{Code: -1}, err.Error(), nil)
 		return
 	}
 	log.Info("workers started", zap.Int("pid", w.proc.Pid()), zap.String("master_addr", a.GetMasterAddr()), zap.Uint32("master_port", a.GetMasterPort()))
+	// One node scans: the directory is shared, and every node reporting the
+	// same checkpoints would multiply the controller's work by the node count.
+	scan := spec.Checkpoint.Dir != "" && a.GetNodeRank() == 0
+	if scan {
+		w.scanStop, w.scanDone = make(chan struct{}), make(chan struct{})
+	}
 	s.mu.Lock()
 	s.cur = w
 	s.mu.Unlock()
 	s.emit(&rdzvv1.WorkerStatus{Job: job, Generation: gen, State: rdzvv1.WorkerState_WORKER_STATE_RUNNING})
+	if scan {
+		go s.scanLoop(w, spec.Checkpoint.Dir, spec.Checkpoint.Markers)
+	}
 	go s.watch(w)
 }
 
 func (s *Supervisor) watch(w *worker) {
 	exit := w.proc.Wait()
+	exitedAt := timestamppb.Now()
 	// torchrun has exited; anything it left in its group (a worker that
 	// ignored its parent's death) still holds a GPU, so sweep the group.
 	if err := w.proc.Kill(0); err != nil {
 		s.log.Error("workers left behind", zap.String("job", w.job), zap.Error(err))
+	}
+	// The last scan is queued before the exit is reported, so the
+	// controller has it when it picks the checkpoint to resume from.
+	if w.scanStop != nil {
+		close(w.scanStop)
+		<-w.scanDone
 	}
 	s.mu.Lock()
 	reason := w.stopReason
@@ -182,7 +224,7 @@ func (s *Supervisor) watch(w *worker) {
 	s.mu.Unlock()
 	s.log.Info("workers exited", zap.String("job", w.job), zap.Uint64("generation", w.generation),
 		zap.Int("exit_code", exit.Code), zap.String("signal", exit.Signal), zap.String("state", state.String()))
-	s.finished(w.job, w.generation, state, exit, msg)
+	s.finished(w.job, w.generation, state, exit, msg, exitedAt)
 	close(w.done)
 }
 
@@ -205,7 +247,7 @@ func (s *Supervisor) stop(job string, gen uint64, reason string) {
 		s.emit(st)
 		return
 	}
-	s.finished(job, gen, rdzvv1.WorkerState_WORKER_STATE_STOPPED, Exit{}, "not running on this node: "+reason)
+	s.finished(job, gen, rdzvv1.WorkerState_WORKER_STATE_STOPPED, Exit{}, "not running on this node: "+reason, nil)
 }
 
 // stopCurrent kills the running worker, if any, and waits until its status
@@ -238,8 +280,10 @@ func (s *Supervisor) lastStatus(job string, gen uint64) *rdzvv1.WorkerStatus {
 	return nil
 }
 
-func (s *Supervisor) finished(job string, gen uint64, state rdzvv1.WorkerState, exit Exit, msg string) {
-	st := &rdzvv1.WorkerStatus{Job: job, Generation: gen, State: state, ExitCode: int32(exit.Code), Signal: exit.Signal, Message: msg}
+// finished records and reports an outcome; exitedAt is when the workers were
+// seen to exit, nil when none ran.
+func (s *Supervisor) finished(job string, gen uint64, state rdzvv1.WorkerState, exit Exit, msg string, exitedAt *timestamppb.Timestamp) {
+	st := &rdzvv1.WorkerStatus{Job: job, Generation: gen, State: state, ExitCode: int32(exit.Code), Signal: exit.Signal, Message: msg, ExitedAt: exitedAt}
 	s.mu.Lock()
 	s.history = append(s.history, st)
 	if len(s.history) > historySize {
@@ -292,7 +336,8 @@ func (s *Supervisor) start(a *rdzvv1.Assignment) (*worker, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &worker{job: job, generation: a.GetGeneration(), proc: proc, logPath: logPath, done: make(chan struct{})}, nil
+	return &worker{job: job, generation: a.GetGeneration(), checkpointDir: spec.GetCheckpointDir(), proc: proc, logPath: logPath,
+		done: make(chan struct{}), reported: map[uint64]bool{}}, nil
 }
 
 // LauncherArgs is the torchrun command line for an assignment: the
@@ -329,6 +374,7 @@ func (s *Supervisor) env(a *rdzvv1.Assignment) []string {
 		"RDZV_NODE_RANK":       strconv.Itoa(int(a.GetNodeRank())),
 		"RDZV_CHECKPOINT_DIR":  spec.GetCheckpointDir(),
 		"RDZV_RESUME_FROM":     a.GetResumeFrom(),
+		"RDZV_AGENT_ADDR":      s.reportAddr,
 	}
 	var env []string
 	for _, kv := range os.Environ() {

@@ -5,6 +5,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 
@@ -32,9 +33,12 @@ func TestSupervisorRunsToExit(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			h := newSupervisor(t)
+			before := time.Now()
 			h.sup.Assign(h.assignment("train", 1, tt.command...))
 			h.expect("train", 1, wRunning)
 			st := h.expect("train", 1, tt.wantState)
+			require.NotNil(t, st.GetExitedAt(), "the exit time is reported for detection latency")
+			require.WithinRange(t, st.GetExitedAt().AsTime(), before, time.Now())
 			require.Equal(t, tt.wantCode, st.GetExitCode())
 			require.Empty(t, st.GetSignal())
 			require.Empty(t, st.GetMessage())
@@ -75,6 +79,7 @@ func TestSupervisorLaunchesWithRendezvous(t *testing.T) {
 		"RDZV_NODE_RANK":       "1",
 		"RDZV_CHECKPOINT_DIR":  "/ckpt/train",
 		"RDZV_RESUME_FROM":     "/ckpt/train/step-100",
+		"RDZV_AGENT_ADDR":      "127.0.0.1:7071",
 		"JOB_VAR":              "from-job",
 		"AGENT_VAR":            "from-agent",
 		"PATH":                 os.Getenv("PATH"),
@@ -125,6 +130,7 @@ func TestSupervisorStopsCurrentGeneration(t *testing.T) {
 	h.sup.Stop("train", 1, "stopped by operator")
 	st := h.expect("train", 1, wStopped)
 	require.Equal(t, "stopped by operator", st.GetMessage())
+	require.NotNil(t, st.GetExitedAt())
 	require.Equal(t, "SIGTERM", st.GetSignal())
 	require.EqualValues(t, -1, st.GetExitCode())
 	// The update is sent only after the whole group is gone.
@@ -142,6 +148,7 @@ func TestSupervisorStopOfUnknownGeneration(t *testing.T) {
 	h.sup.Stop("train", 3, "freeing the node")
 	st := h.expect("train", 3, wStopped)
 	require.Equal(t, "not running on this node: freeing the node", st.GetMessage())
+	require.Nil(t, st.GetExitedAt(), "nothing exited")
 
 	// The stop fenced generation 3: its assignment arriving late is dropped.
 	h.sup.Assign(h.assignment("train", 3, "ok"))
@@ -262,6 +269,7 @@ func TestSupervisorRefusesToStart(t *testing.T) {
 			h.sup.Assign(a)
 			st := h.expect("train", 1, wFailed)
 			require.EqualValues(t, -1, st.GetExitCode())
+			require.Nil(t, st.GetExitedAt(), "nothing ran")
 			for _, m := range tt.wantMessage {
 				require.Contains(t, st.GetMessage(), m)
 			}
@@ -316,6 +324,7 @@ func TestSupervisorEnvHasLastWord(t *testing.T) {
 		"CUDA_VISIBLE_DEVICES": "job-env",
 		"RDZV_GENERATION":      "job-env",
 		"RDZV_NODE":            "job-env",
+		"RDZV_AGENT_ADDR":      "job-env",
 		"JOB_VAR":              "from-job",
 	}
 	env := h.sup.env(a)
@@ -332,6 +341,7 @@ func TestSupervisorEnvHasLastWord(t *testing.T) {
 		"RDZV_GENERATION":      "4",
 		"RDZV_NODE":            "node-a",
 		"RDZV_JOB":             "train",
+		"RDZV_AGENT_ADDR":      "127.0.0.1:7071",
 		"JOB_VAR":              "from-job",
 		"PATH":                 os.Getenv("PATH"),
 	} {

@@ -64,6 +64,10 @@ func (a *agentService) Connect(stream rdzvv1.AgentService_ConnectServer) error {
 				// Reports are applied under the controller's lifetime, not the
 				// stream's: one that arrived is recorded even if the stream dies.
 				c.workerStatus(c.runCtx, name, msg.WorkerStatus)
+			case *rdzvv1.ConnectRequest_Progress:
+				c.progress(name, msg.Progress)
+			case *rdzvv1.ConnectRequest_Checkpoint:
+				c.checkpoint(c.runCtx, name, msg.Checkpoint)
 			case *rdzvv1.ConnectRequest_PortProbeResult:
 				sess.deliver(msg.PortProbeResult.GetRequestId(), m)
 			case *rdzvv1.ConnectRequest_LogChunk:
@@ -169,6 +173,7 @@ func (c *Controller) register(ctx context.Context, sess *session, reg *rdzvv1.Re
 	ns.lastSeen = now
 	sess.send(&rdzvv1.ConnectResponse{Msg: &rdzvv1.ConnectResponse_Registered{Registered: &rdzvv1.Registered{
 		HeartbeatIntervalMs: uint32(c.cfg.Heartbeat.Interval.Milliseconds()),
+		HeartbeatTimeoutMs:  uint32(c.cfg.Heartbeat.Timeout.Milliseconds()),
 	}}})
 
 	reported := map[string]bool{}

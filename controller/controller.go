@@ -73,6 +73,12 @@ type jobState struct {
 	lastCall     rendezvous.LastCall
 	committing   bool
 	pendingSince time.Time
+	// progressed is set once the current generation reported a new step or
+	// checkpoint; a failure without it counts toward a crash loop.
+	progressed bool
+	// catalog holds the steps of the checkpoint catalog, oldest first, so
+	// that it can be kept to catalogSize entries.
+	catalog []uint64
 }
 
 // Option adjusts a Controller for tests.
@@ -208,7 +214,7 @@ func (c *Controller) load(ctx context.Context) error {
 		c.nodes[name] = &nodeState{rec: v.Value, rev: v.ModRevision, lastSeen: now, graceUntil: now.Add(reconnectGrace + c.cfg.Heartbeat.Timeout.Duration)}
 	}
 	for name, v := range snap.Jobs {
-		js := &jobState{rec: v.Value, rev: v.ModRevision, round: snap.Rounds[name], workers: snap.Workers[name], pendingSince: now}
+		js := &jobState{rec: v.Value, rev: v.ModRevision, round: snap.Rounds[name], workers: snap.Workers[name], pendingSince: now, catalog: snap.Checkpoints[name]}
 		if js.workers == nil {
 			js.workers = map[string]*rdzvv1.WorkerStatus{}
 		}
@@ -234,7 +240,7 @@ func (c *Controller) wake() {
 }
 
 func activeJob(s rdzvv1.JobState) bool {
-	return s == rdzvv1.JobState_JOB_STATE_RUNNING || s == rdzvv1.JobState_JOB_STATE_STOPPING ||
+	return s == rdzvv1.JobState_JOB_STATE_RUNNING || s == rdzvv1.JobState_JOB_STATE_STOPPING || s == rdzvv1.JobState_JOB_STATE_RECOVERING ||
 		s == rdzvv1.JobState_JOB_STATE_FAILED || s == rdzvv1.JobState_JOB_STATE_STOPPED
 }
 
@@ -265,4 +271,7 @@ const (
 	EventJobFailed           = "job_failed"
 	EventJobStopping         = "job_stopping"
 	EventJobStopped          = "job_stopped"
+	EventAttemptFailed       = "attempt_failed"
+	EventCheckpoint          = "checkpoint_recorded"
+	EventHang                = "hang_detected"
 )

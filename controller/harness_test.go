@@ -11,6 +11,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -23,6 +24,7 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/protobuf/encoding/prototext"
 	"google.golang.org/protobuf/types/known/durationpb"
+	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/rdzv/rdzv/agent"
 	"github.com/rdzv/rdzv/agent/gpu"
@@ -460,6 +462,10 @@ type fakeAgent struct {
 	stream rdzvv1.AgentService_ConnectClient
 	cancel context.CancelFunc
 	msgs   chan *rdzvv1.ConnectResponse
+	// sendMu serialises Send: a gRPC stream allows one sender at a time, and
+	// keepAlive sends from its own goroutine.
+	sendMu sync.Mutex
+	ctx    context.Context
 }
 
 // connectFake registers a node named name with no GPUs on loopback.
@@ -472,6 +478,7 @@ func (c *cluster) connectFake(name string) *fakeAgent {
 	stream, err := rdzvv1.NewAgentServiceClient(conn).Connect(ctx)
 	require.NoError(t, err)
 	f := &fakeAgent{t: t, name: name, stream: stream, cancel: cancel, msgs: make(chan *rdzvv1.ConnectResponse, 64)}
+	f.ctx = ctx
 	received := make(chan struct{})
 	go func() {
 		defer close(received)
@@ -480,6 +487,16 @@ func (c *cluster) connectFake(name string) *fakeAgent {
 			m, err := stream.Recv()
 			if err != nil {
 				return
+			}
+			if probe := m.GetPortProbe(); probe != nil {
+				// Answered here, as a real agent does, so scripts only see
+				// what they act on.
+				f.sendMu.Lock()
+				_ = stream.Send(&rdzvv1.ConnectRequest{Msg: &rdzvv1.ConnectRequest_PortProbeResult{PortProbeResult: &rdzvv1.PortProbeResult{
+					RequestId: probe.GetRequestId(), Port: probe.GetPortMin(),
+				}}})
+				f.sendMu.Unlock()
+				continue
 			}
 			f.msgs <- m
 		}
@@ -498,7 +515,50 @@ func (c *cluster) connectFake(name string) *fakeAgent {
 
 func (f *fakeAgent) send(m *rdzvv1.ConnectRequest) {
 	f.t.Helper()
+	f.sendMu.Lock()
+	defer f.sendMu.Unlock()
 	require.NoError(f.t, f.stream.Send(m))
+}
+
+// keepAlive heartbeats until the agent crashes, so a scripted agent in a
+// longer test is not declared lost.
+func (f *fakeAgent) keepAlive() {
+	ctx := f.ctx
+	go func() {
+		ticker := time.NewTicker(heartbeatInterval)
+		defer ticker.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-ticker.C:
+				f.sendMu.Lock()
+				err := f.stream.Send(&rdzvv1.ConnectRequest{Msg: &rdzvv1.ConnectRequest_Heartbeat{Heartbeat: &rdzvv1.Heartbeat{}}})
+				f.sendMu.Unlock()
+				if err != nil {
+					return
+				}
+			}
+		}
+	}()
+}
+
+// report sends a worker status for an assignment.
+func (f *fakeAgent) report(a *rdzvv1.Assignment, state rdzvv1.WorkerState, exitCode int32) {
+	f.t.Helper()
+	f.send(&rdzvv1.ConnectRequest{Msg: &rdzvv1.ConnectRequest_WorkerStatus{WorkerStatus: &rdzvv1.WorkerStatus{
+		Job: a.GetSpec().GetName(), Generation: a.GetGeneration(), State: state, ExitCode: exitCode,
+		ExitedAt: timestamppb.Now(),
+	}}})
+}
+
+// expectStop waits for the order to stop a generation and acknowledges it.
+func (f *fakeAgent) expectStop(a *rdzvv1.Assignment) {
+	f.t.Helper()
+	stop := f.next().GetStopWorkers()
+	require.NotNil(f.t, stop, "expected %s to be told to stop", f.name)
+	require.Equal(f.t, a.GetGeneration(), stop.GetGeneration())
+	f.report(a, rdzvv1.WorkerState_WORKER_STATE_STOPPED, -1)
 }
 
 // next is the next message from the controller.

@@ -3,6 +3,7 @@ package controller_test
 import (
 	"errors"
 	"io"
+	"net/netip"
 	"slices"
 	"strconv"
 	"strings"
@@ -107,6 +108,10 @@ func TestJobRunsToSuccess(t *testing.T) {
 			"--master_addr", "127.0.0.1", "--master_port", strconv.Itoa(int(run.GetMasterPort())),
 			"train.py", "gate",
 		}, rec.args, name)
+		reportAddr, err := netip.ParseAddrPort(rec.env["RDZV_AGENT_ADDR"])
+		require.NoError(t, err, "workers get the agent's report endpoint")
+		require.True(t, reportAddr.Addr().IsLoopback(), "the report endpoint is local only: %s", reportAddr)
+		delete(rec.env, "RDZV_AGENT_ADDR")
 		require.Equal(t, map[string]string{
 			"GLOO_SOCKET_IFNAME":   "lo",
 			"NCCL_SOCKET_IFNAME":   "lo",
@@ -350,7 +355,7 @@ func TestStoppedAgentIsLost(t *testing.T) {
 	lost.stop()
 	require.True(t, groupGone(recB.pid), "a stopped agent leaves workers behind")
 	j := c.waitJobState("train", failed)
-	require.Equal(t, "node node-b (rank 1): workers killed by signal SIGTERM (agent shutting down)", j.GetReason())
+	require.Equal(t, "node node-b (rank 1): workers killed by signal SIGTERM (agent shutting down); no restarts left (max_restarts 0)", j.GetReason())
 	c.waitGroupGone(recA.pid)
 	c.waitIdle("node-a")
 

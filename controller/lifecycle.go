@@ -11,6 +11,7 @@ import (
 
 	"go.uber.org/zap"
 	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/rdzv/rdzv/controller/jobspec"
@@ -73,7 +74,7 @@ func (c *Controller) schedule(ctx context.Context) time.Time {
 	taken := map[string]bool{}
 	var next time.Time
 
-	for _, js := range c.pendingJobs() {
+	for _, js := range c.pendingJobs(now) {
 		spec := js.rec.GetSpec()
 		name := spec.GetName()
 		req := requirements(spec)
@@ -87,7 +88,13 @@ func (c *Controller) schedule(ctx context.Context) time.Time {
 			c.finish(ctx, js, rdzvv1.JobState_JOB_STATE_FAILED, fmt.Sprintf("rendezvous timed out after %s: %s", timeout, rendezvous.Explain(req, avail)))
 			continue
 		}
-		d := js.lastCall.Observe(now, rendezvous.Count(req, avail), req, spec.GetRendezvousLastCall().AsDuration())
+		window := spec.GetRendezvousLastCall().AsDuration()
+		if prev := len(js.round.GetNodes()); js.rec.GetState() == rdzvv1.JobState_JOB_STATE_RECOVERING && rendezvous.Count(req, avail) >= prev {
+			// As many nodes as the failed generation had are ready: waiting
+			// for more would only lengthen the outage.
+			window = 0
+		}
+		d := js.lastCall.Observe(now, rendezvous.Count(req, avail), req, window)
 		if !d.Commit {
 			js.rec.Reason = d.Reason
 			if req.Min > rendezvous.Count(req, avail) {
@@ -111,14 +118,32 @@ func (c *Controller) schedule(ctx context.Context) time.Time {
 		js.rec.Reason = d.Reason + "; committing rendezvous"
 		go c.commit(ctx, name, placed)
 	}
+	for _, js := range c.jobs {
+		if js.rec.GetState() == rdzvv1.JobState_JOB_STATE_RECOVERING {
+			if at := js.rec.GetRestartNotBefore().AsTime(); at.After(now) && (next.IsZero() || at.Before(next)) {
+				next = at
+			}
+		}
+	}
 	return next
 }
 
-func (c *Controller) pendingJobs() []*jobState {
+// pendingJobs lists the jobs waiting for a rendezvous: new ones, and
+// recovering ones whose backoff is over and whose previous generation has
+// no live worker left anywhere (so two generations never run at once).
+func (c *Controller) pendingJobs(now time.Time) []*jobState {
 	var out []*jobState
 	for _, js := range c.jobs {
-		if js.rec.GetState() == rdzvv1.JobState_JOB_STATE_PENDING && !js.committing {
+		if js.committing {
+			continue
+		}
+		switch js.rec.GetState() {
+		case rdzvv1.JobState_JOB_STATE_PENDING:
 			out = append(out, js)
+		case rdzvv1.JobState_JOB_STATE_RECOVERING:
+			if c.fenced(js) && !now.Before(js.rec.GetRestartNotBefore().AsTime()) {
+				out = append(out, js)
+			}
 		}
 	}
 	sort.Slice(out, func(i, j int) bool {
@@ -178,7 +203,7 @@ func (c *Controller) commit(ctx context.Context, name string, placed []rendezvou
 		abort(fmt.Sprintf("retrying rendezvous: %v", probeErr))
 		return
 	}
-	if js.rec.GetState() != rdzvv1.JobState_JOB_STATE_PENDING {
+	if st := js.rec.GetState(); st != rdzvv1.JobState_JOB_STATE_PENDING && st != rdzvv1.JobState_JOB_STATE_RECOVERING {
 		abort(js.rec.GetReason())
 		return
 	}
@@ -202,8 +227,18 @@ func (c *Controller) commit(ctx context.Context, name string, placed []rendezvou
 	rec.State, rec.Generation, rec.MasterAddr, rec.MasterPort = rdzvv1.JobState_JOB_STATE_RUNNING, gen, master, port
 	rec.Reason = fmt.Sprintf("running on %d nodes", len(placed))
 	rec.StartedAt = timestamppb.New(now)
-	ev := c.event(name, "", gen, EventRendezvousCommitted, "generation %d: %d nodes %s, master %s:%d",
-		gen, len(placed), nodeList(placed), master, port)
+	rec.Step, rec.ProgressAt = 0, nil
+	resume := "from scratch"
+	if cp := rec.GetLatestCheckpoint(); cp != nil {
+		resume = fmt.Sprintf("from checkpoint step %d", cp.GetStep())
+	}
+	if rec.RecoveryStartedAt != nil {
+		rec.RecoveryTime = durationpb.New(rec.GetRecoveryTime().AsDuration() + now.Sub(rec.GetRecoveryStartedAt().AsTime()))
+		rec.RecoveryStartedAt, rec.RestartNotBefore = nil, nil
+		rec.Reason += ", resumed " + resume
+	}
+	ev := c.event(name, "", gen, EventRendezvousCommitted, "generation %d: %d nodes %s, master %s:%d, starting %s",
+		gen, len(placed), nodeList(placed), master, port, resume)
 	rev, err := c.store.CommitRound(ctx, rec, js.rev, round, ev)
 	if err != nil {
 		log.Error("committing rendezvous failed", zap.Error(err))
@@ -213,6 +248,7 @@ func (c *Controller) commit(ctx context.Context, name string, placed []rendezvou
 	js.rec, js.rev, js.round = rec, rev, round
 	js.workers = map[string]*rdzvv1.WorkerStatus{}
 	js.lastCall = rendezvous.LastCall{}
+	js.progressed = false
 	log.Info("rendezvous committed", zap.Uint64("generation", gen), zap.Int("nodes", len(placed)),
 		zap.String("master_addr", master), zap.Uint32("master_port", port))
 	for _, p := range placed {
@@ -283,6 +319,7 @@ func (c *Controller) assignmentFor(js *jobState, node string) *rdzvv1.Assignment
 				Spec: js.rec.GetSpec(), Generation: js.round.GetGeneration(), NodeRank: a.GetNodeRank(),
 				Nnodes: uint32(len(js.round.GetNodes())), ProcsPerNode: js.rec.GetSpec().GetProcsPerNode(),
 				MasterAddr: js.round.GetMasterAddr(), MasterPort: js.round.GetMasterPort(), GpuIndices: a.GetGpuIndices(),
+				ResumeFrom: js.rec.GetLatestCheckpoint().GetPath(),
 			}
 		}
 	}
@@ -302,12 +339,16 @@ func (c *Controller) advanceJob(ctx context.Context, js *jobState) {
 			case rdzvv1.WorkerState_WORKER_STATE_SUCCEEDED:
 				succeeded++
 			case rdzvv1.WorkerState_WORKER_STATE_FAILED, rdzvv1.WorkerState_WORKER_STATE_STOPPED:
-				c.finish(ctx, js, rdzvv1.JobState_JOB_STATE_FAILED, fmt.Sprintf("node %s (rank %d): workers %s", a.GetNode(), a.GetNodeRank(), describeExit(w)))
+				c.attemptFailed(ctx, js, fmt.Sprintf("node %s (rank %d): workers %s", a.GetNode(), a.GetNodeRank(), describeExit(w)), c.detectionLatency(w))
 				return
 			}
 		}
 		if succeeded == len(nodes) {
 			c.finish(ctx, js, rdzvv1.JobState_JOB_STATE_SUCCEEDED, fmt.Sprintf("all %d nodes finished", len(nodes)))
+		}
+	case rdzvv1.JobState_JOB_STATE_RECOVERING:
+		if c.fenced(js) {
+			c.wake()
 		}
 	case rdzvv1.JobState_JOB_STATE_STOPPING:
 		for _, a := range nodes {
@@ -324,6 +365,7 @@ func (c *Controller) advanceJob(ctx context.Context, js *jobState) {
 func (c *Controller) finish(ctx context.Context, js *jobState, state rdzvv1.JobState, reason string) {
 	name := js.rec.GetSpec().GetName()
 	rec := proto.Clone(js.rec).(*rdzvv1.Job)
+	c.closeInterval(rec)
 	rec.State, rec.Reason, rec.FinishedAt = state, reason, timestamppb.New(c.clock.Now())
 	kind := map[rdzvv1.JobState]string{
 		rdzvv1.JobState_JOB_STATE_SUCCEEDED: EventJobSucceeded,
@@ -380,12 +422,13 @@ func (c *Controller) checkLiveness(ctx context.Context) {
 			seen = ns.session.seen()
 		}
 		if silent := now.Sub(seen); silent > timeout {
-			c.markLost(ctx, name, ns, silent)
+			c.markLost(ctx, name, ns, seen, silent)
 		}
 	}
+	c.checkHangs(ctx, now)
 }
 
-func (c *Controller) markLost(ctx context.Context, name string, ns *nodeState, silent time.Duration) {
+func (c *Controller) markLost(ctx context.Context, name string, ns *nodeState, lastSeen time.Time, silent time.Duration) {
 	rec := proto.Clone(ns.rec).(*rdzvv1.Node)
 	rec.State, rec.StateChangedAt = rdzvv1.NodeState_NODE_STATE_LOST, timestamppb.New(c.clock.Now())
 	reason := fmt.Sprintf("no heartbeat for %s", silent.Round(100*time.Millisecond))
@@ -406,7 +449,7 @@ func (c *Controller) markLost(ctx context.Context, name string, ns *nodeState, s
 	if js := c.jobs[ns.job]; js != nil && js.rec.GetGeneration() == ns.generation && ns.generation != 0 {
 		c.applyWorkerStatus(ctx, name, &rdzvv1.WorkerStatus{
 			Job: ns.job, Generation: ns.generation, State: rdzvv1.WorkerState_WORKER_STATE_FAILED,
-			ExitCode: -1, Message: "node lost: " + reason,
+			ExitCode: -1, Message: "node lost: " + reason, ExitedAt: timestamppb.New(lastSeen),
 		})
 	}
 	ns.job, ns.generation = "", 0
@@ -460,8 +503,9 @@ func (c *Controller) stopJob(ctx context.Context, name string) (*rdzvv1.Job, err
 	switch js.rec.GetState() {
 	case rdzvv1.JobState_JOB_STATE_PENDING:
 		c.finish(ctx, js, rdzvv1.JobState_JOB_STATE_STOPPED, "stopped by operator before it started")
-	case rdzvv1.JobState_JOB_STATE_RUNNING:
+	case rdzvv1.JobState_JOB_STATE_RUNNING, rdzvv1.JobState_JOB_STATE_RECOVERING:
 		rec := proto.Clone(js.rec).(*rdzvv1.Job)
+		c.closeInterval(rec)
 		rec.State, rec.Reason = rdzvv1.JobState_JOB_STATE_STOPPING, "stopping: waiting for workers to exit"
 		rev, err := c.store.UpdateJob(ctx, rec, js.rev, c.event(name, "", rec.GetGeneration(), EventJobStopping, "stop requested by operator"))
 		if err != nil {
@@ -478,6 +522,7 @@ func (c *Controller) stopJob(ctx context.Context, name string) (*rdzvv1.Job, err
 // assignments and worker states.
 func (c *Controller) jobView(js *jobState) *rdzvv1.Job {
 	j := proto.Clone(js.rec).(*rdzvv1.Job)
+	c.closeInterval(j)
 	if js.round == nil || js.round.GetGeneration() != js.rec.GetGeneration() {
 		return j
 	}

@@ -12,6 +12,10 @@ COMPLETE marker; it is built under a temporary name and renamed into place, so
 a killed worker never leaves a partial step-<N>. RDZV_RESUME_FROM names the
 step directory to continue from. The directory must be shared by all nodes,
 since every rank reads the checkpoint it resumes from.
+
+Every rank reports its step to the rdzv agent with rdzv_report (beside this
+file), which is what rdzv's hang detection watches; rank 0 also reports each
+checkpoint once it is complete. Run without rdzv, the reports do nothing.
 """
 
 import argparse
@@ -23,6 +27,8 @@ import time
 import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
+
+import rdzv_report
 
 FEATURES = 8
 SAMPLES = 1024
@@ -50,6 +56,7 @@ def save_checkpoint(ckpt_dir, step, model, opt):
     # An earlier generation may have reached the same step before failing.
     shutil.rmtree(final, ignore_errors=True)
     os.rename(tmp, final)
+    return final
 
 
 def main():
@@ -106,7 +113,8 @@ def main():
         if step % 10 == 0:
             log("RDZV_STEP", f"rank={rank}", f"step={step}", f"loss={loss.item():.6f}")
         if rank == 0 and ckpt_dir and step % args.checkpoint_every == 0:
-            save_checkpoint(ckpt_dir, step, model, opt)
+            rdzv_report.report_checkpoint(step, save_checkpoint(ckpt_dir, step, model, opt))
+        rdzv_report.report_step(step, force=step == args.steps)
         time.sleep(args.step_time)
 
     final_loss = loss.item() if loss is not None else float("nan")

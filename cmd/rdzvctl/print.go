@@ -26,14 +26,14 @@ func age(ts *timestamppb.Timestamp) string {
 
 func printJobs(out io.Writer, jobs []*rdzvv1.Job) {
 	w := table(out)
-	fmt.Fprintln(w, "NAME\tSTATE\tGENERATION\tNODES\tMASTER\tAGE\tREASON")
+	fmt.Fprintln(w, "NAME\tSTATE\tGENERATION\tRESTARTS\tNODES\tMASTER\tAGE\tREASON")
 	for _, j := range jobs {
 		master := "-"
 		if j.GetMasterAddr() != "" {
 			master = fmt.Sprintf("%s:%d", j.GetMasterAddr(), j.GetMasterPort())
 		}
-		fmt.Fprintf(w, "%s\t%s\t%d\t%d\t%s\t%s\t%s\n", j.GetSpec().GetName(), stateWord(j.GetState()), j.GetGeneration(),
-			len(j.GetAssignments()), master, age(j.GetCreatedAt()), j.GetReason())
+		fmt.Fprintf(w, "%s\t%s\t%d\t%d\t%d\t%s\t%s\t%s\n", j.GetSpec().GetName(), stateWord(j.GetState()), j.GetGeneration(),
+			j.GetRestarts(), len(j.GetAssignments()), master, age(j.GetCreatedAt()), j.GetReason())
 	}
 	_ = w.Flush()
 }
@@ -49,6 +49,10 @@ func printJob(out io.Writer, j *rdzvv1.Job) {
 		fmt.Fprintf(out, "Master:      %s:%d\n", j.GetMasterAddr(), j.GetMasterPort())
 	}
 	fmt.Fprintf(out, "Command:     %s\n", strings.Join(spec.GetCommand(), " "))
+	fmt.Fprintf(out, "Restarts:    %d of %d\n", j.GetRestarts(), spec.GetRestartMaxRestarts())
+	fmt.Fprintf(out, "Checkpoint:  %s\n", checkpointLine(j.GetLatestCheckpoint()))
+	fmt.Fprintf(out, "Progress:    %s\n", progressLine(j))
+	fmt.Fprintf(out, "Training:    %s\n", trainingLine(j))
 	fmt.Fprintf(out, "Created:     %s\n", when(j.GetCreatedAt()))
 	fmt.Fprintf(out, "Started:     %s\n", when(j.GetStartedAt()))
 	fmt.Fprintf(out, "Finished:    %s\n", when(j.GetFinishedAt()))
@@ -136,4 +140,35 @@ func printEvents(out io.Writer, events []*rdzvv1.Event) {
 		fmt.Fprintf(w, "%s\t%s\t%s\t%d\t%s\n", e.GetTime().AsTime().Local().Format("2006-01-02 15:04:05.000"), e.GetKind(), node, e.GetGeneration(), e.GetMessage())
 	}
 	_ = w.Flush()
+}
+
+func checkpointLine(cp *rdzvv1.Checkpoint) string {
+	if cp == nil {
+		return "none yet"
+	}
+	return fmt.Sprintf("step %d at %s (generation %d, %s, %s ago)", cp.GetStep(), cp.GetPath(), cp.GetGeneration(), cp.GetSource(), age(cp.GetReportedAt()))
+}
+
+func progressLine(j *rdzvv1.Job) string {
+	timeout := j.GetSpec().GetHealthProgressTimeout().AsDuration()
+	switch {
+	case j.GetProgressAt() == nil && timeout > 0:
+		return "no steps reported yet (hang detection starts with the first report)"
+	case j.GetProgressAt() == nil:
+		return "no steps reported; hang detection off"
+	case timeout == 0:
+		return fmt.Sprintf("step %d, %s ago; hang detection off (health.progress_timeout)", j.GetStep(), age(j.GetProgressAt()))
+	}
+	return fmt.Sprintf("step %d, %s ago; hang after %s without progress", j.GetStep(), age(j.GetProgressAt()), timeout)
+}
+
+// trainingLine is the effective training time ratio: time spent training
+// over training plus recovering.
+func trainingLine(j *rdzvv1.Job) string {
+	train, recover := j.GetTrainingTime().AsDuration(), j.GetRecoveryTime().AsDuration()
+	if train+recover == 0 {
+		return "-"
+	}
+	return fmt.Sprintf("%s training, %s recovering (%.1f%% effective)", train.Round(time.Second), recover.Round(time.Second),
+		100*train.Seconds()/(train+recover).Seconds())
 }

@@ -14,6 +14,8 @@
 //	                                           digits so keys sort numerically).
 //	/rdzv/v1/workers/<job>/<node>              WorkerStatus: one node's worker state in the current
 //	                                           generation. Per node so a report rewrites one small key.
+//	/rdzv/v1/checkpoints/<job>/<step>          Checkpoint: the job's catalog of complete checkpoints
+//	                                           (step zero-padded to 20 digits), newest kept, bounded.
 //	/rdzv/v1/events/<scope>/<time>-<seq>       Event; scope is a job name or "_cluster". time is
 //	                                           UnixNano zero-padded to 20 digits, seq a per-process
 //	                                           counter, so keys sort by time.
@@ -41,7 +43,16 @@ const (
 	roundsPrefix  = Prefix + "rounds/"
 	workersPrefix = Prefix + "workers/"
 	eventsPrefix  = Prefix + "events/"
+	ckptPrefix    = Prefix + "checkpoints/"
 )
+
+// CheckpointKey is the key of one checkpoint in a job's catalog.
+func CheckpointKey(job string, step uint64) string {
+	return fmt.Sprintf("%s%s/%020d", ckptPrefix, job, step)
+}
+
+// CheckpointsPrefix covers a job's checkpoint catalog.
+func CheckpointsPrefix(job string) string { return ckptPrefix + job + "/" }
 
 // NodeKey is the key of one node's record.
 func NodeKey(node string) string { return nodesPrefix + node }

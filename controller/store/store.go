@@ -45,15 +45,18 @@ type Snapshot struct {
 	Rounds map[string]*rdzvv1.Round
 	// Workers maps job to node to that node's worker status.
 	Workers map[string]map[string]*rdzvv1.WorkerStatus
+	// Checkpoints holds each job's catalog steps, oldest first.
+	Checkpoints map[string][]uint64
 }
 
 // Load reads the whole durable state.
 func (s *Store) Load(ctx context.Context) (*Snapshot, error) {
 	snap := &Snapshot{
-		Nodes:   map[string]Versioned[*rdzvv1.Node]{},
-		Jobs:    map[string]Versioned[*rdzvv1.Job]{},
-		Rounds:  map[string]*rdzvv1.Round{},
-		Workers: map[string]map[string]*rdzvv1.WorkerStatus{},
+		Nodes:       map[string]Versioned[*rdzvv1.Node]{},
+		Jobs:        map[string]Versioned[*rdzvv1.Job]{},
+		Rounds:      map[string]*rdzvv1.Round{},
+		Workers:     map[string]map[string]*rdzvv1.WorkerStatus{},
+		Checkpoints: map[string][]uint64{},
 	}
 	err := s.rangeAll(ctx, NodesPrefix(), func(key string, value []byte, modRev int64) error {
 		n := &rdzvv1.Node{}
@@ -90,6 +93,13 @@ func (s *Store) Load(ctx context.Context) (*Snapshot, error) {
 			return nil, err
 		}
 		snap.Workers[name] = workers
+		cps, err := s.Checkpoints(ctx, name)
+		if err != nil {
+			return nil, err
+		}
+		for _, cp := range cps {
+			snap.Checkpoints[name] = append(snap.Checkpoints[name], cp.GetStep())
+		}
 	}
 	return snap, nil
 }
@@ -182,6 +192,9 @@ func (s *Store) CreateJob(ctx context.Context, j *rdzvv1.Job, replaceRev int64, 
 	if replaceRev != 0 {
 		l.deletePrefix(RoundsPrefix(name))
 		l.deletePrefix(WorkersPrefix(name))
+		// A new run of the name starts from scratch, not from the old run's
+		// checkpoints (its directory may be reused for other data).
+		l.deletePrefix(CheckpointsPrefix(name))
 	}
 	s.events(&l, events)
 	rev, err := s.txn(ctx, []clientv3.Cmp{revCmp(JobKey(name), replaceRev)}, &l)
@@ -222,6 +235,43 @@ func (s *Store) CommitRound(ctx context.Context, j *rdzvv1.Job, expectRev int64,
 		return 0, fmt.Errorf("committing round %d of job %s: %w", round.GetGeneration(), name, err)
 	}
 	return rev, nil
+}
+
+// RecordCheckpoint adds a complete checkpoint to a job's catalog and writes
+// the job record (which names the latest one) in one transaction, guarded by
+// the job's revision. Catalog entries below keepFromStep are dropped, which
+// bounds the catalog.
+func (s *Store) RecordCheckpoint(ctx context.Context, j *rdzvv1.Job, expectRev int64, cp *rdzvv1.Checkpoint, keepFromStep uint64, events ...*rdzvv1.Event) (int64, error) {
+	name := j.GetSpec().GetName()
+	var l opList
+	l.put(JobKey(name), stripJob(j))
+	l.put(CheckpointKey(name, cp.GetStep()), cp)
+	if keepFromStep > 0 {
+		l.ops = append(l.ops, clientv3.OpDelete(CheckpointsPrefix(name), clientv3.WithRange(CheckpointKey(name, keepFromStep))))
+	}
+	s.events(&l, events)
+	rev, err := s.txn(ctx, []clientv3.Cmp{revCmp(JobKey(name), expectRev)}, &l)
+	if err != nil {
+		return 0, fmt.Errorf("recording checkpoint step %d of job %s: %w", cp.GetStep(), name, err)
+	}
+	return rev, nil
+}
+
+// Checkpoints returns a job's catalog, oldest step first.
+func (s *Store) Checkpoints(ctx context.Context, job string) ([]*rdzvv1.Checkpoint, error) {
+	var out []*rdzvv1.Checkpoint
+	err := s.rangeAll(ctx, CheckpointsPrefix(job), func(key string, value []byte, _ int64) error {
+		cp := &rdzvv1.Checkpoint{}
+		if err := proto.Unmarshal(value, cp); err != nil {
+			return fmt.Errorf("decoding %s: %w", key, err)
+		}
+		out = append(out, cp)
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("loading checkpoints of job %s: %w", job, err)
+	}
+	return out, nil
 }
 
 // PutWorker records one node's worker status for a job, only while the job

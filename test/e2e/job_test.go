@@ -251,8 +251,9 @@ func atoi(t *testing.T, s string) int {
 }
 
 // requireJobEvents checks the job's event log in both output formats: one
-// submission, one committed round, a start and an exit per node, success,
-// in time order. It returns the events.
+// submission, one committed round, a start and an exit per node, the two
+// checkpoints train.py saves (steps 20 and 40, reported from node rank 0),
+// success, in time order. It returns the events.
 func requireJobEvents(t *testing.T, c *cluster, job jobFile) []eventJSON {
 	t.Helper()
 	var resp struct {
@@ -266,13 +267,14 @@ func requireJobEvents(t *testing.T, c *cluster, job jobFile) []eventJSON {
 	}
 	t.Logf("e2e: events of %s: %v", job.Name, kinds)
 
-	require.Len(t, events, 3+2*agentHosts, "events: %v", kinds)
+	require.Len(t, events, 5+2*agentHosts, "events: %v", kinds)
 	require.Equal(t, "job_submitted", events[0].Kind)
 	require.Equal(t, "rendezvous_committed", events[1].Kind)
 	require.EqualValues(t, 1, events[1].Generation)
 	require.Contains(t, events[1].Message, c.agentHost(0).IP, "the committed round names its master")
 	require.Equal(t, "job_succeeded", events[len(events)-1].Kind)
 	started, exited := map[string]int{}, map[string]int{}
+	var checkpoints []string
 	for i, ev := range events {
 		require.Equal(t, job.Name, ev.Job, "event %d", i)
 		if i > 0 {
@@ -282,12 +284,18 @@ func requireJobEvents(t *testing.T, c *cluster, job jobFile) []eventJSON {
 		case "worker_started":
 			require.NotContains(t, started, ev.Node, "second worker_started for %s", ev.Node)
 			started[ev.Node] = i
+		case "checkpoint_recorded":
+			require.Equal(t, c.agentHost(0).Name, ev.Node, "node rank 0 reports checkpoints")
+			checkpoints = append(checkpoints, ev.Message)
 		case "worker_exited":
 			require.NotContains(t, exited, ev.Node, "second worker_exited for %s", ev.Node)
 			require.Contains(t, ev.Message, "succeeded", "node %s", ev.Node)
 			exited[ev.Node] = i
 		}
 	}
+	require.Len(t, checkpoints, 2, "one event per complete checkpoint")
+	require.Contains(t, checkpoints[0], "checkpoint step 20 complete")
+	require.Contains(t, checkpoints[1], "checkpoint step 40 complete")
 	for i := range agentHosts {
 		node := c.agentHost(i).Name
 		require.Contains(t, started, node, "no worker_started for %s", node)

@@ -857,10 +857,13 @@ type Event struct {
 	Node       string `protobuf:"bytes,3,opt,name=node,proto3" json:"node,omitempty"`
 	Generation uint64 `protobuf:"varint,4,opt,name=generation,proto3" json:"generation,omitempty"`
 	// Stable machine-readable kind, e.g. "job_submitted", "rendezvous_committed".
-	Kind          string `protobuf:"bytes,5,opt,name=kind,proto3" json:"kind,omitempty"`
-	Message       string `protobuf:"bytes,6,opt,name=message,proto3" json:"message,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Kind    string `protobuf:"bytes,5,opt,name=kind,proto3" json:"kind,omitempty"`
+	Message string `protobuf:"bytes,6,opt,name=message,proto3" json:"message,omitempty"`
+	// For failures: how long after the fault the controller knew of it (the
+	// worker's exit, or the node's last heartbeat).
+	DetectionLatency *durationpb.Duration `protobuf:"bytes,7,opt,name=detection_latency,json=detectionLatency,proto3" json:"detection_latency,omitempty"`
+	unknownFields    protoimpl.UnknownFields
+	sizeCache        protoimpl.SizeCache
 }
 
 func (x *Event) Reset() {
@@ -933,6 +936,13 @@ func (x *Event) GetMessage() string {
 		return x.Message
 	}
 	return ""
+}
+
+func (x *Event) GetDetectionLatency() *durationpb.Duration {
+	if x != nil {
+		return x.DetectionLatency
+	}
+	return nil
 }
 
 // Round is one committed rendezvous: the nodes and ranks of one generation
@@ -1121,7 +1131,7 @@ const file_rdzv_v1_job_proto_rawDesc = "" +
 	"\vgpu_indices\x18\b \x03(\rR\n" +
 	"gpuIndices\x12\x1f\n" +
 	"\vresume_from\x18\t \x01(\tR\n" +
-	"resumeFrom\"\xab\x01\n" +
+	"resumeFrom\"\xf3\x01\n" +
 	"\x05Event\x12.\n" +
 	"\x04time\x18\x01 \x01(\v2\x1a.google.protobuf.TimestampR\x04time\x12\x10\n" +
 	"\x03job\x18\x02 \x01(\tR\x03job\x12\x12\n" +
@@ -1130,7 +1140,8 @@ const file_rdzv_v1_job_proto_rawDesc = "" +
 	"generation\x18\x04 \x01(\x04R\n" +
 	"generation\x12\x12\n" +
 	"\x04kind\x18\x05 \x01(\tR\x04kind\x12\x18\n" +
-	"\amessage\x18\x06 \x01(\tR\amessage\"\xe9\x01\n" +
+	"\amessage\x18\x06 \x01(\tR\amessage\x12F\n" +
+	"\x11detection_latency\x18\a \x01(\v2\x19.google.protobuf.DurationR\x10detectionLatency\"\xe9\x01\n" +
 	"\x05Round\x12\x10\n" +
 	"\x03job\x18\x01 \x01(\tR\x03job\x12\x1e\n" +
 	"\n" +
@@ -1213,13 +1224,14 @@ var file_rdzv_v1_job_proto_depIdxs = []int32{
 	12, // 20: rdzv.v1.Checkpoint.reported_at:type_name -> google.protobuf.Timestamp
 	2,  // 21: rdzv.v1.Assignment.spec:type_name -> rdzv.v1.JobSpec
 	12, // 22: rdzv.v1.Event.time:type_name -> google.protobuf.Timestamp
-	3,  // 23: rdzv.v1.Round.nodes:type_name -> rdzv.v1.NodeAssignment
-	12, // 24: rdzv.v1.Round.committed_at:type_name -> google.protobuf.Timestamp
-	25, // [25:25] is the sub-list for method output_type
-	25, // [25:25] is the sub-list for method input_type
-	25, // [25:25] is the sub-list for extension type_name
-	25, // [25:25] is the sub-list for extension extendee
-	0,  // [0:25] is the sub-list for field type_name
+	11, // 23: rdzv.v1.Event.detection_latency:type_name -> google.protobuf.Duration
+	3,  // 24: rdzv.v1.Round.nodes:type_name -> rdzv.v1.NodeAssignment
+	12, // 25: rdzv.v1.Round.committed_at:type_name -> google.protobuf.Timestamp
+	26, // [26:26] is the sub-list for method output_type
+	26, // [26:26] is the sub-list for method input_type
+	26, // [26:26] is the sub-list for extension type_name
+	26, // [26:26] is the sub-list for extension extendee
+	0,  // [0:26] is the sub-list for field type_name
 }
 
 func init() { file_rdzv_v1_job_proto_init() }

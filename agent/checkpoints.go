@@ -1,0 +1,173 @@
+package agent
+
+import (
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"sort"
+	"strconv"
+	"strings"
+	"time"
+
+	"go.uber.org/zap"
+
+	rdzvv1 "github.com/rdzv/rdzv/proto/rdzv/v1"
+)
+
+// scanEvery is how often node rank 0 looks for new complete checkpoints
+// while its workers run.
+const scanEvery = 2 * time.Second
+
+// Checkpoint sources, as in Checkpoint.source.
+const (
+	sourceHelper = "helper"
+	sourceScan   = "scan"
+)
+
+// FoundCheckpoint is a complete checkpoint found on disk.
+type FoundCheckpoint struct {
+	Step uint64
+	Path string
+}
+
+// ScanCheckpoints lists the complete checkpoints directly under dir: each
+// subdirectory whose name ends in a decimal number (the step: step-40,
+// checkpoint-1200, global_step300, 40) and that holds at least one of the
+// marker files. Names starting with '.' are skipped, as savers build a step
+// under such a temporary name before renaming it into place, and so are
+// symlinks leading out of dir. The result is sorted by step.
+func ScanCheckpoints(dir string, markers []string) ([]FoundCheckpoint, error) {
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		return nil, fmt.Errorf("listing checkpoint directory: %w", err)
+	}
+	var found []FoundCheckpoint
+	for _, e := range entries {
+		name := e.Name()
+		if strings.HasPrefix(name, ".") {
+			continue
+		}
+		step, ok := trailingNumber(name)
+		if !ok {
+			continue
+		}
+		path := filepath.Join(dir, name)
+		switch {
+		case e.IsDir():
+		case e.Type()&fs.ModeSymlink != 0:
+			if !symlinkedDirWithin(dir, path) {
+				continue
+			}
+		default:
+			continue
+		}
+		if hasMarker(path, markers) {
+			found = append(found, FoundCheckpoint{Step: step, Path: path})
+		}
+	}
+	// ReadDir sorts by name, so equal steps stay in name order.
+	sort.SliceStable(found, func(i, j int) bool { return found[i].Step < found[j].Step })
+	return found, nil
+}
+
+// trailingNumber parses the decimal digits that end name.
+func trailingNumber(name string) (uint64, bool) {
+	i := len(name)
+	for i > 0 && name[i-1] >= '0' && name[i-1] <= '9' {
+		i--
+	}
+	if i == len(name) {
+		return 0, false
+	}
+	n, err := strconv.ParseUint(name[i:], 10, 64)
+	return n, err == nil
+}
+
+// symlinkedDirWithin reports whether the symlink at path leads to a
+// directory inside dir: a checkpoint elsewhere is not this job's to offer.
+func symlinkedDirWithin(dir, path string) bool {
+	base, err := filepath.EvalSymlinks(dir)
+	if err != nil {
+		return false
+	}
+	target, err := filepath.EvalSymlinks(path)
+	if err != nil {
+		return false
+	}
+	if !within(base, target) {
+		return false
+	}
+	info, err := os.Stat(target)
+	return err == nil && info.IsDir()
+}
+
+// within reports whether path lies strictly inside dir, both clean and
+// absolute.
+func within(dir, path string) bool {
+	rel, err := filepath.Rel(dir, path)
+	return err == nil && rel != "." && rel != ".." && !strings.HasPrefix(rel, ".."+string(filepath.Separator))
+}
+
+func hasMarker(dir string, markers []string) bool {
+	for _, m := range markers {
+		if info, err := os.Lstat(filepath.Join(dir, m)); err == nil && info.Mode().IsRegular() {
+			return true
+		}
+	}
+	return false
+}
+
+// scanLoop reports w's complete checkpoints until w.scanStop is closed, then
+// scans once more: a checkpoint finished just before the workers died is the
+// one the next generation should resume from.
+func (s *Supervisor) scanLoop(w *worker, dir string, markers []string) {
+	defer close(w.scanDone)
+	log := s.log.With(zap.String("job", w.job), zap.Uint64("generation", w.generation), zap.String("checkpoint_dir", dir))
+	ticker := time.NewTicker(s.scanEvery)
+	defer ticker.Stop()
+	var lastErr string
+	for {
+		found, err := ScanCheckpoints(dir, markers)
+		switch {
+		case errors.Is(err, fs.ErrNotExist):
+			// The workers may not have created it yet.
+			log.Debug("checkpoint directory missing")
+		case err != nil:
+			if err.Error() != lastErr {
+				log.Warn("scanning checkpoints failed", zap.Error(err))
+			}
+			lastErr = err.Error()
+		default:
+			lastErr = ""
+			s.reportFound(w, found, log)
+		}
+		select {
+		case <-w.scanStop:
+			if found, err := ScanCheckpoints(dir, markers); err == nil {
+				s.reportFound(w, found, log)
+			}
+			return
+		case <-ticker.C:
+		}
+	}
+}
+
+// reportFound queues the checkpoints not yet reported in w's generation.
+func (s *Supervisor) reportFound(w *worker, found []FoundCheckpoint, log *zap.Logger) {
+	for _, c := range found {
+		if !s.markReported(w, c.Step) {
+			continue
+		}
+		r := &rdzvv1.CheckpointReport{Job: w.job, Generation: w.generation, Step: c.Step, Path: c.Path, Source: sourceScan}
+		// Unlike a helper report, a found checkpoint is not worth another
+		// report's place: it stays on disk and is offered again next scan.
+		if !s.queueCheckpoint(r, false) {
+			s.unmarkReported(w.job, w.generation, c.Step)
+			log.Debug("checkpoint report queue full, retrying next scan", zap.Uint64("step", c.Step))
+			return
+		}
+		log.Info("checkpoint found", zap.Uint64("step", c.Step), zap.String("path", c.Path))
+	}
+}

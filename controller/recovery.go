@@ -1,0 +1,221 @@
+package controller
+
+import (
+	"context"
+	"fmt"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"go.uber.org/zap"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/durationpb"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	rdzvv1 "github.com/rdzv/rdzv/proto/rdzv/v1"
+	"github.com/rdzv/rdzv/rendezvous"
+)
+
+const (
+	// crashLoopLimit: this many consecutive failed attempts without any
+	// training progress fail the job instead of restarting it again.
+	crashLoopLimit = 2
+	// minProductiveRun: an attempt that ran this long counts as progress
+	// even when the job reports no steps or checkpoints, so jobs that do not
+	// use the reporting helper are not mistaken for crash loops.
+	minProductiveRun = 5 * time.Minute
+	// catalogSize bounds the checkpoint catalog kept in etcd per job.
+	catalogSize = 32
+)
+
+// fenced reports whether no worker of the job's current generation can still
+// be running: each has exited, or its node is lost. Only then may the next
+// generation start.
+func (c *Controller) fenced(js *jobState) bool {
+	for _, a := range js.round.GetNodes() {
+		if terminalWorker(js.workers[a.GetNode()].GetState()) {
+			continue
+		}
+		if ns := c.nodes[a.GetNode()]; ns != nil && ns.rec.GetState() != rdzvv1.NodeState_NODE_STATE_LOST {
+			return false
+		}
+	}
+	return true
+}
+
+func (c *Controller) detectionLatency(w *rdzvv1.WorkerStatus) time.Duration {
+	if w.GetExitedAt() == nil {
+		return 0
+	}
+	return max(c.clock.Now().Sub(w.GetExitedAt().AsTime()), 0)
+}
+
+// closeInterval adds the time since the job last entered RUNNING or
+// RECOVERING to its training or recovery total. Callers change the state
+// right after (or work on a copy for display), so no interval counts twice.
+func (c *Controller) closeInterval(rec *rdzvv1.Job) {
+	now := c.clock.Now()
+	switch rec.GetState() {
+	case rdzvv1.JobState_JOB_STATE_RUNNING:
+		if rec.GetStartedAt() != nil {
+			rec.TrainingTime = durationpb.New(rec.GetTrainingTime().AsDuration() + now.Sub(rec.GetStartedAt().AsTime()))
+		}
+	case rdzvv1.JobState_JOB_STATE_RECOVERING:
+		if rec.GetRecoveryStartedAt() != nil {
+			rec.RecoveryTime = durationpb.New(rec.GetRecoveryTime().AsDuration() + now.Sub(rec.GetRecoveryStartedAt().AsTime()))
+			rec.RecoveryStartedAt = nil
+		}
+	}
+}
+
+// attemptFailed ends the current generation of a running job: it is fenced
+// (every node is told to kill its workers), and the job either waits out
+// its backoff to re-rendezvous and resume from the latest complete
+// checkpoint, or fails for good when restarts are used up or it is crash
+// looping. Callers hold c.mu.
+func (c *Controller) attemptFailed(ctx context.Context, js *jobState, reason string, latency time.Duration) {
+	spec := js.rec.GetSpec()
+	name := spec.GetName()
+	gen := js.rec.GetGeneration()
+	now := c.clock.Now()
+	rec := proto.Clone(js.rec).(*rdzvv1.Job)
+	productive := js.progressed || now.Sub(rec.GetStartedAt().AsTime()) >= minProductiveRun
+	if productive {
+		rec.RestartsWithoutProgress = 0
+	} else {
+		rec.RestartsWithoutProgress++
+	}
+	switch {
+	case rec.GetRestarts() >= spec.GetRestartMaxRestarts():
+		c.finish(ctx, js, rdzvv1.JobState_JOB_STATE_FAILED, fmt.Sprintf("%s; no restarts left (max_restarts %d)", reason, spec.GetRestartMaxRestarts()))
+		return
+	case rec.GetRestartsWithoutProgress() >= crashLoopLimit:
+		c.finish(ctx, js, rdzvv1.JobState_JOB_STATE_FAILED, fmt.Sprintf("crash loop: %d attempts in a row failed without training progress; last: %s", rec.GetRestartsWithoutProgress(), reason))
+		return
+	}
+	c.closeInterval(rec)
+	backoff := restartBackoff(spec, rec.GetRestartsWithoutProgress())
+	rec.Restarts++
+	rec.State = rdzvv1.JobState_JOB_STATE_RECOVERING
+	// Recovery is timed from the fault, not from when it was noticed.
+	rec.RecoveryStartedAt = timestamppb.New(now.Add(-latency))
+	rec.RestartNotBefore = timestamppb.New(now.Add(backoff))
+	from := "from scratch"
+	if cp := rec.GetLatestCheckpoint(); cp != nil {
+		from = fmt.Sprintf("from checkpoint step %d", cp.GetStep())
+	}
+	rec.Reason = fmt.Sprintf("recovering: %s; restart %d of %d %s", reason, rec.GetRestarts(), spec.GetRestartMaxRestarts(), from)
+	ev := c.event(name, "", gen, EventAttemptFailed, "generation %d failed: %s; restart %d of %d after %s backoff, %s (detected after %s)",
+		gen, reason, rec.GetRestarts(), spec.GetRestartMaxRestarts(), backoff, from, latency.Round(time.Millisecond))
+	ev.DetectionLatency = durationpb.New(latency)
+	rev, err := c.store.UpdateJob(ctx, rec, js.rev, ev)
+	if err != nil {
+		c.log.Error("recording failed attempt failed", zap.String("job", name), zap.Error(err))
+		return
+	}
+	js.rec, js.rev = rec, rev
+	js.pendingSince, js.lastCall = now, rendezvous.LastCall{}
+	c.log.Warn("attempt failed, recovering", zap.String("job", name), zap.Uint64("generation", gen),
+		zap.String("reason", reason), zap.Duration("detection_latency", latency), zap.Duration("backoff", backoff))
+	c.stopWorkers(js, fmt.Sprintf("generation %d failed: %s", gen, reason))
+	c.wake()
+}
+
+// restartBackoff doubles the initial backoff per consecutive failure
+// without progress, capped at the maximum.
+func restartBackoff(spec *rdzvv1.JobSpec, consecutive uint32) time.Duration {
+	d := spec.GetRestartBackoffInitial().AsDuration()
+	limit := spec.GetRestartBackoffMax().AsDuration()
+	for range consecutive {
+		if d >= limit/2 {
+			return limit
+		}
+		d *= 2
+	}
+	return min(d, limit)
+}
+
+// progress records a training step report. Steps live in memory only: at
+// one report per node per heartbeat they would be the bulk of etcd's writes.
+func (c *Controller) progress(node string, p *rdzvv1.Progress) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	js := c.jobs[p.GetJob()]
+	if js == nil || js.rec.GetGeneration() != p.GetGeneration() || js.rec.GetState() != rdzvv1.JobState_JOB_STATE_RUNNING || !inRound(js.round, node) {
+		return
+	}
+	if js.rec.GetProgressAt() == nil || p.GetStep() > js.rec.GetStep() {
+		js.rec.Step, js.rec.ProgressAt = p.GetStep(), timestamppb.New(c.clock.Now())
+		js.progressed = true
+	}
+}
+
+// checkpoint adds a complete checkpoint to the job's catalog. Only the
+// current generation of a running job may report one: a fenced generation
+// must never become the one the job resumes from.
+func (c *Controller) checkpoint(ctx context.Context, node string, r *rdzvv1.CheckpointReport) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	log := c.log.With(zap.String("node", node), zap.String("job", r.GetJob()), zap.Uint64("generation", r.GetGeneration()), zap.Uint64("step", r.GetStep()))
+	js := c.jobs[r.GetJob()]
+	if js == nil || js.rec.GetGeneration() != r.GetGeneration() || js.rec.GetState() != rdzvv1.JobState_JOB_STATE_RUNNING || !inRound(js.round, node) {
+		log.Warn("ignoring checkpoint from a stale generation")
+		return
+	}
+	if latest := js.rec.GetLatestCheckpoint(); latest != nil && r.GetStep() <= latest.GetStep() {
+		return
+	}
+	if err := checkpointPathOK(js.rec.GetSpec().GetCheckpointDir(), r.GetPath()); err != nil {
+		log.Warn("ignoring checkpoint with a bad path", zap.String("path", r.GetPath()), zap.Error(err))
+		return
+	}
+	cp := &rdzvv1.Checkpoint{Step: r.GetStep(), Path: r.GetPath(), Generation: r.GetGeneration(), Node: node,
+		ReportedAt: timestamppb.New(c.clock.Now()), Source: r.GetSource()}
+	rec := proto.Clone(js.rec).(*rdzvv1.Job)
+	rec.LatestCheckpoint = cp
+	var keepFrom uint64
+	if n := len(js.catalog); n >= catalogSize {
+		keepFrom = js.catalog[n-catalogSize+1]
+	}
+	ev := c.event(r.GetJob(), node, r.GetGeneration(), EventCheckpoint, "checkpoint step %d complete (%s): %s", r.GetStep(), r.GetSource(), r.GetPath())
+	rev, err := c.store.RecordCheckpoint(ctx, rec, js.rev, cp, keepFrom, ev)
+	if err != nil {
+		log.Error("recording checkpoint failed", zap.Error(err))
+		return
+	}
+	js.rec, js.rev = rec, rev
+	js.catalog = append(js.catalog, r.GetStep())
+	if len(js.catalog) > catalogSize {
+		js.catalog = js.catalog[len(js.catalog)-catalogSize:]
+	}
+	js.progressed = true
+	log.Info("checkpoint recorded", zap.String("path", r.GetPath()), zap.String("source", r.GetSource()))
+}
+
+func checkpointPathOK(dir, path string) error {
+	if !filepath.IsAbs(path) || filepath.Clean(path) != path {
+		return fmt.Errorf("not an absolute clean path")
+	}
+	if dir == "" {
+		return nil
+	}
+	rel, err := filepath.Rel(dir, path)
+	if err != nil || rel == "." || strings.HasPrefix(rel, "..") {
+		return fmt.Errorf("not inside checkpoint dir %s", dir)
+	}
+	return nil
+}
+
+// checkHangs restarts running jobs whose training stopped advancing. Jobs
+// that never reported a step have hang detection off. Callers hold c.mu.
+func (c *Controller) checkHangs(ctx context.Context, now time.Time) {
+	for _, js := range c.jobs {
+		timeout := js.rec.GetSpec().GetHealthProgressTimeout().AsDuration()
+		if js.rec.GetState() != rdzvv1.JobState_JOB_STATE_RUNNING || timeout <= 0 || js.rec.GetProgressAt() == nil {
+			continue
+		}
+		if stalled := now.Sub(js.rec.GetProgressAt().AsTime()); stalled > timeout {
+			c.attemptFailed(ctx, js, fmt.Sprintf("hang: no training progress for %s (last step %d)", stalled.Round(time.Second), js.rec.GetStep()), stalled-timeout)
+		}
+	}
+}

@@ -1,0 +1,205 @@
+package controller_test
+
+import (
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+	"google.golang.org/protobuf/types/known/durationpb"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	rdzvv1 "github.com/rdzv/rdzv/proto/rdzv/v1"
+)
+
+const recovering = rdzvv1.JobState_JOB_STATE_RECOVERING
+
+// recoverable is a job for scripted agents that restarts on failure.
+func (c *cluster) recoverable(name string, nodes, restarts uint32) *rdzvv1.JobSpec {
+	spec := c.spec(name, nodes, nodes, "hang")
+	spec.CheckpointDir = "/ckpt/" + name
+	spec.RestartMaxRestarts = restarts
+	spec.RestartBackoffInitial = durationpb.New(50 * time.Millisecond)
+	spec.RestartBackoffMax = durationpb.New(time.Second)
+	return spec
+}
+
+func (f *fakeAgent) checkpoint(a *rdzvv1.Assignment, step uint64, path string) {
+	f.t.Helper()
+	f.send(&rdzvv1.ConnectRequest{Msg: &rdzvv1.ConnectRequest_Checkpoint{Checkpoint: &rdzvv1.CheckpointReport{
+		Job: a.GetSpec().GetName(), Generation: a.GetGeneration(), Step: step, Path: path, Source: "helper",
+	}}})
+}
+
+func (f *fakeAgent) step(a *rdzvv1.Assignment, step uint64) {
+	f.t.Helper()
+	f.send(&rdzvv1.ConnectRequest{Msg: &rdzvv1.ConnectRequest_Progress{Progress: &rdzvv1.Progress{
+		Job: a.GetSpec().GetName(), Generation: a.GetGeneration(), Step: step, At: timestamppb.Now(),
+	}}})
+}
+
+// A worker failure fences the generation on every node and restarts the
+// job from the newest complete checkpoint, never from a stale generation's.
+func TestRecoveryResumesFromLatestCheckpoint(t *testing.T) {
+	c := newCluster(t)
+	a, b := c.connectFake("node-a"), c.connectFake("node-b")
+	a.keepAlive()
+	b.keepAlive()
+	c.startJob(c.recoverable("train", 2, 3))
+	a1, b1 := a.run(), b.run()
+	require.Empty(t, a1.GetResumeFrom(), "the first generation starts from scratch")
+	c.waitJob("train", func(j *rdzvv1.Job) bool {
+		return j.GetAssignments()[1].GetState() == rdzvv1.WorkerState_WORKER_STATE_RUNNING
+	})
+
+	a.step(a1, 5)
+	a.checkpoint(a1, 10, "/ckpt/train/step-10")
+	a.checkpoint(a1, 20, "/ckpt/train/step-20")
+	a.checkpoint(a1, 15, "/ckpt/train/step-15") // older than the latest: ignored
+	c.waitJob("train", func(j *rdzvv1.Job) bool { return j.GetLatestCheckpoint().GetStep() == 20 })
+	require.Len(t, c.etcdKeys("/rdzv/v1/checkpoints/train/"), 2, "the catalog holds the two complete checkpoints")
+
+	a.report(a1, rdzvv1.WorkerState_WORKER_STATE_FAILED, 1)
+	j := c.waitJobState("train", recovering)
+	require.Contains(t, j.GetReason(), "node node-a (rank 0): workers exited with code 1")
+	require.Contains(t, j.GetReason(), "restart 1 of 3 from checkpoint step 20")
+	b.expectStop(b1)
+
+	a2, b2 := a.run(), b.run()
+	require.Equal(t, uint64(2), a2.GetGeneration())
+	require.Equal(t, "/ckpt/train/step-20", a2.GetResumeFrom())
+	require.Equal(t, "/ckpt/train/step-20", b2.GetResumeFrom())
+
+	// The fenced generation may not move the catalog any more.
+	a.checkpoint(a1, 30, "/ckpt/train/step-30")
+	a.report(a2, rdzvv1.WorkerState_WORKER_STATE_SUCCEEDED, 0)
+	b.report(b2, rdzvv1.WorkerState_WORKER_STATE_SUCCEEDED, 0)
+	j = c.waitJobState("train", succeeded)
+	require.Equal(t, uint64(20), j.GetLatestCheckpoint().GetStep())
+	require.Equal(t, uint32(1), j.GetRestarts())
+	require.Positive(t, j.GetRecoveryTime().AsDuration())
+	require.Positive(t, j.GetTrainingTime().AsDuration())
+
+	kinds := eventKinds(c.events("train"))
+	require.Contains(t, kinds, "attempt_failed")
+	require.Contains(t, kinds, "checkpoint_recorded")
+	for _, e := range c.events("train") {
+		if e.GetKind() == "attempt_failed" {
+			require.NotNil(t, e.GetDetectionLatency(), "failures carry their detection latency")
+			require.Less(t, e.GetDetectionLatency().AsDuration(), waitTimeout)
+		}
+	}
+}
+
+// A job whose attempts keep failing without any progress stops restarting
+// long before its restart budget is spent.
+func TestCrashLoopFailsFast(t *testing.T) {
+	c := newCluster(t)
+	a := c.connectFake("node-a")
+	a.keepAlive()
+	c.startJob(c.recoverable("loop", 1, 10))
+	a1 := a.run()
+	a.report(a1, rdzvv1.WorkerState_WORKER_STATE_FAILED, 1)
+	a2 := a.run()
+	require.Equal(t, uint64(2), a2.GetGeneration())
+	a.report(a2, rdzvv1.WorkerState_WORKER_STATE_FAILED, 1)
+	j := c.waitJobState("loop", failed)
+	require.Contains(t, j.GetReason(), "crash loop: 2 attempts in a row failed without training progress")
+	require.Equal(t, uint32(1), j.GetRestarts())
+}
+
+// Progress between failures resets the crash-loop count, and the restart
+// budget still bounds the total.
+func TestRestartBudget(t *testing.T) {
+	c := newCluster(t)
+	a := c.connectFake("node-a")
+	a.keepAlive()
+	c.startJob(c.recoverable("budget", 1, 2))
+	for gen := uint64(1); gen <= 3; gen++ {
+		asg := a.run()
+		require.Equal(t, gen, asg.GetGeneration())
+		a.step(asg, gen*100)
+		c.waitJob("budget", func(j *rdzvv1.Job) bool { return j.GetStep() == gen*100 })
+		a.report(asg, rdzvv1.WorkerState_WORKER_STATE_FAILED, 2)
+	}
+	j := c.waitJobState("budget", failed)
+	require.Contains(t, j.GetReason(), "no restarts left (max_restarts 2)")
+	require.Equal(t, uint32(2), j.GetRestarts())
+}
+
+// A job whose reported steps stop advancing is restarted as hung.
+func TestHangDetected(t *testing.T) {
+	c := newCluster(t)
+	a := c.connectFake("node-a")
+	a.keepAlive()
+	spec := c.recoverable("stuck", 1, 1)
+	spec.HealthProgressTimeout = durationpb.New(500 * time.Millisecond)
+	c.startJob(spec)
+	a1 := a.run()
+	a.step(a1, 1)
+	j := c.waitJobState("stuck", recovering)
+	require.Contains(t, j.GetReason(), "hang: no training progress")
+	require.Contains(t, j.GetReason(), "last step 1")
+	a.expectStop(a1)
+	require.Equal(t, uint64(2), a.run().GetGeneration())
+}
+
+// Hang detection stays off for a job that never reports a step.
+func TestNoReportsNoHangDetection(t *testing.T) {
+	c := newCluster(t)
+	a := c.connectFake("node-a")
+	a.keepAlive()
+	spec := c.recoverable("quiet", 1, 1)
+	spec.HealthProgressTimeout = durationpb.New(200 * time.Millisecond)
+	c.startJob(spec)
+	a.run()
+	time.Sleep(time.Second) // several timeouts' worth of silence
+	require.Equal(t, running, c.getJob("quiet").GetState())
+}
+
+// A lost node is fenced out: the job re-rendezvouses on the nodes left
+// (within min..max) and resumes there.
+func TestRecoveryOnFewerNodes(t *testing.T) {
+	c := newCluster(t)
+	a, b, z := c.connectFake("node-a"), c.connectFake("node-b"), c.connectFake("node-z")
+	a.keepAlive()
+	b.keepAlive()
+	z.keepAlive()
+	spec := c.recoverable("elastic", 2, 3)
+	spec.NodesMax = 3
+	c.startJob(spec)
+	a1, b1, z1 := a.run(), b.run(), z.run()
+	require.Equal(t, uint32(3), a1.GetNnodes())
+	a.checkpoint(a1, 7, "/ckpt/elastic/step-7")
+	c.waitJob("elastic", func(j *rdzvv1.Job) bool { return j.GetLatestCheckpoint().GetStep() == 7 })
+
+	z.crash() // node-z vanishes without a word
+	_ = z1
+	j := c.waitJobState("elastic", recovering)
+	require.Contains(t, j.GetReason(), "node-z")
+	a.expectStop(a1)
+	b.expectStop(b1)
+	a2, b2 := a.run(), b.run()
+	require.Equal(t, uint32(2), a2.GetNnodes())
+	require.Equal(t, uint32(2), b2.GetNnodes())
+	require.Equal(t, "/ckpt/elastic/step-7", a2.GetResumeFrom())
+	require.Equal(t, running, c.waitJob("elastic", func(j *rdzvv1.Job) bool { return j.GetGeneration() == 2 }).GetState())
+}
+
+// Fewer healthy nodes than min: the job waits, saying why, then fails when
+// the rendezvous timeout passes.
+func TestRecoveryWaitsForMinThenTimesOut(t *testing.T) {
+	c := newCluster(t)
+	a, b := c.connectFake("node-a"), c.connectFake("node-b")
+	a.keepAlive()
+	b.keepAlive()
+	spec := c.recoverable("short", 2, 3)
+	spec.RendezvousTimeout = durationpb.New(2 * time.Second)
+	c.startJob(spec)
+	a1, _ := a.run(), b.run()
+	b.crash()
+	c.waitJobState("short", recovering)
+	a.expectStop(a1)
+	j := c.waitJob("short", func(j *rdzvv1.Job) bool { return j.GetState() != recovering })
+	require.Equal(t, failed, j.GetState())
+	require.Contains(t, j.GetReason(), "rendezvous timed out")
+}
