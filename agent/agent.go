@@ -7,6 +7,7 @@ import (
 	"math/rand/v2"
 	"net"
 	"os"
+	"sync/atomic"
 	"time"
 
 	"go.uber.org/zap"
@@ -41,6 +42,11 @@ const (
 	// shutdownFlush bounds how long a stopping agent waits for its last
 	// worker reports to be sent.
 	shutdownFlush = 2 * time.Second
+	// defaultHeartbeatTimeout is assumed for self-fencing until the
+	// controller says otherwise.
+	defaultHeartbeatTimeout = 5 * time.Second
+	// fenceCheckEvery is how often the agent asks whether it is cut off.
+	fenceCheckEvery = 250 * time.Millisecond
 	// defaultHeartbeat is used until the controller says otherwise.
 	defaultHeartbeat = time.Second
 )
@@ -94,6 +100,17 @@ func (a *Agent) Run(ctx context.Context) error {
 	sup := NewSupervisor(a.cfg, info.GetName(), info.GetNcclInterface(), ln.Addr().String(), a.spawner, log.Named("supervisor"))
 	reports := newReportServer(sup, log.Named("reports"))
 	sess := &agentSession{agent: a, info: info, sup: sup, client: rdzvv1.NewAgentServiceClient(conn), log: log.Named("session")}
+	sess.lastHeard.Store(time.Now().UnixNano())
+	sess.heartbeatTimeout.Store(int64(defaultHeartbeatTimeout))
+	if a.cfg.GossipPort >= 0 {
+		g, err := StartGossip(info.GetName(), info.GetAddress(), a.cfg.GossipPort, log.Named("gossip"))
+		if err != nil {
+			return err
+		}
+		defer g.Close()
+		sess.gossip = g
+		info.GossipAddr = g.Addr()
+	}
 	// The session outlives ctx a little: on shutdown the supervisor first
 	// stops the workers, and their final status should reach the controller
 	// rather than leave it to notice a silent node.
@@ -109,6 +126,7 @@ func (a *Agent) Run(ctx context.Context) error {
 		return err
 	})
 	g.Go(func() error { sess.loop(sessCtx); return nil })
+	g.Go(func() error { sess.fenceLoop(gctx); return nil })
 	return g.Wait()
 }
 
@@ -182,9 +200,16 @@ type agentSession struct {
 	sup    *Supervisor
 	client rdzvv1.AgentServiceClient
 	log    *zap.Logger
-	// heartbeatTimeout is how long the controller waits for a heartbeat
-	// before declaring this node lost, as of the last registration.
-	heartbeatTimeout time.Duration
+	// gossip is nil when disabled (gossip_port -1).
+	gossip *Gossip
+	// heartbeatTimeout (nanoseconds) is how long the controller waits for a
+	// heartbeat before declaring this node lost, as of the last registration.
+	heartbeatTimeout atomic.Int64
+	// lastHeard (unix nanoseconds) is when the controller last sent anything;
+	// it acknowledges every heartbeat.
+	lastHeard atomic.Int64
+	// fencing is set while a self-fencing stop is queued or under way.
+	fencing atomic.Bool
 }
 
 // loop connects, and reconnects with jittered exponential backoff, until
@@ -235,8 +260,17 @@ func (s *agentSession) connect(ctx context.Context) error {
 	if ms := first.GetRegistered().GetHeartbeatIntervalMs(); ms > 0 {
 		interval = time.Duration(ms) * time.Millisecond
 	}
-	s.heartbeatTimeout = time.Duration(first.GetRegistered().GetHeartbeatTimeoutMs()) * time.Millisecond
-	s.log.Info("registered with controller", zap.Duration("heartbeat_interval", interval), zap.Duration("heartbeat_timeout", s.heartbeatTimeout))
+	timeout := time.Duration(first.GetRegistered().GetHeartbeatTimeoutMs()) * time.Millisecond
+	if timeout > 0 {
+		s.heartbeatTimeout.Store(int64(timeout))
+	}
+	s.heard()
+	s.log.Info("registered with controller", zap.Duration("heartbeat_interval", interval), zap.Duration("heartbeat_timeout", timeout))
+	var gossipChanged <-chan struct{}
+	if s.gossip != nil {
+		gossipChanged = s.gossip.Changed()
+		go s.gossip.Join(first.GetRegistered().GetGossipSeeds())
+	}
 
 	// Only the sender goroutine calls stream.Send after registration.
 	out := make(chan *rdzvv1.ConnectRequest, 256)
@@ -250,8 +284,13 @@ func (s *agentSession) connect(ctx context.Context) error {
 		// Per session: a controller that restarted learns the current
 		// progress on the first tick.
 		var progress progressFilter
+		// A new controller (or a new stream) learns the current view at once.
+		first := s.gossipViewMsg()
 		for {
 			var msgs []*rdzvv1.ConnectRequest
+			if first != nil {
+				msgs, first = append(msgs, first), nil
+			}
 			select {
 			case <-gctx.Done():
 				return gctx.Err()
@@ -272,6 +311,8 @@ func (s *agentSession) connect(ctx context.Context) error {
 				msgs = append(msgs, checkpointMsg(c))
 			case m := <-out:
 				msgs = append(msgs, m)
+			case <-gossipChanged:
+				msgs = append(msgs, s.gossipViewMsg())
 			}
 			for _, m := range msgs {
 				if err := stream.Send(m); err != nil {
@@ -286,6 +327,7 @@ func (s *agentSession) connect(ctx context.Context) error {
 			if err != nil {
 				return fmt.Errorf("receiving from controller: %w", err)
 			}
+			s.heard()
 			s.handle(gctx, m, out, logs)
 		}
 	})
@@ -325,6 +367,8 @@ func (s *agentSession) handle(ctx context.Context, m *rdzvv1.ConnectResponse, ou
 		logs.start(ctx, msg.LogTail)
 	case *rdzvv1.ConnectResponse_LogCancel:
 		logs.cancel(msg.LogCancel.GetRequestId())
+	case *rdzvv1.ConnectResponse_HeartbeatAck:
+		// Its arrival is all that matters: see heard.
 	case *rdzvv1.ConnectResponse_Registered:
 		s.log.Warn("ignoring repeated registered message")
 	default:
@@ -333,3 +377,47 @@ func (s *agentSession) handle(ctx context.Context, m *rdzvv1.ConnectResponse, ou
 }
 
 var errNoFreePort = errors.New("no free port")
+
+func (s *agentSession) heard() { s.lastHeard.Store(time.Now().UnixNano()) }
+
+func (s *agentSession) gossipViewMsg() *rdzvv1.ConnectRequest {
+	if s.gossip == nil {
+		return nil
+	}
+	unreachable, alive := s.gossip.View()
+	return &rdzvv1.ConnectRequest{Msg: &rdzvv1.ConnectRequest_GossipView{GossipView: &rdzvv1.GossipView{
+		Unreachable: unreachable, AliveMembers: uint32(alive),
+	}}}
+}
+
+// fenceLoop stops this node's workers when it is cut off: the controller
+// has not been heard for longer than it waits before declaring the node
+// lost (so it has moved the job on, or will), and gossip cannot reach the
+// peers either (so the controller is not merely restarting). A cut-off
+// node must never keep training or write a checkpoint after the job moved
+// on; when it is back it registers as a fresh, idle node.
+func (s *agentSession) fenceLoop(ctx context.Context) {
+	ticker := time.NewTicker(fenceCheckEvery)
+	defer ticker.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-ticker.C:
+		}
+		silent := time.Since(time.Unix(0, s.lastHeard.Load()))
+		timeout := time.Duration(s.heartbeatTimeout.Load())
+		isolated := s.gossip == nil || s.gossip.Isolated()
+		if !shouldFence(s.sup.Busy(), silent, timeout, isolated) || s.fencing.Swap(true) {
+			continue
+		}
+		reason := fmt.Sprintf("self-fenced: controller silent for %s and peers unreachable", silent.Round(100*time.Millisecond))
+		s.log.Warn("fencing own workers", zap.Duration("controller_silent", silent), zap.Bool("gossip", s.gossip != nil))
+		s.sup.Fence(reason, func() { s.fencing.Store(false) })
+	}
+}
+
+// shouldFence is the self-fencing rule.
+func shouldFence(busy bool, controllerSilent, timeout time.Duration, isolated bool) bool {
+	return busy && timeout > 0 && controllerSilent > timeout && isolated
+}

@@ -35,6 +35,10 @@ type Config struct {
 	FakeGPUs int `json:"fake_gpus"`
 	// StateDir holds job logs and scratch working directories.
 	StateDir string `json:"state_dir"`
+	// GossipPort is the memberlist port on the NCCL interface address; 0
+	// picks a free one, -1 turns gossip off (then a node that loses the
+	// controller fences itself without asking its peers).
+	GossipPort int `json:"gossip_port"`
 	// StopGrace is how long workers get between SIGTERM and SIGKILL.
 	StopGrace jobspec.Duration `json:"stop_grace"`
 	LogLevel  string           `json:"log_level"`
@@ -43,9 +47,10 @@ type Config struct {
 // DefaultConfig is an agent with no controller set.
 func DefaultConfig() Config {
 	return Config{
-		StateDir:  "/var/lib/rdzv/agent",
-		StopGrace: jobspec.Duration{Duration: 10 * time.Second},
-		LogLevel:  "info",
+		StateDir:   "/var/lib/rdzv/agent",
+		GossipPort: 7946,
+		StopGrace:  jobspec.Duration{Duration: 10 * time.Second},
+		LogLevel:   "info",
 	}
 }
 
@@ -81,6 +86,9 @@ func (c Config) Validate() error {
 	}
 	if c.StateDir == "" || !filepath.IsAbs(c.StateDir) {
 		errs = append(errs, fmt.Errorf("state_dir: must be an absolute path, got %q", c.StateDir))
+	}
+	if c.GossipPort < -1 || c.GossipPort > 65535 {
+		errs = append(errs, fmt.Errorf("gossip_port: must be -1 (off), 0 (any) or a port, got %d", c.GossipPort))
 	}
 	if c.StopGrace.Duration <= 0 {
 		errs = append(errs, fmt.Errorf("stop_grace: must be positive, got %s", c.StopGrace))

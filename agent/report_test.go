@@ -393,6 +393,7 @@ func TestAgentForwardsReports(t *testing.T) {
 
 	cfg := DefaultConfig()
 	cfg.Controller, cfg.NodeName, cfg.StateDir = ln.Addr().String(), "node-a", t.TempDir()
+	cfg.GossipPort = 0
 	a, err := New(cfg, zaptest.NewLogger(t), gpu.Fake{}, fakeNet{ifaces: []netif.Interface{lo}}, ExecSpawner{})
 	require.NoError(t, err)
 	ctx, cancel := context.WithCancel(context.Background())

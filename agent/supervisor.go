@@ -125,6 +125,22 @@ func (s *Supervisor) Stop(job string, generation uint64, reason string) {
 	s.cmds <- func() { s.stop(job, generation, reason) }
 }
 
+// Busy reports whether any workers run here.
+func (s *Supervisor) Busy() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.cur != nil
+}
+
+// Fence queues stopping whatever runs, whichever job it belongs to; done is
+// called once that is over.
+func (s *Supervisor) Fence(reason string, done func()) {
+	s.cmds <- func() {
+		defer done()
+		s.stopCurrent(reason)
+	}
+}
+
 // Statuses is what this node runs and recently ran, for registration.
 func (s *Supervisor) Statuses() []*rdzvv1.WorkerStatus {
 	s.mu.Lock()

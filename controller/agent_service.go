@@ -60,6 +60,9 @@ func (a *agentService) Connect(stream rdzvv1.AgentService_ConnectServer) error {
 			sess.touch(c.clock.Now())
 			switch msg := m.GetMsg().(type) {
 			case *rdzvv1.ConnectRequest_Heartbeat:
+				sess.send(&rdzvv1.ConnectResponse{Msg: &rdzvv1.ConnectResponse_HeartbeatAck{HeartbeatAck: &rdzvv1.HeartbeatAck{Seq: msg.Heartbeat.GetSeq()}}})
+			case *rdzvv1.ConnectRequest_GossipView:
+				c.gossipView(name, msg.GossipView)
 			case *rdzvv1.ConnectRequest_WorkerStatus:
 				// Reports are applied under the controller's lifetime, not the
 				// stream's: one that arrived is recorded even if the stream dies.
@@ -174,6 +177,7 @@ func (c *Controller) register(ctx context.Context, sess *session, reg *rdzvv1.Re
 	sess.send(&rdzvv1.ConnectResponse{Msg: &rdzvv1.ConnectResponse_Registered{Registered: &rdzvv1.Registered{
 		HeartbeatIntervalMs: uint32(c.cfg.Heartbeat.Interval.Milliseconds()),
 		HeartbeatTimeoutMs:  uint32(c.cfg.Heartbeat.Timeout.Milliseconds()),
+		GossipSeeds:         c.gossipSeeds(name),
 	}}})
 
 	reported := map[string]bool{}

@@ -55,6 +55,11 @@ type nodeState struct {
 	// lastSeen is kept for nodes without a session (just loaded, or
 	// disconnected) so the liveness clock keeps running for them.
 	lastSeen time.Time
+	// view is what this node's gossip last reported about its peers.
+	view *gossipView
+	// hiccup is set while the node is silent to the controller yet its
+	// peers still reach it.
+	hiccup bool
 	// graceUntil keeps a node loaded at start from being declared lost
 	// before its agent had a fair chance to reconnect.
 	graceUntil time.Time

@@ -181,6 +181,8 @@ func (c *cluster) addAgent(name string, gpus int, labels map[string]string) *run
 	cfg.FakeGPUs = gpus
 	cfg.StateDir = t.TempDir()
 	cfg.StopGrace.Duration = 2 * time.Second
+	// Real gossip between the in-process agents, on ports the OS picks.
+	cfg.GossipPort = 0
 	a, err := agent.New(cfg, testLogger(t).Named(name), gpu.Fake{Count: gpus, Node: name}, loopbackOnly{}, agent.ExecSpawner{})
 	require.NoError(t, err)
 
@@ -487,6 +489,9 @@ func (c *cluster) connectFake(name string) *fakeAgent {
 			m, err := stream.Recv()
 			if err != nil {
 				return
+			}
+			if m.GetHeartbeatAck() != nil {
+				continue
 			}
 			if probe := m.GetPortProbe(); probe != nil {
 				// Answered here, as a real agent does, so scripts only see

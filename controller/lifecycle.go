@@ -413,6 +413,7 @@ func (c *Controller) checkLiveness(ctx context.Context) {
 	defer c.mu.Unlock()
 	now := c.clock.Now()
 	timeout := c.cfg.Heartbeat.Timeout.Duration
+	votes, reporters := c.gossipVotes()
 	for name, ns := range c.nodes {
 		if ns.rec.GetState() == rdzvv1.NodeState_NODE_STATE_LOST || now.Before(ns.graceUntil) {
 			continue
@@ -421,17 +422,27 @@ func (c *Controller) checkLiveness(ctx context.Context) {
 		if ns.session != nil {
 			seen = ns.session.seen()
 		}
-		if silent := now.Sub(seen); silent > timeout {
-			c.markLost(ctx, name, ns, seen, silent)
+		silent := now.Sub(seen)
+		switch verdict(silent, c.cfg.Heartbeat.Interval.Duration, timeout, votes[name], reporters-votes[name]-ns.selfReporter()) {
+		case peersConfirm:
+			c.markLost(ctx, name, ns, seen, silent, fmt.Sprintf("no heartbeat for %s and %d peers cannot reach it", silent.Round(100*time.Millisecond), votes[name]))
+		case timedOut:
+			c.markLost(ctx, name, ns, seen, silent, fmt.Sprintf("no heartbeat for %s", silent.Round(100*time.Millisecond)))
+		case peersVouch:
+			if !ns.hiccup {
+				ns.hiccup = true
+				c.log.Warn("node silent to the controller but reachable by its peers", zap.String("node", name), zap.Duration("silent", silent))
+			}
+		default:
+			ns.hiccup = false
 		}
 	}
 	c.checkHangs(ctx, now)
 }
 
-func (c *Controller) markLost(ctx context.Context, name string, ns *nodeState, lastSeen time.Time, silent time.Duration) {
+func (c *Controller) markLost(ctx context.Context, name string, ns *nodeState, lastSeen time.Time, silent time.Duration, reason string) {
 	rec := proto.Clone(ns.rec).(*rdzvv1.Node)
 	rec.State, rec.StateChangedAt = rdzvv1.NodeState_NODE_STATE_LOST, timestamppb.New(c.clock.Now())
-	reason := fmt.Sprintf("no heartbeat for %s", silent.Round(100*time.Millisecond))
 	rev, err := c.store.PutNode(ctx, rec, ns.rev, c.event(ns.job, name, ns.generation, EventNodeLost, "node %s lost: %s", name, reason))
 	if err != nil {
 		c.log.Error("marking node lost failed", zap.String("node", name), zap.Error(err))

@@ -76,7 +76,8 @@ names+=(controller)
 
 for n in 1 2; do
 	echo "== starting agent demo-node-$n (logs: $DEMO/node-$n.log)"
-	bin/rdzv-agent --controller "$CONTROLLER" --node-name "demo-node-$n" --state-dir "$DEMO/node-$n" \
+	# Two agents share this machine, so each takes any free gossip port.
+	bin/rdzv-agent --controller "$CONTROLLER" --node-name "demo-node-$n" --state-dir "$DEMO/node-$n" --gossip-port 0 \
 		>"$DEMO/node-$n.log" 2>&1 &
 	pids+=($!)
 	names+=("demo-node-$n")

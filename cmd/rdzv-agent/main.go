@@ -43,6 +43,7 @@ func config(args []string) (agent.Config, error) {
 	name := fs.String("node-name", "", "node name (default: the hostname)")
 	labels := fs.String("labels", "", "node labels k=v,k2=v2 (\"topology\" orders ranks)")
 	iface := fs.String("nccl-interface", "", "interface for NCCL/Gloo (default: picked automatically)")
+	gossipPort := fs.Int("gossip-port", def.GossipPort, "memberlist gossip port on the NCCL interface (0: any free port, -1: off)")
 	fake := fs.Int("fake-gpus", 0, "pretend to have N GPUs, for scheduling tests on CPU hosts")
 	stateDir := fs.String("state-dir", def.StateDir, "directory for job logs and scratch workdirs")
 	grace := fs.Duration("stop-grace", def.StopGrace.Duration, "time between SIGTERM and SIGKILL when stopping workers")
@@ -73,6 +74,9 @@ func config(args []string) (agent.Config, error) {
 	}
 	if set["nccl-interface"] {
 		cfg.NCCLInterface = *iface
+	}
+	if set["gossip-port"] {
+		cfg.GossipPort = *gossipPort
 	}
 	if set["fake-gpus"] {
 		cfg.FakeGPUs = *fake

@@ -33,6 +33,7 @@ type ConnectRequest struct {
 	//	*ConnectRequest_LogChunk
 	//	*ConnectRequest_Progress
 	//	*ConnectRequest_Checkpoint
+	//	*ConnectRequest_GossipView
 	Msg           isConnectRequest_Msg `protobuf_oneof:"msg"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -138,6 +139,15 @@ func (x *ConnectRequest) GetCheckpoint() *CheckpointReport {
 	return nil
 }
 
+func (x *ConnectRequest) GetGossipView() *GossipView {
+	if x != nil {
+		if x, ok := x.Msg.(*ConnectRequest_GossipView); ok {
+			return x.GossipView
+		}
+	}
+	return nil
+}
+
 type isConnectRequest_Msg interface {
 	isConnectRequest_Msg()
 }
@@ -170,6 +180,10 @@ type ConnectRequest_Checkpoint struct {
 	Checkpoint *CheckpointReport `protobuf:"bytes,7,opt,name=checkpoint,proto3,oneof"`
 }
 
+type ConnectRequest_GossipView struct {
+	GossipView *GossipView `protobuf:"bytes,8,opt,name=gossip_view,json=gossipView,proto3,oneof"`
+}
+
 func (*ConnectRequest_Register) isConnectRequest_Msg() {}
 
 func (*ConnectRequest_Heartbeat) isConnectRequest_Msg() {}
@@ -184,6 +198,8 @@ func (*ConnectRequest_Progress) isConnectRequest_Msg() {}
 
 func (*ConnectRequest_Checkpoint) isConnectRequest_Msg() {}
 
+func (*ConnectRequest_GossipView) isConnectRequest_Msg() {}
+
 type ConnectResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// Types that are valid to be assigned to Msg:
@@ -194,6 +210,7 @@ type ConnectResponse struct {
 	//	*ConnectResponse_PortProbe
 	//	*ConnectResponse_LogTail
 	//	*ConnectResponse_LogCancel
+	//	*ConnectResponse_HeartbeatAck
 	Msg           isConnectResponse_Msg `protobuf_oneof:"msg"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -290,6 +307,15 @@ func (x *ConnectResponse) GetLogCancel() *LogCancel {
 	return nil
 }
 
+func (x *ConnectResponse) GetHeartbeatAck() *HeartbeatAck {
+	if x != nil {
+		if x, ok := x.Msg.(*ConnectResponse_HeartbeatAck); ok {
+			return x.HeartbeatAck
+		}
+	}
+	return nil
+}
+
 type isConnectResponse_Msg interface {
 	isConnectResponse_Msg()
 }
@@ -318,6 +344,10 @@ type ConnectResponse_LogCancel struct {
 	LogCancel *LogCancel `protobuf:"bytes,6,opt,name=log_cancel,json=logCancel,proto3,oneof"`
 }
 
+type ConnectResponse_HeartbeatAck struct {
+	HeartbeatAck *HeartbeatAck `protobuf:"bytes,7,opt,name=heartbeat_ack,json=heartbeatAck,proto3,oneof"`
+}
+
 func (*ConnectResponse_Registered) isConnectResponse_Msg() {}
 
 func (*ConnectResponse_Assignment) isConnectResponse_Msg() {}
@@ -329,6 +359,8 @@ func (*ConnectResponse_PortProbe) isConnectResponse_Msg() {}
 func (*ConnectResponse_LogTail) isConnectResponse_Msg() {}
 
 func (*ConnectResponse_LogCancel) isConnectResponse_Msg() {}
+
+func (*ConnectResponse_HeartbeatAck) isConnectResponse_Msg() {}
 
 type Register struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -391,8 +423,10 @@ type Registered struct {
 	// How long the controller waits for a heartbeat before it declares the
 	// node lost and moves its job on.
 	HeartbeatTimeoutMs uint32 `protobuf:"varint,2,opt,name=heartbeat_timeout_ms,json=heartbeatTimeoutMs,proto3" json:"heartbeat_timeout_ms,omitempty"`
-	unknownFields      protoimpl.UnknownFields
-	sizeCache          protoimpl.SizeCache
+	// Gossip addresses (host:port) of a few other ready nodes to join.
+	GossipSeeds   []string `protobuf:"bytes,3,rep,name=gossip_seeds,json=gossipSeeds,proto3" json:"gossip_seeds,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Registered) Reset() {
@@ -439,6 +473,115 @@ func (x *Registered) GetHeartbeatTimeoutMs() uint32 {
 	return 0
 }
 
+func (x *Registered) GetGossipSeeds() []string {
+	if x != nil {
+		return x.GossipSeeds
+	}
+	return nil
+}
+
+// HeartbeatAck tells the agent the controller hears it: an agent that gets
+// none for the heartbeat timeout knows the controller has given up on it.
+type HeartbeatAck struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Seq           uint64                 `protobuf:"varint,1,opt,name=seq,proto3" json:"seq,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *HeartbeatAck) Reset() {
+	*x = HeartbeatAck{}
+	mi := &file_rdzv_v1_agent_service_proto_msgTypes[4]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *HeartbeatAck) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*HeartbeatAck) ProtoMessage() {}
+
+func (x *HeartbeatAck) ProtoReflect() protoreflect.Message {
+	mi := &file_rdzv_v1_agent_service_proto_msgTypes[4]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use HeartbeatAck.ProtoReflect.Descriptor instead.
+func (*HeartbeatAck) Descriptor() ([]byte, []int) {
+	return file_rdzv_v1_agent_service_proto_rawDescGZIP(), []int{4}
+}
+
+func (x *HeartbeatAck) GetSeq() uint64 {
+	if x != nil {
+		return x.Seq
+	}
+	return 0
+}
+
+// GossipView is the set of nodes this agent's gossip currently finds
+// unreachable, sent whenever it changes. The controller uses it to confirm a
+// silent node is really gone, and to spare one that only it cannot hear.
+type GossipView struct {
+	state       protoimpl.MessageState `protogen:"open.v1"`
+	Unreachable []string               `protobuf:"bytes,1,rep,name=unreachable,proto3" json:"unreachable,omitempty"`
+	// Members this agent's gossip sees alive, itself included.
+	AliveMembers  uint32 `protobuf:"varint,2,opt,name=alive_members,json=aliveMembers,proto3" json:"alive_members,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GossipView) Reset() {
+	*x = GossipView{}
+	mi := &file_rdzv_v1_agent_service_proto_msgTypes[5]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GossipView) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GossipView) ProtoMessage() {}
+
+func (x *GossipView) ProtoReflect() protoreflect.Message {
+	mi := &file_rdzv_v1_agent_service_proto_msgTypes[5]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GossipView.ProtoReflect.Descriptor instead.
+func (*GossipView) Descriptor() ([]byte, []int) {
+	return file_rdzv_v1_agent_service_proto_rawDescGZIP(), []int{5}
+}
+
+func (x *GossipView) GetUnreachable() []string {
+	if x != nil {
+		return x.Unreachable
+	}
+	return nil
+}
+
+func (x *GossipView) GetAliveMembers() uint32 {
+	if x != nil {
+		return x.AliveMembers
+	}
+	return 0
+}
+
 type Heartbeat struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Seq           uint64                 `protobuf:"varint,1,opt,name=seq,proto3" json:"seq,omitempty"`
@@ -448,7 +591,7 @@ type Heartbeat struct {
 
 func (x *Heartbeat) Reset() {
 	*x = Heartbeat{}
-	mi := &file_rdzv_v1_agent_service_proto_msgTypes[4]
+	mi := &file_rdzv_v1_agent_service_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -460,7 +603,7 @@ func (x *Heartbeat) String() string {
 func (*Heartbeat) ProtoMessage() {}
 
 func (x *Heartbeat) ProtoReflect() protoreflect.Message {
-	mi := &file_rdzv_v1_agent_service_proto_msgTypes[4]
+	mi := &file_rdzv_v1_agent_service_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -473,7 +616,7 @@ func (x *Heartbeat) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Heartbeat.ProtoReflect.Descriptor instead.
 func (*Heartbeat) Descriptor() ([]byte, []int) {
-	return file_rdzv_v1_agent_service_proto_rawDescGZIP(), []int{4}
+	return file_rdzv_v1_agent_service_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *Heartbeat) GetSeq() uint64 {
@@ -499,7 +642,7 @@ type WorkerStatus struct {
 
 func (x *WorkerStatus) Reset() {
 	*x = WorkerStatus{}
-	mi := &file_rdzv_v1_agent_service_proto_msgTypes[5]
+	mi := &file_rdzv_v1_agent_service_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -511,7 +654,7 @@ func (x *WorkerStatus) String() string {
 func (*WorkerStatus) ProtoMessage() {}
 
 func (x *WorkerStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_rdzv_v1_agent_service_proto_msgTypes[5]
+	mi := &file_rdzv_v1_agent_service_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -524,7 +667,7 @@ func (x *WorkerStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WorkerStatus.ProtoReflect.Descriptor instead.
 func (*WorkerStatus) Descriptor() ([]byte, []int) {
-	return file_rdzv_v1_agent_service_proto_rawDescGZIP(), []int{5}
+	return file_rdzv_v1_agent_service_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *WorkerStatus) GetJob() string {
@@ -590,7 +733,7 @@ type Progress struct {
 
 func (x *Progress) Reset() {
 	*x = Progress{}
-	mi := &file_rdzv_v1_agent_service_proto_msgTypes[6]
+	mi := &file_rdzv_v1_agent_service_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -602,7 +745,7 @@ func (x *Progress) String() string {
 func (*Progress) ProtoMessage() {}
 
 func (x *Progress) ProtoReflect() protoreflect.Message {
-	mi := &file_rdzv_v1_agent_service_proto_msgTypes[6]
+	mi := &file_rdzv_v1_agent_service_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -615,7 +758,7 @@ func (x *Progress) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Progress.ProtoReflect.Descriptor instead.
 func (*Progress) Descriptor() ([]byte, []int) {
-	return file_rdzv_v1_agent_service_proto_rawDescGZIP(), []int{6}
+	return file_rdzv_v1_agent_service_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *Progress) GetJob() string {
@@ -661,7 +804,7 @@ type CheckpointReport struct {
 
 func (x *CheckpointReport) Reset() {
 	*x = CheckpointReport{}
-	mi := &file_rdzv_v1_agent_service_proto_msgTypes[7]
+	mi := &file_rdzv_v1_agent_service_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -673,7 +816,7 @@ func (x *CheckpointReport) String() string {
 func (*CheckpointReport) ProtoMessage() {}
 
 func (x *CheckpointReport) ProtoReflect() protoreflect.Message {
-	mi := &file_rdzv_v1_agent_service_proto_msgTypes[7]
+	mi := &file_rdzv_v1_agent_service_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -686,7 +829,7 @@ func (x *CheckpointReport) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CheckpointReport.ProtoReflect.Descriptor instead.
 func (*CheckpointReport) Descriptor() ([]byte, []int) {
-	return file_rdzv_v1_agent_service_proto_rawDescGZIP(), []int{7}
+	return file_rdzv_v1_agent_service_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *CheckpointReport) GetJob() string {
@@ -735,7 +878,7 @@ type StopWorkers struct {
 
 func (x *StopWorkers) Reset() {
 	*x = StopWorkers{}
-	mi := &file_rdzv_v1_agent_service_proto_msgTypes[8]
+	mi := &file_rdzv_v1_agent_service_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -747,7 +890,7 @@ func (x *StopWorkers) String() string {
 func (*StopWorkers) ProtoMessage() {}
 
 func (x *StopWorkers) ProtoReflect() protoreflect.Message {
-	mi := &file_rdzv_v1_agent_service_proto_msgTypes[8]
+	mi := &file_rdzv_v1_agent_service_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -760,7 +903,7 @@ func (x *StopWorkers) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StopWorkers.ProtoReflect.Descriptor instead.
 func (*StopWorkers) Descriptor() ([]byte, []int) {
-	return file_rdzv_v1_agent_service_proto_rawDescGZIP(), []int{8}
+	return file_rdzv_v1_agent_service_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *StopWorkers) GetJob() string {
@@ -797,7 +940,7 @@ type PortProbe struct {
 
 func (x *PortProbe) Reset() {
 	*x = PortProbe{}
-	mi := &file_rdzv_v1_agent_service_proto_msgTypes[9]
+	mi := &file_rdzv_v1_agent_service_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -809,7 +952,7 @@ func (x *PortProbe) String() string {
 func (*PortProbe) ProtoMessage() {}
 
 func (x *PortProbe) ProtoReflect() protoreflect.Message {
-	mi := &file_rdzv_v1_agent_service_proto_msgTypes[9]
+	mi := &file_rdzv_v1_agent_service_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -822,7 +965,7 @@ func (x *PortProbe) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PortProbe.ProtoReflect.Descriptor instead.
 func (*PortProbe) Descriptor() ([]byte, []int) {
-	return file_rdzv_v1_agent_service_proto_rawDescGZIP(), []int{9}
+	return file_rdzv_v1_agent_service_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *PortProbe) GetRequestId() string {
@@ -858,7 +1001,7 @@ type PortProbeResult struct {
 
 func (x *PortProbeResult) Reset() {
 	*x = PortProbeResult{}
-	mi := &file_rdzv_v1_agent_service_proto_msgTypes[10]
+	mi := &file_rdzv_v1_agent_service_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -870,7 +1013,7 @@ func (x *PortProbeResult) String() string {
 func (*PortProbeResult) ProtoMessage() {}
 
 func (x *PortProbeResult) ProtoReflect() protoreflect.Message {
-	mi := &file_rdzv_v1_agent_service_proto_msgTypes[10]
+	mi := &file_rdzv_v1_agent_service_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -883,7 +1026,7 @@ func (x *PortProbeResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PortProbeResult.ProtoReflect.Descriptor instead.
 func (*PortProbeResult) Descriptor() ([]byte, []int) {
-	return file_rdzv_v1_agent_service_proto_rawDescGZIP(), []int{10}
+	return file_rdzv_v1_agent_service_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *PortProbeResult) GetRequestId() string {
@@ -920,7 +1063,7 @@ type LogTail struct {
 
 func (x *LogTail) Reset() {
 	*x = LogTail{}
-	mi := &file_rdzv_v1_agent_service_proto_msgTypes[11]
+	mi := &file_rdzv_v1_agent_service_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -932,7 +1075,7 @@ func (x *LogTail) String() string {
 func (*LogTail) ProtoMessage() {}
 
 func (x *LogTail) ProtoReflect() protoreflect.Message {
-	mi := &file_rdzv_v1_agent_service_proto_msgTypes[11]
+	mi := &file_rdzv_v1_agent_service_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -945,7 +1088,7 @@ func (x *LogTail) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LogTail.ProtoReflect.Descriptor instead.
 func (*LogTail) Descriptor() ([]byte, []int) {
-	return file_rdzv_v1_agent_service_proto_rawDescGZIP(), []int{11}
+	return file_rdzv_v1_agent_service_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *LogTail) GetRequestId() string {
@@ -985,7 +1128,7 @@ type LogCancel struct {
 
 func (x *LogCancel) Reset() {
 	*x = LogCancel{}
-	mi := &file_rdzv_v1_agent_service_proto_msgTypes[12]
+	mi := &file_rdzv_v1_agent_service_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -997,7 +1140,7 @@ func (x *LogCancel) String() string {
 func (*LogCancel) ProtoMessage() {}
 
 func (x *LogCancel) ProtoReflect() protoreflect.Message {
-	mi := &file_rdzv_v1_agent_service_proto_msgTypes[12]
+	mi := &file_rdzv_v1_agent_service_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1010,7 +1153,7 @@ func (x *LogCancel) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LogCancel.ProtoReflect.Descriptor instead.
 func (*LogCancel) Descriptor() ([]byte, []int) {
-	return file_rdzv_v1_agent_service_proto_rawDescGZIP(), []int{12}
+	return file_rdzv_v1_agent_service_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *LogCancel) GetRequestId() string {
@@ -1033,7 +1176,7 @@ type LogChunk struct {
 
 func (x *LogChunk) Reset() {
 	*x = LogChunk{}
-	mi := &file_rdzv_v1_agent_service_proto_msgTypes[13]
+	mi := &file_rdzv_v1_agent_service_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1045,7 +1188,7 @@ func (x *LogChunk) String() string {
 func (*LogChunk) ProtoMessage() {}
 
 func (x *LogChunk) ProtoReflect() protoreflect.Message {
-	mi := &file_rdzv_v1_agent_service_proto_msgTypes[13]
+	mi := &file_rdzv_v1_agent_service_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1058,7 +1201,7 @@ func (x *LogChunk) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LogChunk.ProtoReflect.Descriptor instead.
 func (*LogChunk) Descriptor() ([]byte, []int) {
-	return file_rdzv_v1_agent_service_proto_rawDescGZIP(), []int{13}
+	return file_rdzv_v1_agent_service_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *LogChunk) GetRequestId() string {
@@ -1093,7 +1236,7 @@ var File_rdzv_v1_agent_service_proto protoreflect.FileDescriptor
 
 const file_rdzv_v1_agent_service_proto_rawDesc = "" +
 	"\n" +
-	"\x1brdzv/v1/agent_service.proto\x12\ardzv.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x11rdzv/v1/job.proto\x1a\x12rdzv/v1/node.proto\"\xa2\x03\n" +
+	"\x1brdzv/v1/agent_service.proto\x12\ardzv.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x11rdzv/v1/job.proto\x1a\x12rdzv/v1/node.proto\"\xda\x03\n" +
 	"\x0eConnectRequest\x12/\n" +
 	"\bregister\x18\x01 \x01(\v2\x11.rdzv.v1.RegisterH\x00R\bregister\x122\n" +
 	"\theartbeat\x18\x02 \x01(\v2\x12.rdzv.v1.HeartbeatH\x00R\theartbeat\x12<\n" +
@@ -1103,8 +1246,10 @@ const file_rdzv_v1_agent_service_proto_rawDesc = "" +
 	"\bprogress\x18\x06 \x01(\v2\x11.rdzv.v1.ProgressH\x00R\bprogress\x12;\n" +
 	"\n" +
 	"checkpoint\x18\a \x01(\v2\x19.rdzv.v1.CheckpointReportH\x00R\n" +
-	"checkpointB\x05\n" +
-	"\x03msg\"\xda\x02\n" +
+	"checkpoint\x126\n" +
+	"\vgossip_view\x18\b \x01(\v2\x13.rdzv.v1.GossipViewH\x00R\n" +
+	"gossipViewB\x05\n" +
+	"\x03msg\"\x98\x03\n" +
 	"\x0fConnectResponse\x125\n" +
 	"\n" +
 	"registered\x18\x01 \x01(\v2\x13.rdzv.v1.RegisteredH\x00R\n" +
@@ -1117,15 +1262,23 @@ const file_rdzv_v1_agent_service_proto_rawDesc = "" +
 	"port_probe\x18\x04 \x01(\v2\x12.rdzv.v1.PortProbeH\x00R\tportProbe\x12-\n" +
 	"\blog_tail\x18\x05 \x01(\v2\x10.rdzv.v1.LogTailH\x00R\alogTail\x123\n" +
 	"\n" +
-	"log_cancel\x18\x06 \x01(\v2\x12.rdzv.v1.LogCancelH\x00R\tlogCancelB\x05\n" +
+	"log_cancel\x18\x06 \x01(\v2\x12.rdzv.v1.LogCancelH\x00R\tlogCancel\x12<\n" +
+	"\rheartbeat_ack\x18\a \x01(\v2\x15.rdzv.v1.HeartbeatAckH\x00R\fheartbeatAckB\x05\n" +
 	"\x03msg\"b\n" +
 	"\bRegister\x12%\n" +
 	"\x04node\x18\x01 \x01(\v2\x11.rdzv.v1.NodeInfoR\x04node\x12/\n" +
-	"\aworkers\x18\x02 \x03(\v2\x15.rdzv.v1.WorkerStatusR\aworkers\"r\n" +
+	"\aworkers\x18\x02 \x03(\v2\x15.rdzv.v1.WorkerStatusR\aworkers\"\x95\x01\n" +
 	"\n" +
 	"Registered\x122\n" +
 	"\x15heartbeat_interval_ms\x18\x01 \x01(\rR\x13heartbeatIntervalMs\x120\n" +
-	"\x14heartbeat_timeout_ms\x18\x02 \x01(\rR\x12heartbeatTimeoutMs\"\x1d\n" +
+	"\x14heartbeat_timeout_ms\x18\x02 \x01(\rR\x12heartbeatTimeoutMs\x12!\n" +
+	"\fgossip_seeds\x18\x03 \x03(\tR\vgossipSeeds\" \n" +
+	"\fHeartbeatAck\x12\x10\n" +
+	"\x03seq\x18\x01 \x01(\x04R\x03seq\"S\n" +
+	"\n" +
+	"GossipView\x12 \n" +
+	"\vunreachable\x18\x01 \x03(\tR\vunreachable\x12#\n" +
+	"\ralive_members\x18\x02 \x01(\rR\faliveMembers\"\x1d\n" +
 	"\tHeartbeat\x12\x10\n" +
 	"\x03seq\x18\x01 \x01(\x04R\x03seq\"\xf4\x01\n" +
 	"\fWorkerStatus\x12\x10\n" +
@@ -1201,53 +1354,57 @@ func file_rdzv_v1_agent_service_proto_rawDescGZIP() []byte {
 	return file_rdzv_v1_agent_service_proto_rawDescData
 }
 
-var file_rdzv_v1_agent_service_proto_msgTypes = make([]protoimpl.MessageInfo, 14)
+var file_rdzv_v1_agent_service_proto_msgTypes = make([]protoimpl.MessageInfo, 16)
 var file_rdzv_v1_agent_service_proto_goTypes = []any{
 	(*ConnectRequest)(nil),        // 0: rdzv.v1.ConnectRequest
 	(*ConnectResponse)(nil),       // 1: rdzv.v1.ConnectResponse
 	(*Register)(nil),              // 2: rdzv.v1.Register
 	(*Registered)(nil),            // 3: rdzv.v1.Registered
-	(*Heartbeat)(nil),             // 4: rdzv.v1.Heartbeat
-	(*WorkerStatus)(nil),          // 5: rdzv.v1.WorkerStatus
-	(*Progress)(nil),              // 6: rdzv.v1.Progress
-	(*CheckpointReport)(nil),      // 7: rdzv.v1.CheckpointReport
-	(*StopWorkers)(nil),           // 8: rdzv.v1.StopWorkers
-	(*PortProbe)(nil),             // 9: rdzv.v1.PortProbe
-	(*PortProbeResult)(nil),       // 10: rdzv.v1.PortProbeResult
-	(*LogTail)(nil),               // 11: rdzv.v1.LogTail
-	(*LogCancel)(nil),             // 12: rdzv.v1.LogCancel
-	(*LogChunk)(nil),              // 13: rdzv.v1.LogChunk
-	(*Assignment)(nil),            // 14: rdzv.v1.Assignment
-	(*NodeInfo)(nil),              // 15: rdzv.v1.NodeInfo
-	(WorkerState)(0),              // 16: rdzv.v1.WorkerState
-	(*timestamppb.Timestamp)(nil), // 17: google.protobuf.Timestamp
+	(*HeartbeatAck)(nil),          // 4: rdzv.v1.HeartbeatAck
+	(*GossipView)(nil),            // 5: rdzv.v1.GossipView
+	(*Heartbeat)(nil),             // 6: rdzv.v1.Heartbeat
+	(*WorkerStatus)(nil),          // 7: rdzv.v1.WorkerStatus
+	(*Progress)(nil),              // 8: rdzv.v1.Progress
+	(*CheckpointReport)(nil),      // 9: rdzv.v1.CheckpointReport
+	(*StopWorkers)(nil),           // 10: rdzv.v1.StopWorkers
+	(*PortProbe)(nil),             // 11: rdzv.v1.PortProbe
+	(*PortProbeResult)(nil),       // 12: rdzv.v1.PortProbeResult
+	(*LogTail)(nil),               // 13: rdzv.v1.LogTail
+	(*LogCancel)(nil),             // 14: rdzv.v1.LogCancel
+	(*LogChunk)(nil),              // 15: rdzv.v1.LogChunk
+	(*Assignment)(nil),            // 16: rdzv.v1.Assignment
+	(*NodeInfo)(nil),              // 17: rdzv.v1.NodeInfo
+	(WorkerState)(0),              // 18: rdzv.v1.WorkerState
+	(*timestamppb.Timestamp)(nil), // 19: google.protobuf.Timestamp
 }
 var file_rdzv_v1_agent_service_proto_depIdxs = []int32{
 	2,  // 0: rdzv.v1.ConnectRequest.register:type_name -> rdzv.v1.Register
-	4,  // 1: rdzv.v1.ConnectRequest.heartbeat:type_name -> rdzv.v1.Heartbeat
-	5,  // 2: rdzv.v1.ConnectRequest.worker_status:type_name -> rdzv.v1.WorkerStatus
-	10, // 3: rdzv.v1.ConnectRequest.port_probe_result:type_name -> rdzv.v1.PortProbeResult
-	13, // 4: rdzv.v1.ConnectRequest.log_chunk:type_name -> rdzv.v1.LogChunk
-	6,  // 5: rdzv.v1.ConnectRequest.progress:type_name -> rdzv.v1.Progress
-	7,  // 6: rdzv.v1.ConnectRequest.checkpoint:type_name -> rdzv.v1.CheckpointReport
-	3,  // 7: rdzv.v1.ConnectResponse.registered:type_name -> rdzv.v1.Registered
-	14, // 8: rdzv.v1.ConnectResponse.assignment:type_name -> rdzv.v1.Assignment
-	8,  // 9: rdzv.v1.ConnectResponse.stop_workers:type_name -> rdzv.v1.StopWorkers
-	9,  // 10: rdzv.v1.ConnectResponse.port_probe:type_name -> rdzv.v1.PortProbe
-	11, // 11: rdzv.v1.ConnectResponse.log_tail:type_name -> rdzv.v1.LogTail
-	12, // 12: rdzv.v1.ConnectResponse.log_cancel:type_name -> rdzv.v1.LogCancel
-	15, // 13: rdzv.v1.Register.node:type_name -> rdzv.v1.NodeInfo
-	5,  // 14: rdzv.v1.Register.workers:type_name -> rdzv.v1.WorkerStatus
-	16, // 15: rdzv.v1.WorkerStatus.state:type_name -> rdzv.v1.WorkerState
-	17, // 16: rdzv.v1.WorkerStatus.exited_at:type_name -> google.protobuf.Timestamp
-	17, // 17: rdzv.v1.Progress.at:type_name -> google.protobuf.Timestamp
-	0,  // 18: rdzv.v1.AgentService.Connect:input_type -> rdzv.v1.ConnectRequest
-	1,  // 19: rdzv.v1.AgentService.Connect:output_type -> rdzv.v1.ConnectResponse
-	19, // [19:20] is the sub-list for method output_type
-	18, // [18:19] is the sub-list for method input_type
-	18, // [18:18] is the sub-list for extension type_name
-	18, // [18:18] is the sub-list for extension extendee
-	0,  // [0:18] is the sub-list for field type_name
+	6,  // 1: rdzv.v1.ConnectRequest.heartbeat:type_name -> rdzv.v1.Heartbeat
+	7,  // 2: rdzv.v1.ConnectRequest.worker_status:type_name -> rdzv.v1.WorkerStatus
+	12, // 3: rdzv.v1.ConnectRequest.port_probe_result:type_name -> rdzv.v1.PortProbeResult
+	15, // 4: rdzv.v1.ConnectRequest.log_chunk:type_name -> rdzv.v1.LogChunk
+	8,  // 5: rdzv.v1.ConnectRequest.progress:type_name -> rdzv.v1.Progress
+	9,  // 6: rdzv.v1.ConnectRequest.checkpoint:type_name -> rdzv.v1.CheckpointReport
+	5,  // 7: rdzv.v1.ConnectRequest.gossip_view:type_name -> rdzv.v1.GossipView
+	3,  // 8: rdzv.v1.ConnectResponse.registered:type_name -> rdzv.v1.Registered
+	16, // 9: rdzv.v1.ConnectResponse.assignment:type_name -> rdzv.v1.Assignment
+	10, // 10: rdzv.v1.ConnectResponse.stop_workers:type_name -> rdzv.v1.StopWorkers
+	11, // 11: rdzv.v1.ConnectResponse.port_probe:type_name -> rdzv.v1.PortProbe
+	13, // 12: rdzv.v1.ConnectResponse.log_tail:type_name -> rdzv.v1.LogTail
+	14, // 13: rdzv.v1.ConnectResponse.log_cancel:type_name -> rdzv.v1.LogCancel
+	4,  // 14: rdzv.v1.ConnectResponse.heartbeat_ack:type_name -> rdzv.v1.HeartbeatAck
+	17, // 15: rdzv.v1.Register.node:type_name -> rdzv.v1.NodeInfo
+	7,  // 16: rdzv.v1.Register.workers:type_name -> rdzv.v1.WorkerStatus
+	18, // 17: rdzv.v1.WorkerStatus.state:type_name -> rdzv.v1.WorkerState
+	19, // 18: rdzv.v1.WorkerStatus.exited_at:type_name -> google.protobuf.Timestamp
+	19, // 19: rdzv.v1.Progress.at:type_name -> google.protobuf.Timestamp
+	0,  // 20: rdzv.v1.AgentService.Connect:input_type -> rdzv.v1.ConnectRequest
+	1,  // 21: rdzv.v1.AgentService.Connect:output_type -> rdzv.v1.ConnectResponse
+	21, // [21:22] is the sub-list for method output_type
+	20, // [20:21] is the sub-list for method input_type
+	20, // [20:20] is the sub-list for extension type_name
+	20, // [20:20] is the sub-list for extension extendee
+	0,  // [0:20] is the sub-list for field type_name
 }
 
 func init() { file_rdzv_v1_agent_service_proto_init() }
@@ -1265,6 +1422,7 @@ func file_rdzv_v1_agent_service_proto_init() {
 		(*ConnectRequest_LogChunk)(nil),
 		(*ConnectRequest_Progress)(nil),
 		(*ConnectRequest_Checkpoint)(nil),
+		(*ConnectRequest_GossipView)(nil),
 	}
 	file_rdzv_v1_agent_service_proto_msgTypes[1].OneofWrappers = []any{
 		(*ConnectResponse_Registered)(nil),
@@ -1273,6 +1431,7 @@ func file_rdzv_v1_agent_service_proto_init() {
 		(*ConnectResponse_PortProbe)(nil),
 		(*ConnectResponse_LogTail)(nil),
 		(*ConnectResponse_LogCancel)(nil),
+		(*ConnectResponse_HeartbeatAck)(nil),
 	}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
@@ -1280,7 +1439,7 @@ func file_rdzv_v1_agent_service_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_rdzv_v1_agent_service_proto_rawDesc), len(file_rdzv_v1_agent_service_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   14,
+			NumMessages:   16,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -323,8 +323,10 @@ type NodeInfo struct {
 	AgentVersion  string `protobuf:"bytes,8,opt,name=agent_version,json=agentVersion,proto3" json:"agent_version,omitempty"`
 	// Why nccl_interface was chosen, in words, for `rdzvctl nodes`.
 	NcclInterfaceReason string `protobuf:"bytes,9,opt,name=nccl_interface_reason,json=ncclInterfaceReason,proto3" json:"nccl_interface_reason,omitempty"`
-	unknownFields       protoimpl.UnknownFields
-	sizeCache           protoimpl.SizeCache
+	// host:port of the agent's gossip (memberlist) endpoint; empty when off.
+	GossipAddr    string `protobuf:"bytes,10,opt,name=gossip_addr,json=gossipAddr,proto3" json:"gossip_addr,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *NodeInfo) Reset() {
@@ -416,6 +418,13 @@ func (x *NodeInfo) GetAgentVersion() string {
 func (x *NodeInfo) GetNcclInterfaceReason() string {
 	if x != nil {
 		return x.NcclInterfaceReason
+	}
+	return ""
+}
+
+func (x *NodeInfo) GetGossipAddr() string {
+	if x != nil {
+		return x.GossipAddr
 	}
 	return ""
 }
@@ -533,7 +542,7 @@ const file_rdzv_v1_node_proto_rawDesc = "" +
 	"\x02up\x18\x05 \x01(\bR\x02up\x12\x1d\n" +
 	"\n" +
 	"speed_mbps\x18\x06 \x01(\rR\tspeedMbps\x12!\n" +
-	"\frdma_devices\x18\a \x03(\tR\vrdmaDevices\"\xa4\x03\n" +
+	"\frdma_devices\x18\a \x03(\tR\vrdmaDevices\"\xc5\x03\n" +
 	"\bNodeInfo\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x125\n" +
 	"\x06labels\x18\x02 \x03(\v2\x1d.rdzv.v1.NodeInfo.LabelsEntryR\x06labels\x12 \n" +
@@ -545,7 +554,10 @@ const file_rdzv_v1_node_proto_rawDesc = "" +
 	"\x0enccl_interface\x18\x06 \x01(\tR\rncclInterface\x12\x18\n" +
 	"\aaddress\x18\a \x01(\tR\aaddress\x12#\n" +
 	"\ragent_version\x18\b \x01(\tR\fagentVersion\x122\n" +
-	"\x15nccl_interface_reason\x18\t \x01(\tR\x13ncclInterfaceReason\x1a9\n" +
+	"\x15nccl_interface_reason\x18\t \x01(\tR\x13ncclInterfaceReason\x12\x1f\n" +
+	"\vgossip_addr\x18\n" +
+	" \x01(\tR\n" +
+	"gossipAddr\x1a9\n" +
 	"\vLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xd3\x02\n" +

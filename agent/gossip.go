@@ -1,0 +1,182 @@
+package agent
+
+import (
+	"bytes"
+	"fmt"
+	"net"
+	"sort"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/hashicorp/memberlist"
+	"go.uber.org/zap"
+)
+
+// Gossip keeps this node in a memberlist cluster with the other agents. It
+// answers two questions heartbeats to the controller cannot: is a silent
+// node unreachable for its peers too (then it is really gone), and is this
+// node cut off from the cluster (then it must stop its workers itself).
+//
+// Timings are tighter than memberlist's LAN defaults: a dead peer is
+// suspected within a probe interval and declared dead about a second later,
+// well inside the controller's heartbeat timeout.
+type Gossip struct {
+	ml *memberlist.Memberlist
+	// name is this node's member name. Event callbacks compare against it
+	// rather than ask memberlist, which calls them holding its own lock.
+	name string
+	log  *zap.Logger
+	out  *memberlistLog
+
+	mu sync.Mutex
+	// unreachable maps a peer to when it was declared dead.
+	unreachable map[string]time.Time
+	changed     chan struct{}
+}
+
+const (
+	// maxGossipView bounds the view sent to the controller.
+	maxGossipView = 1024
+	// unreachableTTL forgets dead peers after a while: the view matters in
+	// the seconds after a failure, and a decommissioned node must not count
+	// against this node's isolation check forever.
+	unreachableTTL = 2 * time.Minute
+)
+
+// StartGossip binds memberlist on addr:port (port 0 picks a free one).
+func StartGossip(name, addr string, port int, log *zap.Logger) (*Gossip, error) {
+	g := &Gossip{name: name, log: log, unreachable: map[string]time.Time{}, changed: make(chan struct{}, 1)}
+	cfg := memberlist.DefaultLANConfig()
+	cfg.Name = name
+	cfg.BindAddr, cfg.BindPort = addr, port
+	cfg.AdvertiseAddr, cfg.AdvertisePort = addr, port
+	cfg.ProbeInterval = 500 * time.Millisecond
+	cfg.ProbeTimeout = 250 * time.Millisecond
+	cfg.SuspicionMult = 2
+	cfg.GossipInterval = 100 * time.Millisecond
+	cfg.TCPTimeout = 2 * time.Second
+	cfg.Events = g
+	g.out = &memberlistLog{log: log}
+	cfg.LogOutput = g.out
+	ml, err := memberlist.Create(cfg)
+	if err != nil {
+		return nil, fmt.Errorf("starting gossip on %s: %w", net.JoinHostPort(addr, strconv.Itoa(port)), err)
+	}
+	g.ml = ml
+	return g, nil
+}
+
+// Addr is the host:port peers join through.
+func (g *Gossip) Addr() string {
+	n := g.ml.LocalNode()
+	return net.JoinHostPort(n.Addr.String(), strconv.Itoa(int(n.Port)))
+}
+
+// Join contacts seeds unless this node already has peers.
+func (g *Gossip) Join(seeds []string) {
+	if len(seeds) == 0 || g.ml.NumMembers() > 1 {
+		return
+	}
+	if n, err := g.ml.Join(seeds); err != nil {
+		g.log.Warn("joining gossip failed", zap.Strings("seeds", seeds), zap.Int("joined", n), zap.Error(err))
+	}
+}
+
+// View is the sorted set of unreachable peers and how many members are
+// alive, this node included.
+func (g *Gossip) View() (unreachable []string, alive int) {
+	g.mu.Lock()
+	for name, since := range g.unreachable {
+		if time.Since(since) > unreachableTTL {
+			delete(g.unreachable, name)
+			continue
+		}
+		unreachable = append(unreachable, name)
+	}
+	g.mu.Unlock()
+	sort.Strings(unreachable)
+	if len(unreachable) > maxGossipView {
+		unreachable = unreachable[:maxGossipView]
+	}
+	return unreachable, g.ml.NumMembers()
+}
+
+// Changed is signalled whenever the view changes.
+func (g *Gossip) Changed() <-chan struct{} { return g.changed }
+
+// Isolated reports whether this node reaches fewer than half of the other
+// members it knows of. A lone member (no peers ever seen) counts as
+// isolated: there is no one to say otherwise.
+func (g *Gossip) Isolated() bool {
+	unreachable, alive := g.View()
+	others := alive - 1
+	return others == 0 || others < len(unreachable)
+}
+
+// Close leaves the cluster gracefully, so peers do not wait out a timeout
+// before declaring this node gone, then stops.
+func (g *Gossip) Close() {
+	// memberlist's goroutines may still log for a moment after Shutdown.
+	defer g.out.closed.Store(true)
+	if err := g.ml.Leave(time.Second); err != nil {
+		g.log.Debug("leaving gossip failed", zap.Error(err))
+	}
+	if err := g.ml.Shutdown(); err != nil {
+		g.log.Debug("stopping gossip failed", zap.Error(err))
+	}
+}
+
+// NotifyJoin implements memberlist.EventDelegate.
+func (g *Gossip) NotifyJoin(n *memberlist.Node) { g.set(n.Name, false) }
+
+// NotifyLeave implements memberlist.EventDelegate: called when a member is
+// declared dead or leaves.
+func (g *Gossip) NotifyLeave(n *memberlist.Node) { g.set(n.Name, true) }
+
+// NotifyUpdate implements memberlist.EventDelegate.
+func (g *Gossip) NotifyUpdate(*memberlist.Node) {}
+
+func (g *Gossip) set(name string, unreachable bool) {
+	if name == g.name {
+		return
+	}
+	g.mu.Lock()
+	_, was := g.unreachable[name]
+	changed := was != unreachable
+	if unreachable {
+		if !was {
+			g.unreachable[name] = time.Now()
+		}
+	} else {
+		delete(g.unreachable, name)
+	}
+	g.mu.Unlock()
+	if changed {
+		select {
+		case g.changed <- struct{}{}:
+		default:
+		}
+	}
+}
+
+// memberlistLog routes memberlist's log lines to zap: warnings and errors
+// as warnings, the rest at debug.
+type memberlistLog struct {
+	log    *zap.Logger
+	closed atomic.Bool
+}
+
+func (w *memberlistLog) Write(p []byte) (int, error) {
+	if w.closed.Load() {
+		return len(p), nil
+	}
+	line := string(bytes.TrimSpace(p))
+	if bytes.Contains(p, []byte("[WARN]")) || bytes.Contains(p, []byte("[ERR]")) {
+		w.log.Warn("gossip", zap.String("detail", line))
+	} else {
+		w.log.Debug("gossip", zap.String("detail", line))
+	}
+	return len(p), nil
+}
