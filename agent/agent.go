@@ -15,9 +15,11 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/keepalive"
+	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/rdzv/rdzv/agent/gpu"
 	"github.com/rdzv/rdzv/agent/netif"
+	"github.com/rdzv/rdzv/health"
 	rdzvv1 "github.com/rdzv/rdzv/proto/rdzv/v1"
 )
 
@@ -51,6 +53,11 @@ const (
 	defaultHeartbeat = time.Second
 )
 
+// GPUHealthWatcher reports GPU faults until ctx ends.
+type GPUHealthWatcher interface {
+	Watch(ctx context.Context, report func(health.Fault)) error
+}
+
 // Agent is the rdzv-agent daemon.
 type Agent struct {
 	cfg     Config
@@ -58,15 +65,33 @@ type Agent struct {
 	gpus    GPUDiscoverer
 	net     NetworkDetector
 	spawner Spawner
+	health  GPUHealthWatcher
+	// faults carries critical GPU faults to the controller session.
+	faults chan *rdzvv1.GPUFault
 }
+
+// Option adjusts an Agent.
+type Option func(*Agent)
+
+// WithGPUHealth watches GPU faults with w (NVML's XID and ECC events in
+// production).
+func WithGPUHealth(w GPUHealthWatcher) Option { return func(a *Agent) { a.health = w } }
+
+// faultQueue bounds GPU faults waiting for the controller; one critical
+// fault is enough to cordon the node, so dropping later ones loses nothing.
+const faultQueue = 16
 
 // New builds an agent. gpus is the NVML discoverer in production, or
 // gpu.Fake when cfg.FakeGPUs is set.
-func New(cfg Config, log *zap.Logger, gpus GPUDiscoverer, net NetworkDetector, spawner Spawner) (*Agent, error) {
+func New(cfg Config, log *zap.Logger, gpus GPUDiscoverer, net NetworkDetector, spawner Spawner, opts ...Option) (*Agent, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, fmt.Errorf("invalid agent config: %w", err)
 	}
-	return &Agent{cfg: cfg, log: log, gpus: gpus, net: net, spawner: spawner}, nil
+	a := &Agent{cfg: cfg, log: log, gpus: gpus, net: net, spawner: spawner, faults: make(chan *rdzvv1.GPUFault, faultQueue)}
+	for _, o := range opts {
+		o(a)
+	}
+	return a, nil
 }
 
 // Run discovers the node, then stays connected to the controller and runs
@@ -127,7 +152,32 @@ func (a *Agent) Run(ctx context.Context) error {
 	})
 	g.Go(func() error { sess.loop(sessCtx); return nil })
 	g.Go(func() error { sess.fenceLoop(gctx); return nil })
+	if a.health != nil {
+		g.Go(func() error { a.watchHealth(gctx, log.Named("health")); return nil })
+	}
 	return g.Wait()
+}
+
+// watchHealth forwards critical GPU faults; the controller cordons the node
+// and moves its job on. A broken watcher is logged, not fatal: the node
+// still runs work, and operators see why its health is not watched.
+func (a *Agent) watchHealth(ctx context.Context, log *zap.Logger) {
+	err := a.health.Watch(ctx, func(f health.Fault) {
+		if !f.Critical() {
+			log.Info("gpu reported an application error", zap.Uint32("gpu", f.GPUIndex), zap.String("fault", f.String()))
+			return
+		}
+		log.Error("critical gpu fault", zap.Uint32("gpu", f.GPUIndex), zap.String("fault", f.String()))
+		msg := &rdzvv1.GPUFault{GpuIndex: f.GPUIndex, GpuUuid: f.UUID, Kind: string(f.Kind), Code: f.Code, Message: f.String(), At: timestamppb.New(f.At)}
+		select {
+		case a.faults <- msg:
+		default:
+			log.Warn("gpu fault queue full, dropping fault", zap.String("fault", f.String()))
+		}
+	})
+	if err != nil {
+		log.Error("gpu health watch failed; gpu faults will not be detected", zap.Error(err))
+	}
 }
 
 // Describe discovers GPUs and interfaces and picks the NCCL interface.
@@ -313,6 +363,8 @@ func (s *agentSession) connect(ctx context.Context) error {
 				msgs = append(msgs, m)
 			case <-gossipChanged:
 				msgs = append(msgs, s.gossipViewMsg())
+			case f := <-s.agent.faults:
+				msgs = append(msgs, &rdzvv1.ConnectRequest{Msg: &rdzvv1.ConnectRequest_GpuFault{GpuFault: f}})
 			}
 			for _, m := range msgs {
 				if err := stream.Send(m); err != nil {

@@ -325,8 +325,10 @@ func (f *fakeController) Connect(stream grpc.BidiStreamingServer[rdzvv1.ConnectR
 	if err := stream.Send(&rdzvv1.ConnectResponse{Msg: &rdzvv1.ConnectResponse_Registered{Registered: f.registered}}); err != nil {
 		return err
 	}
-	if err := stream.Send(&rdzvv1.ConnectResponse{Msg: &rdzvv1.ConnectResponse_Assignment{Assignment: f.assignment}}); err != nil {
-		return err
+	if f.assignment != nil {
+		if err := stream.Send(&rdzvv1.ConnectResponse{Msg: &rdzvv1.ConnectResponse_Assignment{Assignment: f.assignment}}); err != nil {
+			return err
+		}
 	}
 	for {
 		m, err := stream.Recv()

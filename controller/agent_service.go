@@ -61,6 +61,8 @@ func (a *agentService) Connect(stream rdzvv1.AgentService_ConnectServer) error {
 			switch msg := m.GetMsg().(type) {
 			case *rdzvv1.ConnectRequest_Heartbeat:
 				sess.send(&rdzvv1.ConnectResponse{Msg: &rdzvv1.ConnectResponse_HeartbeatAck{HeartbeatAck: &rdzvv1.HeartbeatAck{Seq: msg.Heartbeat.GetSeq()}}})
+			case *rdzvv1.ConnectRequest_GpuFault:
+				c.gpuFault(c.runCtx, name, msg.GpuFault)
 			case *rdzvv1.ConnectRequest_GossipView:
 				c.gossipView(name, msg.GossipView)
 			case *rdzvv1.ConnectRequest_WorkerStatus:
@@ -154,6 +156,11 @@ func (c *Controller) register(ctx context.Context, sess *session, reg *rdzvv1.Re
 		rec := &rdzvv1.Node{Info: info, State: rdzvv1.NodeState_NODE_STATE_READY, RegisteredAt: timestamppb.New(now), StateChangedAt: timestamppb.New(now)}
 		if ns != nil && !wasLost {
 			rec.StateChangedAt = ns.rec.GetStateChangedAt()
+		}
+		if ns != nil {
+			// A cordon outlives reconnects and restarts: only an operator
+			// lifts it.
+			rec.Cordoned, rec.CordonReason = ns.rec.GetCordoned(), ns.rec.GetCordonReason()
 		}
 		ev := c.event("", name, 0, EventNodeRegistered, "node %s registered: %d GPUs%s, interface %s (%s), address %s, agent %s",
 			name, len(info.GetGpus()), fakeSuffix(info), info.GetNcclInterface(), info.GetNcclInterfaceReason(), info.GetAddress(), info.GetAgentVersion())

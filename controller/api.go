@@ -21,6 +21,8 @@ const (
 	// logBuffer is how many chunks may queue between an agent and a slow
 	// `rdzvctl logs` reader before the stream is cut.
 	logBuffer = 256
+	// maxReasonBytes bounds an operator's cordon reason.
+	maxReasonBytes = 1024
 )
 
 // toStatus maps internal errors to gRPC status codes at the API boundary.
@@ -227,4 +229,37 @@ func (s *nodeService) ListNodes(context.Context, *rdzvv1.ListNodesRequest) (*rdz
 	}
 	sort.Slice(resp.Nodes, func(i, j int) bool { return resp.Nodes[i].GetInfo().GetName() < resp.Nodes[j].GetInfo().GetName() })
 	return resp, nil
+}
+
+func (s *nodeService) CordonNode(ctx context.Context, req *rdzvv1.CordonNodeRequest) (*rdzvv1.CordonNodeResponse, error) {
+	if err := validName("name", req.GetName()); err != nil {
+		return nil, err
+	}
+	reason := req.GetReason()
+	if reason == "" {
+		reason = "by operator"
+	}
+	if len(reason) > maxReasonBytes {
+		return nil, status.Errorf(codes.InvalidArgument, "reason: at most %d bytes, got %d", maxReasonBytes, len(reason))
+	}
+	s.c.mu.Lock()
+	defer s.c.mu.Unlock()
+	n, err := s.c.setCordon(ctx, req.GetName(), true, reason)
+	if err != nil {
+		return nil, toStatus(err)
+	}
+	return &rdzvv1.CordonNodeResponse{Node: n}, nil
+}
+
+func (s *nodeService) UncordonNode(ctx context.Context, req *rdzvv1.UncordonNodeRequest) (*rdzvv1.UncordonNodeResponse, error) {
+	if err := validName("name", req.GetName()); err != nil {
+		return nil, err
+	}
+	s.c.mu.Lock()
+	defer s.c.mu.Unlock()
+	n, err := s.c.setCordon(ctx, req.GetName(), false, "")
+	if err != nil {
+		return nil, toStatus(err)
+	}
+	return &rdzvv1.UncordonNodeResponse{Node: n}, nil
 }

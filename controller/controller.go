@@ -279,4 +279,7 @@ const (
 	EventAttemptFailed       = "attempt_failed"
 	EventCheckpoint          = "checkpoint_recorded"
 	EventHang                = "hang_detected"
+	EventNodeCordoned        = "node_cordoned"
+	EventNodeUncordoned      = "node_uncordoned"
+	EventGPUFault            = "gpu_fault"
 )

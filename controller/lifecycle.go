@@ -169,7 +169,7 @@ func (c *Controller) candidates() []rendezvous.Candidate {
 		out = append(out, rendezvous.Candidate{
 			Name: name, Labels: info.GetLabels(), GPUs: gpus,
 			Address: info.GetAddress(), Interface: info.GetNcclInterface(),
-			Free: ns.rec.GetState() == rdzvv1.NodeState_NODE_STATE_READY && ns.session != nil && ns.job == "",
+			Free: ns.rec.GetState() == rdzvv1.NodeState_NODE_STATE_READY && ns.session != nil && ns.job == "" && !ns.rec.GetCordoned(),
 		})
 	}
 	return out

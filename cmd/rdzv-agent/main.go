@@ -24,11 +24,13 @@ func main() {
 	if err != nil {
 		cli.Fatal("rdzv-agent", err)
 	}
-	var gpus agent.GPUDiscoverer = nvmlgpu.NewSystem(log.Named("nvml"))
+	nvml := nvmlgpu.NewSystem(log.Named("nvml"))
+	var gpus agent.GPUDiscoverer = nvml
+	opts := []agent.Option{agent.WithGPUHealth(nvml)}
 	if cfg.FakeGPUs > 0 {
-		gpus = gpu.Fake{Count: cfg.FakeGPUs, Node: cfg.NodeName}
+		gpus, opts = gpu.Fake{Count: cfg.FakeGPUs, Node: cfg.NodeName}, nil
 	}
-	a, err := agent.New(cfg, log.Named("agent"), gpus, &netif.SystemDetector{}, agent.ExecSpawner{})
+	a, err := agent.New(cfg, log.Named("agent"), gpus, &netif.SystemDetector{}, agent.ExecSpawner{}, opts...)
 	if err != nil {
 		cli.Fatal("rdzv-agent", err)
 	}

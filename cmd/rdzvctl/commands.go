@@ -260,12 +260,16 @@ func (c *command) list(ctx context.Context, args []string) error {
 
 func (c *command) nodes(ctx context.Context, args []string) error {
 	fs := c.flags("nodes")
+	reason := fs.String("reason", "", "why the node is cordoned (shown in nodes and events)")
 	pos, err := parse(fs, args)
 	if err != nil {
 		return err
 	}
-	if len(pos) != 0 {
-		return fmt.Errorf("%w: nodes takes no arguments", errUsage)
+	switch {
+	case len(pos) == 2 && (pos[0] == "cordon" || pos[0] == "uncordon"):
+		return c.cordon(ctx, pos[0] == "cordon", pos[1], *reason)
+	case len(pos) != 0:
+		return fmt.Errorf("%w: nodes takes no arguments, or cordon|uncordon NODE", errUsage)
 	}
 	conn, err := c.dial()
 	if err != nil {
@@ -281,6 +285,39 @@ func (c *command) nodes(ctx context.Context, args []string) error {
 		return c.printJSON(resp)
 	}
 	printNodes(c.out, resp.GetNodes())
+	return nil
+}
+
+func (c *command) cordon(ctx context.Context, cordon bool, name, reason string) error {
+	conn, err := c.dial()
+	if err != nil {
+		return err
+	}
+	cctx, cancel := c.call(ctx)
+	defer cancel()
+	client := rdzvv1.NewNodeServiceClient(conn)
+	var node *rdzvv1.Node
+	if cordon {
+		resp, err := client.CordonNode(cctx, &rdzvv1.CordonNodeRequest{Name: name, Reason: reason})
+		if err != nil {
+			return c.rpcErr("cordoning node", err)
+		}
+		node = resp.GetNode()
+	} else {
+		resp, err := client.UncordonNode(cctx, &rdzvv1.UncordonNodeRequest{Name: name})
+		if err != nil {
+			return c.rpcErr("uncordoning node", err)
+		}
+		node = resp.GetNode()
+	}
+	if c.output == "json" {
+		return c.printJSON(node)
+	}
+	if node.GetCordoned() {
+		fmt.Fprintf(c.out, "node %s cordoned: %s\n", name, node.GetCordonReason())
+	} else {
+		fmt.Fprintf(c.out, "node %s uncordoned\n", name)
+	}
 	return nil
 }
 

@@ -22,6 +22,8 @@ Commands:
   status [JOB]                     one job in detail, or all jobs
   list                             all jobs
   nodes                            the node registry
+  nodes cordon|uncordon NODE [--reason R]
+                                   keep new work off a node, or let it take work again
   logs JOB [--node N] [-f] [--tail BYTES]
                                    a job's output from one node (default: node rank 0)
   events [JOB] [--limit N]         a job's events, or cluster events without JOB

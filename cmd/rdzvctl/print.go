@@ -111,7 +111,11 @@ func printNodes(out io.Writer, nodes []*rdzvv1.Node) {
 		if n.GetJob() != "" {
 			job = fmt.Sprintf("%s/%d", n.GetJob(), n.GetGeneration())
 		}
-		fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\t%s\t%s ago\t%s\n", info.GetName(), strings.TrimPrefix(n.GetState().String(), "NODE_STATE_"),
+		state := strings.TrimPrefix(n.GetState().String(), "NODE_STATE_")
+		if n.GetCordoned() {
+			state += ",CORDONED (" + n.GetCordonReason() + ")"
+		}
+		fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\t%s\t%s ago\t%s\n", info.GetName(), state,
 			job, gpus, info.GetNcclInterface(), info.GetAddress(), age(n.GetLastHeartbeat()), labels(info.GetLabels()))
 	}
 	_ = w.Flush()

@@ -34,6 +34,7 @@ type ConnectRequest struct {
 	//	*ConnectRequest_Progress
 	//	*ConnectRequest_Checkpoint
 	//	*ConnectRequest_GossipView
+	//	*ConnectRequest_GpuFault
 	Msg           isConnectRequest_Msg `protobuf_oneof:"msg"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -148,6 +149,15 @@ func (x *ConnectRequest) GetGossipView() *GossipView {
 	return nil
 }
 
+func (x *ConnectRequest) GetGpuFault() *GPUFault {
+	if x != nil {
+		if x, ok := x.Msg.(*ConnectRequest_GpuFault); ok {
+			return x.GpuFault
+		}
+	}
+	return nil
+}
+
 type isConnectRequest_Msg interface {
 	isConnectRequest_Msg()
 }
@@ -184,6 +194,10 @@ type ConnectRequest_GossipView struct {
 	GossipView *GossipView `protobuf:"bytes,8,opt,name=gossip_view,json=gossipView,proto3,oneof"`
 }
 
+type ConnectRequest_GpuFault struct {
+	GpuFault *GPUFault `protobuf:"bytes,9,opt,name=gpu_fault,json=gpuFault,proto3,oneof"`
+}
+
 func (*ConnectRequest_Register) isConnectRequest_Msg() {}
 
 func (*ConnectRequest_Heartbeat) isConnectRequest_Msg() {}
@@ -199,6 +213,8 @@ func (*ConnectRequest_Progress) isConnectRequest_Msg() {}
 func (*ConnectRequest_Checkpoint) isConnectRequest_Msg() {}
 
 func (*ConnectRequest_GossipView) isConnectRequest_Msg() {}
+
+func (*ConnectRequest_GpuFault) isConnectRequest_Msg() {}
 
 type ConnectResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -480,6 +496,94 @@ func (x *Registered) GetGossipSeeds() []string {
 	return nil
 }
 
+// GPUFault is a critical GPU error the agent's health watcher saw (NVML XID
+// event or uncorrectable ECC error).
+type GPUFault struct {
+	state    protoimpl.MessageState `protogen:"open.v1"`
+	GpuIndex uint32                 `protobuf:"varint,1,opt,name=gpu_index,json=gpuIndex,proto3" json:"gpu_index,omitempty"`
+	GpuUuid  string                 `protobuf:"bytes,2,opt,name=gpu_uuid,json=gpuUuid,proto3" json:"gpu_uuid,omitempty"`
+	// "xid" or "ecc_uncorrectable".
+	Kind string `protobuf:"bytes,3,opt,name=kind,proto3" json:"kind,omitempty"`
+	// The XID number, or the error count for ECC.
+	Code          uint64                 `protobuf:"varint,4,opt,name=code,proto3" json:"code,omitempty"`
+	Message       string                 `protobuf:"bytes,5,opt,name=message,proto3" json:"message,omitempty"`
+	At            *timestamppb.Timestamp `protobuf:"bytes,6,opt,name=at,proto3" json:"at,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GPUFault) Reset() {
+	*x = GPUFault{}
+	mi := &file_rdzv_v1_agent_service_proto_msgTypes[4]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GPUFault) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GPUFault) ProtoMessage() {}
+
+func (x *GPUFault) ProtoReflect() protoreflect.Message {
+	mi := &file_rdzv_v1_agent_service_proto_msgTypes[4]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GPUFault.ProtoReflect.Descriptor instead.
+func (*GPUFault) Descriptor() ([]byte, []int) {
+	return file_rdzv_v1_agent_service_proto_rawDescGZIP(), []int{4}
+}
+
+func (x *GPUFault) GetGpuIndex() uint32 {
+	if x != nil {
+		return x.GpuIndex
+	}
+	return 0
+}
+
+func (x *GPUFault) GetGpuUuid() string {
+	if x != nil {
+		return x.GpuUuid
+	}
+	return ""
+}
+
+func (x *GPUFault) GetKind() string {
+	if x != nil {
+		return x.Kind
+	}
+	return ""
+}
+
+func (x *GPUFault) GetCode() uint64 {
+	if x != nil {
+		return x.Code
+	}
+	return 0
+}
+
+func (x *GPUFault) GetMessage() string {
+	if x != nil {
+		return x.Message
+	}
+	return ""
+}
+
+func (x *GPUFault) GetAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.At
+	}
+	return nil
+}
+
 // HeartbeatAck tells the agent the controller hears it: an agent that gets
 // none for the heartbeat timeout knows the controller has given up on it.
 type HeartbeatAck struct {
@@ -491,7 +595,7 @@ type HeartbeatAck struct {
 
 func (x *HeartbeatAck) Reset() {
 	*x = HeartbeatAck{}
-	mi := &file_rdzv_v1_agent_service_proto_msgTypes[4]
+	mi := &file_rdzv_v1_agent_service_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -503,7 +607,7 @@ func (x *HeartbeatAck) String() string {
 func (*HeartbeatAck) ProtoMessage() {}
 
 func (x *HeartbeatAck) ProtoReflect() protoreflect.Message {
-	mi := &file_rdzv_v1_agent_service_proto_msgTypes[4]
+	mi := &file_rdzv_v1_agent_service_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -516,7 +620,7 @@ func (x *HeartbeatAck) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HeartbeatAck.ProtoReflect.Descriptor instead.
 func (*HeartbeatAck) Descriptor() ([]byte, []int) {
-	return file_rdzv_v1_agent_service_proto_rawDescGZIP(), []int{4}
+	return file_rdzv_v1_agent_service_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *HeartbeatAck) GetSeq() uint64 {
@@ -540,7 +644,7 @@ type GossipView struct {
 
 func (x *GossipView) Reset() {
 	*x = GossipView{}
-	mi := &file_rdzv_v1_agent_service_proto_msgTypes[5]
+	mi := &file_rdzv_v1_agent_service_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -552,7 +656,7 @@ func (x *GossipView) String() string {
 func (*GossipView) ProtoMessage() {}
 
 func (x *GossipView) ProtoReflect() protoreflect.Message {
-	mi := &file_rdzv_v1_agent_service_proto_msgTypes[5]
+	mi := &file_rdzv_v1_agent_service_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -565,7 +669,7 @@ func (x *GossipView) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GossipView.ProtoReflect.Descriptor instead.
 func (*GossipView) Descriptor() ([]byte, []int) {
-	return file_rdzv_v1_agent_service_proto_rawDescGZIP(), []int{5}
+	return file_rdzv_v1_agent_service_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *GossipView) GetUnreachable() []string {
@@ -591,7 +695,7 @@ type Heartbeat struct {
 
 func (x *Heartbeat) Reset() {
 	*x = Heartbeat{}
-	mi := &file_rdzv_v1_agent_service_proto_msgTypes[6]
+	mi := &file_rdzv_v1_agent_service_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -603,7 +707,7 @@ func (x *Heartbeat) String() string {
 func (*Heartbeat) ProtoMessage() {}
 
 func (x *Heartbeat) ProtoReflect() protoreflect.Message {
-	mi := &file_rdzv_v1_agent_service_proto_msgTypes[6]
+	mi := &file_rdzv_v1_agent_service_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -616,7 +720,7 @@ func (x *Heartbeat) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Heartbeat.ProtoReflect.Descriptor instead.
 func (*Heartbeat) Descriptor() ([]byte, []int) {
-	return file_rdzv_v1_agent_service_proto_rawDescGZIP(), []int{6}
+	return file_rdzv_v1_agent_service_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *Heartbeat) GetSeq() uint64 {
@@ -642,7 +746,7 @@ type WorkerStatus struct {
 
 func (x *WorkerStatus) Reset() {
 	*x = WorkerStatus{}
-	mi := &file_rdzv_v1_agent_service_proto_msgTypes[7]
+	mi := &file_rdzv_v1_agent_service_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -654,7 +758,7 @@ func (x *WorkerStatus) String() string {
 func (*WorkerStatus) ProtoMessage() {}
 
 func (x *WorkerStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_rdzv_v1_agent_service_proto_msgTypes[7]
+	mi := &file_rdzv_v1_agent_service_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -667,7 +771,7 @@ func (x *WorkerStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WorkerStatus.ProtoReflect.Descriptor instead.
 func (*WorkerStatus) Descriptor() ([]byte, []int) {
-	return file_rdzv_v1_agent_service_proto_rawDescGZIP(), []int{7}
+	return file_rdzv_v1_agent_service_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *WorkerStatus) GetJob() string {
@@ -733,7 +837,7 @@ type Progress struct {
 
 func (x *Progress) Reset() {
 	*x = Progress{}
-	mi := &file_rdzv_v1_agent_service_proto_msgTypes[8]
+	mi := &file_rdzv_v1_agent_service_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -745,7 +849,7 @@ func (x *Progress) String() string {
 func (*Progress) ProtoMessage() {}
 
 func (x *Progress) ProtoReflect() protoreflect.Message {
-	mi := &file_rdzv_v1_agent_service_proto_msgTypes[8]
+	mi := &file_rdzv_v1_agent_service_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -758,7 +862,7 @@ func (x *Progress) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Progress.ProtoReflect.Descriptor instead.
 func (*Progress) Descriptor() ([]byte, []int) {
-	return file_rdzv_v1_agent_service_proto_rawDescGZIP(), []int{8}
+	return file_rdzv_v1_agent_service_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *Progress) GetJob() string {
@@ -804,7 +908,7 @@ type CheckpointReport struct {
 
 func (x *CheckpointReport) Reset() {
 	*x = CheckpointReport{}
-	mi := &file_rdzv_v1_agent_service_proto_msgTypes[9]
+	mi := &file_rdzv_v1_agent_service_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -816,7 +920,7 @@ func (x *CheckpointReport) String() string {
 func (*CheckpointReport) ProtoMessage() {}
 
 func (x *CheckpointReport) ProtoReflect() protoreflect.Message {
-	mi := &file_rdzv_v1_agent_service_proto_msgTypes[9]
+	mi := &file_rdzv_v1_agent_service_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -829,7 +933,7 @@ func (x *CheckpointReport) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CheckpointReport.ProtoReflect.Descriptor instead.
 func (*CheckpointReport) Descriptor() ([]byte, []int) {
-	return file_rdzv_v1_agent_service_proto_rawDescGZIP(), []int{9}
+	return file_rdzv_v1_agent_service_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *CheckpointReport) GetJob() string {
@@ -878,7 +982,7 @@ type StopWorkers struct {
 
 func (x *StopWorkers) Reset() {
 	*x = StopWorkers{}
-	mi := &file_rdzv_v1_agent_service_proto_msgTypes[10]
+	mi := &file_rdzv_v1_agent_service_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -890,7 +994,7 @@ func (x *StopWorkers) String() string {
 func (*StopWorkers) ProtoMessage() {}
 
 func (x *StopWorkers) ProtoReflect() protoreflect.Message {
-	mi := &file_rdzv_v1_agent_service_proto_msgTypes[10]
+	mi := &file_rdzv_v1_agent_service_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -903,7 +1007,7 @@ func (x *StopWorkers) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StopWorkers.ProtoReflect.Descriptor instead.
 func (*StopWorkers) Descriptor() ([]byte, []int) {
-	return file_rdzv_v1_agent_service_proto_rawDescGZIP(), []int{10}
+	return file_rdzv_v1_agent_service_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *StopWorkers) GetJob() string {
@@ -940,7 +1044,7 @@ type PortProbe struct {
 
 func (x *PortProbe) Reset() {
 	*x = PortProbe{}
-	mi := &file_rdzv_v1_agent_service_proto_msgTypes[11]
+	mi := &file_rdzv_v1_agent_service_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -952,7 +1056,7 @@ func (x *PortProbe) String() string {
 func (*PortProbe) ProtoMessage() {}
 
 func (x *PortProbe) ProtoReflect() protoreflect.Message {
-	mi := &file_rdzv_v1_agent_service_proto_msgTypes[11]
+	mi := &file_rdzv_v1_agent_service_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -965,7 +1069,7 @@ func (x *PortProbe) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PortProbe.ProtoReflect.Descriptor instead.
 func (*PortProbe) Descriptor() ([]byte, []int) {
-	return file_rdzv_v1_agent_service_proto_rawDescGZIP(), []int{11}
+	return file_rdzv_v1_agent_service_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *PortProbe) GetRequestId() string {
@@ -1001,7 +1105,7 @@ type PortProbeResult struct {
 
 func (x *PortProbeResult) Reset() {
 	*x = PortProbeResult{}
-	mi := &file_rdzv_v1_agent_service_proto_msgTypes[12]
+	mi := &file_rdzv_v1_agent_service_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1013,7 +1117,7 @@ func (x *PortProbeResult) String() string {
 func (*PortProbeResult) ProtoMessage() {}
 
 func (x *PortProbeResult) ProtoReflect() protoreflect.Message {
-	mi := &file_rdzv_v1_agent_service_proto_msgTypes[12]
+	mi := &file_rdzv_v1_agent_service_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1026,7 +1130,7 @@ func (x *PortProbeResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PortProbeResult.ProtoReflect.Descriptor instead.
 func (*PortProbeResult) Descriptor() ([]byte, []int) {
-	return file_rdzv_v1_agent_service_proto_rawDescGZIP(), []int{12}
+	return file_rdzv_v1_agent_service_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *PortProbeResult) GetRequestId() string {
@@ -1063,7 +1167,7 @@ type LogTail struct {
 
 func (x *LogTail) Reset() {
 	*x = LogTail{}
-	mi := &file_rdzv_v1_agent_service_proto_msgTypes[13]
+	mi := &file_rdzv_v1_agent_service_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1075,7 +1179,7 @@ func (x *LogTail) String() string {
 func (*LogTail) ProtoMessage() {}
 
 func (x *LogTail) ProtoReflect() protoreflect.Message {
-	mi := &file_rdzv_v1_agent_service_proto_msgTypes[13]
+	mi := &file_rdzv_v1_agent_service_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1088,7 +1192,7 @@ func (x *LogTail) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LogTail.ProtoReflect.Descriptor instead.
 func (*LogTail) Descriptor() ([]byte, []int) {
-	return file_rdzv_v1_agent_service_proto_rawDescGZIP(), []int{13}
+	return file_rdzv_v1_agent_service_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *LogTail) GetRequestId() string {
@@ -1128,7 +1232,7 @@ type LogCancel struct {
 
 func (x *LogCancel) Reset() {
 	*x = LogCancel{}
-	mi := &file_rdzv_v1_agent_service_proto_msgTypes[14]
+	mi := &file_rdzv_v1_agent_service_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1140,7 +1244,7 @@ func (x *LogCancel) String() string {
 func (*LogCancel) ProtoMessage() {}
 
 func (x *LogCancel) ProtoReflect() protoreflect.Message {
-	mi := &file_rdzv_v1_agent_service_proto_msgTypes[14]
+	mi := &file_rdzv_v1_agent_service_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1153,7 +1257,7 @@ func (x *LogCancel) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LogCancel.ProtoReflect.Descriptor instead.
 func (*LogCancel) Descriptor() ([]byte, []int) {
-	return file_rdzv_v1_agent_service_proto_rawDescGZIP(), []int{14}
+	return file_rdzv_v1_agent_service_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *LogCancel) GetRequestId() string {
@@ -1176,7 +1280,7 @@ type LogChunk struct {
 
 func (x *LogChunk) Reset() {
 	*x = LogChunk{}
-	mi := &file_rdzv_v1_agent_service_proto_msgTypes[15]
+	mi := &file_rdzv_v1_agent_service_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1188,7 +1292,7 @@ func (x *LogChunk) String() string {
 func (*LogChunk) ProtoMessage() {}
 
 func (x *LogChunk) ProtoReflect() protoreflect.Message {
-	mi := &file_rdzv_v1_agent_service_proto_msgTypes[15]
+	mi := &file_rdzv_v1_agent_service_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1201,7 +1305,7 @@ func (x *LogChunk) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LogChunk.ProtoReflect.Descriptor instead.
 func (*LogChunk) Descriptor() ([]byte, []int) {
-	return file_rdzv_v1_agent_service_proto_rawDescGZIP(), []int{15}
+	return file_rdzv_v1_agent_service_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *LogChunk) GetRequestId() string {
@@ -1236,7 +1340,7 @@ var File_rdzv_v1_agent_service_proto protoreflect.FileDescriptor
 
 const file_rdzv_v1_agent_service_proto_rawDesc = "" +
 	"\n" +
-	"\x1brdzv/v1/agent_service.proto\x12\ardzv.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x11rdzv/v1/job.proto\x1a\x12rdzv/v1/node.proto\"\xda\x03\n" +
+	"\x1brdzv/v1/agent_service.proto\x12\ardzv.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x11rdzv/v1/job.proto\x1a\x12rdzv/v1/node.proto\"\x8c\x04\n" +
 	"\x0eConnectRequest\x12/\n" +
 	"\bregister\x18\x01 \x01(\v2\x11.rdzv.v1.RegisterH\x00R\bregister\x122\n" +
 	"\theartbeat\x18\x02 \x01(\v2\x12.rdzv.v1.HeartbeatH\x00R\theartbeat\x12<\n" +
@@ -1248,7 +1352,8 @@ const file_rdzv_v1_agent_service_proto_rawDesc = "" +
 	"checkpoint\x18\a \x01(\v2\x19.rdzv.v1.CheckpointReportH\x00R\n" +
 	"checkpoint\x126\n" +
 	"\vgossip_view\x18\b \x01(\v2\x13.rdzv.v1.GossipViewH\x00R\n" +
-	"gossipViewB\x05\n" +
+	"gossipView\x120\n" +
+	"\tgpu_fault\x18\t \x01(\v2\x11.rdzv.v1.GPUFaultH\x00R\bgpuFaultB\x05\n" +
 	"\x03msg\"\x98\x03\n" +
 	"\x0fConnectResponse\x125\n" +
 	"\n" +
@@ -1272,7 +1377,14 @@ const file_rdzv_v1_agent_service_proto_rawDesc = "" +
 	"Registered\x122\n" +
 	"\x15heartbeat_interval_ms\x18\x01 \x01(\rR\x13heartbeatIntervalMs\x120\n" +
 	"\x14heartbeat_timeout_ms\x18\x02 \x01(\rR\x12heartbeatTimeoutMs\x12!\n" +
-	"\fgossip_seeds\x18\x03 \x03(\tR\vgossipSeeds\" \n" +
+	"\fgossip_seeds\x18\x03 \x03(\tR\vgossipSeeds\"\xb0\x01\n" +
+	"\bGPUFault\x12\x1b\n" +
+	"\tgpu_index\x18\x01 \x01(\rR\bgpuIndex\x12\x19\n" +
+	"\bgpu_uuid\x18\x02 \x01(\tR\agpuUuid\x12\x12\n" +
+	"\x04kind\x18\x03 \x01(\tR\x04kind\x12\x12\n" +
+	"\x04code\x18\x04 \x01(\x04R\x04code\x12\x18\n" +
+	"\amessage\x18\x05 \x01(\tR\amessage\x12*\n" +
+	"\x02at\x18\x06 \x01(\v2\x1a.google.protobuf.TimestampR\x02at\" \n" +
 	"\fHeartbeatAck\x12\x10\n" +
 	"\x03seq\x18\x01 \x01(\x04R\x03seq\"S\n" +
 	"\n" +
@@ -1354,57 +1466,60 @@ func file_rdzv_v1_agent_service_proto_rawDescGZIP() []byte {
 	return file_rdzv_v1_agent_service_proto_rawDescData
 }
 
-var file_rdzv_v1_agent_service_proto_msgTypes = make([]protoimpl.MessageInfo, 16)
+var file_rdzv_v1_agent_service_proto_msgTypes = make([]protoimpl.MessageInfo, 17)
 var file_rdzv_v1_agent_service_proto_goTypes = []any{
 	(*ConnectRequest)(nil),        // 0: rdzv.v1.ConnectRequest
 	(*ConnectResponse)(nil),       // 1: rdzv.v1.ConnectResponse
 	(*Register)(nil),              // 2: rdzv.v1.Register
 	(*Registered)(nil),            // 3: rdzv.v1.Registered
-	(*HeartbeatAck)(nil),          // 4: rdzv.v1.HeartbeatAck
-	(*GossipView)(nil),            // 5: rdzv.v1.GossipView
-	(*Heartbeat)(nil),             // 6: rdzv.v1.Heartbeat
-	(*WorkerStatus)(nil),          // 7: rdzv.v1.WorkerStatus
-	(*Progress)(nil),              // 8: rdzv.v1.Progress
-	(*CheckpointReport)(nil),      // 9: rdzv.v1.CheckpointReport
-	(*StopWorkers)(nil),           // 10: rdzv.v1.StopWorkers
-	(*PortProbe)(nil),             // 11: rdzv.v1.PortProbe
-	(*PortProbeResult)(nil),       // 12: rdzv.v1.PortProbeResult
-	(*LogTail)(nil),               // 13: rdzv.v1.LogTail
-	(*LogCancel)(nil),             // 14: rdzv.v1.LogCancel
-	(*LogChunk)(nil),              // 15: rdzv.v1.LogChunk
-	(*Assignment)(nil),            // 16: rdzv.v1.Assignment
-	(*NodeInfo)(nil),              // 17: rdzv.v1.NodeInfo
-	(WorkerState)(0),              // 18: rdzv.v1.WorkerState
+	(*GPUFault)(nil),              // 4: rdzv.v1.GPUFault
+	(*HeartbeatAck)(nil),          // 5: rdzv.v1.HeartbeatAck
+	(*GossipView)(nil),            // 6: rdzv.v1.GossipView
+	(*Heartbeat)(nil),             // 7: rdzv.v1.Heartbeat
+	(*WorkerStatus)(nil),          // 8: rdzv.v1.WorkerStatus
+	(*Progress)(nil),              // 9: rdzv.v1.Progress
+	(*CheckpointReport)(nil),      // 10: rdzv.v1.CheckpointReport
+	(*StopWorkers)(nil),           // 11: rdzv.v1.StopWorkers
+	(*PortProbe)(nil),             // 12: rdzv.v1.PortProbe
+	(*PortProbeResult)(nil),       // 13: rdzv.v1.PortProbeResult
+	(*LogTail)(nil),               // 14: rdzv.v1.LogTail
+	(*LogCancel)(nil),             // 15: rdzv.v1.LogCancel
+	(*LogChunk)(nil),              // 16: rdzv.v1.LogChunk
+	(*Assignment)(nil),            // 17: rdzv.v1.Assignment
+	(*NodeInfo)(nil),              // 18: rdzv.v1.NodeInfo
 	(*timestamppb.Timestamp)(nil), // 19: google.protobuf.Timestamp
+	(WorkerState)(0),              // 20: rdzv.v1.WorkerState
 }
 var file_rdzv_v1_agent_service_proto_depIdxs = []int32{
 	2,  // 0: rdzv.v1.ConnectRequest.register:type_name -> rdzv.v1.Register
-	6,  // 1: rdzv.v1.ConnectRequest.heartbeat:type_name -> rdzv.v1.Heartbeat
-	7,  // 2: rdzv.v1.ConnectRequest.worker_status:type_name -> rdzv.v1.WorkerStatus
-	12, // 3: rdzv.v1.ConnectRequest.port_probe_result:type_name -> rdzv.v1.PortProbeResult
-	15, // 4: rdzv.v1.ConnectRequest.log_chunk:type_name -> rdzv.v1.LogChunk
-	8,  // 5: rdzv.v1.ConnectRequest.progress:type_name -> rdzv.v1.Progress
-	9,  // 6: rdzv.v1.ConnectRequest.checkpoint:type_name -> rdzv.v1.CheckpointReport
-	5,  // 7: rdzv.v1.ConnectRequest.gossip_view:type_name -> rdzv.v1.GossipView
-	3,  // 8: rdzv.v1.ConnectResponse.registered:type_name -> rdzv.v1.Registered
-	16, // 9: rdzv.v1.ConnectResponse.assignment:type_name -> rdzv.v1.Assignment
-	10, // 10: rdzv.v1.ConnectResponse.stop_workers:type_name -> rdzv.v1.StopWorkers
-	11, // 11: rdzv.v1.ConnectResponse.port_probe:type_name -> rdzv.v1.PortProbe
-	13, // 12: rdzv.v1.ConnectResponse.log_tail:type_name -> rdzv.v1.LogTail
-	14, // 13: rdzv.v1.ConnectResponse.log_cancel:type_name -> rdzv.v1.LogCancel
-	4,  // 14: rdzv.v1.ConnectResponse.heartbeat_ack:type_name -> rdzv.v1.HeartbeatAck
-	17, // 15: rdzv.v1.Register.node:type_name -> rdzv.v1.NodeInfo
-	7,  // 16: rdzv.v1.Register.workers:type_name -> rdzv.v1.WorkerStatus
-	18, // 17: rdzv.v1.WorkerStatus.state:type_name -> rdzv.v1.WorkerState
-	19, // 18: rdzv.v1.WorkerStatus.exited_at:type_name -> google.protobuf.Timestamp
-	19, // 19: rdzv.v1.Progress.at:type_name -> google.protobuf.Timestamp
-	0,  // 20: rdzv.v1.AgentService.Connect:input_type -> rdzv.v1.ConnectRequest
-	1,  // 21: rdzv.v1.AgentService.Connect:output_type -> rdzv.v1.ConnectResponse
-	21, // [21:22] is the sub-list for method output_type
-	20, // [20:21] is the sub-list for method input_type
-	20, // [20:20] is the sub-list for extension type_name
-	20, // [20:20] is the sub-list for extension extendee
-	0,  // [0:20] is the sub-list for field type_name
+	7,  // 1: rdzv.v1.ConnectRequest.heartbeat:type_name -> rdzv.v1.Heartbeat
+	8,  // 2: rdzv.v1.ConnectRequest.worker_status:type_name -> rdzv.v1.WorkerStatus
+	13, // 3: rdzv.v1.ConnectRequest.port_probe_result:type_name -> rdzv.v1.PortProbeResult
+	16, // 4: rdzv.v1.ConnectRequest.log_chunk:type_name -> rdzv.v1.LogChunk
+	9,  // 5: rdzv.v1.ConnectRequest.progress:type_name -> rdzv.v1.Progress
+	10, // 6: rdzv.v1.ConnectRequest.checkpoint:type_name -> rdzv.v1.CheckpointReport
+	6,  // 7: rdzv.v1.ConnectRequest.gossip_view:type_name -> rdzv.v1.GossipView
+	4,  // 8: rdzv.v1.ConnectRequest.gpu_fault:type_name -> rdzv.v1.GPUFault
+	3,  // 9: rdzv.v1.ConnectResponse.registered:type_name -> rdzv.v1.Registered
+	17, // 10: rdzv.v1.ConnectResponse.assignment:type_name -> rdzv.v1.Assignment
+	11, // 11: rdzv.v1.ConnectResponse.stop_workers:type_name -> rdzv.v1.StopWorkers
+	12, // 12: rdzv.v1.ConnectResponse.port_probe:type_name -> rdzv.v1.PortProbe
+	14, // 13: rdzv.v1.ConnectResponse.log_tail:type_name -> rdzv.v1.LogTail
+	15, // 14: rdzv.v1.ConnectResponse.log_cancel:type_name -> rdzv.v1.LogCancel
+	5,  // 15: rdzv.v1.ConnectResponse.heartbeat_ack:type_name -> rdzv.v1.HeartbeatAck
+	18, // 16: rdzv.v1.Register.node:type_name -> rdzv.v1.NodeInfo
+	8,  // 17: rdzv.v1.Register.workers:type_name -> rdzv.v1.WorkerStatus
+	19, // 18: rdzv.v1.GPUFault.at:type_name -> google.protobuf.Timestamp
+	20, // 19: rdzv.v1.WorkerStatus.state:type_name -> rdzv.v1.WorkerState
+	19, // 20: rdzv.v1.WorkerStatus.exited_at:type_name -> google.protobuf.Timestamp
+	19, // 21: rdzv.v1.Progress.at:type_name -> google.protobuf.Timestamp
+	0,  // 22: rdzv.v1.AgentService.Connect:input_type -> rdzv.v1.ConnectRequest
+	1,  // 23: rdzv.v1.AgentService.Connect:output_type -> rdzv.v1.ConnectResponse
+	23, // [23:24] is the sub-list for method output_type
+	22, // [22:23] is the sub-list for method input_type
+	22, // [22:22] is the sub-list for extension type_name
+	22, // [22:22] is the sub-list for extension extendee
+	0,  // [0:22] is the sub-list for field type_name
 }
 
 func init() { file_rdzv_v1_agent_service_proto_init() }
@@ -1423,6 +1538,7 @@ func file_rdzv_v1_agent_service_proto_init() {
 		(*ConnectRequest_Progress)(nil),
 		(*ConnectRequest_Checkpoint)(nil),
 		(*ConnectRequest_GossipView)(nil),
+		(*ConnectRequest_GpuFault)(nil),
 	}
 	file_rdzv_v1_agent_service_proto_msgTypes[1].OneofWrappers = []any{
 		(*ConnectResponse_Registered)(nil),
@@ -1439,7 +1555,7 @@ func file_rdzv_v1_agent_service_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_rdzv_v1_agent_service_proto_rawDesc), len(file_rdzv_v1_agent_service_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   16,
+			NumMessages:   17,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -439,8 +439,13 @@ type Node struct {
 	RegisteredAt   *timestamppb.Timestamp `protobuf:"bytes,5,opt,name=registered_at,json=registeredAt,proto3" json:"registered_at,omitempty"`
 	LastHeartbeat  *timestamppb.Timestamp `protobuf:"bytes,6,opt,name=last_heartbeat,json=lastHeartbeat,proto3" json:"last_heartbeat,omitempty"`
 	StateChangedAt *timestamppb.Timestamp `protobuf:"bytes,7,opt,name=state_changed_at,json=stateChangedAt,proto3" json:"state_changed_at,omitempty"`
-	unknownFields  protoimpl.UnknownFields
-	sizeCache      protoimpl.SizeCache
+	// A cordoned node takes no new work until an operator uncordons it
+	// (`rdzvctl nodes uncordon`): set on a critical GPU fault, when the node
+	// keeps causing job failures, or by an operator.
+	Cordoned      bool   `protobuf:"varint,8,opt,name=cordoned,proto3" json:"cordoned,omitempty"`
+	CordonReason  string `protobuf:"bytes,9,opt,name=cordon_reason,json=cordonReason,proto3" json:"cordon_reason,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Node) Reset() {
@@ -522,6 +527,20 @@ func (x *Node) GetStateChangedAt() *timestamppb.Timestamp {
 	return nil
 }
 
+func (x *Node) GetCordoned() bool {
+	if x != nil {
+		return x.Cordoned
+	}
+	return false
+}
+
+func (x *Node) GetCordonReason() string {
+	if x != nil {
+		return x.CordonReason
+	}
+	return ""
+}
+
 var File_rdzv_v1_node_proto protoreflect.FileDescriptor
 
 const file_rdzv_v1_node_proto_rawDesc = "" +
@@ -560,7 +579,7 @@ const file_rdzv_v1_node_proto_rawDesc = "" +
 	"gossipAddr\x1a9\n" +
 	"\vLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xd3\x02\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\x94\x03\n" +
 	"\x04Node\x12%\n" +
 	"\x04info\x18\x01 \x01(\v2\x11.rdzv.v1.NodeInfoR\x04info\x12(\n" +
 	"\x05state\x18\x02 \x01(\x0e2\x12.rdzv.v1.NodeStateR\x05state\x12\x10\n" +
@@ -570,7 +589,9 @@ const file_rdzv_v1_node_proto_rawDesc = "" +
 	"generation\x12?\n" +
 	"\rregistered_at\x18\x05 \x01(\v2\x1a.google.protobuf.TimestampR\fregisteredAt\x12A\n" +
 	"\x0elast_heartbeat\x18\x06 \x01(\v2\x1a.google.protobuf.TimestampR\rlastHeartbeat\x12D\n" +
-	"\x10state_changed_at\x18\a \x01(\v2\x1a.google.protobuf.TimestampR\x0estateChangedAt*\xa4\x01\n" +
+	"\x10state_changed_at\x18\a \x01(\v2\x1a.google.protobuf.TimestampR\x0estateChangedAt\x12\x1a\n" +
+	"\bcordoned\x18\b \x01(\bR\bcordoned\x12#\n" +
+	"\rcordon_reason\x18\t \x01(\tR\fcordonReason*\xa4\x01\n" +
 	"\rInterfaceKind\x12\x1e\n" +
 	"\x1aINTERFACE_KIND_UNSPECIFIED\x10\x00\x12\x1b\n" +
 	"\x17INTERFACE_KIND_LOOPBACK\x10\x01\x12\x1b\n" +

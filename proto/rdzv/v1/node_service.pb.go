@@ -101,6 +101,190 @@ func (x *ListNodesResponse) GetNodes() []*Node {
 	return nil
 }
 
+type CordonNodeRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Name          string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	Reason        string                 `protobuf:"bytes,2,opt,name=reason,proto3" json:"reason,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CordonNodeRequest) Reset() {
+	*x = CordonNodeRequest{}
+	mi := &file_rdzv_v1_node_service_proto_msgTypes[2]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CordonNodeRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CordonNodeRequest) ProtoMessage() {}
+
+func (x *CordonNodeRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_rdzv_v1_node_service_proto_msgTypes[2]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CordonNodeRequest.ProtoReflect.Descriptor instead.
+func (*CordonNodeRequest) Descriptor() ([]byte, []int) {
+	return file_rdzv_v1_node_service_proto_rawDescGZIP(), []int{2}
+}
+
+func (x *CordonNodeRequest) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *CordonNodeRequest) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
+type CordonNodeResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Node          *Node                  `protobuf:"bytes,1,opt,name=node,proto3" json:"node,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CordonNodeResponse) Reset() {
+	*x = CordonNodeResponse{}
+	mi := &file_rdzv_v1_node_service_proto_msgTypes[3]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CordonNodeResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CordonNodeResponse) ProtoMessage() {}
+
+func (x *CordonNodeResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_rdzv_v1_node_service_proto_msgTypes[3]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CordonNodeResponse.ProtoReflect.Descriptor instead.
+func (*CordonNodeResponse) Descriptor() ([]byte, []int) {
+	return file_rdzv_v1_node_service_proto_rawDescGZIP(), []int{3}
+}
+
+func (x *CordonNodeResponse) GetNode() *Node {
+	if x != nil {
+		return x.Node
+	}
+	return nil
+}
+
+type UncordonNodeRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Name          string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *UncordonNodeRequest) Reset() {
+	*x = UncordonNodeRequest{}
+	mi := &file_rdzv_v1_node_service_proto_msgTypes[4]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *UncordonNodeRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*UncordonNodeRequest) ProtoMessage() {}
+
+func (x *UncordonNodeRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_rdzv_v1_node_service_proto_msgTypes[4]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use UncordonNodeRequest.ProtoReflect.Descriptor instead.
+func (*UncordonNodeRequest) Descriptor() ([]byte, []int) {
+	return file_rdzv_v1_node_service_proto_rawDescGZIP(), []int{4}
+}
+
+func (x *UncordonNodeRequest) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+type UncordonNodeResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Node          *Node                  `protobuf:"bytes,1,opt,name=node,proto3" json:"node,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *UncordonNodeResponse) Reset() {
+	*x = UncordonNodeResponse{}
+	mi := &file_rdzv_v1_node_service_proto_msgTypes[5]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *UncordonNodeResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*UncordonNodeResponse) ProtoMessage() {}
+
+func (x *UncordonNodeResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_rdzv_v1_node_service_proto_msgTypes[5]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use UncordonNodeResponse.ProtoReflect.Descriptor instead.
+func (*UncordonNodeResponse) Descriptor() ([]byte, []int) {
+	return file_rdzv_v1_node_service_proto_rawDescGZIP(), []int{5}
+}
+
+func (x *UncordonNodeResponse) GetNode() *Node {
+	if x != nil {
+		return x.Node
+	}
+	return nil
+}
+
 var File_rdzv_v1_node_service_proto protoreflect.FileDescriptor
 
 const file_rdzv_v1_node_service_proto_rawDesc = "" +
@@ -108,9 +292,21 @@ const file_rdzv_v1_node_service_proto_rawDesc = "" +
 	"\x1ardzv/v1/node_service.proto\x12\ardzv.v1\x1a\x12rdzv/v1/node.proto\"\x12\n" +
 	"\x10ListNodesRequest\"8\n" +
 	"\x11ListNodesResponse\x12#\n" +
-	"\x05nodes\x18\x01 \x03(\v2\r.rdzv.v1.NodeR\x05nodes2Q\n" +
+	"\x05nodes\x18\x01 \x03(\v2\r.rdzv.v1.NodeR\x05nodes\"?\n" +
+	"\x11CordonNodeRequest\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12\x16\n" +
+	"\x06reason\x18\x02 \x01(\tR\x06reason\"7\n" +
+	"\x12CordonNodeResponse\x12!\n" +
+	"\x04node\x18\x01 \x01(\v2\r.rdzv.v1.NodeR\x04node\")\n" +
+	"\x13UncordonNodeRequest\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\"9\n" +
+	"\x14UncordonNodeResponse\x12!\n" +
+	"\x04node\x18\x01 \x01(\v2\r.rdzv.v1.NodeR\x04node2\xe5\x01\n" +
 	"\vNodeService\x12B\n" +
-	"\tListNodes\x12\x19.rdzv.v1.ListNodesRequest\x1a\x1a.rdzv.v1.ListNodesResponseB\x87\x01\n" +
+	"\tListNodes\x12\x19.rdzv.v1.ListNodesRequest\x1a\x1a.rdzv.v1.ListNodesResponse\x12E\n" +
+	"\n" +
+	"CordonNode\x12\x1a.rdzv.v1.CordonNodeRequest\x1a\x1b.rdzv.v1.CordonNodeResponse\x12K\n" +
+	"\fUncordonNode\x12\x1c.rdzv.v1.UncordonNodeRequest\x1a\x1d.rdzv.v1.UncordonNodeResponseB\x87\x01\n" +
 	"\vcom.rdzv.v1B\x10NodeServiceProtoP\x01Z)github.com/rdzv/rdzv/proto/rdzv/v1;rdzvv1\xa2\x02\x03RXX\xaa\x02\aRdzv.V1\xca\x02\aRdzv\\V1\xe2\x02\x13Rdzv\\V1\\GPBMetadata\xea\x02\bRdzv::V1b\x06proto3"
 
 var (
@@ -125,21 +321,31 @@ func file_rdzv_v1_node_service_proto_rawDescGZIP() []byte {
 	return file_rdzv_v1_node_service_proto_rawDescData
 }
 
-var file_rdzv_v1_node_service_proto_msgTypes = make([]protoimpl.MessageInfo, 2)
+var file_rdzv_v1_node_service_proto_msgTypes = make([]protoimpl.MessageInfo, 6)
 var file_rdzv_v1_node_service_proto_goTypes = []any{
-	(*ListNodesRequest)(nil),  // 0: rdzv.v1.ListNodesRequest
-	(*ListNodesResponse)(nil), // 1: rdzv.v1.ListNodesResponse
-	(*Node)(nil),              // 2: rdzv.v1.Node
+	(*ListNodesRequest)(nil),     // 0: rdzv.v1.ListNodesRequest
+	(*ListNodesResponse)(nil),    // 1: rdzv.v1.ListNodesResponse
+	(*CordonNodeRequest)(nil),    // 2: rdzv.v1.CordonNodeRequest
+	(*CordonNodeResponse)(nil),   // 3: rdzv.v1.CordonNodeResponse
+	(*UncordonNodeRequest)(nil),  // 4: rdzv.v1.UncordonNodeRequest
+	(*UncordonNodeResponse)(nil), // 5: rdzv.v1.UncordonNodeResponse
+	(*Node)(nil),                 // 6: rdzv.v1.Node
 }
 var file_rdzv_v1_node_service_proto_depIdxs = []int32{
-	2, // 0: rdzv.v1.ListNodesResponse.nodes:type_name -> rdzv.v1.Node
-	0, // 1: rdzv.v1.NodeService.ListNodes:input_type -> rdzv.v1.ListNodesRequest
-	1, // 2: rdzv.v1.NodeService.ListNodes:output_type -> rdzv.v1.ListNodesResponse
-	2, // [2:3] is the sub-list for method output_type
-	1, // [1:2] is the sub-list for method input_type
-	1, // [1:1] is the sub-list for extension type_name
-	1, // [1:1] is the sub-list for extension extendee
-	0, // [0:1] is the sub-list for field type_name
+	6, // 0: rdzv.v1.ListNodesResponse.nodes:type_name -> rdzv.v1.Node
+	6, // 1: rdzv.v1.CordonNodeResponse.node:type_name -> rdzv.v1.Node
+	6, // 2: rdzv.v1.UncordonNodeResponse.node:type_name -> rdzv.v1.Node
+	0, // 3: rdzv.v1.NodeService.ListNodes:input_type -> rdzv.v1.ListNodesRequest
+	2, // 4: rdzv.v1.NodeService.CordonNode:input_type -> rdzv.v1.CordonNodeRequest
+	4, // 5: rdzv.v1.NodeService.UncordonNode:input_type -> rdzv.v1.UncordonNodeRequest
+	1, // 6: rdzv.v1.NodeService.ListNodes:output_type -> rdzv.v1.ListNodesResponse
+	3, // 7: rdzv.v1.NodeService.CordonNode:output_type -> rdzv.v1.CordonNodeResponse
+	5, // 8: rdzv.v1.NodeService.UncordonNode:output_type -> rdzv.v1.UncordonNodeResponse
+	6, // [6:9] is the sub-list for method output_type
+	3, // [3:6] is the sub-list for method input_type
+	3, // [3:3] is the sub-list for extension type_name
+	3, // [3:3] is the sub-list for extension extendee
+	0, // [0:3] is the sub-list for field type_name
 }
 
 func init() { file_rdzv_v1_node_service_proto_init() }
@@ -154,7 +360,7 @@ func file_rdzv_v1_node_service_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_rdzv_v1_node_service_proto_rawDesc), len(file_rdzv_v1_node_service_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   2,
+			NumMessages:   6,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -19,7 +19,9 @@ import (
 const _ = grpc.SupportPackageIsVersion9
 
 const (
-	NodeService_ListNodes_FullMethodName = "/rdzv.v1.NodeService/ListNodes"
+	NodeService_ListNodes_FullMethodName    = "/rdzv.v1.NodeService/ListNodes"
+	NodeService_CordonNode_FullMethodName   = "/rdzv.v1.NodeService/CordonNode"
+	NodeService_UncordonNode_FullMethodName = "/rdzv.v1.NodeService/UncordonNode"
 )
 
 // NodeServiceClient is the client API for NodeService service.
@@ -29,6 +31,10 @@ const (
 // NodeService is the operator's read-only view of the node registry.
 type NodeServiceClient interface {
 	ListNodes(ctx context.Context, in *ListNodesRequest, opts ...grpc.CallOption) (*ListNodesResponse, error)
+	// CordonNode keeps new work off a node; running work is not touched.
+	CordonNode(ctx context.Context, in *CordonNodeRequest, opts ...grpc.CallOption) (*CordonNodeResponse, error)
+	// UncordonNode lets a node take work again.
+	UncordonNode(ctx context.Context, in *UncordonNodeRequest, opts ...grpc.CallOption) (*UncordonNodeResponse, error)
 }
 
 type nodeServiceClient struct {
@@ -49,6 +55,26 @@ func (c *nodeServiceClient) ListNodes(ctx context.Context, in *ListNodesRequest,
 	return out, nil
 }
 
+func (c *nodeServiceClient) CordonNode(ctx context.Context, in *CordonNodeRequest, opts ...grpc.CallOption) (*CordonNodeResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(CordonNodeResponse)
+	err := c.cc.Invoke(ctx, NodeService_CordonNode_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *nodeServiceClient) UncordonNode(ctx context.Context, in *UncordonNodeRequest, opts ...grpc.CallOption) (*UncordonNodeResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(UncordonNodeResponse)
+	err := c.cc.Invoke(ctx, NodeService_UncordonNode_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // NodeServiceServer is the server API for NodeService service.
 // All implementations must embed UnimplementedNodeServiceServer
 // for forward compatibility.
@@ -56,6 +82,10 @@ func (c *nodeServiceClient) ListNodes(ctx context.Context, in *ListNodesRequest,
 // NodeService is the operator's read-only view of the node registry.
 type NodeServiceServer interface {
 	ListNodes(context.Context, *ListNodesRequest) (*ListNodesResponse, error)
+	// CordonNode keeps new work off a node; running work is not touched.
+	CordonNode(context.Context, *CordonNodeRequest) (*CordonNodeResponse, error)
+	// UncordonNode lets a node take work again.
+	UncordonNode(context.Context, *UncordonNodeRequest) (*UncordonNodeResponse, error)
 	mustEmbedUnimplementedNodeServiceServer()
 }
 
@@ -68,6 +98,12 @@ type UnimplementedNodeServiceServer struct{}
 
 func (UnimplementedNodeServiceServer) ListNodes(context.Context, *ListNodesRequest) (*ListNodesResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method ListNodes not implemented")
+}
+func (UnimplementedNodeServiceServer) CordonNode(context.Context, *CordonNodeRequest) (*CordonNodeResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method CordonNode not implemented")
+}
+func (UnimplementedNodeServiceServer) UncordonNode(context.Context, *UncordonNodeRequest) (*UncordonNodeResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method UncordonNode not implemented")
 }
 func (UnimplementedNodeServiceServer) mustEmbedUnimplementedNodeServiceServer() {}
 func (UnimplementedNodeServiceServer) testEmbeddedByValue()                     {}
@@ -108,6 +144,42 @@ func _NodeService_ListNodes_Handler(srv interface{}, ctx context.Context, dec fu
 	return interceptor(ctx, in, info, handler)
 }
 
+func _NodeService_CordonNode_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(CordonNodeRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(NodeServiceServer).CordonNode(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: NodeService_CordonNode_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(NodeServiceServer).CordonNode(ctx, req.(*CordonNodeRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _NodeService_UncordonNode_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(UncordonNodeRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(NodeServiceServer).UncordonNode(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: NodeService_UncordonNode_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(NodeServiceServer).UncordonNode(ctx, req.(*UncordonNodeRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // NodeService_ServiceDesc is the grpc.ServiceDesc for NodeService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -118,6 +190,14 @@ var NodeService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "ListNodes",
 			Handler:    _NodeService_ListNodes_Handler,
+		},
+		{
+			MethodName: "CordonNode",
+			Handler:    _NodeService_CordonNode_Handler,
+		},
+		{
+			MethodName: "UncordonNode",
+			Handler:    _NodeService_UncordonNode_Handler,
 		},
 	},
 	Streams:  []grpc.StreamDesc{},

@@ -1,0 +1,68 @@
+package controller
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"go.uber.org/zap"
+	"google.golang.org/protobuf/proto"
+
+	rdzvv1 "github.com/rdzv/rdzv/proto/rdzv/v1"
+)
+
+// setCordon cordons or uncordons a node; a cordoned node takes no new work.
+// Callers hold c.mu.
+func (c *Controller) setCordon(ctx context.Context, name string, cordoned bool, reason string) (*rdzvv1.Node, error) {
+	ns := c.nodes[name]
+	if ns == nil {
+		return nil, fmt.Errorf("node %s: %w", name, errNotFound)
+	}
+	if ns.rec.GetCordoned() == cordoned && ns.rec.GetCordonReason() == reason {
+		return c.nodeView(ns), nil
+	}
+	rec := proto.Clone(ns.rec).(*rdzvv1.Node)
+	rec.Cordoned, rec.CordonReason = cordoned, reason
+	kind, what := EventNodeCordoned, "cordoned: "+reason
+	if !cordoned {
+		kind, what, rec.CordonReason = EventNodeUncordoned, "uncordoned", ""
+	}
+	rev, err := c.store.PutNode(ctx, rec, ns.rev, c.event("", name, 0, kind, "node %s %s", name, what))
+	if err != nil {
+		return nil, err
+	}
+	ns.rec, ns.rev = rec, rev
+	c.log.Info("node cordon changed", zap.String("node", name), zap.Bool("cordoned", cordoned), zap.String("reason", reason))
+	c.wake()
+	return c.nodeView(ns), nil
+}
+
+// gpuFault cordons a node whose GPU reported a critical fault. A GPU that
+// fell off the bus or lost memory cannot be trusted by the next job either,
+// and faults rarely clear by themselves, so the cordon stays until an
+// operator has looked (`rdzvctl nodes uncordon`). A job running there is
+// restarted elsewhere at once rather than left to crash on the bad GPU.
+func (c *Controller) gpuFault(ctx context.Context, node string, f *rdzvv1.GPUFault) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	ns := c.nodes[node]
+	if ns == nil {
+		return
+	}
+	ev := c.event(ns.job, node, ns.generation, EventGPUFault, "node %s: %s", node, f.GetMessage())
+	if err := c.store.AppendEvent(ctx, ev); err != nil {
+		c.log.Error("recording gpu fault failed", zap.String("node", node), zap.Error(err))
+	}
+	if _, err := c.setCordon(ctx, node, true, "GPU fault: "+f.GetMessage()); err != nil {
+		c.log.Error("cordoning node after gpu fault failed", zap.String("node", node), zap.Error(err))
+	}
+	js := c.jobs[ns.job]
+	if js == nil || js.rec.GetState() != rdzvv1.JobState_JOB_STATE_RUNNING || js.rec.GetGeneration() != ns.generation {
+		return
+	}
+	latency := time.Duration(0)
+	if f.GetAt() != nil {
+		latency = max(c.clock.Now().Sub(f.GetAt().AsTime()), 0)
+	}
+	c.attemptFailed(ctx, js, fmt.Sprintf("node %s: GPU fault: %s", node, f.GetMessage()), latency)
+}
