@@ -291,6 +291,9 @@ func (c *Controller) applyWorkerStatus(ctx context.Context, node string, w *rdzv
 		return
 	}
 	js.workers[node] = w
+	if alive && !js.reportsSteps && allRunning(js) {
+		c.resumeTraining(js)
+	}
 	log.Info("worker status", zap.String("state", w.GetState().String()), zap.Int32("exit_code", w.GetExitCode()), zap.String("signal", w.GetSignal()))
 	if !alive {
 		c.release(node, js)
@@ -320,6 +323,15 @@ func (c *Controller) release(node string, js *jobState) {
 		ns.job, ns.generation = "", 0
 		c.wake()
 	}
+}
+
+func allRunning(js *jobState) bool {
+	for _, a := range js.round.GetNodes() {
+		if js.workers[a.GetNode()].GetState() != rdzvv1.WorkerState_WORKER_STATE_RUNNING {
+			return false
+		}
+	}
+	return true
 }
 
 func inRound(r *rdzvv1.Round, node string) bool {

@@ -81,6 +81,9 @@ type jobState struct {
 	// progressed is set once the current generation reported a new step or
 	// checkpoint; a failure without it counts toward a crash loop.
 	progressed bool
+	// reportsSteps is set once the job reported a training step: then a
+	// restarted generation counts as training again at its first report.
+	reportsSteps bool
 	// catalog holds the steps of the checkpoint catalog, oldest first, so
 	// that it can be kept to catalogSize entries.
 	catalog []uint64

@@ -30,6 +30,7 @@ func TestGPUFaultCordonsNodeAndRecovers(t *testing.T) {
 	spec.NodesMax = 2
 	c.startJob(spec)
 	a1, b1 := a.run(), b.run()
+	c.waitRunning("gpu")
 
 	b.gpuFault(79)
 	j := c.waitJobState("gpu", recovering)

@@ -11,7 +11,6 @@ import (
 
 	"go.uber.org/zap"
 	"google.golang.org/protobuf/proto"
-	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/rdzv/rdzv/controller/jobspec"
@@ -83,6 +82,9 @@ func (c *Controller) schedule(ctx context.Context) time.Time {
 			if !taken[cand.Name] {
 				avail = append(avail, cand)
 			}
+		}
+		if js.pendingSince.IsZero() {
+			js.pendingSince = now
 		}
 		if timeout := spec.GetRendezvousTimeout().AsDuration(); timeout > 0 && now.Sub(js.pendingSince) >= timeout {
 			c.finish(ctx, js, rdzvv1.JobState_JOB_STATE_FAILED, fmt.Sprintf("rendezvous timed out after %s: %s", timeout, rendezvous.Explain(req, avail)))
@@ -232,9 +234,11 @@ func (c *Controller) commit(ctx context.Context, name string, placed []rendezvou
 	if cp := rec.GetLatestCheckpoint(); cp != nil {
 		resume = fmt.Sprintf("from checkpoint step %d", cp.GetStep())
 	}
+	rec.TrainingSince = timestamppb.New(now)
 	if rec.RecoveryStartedAt != nil {
-		rec.RecoveryTime = durationpb.New(rec.GetRecoveryTime().AsDuration() + now.Sub(rec.GetRecoveryStartedAt().AsTime()))
-		rec.RecoveryStartedAt, rec.RestartNotBefore = nil, nil
+		// Still recovering until the new generation is back to training:
+		// resumeTraining ends the interval.
+		rec.TrainingSince, rec.RestartNotBefore = nil, nil
 		rec.Reason += ", resumed " + resume
 	}
 	ev := c.event(name, "", gen, EventRendezvousCommitted, "generation %d: %d nodes %s, master %s:%d, starting %s",
@@ -533,7 +537,9 @@ func (c *Controller) stopJob(ctx context.Context, name string) (*rdzvv1.Job, err
 // assignments and worker states.
 func (c *Controller) jobView(js *jobState) *rdzvv1.Job {
 	j := proto.Clone(js.rec).(*rdzvv1.Job)
+	// Totals up to now, while still showing which interval is open.
 	c.closeInterval(j)
+	j.RecoveryStartedAt, j.TrainingSince = js.rec.GetRecoveryStartedAt(), js.rec.GetTrainingSince()
 	if js.round == nil || js.round.GetGeneration() != js.rec.GetGeneration() {
 		return j
 	}

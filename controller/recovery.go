@@ -55,17 +55,28 @@ func (c *Controller) detectionLatency(w *rdzvv1.WorkerStatus) time.Duration {
 // right after (or work on a copy for display), so no interval counts twice.
 func (c *Controller) closeInterval(rec *rdzvv1.Job) {
 	now := c.clock.Now()
-	switch rec.GetState() {
-	case rdzvv1.JobState_JOB_STATE_RUNNING:
-		if rec.GetStartedAt() != nil {
-			rec.TrainingTime = durationpb.New(rec.GetTrainingTime().AsDuration() + now.Sub(rec.GetStartedAt().AsTime()))
-		}
-	case rdzvv1.JobState_JOB_STATE_RECOVERING:
-		if rec.GetRecoveryStartedAt() != nil {
-			rec.RecoveryTime = durationpb.New(rec.GetRecoveryTime().AsDuration() + now.Sub(rec.GetRecoveryStartedAt().AsTime()))
-			rec.RecoveryStartedAt = nil
-		}
+	if rec.GetState() != rdzvv1.JobState_JOB_STATE_RUNNING && rec.GetState() != rdzvv1.JobState_JOB_STATE_RECOVERING {
+		return
 	}
+	if rec.GetRecoveryStartedAt() != nil {
+		rec.RecoveryTime = durationpb.New(rec.GetRecoveryTime().AsDuration() + now.Sub(rec.GetRecoveryStartedAt().AsTime()))
+		rec.RecoveryStartedAt = nil
+	}
+	if rec.GetTrainingSince() != nil {
+		rec.TrainingTime = durationpb.New(rec.GetTrainingTime().AsDuration() + now.Sub(rec.GetTrainingSince().AsTime()))
+		rec.TrainingSince = nil
+	}
+}
+
+// resumeTraining marks a restarted generation as training again: its first
+// step report, or (for a job that reports no steps) all its workers running.
+// Until then the outage goes on, start-up included. Callers hold c.mu.
+func (c *Controller) resumeTraining(js *jobState) {
+	if js.rec.GetRecoveryStartedAt() == nil {
+		return
+	}
+	c.closeInterval(js.rec)
+	js.rec.TrainingSince = timestamppb.New(c.clock.Now())
 }
 
 // attemptFailed ends the current generation of a running job: it is fenced
@@ -114,7 +125,9 @@ func (c *Controller) attemptFailed(ctx context.Context, js *jobState, reason str
 		return
 	}
 	js.rec, js.rev = rec, rev
-	js.pendingSince, js.lastCall = now, rendezvous.LastCall{}
+	// The rendezvous timeout runs from when the job can rendezvous again
+	// (stopped everywhere, backoff over), not from the failure.
+	js.pendingSince, js.lastCall = time.Time{}, rendezvous.LastCall{}
 	c.log.Warn("attempt failed, recovering", zap.String("job", name), zap.Uint64("generation", gen),
 		zap.String("reason", reason), zap.Duration("detection_latency", latency), zap.Duration("backoff", backoff))
 	c.stopWorkers(js, fmt.Sprintf("generation %d failed: %s", gen, reason))
@@ -146,7 +159,8 @@ func (c *Controller) progress(node string, p *rdzvv1.Progress) {
 	}
 	if js.rec.GetProgressAt() == nil || p.GetStep() > js.rec.GetStep() {
 		js.rec.Step, js.rec.ProgressAt = p.GetStep(), timestamppb.New(c.clock.Now())
-		js.progressed = true
+		js.progressed, js.reportsSteps = true, true
+		c.resumeTraining(js)
 	}
 }
 
@@ -163,6 +177,13 @@ func (c *Controller) checkpoint(ctx context.Context, node string, r *rdzvv1.Chec
 		return
 	}
 	if latest := js.rec.GetLatestCheckpoint(); latest != nil && r.GetStep() <= latest.GetStep() {
+		return
+	}
+	if r.GetSource() == "scan" && js.reportsSteps && r.GetStep() > js.rec.GetStep() {
+		// Found on disk beyond where this generation has trained: written by
+		// a generation that was being stopped, which must never become the
+		// one to resume from.
+		log.Info("ignoring scanned checkpoint ahead of this generation's progress", zap.Uint64("progress_step", js.rec.GetStep()))
 		return
 	}
 	if err := checkpointPathOK(js.rec.GetSpec().GetCheckpointDir(), r.GetPath()); err != nil {

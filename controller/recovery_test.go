@@ -203,3 +203,40 @@ func TestRecoveryWaitsForMinThenTimesOut(t *testing.T) {
 	require.Equal(t, failed, j.GetState())
 	require.Contains(t, j.GetReason(), "rendezvous timed out")
 }
+
+// The restart backoff and the time to stop the failed generation do not
+// count against the rendezvous timeout: only waiting for nodes does.
+func TestBackoffIsNotRendezvousWait(t *testing.T) {
+	c := newCluster(t)
+	a := c.connectFake("node-a")
+	a.keepAlive()
+	spec := c.recoverable("patient", 1, 2)
+	spec.RestartBackoffInitial = durationpb.New(1500 * time.Millisecond)
+	spec.RestartBackoffMax = durationpb.New(1500 * time.Millisecond)
+	spec.RendezvousTimeout = durationpb.New(500 * time.Millisecond)
+	c.startJob(spec)
+	a.report(a.run(), rdzvv1.WorkerState_WORKER_STATE_FAILED, 1)
+	a2 := a.run()
+	require.Equal(t, uint64(2), a2.GetGeneration(), "restarted after the backoff, not timed out during it")
+}
+
+// Recovery lasts until the restarted generation trains again: its start-up
+// counts as outage, not as training.
+func TestRecoveryTimeRunsUntilTrainingResumes(t *testing.T) {
+	c := newCluster(t)
+	a := c.connectFake("node-a")
+	a.keepAlive()
+	c.startJob(c.recoverable("timed", 1, 2))
+	a1 := a.run()
+	a.step(a1, 3)
+	c.waitJob("timed", func(j *rdzvv1.Job) bool { return j.GetStep() == 3 })
+	a.report(a1, rdzvv1.WorkerState_WORKER_STATE_FAILED, 1)
+	a2 := a.run()
+	j := c.waitJob("timed", func(j *rdzvv1.Job) bool { return j.GetGeneration() == 2 && j.GetState() == running })
+	require.NotNil(t, j.GetRecoveryStartedAt(), "running but not yet training: still recovering")
+	time.Sleep(300 * time.Millisecond)
+	a.step(a2, 4)
+	j = c.waitJob("timed", func(j *rdzvv1.Job) bool { return j.GetRecoveryStartedAt() == nil })
+	require.NotNil(t, j.GetTrainingSince())
+	require.GreaterOrEqual(t, j.GetRecoveryTime().AsDuration(), 300*time.Millisecond, "start-up is part of the outage")
+}

@@ -5,6 +5,9 @@ It prints machine-readable lines the e2e tests look for:
   RDZV_RESUMED rank=<r> step=<s>        when resuming from a checkpoint
   RDZV_STEP rank=<r> step=<s> loss=<f>  every 10 steps
   RDZV_DONE rank=<r> steps=<n> first_loss=<f> final_loss=<f>
+  RDZV_TICK rank=<r> generation=<g> step=<s> time=<unix seconds>
+      after every step, with --tick (tests time each generation by them)
+  RDZV_FAIL rank=<r> reason=fail-at-start  with --fail-at-start, which exits 3
 
 With RDZV_CHECKPOINT_DIR set, rank 0 saves <dir>/step-<N>/model.pt every
 --checkpoint-every steps. A step directory is complete once it holds the
@@ -64,16 +67,24 @@ def main():
     p.add_argument("--steps", type=int, default=60)
     p.add_argument("--step-time", type=float, default=0.05, help="seconds to sleep per step")
     p.add_argument("--checkpoint-every", type=int, default=20)
+    p.add_argument("--tick", action="store_true",
+                   help="print an RDZV_TICK line for every step (fault-tolerance tests time generations by them)")
+    p.add_argument("--fail-at-start", action="store_true",
+                   help="exit with status 3 before training: a job that crash loops")
     args = p.parse_args()
 
     rank = int(os.environ["RANK"])
     world_size = int(os.environ["WORLD_SIZE"])
+    generation = os.environ.get("RDZV_GENERATION", "")
     log("RDZV_WORKER", f"rank={rank}", f"world_size={world_size}",
         f"node_rank={os.environ.get('GROUP_RANK', '')}",
         f"local_rank={os.environ.get('LOCAL_RANK', '')}",
         f"node={os.environ.get('RDZV_NODE', '')}",
-        f"generation={os.environ.get('RDZV_GENERATION', '')}",
+        f"generation={generation}",
         f"job={os.environ.get('RDZV_JOB', '')}")
+    if args.fail_at_start:
+        log("RDZV_FAIL", f"rank={rank}", "reason=fail-at-start")
+        sys.exit(3)
 
     dist.init_process_group("gloo")  # env://, from torchrun's MASTER_ADDR/PORT
 
@@ -110,6 +121,8 @@ def main():
         opt.step()
         if first_loss is None:
             first_loss = loss.item()
+        if args.tick:
+            log("RDZV_TICK", f"rank={rank}", f"generation={generation}", f"step={step}", f"time={time.time():.6f}")
         if step % 10 == 0:
             log("RDZV_STEP", f"rank={rank}", f"step={step}", f"loss={loss.item():.6f}")
         if rank == 0 and ckpt_dir and step % args.checkpoint_every == 0:

@@ -26,7 +26,8 @@ const (
 	controllerPort = "7070"
 	// Short so that a node that fails to come back is noticed within the
 	// test, and so that the restart test exercises re-registration.
-	heartbeatTimeout = "5s"
+	// Clusters may set their own (cluster.heartbeatTimeout).
+	defaultHeartbeatTimeout = "5s"
 
 	// Deadlines only keep a hang from stalling the run; none measures
 	// performance, so they are generous for two busy cores.
@@ -49,6 +50,12 @@ type cluster struct {
 	controllerArgs []string
 	controller     *netns.Proc
 	agents         []*netns.Proc // agents[i] runs on agentHost(i)
+	// heartbeatTimeout is the controller's --heartbeat-timeout, and
+	// agentArgs extra flags for every agent; set them before starting.
+	heartbeatTimeout string
+	agentArgs        []string
+	// killed marks the agent hosts whose processes a test killed on purpose.
+	killed map[int]bool
 	// job is the job whose state the failure report shows.
 	job string
 }
@@ -63,7 +70,7 @@ func newCluster(t *testing.T) *cluster {
 	}
 	binDir, err := filepath.Abs(binDir)
 	require.NoError(t, err)
-	c := &cluster{t: t, dir: t.TempDir()}
+	c := &cluster{t: t, dir: t.TempDir(), heartbeatTimeout: defaultHeartbeatTimeout, killed: map[int]bool{}}
 	for _, b := range []struct {
 		path *string
 		name string
@@ -99,7 +106,7 @@ func (c *cluster) startEmbeddedController() {
 
 func (c *cluster) startController(etcdArgs ...string) {
 	c.t.Helper()
-	c.controllerArgs = append([]string{"--listen", c.controllerAddr, "--heartbeat-timeout", heartbeatTimeout}, etcdArgs...)
+	c.controllerArgs = append([]string{"--listen", c.controllerAddr, "--heartbeat-timeout", c.heartbeatTimeout}, etcdArgs...)
 	c.controller = c.controllerHost().Start(c.t, "controller", nil, append([]string{c.controllerBin}, c.controllerArgs...)...)
 }
 
@@ -125,16 +132,19 @@ func (c *cluster) restartController() {
 func (c *cluster) startAgents() {
 	c.t.Helper()
 	for i := range agentHosts {
-		c.agents = append(c.agents, c.agentHost(i).Start(c.t, "agent", nil,
-			c.agentBin, "--controller", c.controllerAddr, "--state-dir", c.stateDir(i)))
+		argv := append([]string{c.agentBin, "--controller", c.controllerAddr, "--state-dir", c.stateDir(i)}, c.agentArgs...)
+		c.agents = append(c.agents, c.agentHost(i).Start(c.t, "agent", nil, argv...))
 	}
 }
 
 // requireRunning fails at once when a daemon has died, rather than letting
-// a poll wait out its deadline.
+// a poll wait out its deadline. Agents a test killed are not expected to run.
 func (c *cluster) requireRunning(t *testing.T) {
 	t.Helper()
-	for _, p := range append([]*netns.Proc{c.controller}, c.agents...) {
+	for i, p := range append([]*netns.Proc{c.controller}, c.agents...) {
+		if i > 0 && c.killed[i-1] {
+			continue
+		}
 		select {
 		case <-p.Exited():
 			t.Fatalf("%s on %s exited: %v (log: %s)", p.Name, p.Host.Name, p.Wait(), p.LogPath())

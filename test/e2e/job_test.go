@@ -13,6 +13,8 @@ import (
 
 	"github.com/stretchr/testify/require"
 	"sigs.k8s.io/yaml"
+
+	"github.com/rdzv/rdzv/test/netns"
 )
 
 const (
@@ -256,15 +258,8 @@ func atoi(t *testing.T, s string) int {
 // success, in time order. It returns the events.
 func requireJobEvents(t *testing.T, c *cluster, job jobFile) []eventJSON {
 	t.Helper()
-	var resp struct {
-		Events []eventJSON `json:"events"`
-	}
-	c.ctlJSON(t, &resp, "events", job.Name)
-	events := resp.Events
-	kinds := make([]string, len(events))
-	for i, ev := range events {
-		kinds[i] = ev.Kind
-	}
+	events := c.jobEvents(t, job.Name)
+	kinds := eventKinds(events)
 	t.Logf("e2e: events of %s: %v", job.Name, kinds)
 
 	require.Len(t, events, 5+2*agentHosts, "events: %v", kinds)
@@ -315,7 +310,26 @@ func requireJobEvents(t *testing.T, c *cluster, job jobFile) []eventJSON {
 	return events
 }
 
-// requireIdle checks that a finished job released its nodes.
+// jobEvents is `rdzvctl events JOB -o json`, oldest first.
+func (c *cluster) jobEvents(t *testing.T, job string) []eventJSON {
+	t.Helper()
+	var resp struct {
+		Events []eventJSON `json:"events"`
+	}
+	c.ctlJSON(t, &resp, "events", job)
+	return resp.Events
+}
+
+func eventKinds(events []eventJSON) []string {
+	kinds := make([]string, len(events))
+	for i, ev := range events {
+		kinds[i] = ev.Kind
+	}
+	return kinds
+}
+
+// requireIdle checks that a finished job released its nodes; those whose
+// agent the test killed must be lost.
 func requireIdle(t *testing.T, c *cluster) {
 	t.Helper()
 	nodes, err := c.nodes()
@@ -323,7 +337,11 @@ func requireIdle(t *testing.T, c *cluster) {
 	require.Len(t, nodes, agentHosts)
 	for i, n := range nodes {
 		require.Equal(t, c.agentHost(i).Name, n.Info.Name)
-		require.Equal(t, "NODE_STATE_READY", n.State, "node %s", n.Info.Name)
+		want := "NODE_STATE_READY"
+		if c.killed[i] {
+			want = "NODE_STATE_LOST"
+		}
+		require.Equal(t, want, n.State, "node %s", n.Info.Name)
 		require.Empty(t, n.Job, "node %s", n.Info.Name)
 		require.Zero(t, n.Generation, "node %s", n.Info.Name)
 	}
@@ -331,24 +349,40 @@ func requireIdle(t *testing.T, c *cluster) {
 
 // requireOnlyAgents checks that nothing but the agent runs on each agent
 // host: the agent sweeps a job's process group before it reports the
-// workers' exit, so no torchrun or python may outlive the job.
+// workers' exit, so no torchrun or python may outlive the job. On a host
+// whose processes the test killed, nothing may run at all.
 func requireOnlyAgents(t *testing.T, c *cluster) {
 	t.Helper()
 	for i, agent := range c.agents {
 		h := c.agentHost(i)
-		out, err := exec.Command("ip", "netns", "pids", h.NS).Output()
-		require.NoError(t, err)
 		var others []string
 		agentSeen := false
-		for _, pid := range strings.Fields(string(out)) {
-			if pid == strconv.Itoa(agent.Pid()) {
+		for _, pid := range netnsPids(t, h) {
+			if pid == agent.Pid() && !c.killed[i] {
 				agentSeen = true
 				continue
 			}
-			cmdline, _ := os.ReadFile(filepath.Join("/proc", pid, "cmdline")) // it may have exited since
-			others = append(others, fmt.Sprintf("%s: %s", pid, strings.ReplaceAll(string(cmdline), "\x00", " ")))
+			others = append(others, fmt.Sprintf("%d: %s", pid, strings.Join(procCmdline(pid), " ")))
 		}
-		require.True(t, agentSeen, "agent (pid %d) not found in %s", agent.Pid(), h.NS)
+		require.True(t, agentSeen || c.killed[i], "agent (pid %d) not found in %s", agent.Pid(), h.NS)
 		require.Empty(t, others, "processes left on %s besides the agent", h.Name)
 	}
+}
+
+// netnsPids lists the processes in h's network namespace.
+func netnsPids(t *testing.T, h *netns.Host) []int {
+	t.Helper()
+	out, err := exec.Command("ip", "netns", "pids", h.NS).Output()
+	require.NoError(t, err)
+	var pids []int
+	for _, f := range strings.Fields(string(out)) {
+		pids = append(pids, atoi(t, f))
+	}
+	return pids
+}
+
+// procCmdline is a process's argv, empty once it has exited.
+func procCmdline(pid int) []string {
+	data, _ := os.ReadFile(filepath.Join("/proc", strconv.Itoa(pid), "cmdline"))
+	return strings.Split(strings.TrimRight(string(data), "\x00"), "\x00")
 }

@@ -38,6 +38,20 @@ type jobJSON struct {
 	CreatedAt   time.Time        `json:"created_at"`
 	StartedAt   time.Time        `json:"started_at"`
 	FinishedAt  time.Time        `json:"finished_at"`
+	Restarts    int              `json:"restarts"`
+	// Nil until a checkpoint is recorded.
+	LatestCheckpoint *checkpointJSON `json:"latest_checkpoint"`
+	// Durations as protojson writes them ("1.5s"), nil when unset.
+	TrainingTime *string `json:"training_time"`
+	RecoveryTime *string `json:"recovery_time"`
+}
+
+type checkpointJSON struct {
+	Step       uint64 `json:"step,string"`
+	Path       string `json:"path"`
+	Generation uint64 `json:"generation,string"`
+	Node       string `json:"node"`
+	Source     string `json:"source"`
 }
 
 type assignmentJSON struct {
@@ -59,4 +73,6 @@ type eventJSON struct {
 	Generation uint64    `json:"generation,string"`
 	Kind       string    `json:"kind"`
 	Message    string    `json:"message"`
+	// Set on failures: a duration as protojson writes it ("0.120s").
+	DetectionLatency *string `json:"detection_latency"`
 }

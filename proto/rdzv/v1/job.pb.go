@@ -486,8 +486,12 @@ type Job struct {
 	RecoveryStartedAt *timestamppb.Timestamp `protobuf:"bytes,18,opt,name=recovery_started_at,json=recoveryStartedAt,proto3" json:"recovery_started_at,omitempty"`
 	// Earliest time the next rendezvous may commit (restart backoff).
 	RestartNotBefore *timestamppb.Timestamp `protobuf:"bytes,19,opt,name=restart_not_before,json=restartNotBefore,proto3" json:"restart_not_before,omitempty"`
-	unknownFields    protoimpl.UnknownFields
-	sizeCache        protoimpl.SizeCache
+	// When the current generation resumed training (its first step report,
+	// or all workers running for a job that reports no steps); the training
+	// time interval starts here, the recovery interval ends here.
+	TrainingSince *timestamppb.Timestamp `protobuf:"bytes,20,opt,name=training_since,json=trainingSince,proto3" json:"training_since,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Job) Reset() {
@@ -649,6 +653,13 @@ func (x *Job) GetRecoveryStartedAt() *timestamppb.Timestamp {
 func (x *Job) GetRestartNotBefore() *timestamppb.Timestamp {
 	if x != nil {
 		return x.RestartNotBefore
+	}
+	return nil
+}
+
+func (x *Job) GetTrainingSince() *timestamppb.Timestamp {
+	if x != nil {
+		return x.TrainingSince
 	}
 	return nil
 }
@@ -1074,7 +1085,7 @@ const file_rdzv_v1_job_proto_rawDesc = "" +
 	"\x05state\x18\x06 \x01(\x0e2\x14.rdzv.v1.WorkerStateR\x05state\x12\x1b\n" +
 	"\texit_code\x18\a \x01(\x05R\bexitCode\x12\x16\n" +
 	"\x06signal\x18\b \x01(\tR\x06signal\x12\x18\n" +
-	"\amessage\x18\t \x01(\tR\amessage\"\xbd\a\n" +
+	"\amessage\x18\t \x01(\tR\amessage\"\x80\b\n" +
 	"\x03Job\x12$\n" +
 	"\x04spec\x18\x01 \x01(\v2\x10.rdzv.v1.JobSpecR\x04spec\x12'\n" +
 	"\x05state\x18\x02 \x01(\x0e2\x11.rdzv.v1.JobStateR\x05state\x12\x16\n" +
@@ -1103,7 +1114,8 @@ const file_rdzv_v1_job_proto_rawDesc = "" +
 	"\rtraining_time\x18\x10 \x01(\v2\x19.google.protobuf.DurationR\ftrainingTime\x12>\n" +
 	"\rrecovery_time\x18\x11 \x01(\v2\x19.google.protobuf.DurationR\frecoveryTime\x12J\n" +
 	"\x13recovery_started_at\x18\x12 \x01(\v2\x1a.google.protobuf.TimestampR\x11recoveryStartedAt\x12H\n" +
-	"\x12restart_not_before\x18\x13 \x01(\v2\x1a.google.protobuf.TimestampR\x10restartNotBefore\"\xbd\x01\n" +
+	"\x12restart_not_before\x18\x13 \x01(\v2\x1a.google.protobuf.TimestampR\x10restartNotBefore\x12A\n" +
+	"\x0etraining_since\x18\x14 \x01(\v2\x1a.google.protobuf.TimestampR\rtrainingSince\"\xbd\x01\n" +
 	"\n" +
 	"Checkpoint\x12\x12\n" +
 	"\x04step\x18\x01 \x01(\x04R\x04step\x12\x12\n" +
@@ -1221,17 +1233,18 @@ var file_rdzv_v1_job_proto_depIdxs = []int32{
 	11, // 17: rdzv.v1.Job.recovery_time:type_name -> google.protobuf.Duration
 	12, // 18: rdzv.v1.Job.recovery_started_at:type_name -> google.protobuf.Timestamp
 	12, // 19: rdzv.v1.Job.restart_not_before:type_name -> google.protobuf.Timestamp
-	12, // 20: rdzv.v1.Checkpoint.reported_at:type_name -> google.protobuf.Timestamp
-	2,  // 21: rdzv.v1.Assignment.spec:type_name -> rdzv.v1.JobSpec
-	12, // 22: rdzv.v1.Event.time:type_name -> google.protobuf.Timestamp
-	11, // 23: rdzv.v1.Event.detection_latency:type_name -> google.protobuf.Duration
-	3,  // 24: rdzv.v1.Round.nodes:type_name -> rdzv.v1.NodeAssignment
-	12, // 25: rdzv.v1.Round.committed_at:type_name -> google.protobuf.Timestamp
-	26, // [26:26] is the sub-list for method output_type
-	26, // [26:26] is the sub-list for method input_type
-	26, // [26:26] is the sub-list for extension type_name
-	26, // [26:26] is the sub-list for extension extendee
-	0,  // [0:26] is the sub-list for field type_name
+	12, // 20: rdzv.v1.Job.training_since:type_name -> google.protobuf.Timestamp
+	12, // 21: rdzv.v1.Checkpoint.reported_at:type_name -> google.protobuf.Timestamp
+	2,  // 22: rdzv.v1.Assignment.spec:type_name -> rdzv.v1.JobSpec
+	12, // 23: rdzv.v1.Event.time:type_name -> google.protobuf.Timestamp
+	11, // 24: rdzv.v1.Event.detection_latency:type_name -> google.protobuf.Duration
+	3,  // 25: rdzv.v1.Round.nodes:type_name -> rdzv.v1.NodeAssignment
+	12, // 26: rdzv.v1.Round.committed_at:type_name -> google.protobuf.Timestamp
+	27, // [27:27] is the sub-list for method output_type
+	27, // [27:27] is the sub-list for method input_type
+	27, // [27:27] is the sub-list for extension type_name
+	27, // [27:27] is the sub-list for extension extendee
+	0,  // [0:27] is the sub-list for field type_name
 }
 
 func init() { file_rdzv_v1_job_proto_init() }

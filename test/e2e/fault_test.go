@@ -1,0 +1,628 @@
+package e2e
+
+import (
+	"fmt"
+	"math"
+	"os"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"sort"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+)
+
+// Fault tolerance end to end: a fault is injected into a job that is
+// visibly training, and the job must come back on its own, resuming from
+// its newest complete checkpoint with no two generations ever training at
+// once and nothing of a fenced generation left running.
+
+const (
+	// A silent node is declared lost after faultHeartbeatTimeout, and agents
+	// give workers faultStopGrace between SIGTERM and SIGKILL: short, so
+	// that each fault is handled within seconds.
+	faultHeartbeatTimeout = "3s"
+	faultStopGrace        = "3s"
+	// The fault jobs train for about faultSteps × faultStepTime seconds after
+	// start-up, long enough to inject a fault mid-training; train.py's --tick
+	// makes every rank print an RDZV_TICK line per step.
+	faultSteps    = 120
+	faultStepTime = "0.1"
+	// recoveryBound only keeps a broken recovery from passing unnoticed;
+	// the recovery time is a figure, not a performance requirement.
+	recoveryBound = 90 * time.Second
+)
+
+// newFaultCluster starts a controller with embedded etcd and agents on
+// h1..h3, all with the short fault timeouts, and waits until the agents are
+// ready. On failure, what operators would look at is logged before the
+// daemons stop.
+func newFaultCluster(t *testing.T) *cluster {
+	t.Helper()
+	c := newCluster(t)
+	c.heartbeatTimeout = faultHeartbeatTimeout
+	c.agentArgs = []string{"--stop-grace", faultStopGrace}
+	c.startEmbeddedController()
+	c.startAgents()
+	// Cleanups run last-registered first: this one runs while the daemons,
+	// registered before it, still run.
+	t.Cleanup(c.report)
+	c.waitReady(t)
+	return c
+}
+
+// faultJob writes and submits a job derived from examples/job.yaml (as
+// writeJob adapts it): 2 to 3 nodes of procsPerNode workers, faultSteps
+// ticking steps with a checkpoint every checkpointEvery, up to 3 restarts
+// after a 500ms backoff. edit adjusts the spec further.
+func faultJob(t *testing.T, c *cluster, name string, edit func(spec map[string]any)) jobFile {
+	t.Helper()
+	base := writeJob(t, c.dir)
+	path := base.variant(t, name, func(spec map[string]any) {
+		spec["nodes"] = map[string]any{"min": 2, "max": agentHosts}
+		spec["command"] = []any{"train.py", "--steps", strconv.Itoa(faultSteps), "--step-time", faultStepTime,
+			"--checkpoint-every", strconv.Itoa(checkpointEvery), "--tick"}
+		spec["restart"] = map[string]any{"max_restarts": 3, "backoff": map[string]any{"initial": "500ms", "max": "5s"}}
+		spec["rendezvous"] = map[string]any{"last_call": "1s", "timeout": "1m"}
+		if edit != nil {
+			edit(spec)
+		}
+	})
+	c.job = name
+	c.ctlOK(t, "start", path)
+	return jobFile{Name: name, Path: path, CkptDir: base.CkptDir}
+}
+
+// A training process dies: the generation is fenced on every node and the
+// job resumes on all three from its newest checkpoint.
+func TestFaultKillWorker(t *testing.T) {
+	c := newFaultCluster(t)
+	job := faultJob(t, c, "fault-kill-worker", nil)
+	before := c.waitCheckpoint(t, job.Name, checkpointEvery)
+
+	// h2 is node rank 1: the killed process is neither rank 0 nor torchrun.
+	fault := time.Now()
+	killed := c.killWorker(t, 1)
+	t.Logf("e2e: SIGKILLed %s (latest checkpoint then: step %d)", killed, before.LatestCheckpoint.Step)
+
+	run := requireRecovered(t, c, job, fault, before)
+	require.Equal(t, agentNames(c), run.rounds[2].nodes, "every node is healthy, so generation 2 runs on all of them")
+}
+
+// A node dies with its agent and workers: it is declared lost and the job
+// resumes on the two nodes left (min 2) from its newest checkpoint.
+func TestFaultKillNode(t *testing.T) {
+	c := newFaultCluster(t)
+	job := faultJob(t, c, "fault-kill-node", nil)
+	// Two checkpoints by then: the job must resume from the newer one.
+	before := c.waitCheckpoint(t, job.Name, 2*checkpointEvery)
+
+	fault := time.Now()
+	c.killHost(t, 2)
+	t.Logf("e2e: SIGKILLed everything on h3 (latest checkpoint then: step %d)", before.LatestCheckpoint.Step)
+	c.waitNodeState(t, 2, "NODE_STATE_LOST")
+	t.Logf("e2e: h3 LOST %s after the fault", time.Since(fault).Round(time.Millisecond))
+
+	run := requireRecovered(t, c, job, fault, before)
+	survivors := agentNames(c)[:2]
+	require.Equal(t, survivors, run.rounds[2].nodes, "generation 2 runs on the nodes left")
+	final := run.status.Assignments
+	require.Len(t, final, len(survivors))
+	for i, a := range final {
+		require.Equal(t, survivors[i], a.Node)
+	}
+}
+
+// A job that fails at start every time fails as a crash loop long before its
+// restart budget is spent.
+func TestFaultCrashLoop(t *testing.T) {
+	c := newFaultCluster(t)
+	begin := time.Now()
+	job := faultJob(t, c, "fault-crash-loop", func(spec map[string]any) {
+		spec["command"] = []any{"train.py", "--fail-at-start"}
+		spec["restart"].(map[string]any)["max_restarts"] = 5
+	})
+	j := c.waitJob(t, job.Name, "finished", func(j jobJSON) bool { return finished(j.State) })
+	t.Logf("e2e: crash-looping job %s after %s: generation %d, %d restarts: %s",
+		j.State, time.Since(begin).Round(time.Millisecond), j.Generation, j.Restarts, j.Reason)
+	require.Equal(t, "JOB_STATE_FAILED", j.State, "reason: %s", j.Reason)
+	require.Contains(t, j.Reason, "crash loop")
+	require.Less(t, j.Restarts, 5, "a crash loop must fail before the restart budget is spent")
+	require.EqualValues(t, j.Restarts+1, j.Generation)
+	requireAttemptsFailed(t, c.jobEvents(t, job.Name), j.Restarts)
+
+	failLines := 0
+	for i := range agentHosts {
+		failLines += len(taggedLines(c.nodeLog(t, i, job.Name), "RDZV_FAIL"))
+	}
+	require.Positive(t, failLines, "no worker printed RDZV_FAIL: the job failed for another reason")
+	c.requireWorkersGone(t, job.Name)
+}
+
+// A node of a job that needs all three dies: the job waits for nodes, saying
+// so, and fails when its rendezvous timeout passes.
+func TestFaultMinNotMet(t *testing.T) {
+	c := newFaultCluster(t)
+	job := faultJob(t, c, "fault-min-not-met", func(spec map[string]any) {
+		spec["nodes"] = map[string]any{"min": agentHosts, "max": agentHosts}
+		spec["rendezvous"] = map[string]any{"last_call": "1s", "timeout": "6s"}
+	})
+	c.waitCheckpoint(t, job.Name, checkpointEvery)
+
+	fault := time.Now()
+	c.killHost(t, 2)
+	// Every state and reason the job shows, in order.
+	var seen []string
+	j := c.waitJob(t, job.Name, "finished", func(j jobJSON) bool {
+		if s := j.State + ": " + j.Reason; len(seen) == 0 || seen[len(seen)-1] != s {
+			seen = append(seen, s)
+			t.Logf("e2e: %s after the fault: %s", time.Since(fault).Round(time.Millisecond), s)
+		}
+		return finished(j.State)
+	})
+	require.Equal(t, "JOB_STATE_FAILED", j.State, "reason: %s", j.Reason)
+	require.Contains(t, j.Reason, "rendezvous timed out")
+	require.EqualValues(t, 1, j.Generation, "no generation can start without the minimum of nodes")
+	require.Equal(t, 1, j.Restarts)
+	waiting := slices.ContainsFunc(seen, func(s string) bool {
+		return strings.HasPrefix(s, "JOB_STATE_RECOVERING: ") && strings.Contains(s, "waiting for nodes")
+	})
+	require.True(t, waiting, "the job never said, while recovering, that it waits for nodes; it showed: %q", seen)
+	c.waitNodeState(t, 2, "NODE_STATE_LOST")
+	requireAttemptsFailed(t, c.jobEvents(t, job.Name), 1)
+	c.requireWorkersGone(t, job.Name)
+}
+
+// finished reports whether a job state is final.
+func finished(state string) bool {
+	return state == "JOB_STATE_SUCCEEDED" || state == "JOB_STATE_FAILED" || state == "JOB_STATE_STOPPED"
+}
+
+func workerGone(state string) bool {
+	return state == "WORKER_STATE_SUCCEEDED" || state == "WORKER_STATE_FAILED" || state == "WORKER_STATE_STOPPED"
+}
+
+func agentNames(c *cluster) []string {
+	names := make([]string, agentHosts)
+	for i := range names {
+		names[i] = c.agentHost(i).Name
+	}
+	return names
+}
+
+// status is `rdzvctl status JOB -o json`.
+func (c *cluster) status(t *testing.T, job string) jobJSON {
+	t.Helper()
+	var j jobJSON
+	c.ctlJSON(t, &j, "status", job)
+	return j
+}
+
+// waitJob polls the job's status until ok accepts it, within jobTimeout.
+func (c *cluster) waitJob(t *testing.T, job, what string, ok func(jobJSON) bool) jobJSON {
+	t.Helper()
+	deadline := time.Now().Add(jobTimeout)
+	for {
+		c.requireRunning(t)
+		j := c.status(t, job)
+		if ok(j) {
+			return j
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("job %s never %s within %s; last status: %+v", job, what, jobTimeout, j)
+		}
+		time.Sleep(pollEvery)
+	}
+}
+
+// waitCheckpoint waits until the job's first generation is training and
+// has recorded a complete checkpoint of step or later. It fails at once if
+// the job stops or restarts before: no fault has been injected yet.
+func (c *cluster) waitCheckpoint(t *testing.T, job string, step uint64) jobJSON {
+	t.Helper()
+	return c.waitJob(t, job, fmt.Sprintf("recorded a checkpoint of step %d in generation 1", step), func(j jobJSON) bool {
+		require.Contains(t, []string{"JOB_STATE_PENDING", "JOB_STATE_RUNNING"}, j.State, "before any fault: %s", j.Reason)
+		require.LessOrEqual(t, j.Generation, uint64(1), "restarted before any fault: %s", j.Reason)
+		return j.State == "JOB_STATE_RUNNING" && j.LatestCheckpoint != nil && j.LatestCheckpoint.Step >= step
+	})
+}
+
+// waitNodeState waits until agent host i's node is in state.
+func (c *cluster) waitNodeState(t *testing.T, i int, state string) {
+	t.Helper()
+	c.waitNodes(t, c.agentHost(i).Name+" "+state, func(nodes []nodeJSON) bool { return nodes[i].State == state })
+}
+
+// requireWorkersGone waits until the controller has every worker of the
+// job's last generation exited, then checks that no process of any
+// generation is left on any host and that the nodes are free again.
+func (c *cluster) requireWorkersGone(t *testing.T, job string) {
+	t.Helper()
+	c.waitJob(t, job, "had all workers exited", func(j jobJSON) bool {
+		for _, a := range j.Assignments {
+			if !workerGone(a.State) {
+				return false
+			}
+		}
+		return true
+	})
+	requireOnlyAgents(t, c)
+	requireIdle(t, c)
+}
+
+// killWorker SIGKILLs one training process on agent host i: a python
+// running train.py whose parent is torchrun, not torchrun itself. It
+// returns what it killed.
+func (c *cluster) killWorker(t *testing.T, i int) string {
+	t.Helper()
+	h := c.agentHost(i)
+	isTorchrun := func(arg string) bool { return strings.HasSuffix(arg, "torchrun") }
+	for _, pid := range netnsPids(t, h) {
+		argv := procCmdline(pid)
+		if !slices.Contains(argv, "train.py") || slices.ContainsFunc(argv, isTorchrun) {
+			continue
+		}
+		ppid := atoi(t, procStatus(pid, "PPid"))
+		require.True(t, slices.ContainsFunc(procCmdline(ppid), isTorchrun), "parent %d of train.py worker %d is not torchrun: %q", ppid, pid, procCmdline(ppid))
+		env := procEnviron(pid)
+		require.NoError(t, syscall.Kill(pid, syscall.SIGKILL))
+		return fmt.Sprintf("train.py worker pid %d (rank %s, generation %s) on %s", pid, env["RANK"], env["RDZV_GENERATION"], h.Name)
+	}
+	t.Fatalf("no train.py worker found on %s", h.Name)
+	return ""
+}
+
+// killHost SIGKILLs everything on agent host i at once: the agent, torchrun
+// and its workers. Every process is stopped first, so that none can react
+// (report, reap, restart a worker) before all are killed. The host's link
+// stays up, so its peers see their connections reset.
+func (c *cluster) killHost(t *testing.T, i int) {
+	t.Helper()
+	h := c.agentHost(i)
+	c.killed[i] = true
+	deadline := time.Now().Add(stopTimeout)
+	for {
+		pids := netnsPids(t, h)
+		if len(pids) == 0 {
+			break
+		}
+		require.True(t, time.Now().Before(deadline), "processes still on %s %s after SIGKILL: %v", h.Name, stopTimeout, pids)
+		for _, sig := range []syscall.Signal{syscall.SIGSTOP, syscall.SIGKILL} {
+			for _, pid := range pids {
+				_ = syscall.Kill(pid, sig) // it may have exited since
+			}
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	<-c.agents[i].Exited()
+}
+
+// liveGenerations lists, per generation, the processes of it alive on the
+// agent hosts, by the RDZV_GENERATION the agent gives torchrun and its
+// workers.
+func (c *cluster) liveGenerations(t *testing.T) map[string][]string {
+	t.Helper()
+	alive := map[string][]string{}
+	for i := range agentHosts {
+		h := c.agentHost(i)
+		for _, pid := range netnsPids(t, h) {
+			if gen := procEnviron(pid)["RDZV_GENERATION"]; gen != "" {
+				alive[gen] = append(alive[gen], fmt.Sprintf("%s:%d", h.Name, pid))
+			}
+		}
+	}
+	return alive
+}
+
+// procStatus is one field of /proc/PID/status, empty once it has exited.
+func procStatus(pid int, field string) string {
+	data, _ := os.ReadFile(filepath.Join("/proc", strconv.Itoa(pid), "status"))
+	for _, line := range strings.Split(string(data), "\n") {
+		if k, v, ok := strings.Cut(line, ":"); ok && k == field {
+			return strings.TrimSpace(v)
+		}
+	}
+	return ""
+}
+
+// procEnviron is a process's environment, empty once it has exited.
+func procEnviron(pid int) map[string]string {
+	data, _ := os.ReadFile(filepath.Join("/proc", strconv.Itoa(pid), "environ"))
+	env := map[string]string{}
+	for _, kv := range strings.Split(string(data), "\x00") {
+		if k, v, ok := strings.Cut(kv, "="); ok {
+			env[k] = v
+		}
+	}
+	return env
+}
+
+// nodeLog is the job's log on agent host i: through `rdzvctl logs` while
+// the agent runs, from its state directory once the test killed it.
+func (c *cluster) nodeLog(t *testing.T, i int, job string) string {
+	t.Helper()
+	if c.killed[i] {
+		data, err := os.ReadFile(filepath.Join(c.stateDir(i), "logs", job+".log"))
+		require.NoError(t, err)
+		return string(data)
+	}
+	return c.ctlOK(t, "logs", job, "--node", c.agentHost(i).Name)
+}
+
+// generationHeader starts each generation's part of a node's job log.
+var generationHeader = regexp.MustCompile(`(?m)^=== rdzv: job \S+ generation (\d+) node `)
+
+// byGeneration splits a node's job log at the agent's generation headers.
+// One node runs one generation at a time, and the agent starts the next only
+// after the last one's processes are gone, so the parts do not mix.
+func byGeneration(t *testing.T, log string) map[uint64]string {
+	t.Helper()
+	parts := map[uint64]string{}
+	idx := generationHeader.FindAllStringSubmatchIndex(log, -1)
+	for k, m := range idx {
+		end := len(log)
+		if k+1 < len(idx) {
+			end = idx[k+1][0]
+		}
+		gen := uint64(atoi(t, log[m[2]:m[3]]))
+		require.NotContains(t, parts, gen, "generation %d started twice on one node", gen)
+		parts[gen] = log[m[0]:end]
+	}
+	return parts
+}
+
+// tick is one RDZV_TICK line: rank finished step in generation at a time.
+type tick struct {
+	node       string
+	rank, step int
+	generation uint64
+	at         time.Time
+}
+
+func parseTicks(t *testing.T, node, log string) []tick {
+	t.Helper()
+	var ticks []tick
+	for _, f := range taggedLines(log, "RDZV_TICK") {
+		secs, err := strconv.ParseFloat(f["time"], 64)
+		require.NoError(t, err, "%s: %v", node, f)
+		whole, frac := math.Modf(secs)
+		ticks = append(ticks, tick{node: node, rank: atoi(t, f["rank"]), step: atoi(t, f["step"]),
+			generation: uint64(atoi(t, f["generation"])), at: time.Unix(int64(whole), int64(frac*1e9))})
+	}
+	return ticks
+}
+
+// roundInfo is a committed generation as its rendezvous_committed event
+// tells it.
+type roundInfo struct {
+	nodes []string
+	// resume is the checkpoint step it starts from, 0 from scratch.
+	resume uint64
+}
+
+var (
+	committedMessage  = regexp.MustCompile(`^generation (\d+): \d+ nodes \[([^\]]*)\], .*starting (?:from scratch|from checkpoint step (\d+))`)
+	checkpointMessage = regexp.MustCompile(`^checkpoint step (\d+) complete \(\w+\): (\S+)$`)
+)
+
+func parseRounds(t *testing.T, events []eventJSON) map[uint64]roundInfo {
+	t.Helper()
+	rounds := map[uint64]roundInfo{}
+	for _, ev := range events {
+		if ev.Kind != "rendezvous_committed" {
+			continue
+		}
+		m := committedMessage.FindStringSubmatch(ev.Message)
+		require.NotNil(t, m, "unexpected rendezvous_committed message: %q", ev.Message)
+		r := roundInfo{nodes: strings.Fields(m[2])}
+		if m[3] != "" {
+			r.resume = uint64(atoi(t, m[3]))
+		}
+		rounds[uint64(atoi(t, m[1]))] = r
+	}
+	return rounds
+}
+
+// requireAttemptsFailed checks that the events hold one attempt_failed per
+// restart, each with its detection latency, and returns the latencies.
+func requireAttemptsFailed(t *testing.T, events []eventJSON, restarts int) []time.Duration {
+	t.Helper()
+	var latencies []time.Duration
+	for _, ev := range events {
+		if ev.Kind != "attempt_failed" {
+			continue
+		}
+		require.NotNil(t, ev.DetectionLatency, "attempt_failed without detection_latency: %s", ev.Message)
+		d, err := time.ParseDuration(*ev.DetectionLatency)
+		require.NoError(t, err)
+		require.GreaterOrEqual(t, d, time.Duration(0), "%s", ev.Message)
+		require.Less(t, d, recoveryBound, "%s", ev.Message)
+		latencies = append(latencies, d)
+	}
+	require.Len(t, latencies, restarts, "one attempt_failed per restart; events: %v", eventKinds(events))
+	return latencies
+}
+
+// faultRun is what a recovered job's status, events and logs show.
+type faultRun struct {
+	status jobJSON
+	events []eventJSON
+	rounds map[uint64]roundInfo
+	ticks  []tick
+}
+
+// requireRecovered follows a job hit by a fault at the given time, when
+// its status was before, to its end and checks that it recovered: it
+// succeeded in a later generation; every restart resumed every rank from the
+// newest complete checkpoint recorded before it (never from scratch, an
+// older or a torn one) and redid no step that checkpoint covers; the last
+// generation trained to the end; no two generations trained at the same
+// time, nor had live processes at the same time (sampled while it
+// recovers); and no process of any generation is left. It logs how long
+// detection and recovery took.
+func requireRecovered(t *testing.T, c *cluster, job jobFile, fault time.Time, before jobJSON) faultRun {
+	t.Helper()
+	j := c.waitJob(t, job.Name, "finished", func(j jobJSON) bool {
+		alive := c.liveGenerations(t)
+		require.LessOrEqual(t, len(alive), 1, "processes of two generations alive at once: %v", alive)
+		return finished(j.State)
+	})
+	require.Equal(t, "JOB_STATE_SUCCEEDED", j.State, "reason: %s", j.Reason)
+	require.GreaterOrEqual(t, j.Generation, uint64(2), "the fault did not restart the job")
+	require.GreaterOrEqual(t, j.Restarts, 1)
+	require.EqualValues(t, j.Restarts+1, j.Generation, "one new generation per restart")
+	run := faultRun{status: j, events: c.jobEvents(t, job.Name)}
+	latencies := requireAttemptsFailed(t, run.events, j.Restarts)
+	run.rounds = parseRounds(t, run.events)
+
+	// latest[g] is the newest checkpoint recorded by generations before g:
+	// only a running generation may record one, so it is what the catalog
+	// offered when g was committed.
+	checkpoints := map[uint64]string{}
+	latest := map[uint64]uint64{}
+	for _, ev := range run.events {
+		if ev.Kind != "checkpoint_recorded" {
+			continue
+		}
+		m := checkpointMessage.FindStringSubmatch(ev.Message)
+		require.NotNil(t, m, "unexpected checkpoint_recorded message: %q", ev.Message)
+		step := uint64(atoi(t, m[1]))
+		checkpoints[step] = m[2]
+		for g := ev.Generation + 1; g <= j.Generation; g++ {
+			latest[g] = max(latest[g], step)
+		}
+	}
+	require.GreaterOrEqual(t, latest[2], before.LatestCheckpoint.Step, "generation 2 must not resume from a checkpoint older than the one recorded before the fault")
+
+	// Every node's log, split by generation, and every tick.
+	parts := map[uint64][]string{}
+	for i := range agentHosts {
+		log := c.nodeLog(t, i, job.Name)
+		run.ticks = append(run.ticks, parseTicks(t, c.agentHost(i).Name, log)...)
+		for gen, part := range byGeneration(t, log) {
+			parts[gen] = append(parts[gen], part)
+		}
+	}
+	lines := func(gen uint64, tag string) map[int]map[string]string {
+		byRank := map[int]map[string]string{}
+		for _, part := range parts[gen] {
+			for _, f := range taggedLines(part, tag) {
+				rank := atoi(t, f["rank"])
+				require.NotContains(t, byRank, rank, "generation %d: two %s lines of rank %d", gen, tag, rank)
+				byRank[rank] = f
+			}
+		}
+		return byRank
+	}
+	// Per generation and rank, the steps ticked in order.
+	steps := map[uint64]map[int][]int{}
+	first, last := map[uint64]time.Time{}, map[uint64]time.Time{}
+	for _, tk := range run.ticks {
+		if steps[tk.generation] == nil {
+			steps[tk.generation] = map[int][]int{}
+		}
+		steps[tk.generation][tk.rank] = append(steps[tk.generation][tk.rank], tk.step)
+		if f, ok := first[tk.generation]; !ok || tk.at.Before(f) {
+			first[tk.generation] = tk.at
+		}
+		if tk.at.After(last[tk.generation]) {
+			last[tk.generation] = tk.at
+		}
+	}
+
+	for gen := uint64(1); gen <= j.Generation; gen++ {
+		r, ok := run.rounds[gen]
+		require.True(t, ok, "no rendezvous_committed event for generation %d", gen)
+		worldSize := len(r.nodes) * procsPerNode
+		require.Equal(t, latest[gen], r.resume, "generation %d did not start from the newest complete checkpoint", gen)
+		resumed := lines(gen, "RDZV_RESUMED")
+		if gen == 1 {
+			require.Empty(t, resumed, "generation 1 resumed from something")
+		} else {
+			require.Positive(t, r.resume, "generation %d restarted from scratch", gen)
+			require.Len(t, resumed, worldSize, "generation %d: RDZV_RESUMED lines: %v", gen, resumed)
+			for rank, f := range resumed {
+				require.Equal(t, strconv.FormatUint(r.resume, 10), f["step"], "generation %d rank %d resumed from the wrong step", gen, rank)
+			}
+			// The catalog only offers checkpoints with their marker, and
+			// train.py writes the marker last: it must hold the step.
+			dir := filepath.Join(job.CkptDir, fmt.Sprintf("step-%d", r.resume))
+			require.Equal(t, dir, checkpoints[r.resume], "generation %d resumed from an unexpected path", gen)
+			marker, err := os.ReadFile(filepath.Join(dir, "COMPLETE"))
+			require.NoError(t, err, "generation %d resumed from a checkpoint without its marker", gen)
+			require.Equal(t, fmt.Sprintf("%d\n", r.resume), string(marker))
+		}
+		// Each rank trains on from the step after the checkpoint, one step
+		// at a time; the last generation to the end.
+		require.Len(t, steps[gen], worldSize, "generation %d: ranks that ticked", gen)
+		for rank := range worldSize {
+			got := steps[gen][rank]
+			require.NotEmpty(t, got, "generation %d: rank %d never ticked", gen, rank)
+			for k, step := range got {
+				require.Equal(t, int(r.resume)+1+k, step, "generation %d rank %d: steps %v", gen, rank, got)
+			}
+			if gen == j.Generation {
+				require.Equal(t, faultSteps, got[len(got)-1], "generation %d rank %d did not train to the end", gen, rank)
+			}
+		}
+		if gen == j.Generation {
+			done := lines(gen, "RDZV_DONE")
+			require.Len(t, done, worldSize, "generation %d: RDZV_DONE lines", gen)
+			for rank, f := range done {
+				require.Equal(t, strconv.Itoa(faultSteps), f["steps"], "rank %d", rank)
+			}
+		}
+	}
+	requireSequentialGenerations(t, first, last)
+	requireOnlyAgents(t, c)
+	requireIdle(t, c)
+
+	// Figures, not assertions: they depend on the machine.
+	var failedAt time.Time
+	var timeline strings.Builder
+	for _, ev := range run.events {
+		if ev.Kind == "attempt_failed" && failedAt.IsZero() {
+			failedAt = ev.Time
+		}
+		if ev.Time.After(fault) && ev.Generation <= 2 {
+			fmt.Fprintf(&timeline, "\n  %+8.3fs gen %d %-20s %-3s %s", ev.Time.Sub(fault).Seconds(), ev.Generation, ev.Kind, ev.Node, ev.Message)
+		}
+	}
+	fmt.Fprintf(&timeline, "\n  %+8.3fs last step of generation 1\n  %+8.3fs first step of generation 2", last[1].Sub(fault).Seconds(), first[2].Sub(fault).Seconds())
+	t.Logf("e2e: events after the fault:%s", timeline.String())
+	recovery := first[2].Sub(fault)
+	require.Less(t, recovery, recoveryBound)
+	orDash := func(s *string) string {
+		if s == nil {
+			return "-"
+		}
+		return *s
+	}
+	t.Logf("e2e: figures: fault to attempt_failed %s (detection latency %s); fault to generation 2's first step %s (recovery); "+
+		"last step of generation 1 to first of generation 2 %s; job training_time %s, recovery_time %s; resumed from step %d; generation 1 reached step %d",
+		failedAt.Sub(fault).Round(time.Millisecond), latencies[0].Round(time.Millisecond), recovery.Round(time.Millisecond),
+		first[2].Sub(last[1]).Round(time.Millisecond), orDash(j.TrainingTime), orDash(j.RecoveryTime), run.rounds[2].resume, slices.Max(steps[1][0]))
+	return run
+}
+
+// requireSequentialGenerations checks, from each generation's first and last
+// tick on any rank, that no two generations ever trained at the same time.
+func requireSequentialGenerations(t *testing.T, first, last map[uint64]time.Time) {
+	t.Helper()
+	gens := make([]uint64, 0, len(first))
+	for g := range first {
+		gens = append(gens, g)
+	}
+	sort.Slice(gens, func(a, b int) bool { return gens[a] < gens[b] })
+	for k := 1; k < len(gens); k++ {
+		prev, next := gens[k-1], gens[k]
+		require.True(t, last[prev].Before(first[next]),
+			"generations %d and %d trained at the same time: %d ticked until %s, %d from %s",
+			prev, next, prev, last[prev].Format(time.StampMicro), next, first[next].Format(time.StampMicro))
+	}
+}
