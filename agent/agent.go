@@ -469,7 +469,15 @@ func (s *agentSession) fenceLoop(ctx context.Context) {
 	}
 }
 
+// hiccupFactor matches the controller's: after this many heartbeat
+// timeouts without hearing us it declares us lost even if peers vouch, so
+// by then we fence whatever gossip says.
+const hiccupFactor = 3
+
 // shouldFence is the self-fencing rule.
 func shouldFence(busy bool, controllerSilent, timeout time.Duration, isolated bool) bool {
-	return busy && timeout > 0 && controllerSilent > timeout && isolated
+	if !busy || timeout <= 0 || controllerSilent <= timeout {
+		return false
+	}
+	return isolated || controllerSilent > hiccupFactor*timeout
 }

@@ -19,6 +19,7 @@ func TestShouldFence(t *testing.T) {
 	}{
 		{"cut off while training", true, 6 * time.Second, true, true},
 		{"controller down but peers reachable: keep training", true, 6 * time.Second, false, false},
+		{"the controller gave up on us even though peers vouch", true, 16 * time.Second, false, true},
 		{"briefly silent controller", true, 3 * time.Second, true, false},
 		{"nothing to fence", false, time.Minute, true, false},
 	}

@@ -111,7 +111,7 @@ func (p *execProcess) Kill(grace time.Duration) error {
 	if p.groupAlive(pgid) {
 		_ = syscall.Kill(-pgid, syscall.SIGTERM)
 		deadline := time.Now().Add(grace)
-		for time.Now().Before(deadline) && p.groupAlive(pgid) {
+		for time.Now().Before(deadline) && p.groupAlive(pgid) && !p.onlyLauncherLeft(pgid) {
 			time.Sleep(50 * time.Millisecond)
 		}
 	}
@@ -125,6 +125,15 @@ func (p *execProcess) Kill(grace time.Duration) error {
 	}
 	<-p.done
 	return nil
+}
+
+// onlyLauncherLeft reports whether the workers are gone and only the
+// launcher remains. torchrun (1.13) then waits minutes for its peers inside
+// a call that ignores SIGTERM; its workers, the ones holding GPUs, have
+// already exited, so the rest of the grace would only delay recovery.
+func (p *execProcess) onlyLauncherLeft(pgid int) bool {
+	members := p.members(pgid)
+	return len(members) == 1 && members[0] == pgid
 }
 
 // groupAlive reports whether any process other than a zombie is in the

@@ -132,12 +132,13 @@ func (s *Supervisor) Busy() bool {
 	return s.cur != nil
 }
 
-// Fence queues stopping whatever runs, whichever job it belongs to; done is
-// called once that is over.
+// Fence queues killing whatever runs, whichever job it belongs to, at once
+// (no SIGTERM grace: a fenced worker must not get to write a checkpoint on
+// its way out); done is called once that is over.
 func (s *Supervisor) Fence(reason string, done func()) {
 	s.cmds <- func() {
 		defer done()
-		s.stopCurrent(reason)
+		s.kill(reason, 0)
 	}
 }
 
@@ -266,9 +267,11 @@ func (s *Supervisor) stop(job string, gen uint64, reason string) {
 	s.finished(job, gen, rdzvv1.WorkerState_WORKER_STATE_STOPPED, Exit{}, "not running on this node: "+reason, nil)
 }
 
-// stopCurrent kills the running worker, if any, and waits until its status
-// is recorded.
-func (s *Supervisor) stopCurrent(reason string) {
+// stopCurrent stops the running worker, if any, with the configured grace,
+// and waits until its status is recorded.
+func (s *Supervisor) stopCurrent(reason string) { s.kill(reason, s.stopGrace) }
+
+func (s *Supervisor) kill(reason string, grace time.Duration) {
 	s.mu.Lock()
 	w := s.cur
 	if w != nil && w.stopReason == "" {
@@ -279,7 +282,7 @@ func (s *Supervisor) stopCurrent(reason string) {
 		return
 	}
 	s.log.Info("stopping workers", zap.String("job", w.job), zap.Uint64("generation", w.generation), zap.String("reason", reason))
-	if err := w.proc.Kill(s.stopGrace); err != nil {
+	if err := w.proc.Kill(grace); err != nil {
 		s.log.Error("stopping workers failed", zap.String("job", w.job), zap.Error(err))
 	}
 	<-w.done

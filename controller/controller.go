@@ -57,6 +57,9 @@ type nodeState struct {
 	lastSeen time.Time
 	// view is what this node's gossip last reported about its peers.
 	view *gossipView
+	// fencedBy is when a lost node's agent has certainly killed its own
+	// workers if it is alive but cut off: its self-fencing deadline.
+	fencedBy time.Time
 	// hiccup is set while the node is silent to the controller yet its
 	// peers still reach it.
 	hiccup bool

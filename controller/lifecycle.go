@@ -453,6 +453,10 @@ func (c *Controller) markLost(ctx context.Context, name string, ns *nodeState, l
 		return
 	}
 	ns.rec, ns.rev = rec, rev
+	// The agent fences itself once it has not heard us for the heartbeat
+	// timeout (or, with peers vouching, for as long as we waited here);
+	// fenceMargin covers its check interval and the kill.
+	ns.fencedBy = lastSeen.Add(max(silent, c.cfg.Heartbeat.Timeout.Duration) + fenceMargin)
 	c.log.Warn("node lost", zap.String("node", name), zap.Duration("silent", silent))
 	if ns.session != nil {
 		ns.session.cancel()

@@ -28,15 +28,26 @@ const (
 	catalogSize = 32
 )
 
+// fenceMargin is added to a lost node's self-fencing deadline: the agent
+// checks every 250ms and its kill takes a moment.
+const fenceMargin = time.Second
+
 // fenced reports whether no worker of the job's current generation can still
-// be running: each has exited, or its node is lost. Only then may the next
-// generation start.
+// be running: each has exited, or its node is lost and past the time its
+// agent, if merely cut off, has killed its own workers. Only then may the
+// next generation start: two generations never run at once.
 func (c *Controller) fenced(js *jobState) bool {
+	now := c.clock.Now()
 	for _, a := range js.round.GetNodes() {
-		if terminalWorker(js.workers[a.GetNode()].GetState()) {
-			continue
-		}
-		if ns := c.nodes[a.GetNode()]; ns != nil && ns.rec.GetState() != rdzvv1.NodeState_NODE_STATE_LOST {
+		ns := c.nodes[a.GetNode()]
+		switch {
+		case ns != nil && ns.rec.GetState() == rdzvv1.NodeState_NODE_STATE_LOST:
+			// Its worker status says failed, but only because it was lost:
+			// the processes may live on until the agent fences itself.
+			if now.Before(ns.fencedBy) {
+				return false
+			}
+		case !terminalWorker(js.workers[a.GetNode()].GetState()) && ns != nil:
 			return false
 		}
 	}

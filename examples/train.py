@@ -71,6 +71,8 @@ def main():
                    help="print an RDZV_TICK line for every step (fault-tolerance tests time generations by them)")
     p.add_argument("--fail-at-start", action="store_true",
                    help="exit with status 3 before training: a job that crash loops")
+    p.add_argument("--hang-file", default="",
+                   help="stop making progress, without exiting, while PATH.<generation> exists: a hung job")
     args = p.parse_args()
 
     rank = int(os.environ["RANK"])
@@ -112,6 +114,8 @@ def main():
 
     first_loss = loss = None
     for step in range(start, args.steps + 1):
+        while args.hang_file and os.path.exists(f"{args.hang_file}.{generation}"):
+            time.sleep(0.5)
         # Batches depend on the step alone, so a resumed run sees the data
         # the interrupted one would have.
         batch = shard[(torch.arange(BATCH) + step * BATCH) % len(shard)]

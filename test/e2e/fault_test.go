@@ -118,6 +118,62 @@ func TestFaultKillNode(t *testing.T) {
 	}
 }
 
+// A node vanishes from the network, its processes still running: peers and
+// controller agree it is gone, the job resumes on the other two, and the
+// cut-off node fences itself so it never trains alongside the new
+// generation. When its link comes back it rejoins as an idle node without
+// disturbing the job.
+func TestFaultCutLink(t *testing.T) {
+	c := newFaultCluster(t)
+	job := faultJob(t, c, "fault-cut-link", nil)
+	before := c.waitCheckpoint(t, job.Name, checkpointEvery)
+
+	fault := time.Now()
+	require.NoError(t, c.net.CutLink(3)) // h3, agent host 2
+	t.Logf("e2e: cut h3's link (latest checkpoint then: step %d)", before.LatestCheckpoint.Step)
+	c.waitNodeState(t, 2, "NODE_STATE_LOST")
+	t.Logf("e2e: h3 LOST %s after the cut", time.Since(fault).Round(time.Millisecond))
+	gen2 := c.waitJob(t, job.Name, "ran generation 2", func(j jobJSON) bool { return j.Generation >= 2 && j.State == "JOB_STATE_RUNNING" })
+
+	// Cut off, h3 must have killed its own workers: nothing of the job may
+	// run there while generation 2 trains on h1 and h2.
+	for _, pid := range netnsPids(t, c.agentHost(2)) {
+		require.NotContains(t, procCmdline(pid), "train.py", "a cut-off node still trains alongside generation %d", gen2.Generation)
+	}
+	require.NoError(t, c.net.RestoreLink(3))
+	c.waitNodeState(t, 2, "NODE_STATE_READY")
+
+	run := requireRecovered(t, c, job, fault, before)
+	require.Equal(t, agentNames(c)[:2], run.rounds[2].nodes, "generation 2 runs on the reachable nodes")
+	require.EqualValues(t, 2, run.status.Generation, "the node coming back does not disturb the job")
+	require.Contains(t, c.nodeLog(t, 2, job.Name), "self-fenced", "h3 stopped its own workers")
+}
+
+// The job stops making progress with every process alive: the controller
+// sees no step reported for health.progress_timeout and restarts it from its
+// newest checkpoint.
+func TestFaultHang(t *testing.T) {
+	c := newFaultCluster(t)
+	hang := filepath.Join(c.dir, "hang")
+	job := faultJob(t, c, "fault-hang", func(spec map[string]any) {
+		spec["command"] = append(spec["command"].([]any), "--hang-file", hang)
+		spec["health"] = map[string]any{"progress_timeout": "3s"}
+	})
+	before := c.waitCheckpoint(t, job.Name, checkpointEvery)
+
+	fault := time.Now()
+	require.NoError(t, os.WriteFile(hang+".1", nil, 0o644)) // generation 1 stalls
+	run := requireRecovered(t, c, job, fault, before)
+	var reasons []string
+	for _, ev := range run.events {
+		if ev.Kind == "attempt_failed" {
+			reasons = append(reasons, ev.Message)
+		}
+	}
+	require.Len(t, reasons, 1)
+	require.Contains(t, reasons[0], "hang: no training progress")
+}
+
 // A job that fails at start every time fails as a crash loop long before its
 // restart budget is spent.
 func TestFaultCrashLoop(t *testing.T) {
