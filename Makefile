@@ -66,5 +66,12 @@ demo: build
 bench:
 	$(GO) test -run '^$$' -bench . -benchmem ./rendezvous/
 
+# Recovery time after faults, rdzv beside torchrun's elastic mode, on netns
+# hosts (root, python3-torch). Figures only; see test/bench/doc.go.
+BENCH_RUNS ?= 3
+.PHONY: bench-recovery
+bench-recovery: build
+	BENCH_RUNS=$(BENCH_RUNS) RDZV_BIN_DIR=$(BIN) $(GO) test -tags bench -count=1 -v -timeout 60m ./test/bench/... -run TestBenchRecovery
+
 clean:
 	rm -rf $(BIN) .demo

@@ -1,0 +1,705 @@
+//go:build bench
+
+package bench
+
+import (
+	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/rdzv/rdzv/test/netns"
+)
+
+const (
+	nodeHosts = 3 // h1..h3 train; h0 runs the rdzv controller
+	victim    = 3 // h3: node rank 2 under rdzv, and never h1, which holds torchrun's c10d store
+
+	controllerPort    = "7070"
+	heartbeatInterval = time.Second
+	heartbeatTimeout  = 3 * time.Second
+	backoffInitial    = time.Second
+	backoffMax        = time.Minute
+	agentStopGrace    = 5 * time.Second
+	lastCall          = time.Second
+	progressTimeout   = 5 * time.Second
+	maxRestarts       = 3
+
+	trainSteps      = 400
+	stepTime        = "0.05"
+	checkpointEvery = 20
+	// The fault is injected once every node has passed this step, so a
+	// complete checkpoint (step 40) exists to resume from.
+	injectAtStep = 50
+
+	torchrunBin       = "/usr/bin/torchrun"
+	torchrunStorePort = "29400"
+
+	readyTimeout    = 90 * time.Second
+	underWayTimeout = 4 * time.Minute
+	ctlTimeout      = 15 * time.Second
+	defaultCap      = 120 * time.Second
+	jobName         = "bench"
+)
+
+var (
+	allFaults  = []string{"kill-worker", "kill-node", "cut-link", "hang"}
+	allSystems = []string{"rdzv", "torchrun"}
+)
+
+// result is one measured run.
+type result struct {
+	system, fault string
+	run           int
+
+	recovered bool
+	recovery  time.Duration // fault to first step after recovery
+	first     tick
+
+	// rdzv only: the attempt_failed event.
+	hasEvent     bool
+	detection    time.Duration // its detection_latency field
+	toEvent      time.Duration // fault to the event's time
+	timeline     string        // the job's events after the fault, as offsets
+	note, failed string        // why it did not recover; a setup failure
+}
+
+type bench struct {
+	controllerBin, agentBin, ctlBin string
+	script                          string // bench_worker.py
+	runs                            int
+	cap                             time.Duration
+	faults, systems                 []string
+	logDir                          string
+	rdzvConf                        string // extra torchrun --rdzv_conf, off by default
+}
+
+func TestBenchRecovery(t *testing.T) {
+	b := setup(t)
+	begin := time.Now()
+	var results []result
+	for run := 1; run <= b.runs; run++ {
+		for _, fault := range b.faults {
+			for _, system := range b.systems {
+				r := result{system: system, fault: fault, run: run}
+				t.Run(fmt.Sprintf("%s/%s/run%d", fault, system, run), func(t *testing.T) {
+					start := time.Now()
+					switch system {
+					case "rdzv":
+						b.runRdzv(t, &r)
+					case "torchrun":
+						b.runTorchrun(t, &r)
+					}
+					t.Logf("bench: %s (run took %s)", r.summary(), time.Since(start).Round(time.Second))
+				})
+				results = append(results, r)
+			}
+		}
+	}
+	report := b.report(results, time.Since(begin))
+	t.Logf("\n%s", report)
+	if out := os.Getenv("BENCH_OUT"); out != "" {
+		if err := os.WriteFile(out, []byte(report), 0o644); err != nil {
+			t.Errorf("writing BENCH_OUT: %v", err)
+		} else {
+			t.Logf("bench: report written to %s", out)
+		}
+	}
+}
+
+func setup(t *testing.T) *bench {
+	binDir := os.Getenv("RDZV_BIN_DIR")
+	if binDir == "" {
+		t.Fatal("bench: RDZV_BIN_DIR is not set: run `make bench-recovery`, or `make build` and set RDZV_BIN_DIR to the bin directory")
+	}
+	binDir, err := filepath.Abs(binDir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b := &bench{
+		controllerBin: filepath.Join(binDir, "rdzv-controller"),
+		agentBin:      filepath.Join(binDir, "rdzv-agent"),
+		ctlBin:        filepath.Join(binDir, "rdzvctl"),
+		runs:          1,
+		cap:           defaultCap,
+		faults:        allFaults,
+		systems:       allSystems,
+		logDir:        os.Getenv("BENCH_LOG_DIR"),
+		rdzvConf:      os.Getenv("BENCH_TORCHRUN_RDZV_CONF"),
+	}
+	for _, p := range []string{b.controllerBin, b.agentBin, b.ctlBin, torchrunBin} {
+		if info, err := os.Stat(p); err != nil || info.Mode()&0o111 == 0 {
+			t.Fatalf("bench: %s is missing or not executable (run `make build`; torchrun comes with python3-torch)", p)
+		}
+	}
+	if b.script, err = filepath.Abs("bench_worker.py"); err != nil {
+		t.Fatal(err)
+	}
+	if s := os.Getenv("BENCH_RUNS"); s != "" {
+		if b.runs, err = strconv.Atoi(s); err != nil || b.runs < 1 {
+			t.Fatalf("bench: BENCH_RUNS=%q: want a positive integer", s)
+		}
+	}
+	if s := os.Getenv("BENCH_CAP"); s != "" {
+		if b.cap, err = time.ParseDuration(s); err != nil || b.cap <= 0 {
+			t.Fatalf("bench: BENCH_CAP=%q: want a positive duration", s)
+		}
+	}
+	subset := func(env string, all []string) []string {
+		s := os.Getenv(env)
+		if s == "" {
+			return all
+		}
+		var out []string
+		for _, f := range strings.Split(s, ",") {
+			if !slices.Contains(all, f) {
+				t.Fatalf("bench: %s: unknown %q (choose from %s)", env, f, strings.Join(all, ","))
+			}
+			out = append(out, f)
+		}
+		return out
+	}
+	b.faults = subset("BENCH_FAULTS", allFaults)
+	b.systems = subset("BENCH_SYSTEMS", allSystems)
+	if b.logDir != "" {
+		if err := os.MkdirAll(b.logDir, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return b
+}
+
+// runDirs is one run's scratch: process logs, tick files, hang requests and
+// checkpoints. Every host sees the same file system, like shared storage.
+type runDirs struct{ root, ticks, hang, ckpt string }
+
+func (b *bench) dirs(t *testing.T, r *result) runDirs {
+	root := t.TempDir()
+	if b.logDir != "" {
+		root = filepath.Join(b.logDir, fmt.Sprintf("%s-%s-run%d", r.fault, r.system, r.run))
+		if err := os.RemoveAll(root); err != nil {
+			t.Fatal(err)
+		}
+	}
+	d := runDirs{root: root, ticks: filepath.Join(root, "ticks"), hang: filepath.Join(root, "hang"), ckpt: filepath.Join(root, "ckpt")}
+	for _, p := range []string{d.ticks, d.hang, d.ckpt} {
+		if err := os.MkdirAll(p, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return d
+}
+
+func trainArgs() []string {
+	return []string{"--steps", strconv.Itoa(trainSteps), "--step-time", stepTime, "--checkpoint-every", strconv.Itoa(checkpointEvery)}
+}
+
+// killAll ends the run at once: every process on every host gets SIGKILL,
+// so the harness's graceful teardown finds nothing left to wait for.
+func killAll(net *netns.Cluster) {
+	for i := nodeHosts; i >= 0; i-- {
+		_, _ = killNamespace(net.Host(i).NS)
+	}
+}
+
+func (b *bench) runRdzv(t *testing.T, r *result) {
+	d := b.dirs(t, r)
+	net := netns.NewCluster(t, 1+nodeHosts, filepath.Join(d.root, "proc-logs"))
+	defer killAll(net)
+	h0 := net.Host(0)
+	addr := h0.IP + ":" + controllerPort
+	ctlRun := func(args ...string) (string, error) { return ctl(h0, b.ctlBin, addr, ctlTimeout, args...) }
+
+	ctrl := h0.Start(t, "controller", nil, b.controllerBin, "--listen", addr,
+		"--heartbeat-interval", heartbeatInterval.String(), "--heartbeat-timeout", heartbeatTimeout.String(),
+		"--data-dir", filepath.Join(d.root, "controller-data"),
+		"--embedded-etcd-client-url", "http://127.0.0.1:2379", "--embedded-etcd-peer-url", "http://127.0.0.1:2380")
+	daemons := []*netns.Proc{ctrl}
+	for i := 1; i <= nodeHosts; i++ {
+		h := net.Host(i)
+		daemons = append(daemons, h.Start(t, "agent", nil, b.agentBin, "--controller", addr,
+			"--state-dir", filepath.Join(d.root, h.Name), "--stop-grace", agentStopGrace.String()))
+	}
+	diagnose := func() {
+		for _, args := range [][]string{{"status", jobName}, {"events", jobName}, {"events"}} {
+			out, err := ctlRun(args...)
+			t.Logf("bench: rdzvctl %s: %v\n%s", strings.Join(args, " "), err, out)
+		}
+		for i := 1; i <= nodeHosts; i++ {
+			h := net.Host(i)
+			t.Logf("bench: last lines of %s's job log:\n%s", h.Name, tail(filepath.Join(d.root, h.Name, "logs", jobName+".log"), 25))
+		}
+		for _, p := range daemons {
+			t.Logf("bench: last lines of %s:\n%s", p.LogPath(), tail(p.LogPath(), 25))
+		}
+	}
+	fail := func(format string, args ...any) {
+		r.failed = fmt.Sprintf(format, args...)
+		t.Errorf("bench: %s", r.failed)
+		diagnose()
+	}
+
+	// Agents registered and ready.
+	deadline := time.Now().Add(readyTimeout)
+	for {
+		out, err := ctlRun("-o", "json", "nodes")
+		var nodes nodesJSON
+		if err == nil && decode(out, &nodes) == nil {
+			ready := 0
+			for _, n := range nodes.Nodes {
+				if n.State == "NODE_STATE_READY" {
+					ready++
+				}
+			}
+			if ready == nodeHosts {
+				break
+			}
+		}
+		if time.Now().After(deadline) {
+			fail("agents not ready within %s: %v %s", readyTimeout, err, out)
+			return
+		}
+		time.Sleep(250 * time.Millisecond)
+	}
+
+	jobPath := filepath.Join(d.root, "job.yaml")
+	if err := os.WriteFile(jobPath, b.rdzvJob(d), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if out, err := ctlRun("start", jobPath); err != nil {
+		fail("rdzvctl start: %v %s", err, out)
+		return
+	}
+
+	// gaveUp reports the job ending (it should not, short of 400 steps),
+	// polling the controller at most every 2s to spare the two cores.
+	var lastPoll time.Time
+	gaveUp := func() string {
+		if time.Since(lastPoll) < 2*time.Second {
+			return ""
+		}
+		lastPoll = time.Now()
+		out, err := ctlRun("-o", "json", "status", jobName)
+		var j jobJSON
+		if err != nil || decode(out, &j) != nil {
+			return ""
+		}
+		switch j.State {
+		case "JOB_STATE_FAILED", "JOB_STATE_SUCCEEDED", "JOB_STATE_STOPPED":
+			return fmt.Sprintf("job ended %s: %s", j.State, j.Reason)
+		}
+		return ""
+	}
+
+	before, err := waitUnderWay(d.ticks, gaveUp)
+	if err != nil {
+		fail("%v", err)
+		return
+	}
+	t0, what, err := b.inject(net, r.fault, d, before)
+	if err != nil {
+		fail("injecting %s: %v", r.fault, err)
+		return
+	}
+	t.Logf("bench: injected %s at %s: %s (h3 was at step %d, generation %s)", r.fault, t0.Format("15:04:05.000"), what, before[net.Host(victim).Name].step, before[net.Host(victim).Name].gen)
+
+	first, ok, why := waitRecovery(d.ticks, t0, b.cap, gaveUp)
+	r.recovered, r.first, r.note = ok, first, why
+	if ok {
+		r.recovery = first.time().Sub(t0)
+		if first.gen == before[net.Host(victim).Name].gen {
+			r.note = "first step after the fault came from the failed generation " + first.gen
+		}
+	}
+
+	out, err := ctlRun("-o", "json", "events", jobName)
+	var evs struct {
+		Events []eventJSON `json:"events"`
+	}
+	if err == nil {
+		err = decode(out, &evs)
+	}
+	if err != nil {
+		t.Errorf("bench: reading events: %v", err)
+	}
+	var timeline []string
+	for _, ev := range evs.Events {
+		if ev.Time.Before(t0) {
+			continue
+		}
+		switch ev.Kind {
+		case "worker_started", "checkpoint_recorded":
+			continue
+		}
+		node := ""
+		if ev.Node != "" {
+			node = " " + ev.Node
+		}
+		timeline = append(timeline, fmt.Sprintf("+%ss %s%s", secs(ev.Time.Sub(t0)), ev.Kind, node))
+		if ev.Kind == "attempt_failed" && !r.hasEvent {
+			r.hasEvent, r.toEvent = true, ev.Time.Sub(t0)
+			if ev.DetectionLatency != nil {
+				if r.detection, err = parseProtoDuration(*ev.DetectionLatency); err != nil {
+					t.Errorf("bench: attempt_failed detection_latency: %v", err)
+				}
+			}
+			t.Logf("bench: attempt_failed: %s", ev.Message)
+		}
+	}
+	if ok {
+		timeline = append(timeline, fmt.Sprintf("+%ss first step (step %d, generation %s, %s)", secs(r.recovery), first.step, first.gen, first.host))
+	}
+	r.timeline = strings.Join(timeline, ", ")
+	if !ok {
+		t.Logf("bench: rdzv did not recover from %s: %s", r.fault, why)
+		diagnose()
+	}
+}
+
+// rdzvJob is the job file: JSON, which is YAML too.
+func (b *bench) rdzvJob(d runDirs) []byte {
+	spec := map[string]any{
+		"name":           jobName,
+		"nodes":          map[string]any{"min": nodeHosts - 1, "max": nodeHosts},
+		"procs_per_node": 1,
+		"command":        append([]string{filepath.Base(b.script)}, trainArgs()...),
+		"workdir":        filepath.Dir(b.script),
+		"env": map[string]string{
+			"OMP_NUM_THREADS": "1",
+			"BENCH_TICK_DIR":  d.ticks,
+			"BENCH_HANG_DIR":  d.hang,
+		},
+		"checkpoint": map[string]any{"dir": d.ckpt},
+		"rendezvous": map[string]any{"last_call": lastCall.String(), "timeout": "5m"},
+		"restart": map[string]any{"max_restarts": maxRestarts,
+			"backoff": map[string]any{"initial": backoffInitial.String(), "max": backoffMax.String()}},
+		"health": map[string]any{"progress_timeout": progressTimeout.String()},
+		"launcher": map[string]any{
+			"torchrun":   torchrunBin,
+			"extra_args": []string{"--redirects", "2", "--tee", "2", "--log_dir", filepath.Join(d.root, "torchrun-logs"), "--monitor_interval", "1"},
+		},
+	}
+	data, _ := json.MarshalIndent(spec, "", "  ")
+	return data
+}
+
+func (b *bench) torchrunArgs(store, logDir string) []string {
+	args := []string{torchrunBin, "--nnodes=1:3", "--nproc_per_node=1", "--rdzv_backend=c10d",
+		"--rdzv_endpoint=" + store, "--rdzv_id=bench", "--max_restarts=3"}
+	if b.rdzvConf != "" {
+		args = append(args, "--rdzv_conf="+b.rdzvConf)
+	}
+	args = append(args, "--redirects", "2", "--tee", "2", "--log_dir", logDir, "--monitor_interval", "1", b.script)
+	return append(args, trainArgs()...)
+}
+
+func (b *bench) runTorchrun(t *testing.T, r *result) {
+	d := b.dirs(t, r)
+	net := netns.NewCluster(t, 1+nodeHosts, filepath.Join(d.root, "proc-logs"))
+	defer killAll(net)
+	store := net.Host(1).IP + ":" + torchrunStorePort
+	env := []string{"GLOO_SOCKET_IFNAME=eth0", "OMP_NUM_THREADS=1", "RDZV_CHECKPOINT_DIR=" + d.ckpt,
+		"BENCH_RESUME_LATEST=1", "BENCH_TICK_DIR=" + d.ticks, "BENCH_HANG_DIR=" + d.hang}
+	procs := map[int]*netns.Proc{}
+	for i := 1; i <= nodeHosts; i++ {
+		h := net.Host(i)
+		procs[i] = h.Start(t, "torchrun", env, b.torchrunArgs(store, filepath.Join(d.root, "torchrun-logs", h.Name))...)
+	}
+	diagnose := func() {
+		for i := 1; i <= nodeHosts; i++ {
+			t.Logf("bench: last lines of %s:\n%s", procs[i].LogPath(), tail(procs[i].LogPath(), 15))
+		}
+	}
+	// gaveUp reports torchrun exiting on every node it still runs on.
+	faulted := false
+	gaveUp := func() string {
+		var exited []string
+		live := 0
+		for i := 1; i <= nodeHosts; i++ {
+			if faulted && i == victim && r.fault == "kill-node" {
+				continue
+			}
+			live++
+			select {
+			case <-procs[i].Exited():
+				exited = append(exited, fmt.Sprintf("%s: %v", procs[i].Host.Name, procs[i].Wait()))
+			default:
+			}
+		}
+		if (!faulted && len(exited) > 0) || (len(exited) == live) {
+			return "torchrun exited (" + strings.Join(exited, "; ") + ")"
+		}
+		return ""
+	}
+
+	before, err := waitUnderWay(d.ticks, gaveUp)
+	if err != nil {
+		r.failed = err.Error()
+		t.Errorf("bench: %s", r.failed)
+		diagnose()
+		return
+	}
+	faulted = true
+	t0, what, err := b.inject(net, r.fault, d, before)
+	if err != nil {
+		r.failed = fmt.Sprintf("injecting %s: %v", r.fault, err)
+		t.Errorf("bench: %s", r.failed)
+		diagnose()
+		return
+	}
+	t.Logf("bench: injected %s at %s: %s (h3 was at step %d)", r.fault, t0.Format("15:04:05.000"), what, before[net.Host(victim).Name].step)
+	first, ok, why := waitRecovery(d.ticks, t0, b.cap, gaveUp)
+	r.recovered, r.first, r.note = ok, first, why
+	if ok {
+		r.recovery = first.time().Sub(t0)
+		r.timeline = fmt.Sprintf("+%ss first step (step %d, restart %s, %s)", secs(r.recovery), first.step, strings.TrimPrefix(first.gen, "r"), first.host)
+	} else {
+		t.Logf("bench: torchrun elastic did not recover from %s: %s", r.fault, why)
+		diagnose()
+	}
+}
+
+// waitUnderWay waits until every node's worker has passed injectAtStep and
+// returns each host's latest tick.
+func waitUnderWay(tickDir string, gaveUp func() string) (map[string]tick, error) {
+	deadline := time.Now().Add(underWayTimeout)
+	for {
+		latest := latestStepByHost(readTicks(tickDir))
+		n := 0
+		for _, k := range latest {
+			if k.step >= injectAtStep {
+				n++
+			}
+		}
+		if n == nodeHosts {
+			return latest, nil
+		}
+		if why := gaveUp(); why != "" {
+			return nil, fmt.Errorf("before the fault: %s", why)
+		}
+		if time.Now().After(deadline) {
+			return nil, fmt.Errorf("training not past step %d on all %d nodes within %s; latest ticks: %+v", injectAtStep, nodeHosts, underWayTimeout, latest)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// waitRecovery waits for the first step of a worker started after t0.
+func waitRecovery(tickDir string, t0 time.Time, limit time.Duration, gaveUp func() string) (tick, bool, string) {
+	for {
+		if k, ok := firstTickAfter(readTicks(tickDir), t0); ok {
+			return k, true, ""
+		}
+		if why := gaveUp(); why != "" {
+			return tick{}, false, why
+		}
+		if time.Since(t0) > limit {
+			return tick{}, false, fmt.Sprintf("no recovery within %s", limit)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// inject applies the fault to h3 and returns when it took effect (taken
+// just before the action) and what was done.
+func (b *bench) inject(net *netns.Cluster, fault string, d runDirs, before map[string]tick) (time.Time, string, error) {
+	h := net.Host(victim)
+	switch fault {
+	case "kill-worker":
+		pid := before[h.Name].pid
+		if cl := cmdline(pid); !strings.Contains(cl, filepath.Base(b.script)) {
+			return time.Time{}, "", fmt.Errorf("pid %d of %s's latest tick is not a worker: %q", pid, h.Name, cl)
+		}
+		t0 := time.Now()
+		if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
+			return time.Time{}, "", err
+		}
+		return t0, fmt.Sprintf("SIGKILL to worker pid %d on %s", pid, h.Name), nil
+	case "kill-node":
+		t0 := time.Now()
+		n, err := killNamespace(h.NS)
+		return t0, fmt.Sprintf("SIGKILL to all %d processes on %s", n, h.Name), err
+	case "cut-link":
+		t0 := time.Now()
+		return t0, fmt.Sprintf("link of %s down (%s)", h.Name, h.Veth), net.CutLink(victim)
+	case "hang":
+		t0 := time.Now()
+		p := filepath.Join(d.hang, "hang-"+h.Name)
+		return t0, "asked " + h.Name + "'s worker to stop stepping without exiting", os.WriteFile(p, nil, 0o644)
+	}
+	return time.Time{}, "", fmt.Errorf("unknown fault %q", fault)
+}
+
+func (r result) summary() string {
+	s := fmt.Sprintf("%s %s run %d: ", r.system, r.fault, r.run)
+	switch {
+	case r.failed != "":
+		return s + "ERROR: " + r.failed
+	case r.recovered:
+		s += fmt.Sprintf("recovered in %ss", secs(r.recovery))
+	default:
+		s += "did not recover: " + r.note
+	}
+	if r.hasEvent {
+		s += fmt.Sprintf("; attempt_failed %ss after the fault, detection_latency %ss", secs(r.toEvent), secs(r.detection))
+	}
+	if r.timeline != "" {
+		s += "; " + r.timeline
+	}
+	if r.recovered && r.note != "" {
+		s += "; NOTE " + r.note
+	}
+	return s
+}
+
+// stats summarises the runs of one fault and system.
+type stats struct {
+	n, recovered, errors int
+	recovery, detection  time.Duration
+	toEvent              time.Duration
+	events               int
+}
+
+func summarise(results []result, system, fault string) stats {
+	var s stats
+	var rec, det, ev []time.Duration
+	for _, r := range results {
+		if r.system != system || r.fault != fault {
+			continue
+		}
+		if r.failed != "" {
+			s.errors++
+			continue
+		}
+		s.n++
+		if r.recovered {
+			s.recovered++
+			rec = append(rec, r.recovery)
+		}
+		if r.hasEvent {
+			s.events++
+			det = append(det, r.detection)
+			ev = append(ev, r.toEvent)
+		}
+	}
+	s.recovery, s.detection, s.toEvent = median(rec), median(det), median(ev)
+	return s
+}
+
+func (b *bench) recoveryCell(s stats) string {
+	switch {
+	case s.n == 0 && s.errors == 0:
+		return "not run"
+	case s.n == 0:
+		return fmt.Sprintf("error (%d runs)", s.errors)
+	case s.recovered == 0:
+		return fmt.Sprintf("no recovery within %s (0/%d)", b.cap, s.n)
+	}
+	cell := fmt.Sprintf("%s (%d/%d)", secs(s.recovery), s.recovered, s.n)
+	if s.errors > 0 {
+		cell += fmt.Sprintf(", %d errors", s.errors)
+	}
+	return cell
+}
+
+func (b *bench) report(results []result, took time.Duration) string {
+	var w strings.Builder
+	fmt.Fprintf(&w, "rdzv recovery benchmark: seconds from fault injection to the first training step after recovery\n")
+	fmt.Fprintf(&w, "median of %d run(s) per cell; (k/n) = runs that recovered within %s / runs\n\n", b.runs, b.cap)
+	fmt.Fprintf(&w, "| fault | rdzv recovery s | rdzv detection s | rdzv fault→attempt_failed s | torchrun elastic recovery s | torchrun / rdzv |\n")
+	fmt.Fprintf(&w, "| --- | --- | --- | --- | --- | --- |\n")
+	summaries := map[string][2]stats{}
+	for _, fault := range b.faults {
+		rd, tr := summarise(results, "rdzv", fault), summarise(results, "torchrun", fault)
+		summaries[fault] = [2]stats{rd, tr}
+		det, toEv := "-", "-"
+		if rd.events > 0 {
+			det, toEv = secs(rd.detection), secs(rd.toEvent)
+		}
+		ratio := "-"
+		switch {
+		case rd.recovered == 0 || tr.n == 0:
+		case tr.recovered == 0:
+			ratio = fmt.Sprintf("> %.1fx (torchrun did not recover)", b.cap.Seconds()/rd.recovery.Seconds())
+		default:
+			ratio = fmt.Sprintf("%.1fx", tr.recovery.Seconds()/rd.recovery.Seconds())
+		}
+		fmt.Fprintf(&w, "| %s | %s | %s | %s | %s | %s |\n", fault, b.recoveryCell(rd), det, toEv, b.recoveryCell(tr), ratio)
+	}
+
+	fmt.Fprintf(&w, "\nTargets (figures, not assertions):\n")
+	if s, ok := summaries["kill-node"]; ok && s[0].recovered > 0 && s[1].n > 0 {
+		if s[1].recovered > 0 {
+			r := s[1].recovery.Seconds() / s[0].recovery.Seconds()
+			fmt.Fprintf(&w, "- kill-node at least 5x faster than torchrun: %.1fx (%s)\n", r, met(r >= 5))
+		} else {
+			fmt.Fprintf(&w, "- kill-node at least 5x faster than torchrun: torchrun did not recover within %s (met)\n", b.cap)
+		}
+	}
+	if s, ok := summaries["cut-link"]; ok && s[0].n > 0 {
+		if s[0].recovered > 0 {
+			fmt.Fprintf(&w, "- cut-link recovered in under 10 s: %ss (%s)\n", secs(s[0].recovery), met(s[0].recovery < 10*time.Second))
+		} else {
+			fmt.Fprintf(&w, "- cut-link recovered in under 10 s: rdzv did not recover (not met)\n")
+		}
+	}
+	for _, fault := range []string{"kill-worker", "kill-node", "cut-link"} {
+		if s, ok := summaries[fault]; ok && s[0].events > 0 {
+			fmt.Fprintf(&w, "- detection under 3 s, %s: fault→attempt_failed %ss (%s); event detection_latency %ss (%s)\n", fault,
+				secs(s[0].toEvent), met(s[0].toEvent < 3*time.Second), secs(s[0].detection), met(s[0].detection < 3*time.Second))
+		}
+	}
+	fmt.Fprintf(&w, "  (for a lost node detection_latency counts from its last heartbeat, which precedes the fault, so it is at least\n")
+	fmt.Fprintf(&w, "  heartbeat.timeout = %s by construction; fault→attempt_failed is the latency an outside observer sees)\n", heartbeatTimeout)
+	if s, ok := summaries["hang"]; ok && s[0].events > 0 {
+		fmt.Fprintf(&w, "- hang: fault→attempt_failed %ss includes health.progress_timeout (%s); detection_latency (%ss) is the time past that timeout\n",
+			secs(s[0].toEvent), progressTimeout, secs(s[0].detection))
+	}
+
+	fmt.Fprintf(&w, "\nColumns:\n")
+	fmt.Fprintf(&w, "- recovery: fault injection to the first step of a worker process started after the fault; both systems are observed the same way,\n")
+	fmt.Fprintf(&w, "  by TICK lines that test/bench/bench_worker.py (a hook around examples/train.py's per-step report) writes with a timestamp.\n")
+	fmt.Fprintf(&w, "- rdzv detection: detection_latency of the attempt_failed event, as the controller computes it: from torchrun's exit as the\n")
+	fmt.Fprintf(&w, "  agent saw it (not from the worker's death), from the lost node's last heartbeat (up to one heartbeat interval before the\n")
+	fmt.Fprintf(&w, "  fault), or for a hang the time past health.progress_timeout.\n")
+	fmt.Fprintf(&w, "- rdzv fault→attempt_failed: the event's time minus the injection time, i.e. detection as seen from outside.\n")
+
+	fmt.Fprintf(&w, "\nSettings:\n")
+	fmt.Fprintf(&w, "- hosts: network namespaces on one machine (test/netns), h0 the rdzv controller, h1..h3 training nodes; fault on h3\n")
+	fmt.Fprintf(&w, "  (node rank 2 under rdzv; torchrun's c10d store lives on h1, so the victim is never h1 and the store survives)\n")
+	fmt.Fprintf(&w, "- workload: examples/train.py (via test/bench/bench_worker.py), 3 nodes x 1 process, gloo on eth0, OMP_NUM_THREADS=1,\n")
+	fmt.Fprintf(&w, "  --steps %d --step-time %s --checkpoint-every %d; fault once every node has passed step %d (newest complete checkpoint: step %d)\n",
+		trainSteps, stepTime, checkpointEvery, injectAtStep, injectAtStep/checkpointEvery*checkpointEvery)
+	fmt.Fprintf(&w, "- faults: kill-worker = SIGKILL of h3's worker python; kill-node = SIGKILL of every process on h3 (rdzv: agent, torchrun,\n")
+	fmt.Fprintf(&w, "  worker; baseline: torchrun, worker); cut-link = h3's link down; hang = h3's worker stops stepping without exiting\n")
+	fmt.Fprintf(&w, "- rdzv: controller with embedded etcd, heartbeat interval %s, heartbeat timeout %s; agent stop_grace %s;\n", heartbeatInterval, heartbeatTimeout, agentStopGrace)
+	fmt.Fprintf(&w, "  job nodes {min: %d, max: %d}, rendezvous.last_call %s, restart.max_restarts %d, restart.backoff {initial: %s, max: %s},\n",
+		nodeHosts-1, nodeHosts, lastCall, maxRestarts, backoffInitial, backoffMax)
+	fmt.Fprintf(&w, "  health.progress_timeout %s; launcher %s --redirects 2 --tee 2 --monitor_interval 1; resume from RDZV_RESUME_FROM\n", progressTimeout, torchrunBin)
+	fmt.Fprintf(&w, "- torchrun elastic: %s --nnodes=1:3 --nproc_per_node=1 --rdzv_backend=c10d --rdzv_endpoint=<h1>:%s --rdzv_id=bench\n", torchrunBin, torchrunStorePort)
+	fmt.Fprintf(&w, "  --max_restarts=3 --redirects 2 --tee 2 --monitor_interval 1, GLOO_SOCKET_IFNAME=eth0, c10d rendezvous defaults (torch 1.13:\n")
+	fmt.Fprintf(&w, "  last_call_timeout 30s, join_timeout 600s, keep-alive every 5s, 3 misses); restarted workers resume from the newest complete checkpoint\n")
+	if b.rdzvConf != "" {
+		fmt.Fprintf(&w, "  NOT the defaults in this run: --rdzv_conf=%s (BENCH_TORCHRUN_RDZV_CONF)\n", b.rdzvConf)
+	}
+	fmt.Fprintf(&w, "- cap: %s per fault (BENCH_CAP); runs: %d (BENCH_RUNS); total time %s\n", b.cap, b.runs, took.Round(time.Second))
+
+	fmt.Fprintf(&w, "\nRuns:\n")
+	for _, r := range results {
+		fmt.Fprintf(&w, "- %s\n", r.summary())
+	}
+	return w.String()
+}
+
+func met(ok bool) string {
+	if ok {
+		return "met"
+	}
+	return "NOT met"
+}

@@ -1,0 +1,23 @@
+// Package bench measures how long a training job takes to recover from a
+// fault under rdzv and under torchrun's own elastic mode, side by side, on
+// network-namespace hosts (test/netns). Run it with `make bench-recovery`
+// (root, the built binaries, /usr/bin/torchrun). It prints figures; nothing
+// in it is a timed assertion, and it is not part of `make test`.
+//
+// Environment:
+//
+//	RDZV_BIN_DIR    directory of rdzv-controller, rdzv-agent, rdzvctl (required)
+//	BENCH_RUNS      runs per fault and system (default 1, make sets 3); the table shows medians
+//	BENCH_CAP       how long to wait for recovery before reporting none (default 120s)
+//	BENCH_FAULTS    comma-separated subset of kill-worker,kill-node,cut-link,hang
+//	BENCH_SYSTEMS   comma-separated subset of rdzv,torchrun
+//	BENCH_OUT       also write the report to this file
+//	BENCH_TORCHRUN_RDZV_CONF  pass --rdzv_conf=VALUE to the torchrun baseline, e.g.
+//	                last_call_timeout=1 (the issue's baseline uses torchrun's defaults)
+//	BENCH_LOG_DIR   keep every run's logs, ticks and checkpoints here instead
+//	                of in temporary directories
+//
+// The benchmark is built only with the bench build tag:
+//
+//	go test -tags bench -run TestBenchRecovery -v ./test/bench/
+package bench
