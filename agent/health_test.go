@@ -2,13 +2,11 @@ package agent
 
 import (
 	"context"
-	"net"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/require"
 	"go.uber.org/zap/zaptest"
-	"google.golang.org/grpc"
 
 	"github.com/rdzv/rdzv/agent/gpu"
 	"github.com/rdzv/rdzv/agent/netif"
@@ -33,15 +31,8 @@ func TestAgentForwardsCriticalGPUFaults(t *testing.T) {
 		registered: &rdzvv1.Registered{HeartbeatIntervalMs: 25, HeartbeatTimeoutMs: 5000},
 		got:        make(chan *rdzvv1.ConnectRequest, 4096),
 	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-	srv := grpc.NewServer()
-	rdzvv1.RegisterAgentServiceServer(srv, fc)
-	go func() { _ = srv.Serve(ln) }()
-	defer srv.Stop()
-
 	cfg := DefaultConfig()
-	cfg.Controller, cfg.NodeName, cfg.StateDir, cfg.GossipPort = ln.Addr().String(), "node-a", t.TempDir(), -1
+	cfg.Controller, cfg.NodeName, cfg.StateDir, cfg.GossipPort = fc.serve(t), "node-a", t.TempDir(), -1
 	at := time.Now()
 	faults := replayFaults{
 		{GPUIndex: 1, UUID: "GPU-1", Kind: health.XID, Code: 13, At: at}, // the program's fault

@@ -321,6 +321,19 @@ type fakeController struct {
 	got        chan *rdzvv1.ConnectRequest
 }
 
+// serve runs the fake controller until the test ends and returns its
+// address.
+func (f *fakeController) serve(t *testing.T) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	srv := grpc.NewServer()
+	rdzvv1.RegisterAgentServiceServer(srv, f)
+	go func() { _ = srv.Serve(ln) }()
+	t.Cleanup(srv.Stop)
+	return ln.Addr().String()
+}
+
 func (f *fakeController) Connect(stream grpc.BidiStreamingServer[rdzvv1.ConnectRequest, rdzvv1.ConnectResponse]) error {
 	if err := stream.Send(&rdzvv1.ConnectResponse{Msg: &rdzvv1.ConnectResponse_Registered{Registered: f.registered}}); err != nil {
 		return err
@@ -386,15 +399,8 @@ func TestAgentForwardsReports(t *testing.T) {
 		},
 		got: make(chan *rdzvv1.ConnectRequest, 4096),
 	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-	srv := grpc.NewServer()
-	rdzvv1.RegisterAgentServiceServer(srv, fc)
-	go func() { _ = srv.Serve(ln) }()
-	defer srv.Stop()
-
 	cfg := DefaultConfig()
-	cfg.Controller, cfg.NodeName, cfg.StateDir = ln.Addr().String(), "node-a", t.TempDir()
+	cfg.Controller, cfg.NodeName, cfg.StateDir = fc.serve(t), "node-a", t.TempDir()
 	cfg.GossipPort = 0
 	a, err := New(cfg, zaptest.NewLogger(t), gpu.Fake{}, fakeNet{ifaces: []netif.Interface{lo}}, ExecSpawner{})
 	require.NoError(t, err)
