@@ -1,7 +1,6 @@
 package agent
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"fmt"
@@ -19,6 +18,7 @@ import (
 	"go.uber.org/zap/zaptest"
 	"google.golang.org/protobuf/testing/protocmp"
 
+	"github.com/rdzv/rdzv/agent/launchertest"
 	rdzvv1 "github.com/rdzv/rdzv/proto/rdzv/v1"
 )
 
@@ -35,15 +35,9 @@ const waitTimeout = 30 * time.Second
 //	exit CODE exit CODE
 //	hang      sleep until killed
 //	py ARGS   run /usr/bin/python3 ARGS in its place (see needPython)
-const fakeTorchrun = `#!/bin/sh
+var fakeTorchrun = `#!/bin/sh
 rec="$PWD/$RDZV_JOB-$RDZV_GENERATION"
-{
-	echo "pid=$$"
-	for a in "$@"; do echo "arg=$a"; done
-	env | grep -E '^(RDZV_[A-Z_]*|NCCL_SOCKET_IFNAME|GLOO_SOCKET_IFNAME|CUDA_VISIBLE_DEVICES|JOB_VAR|AGENT_VAR|PATH)=' | sed 's/^/env=/'
-} >"$rec.tmp"
-mv "$rec.tmp" "$rec"
-shift 11
+` + launchertest.Preamble("RDZV_[A-Z_]*|NCCL_SOCKET_IFNAME|GLOO_SOCKET_IFNAME|CUDA_VISIBLE_DEVICES|JOB_VAR|AGENT_VAR|PATH") + `shift 11
 echo "hello from $RDZV_NODE generation $RDZV_GENERATION"
 case "$1" in
 ok) exit 0 ;;
@@ -138,40 +132,16 @@ func (h *supHarness) recordPath(job string, gen uint64) string {
 	return filepath.Join(h.workdir, fmt.Sprintf("%s-%d", job, gen))
 }
 
-// record is what fakeTorchrun saw.
-type record struct {
-	pid  int
-	args []string
-	env  map[string]string
-}
-
 // record waits for fakeTorchrun's record: RUNNING is reported as soon as
 // the launcher is started, before it has written anything.
-func (h *supHarness) record(job string, gen uint64) record {
+func (h *supHarness) record(job string, gen uint64) launchertest.Record {
 	h.t.Helper()
 	require.Eventually(h.t, func() bool {
 		_, err := os.Stat(h.recordPath(job, gen))
 		return err == nil
 	}, waitTimeout, 10*time.Millisecond, "%s never written", h.recordPath(job, gen))
-	f, err := os.Open(h.recordPath(job, gen))
+	r, err := launchertest.Read(h.recordPath(job, gen))
 	require.NoError(h.t, err)
-	defer f.Close()
-	r := record{env: map[string]string{}}
-	sc := bufio.NewScanner(f)
-	for sc.Scan() {
-		key, value, _ := strings.Cut(sc.Text(), "=")
-		switch key {
-		case "pid":
-			r.pid, err = strconv.Atoi(value)
-			require.NoError(h.t, err)
-		case "arg":
-			r.args = append(r.args, value)
-		case "env":
-			k, v, _ := strings.Cut(value, "=")
-			r.env[k] = v
-		}
-	}
-	require.NoError(h.t, sc.Err())
 	return r
 }
 

@@ -43,7 +43,7 @@ func TestSupervisorRunsToExit(t *testing.T) {
 			require.Empty(t, st.GetSignal())
 			require.Empty(t, st.GetMessage())
 			require.False(t, h.sup.Running("train"))
-			require.Empty(t, groupMembers(h.record("train", 1).pid))
+			require.Empty(t, groupMembers(h.record("train", 1).PID))
 		})
 	}
 }
@@ -68,7 +68,7 @@ func TestSupervisorLaunchesWithRendezvous(t *testing.T) {
 	require.Equal(t, []string{
 		"--nnodes", "2", "--node_rank", "1", "--nproc_per_node", "2",
 		"--master_addr", "10.0.0.1", "--master_port", "29500", "train.py", "ok",
-	}, rec.args)
+	}, rec.Args)
 	require.Equal(t, map[string]string{
 		"NCCL_SOCKET_IFNAME":   "eth9",
 		"GLOO_SOCKET_IFNAME":   "eth9",
@@ -83,7 +83,7 @@ func TestSupervisorLaunchesWithRendezvous(t *testing.T) {
 		"JOB_VAR":              "from-job",
 		"AGENT_VAR":            "from-agent",
 		"PATH":                 os.Getenv("PATH"),
-	}, rec.env)
+	}, rec.Env)
 }
 
 func TestSupervisorScratchWorkdir(t *testing.T) {
@@ -111,7 +111,7 @@ func TestSupervisorRejectsStaleAssignments(t *testing.T) {
 	// neither stale assignment produced one.
 	h.sync()
 	require.NoFileExists(t, h.recordPath("train", 1))
-	require.Equal(t, first.pid, h.record("train", 2).pid, "generation 2 ran twice")
+	require.Equal(t, first.PID, h.record("train", 2).PID, "generation 2 ran twice")
 
 	// Generations are per job: another job's generation 1 is fine.
 	h.sup.Assign(h.assignment("other", 1, "ok"))
@@ -124,7 +124,7 @@ func TestSupervisorStopsCurrentGeneration(t *testing.T) {
 	h.sup.Assign(h.assignment("train", 1, "hang"))
 	h.expect("train", 1, wRunning)
 	require.True(t, h.sup.Running("train"))
-	pgid := h.record("train", 1).pid
+	pgid := h.record("train", 1).PID
 	require.NotEmpty(t, groupMembers(pgid))
 
 	h.sup.Stop("train", 1, "stopped by operator")
@@ -185,7 +185,7 @@ func TestSupervisorReplacesRunningWorkers(t *testing.T) {
 			h := newSupervisor(t)
 			h.sup.Assign(h.assignment("train", 1, "hang"))
 			h.expect("train", 1, wRunning)
-			old := h.record("train", 1).pid
+			old := h.record("train", 1).PID
 
 			h.sup.Assign(h.assignment(tt.nextJob, tt.nextGen, "ok"))
 			// The old workers are gone before the new ones start.

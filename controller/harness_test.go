@@ -1,7 +1,6 @@
 package controller_test
 
 import (
-	"bufio"
 	"context"
 	"errors"
 	"fmt"
@@ -28,6 +27,7 @@ import (
 
 	"github.com/rdzv/rdzv/agent"
 	"github.com/rdzv/rdzv/agent/gpu"
+	"github.com/rdzv/rdzv/agent/launchertest"
 	"github.com/rdzv/rdzv/agent/netif"
 	"github.com/rdzv/rdzv/controller"
 	rdzvv1 "github.com/rdzv/rdzv/proto/rdzv/v1"
@@ -61,15 +61,9 @@ const (
 //
 // The record is written to a temporary name first so a reader never sees
 // half of it, and so fail-on can count the nodes that started.
-const fakeTorchrun = `#!/bin/sh
+var fakeTorchrun = `#!/bin/sh
 rec="$PWD/$RDZV_JOB-$RDZV_NODE-$RDZV_GENERATION"
-{
-	echo "pid=$$"
-	for a in "$@"; do echo "arg=$a"; done
-	env | grep -E '^(RDZV_[A-Z_]*|NCCL_SOCKET_IFNAME|GLOO_SOCKET_IFNAME|CUDA_VISIBLE_DEVICES|JOB_VAR)=' | sed 's/^/env=/'
-} >"$rec.tmp"
-mv "$rec.tmp" "$rec"
-nnodes=$2
+` + launchertest.Preamble("RDZV_[A-Z_]*|NCCL_SOCKET_IFNAME|GLOO_SOCKET_IFNAME|CUDA_VISIBLE_DEVICES|JOB_VAR") + `nnodes=$2
 shift 11
 echo "hello from $RDZV_NODE rank $RDZV_NODE_RANK generation $RDZV_GENERATION"
 case "$1" in
@@ -317,45 +311,12 @@ func (c *cluster) release(job string) {
 }
 
 // record is what fakeTorchrun saw on one node.
-type record struct {
-	pid  int
-	args []string
-	env  map[string]string
-}
-
-// arg returns the value following a launcher flag.
-func (r record) arg(flag string) string {
-	for i, a := range r.args {
-		if a == flag && i+1 < len(r.args) {
-			return r.args[i+1]
-		}
-	}
-	return ""
-}
-
-func (c *cluster) record(job, node string, generation uint64) record {
+func (c *cluster) record(job, node string, generation uint64) launchertest.Record {
 	c.t.Helper()
 	path := filepath.Join(c.workdir, fmt.Sprintf("%s-%s-%d", job, node, generation))
 	poll(c.t, func() bool { _, err := os.Stat(path); return err == nil }, func() string { return path + " never written" })
-	f, err := os.Open(path)
+	r, err := launchertest.Read(path)
 	require.NoError(c.t, err)
-	defer f.Close()
-	r := record{env: map[string]string{}}
-	sc := bufio.NewScanner(f)
-	for sc.Scan() {
-		key, value, _ := strings.Cut(sc.Text(), "=")
-		switch key {
-		case "pid":
-			r.pid, err = strconv.Atoi(value)
-			require.NoError(c.t, err)
-		case "arg":
-			r.args = append(r.args, value)
-		case "env":
-			k, v, _ := strings.Cut(value, "=")
-			r.env[k] = v
-		}
-	}
-	require.NoError(c.t, sc.Err())
 	return r
 }
 

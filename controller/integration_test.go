@@ -15,6 +15,7 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/durationpb"
 
+	"github.com/rdzv/rdzv/agent/launchertest"
 	"github.com/rdzv/rdzv/controller"
 	"github.com/rdzv/rdzv/controller/store"
 	rdzvv1 "github.com/rdzv/rdzv/proto/rdzv/v1"
@@ -107,11 +108,11 @@ func TestJobRunsToSuccess(t *testing.T) {
 			"--nnodes", "2", "--node_rank", strconv.Itoa(rank), "--nproc_per_node", "2",
 			"--master_addr", "127.0.0.1", "--master_port", strconv.Itoa(int(run.GetMasterPort())),
 			"train.py", "gate",
-		}, rec.args, name)
-		reportAddr, err := netip.ParseAddrPort(rec.env["RDZV_AGENT_ADDR"])
+		}, rec.Args, name)
+		reportAddr, err := netip.ParseAddrPort(rec.Env["RDZV_AGENT_ADDR"])
 		require.NoError(t, err, "workers get the agent's report endpoint")
 		require.True(t, reportAddr.Addr().IsLoopback(), "the report endpoint is local only: %s", reportAddr)
-		delete(rec.env, "RDZV_AGENT_ADDR")
+		delete(rec.Env, "RDZV_AGENT_ADDR")
 		require.Equal(t, map[string]string{
 			"GLOO_SOCKET_IFNAME":   "lo",
 			"NCCL_SOCKET_IFNAME":   "lo",
@@ -123,7 +124,7 @@ func TestJobRunsToSuccess(t *testing.T) {
 			"RDZV_CHECKPOINT_DIR":  "",
 			"RDZV_RESUME_FROM":     "",
 			"JOB_VAR":              "from-job",
-		}, rec.env, name)
+		}, rec.Env, name)
 	}
 
 	c.release("train")
@@ -160,7 +161,7 @@ func TestWorkerFailureFailsJob(t *testing.T) {
 	require.EqualValues(t, 3, b.GetExitCode())
 
 	// The healthy node's workers are stopped, not left running.
-	c.waitGroupGone(survivor.pid)
+	c.waitGroupGone(survivor.PID)
 	j = c.waitJob("train", func(j *rdzvv1.Job) bool {
 		return assignment(t, j, "node-a").GetState() == rdzvv1.WorkerState_WORKER_STATE_STOPPED
 	})
@@ -193,7 +194,7 @@ func TestAtMostMaxNodes(t *testing.T) {
 	c.startJob(c.spec("train", 1, 2, "ok"))
 	j := c.waitJobState("train", succeeded)
 	require.Equal(t, []string{"node-a", "node-b"}, assigned(t, j))
-	require.Equal(t, "2", c.record("train", "node-b", 1).arg("--nnodes"))
+	require.Equal(t, "2", c.record("train", "node-b", 1).Arg("--nnodes"))
 	require.False(t, c.hasRecord("train", "node-c", 1), "a node beyond max ran the job")
 }
 
@@ -210,7 +211,7 @@ func TestLastCallWaitsForMoreNodes(t *testing.T) {
 	c.addAgent("node-b", 0, nil)
 	j = c.waitJobState("train", succeeded)
 	require.Equal(t, []string{"node-a", "node-b"}, assigned(t, j), "a node that joined during the last call was left out")
-	require.Equal(t, "2", c.record("train", "node-a", 1).arg("--nnodes"))
+	require.Equal(t, "2", c.record("train", "node-a", 1).Arg("--nnodes"))
 }
 
 func TestSelectorAndGPUs(t *testing.T) {
@@ -254,7 +255,7 @@ func TestSelectorAndGPUs(t *testing.T) {
 				for g := range tt.gpus {
 					gpus = append(gpus, strconv.Itoa(int(g)))
 				}
-				require.Equal(t, strings.Join(gpus, ","), c.record(name, n, 1).env["CUDA_VISIBLE_DEVICES"], n)
+				require.Equal(t, strings.Join(gpus, ","), c.record(name, n, 1).Env["CUDA_VISIBLE_DEVICES"], n)
 			}
 			c.waitIdle("small", "big", "infer")
 		})
@@ -289,7 +290,7 @@ func TestStopJob(t *testing.T) {
 	t.Run("running", func(t *testing.T) {
 		c.startJob(c.spec("running", 2, 2, "hang"))
 		c.waitRunning("running")
-		recs := []record{c.record("running", "node-a", 1), c.record("running", "node-b", 1)}
+		recs := []launchertest.Record{c.record("running", "node-a", 1), c.record("running", "node-b", 1)}
 
 		require.Equal(t, stopping, c.stopJob("running").GetState())
 		j := c.waitJobState("running", stopped)
@@ -299,7 +300,7 @@ func TestStopJob(t *testing.T) {
 			require.Equal(t, "SIGTERM", a.GetSignal(), a.GetNode())
 		}
 		for _, r := range recs {
-			c.waitGroupGone(r.pid)
+			c.waitGroupGone(r.PID)
 		}
 		c.waitIdle("node-a", "node-b")
 		kinds := eventKinds(c.events("running"))
@@ -353,10 +354,10 @@ func TestStoppedAgentIsLost(t *testing.T) {
 	recA, recB := c.record("train", "node-a", 1), c.record("train", "node-b", 1)
 
 	lost.stop()
-	require.True(t, groupGone(recB.pid), "a stopped agent leaves workers behind")
+	require.True(t, groupGone(recB.PID), "a stopped agent leaves workers behind")
 	j := c.waitJobState("train", failed)
 	require.Equal(t, "node node-b (rank 1): workers killed by signal SIGTERM (agent shutting down); no restarts left (max_restarts 0)", j.GetReason())
-	c.waitGroupGone(recA.pid)
+	c.waitGroupGone(recA.PID)
 	c.waitIdle("node-a")
 
 	c.waitNode("node-b", func(n *rdzvv1.Node) bool { return n.GetState() == rdzvv1.NodeState_NODE_STATE_LOST })
@@ -474,7 +475,7 @@ func TestRerunFinishedJob(t *testing.T) {
 	require.NoError(t, err)
 	j := c.waitJobState("train", succeeded)
 	require.Equal(t, uint64(2), j.GetGeneration())
-	require.Equal(t, "2", c.record("train", "node-a", 2).env["RDZV_GENERATION"])
+	require.Equal(t, "2", c.record("train", "node-a", 2).Env["RDZV_GENERATION"])
 	require.Equal(t, "job_submitted", eventKinds(c.events("train"))[0], "the old run's events are dropped")
 }
 
@@ -494,8 +495,8 @@ func TestControllerRestart(t *testing.T) {
 	// A worker that finishes while no controller listens is reported when
 	// its agent registers with the next one.
 	c.release("during")
-	c.waitGroupGone(c.record("during", "node-a", 1).pid)
-	c.waitGroupGone(c.record("during", "node-b", 1).pid)
+	c.waitGroupGone(c.record("during", "node-a", 1).PID)
+	c.waitGroupGone(c.record("during", "node-b", 1).PID)
 	restarted := time.Now()
 	c.startController()
 
@@ -667,7 +668,7 @@ func TestSilentNodeIsLost(t *testing.T) {
 	require.Equal(t, "node-b", lostEvents[0].GetNode())
 	require.Equal(t, uint64(1), lostEvents[0].GetGeneration())
 
-	c.waitGroupGone(recA.pid)
+	c.waitGroupGone(recA.PID)
 	c.waitIdle("node-a")
 }
 
