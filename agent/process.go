@@ -108,7 +108,9 @@ const groupSweepTimeout = 30 * time.Second
 
 func (p *execProcess) Kill(grace time.Duration) error {
 	pgid := p.Pid()
-	if p.groupAlive(pgid) {
+	// No grace means no SIGTERM either: a fenced worker must not get to run
+	// a shutdown handler (a checkpoint save) at all.
+	if grace > 0 && p.groupAlive(pgid) {
 		_ = syscall.Kill(-pgid, syscall.SIGTERM)
 		deadline := time.Now().Add(grace)
 		for time.Now().Before(deadline) && p.groupAlive(pgid) && !p.onlyLauncherLeft(pgid) {

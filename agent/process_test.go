@@ -63,6 +63,15 @@ func TestExecProcessKillsWholeGroup(t *testing.T) {
 			members: 4, grace: 300 * time.Millisecond,
 			want: Exit{Code: -1, Signal: "SIGKILL"},
 		},
+		{
+			// Fencing: no grace means no SIGTERM, so a handler (which could
+			// start saving a checkpoint) never runs; the launcher would
+			// exit 0 from its handler, so the exit tells which signal came.
+			name:    "no grace kills without SIGTERM",
+			script:  `trap "exit 0" TERM; sleep 300 & echo ready; wait`,
+			members: 2, grace: 0,
+			want: Exit{Code: -1, Signal: "SIGKILL"},
+		},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
