@@ -7,6 +7,8 @@ import (
 	"math/rand/v2"
 	"net"
 	"os"
+	"path/filepath"
+	"strings"
 	"sync/atomic"
 	"time"
 
@@ -115,16 +117,23 @@ func (a *Agent) Run(ctx context.Context) error {
 	}
 	defer conn.Close()
 
-	// Loopback only: workers report from this node, and nothing else
-	// should be able to move a job's progress. The OS picks the port, so
-	// agents sharing a host cannot collide.
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	ln, err := listenReports(a.cfg.StateDir)
 	if err != nil {
-		return fmt.Errorf("listening for worker reports: %w", err)
+		return err
 	}
 	sup := NewSupervisor(a.cfg, info.GetName(), info.GetNcclInterface(), ln.Addr().String(), a.spawner, log.Named("supervisor"))
+	if ad, ok := a.spawner.(adopter); ok {
+		found, err := ad.Adopt()
+		if err != nil {
+			return fmt.Errorf("adopting workers left by the previous agent: %w", err)
+		}
+		// Before the first registration, which reports them.
+		sup.Adopt(found)
+	}
 	reports := newReportServer(sup, log.Named("reports"))
-	sess := &agentSession{agent: a, info: info, sup: sup, client: rdzvv1.NewAgentServiceClient(conn), log: log.Named("session")}
+	sess := &agentSession{agent: a, info: info, sup: sup, client: rdzvv1.NewAgentServiceClient(conn), log: log.Named("session"),
+		farewells: make(chan farewell)}
+	sup.OnHandover(sess.announceRestart)
 	sess.lastHeard.Store(time.Now().UnixNano())
 	sess.heartbeatTimeout.Store(int64(defaultHeartbeatTimeout))
 	if a.cfg.GossipPort >= 0 {
@@ -156,6 +165,41 @@ func (a *Agent) Run(ctx context.Context) error {
 		g.Go(func() error { a.watchHealth(gctx, log.Named("health")); return nil })
 	}
 	return g.Wait()
+}
+
+// adopter finds the workers a previous agent left running.
+type adopter interface {
+	Adopt() ([]Adopted, error)
+}
+
+// reportAddrFile keeps the report endpoint's address across agent
+// restarts: adopted workers still have it in RDZV_AGENT_ADDR.
+const reportAddrFile = "report.addr"
+
+// listenReports opens the workers' report endpoint. Loopback only: workers
+// report from this node, and nothing else should be able to move a job's
+// progress. The OS picks the port the first time, so agents sharing a host
+// cannot collide; later starts take the same one back.
+func listenReports(stateDir string) (net.Listener, error) {
+	path := filepath.Join(stateDir, reportAddrFile)
+	if prev, err := os.ReadFile(path); err == nil {
+		if ln, err := net.Listen("tcp", strings.TrimSpace(string(prev))); err == nil {
+			return ln, nil
+		}
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return nil, fmt.Errorf("listening for worker reports: %w", err)
+	}
+	if err := os.MkdirAll(stateDir, 0o755); err != nil {
+		ln.Close()
+		return nil, fmt.Errorf("creating state directory: %w", err)
+	}
+	if err := os.WriteFile(path, []byte(ln.Addr().String()), 0o644); err != nil {
+		ln.Close()
+		return nil, fmt.Errorf("recording the report address: %w", err)
+	}
+	return ln, nil
 }
 
 // watchHealth forwards critical GPU faults; the controller cordons the node
@@ -260,6 +304,35 @@ type agentSession struct {
 	lastHeard atomic.Int64
 	// fencing is set while a self-fencing stop is queued or under way.
 	fencing atomic.Bool
+	// farewells carries the last word of an agent that leaves its workers
+	// running; unbuffered, so a send succeeds only while connected.
+	farewells chan farewell
+}
+
+type farewell struct {
+	msg  *rdzvv1.ConnectRequest
+	sent chan struct{}
+}
+
+// announceRestart tells the controller that this agent is exiting and its
+// workers run on for hold; false if the controller could not be told, in
+// which case it goes by heartbeats and the workers must not outlive them.
+func (s *agentSession) announceRestart(hold time.Duration) bool {
+	f := farewell{sent: make(chan struct{}), msg: &rdzvv1.ConnectRequest{Msg: &rdzvv1.ConnectRequest_Restarting{
+		Restarting: &rdzvv1.AgentRestarting{HoldMs: uint32(hold.Milliseconds())},
+	}}}
+	timeout := time.After(shutdownFlush)
+	select {
+	case s.farewells <- f:
+	case <-timeout:
+		return false
+	}
+	select {
+	case <-f.sent:
+		return true
+	case <-timeout:
+		return false
+	}
 }
 
 // loop connects, and reconnects with jittered exponential backoff, until
@@ -313,6 +386,9 @@ func (s *agentSession) connect(ctx context.Context) error {
 	timeout := time.Duration(first.GetRegistered().GetHeartbeatTimeoutMs()) * time.Millisecond
 	if timeout > 0 {
 		s.heartbeatTimeout.Store(int64(timeout))
+		// A crashed agent's workers must be gone before the controller, which
+		// last heard us up to an interval before the crash, gives up on us.
+		s.sup.SetOrphanTimeout(max(timeout-interval, interval))
 	}
 	s.heard()
 	s.log.Info("registered with controller", zap.Duration("heartbeat_interval", interval), zap.Duration("heartbeat_timeout", timeout))
@@ -365,6 +441,11 @@ func (s *agentSession) connect(ctx context.Context) error {
 				msgs = append(msgs, s.gossipViewMsg())
 			case f := <-s.agent.faults:
 				msgs = append(msgs, &rdzvv1.ConnectRequest{Msg: &rdzvv1.ConnectRequest_GpuFault{GpuFault: f}})
+			case f := <-s.farewells:
+				if err := stream.Send(f.msg); err != nil {
+					return fmt.Errorf("sending to controller: %w", err)
+				}
+				close(f.sent)
 			}
 			for _, m := range msgs {
 				if err := stream.Send(m); err != nil {

@@ -41,7 +41,11 @@ type Config struct {
 	GossipPort int `json:"gossip_port"`
 	// StopGrace is how long workers get between SIGTERM and SIGKILL.
 	StopGrace jobspec.Duration `json:"stop_grace"`
-	LogLevel  string           `json:"log_level"`
+	// RestartGrace is how long workers keep running after the agent stops
+	// (systemd restart, upgrade) for the next agent to adopt them; they are
+	// killed if none does in time. 0 stops the workers with the agent.
+	RestartGrace jobspec.Duration `json:"restart_grace"`
+	LogLevel     string           `json:"log_level"`
 }
 
 // DefaultConfig is an agent with no controller set.
@@ -50,7 +54,11 @@ func DefaultConfig() Config {
 		StateDir:   "/var/lib/rdzv/agent",
 		GossipPort: 7946,
 		StopGrace:  jobspec.Duration{Duration: 10 * time.Second},
-		LogLevel:   "info",
+		// Time for systemd to restart the agent and for it to start, with
+		// room to spare; the controller waits this long before moving the
+		// job on if the agent does not come back.
+		RestartGrace: jobspec.Duration{Duration: 15 * time.Second},
+		LogLevel:     "info",
 	}
 }
 
@@ -93,5 +101,12 @@ func (c Config) Validate() error {
 	if c.StopGrace.Duration <= 0 {
 		errs = append(errs, fmt.Errorf("stop_grace: must be positive, got %s", c.StopGrace))
 	}
+	if c.RestartGrace.Duration < 0 || c.RestartGrace.Duration > MaxRestartGrace {
+		errs = append(errs, fmt.Errorf("restart_grace: must be between 0 (stop workers with the agent) and %s, got %s", MaxRestartGrace, c.RestartGrace))
+	}
 	return errors.Join(errs...)
 }
+
+// MaxRestartGrace bounds restart_grace: a job whose agent is gone cannot
+// recover from a real failure on that node for this long.
+const MaxRestartGrace = 5 * time.Minute

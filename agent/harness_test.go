@@ -5,16 +5,19 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"os/signal"
 	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
 	"github.com/google/go-cmp/cmp"
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
+	"go.uber.org/zap"
 	"go.uber.org/zap/zaptest"
 	"google.golang.org/protobuf/testing/protocmp"
 
@@ -22,7 +25,40 @@ import (
 	rdzvv1 "github.com/rdzv/rdzv/proto/rdzv/v1"
 )
 
-func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+// shimTestEnv makes the test binary act as `rdzv-agent shim`, so the
+// supervisor tests run workers under real shims.
+const shimTestEnv = "RDZV_TEST_AS_SHIM"
+
+func TestMain(m *testing.M) {
+	if os.Getenv(shimTestEnv) == "1" {
+		os.Exit(runTestShim(os.Args[1:]))
+	}
+	goleak.VerifyTestMain(m)
+}
+
+func runTestShim(args []string) int {
+	if len(args) != 2 || args[0] != "--dir" {
+		fmt.Fprintf(os.Stderr, "test shim: want --dir DIR, got %q\n", args)
+		return 2
+	}
+	log, err := zap.NewDevelopment()
+	if err != nil {
+		return 2
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+	defer stop()
+	if err := (Shim{Dir: args[1], Ready: os.Stdout, Log: log}).Run(ctx); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	return 0
+}
+
+// testShims runs shims from the test binary, in dir. The race detector
+// would hold each exiting shim for a second.
+func testShims(t *testing.T, dir string) ShimSpawner {
+	return ShimSpawner{Dir: dir, Command: []string{"/usr/bin/env", shimTestEnv + "=1", "GORACE=atexit_sleep_ms=0", os.Args[0]}, Log: zaptest.NewLogger(t)}
+}
 
 // waitTimeout only keeps a broken test from hanging.
 const waitTimeout = 30 * time.Second
@@ -56,9 +92,15 @@ type supHarness struct {
 	stateDir string
 	workdir  string
 	torchrun string
+	spawner  ShimSpawner
+	cfg      Config
+	// stop ends the supervisor as an agent shutdown would.
+	stop func()
 }
 
-func newSupervisor(t *testing.T) *supHarness {
+// newSupervisor runs a supervisor whose workers run under real shims; its
+// restart_grace is 0 (workers stop with it) unless cfg edits say otherwise.
+func newSupervisor(t *testing.T, edits ...func(*Config)) *supHarness {
 	t.Helper()
 	h := &supHarness{t: t, workdir: t.TempDir()}
 	h.torchrun = filepath.Join(t.TempDir(), "torchrun")
@@ -69,19 +111,47 @@ func newSupervisor(t *testing.T) *supHarness {
 	cfg.StateDir = t.TempDir()
 	h.stateDir = cfg.StateDir
 	cfg.StopGrace.Duration = 2 * time.Second
-	h.sup = NewSupervisor(cfg, "node-a", "eth9", "127.0.0.1:7071", ExecSpawner{}, zaptest.NewLogger(t))
+	cfg.RestartGrace.Duration = 0
+	for _, edit := range edits {
+		edit(&cfg)
+	}
+	h.cfg = cfg
+	h.spawner = testShims(t, filepath.Join(cfg.StateDir, "workers"))
+	h.sup = NewSupervisor(cfg, "node-a", "eth9", "127.0.0.1:7071", h.spawner, zaptest.NewLogger(t))
 	// Tests wait on the scanner; one may set it again before its first
 	// Assign, which orders the write before the scanner reads it.
 	h.sup.scanEvery = 20 * time.Millisecond
+	h.start()
+	return h
+}
 
+// successor is the next agent's supervisor on the same node, having adopted
+// what h left running.
+func (h *supHarness) successor() *supHarness {
+	h.t.Helper()
+	next := *h
+	next.sup = NewSupervisor(h.cfg, "node-a", "eth9", "127.0.0.1:7071", h.spawner, zaptest.NewLogger(h.t))
+	next.sup.scanEvery = h.sup.scanEvery
+	found, err := h.spawner.Adopt()
+	require.NoError(h.t, err)
+	next.sup.Adopt(found)
+	next.start()
+	return &next
+}
+
+func (h *supHarness) start() {
+	t := h.t
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- h.sup.Run(ctx) }()
-	t.Cleanup(func() {
-		cancel()
-		require.NoError(t, <-done)
-	})
-	return h
+	var once sync.Once
+	h.stop = func() {
+		once.Do(func() {
+			cancel()
+			require.NoError(t, <-done)
+		})
+	}
+	t.Cleanup(h.stop)
 }
 
 // assignment is rank 1 of 2 on GPUs 2 and 3, running fakeTorchrun with

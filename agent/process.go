@@ -23,6 +23,13 @@ type ProcessSpec struct {
 	Env  []string
 	// Output receives stdout and stderr.
 	Output io.Writer
+	// ID names the worker among this node's (a shim's directory).
+	ID string
+	// Meta is kept with a shimmed worker and handed back on adoption.
+	Meta []byte
+	// OrphanTimeout is how long a shimmed worker outlives an agent that
+	// vanished without a word.
+	OrphanTimeout time.Duration
 }
 
 // Exit is how a worker's launcher ended.

@@ -9,9 +9,11 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"go.uber.org/zap"
+	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/rdzv/rdzv/controller/jobspec"
@@ -31,18 +33,29 @@ const (
 // applied in the order the controller sent them, on one goroutine, so a stop
 // of generation N is always applied before the start of N+1.
 type Supervisor struct {
-	stateDir   string
-	stopGrace  time.Duration
-	node       string
-	iface      string
-	reportAddr string
-	scanEvery  time.Duration
-	log        *zap.Logger
-	spawner    Spawner
+	stateDir  string
+	stopGrace time.Duration
+	// restartGrace is how long workers are left running for the next agent
+	// when this one stops; 0 stops them with the agent.
+	restartGrace time.Duration
+	node         string
+	iface        string
+	reportAddr   string
+	scanEvery    time.Duration
+	log          *zap.Logger
+	spawner      Spawner
 
 	cmds        chan func()
 	updates     chan *rdzvv1.WorkerStatus
 	checkpoints chan *rdzvv1.CheckpointReport
+
+	// orphanTimeout (nanoseconds) is how long a new worker outlives an agent
+	// that vanished without a word; the session keeps it below the
+	// controller's heartbeat timeout.
+	orphanTimeout atomic.Int64
+	// announce tells the controller the workers are left running for hold;
+	// false if it could not.
+	announce func(hold time.Duration) bool
 
 	mu      sync.Mutex
 	cur     *worker
@@ -63,6 +76,8 @@ type worker struct {
 
 	// Guarded by Supervisor.mu.
 	stopReason string
+	// handedOver is set when the workers are left to the next agent.
+	handedOver bool
 	// step is the highest step the workers reported, at stepAt.
 	step    uint64
 	stepAt  time.Time
@@ -74,15 +89,21 @@ type worker struct {
 // NewSupervisor builds a supervisor for node, whose workers use iface for
 // NCCL and Gloo and report to the endpoint at reportAddr.
 func NewSupervisor(cfg Config, node, iface, reportAddr string, spawner Spawner, log *zap.Logger) *Supervisor {
-	return &Supervisor{
-		stateDir: cfg.StateDir, stopGrace: cfg.StopGrace.Duration, node: node, iface: iface,
+	s := &Supervisor{
+		stateDir: cfg.StateDir, stopGrace: cfg.StopGrace.Duration, restartGrace: cfg.RestartGrace.Duration, node: node, iface: iface,
 		reportAddr: reportAddr, scanEvery: scanEvery, log: log, spawner: spawner,
 		cmds:        make(chan func(), 64),
 		updates:     make(chan *rdzvv1.WorkerStatus, 64),
 		checkpoints: make(chan *rdzvv1.CheckpointReport, checkpointQueueSize),
 		lastGen:     map[string]uint64{},
 	}
+	s.SetOrphanTimeout(defaultHeartbeatTimeout - defaultHeartbeat)
+	return s
 }
+
+// SetOrphanTimeout sets how long workers started from now on outlive an
+// agent that vanished without a word.
+func (s *Supervisor) SetOrphanTimeout(d time.Duration) { s.orphanTimeout.Store(int64(d)) }
 
 // Updates delivers every worker status change. The supervisor never blocks
 // on it: when the reader is away, Statuses still has the latest state.
@@ -99,9 +120,90 @@ func (s *Supervisor) Run(ctx context.Context) error {
 		case cmd := <-s.cmds:
 			cmd()
 		case <-ctx.Done():
-			s.stopCurrent("agent shutting down")
+			s.shutdown()
 			return nil
 		}
+	}
+}
+
+// detacher is a worker that can be left running for the next agent.
+type detacher interface {
+	Detach(hold time.Duration) error
+}
+
+// shutdown leaves the running worker to its shim for restartGrace, so that
+// restarting or upgrading the agent does not disturb training; without a
+// grace, or a worker that cannot be left, it stops the worker.
+func (s *Supervisor) shutdown() {
+	s.mu.Lock()
+	w := s.cur
+	s.mu.Unlock()
+	d, ok := w.procDetacher()
+	if !ok || s.restartGrace <= 0 {
+		s.stopCurrent("agent shutting down")
+		return
+	}
+	// The controller is told first: it then waits at least as long as the
+	// shim does. Untold, it goes by heartbeats, and so must the shim.
+	hold := s.restartGrace
+	if s.announce == nil || !s.announce(hold) {
+		s.log.Warn("could not tell the controller; workers run on only for the orphan timeout")
+		hold = 0
+	}
+	s.mu.Lock()
+	w.handedOver = true
+	s.mu.Unlock()
+	if err := d.Detach(hold); err != nil {
+		// Its shim goes by the orphan timeout then, which is safe either way.
+		s.log.Error("handing workers over failed", zap.String("job", w.job), zap.Error(err))
+		return
+	}
+	s.log.Info("workers left running for the next agent", zap.String("job", w.job), zap.Uint64("generation", w.generation),
+		zap.Duration("restart_grace", s.restartGrace))
+}
+
+// OnHandover sets how the controller is told that workers are left running.
+func (s *Supervisor) OnHandover(announce func(hold time.Duration) bool) { s.announce = announce }
+
+func (w *worker) procDetacher() (detacher, bool) {
+	if w == nil {
+		return nil, false
+	}
+	d, ok := w.proc.(detacher)
+	return d, ok
+}
+
+// Adopt takes over the workers a previous agent on this node left running,
+// before the first registration reports them. Only one job runs on a node;
+// should several be found, the newest generation is kept.
+func (s *Supervisor) Adopt(found []Adopted) {
+	for _, f := range found {
+		a := &rdzvv1.Assignment{}
+		if err := proto.Unmarshal(f.Meta, a); err != nil || a.GetSpec().GetName() == "" {
+			s.log.Error("killing a worker whose assignment is unreadable", zap.Int("pid", f.Proc.Pid()), zap.Error(err))
+			_ = f.Proc.Kill(0)
+			continue
+		}
+		job, gen := a.GetSpec().GetName(), a.GetGeneration()
+		s.mu.Lock()
+		cur := s.cur
+		s.mu.Unlock()
+		if cur != nil && cur.generation >= gen {
+			s.log.Warn("killing an adopted worker of an older generation", zap.String("job", job), zap.Uint64("generation", gen))
+			_ = f.Proc.Kill(0)
+			continue
+		}
+		if cur != nil {
+			s.kill(fmt.Sprintf("replaced by adopted generation %d of job %s", gen, job), 0)
+		}
+		s.mu.Lock()
+		s.lastGen[job] = max(s.lastGen[job], gen)
+		s.mu.Unlock()
+		w := s.newWorker(a, f.Proc)
+		s.log.Info("adopted running workers", zap.String("job", job), zap.Uint64("generation", gen), zap.Int("pid", f.Proc.Pid()))
+		// Not announced as started: the registration reports it running,
+		// and it may well have ended while no agent was here.
+		s.supervise(w, a, false)
 	}
 }
 
@@ -190,25 +292,50 @@ func (s *Supervisor) assign(a *rdzvv1.Assignment) {
 		return
 	}
 	log.Info("workers started", zap.Int("pid", w.proc.Pid()), zap.String("master_addr", a.GetMasterAddr()), zap.Uint32("master_port", a.GetMasterPort()))
+	s.supervise(w, a, true)
+}
+
+// supervise makes w the running worker and watches it until it exits.
+func (s *Supervisor) supervise(w *worker, a *rdzvv1.Assignment, announce bool) {
+	spec := a.GetSpec()
 	// One node scans: the directory is shared, and every node reporting the
 	// same checkpoints would multiply the controller's work by the node count.
-	scan := spec.Checkpoint.Dir != "" && a.GetNodeRank() == 0
+	scan := spec.GetCheckpointDir() != "" && a.GetNodeRank() == 0
 	if scan {
 		w.scanStop, w.scanDone = make(chan struct{}), make(chan struct{})
 	}
 	s.mu.Lock()
 	s.cur = w
 	s.mu.Unlock()
-	s.emit(&rdzvv1.WorkerStatus{Job: job, Generation: gen, State: rdzvv1.WorkerState_WORKER_STATE_RUNNING})
+	if announce {
+		s.emit(&rdzvv1.WorkerStatus{Job: w.job, Generation: w.generation, State: rdzvv1.WorkerState_WORKER_STATE_RUNNING})
+	}
 	if scan {
-		go s.scanLoop(w, spec.Checkpoint.Dir, spec.Checkpoint.Markers)
+		go s.scanLoop(w, spec.GetCheckpointDir(), jobspec.FromProto(spec).Checkpoint.Markers)
 	}
 	go s.watch(w)
+}
+
+func (s *Supervisor) newWorker(a *rdzvv1.Assignment, proc Process) *worker {
+	job := a.GetSpec().GetName()
+	return &worker{job: job, generation: a.GetGeneration(), checkpointDir: a.GetSpec().GetCheckpointDir(), proc: proc, logPath: s.LogPath(job),
+		done: make(chan struct{}), reported: map[uint64]bool{}}
 }
 
 func (s *Supervisor) watch(w *worker) {
 	exit := w.proc.Wait()
 	exitedAt := timestamppb.Now()
+	s.mu.Lock()
+	handedOver := w.handedOver
+	s.mu.Unlock()
+	if handedOver {
+		if w.scanStop != nil {
+			close(w.scanStop)
+			<-w.scanDone
+		}
+		close(w.done)
+		return
+	}
 	// torchrun has exited; anything it left in its group (a worker that
 	// ignored its parent's death) still holds a GPU, so sweep the group.
 	if err := w.proc.Kill(0); err != nil {
@@ -225,6 +352,9 @@ func (s *Supervisor) watch(w *worker) {
 	s.mu.Unlock()
 	state := rdzvv1.WorkerState_WORKER_STATE_FAILED
 	msg := ""
+	if r, ok := w.proc.(exitReasoner); ok && reason == "" {
+		msg = r.Reason()
+	}
 	switch {
 	case reason != "":
 		state, msg = rdzvv1.WorkerState_WORKER_STATE_STOPPED, reason
@@ -243,6 +373,12 @@ func (s *Supervisor) watch(w *worker) {
 		zap.Int("exit_code", exit.Code), zap.String("signal", exit.Signal), zap.String("state", state.String()))
 	s.finished(w.job, w.generation, state, exit, msg, exitedAt)
 	close(w.done)
+}
+
+// exitReasoner is a worker whose end can have a cause of its own, such as a
+// shim that fenced workers nobody adopted.
+type exitReasoner interface {
+	Reason() string
 }
 
 func (s *Supervisor) stop(job string, gen uint64, reason string) {
@@ -351,12 +487,16 @@ func (s *Supervisor) start(a *rdzvv1.Assignment) (*worker, error) {
 	args := LauncherArgs(a)
 	fmt.Fprintf(out, "=== rdzv: job %s generation %d node %s rank %d/%d started %s: %s %s\n",
 		job, a.GetGeneration(), s.node, a.GetNodeRank(), a.GetNnodes(), time.Now().UTC().Format(time.RFC3339), torchrun, strings.Join(args, " "))
-	proc, err := s.spawner.Spawn(ProcessSpec{Path: torchrun, Args: args, Dir: workdir, Env: s.env(a), Output: out})
+	meta, err := proto.Marshal(a)
+	if err != nil {
+		return nil, fmt.Errorf("encoding the assignment: %w", err)
+	}
+	proc, err := s.spawner.Spawn(ProcessSpec{Path: torchrun, Args: args, Dir: workdir, Env: s.env(a), Output: out,
+		ID: fmt.Sprintf("%s.%d", job, a.GetGeneration()), Meta: meta, OrphanTimeout: time.Duration(s.orphanTimeout.Load())})
 	if err != nil {
 		return nil, err
 	}
-	return &worker{job: job, generation: a.GetGeneration(), checkpointDir: spec.GetCheckpointDir(), proc: proc, logPath: logPath,
-		done: make(chan struct{}), reported: map[uint64]bool{}}, nil
+	return s.newWorker(a, proc), nil
 }
 
 // LauncherArgs is the torchrun command line for an assignment: the

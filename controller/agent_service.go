@@ -77,6 +77,8 @@ func (a *agentService) Connect(stream rdzvv1.AgentService_ConnectServer) error {
 				sess.deliver(msg.PortProbeResult.GetRequestId(), m)
 			case *rdzvv1.ConnectRequest_LogChunk:
 				sess.deliver(msg.LogChunk.GetRequestId(), m)
+			case *rdzvv1.ConnectRequest_Restarting:
+				c.agentRestarting(c.runCtx, name, sess, msg.Restarting)
 			case *rdzvv1.ConnectRequest_Register:
 				log.Warn("ignoring repeated register on an open stream")
 			}
@@ -181,6 +183,9 @@ func (c *Controller) register(ctx context.Context, sess *session, reg *rdzvv1.Re
 	}
 	ns.session = sess
 	ns.lastSeen = now
+	// Heard from now on: neither a start-up grace nor a restart hold may
+	// delay noticing that it dies later.
+	ns.graceUntil = time.Time{}
 	sess.send(&rdzvv1.ConnectResponse{Msg: &rdzvv1.ConnectResponse_Registered{Registered: &rdzvv1.Registered{
 		HeartbeatIntervalMs: uint32(c.cfg.Heartbeat.Interval.Milliseconds()),
 		HeartbeatTimeoutMs:  uint32(c.cfg.Heartbeat.Timeout.Milliseconds()),
@@ -236,6 +241,30 @@ func (c *Controller) resumeAssignment(ctx context.Context, ns *nodeState, report
 			Job: ns.job, Generation: ns.generation, State: rdzvv1.WorkerState_WORKER_STATE_FAILED,
 			ExitCode: -1, Message: "agent reconnected without its workers",
 		})
+	}
+}
+
+// maxRestartHold bounds how long a restarting agent may keep its node from
+// being declared lost (the agent's own limit on restart_grace).
+const maxRestartHold = 5 * time.Minute
+
+// agentRestarting holds off declaring a node lost while its agent restarts:
+// its workers run on under their shims, which kill them if no agent adopts
+// them within the hold. The shims started counting before we heard of it, so
+// by the time we give up on the node its workers are gone.
+func (c *Controller) agentRestarting(ctx context.Context, node string, sess *session, r *rdzvv1.AgentRestarting) {
+	hold := min(time.Duration(r.GetHoldMs())*time.Millisecond, maxRestartHold)
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	ns := c.nodes[node]
+	if ns == nil || ns.session != sess {
+		return
+	}
+	ns.graceUntil = c.clock.Now().Add(hold)
+	c.log.Info("agent restarting, holding its node", zap.String("node", node), zap.String("job", ns.job), zap.Duration("hold", hold))
+	ev := c.event(ns.job, node, ns.generation, EventAgentRestarting, "agent on %s restarting; its workers run on for up to %s", node, hold)
+	if err := c.store.AppendEvent(ctx, ev); err != nil {
+		c.log.Error("recording agent restart failed", zap.String("node", node), zap.Error(err))
 	}
 }
 

@@ -288,4 +288,5 @@ const (
 	EventNodeCordoned        = "node_cordoned"
 	EventNodeUncordoned      = "node_uncordoned"
 	EventGPUFault            = "gpu_fault"
+	EventAgentRestarting     = "agent_restarting"
 )

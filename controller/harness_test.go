@@ -257,6 +257,22 @@ func (c *cluster) events(job string) []*rdzvv1.Event {
 }
 
 // waitJob polls until cond holds for the job and returns it.
+// waitEvent waits for an event of kind in job's history.
+func (c *cluster) waitEvent(job, kind string) *rdzvv1.Event {
+	c.t.Helper()
+	var found *rdzvv1.Event
+	poll(c.t, func() bool {
+		for _, ev := range c.events(job) {
+			if ev.GetKind() == kind {
+				found = ev
+				return true
+			}
+		}
+		return false
+	}, func() string { return fmt.Sprintf("no %s event for job %s", kind, job) })
+	return found
+}
+
 func (c *cluster) waitJob(name string, cond func(*rdzvv1.Job) bool) *rdzvv1.Job {
 	c.t.Helper()
 	var last *rdzvv1.Job
@@ -431,8 +447,9 @@ type fakeAgent struct {
 	ctx    context.Context
 }
 
-// connectFake registers a node named name with no GPUs on loopback.
-func (c *cluster) connectFake(name string) *fakeAgent {
+// connectFake registers a node named name with no GPUs on loopback, running
+// workers (as an agent that adopted them reports).
+func (c *cluster) connectFake(name string, workers ...*rdzvv1.WorkerStatus) *fakeAgent {
 	t := c.t
 	t.Helper()
 	conn, err := grpc.NewClient(c.addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
@@ -474,7 +491,7 @@ func (c *cluster) connectFake(name string) *fakeAgent {
 	})
 	f.send(&rdzvv1.ConnectRequest{Msg: &rdzvv1.ConnectRequest_Register{Register: &rdzvv1.Register{Node: &rdzvv1.NodeInfo{
 		Name: name, Address: "127.0.0.1", NcclInterface: "lo", AgentVersion: "fake",
-	}}}})
+	}, Workers: workers}}})
 	require.NotNil(t, f.next().GetRegistered())
 	return f
 }

@@ -748,3 +748,55 @@ func TestAgentRestartDuringJob(t *testing.T) {
 		})
 	}
 }
+
+// TestRestartingAgentKeepsItsNode: an agent that exits saying it restarts,
+// its workers left running under their shims, is not declared lost for the
+// hold it asked for, however silent. Back in time with its workers, the job
+// goes on in the same generation; not back, the node is lost once the hold
+// is over (by then the shims have killed the workers).
+func TestRestartingAgentKeepsItsNode(t *testing.T) {
+	const hold = 4 * heartbeatTimeout
+	tests := []struct {
+		name      string
+		comesBack bool
+	}{
+		{"back in time", true},
+		{"never back", false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			c := newCluster(t)
+			c.addAgent("node-a", 0, nil)
+			b := c.connectFake("node-b")
+			b.keepAlive()
+			c.startJob(c.spec("train", 2, 2, "hang"))
+			a := b.run()
+			c.waitRunning("train")
+
+			b.send(&rdzvv1.ConnectRequest{Msg: &rdzvv1.ConnectRequest_Restarting{Restarting: &rdzvv1.AgentRestarting{HoldMs: uint32(hold.Milliseconds())}}})
+			c.waitEvent("train", controller.EventAgentRestarting)
+			left := time.Now()
+			b.crash()
+			time.Sleep(2 * heartbeatTimeout)
+			require.Equal(t, rdzvv1.NodeState_NODE_STATE_BUSY, c.listNodes()["node-b"].GetState(), "held past the heartbeat timeout")
+			require.Equal(t, running, c.getJob("train").GetState())
+
+			if !tt.comesBack {
+				c.waitNode("node-b", func(n *rdzvv1.Node) bool { return n.GetState() == rdzvv1.NodeState_NODE_STATE_LOST })
+				require.GreaterOrEqual(t, time.Since(left), hold, "declared lost before the hold was over")
+				c.waitJobState("train", failed)
+				return
+			}
+			back := c.connectFake("node-b", &rdzvv1.WorkerStatus{Job: "train", Generation: a.GetGeneration(), State: rdzvv1.WorkerState_WORKER_STATE_RUNNING})
+			back.keepAlive()
+			// Past the hold, the node is judged by its heartbeats again.
+			time.Sleep(hold)
+			j := c.getJob("train")
+			require.Equal(t, running, j.GetState(), j.GetReason())
+			require.Equal(t, a.GetGeneration(), j.GetGeneration(), "no restart")
+			require.Zero(t, j.GetRestarts())
+			require.Equal(t, rdzvv1.NodeState_NODE_STATE_BUSY, c.listNodes()["node-b"].GetState())
+			require.Equal(t, rdzvv1.WorkerState_WORKER_STATE_RUNNING, assignment(t, j, "node-b").GetState())
+		})
+	}
+}

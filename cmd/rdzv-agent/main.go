@@ -2,6 +2,7 @@
 package main
 
 import (
+	"errors"
 	"flag"
 	"fmt"
 	"os"
@@ -16,6 +17,10 @@ import (
 )
 
 func main() {
+	if len(os.Args) > 1 && os.Args[1] == "shim" {
+		shim(os.Args[2:])
+		return
+	}
 	cfg, err := config(os.Args[1:])
 	if err != nil {
 		cli.Fatal("rdzv-agent", err)
@@ -30,11 +35,33 @@ func main() {
 	if cfg.FakeGPUs > 0 {
 		gpus, opts = gpu.Fake{Count: cfg.FakeGPUs, Node: cfg.NodeName}, nil
 	}
-	a, err := agent.New(cfg, log.Named("agent"), gpus, &netif.SystemDetector{}, agent.ExecSpawner{}, opts...)
+	exe, err := os.Executable()
+	if err != nil {
+		cli.Fatal("rdzv-agent", fmt.Errorf("finding the agent binary, which runs the worker shims: %w", err))
+	}
+	spawner := agent.ShimSpawner{Dir: filepath.Join(cfg.StateDir, "workers"), Command: []string{exe, "shim"}, Log: log.Named("shim")}
+	a, err := agent.New(cfg, log.Named("agent"), gpus, &netif.SystemDetector{}, spawner, opts...)
 	if err != nil {
 		cli.Fatal("rdzv-agent", err)
 	}
 	cli.RunDaemon("rdzv-agent", log, a)
+}
+
+// shim runs one worker's shim (see agent.Shim); the agent starts it.
+func shim(args []string) {
+	fs := flag.NewFlagSet("rdzv-agent shim", flag.ContinueOnError)
+	dir := fs.String("dir", "", "the shim's directory, prepared by the agent")
+	if err := fs.Parse(args); err != nil {
+		cli.Fatal("rdzv-agent shim", err)
+	}
+	if *dir == "" {
+		cli.Fatal("rdzv-agent shim", errors.New("--dir is required"))
+	}
+	log, err := cli.NewLogger("info")
+	if err != nil {
+		cli.Fatal("rdzv-agent shim", err)
+	}
+	cli.RunDaemon("rdzv-agent shim", log, agent.Shim{Dir: *dir, Ready: os.Stdout, Log: log.Named("shim")})
 }
 
 func config(args []string) (agent.Config, error) {
@@ -49,6 +76,7 @@ func config(args []string) (agent.Config, error) {
 	fake := fs.Int("fake-gpus", 0, "pretend to have N GPUs, for scheduling tests on CPU hosts")
 	stateDir := fs.String("state-dir", def.StateDir, "directory for job logs and scratch workdirs")
 	grace := fs.Duration("stop-grace", def.StopGrace.Duration, "time between SIGTERM and SIGKILL when stopping workers")
+	restartGrace := fs.Duration("restart-grace", def.RestartGrace.Duration, "how long workers run on after the agent stops, for the next agent to adopt them (0: stop them with the agent)")
 	level := fs.String("log-level", def.LogLevel, "debug, info, warn or error")
 	if err := fs.Parse(args); err != nil {
 		return def, err
@@ -102,6 +130,9 @@ func config(args []string) (agent.Config, error) {
 	}
 	if set["stop-grace"] {
 		cfg.StopGrace.Duration = *grace
+	}
+	if set["restart-grace"] {
+		cfg.RestartGrace.Duration = *restartGrace
 	}
 	if set["log-level"] {
 		cfg.LogLevel = *level

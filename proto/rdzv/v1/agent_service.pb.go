@@ -35,6 +35,7 @@ type ConnectRequest struct {
 	//	*ConnectRequest_Checkpoint
 	//	*ConnectRequest_GossipView
 	//	*ConnectRequest_GpuFault
+	//	*ConnectRequest_Restarting
 	Msg           isConnectRequest_Msg `protobuf_oneof:"msg"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -158,6 +159,15 @@ func (x *ConnectRequest) GetGpuFault() *GPUFault {
 	return nil
 }
 
+func (x *ConnectRequest) GetRestarting() *AgentRestarting {
+	if x != nil {
+		if x, ok := x.Msg.(*ConnectRequest_Restarting); ok {
+			return x.Restarting
+		}
+	}
+	return nil
+}
+
 type isConnectRequest_Msg interface {
 	isConnectRequest_Msg()
 }
@@ -198,6 +208,10 @@ type ConnectRequest_GpuFault struct {
 	GpuFault *GPUFault `protobuf:"bytes,9,opt,name=gpu_fault,json=gpuFault,proto3,oneof"`
 }
 
+type ConnectRequest_Restarting struct {
+	Restarting *AgentRestarting `protobuf:"bytes,10,opt,name=restarting,proto3,oneof"`
+}
+
 func (*ConnectRequest_Register) isConnectRequest_Msg() {}
 
 func (*ConnectRequest_Heartbeat) isConnectRequest_Msg() {}
@@ -215,6 +229,8 @@ func (*ConnectRequest_Checkpoint) isConnectRequest_Msg() {}
 func (*ConnectRequest_GossipView) isConnectRequest_Msg() {}
 
 func (*ConnectRequest_GpuFault) isConnectRequest_Msg() {}
+
+func (*ConnectRequest_Restarting) isConnectRequest_Msg() {}
 
 type ConnectResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -1336,11 +1352,59 @@ func (x *LogChunk) GetError() string {
 	return ""
 }
 
+// AgentRestarting is the last message of an agent that exits (systemd
+// restart, upgrade) while leaving its workers running under their shims.
+// The workers fence themselves unless an agent adopts them within hold_ms,
+// so the controller holds off declaring the node lost until then.
+type AgentRestarting struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	HoldMs        uint32                 `protobuf:"varint,1,opt,name=hold_ms,json=holdMs,proto3" json:"hold_ms,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *AgentRestarting) Reset() {
+	*x = AgentRestarting{}
+	mi := &file_rdzv_v1_agent_service_proto_msgTypes[17]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *AgentRestarting) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*AgentRestarting) ProtoMessage() {}
+
+func (x *AgentRestarting) ProtoReflect() protoreflect.Message {
+	mi := &file_rdzv_v1_agent_service_proto_msgTypes[17]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use AgentRestarting.ProtoReflect.Descriptor instead.
+func (*AgentRestarting) Descriptor() ([]byte, []int) {
+	return file_rdzv_v1_agent_service_proto_rawDescGZIP(), []int{17}
+}
+
+func (x *AgentRestarting) GetHoldMs() uint32 {
+	if x != nil {
+		return x.HoldMs
+	}
+	return 0
+}
+
 var File_rdzv_v1_agent_service_proto protoreflect.FileDescriptor
 
 const file_rdzv_v1_agent_service_proto_rawDesc = "" +
 	"\n" +
-	"\x1brdzv/v1/agent_service.proto\x12\ardzv.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x11rdzv/v1/job.proto\x1a\x12rdzv/v1/node.proto\"\x8c\x04\n" +
+	"\x1brdzv/v1/agent_service.proto\x12\ardzv.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x11rdzv/v1/job.proto\x1a\x12rdzv/v1/node.proto\"\xc8\x04\n" +
 	"\x0eConnectRequest\x12/\n" +
 	"\bregister\x18\x01 \x01(\v2\x11.rdzv.v1.RegisterH\x00R\bregister\x122\n" +
 	"\theartbeat\x18\x02 \x01(\v2\x12.rdzv.v1.HeartbeatH\x00R\theartbeat\x12<\n" +
@@ -1353,7 +1417,11 @@ const file_rdzv_v1_agent_service_proto_rawDesc = "" +
 	"checkpoint\x126\n" +
 	"\vgossip_view\x18\b \x01(\v2\x13.rdzv.v1.GossipViewH\x00R\n" +
 	"gossipView\x120\n" +
-	"\tgpu_fault\x18\t \x01(\v2\x11.rdzv.v1.GPUFaultH\x00R\bgpuFaultB\x05\n" +
+	"\tgpu_fault\x18\t \x01(\v2\x11.rdzv.v1.GPUFaultH\x00R\bgpuFault\x12:\n" +
+	"\n" +
+	"restarting\x18\n" +
+	" \x01(\v2\x18.rdzv.v1.AgentRestartingH\x00R\n" +
+	"restartingB\x05\n" +
 	"\x03msg\"\x98\x03\n" +
 	"\x0fConnectResponse\x125\n" +
 	"\n" +
@@ -1449,7 +1517,9 @@ const file_rdzv_v1_agent_service_proto_rawDesc = "" +
 	"request_id\x18\x01 \x01(\tR\trequestId\x12\x12\n" +
 	"\x04data\x18\x02 \x01(\fR\x04data\x12\x10\n" +
 	"\x03eof\x18\x03 \x01(\bR\x03eof\x12\x14\n" +
-	"\x05error\x18\x04 \x01(\tR\x05error2P\n" +
+	"\x05error\x18\x04 \x01(\tR\x05error\"*\n" +
+	"\x0fAgentRestarting\x12\x17\n" +
+	"\ahold_ms\x18\x01 \x01(\rR\x06holdMs2P\n" +
 	"\fAgentService\x12@\n" +
 	"\aConnect\x12\x17.rdzv.v1.ConnectRequest\x1a\x18.rdzv.v1.ConnectResponse(\x010\x01B\x88\x01\n" +
 	"\vcom.rdzv.v1B\x11AgentServiceProtoP\x01Z)github.com/rdzv/rdzv/proto/rdzv/v1;rdzvv1\xa2\x02\x03RXX\xaa\x02\aRdzv.V1\xca\x02\aRdzv\\V1\xe2\x02\x13Rdzv\\V1\\GPBMetadata\xea\x02\bRdzv::V1b\x06proto3"
@@ -1466,7 +1536,7 @@ func file_rdzv_v1_agent_service_proto_rawDescGZIP() []byte {
 	return file_rdzv_v1_agent_service_proto_rawDescData
 }
 
-var file_rdzv_v1_agent_service_proto_msgTypes = make([]protoimpl.MessageInfo, 17)
+var file_rdzv_v1_agent_service_proto_msgTypes = make([]protoimpl.MessageInfo, 18)
 var file_rdzv_v1_agent_service_proto_goTypes = []any{
 	(*ConnectRequest)(nil),        // 0: rdzv.v1.ConnectRequest
 	(*ConnectResponse)(nil),       // 1: rdzv.v1.ConnectResponse
@@ -1485,10 +1555,11 @@ var file_rdzv_v1_agent_service_proto_goTypes = []any{
 	(*LogTail)(nil),               // 14: rdzv.v1.LogTail
 	(*LogCancel)(nil),             // 15: rdzv.v1.LogCancel
 	(*LogChunk)(nil),              // 16: rdzv.v1.LogChunk
-	(*Assignment)(nil),            // 17: rdzv.v1.Assignment
-	(*NodeInfo)(nil),              // 18: rdzv.v1.NodeInfo
-	(*timestamppb.Timestamp)(nil), // 19: google.protobuf.Timestamp
-	(WorkerState)(0),              // 20: rdzv.v1.WorkerState
+	(*AgentRestarting)(nil),       // 17: rdzv.v1.AgentRestarting
+	(*Assignment)(nil),            // 18: rdzv.v1.Assignment
+	(*NodeInfo)(nil),              // 19: rdzv.v1.NodeInfo
+	(*timestamppb.Timestamp)(nil), // 20: google.protobuf.Timestamp
+	(WorkerState)(0),              // 21: rdzv.v1.WorkerState
 }
 var file_rdzv_v1_agent_service_proto_depIdxs = []int32{
 	2,  // 0: rdzv.v1.ConnectRequest.register:type_name -> rdzv.v1.Register
@@ -1500,26 +1571,27 @@ var file_rdzv_v1_agent_service_proto_depIdxs = []int32{
 	10, // 6: rdzv.v1.ConnectRequest.checkpoint:type_name -> rdzv.v1.CheckpointReport
 	6,  // 7: rdzv.v1.ConnectRequest.gossip_view:type_name -> rdzv.v1.GossipView
 	4,  // 8: rdzv.v1.ConnectRequest.gpu_fault:type_name -> rdzv.v1.GPUFault
-	3,  // 9: rdzv.v1.ConnectResponse.registered:type_name -> rdzv.v1.Registered
-	17, // 10: rdzv.v1.ConnectResponse.assignment:type_name -> rdzv.v1.Assignment
-	11, // 11: rdzv.v1.ConnectResponse.stop_workers:type_name -> rdzv.v1.StopWorkers
-	12, // 12: rdzv.v1.ConnectResponse.port_probe:type_name -> rdzv.v1.PortProbe
-	14, // 13: rdzv.v1.ConnectResponse.log_tail:type_name -> rdzv.v1.LogTail
-	15, // 14: rdzv.v1.ConnectResponse.log_cancel:type_name -> rdzv.v1.LogCancel
-	5,  // 15: rdzv.v1.ConnectResponse.heartbeat_ack:type_name -> rdzv.v1.HeartbeatAck
-	18, // 16: rdzv.v1.Register.node:type_name -> rdzv.v1.NodeInfo
-	8,  // 17: rdzv.v1.Register.workers:type_name -> rdzv.v1.WorkerStatus
-	19, // 18: rdzv.v1.GPUFault.at:type_name -> google.protobuf.Timestamp
-	20, // 19: rdzv.v1.WorkerStatus.state:type_name -> rdzv.v1.WorkerState
-	19, // 20: rdzv.v1.WorkerStatus.exited_at:type_name -> google.protobuf.Timestamp
-	19, // 21: rdzv.v1.Progress.at:type_name -> google.protobuf.Timestamp
-	0,  // 22: rdzv.v1.AgentService.Connect:input_type -> rdzv.v1.ConnectRequest
-	1,  // 23: rdzv.v1.AgentService.Connect:output_type -> rdzv.v1.ConnectResponse
-	23, // [23:24] is the sub-list for method output_type
-	22, // [22:23] is the sub-list for method input_type
-	22, // [22:22] is the sub-list for extension type_name
-	22, // [22:22] is the sub-list for extension extendee
-	0,  // [0:22] is the sub-list for field type_name
+	17, // 9: rdzv.v1.ConnectRequest.restarting:type_name -> rdzv.v1.AgentRestarting
+	3,  // 10: rdzv.v1.ConnectResponse.registered:type_name -> rdzv.v1.Registered
+	18, // 11: rdzv.v1.ConnectResponse.assignment:type_name -> rdzv.v1.Assignment
+	11, // 12: rdzv.v1.ConnectResponse.stop_workers:type_name -> rdzv.v1.StopWorkers
+	12, // 13: rdzv.v1.ConnectResponse.port_probe:type_name -> rdzv.v1.PortProbe
+	14, // 14: rdzv.v1.ConnectResponse.log_tail:type_name -> rdzv.v1.LogTail
+	15, // 15: rdzv.v1.ConnectResponse.log_cancel:type_name -> rdzv.v1.LogCancel
+	5,  // 16: rdzv.v1.ConnectResponse.heartbeat_ack:type_name -> rdzv.v1.HeartbeatAck
+	19, // 17: rdzv.v1.Register.node:type_name -> rdzv.v1.NodeInfo
+	8,  // 18: rdzv.v1.Register.workers:type_name -> rdzv.v1.WorkerStatus
+	20, // 19: rdzv.v1.GPUFault.at:type_name -> google.protobuf.Timestamp
+	21, // 20: rdzv.v1.WorkerStatus.state:type_name -> rdzv.v1.WorkerState
+	20, // 21: rdzv.v1.WorkerStatus.exited_at:type_name -> google.protobuf.Timestamp
+	20, // 22: rdzv.v1.Progress.at:type_name -> google.protobuf.Timestamp
+	0,  // 23: rdzv.v1.AgentService.Connect:input_type -> rdzv.v1.ConnectRequest
+	1,  // 24: rdzv.v1.AgentService.Connect:output_type -> rdzv.v1.ConnectResponse
+	24, // [24:25] is the sub-list for method output_type
+	23, // [23:24] is the sub-list for method input_type
+	23, // [23:23] is the sub-list for extension type_name
+	23, // [23:23] is the sub-list for extension extendee
+	0,  // [0:23] is the sub-list for field type_name
 }
 
 func init() { file_rdzv_v1_agent_service_proto_init() }
@@ -1539,6 +1611,7 @@ func file_rdzv_v1_agent_service_proto_init() {
 		(*ConnectRequest_Checkpoint)(nil),
 		(*ConnectRequest_GossipView)(nil),
 		(*ConnectRequest_GpuFault)(nil),
+		(*ConnectRequest_Restarting)(nil),
 	}
 	file_rdzv_v1_agent_service_proto_msgTypes[1].OneofWrappers = []any{
 		(*ConnectResponse_Registered)(nil),
@@ -1555,7 +1628,7 @@ func file_rdzv_v1_agent_service_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_rdzv_v1_agent_service_proto_rawDesc), len(file_rdzv_v1_agent_service_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   17,
+			NumMessages:   18,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -1,0 +1,293 @@
+package agent
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"path/filepath"
+	"time"
+
+	"go.uber.org/zap"
+)
+
+// A shim is a small process (`rdzv-agent shim --dir DIR`) between the agent
+// and one torchrun. It owns the launcher's process group and its exit
+// status, so the agent can exit (systemd restart, upgrade) while training
+// goes on, and a new agent adopts the workers through the shim's socket.
+// While no agent is attached the shim counts down; if none attaches in time
+// it SIGKILLs the group, so workers never outlive their supervision for
+// longer than the controller waits before moving the job on.
+//
+// Files in DIR: spec.json (the agent's, what to run), meta (the agent's,
+// opaque to the shim: the assignment), shim.sock, state.json (the
+// launcher's pid) and exit.json (written once the group is gone), shim.log.
+const (
+	shimSpecFile  = "spec.json"
+	shimMetaFile  = "meta"
+	shimSocket    = "shim.sock"
+	shimStateFile = "state.json"
+	shimExitFile  = "exit.json"
+	shimLogFile   = "shim.log"
+	// shimTermGrace is the workers' SIGTERM grace when the shim itself is
+	// told to stop (a node shutting down).
+	shimTermGrace = 10 * time.Second
+	// shimReady is the first line the shim prints once its socket listens.
+	shimReady = "ready"
+)
+
+// shimSpec is what the agent asks a shim to run.
+type shimSpec struct {
+	Path string   `json:"path"`
+	Args []string `json:"args"`
+	Dir  string   `json:"dir"`
+	Env  []string `json:"env"`
+	// LogPath receives the launcher's stdout and stderr (appended).
+	LogPath string `json:"log_path"`
+	// OrphanTimeout is how long the workers run on after their agent
+	// vanished without a word (a crash) before the shim kills them.
+	OrphanTimeout time.Duration `json:"orphan_timeout"`
+}
+
+// shimRequest is a line from the agent.
+type shimRequest struct {
+	// Op is "attach", "kill" or "hold".
+	Op string `json:"op"`
+	// Grace is the SIGTERM grace of a kill.
+	Grace time.Duration `json:"grace,omitempty"`
+	// Hold replaces the orphan timeout for the coming disconnect: the agent
+	// is about to exit on purpose and its successor adopts the workers.
+	Hold time.Duration `json:"hold,omitempty"`
+}
+
+// shimStatus is a line from the shim: the answer to every request, and
+// pushed when the launcher's group is gone.
+type shimStatus struct {
+	Pid    int    `json:"pid"`
+	Exited bool   `json:"exited"`
+	Exit   Exit   `json:"exit"`
+	Reason string `json:"reason,omitempty"`
+}
+
+// Shim is the `rdzv-agent shim` daemon.
+type Shim struct {
+	// Dir is the shim's directory, prepared by the agent.
+	Dir string
+	// Ready receives the ready line (the shim's stdout) and is closed after.
+	Ready *os.File
+	Log   *zap.Logger
+}
+
+// Run starts the launcher and serves the agent until the launcher's process
+// group is gone.
+func (sh Shim) Run(ctx context.Context) error {
+	dir, ready, log := sh.Dir, sh.Ready, sh.Log
+	var spec shimSpec
+	if err := readJSON(filepath.Join(dir, shimSpecFile), &spec); err != nil {
+		return err
+	}
+	out, err := os.OpenFile(spec.LogPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+	if err != nil {
+		return fmt.Errorf("opening job log: %w", err)
+	}
+	defer out.Close()
+	sock := filepath.Join(dir, shimSocket)
+	_ = os.Remove(sock) // a crashed shim's
+	var ln net.Listener
+	err = viaDirFD(dir, func(path string) (err error) {
+		ln, err = net.Listen("unix", path)
+		return err
+	})
+	if err != nil {
+		return fmt.Errorf("listening on %s: %w", sock, err)
+	}
+	defer ln.Close()
+	proc, err := ExecSpawner{}.Spawn(ProcessSpec{Path: spec.Path, Args: spec.Args, Dir: spec.Dir, Env: spec.Env, Output: out})
+	if err != nil {
+		return err
+	}
+	if err := writeJSON(filepath.Join(dir, shimStateFile), shimStatus{Pid: proc.Pid()}); err != nil {
+		_ = proc.Kill(0)
+		return err
+	}
+	fmt.Fprintf(ready, "%s %d\n", shimReady, proc.Pid())
+	ready.Close()
+	log = log.With(zap.Int("pid", proc.Pid()))
+	log.Info("launcher started", zap.String("path", spec.Path))
+	s := &shimServer{dir: dir, spec: spec, proc: proc, log: log, conns: make(chan net.Conn), reqs: make(chan connRequest), gone: make(chan net.Conn)}
+	go s.accept(ln)
+	return s.run(ctx)
+}
+
+type shimServer struct {
+	dir   string
+	spec  shimSpec
+	proc  Process
+	log   *zap.Logger
+	conns chan net.Conn
+	reqs  chan connRequest
+	gone  chan net.Conn
+}
+
+type connRequest struct {
+	conn net.Conn
+	req  shimRequest
+}
+
+func (s *shimServer) accept(ln net.Listener) {
+	for {
+		conn, err := ln.Accept()
+		if err != nil {
+			return // closed when the shim ends
+		}
+		s.conns <- conn
+	}
+}
+
+func (s *shimServer) read(conn net.Conn) {
+	sc := bufio.NewScanner(conn)
+	for sc.Scan() {
+		var req shimRequest
+		if err := json.Unmarshal(sc.Bytes(), &req); err != nil {
+			s.log.Warn("ignoring malformed request", zap.Error(err))
+			continue
+		}
+		s.reqs <- connRequest{conn, req}
+	}
+	s.gone <- conn
+}
+
+// run serves the agent until the launcher's group is gone. One agent is
+// attached at a time; a newer one replaces the older.
+func (s *shimServer) run(ctx context.Context) error {
+	exited := make(chan shimStatus, 1)
+	go func() {
+		exit := s.proc.Wait()
+		// torchrun is gone; sweep whatever it left in its group before
+		// saying the workers are gone.
+		if err := s.proc.Kill(0); err != nil {
+			s.log.Error("workers left behind", zap.Error(err))
+		}
+		exited <- shimStatus{Pid: s.proc.Pid(), Exited: true, Exit: exit}
+	}()
+	var (
+		owner   net.Conn
+		hold    time.Duration
+		reason  string
+		orphan  <-chan time.Time
+		killing bool
+	)
+	kill := func(grace time.Duration, why string) {
+		if killing {
+			return
+		}
+		killing, reason = true, why
+		go func() { _ = s.proc.Kill(grace) }()
+	}
+	orphaned := func() {
+		timeout := s.spec.OrphanTimeout
+		if hold > 0 {
+			timeout, hold = hold, 0
+		}
+		s.log.Info("agent detached", zap.Duration("orphan_timeout", timeout))
+		orphan = time.After(timeout)
+	}
+	// Until the agent that started us attaches, we are as good as orphaned.
+	orphaned()
+	for {
+		select {
+		case conn := <-s.conns:
+			if owner != nil {
+				owner.Close()
+			}
+			owner, orphan = conn, nil
+			go s.read(conn)
+		case r := <-s.reqs:
+			if r.conn != owner {
+				continue
+			}
+			switch r.req.Op {
+			case "kill":
+				kill(r.req.Grace, "")
+			case "hold":
+				hold = r.req.Hold
+			}
+			s.send(owner, shimStatus{Pid: s.proc.Pid()})
+		case conn := <-s.gone:
+			conn.Close()
+			if conn == owner {
+				owner = nil
+				orphaned()
+			}
+		case <-orphan:
+			s.log.Warn("no agent attached in time, fencing workers")
+			kill(0, "fenced: no agent adopted the workers in time")
+		case <-ctx.Done():
+			kill(shimTermGrace, "shim terminated")
+			ctx = context.Background() // once
+		case st := <-exited:
+			st.Reason = reason
+			if err := writeJSON(filepath.Join(s.dir, shimExitFile), st); err != nil {
+				s.log.Error("recording exit status failed", zap.Error(err))
+			}
+			if owner != nil {
+				s.send(owner, st)
+				owner.Close()
+			}
+			s.log.Info("launcher exited", zap.Int("exit_code", st.Exit.Code), zap.String("signal", st.Exit.Signal), zap.String("reason", reason))
+			return nil
+		}
+	}
+}
+
+func (s *shimServer) send(conn net.Conn, st shimStatus) {
+	b, _ := json.Marshal(st)
+	_ = conn.SetWriteDeadline(time.Now().Add(5 * time.Second))
+	if _, err := conn.Write(append(b, '\n')); err != nil {
+		s.log.Warn("writing to agent failed", zap.Error(err))
+	}
+}
+
+func readJSON(path string, v any) error {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return fmt.Errorf("reading %s: %w", path, err)
+	}
+	if err := json.Unmarshal(b, v); err != nil {
+		return fmt.Errorf("parsing %s: %w", path, err)
+	}
+	return nil
+}
+
+// writeJSON replaces path atomically, so a reader never sees half a file.
+func writeJSON(path string, v any) error {
+	b, err := json.Marshal(v)
+	if err != nil {
+		return err
+	}
+	tmp := path + ".tmp"
+	if err := os.WriteFile(tmp, b, 0o600); err != nil {
+		return fmt.Errorf("writing %s: %w", tmp, err)
+	}
+	if err := os.Rename(tmp, path); err != nil {
+		return fmt.Errorf("renaming %s: %w", tmp, err)
+	}
+	return nil
+}
+
+// viaDirFD calls f with a short path to dir's shim socket. A socket path
+// is limited to 107 bytes, less than a state directory plus a job name may
+// take; through an open descriptor of the directory it always fits.
+func viaDirFD(dir string, f func(path string) error) error {
+	d, err := os.Open(dir)
+	if err != nil {
+		return err
+	}
+	defer d.Close()
+	return f(fmt.Sprintf("/proc/self/fd/%d/%s", d.Fd(), shimSocket))
+}
+
+var errShimGone = errors.New("shim vanished without an exit status")

@@ -1,0 +1,377 @@
+package agent
+
+import (
+	"bufio"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"go.uber.org/zap"
+)
+
+const (
+	// shimStartTimeout bounds the wait for a new shim's ready line.
+	shimStartTimeout = 30 * time.Second
+	// shimRequestTimeout bounds a request that needs no kill.
+	shimRequestTimeout = 5 * time.Second
+)
+
+// ShimSpawner runs each launcher under its own shim process, so workers
+// survive an agent restart and a new agent can adopt them.
+type ShimSpawner struct {
+	// Dir holds one directory per shim (<state_dir>/workers).
+	Dir string
+	// Command starts a shim; "--dir DIR" is appended. In production it is
+	// the agent's own binary with the "shim" subcommand.
+	Command []string
+	Log     *zap.Logger
+}
+
+// Spawn starts a shim for spec, which starts the launcher, and attaches to it.
+func (s ShimSpawner) Spawn(spec ProcessSpec) (Process, error) {
+	if spec.ID == "" || strings.ContainsAny(spec.ID, `/\`) || spec.ID == "." || spec.ID == ".." {
+		return nil, fmt.Errorf("invalid worker id %q", spec.ID)
+	}
+	dir := filepath.Join(s.Dir, spec.ID)
+	if err := os.RemoveAll(dir); err != nil {
+		return nil, fmt.Errorf("clearing shim directory: %w", err)
+	}
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return nil, fmt.Errorf("creating shim directory: %w", err)
+	}
+	logPath, ok := spec.Output.(interface{ Name() string })
+	if !ok {
+		return nil, errors.New("a shim's output must be a file")
+	}
+	ss := shimSpec{Path: spec.Path, Args: spec.Args, Dir: spec.Dir, Env: spec.Env, LogPath: logPath.Name(), OrphanTimeout: spec.OrphanTimeout}
+	if err := writeJSON(filepath.Join(dir, shimSpecFile), ss); err != nil {
+		return nil, err
+	}
+	if err := os.WriteFile(filepath.Join(dir, shimMetaFile), spec.Meta, 0o600); err != nil {
+		return nil, fmt.Errorf("writing worker metadata: %w", err)
+	}
+	shimLog, err := os.OpenFile(filepath.Join(dir, shimLogFile), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
+	if err != nil {
+		return nil, fmt.Errorf("opening shim log: %w", err)
+	}
+	defer shimLog.Close()
+	cmd := exec.Command(s.Command[0], append(append([]string(nil), s.Command[1:]...), "--dir", dir)...)
+	cmd.Stderr = shimLog
+	// Its own session: neither a terminal's Ctrl-C nor a signal to the
+	// agent's process group reaches it.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		return nil, err
+	}
+	if err := cmd.Start(); err != nil {
+		return nil, fmt.Errorf("starting shim: %w", err)
+	}
+	// Reaped here while this agent lives; init reaps it after.
+	reaped := make(chan struct{})
+	go func() {
+		_ = cmd.Wait()
+		close(reaped)
+	}()
+	line := make(chan string, 1)
+	go func() {
+		l, _ := bufio.NewReader(stdout).ReadString('\n')
+		line <- strings.TrimSpace(l)
+	}()
+	select {
+	case l := <-line:
+		if !strings.HasPrefix(l, shimReady+" ") {
+			_ = cmd.Process.Kill()
+			return nil, fmt.Errorf("shim failed to start the launcher: %s", lastLine(filepath.Join(dir, shimLogFile)))
+		}
+	case <-time.After(shimStartTimeout):
+		_ = cmd.Process.Kill()
+		return nil, fmt.Errorf("shim not ready after %s: %s", shimStartTimeout, lastLine(filepath.Join(dir, shimLogFile)))
+	}
+	p, err := attachShim(dir, reaped, s.Log)
+	if err != nil {
+		return nil, err
+	}
+	return p, nil
+}
+
+// Adopted is a worker a previous agent left behind.
+type Adopted struct {
+	// Meta is what was passed as ProcessSpec.Meta.
+	Meta []byte
+	Proc Process
+}
+
+// Adopt attaches to every shim a previous agent left, and returns the
+// workers of those that already ended with their exit status.
+func (s ShimSpawner) Adopt() ([]Adopted, error) {
+	entries, err := os.ReadDir(s.Dir)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("listing shims: %w", err)
+	}
+	var out []Adopted
+	for _, e := range entries {
+		if !e.IsDir() {
+			continue
+		}
+		dir := filepath.Join(s.Dir, e.Name())
+		meta, err := os.ReadFile(filepath.Join(dir, shimMetaFile))
+		if err != nil {
+			s.Log.Warn("removing an unreadable shim directory", zap.String("dir", dir), zap.Error(err))
+			_ = os.RemoveAll(dir)
+			continue
+		}
+		p, err := attachShim(dir, nil, s.Log)
+		if err != nil {
+			// The shim is gone: its exit file says how the workers ended,
+			// or, if it died first, sweep its launcher's group ourselves.
+			p = endedShim(dir, s.Log)
+		}
+		out = append(out, Adopted{Meta: meta, Proc: p})
+	}
+	return out, nil
+}
+
+func lastLine(path string) string {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return err.Error()
+	}
+	lines := strings.Split(strings.TrimSpace(string(b)), "\n")
+	return lines[len(lines)-1]
+}
+
+// shimProcess is the agent's handle on a shim.
+type shimProcess struct {
+	dir  string
+	log  *zap.Logger
+	pid  int
+	done chan struct{}
+
+	// reaped, for a shim this agent started, is closed once it has exited.
+	reaped chan struct{}
+
+	mu       sync.Mutex
+	conn     net.Conn
+	exit     Exit
+	reason   string
+	detached bool
+	replies  chan shimStatus
+}
+
+// attachShim connects to the shim in dir; reaped is closed when it exits,
+// if this agent started it, and nil otherwise.
+func attachShim(dir string, reaped chan struct{}, log *zap.Logger) (*shimProcess, error) {
+	var conn net.Conn
+	err := viaDirFD(dir, func(path string) (err error) {
+		conn, err = net.DialTimeout("unix", path, shimRequestTimeout)
+		return err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("connecting to shim: %w", err)
+	}
+	p := &shimProcess{dir: dir, log: log, conn: conn, reaped: reaped, done: make(chan struct{}), replies: make(chan shimStatus, 1)}
+	statuses := make(chan shimStatus, 4)
+	go p.read(statuses)
+	if err := p.request(shimRequest{Op: "attach"}); err != nil {
+		conn.Close()
+		return nil, err
+	}
+	select {
+	case st := <-statuses:
+		p.pid = st.Pid
+	case <-time.After(shimRequestTimeout):
+		conn.Close()
+		return nil, errors.New("shim did not answer attach")
+	case <-p.done:
+	}
+	go p.forward(statuses)
+	return p, nil
+}
+
+// endedShim stands for a shim that is no longer there.
+func endedShim(dir string, log *zap.Logger) *shimProcess {
+	p := &shimProcess{dir: dir, log: log, done: make(chan struct{})}
+	var st shimStatus
+	if err := readJSON(filepath.Join(dir, shimExitFile), &st); err == nil {
+		p.pid = st.Pid
+		p.finish(st)
+		return p
+	}
+	p.lost()
+	return p
+}
+
+func (p *shimProcess) read(statuses chan<- shimStatus) {
+	defer close(statuses)
+	sc := bufio.NewScanner(p.conn)
+	for sc.Scan() {
+		var st shimStatus
+		if err := json.Unmarshal(sc.Bytes(), &st); err != nil {
+			continue
+		}
+		if st.Exited {
+			p.finish(st)
+			return
+		}
+		statuses <- st
+	}
+	p.mu.Lock()
+	detached := p.detached
+	p.mu.Unlock()
+	if detached {
+		return
+	}
+	// The shim died without a word (or was replaced by another agent's
+	// attach): its exit file, if any, has the status.
+	var st shimStatus
+	if err := readJSON(filepath.Join(p.dir, shimExitFile), &st); err == nil {
+		p.finish(st)
+		return
+	}
+	p.lost()
+}
+
+func (p *shimProcess) forward(statuses <-chan shimStatus) {
+	for st := range statuses {
+		select {
+		case p.replies <- st:
+		default:
+		}
+	}
+}
+
+// lost handles a shim that vanished without recording an exit: whatever is
+// left of its launcher's group is killed here, so nothing runs unsupervised.
+func (p *shimProcess) lost() {
+	pid := p.pid
+	if pid == 0 {
+		var st shimStatus
+		if err := readJSON(filepath.Join(p.dir, shimStateFile), &st); err == nil {
+			pid = st.Pid
+		}
+	}
+	if pid > 0 {
+		_ = syscall.Kill(-pid, syscall.SIGKILL)
+	}
+	p.log.Error("worker shim vanished, killed its process group", zap.String("dir", p.dir), zap.Int("pid", pid))
+	p.finish(shimStatus{Pid: pid, Exited: true, Exit: Exit{Code: -1, Signal: "unknown"}, Reason: errShimGone.Error()})
+}
+
+// shimExitWait bounds the wait for a shim to exit after its last word.
+const shimExitWait = 5 * time.Second
+
+func (p *shimProcess) finish(st shimStatus) {
+	// The shim exits right after reporting; once it has, nothing of this
+	// worker is left on the node.
+	if p.reaped != nil {
+		select {
+		case <-p.reaped:
+		case <-time.After(shimExitWait):
+		}
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	select {
+	case <-p.done:
+		return
+	default:
+	}
+	p.exit, p.reason = st.Exit, st.Reason
+	if p.conn != nil {
+		p.conn.Close()
+	}
+	// The status now lives in this agent, unless it is handing the workers
+	// over: then the exit file is for its successor.
+	if !p.detached {
+		_ = os.RemoveAll(p.dir)
+	}
+	close(p.done)
+}
+
+func (p *shimProcess) request(req shimRequest) error {
+	b, _ := json.Marshal(req)
+	p.mu.Lock()
+	conn := p.conn
+	p.mu.Unlock()
+	if conn == nil {
+		return errShimGone
+	}
+	_ = conn.SetWriteDeadline(time.Now().Add(shimRequestTimeout))
+	if _, err := conn.Write(append(b, '\n')); err != nil {
+		return fmt.Errorf("writing to shim: %w", err)
+	}
+	return nil
+}
+
+func (p *shimProcess) Pid() int { return p.pid }
+
+func (p *shimProcess) Wait() Exit {
+	<-p.done
+	return p.exit
+}
+
+// Reason is the shim's own account of the end, e.g. that it fenced the
+// workers because no agent adopted them.
+func (p *shimProcess) Reason() string {
+	<-p.done
+	return p.reason
+}
+
+func (p *shimProcess) Kill(grace time.Duration) error {
+	select {
+	case <-p.done:
+		return nil
+	default:
+	}
+	if err := p.request(shimRequest{Op: "kill", Grace: grace}); err != nil {
+		return err
+	}
+	select {
+	case <-p.done:
+		return nil
+	case <-time.After(grace + groupSweepTimeout + shimRequestTimeout):
+		return fmt.Errorf("shim in %s did not report its workers gone", p.dir)
+	}
+}
+
+// Detach lets go of the workers without stopping them: the shim keeps them
+// running for hold, and kills them unless an agent adopts them by then.
+func (p *shimProcess) Detach(hold time.Duration) error {
+	p.mu.Lock()
+	p.detached = true
+	p.mu.Unlock()
+	err := p.request(shimRequest{Op: "hold", Hold: hold})
+	if err == nil {
+		select {
+		case <-p.replies:
+		case <-p.done:
+		case <-time.After(shimRequestTimeout):
+			err = errors.New("shim did not confirm the hold")
+		}
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.conn != nil {
+		p.conn.Close()
+	}
+	// Wait returns: this agent is done with the workers, whose end is for
+	// the next agent to learn.
+	select {
+	case <-p.done:
+	default:
+		close(p.done)
+	}
+	return err
+}
