@@ -76,8 +76,10 @@ names+=(controller)
 
 for n in 1 2; do
 	echo "== starting agent demo-node-$n (logs: $DEMO/node-$n.log)"
-	# Two agents share this machine, so each takes any free gossip port.
-	bin/rdzv-agent --controller "$CONTROLLER" --node-name "demo-node-$n" --state-dir "$DEMO/node-$n" --gossip-port 0 \
+	# Two agents share this machine, so each takes any free gossip port. When
+	# the demo ends (or is interrupted) no agent comes back, so the workers
+	# stop with their agent instead of waiting restart_grace for one.
+	bin/rdzv-agent --controller "$CONTROLLER" --node-name "demo-node-$n" --state-dir "$DEMO/node-$n" --gossip-port 0 --restart-grace 0 \
 		>"$DEMO/node-$n.log" 2>&1 &
 	pids+=($!)
 	names+=("demo-node-$n")

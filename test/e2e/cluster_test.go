@@ -132,9 +132,28 @@ func (c *cluster) restartController() {
 func (c *cluster) startAgents() {
 	c.t.Helper()
 	for i := range agentHosts {
-		argv := append([]string{c.agentBin, "--controller", c.controllerAddr, "--state-dir", c.stateDir(i)}, c.agentArgs...)
-		c.agents = append(c.agents, c.agentHost(i).Start(c.t, "agent", nil, argv...))
+		c.agents = append(c.agents, c.agentHost(i).Start(c.t, "agent", nil, c.agentArgv(i)...))
 	}
+}
+
+func (c *cluster) agentArgv(i int) []string {
+	return append([]string{c.agentBin, "--controller", c.controllerAddr, "--state-dir", c.stateDir(i)}, c.agentArgs...)
+}
+
+// restartAgent stops agent i with SIGTERM, as `systemctl restart` does, and
+// starts it again with the same flags and state directory.
+func (c *cluster) restartAgent(t *testing.T, i int) {
+	t.Helper()
+	begin := time.Now()
+	require.NoError(t, c.agents[i].Stop(syscall.SIGTERM))
+	select {
+	case <-c.agents[i].Exited():
+	case <-time.After(stopTimeout):
+		t.Fatalf("agent on %s still running %s after SIGTERM", c.agentHost(i).Name, stopTimeout)
+	}
+	require.NoError(t, c.agents[i].Wait(), "agent did not exit cleanly on SIGTERM")
+	t.Logf("e2e: agent on %s exited %s after SIGTERM", c.agentHost(i).Name, time.Since(begin).Round(time.Millisecond))
+	c.agents[i] = c.agentHost(i).Start(t, "agent", nil, c.agentArgv(i)...)
 }
 
 // requireRunning fails at once when a daemon has died, rather than letting

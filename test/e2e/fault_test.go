@@ -149,6 +149,84 @@ func TestFaultCutLink(t *testing.T) {
 	require.Contains(t, c.nodeLog(t, 2, job.Name), "self-fenced", "h3 stopped its own workers")
 }
 
+// The agent alone restarts (systemctl restart, an upgrade) while its
+// workers train: they run on under their shims, the new agent adopts them,
+// and the job goes on in the same generation with no restart at all.
+func TestFaultAgentRestart(t *testing.T) {
+	c := newFaultCluster(t)
+	job := faultJob(t, c, "fault-agent-restart", nil)
+	c.waitCheckpoint(t, job.Name, checkpointEvery)
+	workers := trainingPids(t, c, 1)
+	require.NotEmpty(t, workers)
+
+	c.restartAgent(t, 1)
+	for _, pid := range workers {
+		require.NotEmpty(t, procStatus(pid, "State"), "training process %d on h2 did not survive the agent restart", pid)
+	}
+	c.waitReady(t)
+	t.Logf("e2e: agent on h2 back with its %d training processes", len(workers))
+
+	j := c.waitJob(t, job.Name, "finished", func(j jobJSON) bool { return finished(j.State) })
+	require.Equal(t, "JOB_STATE_SUCCEEDED", j.State, "reason: %s", j.Reason)
+	require.EqualValues(t, 1, j.Generation, "the job never restarted")
+	require.Zero(t, j.Restarts)
+	events := c.jobEvents(t, job.Name)
+	require.NotContains(t, kinds(events), "attempt_failed")
+	require.Contains(t, kinds(events), "agent_restarting")
+
+	// h2's workers, adopted, trained to the last step in generation 1.
+	ticks := parseTicks(t, "h2", c.nodeLog(t, 1, job.Name))
+	require.NotEmpty(t, ticks)
+	last := ticks[len(ticks)-1]
+	require.Equal(t, faultSteps, last.step, "h2 stopped training at step %d", last.step)
+	require.EqualValues(t, 1, last.generation)
+	c.requireWorkersGone(t, job.Name)
+}
+
+// The agent alone dies and stays down, its workers still training: the
+// node is declared lost and the job resumes on the other two, while the
+// workers' shims, with no agent to adopt them, kill them before the new
+// generation starts.
+func TestFaultAgentCrash(t *testing.T) {
+	c := newFaultCluster(t)
+	job := faultJob(t, c, "fault-agent-crash", nil)
+	before := c.waitCheckpoint(t, job.Name, checkpointEvery)
+	workers := trainingPids(t, c, 2)
+	require.NotEmpty(t, workers)
+
+	fault := time.Now()
+	c.killed[2] = true
+	require.NoError(t, syscall.Kill(c.agents[2].Pid(), syscall.SIGKILL))
+	<-c.agents[2].Exited()
+	t.Logf("e2e: SIGKILLed the agent on h3, leaving %d training processes", len(workers))
+
+	run := requireRecovered(t, c, job, fault, before)
+	require.Equal(t, agentNames(c)[:2], run.rounds[2].nodes, "generation 2 runs on the nodes left")
+	for _, pid := range workers {
+		require.Empty(t, procStatus(pid, "State"), "training process %d on h3 outlived its agent", pid)
+	}
+}
+
+// trainingPids lists torchrun and its workers on agent host i.
+func trainingPids(t *testing.T, c *cluster, i int) []int {
+	t.Helper()
+	var pids []int
+	for _, pid := range netnsPids(t, c.agentHost(i)) {
+		if procEnviron(pid)["RDZV_GENERATION"] != "" {
+			pids = append(pids, pid)
+		}
+	}
+	return pids
+}
+
+func kinds(events []eventJSON) []string {
+	out := make([]string, len(events))
+	for i, ev := range events {
+		out[i] = ev.Kind
+	}
+	return out
+}
+
 // The job stops making progress with every process alive: the controller
 // sees no step reported for health.progress_timeout and restarts it from its
 // newest checkpoint.
