@@ -25,7 +25,21 @@ type Config struct {
 	// MasterPortRange is where torchrun's master port is picked; the rank 0
 	// node's agent confirms the port is free before the round commits.
 	MasterPortRange PortRange `json:"master_port_range"`
-	LogLevel        string    `json:"log_level"`
+	// FlakyNodes cordons a node that keeps failing the jobs it runs.
+	FlakyNodes FlakyNodesConfig `json:"flaky_nodes"`
+	LogLevel   string           `json:"log_level"`
+}
+
+// FlakyNodesConfig: a node lost this many times within Window while running
+// a job is cordoned until an operator uncordons it. Losses are what is
+// unambiguously the node's doing (heartbeats stopped, cut off, agent gone);
+// a worker exiting non-zero is not counted, since when one node dies its
+// peers' workers fail too, and a program's own bug fails the same rank on
+// the same node every time.
+type FlakyNodesConfig struct {
+	// Losses is the threshold; 0 turns this off.
+	Losses int              `json:"losses"`
+	Window jobspec.Duration `json:"window"`
 }
 
 type EtcdConfig struct {
@@ -60,6 +74,7 @@ func DefaultConfig() Config {
 		EmbeddedEtcd:    EmbeddedEtcdConfig{ClientURL: "http://127.0.0.1:2379", PeerURL: "http://127.0.0.1:2380"},
 		Heartbeat:       HeartbeatConfig{Interval: jobspec.Duration{Duration: time.Second}, Timeout: jobspec.Duration{Duration: 5 * time.Second}},
 		MasterPortRange: PortRange{Min: 29500, Max: 29999},
+		FlakyNodes:      FlakyNodesConfig{Losses: 3, Window: jobspec.Duration{Duration: time.Hour}},
 		LogLevel:        "info",
 	}
 }
@@ -108,6 +123,12 @@ func (c Config) Validate() error {
 	}
 	if r := c.MasterPortRange; r.Min < 1024 || r.Max > 65535 || r.Min > r.Max {
 		errs = append(errs, fmt.Errorf("master_port_range: want 1024 <= min <= max <= 65535, got %d-%d", r.Min, r.Max))
+	}
+	if c.FlakyNodes.Losses < 0 {
+		errs = append(errs, fmt.Errorf("flaky_nodes.losses: must be 0 (off) or more, got %d", c.FlakyNodes.Losses))
+	}
+	if c.FlakyNodes.Losses > 0 && c.FlakyNodes.Window.Duration <= 0 {
+		errs = append(errs, fmt.Errorf("flaky_nodes.window: must be positive, got %s", c.FlakyNodes.Window))
 	}
 	return errors.Join(errs...)
 }

@@ -66,6 +66,9 @@ type nodeState struct {
 	// graceUntil keeps a node loaded at start from being declared lost
 	// before its agent had a fair chance to reconnect.
 	graceUntil time.Time
+	// losses are when the node was lost while running a job, within the
+	// flaky_nodes window (in memory: a controller restart forgives).
+	losses []time.Time
 	// job and generation are set while the node is reserved for or running
 	// a job; the node is busy until its worker's exit is reported.
 	job        string

@@ -66,3 +66,31 @@ func (c *Controller) gpuFault(ctx context.Context, node string, f *rdzvv1.GPUFau
 	}
 	c.attemptFailed(ctx, js, fmt.Sprintf("node %s: GPU fault: %s", node, f.GetMessage()), latency)
 }
+
+// countLoss records that a node was lost while running a job, and cordons
+// it once that has happened flaky_nodes.losses times within the window: a
+// node that keeps dropping out would otherwise be picked again and fail
+// each job it joins. Callers hold c.mu.
+func (c *Controller) countLoss(ctx context.Context, name string, ns *nodeState) {
+	limit, window := c.cfg.FlakyNodes.Losses, c.cfg.FlakyNodes.Window.Duration
+	if limit <= 0 {
+		return
+	}
+	now := c.clock.Now()
+	kept := ns.losses[:0]
+	for _, t := range ns.losses {
+		if now.Sub(t) < window {
+			kept = append(kept, t)
+		}
+	}
+	ns.losses = append(kept, now)
+	if len(ns.losses) < limit || ns.rec.GetCordoned() {
+		return
+	}
+	reason := fmt.Sprintf("lost %d times within %s while running jobs", len(ns.losses), window)
+	if _, err := c.setCordon(ctx, name, true, reason); err != nil {
+		c.log.Error("cordoning flaky node failed", zap.String("node", name), zap.Error(err))
+		return
+	}
+	ns.losses = nil
+}

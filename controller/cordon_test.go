@@ -2,12 +2,14 @@ package controller_test
 
 import (
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
+	"github.com/rdzv/rdzv/controller"
 	rdzvv1 "github.com/rdzv/rdzv/proto/rdzv/v1"
 )
 
@@ -83,4 +85,41 @@ func TestOperatorCordon(t *testing.T) {
 	_, err = c.nodes.UncordonNode(rpcCtx(t), &rdzvv1.UncordonNodeRequest{Name: "node-a"})
 	require.NoError(t, err)
 	require.Equal(t, uint64(1), a.run().GetGeneration(), "uncordoned, node-a takes the pending job")
+}
+
+// TestFlakyNodeIsCordoned: a node lost while running jobs flaky_nodes.losses
+// times within the window is cordoned, and takes no new work once back.
+func TestFlakyNodeIsCordoned(t *testing.T) {
+	c := newCluster(t, func(cfg *controller.Config) { cfg.FlakyNodes.Losses = 2 })
+	c.addAgent("node-a", 0, nil)
+	lost := func(n *rdzvv1.Node) bool { return n.GetState() == rdzvv1.NodeState_NODE_STATE_LOST }
+	for i, job := range []string{"first", "second"} {
+		b := c.connectFake("node-b")
+		c.startJob(c.spec(job, 2, 2, "hang"))
+		b.run()
+		c.waitRunning(job)
+		b.crash()
+		c.waitJobState(job, failed)
+		n := c.waitNode("node-b", lost)
+		require.Equal(t, i > 0, n.GetCordoned(), "after loss %d", i+1)
+		c.waitIdle("node-a")
+	}
+	n := c.listNodes()["node-b"]
+	require.Contains(t, n.GetCordonReason(), "lost 2 times within 1h0m0s while running jobs")
+	require.Contains(t, kindsOf(c.events("")), controller.EventNodeCordoned)
+
+	// Back, it registers but gets no work: a job needing it waits.
+	c.connectFake("node-b")
+	c.startJob(c.spec("third", 2, 2, "hang"))
+	time.Sleep(5 * heartbeatInterval)
+	require.Equal(t, rdzvv1.JobState_JOB_STATE_PENDING, c.getJob("third").GetState())
+	require.True(t, c.listNodes()["node-b"].GetCordoned(), "the cordon outlives the reconnect")
+}
+
+func kindsOf(events []*rdzvv1.Event) []string {
+	var kinds []string
+	for _, ev := range events {
+		kinds = append(kinds, ev.GetKind())
+	}
+	return kinds
 }

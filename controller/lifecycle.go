@@ -466,6 +466,7 @@ func (c *Controller) markLost(ctx context.Context, name string, ns *nodeState, l
 		return
 	}
 	if js := c.jobs[ns.job]; js != nil && js.rec.GetGeneration() == ns.generation && ns.generation != 0 {
+		c.countLoss(ctx, name, ns)
 		c.applyWorkerStatus(ctx, name, &rdzvv1.WorkerStatus{
 			Job: ns.job, Generation: ns.generation, State: rdzvv1.WorkerState_WORKER_STATE_FAILED,
 			ExitCode: -1, Message: "node lost: " + reason, ExitedAt: timestamppb.New(lastSeen),

@@ -40,6 +40,8 @@ func config(args []string) (controller.Config, error) {
 	hbInterval := fs.Duration("heartbeat-interval", def.Heartbeat.Interval.Duration, "agent heartbeat interval")
 	hbTimeout := fs.Duration("heartbeat-timeout", def.Heartbeat.Timeout.Duration, "time without heartbeat before a node is lost")
 	ports := fs.String("master-port-range", fmt.Sprintf("%d-%d", def.MasterPortRange.Min, def.MasterPortRange.Max), "torchrun master port range MIN-MAX")
+	flakyLosses := fs.Int("flaky-node-losses", def.FlakyNodes.Losses, "cordon a node lost this many times within --flaky-node-window while running jobs (0: never)")
+	flakyWindow := fs.Duration("flaky-node-window", def.FlakyNodes.Window.Duration, "window for --flaky-node-losses")
 	level := fs.String("log-level", def.LogLevel, "debug, info, warn or error")
 	if err := fs.Parse(args); err != nil {
 		return def, err
@@ -65,6 +67,8 @@ func config(args []string) (controller.Config, error) {
 	override("embedded-etcd-peer-url", func() { cfg.EmbeddedEtcd.PeerURL = *peerURL })
 	override("heartbeat-interval", func() { cfg.Heartbeat.Interval.Duration = *hbInterval })
 	override("heartbeat-timeout", func() { cfg.Heartbeat.Timeout.Duration = *hbTimeout })
+	override("flaky-node-losses", func() { cfg.FlakyNodes.Losses = *flakyLosses })
+	override("flaky-node-window", func() { cfg.FlakyNodes.Window.Duration = *flakyWindow })
 	override("log-level", func() { cfg.LogLevel = *level })
 	if set["master-port-range"] {
 		if _, err := fmt.Sscanf(*ports, "%d-%d", &cfg.MasterPortRange.Min, &cfg.MasterPortRange.Max); err != nil {
