@@ -302,7 +302,7 @@ func (s *Supervisor) lastStatus(job string, gen uint64) *rdzvv1.WorkerStatus {
 // finished records and reports an outcome; exitedAt is when the workers were
 // seen to exit, nil when none ran.
 func (s *Supervisor) finished(job string, gen uint64, state rdzvv1.WorkerState, exit Exit, msg string, exitedAt *timestamppb.Timestamp) {
-	st := &rdzvv1.WorkerStatus{Job: job, Generation: gen, State: state, ExitCode: int32(exit.Code), Signal: exit.Signal, Message: msg, ExitedAt: exitedAt}
+	st := &rdzvv1.WorkerStatus{Job: job, Generation: gen, State: state, ExitCode: int32(exit.Code), Signal: exit.Signal, Message: jobspec.ClipText(msg), ExitedAt: exitedAt}
 	s.mu.Lock()
 	s.history = append(s.history, st)
 	if len(s.history) > historySize {
@@ -321,8 +321,24 @@ func (s *Supervisor) emit(st *rdzvv1.WorkerStatus) {
 }
 
 // LogPath is where a job's output is kept on this node.
-func (s *Supervisor) LogPath(job string) string {
-	return filepath.Join(s.stateDir, "logs", job+".log")
+func (s *Supervisor) LogPath(job string) (string, error) {
+	return s.jobPath(job, "logs", job+".log")
+}
+
+// jobPath is a path of job's under the state directory. The job name was
+// validated by the controller and the assignment again here, but these are
+// files the agent writes as itself, so the result is checked once more
+// right where it is made: it must stay inside the state directory.
+func (s *Supervisor) jobPath(job string, elem ...string) (string, error) {
+	if fe := jobspec.ValidateNodeName("job", job); fe != nil {
+		return "", fe
+	}
+	dir := filepath.Clean(s.stateDir)
+	p := filepath.Join(append([]string{dir}, elem...)...)
+	if !within(dir, p) {
+		return "", fmt.Errorf("job %s: %s is outside the state directory %s", job, p, dir)
+	}
+	return p, nil
 }
 
 func (s *Supervisor) start(a *rdzvv1.Assignment) (*worker, error) {
@@ -330,7 +346,10 @@ func (s *Supervisor) start(a *rdzvv1.Assignment) (*worker, error) {
 	job := spec.GetName()
 	workdir := spec.GetWorkdir()
 	if workdir == "" {
-		workdir = filepath.Join(s.stateDir, "jobs", job)
+		var err error
+		if workdir, err = s.jobPath(job, "jobs", job); err != nil {
+			return nil, err
+		}
 		if err := os.MkdirAll(workdir, 0o755); err != nil {
 			return nil, fmt.Errorf("creating scratch workdir: %w", err)
 		}
@@ -339,7 +358,10 @@ func (s *Supervisor) start(a *rdzvv1.Assignment) (*worker, error) {
 	if err != nil {
 		return nil, fmt.Errorf("finding launcher %q: %w", spec.GetLauncherTorchrun(), err)
 	}
-	logPath := s.LogPath(job)
+	logPath, err := s.LogPath(job)
+	if err != nil {
+		return nil, err
+	}
 	if err := os.MkdirAll(filepath.Dir(logPath), 0o755); err != nil {
 		return nil, fmt.Errorf("creating log directory: %w", err)
 	}

@@ -8,6 +8,7 @@ import (
 	"strings"
 	"testing"
 	"time"
+	"unicode/utf8"
 
 	"github.com/stretchr/testify/require"
 )
@@ -256,4 +257,16 @@ func TestRedactSpec(t *testing.T) {
 	require.Equal(t, spec.Env, shown.GetEnv(), "plain env is shown")
 	plain := (&Spec{Name: "a"}).ToProto()
 	require.Same(t, plain, RedactSpec(plain), "nothing to redact, nothing copied")
+}
+
+func TestClipText(t *testing.T) {
+	require.Equal(t, "short", ClipText("short"))
+	exact := strings.Repeat("x", MaxTextBytes)
+	require.Equal(t, exact, ClipText(exact))
+	// A multi-byte character straddling the cut is dropped whole.
+	long := strings.Repeat("x", MaxTextBytes-4) + strings.Repeat("é", 10)
+	clipped := ClipText(long)
+	require.LessOrEqual(t, len(clipped), MaxTextBytes)
+	require.True(t, utf8.ValidString(clipped))
+	require.True(t, strings.HasSuffix(clipped, "..."))
 }

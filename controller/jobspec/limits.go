@@ -1,5 +1,7 @@
 package jobspec
 
+import "unicode/utf8"
+
 // Wire limits shared by rdzvctl, the controller and the agent, so that what
 // one side may send the other accepts. README.md lists them.
 const (
@@ -21,3 +23,18 @@ const (
 	// controller requests (the controller makes 16 hex digits).
 	MaxRequestIDBytes = 64
 )
+
+// ClipText cuts s to MaxTextBytes at a character boundary, for free text an
+// agent sends: the controller refuses longer text, and protobuf refuses
+// invalid UTF-8.
+func ClipText(s string) string {
+	if len(s) <= MaxTextBytes {
+		return s
+	}
+	const marker = "..."
+	cut := MaxTextBytes - len(marker)
+	for cut > 0 && !utf8.RuneStart(s[cut]) {
+		cut--
+	}
+	return s[:cut] + marker
+}
