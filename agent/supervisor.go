@@ -32,6 +32,9 @@ const (
 // of generation N is always applied before the start of N+1.
 type Supervisor struct {
 	stateDir   string
+	secretsDir string
+	runAs      string
+	allowRoot  bool
 	stopGrace  time.Duration
 	node       string
 	iface      string
@@ -75,7 +78,7 @@ type worker struct {
 // NCCL and Gloo and report to the endpoint at reportAddr.
 func NewSupervisor(cfg Config, node, iface, reportAddr string, spawner Spawner, log *zap.Logger) *Supervisor {
 	return &Supervisor{
-		stateDir: cfg.StateDir, stopGrace: cfg.StopGrace.Duration, node: node, iface: iface,
+		stateDir: cfg.StateDir, secretsDir: cfg.SecretsDir, runAs: cfg.RunAs, allowRoot: cfg.AllowRoot, stopGrace: cfg.StopGrace.Duration, node: node, iface: iface,
 		reportAddr: reportAddr, scanEvery: scanEvery, log: log, spawner: spawner,
 		cmds:        make(chan func(), 64),
 		updates:     make(chan *rdzvv1.WorkerStatus, 64),
@@ -344,14 +347,23 @@ func (s *Supervisor) jobPath(job string, elem ...string) (string, error) {
 func (s *Supervisor) start(a *rdzvv1.Assignment) (*worker, error) {
 	spec := a.GetSpec()
 	job := spec.GetName()
+	runAs, err := ResolveRunAs(spec.GetRunAs(), s.runAs, s.allowRoot)
+	if err != nil {
+		return nil, err
+	}
 	workdir := spec.GetWorkdir()
 	if workdir == "" {
-		var err error
 		if workdir, err = s.jobPath(job, "jobs", job); err != nil {
 			return nil, err
 		}
 		if err := os.MkdirAll(workdir, 0o755); err != nil {
 			return nil, fmt.Errorf("creating scratch workdir: %w", err)
+		}
+		// The scratch workdir is the workers' own to write in.
+		if c := runAs.Credential; c != nil {
+			if err := os.Chown(workdir, int(c.Uid), int(c.Gid)); err != nil {
+				return nil, fmt.Errorf("handing the scratch workdir to the run_as user: %w", err)
+			}
 		}
 	}
 	torchrun, err := exec.LookPath(spec.GetLauncherTorchrun())
@@ -370,10 +382,19 @@ func (s *Supervisor) start(a *rdzvv1.Assignment) (*worker, error) {
 		return nil, fmt.Errorf("opening job log: %w", err)
 	}
 	defer out.Close() // the child keeps its own descriptor
+	jobEnv, err := s.jobEnv(spec)
+	if err != nil {
+		return nil, err
+	}
+	for k, v := range runAs.Env {
+		if _, set := jobEnv[k]; !set {
+			jobEnv[k] = v
+		}
+	}
 	args := LauncherArgs(a)
 	fmt.Fprintf(out, "=== rdzv: job %s generation %d node %s rank %d/%d started %s: %s %s\n",
 		job, a.GetGeneration(), s.node, a.GetNodeRank(), a.GetNnodes(), time.Now().UTC().Format(time.RFC3339), torchrun, strings.Join(args, " "))
-	proc, err := s.spawner.Spawn(ProcessSpec{Path: torchrun, Args: args, Dir: workdir, Env: s.env(a), Output: out})
+	proc, err := s.spawner.Spawn(ProcessSpec{Path: torchrun, Args: args, Dir: workdir, Env: s.env(a, jobEnv), Output: out, Credential: runAs.Credential})
 	if err != nil {
 		return nil, err
 	}
@@ -397,9 +418,10 @@ func LauncherArgs(a *rdzvv1.Assignment) []string {
 	return append(args, spec.GetCommand()...)
 }
 
-// env is the agent's environment, then the job's, then what rdzv decides;
-// the last word on interfaces, devices and identity is always rdzv's.
-func (s *Supervisor) env(a *rdzvv1.Assignment) []string {
+// env is the agent's environment, then the job's (jobEnv), then what rdzv
+// decides; the last word on interfaces, devices and identity is always
+// rdzv's.
+func (s *Supervisor) env(a *rdzvv1.Assignment, jobEnv map[string]string) []string {
 	spec := a.GetSpec()
 	gpus := make([]string, len(a.GetGpuIndices()))
 	for i, g := range a.GetGpuIndices() {
@@ -420,7 +442,7 @@ func (s *Supervisor) env(a *rdzvv1.Assignment) []string {
 	var env []string
 	for _, kv := range os.Environ() {
 		k, _, _ := strings.Cut(kv, "=")
-		if _, overridden := spec.GetEnv()[k]; overridden {
+		if _, overridden := jobEnv[k]; overridden {
 			continue
 		}
 		if _, ours := rdzv[k]; ours {
@@ -428,7 +450,7 @@ func (s *Supervisor) env(a *rdzvv1.Assignment) []string {
 		}
 		env = append(env, kv)
 	}
-	for k, v := range spec.GetEnv() {
+	for k, v := range jobEnv {
 		env = append(env, k+"="+v)
 	}
 	for k, v := range rdzv {

@@ -329,7 +329,7 @@ func TestSupervisorEnvHasLastWord(t *testing.T) {
 		"RDZV_AGENT_ADDR":      "job-env",
 		"JOB_VAR":              "from-job",
 	}
-	env := h.sup.env(a)
+	env := h.sup.env(a, a.Spec.Env)
 
 	last := map[string]string{}
 	for _, kv := range env {

@@ -77,8 +77,11 @@ names+=(controller)
 for n in 1 2; do
 	echo "== starting agent demo-node-$n (logs: $DEMO/node-$n.log)"
 	# Two agents share this machine, so each takes any free gossip port.
+	# Workers run as whoever runs the demo (root allowed for that): the job
+	# writes its checkpoints under examples/. A real node keeps the default,
+	# nobody, or a dedicated training user.
 	bin/rdzv-agent --controller "$CONTROLLER" --node-name "demo-node-$n" --state-dir "$DEMO/node-$n" --gossip-port 0 \
-		>"$DEMO/node-$n.log" 2>&1 &
+		--run-as "$(id -u):$(id -g)" --allow-root >"$DEMO/node-$n.log" 2>&1 &
 	pids+=($!)
 	names+=("demo-node-$n")
 done

@@ -50,6 +50,9 @@ func config(args []string) (agent.Config, error) {
 	stateDir := fs.String("state-dir", def.StateDir, "directory for job logs and scratch workdirs")
 	grace := fs.Duration("stop-grace", def.StopGrace.Duration, "time between SIGTERM and SIGKILL when stopping workers")
 	level := fs.String("log-level", def.LogLevel, "debug, info, warn or error")
+	secretsDir := fs.String("secrets-dir", def.SecretsDir, "directory holding the files jobs may name in env_files")
+	runAs := fs.String("run-as", def.RunAs, "user workers run as unless the job names one (name or uid[:gid])")
+	allowRoot := fs.Bool("allow-root", def.AllowRoot, "let workers run as root")
 	if err := fs.Parse(args); err != nil {
 		return def, err
 	}
@@ -105,6 +108,15 @@ func config(args []string) (agent.Config, error) {
 	}
 	if set["log-level"] {
 		cfg.LogLevel = *level
+	}
+	if set["secrets-dir"] {
+		cfg.SecretsDir = *secretsDir
+	}
+	if set["run-as"] {
+		cfg.RunAs = *runAs
+	}
+	if set["allow-root"] {
+		cfg.AllowRoot = *allowRoot
 	}
 	return cfg, cfg.Validate()
 }

@@ -19,6 +19,9 @@ const (
 	// MaxTextBytes bounds free text an agent reports (worker messages,
 	// errors, GPU fault descriptions, interface reasons).
 	MaxTextBytes = 4096
+	// MaxEnvValueBytes bounds one environment variable's value, whether
+	// given in the job or read from an env_files file on the node.
+	MaxEnvValueBytes = 32 << 10
 	// MaxRequestIDBytes bounds the ids that pair agent replies with
 	// controller requests (the controller makes 16 hex digits).
 	MaxRequestIDBytes = 64

@@ -75,7 +75,6 @@ const (
 	maxArgs     = 256
 	maxArgBytes = 4096
 	maxEnv      = 256
-	maxEnvBytes = 32 << 10
 	// maxEnvNameBytes bounds a variable's name.
 	maxEnvNameBytes  = 256
 	maxUserNameBytes = 32
@@ -236,8 +235,8 @@ func (s *Spec) validateEnv() []*FieldError {
 		errs = append(errs, &FieldError{Field: "env", Value: fmt.Sprint(n), Reason: fmt.Sprintf("at most %d variables are allowed across env, secret_env and env_files", maxEnv)})
 	}
 	valueOK := func(field, v string) *FieldError {
-		if len(v) > maxEnvBytes || strings.ContainsRune(v, 0) {
-			return &FieldError{Field: field, Reason: fmt.Sprintf("value must be at most %d bytes without NUL characters", maxEnvBytes)}
+		if len(v) > MaxEnvValueBytes || strings.ContainsRune(v, 0) {
+			return &FieldError{Field: field, Reason: fmt.Sprintf("value must be at most %d bytes without NUL characters", MaxEnvValueBytes)}
 		}
 		return nil
 	}

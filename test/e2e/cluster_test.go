@@ -132,7 +132,9 @@ func (c *cluster) restartController() {
 func (c *cluster) startAgents() {
 	c.t.Helper()
 	for i := range agentHosts {
-		argv := append([]string{c.agentBin, "--controller", c.controllerAddr, "--state-dir", c.stateDir(i)}, c.agentArgs...)
+		// Workers run as root (not the agent's default, nobody): train.py
+		// writes checkpoints into the test's root-owned directories.
+		argv := append([]string{c.agentBin, "--controller", c.controllerAddr, "--state-dir", c.stateDir(i), "--run-as", "root", "--allow-root"}, c.agentArgs...)
 		c.agents = append(c.agents, c.agentHost(i).Start(c.t, "agent", nil, argv...))
 	}
 }
