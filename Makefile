@@ -15,7 +15,7 @@ PROTOC_GEN_GO_GRPC_VERSION := v1.6.2
 # Extra flags for go test, e.g. GOTEST_FLAGS=-race (CI sets it).
 GOTEST_FLAGS ?=
 
-.PHONY: all build test unit e2e lint proto tools demo clean bench
+.PHONY: all build test unit fuzz e2e lint proto tools demo clean bench
 
 all: build
 
@@ -54,10 +54,29 @@ lint: tools
 unit:
 	$(GO) test $(GOTEST_FLAGS) -count=1 $$($(GO) list ./... | grep -v /test/e2e)
 
+# Each fuzz target runs for FUZZTIME; go fuzzes one target per invocation.
+# Inputs that made a target fail are saved under the package's
+# testdata/fuzz/<target>/ and from then on run by `make unit` as regression
+# cases: commit them with the fix.
+FUZZTIME ?= 5s
+FUZZ_TARGETS := \
+	./controller/jobspec:FuzzParse \
+	./controller:FuzzStartJobRequest \
+	./controller:FuzzRequests \
+	./controller:FuzzConnectRequest \
+	./agent:FuzzReportEndpoint
+
+fuzz:
+	@set -e; for t in $(FUZZ_TARGETS); do \
+	  pkg=$${t%%:*}; name=$${t##*:}; \
+	  echo "fuzz $$name in $$pkg for $(FUZZTIME)"; \
+	  $(GO) test -run '^$$' -fuzz "^$$name\$$" -fuzztime $(FUZZTIME) $$pkg; \
+	done
+
 e2e: build
 	RDZV_BIN_DIR=$(BIN) $(GO) test -count=1 -v -timeout 30m ./test/e2e/...
 
-test: lint unit e2e
+test: lint unit fuzz e2e
 
 demo: build
 	./examples/demo.sh

@@ -21,6 +21,7 @@ import (
 
 	"github.com/rdzv/rdzv/agent/gpu"
 	"github.com/rdzv/rdzv/agent/netif"
+	"github.com/rdzv/rdzv/controller/jobspec"
 	"github.com/rdzv/rdzv/health"
 	rdzvv1 "github.com/rdzv/rdzv/proto/rdzv/v1"
 )
@@ -111,6 +112,7 @@ func (a *Agent) Run(ctx context.Context) error {
 	conn, err := grpc.NewClient(a.cfg.Controller,
 		grpc.WithTransportCredentials(insecure.NewCredentials()),
 		grpc.WithKeepaliveParams(keepalive.ClientParameters{Time: 10 * time.Second, Timeout: 5 * time.Second, PermitWithoutStream: true}),
+		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(jobspec.MaxMessageBytes), grpc.MaxCallSendMsgSize(jobspec.MaxMessageBytes)),
 	)
 	if err != nil {
 		return fmt.Errorf("creating controller client for %s: %w", a.cfg.Controller, err)

@@ -46,6 +46,15 @@ type Config struct {
 	// killed if none does in time. 0 stops the workers with the agent.
 	RestartGrace jobspec.Duration `json:"restart_grace"`
 	LogLevel     string           `json:"log_level"`
+	// SecretsDir holds the files a job's env_files may name; the agent
+	// reads them as root, so a job must not be able to name any other file.
+	SecretsDir string `json:"secrets_dir"`
+	// RunAs is the user workers run as when the job names none (a user
+	// name or uid[:gid]).
+	RunAs string `json:"run_as"`
+	// AllowRoot lets workers run as root (uid 0), by default or because a
+	// job asks to.
+	AllowRoot bool `json:"allow_root"`
 }
 
 // DefaultConfig is an agent with no controller set.
@@ -59,6 +68,8 @@ func DefaultConfig() Config {
 		// job on if the agent does not come back.
 		RestartGrace: jobspec.Duration{Duration: 15 * time.Second},
 		LogLevel:     "info",
+		SecretsDir:   "/etc/rdzv/secrets",
+		RunAs:        "nobody",
 	}
 }
 
@@ -97,6 +108,12 @@ func (c Config) Validate() error {
 	}
 	if c.GossipPort < -1 || c.GossipPort > 65535 {
 		errs = append(errs, fmt.Errorf("gossip_port: must be -1 (off), 0 (any) or a port, got %d", c.GossipPort))
+	}
+	if c.SecretsDir == "" || !filepath.IsAbs(c.SecretsDir) || filepath.Clean(c.SecretsDir) != c.SecretsDir {
+		errs = append(errs, fmt.Errorf("secrets_dir: must be a clean absolute path, got %q", c.SecretsDir))
+	}
+	if fe := jobspec.ValidateRunAs("run_as", c.RunAs); fe != nil {
+		errs = append(errs, fe)
 	}
 	if c.StopGrace.Duration <= 0 {
 		errs = append(errs, fmt.Errorf("stop_grace: must be positive, got %s", c.StopGrace))

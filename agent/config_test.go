@@ -36,6 +36,10 @@ func TestConfigValidate(t *testing.T) {
 		{name: "relative state dir", edit: func(c *Config) { c.StateDir = "var/lib/rdzv" }, wantFields: []string{"state_dir"}},
 		{name: "no state dir", edit: func(c *Config) { c.StateDir = "" }, wantFields: []string{"state_dir"}},
 		{name: "zero stop grace", edit: func(c *Config) { c.StopGrace.Duration = 0 }, wantFields: []string{"stop_grace"}},
+		{name: "relative secrets dir", edit: func(c *Config) { c.SecretsDir = "secrets" }, wantFields: []string{"secrets_dir"}},
+		{name: "unclean secrets dir", edit: func(c *Config) { c.SecretsDir = "/etc/rdzv/../secrets" }, wantFields: []string{"secrets_dir"}},
+		{name: "empty run_as", edit: func(c *Config) { c.RunAs = "" }, wantFields: []string{"run_as"}},
+		{name: "bad run_as", edit: func(c *Config) { c.RunAs = "no body" }, wantFields: []string{"run_as"}},
 		{name: "every problem at once", edit: func(c *Config) {
 			c.Controller, c.NodeName, c.FakeGPUs, c.StateDir, c.StopGrace.Duration = "", "X", -1, "rel", -time.Second
 		}, wantFields: []string{"controller", "node_name", "fake_gpus", "state_dir", "stop_grace"}},

@@ -112,6 +112,7 @@ func newSupervisor(t *testing.T, edits ...func(*Config)) *supHarness {
 	h.stateDir = cfg.StateDir
 	cfg.StopGrace.Duration = 2 * time.Second
 	cfg.RestartGrace.Duration = 0
+	runAsSelf(&cfg)
 	for _, edit := range edits {
 		edit(&cfg)
 	}
@@ -278,4 +279,11 @@ func needPython(t *testing.T) {
 	if _, err := os.Stat(python); err != nil {
 		t.Skipf("%s not found: %v", python, err)
 	}
+}
+
+// runAsSelf has workers run as the test's own user, as most tests need:
+// they write records into directories only that user may write.
+func runAsSelf(cfg *Config) {
+	cfg.RunAs = fmt.Sprintf("%d:%d", os.Geteuid(), os.Getegid())
+	cfg.AllowRoot = true
 }

@@ -3,6 +3,7 @@ package agent
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"os"
 	"sync"
@@ -49,7 +50,7 @@ func (t *logTails) start(ctx context.Context, req *rdzvv1.LogTail) {
 	go func() {
 		defer t.cancel(id)
 		if err := t.stream(ctx, req); err != nil && ctx.Err() == nil {
-			t.send(ctx, &rdzvv1.LogChunk{RequestId: id, Eof: true, Error: err.Error()})
+			t.send(ctx, &rdzvv1.LogChunk{RequestId: id, Eof: true, Error: jobspec.ClipText(err.Error())})
 		}
 	}()
 }
@@ -80,7 +81,14 @@ func (t *logTails) stream(ctx context.Context, req *rdzvv1.LogTail) error {
 	if fe := jobspec.ValidateNodeName("job", job); fe != nil {
 		return fe
 	}
-	f, err := os.Open(t.sup.LogPath(job))
+	if req.GetTailBytes() > jobspec.MaxLogTailBytes {
+		return fmt.Errorf("tail_bytes: at most %d, got %d", jobspec.MaxLogTailBytes, req.GetTailBytes())
+	}
+	path, err := t.sup.LogPath(job)
+	if err != nil {
+		return err
+	}
+	f, err := os.Open(path)
 	if err != nil {
 		if errors.Is(err, os.ErrNotExist) {
 			return errors.New("no log for this job on this node")

@@ -30,6 +30,9 @@ type ProcessSpec struct {
 	// OrphanTimeout is how long a shimmed worker outlives an agent that
 	// vanished without a word.
 	OrphanTimeout time.Duration
+	// Credential, when set, is the user and groups the process runs as
+	// (from ResolveRunAs).
+	Credential *syscall.Credential
 }
 
 // Exit is how a worker's launcher ended.
@@ -66,7 +69,7 @@ func (s ExecSpawner) Spawn(spec ProcessSpec) (Process, error) {
 	cmd.Stdout, cmd.Stderr = spec.Output, spec.Output
 	// No Pdeathsig: workers must survive a brief agent restart; the agent's
 	// shutdown path and systemd's KillMode=mixed stop them instead.
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Credential: spec.Credential}
 	// With a pipe for output, Wait would also wait for every group member
 	// still holding it; the launcher's exit is what matters here.
 	cmd.WaitDelay = time.Second

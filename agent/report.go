@@ -15,6 +15,7 @@ import (
 	"go.uber.org/zap"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
+	"github.com/rdzv/rdzv/controller/jobspec"
 	rdzvv1 "github.com/rdzv/rdzv/proto/rdzv/v1"
 )
 
@@ -139,6 +140,10 @@ func (h *reportHandler) decode(w http.ResponseWriter, r *http.Request) (reportRe
 		h.reject(w, http.StatusBadRequest, fmt.Sprintf("report is not valid JSON: %v", err))
 		return req, 0, false
 	}
+	if fe := jobspec.ValidateNodeName("job", req.Job); fe != nil {
+		h.reject(w, http.StatusBadRequest, fe.Error())
+		return req, 0, false
+	}
 	switch {
 	case req.Step == nil:
 		h.reject(w, http.StatusBadRequest, "step is required")
@@ -164,6 +169,7 @@ func checkCheckpointPath(dir, path string) error {
 	switch {
 	case path == "":
 		return errors.New("path is required")
+
 	case !filepath.IsAbs(path):
 		return fmt.Errorf("path %q must be absolute", path)
 	case filepath.Clean(path) != path:

@@ -77,6 +77,8 @@ func TestReportEndpoint(t *testing.T) {
 		{"stale generation", "POST", "/v1/step", `{"job":"train","generation":1,"step":900}`, http.StatusConflict,
 			"job train generation 1 is not running on this node, which runs job train generation 2"},
 		{"future generation", "POST", "/v1/step", `{"job":"train","generation":3,"step":900}`, http.StatusConflict, "not running on this node"},
+		{"job name with a path", "POST", "/v1/step", `{"job":"../train","generation":2,"step":1}`, http.StatusBadRequest, "job: must be a DNS-1123 label"},
+		{"missing job", "POST", "/v1/checkpoint", `{"generation":2,"step":1,"path":"/x"}`, http.StatusBadRequest, "job: must be a DNS-1123 label"},
 		{"missing generation", "POST", "/v1/step", `{"job":"train","step":900}`, http.StatusConflict, "not running on this node"},
 		{"wrong job", "POST", "/v1/step", `{"job":"eval","generation":2,"step":900}`, http.StatusConflict, "job eval generation 2 is not running"},
 		{"negative step", "POST", "/v1/step", `{"job":"train","generation":2,"step":-1}`, http.StatusBadRequest, "step must be at least 0, got -1"},
@@ -401,6 +403,7 @@ func TestAgentForwardsReports(t *testing.T) {
 	}
 	cfg := DefaultConfig()
 	cfg.Controller, cfg.NodeName, cfg.StateDir = fc.serve(t), "node-a", t.TempDir()
+	runAsSelf(&cfg)
 	cfg.GossipPort = 0
 	a, err := New(cfg, zaptest.NewLogger(t), gpu.Fake{}, fakeNet{ifaces: []netif.Interface{lo}}, ExecSpawner{})
 	require.NoError(t, err)

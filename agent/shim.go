@@ -9,6 +9,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"syscall"
 	"time"
 
 	"go.uber.org/zap"
@@ -25,6 +26,8 @@ import (
 // Files in DIR: spec.json (the agent's, what to run), meta (the agent's,
 // opaque to the shim: the assignment), shim.sock, state.json (the
 // launcher's pid) and exit.json (written once the group is gone), shim.log.
+// DIR is 0700 and the files 0600, root's: spec.json and meta hold the
+// job's environment, secrets included.
 const (
 	shimSpecFile  = "spec.json"
 	shimMetaFile  = "meta"
@@ -50,6 +53,8 @@ type shimSpec struct {
 	// OrphanTimeout is how long the workers run on after their agent
 	// vanished without a word (a crash) before the shim kills them.
 	OrphanTimeout time.Duration `json:"orphan_timeout"`
+	// Credential is the job's run_as user; nil runs as the shim's own.
+	Credential *syscall.Credential `json:"credential,omitempty"`
 }
 
 // shimRequest is a line from the agent.
@@ -105,7 +110,7 @@ func (sh Shim) Run(ctx context.Context) error {
 		return fmt.Errorf("listening on %s: %w", sock, err)
 	}
 	defer ln.Close()
-	proc, err := ExecSpawner{}.Spawn(ProcessSpec{Path: spec.Path, Args: spec.Args, Dir: spec.Dir, Env: spec.Env, Output: out})
+	proc, err := ExecSpawner{}.Spawn(ProcessSpec{Path: spec.Path, Args: spec.Args, Dir: spec.Dir, Env: spec.Env, Output: out, Credential: spec.Credential})
 	if err != nil {
 		return err
 	}

@@ -51,7 +51,7 @@ func (s ShimSpawner) Spawn(spec ProcessSpec) (Process, error) {
 	if !ok {
 		return nil, errors.New("a shim's output must be a file")
 	}
-	ss := shimSpec{Path: spec.Path, Args: spec.Args, Dir: spec.Dir, Env: spec.Env, LogPath: logPath.Name(), OrphanTimeout: spec.OrphanTimeout}
+	ss := shimSpec{Path: spec.Path, Args: spec.Args, Dir: spec.Dir, Env: spec.Env, LogPath: logPath.Name(), OrphanTimeout: spec.OrphanTimeout, Credential: spec.Credential}
 	if err := writeJSON(filepath.Join(dir, shimSpecFile), ss); err != nil {
 		return nil, err
 	}

@@ -33,8 +33,11 @@ const (
 // applied in the order the controller sent them, on one goroutine, so a stop
 // of generation N is always applied before the start of N+1.
 type Supervisor struct {
-	stateDir  string
-	stopGrace time.Duration
+	stateDir   string
+	secretsDir string
+	runAs      string
+	allowRoot  bool
+	stopGrace  time.Duration
 	// restartGrace is how long workers are left running for the next agent
 	// when this one stops; 0 stops them with the agent.
 	restartGrace time.Duration
@@ -90,7 +93,8 @@ type worker struct {
 // NCCL and Gloo and report to the endpoint at reportAddr.
 func NewSupervisor(cfg Config, node, iface, reportAddr string, spawner Spawner, log *zap.Logger) *Supervisor {
 	s := &Supervisor{
-		stateDir: cfg.StateDir, stopGrace: cfg.StopGrace.Duration, restartGrace: cfg.RestartGrace.Duration, node: node, iface: iface,
+		stateDir: cfg.StateDir, secretsDir: cfg.SecretsDir, runAs: cfg.RunAs, allowRoot: cfg.AllowRoot, stopGrace: cfg.StopGrace.Duration,
+		restartGrace: cfg.RestartGrace.Duration, node: node, iface: iface,
 		reportAddr: reportAddr, scanEvery: scanEvery, log: log, spawner: spawner,
 		cmds:        make(chan func(), 64),
 		updates:     make(chan *rdzvv1.WorkerStatus, 64),
@@ -199,7 +203,13 @@ func (s *Supervisor) Adopt(found []Adopted) {
 		s.mu.Lock()
 		s.lastGen[job] = max(s.lastGen[job], gen)
 		s.mu.Unlock()
-		w := s.newWorker(a, f.Proc)
+		logPath, err := s.LogPath(job)
+		if err != nil {
+			s.log.Error("killing an adopted worker of a job with an unusable name", zap.String("job", job), zap.Error(err))
+			_ = f.Proc.Kill(0)
+			continue
+		}
+		w := newWorker(a, f.Proc, logPath)
 		s.log.Info("adopted running workers", zap.String("job", job), zap.Uint64("generation", gen), zap.Int("pid", f.Proc.Pid()))
 		// Not announced as started: the registration reports it running,
 		// and it may well have ended while no agent was here.
@@ -316,9 +326,8 @@ func (s *Supervisor) supervise(w *worker, a *rdzvv1.Assignment, announce bool) {
 	go s.watch(w)
 }
 
-func (s *Supervisor) newWorker(a *rdzvv1.Assignment, proc Process) *worker {
-	job := a.GetSpec().GetName()
-	return &worker{job: job, generation: a.GetGeneration(), checkpointDir: a.GetSpec().GetCheckpointDir(), proc: proc, logPath: s.LogPath(job),
+func newWorker(a *rdzvv1.Assignment, proc Process, logPath string) *worker {
+	return &worker{job: a.GetSpec().GetName(), generation: a.GetGeneration(), checkpointDir: a.GetSpec().GetCheckpointDir(), proc: proc, logPath: logPath,
 		done: make(chan struct{}), reported: map[uint64]bool{}}
 }
 
@@ -438,7 +447,7 @@ func (s *Supervisor) lastStatus(job string, gen uint64) *rdzvv1.WorkerStatus {
 // finished records and reports an outcome; exitedAt is when the workers were
 // seen to exit, nil when none ran.
 func (s *Supervisor) finished(job string, gen uint64, state rdzvv1.WorkerState, exit Exit, msg string, exitedAt *timestamppb.Timestamp) {
-	st := &rdzvv1.WorkerStatus{Job: job, Generation: gen, State: state, ExitCode: int32(exit.Code), Signal: exit.Signal, Message: msg, ExitedAt: exitedAt}
+	st := &rdzvv1.WorkerStatus{Job: job, Generation: gen, State: state, ExitCode: int32(exit.Code), Signal: exit.Signal, Message: jobspec.ClipText(msg), ExitedAt: exitedAt}
 	s.mu.Lock()
 	s.history = append(s.history, st)
 	if len(s.history) > historySize {
@@ -457,25 +466,56 @@ func (s *Supervisor) emit(st *rdzvv1.WorkerStatus) {
 }
 
 // LogPath is where a job's output is kept on this node.
-func (s *Supervisor) LogPath(job string) string {
-	return filepath.Join(s.stateDir, "logs", job+".log")
+func (s *Supervisor) LogPath(job string) (string, error) {
+	return s.jobPath(job, "logs", job+".log")
+}
+
+// jobPath is a path of job's under the state directory. The job name was
+// validated by the controller and the assignment again here, but these are
+// files the agent writes as itself, so the result is checked once more
+// right where it is made: it must stay inside the state directory.
+func (s *Supervisor) jobPath(job string, elem ...string) (string, error) {
+	if fe := jobspec.ValidateNodeName("job", job); fe != nil {
+		return "", fe
+	}
+	dir := filepath.Clean(s.stateDir)
+	p := filepath.Join(append([]string{dir}, elem...)...)
+	if !within(dir, p) {
+		return "", fmt.Errorf("job %s: %s is outside the state directory %s", job, p, dir)
+	}
+	return p, nil
 }
 
 func (s *Supervisor) start(a *rdzvv1.Assignment) (*worker, error) {
 	spec := a.GetSpec()
 	job := spec.GetName()
+	runAs, err := ResolveRunAs(spec.GetRunAs(), s.runAs, s.allowRoot)
+	if err != nil {
+		return nil, err
+	}
 	workdir := spec.GetWorkdir()
 	if workdir == "" {
-		workdir = filepath.Join(s.stateDir, "jobs", job)
+		if workdir, err = s.jobPath(job, "jobs", job); err != nil {
+			return nil, err
+		}
 		if err := os.MkdirAll(workdir, 0o755); err != nil {
 			return nil, fmt.Errorf("creating scratch workdir: %w", err)
+		}
+		// The scratch workdir is the workers' own to write in.
+		if c := runAs.Credential; c != nil {
+			if err := os.Chown(workdir, int(c.Uid), int(c.Gid)); err != nil {
+				return nil, fmt.Errorf("handing the scratch workdir to the run_as user: %w", err)
+			}
 		}
 	}
 	torchrun, err := exec.LookPath(spec.GetLauncherTorchrun())
 	if err != nil {
 		return nil, fmt.Errorf("finding launcher %q: %w", spec.GetLauncherTorchrun(), err)
 	}
-	logPath := s.LogPath(job)
+	logPath, err := s.LogPath(job)
+	if err != nil {
+		return nil, err
+	}
 	if err := os.MkdirAll(filepath.Dir(logPath), 0o755); err != nil {
 		return nil, fmt.Errorf("creating log directory: %w", err)
 	}
@@ -484,6 +524,15 @@ func (s *Supervisor) start(a *rdzvv1.Assignment) (*worker, error) {
 		return nil, fmt.Errorf("opening job log: %w", err)
 	}
 	defer out.Close() // the child keeps its own descriptor
+	jobEnv, err := s.jobEnv(spec)
+	if err != nil {
+		return nil, err
+	}
+	for k, v := range runAs.Env {
+		if _, set := jobEnv[k]; !set {
+			jobEnv[k] = v
+		}
+	}
 	args := LauncherArgs(a)
 	fmt.Fprintf(out, "=== rdzv: job %s generation %d node %s rank %d/%d started %s: %s %s\n",
 		job, a.GetGeneration(), s.node, a.GetNodeRank(), a.GetNnodes(), time.Now().UTC().Format(time.RFC3339), torchrun, strings.Join(args, " "))
@@ -491,12 +540,12 @@ func (s *Supervisor) start(a *rdzvv1.Assignment) (*worker, error) {
 	if err != nil {
 		return nil, fmt.Errorf("encoding the assignment: %w", err)
 	}
-	proc, err := s.spawner.Spawn(ProcessSpec{Path: torchrun, Args: args, Dir: workdir, Env: s.env(a), Output: out,
+	proc, err := s.spawner.Spawn(ProcessSpec{Path: torchrun, Args: args, Dir: workdir, Env: s.env(a, jobEnv), Output: out, Credential: runAs.Credential,
 		ID: fmt.Sprintf("%s.%d", job, a.GetGeneration()), Meta: meta, OrphanTimeout: time.Duration(s.orphanTimeout.Load())})
 	if err != nil {
 		return nil, err
 	}
-	return s.newWorker(a, proc), nil
+	return newWorker(a, proc, logPath), nil
 }
 
 // LauncherArgs is the torchrun command line for an assignment: the
@@ -515,9 +564,10 @@ func LauncherArgs(a *rdzvv1.Assignment) []string {
 	return append(args, spec.GetCommand()...)
 }
 
-// env is the agent's environment, then the job's, then what rdzv decides;
-// the last word on interfaces, devices and identity is always rdzv's.
-func (s *Supervisor) env(a *rdzvv1.Assignment) []string {
+// env is the agent's environment, then the job's (jobEnv), then what rdzv
+// decides; the last word on interfaces, devices and identity is always
+// rdzv's.
+func (s *Supervisor) env(a *rdzvv1.Assignment, jobEnv map[string]string) []string {
 	spec := a.GetSpec()
 	gpus := make([]string, len(a.GetGpuIndices()))
 	for i, g := range a.GetGpuIndices() {
@@ -538,7 +588,7 @@ func (s *Supervisor) env(a *rdzvv1.Assignment) []string {
 	var env []string
 	for _, kv := range os.Environ() {
 		k, _, _ := strings.Cut(kv, "=")
-		if _, overridden := spec.GetEnv()[k]; overridden {
+		if _, overridden := jobEnv[k]; overridden {
 			continue
 		}
 		if _, ours := rdzv[k]; ours {
@@ -546,7 +596,7 @@ func (s *Supervisor) env(a *rdzvv1.Assignment) []string {
 		}
 		env = append(env, kv)
 	}
-	for k, v := range spec.GetEnv() {
+	for k, v := range jobEnv {
 		env = append(env, k+"="+v)
 	}
 	for k, v := range rdzv {

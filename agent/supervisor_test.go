@@ -233,7 +233,9 @@ func TestSupervisorLogFile(t *testing.T) {
 	h.expect("train", 2, wRunning)
 	h.expect("train", 2, wFailed)
 
-	b, err := os.ReadFile(h.sup.LogPath("train"))
+	path, err := h.sup.LogPath("train")
+	require.NoError(t, err)
+	b, err := os.ReadFile(path)
 	require.NoError(t, err)
 	lines := strings.Split(strings.TrimSuffix(string(b), "\n"), "\n")
 	require.Len(t, lines, 6, "generations append to one log:\n%s", b)
@@ -327,7 +329,7 @@ func TestSupervisorEnvHasLastWord(t *testing.T) {
 		"RDZV_AGENT_ADDR":      "job-env",
 		"JOB_VAR":              "from-job",
 	}
-	env := h.sup.env(a)
+	env := h.sup.env(a, a.Spec.Env)
 
 	last := map[string]string{}
 	for _, kv := range env {
@@ -348,4 +350,21 @@ func TestSupervisorEnvHasLastWord(t *testing.T) {
 		require.Equal(t, want, last[k], k)
 	}
 	require.NotContains(t, env, "GLOO_SOCKET_IFNAME=agent-env", "the agent's own value is dropped, not shadowed")
+}
+
+func TestJobPathsStayInStateDir(t *testing.T) {
+	h := newSupervisor(t)
+	for _, job := range []string{"../escape", "a/b", "", ".", "..", "UPPER", strings.Repeat("a", 64)} {
+		_, err := h.sup.LogPath(job)
+		require.Error(t, err, "job %q", job)
+		_, err = h.sup.jobPath(job, "jobs", job)
+		require.Error(t, err, "job %q", job)
+	}
+	p, err := h.sup.LogPath("train")
+	require.NoError(t, err)
+	require.Equal(t, filepath.Join(h.sup.stateDir, "logs", "train.log"), p)
+	// Even a valid name is refused where the joined path leaves the state
+	// directory.
+	_, err = h.sup.jobPath("train", "..", "elsewhere")
+	require.ErrorContains(t, err, "outside the state directory")
 }

@@ -2,7 +2,6 @@ package controller
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"time"
 
@@ -12,7 +11,6 @@ import (
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
-	"github.com/rdzv/rdzv/controller/jobspec"
 	rdzvv1 "github.com/rdzv/rdzv/proto/rdzv/v1"
 )
 
@@ -28,14 +26,12 @@ func (a *agentService) Connect(stream rdzvv1.AgentService_ConnectServer) error {
 	c := a.c
 	first, err := recvWithTimeout(stream, registerTimeout)
 	if err != nil {
+		c.log.Named("agent").Warn("refusing agent stream", zap.Error(err))
 		return err
 	}
 	reg := first.GetRegister()
 	if reg == nil {
 		return status.Error(codes.InvalidArgument, "the first message on an agent stream must be register")
-	}
-	if err := validateNodeInfo(reg.GetNode()); err != nil {
-		return status.Error(codes.InvalidArgument, err.Error())
 	}
 	name := reg.GetNode().GetName()
 	sess := newSession(stream.Context(), name, c.clock.Now())
@@ -50,10 +46,17 @@ func (a *agentService) Connect(stream rdzvv1.AgentService_ConnectServer) error {
 	// Receiving runs beside this handler, which owns sending. The handler
 	// returns as soon as the session ends from either side; returning is what
 	// makes gRPC tear the stream down, which ends the blocked Recv.
+	// invalid carries the reason a message was refused (streamGuard): the
+	// stream ends with it, so the agent sees what it did wrong.
+	invalid := make(chan error, 1)
 	go func() {
 		defer sess.cancel()
 		for {
 			m, err := stream.Recv()
+			if status.Code(err) == codes.InvalidArgument {
+				invalid <- err
+				return
+			}
 			if err != nil {
 				return // the agent went away; it reconnects and re-registers
 			}
@@ -87,6 +90,12 @@ func (a *agentService) Connect(stream rdzvv1.AgentService_ConnectServer) error {
 	for {
 		select {
 		case <-sess.ctx.Done():
+			select {
+			case err := <-invalid:
+				log.Warn("ending agent stream: invalid message", zap.Error(err))
+				return err
+			default:
+			}
 			if stream.Context().Err() != nil {
 				return nil
 			}
@@ -111,6 +120,9 @@ func recvWithTimeout(stream rdzvv1.AgentService_ConnectServer, d time.Duration) 
 	}()
 	select {
 	case r := <-ch:
+		if status.Code(r.err) == codes.InvalidArgument {
+			return nil, r.err
+		}
 		if r.err != nil {
 			return nil, status.Errorf(codes.Canceled, "agent stream closed before register: %v", r.err)
 		}
@@ -118,23 +130,6 @@ func recvWithTimeout(stream rdzvv1.AgentService_ConnectServer, d time.Duration) 
 	case <-time.After(d):
 		return nil, status.Errorf(codes.DeadlineExceeded, "no register message within %s", d)
 	}
-}
-
-func validateNodeInfo(n *rdzvv1.NodeInfo) error {
-	var errs []error
-	if fe := jobspec.ValidateNodeName("node.name", n.GetName()); fe != nil {
-		errs = append(errs, fe)
-	}
-	for _, fe := range jobspec.ValidateLabels("node.labels", n.GetLabels()) {
-		errs = append(errs, fe)
-	}
-	if len(n.GetGpus()) > jobspec.MaxGPUsPerNode {
-		errs = append(errs, fmt.Errorf("node.gpus: at most %d GPUs are supported, got %d", jobspec.MaxGPUsPerNode, len(n.GetGpus())))
-	}
-	if n.GetAddress() == "" {
-		errs = append(errs, errors.New("node.address: required (the agent's NCCL interface address)"))
-	}
-	return errors.Join(errs...)
 }
 
 // register records the node (writing etcd only when something durable

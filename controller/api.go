@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"sort"
+	"sync"
 
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	"google.golang.org/grpc/codes"
@@ -23,6 +24,11 @@ const (
 	logBuffer = 256
 	// maxReasonBytes bounds an operator's cordon reason.
 	maxReasonBytes = 1024
+	// maxLogStreams and maxLogStreamsPerJob bound concurrent StreamLogs
+	// calls: each holds a buffer here and an open file and a reader on a
+	// node (where maxLogTails bounds them again).
+	maxLogStreams       = 64
+	maxLogStreamsPerJob = 8
 )
 
 // toStatus maps internal errors to gRPC status codes at the API boundary.
@@ -55,22 +61,46 @@ func toStatus(err error) error {
 	return status.Error(codes.Internal, err.Error())
 }
 
-func validName(field, name string) error {
-	if fe := jobspec.ValidateNodeName(field, name); fe != nil {
-		return status.Error(codes.InvalidArgument, fe.Error())
-	}
-	return nil
-}
-
 type jobService struct {
 	rdzvv1.UnimplementedJobServiceServer
-	c *Controller
+	c          *Controller
+	logStreams logStreamLimit
+}
+
+// logStreamLimit counts StreamLogs calls in flight, in all and per job.
+type logStreamLimit struct {
+	mu     sync.Mutex
+	total  int
+	perJob map[string]int
+}
+
+// acquire takes a place for a stream of job's log, or says why there is
+// none; release gives it back.
+func (l *logStreamLimit) acquire(job string) (release func(), err error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	switch {
+	case l.total >= maxLogStreams:
+		return nil, status.Errorf(codes.ResourceExhausted, "%d log streams are open on this controller, the most allowed; retry later", l.total)
+	case l.perJob[job] >= maxLogStreamsPerJob:
+		return nil, status.Errorf(codes.ResourceExhausted, "%d log streams of job %s are open, the most allowed per job; retry later", l.perJob[job], job)
+	}
+	if l.perJob == nil {
+		l.perJob = map[string]int{}
+	}
+	l.total++
+	l.perJob[job]++
+	return func() {
+		l.mu.Lock()
+		defer l.mu.Unlock()
+		l.total--
+		if l.perJob[job]--; l.perJob[job] == 0 {
+			delete(l.perJob, job)
+		}
+	}, nil
 }
 
 func (s *jobService) StartJob(ctx context.Context, req *rdzvv1.StartJobRequest) (*rdzvv1.StartJobResponse, error) {
-	if req.GetSpec() == nil {
-		return nil, status.Error(codes.InvalidArgument, "spec: required")
-	}
 	job, err := s.c.startJob(ctx, req.GetSpec())
 	if err != nil {
 		return nil, toStatus(err)
@@ -79,9 +109,6 @@ func (s *jobService) StartJob(ctx context.Context, req *rdzvv1.StartJobRequest) 
 }
 
 func (s *jobService) GetJob(_ context.Context, req *rdzvv1.GetJobRequest) (*rdzvv1.GetJobResponse, error) {
-	if err := validName("name", req.GetName()); err != nil {
-		return nil, err
-	}
 	s.c.mu.Lock()
 	defer s.c.mu.Unlock()
 	js := s.c.jobs[req.GetName()]
@@ -105,9 +132,6 @@ func (s *jobService) ListJobs(context.Context, *rdzvv1.ListJobsRequest) (*rdzvv1
 }
 
 func (s *jobService) StopJob(ctx context.Context, req *rdzvv1.StopJobRequest) (*rdzvv1.StopJobResponse, error) {
-	if err := validName("name", req.GetName()); err != nil {
-		return nil, err
-	}
 	job, err := s.c.stopJob(ctx, req.GetName())
 	if err != nil {
 		return nil, toStatus(err)
@@ -118,17 +142,11 @@ func (s *jobService) StopJob(ctx context.Context, req *rdzvv1.StopJobRequest) (*
 func (s *jobService) ListEvents(ctx context.Context, req *rdzvv1.ListEventsRequest) (*rdzvv1.ListEventsResponse, error) {
 	scope := store.ClusterScope
 	if req.GetJob() != "" {
-		if err := validName("job", req.GetJob()); err != nil {
-			return nil, err
-		}
 		scope = req.GetJob()
 	}
 	limit := int(req.GetLimit())
-	switch {
-	case limit == 0:
+	if limit == 0 {
 		limit = defaultEventLimit
-	case limit > maxEventLimit:
-		return nil, status.Errorf(codes.InvalidArgument, "limit: at most %d, got %d", maxEventLimit, limit)
 	}
 	events, err := s.c.store.ListEvents(ctx, scope, limit)
 	if err != nil {
@@ -142,14 +160,11 @@ func (s *jobService) ListEvents(ctx context.Context, req *rdzvv1.ListEventsReque
 // shipped anywhere unless an operator asks for it.
 func (s *jobService) StreamLogs(req *rdzvv1.StreamLogsRequest, stream rdzvv1.JobService_StreamLogsServer) error {
 	c := s.c
-	if err := validName("job", req.GetJob()); err != nil {
+	release, err := s.logStreams.acquire(req.GetJob())
+	if err != nil {
 		return err
 	}
-	if req.GetNode() != "" {
-		if err := validName("node", req.GetNode()); err != nil {
-			return err
-		}
-	}
+	defer release()
 	c.mu.Lock()
 	js := c.jobs[req.GetJob()]
 	if js == nil {
@@ -232,15 +247,9 @@ func (s *nodeService) ListNodes(context.Context, *rdzvv1.ListNodesRequest) (*rdz
 }
 
 func (s *nodeService) CordonNode(ctx context.Context, req *rdzvv1.CordonNodeRequest) (*rdzvv1.CordonNodeResponse, error) {
-	if err := validName("name", req.GetName()); err != nil {
-		return nil, err
-	}
 	reason := req.GetReason()
 	if reason == "" {
 		reason = "by operator"
-	}
-	if len(reason) > maxReasonBytes {
-		return nil, status.Errorf(codes.InvalidArgument, "reason: at most %d bytes, got %d", maxReasonBytes, len(reason))
 	}
 	s.c.mu.Lock()
 	defer s.c.mu.Unlock()
@@ -252,9 +261,6 @@ func (s *nodeService) CordonNode(ctx context.Context, req *rdzvv1.CordonNodeRequ
 }
 
 func (s *nodeService) UncordonNode(ctx context.Context, req *rdzvv1.UncordonNodeRequest) (*rdzvv1.UncordonNodeResponse, error) {
-	if err := validName("name", req.GetName()); err != nil {
-		return nil, err
-	}
 	s.c.mu.Lock()
 	defer s.c.mu.Unlock()
 	n, err := s.c.setCordon(ctx, req.GetName(), false, "")

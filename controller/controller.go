@@ -17,13 +17,11 @@ import (
 	"google.golang.org/grpc/keepalive"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
+	"github.com/rdzv/rdzv/controller/jobspec"
 	"github.com/rdzv/rdzv/controller/store"
 	rdzvv1 "github.com/rdzv/rdzv/proto/rdzv/v1"
 	"github.com/rdzv/rdzv/rendezvous"
 )
-
-// maxMessageBytes bounds every gRPC message; a round of 10,000 nodes fits.
-const maxMessageBytes = 16 << 20
 
 // Controller is the rdzv-controller daemon.
 type Controller struct {
@@ -150,8 +148,10 @@ func (c *Controller) Run(ctx context.Context) error {
 		}
 	}
 	srv := grpc.NewServer(
-		grpc.MaxRecvMsgSize(maxMessageBytes),
-		grpc.MaxSendMsgSize(maxMessageBytes),
+		grpc.MaxRecvMsgSize(jobspec.MaxMessageBytes),
+		grpc.MaxSendMsgSize(jobspec.MaxMessageBytes),
+		grpc.ChainUnaryInterceptor(unaryGuard(c.log.Named("api"))),
+		grpc.ChainStreamInterceptor(streamGuard(c.log.Named("api"))),
 		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 5 * time.Second, PermitWithoutStream: true}),
 		grpc.KeepaliveParams(keepalive.ServerParameters{Time: 10 * time.Second, Timeout: 5 * time.Second}),
 	)

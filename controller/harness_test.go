@@ -18,7 +18,9 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/goleak"
 	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
 	"go.uber.org/zap/zaptest"
+	"go.uber.org/zap/zaptest/observer"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/protobuf/encoding/prototext"
@@ -63,7 +65,7 @@ const (
 // half of it, and so fail-on can count the nodes that started.
 var fakeTorchrun = `#!/bin/sh
 rec="$PWD/$RDZV_JOB-$RDZV_NODE-$RDZV_GENERATION"
-` + launchertest.Preamble("RDZV_[A-Z_]*|NCCL_SOCKET_IFNAME|GLOO_SOCKET_IFNAME|CUDA_VISIBLE_DEVICES|JOB_VAR") + `nnodes=$2
+` + launchertest.Preamble("RDZV_[A-Z_]*|NCCL_SOCKET_IFNAME|GLOO_SOCKET_IFNAME|CUDA_VISIBLE_DEVICES|JOB_[A-Z_]*") + `nnodes=$2
 shift 11
 echo "hello from $RDZV_NODE rank $RDZV_NODE_RANK generation $RDZV_GENERATION"
 case "$1" in
@@ -94,6 +96,10 @@ type cluster struct {
 	stopController func()
 	jobs           rdzvv1.JobServiceClient
 	nodes          rdzvv1.NodeServiceClient
+	// logs holds every line the controller and the agents logged, at any
+	// level; log is their logger.
+	logs *observer.ObservedLogs
+	log  *zap.Logger
 }
 
 // runningAgent is an in-process agent; stop shuts it down as SIGTERM would.
@@ -103,6 +109,9 @@ type runningAgent struct{ stop func() }
 func newCluster(t *testing.T, edits ...func(*controller.Config)) *cluster {
 	t.Helper()
 	c := &cluster{t: t, workdir: t.TempDir()}
+	var observed zapcore.Core
+	observed, c.logs = observer.New(zapcore.DebugLevel)
+	c.log = zap.New(zapcore.NewTee(testLogger(t).Core(), observed))
 	bin := t.TempDir()
 	c.torchrun = filepath.Join(bin, "torchrun")
 	require.NoError(t, os.WriteFile(c.torchrun, []byte(fakeTorchrun), 0o755))
@@ -135,7 +144,7 @@ func (c *cluster) startController() {
 	t.Helper()
 	lis, err := net.Listen("tcp", c.addr)
 	require.NoError(t, err)
-	ctl, err := controller.New(c.cfg, testLogger(t).Named("controller"), controller.WithListener(lis))
+	ctl, err := controller.New(c.cfg, c.log.Named("controller"), controller.WithListener(lis))
 	require.NoError(t, err)
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
@@ -175,9 +184,11 @@ func (c *cluster) addAgent(name string, gpus int, labels map[string]string) *run
 	cfg.FakeGPUs = gpus
 	cfg.StateDir = t.TempDir()
 	cfg.StopGrace.Duration = 2 * time.Second
+	// Workers run as the test's user: they write into c.workdir.
+	cfg.RunAs, cfg.AllowRoot = fmt.Sprintf("%d:%d", os.Geteuid(), os.Getegid()), true
 	// Real gossip between the in-process agents, on ports the OS picks.
 	cfg.GossipPort = 0
-	a, err := agent.New(cfg, testLogger(t).Named(name), gpu.Fake{Count: gpus, Node: name}, loopbackOnly{}, agent.ExecSpawner{})
+	a, err := agent.New(cfg, c.log.Named(name), gpu.Fake{Count: gpus, Node: name}, loopbackOnly{}, agent.ExecSpawner{})
 	require.NoError(t, err)
 
 	ctx, cancel := context.WithCancel(context.Background())
@@ -445,6 +456,22 @@ type fakeAgent struct {
 	// keepAlive sends from its own goroutine.
 	sendMu sync.Mutex
 	ctx    context.Context
+	// ended is closed when the stream has ended, with endErr why.
+	ended  chan struct{}
+	endErr error
+}
+
+// waitEnd waits for the controller to end the stream and returns how. Only
+// the receiving goroutine calls Recv: gRPC allows one receiver at a time.
+func (f *fakeAgent) waitEnd() error {
+	f.t.Helper()
+	select {
+	case <-f.ended:
+		return f.endErr
+	case <-time.After(waitTimeout):
+		require.FailNow(f.t, "the controller never ended the stream of "+f.name)
+		return nil
+	}
 }
 
 // connectFake registers a node named name with no GPUs on loopback, running
@@ -460,12 +487,14 @@ func (c *cluster) connectFake(name string, workers ...*rdzvv1.WorkerStatus) *fak
 	f := &fakeAgent{t: t, name: name, stream: stream, cancel: cancel, msgs: make(chan *rdzvv1.ConnectResponse, 64)}
 	f.ctx = ctx
 	received := make(chan struct{})
+	f.ended = received
 	go func() {
 		defer close(received)
 		defer close(f.msgs)
 		for {
 			m, err := stream.Recv()
 			if err != nil {
+				f.endErr = err
 				return
 			}
 			if m.GetHeartbeatAck() != nil {

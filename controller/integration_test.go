@@ -700,7 +700,7 @@ func TestControllerEndsAgentStreams(t *testing.T) {
 				}
 				time.Sleep(heartbeatInterval)
 			}
-			_, err := f.stream.Recv()
+			err := f.waitEnd()
 			require.Equal(t, codes.Unavailable, status.Code(err), "%v", err)
 			require.Contains(t, status.Convert(err).Message(), "agent stream ended by the controller")
 		})

@@ -542,6 +542,7 @@ func (c *Controller) stopJob(ctx context.Context, name string) (*rdzvv1.Job, err
 // assignments and worker states.
 func (c *Controller) jobView(js *jobState) *rdzvv1.Job {
 	j := proto.Clone(js.rec).(*rdzvv1.Job)
+	j.Spec = jobspec.RedactSpec(j.GetSpec())
 	// Totals up to now, while still showing which interval is open.
 	c.closeInterval(j)
 	j.RecoveryStartedAt, j.TrainingSince = js.rec.GetRecoveryStartedAt(), js.rec.GetTrainingSince()

@@ -79,8 +79,11 @@ for n in 1 2; do
 	# Two agents share this machine, so each takes any free gossip port. When
 	# the demo ends (or is interrupted) no agent comes back, so the workers
 	# stop with their agent instead of waiting restart_grace for one.
+	# Workers run as whoever runs the demo (root allowed for that): the job
+	# writes its checkpoints under examples/. A real node keeps the default,
+	# nobody, or a dedicated training user.
 	bin/rdzv-agent --controller "$CONTROLLER" --node-name "demo-node-$n" --state-dir "$DEMO/node-$n" --gossip-port 0 --restart-grace 0 \
-		>"$DEMO/node-$n.log" 2>&1 &
+		--run-as "$(id -u):$(id -g)" --allow-root >"$DEMO/node-$n.log" 2>&1 &
 	pids+=($!)
 	names+=("demo-node-$n")
 done

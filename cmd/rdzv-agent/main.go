@@ -78,6 +78,9 @@ func config(args []string) (agent.Config, error) {
 	grace := fs.Duration("stop-grace", def.StopGrace.Duration, "time between SIGTERM and SIGKILL when stopping workers")
 	restartGrace := fs.Duration("restart-grace", def.RestartGrace.Duration, "how long workers run on after the agent stops, for the next agent to adopt them (0: stop them with the agent)")
 	level := fs.String("log-level", def.LogLevel, "debug, info, warn or error")
+	secretsDir := fs.String("secrets-dir", def.SecretsDir, "directory holding the files jobs may name in env_files")
+	runAs := fs.String("run-as", def.RunAs, "user workers run as unless the job names one (name or uid[:gid])")
+	allowRoot := fs.Bool("allow-root", def.AllowRoot, "let workers run as root")
 	if err := fs.Parse(args); err != nil {
 		return def, err
 	}
@@ -136,6 +139,15 @@ func config(args []string) (agent.Config, error) {
 	}
 	if set["log-level"] {
 		cfg.LogLevel = *level
+	}
+	if set["secrets-dir"] {
+		cfg.SecretsDir = *secretsDir
+	}
+	if set["run-as"] {
+		cfg.RunAs = *runAs
+	}
+	if set["allow-root"] {
+		cfg.AllowRoot = *allowRoot
 	}
 	return cfg, cfg.Validate()
 }

@@ -67,7 +67,8 @@ func (c *command) dial() (*grpc.ClientConn, error) {
 		return nil, fmt.Errorf("%w: -o must be table or json, got %q", errUsage, c.output)
 	}
 	if c.conn == nil {
-		conn, err := grpc.NewClient(c.controller, grpc.WithTransportCredentials(insecure.NewCredentials()))
+		conn, err := grpc.NewClient(c.controller, grpc.WithTransportCredentials(insecure.NewCredentials()),
+			grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(jobspec.MaxMessageBytes), grpc.MaxCallSendMsgSize(jobspec.MaxMessageBytes)))
 		if err != nil {
 			return nil, fmt.Errorf("controller address %q: %w", c.controller, err)
 		}

@@ -53,6 +53,15 @@ type Spec struct {
 	Launcher     Launcher          `json:"launcher"`
 	Restart      Restart           `json:"restart"`
 	Health       Health            `json:"health"`
+	// SecretEnv is environment whose values never appear in API responses,
+	// events or logs.
+	SecretEnv map[string]string `json:"secret_env"`
+	// EnvFiles maps variable names to files each node's agent reads when it
+	// starts the workers, so the values never pass through the controller.
+	EnvFiles map[string]string `json:"env_files"`
+	// RunAs is the user the workers run as (name or uid[:gid]); empty uses
+	// the agent's run_as.
+	RunAs string `json:"run_as"`
 }
 
 type NodeRange struct {

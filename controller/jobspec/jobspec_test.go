@@ -2,10 +2,13 @@ package jobspec
 
 import (
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
+	"unicode/utf8"
 
 	"github.com/stretchr/testify/require"
 )
@@ -130,6 +133,37 @@ func TestValidateRejects(t *testing.T) {
 		{"empty marker", func(s *Spec) { s.Checkpoint.Markers = []string{"COMPLETE", ""} }, "checkpoint.markers[1]"},
 		{"negative progress timeout", func(s *Spec) { s.Health.ProgressTimeout = Dur(-time.Second) }, "health.progress_timeout"},
 		{"nul in arg", func(s *Spec) { s.Command = []string{"x.py", "a\x00b"} }, "command[1]"},
+		{"long env name", func(s *Spec) { s.Env = map[string]string{strings.Repeat("A", 257): "x"} }, "env: variable names"},
+		{"env value too big", func(s *Spec) { s.Env = map[string]string{"BIG": strings.Repeat("x", 32<<10+1)} }, "env.BIG: value must be at most"},
+		{"bad secret name", func(s *Spec) { s.SecretEnv = map[string]string{"A-B": "x"} }, `secret_env: variable names`},
+		{"reserved secret", func(s *Spec) { s.SecretEnv = map[string]string{"MASTER_ADDR": "x"} }, "secret_env.MASTER_ADDR: is set by the rdzv agent"},
+		{"secret also in env", func(s *Spec) { s.SecretEnv = map[string]string{"OMP_NUM_THREADS": "x"} }, "secret_env.OMP_NUM_THREADS: is already given in env"},
+		{"env file also a secret", func(s *Spec) {
+			s.SecretEnv = map[string]string{"TOKEN": "x"}
+			s.EnvFiles = map[string]string{"TOKEN": "/etc/token"}
+		}, "env_files.TOKEN: is already given in secret_env"},
+		{"relative env file", func(s *Spec) { s.EnvFiles = map[string]string{"TOKEN": "token"} }, "env_files.TOKEN: must be an absolute path"},
+		{"env file traversal", func(s *Spec) { s.EnvFiles = map[string]string{"TOKEN": "/run/../etc/shadow"} }, "env_files.TOKEN: must be a clean path"},
+		{"empty env file", func(s *Spec) { s.EnvFiles = map[string]string{"TOKEN": ""} }, "env_files.TOKEN: must name the file"},
+		{"too many variables", func(s *Spec) {
+			s.Env, s.SecretEnv = map[string]string{}, map[string]string{}
+			for i := range 200 {
+				s.Env[fmt.Sprintf("E%d", i)], s.SecretEnv[fmt.Sprintf("S%d", i)] = "x", "y"
+			}
+		}, "env: at most 256 variables are allowed across env, secret_env and env_files (got 400)"},
+		{"run_as with a space", func(s *Spec) { s.RunAs = "no body" }, `run_as: must be a user name`},
+		{"run_as path", func(s *Spec) { s.RunAs = "../root" }, "run_as:"},
+		{"run_as long name", func(s *Spec) { s.RunAs = strings.Repeat("u", 33) }, "run_as:"},
+		{"run_as uid -1", func(s *Spec) { s.RunAs = "4294967295" }, "run_as: uid and gid must be below 4294967295"},
+		{"run_as gid overflow", func(s *Spec) { s.RunAs = "1000:99999999999" }, "run_as: uid and gid"},
+		{"run_as empty gid", func(s *Spec) { s.RunAs = "1000:" }, "run_as:"},
+		{"whole spec too large", func(s *Spec) {
+			// Every field within its own limit, the sum above MaxSpecBytes.
+			s.Command = []string{"x.py"}
+			for range 200 {
+				s.Command = append(s.Command, strings.Repeat("a", 4000))
+			}
+		}, "job: is larger than the 524288 bytes allowed in all"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -176,4 +210,63 @@ func TestProtoRoundTrip(t *testing.T) {
 	require.NoError(t, err)
 	back := FromProto(spec.ToProto())
 	require.Equal(t, spec, back)
+}
+
+func TestValidateAcceptsRunAsAndSecrets(t *testing.T) {
+	for _, runAs := range []string{"", "nobody", "train_user", "svc-train.1", "65534", "1000:1000", "0"} {
+		spec, err := Parse([]byte(goodJob))
+		require.NoError(t, err)
+		spec.RunAs = runAs
+		spec.SecretEnv = map[string]string{"HF_TOKEN": "hf_abc"}
+		spec.EnvFiles = map[string]string{"WANDB_API_KEY": "/etc/rdzv/wandb"}
+		require.NoError(t, spec.Validate(), "run_as %q", runAs)
+	}
+}
+
+// A secret's value must not leak through a validation error, which reaches
+// rdzvctl's output and the controller's logs.
+func TestValidateNeverQuotesSecretValues(t *testing.T) {
+	const secret = "s3cr3t-value"
+	for _, value := range []string{secret + "\x00", strings.Repeat(secret, 4000)} {
+		spec, err := Parse([]byte(goodJob))
+		require.NoError(t, err)
+		spec.SecretEnv = map[string]string{"TOKEN": value}
+		err = spec.Validate()
+		require.ErrorContains(t, err, "secret_env.TOKEN")
+		require.NotContains(t, err.Error(), secret)
+	}
+}
+
+func TestParseSecretsAndRunAs(t *testing.T) {
+	spec, err := Parse([]byte(goodJob + "secret_env: {HF_TOKEN: hf_abc}\nenv_files: {WANDB_API_KEY: /etc/rdzv/wandb}\nrun_as: \"1000:100\"\n"))
+	require.NoError(t, err)
+	require.NoError(t, spec.Validate())
+	require.Equal(t, map[string]string{"HF_TOKEN": "hf_abc"}, spec.SecretEnv)
+	require.Equal(t, map[string]string{"WANDB_API_KEY": "/etc/rdzv/wandb"}, spec.EnvFiles)
+	require.Equal(t, "1000:100", spec.RunAs)
+	require.Equal(t, spec, FromProto(spec.ToProto()))
+}
+
+func TestRedactSpec(t *testing.T) {
+	spec, err := Parse([]byte(goodJob + "secret_env: {HF_TOKEN: hf_abc}\n"))
+	require.NoError(t, err)
+	stored := spec.ToProto()
+	shown := RedactSpec(stored)
+	require.Equal(t, map[string]string{"HF_TOKEN": Redacted}, shown.GetSecretEnv())
+	require.Equal(t, "hf_abc", stored.GetSecretEnv()["HF_TOKEN"], "the stored record keeps the value")
+	require.Equal(t, spec.Env, shown.GetEnv(), "plain env is shown")
+	plain := (&Spec{Name: "a"}).ToProto()
+	require.Same(t, plain, RedactSpec(plain), "nothing to redact, nothing copied")
+}
+
+func TestClipText(t *testing.T) {
+	require.Equal(t, "short", ClipText("short"))
+	exact := strings.Repeat("x", MaxTextBytes)
+	require.Equal(t, exact, ClipText(exact))
+	// A multi-byte character straddling the cut is dropped whole.
+	long := strings.Repeat("x", MaxTextBytes-4) + strings.Repeat("é", 10)
+	clipped := ClipText(long)
+	require.LessOrEqual(t, len(clipped), MaxTextBytes)
+	require.True(t, utf8.ValidString(clipped))
+	require.True(t, strings.HasSuffix(clipped, "..."))
 }

@@ -2,11 +2,15 @@ package jobspec
 
 import (
 	"fmt"
+	"math"
 	"path/filepath"
 	"regexp"
 	"sort"
+	"strconv"
 	"strings"
 	"time"
+
+	"google.golang.org/protobuf/proto"
 )
 
 // FieldError names one problem: the field's path in job.yaml, the offending
@@ -71,11 +75,13 @@ const (
 	maxArgs     = 256
 	maxArgBytes = 4096
 	maxEnv      = 256
-	maxEnvBytes = 32 << 10
-	maxLabels   = 64
-	maxPathLen  = 4096
-	maxRestarts = 1000
-	maxMarkers  = 16
+	// maxEnvNameBytes bounds a variable's name.
+	maxEnvNameBytes  = 256
+	maxUserNameBytes = 32
+	maxLabels        = 64
+	maxPathLen       = 4096
+	maxRestarts      = 1000
+	maxMarkers       = 16
 )
 
 func derefInt(p *int) int {
@@ -155,17 +161,10 @@ func (s *Spec) Validate() error {
 	errs = append(errs, validatePath("workdir", s.Workdir)...)
 	errs = append(errs, validatePath("checkpoint.dir", s.Checkpoint.Dir)...)
 
-	if len(s.Env) > maxEnv {
-		add("env", fmt.Sprint(len(s.Env)), fmt.Sprintf("at most %d variables are allowed", maxEnv))
-	}
-	for _, k := range sortedKeys(s.Env) {
-		switch {
-		case !envName.MatchString(k):
-			add("env", quote(k), "variable names must match [A-Za-z_][A-Za-z0-9_]*")
-		case reservedEnv[k] || strings.HasPrefix(k, "RDZV_"):
-			add("env."+k, "", "is set by the rdzv agent from the assignment and cannot be overridden")
-		case len(s.Env[k]) > maxEnvBytes || strings.ContainsRune(s.Env[k], 0):
-			add("env."+k, "", fmt.Sprintf("value must be at most %d bytes without NUL characters", maxEnvBytes))
+	errs = append(errs, s.validateEnv()...)
+	if s.RunAs != "" {
+		if fe := ValidateRunAs("run_as", s.RunAs); fe != nil {
+			errs = append(errs, fe)
 		}
 	}
 	errs = append(errs, ValidateLabels("selector", s.Selector)...)
@@ -214,10 +213,90 @@ func (s *Spec) Validate() error {
 		add("health.progress_timeout", durString(p), "must be 0s (off) or a positive duration")
 	}
 
+	// Checked last and only when all else is fine: every field within its
+	// own limits can still add up to more than etcd stores in one request.
+	if len(errs) == 0 {
+		if n := proto.Size(s.ToProto()); n > MaxSpecBytes {
+			add("job", fmt.Sprintf("%d bytes", n), fmt.Sprintf("is larger than the %d bytes allowed in all", MaxSpecBytes))
+		}
+	}
 	if len(errs) == 0 {
 		return nil
 	}
 	return &ValidationError{Errors: errs}
+}
+
+// validateEnv checks env, secret_env and env_files together: they end up in
+// one environment, so a name may be given in only one of them. No error
+// quotes a value: it may be a secret.
+func (s *Spec) validateEnv() []*FieldError {
+	var errs []*FieldError
+	if n := len(s.Env) + len(s.SecretEnv) + len(s.EnvFiles); n > maxEnv {
+		errs = append(errs, &FieldError{Field: "env", Value: fmt.Sprint(n), Reason: fmt.Sprintf("at most %d variables are allowed across env, secret_env and env_files", maxEnv)})
+	}
+	valueOK := func(field, v string) *FieldError {
+		if len(v) > MaxEnvValueBytes || strings.ContainsRune(v, 0) {
+			return &FieldError{Field: field, Reason: fmt.Sprintf("value must be at most %d bytes without NUL characters", MaxEnvValueBytes)}
+		}
+		return nil
+	}
+	fileOK := func(field, p string) *FieldError {
+		if p == "" {
+			return &FieldError{Field: field, Reason: "must name the file on each node holding the value"}
+		}
+		if fes := validatePath(field, p); len(fes) > 0 {
+			return fes[0]
+		}
+		return nil
+	}
+	givenIn := map[string]string{}
+	for _, set := range []struct {
+		field string
+		vars  map[string]string
+		check func(field, v string) *FieldError
+	}{{"env", s.Env, valueOK}, {"secret_env", s.SecretEnv, valueOK}, {"env_files", s.EnvFiles, fileOK}} {
+		for _, k := range sortedKeys(set.vars) {
+			var fe *FieldError
+			switch {
+			case len(k) > maxEnvNameBytes || !envName.MatchString(k):
+				fe = &FieldError{Field: set.field, Value: quote(k), Reason: fmt.Sprintf("variable names must match [A-Za-z_][A-Za-z0-9_]* and be at most %d characters", maxEnvNameBytes)}
+			case reservedEnv[k] || strings.HasPrefix(k, "RDZV_"):
+				fe = &FieldError{Field: set.field + "." + k, Reason: "is set by the rdzv agent from the assignment and cannot be overridden"}
+			case givenIn[k] != "":
+				fe = &FieldError{Field: set.field + "." + k, Reason: "is already given in " + givenIn[k]}
+			default:
+				givenIn[k] = set.field
+				fe = set.check(set.field+"."+k, set.vars[k])
+			}
+			if fe != nil {
+				errs = append(errs, fe)
+			}
+		}
+	}
+	return errs
+}
+
+var (
+	userName = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_.-]*$`)
+	uidGID   = regexp.MustCompile(`^([0-9]+)(:([0-9]+))?$`)
+)
+
+// ValidateRunAs checks a run_as value: a user name, or a numeric uid with an
+// optional gid (uid[:gid]). Whether the user exists is for the node to say.
+func ValidateRunAs(field, v string) *FieldError {
+	if m := uidGID.FindStringSubmatch(v); m != nil {
+		for _, id := range []string{m[1], m[3]} {
+			// 4294967295 is (uid_t)-1, which the kernel reads as "unchanged".
+			if n, err := strconv.ParseUint(id, 10, 32); id != "" && (err != nil || n == math.MaxUint32) {
+				return &FieldError{Field: field, Value: quote(v), Reason: "uid and gid must be below 4294967295"}
+			}
+		}
+		return nil
+	}
+	if len(v) > maxUserNameBytes || !userName.MatchString(v) {
+		return &FieldError{Field: field, Value: quote(v), Reason: fmt.Sprintf("must be a user name (letters, digits, '_', '.', '-', at most %d characters) or uid[:gid]", maxUserNameBytes)}
+	}
+	return nil
 }
 
 func validateArgs(field string, args []string) []*FieldError {

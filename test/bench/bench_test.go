@@ -224,7 +224,9 @@ func (b *bench) runRdzv(t *testing.T, r *result) {
 	for i := 1; i <= nodeHosts; i++ {
 		h := net.Host(i)
 		daemons = append(daemons, h.Start(t, "agent", nil, b.agentBin, "--controller", addr,
-			"--state-dir", filepath.Join(d.root, h.Name), "--stop-grace", agentStopGrace.String()))
+			"--state-dir", filepath.Join(d.root, h.Name), "--stop-grace", agentStopGrace.String(),
+			// train.py writes checkpoints into root-owned directories.
+			"--run-as", "root", "--allow-root"))
 	}
 	diagnose := func() {
 		for _, args := range [][]string{{"status", jobName}, {"events", jobName}, {"events"}} {

@@ -136,8 +136,10 @@ func (c *cluster) startAgents() {
 	}
 }
 
+// agentArgv runs workers as root (not the agent's default, nobody): train.py
+// writes checkpoints into the test's root-owned directories.
 func (c *cluster) agentArgv(i int) []string {
-	return append([]string{c.agentBin, "--controller", c.controllerAddr, "--state-dir", c.stateDir(i)}, c.agentArgs...)
+	return append([]string{c.agentBin, "--controller", c.controllerAddr, "--state-dir", c.stateDir(i), "--run-as", "root", "--allow-root"}, c.agentArgs...)
 }
 
 // restartAgent stops agent i with SIGTERM, as `systemctl restart` does, and

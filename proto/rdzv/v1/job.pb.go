@@ -177,8 +177,19 @@ type JobSpec struct {
 	CheckpointMarkers []string `protobuf:"bytes,18,rep,name=checkpoint_markers,json=checkpointMarkers,proto3" json:"checkpoint_markers,omitempty"`
 	// No reported training step for this long counts as a hang; zero is off.
 	HealthProgressTimeout *durationpb.Duration `protobuf:"bytes,19,opt,name=health_progress_timeout,json=healthProgressTimeout,proto3" json:"health_progress_timeout,omitempty"`
-	unknownFields         protoimpl.UnknownFields
-	sizeCache             protoimpl.SizeCache
+	// Environment whose values are secrets: given to the workers like env,
+	// stored in etcd, and shown as "<redacted>" in every API response, event
+	// and log line.
+	SecretEnv map[string]string `protobuf:"bytes,20,rep,name=secret_env,json=secretEnv,proto3" json:"secret_env,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	// Environment read from files on each node by its agent when it starts
+	// the workers: variable name to absolute path. The values never reach the
+	// controller.
+	EnvFiles map[string]string `protobuf:"bytes,21,rep,name=env_files,json=envFiles,proto3" json:"env_files,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	// User the workers run as: a user name, or uid[:gid]. Empty uses the
+	// agent's run_as.
+	RunAs         string `protobuf:"bytes,22,opt,name=run_as,json=runAs,proto3" json:"run_as,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *JobSpec) Reset() {
@@ -342,6 +353,27 @@ func (x *JobSpec) GetHealthProgressTimeout() *durationpb.Duration {
 		return x.HealthProgressTimeout
 	}
 	return nil
+}
+
+func (x *JobSpec) GetSecretEnv() map[string]string {
+	if x != nil {
+		return x.SecretEnv
+	}
+	return nil
+}
+
+func (x *JobSpec) GetEnvFiles() map[string]string {
+	if x != nil {
+		return x.EnvFiles
+	}
+	return nil
+}
+
+func (x *JobSpec) GetRunAs() string {
+	if x != nil {
+		return x.RunAs
+	}
+	return ""
 }
 
 // NodeAssignment is one node's place in a generation of a job.
@@ -1047,7 +1079,8 @@ var File_rdzv_v1_job_proto protoreflect.FileDescriptor
 
 const file_rdzv_v1_job_proto_rawDesc = "" +
 	"\n" +
-	"\x11rdzv/v1/job.proto\x12\ardzv.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xa0\b\n" +
+	"\x11rdzv/v1/job.proto\x12\ardzv.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xaf\n" +
+	"\n" +
 	"\aJobSpec\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x1b\n" +
 	"\tnodes_min\x18\x02 \x01(\rR\bnodesMin\x12\x1b\n" +
@@ -1068,11 +1101,21 @@ const file_rdzv_v1_job_proto_rawDesc = "" +
 	"\x17restart_backoff_initial\x18\x10 \x01(\v2\x19.google.protobuf.DurationR\x15restartBackoffInitial\x12I\n" +
 	"\x13restart_backoff_max\x18\x11 \x01(\v2\x19.google.protobuf.DurationR\x11restartBackoffMax\x12-\n" +
 	"\x12checkpoint_markers\x18\x12 \x03(\tR\x11checkpointMarkers\x12Q\n" +
-	"\x17health_progress_timeout\x18\x13 \x01(\v2\x19.google.protobuf.DurationR\x15healthProgressTimeout\x1a6\n" +
+	"\x17health_progress_timeout\x18\x13 \x01(\v2\x19.google.protobuf.DurationR\x15healthProgressTimeout\x12>\n" +
+	"\n" +
+	"secret_env\x18\x14 \x03(\v2\x1f.rdzv.v1.JobSpec.SecretEnvEntryR\tsecretEnv\x12;\n" +
+	"\tenv_files\x18\x15 \x03(\v2\x1e.rdzv.v1.JobSpec.EnvFilesEntryR\benvFiles\x12\x15\n" +
+	"\x06run_as\x18\x16 \x01(\tR\x05runAs\x1a6\n" +
 	"\bEnvEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\x1a;\n" +
 	"\rSelectorEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\x1a<\n" +
+	"\x0eSecretEnvEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\x1a;\n" +
+	"\rEnvFilesEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\x9e\x02\n" +
 	"\x0eNodeAssignment\x12\x12\n" +
@@ -1196,7 +1239,7 @@ func file_rdzv_v1_job_proto_rawDescGZIP() []byte {
 }
 
 var file_rdzv_v1_job_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
-var file_rdzv_v1_job_proto_msgTypes = make([]protoimpl.MessageInfo, 9)
+var file_rdzv_v1_job_proto_msgTypes = make([]protoimpl.MessageInfo, 11)
 var file_rdzv_v1_job_proto_goTypes = []any{
 	(JobState)(0),                 // 0: rdzv.v1.JobState
 	(WorkerState)(0),              // 1: rdzv.v1.WorkerState
@@ -1209,42 +1252,46 @@ var file_rdzv_v1_job_proto_goTypes = []any{
 	(*Round)(nil),                 // 8: rdzv.v1.Round
 	nil,                           // 9: rdzv.v1.JobSpec.EnvEntry
 	nil,                           // 10: rdzv.v1.JobSpec.SelectorEntry
-	(*durationpb.Duration)(nil),   // 11: google.protobuf.Duration
-	(*timestamppb.Timestamp)(nil), // 12: google.protobuf.Timestamp
+	nil,                           // 11: rdzv.v1.JobSpec.SecretEnvEntry
+	nil,                           // 12: rdzv.v1.JobSpec.EnvFilesEntry
+	(*durationpb.Duration)(nil),   // 13: google.protobuf.Duration
+	(*timestamppb.Timestamp)(nil), // 14: google.protobuf.Timestamp
 }
 var file_rdzv_v1_job_proto_depIdxs = []int32{
 	9,  // 0: rdzv.v1.JobSpec.env:type_name -> rdzv.v1.JobSpec.EnvEntry
 	10, // 1: rdzv.v1.JobSpec.selector:type_name -> rdzv.v1.JobSpec.SelectorEntry
-	11, // 2: rdzv.v1.JobSpec.rendezvous_last_call:type_name -> google.protobuf.Duration
-	11, // 3: rdzv.v1.JobSpec.rendezvous_timeout:type_name -> google.protobuf.Duration
-	11, // 4: rdzv.v1.JobSpec.restart_backoff_initial:type_name -> google.protobuf.Duration
-	11, // 5: rdzv.v1.JobSpec.restart_backoff_max:type_name -> google.protobuf.Duration
-	11, // 6: rdzv.v1.JobSpec.health_progress_timeout:type_name -> google.protobuf.Duration
-	1,  // 7: rdzv.v1.NodeAssignment.state:type_name -> rdzv.v1.WorkerState
-	2,  // 8: rdzv.v1.Job.spec:type_name -> rdzv.v1.JobSpec
-	0,  // 9: rdzv.v1.Job.state:type_name -> rdzv.v1.JobState
-	3,  // 10: rdzv.v1.Job.assignments:type_name -> rdzv.v1.NodeAssignment
-	12, // 11: rdzv.v1.Job.created_at:type_name -> google.protobuf.Timestamp
-	12, // 12: rdzv.v1.Job.started_at:type_name -> google.protobuf.Timestamp
-	12, // 13: rdzv.v1.Job.finished_at:type_name -> google.protobuf.Timestamp
-	5,  // 14: rdzv.v1.Job.latest_checkpoint:type_name -> rdzv.v1.Checkpoint
-	12, // 15: rdzv.v1.Job.progress_at:type_name -> google.protobuf.Timestamp
-	11, // 16: rdzv.v1.Job.training_time:type_name -> google.protobuf.Duration
-	11, // 17: rdzv.v1.Job.recovery_time:type_name -> google.protobuf.Duration
-	12, // 18: rdzv.v1.Job.recovery_started_at:type_name -> google.protobuf.Timestamp
-	12, // 19: rdzv.v1.Job.restart_not_before:type_name -> google.protobuf.Timestamp
-	12, // 20: rdzv.v1.Job.training_since:type_name -> google.protobuf.Timestamp
-	12, // 21: rdzv.v1.Checkpoint.reported_at:type_name -> google.protobuf.Timestamp
-	2,  // 22: rdzv.v1.Assignment.spec:type_name -> rdzv.v1.JobSpec
-	12, // 23: rdzv.v1.Event.time:type_name -> google.protobuf.Timestamp
-	11, // 24: rdzv.v1.Event.detection_latency:type_name -> google.protobuf.Duration
-	3,  // 25: rdzv.v1.Round.nodes:type_name -> rdzv.v1.NodeAssignment
-	12, // 26: rdzv.v1.Round.committed_at:type_name -> google.protobuf.Timestamp
-	27, // [27:27] is the sub-list for method output_type
-	27, // [27:27] is the sub-list for method input_type
-	27, // [27:27] is the sub-list for extension type_name
-	27, // [27:27] is the sub-list for extension extendee
-	0,  // [0:27] is the sub-list for field type_name
+	13, // 2: rdzv.v1.JobSpec.rendezvous_last_call:type_name -> google.protobuf.Duration
+	13, // 3: rdzv.v1.JobSpec.rendezvous_timeout:type_name -> google.protobuf.Duration
+	13, // 4: rdzv.v1.JobSpec.restart_backoff_initial:type_name -> google.protobuf.Duration
+	13, // 5: rdzv.v1.JobSpec.restart_backoff_max:type_name -> google.protobuf.Duration
+	13, // 6: rdzv.v1.JobSpec.health_progress_timeout:type_name -> google.protobuf.Duration
+	11, // 7: rdzv.v1.JobSpec.secret_env:type_name -> rdzv.v1.JobSpec.SecretEnvEntry
+	12, // 8: rdzv.v1.JobSpec.env_files:type_name -> rdzv.v1.JobSpec.EnvFilesEntry
+	1,  // 9: rdzv.v1.NodeAssignment.state:type_name -> rdzv.v1.WorkerState
+	2,  // 10: rdzv.v1.Job.spec:type_name -> rdzv.v1.JobSpec
+	0,  // 11: rdzv.v1.Job.state:type_name -> rdzv.v1.JobState
+	3,  // 12: rdzv.v1.Job.assignments:type_name -> rdzv.v1.NodeAssignment
+	14, // 13: rdzv.v1.Job.created_at:type_name -> google.protobuf.Timestamp
+	14, // 14: rdzv.v1.Job.started_at:type_name -> google.protobuf.Timestamp
+	14, // 15: rdzv.v1.Job.finished_at:type_name -> google.protobuf.Timestamp
+	5,  // 16: rdzv.v1.Job.latest_checkpoint:type_name -> rdzv.v1.Checkpoint
+	14, // 17: rdzv.v1.Job.progress_at:type_name -> google.protobuf.Timestamp
+	13, // 18: rdzv.v1.Job.training_time:type_name -> google.protobuf.Duration
+	13, // 19: rdzv.v1.Job.recovery_time:type_name -> google.protobuf.Duration
+	14, // 20: rdzv.v1.Job.recovery_started_at:type_name -> google.protobuf.Timestamp
+	14, // 21: rdzv.v1.Job.restart_not_before:type_name -> google.protobuf.Timestamp
+	14, // 22: rdzv.v1.Job.training_since:type_name -> google.protobuf.Timestamp
+	14, // 23: rdzv.v1.Checkpoint.reported_at:type_name -> google.protobuf.Timestamp
+	2,  // 24: rdzv.v1.Assignment.spec:type_name -> rdzv.v1.JobSpec
+	14, // 25: rdzv.v1.Event.time:type_name -> google.protobuf.Timestamp
+	13, // 26: rdzv.v1.Event.detection_latency:type_name -> google.protobuf.Duration
+	3,  // 27: rdzv.v1.Round.nodes:type_name -> rdzv.v1.NodeAssignment
+	14, // 28: rdzv.v1.Round.committed_at:type_name -> google.protobuf.Timestamp
+	29, // [29:29] is the sub-list for method output_type
+	29, // [29:29] is the sub-list for method input_type
+	29, // [29:29] is the sub-list for extension type_name
+	29, // [29:29] is the sub-list for extension extendee
+	0,  // [0:29] is the sub-list for field type_name
 }
 
 func init() { file_rdzv_v1_job_proto_init() }
@@ -1258,7 +1305,7 @@ func file_rdzv_v1_job_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_rdzv_v1_job_proto_rawDesc), len(file_rdzv_v1_job_proto_rawDesc)),
 			NumEnums:      2,
-			NumMessages:   9,
+			NumMessages:   11,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

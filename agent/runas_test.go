@@ -1,0 +1,219 @@
+package agent
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/user"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
+	"go.uber.org/zap/zaptest"
+	"go.uber.org/zap/zaptest/observer"
+
+	rdzvv1 "github.com/rdzv/rdzv/proto/rdzv/v1"
+)
+
+func requireRootAndNobody(t *testing.T) {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Skip("switching workers to another user needs a root agent")
+	}
+	if _, err := user.Lookup("nobody"); err != nil {
+		t.Skip("no user nobody on this machine")
+	}
+}
+
+func TestResolveRunAs(t *testing.T) {
+	requireRootAndNobody(t)
+	nobody := &syscall.Credential{Uid: 65534, Gid: 65534, Groups: []uint32{65534}}
+	tests := []struct {
+		name      string
+		job       string
+		agent     string
+		allowRoot bool
+		want      *syscall.Credential
+		wantHome  string
+		wantErr   string
+	}{
+		{name: "agent default", agent: "nobody", want: nobody, wantHome: "/nonexistent"},
+		{name: "job overrides", job: "nobody", agent: "root", want: nobody},
+		{name: "uid", agent: "65534", want: nobody},
+		{name: "uid and gid exactly", agent: "4242:4343", want: &syscall.Credential{Uid: 4242, Gid: 4343, Groups: []uint32{4343}}},
+		{name: "unknown uid without gid", agent: "4242", wantErr: "uid 4242 has no user entry on this node, so give its group too"},
+		{name: "unknown user", job: "no-such-user-rdzv", agent: "nobody", wantErr: `run_as "no-such-user-rdzv"`},
+		{name: "root refused", job: "root", agent: "nobody", wantErr: "not allowed by this agent"},
+		{name: "uid 0 refused", agent: "0", wantErr: "not allowed by this agent"},
+		{name: "gid 0 refused", agent: "65534:0", wantErr: "not allowed by this agent"},
+		// Root is this test's own user: allowed, nothing to switch.
+		{name: "root allowed", agent: "root", allowRoot: true, want: nil, wantHome: "/root"},
+		{name: "invalid", job: "a b", agent: "nobody", wantErr: "run_as: must be a user name"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			r, err := ResolveRunAs(tt.job, tt.agent, tt.allowRoot)
+			if tt.wantErr != "" {
+				require.ErrorContains(t, err, tt.wantErr)
+				return
+			}
+			require.NoError(t, err)
+			require.Equal(t, tt.want, r.Credential)
+			if tt.wantHome != "" {
+				require.Equal(t, tt.wantHome, r.Env["HOME"])
+			}
+		})
+	}
+	_, err := ResolveRunAs("root", "nobody", false)
+	require.True(t, errors.Is(err, errRootRefused))
+}
+
+// TestWorkersRunConfined runs a real worker as nobody: it can write in its
+// workdir and checkpoint directory, not in the agent's log directory or
+// /etc; it gets its secrets, which appear in no agent log line.
+func TestWorkersRunConfined(t *testing.T) {
+	requireRootAndNobody(t)
+	base, err := os.MkdirTemp("", "rdzv-runas-")
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = os.RemoveAll(base) })
+	require.NoError(t, os.Chmod(base, 0o755))
+	stateDir, ckpt, secrets := filepath.Join(base, "state"), filepath.Join(base, "ckpt"), filepath.Join(base, "secrets")
+	for _, d := range []string{stateDir, ckpt} {
+		require.NoError(t, os.Mkdir(d, 0o755))
+	}
+	// The operator makes the checkpoint directory the job user's; secrets
+	// stay root's, read by the agent for the worker.
+	require.NoError(t, os.Chown(ckpt, 65534, 65534))
+	require.NoError(t, os.Mkdir(secrets, 0o700))
+	const secret, fileSecret = "s3cret-from-job", "s3cret-from-file"
+	require.NoError(t, os.WriteFile(filepath.Join(secrets, "token"), []byte(fileSecret+"\n"), 0o600))
+	torchrun := filepath.Join(base, "torchrun")
+	require.NoError(t, os.WriteFile(torchrun, []byte(`#!/bin/sh
+shift 10
+echo "uid=$(id -u) gid=$(id -g) home=$HOME"
+try() { if (echo x >"$1") 2>/dev/null; then echo "wrote $1"; else echo "denied $1"; fi; }
+try "$PWD/out"
+try "$RDZV_CHECKPOINT_DIR/out"
+try "$2/evil.log"
+try /etc/rdzv-evil
+try "$2/../jobs-evil"
+printf %s "$JOB_SECRET" >"$PWD/secret"
+printf %s "$JOB_FILE" >"$PWD/file-secret"
+`), 0o755))
+
+	core, logs := observer.New(zapcore.DebugLevel)
+	log := zap.New(zapcore.NewTee(zaptest.NewLogger(t).Core(), core))
+	cfg := DefaultConfig()
+	cfg.Controller, cfg.StateDir, cfg.SecretsDir = "127.0.0.1:7070", stateDir, secrets
+	require.Equal(t, "nobody", cfg.RunAs, "workers run as nobody unless configured otherwise")
+	sup := NewSupervisor(cfg, "node-a", "lo", "127.0.0.1:1", ExecSpawner{}, log)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- sup.Run(ctx) }()
+	t.Cleanup(func() { cancel(); require.NoError(t, <-done) })
+
+	logsDir := filepath.Join(stateDir, "logs")
+	sup.Assign(&rdzvv1.Assignment{
+		Spec: &rdzvv1.JobSpec{
+			Name: "confined", NodesMin: 1, NodesMax: 1, ProcsPerNode: 1, Command: []string{"probe.py", logsDir},
+			LauncherTorchrun: torchrun, CheckpointDir: ckpt,
+			SecretEnv: map[string]string{"JOB_SECRET": secret},
+			EnvFiles:  map[string]string{"JOB_FILE": filepath.Join(secrets, "token")},
+		},
+		Generation: 1, Nnodes: 1, ProcsPerNode: 1, MasterAddr: "127.0.0.1", MasterPort: 29500,
+	})
+	var final *rdzvv1.WorkerStatus
+	for final == nil || final.GetState() == wRunning {
+		select {
+		case final = <-sup.Updates():
+		case <-time.After(10 * time.Second):
+			require.FailNow(t, "no worker status")
+		}
+	}
+	require.Equal(t, wSucceeded, final.GetState(), "%v", final)
+
+	workdir := filepath.Join(stateDir, "jobs", "confined")
+	out, err := os.ReadFile(filepath.Join(logsDir, "confined.log"))
+	require.NoError(t, err)
+	for _, want := range []string{
+		"uid=65534 gid=65534 home=/nonexistent",
+		"wrote " + workdir + "/out",
+		"wrote " + ckpt + "/out",
+		"denied " + logsDir + "/evil.log",
+		"denied /etc/rdzv-evil",
+		"denied " + logsDir + "/../jobs-evil",
+	} {
+		require.Contains(t, string(out), want+"\n")
+	}
+	require.NoFileExists(t, "/etc/rdzv-evil")
+	require.NotContains(t, string(out), secret)
+
+	got, err := os.ReadFile(filepath.Join(workdir, "secret"))
+	require.NoError(t, err)
+	require.Equal(t, secret, string(got), "the worker gets secret_env")
+	got, err = os.ReadFile(filepath.Join(workdir, "file-secret"))
+	require.NoError(t, err)
+	require.Equal(t, fileSecret, string(got), "the worker gets env_files, without the trailing newline")
+
+	require.NotZero(t, logs.Len())
+	for _, e := range logs.All() {
+		line := fmt.Sprint(e.Message, e.ContextMap())
+		require.NotContains(t, line, secret)
+		require.NotContains(t, line, fileSecret)
+	}
+}
+
+func TestRootWorkersRefusedByDefault(t *testing.T) {
+	h := newSupervisor(t)
+	h.sup.runAs, h.sup.allowRoot = "root", false
+	h.sup.Assign(h.assignment("train", 1, "ok"))
+	st := h.expect("train", 1, wFailed)
+	require.Contains(t, st.GetMessage(), `the agent's run_as "root" is uid 0 gid 0: running workers as root is not allowed`)
+}
+
+func TestEnvFilesStayInSecretsDir(t *testing.T) {
+	base := t.TempDir()
+	secrets := filepath.Join(base, "secrets")
+	require.NoError(t, os.Mkdir(secrets, 0o700))
+	write := func(path, content string) string {
+		require.NoError(t, os.WriteFile(path, []byte(content), 0o600))
+		return path
+	}
+	good := write(filepath.Join(secrets, "good"), "value\r\n")
+	outside := write(filepath.Join(base, "outside"), "nope")
+	require.NoError(t, os.Symlink(outside, filepath.Join(secrets, "link-out")))
+	big := write(filepath.Join(secrets, "big"), strings.Repeat("x", 32<<10+1))
+	nul := write(filepath.Join(secrets, "nul"), "a\x00b")
+
+	sup := &Supervisor{secretsDir: secrets}
+	tests := []struct {
+		name, path, want, wantErr string
+	}{
+		{"inside", good, "value", ""},
+		{"outside", outside, "", "outside the agent's secrets_dir"},
+		{"symlink leading out", filepath.Join(secrets, "link-out"), "", "outside the agent's secrets_dir"},
+		{"the directory itself", secrets, "", "outside the agent's secrets_dir"},
+		{"missing", filepath.Join(secrets, "missing"), "", "no such file"},
+		{"too big", big, "", "at most 32768 bytes"},
+		{"nul", nul, "", "without NUL"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			env, err := sup.jobEnv(&rdzvv1.JobSpec{Env: map[string]string{"PLAIN": "p"}, EnvFiles: map[string]string{"TOKEN": tt.path}})
+			if tt.wantErr != "" {
+				require.ErrorContains(t, err, "env_files.TOKEN: ")
+				require.ErrorContains(t, err, tt.wantErr)
+				require.NotContains(t, err.Error(), "nope")
+				return
+			}
+			require.NoError(t, err)
+			require.Equal(t, map[string]string{"PLAIN": "p", "TOKEN": tt.want}, env)
+		})
+	}
+}

@@ -1,0 +1,144 @@
+package controller
+
+import (
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"google.golang.org/protobuf/proto"
+
+	"github.com/rdzv/rdzv/controller/jobspec"
+	rdzvv1 "github.com/rdzv/rdzv/proto/rdzv/v1"
+)
+
+// The fuzz targets decode arbitrary bytes as each request type, as the gRPC
+// server would, and run the validator. None may panic, and what it accepts
+// must hold the properties the handlers rely on. Seeds are the table cases
+// in validate_internal_test.go.
+
+func seedCases[T proto.Message](f *testing.F, add func(*testing.F, T, []byte)) {
+	for _, c := range validationCases {
+		if m, ok := c.req.(T); ok {
+			b, err := proto.Marshal(m)
+			if err != nil {
+				f.Fatal(err)
+			}
+			add(f, m, b)
+		}
+	}
+}
+
+func FuzzStartJobRequest(f *testing.F) {
+	seedCases(f, func(f *testing.F, _ *rdzvv1.StartJobRequest, b []byte) { f.Add(b) })
+	f.Fuzz(func(t *testing.T, data []byte) {
+		var req rdzvv1.StartJobRequest
+		if proto.Unmarshal(data, &req) != nil {
+			return
+		}
+		if validateRequest(&req) != nil {
+			return
+		}
+		// What is stored and sent to every agent: within the size etcd
+		// takes, and still valid when an agent decodes it.
+		spec := jobspec.FromProto(req.GetSpec())
+		if n := proto.Size(spec.ToProto()); n > jobspec.MaxSpecBytes {
+			t.Fatalf("accepted a spec of %d bytes", n)
+		}
+		if err := jobspec.FromProto(spec.ToProto()).Validate(); err != nil {
+			t.Fatalf("accepted spec fails validation once stored: %v", err)
+		}
+	})
+}
+
+// requestKinds are the operator requests FuzzRequests picks from.
+var requestKinds = []func() proto.Message{
+	func() proto.Message { return &rdzvv1.GetJobRequest{} },
+	func() proto.Message { return &rdzvv1.StopJobRequest{} },
+	func() proto.Message { return &rdzvv1.ListJobsRequest{} },
+	func() proto.Message { return &rdzvv1.ListEventsRequest{} },
+	func() proto.Message { return &rdzvv1.StreamLogsRequest{} },
+	func() proto.Message { return &rdzvv1.ListNodesRequest{} },
+	func() proto.Message { return &rdzvv1.CordonNodeRequest{} },
+	func() proto.Message { return &rdzvv1.UncordonNodeRequest{} },
+}
+
+func FuzzRequests(f *testing.F) {
+	for _, c := range validationCases {
+		for kind, mk := range requestKinds {
+			if m, ok := c.req.(proto.Message); ok && proto.MessageName(m) == proto.MessageName(mk()) {
+				b, err := proto.Marshal(m)
+				if err != nil {
+					f.Fatal(err)
+				}
+				f.Add(uint8(kind), b)
+			}
+		}
+	}
+	f.Fuzz(func(t *testing.T, kind uint8, data []byte) {
+		req := requestKinds[int(kind)%len(requestKinds)]()
+		if proto.Unmarshal(data, req) != nil {
+			return
+		}
+		if validateRequest(req) != nil {
+			return
+		}
+		// Accepted names become etcd keys and, on the nodes, file names: they
+		// must never lead out of a directory.
+		var names []string
+		switch r := req.(type) {
+		case *rdzvv1.GetJobRequest:
+			names = []string{r.GetName()}
+		case *rdzvv1.StopJobRequest:
+			names = []string{r.GetName()}
+		case *rdzvv1.ListEventsRequest:
+			names = []string{r.GetJob()}
+			if r.GetLimit() > maxEventLimit {
+				t.Fatalf("accepted limit %d", r.GetLimit())
+			}
+		case *rdzvv1.StreamLogsRequest:
+			names = []string{r.GetJob(), r.GetNode()}
+			if r.GetTailBytes() > jobspec.MaxLogTailBytes {
+				t.Fatalf("accepted tail_bytes %d", r.GetTailBytes())
+			}
+		case *rdzvv1.CordonNodeRequest:
+			names = []string{r.GetName()}
+			if len(r.GetReason()) > maxReasonBytes {
+				t.Fatalf("accepted a reason of %d bytes", len(r.GetReason()))
+			}
+		case *rdzvv1.UncordonNodeRequest:
+			names = []string{r.GetName()}
+		}
+		for _, n := range names {
+			if n == "" {
+				continue
+			}
+			if p := filepath.Join("/state/logs", n+".log"); filepath.Dir(p) != "/state/logs" {
+				t.Fatalf("accepted name %q leads to %s", n, p)
+			}
+		}
+	})
+}
+
+func FuzzConnectRequest(f *testing.F) {
+	seedCases(f, func(f *testing.F, _ *rdzvv1.ConnectRequest, b []byte) { f.Add(b) })
+	f.Fuzz(func(t *testing.T, data []byte) {
+		var m rdzvv1.ConnectRequest
+		if proto.Unmarshal(data, &m) != nil {
+			return
+		}
+		if validateRequest(&m) != nil {
+			return
+		}
+		// The job's checkpoint directory is checked when the report is
+		// applied; together the two keep a path inside it.
+		if c := m.GetCheckpoint(); c != nil && checkpointPathOK("/ckpt", c.GetPath()) == nil && !strings.HasPrefix(c.GetPath(), "/ckpt/") {
+			t.Fatalf("accepted checkpoint path %q outside /ckpt", c.GetPath())
+		}
+		// applyWorkerStatus tells alive from ended by the known states only.
+		if w := m.GetWorkerStatus(); w != nil {
+			if _, known := rdzvv1.WorkerState_name[int32(w.GetState())]; !known || w.GetState() == rdzvv1.WorkerState_WORKER_STATE_UNSPECIFIED {
+				t.Fatalf("accepted worker state %d", w.GetState())
+			}
+		}
+	})
+}

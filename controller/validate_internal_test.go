@@ -1,0 +1,197 @@
+package controller
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+	"go.uber.org/zap/zaptest"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/rdzv/rdzv/controller/jobspec"
+	rdzvv1 "github.com/rdzv/rdzv/proto/rdzv/v1"
+)
+
+func goodNodeInfo() *rdzvv1.NodeInfo {
+	return &rdzvv1.NodeInfo{
+		Name: "gpu-01", Labels: map[string]string{"pool": "train"}, Address: "10.0.0.5", GossipAddr: "10.0.0.5:7946",
+		NcclInterface: "eth0", AgentVersion: "0.1.0", NcclInterfaceReason: "routes to the controller",
+		Gpus:       []*rdzvv1.GPU{{Index: 0, Uuid: "GPU-1", Name: "H100", PciBusId: "0000:01:00.0"}},
+		Interfaces: []*rdzvv1.NetworkInterface{{Name: "eth0", Addresses: []string{"10.0.0.5/24"}, RdmaDevices: []string{"mlx5_0"}}},
+	}
+}
+
+func connect(m any) *rdzvv1.ConnectRequest {
+	switch m := m.(type) {
+	case *rdzvv1.Register:
+		return &rdzvv1.ConnectRequest{Msg: &rdzvv1.ConnectRequest_Register{Register: m}}
+	case *rdzvv1.WorkerStatus:
+		return &rdzvv1.ConnectRequest{Msg: &rdzvv1.ConnectRequest_WorkerStatus{WorkerStatus: m}}
+	case *rdzvv1.Progress:
+		return &rdzvv1.ConnectRequest{Msg: &rdzvv1.ConnectRequest_Progress{Progress: m}}
+	case *rdzvv1.CheckpointReport:
+		return &rdzvv1.ConnectRequest{Msg: &rdzvv1.ConnectRequest_Checkpoint{Checkpoint: m}}
+	case *rdzvv1.PortProbeResult:
+		return &rdzvv1.ConnectRequest{Msg: &rdzvv1.ConnectRequest_PortProbeResult{PortProbeResult: m}}
+	case *rdzvv1.LogChunk:
+		return &rdzvv1.ConnectRequest{Msg: &rdzvv1.ConnectRequest_LogChunk{LogChunk: m}}
+	case *rdzvv1.GossipView:
+		return &rdzvv1.ConnectRequest{Msg: &rdzvv1.ConnectRequest_GossipView{GossipView: m}}
+	case *rdzvv1.GPUFault:
+		return &rdzvv1.ConnectRequest{Msg: &rdzvv1.ConnectRequest_GpuFault{GpuFault: m}}
+	}
+	panic("not a stream message")
+}
+
+func withNode(edit func(*rdzvv1.NodeInfo)) *rdzvv1.ConnectRequest {
+	n := goodNodeInfo()
+	edit(n)
+	return connect(&rdzvv1.Register{Node: n})
+}
+
+func goodSpec() *rdzvv1.JobSpec {
+	s := &jobspec.Spec{Name: "train", Nodes: jobspec.NodeRange{Min: 1}, Command: []string{"train.py"}}
+	s.Default()
+	return s.ToProto()
+}
+
+// validationCases are requests and stream messages with the field each
+// error must name ("" for a valid one). The fuzz targets seed from them.
+var validationCases = []struct {
+	name      string
+	req       any
+	wantField string
+}{
+	{"start job", &rdzvv1.StartJobRequest{Spec: goodSpec()}, ""},
+	{"start job without spec", &rdzvv1.StartJobRequest{}, "spec: required"},
+	{"start job with bad spec", &rdzvv1.StartJobRequest{Spec: &rdzvv1.JobSpec{Name: "x"}}, "nodes.min"},
+	{"get job", &rdzvv1.GetJobRequest{Name: "train"}, ""},
+	{"get job traversal", &rdzvv1.GetJobRequest{Name: "../etc"}, "name: must be a DNS-1123 label"},
+	{"stop job empty", &rdzvv1.StopJobRequest{}, "name:"},
+	{"list jobs", &rdzvv1.ListJobsRequest{}, ""},
+	{"list nodes", &rdzvv1.ListNodesRequest{}, ""},
+	{"cluster events", &rdzvv1.ListEventsRequest{}, ""},
+	{"events bad job", &rdzvv1.ListEventsRequest{Job: "A"}, "job:"},
+	{"events over limit", &rdzvv1.ListEventsRequest{Limit: maxEventLimit + 1}, "limit: at most 10000"},
+	{"logs", &rdzvv1.StreamLogsRequest{Job: "train", Node: "gpu-01", TailBytes: 1 << 20, Follow: true}, ""},
+	{"logs bad node", &rdzvv1.StreamLogsRequest{Job: "train", Node: "gpu/01"}, "node:"},
+	{"logs huge tail", &rdzvv1.StreamLogsRequest{Job: "train", TailBytes: jobspec.MaxLogTailBytes + 1}, "tail_bytes: at most"},
+	{"cordon", &rdzvv1.CordonNodeRequest{Name: "gpu-01", Reason: "disk"}, ""},
+	{"cordon long reason", &rdzvv1.CordonNodeRequest{Name: "gpu-01", Reason: strings.Repeat("x", maxReasonBytes+1)}, "reason: at most 1024 bytes"},
+	{"uncordon bad name", &rdzvv1.UncordonNodeRequest{Name: "gpu_01"}, "name:"},
+
+	{"register", connect(&rdzvv1.Register{Node: goodNodeInfo()}), ""},
+	{"register without node", connect(&rdzvv1.Register{}), "node: required"},
+	{"register bad name", withNode(func(n *rdzvv1.NodeInfo) { n.Name = "GPU 01" }), "node.name:"},
+	{"register bad label", withNode(func(n *rdzvv1.NodeInfo) { n.Labels = map[string]string{"pool": "a b"} }), "node.labels.pool:"},
+	{"register hostname address", withNode(func(n *rdzvv1.NodeInfo) { n.Address = "gpu-01.local" }), "node.address: must be the IP address"},
+	{"register bad gossip addr", withNode(func(n *rdzvv1.NodeInfo) { n.GossipAddr = "10.0.0.5" }), "node.gossip_addr:"},
+	{"register too many gpus", withNode(func(n *rdzvv1.NodeInfo) { n.Gpus = make([]*rdzvv1.GPU, 65) }), "node.gpus: at most 64"},
+	{"register long gpu name", withNode(func(n *rdzvv1.NodeInfo) { n.Gpus[0].Name = strings.Repeat("x", 257) }), "node.gpus[0].name:"},
+	{"register too many interfaces", withNode(func(n *rdzvv1.NodeInfo) {
+		n.Interfaces = make([]*rdzvv1.NetworkInterface, maxNodeInterfaces+1)
+	}), "node.interfaces: at most"},
+	{"register too many addresses", withNode(func(n *rdzvv1.NodeInfo) { n.Interfaces[0].Addresses = make([]string, 65) }), "node.interfaces[0].addresses:"},
+	{"register long reason", withNode(func(n *rdzvv1.NodeInfo) { n.NcclInterfaceReason = strings.Repeat("x", 5000) }), "node.nccl_interface_reason:"},
+	{"register bad worker", connect(&rdzvv1.Register{Node: goodNodeInfo(), Workers: []*rdzvv1.WorkerStatus{{Job: "x/y", State: 2}}}), "register.workers[0].job:"},
+	{"register too many workers", connect(&rdzvv1.Register{Node: goodNodeInfo(), Workers: make([]*rdzvv1.WorkerStatus, 65)}), "register.workers: at most 64"},
+	{"heartbeat", &rdzvv1.ConnectRequest{Msg: &rdzvv1.ConnectRequest_Heartbeat{Heartbeat: &rdzvv1.Heartbeat{Seq: 1}}}, ""},
+	{"unknown message kind", &rdzvv1.ConnectRequest{}, ""},
+	{"worker status", connect(&rdzvv1.WorkerStatus{Job: "train", Generation: 1, State: rdzvv1.WorkerState_WORKER_STATE_FAILED, Signal: "killed"}), ""},
+	{"worker status unknown state", connect(&rdzvv1.WorkerStatus{Job: "train", State: 99}), "worker_status.state: unknown worker state 99"},
+	{"worker status unspecified state", connect(&rdzvv1.WorkerStatus{Job: "train"}), "worker_status.state"},
+	{"worker status long message", connect(&rdzvv1.WorkerStatus{Job: "train", State: 4, Message: strings.Repeat("x", jobspec.MaxTextBytes+1)}), "worker_status.message: at most 4096"},
+	{"progress bad job", connect(&rdzvv1.Progress{Job: ""}), "progress.job:"},
+	{"checkpoint", connect(&rdzvv1.CheckpointReport{Job: "train", Path: "/ckpt/step-10", Source: "scan"}), ""},
+	{"checkpoint relative", connect(&rdzvv1.CheckpointReport{Job: "train", Path: "step-10", Source: "scan"}), "checkpoint.path:"},
+	{"checkpoint traversal", connect(&rdzvv1.CheckpointReport{Job: "train", Path: "/ckpt/../etc", Source: "scan"}), "checkpoint.path:"},
+	{"checkpoint long path", connect(&rdzvv1.CheckpointReport{Job: "train", Path: "/" + strings.Repeat("a", 4096), Source: "scan"}), "checkpoint.path:"},
+	{"checkpoint bad source", connect(&rdzvv1.CheckpointReport{Job: "train", Path: "/ckpt/1", Source: "me"}), "checkpoint.source:"},
+	{"port probe result", connect(&rdzvv1.PortProbeResult{RequestId: "0123456789abcdef", Port: 29500}), ""},
+	{"port probe result bad port", connect(&rdzvv1.PortProbeResult{RequestId: "a", Port: 70000}), "port_probe_result.port:"},
+	{"port probe result long id", connect(&rdzvv1.PortProbeResult{RequestId: strings.Repeat("a", 65)}), "port_probe_result.request_id:"},
+	{"log chunk", connect(&rdzvv1.LogChunk{RequestId: "a", Data: make([]byte, jobspec.MaxLogChunkBytes)}), ""},
+	{"log chunk too big", connect(&rdzvv1.LogChunk{RequestId: "a", Data: make([]byte, jobspec.MaxLogChunkBytes+1)}), "log_chunk.data: at most"},
+	{"log chunk long error", connect(&rdzvv1.LogChunk{RequestId: "a", Error: strings.Repeat("e", 5000)}), "log_chunk.error:"},
+	{"gossip view", connect(&rdzvv1.GossipView{Unreachable: []string{"gpu-02"}, AliveMembers: 3}), ""},
+	{"gossip view bad name", connect(&rdzvv1.GossipView{Unreachable: []string{"gpu-02", "../x"}}), "gossip_view.unreachable[1]:"},
+	{"gossip view too big", connect(&rdzvv1.GossipView{Unreachable: make([]string, maxViewSize+1)}), "gossip_view.unreachable: at most"},
+	{"gpu fault", connect(&rdzvv1.GPUFault{GpuIndex: 3, GpuUuid: "GPU-3", Kind: "xid", Code: 79, Message: "fell off the bus"}), ""},
+	{"gpu fault bad index", connect(&rdzvv1.GPUFault{GpuIndex: 64, Kind: "xid"}), "gpu_fault.gpu_index:"},
+	{"gpu fault long message", connect(&rdzvv1.GPUFault{Kind: "xid", Message: strings.Repeat("m", 5000)}), "gpu_fault.message:"},
+}
+
+func TestValidateRequest(t *testing.T) {
+	for _, tt := range validationCases {
+		t.Run(tt.name, func(t *testing.T) {
+			err := validateRequest(tt.req)
+			if tt.wantField == "" {
+				require.NoError(t, err)
+				return
+			}
+			require.Equal(t, codes.InvalidArgument, status.Code(err), "%v", err)
+			require.Contains(t, status.Convert(err).Message(), tt.wantField)
+		})
+	}
+}
+
+func TestValidateRequestRefusesUnknownTypes(t *testing.T) {
+	err := validateRequest(&rdzvv1.Job{})
+	require.Equal(t, codes.InvalidArgument, status.Code(err))
+	require.Contains(t, err.Error(), "no validator")
+}
+
+func TestUnaryGuard(t *testing.T) {
+	guard := unaryGuard(zaptest.NewLogger(t))
+	info := &grpc.UnaryServerInfo{FullMethod: "/rdzv.v1.JobService/GetJob"}
+	called := false
+	handler := func(context.Context, any) (any, error) { called = true; return &rdzvv1.GetJobResponse{}, nil }
+
+	_, err := guard(context.Background(), &rdzvv1.GetJobRequest{Name: "../x"}, info, handler)
+	require.Equal(t, codes.InvalidArgument, status.Code(err))
+	require.False(t, called, "an invalid request reached the handler")
+
+	_, err = guard(context.Background(), &rdzvv1.GetJobRequest{Name: "x"}, info, handler)
+	require.NoError(t, err)
+	require.True(t, called)
+
+	_, err = guard(context.Background(), &rdzvv1.GetJobRequest{Name: "x"}, info, func(context.Context, any) (any, error) {
+		var m map[string]int
+		m["boom"]++ // a nil map write: a handler bug
+		return nil, nil
+	})
+	require.Equal(t, codes.Internal, status.Code(err), "a handler panic must become an error, not a crash")
+}
+
+func TestLogStreamLimit(t *testing.T) {
+	var l logStreamLimit
+	var releases []func()
+	for range maxLogStreamsPerJob {
+		r, err := l.acquire("a")
+		require.NoError(t, err)
+		releases = append(releases, r)
+	}
+	_, err := l.acquire("a")
+	require.Equal(t, codes.ResourceExhausted, status.Code(err))
+	require.Contains(t, err.Error(), "per job")
+	for i := maxLogStreamsPerJob; i < maxLogStreams; i++ {
+		r, err := l.acquire(fmt.Sprintf("j%d", i))
+		require.NoError(t, err)
+		releases = append(releases, r)
+	}
+	_, err = l.acquire("c")
+	require.Equal(t, codes.ResourceExhausted, status.Code(err))
+	releases[0]()
+	r, err := l.acquire("a")
+	require.NoError(t, err, "a released place is free again")
+	r()
+	for _, r := range releases[1:] {
+		r()
+	}
+	require.Zero(t, l.total)
+	require.Empty(t, l.perJob)
+}
