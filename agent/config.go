@@ -14,6 +14,7 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/rdzv/rdzv/controller/jobspec"
+	"github.com/rdzv/rdzv/pki"
 )
 
 // Version is reported to the controller; set at build time with
@@ -42,6 +43,12 @@ type Config struct {
 	// StopGrace is how long workers get between SIGTERM and SIGKILL.
 	StopGrace jobspec.Duration `json:"stop_grace"`
 	LogLevel  string           `json:"log_level"`
+	// TLS is this node's agent certificate (its name is the node name) and
+	// the cluster CA the controller's certificate must chain to.
+	TLS pki.Files `json:"tls"`
+	// Insecure connects without TLS, to a controller started insecure.
+	// Local tests only.
+	Insecure bool `json:"insecure"`
 }
 
 // DefaultConfig is an agent with no controller set.
@@ -65,6 +72,18 @@ func LoadConfig(path string) (Config, error) {
 		return cfg, fmt.Errorf("parsing agent config %s: %w", path, err)
 	}
 	return cfg, nil
+}
+
+// nodeName is the configured node name, or the hostname.
+func (c Config) nodeName() (string, error) {
+	if c.NodeName != "" {
+		return c.NodeName, nil
+	}
+	host, err := os.Hostname()
+	if err != nil {
+		return "", fmt.Errorf("reading hostname for the node name: %w", err)
+	}
+	return host, nil
 }
 
 // Validate names each problem with its field.
@@ -92,6 +111,11 @@ func (c Config) Validate() error {
 	}
 	if c.StopGrace.Duration <= 0 {
 		errs = append(errs, fmt.Errorf("stop_grace: must be positive, got %s", c.StopGrace))
+	}
+	if !c.Insecure {
+		if err := c.TLS.Validate("tls"); err != nil {
+			errs = append(errs, err)
+		}
 	}
 	return errors.Join(errs...)
 }

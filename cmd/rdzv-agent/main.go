@@ -50,6 +50,8 @@ func config(args []string) (agent.Config, error) {
 	stateDir := fs.String("state-dir", def.StateDir, "directory for job logs and scratch workdirs")
 	grace := fs.Duration("stop-grace", def.StopGrace.Duration, "time between SIGTERM and SIGKILL when stopping workers")
 	level := fs.String("log-level", def.LogLevel, "debug, info, warn or error")
+	tlsFiles := cli.TLSFlags(fs, "agent")
+	insecure := fs.Bool("insecure", false, "connect without TLS, to a controller started with --insecure (local tests and the demo only)")
 	if err := fs.Parse(args); err != nil {
 		return def, err
 	}
@@ -106,5 +108,9 @@ func config(args []string) (agent.Config, error) {
 	if set["log-level"] {
 		cfg.LogLevel = *level
 	}
+	if set["insecure"] {
+		cfg.Insecure = *insecure
+	}
+	tlsFiles.Apply(fs, &cfg.TLS)
 	return cfg, cfg.Validate()
 }

@@ -41,6 +41,8 @@ func config(args []string) (controller.Config, error) {
 	hbTimeout := fs.Duration("heartbeat-timeout", def.Heartbeat.Timeout.Duration, "time without heartbeat before a node is lost")
 	ports := fs.String("master-port-range", fmt.Sprintf("%d-%d", def.MasterPortRange.Min, def.MasterPortRange.Max), "torchrun master port range MIN-MAX")
 	level := fs.String("log-level", def.LogLevel, "debug, info, warn or error")
+	tlsFiles := cli.TLSFlags(fs, "controller")
+	insecure := fs.Bool("insecure", false, "serve without TLS or authentication (local tests and the demo only)")
 	if err := fs.Parse(args); err != nil {
 		return def, err
 	}
@@ -66,6 +68,8 @@ func config(args []string) (controller.Config, error) {
 	override("heartbeat-interval", func() { cfg.Heartbeat.Interval.Duration = *hbInterval })
 	override("heartbeat-timeout", func() { cfg.Heartbeat.Timeout.Duration = *hbTimeout })
 	override("log-level", func() { cfg.LogLevel = *level })
+	override("insecure", func() { cfg.Insecure = *insecure })
+	tlsFiles.Apply(fs, &cfg.TLS)
 	if set["master-port-range"] {
 		if _, err := fmt.Sscanf(*ports, "%d-%d", &cfg.MasterPortRange.Min, &cfg.MasterPortRange.Max); err != nil {
 			return cfg, fmt.Errorf("--master-port-range: %q is not MIN-MAX", *ports)
