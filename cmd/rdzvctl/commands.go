@@ -87,7 +87,7 @@ func (g *globals) credentials() (credentials.TransportCredentials, error) {
 	}
 	r, err := pki.NewReloader(g.tlsFiles(), nil, zap.NewNop())
 	if err != nil {
-		return nil, fmt.Errorf("%w; rdzvctl needs a client certificate: put ca.crt, %s and %s in --tls-dir or $RDZV_TLS_DIR (now %q), "+
+		return nil, fmt.Errorf("%w; rdzvctl needs a valid client certificate: put ca.crt, %s and %s in --tls-dir or $RDZV_TLS_DIR (now %q), "+
 			"e.g. `rdzvctl pki issue operator NAME --out %s` on the CA host; or pass --insecure for a controller started with --insecure",
 			err, clientCertFile, clientKeyFile, g.tlsDir, filepath.Join(g.tlsDir, "rdzvctl"))
 	}

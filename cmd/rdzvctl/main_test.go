@@ -73,7 +73,7 @@ func TestRun(t *testing.T) {
 		{"unknown flag", []string{"nodes", "--bogus"}, 2, "flag provided but not defined"},
 		{"unreachable controller", []string{"--tls-dir", tlsDir, "--controller", down, "--timeout", "2s", "nodes"}, 1, "cannot reach the controller at " + down},
 		{"flags after the file", []string{"start", goodJob, "--controller", down, "--timeout", "2s", "--tls-dir", tlsDir}, 1, "cannot reach the controller"},
-		{"no client certificate", []string{"--tls-dir", t.TempDir(), "--controller", down, "nodes"}, 1, "rdzvctl needs a client certificate"},
+		{"no client certificate", []string{"--tls-dir", t.TempDir(), "--controller", down, "nodes"}, 1, "rdzvctl needs a valid client certificate"},
 		{"one file overridden", []string{"--tls-dir", tlsDir, "--tls-key", filepath.Join(caDir, "ca.key"), "--controller", down, "nodes"}, 1, "private key does not match public key"},
 		{"insecure against a TLS controller says so", []string{"--insecure", "--controller", down, "--timeout", "2s", "nodes"}, 1, "is the controller using TLS?"},
 		{"pki without a command", []string{"pki"}, 2, "pki takes init, issue or show"},

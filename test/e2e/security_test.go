@@ -49,7 +49,7 @@ func TestSecurity(t *testing.T) {
 		// wantErr is empty when the command must succeed.
 		wantErr string
 	}{
-		{"no client certificate", []string{"--tls-dir", t.TempDir(), "nodes"}, "rdzvctl needs a client certificate"},
+		{"no client certificate", []string{"--tls-dir", t.TempDir(), "nodes"}, "rdzvctl needs a valid client certificate"},
 		{"plaintext", []string{"--insecure", "--timeout", "5s", "nodes"}, "is the controller using TLS?"},
 		{"another CA's operator", []string{"--tls-dir", foreign, "nodes"}, "certificate not signed by the cluster CA"},
 		{"expired certificate", []string{"--tls-dir", expired, "nodes"}, "expired at"},
