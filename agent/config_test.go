@@ -89,3 +89,13 @@ func TestLoadConfig(t *testing.T) {
 	_, err = LoadConfig(filepath.Join(dir, "missing.yaml"))
 	require.ErrorIs(t, err, os.ErrNotExist)
 }
+
+// TestShippedConfig keeps deploy/config/agent.yaml loadable: secure, with
+// its TLS files set.
+func TestShippedConfig(t *testing.T) {
+	cfg, err := LoadConfig(filepath.Join("..", "deploy", "config", "agent.yaml"))
+	require.NoError(t, err)
+	require.NoError(t, cfg.Validate())
+	require.False(t, cfg.Insecure)
+	require.Equal(t, "/etc/rdzv/pki/agent.crt", cfg.TLS.Cert)
+}

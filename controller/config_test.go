@@ -107,3 +107,13 @@ tls: {cert: /etc/rdzv/pki/controller.crt, key: /etc/rdzv/pki/controller.key, ca:
 	_, err = controller.LoadConfig(filepath.Join(dir, "missing.yaml"))
 	require.ErrorIs(t, err, os.ErrNotExist)
 }
+
+// TestShippedConfig keeps deploy/config/controller.yaml loadable: secure,
+// with its TLS files set.
+func TestShippedConfig(t *testing.T) {
+	cfg, err := controller.LoadConfig(filepath.Join("..", "deploy", "config", "controller.yaml"))
+	require.NoError(t, err)
+	require.NoError(t, cfg.Validate())
+	require.False(t, cfg.Insecure)
+	require.Equal(t, "/etc/rdzv/pki/controller.crt", cfg.TLS.Cert)
+}
