@@ -31,6 +31,8 @@ type Reloader struct {
 	mu      sync.Mutex
 	checked time.Time
 	stamps  [3]os.FileInfo
+	// missing is set while a file cannot be read, so that is logged once.
+	missing bool
 	cur     material
 }
 
@@ -129,9 +131,13 @@ func (r *Reloader) current() material {
 	r.checked = now
 	stamps, err := r.stat()
 	if err != nil {
-		r.log.Warn("tls files unreadable, keeping the loaded certificates", zap.Error(err))
+		if !r.missing {
+			r.log.Warn("tls files unreadable, keeping the loaded certificates", zap.Error(err))
+		}
+		r.missing = true
 		return r.cur
 	}
+	r.missing = false
 	if sameFiles(stamps, r.stamps) {
 		return r.cur
 	}

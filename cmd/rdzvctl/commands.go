@@ -239,7 +239,9 @@ func (c *command) wait(ctx context.Context, client rdzvv1.JobServiceClient, name
 		}
 		cancel()
 		if err != nil {
-			if st, _ := status.FromError(err); st.Code() == codes.NotFound || st.Code() == codes.InvalidArgument {
+			switch status.Code(err) {
+			case codes.NotFound, codes.InvalidArgument, codes.Unauthenticated, codes.PermissionDenied:
+				// Waiting will not change these.
 				return c.rpcErr("following job", err)
 			}
 			if msg := c.rpcErr("following job", err).Error(); msg != lastErr {
