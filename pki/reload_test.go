@@ -12,6 +12,7 @@ import (
 
 	"github.com/jonboulle/clockwork"
 	"github.com/stretchr/testify/require"
+	"go.uber.org/zap"
 	"go.uber.org/zap/zaptest"
 
 	"github.com/rdzv/rdzv/pki"
@@ -201,5 +202,29 @@ func TestHandshake(t *testing.T) {
 			require.NoError(t, err)
 			require.Equal(t, tt.wantClient, id.String())
 		})
+	}
+}
+
+// BenchmarkVerifyClient is the controller's cost of authenticating one
+// call (agents pay it once per stream, operators once per call).
+func BenchmarkVerifyClient(b *testing.B) {
+	ca, err := pki.NewCA("bench", time.Hour, time.Now())
+	require.NoError(b, err)
+	is, err := ca.Issue(pki.Request{Identity: pki.Identity{Role: pki.RoleAgent, Name: "gpu-01"}, ValidFor: time.Minute, Now: time.Now()})
+	require.NoError(b, err)
+	dir := b.TempDir()
+	require.NoError(b, ca.Save(dir, false))
+	self, err := ca.Issue(pki.Request{Identity: pki.Identity{Role: pki.RoleController, Name: "ctl"}, ValidFor: time.Minute, Now: time.Now()})
+	require.NoError(b, err)
+	cert, key, err := self.Save(filepath.Join(dir, "ctl"), false)
+	require.NoError(b, err)
+	r, err := pki.NewReloader(pki.Files{Cert: cert, Key: key, CA: filepath.Join(dir, pki.CACertFile)}, nil, zap.NewNop())
+	require.NoError(b, err)
+	chain := []*x509.Certificate{is.Cert}
+	b.ResetTimer()
+	for b.Loop() {
+		if _, err := r.VerifyClient(chain); err != nil {
+			b.Fatal(err)
+		}
 	}
 }
