@@ -15,6 +15,7 @@ import (
 	"go.uber.org/zap"
 	"golang.org/x/sync/errgroup"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/keepalive"
 	"google.golang.org/protobuf/types/known/timestamppb"
@@ -23,6 +24,7 @@ import (
 	"github.com/rdzv/rdzv/agent/netif"
 	"github.com/rdzv/rdzv/controller/jobspec"
 	"github.com/rdzv/rdzv/health"
+	"github.com/rdzv/rdzv/pki"
 	rdzvv1 "github.com/rdzv/rdzv/proto/rdzv/v1"
 )
 
@@ -71,6 +73,8 @@ type Agent struct {
 	health  GPUHealthWatcher
 	// faults carries critical GPU faults to the controller session.
 	faults chan *rdzvv1.GPUFault
+	// tls is this node's certificate and the cluster CA; nil when insecure.
+	tls *pki.Reloader
 }
 
 // Option adjusts an Agent.
@@ -94,7 +98,41 @@ func New(cfg Config, log *zap.Logger, gpus GPUDiscoverer, net NetworkDetector, s
 	for _, o := range opts {
 		o(a)
 	}
+	if !cfg.Insecure {
+		name, err := cfg.nodeName()
+		if err != nil {
+			return nil, err
+		}
+		// A certificate for another node would be refused by the
+		// controller at every attempt; say so at start instead.
+		want := func(id pki.Identity) error {
+			if id != (pki.Identity{Role: pki.RoleAgent, Name: name}) {
+				return fmt.Errorf("is the certificate of %s, but this is node %q: issue one with `rdzvctl pki issue agent %s`", id, name, name)
+			}
+			return nil
+		}
+		r, err := pki.NewReloader(cfg.TLS, want, log.Named("tls"))
+		if err != nil {
+			return nil, fmt.Errorf("loading the agent's tls files: %w", err)
+		}
+		a.tls = r
+	}
 	return a, nil
+}
+
+// credentials are mutual TLS with this node's certificate, or none (and a
+// warning) when insecure.
+func (a *Agent) credentials(log *zap.Logger) (credentials.TransportCredentials, error) {
+	if a.tls == nil {
+		log.Warn("insecure mode: no tls; this node runs whatever anyone who can pose as the controller sends (use only for local tests)",
+			zap.String("controller", a.cfg.Controller))
+		return insecure.NewCredentials(), nil
+	}
+	conf, err := a.tls.ClientConfig(a.cfg.Controller)
+	if err != nil {
+		return nil, err
+	}
+	return credentials.NewTLS(conf), nil
 }
 
 // Run discovers the node, then stays connected to the controller and runs
@@ -109,8 +147,12 @@ func (a *Agent) Run(ctx context.Context) error {
 		zap.String("interface", info.GetNcclInterface()), zap.String("address", info.GetAddress()),
 		zap.String("reason", info.GetNcclInterfaceReason()))
 
+	creds, err := a.credentials(log)
+	if err != nil {
+		return err
+	}
 	conn, err := grpc.NewClient(a.cfg.Controller,
-		grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithTransportCredentials(creds),
 		grpc.WithKeepaliveParams(keepalive.ClientParameters{Time: 10 * time.Second, Timeout: 5 * time.Second, PermitWithoutStream: true}),
 		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(jobspec.MaxMessageBytes), grpc.MaxCallSendMsgSize(jobspec.MaxMessageBytes)),
 	)
@@ -228,13 +270,9 @@ func (a *Agent) watchHealth(ctx context.Context, log *zap.Logger) {
 
 // Describe discovers GPUs and interfaces and picks the NCCL interface.
 func (a *Agent) Describe(ctx context.Context) (*rdzvv1.NodeInfo, error) {
-	name := a.cfg.NodeName
-	if name == "" {
-		host, err := os.Hostname()
-		if err != nil {
-			return nil, fmt.Errorf("reading hostname for the node name: %w", err)
-		}
-		name = host
+	name, err := a.cfg.nodeName()
+	if err != nil {
+		return nil, err
 	}
 	info := &rdzvv1.NodeInfo{Name: name, Labels: a.cfg.Labels, AgentVersion: Version, FakeGpus: a.cfg.FakeGPUs > 0}
 

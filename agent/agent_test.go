@@ -89,6 +89,7 @@ func TestDescribeChoosesInterface(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			cfg := DefaultConfig()
 			cfg.Controller, cfg.NodeName, cfg.NCCLInterface = "127.0.0.1:7070", "gpu-01", tt.explicit
+			cfg.Insecure = true // Describe connects to nothing
 			a, err := New(cfg, zaptest.NewLogger(t), gpu.Fake{}, tt.net, ExecSpawner{})
 			require.NoError(t, err)
 			info, err := a.Describe(context.Background())
@@ -119,6 +120,7 @@ func TestDescribeFailures(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			cfg := DefaultConfig()
 			cfg.Controller, cfg.NodeName, cfg.NCCLInterface = "127.0.0.1:7070", "gpu-01", tt.explicit
+			cfg.Insecure = true // Describe connects to nothing
 			a, err := New(cfg, zaptest.NewLogger(t), gpu.Fake{}, tt.net, ExecSpawner{})
 			require.NoError(t, err)
 			_, err = a.Describe(context.Background())
@@ -152,6 +154,7 @@ func TestDescribeNode(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			cfg := DefaultConfig()
 			cfg.Controller, cfg.NodeName, cfg.FakeGPUs = "127.0.0.1:7070", tt.nodeName, tt.fakeGPUs
+			cfg.Insecure = true // Describe connects to nothing
 			cfg.Labels = map[string]string{"pool": "train"}
 			a, err := New(cfg, zaptest.NewLogger(t), tt.gpus, net, ExecSpawner{})
 			require.NoError(t, err)

@@ -14,6 +14,7 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/rdzv/rdzv/controller/jobspec"
+	"github.com/rdzv/rdzv/pki"
 )
 
 // Version is reported to the controller; set at build time with
@@ -55,6 +56,12 @@ type Config struct {
 	// AllowRoot lets workers run as root (uid 0), by default or because a
 	// job asks to.
 	AllowRoot bool `json:"allow_root"`
+	// TLS is this node's agent certificate (its name is the node name) and
+	// the cluster CA the controller's certificate must chain to.
+	TLS pki.Files `json:"tls"`
+	// Insecure connects without TLS, to a controller started insecure.
+	// Local tests only.
+	Insecure bool `json:"insecure"`
 }
 
 // DefaultConfig is an agent with no controller set.
@@ -84,6 +91,18 @@ func LoadConfig(path string) (Config, error) {
 		return cfg, fmt.Errorf("parsing agent config %s: %w", path, err)
 	}
 	return cfg, nil
+}
+
+// nodeName is the configured node name, or the hostname.
+func (c Config) nodeName() (string, error) {
+	if c.NodeName != "" {
+		return c.NodeName, nil
+	}
+	host, err := os.Hostname()
+	if err != nil {
+		return "", fmt.Errorf("reading hostname for the node name: %w", err)
+	}
+	return host, nil
 }
 
 // Validate names each problem with its field.
@@ -120,6 +139,11 @@ func (c Config) Validate() error {
 	}
 	if c.RestartGrace.Duration < 0 || c.RestartGrace.Duration > MaxRestartGrace {
 		errs = append(errs, fmt.Errorf("restart_grace: must be between 0 (stop workers with the agent) and %s, got %s", MaxRestartGrace, c.RestartGrace))
+	}
+	if !c.Insecure {
+		if err := c.TLS.Validate("tls"); err != nil {
+			errs = append(errs, err)
+		}
 	}
 	return errors.Join(errs...)
 }

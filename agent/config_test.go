@@ -8,12 +8,15 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/rdzv/rdzv/pki"
 )
 
 func TestConfigValidate(t *testing.T) {
 	valid := func() Config {
 		c := DefaultConfig()
 		c.Controller = "controller.example:7070"
+		c.TLS = pki.Files{Cert: "/etc/rdzv/pki/agent.crt", Key: "/etc/rdzv/pki/agent.key", CA: "/etc/rdzv/pki/ca.crt"}
 		return c
 	}
 	tests := []struct {
@@ -35,6 +38,9 @@ func TestConfigValidate(t *testing.T) {
 		{name: "too many fake gpus", edit: func(c *Config) { c.FakeGPUs = 65 }, wantFields: []string{"fake_gpus"}},
 		{name: "relative state dir", edit: func(c *Config) { c.StateDir = "var/lib/rdzv" }, wantFields: []string{"state_dir"}},
 		{name: "no state dir", edit: func(c *Config) { c.StateDir = "" }, wantFields: []string{"state_dir"}},
+		{name: "no tls files", edit: func(c *Config) { c.TLS = pki.Files{} }, wantFields: []string{"tls.cert", "tls.key", "tls.ca"}},
+		{name: "no key file", edit: func(c *Config) { c.TLS.Key = "" }, wantFields: []string{"tls.key"}},
+		{name: "insecure needs no tls files", edit: func(c *Config) { c.TLS, c.Insecure = pki.Files{}, true }},
 		{name: "zero stop grace", edit: func(c *Config) { c.StopGrace.Duration = 0 }, wantFields: []string{"stop_grace"}},
 		{name: "relative secrets dir", edit: func(c *Config) { c.SecretsDir = "secrets" }, wantFields: []string{"secrets_dir"}},
 		{name: "unclean secrets dir", edit: func(c *Config) { c.SecretsDir = "/etc/rdzv/../secrets" }, wantFields: []string{"secrets_dir"}},
@@ -70,9 +76,11 @@ func TestLoadConfig(t *testing.T) {
 		return p
 	}
 
-	cfg, err := LoadConfig(write("agent.yaml", "controller: 10.0.0.1:7070\nnode_name: gpu-01\nstop_grace: 30s\nlabels: {pool: train}\n"))
+	cfg, err := LoadConfig(write("agent.yaml", "controller: 10.0.0.1:7070\nnode_name: gpu-01\nstop_grace: 30s\nlabels: {pool: train}\n"+
+		"tls: {cert: /etc/rdzv/pki/agent.crt, key: /etc/rdzv/pki/agent.key, ca: /etc/rdzv/pki/ca.crt}\n"))
 	require.NoError(t, err)
 	require.NoError(t, cfg.Validate())
+	require.Equal(t, pki.Files{Cert: "/etc/rdzv/pki/agent.crt", Key: "/etc/rdzv/pki/agent.key", CA: "/etc/rdzv/pki/ca.crt"}, cfg.TLS)
 	require.Equal(t, "10.0.0.1:7070", cfg.Controller)
 	require.Equal(t, 30*time.Second, cfg.StopGrace.Duration)
 	require.Equal(t, map[string]string{"pool": "train"}, cfg.Labels)
@@ -84,4 +92,14 @@ func TestLoadConfig(t *testing.T) {
 	require.ErrorContains(t, err, "soon")
 	_, err = LoadConfig(filepath.Join(dir, "missing.yaml"))
 	require.ErrorIs(t, err, os.ErrNotExist)
+}
+
+// TestShippedConfig keeps deploy/config/agent.yaml loadable: secure, with
+// its TLS files set.
+func TestShippedConfig(t *testing.T) {
+	cfg, err := LoadConfig(filepath.Join("..", "deploy", "config", "agent.yaml"))
+	require.NoError(t, err)
+	require.NoError(t, cfg.Validate())
+	require.False(t, cfg.Insecure)
+	require.Equal(t, "/etc/rdzv/pki/agent.crt", cfg.TLS.Cert)
 }

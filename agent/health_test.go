@@ -33,6 +33,7 @@ func TestAgentForwardsCriticalGPUFaults(t *testing.T) {
 	}
 	cfg := DefaultConfig()
 	cfg.Controller, cfg.NodeName, cfg.StateDir, cfg.GossipPort = fc.serve(t), "node-a", t.TempDir(), -1
+	cfg.Insecure = true // the fake controller serves plaintext
 	at := time.Now()
 	faults := replayFaults{
 		{GPUIndex: 1, UUID: "GPU-1", Kind: health.XID, Code: 13, At: at}, // the program's fault

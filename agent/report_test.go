@@ -404,6 +404,7 @@ func TestAgentForwardsReports(t *testing.T) {
 	cfg := DefaultConfig()
 	cfg.Controller, cfg.NodeName, cfg.StateDir = fc.serve(t), "node-a", t.TempDir()
 	runAsSelf(&cfg)
+	cfg.Insecure = true // the fake controller serves plaintext
 	cfg.GossipPort = 0
 	a, err := New(cfg, zaptest.NewLogger(t), gpu.Fake{}, fakeNet{ifaces: []netif.Interface{lo}}, ExecSpawner{})
 	require.NoError(t, err)

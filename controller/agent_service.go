@@ -34,6 +34,10 @@ func (a *agentService) Connect(stream rdzvv1.AgentService_ConnectServer) error {
 		return status.Error(codes.InvalidArgument, "the first message on an agent stream must be register")
 	}
 	name := reg.GetNode().GetName()
+	if err := c.checkNodeIdentity(stream.Context(), name); err != nil {
+		c.log.Named("agent").Warn("registration refused", zap.String("node", name), zap.Error(err))
+		return err
+	}
 	sess := newSession(stream.Context(), name, c.clock.Now())
 	defer sess.cancel()
 	log := c.log.Named("agent").With(zap.String("node", name))

@@ -11,6 +11,7 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/rdzv/rdzv/controller/jobspec"
+	"github.com/rdzv/rdzv/pki"
 )
 
 // Config is the controller's configuration (deploy/config/controller.yaml).
@@ -28,6 +29,12 @@ type Config struct {
 	// FlakyNodes cordons a node that keeps failing the jobs it runs.
 	FlakyNodes FlakyNodesConfig `json:"flaky_nodes"`
 	LogLevel   string           `json:"log_level"`
+	// TLS is the controller's certificate (role controller) and the cluster
+	// CA that agents' and operators' certificates must chain to.
+	TLS pki.Files `json:"tls"`
+	// Insecure serves without TLS and without authentication: anyone who
+	// reaches Listen can run commands on every node. Local tests only.
+	Insecure bool `json:"insecure"`
 }
 
 // FlakyNodesConfig: a node lost this many times within Window while running
@@ -120,6 +127,11 @@ func (c Config) Validate() error {
 	}
 	if c.Heartbeat.Timeout.Duration < 2*c.Heartbeat.Interval.Duration {
 		errs = append(errs, fmt.Errorf("heartbeat.timeout: must be at least twice heartbeat.interval (%s), got %s", c.Heartbeat.Interval, c.Heartbeat.Timeout))
+	}
+	if !c.Insecure {
+		if err := c.TLS.Validate("tls"); err != nil {
+			errs = append(errs, err)
+		}
 	}
 	if r := c.MasterPortRange; r.Min < 1024 || r.Max > 65535 || r.Min > r.Max {
 		errs = append(errs, fmt.Errorf("master_port_range: want 1024 <= min <= max <= 65535, got %d-%d", r.Min, r.Max))

@@ -14,11 +14,13 @@ import (
 	"go.uber.org/zap"
 	"golang.org/x/sync/errgroup"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/keepalive"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/rdzv/rdzv/controller/jobspec"
 	"github.com/rdzv/rdzv/controller/store"
+	"github.com/rdzv/rdzv/pki"
 	rdzvv1 "github.com/rdzv/rdzv/proto/rdzv/v1"
 	"github.com/rdzv/rdzv/rendezvous"
 )
@@ -30,6 +32,9 @@ type Controller struct {
 	clock clockwork.Clock
 	// listener, when set, replaces listening on cfg.Listen (tests).
 	listener net.Listener
+	// tls serves the controller's certificate and verifies callers'; nil
+	// when insecure.
+	tls *pki.Reloader
 
 	store *store.Store
 	// runCtx lives as long as Run; work that must not die with one request
@@ -119,6 +124,13 @@ func New(cfg Config, log *zap.Logger, opts ...Option) (*Controller, error) {
 	for _, o := range opts {
 		o(c)
 	}
+	if !cfg.Insecure {
+		r, err := pki.NewReloader(cfg.TLS, wantController, log.Named("tls"))
+		if err != nil {
+			return nil, fmt.Errorf("loading the controller's tls files: %w", err)
+		}
+		c.tls = r
+	}
 	return c, nil
 }
 
@@ -147,14 +159,16 @@ func (c *Controller) Run(ctx context.Context) error {
 			return fmt.Errorf("listening on %s: %w", c.cfg.Listen, err)
 		}
 	}
-	srv := grpc.NewServer(
-		grpc.MaxRecvMsgSize(jobspec.MaxMessageBytes),
-		grpc.MaxSendMsgSize(jobspec.MaxMessageBytes),
+	// Interceptors chain in order: authentication and authorization first,
+	// so that an unknown caller learns nothing from validation errors.
+	srv := grpc.NewServer(append(c.securityOptions(),
 		grpc.ChainUnaryInterceptor(unaryGuard(c.log.Named("api"))),
 		grpc.ChainStreamInterceptor(streamGuard(c.log.Named("api"))),
+		grpc.MaxRecvMsgSize(jobspec.MaxMessageBytes),
+		grpc.MaxSendMsgSize(jobspec.MaxMessageBytes),
 		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 5 * time.Second, PermitWithoutStream: true}),
 		grpc.KeepaliveParams(keepalive.ServerParameters{Time: 10 * time.Second, Timeout: 5 * time.Second}),
-	)
+	)...)
 	rdzvv1.RegisterAgentServiceServer(srv, &agentService{c: c})
 	rdzvv1.RegisterJobServiceServer(srv, &jobService{c: c})
 	rdzvv1.RegisterNodeServiceServer(srv, &nodeService{c: c})
@@ -182,6 +196,23 @@ func (c *Controller) Run(ctx context.Context) error {
 	err = g.Wait()
 	c.log.Info("controller stopped")
 	return err
+}
+
+// securityOptions are mutual TLS and per-call authentication and
+// authorization, or nothing at all (and a warning) when insecure.
+func (c *Controller) securityOptions() []grpc.ServerOption {
+	if c.tls == nil {
+		c.log.Warn("insecure mode: no tls and no authentication; anyone who reaches the listen address can run commands on every node (use only for local tests)",
+			zap.String("listen", c.cfg.Listen))
+		return nil
+	}
+	auth := &authenticator{tls: c.tls, log: c.log.Named("auth")}
+	c.log.Info("mutual tls enabled", zap.Stringer("identity", c.tls.Identity()))
+	return []grpc.ServerOption{
+		grpc.Creds(credentials.NewTLS(c.tls.ServerConfig())),
+		grpc.ChainUnaryInterceptor(auth.unary),
+		grpc.ChainStreamInterceptor(auth.stream),
+	}
 }
 
 func (c *Controller) endSessions() {

@@ -22,7 +22,7 @@ import (
 	"go.uber.org/zap/zaptest"
 	"go.uber.org/zap/zaptest/observer"
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/credentials"
 	"google.golang.org/protobuf/encoding/prototext"
 	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/timestamppb"
@@ -32,6 +32,7 @@ import (
 	"github.com/rdzv/rdzv/agent/launchertest"
 	"github.com/rdzv/rdzv/agent/netif"
 	"github.com/rdzv/rdzv/controller"
+	"github.com/rdzv/rdzv/pki"
 	rdzvv1 "github.com/rdzv/rdzv/proto/rdzv/v1"
 )
 
@@ -94,12 +95,19 @@ type cluster struct {
 	workdir string
 
 	stopController func()
-	jobs           rdzvv1.JobServiceClient
-	nodes          rdzvv1.NodeServiceClient
+	// jobs and nodes are an operator's clients.
+	jobs  rdzvv1.JobServiceClient
+	nodes rdzvv1.NodeServiceClient
 	// logs holds every line the controller and the agents logged, at any
 	// level; log is their logger.
 	logs *observer.ObservedLogs
 	log  *zap.Logger
+
+	// ca issues every certificate of the cluster, into pkiDir: the
+	// controller's, each agent's and the clients'; everything speaks
+	// mutual TLS as in production.
+	ca     *pki.CA
+	pkiDir string
 }
 
 // runningAgent is an in-process agent; stop shuts it down as SIGTERM would.
@@ -125,16 +133,45 @@ func newCluster(t *testing.T, edits ...func(*controller.Config)) *cluster {
 	c.cfg.MasterPortRange = controller.PortRange{Min: masterPortMin, Max: masterPortMax}
 	c.addr = freeAddr(t)
 	c.cfg.Listen = c.addr
+	c.pkiDir = t.TempDir()
+	ca, err := pki.NewCA("test-ca", 24*time.Hour, time.Now())
+	require.NoError(t, err)
+	require.NoError(t, ca.Save(c.pkiDir, false))
+	c.ca = ca
+	c.cfg.TLS = c.issue(pki.Identity{Role: pki.RoleController, Name: "controller"}, net.IPv4(127, 0, 0, 1))
 	for _, edit := range edits {
 		edit(&c.cfg)
 	}
 	c.startController()
 
-	conn, err := grpc.NewClient(c.addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = conn.Close() })
+	conn := c.dial(c.issue(pki.Identity{Role: pki.RoleOperator, Name: "test-operator"}))
 	c.jobs, c.nodes = rdzvv1.NewJobServiceClient(conn), rdzvv1.NewNodeServiceClient(conn)
 	return c
+}
+
+// issue writes a certificate for id (valid for an hour) and returns the
+// files a daemon or client is configured with.
+func (c *cluster) issue(id pki.Identity, ips ...net.IP) pki.Files {
+	c.t.Helper()
+	is, err := c.ca.Issue(pki.Request{Identity: id, IPs: ips, ValidFor: time.Hour, Now: time.Now()})
+	require.NoError(c.t, err)
+	cert, key, err := is.Save(pki.DefaultOut(c.pkiDir, id), true)
+	require.NoError(c.t, err)
+	return pki.Files{Cert: cert, Key: key, CA: filepath.Join(c.pkiDir, pki.CACertFile)}
+}
+
+// dial connects to the controller with files, as the agent and rdzvctl do;
+// the connection is closed with the test.
+func (c *cluster) dial(files pki.Files) *grpc.ClientConn {
+	c.t.Helper()
+	r, err := pki.NewReloader(files, nil, testLogger(c.t))
+	require.NoError(c.t, err)
+	conf, err := r.ClientConfig(c.addr)
+	require.NoError(c.t, err)
+	conn, err := grpc.NewClient(c.addr, grpc.WithTransportCredentials(credentials.NewTLS(conf)))
+	require.NoError(c.t, err)
+	c.t.Cleanup(func() { _ = conn.Close() })
+	return conn
 }
 
 // startController runs a controller on c's data directory and address; a
@@ -186,6 +223,7 @@ func (c *cluster) addAgent(name string, gpus int, labels map[string]string) *run
 	cfg.StopGrace.Duration = 2 * time.Second
 	// Workers run as the test's user: they write into c.workdir.
 	cfg.RunAs, cfg.AllowRoot = fmt.Sprintf("%d:%d", os.Geteuid(), os.Getegid()), true
+	cfg.TLS = c.issue(pki.Identity{Role: pki.RoleAgent, Name: name})
 	// Real gossip between the in-process agents, on ports the OS picks.
 	cfg.GossipPort = 0
 	a, err := agent.New(cfg, c.log.Named(name), gpu.Fake{Count: gpus, Node: name}, loopbackOnly{}, agent.ExecSpawner{})
@@ -479,8 +517,7 @@ func (f *fakeAgent) waitEnd() error {
 func (c *cluster) connectFake(name string, workers ...*rdzvv1.WorkerStatus) *fakeAgent {
 	t := c.t
 	t.Helper()
-	conn, err := grpc.NewClient(c.addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
-	require.NoError(t, err)
+	conn := c.dial(c.issue(pki.Identity{Role: pki.RoleAgent, Name: name}))
 	ctx, cancel := context.WithCancel(context.Background())
 	stream, err := rdzvv1.NewAgentServiceClient(conn).Connect(ctx)
 	require.NoError(t, err)
@@ -516,7 +553,6 @@ func (c *cluster) connectFake(name string, workers ...*rdzvv1.WorkerStatus) *fak
 	t.Cleanup(func() {
 		f.crash()
 		<-received
-		_ = conn.Close()
 	})
 	f.send(&rdzvv1.ConnectRequest{Msg: &rdzvv1.ConnectRequest_Register{Register: &rdzvv1.Register{Node: &rdzvv1.NodeInfo{
 		Name: name, Address: "127.0.0.1", NcclInterface: "lo", AgentVersion: "fake",

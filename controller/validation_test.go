@@ -5,13 +5,12 @@ import (
 	"testing"
 
 	"github.com/stretchr/testify/require"
-	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 
 	"github.com/rdzv/rdzv/controller/jobspec"
+	"github.com/rdzv/rdzv/pki"
 	rdzvv1 "github.com/rdzv/rdzv/proto/rdzv/v1"
 )
 
@@ -113,7 +112,7 @@ func TestAdversarialInputChangesNothing(t *testing.T) {
 	}
 	for _, tt := range agents {
 		t.Run(tt.name, func(t *testing.T) {
-			err := streamUntilRefused(t, c.addr, tt.msgs)
+			err := streamUntilRefused(t, c, tt.msgs)
 			require.Equal(t, codes.InvalidArgument, status.Code(err), "%v", err)
 			require.Contains(t, status.Convert(err).Message(), tt.want)
 		})
@@ -128,7 +127,7 @@ func TestAdversarialInputChangesNothing(t *testing.T) {
 	// A registered agent that then sends something bad loses its stream,
 	// and the bad message is not applied.
 	t.Run("bad message after register", func(t *testing.T) {
-		err := streamUntilRefused(t, c.addr, []*rdzvv1.ConnectRequest{register(func(*rdzvv1.NodeInfo) {}),
+		err := streamUntilRefused(t, c, []*rdzvv1.ConnectRequest{register(func(*rdzvv1.NodeInfo) {}),
 			{Msg: &rdzvv1.ConnectRequest_WorkerStatus{WorkerStatus: &rdzvv1.WorkerStatus{Job: "train", Generation: 1, State: 99}}}})
 		require.Equal(t, codes.InvalidArgument, status.Code(err), "%v", err)
 		require.Contains(t, status.Convert(err).Message(), "worker_status.state:")
@@ -145,11 +144,9 @@ func start(c *cluster, req *rdzvv1.StartJobRequest) func() error {
 
 // streamUntilRefused opens an agent stream, sends msgs and returns the
 // status the controller ends it with.
-func streamUntilRefused(t *testing.T, addr string, msgs []*rdzvv1.ConnectRequest) error {
+func streamUntilRefused(t *testing.T, c *cluster, msgs []*rdzvv1.ConnectRequest) error {
 	t.Helper()
-	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
-	require.NoError(t, err)
-	defer conn.Close()
+	conn := c.dial(c.issue(pki.Identity{Role: pki.RoleAgent, Name: "node-x"}))
 	stream, err := rdzvv1.NewAgentServiceClient(conn).Connect(rpcCtx(t))
 	require.NoError(t, err)
 	for _, m := range msgs {

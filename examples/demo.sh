@@ -7,7 +7,9 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 DEMO=.demo
 CONTROLLER=127.0.0.1:7070
-CTL=(bin/rdzvctl --controller "$CONTROLLER")
+# Everything speaks mutual TLS, with certificates made below.
+PKI=$DEMO/pki
+CTL=(bin/rdzvctl --controller "$CONTROLLER" --tls-dir "$PKI")
 
 for b in rdzv-controller rdzv-agent rdzvctl; do
 	if [[ ! -x bin/$b ]]; then
@@ -66,10 +68,19 @@ if [[ -d examples/checkpoints ]]; then
 	rm -rf examples/checkpoints
 fi
 
+echo "== creating a cluster CA and certificates in $PKI (rdzvctl pki)"
+bin/rdzvctl pki init --dir "$PKI" >/dev/null
+bin/rdzvctl pki issue controller demo-controller --ip 127.0.0.1 --dir "$PKI" >/dev/null
+bin/rdzvctl pki issue agent demo-node-1 --dir "$PKI" >/dev/null
+bin/rdzvctl pki issue agent demo-node-2 --dir "$PKI" >/dev/null
+# rdzvctl finds ca.crt, rdzvctl.crt and rdzvctl.key in --tls-dir.
+bin/rdzvctl pki issue operator demo --dir "$PKI" --out "$PKI/rdzvctl" >/dev/null
+
 echo "== starting controller on $CONTROLLER (logs: $DEMO/controller.log)"
 bin/rdzv-controller --listen "$CONTROLLER" --data-dir "$DEMO/controller" \
 	--embedded-etcd-client-url http://127.0.0.1:23790 \
 	--embedded-etcd-peer-url http://127.0.0.1:23800 \
+	--tls-cert "$PKI/controller-demo-controller.crt" --tls-key "$PKI/controller-demo-controller.key" --tls-ca "$PKI/ca.crt" \
 	>"$DEMO/controller.log" 2>&1 &
 pids+=($!)
 names+=(controller)
@@ -83,7 +94,9 @@ for n in 1 2; do
 	# writes its checkpoints under examples/. A real node keeps the default,
 	# nobody, or a dedicated training user.
 	bin/rdzv-agent --controller "$CONTROLLER" --node-name "demo-node-$n" --state-dir "$DEMO/node-$n" --gossip-port 0 --restart-grace 0 \
-		--run-as "$(id -u):$(id -g)" --allow-root >"$DEMO/node-$n.log" 2>&1 &
+		--run-as "$(id -u):$(id -g)" --allow-root \
+		--tls-cert "$PKI/agent-demo-node-$n.crt" --tls-key "$PKI/agent-demo-node-$n.key" --tls-ca "$PKI/ca.crt" \
+		>"$DEMO/node-$n.log" 2>&1 &
 	pids+=($!)
 	names+=("demo-node-$n")
 done

@@ -81,6 +81,8 @@ func config(args []string) (agent.Config, error) {
 	secretsDir := fs.String("secrets-dir", def.SecretsDir, "directory holding the files jobs may name in env_files")
 	runAs := fs.String("run-as", def.RunAs, "user workers run as unless the job names one (name or uid[:gid])")
 	allowRoot := fs.Bool("allow-root", def.AllowRoot, "let workers run as root")
+	tlsFiles := cli.TLSFlags(fs, "agent")
+	insecure := fs.Bool("insecure", false, "connect without TLS, to a controller started with --insecure (local tests and the demo only)")
 	if err := fs.Parse(args); err != nil {
 		return def, err
 	}
@@ -149,5 +151,9 @@ func config(args []string) (agent.Config, error) {
 	if set["allow-root"] {
 		cfg.AllowRoot = *allowRoot
 	}
+	if set["insecure"] {
+		cfg.Insecure = *insecure
+	}
+	tlsFiles.Apply(fs, &cfg.TLS)
 	return cfg, cfg.Validate()
 }

@@ -43,6 +43,8 @@ func config(args []string) (controller.Config, error) {
 	flakyLosses := fs.Int("flaky-node-losses", def.FlakyNodes.Losses, "cordon a node lost this many times within --flaky-node-window while running jobs (0: never)")
 	flakyWindow := fs.Duration("flaky-node-window", def.FlakyNodes.Window.Duration, "window for --flaky-node-losses")
 	level := fs.String("log-level", def.LogLevel, "debug, info, warn or error")
+	tlsFiles := cli.TLSFlags(fs, "controller")
+	insecure := fs.Bool("insecure", false, "serve without TLS or authentication (local tests and the demo only)")
 	if err := fs.Parse(args); err != nil {
 		return def, err
 	}
@@ -70,6 +72,8 @@ func config(args []string) (controller.Config, error) {
 	override("flaky-node-losses", func() { cfg.FlakyNodes.Losses = *flakyLosses })
 	override("flaky-node-window", func() { cfg.FlakyNodes.Window.Duration = *flakyWindow })
 	override("log-level", func() { cfg.LogLevel = *level })
+	override("insecure", func() { cfg.Insecure = *insecure })
+	tlsFiles.Apply(fs, &cfg.TLS)
 	if set["master-port-range"] {
 		if _, err := fmt.Sscanf(*ports, "%d-%d", &cfg.MasterPortRange.Min, &cfg.MasterPortRange.Max); err != nil {
 			return cfg, fmt.Errorf("--master-port-range: %q is not MIN-MAX", *ports)

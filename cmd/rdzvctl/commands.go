@@ -7,18 +7,23 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"path/filepath"
 	"strings"
 	"time"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/connectivity"
+	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/proto"
 
+	"go.uber.org/zap"
+
 	"github.com/rdzv/rdzv/controller/jobspec"
+	"github.com/rdzv/rdzv/pki"
 	rdzvv1 "github.com/rdzv/rdzv/proto/rdzv/v1"
 )
 
@@ -26,20 +31,71 @@ type globals struct {
 	controller string
 	output     string
 	timeout    time.Duration
+	// tlsDir holds ca.crt, rdzvctl.crt and rdzvctl.key; the file flags
+	// override single files.
+	tlsDir, tlsCert, tlsKey, tlsCA string
+	insecure                       bool
 }
+
+// Files rdzvctl looks for in its TLS directory.
+const (
+	clientCertFile = "rdzvctl.crt"
+	clientKeyFile  = "rdzvctl.key"
+)
 
 func defaultGlobals() *globals {
 	addr := os.Getenv("RDZV_CONTROLLER")
 	if addr == "" {
 		addr = "127.0.0.1:7070"
 	}
-	return &globals{controller: addr, output: "table", timeout: 10 * time.Second}
+	dir := os.Getenv("RDZV_TLS_DIR")
+	if home, err := os.UserHomeDir(); dir == "" && err == nil {
+		dir = filepath.Join(home, ".rdzv")
+	}
+	return &globals{controller: addr, output: "table", timeout: 10 * time.Second, tlsDir: dir}
 }
 
 func (g *globals) register(fs *flag.FlagSet) {
 	fs.StringVar(&g.controller, "controller", g.controller, "controller host:port")
 	fs.StringVar(&g.output, "o", g.output, "output format: table or json")
 	fs.DurationVar(&g.timeout, "timeout", g.timeout, "per-request timeout")
+	fs.StringVar(&g.tlsDir, "tls-dir", g.tlsDir, "directory with ca.crt, rdzvctl.crt and rdzvctl.key")
+	fs.StringVar(&g.tlsCert, "tls-cert", g.tlsCert, "client certificate (default TLS_DIR/rdzvctl.crt)")
+	fs.StringVar(&g.tlsKey, "tls-key", g.tlsKey, "client key (default TLS_DIR/rdzvctl.key)")
+	fs.StringVar(&g.tlsCA, "tls-ca", g.tlsCA, "cluster CA certificate (default TLS_DIR/ca.crt)")
+	fs.BoolVar(&g.insecure, "insecure", g.insecure, "no TLS, for a controller started with --insecure")
+}
+
+func (g *globals) tlsFiles() pki.Files {
+	f := pki.Files{Cert: g.tlsCert, Key: g.tlsKey, CA: g.tlsCA}
+	for _, d := range []struct {
+		path *string
+		name string
+	}{{&f.Cert, clientCertFile}, {&f.Key, clientKeyFile}, {&f.CA, pki.CACertFile}} {
+		if *d.path == "" {
+			*d.path = filepath.Join(g.tlsDir, d.name)
+		}
+	}
+	return f
+}
+
+// credentials are mutual TLS with the operator's certificate, or none with
+// --insecure.
+func (g *globals) credentials() (credentials.TransportCredentials, error) {
+	if g.insecure {
+		return insecure.NewCredentials(), nil
+	}
+	r, err := pki.NewReloader(g.tlsFiles(), nil, zap.NewNop())
+	if err != nil {
+		return nil, fmt.Errorf("%w; rdzvctl needs a valid client certificate: put ca.crt, %s and %s in --tls-dir or $RDZV_TLS_DIR (now %q), "+
+			"e.g. `rdzvctl pki issue operator NAME --out %s` on the CA host; or pass --insecure for a controller started with --insecure",
+			err, clientCertFile, clientKeyFile, g.tlsDir, filepath.Join(g.tlsDir, "rdzvctl"))
+	}
+	conf, err := r.ClientConfig(g.controller)
+	if err != nil {
+		return nil, err
+	}
+	return credentials.NewTLS(conf), nil
 }
 
 type command struct {
@@ -67,7 +123,11 @@ func (c *command) dial() (*grpc.ClientConn, error) {
 		return nil, fmt.Errorf("%w: -o must be table or json, got %q", errUsage, c.output)
 	}
 	if c.conn == nil {
-		conn, err := grpc.NewClient(c.controller, grpc.WithTransportCredentials(insecure.NewCredentials()),
+		creds, err := c.credentials()
+		if err != nil {
+			return nil, err
+		}
+		conn, err := grpc.NewClient(c.controller, grpc.WithTransportCredentials(creds),
 			grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(jobspec.MaxMessageBytes), grpc.MaxCallSendMsgSize(jobspec.MaxMessageBytes)))
 		if err != nil {
 			return nil, fmt.Errorf("controller address %q: %w", c.controller, err)
@@ -99,7 +159,12 @@ func (c *command) rpcErr(what string, err error) error {
 	}
 	switch st.Code() {
 	case codes.Unavailable:
-		return fmt.Errorf("%s: cannot reach the controller at %s (set --controller or RDZV_CONTROLLER): %s", what, c.controller, st.Message())
+		hint := ""
+		if c.insecure {
+			// A TLS controller just drops a plaintext connection.
+			hint = " (is the controller using TLS? --insecure works only with a controller started with --insecure)"
+		}
+		return fmt.Errorf("%s: cannot reach the controller at %s (set --controller or RDZV_CONTROLLER)%s: %s", what, c.controller, hint, st.Message())
 	case codes.DeadlineExceeded:
 		if c.conn != nil && c.conn.GetState() != connectivity.Ready {
 			return fmt.Errorf("%s: cannot reach the controller at %s within %s (set --controller or RDZV_CONTROLLER)", what, c.controller, c.timeout)
@@ -175,7 +240,9 @@ func (c *command) wait(ctx context.Context, client rdzvv1.JobServiceClient, name
 		}
 		cancel()
 		if err != nil {
-			if st, _ := status.FromError(err); st.Code() == codes.NotFound || st.Code() == codes.InvalidArgument {
+			switch status.Code(err) {
+			case codes.NotFound, codes.InvalidArgument, codes.Unauthenticated, codes.PermissionDenied:
+				// Waiting will not change these.
 				return c.rpcErr("following job", err)
 			}
 			if msg := c.rpcErr("following job", err).Error(); msg != lastErr {

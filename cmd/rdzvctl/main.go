@@ -33,6 +33,10 @@ Global flags (also accepted after the command):
   --controller HOST:PORT           controller address (default $RDZV_CONTROLLER or 127.0.0.1:7070)
   -o table|json                    output format (default table)
   --timeout DURATION               per-request timeout (default 10s)
+  --tls-dir DIR                    ca.crt, rdzvctl.crt and rdzvctl.key (default $RDZV_TLS_DIR or ~/.rdzv)
+  --tls-cert, --tls-key, --tls-ca FILE
+                                   override one file of --tls-dir
+  --insecure                       no TLS; only for a controller started with --insecure
 `
 
 func main() {
@@ -81,6 +85,8 @@ func run(ctx context.Context, args []string, out io.Writer) (int, error) {
 		runErr = c.events(ctx, cmdArgs)
 	case "stop":
 		runErr = c.stop(ctx, cmdArgs)
+	case "pki":
+		runErr = c.pki(cmdArgs)
 	case "help", "-h", "--help":
 		fmt.Fprint(out, usage)
 		return 0, nil

@@ -179,7 +179,7 @@ func tail(path string, n int) string {
 func ctl(h *netns.Host, bin, addr string, timeout time.Duration, args ...string) (string, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
-	stdout, _, err := h.Run(ctx, nil, append([]string{bin, "--controller", addr}, args...)...)
+	stdout, _, err := h.Run(ctx, nil, append([]string{bin, "--controller", addr, "--insecure"}, args...)...)
 	return stdout, err
 }
 

@@ -56,6 +56,11 @@ type cluster struct {
 	agentArgs        []string
 	// killed marks the agent hosts whose processes a test killed on purpose.
 	killed map[int]bool
+	// pkiDir holds the cluster CA and every certificate, made by rdzvctl
+	// pki at setup: the controller's, one per agent host, and the
+	// operator's that rdzvctl uses (rdzvctl.crt, with ca.crt, so that
+	// pkiDir is also rdzvctl's --tls-dir).
+	pkiDir string
 	// job is the job whose state the failure report shows.
 	job string
 }
@@ -85,7 +90,28 @@ func newCluster(t *testing.T) *cluster {
 	}
 	c.net = netns.NewCluster(t, 1+agentHosts, filepath.Join(c.dir, "proc-logs"))
 	c.controllerAddr = c.controllerHost().IP + ":" + controllerPort
+	c.pkiDir = filepath.Join(c.dir, "pki")
+	c.pki(t, "init", "--dir", c.pkiDir)
+	c.pki(t, "issue", "controller", "rdzv-controller", "--ip", c.controllerHost().IP, "--dir", c.pkiDir)
+	for i := range agentHosts {
+		c.pki(t, "issue", "agent", c.agentHost(i).Name, "--dir", c.pkiDir)
+	}
+	c.pki(t, "issue", "operator", "e2e", "--dir", c.pkiDir, "--out", filepath.Join(c.pkiDir, "rdzvctl"))
 	return c
+}
+
+// pki runs `rdzvctl pki ARGS` here; it only writes files.
+func (c *cluster) pki(t *testing.T, args ...string) string {
+	t.Helper()
+	out, err := exec.Command(c.ctlBin, append([]string{"pki"}, args...)...).CombinedOutput()
+	require.NoError(t, err, "rdzvctl pki %s: %s", strings.Join(args, " "), out)
+	return string(out)
+}
+
+// tlsArgs are a daemon's flags for the certificate of role and name.
+func (c *cluster) tlsArgs(role, name string) []string {
+	prefix := filepath.Join(c.pkiDir, role+"-"+name)
+	return []string{"--tls-cert", prefix + ".crt", "--tls-key", prefix + ".key", "--tls-ca", filepath.Join(c.pkiDir, "ca.crt")}
 }
 
 func (c *cluster) controllerHost() *netns.Host { return c.net.Host(0) }
@@ -107,6 +133,7 @@ func (c *cluster) startEmbeddedController() {
 func (c *cluster) startController(etcdArgs ...string) {
 	c.t.Helper()
 	c.controllerArgs = append([]string{"--listen", c.controllerAddr, "--heartbeat-timeout", c.heartbeatTimeout}, etcdArgs...)
+	c.controllerArgs = append(c.controllerArgs, c.tlsArgs("controller", "rdzv-controller")...)
 	c.controller = c.controllerHost().Start(c.t, "controller", nil, append([]string{c.controllerBin}, c.controllerArgs...)...)
 }
 
@@ -139,7 +166,9 @@ func (c *cluster) startAgents() {
 // agentArgv runs workers as root (not the agent's default, nobody): train.py
 // writes checkpoints into the test's root-owned directories.
 func (c *cluster) agentArgv(i int) []string {
-	return append([]string{c.agentBin, "--controller", c.controllerAddr, "--state-dir", c.stateDir(i), "--run-as", "root", "--allow-root"}, c.agentArgs...)
+	argv := append([]string{c.agentBin, "--controller", c.controllerAddr, "--state-dir", c.stateDir(i), "--run-as", "root", "--allow-root"},
+		c.tlsArgs("agent", c.agentHost(i).Name)...)
+	return append(argv, c.agentArgs...)
 }
 
 // restartAgent stops agent i with SIGTERM, as `systemctl restart` does, and
@@ -197,11 +226,12 @@ func (r ctlResult) String() string {
 	return fmt.Sprintf("rdzvctl %s: exit %d\nstdout:\n%s\nstderr:\n%s", strings.Join(r.args, " "), r.exitCode(), r.stdout, r.stderr)
 }
 
-// ctlWith runs rdzvctl on h0 with explicit global flags.
+// ctlWith runs rdzvctl on h0 with the operator's certificate and explicit
+// global flags, which may name other TLS files.
 func (c *cluster) ctlWith(timeout time.Duration, args ...string) ctlResult {
 	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
-	stdout, stderr, err := c.controllerHost().Run(ctx, nil, append([]string{c.ctlBin}, args...)...)
+	stdout, stderr, err := c.controllerHost().Run(ctx, nil, append([]string{c.ctlBin, "--tls-dir", c.pkiDir}, args...)...)
 	return ctlResult{args: args, stdout: stdout, stderr: stderr, err: err}
 }
 

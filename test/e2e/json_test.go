@@ -20,6 +20,7 @@ type nodeJSON struct {
 	Job           string    `json:"job"`
 	Generation    uint64    `json:"generation,string"`
 	LastHeartbeat time.Time `json:"last_heartbeat"`
+	Cordoned      bool      `json:"cordoned"`
 }
 
 type jobJSON struct {

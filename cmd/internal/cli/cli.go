@@ -15,6 +15,8 @@ import (
 
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
+
+	"github.com/rdzv/rdzv/pki"
 )
 
 // NewLogger builds a production JSON logger at level ("debug", "info", ...).
@@ -53,6 +55,33 @@ func ParseLabels(s string) (map[string]string, error) {
 		labels[k] = v
 	}
 	return labels, nil
+}
+
+// TLSFiles are the --tls-cert, --tls-key and --tls-ca flags.
+type TLSFiles struct{ cert, key, ca *string }
+
+// TLSFlags registers the TLS file flags of a daemon whose certificate has
+// role.
+func TLSFlags(fs *flag.FlagSet, role string) TLSFiles {
+	return TLSFiles{
+		cert: fs.String("tls-cert", "", "this "+role+"'s certificate (rdzvctl pki issue "+role+" NAME)"),
+		key:  fs.String("tls-key", "", "this "+role+"'s private key"),
+		ca:   fs.String("tls-ca", "", "the cluster CA certificate (ca.crt)"),
+	}
+}
+
+// Apply overrides the config's files with the flags given.
+func (t TLSFiles) Apply(fs *flag.FlagSet, files *pki.Files) {
+	set := Set(fs)
+	if set["tls-cert"] {
+		files.Cert = *t.cert
+	}
+	if set["tls-key"] {
+		files.Key = *t.key
+	}
+	if set["tls-ca"] {
+		files.CA = *t.ca
+	}
 }
 
 // Fatal prints a startup error and exits non-zero.

@@ -1,0 +1,148 @@
+package controller
+
+import (
+	"context"
+	"crypto/x509"
+	"fmt"
+	"slices"
+	"strings"
+
+	"go.uber.org/zap"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/peer"
+	"google.golang.org/grpc/status"
+
+	"github.com/rdzv/rdzv/pki"
+	rdzvv1 "github.com/rdzv/rdzv/proto/rdzv/v1"
+)
+
+var (
+	readers   = []pki.Role{pki.RoleOperator, pki.RoleViewer}
+	operators = []pki.Role{pki.RoleOperator}
+	agents    = []pki.Role{pki.RoleAgent}
+)
+
+// methodRoles is who may call each method. A method missing here is
+// refused to everyone, so a new RPC is closed until it is listed.
+var methodRoles = map[string][]pki.Role{
+	rdzvv1.AgentService_Connect_FullMethodName: agents,
+
+	rdzvv1.JobService_GetJob_FullMethodName:     readers,
+	rdzvv1.JobService_ListJobs_FullMethodName:   readers,
+	rdzvv1.JobService_ListEvents_FullMethodName: readers,
+	rdzvv1.JobService_StreamLogs_FullMethodName: readers,
+	rdzvv1.JobService_StartJob_FullMethodName:   operators,
+	rdzvv1.JobService_StopJob_FullMethodName:    operators,
+
+	rdzvv1.NodeService_ListNodes_FullMethodName:    readers,
+	rdzvv1.NodeService_CordonNode_FullMethodName:   operators,
+	rdzvv1.NodeService_UncordonNode_FullMethodName: operators,
+}
+
+// authorize says whether id may call method.
+func authorize(id pki.Identity, method string) error {
+	roles := methodRoles[method]
+	if slices.Contains(roles, id.Role) {
+		return nil
+	}
+	need := "no role may call it"
+	if len(roles) > 0 {
+		names := make([]string, len(roles))
+		for i, r := range roles {
+			names[i] = string(r)
+		}
+		need = "it needs a certificate of role " + strings.Join(names, " or ")
+	}
+	return status.Errorf(codes.PermissionDenied, "%s (role %s) may not call %s: %s", id, id.Role, method, need)
+}
+
+type identityKey struct{}
+
+// identityFrom is the verified identity of the caller, set by the
+// authenticator on every call of a TLS controller.
+func identityFrom(ctx context.Context) (pki.Identity, bool) {
+	id, ok := ctx.Value(identityKey{}).(pki.Identity)
+	return id, ok
+}
+
+// authenticator verifies the caller's certificate on every call and
+// authorizes the call by role. The TLS handshake only asks for a
+// certificate; verifying here lets a refusal carry a status code and a
+// reason the caller can act on.
+type authenticator struct {
+	tls *pki.Reloader
+	log *zap.Logger
+}
+
+func (a *authenticator) check(ctx context.Context, method string) (context.Context, error) {
+	var chain []*x509.Certificate
+	p, _ := peer.FromContext(ctx)
+	if p != nil {
+		if info, ok := p.AuthInfo.(credentials.TLSInfo); ok {
+			chain = info.State.PeerCertificates
+		}
+	}
+	addr := ""
+	if p != nil && p.Addr != nil {
+		addr = p.Addr.String()
+	}
+	id, err := a.tls.VerifyClient(chain)
+	if err != nil {
+		a.log.Warn("unauthenticated call refused", zap.String("method", method), zap.String("peer", addr), zap.Error(err))
+		return nil, status.Error(codes.Unauthenticated, err.Error())
+	}
+	if err := authorize(id, method); err != nil {
+		a.log.Warn("unauthorized call refused", zap.String("method", method), zap.String("peer", addr), zap.Stringer("identity", id))
+		return nil, err
+	}
+	return context.WithValue(ctx, identityKey{}, id), nil
+}
+
+func (a *authenticator) unary(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
+	ctx, err := a.check(ctx, info.FullMethod)
+	if err != nil {
+		return nil, err
+	}
+	return handler(ctx, req)
+}
+
+func (a *authenticator) stream(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
+	ctx, err := a.check(ss.Context(), info.FullMethod)
+	if err != nil {
+		return err
+	}
+	return handler(srv, &identityStream{ServerStream: ss, ctx: ctx})
+}
+
+// identityStream carries the caller's identity in the stream's context.
+type identityStream struct {
+	grpc.ServerStream
+	ctx context.Context
+}
+
+func (s *identityStream) Context() context.Context { return s.ctx }
+
+// checkNodeIdentity refuses an agent registering as a node other than the
+// one its certificate names: a node's certificate can only ever speak for
+// that node, its heartbeats and its reports.
+func (c *Controller) checkNodeIdentity(ctx context.Context, node string) error {
+	if c.cfg.Insecure {
+		return nil
+	}
+	id, ok := identityFrom(ctx)
+	if !ok || id.Role != pki.RoleAgent || id.Name != node {
+		return status.Errorf(codes.PermissionDenied, "%s may not register node %q: an agent registers only as the node named in its certificate", id, node)
+	}
+	return nil
+}
+
+// wantController accepts only a controller certificate as the
+// controller's own.
+func wantController(id pki.Identity) error {
+	if id.Role != pki.RoleController {
+		return fmt.Errorf("is the certificate of %s; the controller needs one of role controller (rdzvctl pki issue controller NAME)", id)
+	}
+	return nil
+}

@@ -1,0 +1,312 @@
+package controller_test
+
+import (
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"math/big"
+	"net"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
+
+	"github.com/rdzv/rdzv/agent"
+	"github.com/rdzv/rdzv/agent/gpu"
+	"github.com/rdzv/rdzv/controller"
+	"github.com/rdzv/rdzv/pki"
+	rdzvv1 "github.com/rdzv/rdzv/proto/rdzv/v1"
+)
+
+// dialRaw connects with a hand-made TLS client presenting cert (none when
+// nil), for certificates the pki package would refuse to load itself.
+func (c *cluster) dialRaw(cert *pki.Issued) *grpc.ClientConn {
+	c.t.Helper()
+	roots := x509.NewCertPool()
+	roots.AddCert(c.ca.Cert)
+	conf := &tls.Config{MinVersion: tls.VersionTLS13, RootCAs: roots, ServerName: "127.0.0.1"}
+	if cert != nil {
+		conf.Certificates = []tls.Certificate{{Certificate: [][]byte{cert.Cert.Raw}, PrivateKey: cert.Key, Leaf: cert.Cert}}
+	}
+	conn, err := grpc.NewClient(c.addr, grpc.WithTransportCredentials(credentials.NewTLS(conf)))
+	require.NoError(c.t, err)
+	c.t.Cleanup(func() { _ = conn.Close() })
+	return conn
+}
+
+// register opens an agent stream on conn, registers as node and returns
+// the controller's answer: the Registered message, or why not.
+func register(t *testing.T, conn *grpc.ClientConn, node string) error {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	stream, err := rdzvv1.NewAgentServiceClient(conn).Connect(ctx)
+	require.NoError(t, err)
+	require.NoError(t, stream.Send(&rdzvv1.ConnectRequest{Msg: &rdzvv1.ConnectRequest_Register{Register: &rdzvv1.Register{Node: &rdzvv1.NodeInfo{
+		Name: node, Address: "127.0.0.1", NcclInterface: "lo", AgentVersion: "test",
+	}}}}))
+	m, err := stream.Recv()
+	if err != nil {
+		return err
+	}
+	require.NotNil(t, m.GetRegistered())
+	return nil
+}
+
+func TestUnauthenticatedCallsAreRefused(t *testing.T) {
+	c := newCluster(t)
+	foreignCA, err := pki.NewCA("foreign", 24*time.Hour, time.Now())
+	require.NoError(t, err)
+	issueRaw := func(ca *pki.CA, role pki.Role, now time.Time) *pki.Issued {
+		is, err := ca.Issue(pki.Request{Identity: pki.Identity{Role: role, Name: "mallory"}, ValidFor: time.Hour, Now: now})
+		require.NoError(t, err)
+		return is
+	}
+	expired := issueRaw(c.ca, pki.RoleOperator, time.Now().Add(-2*time.Hour))
+	tests := []struct {
+		name     string
+		conn     *grpc.ClientConn
+		wantCode codes.Code
+		wantMsg  string
+	}{
+		{"no certificate", c.dialRaw(nil), codes.Unauthenticated, "no client certificate"},
+		{"expired certificate", c.dialRaw(expired), codes.Unauthenticated, "certificate operator/mallory expired at " + expired.Cert.NotAfter.UTC().Format(time.RFC3339)},
+		{"another CA's operator", c.dialRaw(issueRaw(foreignCA, pki.RoleOperator, time.Now())), codes.Unauthenticated, "certificate not signed by the cluster CA"},
+		{"another CA's agent", c.dialRaw(issueRaw(foreignCA, pki.RoleAgent, time.Now())), codes.Unauthenticated, "certificate not signed by the cluster CA"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			_, err := rdzvv1.NewNodeServiceClient(tt.conn).ListNodes(rpcCtx(t), &rdzvv1.ListNodesRequest{})
+			require.Equal(t, tt.wantCode, status.Code(err), "%v", err)
+			require.ErrorContains(t, err, tt.wantMsg)
+
+			_, err = rdzvv1.NewJobServiceClient(tt.conn).StartJob(rpcCtx(t), &rdzvv1.StartJobRequest{Spec: c.spec("evil", 1, 1, "ok")})
+			require.Equal(t, tt.wantCode, status.Code(err), "%v", err)
+
+			err = register(t, tt.conn, "mallory")
+			require.Equal(t, tt.wantCode, status.Code(err), "%v", err)
+			require.ErrorContains(t, err, tt.wantMsg)
+		})
+	}
+
+	// Plaintext never gets as far as a call.
+	plain, err := grpc.NewClient(c.addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	require.NoError(t, err)
+	defer plain.Close()
+	_, err = rdzvv1.NewNodeServiceClient(plain).ListNodes(rpcCtx(t), &rdzvv1.ListNodesRequest{})
+	require.Equal(t, codes.Unavailable, status.Code(err), "%v", err)
+
+	require.Empty(t, c.listNodes(), "no refused agent registered")
+	require.Empty(t, c.listJobs(), "no refused call started a job")
+}
+
+// TestRolesPerMethod calls every method with each role and checks who is
+// let through. Requests name things that do not exist, so an allowed call
+// changes nothing and fails with NotFound or InvalidArgument instead.
+func TestRolesPerMethod(t *testing.T) {
+	c := newCluster(t)
+	type call func(conn *grpc.ClientConn) error
+	jobs := func(conn *grpc.ClientConn) rdzvv1.JobServiceClient { return rdzvv1.NewJobServiceClient(conn) }
+	nodes := func(conn *grpc.ClientConn) rdzvv1.NodeServiceClient { return rdzvv1.NewNodeServiceClient(conn) }
+	calls := map[string]call{
+		"GetJob": func(conn *grpc.ClientConn) error {
+			_, err := jobs(conn).GetJob(rpcCtx(t), &rdzvv1.GetJobRequest{Name: "nope"})
+			return err
+		},
+		"ListJobs": func(conn *grpc.ClientConn) error {
+			_, err := jobs(conn).ListJobs(rpcCtx(t), &rdzvv1.ListJobsRequest{})
+			return err
+		},
+		"ListEvents": func(conn *grpc.ClientConn) error {
+			_, err := jobs(conn).ListEvents(rpcCtx(t), &rdzvv1.ListEventsRequest{})
+			return err
+		},
+		"StreamLogs": func(conn *grpc.ClientConn) error {
+			s, err := jobs(conn).StreamLogs(rpcCtx(t), &rdzvv1.StreamLogsRequest{Job: "nope"})
+			if err == nil {
+				_, err = s.Recv()
+			}
+			return err
+		},
+		"StartJob": func(conn *grpc.ClientConn) error {
+			_, err := jobs(conn).StartJob(rpcCtx(t), &rdzvv1.StartJobRequest{})
+			return err
+		},
+		"StopJob": func(conn *grpc.ClientConn) error {
+			_, err := jobs(conn).StopJob(rpcCtx(t), &rdzvv1.StopJobRequest{Name: "nope"})
+			return err
+		},
+		"ListNodes": func(conn *grpc.ClientConn) error {
+			_, err := nodes(conn).ListNodes(rpcCtx(t), &rdzvv1.ListNodesRequest{})
+			return err
+		},
+		"CordonNode": func(conn *grpc.ClientConn) error {
+			_, err := nodes(conn).CordonNode(rpcCtx(t), &rdzvv1.CordonNodeRequest{Name: "nope"})
+			return err
+		},
+		"UncordonNode": func(conn *grpc.ClientConn) error {
+			_, err := nodes(conn).UncordonNode(rpcCtx(t), &rdzvv1.UncordonNodeRequest{Name: "nope"})
+			return err
+		},
+	}
+	reads := []string{"GetJob", "ListJobs", "ListEvents", "StreamLogs", "ListNodes"}
+	writes := []string{"StartJob", "StopJob", "CordonNode", "UncordonNode"}
+	tests := []struct {
+		id      pki.Identity
+		allowed []string
+	}{
+		{pki.Identity{Role: pki.RoleOperator, Name: "alice"}, append(reads, writes...)},
+		{pki.Identity{Role: pki.RoleViewer, Name: "bob"}, reads},
+		{pki.Identity{Role: pki.RoleAgent, Name: "node-a"}, nil},
+		{pki.Identity{Role: pki.RoleController, Name: "other-controller"}, nil},
+	}
+	for _, tt := range tests {
+		t.Run(tt.id.String(), func(t *testing.T) {
+			conn := c.dial(c.issue(tt.id))
+			for name, call := range calls {
+				err := call(conn)
+				allowed := false
+				for _, a := range tt.allowed {
+					allowed = allowed || a == name
+				}
+				if allowed {
+					require.NotContains(t, []codes.Code{codes.PermissionDenied, codes.Unauthenticated}, status.Code(err), "%s may call %s: %v", tt.id, name, err)
+					continue
+				}
+				require.Equal(t, codes.PermissionDenied, status.Code(err), "%s may not call %s: %v", tt.id, name, err)
+				require.ErrorContains(t, err, tt.id.String()+" (role "+string(tt.id.Role)+") may not call /rdzv.v1.")
+			}
+			if tt.id.Role != pki.RoleAgent {
+				err := register(t, conn, tt.id.Name)
+				require.Equal(t, codes.PermissionDenied, status.Code(err), "%v", err)
+				require.ErrorContains(t, err, "it needs a certificate of role agent")
+			}
+		})
+	}
+	require.Empty(t, c.listNodes())
+}
+
+// TestViewerCannotChangeJobs: a read-only identity sees a running job but
+// can neither stop it nor start another, nor cordon its node.
+func TestViewerCannotChangeJobs(t *testing.T) {
+	c := newCluster(t)
+	a := c.connectFake("node-a")
+	a.keepAlive()
+	c.startJob(c.spec("train", 1, 1, "hang"))
+	a.run()
+	c.waitRunning("train")
+
+	conn := c.dial(c.issue(pki.Identity{Role: pki.RoleViewer, Name: "bob"}))
+	jobs, nodes := rdzvv1.NewJobServiceClient(conn), rdzvv1.NewNodeServiceClient(conn)
+	got, err := jobs.GetJob(rpcCtx(t), &rdzvv1.GetJobRequest{Name: "train"})
+	require.NoError(t, err, "a viewer reads")
+	require.Equal(t, rdzvv1.JobState_JOB_STATE_RUNNING, got.GetJob().GetState())
+
+	_, err = jobs.StopJob(rpcCtx(t), &rdzvv1.StopJobRequest{Name: "train"})
+	require.Equal(t, codes.PermissionDenied, status.Code(err), "%v", err)
+	require.ErrorContains(t, err, "viewer/bob (role viewer) may not call /rdzv.v1.JobService/StopJob: it needs a certificate of role operator")
+	_, err = jobs.StartJob(rpcCtx(t), &rdzvv1.StartJobRequest{Spec: c.spec("other", 1, 1, "ok")})
+	require.Equal(t, codes.PermissionDenied, status.Code(err), "%v", err)
+	_, err = nodes.CordonNode(rpcCtx(t), &rdzvv1.CordonNodeRequest{Name: "node-a"})
+	require.Equal(t, codes.PermissionDenied, status.Code(err), "%v", err)
+
+	require.Equal(t, rdzvv1.JobState_JOB_STATE_RUNNING, c.getJob("train").GetState(), "the job was not stopped")
+	require.Len(t, c.listJobs(), 1, "no job was started")
+	require.False(t, c.listNodes()["node-a"].GetCordoned())
+}
+
+// TestAgentCannotImpersonateAnotherNode: node-b's certificate cannot
+// register as node-a, whose own agent stays connected and in charge.
+func TestAgentCannotImpersonateAnotherNode(t *testing.T) {
+	c := newCluster(t)
+	a := c.connectFake("node-a")
+	a.keepAlive()
+
+	impostor := c.dial(c.issue(pki.Identity{Role: pki.RoleAgent, Name: "node-b"}))
+	err := register(t, impostor, "node-a")
+	require.Equal(t, codes.PermissionDenied, status.Code(err), "%v", err)
+	require.ErrorContains(t, err, `agent/node-b may not register node "node-a": an agent registers only as the node named in its certificate`)
+	require.NoError(t, register(t, impostor, "node-b"), "the same certificate registers as its own node")
+
+	require.False(t, a.closed(), "node-a's own stream was not replaced")
+	nodes := c.listNodes()
+	require.Equal(t, rdzvv1.NodeState_NODE_STATE_READY, nodes["node-a"].GetState())
+	registrations := 0
+	for _, ev := range c.events("") {
+		if ev.GetKind() == "node_registered" && ev.GetNode() == "node-a" {
+			registrations++
+		}
+	}
+	require.Equal(t, 1, registrations, "node-a registered once, by its own agent")
+
+	// The real agent refuses to start with another node's certificate.
+	cfg := agent.DefaultConfig()
+	cfg.Controller, cfg.NodeName, cfg.StateDir = c.addr, "node-a", t.TempDir()
+	cfg.TLS = c.issue(pki.Identity{Role: pki.RoleAgent, Name: "node-b"})
+	_, err = agent.New(cfg, testLogger(t), gpu.Fake{}, loopbackOnly{}, agent.ExecSpawner{})
+	require.ErrorContains(t, err, `is the certificate of agent/node-b, but this is node "node-a"`)
+}
+
+// TestCertificateRotation: the controller serves a rotated certificate to
+// new connections without a restart.
+func TestCertificateRotation(t *testing.T) {
+	c := newCluster(t)
+	served := func() *big.Int {
+		var (
+			mu     sync.Mutex
+			serial *big.Int
+		)
+		roots := x509.NewCertPool()
+		roots.AddCert(c.ca.Cert)
+		is, err := c.ca.Issue(pki.Request{Identity: pki.Identity{Role: pki.RoleViewer, Name: "probe"}, ValidFor: time.Hour, Now: time.Now()})
+		require.NoError(t, err)
+		conf := &tls.Config{
+			MinVersion: tls.VersionTLS13, RootCAs: roots, ServerName: "127.0.0.1",
+			Certificates: []tls.Certificate{{Certificate: [][]byte{is.Cert.Raw}, PrivateKey: is.Key}},
+			VerifyConnection: func(cs tls.ConnectionState) error {
+				mu.Lock()
+				defer mu.Unlock()
+				serial = cs.PeerCertificates[0].SerialNumber
+				return nil
+			},
+		}
+		conn, err := grpc.NewClient(c.addr, grpc.WithTransportCredentials(credentials.NewTLS(conf)))
+		require.NoError(t, err)
+		defer conn.Close()
+		_, err = rdzvv1.NewNodeServiceClient(conn).ListNodes(rpcCtx(t), &rdzvv1.ListNodesRequest{})
+		require.NoError(t, err)
+		mu.Lock()
+		defer mu.Unlock()
+		return serial
+	}
+	before := served()
+	files := c.issue(pki.Identity{Role: pki.RoleController, Name: "controller"}, net.IPv4(127, 0, 0, 1))
+	require.Equal(t, c.cfg.TLS, files, "rotated in place")
+	rotated, err := pki.ReadCert(files.Cert)
+	require.NoError(t, err)
+	require.NotEqual(t, before, rotated.SerialNumber)
+	poll(t, func() bool { return served().Cmp(rotated.SerialNumber) == 0 },
+		func() string { return "the controller still serves serial " + before.String() })
+
+	// Connections made before the rotation keep working.
+	_, err = c.nodes.ListNodes(rpcCtx(t), &rdzvv1.ListNodesRequest{})
+	require.NoError(t, err)
+}
+
+// TestInsecureController: with insecure set, the controller serves
+// plaintext without asking who calls; nothing else changes.
+func TestInsecureController(t *testing.T) {
+	c := newCluster(t, func(cfg *controller.Config) { cfg.Insecure, cfg.TLS = true, pki.Files{} })
+	plain, err := grpc.NewClient(c.addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	require.NoError(t, err)
+	defer plain.Close()
+	require.NoError(t, register(t, plain, "node-a"))
+	_, err = rdzvv1.NewNodeServiceClient(plain).ListNodes(rpcCtx(t), &rdzvv1.ListNodesRequest{})
+	require.NoError(t, err)
+}

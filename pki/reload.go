@@ -1,0 +1,227 @@
+package pki
+
+import (
+	"crypto/tls"
+	"crypto/x509"
+	"fmt"
+	"net"
+	"os"
+	"sync"
+	"time"
+
+	"github.com/jonboulle/clockwork"
+	"go.uber.org/zap"
+)
+
+// checkEvery throttles how often the files are looked at: a stat of three
+// files per second at most, however many handshakes and calls there are.
+const checkEvery = time.Second
+
+// Reloader serves a daemon's TLS material and re-reads it when the files
+// change (size, modification time or inode), so that rotating certificates
+// needs no restart. A new set that does not load (a certificate whose key
+// has not been written yet, a certificate the CA did not sign) is logged and
+// the previous one stays in use.
+type Reloader struct {
+	files Files
+	want  func(Identity) error
+	log   *zap.Logger
+	clock clockwork.Clock
+
+	mu      sync.Mutex
+	checked time.Time
+	stamps  [3]os.FileInfo
+	// missing is set while a file cannot be read, so that is logged once.
+	missing bool
+	cur     material
+}
+
+type material struct {
+	cert *tls.Certificate
+	id   Identity
+	pool *x509.CertPool
+}
+
+// ReloaderOption adjusts a Reloader for tests.
+type ReloaderOption func(*Reloader)
+
+// WithClock replaces the wall clock used for throttling and verification.
+func WithClock(c clockwork.Clock) ReloaderOption { return func(r *Reloader) { r.clock = c } }
+
+// NewReloader loads files; want, if not nil, must accept the certificate's
+// identity (a controller's certificate must say controller, an agent's its
+// node name), at start and at every reload.
+func NewReloader(files Files, want func(Identity) error, log *zap.Logger, opts ...ReloaderOption) (*Reloader, error) {
+	r := &Reloader{files: files, want: want, log: log, clock: clockwork.NewRealClock()}
+	for _, o := range opts {
+		o(r)
+	}
+	stamps, err := r.stat()
+	if err != nil {
+		return nil, err
+	}
+	m, err := r.load()
+	if err != nil {
+		return nil, err
+	}
+	r.stamps, r.cur, r.checked = stamps, m, r.clock.Now()
+	return r, nil
+}
+
+func (r *Reloader) stat() ([3]os.FileInfo, error) {
+	var st [3]os.FileInfo
+	for i, p := range []string{r.files.Cert, r.files.Key, r.files.CA} {
+		fi, err := os.Stat(p)
+		if err != nil {
+			return st, fmt.Errorf("tls: %w", err)
+		}
+		st[i] = fi
+	}
+	return st, nil
+}
+
+func (r *Reloader) load() (material, error) {
+	cert, err := tls.LoadX509KeyPair(r.files.Cert, r.files.Key)
+	if err != nil {
+		return material{}, fmt.Errorf("tls: loading %s with key %s: %w", r.files.Cert, r.files.Key, err)
+	}
+	caPEM, err := os.ReadFile(r.files.CA)
+	if err != nil {
+		return material{}, fmt.Errorf("tls: reading CA: %w", err)
+	}
+	pool := x509.NewCertPool()
+	if !pool.AppendCertsFromPEM(caPEM) {
+		return material{}, fmt.Errorf("tls: %s holds no PEM certificate", r.files.CA)
+	}
+	// Our own certificate must verify against the CA we trust, or peers
+	// using the same CA will refuse it; say so now rather than at each
+	// handshake.
+	id, err := verify(append([]*x509.Certificate{cert.Leaf}, parseRest(cert)...), pool, r.clock.Now(), x509.ExtKeyUsageAny, "")
+	if err != nil {
+		return material{}, fmt.Errorf("tls: %s (checked against %s): %w", r.files.Cert, r.files.CA, err)
+	}
+	if r.want != nil {
+		if err := r.want(id); err != nil {
+			return material{}, fmt.Errorf("tls: %s: %w", r.files.Cert, err)
+		}
+	}
+	return material{cert: &cert, id: id, pool: pool}, nil
+}
+
+// parseRest parses the intermediates that follow the leaf in a chain file.
+func parseRest(cert tls.Certificate) []*x509.Certificate {
+	var out []*x509.Certificate
+	for _, der := range cert.Certificate[1:] {
+		if c, err := x509.ParseCertificate(der); err == nil {
+			out = append(out, c)
+		}
+	}
+	return out
+}
+
+// current returns the material in use, first reloading it if the files
+// changed since the last look (at most once per checkEvery).
+func (r *Reloader) current() material {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	now := r.clock.Now()
+	if now.Sub(r.checked) < checkEvery {
+		return r.cur
+	}
+	r.checked = now
+	stamps, err := r.stat()
+	if err != nil {
+		if !r.missing {
+			r.log.Warn("tls files unreadable, keeping the loaded certificates", zap.Error(err))
+		}
+		r.missing = true
+		return r.cur
+	}
+	r.missing = false
+	if sameFiles(stamps, r.stamps) {
+		return r.cur
+	}
+	// Remembered even if loading fails, so a broken set is reported once
+	// and retried when the files change again (the key of a new pair
+	// usually lands a moment after its certificate).
+	r.stamps = stamps
+	m, err := r.load()
+	if err != nil {
+		r.log.Warn("tls files changed but do not load, keeping the previous certificates", zap.Error(err))
+		return r.cur
+	}
+	r.cur = m
+	r.log.Info("tls certificates reloaded", zap.Stringer("identity", m.id), zap.Time("not_after", m.cert.Leaf.NotAfter))
+	return m
+}
+
+func sameFiles(a, b [3]os.FileInfo) bool {
+	for i := range a {
+		if !os.SameFile(a[i], b[i]) || !a[i].ModTime().Equal(b[i].ModTime()) || a[i].Size() != b[i].Size() {
+			return false
+		}
+	}
+	return true
+}
+
+// Identity is who this daemon's own certificate speaks for.
+func (r *Reloader) Identity() Identity { return r.current().id }
+
+// VerifyClient verifies a peer's client certificate chain against the CA
+// as currently loaded.
+func (r *Reloader) VerifyClient(chain []*x509.Certificate) (Identity, error) {
+	pool := r.current().pool
+	if len(chain) == 0 {
+		return Identity{}, ErrNoCertificate
+	}
+	return verify(chain, pool, r.clock.Now(), x509.ExtKeyUsageClientAuth, "")
+}
+
+// ServerConfig is the controller's TLS configuration. It asks for a client
+// certificate but lets the handshake finish without a valid one, so that
+// the API can refuse the call with a status that says why
+// (Unauthenticated) instead of a bare connection error; every call is then
+// checked with VerifyClient.
+func (r *Reloader) ServerConfig() *tls.Config {
+	return &tls.Config{
+		MinVersion: tls.VersionTLS13,
+		ClientAuth: tls.RequestClientCert,
+		GetCertificate: func(*tls.ClientHelloInfo) (*tls.Certificate, error) {
+			return r.current().cert, nil
+		},
+	}
+}
+
+// ClientConfig is the TLS configuration for dialing the controller at addr
+// (host:port): it presents this daemon's certificate and accepts only a
+// controller certificate, valid for addr's host and signed by the CA as
+// currently loaded.
+func (r *Reloader) ClientConfig(addr string) (*tls.Config, error) {
+	host, _, err := net.SplitHostPort(addr)
+	if err != nil {
+		return nil, fmt.Errorf("controller address %q: %w", addr, err)
+	}
+	return &tls.Config{
+		MinVersion: tls.VersionTLS13,
+		ServerName: host,
+		// The standard verification reads a fixed RootCAs; VerifyConnection
+		// below does the same checks against the reloadable CA.
+		InsecureSkipVerify: true,
+		GetClientCertificate: func(*tls.CertificateRequestInfo) (*tls.Certificate, error) {
+			return r.current().cert, nil
+		},
+		VerifyConnection: func(cs tls.ConnectionState) error {
+			if len(cs.PeerCertificates) == 0 {
+				return fmt.Errorf("controller at %s sent no certificate", addr)
+			}
+			id, err := verify(cs.PeerCertificates, r.current().pool, r.clock.Now(), x509.ExtKeyUsageServerAuth, host)
+			if err != nil {
+				return fmt.Errorf("controller at %s: %w", addr, err)
+			}
+			if id.Role != RoleController {
+				return fmt.Errorf("the server at %s presented the certificate of %s, not of a controller", addr, id)
+			}
+			return nil
+		},
+	}, nil
+}
