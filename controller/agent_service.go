@@ -166,6 +166,7 @@ func (c *Controller) register(ctx context.Context, sess *session, reg *rdzvv1.Re
 			name, len(info.GetGpus()), fakeSuffix(info), info.GetNcclInterface(), info.GetNcclInterfaceReason(), info.GetAddress(), info.GetAgentVersion())
 		rev, err := c.store.PutNode(ctx, rec, prevRev, ev)
 		if err != nil {
+			c.requestFailed("registering node", err)
 			return err
 		}
 		if ns == nil {
@@ -181,9 +182,11 @@ func (c *Controller) register(ctx context.Context, sess *session, reg *rdzvv1.Re
 	}
 	ns.session = sess
 	ns.lastSeen = now
+	ns.heard = true
 	sess.send(&rdzvv1.ConnectResponse{Msg: &rdzvv1.ConnectResponse_Registered{Registered: &rdzvv1.Registered{
 		HeartbeatIntervalMs: uint32(c.cfg.Heartbeat.Interval.Milliseconds()),
 		HeartbeatTimeoutMs:  uint32(c.cfg.Heartbeat.Timeout.Milliseconds()),
+		VouchedTimeoutMs:    uint32(c.cfg.Heartbeat.VouchedTimeout.Milliseconds()),
 		GossipSeeds:         c.gossipSeeds(name),
 	}}})
 
@@ -287,7 +290,9 @@ func (c *Controller) applyWorkerStatus(ctx context.Context, node string, w *rdzv
 		ev = c.event(js.rec.GetSpec().GetName(), node, w.GetGeneration(), EventWorkerExited, "workers on %s %s", node, describeExit(w))
 	}
 	if err := c.store.PutWorker(ctx, w.GetJob(), node, w, js.rev, ev); err != nil {
-		log.Error("recording worker status failed", zap.Error(err))
+		// The agent reports its workers again when it registers with
+		// whoever leads next.
+		c.writeFailed("recording worker status", err, zap.String("node", node), zap.String("job", w.GetJob()))
 		return
 	}
 	js.workers[node] = w

@@ -43,6 +43,9 @@ const (
 
 	heartbeatInterval = 100 * time.Millisecond
 	heartbeatTimeout  = time.Second
+	// vouchedFactor sets the vouched timeout in heartbeat timeouts.
+	vouchedFactor  = 3
+	vouchedTimeout = vouchedFactor * heartbeatTimeout
 
 	masterPortMin = 41000
 	masterPortMax = 41999
@@ -113,11 +116,16 @@ func newCluster(t *testing.T, edits ...func(*controller.Config)) *cluster {
 	c.cfg.EmbeddedEtcd.PeerURL = "http://" + freeAddr(t)
 	c.cfg.Heartbeat.Interval.Duration = heartbeatInterval
 	c.cfg.Heartbeat.Timeout.Duration = heartbeatTimeout
+	// Set below from the heartbeat timeout, unless an edit sets it.
+	c.cfg.Heartbeat.VouchedTimeout.Duration = 0
 	c.cfg.MasterPortRange = controller.PortRange{Min: masterPortMin, Max: masterPortMax}
 	c.addr = freeAddr(t)
 	c.cfg.Listen = c.addr
 	for _, edit := range edits {
 		edit(&c.cfg)
+	}
+	if c.cfg.Heartbeat.VouchedTimeout.Duration == 0 {
+		c.cfg.Heartbeat.VouchedTimeout.Duration = vouchedFactor * c.cfg.Heartbeat.Timeout.Duration
 	}
 	c.startController()
 
@@ -150,6 +158,9 @@ func (c *cluster) startController() {
 		require.FailNow(t, "controller not ready")
 	}
 	require.Equal(t, c.addr, ctl.Addr().String())
+	// Alone on its etcd it wins the election at once; the API serves only
+	// from then on.
+	poll(t, ctl.Leading, func() string { return "controller never took the lead" })
 
 	stopped := false
 	c.stopController = func() {
