@@ -32,6 +32,9 @@ type leaderView struct {
 	addr string
 	// etcdErr is set while etcd cannot be read: no one can lead.
 	etcdErr string
+	// previous is the last other controller seen leading, for the record
+	// of a takeover.
+	previous string
 }
 
 // elect campaigns for the lead until ctx ends, leading whenever it wins
@@ -56,16 +59,20 @@ func (c *Controller) elect(ctx context.Context) {
 // campaign waits to lead, then leads until the lead is lost.
 func (c *Controller) campaign(ctx context.Context) error {
 	cli := c.store.Client()
+	ttl := int(math.Ceil(c.cfg.LeaderLeaseTTL.Seconds()))
 	gctx, cancel := context.WithTimeout(ctx, c.cfg.Etcd.RequestTimeout.Duration)
-	lease, err := cli.Grant(gctx, int64(math.Ceil(c.cfg.LeaderLeaseTTL.Seconds())))
+	lease, err := cli.Grant(gctx, int64(ttl))
 	cancel()
 	if err != nil {
 		c.setEtcdErr(err)
 		return fmt.Errorf("granting the leader lease: %w", err)
 	}
+	c.setEtcdErr(nil)
 	// The session outlives ctx so that Close can still revoke the lease on
 	// shutdown: a standby then takes over at once instead of after the TTL.
-	sess, err := concurrency.NewSession(cli, concurrency.WithLease(lease.ID), concurrency.WithContext(context.WithoutCancel(ctx)))
+	// The TTL also bounds how long Close tries.
+	sess, err := concurrency.NewSession(cli, concurrency.WithLease(lease.ID), concurrency.WithTTL(ttl),
+		concurrency.WithContext(context.WithoutCancel(ctx)))
 	if err != nil {
 		return fmt.Errorf("keeping the leader lease alive: %w", err)
 	}
@@ -86,7 +93,6 @@ func (c *Controller) campaign(ctx context.Context) error {
 		}
 	}()
 	el := concurrency.NewElection(sess, store.ElectionName())
-	previous := c.leaderView().addr
 	if err := el.Campaign(lctx, c.cfg.Advertised()); err != nil {
 		return fmt.Errorf("campaigning: %w", err)
 	}
@@ -98,7 +104,7 @@ func (c *Controller) campaign(ctx context.Context) error {
 	if err != nil || len(resp.Kvs) == 0 || resp.Kvs[0].CreateRevision != el.Rev() {
 		return fmt.Errorf("won an election whose key is gone: %w", errors.Join(err, lctx.Err()))
 	}
-	err = c.lead(lctx, endLead, store.Leadership{Key: el.Key(), Rev: el.Rev()}, previous)
+	err = c.lead(lctx, endLead, store.Leadership{Key: el.Key(), Rev: el.Rev()}, c.leaderView().previous)
 	// Resigning hands over at once; it fails harmlessly if the lease is
 	// already gone.
 	rctx, cancel = context.WithTimeout(context.WithoutCancel(ctx), c.cfg.Etcd.RequestTimeout.Duration)
@@ -127,7 +133,7 @@ func (c *Controller) lead(ctx context.Context, stepDown context.CancelFunc, l st
 	c.leading.Store(true)
 	loaded := c.clock.Now().Sub(begin)
 	me := c.cfg.Advertised()
-	if previous == "" || previous == me {
+	if previous == "" {
 		previous = "none"
 	}
 	ev := c.event("", "", 0, EventLeaderElected, "controller %s leads (previous leader: %s); %d jobs and %d nodes loaded from etcd in %s",
@@ -209,9 +215,12 @@ func (c *Controller) watchLeader(ctx context.Context) {
 			c.sleep(ctx, electionRetry)
 			continue
 		}
-		view := leaderView{}
+		view := leaderView{previous: c.leaderView().previous}
 		if len(resp.Kvs) > 0 {
 			view.addr = string(resp.Kvs[0].Value)
+			if view.addr != c.cfg.Advertised() {
+				view.previous = view.addr
+			}
 		}
 		c.view.Store(&view)
 		// Without a leader the etcd member cannot tell whether the key
@@ -243,9 +252,13 @@ func (c *Controller) leaderView() leaderView {
 	return leaderView{}
 }
 
+// setEtcdErr records that etcd failed (nil: that it answered).
 func (c *Controller) setEtcdErr(err error) {
 	v := c.leaderView()
-	v.etcdErr = err.Error()
+	v.etcdErr = ""
+	if err != nil {
+		v.etcdErr = err.Error()
+	}
 	c.view.Store(&v)
 }
 

@@ -12,12 +12,12 @@ import (
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/connectivity"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/rdzv/rdzv/controller/ha"
 	"github.com/rdzv/rdzv/controller/jobspec"
 	rdzvv1 "github.com/rdzv/rdzv/proto/rdzv/v1"
 )
@@ -37,7 +37,7 @@ func defaultGlobals() *globals {
 }
 
 func (g *globals) register(fs *flag.FlagSet) {
-	fs.StringVar(&g.controller, "controller", g.controller, "controller host:port")
+	fs.StringVar(&g.controller, "controller", g.controller, "controller host:port, or replicas' host:port,host:port,...")
 	fs.StringVar(&g.output, "o", g.output, "output format: table or json")
 	fs.DurationVar(&g.timeout, "timeout", g.timeout, "per-request timeout")
 }
@@ -45,7 +45,7 @@ func (g *globals) register(fs *flag.FlagSet) {
 type command struct {
 	*globals
 	out  io.Writer
-	conn *grpc.ClientConn
+	conn *ha.Conn
 }
 
 // jobFailedError is returned by --wait when the job did not succeed.
@@ -62,16 +62,20 @@ func (c *command) flags(name string) *flag.FlagSet {
 	return fs
 }
 
-func (c *command) dial() (*grpc.ClientConn, error) {
+// dial prepares calls to the controllers; each call finds the leader among
+// them (see ha.Conn).
+func (c *command) dial() (grpc.ClientConnInterface, error) {
 	if c.output != "table" && c.output != "json" {
 		return nil, fmt.Errorf("%w: -o must be table or json, got %q", errUsage, c.output)
 	}
 	if c.conn == nil {
-		conn, err := grpc.NewClient(c.controller, grpc.WithTransportCredentials(insecure.NewCredentials()))
+		addrs, err := ha.ParseAddrs("--controller", c.controller)
 		if err != nil {
-			return nil, fmt.Errorf("controller address %q: %w", c.controller, err)
+			return nil, fmt.Errorf("%w: %w", errUsage, err)
 		}
-		c.conn = conn
+		if c.conn, err = ha.NewConn(addrs, grpc.WithTransportCredentials(insecure.NewCredentials())); err != nil {
+			return nil, err
+		}
 	}
 	return c.conn, nil
 }
@@ -96,13 +100,16 @@ func (c *command) rpcErr(what string, err error) error {
 	if !ok {
 		return fmt.Errorf("%s: %w", what, err)
 	}
+	if reason, _, ok := ha.Parse(err); ok {
+		if reason == ha.ReasonEtcdUnavailable {
+			return fmt.Errorf("%s: refused by the controller: %s", what, st.Message())
+		}
+		return fmt.Errorf("%s: no controller at %s leads right now (election or failover under way; retry): %s", what, c.controller, st.Message())
+	}
 	switch st.Code() {
 	case codes.Unavailable:
 		return fmt.Errorf("%s: cannot reach the controller at %s (set --controller or RDZV_CONTROLLER): %s", what, c.controller, st.Message())
 	case codes.DeadlineExceeded:
-		if c.conn != nil && c.conn.GetState() != connectivity.Ready {
-			return fmt.Errorf("%s: cannot reach the controller at %s within %s (set --controller or RDZV_CONTROLLER)", what, c.controller, c.timeout)
-		}
 		return fmt.Errorf("%s: the controller at %s did not answer within %s", what, c.controller, c.timeout)
 	}
 	return fmt.Errorf("%s: %s", what, st.Message())

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"strings"
 	"sync"
 	"time"
 
@@ -144,17 +143,13 @@ func (c *Conn) each(ctx context.Context, call func(context.Context, *grpc.Client
 			return err
 		}
 	}
-	if refusal != nil {
+	switch {
+	case refusal != nil:
 		return refusal
+	case unreachable != nil:
+		return unreachable
 	}
-	if unreachable != nil && ctx.Err() == nil {
-		st := status.Convert(unreachable)
-		return status.Errorf(codes.Unavailable, "no controller reachable at %s: %s", strings.Join(c.addrs, ","), st.Message())
-	}
-	if ctx.Err() != nil {
-		return status.FromContextError(ctx.Err()).Err()
-	}
-	return unreachable
+	return status.FromContextError(ctx.Err()).Err()
 }
 
 // untried counts the addresses in queue not tried yet.
