@@ -83,13 +83,18 @@ func newHACluster(t *testing.T, replicas int) *haCluster {
 		addrs = append(addrs, addr)
 		h.replicas = append(h.replicas, h.startReplica(addr))
 	}
-	// Agents get every address, as rdzvctl does.
-	c.addr = strings.Join(addrs, ",")
-	conn, err := ha.NewConn(addrs, grpc.WithTransportCredentials(insecure.NewCredentials()))
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = conn.Close() })
-	c.jobs, c.nodes = rdzvv1.NewJobServiceClient(conn), rdzvv1.NewNodeServiceClient(conn)
+	h.clients(addrs...)
 	return h
+}
+
+// clients points agents started from now on, and the API helpers, at
+// addrs in this order.
+func (h *haCluster) clients(addrs ...string) {
+	h.addr = strings.Join(addrs, ",")
+	conn, err := ha.NewConn(addrs, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	require.NoError(h.t, err)
+	h.t.Cleanup(func() { _ = conn.Close() })
+	h.jobs, h.nodes = rdzvv1.NewJobServiceClient(conn), rdzvv1.NewNodeServiceClient(conn)
 }
 
 func (h *haCluster) startReplica(addr string) *replica {
@@ -188,6 +193,8 @@ func TestFailoverKeepsJobRunning(t *testing.T) {
 	reason, hint := refusal(t, standby.addr)
 	require.Equal(t, ha.ReasonNotLeader, reason)
 	require.Equal(t, first.addr, hint, "the standby names the leader")
+	// Standby first: agents and API calls must follow its redirect.
+	h.clients(standby.addr, first.addr)
 
 	h.addAgent("node-a", 0, nil)
 	h.addAgent("node-b", 0, nil)

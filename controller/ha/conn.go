@@ -10,6 +10,7 @@ import (
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/connectivity"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 )
@@ -116,9 +117,11 @@ func (c *Conn) each(ctx context.Context, call func(context.Context, *grpc.Client
 		if err != nil {
 			return err
 		}
-		actx, cancel := attemptCtx(ctx, untried(queue, tried)+1)
-		err = call(actx, cc)
-		cancel()
+		if !connected(ctx, cc, untried(queue, tried)+1) {
+			unreachable = status.Errorf(codes.Unavailable, "no connection to %s in time", addr)
+			continue
+		}
+		err = call(ctx, cc)
 		if err == nil {
 			c.mu.Lock()
 			c.leader = addr
@@ -137,7 +140,7 @@ func (c *Conn) each(ctx context.Context, call func(context.Context, *grpc.Client
 				hops++
 				queue = append([]string{hint}, queue...)
 			}
-		case status.Code(err) == codes.Unavailable, status.Code(err) == codes.DeadlineExceeded && ctx.Err() == nil:
+		case status.Code(err) == codes.Unavailable:
 			unreachable = err
 		default:
 			return err
@@ -165,15 +168,29 @@ func untried(queue []string, tried map[string]bool) int {
 	return n
 }
 
-// attemptCtx gives one attempt its share of the time left, so a controller
-// that hangs (a host gone from the network) cannot use up the deadline of
-// the whole walk; without a deadline an attempt is unbounded.
-func attemptCtx(ctx context.Context, attempts int) (context.Context, context.CancelFunc) {
+// connected waits for cc to connect, for its share of the time left among
+// attempts, so that a host gone from the network cannot use up the whole
+// deadline. A refused connection counts as connected: the call then fails
+// at once with the reason. A call on a connection gets all the time left:
+// cutting short a controller that is working on a change would leave the
+// caller unsure whether it happened.
+func connected(ctx context.Context, cc *grpc.ClientConn, attempts int) bool {
 	deadline, ok := ctx.Deadline()
 	if !ok || attempts <= 1 {
-		return context.WithCancel(ctx)
+		return true
 	}
-	return context.WithTimeout(ctx, time.Until(deadline)/time.Duration(attempts))
+	wctx, cancel := context.WithTimeout(ctx, time.Until(deadline)/time.Duration(attempts))
+	defer cancel()
+	cc.Connect()
+	for {
+		s := cc.GetState()
+		if s == connectivity.Ready || s == connectivity.TransientFailure {
+			return true
+		}
+		if !cc.WaitForStateChange(wctx, s) {
+			return false
+		}
+	}
 }
 
 // stream is a server-streaming call that finds its controller on the
