@@ -122,13 +122,11 @@ func New(cfg Config, log *zap.Logger, gpus GPUDiscoverer, net NetworkDetector, s
 
 // credentials are mutual TLS with this node's certificate, or none (and a
 // warning) when insecure.
-func (a *Agent) credentials(log *zap.Logger) (credentials.TransportCredentials, error) {
+func (a *Agent) credentials(addr string) (credentials.TransportCredentials, error) {
 	if a.tls == nil {
-		log.Warn("insecure mode: no tls; this node runs whatever anyone who can pose as the controller sends (use only for local tests)",
-			zap.String("controller", a.cfg.Controller))
 		return insecure.NewCredentials(), nil
 	}
-	conf, err := a.tls.ClientConfig(a.cfg.Controller)
+	conf, err := a.tls.ClientConfig(addr)
 	if err != nil {
 		return nil, err
 	}
@@ -147,19 +145,19 @@ func (a *Agent) Run(ctx context.Context) error {
 		zap.String("interface", info.GetNcclInterface()), zap.String("address", info.GetAddress()),
 		zap.String("reason", info.GetNcclInterfaceReason()))
 
-	creds, err := a.credentials(log)
+	if a.tls == nil {
+		log.Warn("insecure mode: no tls; this node runs whatever anyone who can pose as the controller sends (use only for local tests)",
+			zap.String("controller", a.cfg.Controller))
+	}
+	addrs, err := a.cfg.Controllers()
 	if err != nil {
 		return err
 	}
-	conn, err := grpc.NewClient(a.cfg.Controller,
-		grpc.WithTransportCredentials(creds),
+	ctl := newControllers(addrs, a.credentials,
 		grpc.WithKeepaliveParams(keepalive.ClientParameters{Time: 10 * time.Second, Timeout: 5 * time.Second, PermitWithoutStream: true}),
 		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(jobspec.MaxMessageBytes), grpc.MaxCallSendMsgSize(jobspec.MaxMessageBytes)),
 	)
-	if err != nil {
-		return fmt.Errorf("creating controller client for %s: %w", a.cfg.Controller, err)
-	}
-	defer conn.Close()
+	defer ctl.close()
 
 	ln, err := listenReports(a.cfg.StateDir)
 	if err != nil {
@@ -175,11 +173,11 @@ func (a *Agent) Run(ctx context.Context) error {
 		sup.Adopt(found)
 	}
 	reports := newReportServer(sup, log.Named("reports"))
-	sess := &agentSession{agent: a, info: info, sup: sup, client: rdzvv1.NewAgentServiceClient(conn), log: log.Named("session"),
-		farewells: make(chan farewell)}
+	sess := &agentSession{agent: a, info: info, sup: sup, ctl: ctl, log: log.Named("session"), farewells: make(chan farewell)}
 	sup.OnHandover(sess.announceRestart)
 	sess.lastHeard.Store(time.Now().UnixNano())
 	sess.heartbeatTimeout.Store(int64(defaultHeartbeatTimeout))
+	sess.vouchedTimeout.Store(int64(hiccupFactor * defaultHeartbeatTimeout))
 	if a.cfg.GossipPort >= 0 {
 		g, err := StartGossip(info.GetName(), info.GetAddress(), a.cfg.GossipPort, log.Named("gossip"))
 		if err != nil {
@@ -291,8 +289,12 @@ func (a *Agent) Describe(ctx context.Context) (*rdzvv1.NodeInfo, error) {
 		return nil, fmt.Errorf("listing network interfaces: %w", err)
 	}
 	opts := netif.SelectOptions{Explicit: a.cfg.NCCLInterface}
-	if opts.ControllerFacing, err = a.net.InterfaceFacing(a.cfg.Controller); err != nil {
-		a.log.Warn("no route to the controller found", zap.String("controller", a.cfg.Controller), zap.Error(err))
+	// Controller replicas share a management network: the first one's
+	// route stands for all.
+	if addrs, err := a.cfg.Controllers(); err == nil {
+		if opts.ControllerFacing, err = a.net.InterfaceFacing(addrs[0]); err != nil {
+			a.log.Warn("no route to the controller found", zap.String("controller", addrs[0]), zap.Error(err))
+		}
 	}
 	if opts.DefaultRoute, err = a.net.DefaultRouteInterface(); err != nil {
 		a.log.Warn("reading default route failed", zap.Error(err))
@@ -329,16 +331,19 @@ func interfaceKind(k netif.Kind) rdzvv1.InterfaceKind {
 
 // agentSession keeps the agent connected to the controller.
 type agentSession struct {
-	agent  *Agent
-	info   *rdzvv1.NodeInfo
-	sup    *Supervisor
-	client rdzvv1.AgentServiceClient
-	log    *zap.Logger
+	agent *Agent
+	info  *rdzvv1.NodeInfo
+	sup   *Supervisor
+	ctl   *controllers
+	log   *zap.Logger
 	// gossip is nil when disabled (gossip_port -1).
 	gossip *Gossip
 	// heartbeatTimeout (nanoseconds) is how long the controller waits for a
 	// heartbeat before declaring this node lost, as of the last registration.
 	heartbeatTimeout atomic.Int64
+	// vouchedTimeout (nanoseconds) is how long the controller keeps this
+	// node while its peers vouch for it, as of the last registration.
+	vouchedTimeout atomic.Int64
 	// lastHeard (unix nanoseconds) is when the controller last sent anything;
 	// it acknowledges every heartbeat.
 	lastHeard atomic.Int64
@@ -383,17 +388,25 @@ func (s *agentSession) loop(ctx context.Context) {
 	failures := 0
 	for ctx.Err() == nil {
 		started := time.Now()
-		err := s.connect(ctx)
+		addr, client, err := s.ctl.pick()
+		if err == nil {
+			err = s.connect(ctx, client)
+		}
 		if ctx.Err() != nil {
 			return
 		}
 		if time.Since(started) > stableSession {
 			backoff, failures = minBackoff, 0
 		}
+		if s.ctl.failed(addr, err) {
+			// A standby named the leader: go there at once.
+			s.log.Info("redirected to the leading controller", zap.String("from", addr), zap.String("to", s.ctl.hint))
+			continue
+		}
 		failures++
 		wait := backoff/2 + rand.N(backoff/2+1)
 		if failures == 1 || failures%10 == 0 {
-			s.log.Warn("controller connection lost, reconnecting", zap.Error(err), zap.Int("attempt", failures), zap.Duration("backoff", wait))
+			s.log.Warn("controller connection lost, reconnecting", zap.String("controller", addr), zap.Error(err), zap.Int("attempt", failures), zap.Duration("backoff", wait))
 		}
 		select {
 		case <-ctx.Done():
@@ -404,10 +417,10 @@ func (s *agentSession) loop(ctx context.Context) {
 	}
 }
 
-func (s *agentSession) connect(ctx context.Context) error {
+func (s *agentSession) connect(ctx context.Context, client rdzvv1.AgentServiceClient) error {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	stream, err := s.client.Connect(ctx)
+	stream, err := client.Connect(ctx)
 	if err != nil {
 		return fmt.Errorf("opening stream: %w", err)
 	}
@@ -429,6 +442,10 @@ func (s *agentSession) connect(ctx context.Context) error {
 		// A crashed agent's workers must be gone before the controller, which
 		// last heard us up to an interval before the crash, gives up on us.
 		s.sup.SetOrphanTimeout(max(timeout-interval, interval))
+		s.vouchedTimeout.Store(int64(hiccupFactor * timeout))
+	}
+	if vouched := time.Duration(first.GetRegistered().GetVouchedTimeoutMs()) * time.Millisecond; vouched > 0 {
+		s.vouchedTimeout.Store(int64(vouched))
 	}
 	s.heard()
 	s.log.Info("registered with controller", zap.Duration("heartbeat_interval", interval), zap.Duration("heartbeat_timeout", timeout))
@@ -580,8 +597,9 @@ func (s *agentSession) fenceLoop(ctx context.Context) {
 		}
 		silent := time.Since(time.Unix(0, s.lastHeard.Load()))
 		timeout := time.Duration(s.heartbeatTimeout.Load())
+		vouched := time.Duration(s.vouchedTimeout.Load())
 		isolated := s.gossip == nil || s.gossip.Isolated()
-		if !shouldFence(s.sup.Busy(), silent, timeout, isolated) || s.fencing.Swap(true) {
+		if !shouldFence(s.sup.Busy(), silent, timeout, vouched, isolated) || s.fencing.Swap(true) {
 			continue
 		}
 		reason := fmt.Sprintf("self-fenced: controller silent for %s and peers unreachable", silent.Round(100*time.Millisecond))
@@ -590,15 +608,19 @@ func (s *agentSession) fenceLoop(ctx context.Context) {
 	}
 }
 
-// hiccupFactor matches the controller's: after this many heartbeat
-// timeouts without hearing us it declares us lost even if peers vouch, so
-// by then we fence whatever gossip says.
+// hiccupFactor is what a controller that does not send its vouched timeout
+// (an older one) uses: after this many heartbeat timeouts without hearing
+// us it declares us lost even if peers vouch.
 const hiccupFactor = 3
 
-// shouldFence is the self-fencing rule.
-func shouldFence(busy bool, controllerSilent, timeout time.Duration, isolated bool) bool {
+// shouldFence is the self-fencing rule: cut off from the controller for
+// its heartbeat timeout and from the peers too, or from every controller
+// for the vouched timeout (by then it has moved the job on, whatever our
+// peers say). No controller at all (failover, etcd quorum lost) is
+// survived for the vouched timeout while peers are reachable.
+func shouldFence(busy bool, controllerSilent, timeout, vouched time.Duration, isolated bool) bool {
 	if !busy || timeout <= 0 || controllerSilent <= timeout {
 		return false
 	}
-	return isolated || controllerSilent > hiccupFactor*timeout
+	return isolated || controllerSilent > vouched
 }

@@ -6,13 +6,13 @@ package agent
 import (
 	"errors"
 	"fmt"
-	"net"
 	"os"
 	"path/filepath"
 	"time"
 
 	"sigs.k8s.io/yaml"
 
+	"github.com/rdzv/rdzv/controller/ha"
 	"github.com/rdzv/rdzv/controller/jobspec"
 	"github.com/rdzv/rdzv/pki"
 )
@@ -23,7 +23,8 @@ var Version = "0.1.0-dev"
 
 // Config is the agent's configuration (deploy/config/agent.yaml).
 type Config struct {
-	// Controller is the controller's host:port.
+	// Controller is the controller's host:port, or a comma-separated list
+	// of replicas' addresses: the agent finds the leader among them.
 	Controller string `json:"controller"`
 	// NodeName defaults to the hostname. It names the node; it is never used
 	// to find an address.
@@ -105,11 +106,14 @@ func (c Config) nodeName() (string, error) {
 	return host, nil
 }
 
+// Controllers is the list of controller addresses.
+func (c Config) Controllers() ([]string, error) { return ha.ParseAddrs("controller", c.Controller) }
+
 // Validate names each problem with its field.
 func (c Config) Validate() error {
 	var errs []error
-	if _, _, err := net.SplitHostPort(c.Controller); err != nil {
-		errs = append(errs, fmt.Errorf("controller: %q is not host:port (set --controller or RDZV_CONTROLLER): %w", c.Controller, err))
+	if _, err := c.Controllers(); err != nil {
+		errs = append(errs, fmt.Errorf("%w (set --controller or RDZV_CONTROLLER to host:port[,host:port...])", err))
 	}
 	if c.NodeName != "" {
 		if fe := jobspec.ValidateNodeName("node_name", c.NodeName); fe != nil {

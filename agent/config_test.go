@@ -31,6 +31,8 @@ func TestConfigValidate(t *testing.T) {
 		}},
 		{name: "no controller", edit: func(c *Config) { c.Controller = "" }, wantFields: []string{"controller"}},
 		{name: "controller without port", edit: func(c *Config) { c.Controller = "controller.example" }, wantFields: []string{"controller"}},
+		{name: "controller replicas", edit: func(c *Config) { c.Controller = "10.0.0.1:7070, 10.0.0.2:7070" }},
+		{name: "one replica without port", edit: func(c *Config) { c.Controller = "10.0.0.1:7070,10.0.0.2" }, wantFields: []string{"controller"}},
 		{name: "bad node name", edit: func(c *Config) { c.NodeName = "GPU_01" }, wantFields: []string{"node_name"}},
 		{name: "bad label key", edit: func(c *Config) { c.Labels = map[string]string{"-pool": "x"} }, wantFields: []string{"labels"}},
 		{name: "bad label value", edit: func(c *Config) { c.Labels = map[string]string{"pool": "a b"} }, wantFields: []string{"labels.pool"}},

@@ -9,7 +9,7 @@ import (
 )
 
 func TestShouldFence(t *testing.T) {
-	const timeout = 5 * time.Second
+	const timeout, vouched = 5 * time.Second, time.Minute
 	tests := []struct {
 		name     string
 		busy     bool
@@ -19,16 +19,17 @@ func TestShouldFence(t *testing.T) {
 	}{
 		{"cut off while training", true, 6 * time.Second, true, true},
 		{"controller down but peers reachable: keep training", true, 6 * time.Second, false, false},
-		{"the controller gave up on us even though peers vouch", true, 16 * time.Second, false, true},
+		{"no controller for a while (failover, etcd quorum lost): keep training", true, 59 * time.Second, false, false},
+		{"the controller gave up on us even though peers vouch", true, 61 * time.Second, false, true},
 		{"briefly silent controller", true, 3 * time.Second, true, false},
 		{"nothing to fence", false, time.Minute, true, false},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			require.Equal(t, tt.want, shouldFence(tt.busy, tt.silent, timeout, tt.isolated))
+			require.Equal(t, tt.want, shouldFence(tt.busy, tt.silent, timeout, vouched, tt.isolated))
 		})
 	}
-	require.False(t, shouldFence(true, time.Hour, 0, true), "no timeout known: never fence")
+	require.False(t, shouldFence(true, time.Hour, 0, 0, true), "no timeout known: never fence")
 }
 
 func startGossip(t *testing.T, name string) *Gossip {

@@ -167,6 +167,7 @@ func (c *Controller) register(ctx context.Context, sess *session, reg *rdzvv1.Re
 			name, len(info.GetGpus()), fakeSuffix(info), info.GetNcclInterface(), info.GetNcclInterfaceReason(), info.GetAddress(), info.GetAgentVersion())
 		rev, err := c.store.PutNode(ctx, rec, prevRev, ev)
 		if err != nil {
+			c.requestFailed("registering node", err)
 			return err
 		}
 		if ns == nil {
@@ -184,10 +185,12 @@ func (c *Controller) register(ctx context.Context, sess *session, reg *rdzvv1.Re
 	ns.lastSeen = now
 	// Heard from now on: neither a start-up grace nor a restart hold may
 	// delay noticing that it dies later.
-	ns.graceUntil = time.Time{}
+	ns.graceUntil, ns.restartHold = time.Time{}, time.Time{}
+	ns.heard = true
 	sess.send(&rdzvv1.ConnectResponse{Msg: &rdzvv1.ConnectResponse_Registered{Registered: &rdzvv1.Registered{
 		HeartbeatIntervalMs: uint32(c.cfg.Heartbeat.Interval.Milliseconds()),
 		HeartbeatTimeoutMs:  uint32(c.cfg.Heartbeat.Timeout.Milliseconds()),
+		VouchedTimeoutMs:    uint32(c.cfg.Heartbeat.VouchedTimeout.Milliseconds()),
 		GossipSeeds:         c.gossipSeeds(name),
 	}}})
 
@@ -259,7 +262,7 @@ func (c *Controller) agentRestarting(ctx context.Context, node string, sess *ses
 	if ns == nil || ns.session != sess {
 		return
 	}
-	ns.graceUntil = c.clock.Now().Add(hold)
+	ns.restartHold = c.clock.Now().Add(hold)
 	c.log.Info("agent restarting, holding its node", zap.String("node", node), zap.String("job", ns.job), zap.Duration("hold", hold))
 	ev := c.event(ns.job, node, ns.generation, EventAgentRestarting, "agent on %s restarting; its workers run on for up to %s", node, hold)
 	if err := c.store.AppendEvent(ctx, ev); err != nil {
@@ -315,7 +318,9 @@ func (c *Controller) applyWorkerStatus(ctx context.Context, node string, w *rdzv
 		ev = c.event(js.rec.GetSpec().GetName(), node, w.GetGeneration(), EventWorkerExited, "workers on %s %s", node, describeExit(w))
 	}
 	if err := c.store.PutWorker(ctx, w.GetJob(), node, w, js.rev, ev); err != nil {
-		log.Error("recording worker status failed", zap.Error(err))
+		// The agent reports its workers again when it registers with
+		// whoever leads next.
+		c.writeFailed("recording worker status", err, zap.String("node", node), zap.String("job", w.GetJob()))
 		return
 	}
 	js.workers[node] = w

@@ -18,6 +18,14 @@ import (
 type Config struct {
 	// Listen is the gRPC address agents and rdzvctl connect to.
 	Listen string `json:"listen"`
+	// AdvertiseAddr is the host:port other controllers send agents and
+	// rdzvctl to while this one leads. Empty: Listen, when that names a
+	// specific host; it is never derived from the hostname.
+	AdvertiseAddr string `json:"advertise_addr"`
+	// LeaderLeaseTTL is how long a leader that stopped renewing its etcd
+	// lease (crashed, cut off) keeps the lead before a standby takes over.
+	// etcd leases have whole seconds; it is rounded up.
+	LeaderLeaseTTL jobspec.Duration `json:"leader_lease_ttl"`
 	// DataDir holds the embedded etcd's data; unused with external etcd.
 	DataDir      string             `json:"data_dir"`
 	Etcd         EtcdConfig         `json:"etcd"`
@@ -28,6 +36,7 @@ type Config struct {
 	MasterPortRange PortRange `json:"master_port_range"`
 	// FlakyNodes cordons a node that keeps failing the jobs it runs.
 	FlakyNodes FlakyNodesConfig `json:"flaky_nodes"`
+	Retention  RetentionConfig  `json:"retention"`
 	LogLevel   string           `json:"log_level"`
 	// TLS is the controller's certificate (role controller) and the cluster
 	// CA that agents' and operators' certificates must chain to.
@@ -53,6 +62,35 @@ type EtcdConfig struct {
 	// Endpoints of an external etcd cluster; empty runs an embedded one.
 	Endpoints   []string         `json:"endpoints"`
 	DialTimeout jobspec.Duration `json:"dial_timeout"`
+	// RequestTimeout bounds each etcd request, so that a lost quorum fails
+	// changes with an error instead of hanging them.
+	RequestTimeout jobspec.Duration `json:"request_timeout"`
+	// Client TLS to an external etcd: CAFile verifies the servers,
+	// CertFile and KeyFile (both or neither) authenticate this controller.
+	CAFile   string `json:"ca_file"`
+	CertFile string `json:"cert_file"`
+	KeyFile  string `json:"key_file"`
+	// CompactionInterval is how often the leader compacts etcd's history,
+	// keeping about one interval of it; 0 leaves compaction to the etcd
+	// servers' own --auto-compaction-* flags.
+	CompactionInterval jobspec.Duration `json:"compaction_interval"`
+}
+
+// RetentionConfig bounds what etcd keeps over months of operation.
+type RetentionConfig struct {
+	// Interval is how often the leader prunes.
+	Interval jobspec.Duration `json:"interval"`
+	// EventMaxAge: older events are deleted (job and cluster events).
+	EventMaxAge jobspec.Duration `json:"event_max_age"`
+	// MaxJobEvents and MaxClusterEvents keep at most this many newest
+	// events per job and of the cluster.
+	MaxJobEvents     int `json:"max_job_events"`
+	MaxClusterEvents int `json:"max_cluster_events"`
+	// FinishedJobMaxAge: a job finished longer ago is deleted with its
+	// events, rounds and checkpoint catalog.
+	FinishedJobMaxAge jobspec.Duration `json:"finished_job_max_age"`
+	// MaxFinishedJobs keeps at most this many finished jobs, newest first.
+	MaxFinishedJobs int `json:"max_finished_jobs"`
 }
 
 type EmbeddedEtcdConfig struct {
@@ -65,6 +103,12 @@ type HeartbeatConfig struct {
 	Interval jobspec.Duration `json:"interval"`
 	// Timeout is how long without a heartbeat before a node is lost.
 	Timeout jobspec.Duration `json:"timeout"`
+	// VouchedTimeout is how long a node the controller does not hear, but
+	// whose gossip peers still reach, keeps its job before it is declared
+	// lost; its agent fences itself after as long without the controller.
+	// It is also how long running jobs survive having no controller at all
+	// (etcd quorum lost, every controller down).
+	VouchedTimeout jobspec.Duration `json:"vouched_timeout"`
 }
 
 type PortRange struct {
@@ -75,16 +119,26 @@ type PortRange struct {
 // DefaultConfig is a single controller with embedded etcd.
 func DefaultConfig() Config {
 	return Config{
-		Listen:          "0.0.0.0:7070",
-		DataDir:         "/var/lib/rdzv/controller",
-		Etcd:            EtcdConfig{DialTimeout: jobspec.Duration{Duration: 5 * time.Second}},
-		EmbeddedEtcd:    EmbeddedEtcdConfig{ClientURL: "http://127.0.0.1:2379", PeerURL: "http://127.0.0.1:2380"},
-		Heartbeat:       HeartbeatConfig{Interval: jobspec.Duration{Duration: time.Second}, Timeout: jobspec.Duration{Duration: 5 * time.Second}},
+		Listen:         "0.0.0.0:7070",
+		DataDir:        "/var/lib/rdzv/controller",
+		LeaderLeaseTTL: dur(5 * time.Second),
+		Etcd: EtcdConfig{DialTimeout: dur(5 * time.Second), RequestTimeout: dur(5 * time.Second),
+			CompactionInterval: dur(time.Hour)},
+		EmbeddedEtcd: EmbeddedEtcdConfig{ClientURL: "http://127.0.0.1:2379", PeerURL: "http://127.0.0.1:2380"},
+		Heartbeat: HeartbeatConfig{Interval: dur(time.Second), Timeout: dur(5 * time.Second),
+			VouchedTimeout: dur(time.Minute)},
 		MasterPortRange: PortRange{Min: 29500, Max: 29999},
 		FlakyNodes:      FlakyNodesConfig{Losses: 3, Window: jobspec.Duration{Duration: time.Hour}},
-		LogLevel:        "info",
+		Retention: RetentionConfig{
+			Interval: dur(10 * time.Minute), EventMaxAge: dur(90 * 24 * time.Hour),
+			MaxJobEvents: 5000, MaxClusterEvents: 20000,
+			FinishedJobMaxAge: dur(30 * 24 * time.Hour), MaxFinishedJobs: 1000,
+		},
+		LogLevel: "info",
 	}
 }
+
+func dur(d time.Duration) jobspec.Duration { return jobspec.Duration{Duration: d} }
 
 // LoadConfig reads a YAML config file over DefaultConfig; unknown fields are
 // errors so a typo never silently falls back to a default.
@@ -103,11 +157,38 @@ func LoadConfig(path string) (Config, error) {
 // Embedded reports whether the controller runs its own etcd.
 func (c Config) Embedded() bool { return len(c.Etcd.Endpoints) == 0 }
 
+// Advertised is the address this controller campaigns with: what other
+// controllers redirect clients to while it leads.
+func (c Config) Advertised() string {
+	if c.AdvertiseAddr != "" {
+		return c.AdvertiseAddr
+	}
+	return c.Listen
+}
+
+// wildcardHost reports whether host does not name one reachable host.
+func wildcardHost(host string) bool {
+	return host == "" || host == "0.0.0.0" || host == "::" || host == "[::]"
+}
+
 // Validate names the first problem per field.
 func (c Config) Validate() error {
 	var errs []error
 	if _, _, err := net.SplitHostPort(c.Listen); err != nil {
 		errs = append(errs, fmt.Errorf("listen: %q is not host:port: %w", c.Listen, err))
+	}
+	if c.AdvertiseAddr != "" {
+		if host, _, err := net.SplitHostPort(c.AdvertiseAddr); err != nil || wildcardHost(host) {
+			errs = append(errs, fmt.Errorf("advertise_addr: %q is not a host:port that clients can dial", c.AdvertiseAddr))
+		}
+	} else if host, _, err := net.SplitHostPort(c.Listen); err == nil && wildcardHost(host) && !c.Embedded() {
+		// With replicas, followers send clients to the leader's advertised
+		// address; a wildcard cannot be dialled and a hostname guess may be
+		// wrong, so it must be given.
+		errs = append(errs, fmt.Errorf("advertise_addr: required with external etcd when listen (%s) is a wildcard address: set the host:port agents and rdzvctl reach this controller at", c.Listen))
+	}
+	if c.LeaderLeaseTTL.Duration < 2*time.Second {
+		errs = append(errs, fmt.Errorf("leader_lease_ttl: must be at least 2s, got %s", c.LeaderLeaseTTL))
 	}
 	if c.Embedded() {
 		if c.DataDir == "" {
@@ -122,6 +203,32 @@ func (c Config) Validate() error {
 	if c.Etcd.DialTimeout.Duration <= 0 {
 		errs = append(errs, fmt.Errorf("etcd.dial_timeout: must be positive, got %s", c.Etcd.DialTimeout))
 	}
+	if c.Etcd.RequestTimeout.Duration <= 0 {
+		errs = append(errs, fmt.Errorf("etcd.request_timeout: must be positive, got %s", c.Etcd.RequestTimeout))
+	}
+	if (c.Etcd.CertFile == "") != (c.Etcd.KeyFile == "") {
+		errs = append(errs, fmt.Errorf("etcd.cert_file, etcd.key_file: give both or neither, got cert %q and key %q", c.Etcd.CertFile, c.Etcd.KeyFile))
+	}
+	if c.Embedded() && (c.Etcd.CAFile != "" || c.Etcd.CertFile != "") {
+		errs = append(errs, errors.New("etcd.ca_file, etcd.cert_file: client TLS applies to an external etcd only; set etcd.endpoints"))
+	}
+	if c.Etcd.CompactionInterval.Duration < 0 {
+		errs = append(errs, fmt.Errorf("etcd.compaction_interval: must be 0 (off) or positive, got %s", c.Etcd.CompactionInterval))
+	}
+	r := c.Retention
+	if r.Interval.Duration <= 0 {
+		errs = append(errs, fmt.Errorf("retention.interval: must be positive, got %s", r.Interval))
+	}
+	for field, d := range map[string]jobspec.Duration{"retention.event_max_age": r.EventMaxAge, "retention.finished_job_max_age": r.FinishedJobMaxAge} {
+		if d.Duration <= 0 {
+			errs = append(errs, fmt.Errorf("%s: must be positive, got %s", field, d))
+		}
+	}
+	for field, n := range map[string]int{"retention.max_job_events": r.MaxJobEvents, "retention.max_cluster_events": r.MaxClusterEvents, "retention.max_finished_jobs": r.MaxFinishedJobs} {
+		if n < 1 {
+			errs = append(errs, fmt.Errorf("%s: must be at least 1, got %d", field, n))
+		}
+	}
 	if c.Heartbeat.Interval.Duration <= 0 {
 		errs = append(errs, fmt.Errorf("heartbeat.interval: must be positive, got %s", c.Heartbeat.Interval))
 	}
@@ -132,6 +239,9 @@ func (c Config) Validate() error {
 		if err := c.TLS.Validate("tls"); err != nil {
 			errs = append(errs, err)
 		}
+	}
+	if c.Heartbeat.VouchedTimeout.Duration < c.Heartbeat.Timeout.Duration {
+		errs = append(errs, fmt.Errorf("heartbeat.vouched_timeout: must be at least heartbeat.timeout (%s), got %s", c.Heartbeat.Timeout, c.Heartbeat.VouchedTimeout))
 	}
 	if r := c.MasterPortRange; r.Min < 1024 || r.Max > 65535 || r.Min > r.Max {
 		errs = append(errs, fmt.Errorf("master_port_range: want 1024 <= min <= max <= 65535, got %d-%d", r.Min, r.Max))

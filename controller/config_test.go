@@ -23,7 +23,33 @@ func TestConfigValidate(t *testing.T) {
 		{name: "defaults", edit: func(*controller.Config) {}},
 		{name: "external etcd needs no data dir or embedded urls", edit: func(c *controller.Config) {
 			c.Etcd.Endpoints, c.DataDir, c.EmbeddedEtcd = []string{"https://etcd-0:2379"}, "", controller.EmbeddedEtcdConfig{}
+			c.AdvertiseAddr = "10.0.0.1:7070"
 		}},
+		{name: "replicas on a wildcard listen address need advertise_addr", edit: func(c *controller.Config) {
+			c.Etcd.Endpoints = []string{"https://etcd-0:2379"}
+		}, wantFields: []string{"advertise_addr"}},
+		{name: "a specific listen address is advertised as is", edit: func(c *controller.Config) {
+			c.Etcd.Endpoints, c.Listen = []string{"https://etcd-0:2379"}, "10.0.0.1:7070"
+		}},
+		{name: "advertise_addr must be dialable", edit: func(c *controller.Config) { c.AdvertiseAddr = "0.0.0.0:7070" },
+			wantFields: []string{"advertise_addr"}},
+		{name: "short leader lease", edit: func(c *controller.Config) { c.LeaderLeaseTTL.Duration = time.Second },
+			wantFields: []string{"leader_lease_ttl"}},
+		{name: "vouched timeout under the heartbeat timeout", edit: func(c *controller.Config) { c.Heartbeat.VouchedTimeout.Duration = time.Second },
+			wantFields: []string{"heartbeat.vouched_timeout"}},
+		{name: "etcd client cert without key", edit: func(c *controller.Config) {
+			c.Etcd.Endpoints, c.AdvertiseAddr, c.Etcd.CertFile = []string{"https://etcd-0:2379"}, "10.0.0.1:7070", "/etc/rdzv/etcd.crt"
+		}, wantFields: []string{"etcd.cert_file, etcd.key_file"}},
+		{name: "etcd client tls with embedded etcd", edit: func(c *controller.Config) { c.Etcd.CAFile = "/etc/rdzv/ca.crt" },
+			wantFields: []string{"etcd.ca_file, etcd.cert_file"}},
+		{name: "zero request timeout", edit: func(c *controller.Config) { c.Etcd.RequestTimeout.Duration = 0 },
+			wantFields: []string{"etcd.request_timeout"}},
+		{name: "compaction off", edit: func(c *controller.Config) { c.Etcd.CompactionInterval.Duration = 0 }},
+		{name: "negative compaction interval", edit: func(c *controller.Config) { c.Etcd.CompactionInterval.Duration = -time.Second },
+			wantFields: []string{"etcd.compaction_interval"}},
+		{name: "retention keeping nothing", edit: func(c *controller.Config) {
+			c.Retention.MaxJobEvents, c.Retention.FinishedJobMaxAge.Duration = 0, 0
+		}, wantFields: []string{"retention.max_job_events", "retention.finished_job_max_age"}},
 		{name: "listen without port", edit: func(c *controller.Config) { c.Listen = "0.0.0.0" }, wantFields: []string{"listen"}},
 		{name: "embedded etcd without data dir", edit: func(c *controller.Config) { c.DataDir = "" }, wantFields: []string{"data_dir"}},
 		{name: "client url without scheme", edit: func(c *controller.Config) { c.EmbeddedEtcd.ClientURL = "127.0.0.1:2379" },

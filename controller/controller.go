@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"net"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/jonboulle/clockwork"
@@ -38,8 +39,14 @@ type Controller struct {
 
 	store *store.Store
 	// runCtx lives as long as Run; work that must not die with one request
-	// (recording an agent's report) uses it.
+	// (recording an agent's report) uses it. Writes are guarded by the
+	// leadership, so a report applied after a step-down changes nothing.
 	runCtx context.Context
+	// leading is set while this controller leads and has its view loaded;
+	// the API serves only then (see gate).
+	leading atomic.Bool
+	// view is who leads, as last seen in etcd, for redirecting clients.
+	view atomic.Pointer[leaderView]
 	// kick wakes the scheduler after anything that may let a job start.
 	kick chan struct{}
 	// ready is closed once the gRPC server accepts connections.
@@ -49,6 +56,14 @@ type Controller struct {
 	mu    sync.Mutex
 	nodes map[string]*nodeState
 	jobs  map[string]*jobState
+	// term counts the times this process took the lead, so that work begun
+	// under one lead (a commit in flight) never lands in the next.
+	term uint64
+	// electedAt is when the current lead began; stepDown ends it, and
+	// stepDownReason says why.
+	electedAt      time.Time
+	stepDown       context.CancelFunc
+	stepDownReason string
 }
 
 type nodeState struct {
@@ -72,6 +87,12 @@ type nodeState struct {
 	// losses are when the node was lost while running a job, within the
 	// flaky_nodes window (in memory: a controller restart forgives).
 	losses []time.Time
+	// restartHold is until when a restarting agent's node is spared whatever
+	// its peers say: they lost it too, since gossip restarts with the agent,
+	// while its workers run on under their shims.
+	restartHold time.Time
+	// heard is set once the node's agent registered with this leader.
+	heard bool
 	// job and generation are set while the node is reserved for or running
 	// a job; the node is busy until its worker's exit is reported.
 	job        string
@@ -140,7 +161,12 @@ func (c *Controller) Ready() <-chan struct{} { return c.ready }
 // Addr is the address the gRPC server listens on.
 func (c *Controller) Addr() net.Addr { return c.addr }
 
-// Run connects to etcd, loads state and serves until ctx ends.
+// Leading reports whether this controller leads and serves the API.
+func (c *Controller) Leading() bool { return c.leading.Load() }
+
+// Run connects to etcd and serves until ctx ends, campaigning for the lead
+// all along: it leads (loads state, runs jobs) when it wins, and redirects
+// clients to the leader while it stands by.
 func (c *Controller) Run(ctx context.Context) error {
 	c.runCtx = ctx
 	cli, closeEtcd, err := connectEtcd(ctx, c.cfg, c.log)
@@ -148,10 +174,7 @@ func (c *Controller) Run(ctx context.Context) error {
 		return err
 	}
 	defer closeEtcd()
-	c.store = store.New(cli)
-	if err := c.load(ctx); err != nil {
-		return err
-	}
+	c.store = store.New(cli, c.cfg.Etcd.RequestTimeout.Duration)
 
 	lis := c.listener
 	if lis == nil {
@@ -160,7 +183,8 @@ func (c *Controller) Run(ctx context.Context) error {
 		}
 	}
 	// Interceptors chain in order: authentication and authorization first,
-	// so that an unknown caller learns nothing from validation errors.
+	// so that an unknown caller learns nothing from validation errors or
+	// leader redirects; then validation; then the standby's redirect.
 	srv := grpc.NewServer(append(c.securityOptions(),
 		grpc.ChainUnaryInterceptor(unaryGuard(c.log.Named("api"))),
 		grpc.ChainStreamInterceptor(streamGuard(c.log.Named("api"))),
@@ -168,12 +192,14 @@ func (c *Controller) Run(ctx context.Context) error {
 		grpc.MaxSendMsgSize(jobspec.MaxMessageBytes),
 		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 5 * time.Second, PermitWithoutStream: true}),
 		grpc.KeepaliveParams(keepalive.ServerParameters{Time: 10 * time.Second, Timeout: 5 * time.Second}),
+		grpc.ChainUnaryInterceptor(c.unaryGate),
+		grpc.ChainStreamInterceptor(c.streamGate),
 	)...)
 	rdzvv1.RegisterAgentServiceServer(srv, &agentService{c: c})
 	rdzvv1.RegisterJobServiceServer(srv, &jobService{c: c})
 	rdzvv1.RegisterNodeServiceServer(srv, &nodeService{c: c})
 	c.addr = lis.Addr()
-	c.log.Info("controller serving", zap.Stringer("addr", c.addr), zap.Bool("embedded_etcd", c.cfg.Embedded()))
+	c.log.Info("controller serving", zap.Stringer("addr", c.addr), zap.String("advertise_addr", c.cfg.Advertised()), zap.Bool("embedded_etcd", c.cfg.Embedded()))
 	close(c.ready)
 
 	g, gctx := errgroup.WithContext(ctx)
@@ -183,8 +209,8 @@ func (c *Controller) Run(ctx context.Context) error {
 		}
 		return nil
 	})
-	g.Go(func() error { c.scheduleLoop(gctx); return nil })
-	g.Go(func() error { c.livenessLoop(gctx); return nil })
+	g.Go(func() error { c.watchLeader(gctx); return nil })
+	g.Go(func() error { c.elect(gctx); return nil })
 	g.Go(func() error {
 		<-gctx.Done()
 		// Agent streams never end by themselves; end them so the graceful
@@ -218,6 +244,10 @@ func (c *Controller) securityOptions() []grpc.ServerOption {
 func (c *Controller) endSessions() {
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	c.endSessionsLocked()
+}
+
+func (c *Controller) endSessionsLocked() {
 	for _, ns := range c.nodes {
 		if ns.session != nil {
 			ns.session.cancel()
@@ -244,9 +274,9 @@ func stopGRPC(srv *grpc.Server, grace time.Duration) {
 // that long to come back. Declaring it lost sooner would fail healthy jobs.
 const reconnectGrace = 10 * time.Second
 
-// load rebuilds the in-memory view from etcd. Nodes start with a fresh
-// liveness clock plus reconnectGrace, so a restarted controller never
-// declares a node lost merely because it just started.
+// load rebuilds the in-memory view from etcd when this controller takes the
+// lead. Nodes start with a fresh liveness clock plus reconnectGrace, so a
+// new leader never declares a node lost merely because it just started.
 func (c *Controller) load(ctx context.Context) error {
 	snap, err := c.store.Load(ctx)
 	if err != nil {
@@ -255,6 +285,7 @@ func (c *Controller) load(ctx context.Context) error {
 	now := c.clock.Now()
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	c.nodes, c.jobs = map[string]*nodeState{}, map[string]*jobState{}
 	for name, v := range snap.Nodes {
 		c.nodes[name] = &nodeState{rec: v.Value, rev: v.ModRevision, lastSeen: now, graceUntil: now.Add(reconnectGrace + c.cfg.Heartbeat.Timeout.Duration)}
 	}
@@ -275,6 +306,17 @@ func (c *Controller) load(ctx context.Context) error {
 	}
 	c.log.Info("state loaded", zap.Int("nodes", len(c.nodes)), zap.Int("jobs", len(c.jobs)))
 	return nil
+}
+
+// reconcile moves on jobs whose next transition a previous leader decided
+// but did not persist (every worker exited, yet the job still RUNNING).
+// Callers hold c.mu.
+func (c *Controller) reconcile(ctx context.Context) {
+	for _, js := range c.jobs {
+		if activeJob(js.rec.GetState()) && js.round != nil && js.round.GetGeneration() == js.rec.GetGeneration() {
+			c.advanceJob(ctx, js)
+		}
+	}
 }
 
 func (c *Controller) wake() {
@@ -323,4 +365,5 @@ const (
 	EventNodeUncordoned      = "node_uncordoned"
 	EventGPUFault            = "gpu_fault"
 	EventAgentRestarting     = "agent_restarting"
+	EventLeaderElected       = "leader_elected"
 )

@@ -29,6 +29,7 @@ func (c *Controller) setCordon(ctx context.Context, name string, cordoned bool, 
 	}
 	rev, err := c.store.PutNode(ctx, rec, ns.rev, c.event("", name, 0, kind, "node %s %s", name, what))
 	if err != nil {
+		c.requestFailed("changing cordon", err)
 		return nil, err
 	}
 	ns.rec, ns.rev = rec, rev
@@ -52,6 +53,7 @@ func (c *Controller) gpuFault(ctx context.Context, node string, f *rdzvv1.GPUFau
 	ev := c.event(ns.job, node, ns.generation, EventGPUFault, "node %s: %s", node, f.GetMessage())
 	if err := c.store.AppendEvent(ctx, ev); err != nil {
 		c.log.Error("recording gpu fault failed", zap.String("node", node), zap.Error(err))
+		c.requestFailed("recording gpu fault", err)
 	}
 	if _, err := c.setCordon(ctx, node, true, "GPU fault: "+f.GetMessage()); err != nil {
 		c.log.Error("cordoning node after gpu fault failed", zap.String("node", node), zap.Error(err))

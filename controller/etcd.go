@@ -6,6 +6,7 @@ import (
 	"net/url"
 	"time"
 
+	"go.etcd.io/etcd/client/pkg/v3/transport"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.etcd.io/etcd/server/v3/embed"
 	"go.uber.org/zap"
@@ -29,12 +30,23 @@ func connectEtcd(ctx context.Context, cfg Config, log *zap.Logger) (*clientv3.Cl
 		stopEmbedded = e.Close
 		endpoints = []string{cfg.EmbeddedEtcd.ClientURL}
 	}
-	cli, err := clientv3.New(clientv3.Config{
+	ecfg := clientv3.Config{
 		Endpoints:   endpoints,
 		DialTimeout: cfg.Etcd.DialTimeout.Duration,
 		Logger:      log.Named("etcd_client").WithOptions(zap.IncreaseLevel(zap.WarnLevel)),
 		Context:     ctx,
-	})
+	}
+	if cfg.Etcd.CAFile != "" || cfg.Etcd.CertFile != "" {
+		tlsInfo := transport.TLSInfo{TrustedCAFile: cfg.Etcd.CAFile, CertFile: cfg.Etcd.CertFile, KeyFile: cfg.Etcd.KeyFile}
+		tlsCfg, err := tlsInfo.ClientConfig()
+		if err != nil {
+			stopEmbedded()
+			return nil, nil, fmt.Errorf("loading etcd client TLS files (etcd.ca_file %q, etcd.cert_file %q, etcd.key_file %q): %w",
+				cfg.Etcd.CAFile, cfg.Etcd.CertFile, cfg.Etcd.KeyFile, err)
+		}
+		ecfg.TLS = tlsCfg
+	}
+	cli, err := clientv3.New(ecfg)
 	if err != nil {
 		stopEmbedded()
 		return nil, nil, fmt.Errorf("connecting to etcd %v: %w", endpoints, err)
@@ -59,9 +71,8 @@ func startEmbedded(ctx context.Context, cfg Config, log *zap.Logger) (*embed.Etc
 	ec.ListenPeerUrls = []url.URL{*peerURL}
 	ec.AdvertisePeerUrls = []url.URL{*peerURL}
 	ec.InitialCluster = ec.InitialClusterFromName(ec.Name)
-	// Keep months of state changes from growing the database without bound.
-	ec.AutoCompactionMode = "periodic"
-	ec.AutoCompactionRetention = "1h"
+	// No auto-compaction here: the leader compacts (etcd.compaction_interval)
+	// whichever etcd it uses.
 	// embed.NewConfig leaves the slow-request threshold at zero, which logs
 	// every request as slow; use etcd's own default.
 	ec.WarningUnaryRequestDuration = embed.DefaultWarningUnaryRequestDuration

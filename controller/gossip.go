@@ -11,9 +11,6 @@ const (
 	// maxGossipSeeds bounds the seeds handed to a registering agent; any one
 	// live member is enough to join.
 	maxGossipSeeds = 5
-	// hiccupFactor bounds how long peers' word can keep alive a node the
-	// controller does not hear: this many heartbeat timeouts.
-	hiccupFactor = 3
 	// maxViewSize bounds one agent's reported view, keeping the controller's
 	// memory per node bounded.
 	maxViewSize = 1024
@@ -38,19 +35,21 @@ const (
 	timedOut
 	// peersVouch: silent past the timeout, but peers still reach it: the
 	// trouble is between it and the controller, which alone must not
-	// condemn a healthy node (up to hiccupFactor timeouts).
+	// condemn a healthy node (up to heartbeat.vouched_timeout).
 	peersVouch
 )
 
 // verdict decides a node's liveness from its silence and its peers' views:
 // deadVotes peers report it unreachable, vouchers gossip and do not.
-func verdict(silent, interval, timeout time.Duration, deadVotes, vouchers int) liveness {
+// vouched is how long peers' word keeps a silent node (the agent fences
+// itself after as long without the controller).
+func verdict(silent, interval, timeout, vouched time.Duration, deadVotes, vouchers int) liveness {
 	switch {
 	case deadVotes > 0 && silent > 2*interval:
 		return peersConfirm
 	case silent <= timeout:
 		return alive
-	case vouchers > 0 && silent <= hiccupFactor*timeout:
+	case vouchers > 0 && silent <= vouched:
 		return peersVouch
 	}
 	return timedOut

@@ -8,7 +8,7 @@ import (
 )
 
 func TestVerdict(t *testing.T) {
-	const interval, timeout = time.Second, 5 * time.Second
+	const interval, timeout, vouched = time.Second, 5 * time.Second, 15 * time.Second
 	tests := []struct {
 		name      string
 		silent    time.Duration
@@ -22,12 +22,13 @@ func TestVerdict(t *testing.T) {
 		{"silent within the timeout, nobody objects", 4 * time.Second, 0, 0, alive},
 		{"timed out without gossip", 6 * time.Second, 0, 0, timedOut},
 		{"timed out but peers reach it: controller-side trouble", 6 * time.Second, 0, 2, peersVouch},
+		{"peers' word lasts the vouched timeout", 15 * time.Second, 0, 2, peersVouch},
 		{"peers' word has a limit", 16 * time.Second, 0, 2, timedOut},
 		{"a dead vote beats vouchers", 6 * time.Second, 1, 2, peersConfirm},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			require.Equal(t, tt.want, verdict(tt.silent, interval, timeout, tt.deadVotes, tt.vouchers))
+			require.Equal(t, tt.want, verdict(tt.silent, interval, timeout, vouched, tt.deadVotes, tt.vouchers))
 		})
 	}
 }

@@ -46,6 +46,9 @@ const (
 
 	heartbeatInterval = 100 * time.Millisecond
 	heartbeatTimeout  = time.Second
+	// vouchedFactor sets the vouched timeout in heartbeat timeouts.
+	vouchedFactor  = 3
+	vouchedTimeout = vouchedFactor * heartbeatTimeout
 
 	masterPortMin = 41000
 	masterPortMax = 41999
@@ -130,17 +133,18 @@ func newCluster(t *testing.T, edits ...func(*controller.Config)) *cluster {
 	c.cfg.EmbeddedEtcd.PeerURL = "http://" + freeAddr(t)
 	c.cfg.Heartbeat.Interval.Duration = heartbeatInterval
 	c.cfg.Heartbeat.Timeout.Duration = heartbeatTimeout
+	// Set below from the heartbeat timeout, unless an edit sets it.
+	c.cfg.Heartbeat.VouchedTimeout.Duration = 0
 	c.cfg.MasterPortRange = controller.PortRange{Min: masterPortMin, Max: masterPortMax}
 	c.addr = freeAddr(t)
 	c.cfg.Listen = c.addr
-	c.pkiDir = t.TempDir()
-	ca, err := pki.NewCA("test-ca", 24*time.Hour, time.Now())
-	require.NoError(t, err)
-	require.NoError(t, ca.Save(c.pkiDir, false))
-	c.ca = ca
+	c.newCA()
 	c.cfg.TLS = c.issue(pki.Identity{Role: pki.RoleController, Name: "controller"}, net.IPv4(127, 0, 0, 1))
 	for _, edit := range edits {
 		edit(&c.cfg)
+	}
+	if c.cfg.Heartbeat.VouchedTimeout.Duration == 0 {
+		c.cfg.Heartbeat.VouchedTimeout.Duration = vouchedFactor * c.cfg.Heartbeat.Timeout.Duration
 	}
 	c.startController()
 
@@ -158,6 +162,15 @@ func (c *cluster) issue(id pki.Identity, ips ...net.IP) pki.Files {
 	cert, key, err := is.Save(pki.DefaultOut(c.pkiDir, id), true)
 	require.NoError(c.t, err)
 	return pki.Files{Cert: cert, Key: key, CA: filepath.Join(c.pkiDir, pki.CACertFile)}
+}
+
+// newCA creates the cluster CA that every certificate of the test chains to.
+func (c *cluster) newCA() {
+	c.pkiDir = c.t.TempDir()
+	ca, err := pki.NewCA("test-ca", 24*time.Hour, time.Now())
+	require.NoError(c.t, err)
+	require.NoError(c.t, ca.Save(c.pkiDir, false))
+	c.ca = ca
 }
 
 // dial connects to the controller with files, as the agent and rdzvctl do;
@@ -196,6 +209,9 @@ func (c *cluster) startController() {
 		require.FailNow(t, "controller not ready")
 	}
 	require.Equal(t, c.addr, ctl.Addr().String())
+	// Alone on its etcd it wins the election at once; the API serves only
+	// from then on.
+	poll(t, ctl.Leading, func() string { return "controller never took the lead" })
 
 	stopped := false
 	c.stopController = func() {

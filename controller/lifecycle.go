@@ -118,7 +118,7 @@ func (c *Controller) schedule(ctx context.Context) time.Time {
 		}
 		js.committing = true
 		js.rec.Reason = d.Reason + "; committing rendezvous"
-		go c.commit(ctx, name, placed)
+		go c.commit(ctx, c.term, name, placed)
 	}
 	for _, js := range c.jobs {
 		if js.rec.GetState() == rdzvv1.JobState_JOB_STATE_RECOVERING {
@@ -180,14 +180,16 @@ func (c *Controller) candidates() []rendezvous.Candidate {
 // commit turns a placement into a round: the rank 0 agent confirms a free
 // master port, then one etcd transaction moves the job to its next
 // generation, then every agent gets its assignment.
-func (c *Controller) commit(ctx context.Context, name string, placed []rendezvous.Placed) {
+func (c *Controller) commit(ctx context.Context, term uint64, name string, placed []rendezvous.Placed) {
 	log := c.log.With(zap.String("job", name))
 	port, probeErr := c.probeMasterPort(ctx, placed[0].Name)
 
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	js := c.jobs[name]
-	if js == nil {
+	if js == nil || c.term != term || !c.leading.Load() {
+		// Planned under a lead that has ended: the view it was made from
+		// is gone.
 		return
 	}
 	js.committing = false
@@ -246,6 +248,9 @@ func (c *Controller) commit(ctx context.Context, name string, placed []rendezvou
 	rev, err := c.store.CommitRound(ctx, rec, js.rev, round, ev)
 	if err != nil {
 		log.Error("committing rendezvous failed", zap.Error(err))
+		// Nothing changed; an etcd hiccup is retried by the next pass, a
+		// lost lead or a stale view by stepping down.
+		c.requestFailed("committing rendezvous", err)
 		abort(fmt.Sprintf("retrying rendezvous: %v", err))
 		return
 	}
@@ -378,7 +383,7 @@ func (c *Controller) finish(ctx context.Context, js *jobState, state rdzvv1.JobS
 	}[state]
 	rev, err := c.store.UpdateJob(ctx, rec, js.rev, c.event(name, "", rec.GetGeneration(), kind, "%s", reason))
 	if err != nil {
-		c.log.Error("finishing job failed", zap.String("job", name), zap.Error(err))
+		c.writeFailed("finishing job", err, zap.String("job", name))
 		return
 	}
 	js.rec, js.rev = rec, rev
@@ -419,7 +424,7 @@ func (c *Controller) checkLiveness(ctx context.Context) {
 	timeout := c.cfg.Heartbeat.Timeout.Duration
 	votes, reporters := c.gossipVotes()
 	for name, ns := range c.nodes {
-		if ns.rec.GetState() == rdzvv1.NodeState_NODE_STATE_LOST || now.Before(ns.graceUntil) {
+		if ns.rec.GetState() == rdzvv1.NodeState_NODE_STATE_LOST || now.Before(ns.restartHold) {
 			continue
 		}
 		seen := ns.lastSeen
@@ -427,11 +432,17 @@ func (c *Controller) checkLiveness(ctx context.Context) {
 			seen = ns.session.seen()
 		}
 		silent := now.Sub(seen)
-		switch verdict(silent, c.cfg.Heartbeat.Interval.Duration, timeout, votes[name], reporters-votes[name]-ns.selfReporter()) {
+		v := verdict(silent, c.cfg.Heartbeat.Interval.Duration, timeout, c.cfg.Heartbeat.VouchedTimeout.Duration, votes[name], reporters-votes[name]-ns.selfReporter())
+		// The grace after taking the lead spares nodes whose agents have
+		// not reconnected yet, not those their peers know are gone.
+		if now.Before(ns.graceUntil) && v != peersConfirm {
+			continue
+		}
+		switch v {
 		case peersConfirm:
-			c.markLost(ctx, name, ns, seen, silent, fmt.Sprintf("no heartbeat for %s and %d peers cannot reach it", silent.Round(100*time.Millisecond), votes[name]))
+			c.markLost(ctx, name, ns, seen, silent, true, fmt.Sprintf("no heartbeat for %s and %d peers cannot reach it", silent.Round(100*time.Millisecond), votes[name]))
 		case timedOut:
-			c.markLost(ctx, name, ns, seen, silent, fmt.Sprintf("no heartbeat for %s", silent.Round(100*time.Millisecond)))
+			c.markLost(ctx, name, ns, seen, silent, false, fmt.Sprintf("no heartbeat for %s", silent.Round(100*time.Millisecond)))
 		case peersVouch:
 			if !ns.hiccup {
 				ns.hiccup = true
@@ -444,12 +455,12 @@ func (c *Controller) checkLiveness(ctx context.Context) {
 	c.checkHangs(ctx, now)
 }
 
-func (c *Controller) markLost(ctx context.Context, name string, ns *nodeState, lastSeen time.Time, silent time.Duration, reason string) {
+func (c *Controller) markLost(ctx context.Context, name string, ns *nodeState, lastSeen time.Time, silent time.Duration, peersConfirmed bool, reason string) {
 	rec := proto.Clone(ns.rec).(*rdzvv1.Node)
 	rec.State, rec.StateChangedAt = rdzvv1.NodeState_NODE_STATE_LOST, timestamppb.New(c.clock.Now())
 	rev, err := c.store.PutNode(ctx, rec, ns.rev, c.event(ns.job, name, ns.generation, EventNodeLost, "node %s lost: %s", name, reason))
 	if err != nil {
-		c.log.Error("marking node lost failed", zap.String("node", name), zap.Error(err))
+		c.writeFailed("marking node lost", err, zap.String("node", name))
 		return
 	}
 	ns.rec, ns.rev = rec, rev
@@ -457,6 +468,20 @@ func (c *Controller) markLost(ctx context.Context, name string, ns *nodeState, l
 	// timeout (or, with peers vouching, for as long as we waited here);
 	// fenceMargin covers its check interval and the kill.
 	ns.fencedBy = lastSeen.Add(max(silent, c.cfg.Heartbeat.Timeout.Duration) + fenceMargin)
+	if !ns.heard {
+		// Not heard since this controller took the lead: the agent's fencing
+		// clock runs from the previous leader's last word, at the latest
+		// around the election. Cut off from its peers as well it fences
+		// after the heartbeat timeout; otherwise only after the vouched
+		// timeout, which is the worst case when nobody reports on it.
+		bound := c.cfg.Heartbeat.VouchedTimeout.Duration
+		if peersConfirmed {
+			bound = c.cfg.Heartbeat.Timeout.Duration
+		}
+		if at := c.electedAt.Add(bound + fenceMargin); at.After(ns.fencedBy) {
+			ns.fencedBy = at
+		}
+	}
 	c.log.Warn("node lost", zap.String("node", name), zap.Duration("silent", silent))
 	if ns.session != nil {
 		ns.session.cancel()
@@ -501,6 +526,7 @@ func (c *Controller) startJob(ctx context.Context, specProto *rdzvv1.JobSpec) (*
 		spec.Nodes.Min, spec.Nodes.Max, spec.GPUsPerNode, spec.ProcsPerNode)
 	rev, err := c.store.CreateJob(ctx, rec, replaceRev, ev)
 	if err != nil {
+		c.requestFailed("creating job", err)
 		if errors.Is(err, store.ErrConflict) {
 			return nil, fmt.Errorf("job %s: %w", name, errAlreadyExists)
 		}
@@ -529,6 +555,7 @@ func (c *Controller) stopJob(ctx context.Context, name string) (*rdzvv1.Job, err
 		rec.State, rec.Reason = rdzvv1.JobState_JOB_STATE_STOPPING, "stopping: waiting for workers to exit"
 		rev, err := c.store.UpdateJob(ctx, rec, js.rev, c.event(name, "", rec.GetGeneration(), EventJobStopping, "stop requested by operator"))
 		if err != nil {
+			c.requestFailed("stopping job", err)
 			return nil, err
 		}
 		js.rec, js.rev = rec, rev

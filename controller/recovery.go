@@ -132,7 +132,7 @@ func (c *Controller) attemptFailed(ctx context.Context, js *jobState, reason str
 	ev.DetectionLatency = durationpb.New(latency)
 	rev, err := c.store.UpdateJob(ctx, rec, js.rev, ev)
 	if err != nil {
-		c.log.Error("recording failed attempt failed", zap.String("job", name), zap.Error(err))
+		c.writeFailed("recording failed attempt", err, zap.String("job", name))
 		return
 	}
 	js.rec, js.rev = rec, rev
@@ -212,7 +212,9 @@ func (c *Controller) checkpoint(ctx context.Context, node string, r *rdzvv1.Chec
 	ev := c.event(r.GetJob(), node, r.GetGeneration(), EventCheckpoint, "checkpoint step %d complete (%s): %s", r.GetStep(), r.GetSource(), r.GetPath())
 	rev, err := c.store.RecordCheckpoint(ctx, rec, js.rev, cp, keepFrom, ev)
 	if err != nil {
+		// Only this report is lost; the next checkpoint supersedes it.
 		log.Error("recording checkpoint failed", zap.Error(err))
+		c.requestFailed("recording checkpoint", err)
 		return
 	}
 	js.rec, js.rev = rec, rev

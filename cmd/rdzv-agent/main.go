@@ -68,7 +68,7 @@ func config(args []string) (agent.Config, error) {
 	fs := flag.NewFlagSet("rdzv-agent", flag.ContinueOnError)
 	def := agent.DefaultConfig()
 	path := fs.String("config", "", "YAML config file (see deploy/config/agent.yaml); flags override it")
-	controllerAddr := fs.String("controller", os.Getenv("RDZV_CONTROLLER"), "controller host:port (default $RDZV_CONTROLLER)")
+	controllerAddr := fs.String("controller", os.Getenv("RDZV_CONTROLLER"), "controller host:port, or replicas host:port,host:port,... (default $RDZV_CONTROLLER)")
 	name := fs.String("node-name", "", "node name (default: the hostname)")
 	labels := fs.String("labels", "", "node labels k=v,k2=v2 (\"topology\" orders ranks)")
 	iface := fs.String("nccl-interface", "", "interface for NCCL/Gloo (default: picked automatically)")

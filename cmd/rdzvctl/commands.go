@@ -13,7 +13,6 @@ import (
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/connectivity"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
@@ -22,6 +21,7 @@ import (
 
 	"go.uber.org/zap"
 
+	"github.com/rdzv/rdzv/controller/ha"
 	"github.com/rdzv/rdzv/controller/jobspec"
 	"github.com/rdzv/rdzv/pki"
 	rdzvv1 "github.com/rdzv/rdzv/proto/rdzv/v1"
@@ -56,7 +56,7 @@ func defaultGlobals() *globals {
 }
 
 func (g *globals) register(fs *flag.FlagSet) {
-	fs.StringVar(&g.controller, "controller", g.controller, "controller host:port")
+	fs.StringVar(&g.controller, "controller", g.controller, "controller host:port, or replicas' host:port,host:port,...")
 	fs.StringVar(&g.output, "o", g.output, "output format: table or json")
 	fs.DurationVar(&g.timeout, "timeout", g.timeout, "per-request timeout")
 	fs.StringVar(&g.tlsDir, "tls-dir", g.tlsDir, "directory with ca.crt, rdzvctl.crt and rdzvctl.key")
@@ -81,9 +81,9 @@ func (g *globals) tlsFiles() pki.Files {
 
 // credentials are mutual TLS with the operator's certificate, or none with
 // --insecure.
-func (g *globals) credentials() (credentials.TransportCredentials, error) {
+func (g *globals) credentials() (ha.Credentials, error) {
 	if g.insecure {
-		return insecure.NewCredentials(), nil
+		return func(string) (credentials.TransportCredentials, error) { return insecure.NewCredentials(), nil }, nil
 	}
 	r, err := pki.NewReloader(g.tlsFiles(), nil, zap.NewNop())
 	if err != nil {
@@ -91,17 +91,19 @@ func (g *globals) credentials() (credentials.TransportCredentials, error) {
 			"e.g. `rdzvctl pki issue operator NAME --out %s` on the CA host; or pass --insecure for a controller started with --insecure",
 			err, clientCertFile, clientKeyFile, g.tlsDir, filepath.Join(g.tlsDir, "rdzvctl"))
 	}
-	conf, err := r.ClientConfig(g.controller)
-	if err != nil {
-		return nil, err
-	}
-	return credentials.NewTLS(conf), nil
+	return func(addr string) (credentials.TransportCredentials, error) {
+		conf, err := r.ClientConfig(addr)
+		if err != nil {
+			return nil, err
+		}
+		return credentials.NewTLS(conf), nil
+	}, nil
 }
 
 type command struct {
 	*globals
 	out  io.Writer
-	conn *grpc.ClientConn
+	conn *ha.Conn
 }
 
 // jobFailedError is returned by --wait when the job did not succeed.
@@ -118,21 +120,26 @@ func (c *command) flags(name string) *flag.FlagSet {
 	return fs
 }
 
-func (c *command) dial() (*grpc.ClientConn, error) {
+// dial prepares calls to the controllers; each call finds the leader among
+// them (see ha.Conn).
+func (c *command) dial() (grpc.ClientConnInterface, error) {
 	if c.output != "table" && c.output != "json" {
 		return nil, fmt.Errorf("%w: -o must be table or json, got %q", errUsage, c.output)
 	}
 	if c.conn == nil {
+		addrs, err := ha.ParseAddrs("--controller", c.controller)
+		if err != nil {
+			return nil, fmt.Errorf("%w: %w", errUsage, err)
+		}
 		creds, err := c.credentials()
 		if err != nil {
 			return nil, err
 		}
-		conn, err := grpc.NewClient(c.controller, grpc.WithTransportCredentials(creds),
+		c.conn, err = ha.NewConn(addrs, creds,
 			grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(jobspec.MaxMessageBytes), grpc.MaxCallSendMsgSize(jobspec.MaxMessageBytes)))
 		if err != nil {
-			return nil, fmt.Errorf("controller address %q: %w", c.controller, err)
+			return nil, err
 		}
-		c.conn = conn
 	}
 	return c.conn, nil
 }
@@ -157,6 +164,12 @@ func (c *command) rpcErr(what string, err error) error {
 	if !ok {
 		return fmt.Errorf("%s: %w", what, err)
 	}
+	if reason, _, ok := ha.Parse(err); ok {
+		if reason == ha.ReasonEtcdUnavailable {
+			return fmt.Errorf("%s: refused by the controller: %s", what, st.Message())
+		}
+		return fmt.Errorf("%s: no controller at %s leads right now (election or failover under way; retry): %s", what, c.controller, st.Message())
+	}
 	switch st.Code() {
 	case codes.Unavailable:
 		hint := ""
@@ -166,9 +179,6 @@ func (c *command) rpcErr(what string, err error) error {
 		}
 		return fmt.Errorf("%s: cannot reach the controller at %s (set --controller or RDZV_CONTROLLER)%s: %s", what, c.controller, hint, st.Message())
 	case codes.DeadlineExceeded:
-		if c.conn != nil && c.conn.GetState() != connectivity.Ready {
-			return fmt.Errorf("%s: cannot reach the controller at %s within %s (set --controller or RDZV_CONTROLLER)", what, c.controller, c.timeout)
-		}
 		return fmt.Errorf("%s: the controller at %s did not answer within %s", what, c.controller, c.timeout)
 	}
 	return fmt.Errorf("%s: %s", what, st.Message())

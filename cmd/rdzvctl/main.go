@@ -30,7 +30,8 @@ Commands:
   stop JOB [--wait]                stop a job's workers on every node
 
 Global flags (also accepted after the command):
-  --controller HOST:PORT           controller address (default $RDZV_CONTROLLER or 127.0.0.1:7070)
+  --controller HOST:PORT[,...]     controller address, or every replica's: the leader is found
+                                   (default $RDZV_CONTROLLER or 127.0.0.1:7070)
   -o table|json                    output format (default table)
   --timeout DURATION               per-request timeout (default 10s)
   --tls-dir DIR                    ca.crt, rdzvctl.crt and rdzvctl.key (default $RDZV_TLS_DIR or ~/.rdzv)

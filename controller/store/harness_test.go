@@ -67,11 +67,24 @@ func localURL(t *testing.T) url.URL {
 	return url.URL{Scheme: "http", Host: addr}
 }
 
-// newStore is a Store over a fresh etcd, and the raw client for checking
-// what was (not) written.
+// newStore is a Store over a fresh etcd that leads (see lead), and the raw
+// client for checking what was (not) written.
 func newStore(t *testing.T) (*Store, *clientv3.Client) {
 	cli := startEtcd(t)
-	return New(cli), cli
+	s := New(cli, 0)
+	s.Lead(lead(t, cli, "test"))
+	return s, cli
+}
+
+// lead creates a key standing in for a won election's (outside the real
+// election, which it would otherwise block) and returns the leadership it
+// stands for.
+func lead(t *testing.T, cli *clientv3.Client, name string) Leadership {
+	t.Helper()
+	key := Prefix + "test-leader/" + name
+	resp, err := cli.Put(ctx(t), key, name)
+	require.NoError(t, err)
+	return Leadership{Key: key, Rev: resp.Header.Revision}
 }
 
 // ctx bounds each test's etcd calls so a wedged server fails the test

@@ -19,6 +19,11 @@
 //	/rdzv/v1/events/<scope>/<time>-<seq>       Event; scope is a job name or "_cluster". time is
 //	                                           UnixNano zero-padded to 20 digits, seq a per-process
 //	                                           counter, so keys sort by time.
+//	/rdzv/v1/leader/<lease id>                 Controller election (etcd concurrency.Election): one
+//	                                           key per campaigning controller, value its advertised
+//	                                           gRPC address, attached to its session lease. The key
+//	                                           created first leads; every state write is guarded on
+//	                                           the leader's key still having its create revision.
 //
 // Job and node names are DNS-1123 labels (validated before any key is
 // built), so they never contain '/' and "_cluster" cannot collide with a job.
@@ -44,7 +49,17 @@ const (
 	workersPrefix = Prefix + "workers/"
 	eventsPrefix  = Prefix + "events/"
 	ckptPrefix    = Prefix + "checkpoints/"
+	// electionName has no trailing slash: concurrency.NewElection adds it.
+	electionName = Prefix + "leader"
 )
+
+// ElectionName is the election controllers campaign in, in the form
+// concurrency.NewElection takes; candidates' keys are under
+// CandidatesPrefix.
+func ElectionName() string { return electionName }
+
+// CandidatesPrefix covers every campaigning controller's key.
+func CandidatesPrefix() string { return electionName + "/" }
 
 // CheckpointKey is the key of one checkpoint in a job's catalog.
 func CheckpointKey(job string, step uint64) string {

@@ -17,18 +17,75 @@ import (
 // was read. The caller reloads and decides again.
 var ErrConflict = errors.New("record changed concurrently")
 
+// ErrNotLeader means a write was refused because this controller does not
+// (or no longer) lead: its leader key is gone or was never set. The caller
+// steps down; nothing was written.
+var ErrNotLeader = errors.New("this controller is not the leader")
+
+// ErrUnavailable means etcd did not answer in time or refused the request
+// (typically: no quorum). Nothing is known to have been written.
+var ErrUnavailable = errors.New("etcd unavailable (no quorum?)")
+
+// DefaultRequestTimeout bounds one etcd request when New is not told
+// otherwise.
+const DefaultRequestTimeout = 5 * time.Second
+
 // pageSize bounds each range read so loading 10,000 nodes never builds one
 // huge response.
 const pageSize = 500
 
-// Store reads and writes the key schema in keys.go.
+// Store reads and writes the key schema in keys.go. Every write is guarded
+// by the controller's leadership (see Lead); a new Store refuses writes
+// until it is told it leads.
 type Store struct {
 	cli *clientv3.Client
 	seq atomic.Uint64
+	// timeout bounds each request, so that a lost quorum fails calls
+	// instead of hanging them (and whoever holds a lock around them).
+	timeout time.Duration
+	lead    atomic.Pointer[Leadership]
 }
 
-// New wraps an etcd client.
-func New(cli *clientv3.Client) *Store { return &Store{cli: cli} }
+// Leadership identifies the leader key a write is guarded on: the key
+// must still exist with this create revision, which no other campaign can
+// reproduce, so a deposed leader's late writes fail.
+type Leadership struct {
+	Key string
+	Rev int64
+}
+
+// New wraps an etcd client; requestTimeout bounds each request (0: the
+// default).
+func New(cli *clientv3.Client, requestTimeout time.Duration) *Store {
+	if requestTimeout <= 0 {
+		requestTimeout = DefaultRequestTimeout
+	}
+	return &Store{cli: cli, timeout: requestTimeout}
+}
+
+// Lead guards every later write on l.
+func (s *Store) Lead(l Leadership) { s.lead.Store(&l) }
+
+// Follow makes every later write fail with ErrNotLeader.
+func (s *Store) Follow() { s.lead.Store(nil) }
+
+// Client is the etcd client under the store, for the election and
+// compaction, which are not key-schema operations.
+func (s *Store) Client() *clientv3.Client { return s.cli }
+
+// request bounds one etcd call.
+func (s *Store) request(ctx context.Context) (context.Context, context.CancelFunc) {
+	return context.WithTimeout(ctx, s.timeout)
+}
+
+// unavailable marks an etcd failure that is not the caller's own
+// cancellation as ErrUnavailable, keeping the cause.
+func unavailable(ctx context.Context, err error) error {
+	if err == nil || ctx.Err() != nil {
+		return err
+	}
+	return fmt.Errorf("%w: %w", ErrUnavailable, err)
+}
 
 // Versioned is a record with the etcd mod revision it was read or written
 // at; guarded writes compare against it.
@@ -106,10 +163,12 @@ func (s *Store) Load(ctx context.Context) (*Snapshot, error) {
 
 // LatestRound returns a job's newest round, or nil if it never ran.
 func (s *Store) LatestRound(ctx context.Context, job string) (*rdzvv1.Round, error) {
-	resp, err := s.cli.Get(ctx, RoundsPrefix(job), clientv3.WithPrefix(),
+	rctx, cancel := s.request(ctx)
+	defer cancel()
+	resp, err := s.cli.Get(rctx, RoundsPrefix(job), clientv3.WithPrefix(),
 		clientv3.WithSort(clientv3.SortByKey, clientv3.SortDescend), clientv3.WithLimit(1))
 	if err != nil {
-		return nil, fmt.Errorf("reading latest round of job %s: %w", job, err)
+		return nil, fmt.Errorf("reading latest round of job %s: %w", job, unavailable(ctx, err))
 	}
 	if len(resp.Kvs) == 0 {
 		return nil, nil
@@ -147,10 +206,12 @@ func (s *Store) rangeAll(ctx context.Context, prefix string, fn func(key string,
 	end := clientv3.GetPrefixRangeEnd(prefix)
 	key := prefix
 	for {
-		resp, err := s.cli.Get(ctx, key, clientv3.WithRange(end), clientv3.WithLimit(pageSize),
+		rctx, cancel := s.request(ctx)
+		resp, err := s.cli.Get(rctx, key, clientv3.WithRange(end), clientv3.WithLimit(pageSize),
 			clientv3.WithSort(clientv3.SortByKey, clientv3.SortAscend))
+		cancel()
 		if err != nil {
-			return err
+			return unavailable(ctx, err)
 		}
 		for _, kv := range resp.Kvs {
 			if err := fn(string(kv.Key), kv.Value, kv.ModRevision); err != nil {
@@ -298,10 +359,12 @@ func (s *Store) AppendEvent(ctx context.Context, ev *rdzvv1.Event) error {
 
 // ListEvents returns up to limit of a scope's newest events, oldest first.
 func (s *Store) ListEvents(ctx context.Context, scope string, limit int) ([]*rdzvv1.Event, error) {
-	resp, err := s.cli.Get(ctx, EventsPrefix(scope), clientv3.WithPrefix(),
+	rctx, cancel := s.request(ctx)
+	defer cancel()
+	resp, err := s.cli.Get(rctx, EventsPrefix(scope), clientv3.WithPrefix(),
 		clientv3.WithSort(clientv3.SortByKey, clientv3.SortDescend), clientv3.WithLimit(int64(limit)))
 	if err != nil {
-		return nil, fmt.Errorf("listing events of %s: %w", scope, err)
+		return nil, fmt.Errorf("listing events of %s: %w", scope, unavailable(ctx, err))
 	}
 	events := make([]*rdzvv1.Event, len(resp.Kvs))
 	for i, kv := range resp.Kvs {
@@ -314,18 +377,39 @@ func (s *Store) ListEvents(ctx context.Context, scope string, limit int) ([]*rdz
 	return events, nil
 }
 
+// txn commits l if cmps hold and this controller still leads. When it
+// fails, the leader key is read in the same transaction to tell a lost
+// leadership (ErrNotLeader) from a lost race on a record (ErrConflict).
 func (s *Store) txn(ctx context.Context, cmps []clientv3.Cmp, l *opList) (int64, error) {
-	if l.err != nil {
-		return 0, l.err
-	}
-	resp, err := s.cli.Txn(ctx).If(cmps...).Then(l.ops...).Commit()
+	resp, err := s.commit(ctx, cmps, l)
 	if err != nil {
 		return 0, err
 	}
-	if !resp.Succeeded {
-		return 0, ErrConflict
-	}
 	return resp.Header.Revision, nil
+}
+
+func (s *Store) commit(ctx context.Context, cmps []clientv3.Cmp, l *opList) (*clientv3.TxnResponse, error) {
+	if l.err != nil {
+		return nil, l.err
+	}
+	lead := s.lead.Load()
+	if lead == nil {
+		return nil, ErrNotLeader
+	}
+	cmps = append(cmps, clientv3.Compare(clientv3.CreateRevision(lead.Key), "=", lead.Rev))
+	rctx, cancel := s.request(ctx)
+	defer cancel()
+	resp, err := s.cli.Txn(rctx).If(cmps...).Then(l.ops...).Else(clientv3.OpGet(lead.Key)).Commit()
+	if err != nil {
+		return nil, unavailable(ctx, err)
+	}
+	if !resp.Succeeded {
+		if kvs := resp.Responses[0].GetResponseRange().GetKvs(); len(kvs) == 0 || kvs[0].CreateRevision != lead.Rev {
+			return nil, ErrNotLeader
+		}
+		return nil, ErrConflict
+	}
+	return resp, nil
 }
 
 // revCmp guards a write on key being at rev; rev 0 means the key must not

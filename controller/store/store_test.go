@@ -365,7 +365,7 @@ func TestLoadRoundTrip(t *testing.T) {
 	waitingRev, err := s.CreateJob(ctx(t), withAssignments, 0)
 	require.NoError(t, err)
 
-	snap, err := New(cli).Load(ctx(t))
+	snap, err := New(cli, 0).Load(ctx(t))
 	require.NoError(t, err)
 
 	require.Len(t, snap.Nodes, 3)

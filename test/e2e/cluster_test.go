@@ -38,14 +38,18 @@ const (
 	pollEvery      = 250 * time.Millisecond
 )
 
-// cluster is a controller on h0 and agents on h1..h3, all real binaries.
+// cluster is a controller on h0 and agents on h1..h3, all real binaries;
+// a replicated cluster (newHACluster) has more hosts before the agents'.
 type cluster struct {
 	t   *testing.T
 	net *netns.Cluster
 	dir string
+	// agentBase is the index of the first agent host.
+	agentBase int
 
 	controllerBin, agentBin, ctlBin string
-	// controllerAddr is where agents and rdzvctl reach the controller.
+	// controllerAddr is where agents and rdzvctl reach the controller (a
+	// comma-separated list with replicas).
 	controllerAddr string
 	controllerArgs []string
 	controller     *netns.Proc
@@ -69,13 +73,20 @@ type cluster struct {
 // on them yet.
 func newCluster(t *testing.T) *cluster {
 	t.Helper()
+	return newClusterHosts(t, 1)
+}
+
+// newClusterHosts is newCluster with infraHosts hosts (h0...) before the
+// agent hosts, for controllers and etcd members.
+func newClusterHosts(t *testing.T, infraHosts int) *cluster {
+	t.Helper()
 	binDir := os.Getenv("RDZV_BIN_DIR")
 	if binDir == "" {
 		netns.SkipOrFail(t, "e2e: RDZV_BIN_DIR is not set: run `make e2e`, or `make build` and set RDZV_BIN_DIR to the bin directory")
 	}
 	binDir, err := filepath.Abs(binDir)
 	require.NoError(t, err)
-	c := &cluster{t: t, dir: t.TempDir(), heartbeatTimeout: defaultHeartbeatTimeout, killed: map[int]bool{}}
+	c := &cluster{t: t, dir: t.TempDir(), agentBase: infraHosts, heartbeatTimeout: defaultHeartbeatTimeout, killed: map[int]bool{}}
 	for _, b := range []struct {
 		path *string
 		name string
@@ -88,7 +99,7 @@ func newCluster(t *testing.T) *cluster {
 	if _, err := os.Stat(torchrun); err != nil {
 		netns.SkipOrFail(t, "e2e: %s is missing (apt-get install python3-torch)", torchrun)
 	}
-	c.net = netns.NewCluster(t, 1+agentHosts, filepath.Join(c.dir, "proc-logs"))
+	c.net = netns.NewCluster(t, infraHosts+agentHosts, filepath.Join(c.dir, "proc-logs"))
 	c.controllerAddr = c.controllerHost().IP + ":" + controllerPort
 	c.pkiDir = filepath.Join(c.dir, "pki")
 	c.pki(t, "init", "--dir", c.pkiDir)
@@ -116,8 +127,9 @@ func (c *cluster) tlsArgs(role, name string) []string {
 
 func (c *cluster) controllerHost() *netns.Host { return c.net.Host(0) }
 
-// agentHost is the host of agent i: h1, h2, h3.
-func (c *cluster) agentHost(i int) *netns.Host { return c.net.Host(1 + i) }
+// agentHost is the host of agent i: h1, h2, h3 (after the infrastructure
+// hosts).
+func (c *cluster) agentHost(i int) *netns.Host { return c.net.Host(c.agentBase + i) }
 
 func (c *cluster) stateDir(i int) string { return filepath.Join(c.dir, c.agentHost(i).Name) }
 
@@ -192,7 +204,8 @@ func (c *cluster) restartAgent(t *testing.T, i int) {
 func (c *cluster) requireRunning(t *testing.T) {
 	t.Helper()
 	for i, p := range append([]*netns.Proc{c.controller}, c.agents...) {
-		if i > 0 && c.killed[i-1] {
+		// A replicated cluster's controllers come and go on purpose.
+		if (i > 0 && c.killed[i-1]) || p == nil {
 			continue
 		}
 		select {

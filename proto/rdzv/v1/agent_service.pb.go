@@ -456,9 +456,14 @@ type Registered struct {
 	// node lost and moves its job on.
 	HeartbeatTimeoutMs uint32 `protobuf:"varint,2,opt,name=heartbeat_timeout_ms,json=heartbeatTimeoutMs,proto3" json:"heartbeat_timeout_ms,omitempty"`
 	// Gossip addresses (host:port) of a few other ready nodes to join.
-	GossipSeeds   []string `protobuf:"bytes,3,rep,name=gossip_seeds,json=gossipSeeds,proto3" json:"gossip_seeds,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	GossipSeeds []string `protobuf:"bytes,3,rep,name=gossip_seeds,json=gossipSeeds,proto3" json:"gossip_seeds,omitempty"`
+	// How long the controller keeps a silent node whose gossip peers still
+	// reach it, in milliseconds; after as long without hearing any controller
+	// the agent fences its workers even though its peers vouch for it. Zero
+	// (an older controller): three heartbeat timeouts.
+	VouchedTimeoutMs uint32 `protobuf:"varint,4,opt,name=vouched_timeout_ms,json=vouchedTimeoutMs,proto3" json:"vouched_timeout_ms,omitempty"`
+	unknownFields    protoimpl.UnknownFields
+	sizeCache        protoimpl.SizeCache
 }
 
 func (x *Registered) Reset() {
@@ -510,6 +515,13 @@ func (x *Registered) GetGossipSeeds() []string {
 		return x.GossipSeeds
 	}
 	return nil
+}
+
+func (x *Registered) GetVouchedTimeoutMs() uint32 {
+	if x != nil {
+		return x.VouchedTimeoutMs
+	}
+	return 0
 }
 
 // GPUFault is a critical GPU error the agent's health watcher saw (NVML XID
@@ -1440,12 +1452,13 @@ const file_rdzv_v1_agent_service_proto_rawDesc = "" +
 	"\x03msg\"b\n" +
 	"\bRegister\x12%\n" +
 	"\x04node\x18\x01 \x01(\v2\x11.rdzv.v1.NodeInfoR\x04node\x12/\n" +
-	"\aworkers\x18\x02 \x03(\v2\x15.rdzv.v1.WorkerStatusR\aworkers\"\x95\x01\n" +
+	"\aworkers\x18\x02 \x03(\v2\x15.rdzv.v1.WorkerStatusR\aworkers\"\xc3\x01\n" +
 	"\n" +
 	"Registered\x122\n" +
 	"\x15heartbeat_interval_ms\x18\x01 \x01(\rR\x13heartbeatIntervalMs\x120\n" +
 	"\x14heartbeat_timeout_ms\x18\x02 \x01(\rR\x12heartbeatTimeoutMs\x12!\n" +
-	"\fgossip_seeds\x18\x03 \x03(\tR\vgossipSeeds\"\xb0\x01\n" +
+	"\fgossip_seeds\x18\x03 \x03(\tR\vgossipSeeds\x12,\n" +
+	"\x12vouched_timeout_ms\x18\x04 \x01(\rR\x10vouchedTimeoutMs\"\xb0\x01\n" +
 	"\bGPUFault\x12\x1b\n" +
 	"\tgpu_index\x18\x01 \x01(\rR\bgpuIndex\x12\x19\n" +
 	"\bgpu_uuid\x18\x02 \x01(\tR\agpuUuid\x12\x12\n" +

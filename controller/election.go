@@ -1,0 +1,295 @@
+package controller
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.etcd.io/etcd/client/v3/concurrency"
+	"go.uber.org/zap"
+	"golang.org/x/sync/errgroup"
+	"google.golang.org/grpc"
+
+	"github.com/rdzv/rdzv/controller/ha"
+	"github.com/rdzv/rdzv/controller/store"
+)
+
+// electionRetry is the pause before campaigning again after losing the
+// lead or failing to reach etcd.
+const electionRetry = time.Second
+
+// errSteppedDown is why leader work ends when the controller gives up the
+// lead itself (a write it could not persist).
+var errSteppedDown = errors.New("stepped down")
+
+// leaderView is what a controller knows about who leads, for telling
+// clients where to go.
+type leaderView struct {
+	// addr is the advertised address of the current leader ("" if none).
+	addr string
+	// etcdErr is set while etcd cannot be read: no one can lead.
+	etcdErr string
+	// previous is the last other controller seen leading, for the record
+	// of a takeover.
+	previous string
+}
+
+// elect campaigns for the lead until ctx ends, leading whenever it wins
+// and campaigning again whenever it loses the lead. Embedded mode takes the
+// same path; it simply always wins.
+func (c *Controller) elect(ctx context.Context) {
+	for ctx.Err() == nil {
+		err := c.campaign(ctx)
+		if ctx.Err() != nil {
+			return
+		}
+		c.log.Warn("not leading, campaigning again", zap.Error(err), zap.Duration("retry_in", electionRetry))
+		timer := c.clock.NewTimer(electionRetry)
+		select {
+		case <-ctx.Done():
+		case <-timer.Chan():
+		}
+		timer.Stop()
+	}
+}
+
+// campaign waits to lead, then leads until the lead is lost.
+func (c *Controller) campaign(ctx context.Context) error {
+	cli := c.store.Client()
+	ttl := int(math.Ceil(c.cfg.LeaderLeaseTTL.Seconds()))
+	gctx, cancel := context.WithTimeout(ctx, c.cfg.Etcd.RequestTimeout.Duration)
+	lease, err := cli.Grant(gctx, int64(ttl))
+	cancel()
+	if err != nil {
+		c.setEtcdErr(err)
+		return fmt.Errorf("granting the leader lease: %w", err)
+	}
+	c.setEtcdErr(nil)
+	// The session outlives ctx so that Close can still revoke the lease on
+	// shutdown: a standby then takes over at once instead of after the TTL.
+	// The TTL also bounds how long Close tries.
+	sess, err := concurrency.NewSession(cli, concurrency.WithLease(lease.ID), concurrency.WithTTL(ttl),
+		concurrency.WithContext(context.WithoutCancel(ctx)))
+	if err != nil {
+		return fmt.Errorf("keeping the leader lease alive: %w", err)
+	}
+	defer func() {
+		if err := sess.Close(); err != nil {
+			c.log.Warn("revoking the leader lease failed; a standby takes over when it expires", zap.Error(err))
+		}
+	}()
+	// Leader work ends the moment the session does: a lease that could not
+	// be renewed may already be another controller's lead.
+	lctx, endLead := context.WithCancel(ctx)
+	defer endLead()
+	go func() {
+		select {
+		case <-sess.Done():
+			endLead()
+		case <-lctx.Done():
+		}
+	}()
+	el := concurrency.NewElection(sess, store.ElectionName())
+	if err := el.Campaign(lctx, c.cfg.Advertised()); err != nil {
+		return fmt.Errorf("campaigning: %w", err)
+	}
+	// Campaign also returns when the session expired while it waited:
+	// confirm the key is still ours before acting as leader.
+	rctx, cancel := context.WithTimeout(lctx, c.cfg.Etcd.RequestTimeout.Duration)
+	resp, err := cli.Get(rctx, el.Key())
+	cancel()
+	if err != nil || len(resp.Kvs) == 0 || resp.Kvs[0].CreateRevision != el.Rev() {
+		return fmt.Errorf("won an election whose key is gone: %w", errors.Join(err, lctx.Err()))
+	}
+	err = c.lead(lctx, endLead, store.Leadership{Key: el.Key(), Rev: el.Rev()}, c.leaderView().previous)
+	// Resigning hands over at once; it fails harmlessly if the lease is
+	// already gone.
+	rctx, cancel = context.WithTimeout(context.WithoutCancel(ctx), c.cfg.Etcd.RequestTimeout.Duration)
+	defer cancel()
+	if rerr := el.Resign(rctx); rerr != nil {
+		c.log.Warn("resigning the lead failed", zap.Error(rerr))
+	}
+	return err
+}
+
+// lead rebuilds the view from etcd and runs the leader-only loops until
+// ctx ends (lease lost, shutdown) or the controller steps down.
+func (c *Controller) lead(ctx context.Context, stepDown context.CancelFunc, l store.Leadership, previous string) error {
+	begin := c.clock.Now()
+	c.store.Lead(l)
+	// From here until the loops are stopped and the view dropped, nothing
+	// may write unguarded; Follow makes any straggler fail.
+	defer c.store.Follow()
+	if err := c.load(ctx); err != nil {
+		return err
+	}
+	c.mu.Lock()
+	c.term++
+	c.stepDown = stepDown
+	c.electedAt = begin
+	c.leading.Store(true)
+	loaded := c.clock.Now().Sub(begin)
+	me := c.cfg.Advertised()
+	if previous == "" {
+		previous = "none"
+	}
+	ev := c.event("", "", 0, EventLeaderElected, "controller %s leads (previous leader: %s); %d jobs and %d nodes loaded from etcd in %s",
+		me, previous, len(c.jobs), len(c.nodes), loaded.Round(time.Millisecond))
+	if err := c.store.AppendEvent(ctx, ev); err != nil {
+		c.writeFailed("recording leader election", err)
+	}
+	c.reconcile(ctx)
+	c.mu.Unlock()
+	c.log.Info("leading", zap.String("advertise_addr", me), zap.String("previous_leader", previous), zap.Duration("load", loaded))
+
+	g, gctx := errgroup.WithContext(ctx)
+	g.Go(func() error { c.scheduleLoop(gctx); return nil })
+	g.Go(func() error { c.livenessLoop(gctx); return nil })
+	g.Go(func() error { c.maintainLoop(gctx); return nil })
+	_ = g.Wait()
+
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.leading.Store(false)
+	c.stepDown = nil
+	c.store.Follow()
+	// Agents must stop hearing from a controller that no longer leads: the
+	// streams end, and they find the new leader.
+	c.endSessionsLocked()
+	c.nodes, c.jobs = map[string]*nodeState{}, map[string]*jobState{}
+	reason := c.stepDownReason
+	c.stepDownReason = ""
+	c.log.Warn("stopped leading", zap.String("reason", reason))
+	if reason != "" {
+		return fmt.Errorf("%w: %s", errSteppedDown, reason)
+	}
+	return fmt.Errorf("leadership lost: %w", context.Cause(ctx))
+}
+
+// stepDownLocked gives up the lead: leader work stops, and whoever leads
+// next rebuilds the view from etcd, so memory never diverges from what was
+// persisted. Callers hold c.mu.
+func (c *Controller) stepDownLocked(reason string) {
+	if c.stepDown == nil {
+		return
+	}
+	if c.stepDownReason == "" {
+		c.stepDownReason = reason
+	}
+	c.leading.Store(false)
+	c.stepDown()
+}
+
+// writeFailed handles a leader-side state transition that could not be
+// persisted (etcd refused it, or this controller no longer leads). The
+// in-memory view still holds the state before it, but the transition
+// itself would be lost; stepping down has it redone from etcd and the
+// agents' reports. Callers hold c.mu.
+func (c *Controller) writeFailed(what string, err error, fields ...zap.Field) {
+	c.log.Error("persisting a state change failed, stepping down", append(fields, zap.String("change", what), zap.Error(err))...)
+	c.stepDownLocked(what + ": " + err.Error())
+}
+
+// requestFailed handles a write an API caller asked for: the caller gets
+// the error and nothing changed, so only a lost lead or a stale view
+// (another writer) needs a step-down. Callers hold c.mu.
+func (c *Controller) requestFailed(what string, err error) {
+	if errors.Is(err, store.ErrNotLeader) || errors.Is(err, store.ErrConflict) {
+		c.writeFailed(what, err)
+	}
+}
+
+// watchLeader keeps c's view of who leads current, for redirecting
+// clients, until ctx ends: the first-created candidate key leads.
+func (c *Controller) watchLeader(ctx context.Context) {
+	cli := c.store.Client()
+	for ctx.Err() == nil {
+		rctx, cancel := context.WithTimeout(ctx, c.cfg.Etcd.RequestTimeout.Duration)
+		resp, err := cli.Get(rctx, store.CandidatesPrefix(), clientv3.WithFirstCreate()...)
+		cancel()
+		if err != nil {
+			c.setEtcdErr(err)
+			c.sleep(ctx, electionRetry)
+			continue
+		}
+		view := leaderView{previous: c.leaderView().previous}
+		if len(resp.Kvs) > 0 {
+			view.addr = string(resp.Kvs[0].Value)
+			if view.addr != c.cfg.Advertised() {
+				view.previous = view.addr
+			}
+		}
+		c.view.Store(&view)
+		// Without a leader the etcd member cannot tell whether the key
+		// changed, so the watch fails and the next Get reports it.
+		wctx, cancel := context.WithCancel(clientv3.WithRequireLeader(ctx))
+		wch := cli.Watch(wctx, store.CandidatesPrefix(), clientv3.WithPrefix(), clientv3.WithRev(resp.Header.Revision+1))
+		for wr := range wch {
+			if wr.Err() != nil || len(wr.Events) > 0 {
+				break
+			}
+		}
+		cancel()
+	}
+}
+
+func (c *Controller) sleep(ctx context.Context, d time.Duration) {
+	timer := c.clock.NewTimer(d)
+	defer timer.Stop()
+	select {
+	case <-ctx.Done():
+	case <-timer.Chan():
+	}
+}
+
+func (c *Controller) leaderView() leaderView {
+	if v := c.view.Load(); v != nil {
+		return *v
+	}
+	return leaderView{}
+}
+
+// setEtcdErr records that etcd failed (nil: that it answered).
+func (c *Controller) setEtcdErr(err error) {
+	v := c.leaderView()
+	v.etcdErr = ""
+	if err != nil {
+		v.etcdErr = err.Error()
+	}
+	c.view.Store(&v)
+}
+
+// gate refuses every call while this controller does not lead, telling
+// the client where the leader is when it knows.
+func (c *Controller) gate() error {
+	if c.leading.Load() {
+		return nil
+	}
+	v := c.leaderView()
+	me := c.cfg.Advertised()
+	switch {
+	case v.etcdErr != "":
+		return ha.Error(ha.ReasonEtcdUnavailable, "", fmt.Sprintf(
+			"etcd unavailable (no quorum?): no controller can lead, changes are refused; running jobs continue: %s", v.etcdErr))
+	case v.addr != "" && v.addr != me:
+		return ha.Error(ha.ReasonNotLeader, v.addr, fmt.Sprintf("controller %s is a standby; the leader is %s", me, v.addr))
+	}
+	return ha.Error(ha.ReasonNoLeader, "", fmt.Sprintf("controller %s does not lead yet (election or start-up under way); retry", me))
+}
+
+func (c *Controller) unaryGate(ctx context.Context, req any, _ *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
+	if err := c.gate(); err != nil {
+		return nil, err
+	}
+	return handler(ctx, req)
+}
+
+func (c *Controller) streamGate(srv any, ss grpc.ServerStream, _ *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
+	if err := c.gate(); err != nil {
+		return err
+	}
+	return handler(srv, ss)
+}

@@ -1,0 +1,294 @@
+package ha
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"sync"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/connectivity"
+	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/status"
+)
+
+// maxHops bounds how many redirects one call follows, so two controllers
+// that each name the other (briefly possible during an election) cannot
+// keep a call bouncing.
+const maxHops = 4
+
+// Conn sends each call to the leading controller among a list of
+// addresses, following redirects, so the generated clients work unchanged
+// over a set of replicas. The address that last answered is tried first.
+type Conn struct {
+	addrs []string
+	// creds secures the connection to one address (TLS checks the
+	// certificate against the host dialled).
+	creds Credentials
+	opts  []grpc.DialOption
+
+	mu     sync.Mutex
+	conns  map[string]*grpc.ClientConn
+	leader string
+}
+
+var _ grpc.ClientConnInterface = (*Conn)(nil)
+
+// Credentials gives the transport security for a controller address.
+type Credentials func(addr string) (credentials.TransportCredentials, error)
+
+// NewConn prepares connections to addrs; nothing is dialled until a call.
+func NewConn(addrs []string, creds Credentials, opts ...grpc.DialOption) (*Conn, error) {
+	if len(addrs) == 0 {
+		return nil, errors.New("no controller address given")
+	}
+	return &Conn{addrs: addrs, creds: creds, opts: opts, conns: map[string]*grpc.ClientConn{}}, nil
+}
+
+// Close closes every connection.
+func (c *Conn) Close() error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	var errs []error
+	for _, cc := range c.conns {
+		errs = append(errs, cc.Close())
+	}
+	c.conns = map[string]*grpc.ClientConn{}
+	return errors.Join(errs...)
+}
+
+// Leader is the address that last served a call, or "".
+func (c *Conn) Leader() string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.leader
+}
+
+func (c *Conn) conn(addr string) (*grpc.ClientConn, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if cc := c.conns[addr]; cc != nil {
+		return cc, nil
+	}
+	creds, err := c.creds(addr)
+	if err != nil {
+		return nil, err
+	}
+	cc, err := grpc.NewClient(addr, append([]grpc.DialOption{grpc.WithTransportCredentials(creds)}, c.opts...)...)
+	if err != nil {
+		return nil, fmt.Errorf("controller address %q: %w", addr, err)
+	}
+	c.conns[addr] = cc
+	return cc, nil
+}
+
+// Invoke implements grpc.ClientConnInterface.
+func (c *Conn) Invoke(ctx context.Context, method string, args, reply any, opts ...grpc.CallOption) error {
+	return c.each(ctx, func(ctx context.Context, cc *grpc.ClientConn) error {
+		return cc.Invoke(ctx, method, args, reply, opts...)
+	})
+}
+
+// NewStream implements grpc.ClientConnInterface for server-streaming
+// calls: a controller's refusal arrives with the first response, so the
+// stream is opened, and moved to another controller if need be, then.
+func (c *Conn) NewStream(ctx context.Context, desc *grpc.StreamDesc, method string, opts ...grpc.CallOption) (grpc.ClientStream, error) {
+	if desc.ClientStreams {
+		return nil, status.Errorf(codes.Unimplemented, "ha.Conn: client-streaming call %s is not supported", method)
+	}
+	return &stream{c: c, ctx: ctx, desc: desc, method: method, opts: opts}, nil
+}
+
+// each runs call against the controllers in turn until one serves it:
+// the last leader first, then redirect hints, then the configured list.
+// An answer that is not a controller's refusal or a transport failure
+// (success, NotFound, InvalidArgument...) ends the walk.
+func (c *Conn) each(ctx context.Context, call func(context.Context, *grpc.ClientConn) error) error {
+	c.mu.Lock()
+	queue := append([]string{}, c.addrs...)
+	if c.leader != "" {
+		queue = append([]string{c.leader}, queue...)
+	}
+	c.mu.Unlock()
+	tried := map[string]bool{}
+	var refusal, unreachable error
+	hops := 0
+	for len(queue) > 0 && ctx.Err() == nil {
+		addr := queue[0]
+		queue = queue[1:]
+		if tried[addr] {
+			continue
+		}
+		tried[addr] = true
+		cc, err := c.conn(addr)
+		if err != nil {
+			return err
+		}
+		if !connected(ctx, cc, untried(queue, tried)+1) {
+			unreachable = status.Errorf(codes.Unavailable, "no connection to %s in time", addr)
+			continue
+		}
+		err = call(ctx, cc)
+		if err == nil {
+			c.mu.Lock()
+			c.leader = addr
+			c.mu.Unlock()
+			return nil
+		}
+		reason, hint, ok := Parse(err)
+		switch {
+		case ok:
+			// A controller refused: prefer what it says over any transport
+			// error, with etcd trouble the most telling.
+			if refusal == nil || reason == ReasonEtcdUnavailable {
+				refusal = err
+			}
+			if reason == ReasonNotLeader && hint != "" && !tried[hint] && hops < maxHops {
+				hops++
+				queue = append([]string{hint}, queue...)
+			}
+		case status.Code(err) == codes.Unavailable:
+			unreachable = err
+		default:
+			return err
+		}
+	}
+	switch {
+	case refusal != nil:
+		return refusal
+	case unreachable != nil:
+		return unreachable
+	}
+	return status.FromContextError(ctx.Err()).Err()
+}
+
+// untried counts the addresses in queue not tried yet.
+func untried(queue []string, tried map[string]bool) int {
+	n := 0
+	seen := map[string]bool{}
+	for _, a := range queue {
+		if !tried[a] && !seen[a] {
+			seen[a] = true
+			n++
+		}
+	}
+	return n
+}
+
+// connected waits for cc to connect, for its share of the time left among
+// attempts, so that a host gone from the network cannot use up the whole
+// deadline. A refused connection counts as connected: the call then fails
+// at once with the reason. A call on a connection gets all the time left:
+// cutting short a controller that is working on a change would leave the
+// caller unsure whether it happened.
+func connected(ctx context.Context, cc *grpc.ClientConn, attempts int) bool {
+	deadline, ok := ctx.Deadline()
+	if !ok || attempts <= 1 {
+		return true
+	}
+	wctx, cancel := context.WithTimeout(ctx, time.Until(deadline)/time.Duration(attempts))
+	defer cancel()
+	cc.Connect()
+	for {
+		s := cc.GetState()
+		if s == connectivity.Ready || s == connectivity.TransientFailure {
+			return true
+		}
+		if !cc.WaitForStateChange(wctx, s) {
+			return false
+		}
+	}
+}
+
+// stream is a server-streaming call that finds its controller on the
+// first receive: until a response arrives, a refusal moves the call on.
+type stream struct {
+	c      *Conn
+	ctx    context.Context
+	desc   *grpc.StreamDesc
+	method string
+	opts   []grpc.CallOption
+
+	req    any
+	cs     grpc.ClientStream
+	cancel context.CancelFunc
+}
+
+func (s *stream) SendMsg(m any) error {
+	if s.cs != nil {
+		return s.cs.SendMsg(m)
+	}
+	s.req = m
+	return nil
+}
+
+func (s *stream) CloseSend() error {
+	if s.cs != nil {
+		return s.cs.CloseSend()
+	}
+	return nil
+}
+
+func (s *stream) RecvMsg(m any) error {
+	if s.cs != nil {
+		err := s.cs.RecvMsg(m)
+		if err != nil {
+			s.cancel()
+		}
+		return err
+	}
+	var first error
+	// The stream lives on after the walk, so it hangs off the caller's
+	// context rather than the attempt's.
+	err := s.c.each(s.ctx, func(_ context.Context, cc *grpc.ClientConn) error {
+		sctx, cancel := context.WithCancel(s.ctx)
+		cs, err := cc.NewStream(sctx, s.desc, s.method, s.opts...)
+		if err == nil {
+			err = cs.SendMsg(s.req)
+		}
+		if err == nil {
+			err = cs.CloseSend()
+		}
+		if err == nil {
+			err = cs.RecvMsg(m)
+		}
+		if err != nil && !errors.Is(err, io.EOF) {
+			cancel()
+			return err
+		}
+		s.cs, s.cancel, first = cs, cancel, err
+		if err != nil {
+			cancel()
+		}
+		return nil
+	})
+	if err != nil {
+		return err
+	}
+	return first
+}
+
+func (s *stream) Header() (metadata.MD, error) {
+	if s.cs == nil {
+		return nil, nil
+	}
+	return s.cs.Header()
+}
+
+func (s *stream) Trailer() metadata.MD {
+	if s.cs == nil {
+		return nil
+	}
+	return s.cs.Trailer()
+}
+
+func (s *stream) Context() context.Context {
+	if s.cs == nil {
+		return s.ctx
+	}
+	return s.cs.Context()
+}

@@ -1,0 +1,207 @@
+package store
+
+import (
+	"errors"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.etcd.io/etcd/client/v3/concurrency"
+
+	rdzvv1 "github.com/rdzv/rdzv/proto/rdzv/v1"
+)
+
+// Every write carries the leadership guard: once the leader key is gone or
+// belongs to another campaign, writes fail with ErrNotLeader, never
+// ErrConflict, and write nothing.
+func TestWritesGuardedByLeadership(t *testing.T) {
+	s, cli := newStore(t)
+	rev, err := s.CreateJob(ctx(t), job("train", rdzvv1.JobState_JOB_STATE_PENDING, 0), 0)
+	require.NoError(t, err)
+
+	t.Run("a lost race on a record is a conflict", func(t *testing.T) {
+		_, err := s.UpdateJob(ctx(t), job("train", rdzvv1.JobState_JOB_STATE_RUNNING, 1), rev+100)
+		require.ErrorIs(t, err, ErrConflict)
+		require.NotErrorIs(t, err, ErrNotLeader)
+	})
+
+	writes := map[string]func(*Store) error{
+		"update job": func(s *Store) error {
+			_, err := s.UpdateJob(ctx(t), job("train", rdzvv1.JobState_JOB_STATE_RUNNING, 1), rev)
+			return err
+		},
+		"create job": func(s *Store) error {
+			_, err := s.CreateJob(ctx(t), job("other", rdzvv1.JobState_JOB_STATE_PENDING, 0), 0)
+			return err
+		},
+		"node": func(s *Store) error {
+			_, err := s.PutNode(ctx(t), &rdzvv1.Node{Info: &rdzvv1.NodeInfo{Name: "n1"}}, 0)
+			return err
+		},
+		"event": func(s *Store) error { return s.AppendEvent(ctx(t), event("", "x", t0)) },
+		"worker": func(s *Store) error {
+			return s.PutWorker(ctx(t), "train", "n1", &rdzvv1.WorkerStatus{Job: "train"}, rev)
+		},
+		"prune": func(s *Store) error {
+			_, err := s.PruneEvents(ctx(t), ClusterScope, t0, 0)
+			return err
+		},
+		"delete job": func(s *Store) error { return s.DeleteJob(ctx(t), "train", rev) },
+	}
+	deposals := []struct {
+		name   string
+		depose func(t *testing.T) *Store
+	}{
+		{"following", func(t *testing.T) *Store {
+			f := New(cli, 0)
+			f.Follow()
+			return f
+		}},
+		{"never told it leads", func(t *testing.T) *Store { return New(cli, 0) }},
+		{"leader key deleted (lease expired)", func(t *testing.T) *Store {
+			l := lead(t, cli, "deposed")
+			_, err := cli.Delete(ctx(t), l.Key)
+			require.NoError(t, err)
+			d := New(cli, 0)
+			d.Lead(l)
+			return d
+		}},
+		{"leader key recreated by a later campaign", func(t *testing.T) *Store {
+			l := lead(t, cli, "recreated")
+			_, err := cli.Delete(ctx(t), l.Key)
+			require.NoError(t, err)
+			lead(t, cli, "recreated")
+			d := New(cli, 0)
+			d.Lead(l)
+			return d
+		}},
+	}
+	for _, dp := range deposals {
+		t.Run(dp.name, func(t *testing.T) {
+			d := dp.depose(t)
+			for what, write := range writes {
+				before := revision(t, cli)
+				err := write(d)
+				require.ErrorIs(t, err, ErrNotLeader, what)
+				require.NotErrorIs(t, err, ErrConflict, what)
+				require.Equal(t, before, revision(t, cli), "%s: a refused write changed etcd", what)
+			}
+		})
+	}
+}
+
+// A real election: the loser's store refuses writes until the winner's
+// session ends, then the winner's old guard refuses them too.
+func TestGuardFollowsElection(t *testing.T) {
+	s, cli := newStore(t)
+	s.Follow()
+	campaign := func(val string) (*concurrency.Session, *concurrency.Election) {
+		sess, err := concurrency.NewSession(cli, concurrency.WithTTL(5))
+		require.NoError(t, err)
+		t.Cleanup(func() { _ = sess.Close() })
+		return sess, concurrency.NewElection(sess, ElectionName())
+	}
+	sessA, a := campaign("a")
+	require.NoError(t, a.Campaign(ctx(t), "a:7070"))
+	s.Lead(Leadership{Key: a.Key(), Rev: a.Rev()})
+	_, err := s.CreateJob(ctx(t), job("one", rdzvv1.JobState_JOB_STATE_PENDING, 0), 0)
+	require.NoError(t, err)
+
+	// Closing the session revokes its lease, as its expiry would.
+	require.NoError(t, sessA.Close())
+	_, b := campaign("b")
+	require.NoError(t, b.Campaign(ctx(t), "b:7070"))
+	_, err = s.CreateJob(ctx(t), job("two", rdzvv1.JobState_JOB_STATE_PENDING, 0), 0)
+	require.ErrorIs(t, err, ErrNotLeader, "a deposed leader's late write must fail")
+
+	s.Lead(Leadership{Key: b.Key(), Rev: b.Rev()})
+	_, err = s.CreateJob(ctx(t), job("two", rdzvv1.JobState_JOB_STATE_PENDING, 0), 0)
+	require.NoError(t, err)
+}
+
+func TestPruneEvents(t *testing.T) {
+	tests := []struct {
+		name   string
+		events int
+		cutoff time.Duration // after t0; events are one second apart from t0
+		keep   int
+		want   []int // indexes of the events left
+	}{
+		{"nothing to prune", 3, 0, 10, []int{0, 1, 2}},
+		{"by age", 5, 2 * time.Second, 10, []int{2, 3, 4}},
+		{"by count", 5, 0, 2, []int{3, 4}},
+		{"by age then count", 6, time.Second, 3, []int{3, 4, 5}},
+		{"keep none", 3, 0, 0, nil},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			s, cli := newStore(t)
+			for i := range tt.events {
+				require.NoError(t, s.AppendEvent(ctx(t), event("train", fmt.Sprint(i), t0.Add(time.Duration(i)*time.Second))))
+			}
+			// Another scope is never touched.
+			require.NoError(t, s.AppendEvent(ctx(t), event("", "cluster", t0)))
+			deleted, err := s.PruneEvents(ctx(t), "train", t0.Add(tt.cutoff), tt.keep)
+			require.NoError(t, err)
+			require.EqualValues(t, tt.events-len(tt.want), deleted)
+			left, err := s.ListEvents(ctx(t), "train", 100)
+			require.NoError(t, err)
+			want := []string{}
+			for _, i := range tt.want {
+				want = append(want, fmt.Sprint(i))
+			}
+			require.Equal(t, want, append([]string{}, kinds(left)...))
+			require.Len(t, keys(t, cli, EventsPrefix(ClusterScope)), 1)
+		})
+	}
+}
+
+func TestDeleteJob(t *testing.T) {
+	s, cli := newStore(t)
+	rev, err := s.CreateJob(ctx(t), job("done", rdzvv1.JobState_JOB_STATE_PENDING, 0), 0, event("done", "job_submitted", t0))
+	require.NoError(t, err)
+	rev, err = s.CommitRound(ctx(t), job("done", rdzvv1.JobState_JOB_STATE_RUNNING, 1), rev, round("done", 1, "n1"))
+	require.NoError(t, err)
+	require.NoError(t, s.PutWorker(ctx(t), "done", "n1", &rdzvv1.WorkerStatus{Job: "done", Generation: 1}, rev))
+	rev, err = s.RecordCheckpoint(ctx(t), job("done", rdzvv1.JobState_JOB_STATE_RUNNING, 1), rev, &rdzvv1.Checkpoint{Step: 10, Path: "/c/10"}, 0)
+	require.NoError(t, err)
+	// A job whose name shares the prefix must survive.
+	_, err = s.CreateJob(ctx(t), job("done-2", rdzvv1.JobState_JOB_STATE_PENDING, 0), 0, event("done-2", "job_submitted", t0))
+	require.NoError(t, err)
+
+	require.ErrorIs(t, s.DeleteJob(ctx(t), "done", rev-1), ErrConflict)
+	require.NoError(t, s.DeleteJob(ctx(t), "done", rev))
+	require.Equal(t, []string{JobKey("done-2"), EventsPrefix("done-2")}, []string{
+		keys(t, cli, JobsPrefix())[0], keys(t, cli, Prefix+"events/")[0][:len(EventsPrefix("done-2"))],
+	})
+	require.Len(t, keys(t, cli, Prefix+"events/"), 1)
+	for _, prefix := range []string{RoundsPrefix("done"), WorkersPrefix("done"), CheckpointsPrefix("done"), EventsPrefix("done")} {
+		require.Empty(t, keys(t, cli, prefix), prefix)
+	}
+}
+
+func TestCompact(t *testing.T) {
+	s, cli := newStore(t)
+	_, err := s.CreateJob(ctx(t), job("x", rdzvv1.JobState_JOB_STATE_PENDING, 0), 0)
+	require.NoError(t, err)
+	old, err := s.Revision(ctx(t))
+	require.NoError(t, err)
+	_, err = s.UpdateJob(ctx(t), job("x", rdzvv1.JobState_JOB_STATE_RUNNING, 1), old)
+	require.NoError(t, err)
+	require.NoError(t, s.Compact(ctx(t), old))
+	_, err = cli.Get(ctx(t), JobKey("x"), clientv3.WithRev(old-1))
+	require.True(t, errors.Is(err, errCompacted(t, cli, old-1)), "history before the compaction is gone: %v", err)
+	// Again, or to an older revision: already done, not an error.
+	require.NoError(t, s.Compact(ctx(t), old))
+	require.NoError(t, s.Compact(ctx(t), old-1))
+}
+
+// errCompacted is the error etcd gives for reading a compacted revision.
+func errCompacted(t *testing.T, cli *clientv3.Client, rev int64) error {
+	t.Helper()
+	_, err := cli.Get(ctx(t), "probe", clientv3.WithRev(rev))
+	require.Error(t, err)
+	return err
+}

@@ -1,0 +1,90 @@
+package store
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
+	clientv3 "go.etcd.io/etcd/client/v3"
+)
+
+// PruneEvents deletes a scope's events from before cutoff, then its oldest
+// ones beyond keep, and returns how many it deleted. Event keys sort by
+// time, so each bound is one range delete.
+func (s *Store) PruneEvents(ctx context.Context, scope string, cutoff time.Time, keep int) (int64, error) {
+	prefix := EventsPrefix(scope)
+	var l opList
+	l.ops = append(l.ops, clientv3.OpDelete(prefix, clientv3.WithRange(EventKey(scope, cutoff, 0))))
+	resp, err := s.commit(ctx, nil, &l)
+	if err != nil {
+		return 0, fmt.Errorf("pruning events of %s older than %s: %w", scope, cutoff.Format(time.RFC3339), err)
+	}
+	deleted := resp.Responses[0].GetResponseDeleteRange().GetDeleted()
+
+	rctx, cancel := s.request(ctx)
+	count, err := s.cli.Get(rctx, prefix, clientv3.WithPrefix(), clientv3.WithCountOnly())
+	cancel()
+	if err != nil {
+		return deleted, fmt.Errorf("counting events of %s: %w", scope, unavailable(ctx, err))
+	}
+	excess := count.Count - int64(keep)
+	if excess <= 0 {
+		return deleted, nil
+	}
+	rctx, cancel = s.request(ctx)
+	oldest, err := s.cli.Get(rctx, prefix, clientv3.WithPrefix(), clientv3.WithKeysOnly(),
+		clientv3.WithSort(clientv3.SortByKey, clientv3.SortAscend), clientv3.WithLimit(excess))
+	cancel()
+	if err != nil {
+		return deleted, fmt.Errorf("listing the oldest events of %s: %w", scope, unavailable(ctx, err))
+	}
+	if len(oldest.Kvs) == 0 {
+		return deleted, nil
+	}
+	last := string(oldest.Kvs[len(oldest.Kvs)-1].Key)
+	l = opList{}
+	l.ops = append(l.ops, clientv3.OpDelete(prefix, clientv3.WithRange(last+"\x00")))
+	if resp, err = s.commit(ctx, nil, &l); err != nil {
+		return deleted, fmt.Errorf("pruning events of %s to the newest %d: %w", scope, keep, err)
+	}
+	return deleted + resp.Responses[0].GetResponseDeleteRange().GetDeleted(), nil
+}
+
+// DeleteJob removes a finished job and everything kept for it (rounds,
+// worker statuses, checkpoint catalog, events) if the job record is still
+// at expectRev.
+func (s *Store) DeleteJob(ctx context.Context, job string, expectRev int64) error {
+	var l opList
+	l.ops = append(l.ops, clientv3.OpDelete(JobKey(job)))
+	for _, prefix := range []string{RoundsPrefix(job), WorkersPrefix(job), CheckpointsPrefix(job), EventsPrefix(job)} {
+		l.deletePrefix(prefix)
+	}
+	if _, err := s.txn(ctx, []clientv3.Cmp{revCmp(JobKey(job), expectRev)}, &l); err != nil {
+		return fmt.Errorf("deleting job %s: %w", job, err)
+	}
+	return nil
+}
+
+// Revision is etcd's current revision.
+func (s *Store) Revision(ctx context.Context) (int64, error) {
+	rctx, cancel := s.request(ctx)
+	defer cancel()
+	resp, err := s.cli.Get(rctx, JobsPrefix(), clientv3.WithPrefix(), clientv3.WithCountOnly())
+	if err != nil {
+		return 0, fmt.Errorf("reading etcd revision: %w", unavailable(ctx, err))
+	}
+	return resp.Header.Revision, nil
+}
+
+// Compact discards etcd's history before rev. Compacting to a revision
+// that is already compacted is not an error: another run got there first.
+func (s *Store) Compact(ctx context.Context, rev int64) error {
+	rctx, cancel := s.request(ctx)
+	defer cancel()
+	if _, err := s.cli.Compact(rctx, rev); err != nil && !errors.Is(err, rpctypes.ErrCompacted) {
+		return fmt.Errorf("compacting etcd to revision %d: %w", rev, unavailable(ctx, err))
+	}
+	return nil
+}
