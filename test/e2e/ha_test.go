@@ -77,9 +77,12 @@ func newHACluster(t *testing.T) *haCluster {
 	for i := range 2 {
 		addr := c.net.Host(i).IP + ":" + controllerPort
 		addrs = append(addrs, addr)
-		h.ctlArgs = append(h.ctlArgs, []string{c.controllerBin, "--listen", addr, "--advertise-addr", addr,
+		// Each replica's certificate names the address agents dial it by.
+		name := fmt.Sprintf("rdzv-controller-%d", i)
+		c.pki(t, "issue", "controller", name, "--ip", c.net.Host(i).IP, "--dir", c.pkiDir)
+		h.ctlArgs = append(h.ctlArgs, append([]string{c.controllerBin, "--listen", addr, "--advertise-addr", addr,
 			"--etcd-endpoints", strings.Join(endpoints, ","), "--heartbeat-timeout", c.heartbeatTimeout,
-			"--leader-lease-ttl", haLeaseTTL})
+			"--leader-lease-ttl", haLeaseTTL}, c.tlsArgs("controller", name)...))
 		h.controllers = append(h.controllers, nil)
 	}
 	c.controllerAddr = strings.Join(addrs, ",")
