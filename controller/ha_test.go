@@ -1,7 +1,6 @@
 package controller_test
 
 import (
-	"context"
 	"net"
 	"net/url"
 	"os"
@@ -122,30 +121,8 @@ func (h *haCluster) startReplica(addr string) *replica {
 	cfg.MasterPortRange = controller.PortRange{Min: masterPortMin, Max: masterPortMax}
 	cfg.TLS = h.issue(pki.Identity{Role: pki.RoleController, Name: "controller-" + strings.ReplaceAll(strings.ReplaceAll(addr, ".", "-"), ":", "-")}, net.IPv4(127, 0, 0, 1))
 	h.cfg = cfg
-	lis, err := net.Listen("tcp", addr)
-	require.NoError(t, err)
-	ctl, err := controller.New(cfg, testLogger(t).Named("controller-"+addr), controller.WithListener(lis))
-	require.NoError(t, err)
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- ctl.Run(ctx) }()
-	select {
-	case <-ctl.Ready():
-	case err := <-done:
-		cancel()
-		require.NoError(t, err, "controller exited before serving")
-	}
-	r := &replica{ctl: ctl, addr: addr}
-	stopped := false
-	r.stop = func() {
-		if !stopped {
-			stopped = true
-			cancel()
-			require.NoError(t, <-done)
-		}
-	}
-	t.Cleanup(r.stop)
-	return r
+	ctl, stop := runController(t, cfg, addr, testLogger(t).Named("controller-"+addr))
+	return &replica{ctl: ctl, addr: addr, stop: stop}
 }
 
 // leader waits until exactly one replica leads and returns it.

@@ -192,9 +192,20 @@ func (c *cluster) dial(files pki.Files) *grpc.ClientConn {
 func (c *cluster) startController() {
 	t := c.t
 	t.Helper()
-	lis, err := net.Listen("tcp", c.addr)
+	ctl, stop := runController(t, c.cfg, c.addr, c.log.Named("controller"))
+	// Alone on its etcd it wins the election at once; the API serves only
+	// from then on.
+	poll(t, ctl.Leading, func() string { return "controller never took the lead" })
+	c.stopController = stop
+}
+
+// runController runs a controller with cfg on addr until the test ends,
+// and returns once it serves; stop ends it earlier.
+func runController(t *testing.T, cfg controller.Config, addr string, log *zap.Logger) (ctl *controller.Controller, stop func()) {
+	t.Helper()
+	lis, err := net.Listen("tcp", addr)
 	require.NoError(t, err)
-	ctl, err := controller.New(c.cfg, c.log.Named("controller"), controller.WithListener(lis))
+	ctl, err = controller.New(cfg, log, controller.WithListener(lis))
 	require.NoError(t, err)
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
@@ -208,13 +219,9 @@ func (c *cluster) startController() {
 		cancel()
 		require.FailNow(t, "controller not ready")
 	}
-	require.Equal(t, c.addr, ctl.Addr().String())
-	// Alone on its etcd it wins the election at once; the API serves only
-	// from then on.
-	poll(t, ctl.Leading, func() string { return "controller never took the lead" })
-
+	require.Equal(t, addr, ctl.Addr().String())
 	stopped := false
-	c.stopController = func() {
+	stop = func() {
 		if stopped {
 			return
 		}
@@ -222,7 +229,8 @@ func (c *cluster) startController() {
 		cancel()
 		require.NoError(t, <-done)
 	}
-	t.Cleanup(c.stopController)
+	t.Cleanup(stop)
+	return ctl, stop
 }
 
 // addAgent starts an agent named name with gpus fake GPUs. It returns once

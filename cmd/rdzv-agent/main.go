@@ -94,12 +94,11 @@ func config(args []string) (agent.Config, error) {
 		}
 	}
 	set := cli.Set(fs)
+	override := cli.Override(fs)
 	if set["controller"] || cfg.Controller == "" {
 		cfg.Controller = *controllerAddr
 	}
-	if set["node-name"] {
-		cfg.NodeName = *name
-	}
+	override("node-name", func() { cfg.NodeName = *name })
 	if set["labels"] {
 		l, err := cli.ParseLabels(*labels)
 		if err != nil {
@@ -107,18 +106,10 @@ func config(args []string) (agent.Config, error) {
 		}
 		cfg.Labels = l
 	}
-	if set["nccl-interface"] {
-		cfg.NCCLInterface = *iface
-	}
-	if set["gossip-port"] {
-		cfg.GossipPort = *gossipPort
-	}
-	if set["fake-gpus"] {
-		cfg.FakeGPUs = *fake
-	}
-	if set["state-dir"] {
-		cfg.StateDir = *stateDir
-	}
+	override("nccl-interface", func() { cfg.NCCLInterface = *iface })
+	override("gossip-port", func() { cfg.GossipPort = *gossipPort })
+	override("fake-gpus", func() { cfg.FakeGPUs = *fake })
+	override("state-dir", func() { cfg.StateDir = *stateDir })
 	if abs, err := filepath.Abs(cfg.StateDir); err == nil {
 		cfg.StateDir = abs
 	}
@@ -133,27 +124,13 @@ func config(args []string) (agent.Config, error) {
 		}
 		cfg.NodeName = host
 	}
-	if set["stop-grace"] {
-		cfg.StopGrace.Duration = *grace
-	}
-	if set["restart-grace"] {
-		cfg.RestartGrace.Duration = *restartGrace
-	}
-	if set["log-level"] {
-		cfg.LogLevel = *level
-	}
-	if set["secrets-dir"] {
-		cfg.SecretsDir = *secretsDir
-	}
-	if set["run-as"] {
-		cfg.RunAs = *runAs
-	}
-	if set["allow-root"] {
-		cfg.AllowRoot = *allowRoot
-	}
-	if set["insecure"] {
-		cfg.Insecure = *insecure
-	}
+	override("stop-grace", func() { cfg.StopGrace.Duration = *grace })
+	override("restart-grace", func() { cfg.RestartGrace.Duration = *restartGrace })
+	override("log-level", func() { cfg.LogLevel = *level })
+	override("secrets-dir", func() { cfg.SecretsDir = *secretsDir })
+	override("run-as", func() { cfg.RunAs = *runAs })
+	override("allow-root", func() { cfg.AllowRoot = *allowRoot })
+	override("insecure", func() { cfg.Insecure = *insecure })
 	tlsFiles.Apply(fs, &cfg.TLS)
 	return cfg, cfg.Validate()
 }

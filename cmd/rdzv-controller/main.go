@@ -64,11 +64,7 @@ func config(args []string) (controller.Config, error) {
 		}
 	}
 	set := cli.Set(fs)
-	override := func(name string, apply func()) {
-		if set[name] {
-			apply()
-		}
-	}
+	override := cli.Override(fs)
 	override("listen", func() { cfg.Listen = *listen })
 	override("advertise-addr", func() { cfg.AdvertiseAddr = *advertise })
 	override("leader-lease-ttl", func() { cfg.LeaderLeaseTTL.Duration = *leaseTTL })

@@ -41,6 +41,18 @@ func Set(fs *flag.FlagSet) map[string]bool {
 	return set
 }
 
+// Override returns a function that applies a flag's value only when the
+// flag was given on the command line, so that otherwise the config file's
+// value stands.
+func Override(fs *flag.FlagSet) func(name string, apply func()) {
+	set := Set(fs)
+	return func(name string, apply func()) {
+		if set[name] {
+			apply()
+		}
+	}
+}
+
 // ParseLabels parses "k=v,k2=v2".
 func ParseLabels(s string) (map[string]string, error) {
 	labels := map[string]string{}
