@@ -234,7 +234,7 @@ func checkpointPathOK(dir, path string) error {
 		return nil
 	}
 	rel, err := filepath.Rel(dir, path)
-	if err != nil || rel == "." || strings.HasPrefix(rel, "..") {
+	if err != nil || rel == "." || rel == ".." || strings.HasPrefix(rel, ".."+string(filepath.Separator)) {
 		return fmt.Errorf("not inside checkpoint dir %s", dir)
 	}
 	return nil
