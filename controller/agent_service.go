@@ -153,7 +153,7 @@ func (c *Controller) register(ctx context.Context, sess *session, reg *rdzvv1.Re
 		prevRev = ns.rev
 		wasLost = ns.rec.GetState() == rdzvv1.NodeState_NODE_STATE_LOST
 	}
-	if ns == nil || wasLost || !proto.Equal(ns.rec.GetInfo(), info) {
+	if ns == nil || wasLost || ns.rec.GetRestartHoldUntil() != nil || !proto.Equal(ns.rec.GetInfo(), info) {
 		rec := &rdzvv1.Node{Info: info, State: rdzvv1.NodeState_NODE_STATE_READY, RegisteredAt: timestamppb.New(now), StateChangedAt: timestamppb.New(now)}
 		if ns != nil && !wasLost {
 			rec.StateChangedAt = ns.rec.GetStateChangedAt()
@@ -264,10 +264,22 @@ func (c *Controller) agentRestarting(ctx context.Context, node string, sess *ses
 	}
 	ns.restartHold = c.clock.Now().Add(hold)
 	c.log.Info("agent restarting, holding its node", zap.String("node", node), zap.String("job", ns.job), zap.Duration("hold", hold))
+	// Stored so that a controller taking the lead during the restart holds
+	// the node too; without it, its start-up grace would give way to the
+	// first peer reporting the node unreachable, which it is while its
+	// agent (and gossip with it) is down.
+	rec := proto.Clone(ns.rec).(*rdzvv1.Node)
+	rec.RestartHoldUntil = timestamppb.New(ns.restartHold)
 	ev := c.event(ns.job, node, ns.generation, EventAgentRestarting, "agent on %s restarting; its workers run on for up to %s", node, hold)
-	if err := c.store.AppendEvent(ctx, ev); err != nil {
+	rev, err := c.store.PutNode(ctx, rec, ns.rev, ev)
+	if err != nil {
+		// This controller still holds the node; only a failover during the
+		// restart would not.
 		c.log.Error("recording agent restart failed", zap.String("node", node), zap.Error(err))
+		c.requestFailed("recording agent restart", err)
+		return
 	}
+	ns.rec, ns.rev = rec, rev
 }
 
 // disconnect forgets a stream unless a newer one replaced it. The node stays

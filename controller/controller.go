@@ -287,7 +287,14 @@ func (c *Controller) load(ctx context.Context) error {
 	defer c.mu.Unlock()
 	c.nodes, c.jobs = map[string]*nodeState{}, map[string]*jobState{}
 	for name, v := range snap.Nodes {
-		c.nodes[name] = &nodeState{rec: v.Value, rev: v.ModRevision, lastSeen: now, graceUntil: now.Add(reconnectGrace + c.cfg.Heartbeat.Timeout.Duration)}
+		ns := &nodeState{rec: v.Value, rev: v.ModRevision, lastSeen: now, graceUntil: now.Add(reconnectGrace + c.cfg.Heartbeat.Timeout.Duration)}
+		if hold := v.Value.GetRestartHoldUntil(); hold != nil {
+			// Set by the previous leader from its own clock: controllers'
+			// clocks are assumed to agree to well within a hold (seconds
+			// to minutes).
+			ns.restartHold = hold.AsTime()
+		}
+		c.nodes[name] = ns
 	}
 	for name, v := range snap.Jobs {
 		js := &jobState{rec: v.Value, rev: v.ModRevision, round: snap.Rounds[name], workers: snap.Workers[name], pendingSince: now, catalog: snap.Checkpoints[name]}

@@ -803,3 +803,50 @@ func TestRestartingAgentKeepsItsNode(t *testing.T) {
 		})
 	}
 }
+
+// TestRestartHoldOutlivesTheController: the controller itself restarts (as
+// in a failover) while an agent restarts, and the agent's peers, whose
+// gossip with it is down too, report it unreachable. The next controller
+// still holds the node, so the job is not restarted, and the agent back
+// with its workers carries on in the same generation.
+func TestRestartHoldOutlivesTheController(t *testing.T) {
+	c := newCluster(t)
+	a, b := c.connectFake("node-a"), c.connectFake("node-b")
+	a.keepAlive()
+	b.keepAlive()
+	c.startJob(c.spec("train", 2, 2, "hang"))
+	aRun, bRun := a.run(), b.run()
+	c.waitRunning("train")
+
+	const hold = 10 * heartbeatTimeout
+	b.send(&rdzvv1.ConnectRequest{Msg: &rdzvv1.ConnectRequest_Restarting{Restarting: &rdzvv1.AgentRestarting{HoldMs: uint32(hold.Milliseconds())}}})
+	c.waitEvent("train", controller.EventAgentRestarting)
+	require.NotNil(t, c.listNodes()["node-b"].GetRestartHoldUntil(), "the hold is stored")
+	b.crash()
+
+	c.stopController()
+	a.crash()
+	c.startController()
+	runningWorker := func(job string, gen uint64) *rdzvv1.WorkerStatus {
+		return &rdzvv1.WorkerStatus{Job: job, Generation: gen, State: rdzvv1.WorkerState_WORKER_STATE_RUNNING}
+	}
+	a = c.connectFake("node-a", runningWorker("train", aRun.GetGeneration()))
+	a.keepAlive()
+	// Without the stored hold, one peer's word is enough to cut the new
+	// controller's start-up grace short.
+	a.view(2, "node-b")
+	time.Sleep(2 * heartbeatTimeout)
+	j := c.getJob("train")
+	require.Equal(t, running, j.GetState(), j.GetReason())
+	require.Equal(t, rdzvv1.NodeState_NODE_STATE_BUSY, c.listNodes()["node-b"].GetState())
+
+	b = c.connectFake("node-b", runningWorker("train", bRun.GetGeneration()))
+	b.keepAlive()
+	require.Nil(t, c.listNodes()["node-b"].GetRestartHoldUntil(), "cleared when the agent is back")
+	a.view(2)
+	j = c.getJob("train")
+	require.Equal(t, running, j.GetState(), j.GetReason())
+	require.Equal(t, bRun.GetGeneration(), j.GetGeneration(), "no restart")
+	require.Zero(t, j.GetRestarts())
+	require.NotContains(t, eventKinds(c.events("train")), "node_lost")
+}

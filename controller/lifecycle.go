@@ -458,6 +458,7 @@ func (c *Controller) checkLiveness(ctx context.Context) {
 func (c *Controller) markLost(ctx context.Context, name string, ns *nodeState, lastSeen time.Time, silent time.Duration, peersConfirmed bool, reason string) {
 	rec := proto.Clone(ns.rec).(*rdzvv1.Node)
 	rec.State, rec.StateChangedAt = rdzvv1.NodeState_NODE_STATE_LOST, timestamppb.New(c.clock.Now())
+	rec.RestartHoldUntil = nil
 	rev, err := c.store.PutNode(ctx, rec, ns.rev, c.event(ns.job, name, ns.generation, EventNodeLost, "node %s lost: %s", name, reason))
 	if err != nil {
 		c.writeFailed("marking node lost", err, zap.String("node", name))

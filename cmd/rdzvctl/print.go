@@ -115,6 +115,9 @@ func printNodes(out io.Writer, nodes []*rdzvv1.Node) {
 		if n.GetCordoned() {
 			state += ",CORDONED (" + n.GetCordonReason() + ")"
 		}
+		if hold := n.GetRestartHoldUntil(); hold != nil {
+			state += ",AGENT RESTARTING (held until " + hold.AsTime().Local().Format(time.TimeOnly) + ")"
+		}
 		fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\t%s\t%s ago\t%s\n", info.GetName(), state,
 			job, gpus, info.GetNcclInterface(), info.GetAddress(), age(n.GetLastHeartbeat()), labels(info.GetLabels()))
 	}

@@ -442,10 +442,15 @@ type Node struct {
 	// A cordoned node takes no new work until an operator uncordons it
 	// (`rdzvctl nodes uncordon`): set on a critical GPU fault, when the node
 	// keeps causing job failures, or by an operator.
-	Cordoned      bool   `protobuf:"varint,8,opt,name=cordoned,proto3" json:"cordoned,omitempty"`
-	CordonReason  string `protobuf:"bytes,9,opt,name=cordon_reason,json=cordonReason,proto3" json:"cordon_reason,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Cordoned     bool   `protobuf:"varint,8,opt,name=cordoned,proto3" json:"cordoned,omitempty"`
+	CordonReason string `protobuf:"bytes,9,opt,name=cordon_reason,json=cordonReason,proto3" json:"cordon_reason,omitempty"`
+	// Set while the node's agent restarts with its workers left running: no
+	// controller declares the node lost before this time, however silent, so
+	// the hold outlives a controller failover. Cleared when the agent
+	// registers again or the node is lost.
+	RestartHoldUntil *timestamppb.Timestamp `protobuf:"bytes,10,opt,name=restart_hold_until,json=restartHoldUntil,proto3" json:"restart_hold_until,omitempty"`
+	unknownFields    protoimpl.UnknownFields
+	sizeCache        protoimpl.SizeCache
 }
 
 func (x *Node) Reset() {
@@ -541,6 +546,13 @@ func (x *Node) GetCordonReason() string {
 	return ""
 }
 
+func (x *Node) GetRestartHoldUntil() *timestamppb.Timestamp {
+	if x != nil {
+		return x.RestartHoldUntil
+	}
+	return nil
+}
+
 var File_rdzv_v1_node_proto protoreflect.FileDescriptor
 
 const file_rdzv_v1_node_proto_rawDesc = "" +
@@ -579,7 +591,7 @@ const file_rdzv_v1_node_proto_rawDesc = "" +
 	"gossipAddr\x1a9\n" +
 	"\vLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\x94\x03\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xde\x03\n" +
 	"\x04Node\x12%\n" +
 	"\x04info\x18\x01 \x01(\v2\x11.rdzv.v1.NodeInfoR\x04info\x12(\n" +
 	"\x05state\x18\x02 \x01(\x0e2\x12.rdzv.v1.NodeStateR\x05state\x12\x10\n" +
@@ -591,7 +603,9 @@ const file_rdzv_v1_node_proto_rawDesc = "" +
 	"\x0elast_heartbeat\x18\x06 \x01(\v2\x1a.google.protobuf.TimestampR\rlastHeartbeat\x12D\n" +
 	"\x10state_changed_at\x18\a \x01(\v2\x1a.google.protobuf.TimestampR\x0estateChangedAt\x12\x1a\n" +
 	"\bcordoned\x18\b \x01(\bR\bcordoned\x12#\n" +
-	"\rcordon_reason\x18\t \x01(\tR\fcordonReason*\xa4\x01\n" +
+	"\rcordon_reason\x18\t \x01(\tR\fcordonReason\x12H\n" +
+	"\x12restart_hold_until\x18\n" +
+	" \x01(\v2\x1a.google.protobuf.TimestampR\x10restartHoldUntil*\xa4\x01\n" +
 	"\rInterfaceKind\x12\x1e\n" +
 	"\x1aINTERFACE_KIND_UNSPECIFIED\x10\x00\x12\x1b\n" +
 	"\x17INTERFACE_KIND_LOOPBACK\x10\x01\x12\x1b\n" +
@@ -630,20 +644,21 @@ var file_rdzv_v1_node_proto_goTypes = []any{
 	(*timestamppb.Timestamp)(nil), // 7: google.protobuf.Timestamp
 }
 var file_rdzv_v1_node_proto_depIdxs = []int32{
-	0, // 0: rdzv.v1.NetworkInterface.kind:type_name -> rdzv.v1.InterfaceKind
-	6, // 1: rdzv.v1.NodeInfo.labels:type_name -> rdzv.v1.NodeInfo.LabelsEntry
-	2, // 2: rdzv.v1.NodeInfo.gpus:type_name -> rdzv.v1.GPU
-	3, // 3: rdzv.v1.NodeInfo.interfaces:type_name -> rdzv.v1.NetworkInterface
-	4, // 4: rdzv.v1.Node.info:type_name -> rdzv.v1.NodeInfo
-	1, // 5: rdzv.v1.Node.state:type_name -> rdzv.v1.NodeState
-	7, // 6: rdzv.v1.Node.registered_at:type_name -> google.protobuf.Timestamp
-	7, // 7: rdzv.v1.Node.last_heartbeat:type_name -> google.protobuf.Timestamp
-	7, // 8: rdzv.v1.Node.state_changed_at:type_name -> google.protobuf.Timestamp
-	9, // [9:9] is the sub-list for method output_type
-	9, // [9:9] is the sub-list for method input_type
-	9, // [9:9] is the sub-list for extension type_name
-	9, // [9:9] is the sub-list for extension extendee
-	0, // [0:9] is the sub-list for field type_name
+	0,  // 0: rdzv.v1.NetworkInterface.kind:type_name -> rdzv.v1.InterfaceKind
+	6,  // 1: rdzv.v1.NodeInfo.labels:type_name -> rdzv.v1.NodeInfo.LabelsEntry
+	2,  // 2: rdzv.v1.NodeInfo.gpus:type_name -> rdzv.v1.GPU
+	3,  // 3: rdzv.v1.NodeInfo.interfaces:type_name -> rdzv.v1.NetworkInterface
+	4,  // 4: rdzv.v1.Node.info:type_name -> rdzv.v1.NodeInfo
+	1,  // 5: rdzv.v1.Node.state:type_name -> rdzv.v1.NodeState
+	7,  // 6: rdzv.v1.Node.registered_at:type_name -> google.protobuf.Timestamp
+	7,  // 7: rdzv.v1.Node.last_heartbeat:type_name -> google.protobuf.Timestamp
+	7,  // 8: rdzv.v1.Node.state_changed_at:type_name -> google.protobuf.Timestamp
+	7,  // 9: rdzv.v1.Node.restart_hold_until:type_name -> google.protobuf.Timestamp
+	10, // [10:10] is the sub-list for method output_type
+	10, // [10:10] is the sub-list for method input_type
+	10, // [10:10] is the sub-list for extension type_name
+	10, // [10:10] is the sub-list for extension extendee
+	0,  // [0:10] is the sub-list for field type_name
 }
 
 func init() { file_rdzv_v1_node_proto_init() }
