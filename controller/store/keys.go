@@ -6,8 +6,9 @@
 // messages from proto/rdzv/v1. This file is the only place keys are built.
 //
 //	/rdzv/v1/nodes/<node>                      Node: registration and durable state (READY or LOST).
-//	                                           Written on registration and state transitions only,
-//	                                           never per heartbeat (liveness is tracked in memory).
+//	                                           Written on registration, state transitions, cordons and
+//	                                           agent restart announcements only, never per heartbeat
+//	                                           (liveness is tracked in memory).
 //	/rdzv/v1/jobs/<job>                        Job: spec, state, reason, current generation, master.
 //	/rdzv/v1/rounds/<job>/<generation>         Round: the nodes and ranks of one committed rendezvous,
 //	                                           one key per generation (generation zero-padded to 20
