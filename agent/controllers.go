@@ -2,7 +2,9 @@ package agent
 
 import (
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/status"
 
 	"github.com/rdzv/rdzv/controller/ha"
 	rdzvv1 "github.com/rdzv/rdzv/proto/rdzv/v1"
@@ -58,6 +60,16 @@ func (c *controllers) pick() (string, rdzvv1.AgentServiceClient, error) {
 // the next attempt goes to the next configured address, so a dead leader
 // is not retried forever.
 func (c *controllers) failed(addr string, err error) (redirected bool) {
+	if status.Code(err) == codes.Unauthenticated {
+		// The controller refused the certificate this connection was
+		// opened with, and every call on it would be refused alike: the
+		// next attempt handshakes anew, with the certificate on disk then
+		// (renewed, one hopes).
+		if cc := c.conns[addr]; cc != nil {
+			_ = cc.Close()
+			delete(c.conns, addr)
+		}
+	}
 	reason, leader, _ := ha.Parse(err)
 	if reason == ha.ReasonNotLeader && leader != "" && leader != addr && c.hops < maxHops {
 		c.hint = leader

@@ -317,3 +317,58 @@ func TestInsecureController(t *testing.T) {
 	_, err = rdzvv1.NewNodeServiceClient(plain).ListNodes(rpcCtx(t), &rdzvv1.ListNodesRequest{})
 	require.NoError(t, err)
 }
+
+// TestExpiredCertificateClosesItsConnection: an agent stream outlives the
+// handshake that authenticated it, so the controller closes the connection
+// when the certificate expires; presented again, it is refused with why.
+func TestExpiredCertificateClosesItsConnection(t *testing.T) {
+	c := newCluster(t)
+	files, issued := c.issueFor(pki.Identity{Role: pki.RoleAgent, Name: "node-a"}, 3*time.Second)
+	f := c.connectFakeWith(files, "node-a")
+	f.keepAlive()
+
+	err := f.waitEnd()
+	require.True(t, time.Now().After(issued.Cert.NotAfter), "ended before the certificate expired: %v", err)
+	require.Equal(t, codes.Unavailable, status.Code(err), "%v", err)
+	err = register(t, c.dialRaw(issued), "node-a")
+	require.Equal(t, codes.Unauthenticated, status.Code(err), "%v", err)
+	require.Contains(t, status.Convert(err).Message(), "expired at")
+}
+
+// TestAgentCertificateRenewal: an agent whose certificate expires carries
+// on with the one renewed on disk, without a restart; renewed in time, its
+// node is never lost.
+func TestAgentCertificateRenewal(t *testing.T) {
+	tests := []struct {
+		name string
+		// early renews the certificate before it expires.
+		early bool
+	}{
+		{"renewed before it expires", true},
+		{"renewed after it expired", false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			c := newCluster(t)
+			id := pki.Identity{Role: pki.RoleAgent, Name: "node-a"}
+			// Issued in the option, after addAgent's own certificate for the
+			// node, to the same files.
+			var short *pki.Issued
+			c.addAgent("node-a", 0, nil, func(cfg *agent.Config) { cfg.TLS, short = c.issueFor(id, 3*time.Second) })
+			cert := short.Cert
+
+			if tt.early {
+				c.issue(id)
+				time.Sleep(time.Until(cert.NotAfter) + 2*heartbeatTimeout)
+				require.NotContains(t, eventKinds(c.events("")), controller.EventNodeLost)
+			} else {
+				c.waitNode("node-a", func(n *rdzvv1.Node) bool { return n.GetState() == rdzvv1.NodeState_NODE_STATE_LOST })
+				require.True(t, time.Now().After(cert.NotAfter), "lost before its certificate expired")
+				c.issue(id)
+			}
+			c.waitNode("node-a", func(n *rdzvv1.Node) bool { return n.GetState() == rdzvv1.NodeState_NODE_STATE_READY })
+			c.startJob(c.spec("train", 1, 1, "ok"))
+			c.waitJobState("train", succeeded)
+		})
+	}
+}

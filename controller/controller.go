@@ -235,7 +235,7 @@ func (c *Controller) securityOptions() []grpc.ServerOption {
 	auth := &authenticator{tls: c.tls, log: c.log.Named("auth")}
 	c.log.Info("mutual tls enabled", zap.Stringer("identity", c.tls.Identity()))
 	return []grpc.ServerOption{
-		grpc.Creds(credentials.NewTLS(c.tls.ServerConfig())),
+		grpc.Creds(expiringCreds{TransportCredentials: credentials.NewTLS(c.tls.ServerConfig()), clock: c.clock, log: c.log.Named("auth")}),
 		grpc.ChainUnaryInterceptor(auth.unary),
 		grpc.ChainStreamInterceptor(auth.stream),
 	}

@@ -157,11 +157,19 @@ func newCluster(t *testing.T, edits ...func(*controller.Config)) *cluster {
 // files a daemon or client is configured with.
 func (c *cluster) issue(id pki.Identity, ips ...net.IP) pki.Files {
 	c.t.Helper()
-	is, err := c.ca.Issue(pki.Request{Identity: id, IPs: ips, ValidFor: time.Hour, Now: time.Now()})
+	files, _ := c.issueFor(id, time.Hour, ips...)
+	return files
+}
+
+// issueFor is issue with a validity, also returning the certificate: a
+// later call for the same identity renews it in place.
+func (c *cluster) issueFor(id pki.Identity, validFor time.Duration, ips ...net.IP) (pki.Files, *pki.Issued) {
+	c.t.Helper()
+	is, err := c.ca.Issue(pki.Request{Identity: id, IPs: ips, ValidFor: validFor, Now: time.Now()})
 	require.NoError(c.t, err)
 	cert, key, err := is.Save(pki.DefaultOut(c.pkiDir, id), true)
 	require.NoError(c.t, err)
-	return pki.Files{Cert: cert, Key: key, CA: filepath.Join(c.pkiDir, pki.CACertFile)}
+	return pki.Files{Cert: cert, Key: key, CA: filepath.Join(c.pkiDir, pki.CACertFile)}, is
 }
 
 // newCA creates the cluster CA that every certificate of the test chains to.
@@ -233,9 +241,10 @@ func runController(t *testing.T, cfg controller.Config, addr string, log *zap.Lo
 	return ctl, stop
 }
 
-// addAgent starts an agent named name with gpus fake GPUs. It returns once
-// the controller lists the node as ready.
-func (c *cluster) addAgent(name string, gpus int, labels map[string]string) *runningAgent {
+// addAgent starts an agent named name with gpus fake GPUs, its
+// configuration changed by opts. It returns once the controller lists the
+// node as ready.
+func (c *cluster) addAgent(name string, gpus int, labels map[string]string, opts ...func(*agent.Config)) *runningAgent {
 	t := c.t
 	t.Helper()
 	cfg := agent.DefaultConfig()
@@ -250,6 +259,9 @@ func (c *cluster) addAgent(name string, gpus int, labels map[string]string) *run
 	cfg.TLS = c.issue(pki.Identity{Role: pki.RoleAgent, Name: name})
 	// Real gossip between the in-process agents, on ports the OS picks.
 	cfg.GossipPort = 0
+	for _, opt := range opts {
+		opt(&cfg)
+	}
 	a, err := agent.New(cfg, c.log.Named(name), gpu.Fake{Count: gpus, Node: name}, loopbackOnly{}, agent.ExecSpawner{})
 	require.NoError(t, err)
 
@@ -539,9 +551,15 @@ func (f *fakeAgent) waitEnd() error {
 // connectFake registers a node named name with no GPUs on loopback, running
 // workers (as an agent that adopted them reports).
 func (c *cluster) connectFake(name string, workers ...*rdzvv1.WorkerStatus) *fakeAgent {
+	c.t.Helper()
+	return c.connectFakeWith(c.issue(pki.Identity{Role: pki.RoleAgent, Name: name}), name, workers...)
+}
+
+// connectFakeWith is connectFake presenting the certificate in files.
+func (c *cluster) connectFakeWith(files pki.Files, name string, workers ...*rdzvv1.WorkerStatus) *fakeAgent {
 	t := c.t
 	t.Helper()
-	conn := c.dial(c.issue(pki.Identity{Role: pki.RoleAgent, Name: name}))
+	conn := c.dial(files)
 	ctx, cancel := context.WithCancel(context.Background())
 	stream, err := rdzvv1.NewAgentServiceClient(conn).Connect(ctx)
 	require.NoError(t, err)

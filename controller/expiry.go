@@ -1,0 +1,63 @@
+package controller
+
+import (
+	"net"
+
+	"github.com/jonboulle/clockwork"
+	"go.uber.org/zap"
+	"google.golang.org/grpc/credentials"
+)
+
+// expiringCreds closes every client connection when the certificate it was
+// authenticated with expires. Calls are verified one by one, but an agent's
+// stream lives for weeks on one connection, and new calls reuse that
+// connection's handshake: without this, an expired certificate would keep
+// a stream open, and a renewed one on disk would never be presented. Closed,
+// the client handshakes again with the certificate it has now.
+type expiringCreds struct {
+	credentials.TransportCredentials
+	clock clockwork.Clock
+	log   *zap.Logger
+}
+
+func (e expiringCreds) ServerHandshake(raw net.Conn) (net.Conn, credentials.AuthInfo, error) {
+	conn, info, err := e.TransportCredentials.ServerHandshake(raw)
+	if err != nil {
+		return conn, info, err
+	}
+	tlsInfo, ok := info.(credentials.TLSInfo)
+	if !ok || len(tlsInfo.State.PeerCertificates) == 0 {
+		return conn, info, nil
+	}
+	leaf := tlsInfo.State.PeerCertificates[0]
+	left := leaf.NotAfter.Sub(e.clock.Now())
+	if left <= 0 {
+		// Every call on it is refused with the reason (Unauthenticated);
+		// closing at once would hide that behind a connection error.
+		return conn, info, nil
+	}
+	// The timer closes the inner connection only: it may fire before the
+	// wrapper below has its timer.
+	timer := e.clock.AfterFunc(left, func() {
+		e.log.Warn("closing connection: client certificate expired", zap.String("peer", raw.RemoteAddr().String()),
+			zap.String("subject", leaf.Subject.CommonName), zap.Time("not_after", leaf.NotAfter))
+		_ = conn.Close()
+	})
+	return &expiringConn{Conn: conn, timer: timer}, info, nil
+}
+
+func (e expiringCreds) Clone() credentials.TransportCredentials {
+	return expiringCreds{TransportCredentials: e.TransportCredentials.Clone(), clock: e.clock, log: e.log}
+}
+
+// expiringConn stops its expiry timer when closed, so that a closed
+// connection is not kept in memory until its certificate would expire.
+type expiringConn struct {
+	net.Conn
+	timer clockwork.Timer
+}
+
+func (c *expiringConn) Close() error {
+	c.timer.Stop()
+	return c.Conn.Close()
+}
