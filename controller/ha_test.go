@@ -196,6 +196,7 @@ func TestFailoverKeepsJobRunning(t *testing.T) {
 
 	begin := time.Now()
 	first.stop()
+	require.Equal(t, running, h.getJob("train").GetState(), "a call made during the election waits for its end")
 	require.Same(t, standby, h.leader(first))
 	t.Logf("standby leads %s after the leader stopped", time.Since(begin).Round(time.Millisecond))
 	// Both agents reconnect to it and the job is still the same generation.

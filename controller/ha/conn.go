@@ -103,11 +103,39 @@ func (c *Conn) NewStream(ctx context.Context, desc *grpc.StreamDesc, method stri
 	return &stream{c: c, ctx: ctx, desc: desc, method: method, opts: opts}, nil
 }
 
-// each runs call against the controllers in turn until one serves it:
+// Backoff between walks while an election is under way.
+const (
+	electionRetryMin = 200 * time.Millisecond
+	electionRetryMax = time.Second
+)
+
+// each runs call against the controllers until one serves it. While no
+// controller leads (an election: it ends within the leader lease), it walks
+// them again until the caller's deadline, so a failover is invisible to a
+// caller willing to wait: a refused call changed nothing, so repeating it
+// is safe. Without a deadline it does not wait.
+func (c *Conn) each(ctx context.Context, call func(context.Context, *grpc.ClientConn) error) error {
+	_, hasDeadline := ctx.Deadline()
+	wait := electionRetryMin
+	for {
+		err := c.walk(ctx, call)
+		if reason, _, _ := Parse(err); reason != ReasonNoLeader || !hasDeadline {
+			return err
+		}
+		select {
+		case <-ctx.Done():
+			return err
+		case <-time.After(wait):
+		}
+		wait = min(2*wait, electionRetryMax)
+	}
+}
+
+// walk tries call against the controllers in turn until one serves it:
 // the last leader first, then redirect hints, then the configured list.
 // An answer that is not a controller's refusal or a transport failure
 // (success, NotFound, InvalidArgument...) ends the walk.
-func (c *Conn) each(ctx context.Context, call func(context.Context, *grpc.ClientConn) error) error {
+func (c *Conn) walk(ctx context.Context, call func(context.Context, *grpc.ClientConn) error) error {
 	c.mu.Lock()
 	queue := append([]string{}, c.addrs...)
 	if c.leader != "" {
