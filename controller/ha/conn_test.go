@@ -55,9 +55,9 @@ func serve(t *testing.T, srv rdzvv1.JobServiceServer) string {
 func TestCallsWaitOutAnElection(t *testing.T) {
 	defer goleak.VerifyNone(t)
 	tests := []struct {
-		name      string
-		refusals  int64
-		deadline  time.Duration
+		name     string
+		refusals int64
+		deadline time.Duration
 		wantErr  bool
 		// minCalls, maxCalls bound how often the call was made.
 		minCalls, maxCalls int64
