@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/rdzv/rdzv/test/netns"
+	"github.com/rdzv/rdzv/test/testpki"
 )
 
 const (
@@ -214,21 +215,28 @@ func (b *bench) runRdzv(t *testing.T, r *result) {
 	defer killAll(net)
 	h0 := net.Host(0)
 	addr := h0.IP + ":" + controllerPort
-	ctlRun := func(args ...string) (string, error) { return ctl(h0, b.ctlBin, addr, ctlTimeout, args...) }
+	// Mutual TLS as in production: certificates from `rdzvctl pki`, one
+	// per agent host, and an operator's for rdzvctl (in its --tls-dir).
+	pkiDir := filepath.Join(d.root, "pki")
+	testpki.Run(t, b.ctlBin, "init", "--dir", pkiDir)
+	testpki.Run(t, b.ctlBin, "issue", "controller", "rdzv-controller", "--ip", h0.IP, "--dir", pkiDir)
+	testpki.Run(t, b.ctlBin, "issue", "operator", "bench", "--dir", pkiDir, "--out", filepath.Join(pkiDir, "rdzvctl"))
+	ctlRun := func(args ...string) (string, error) { return ctl(h0, b.ctlBin, addr, pkiDir, ctlTimeout, args...) }
 
-	// Plaintext (--insecure here, in ctl and for the agents) keeps the
-	// figures comparable with the earlier runs; TLS changes no recovery path.
-	ctrl := h0.Start(t, "controller", nil, b.controllerBin, "--listen", addr, "--insecure",
+	ctrl := h0.Start(t, "controller", nil, append([]string{b.controllerBin, "--listen", addr,
 		"--heartbeat-interval", heartbeatInterval.String(), "--heartbeat-timeout", heartbeatTimeout.String(),
 		"--data-dir", filepath.Join(d.root, "controller-data"),
-		"--embedded-etcd-client-url", "http://127.0.0.1:2379", "--embedded-etcd-peer-url", "http://127.0.0.1:2380")
+		"--embedded-etcd-client-url", "http://127.0.0.1:2379", "--embedded-etcd-peer-url", "http://127.0.0.1:2380"},
+		testpki.DaemonArgs(pkiDir, "controller", "rdzv-controller")...)...)
 	daemons := []*netns.Proc{ctrl}
 	for i := 1; i <= nodeHosts; i++ {
 		h := net.Host(i)
-		daemons = append(daemons, h.Start(t, "agent", nil, b.agentBin, "--controller", addr, "--insecure",
+		testpki.Run(t, b.ctlBin, "issue", "agent", h.Name, "--dir", pkiDir)
+		daemons = append(daemons, h.Start(t, "agent", nil, append([]string{b.agentBin, "--controller", addr,
 			"--state-dir", filepath.Join(d.root, h.Name), "--stop-grace", agentStopGrace.String(),
 			// train.py writes checkpoints into root-owned directories.
-			"--run-as", "root", "--allow-root"))
+			"--run-as", "root", "--allow-root"},
+			testpki.DaemonArgs(pkiDir, "agent", h.Name)...)...))
 	}
 	diagnose := func() {
 		for _, args := range [][]string{{"status", jobName}, {"events", jobName}, {"events"}} {

@@ -176,10 +176,10 @@ func tail(path string, n int) string {
 
 // ctl runs rdzvctl on h0, the only host that reaches the controller (the
 // test process lives in the root namespace, off the hosts' subnet).
-func ctl(h *netns.Host, bin, addr string, timeout time.Duration, args ...string) (string, error) {
+func ctl(h *netns.Host, bin, addr, tlsDir string, timeout time.Duration, args ...string) (string, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
-	stdout, _, err := h.Run(ctx, nil, append([]string{bin, "--controller", addr, "--insecure"}, args...)...)
+	stdout, _, err := h.Run(ctx, nil, append([]string{bin, "--controller", addr, "--tls-dir", tlsDir}, args...)...)
 	return stdout, err
 }
 

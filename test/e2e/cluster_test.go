@@ -16,6 +16,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/rdzv/rdzv/test/netns"
+	"github.com/rdzv/rdzv/test/testpki"
 )
 
 const (
@@ -114,15 +115,12 @@ func newClusterHosts(t *testing.T, infraHosts int) *cluster {
 // pki runs `rdzvctl pki ARGS` here; it only writes files.
 func (c *cluster) pki(t *testing.T, args ...string) string {
 	t.Helper()
-	out, err := exec.Command(c.ctlBin, append([]string{"pki"}, args...)...).CombinedOutput()
-	require.NoError(t, err, "rdzvctl pki %s: %s", strings.Join(args, " "), out)
-	return string(out)
+	return testpki.Run(t, c.ctlBin, args...)
 }
 
 // tlsArgs are a daemon's flags for the certificate of role and name.
 func (c *cluster) tlsArgs(role, name string) []string {
-	prefix := filepath.Join(c.pkiDir, role+"-"+name)
-	return []string{"--tls-cert", prefix + ".crt", "--tls-key", prefix + ".key", "--tls-ca", filepath.Join(c.pkiDir, "ca.crt")}
+	return testpki.DaemonArgs(c.pkiDir, role, name)
 }
 
 func (c *cluster) controllerHost() *netns.Host { return c.net.Host(0) }
