@@ -48,6 +48,8 @@ lint: tools
 	@unformatted=$$(gofmt -l $$(git ls-files '*.go' | grep -v '\.pb\.go$$')); \
 	  if [ -n "$$unformatted" ]; then echo "gofmt needed:"; echo "$$unformatted"; exit 1; fi
 	$(GO) vet ./...
+	@# The recovery benchmark is built only with its tag; keep it compiling.
+	$(GO) vet -tags bench ./test/bench/
 	@# The controller and CLI must not need cgo (only agent/gpu/nvmlgpu imports go-nvml).
 	CGO_ENABLED=0 $(GO) build -o /dev/null ./cmd/rdzv-controller ./cmd/rdzvctl
 
