@@ -121,10 +121,22 @@ func (c *Controller) schedule(ctx context.Context) time.Time {
 		go c.commit(ctx, c.term, name, placed)
 	}
 	for _, js := range c.jobs {
-		if js.rec.GetState() == rdzvv1.JobState_JOB_STATE_RECOVERING {
-			if at := js.rec.GetRestartNotBefore().AsTime(); at.After(now) && (next.IsZero() || at.Before(next)) {
-				next = at
-			}
+		if js.rec.GetState() != rdzvv1.JobState_JOB_STATE_RECOVERING {
+			continue
+		}
+		// Woken when the backoff is over and the lost nodes have fenced
+		// themselves, not at the next periodic pass: that would add up to
+		// scheduleInterval to every recovery.
+		fencedAt, ok := c.fencedAt(js)
+		if !ok {
+			continue // a worker's exit report wakes the loop
+		}
+		at := js.rec.GetRestartNotBefore().AsTime()
+		if fencedAt.After(at) {
+			at = fencedAt
+		}
+		if at.After(now) && (next.IsZero() || at.Before(next)) {
+			next = at
 		}
 	}
 	return next

@@ -32,26 +32,32 @@ const (
 // checks every 250ms and its kill takes a moment.
 const fenceMargin = time.Second
 
-// fenced reports whether no worker of the job's current generation can still
-// be running: each has exited, or its node is lost and past the time its
-// agent, if merely cut off, has killed its own workers. Only then may the
-// next generation start: two generations never run at once.
-func (c *Controller) fenced(js *jobState) bool {
-	now := c.clock.Now()
+// fencedAt is when no worker of the job's current generation can still be
+// running: each has exited, or its node is lost and past the time its
+// agent, if merely cut off, has killed its own workers. ok is false while a
+// connected node's workers run, which only its report can change. Only once
+// fenced may the next generation start: two generations never run at once.
+func (c *Controller) fencedAt(js *jobState) (at time.Time, ok bool) {
 	for _, a := range js.round.GetNodes() {
 		ns := c.nodes[a.GetNode()]
 		switch {
 		case ns != nil && ns.rec.GetState() == rdzvv1.NodeState_NODE_STATE_LOST:
 			// Its worker status says failed, but only because it was lost:
 			// the processes may live on until the agent fences itself.
-			if now.Before(ns.fencedBy) {
-				return false
+			if ns.fencedBy.After(at) {
+				at = ns.fencedBy
 			}
 		case !terminalWorker(js.workers[a.GetNode()].GetState()) && ns != nil:
-			return false
+			return time.Time{}, false
 		}
 	}
-	return true
+	return at, true
+}
+
+// fenced reports whether the job's current generation is fenced by now.
+func (c *Controller) fenced(js *jobState) bool {
+	at, ok := c.fencedAt(js)
+	return ok && !c.clock.Now().Before(at)
 }
 
 func (c *Controller) detectionLatency(w *rdzvv1.WorkerStatus) time.Duration {
