@@ -199,9 +199,13 @@ func TestSupervisorScanSkipsHelperReports(t *testing.T) {
 	a.NodeRank, a.Spec.CheckpointDir = 0, dir
 	h.sup.Assign(a)
 	h.expect("train", 1, wRunning)
-	makeTree(t, dir, "step-7/COMPLETE")
+	// The scan loop's first pass may run at any moment: until the helper
+	// has reported it, the checkpoint is still being written (no marker),
+	// so only the helper's report can be queued for it.
+	makeTree(t, dir, "step-7/model.pt")
 	path := filepath.Join(dir, "step-7")
 	require.NoError(t, h.sup.reportCheckpoint("train", 1, 7, path, time.Now()))
+	makeTree(t, dir, "step-7/COMPLETE")
 	h.sup.Stop("train", 1, "done")
 	h.expect("train", 1, wStopped)
 	requireProto(t, []*rdzvv1.CheckpointReport{
