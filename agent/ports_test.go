@@ -1,6 +1,7 @@
 package agent
 
 import (
+	"math/rand/v2"
 	"net"
 	"strconv"
 	"testing"
@@ -20,14 +21,20 @@ func heldPort(t *testing.T) uint32 {
 	return uint32(l.Addr().(*net.TCPAddr).Port)
 }
 
-// freePort is a port that was free a moment ago.
+// freePort is a port that was free a moment ago, below Linux's ephemeral
+// range (32768 and up): there the kernel hands ports to other tests'
+// connections at any moment, and one could take it before the probe.
 func freePort(t *testing.T) uint32 {
 	t.Helper()
-	l, err := net.Listen("tcp", ":0")
-	require.NoError(t, err)
-	port := uint32(l.Addr().(*net.TCPAddr).Port)
-	require.NoError(t, l.Close())
-	return port
+	for range 100 {
+		port := uint32(20000 + rand.N(10000))
+		if l, err := net.Listen("tcp", net.JoinHostPort("", strconv.Itoa(int(port)))); err == nil {
+			require.NoError(t, l.Close())
+			return port
+		}
+	}
+	require.FailNow(t, "no free port below the ephemeral range")
+	return 0
 }
 
 func TestProbePort(t *testing.T) {
@@ -76,16 +83,17 @@ func TestProbePortSkipsHeldPorts(t *testing.T) {
 	const span = 8
 	for attempt := 0; attempt < 20; attempt++ {
 		base, held, ok := freePort(t), []net.Listener(nil), true
-		if base+span-1 > 65535 {
-			continue
-		}
-		for p := base; p < base+span-1 && ok; p++ {
+		for p := base; p < base+span && ok; p++ {
 			l, err := net.Listen("tcp", net.JoinHostPort("", strconv.Itoa(int(p))))
 			if ok = err == nil; ok {
 				held = append(held, l)
 			}
 		}
 		if ok {
+			// The last port was free a moment ago; let go of it for the
+			// probe to find.
+			require.NoError(t, held[span-1].Close())
+			held = held[:span-1]
 			res := probePort(&rdzvv1.PortProbe{PortMin: base, PortMax: base + span - 1})
 			require.Empty(t, res.GetError())
 			require.Equal(t, base+span-1, res.GetPort())

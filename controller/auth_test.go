@@ -349,7 +349,14 @@ func TestAgentCertificateRenewal(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			c := newCluster(t)
+			// Renewed early, the agent reconnects in well under a second; a
+			// longer heartbeat timeout keeps a slow machine from failing
+			// that, and is still waited out below.
+			timeout := heartbeatTimeout
+			if tt.early {
+				timeout = 3 * time.Second
+			}
+			c := newCluster(t, func(cfg *controller.Config) { cfg.Heartbeat.Timeout.Duration = timeout })
 			id := pki.Identity{Role: pki.RoleAgent, Name: "node-a"}
 			// Issued in the option, after addAgent's own certificate for the
 			// node, to the same files.
@@ -359,7 +366,7 @@ func TestAgentCertificateRenewal(t *testing.T) {
 
 			if tt.early {
 				c.issue(id)
-				time.Sleep(time.Until(cert.NotAfter) + 2*heartbeatTimeout)
+				time.Sleep(time.Until(cert.NotAfter) + timeout + time.Second)
 				require.NotContains(t, eventKinds(c.events("")), controller.EventNodeLost)
 			} else {
 				c.waitNode("node-a", func(n *rdzvv1.Node) bool { return n.GetState() == rdzvv1.NodeState_NODE_STATE_LOST })

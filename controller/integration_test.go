@@ -818,7 +818,8 @@ func TestRestartHoldOutlivesTheController(t *testing.T) {
 	aRun, bRun := a.run(), b.run()
 	c.waitRunning("train")
 
-	const hold = 10 * heartbeatTimeout
+	// Long enough to cover a slow controller restart: nothing waits it out.
+	const hold = 30 * heartbeatTimeout
 	b.send(&rdzvv1.ConnectRequest{Msg: &rdzvv1.ConnectRequest_Restarting{Restarting: &rdzvv1.AgentRestarting{HoldMs: uint32(hold.Milliseconds())}}})
 	c.waitEvent("train", controller.EventAgentRestarting)
 	require.NotNil(t, c.listNodes()["node-b"].GetRestartHoldUntil(), "the hold is stored")
