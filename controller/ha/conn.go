@@ -118,8 +118,8 @@ func (c *Conn) each(ctx context.Context, call func(context.Context, *grpc.Client
 	_, hasDeadline := ctx.Deadline()
 	wait := electionRetryMin
 	for {
-		err := c.walk(ctx, call)
-		if reason, _, _ := Parse(err); reason != ReasonNoLeader || !hasDeadline {
+		electing, err := c.walk(ctx, call)
+		if !electing || !hasDeadline {
 			return err
 		}
 		select {
@@ -134,16 +134,20 @@ func (c *Conn) each(ctx context.Context, call func(context.Context, *grpc.Client
 // walk tries call against the controllers in turn until one serves it:
 // the last leader first, then redirect hints, then the configured list.
 // An answer that is not a controller's refusal or a transport failure
-// (success, NotFound, InvalidArgument...) ends the walk.
-func (c *Conn) walk(ctx context.Context, call func(context.Context, *grpc.ClientConn) error) error {
+// (success, NotFound, InvalidArgument...) ends the walk. electing says that
+// none served because an election is under way: a controller said no one
+// leads, or named a leader that could not be reached (the one that just
+// died, which standbys see leading until its lease runs out).
+func (c *Conn) walk(ctx context.Context, call func(context.Context, *grpc.ClientConn) error) (electing bool, err error) {
 	c.mu.Lock()
 	queue := append([]string{}, c.addrs...)
 	if c.leader != "" {
 		queue = append([]string{c.leader}, queue...)
 	}
 	c.mu.Unlock()
-	tried := map[string]bool{}
+	tried, down, named := map[string]bool{}, map[string]bool{}, map[string]bool{}
 	var refusal, unreachable error
+	noLeader := false
 	hops := 0
 	for len(queue) > 0 && ctx.Err() == nil {
 		addr := queue[0]
@@ -154,10 +158,10 @@ func (c *Conn) walk(ctx context.Context, call func(context.Context, *grpc.Client
 		tried[addr] = true
 		cc, err := c.conn(addr)
 		if err != nil {
-			return err
+			return false, err
 		}
 		if !connected(ctx, cc, untried(queue, tried)+1) {
-			unreachable = status.Errorf(codes.Unavailable, "no connection to %s in time", addr)
+			unreachable, down[addr] = status.Errorf(codes.Unavailable, "no connection to %s in time", addr), true
 			continue
 		}
 		err = call(ctx, cc)
@@ -165,7 +169,7 @@ func (c *Conn) walk(ctx context.Context, call func(context.Context, *grpc.Client
 			c.mu.Lock()
 			c.leader = addr
 			c.mu.Unlock()
-			return nil
+			return false, nil
 		}
 		reason, hint, ok := Parse(err)
 		switch {
@@ -175,23 +179,34 @@ func (c *Conn) walk(ctx context.Context, call func(context.Context, *grpc.Client
 			if refusal == nil || reason == ReasonEtcdUnavailable {
 				refusal = err
 			}
-			if reason == ReasonNotLeader && hint != "" && !tried[hint] && hops < maxHops {
-				hops++
-				queue = append([]string{hint}, queue...)
+			noLeader = noLeader || reason == ReasonNoLeader
+			if reason == ReasonNotLeader && hint != "" {
+				named[hint] = true
+				if !tried[hint] && hops < maxHops {
+					hops++
+					queue = append([]string{hint}, queue...)
+				}
 			}
 		case status.Code(err) == codes.Unavailable:
-			unreachable = err
+			unreachable, down[addr] = err, true
 		default:
-			return err
+			return false, err
 		}
 	}
-	switch {
-	case refusal != nil:
-		return refusal
-	case unreachable != nil:
-		return unreachable
+	if refusal != nil {
+		if reason, _, _ := Parse(refusal); reason == ReasonEtcdUnavailable {
+			return false, refusal
+		}
+		electing = noLeader
+		for addr := range named {
+			electing = electing || down[addr]
+		}
+		return electing, refusal
 	}
-	return status.FromContextError(ctx.Err()).Err()
+	if unreachable != nil {
+		return false, unreachable
+	}
+	return false, status.FromContextError(ctx.Err()).Err()
 }
 
 // untried counts the addresses in queue not tried yet.

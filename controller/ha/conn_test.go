@@ -18,15 +18,20 @@ import (
 )
 
 // electing answers ListJobs as a controller does while an election is
-// under way, for its first refusals calls, then serves.
+// under way, for its first refusals calls, then serves: no one leads, or,
+// with staleLeader, a standby still names the leader that died.
 type electing struct {
 	rdzvv1.UnimplementedJobServiceServer
-	refusals int64
-	calls    atomic.Int64
+	refusals    int64
+	staleLeader string
+	calls       atomic.Int64
 }
 
 func (e *electing) ListJobs(context.Context, *rdzvv1.ListJobsRequest) (*rdzvv1.ListJobsResponse, error) {
 	if e.calls.Add(1) <= e.refusals {
+		if e.staleLeader != "" {
+			return nil, ha.Error(ha.ReasonNotLeader, e.staleLeader, "a standby; the leader is "+e.staleLeader)
+		}
 		return nil, ha.Error(ha.ReasonNoLeader, "", "no controller leads yet; retry")
 	}
 	return &rdzvv1.ListJobsResponse{Jobs: []*rdzvv1.Job{{}}}, nil
@@ -50,6 +55,16 @@ func serve(t *testing.T, srv rdzvv1.JobServiceServer) string {
 	return l.Addr().String()
 }
 
+// deadAddr is a loopback address nothing listens on.
+func deadAddr(t *testing.T) string {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	addr := l.Addr().String()
+	require.NoError(t, l.Close())
+	return addr
+}
+
 // A call made while no controller leads waits for the election, within
 // its deadline; without one, or past it, the caller gets the refusal.
 func TestCallsWaitOutAnElection(t *testing.T) {
@@ -57,20 +72,27 @@ func TestCallsWaitOutAnElection(t *testing.T) {
 	tests := []struct {
 		name     string
 		refusals int64
-		deadline time.Duration
-		wantErr  bool
+		// leaderDied: the standby names a leader that no longer answers.
+		leaderDied bool
+		deadline   time.Duration
+		wantErr    bool
 		// minCalls, maxCalls bound how often the call was made.
 		minCalls, maxCalls int64
 	}{
 		{name: "election ends in time", refusals: 3, deadline: 10 * time.Second, minCalls: 4, maxCalls: 4},
+		{name: "the named leader died", refusals: 3, leaderDied: true, deadline: 10 * time.Second, minCalls: 4, maxCalls: 4},
 		{name: "no deadline: no wait", refusals: 3, wantErr: true, minCalls: 1, maxCalls: 1},
 		{name: "election outlasts the deadline", refusals: 1 << 30, deadline: time.Second, wantErr: true, minCalls: 2, maxCalls: 1 << 30},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			srv := &electing{refusals: tt.refusals}
-			addr := serve(t, srv)
-			conn, err := ha.NewConn([]string{addr}, func(string) (credentials.TransportCredentials, error) {
+			addrs := []string{serve(t, srv)}
+			if tt.leaderDied {
+				srv.staleLeader = deadAddr(t)
+				addrs = append([]string{srv.staleLeader}, addrs...)
+			}
+			conn, err := ha.NewConn(addrs, func(string) (credentials.TransportCredentials, error) {
 				return insecure.NewCredentials(), nil
 			})
 			require.NoError(t, err)
