@@ -39,6 +39,7 @@ func (a *agentService) Connect(stream rdzvv1.AgentService_ConnectServer) error {
 		return err
 	}
 	sess := newSession(stream.Context(), name, c.clock.Now())
+	sess.certNotAfter = clientCertNotAfter(stream.Context())
 	defer sess.cancel()
 	log := c.log.Named("agent").With(zap.String("node", name))
 	if err := c.register(stream.Context(), sess, reg); err != nil {

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+	"time"
 
 	"go.uber.org/zap"
 	"google.golang.org/grpc"
@@ -56,6 +57,20 @@ func authorize(id pki.Identity, method string) error {
 		need = "it needs a certificate of role " + strings.Join(names, " or ")
 	}
 	return status.Errorf(codes.PermissionDenied, "%s (role %s) may not call %s: %s", id, id.Role, method, need)
+}
+
+// clientCertNotAfter is when the caller's certificate expires; zero
+// without one.
+func clientCertNotAfter(ctx context.Context) time.Time {
+	p, _ := peer.FromContext(ctx)
+	if p == nil {
+		return time.Time{}
+	}
+	info, ok := p.AuthInfo.(credentials.TLSInfo)
+	if !ok || len(info.State.PeerCertificates) == 0 {
+		return time.Time{}
+	}
+	return info.State.PeerCertificates[0].NotAfter
 }
 
 type identityKey struct{}

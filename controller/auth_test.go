@@ -379,3 +379,28 @@ func TestAgentCertificateRenewal(t *testing.T) {
 		})
 	}
 }
+
+// TestCertificateExpiryWarning: an agent connected with a certificate that
+// expires within two weeks gets one event saying so, naming the node and
+// how to renew; one valid for longer gets none.
+func TestCertificateExpiryWarning(t *testing.T) {
+	c := newCluster(t)
+	soon, _ := c.issueFor(pki.Identity{Role: pki.RoleAgent, Name: "node-a"}, 24*time.Hour)
+	later, _ := c.issueFor(pki.Identity{Role: pki.RoleAgent, Name: "node-b"}, 30*24*time.Hour)
+	c.connectFakeWith(soon, "node-a").keepAlive()
+	c.connectFakeWith(later, "node-b").keepAlive()
+
+	warning := c.waitEvent("", controller.EventCertExpiring)
+	require.Equal(t, "node-a", warning.GetNode())
+	require.Contains(t, warning.GetMessage(), "the certificate of agent node-a expires at")
+	require.Contains(t, warning.GetMessage(), "rdzvctl pki issue agent node-a")
+	// Liveness passes run every 50ms; many have run by now.
+	time.Sleep(10 * heartbeatInterval)
+	var warned []string
+	for _, ev := range c.events("") {
+		if ev.GetKind() == controller.EventCertExpiring {
+			warned = append(warned, ev.GetNode())
+		}
+	}
+	require.Equal(t, []string{"node-a"}, warned, "once per connection, and only for the certificate about to expire")
+}

@@ -373,4 +373,5 @@ const (
 	EventGPUFault            = "gpu_fault"
 	EventAgentRestarting     = "agent_restarting"
 	EventLeaderElected       = "leader_elected"
+	EventCertExpiring        = "certificate_expiring"
 )

@@ -1,7 +1,10 @@
 package controller
 
 import (
+	"context"
+	"fmt"
 	"net"
+	"time"
 
 	"github.com/jonboulle/clockwork"
 	"go.uber.org/zap"
@@ -60,4 +63,38 @@ type expiringConn struct {
 func (c *expiringConn) Close() error {
 	c.timer.Stop()
 	return c.Conn.Close()
+}
+
+// certExpiryWarning is how long before an agent's certificate expires the
+// controller warns (log and event, once per connection): an agent whose
+// certificate expires is refused, its node lost, its job restarted without
+// it.
+const certExpiryWarning = 14 * 24 * time.Hour
+
+// warnCertExpiry warns once per connection that ns's agent's certificate
+// expires soon. Callers hold c.mu.
+func (c *Controller) warnCertExpiry(ctx context.Context, now time.Time, ns *nodeState) {
+	sess := ns.session
+	if sess == nil || sess.expiryWarned || sess.certNotAfter.IsZero() || now.Before(sess.certNotAfter.Add(-certExpiryWarning)) {
+		return
+	}
+	sess.expiryWarned = true
+	name := ns.rec.GetInfo().GetName()
+	c.log.Warn("agent certificate expires soon", zap.String("node", name), zap.Time("not_after", sess.certNotAfter))
+	ev := c.event("", name, 0, EventCertExpiring, "the certificate of agent %s expires at %s (in %s): renew it (rdzvctl pki issue agent %s) and install it on the node; an agent with an expired certificate is refused",
+		name, sess.certNotAfter.UTC().Format(time.RFC3339), roundDuration(sess.certNotAfter.Sub(now)), name)
+	if err := c.store.AppendEvent(ctx, ev); err != nil {
+		c.log.Error("recording certificate expiry warning failed", zap.String("node", name), zap.Error(err))
+	}
+}
+
+// roundDuration shows a duration to the unit that matters.
+func roundDuration(d time.Duration) string {
+	switch {
+	case d >= 48*time.Hour:
+		return fmt.Sprintf("%d days", d/(24*time.Hour))
+	case d >= 2*time.Hour:
+		return fmt.Sprintf("%d hours", d/time.Hour)
+	}
+	return fmt.Sprintf("%d minutes", d/time.Minute)
 }

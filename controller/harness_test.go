@@ -175,7 +175,7 @@ func (c *cluster) issueFor(id pki.Identity, validFor time.Duration, ips ...net.I
 // newCA creates the cluster CA that every certificate of the test chains to.
 func (c *cluster) newCA() {
 	c.pkiDir = c.t.TempDir()
-	ca, err := pki.NewCA("test-ca", 24*time.Hour, time.Now())
+	ca, err := pki.NewCA("test-ca", 365*24*time.Hour, time.Now())
 	require.NoError(c.t, err)
 	require.NoError(c.t, ca.Save(c.pkiDir, false))
 	c.ca = ca

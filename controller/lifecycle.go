@@ -436,6 +436,7 @@ func (c *Controller) checkLiveness(ctx context.Context) {
 	timeout := c.cfg.Heartbeat.Timeout.Duration
 	votes, reporters := c.gossipVotes()
 	for name, ns := range c.nodes {
+		c.warnCertExpiry(ctx, now, ns)
 		if ns.rec.GetState() == rdzvv1.NodeState_NODE_STATE_LOST || now.Before(ns.restartHold) {
 			continue
 		}

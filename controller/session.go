@@ -21,6 +21,11 @@ type session struct {
 	ctx      context.Context
 	cancel   context.CancelFunc
 	lastSeen atomic.Int64 // unix nanos of the last message from the agent
+	// certNotAfter is when the agent's certificate expires (zero when
+	// insecure); expiryWarned is set, under the controller's lock, once an
+	// operator has been warned of it.
+	certNotAfter time.Time
+	expiryWarned bool
 
 	mu sync.Mutex
 	// pending routes replies (port probe results, log chunks) by request id.
