@@ -20,6 +20,7 @@ import (
 	"github.com/rdzv/rdzv/controller"
 	"github.com/rdzv/rdzv/controller/ha"
 	"github.com/rdzv/rdzv/controller/store"
+	"github.com/rdzv/rdzv/internal/testaddr"
 	"github.com/rdzv/rdzv/pki"
 	rdzvv1 "github.com/rdzv/rdzv/proto/rdzv/v1"
 )
@@ -46,7 +47,7 @@ func startEtcd(t *testing.T) (endpoint string, stop func()) {
 	ec := embed.NewConfig()
 	ec.Name = "ha-test"
 	ec.Dir = t.TempDir()
-	client, peer := url.URL{Scheme: "http", Host: freeAddr(t)}, url.URL{Scheme: "http", Host: freeAddr(t)}
+	client, peer := url.URL{Scheme: "http", Host: testaddr.Free(t)}, url.URL{Scheme: "http", Host: testaddr.Free(t)}
 	ec.ListenClientUrls, ec.AdvertiseClientUrls = []url.URL{client}, []url.URL{client}
 	ec.ListenPeerUrls, ec.AdvertisePeerUrls = []url.URL{peer}, []url.URL{peer}
 	ec.InitialCluster = ec.InitialClusterFromName(ec.Name)
@@ -81,7 +82,7 @@ func newHACluster(t *testing.T, replicas int) *haCluster {
 	h := &haCluster{cluster: c, etcd: endpoint}
 	var addrs []string
 	for range replicas {
-		addr := freeAddr(t)
+		addr := testaddr.Free(t)
 		addrs = append(addrs, addr)
 		h.replicas = append(h.replicas, h.startReplica(addr))
 	}
@@ -258,7 +259,7 @@ func TestEtcdDownRefusesClearly(t *testing.T) {
 	c.log = testLogger(t)
 	c.newCA()
 	h := &haCluster{cluster: c, etcd: endpoint}
-	r := h.startReplica(freeAddr(t))
+	r := h.startReplica(testaddr.Free(t))
 	h.replicas = append(h.replicas, r)
 	h.leader()
 	stopEtcd()

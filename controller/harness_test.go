@@ -32,6 +32,7 @@ import (
 	"github.com/rdzv/rdzv/agent/launchertest"
 	"github.com/rdzv/rdzv/agent/netif"
 	"github.com/rdzv/rdzv/controller"
+	"github.com/rdzv/rdzv/internal/testaddr"
 	"github.com/rdzv/rdzv/pki"
 	rdzvv1 "github.com/rdzv/rdzv/proto/rdzv/v1"
 )
@@ -129,14 +130,14 @@ func newCluster(t *testing.T, edits ...func(*controller.Config)) *cluster {
 
 	c.cfg = controller.DefaultConfig()
 	c.cfg.DataDir = t.TempDir()
-	c.cfg.EmbeddedEtcd.ClientURL = "http://" + freeAddr(t)
-	c.cfg.EmbeddedEtcd.PeerURL = "http://" + freeAddr(t)
+	c.cfg.EmbeddedEtcd.ClientURL = "http://" + testaddr.Free(t)
+	c.cfg.EmbeddedEtcd.PeerURL = "http://" + testaddr.Free(t)
 	c.cfg.Heartbeat.Interval.Duration = heartbeatInterval
 	c.cfg.Heartbeat.Timeout.Duration = heartbeatTimeout
 	// Set below from the heartbeat timeout, unless an edit sets it.
 	c.cfg.Heartbeat.VouchedTimeout.Duration = 0
 	c.cfg.MasterPortRange = controller.PortRange{Min: masterPortMin, Max: masterPortMax}
-	c.addr = freeAddr(t)
+	c.addr = testaddr.Free(t)
 	c.cfg.Listen = c.addr
 	c.newCA()
 	c.cfg.TLS = c.issue(pki.Identity{Role: pki.RoleController, Name: "controller"}, net.IPv4(127, 0, 0, 1))
@@ -504,16 +505,6 @@ func rpcCtx(t *testing.T) context.Context {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	t.Cleanup(cancel)
 	return ctx
-}
-
-// freeAddr is a loopback host:port that was free a moment ago.
-func freeAddr(t *testing.T) string {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-	addr := l.Addr().String()
-	require.NoError(t, l.Close())
-	return addr
 }
 
 func testLogger(t *testing.T) *zap.Logger { return zaptest.NewLogger(t, zaptest.Level(zap.InfoLevel)) }

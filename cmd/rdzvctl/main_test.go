@@ -4,12 +4,13 @@ import (
 	"bytes"
 	"context"
 	"flag"
-	"net"
 	"os"
 	"path/filepath"
 	"testing"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/rdzv/rdzv/internal/testaddr"
 )
 
 func writeJob(t *testing.T, body string) string {
@@ -17,16 +18,6 @@ func writeJob(t *testing.T, body string) string {
 	path := filepath.Join(t.TempDir(), "job.yaml")
 	require.NoError(t, os.WriteFile(path, []byte(body), 0o600))
 	return path
-}
-
-// closedAddr is an address nothing listens on.
-func closedAddr(t *testing.T) string {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-	addr := l.Addr().String()
-	require.NoError(t, l.Close())
-	return addr
 }
 
 // runOK runs rdzvctl and requires success.
@@ -40,7 +31,7 @@ func runOK(t *testing.T, args ...string) string {
 }
 
 func TestRun(t *testing.T) {
-	down := closedAddr(t)
+	down := testaddr.Free(t)
 	// An operator's TLS directory, made with rdzvctl's own pki commands.
 	caDir, tlsDir := t.TempDir(), t.TempDir()
 	runOK(t, "pki", "init", "--dir", caDir)

@@ -14,6 +14,7 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 
 	"github.com/rdzv/rdzv/controller/ha"
+	"github.com/rdzv/rdzv/internal/testaddr"
 	rdzvv1 "github.com/rdzv/rdzv/proto/rdzv/v1"
 )
 
@@ -55,16 +56,6 @@ func serve(t *testing.T, srv rdzvv1.JobServiceServer) string {
 	return l.Addr().String()
 }
 
-// deadAddr is a loopback address nothing listens on.
-func deadAddr(t *testing.T) string {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-	addr := l.Addr().String()
-	require.NoError(t, l.Close())
-	return addr
-}
-
 // A call made while no controller leads waits for the election, within
 // its deadline; without one, or past it, the caller gets the refusal.
 func TestCallsWaitOutAnElection(t *testing.T) {
@@ -89,7 +80,7 @@ func TestCallsWaitOutAnElection(t *testing.T) {
 			srv := &electing{refusals: tt.refusals}
 			addrs := []string{serve(t, srv)}
 			if tt.leaderDied {
-				srv.staleLeader = deadAddr(t)
+				srv.staleLeader = testaddr.Free(t)
 				addrs = append([]string{srv.staleLeader}, addrs...)
 			}
 			conn, err := ha.NewConn(addrs, func(string) (credentials.TransportCredentials, error) {
