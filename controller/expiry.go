@@ -71,12 +71,17 @@ func (c *expiringConn) Close() error {
 // it.
 const certExpiryWarning = 14 * 24 * time.Hour
 
+// maxExpiryWarningsPerPass bounds the event writes one liveness pass makes
+// under the controller's lock: a fleet whose certificates were all issued
+// together is warned over a few passes, not in one long stall.
+const maxExpiryWarningsPerPass = 8
+
 // warnCertExpiry warns once per connection that ns's agent's certificate
-// expires soon. Callers hold c.mu.
-func (c *Controller) warnCertExpiry(ctx context.Context, now time.Time, ns *nodeState) {
+// expires soon, and says whether it did. Callers hold c.mu.
+func (c *Controller) warnCertExpiry(ctx context.Context, now time.Time, ns *nodeState) bool {
 	sess := ns.session
 	if sess == nil || sess.expiryWarned || sess.certNotAfter.IsZero() || now.Before(sess.certNotAfter.Add(-certExpiryWarning)) {
-		return
+		return false
 	}
 	sess.expiryWarned = true
 	name := ns.rec.GetInfo().GetName()
@@ -86,6 +91,7 @@ func (c *Controller) warnCertExpiry(ctx context.Context, now time.Time, ns *node
 	if err := c.store.AppendEvent(ctx, ev); err != nil {
 		c.log.Error("recording certificate expiry warning failed", zap.String("node", name), zap.Error(err))
 	}
+	return true
 }
 
 // roundDuration shows a duration to the unit that matters.

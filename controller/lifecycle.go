@@ -435,8 +435,11 @@ func (c *Controller) checkLiveness(ctx context.Context) {
 	now := c.clock.Now()
 	timeout := c.cfg.Heartbeat.Timeout.Duration
 	votes, reporters := c.gossipVotes()
+	warned := 0
 	for name, ns := range c.nodes {
-		c.warnCertExpiry(ctx, now, ns)
+		if warned < maxExpiryWarningsPerPass && c.warnCertExpiry(ctx, now, ns) {
+			warned++
+		}
 		if ns.rec.GetState() == rdzvv1.NodeState_NODE_STATE_LOST || now.Before(ns.restartHold) {
 			continue
 		}
