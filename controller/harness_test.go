@@ -154,11 +154,13 @@ func newCluster(t *testing.T, edits ...func(*controller.Config)) *cluster {
 	return c
 }
 
-// issue writes a certificate for id (valid for an hour) and returns the
-// files a daemon or client is configured with.
+// issue writes a certificate for id and returns the files a daemon or
+// client is configured with. It is valid for longer than the controller
+// warns of an expiry ahead (two weeks), so that only the tests about
+// expiry see those warnings and their etcd writes.
 func (c *cluster) issue(id pki.Identity, ips ...net.IP) pki.Files {
 	c.t.Helper()
-	files, _ := c.issueFor(id, time.Hour, ips...)
+	files, _ := c.issueFor(id, 30*24*time.Hour, ips...)
 	return files
 }
 
