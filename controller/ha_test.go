@@ -2,7 +2,6 @@ package controller_test
 
 import (
 	"net"
-	"net/url"
 	"os"
 	"path/filepath"
 	"strings"
@@ -11,7 +10,6 @@ import (
 
 	"github.com/stretchr/testify/require"
 	clientv3 "go.etcd.io/etcd/client/v3"
-	"go.etcd.io/etcd/server/v3/embed"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zaptest"
 	"google.golang.org/grpc"
@@ -21,6 +19,7 @@ import (
 	"github.com/rdzv/rdzv/controller/ha"
 	"github.com/rdzv/rdzv/controller/store"
 	"github.com/rdzv/rdzv/internal/testaddr"
+	"github.com/rdzv/rdzv/internal/testetcd"
 	"github.com/rdzv/rdzv/pki"
 	rdzvv1 "github.com/rdzv/rdzv/proto/rdzv/v1"
 )
@@ -40,40 +39,9 @@ type haCluster struct {
 	replicas []*replica
 }
 
-// startEtcd runs a single-member etcd for the test, standing in for an
-// external cluster that outlives any controller.
-func startEtcd(t *testing.T) (endpoint string, stop func()) {
-	t.Helper()
-	ec := embed.NewConfig()
-	ec.Name = "ha-test"
-	ec.Dir = t.TempDir()
-	client, peer := url.URL{Scheme: "http", Host: testaddr.Free(t)}, url.URL{Scheme: "http", Host: testaddr.Free(t)}
-	ec.ListenClientUrls, ec.AdvertiseClientUrls = []url.URL{client}, []url.URL{client}
-	ec.ListenPeerUrls, ec.AdvertisePeerUrls = []url.URL{peer}, []url.URL{peer}
-	ec.InitialCluster = ec.InitialClusterFromName(ec.Name)
-	ec.WarningUnaryRequestDuration = embed.DefaultWarningUnaryRequestDuration
-	ec.ZapLoggerBuilder = embed.NewZapLoggerBuilder(zaptest.NewLogger(t, zaptest.Level(zap.ErrorLevel)))
-	e, err := embed.StartEtcd(ec)
-	require.NoError(t, err)
-	stopped := false
-	stop = func() {
-		if !stopped {
-			stopped = true
-			e.Close()
-		}
-	}
-	t.Cleanup(stop)
-	select {
-	case <-e.Server.ReadyNotify():
-	case <-time.After(waitTimeout):
-		require.FailNow(t, "etcd not ready")
-	}
-	return client.String(), stop
-}
-
 func newHACluster(t *testing.T, replicas int) *haCluster {
 	t.Helper()
-	endpoint, _ := startEtcd(t)
+	endpoint, _ := testetcd.Start(t, "ha-test")
 	c := &cluster{t: t, workdir: t.TempDir()}
 	c.torchrun = filepath.Join(t.TempDir(), "torchrun")
 	require.NoError(t, os.WriteFile(c.torchrun, []byte(fakeTorchrun), 0o755))
@@ -254,7 +222,7 @@ func TestLeaseLossStepsDown(t *testing.T) {
 // Without etcd nobody can lead: the controller refuses calls saying so, and
 // serves again once etcd is back.
 func TestEtcdDownRefusesClearly(t *testing.T) {
-	endpoint, stopEtcd := startEtcd(t)
+	endpoint, stopEtcd := testetcd.Start(t, "ha-test")
 	c := &cluster{t: t}
 	c.log = testLogger(t)
 	c.newCA()

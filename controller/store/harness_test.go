@@ -2,69 +2,35 @@ package store
 
 import (
 	"context"
-	"net"
-	"net/url"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/require"
 	clientv3 "go.etcd.io/etcd/client/v3"
-	"go.etcd.io/etcd/server/v3/embed"
 	"go.uber.org/goleak"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zaptest"
+
+	"github.com/rdzv/rdzv/internal/testetcd"
 )
 
 // A closed embedded etcd and client leave no goroutines behind, so no
 // ignore options are needed here.
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
-// startEtcd runs a single-member etcd in a temporary directory for the
-// duration of the test and returns a client to it.
+// startEtcd runs a single-member etcd for the duration of the test and
+// returns a client to it.
 func startEtcd(t *testing.T) *clientv3.Client {
 	t.Helper()
-	ec := embed.NewConfig()
-	ec.Name = "store-test"
-	ec.Dir = t.TempDir()
-	client, peer := localURL(t), localURL(t)
-	ec.ListenClientUrls, ec.AdvertiseClientUrls = []url.URL{client}, []url.URL{client}
-	ec.ListenPeerUrls, ec.AdvertisePeerUrls = []url.URL{peer}, []url.URL{peer}
-	ec.InitialCluster = ec.InitialClusterFromName(ec.Name)
-	// embed.NewConfig leaves this at zero, which logs every request as a
-	// slow one; etcd's own command line defaults it the same way.
-	ec.WarningUnaryRequestDuration = embed.DefaultWarningUnaryRequestDuration
-	// etcd is chatty at info; warnings and errors still reach the test log.
-	ec.ZapLoggerBuilder = embed.NewZapLoggerBuilder(zaptest.NewLogger(t, zaptest.Level(zap.WarnLevel)))
-
-	e, err := embed.StartEtcd(ec)
-	require.NoError(t, err)
-	t.Cleanup(e.Close)
-	select {
-	case <-e.Server.ReadyNotify():
-	case err := <-e.Err():
-		require.NoError(t, err, "embedded etcd failed")
-	case <-time.After(60 * time.Second):
-		require.FailNow(t, "embedded etcd not ready after 60s")
-	}
-
+	endpoint, _ := testetcd.Start(t, "store-test")
 	cli, err := clientv3.New(clientv3.Config{
-		Endpoints:   []string{client.String()},
+		Endpoints:   []string{endpoint},
 		DialTimeout: 5 * time.Second,
 		Logger:      zaptest.NewLogger(t, zaptest.Level(zap.WarnLevel)),
 	})
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = cli.Close() })
 	return cli
-}
-
-// localURL is an http URL on a loopback port that was free a moment ago.
-func localURL(t *testing.T) url.URL {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-	addr := l.Addr().String()
-	require.NoError(t, l.Close())
-	return url.URL{Scheme: "http", Host: addr}
 }
 
 // newStore is a Store over a fresh etcd that leads (see lead), and the raw
