@@ -62,7 +62,7 @@ unit:
 # cases: commit them with the fix.
 FUZZTIME ?= 5s
 FUZZ_TARGETS := \
-	./controller/jobspec:FuzzParse \
+	./jobspec:FuzzParse \
 	./controller:FuzzStartJobRequest \
 	./controller:FuzzRequests \
 	./controller:FuzzConnectRequest \

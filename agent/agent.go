@@ -22,10 +22,10 @@ import (
 
 	"github.com/rdzv/rdzv/agent/gpu"
 	"github.com/rdzv/rdzv/agent/netif"
-	"github.com/rdzv/rdzv/controller/jobspec"
 	"github.com/rdzv/rdzv/health"
 	"github.com/rdzv/rdzv/pki"
 	rdzvv1 "github.com/rdzv/rdzv/proto/rdzv/v1"
+	"github.com/rdzv/rdzv/wire"
 )
 
 // GPUDiscoverer lists this node's GPUs.
@@ -155,7 +155,7 @@ func (a *Agent) Run(ctx context.Context) error {
 	}
 	ctl := newControllers(addrs, a.credentials,
 		grpc.WithKeepaliveParams(keepalive.ClientParameters{Time: 10 * time.Second, Timeout: 5 * time.Second, PermitWithoutStream: true}),
-		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(jobspec.MaxMessageBytes), grpc.MaxCallSendMsgSize(jobspec.MaxMessageBytes)),
+		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(wire.MaxMessageBytes), grpc.MaxCallSendMsgSize(wire.MaxMessageBytes)),
 	)
 	defer ctl.close()
 

@@ -12,9 +12,9 @@ import (
 
 	"sigs.k8s.io/yaml"
 
-	"github.com/rdzv/rdzv/controller/ha"
-	"github.com/rdzv/rdzv/controller/jobspec"
+	"github.com/rdzv/rdzv/client"
 	"github.com/rdzv/rdzv/pki"
+	"github.com/rdzv/rdzv/wire"
 )
 
 // Version is reported to the controller; set at build time with
@@ -42,12 +42,12 @@ type Config struct {
 	// controller fences itself without asking its peers).
 	GossipPort int `json:"gossip_port"`
 	// StopGrace is how long workers get between SIGTERM and SIGKILL.
-	StopGrace jobspec.Duration `json:"stop_grace"`
+	StopGrace wire.Duration `json:"stop_grace"`
 	// RestartGrace is how long workers keep running after the agent stops
 	// (systemd restart, upgrade) for the next agent to adopt them; they are
 	// killed if none does in time. 0 stops the workers with the agent.
-	RestartGrace jobspec.Duration `json:"restart_grace"`
-	LogLevel     string           `json:"log_level"`
+	RestartGrace wire.Duration `json:"restart_grace"`
+	LogLevel     string        `json:"log_level"`
 	// SecretsDir holds the files a job's env_files may name; the agent
 	// reads them as root, so a job must not be able to name any other file.
 	SecretsDir string `json:"secrets_dir"`
@@ -70,11 +70,11 @@ func DefaultConfig() Config {
 	return Config{
 		StateDir:   "/var/lib/rdzv/agent",
 		GossipPort: 7946,
-		StopGrace:  jobspec.Duration{Duration: 10 * time.Second},
+		StopGrace:  wire.Duration{Duration: 10 * time.Second},
 		// Time for systemd to restart the agent and for it to start, with
 		// room to spare; the controller waits this long before moving the
 		// job on if the agent does not come back.
-		RestartGrace: jobspec.Duration{Duration: 15 * time.Second},
+		RestartGrace: wire.Duration{Duration: 15 * time.Second},
 		LogLevel:     "info",
 		SecretsDir:   "/etc/rdzv/secrets",
 		RunAs:        "nobody",
@@ -107,7 +107,7 @@ func (c Config) nodeName() (string, error) {
 }
 
 // Controllers is the list of controller addresses.
-func (c Config) Controllers() ([]string, error) { return ha.ParseAddrs("controller", c.Controller) }
+func (c Config) Controllers() ([]string, error) { return client.ParseAddrs("controller", c.Controller) }
 
 // Validate names each problem with its field.
 func (c Config) Validate() error {
@@ -116,15 +116,15 @@ func (c Config) Validate() error {
 		errs = append(errs, fmt.Errorf("%w (set --controller or RDZV_CONTROLLER to host:port[,host:port...])", err))
 	}
 	if c.NodeName != "" {
-		if fe := jobspec.ValidateNodeName("node_name", c.NodeName); fe != nil {
+		if fe := wire.ValidateName("node_name", c.NodeName); fe != nil {
 			errs = append(errs, fe)
 		}
 	}
-	for _, fe := range jobspec.ValidateLabels("labels", c.Labels) {
+	for _, fe := range wire.ValidateLabels("labels", c.Labels) {
 		errs = append(errs, fe)
 	}
-	if c.FakeGPUs < 0 || c.FakeGPUs > jobspec.MaxGPUsPerNode {
-		errs = append(errs, fmt.Errorf("fake_gpus: must be between 0 and %d, got %d", jobspec.MaxGPUsPerNode, c.FakeGPUs))
+	if c.FakeGPUs < 0 || c.FakeGPUs > wire.MaxGPUsPerNode {
+		errs = append(errs, fmt.Errorf("fake_gpus: must be between 0 and %d, got %d", wire.MaxGPUsPerNode, c.FakeGPUs))
 	}
 	if c.StateDir == "" || !filepath.IsAbs(c.StateDir) {
 		errs = append(errs, fmt.Errorf("state_dir: must be an absolute path, got %q", c.StateDir))
@@ -135,7 +135,7 @@ func (c Config) Validate() error {
 	if c.SecretsDir == "" || !filepath.IsAbs(c.SecretsDir) || filepath.Clean(c.SecretsDir) != c.SecretsDir {
 		errs = append(errs, fmt.Errorf("secrets_dir: must be a clean absolute path, got %q", c.SecretsDir))
 	}
-	if fe := jobspec.ValidateRunAs("run_as", c.RunAs); fe != nil {
+	if fe := wire.ValidateRunAs("run_as", c.RunAs); fe != nil {
 		errs = append(errs, fe)
 	}
 	if c.StopGrace.Duration <= 0 {

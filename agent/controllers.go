@@ -6,8 +6,8 @@ import (
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/status"
 
-	"github.com/rdzv/rdzv/controller/ha"
 	rdzvv1 "github.com/rdzv/rdzv/proto/rdzv/v1"
+	"github.com/rdzv/rdzv/wire"
 )
 
 // controllers picks the controller the session connects to: the leader a
@@ -70,8 +70,8 @@ func (c *controllers) failed(addr string, err error) (redirected bool) {
 			delete(c.conns, addr)
 		}
 	}
-	reason, leader, _ := ha.Parse(err)
-	if reason == ha.ReasonNotLeader && leader != "" && leader != addr && c.hops < maxHops {
+	reason, leader, _ := wire.Parse(err)
+	if reason == wire.ReasonNotLeader && leader != "" && leader != addr && c.hops < maxHops {
 		c.hint = leader
 		c.hops++
 		return true

@@ -8,8 +8,8 @@ import (
 	"os"
 	"path/filepath"
 
-	"github.com/rdzv/rdzv/controller/jobspec"
 	rdzvv1 "github.com/rdzv/rdzv/proto/rdzv/v1"
+	"github.com/rdzv/rdzv/wire"
 )
 
 // jobEnv is the job's own environment for its workers: env, secret_env,
@@ -53,13 +53,13 @@ func readSecretFile(secretsDir, path string) (string, error) {
 	if info, err := f.Stat(); err != nil || !info.Mode().IsRegular() {
 		return "", fmt.Errorf("%s is not a regular file", path)
 	}
-	b, err := io.ReadAll(io.LimitReader(f, jobspec.MaxEnvValueBytes+2))
+	b, err := io.ReadAll(io.LimitReader(f, wire.MaxEnvValueBytes+2))
 	if err != nil {
 		return "", fmt.Errorf("reading %s: %w", path, err)
 	}
 	b = bytes.TrimSuffix(bytes.TrimSuffix(b, []byte("\n")), []byte("\r"))
-	if len(b) > jobspec.MaxEnvValueBytes || bytes.IndexByte(b, 0) >= 0 {
-		return "", fmt.Errorf("%s must hold at most %d bytes without NUL characters", path, jobspec.MaxEnvValueBytes)
+	if len(b) > wire.MaxEnvValueBytes || bytes.IndexByte(b, 0) >= 0 {
+		return "", fmt.Errorf("%s must hold at most %d bytes without NUL characters", path, wire.MaxEnvValueBytes)
 	}
 	return string(b), nil
 }

@@ -11,8 +11,8 @@ import (
 
 	"go.uber.org/zap"
 
-	"github.com/rdzv/rdzv/controller/jobspec"
 	rdzvv1 "github.com/rdzv/rdzv/proto/rdzv/v1"
+	"github.com/rdzv/rdzv/wire"
 )
 
 const (
@@ -50,7 +50,7 @@ func (t *logTails) start(ctx context.Context, req *rdzvv1.LogTail) {
 	go func() {
 		defer t.cancel(id)
 		if err := t.stream(ctx, req); err != nil && ctx.Err() == nil {
-			t.send(ctx, &rdzvv1.LogChunk{RequestId: id, Eof: true, Error: jobspec.ClipText(err.Error())})
+			t.send(ctx, &rdzvv1.LogChunk{RequestId: id, Eof: true, Error: wire.ClipText(err.Error())})
 		}
 	}()
 }
@@ -78,11 +78,11 @@ func (t *logTails) cancelAll() {
 // and everything they wrote has been sent.
 func (t *logTails) stream(ctx context.Context, req *rdzvv1.LogTail) error {
 	job := req.GetJob()
-	if fe := jobspec.ValidateNodeName("job", job); fe != nil {
+	if fe := wire.ValidateName("job", job); fe != nil {
 		return fe
 	}
-	if req.GetTailBytes() > jobspec.MaxLogTailBytes {
-		return fmt.Errorf("tail_bytes: at most %d, got %d", jobspec.MaxLogTailBytes, req.GetTailBytes())
+	if req.GetTailBytes() > wire.MaxLogTailBytes {
+		return fmt.Errorf("tail_bytes: at most %d, got %d", wire.MaxLogTailBytes, req.GetTailBytes())
 	}
 	path, err := t.sup.LogPath(job)
 	if err != nil {

@@ -15,8 +15,8 @@ import (
 	"go.uber.org/zap"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
-	"github.com/rdzv/rdzv/controller/jobspec"
 	rdzvv1 "github.com/rdzv/rdzv/proto/rdzv/v1"
+	"github.com/rdzv/rdzv/wire"
 )
 
 const (
@@ -140,7 +140,7 @@ func (h *reportHandler) decode(w http.ResponseWriter, r *http.Request) (reportRe
 		h.reject(w, http.StatusBadRequest, fmt.Sprintf("report is not valid JSON: %v", err))
 		return req, 0, false
 	}
-	if fe := jobspec.ValidateNodeName("job", req.Job); fe != nil {
+	if fe := wire.ValidateName("job", req.Job); fe != nil {
 		h.reject(w, http.StatusBadRequest, fe.Error())
 		return req, 0, false
 	}

@@ -9,7 +9,7 @@ import (
 	"strings"
 	"syscall"
 
-	"github.com/rdzv/rdzv/controller/jobspec"
+	"github.com/rdzv/rdzv/wire"
 )
 
 // Who workers run as (run_as) is decided here and only here, so every way
@@ -40,7 +40,7 @@ func ResolveRunAs(jobRunAs, agentRunAs string, allowRoot bool) (*RunAs, error) {
 	if spec == "" {
 		spec, field = agentRunAs, "the agent's run_as"
 	}
-	if fe := jobspec.ValidateRunAs(field, spec); fe != nil {
+	if fe := wire.ValidateRunAs(field, spec); fe != nil {
 		return nil, fe
 	}
 	var (

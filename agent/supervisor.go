@@ -16,8 +16,9 @@ import (
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
-	"github.com/rdzv/rdzv/controller/jobspec"
+	"github.com/rdzv/rdzv/jobspec"
 	rdzvv1 "github.com/rdzv/rdzv/proto/rdzv/v1"
+	"github.com/rdzv/rdzv/wire"
 )
 
 const (
@@ -447,7 +448,7 @@ func (s *Supervisor) lastStatus(job string, gen uint64) *rdzvv1.WorkerStatus {
 // finished records and reports an outcome; exitedAt is when the workers were
 // seen to exit, nil when none ran.
 func (s *Supervisor) finished(job string, gen uint64, state rdzvv1.WorkerState, exit Exit, msg string, exitedAt *timestamppb.Timestamp) {
-	st := &rdzvv1.WorkerStatus{Job: job, Generation: gen, State: state, ExitCode: int32(exit.Code), Signal: exit.Signal, Message: jobspec.ClipText(msg), ExitedAt: exitedAt}
+	st := &rdzvv1.WorkerStatus{Job: job, Generation: gen, State: state, ExitCode: int32(exit.Code), Signal: exit.Signal, Message: wire.ClipText(msg), ExitedAt: exitedAt}
 	s.mu.Lock()
 	s.history = append(s.history, st)
 	if len(s.history) > historySize {
@@ -475,7 +476,7 @@ func (s *Supervisor) LogPath(job string) (string, error) {
 // files the agent writes as itself, so the result is checked once more
 // right where it is made: it must stay inside the state directory.
 func (s *Supervisor) jobPath(job string, elem ...string) (string, error) {
-	if fe := jobspec.ValidateNodeName("job", job); fe != nil {
+	if fe := wire.ValidateName("job", job); fe != nil {
 		return "", fe
 	}
 	dir := filepath.Clean(s.stateDir)

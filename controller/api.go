@@ -11,10 +11,10 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
-	"github.com/rdzv/rdzv/controller/ha"
-	"github.com/rdzv/rdzv/controller/jobspec"
 	"github.com/rdzv/rdzv/controller/store"
+	"github.com/rdzv/rdzv/jobspec"
 	rdzvv1 "github.com/rdzv/rdzv/proto/rdzv/v1"
+	"github.com/rdzv/rdzv/wire"
 )
 
 const (
@@ -49,9 +49,9 @@ func toStatus(err error) error {
 		return status.Error(codes.Aborted, err.Error()+"; retry")
 	case errors.Is(err, store.ErrNotLeader):
 		// Lost the lead while serving: the client looks for the new leader.
-		return ha.Error(ha.ReasonNoLeader, "", err.Error()+"; retry")
+		return wire.Error(wire.ReasonNoLeader, "", err.Error()+"; retry")
 	case errors.Is(err, store.ErrUnavailable):
-		return ha.Error(ha.ReasonEtcdUnavailable, "", err.Error()+"; changes are refused until etcd is back, running jobs continue")
+		return wire.Error(wire.ReasonEtcdUnavailable, "", err.Error()+"; changes are refused until etcd is back, running jobs continue")
 	case errors.Is(err, errUnavailable), errors.As(err, &etcdErr):
 		return status.Error(codes.Unavailable, err.Error())
 	case errors.Is(err, context.DeadlineExceeded):

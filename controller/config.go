@@ -10,8 +10,8 @@ import (
 
 	"sigs.k8s.io/yaml"
 
-	"github.com/rdzv/rdzv/controller/jobspec"
 	"github.com/rdzv/rdzv/pki"
+	"github.com/rdzv/rdzv/wire"
 )
 
 // Config is the controller's configuration (deploy/config/controller.yaml).
@@ -25,7 +25,7 @@ type Config struct {
 	// LeaderLeaseTTL is how long a leader that stopped renewing its etcd
 	// lease (crashed, cut off) keeps the lead before a standby takes over.
 	// etcd leases have whole seconds; it is rounded up.
-	LeaderLeaseTTL jobspec.Duration `json:"leader_lease_ttl"`
+	LeaderLeaseTTL wire.Duration `json:"leader_lease_ttl"`
 	// DataDir holds the embedded etcd's data; unused with external etcd.
 	DataDir      string             `json:"data_dir"`
 	Etcd         EtcdConfig         `json:"etcd"`
@@ -54,17 +54,17 @@ type Config struct {
 // the same node every time.
 type FlakyNodesConfig struct {
 	// Losses is the threshold; 0 turns this off.
-	Losses int              `json:"losses"`
-	Window jobspec.Duration `json:"window"`
+	Losses int           `json:"losses"`
+	Window wire.Duration `json:"window"`
 }
 
 type EtcdConfig struct {
 	// Endpoints of an external etcd cluster; empty runs an embedded one.
-	Endpoints   []string         `json:"endpoints"`
-	DialTimeout jobspec.Duration `json:"dial_timeout"`
+	Endpoints   []string      `json:"endpoints"`
+	DialTimeout wire.Duration `json:"dial_timeout"`
 	// RequestTimeout bounds each etcd request, so that a lost quorum fails
 	// changes with an error instead of hanging them.
-	RequestTimeout jobspec.Duration `json:"request_timeout"`
+	RequestTimeout wire.Duration `json:"request_timeout"`
 	// Client TLS to an external etcd: CAFile verifies the servers,
 	// CertFile and KeyFile (both or neither) authenticate this controller.
 	CAFile   string `json:"ca_file"`
@@ -73,22 +73,22 @@ type EtcdConfig struct {
 	// CompactionInterval is how often the leader compacts etcd's history,
 	// keeping about one interval of it; 0 leaves compaction to the etcd
 	// servers' own --auto-compaction-* flags.
-	CompactionInterval jobspec.Duration `json:"compaction_interval"`
+	CompactionInterval wire.Duration `json:"compaction_interval"`
 }
 
 // RetentionConfig bounds what etcd keeps over months of operation.
 type RetentionConfig struct {
 	// Interval is how often the leader prunes.
-	Interval jobspec.Duration `json:"interval"`
+	Interval wire.Duration `json:"interval"`
 	// EventMaxAge: older events are deleted (job and cluster events).
-	EventMaxAge jobspec.Duration `json:"event_max_age"`
+	EventMaxAge wire.Duration `json:"event_max_age"`
 	// MaxJobEvents and MaxClusterEvents keep at most this many newest
 	// events per job and of the cluster.
 	MaxJobEvents     int `json:"max_job_events"`
 	MaxClusterEvents int `json:"max_cluster_events"`
 	// FinishedJobMaxAge: a job finished longer ago is deleted with its
 	// events, rounds and checkpoint catalog.
-	FinishedJobMaxAge jobspec.Duration `json:"finished_job_max_age"`
+	FinishedJobMaxAge wire.Duration `json:"finished_job_max_age"`
 	// MaxFinishedJobs keeps at most this many finished jobs, newest first.
 	MaxFinishedJobs int `json:"max_finished_jobs"`
 }
@@ -100,15 +100,15 @@ type EmbeddedEtcdConfig struct {
 
 type HeartbeatConfig struct {
 	// Interval is how often agents send a heartbeat.
-	Interval jobspec.Duration `json:"interval"`
+	Interval wire.Duration `json:"interval"`
 	// Timeout is how long without a heartbeat before a node is lost.
-	Timeout jobspec.Duration `json:"timeout"`
+	Timeout wire.Duration `json:"timeout"`
 	// VouchedTimeout is how long a node the controller does not hear, but
 	// whose gossip peers still reach, keeps its job before it is declared
 	// lost; its agent fences itself after as long without the controller.
 	// It is also how long running jobs survive having no controller at all
 	// (etcd quorum lost, every controller down).
-	VouchedTimeout jobspec.Duration `json:"vouched_timeout"`
+	VouchedTimeout wire.Duration `json:"vouched_timeout"`
 }
 
 type PortRange struct {
@@ -128,7 +128,7 @@ func DefaultConfig() Config {
 		Heartbeat: HeartbeatConfig{Interval: dur(time.Second), Timeout: dur(5 * time.Second),
 			VouchedTimeout: dur(time.Minute)},
 		MasterPortRange: PortRange{Min: 29500, Max: 29999},
-		FlakyNodes:      FlakyNodesConfig{Losses: 3, Window: jobspec.Duration{Duration: time.Hour}},
+		FlakyNodes:      FlakyNodesConfig{Losses: 3, Window: wire.Duration{Duration: time.Hour}},
 		Retention: RetentionConfig{
 			Interval: dur(10 * time.Minute), EventMaxAge: dur(90 * 24 * time.Hour),
 			MaxJobEvents: 5000, MaxClusterEvents: 20000,
@@ -138,7 +138,7 @@ func DefaultConfig() Config {
 	}
 }
 
-func dur(d time.Duration) jobspec.Duration { return jobspec.Duration{Duration: d} }
+func dur(d time.Duration) wire.Duration { return wire.Duration{Duration: d} }
 
 // LoadConfig reads a YAML config file over DefaultConfig; unknown fields are
 // errors so a typo never silently falls back to a default.
@@ -219,7 +219,7 @@ func (c Config) Validate() error {
 	if r.Interval.Duration <= 0 {
 		errs = append(errs, fmt.Errorf("retention.interval: must be positive, got %s", r.Interval))
 	}
-	for field, d := range map[string]jobspec.Duration{"retention.event_max_age": r.EventMaxAge, "retention.finished_job_max_age": r.FinishedJobMaxAge} {
+	for field, d := range map[string]wire.Duration{"retention.event_max_age": r.EventMaxAge, "retention.finished_job_max_age": r.FinishedJobMaxAge} {
 		if d.Duration <= 0 {
 			errs = append(errs, fmt.Errorf("%s: must be positive, got %s", field, d))
 		}

@@ -19,11 +19,11 @@ import (
 	"google.golang.org/grpc/keepalive"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
-	"github.com/rdzv/rdzv/controller/jobspec"
 	"github.com/rdzv/rdzv/controller/store"
 	"github.com/rdzv/rdzv/pki"
 	rdzvv1 "github.com/rdzv/rdzv/proto/rdzv/v1"
 	"github.com/rdzv/rdzv/rendezvous"
+	"github.com/rdzv/rdzv/wire"
 )
 
 // Controller is the rdzv-controller daemon.
@@ -188,8 +188,8 @@ func (c *Controller) Run(ctx context.Context) error {
 	srv := grpc.NewServer(append(c.securityOptions(),
 		grpc.ChainUnaryInterceptor(unaryGuard(c.log.Named("api"))),
 		grpc.ChainStreamInterceptor(streamGuard(c.log.Named("api"))),
-		grpc.MaxRecvMsgSize(jobspec.MaxMessageBytes),
-		grpc.MaxSendMsgSize(jobspec.MaxMessageBytes),
+		grpc.MaxRecvMsgSize(wire.MaxMessageBytes),
+		grpc.MaxSendMsgSize(wire.MaxMessageBytes),
 		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 5 * time.Second, PermitWithoutStream: true}),
 		grpc.KeepaliveParams(keepalive.ServerParameters{Time: 10 * time.Second, Timeout: 5 * time.Second}),
 		grpc.ChainUnaryInterceptor(c.unaryGate),

@@ -13,8 +13,8 @@ import (
 	"golang.org/x/sync/errgroup"
 	"google.golang.org/grpc"
 
-	"github.com/rdzv/rdzv/controller/ha"
 	"github.com/rdzv/rdzv/controller/store"
+	"github.com/rdzv/rdzv/wire"
 )
 
 // electionRetry is the pause before campaigning again after losing the
@@ -272,12 +272,12 @@ func (c *Controller) gate() error {
 	me := c.cfg.Advertised()
 	switch {
 	case v.etcdErr != "":
-		return ha.Error(ha.ReasonEtcdUnavailable, "", fmt.Sprintf(
+		return wire.Error(wire.ReasonEtcdUnavailable, "", fmt.Sprintf(
 			"etcd unavailable (no quorum?): no controller can lead, changes are refused; running jobs continue: %s", v.etcdErr))
 	case v.addr != "" && v.addr != me:
-		return ha.Error(ha.ReasonNotLeader, v.addr, fmt.Sprintf("controller %s is a standby; the leader is %s", me, v.addr))
+		return wire.Error(wire.ReasonNotLeader, v.addr, fmt.Sprintf("controller %s is a standby; the leader is %s", me, v.addr))
 	}
-	return ha.Error(ha.ReasonNoLeader, "", fmt.Sprintf("controller %s does not lead yet (election or start-up under way); retry", me))
+	return wire.Error(wire.ReasonNoLeader, "", fmt.Sprintf("controller %s does not lead yet (election or start-up under way); retry", me))
 }
 
 func (c *Controller) unaryGate(ctx context.Context, req any, _ *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {

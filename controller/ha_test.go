@@ -15,13 +15,14 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
 
+	"github.com/rdzv/rdzv/client"
 	"github.com/rdzv/rdzv/controller"
-	"github.com/rdzv/rdzv/controller/ha"
 	"github.com/rdzv/rdzv/controller/store"
 	"github.com/rdzv/rdzv/internal/testaddr"
 	"github.com/rdzv/rdzv/internal/testetcd"
 	"github.com/rdzv/rdzv/pki"
 	rdzvv1 "github.com/rdzv/rdzv/proto/rdzv/v1"
+	"github.com/rdzv/rdzv/wire"
 )
 
 // replica is one controller of a replicated cluster.
@@ -64,7 +65,7 @@ func (h *haCluster) clients(addrs ...string) {
 	h.addr = strings.Join(addrs, ",")
 	r, err := pki.NewReloader(h.issue(pki.Identity{Role: pki.RoleOperator, Name: "ops"}), nil, testLogger(h.t))
 	require.NoError(h.t, err)
-	conn, err := ha.NewConn(addrs, func(addr string) (credentials.TransportCredentials, error) {
+	conn, err := client.NewConn(addrs, func(addr string) (credentials.TransportCredentials, error) {
 		conf, err := r.ClientConfig(addr)
 		if err != nil {
 			return nil, err
@@ -127,7 +128,7 @@ func refusal(t *testing.T, c *cluster, addr string) (reason, leader string) {
 	defer conn.Close()
 	_, err = rdzvv1.NewJobServiceClient(conn).ListJobs(rpcCtx(t), &rdzvv1.ListJobsRequest{})
 	require.Error(t, err, "%s serves although it does not lead", addr)
-	reason, leader, ok := ha.Parse(err)
+	reason, leader, ok := wire.Parse(err)
 	require.True(t, ok, "not a controller's refusal: %v", err)
 	return reason, leader
 }
@@ -153,7 +154,7 @@ func TestFailoverKeepsJobRunning(t *testing.T) {
 		standby = h.replicas[1]
 	}
 	reason, hint := refusal(t, h.cluster, standby.addr)
-	require.Equal(t, ha.ReasonNotLeader, reason)
+	require.Equal(t, wire.ReasonNotLeader, reason)
 	require.Equal(t, first.addr, hint, "the standby names the leader")
 	// Standby first: agents and API calls must follow its redirect.
 	h.clients(standby.addr, first.addr)
@@ -209,7 +210,7 @@ func TestLeaseLossStepsDown(t *testing.T) {
 	poll(t, func() bool { return !first.ctl.Leading() }, func() string { return "deposed leader still leads" })
 	poll(t, func() bool {
 		reason, hint := refusal(t, h.cluster, first.addr)
-		return reason == ha.ReasonNotLeader && hint == second.addr
+		return reason == wire.ReasonNotLeader && hint == second.addr
 	}, func() string { return "the deposed leader does not redirect to the new one" })
 	// It campaigns again, as a standby.
 	poll(t, func() bool {
@@ -234,6 +235,6 @@ func TestEtcdDownRefusesClearly(t *testing.T) {
 	poll(t, func() bool { return !r.ctl.Leading() }, func() string { return "still leading without etcd" })
 	poll(t, func() bool {
 		reason, _ := refusal(t, h.cluster, r.addr)
-		return reason == ha.ReasonEtcdUnavailable
+		return reason == wire.ReasonEtcdUnavailable
 	}, func() string { return "no etcd-unavailable refusal" })
 }

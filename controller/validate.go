@@ -12,8 +12,9 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
-	"github.com/rdzv/rdzv/controller/jobspec"
+	"github.com/rdzv/rdzv/jobspec"
 	rdzvv1 "github.com/rdzv/rdzv/proto/rdzv/v1"
+	"github.com/rdzv/rdzv/wire"
 )
 
 // Every request and every agent stream message passes validateRequest
@@ -91,8 +92,8 @@ func validateStreamLogs(r *rdzvv1.StreamLogsRequest) error {
 	if r.GetNode() != "" {
 		errs = append(errs, nameErr("node", r.GetNode()))
 	}
-	if r.GetTailBytes() > jobspec.MaxLogTailBytes {
-		errs = append(errs, fmt.Errorf("tail_bytes: at most %d, got %d", jobspec.MaxLogTailBytes, r.GetTailBytes()))
+	if r.GetTailBytes() > wire.MaxLogTailBytes {
+		errs = append(errs, fmt.Errorf("tail_bytes: at most %d, got %d", wire.MaxLogTailBytes, r.GetTailBytes()))
 	}
 	return errors.Join(errs...)
 }
@@ -113,8 +114,8 @@ func validateConnectRequest(m *rdzvv1.ConnectRequest) error {
 	case *rdzvv1.ConnectRequest_PortProbeResult:
 		r := msg.PortProbeResult
 		var errs []error
-		errs = append(errs, textErr("port_probe_result.request_id", r.GetRequestId(), jobspec.MaxRequestIDBytes))
-		errs = append(errs, textErr("port_probe_result.error", r.GetError(), jobspec.MaxTextBytes))
+		errs = append(errs, textErr("port_probe_result.request_id", r.GetRequestId(), wire.MaxRequestIDBytes))
+		errs = append(errs, textErr("port_probe_result.error", r.GetError(), wire.MaxTextBytes))
 		if r.GetPort() > 65535 {
 			errs = append(errs, fmt.Errorf("port_probe_result.port: must be a TCP port, got %d", r.GetPort()))
 		}
@@ -122,10 +123,10 @@ func validateConnectRequest(m *rdzvv1.ConnectRequest) error {
 	case *rdzvv1.ConnectRequest_LogChunk:
 		c := msg.LogChunk
 		var errs []error
-		errs = append(errs, textErr("log_chunk.request_id", c.GetRequestId(), jobspec.MaxRequestIDBytes))
-		errs = append(errs, textErr("log_chunk.error", c.GetError(), jobspec.MaxTextBytes))
-		if len(c.GetData()) > jobspec.MaxLogChunkBytes {
-			errs = append(errs, fmt.Errorf("log_chunk.data: at most %d bytes, got %d", jobspec.MaxLogChunkBytes, len(c.GetData())))
+		errs = append(errs, textErr("log_chunk.request_id", c.GetRequestId(), wire.MaxRequestIDBytes))
+		errs = append(errs, textErr("log_chunk.error", c.GetError(), wire.MaxTextBytes))
+		if len(c.GetData()) > wire.MaxLogChunkBytes {
+			errs = append(errs, fmt.Errorf("log_chunk.data: at most %d bytes, got %d", wire.MaxLogChunkBytes, len(c.GetData())))
 		}
 		return errors.Join(errs...)
 	case *rdzvv1.ConnectRequest_GossipView:
@@ -133,12 +134,12 @@ func validateConnectRequest(m *rdzvv1.ConnectRequest) error {
 	case *rdzvv1.ConnectRequest_GpuFault:
 		f := msg.GpuFault
 		var errs []error
-		if f.GetGpuIndex() >= jobspec.MaxGPUsPerNode {
-			errs = append(errs, fmt.Errorf("gpu_fault.gpu_index: must be below %d, got %d", jobspec.MaxGPUsPerNode, f.GetGpuIndex()))
+		if f.GetGpuIndex() >= wire.MaxGPUsPerNode {
+			errs = append(errs, fmt.Errorf("gpu_fault.gpu_index: must be below %d, got %d", wire.MaxGPUsPerNode, f.GetGpuIndex()))
 		}
 		errs = append(errs, textErr("gpu_fault.gpu_uuid", f.GetGpuUuid(), maxShortText))
 		errs = append(errs, textErr("gpu_fault.kind", f.GetKind(), maxShortText))
-		errs = append(errs, textErr("gpu_fault.message", f.GetMessage(), jobspec.MaxTextBytes))
+		errs = append(errs, textErr("gpu_fault.message", f.GetMessage(), wire.MaxTextBytes))
 		return errors.Join(errs...)
 	}
 	return nil
@@ -161,14 +162,14 @@ func validateNodeInfo(n *rdzvv1.NodeInfo) error {
 		return errors.New("node: required")
 	}
 	var errs []error
-	if fe := jobspec.ValidateNodeName("node.name", n.GetName()); fe != nil {
+	if fe := wire.ValidateName("node.name", n.GetName()); fe != nil {
 		errs = append(errs, fe)
 	}
-	for _, fe := range jobspec.ValidateLabels("node.labels", n.GetLabels()) {
+	for _, fe := range wire.ValidateLabels("node.labels", n.GetLabels()) {
 		errs = append(errs, fe)
 	}
-	if len(n.GetGpus()) > jobspec.MaxGPUsPerNode {
-		errs = append(errs, fmt.Errorf("node.gpus: at most %d GPUs are supported, got %d", jobspec.MaxGPUsPerNode, len(n.GetGpus())))
+	if len(n.GetGpus()) > wire.MaxGPUsPerNode {
+		errs = append(errs, fmt.Errorf("node.gpus: at most %d GPUs are supported, got %d", wire.MaxGPUsPerNode, len(n.GetGpus())))
 	} else {
 		for i, g := range n.GetGpus() {
 			f := fmt.Sprintf("node.gpus[%d]", i)
@@ -192,7 +193,7 @@ func validateNodeInfo(n *rdzvv1.NodeInfo) error {
 		}
 	}
 	errs = append(errs, textErr("node.nccl_interface", n.GetNcclInterface(), maxShortText),
-		textErr("node.nccl_interface_reason", n.GetNcclInterfaceReason(), jobspec.MaxTextBytes),
+		textErr("node.nccl_interface_reason", n.GetNcclInterfaceReason(), wire.MaxTextBytes),
 		textErr("node.agent_version", n.GetAgentVersion(), maxShortText))
 	return errors.Join(errs...)
 }
@@ -221,7 +222,7 @@ func validateWorkerStatus(field string, w *rdzvv1.WorkerStatus) error {
 	if _, known := rdzvv1.WorkerState_name[int32(w.GetState())]; !known || w.GetState() == rdzvv1.WorkerState_WORKER_STATE_UNSPECIFIED {
 		errs = append(errs, fmt.Errorf("%s.state: unknown worker state %d", field, w.GetState()))
 	}
-	errs = append(errs, textErr(field+".signal", w.GetSignal(), maxShortText), textErr(field+".message", w.GetMessage(), jobspec.MaxTextBytes))
+	errs = append(errs, textErr(field+".signal", w.GetSignal(), maxShortText), textErr(field+".message", w.GetMessage(), wire.MaxTextBytes))
 	return errors.Join(errs...)
 }
 
@@ -254,7 +255,7 @@ func validateGossipView(v *rdzvv1.GossipView) error {
 // nameErr checks a job or node name, which ends up in etcd keys, file paths
 // on the nodes and log fields.
 func nameErr(field, name string) error {
-	if fe := jobspec.ValidateNodeName(field, name); fe != nil {
+	if fe := wire.ValidateName(field, name); fe != nil {
 		return fe
 	}
 	return nil

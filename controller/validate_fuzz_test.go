@@ -7,8 +7,9 @@ import (
 
 	"google.golang.org/protobuf/proto"
 
-	"github.com/rdzv/rdzv/controller/jobspec"
+	"github.com/rdzv/rdzv/jobspec"
 	rdzvv1 "github.com/rdzv/rdzv/proto/rdzv/v1"
+	"github.com/rdzv/rdzv/wire"
 )
 
 // The fuzz targets decode arbitrary bytes as each request type, as the gRPC
@@ -41,7 +42,7 @@ func FuzzStartJobRequest(f *testing.F) {
 		// What is stored and sent to every agent: within the size etcd
 		// takes, and still valid when an agent decodes it.
 		spec := jobspec.FromProto(req.GetSpec())
-		if n := proto.Size(spec.ToProto()); n > jobspec.MaxSpecBytes {
+		if n := proto.Size(spec.ToProto()); n > wire.MaxSpecBytes {
 			t.Fatalf("accepted a spec of %d bytes", n)
 		}
 		if err := jobspec.FromProto(spec.ToProto()).Validate(); err != nil {
@@ -97,7 +98,7 @@ func FuzzRequests(f *testing.F) {
 			}
 		case *rdzvv1.StreamLogsRequest:
 			names = []string{r.GetJob(), r.GetNode()}
-			if r.GetTailBytes() > jobspec.MaxLogTailBytes {
+			if r.GetTailBytes() > wire.MaxLogTailBytes {
 				t.Fatalf("accepted tail_bytes %d", r.GetTailBytes())
 			}
 		case *rdzvv1.CordonNodeRequest:

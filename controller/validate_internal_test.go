@@ -12,8 +12,9 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
-	"github.com/rdzv/rdzv/controller/jobspec"
+	"github.com/rdzv/rdzv/jobspec"
 	rdzvv1 "github.com/rdzv/rdzv/proto/rdzv/v1"
+	"github.com/rdzv/rdzv/wire"
 )
 
 func goodNodeInfo() *rdzvv1.NodeInfo {
@@ -79,7 +80,7 @@ var validationCases = []struct {
 	{"events over limit", &rdzvv1.ListEventsRequest{Limit: maxEventLimit + 1}, "limit: at most 10000"},
 	{"logs", &rdzvv1.StreamLogsRequest{Job: "train", Node: "gpu-01", TailBytes: 1 << 20, Follow: true}, ""},
 	{"logs bad node", &rdzvv1.StreamLogsRequest{Job: "train", Node: "gpu/01"}, "node:"},
-	{"logs huge tail", &rdzvv1.StreamLogsRequest{Job: "train", TailBytes: jobspec.MaxLogTailBytes + 1}, "tail_bytes: at most"},
+	{"logs huge tail", &rdzvv1.StreamLogsRequest{Job: "train", TailBytes: wire.MaxLogTailBytes + 1}, "tail_bytes: at most"},
 	{"cordon", &rdzvv1.CordonNodeRequest{Name: "gpu-01", Reason: "disk"}, ""},
 	{"cordon long reason", &rdzvv1.CordonNodeRequest{Name: "gpu-01", Reason: strings.Repeat("x", maxReasonBytes+1)}, "reason: at most 1024 bytes"},
 	{"uncordon bad name", &rdzvv1.UncordonNodeRequest{Name: "gpu_01"}, "name:"},
@@ -104,7 +105,7 @@ var validationCases = []struct {
 	{"worker status", connect(&rdzvv1.WorkerStatus{Job: "train", Generation: 1, State: rdzvv1.WorkerState_WORKER_STATE_FAILED, Signal: "killed"}), ""},
 	{"worker status unknown state", connect(&rdzvv1.WorkerStatus{Job: "train", State: 99}), "worker_status.state: unknown worker state 99"},
 	{"worker status unspecified state", connect(&rdzvv1.WorkerStatus{Job: "train"}), "worker_status.state"},
-	{"worker status long message", connect(&rdzvv1.WorkerStatus{Job: "train", State: 4, Message: strings.Repeat("x", jobspec.MaxTextBytes+1)}), "worker_status.message: at most 4096"},
+	{"worker status long message", connect(&rdzvv1.WorkerStatus{Job: "train", State: 4, Message: strings.Repeat("x", wire.MaxTextBytes+1)}), "worker_status.message: at most 4096"},
 	{"progress bad job", connect(&rdzvv1.Progress{Job: ""}), "progress.job:"},
 	{"checkpoint", connect(&rdzvv1.CheckpointReport{Job: "train", Path: "/ckpt/step-10", Source: "scan"}), ""},
 	{"checkpoint relative", connect(&rdzvv1.CheckpointReport{Job: "train", Path: "step-10", Source: "scan"}), "checkpoint.path:"},
@@ -114,8 +115,8 @@ var validationCases = []struct {
 	{"port probe result", connect(&rdzvv1.PortProbeResult{RequestId: "0123456789abcdef", Port: 29500}), ""},
 	{"port probe result bad port", connect(&rdzvv1.PortProbeResult{RequestId: "a", Port: 70000}), "port_probe_result.port:"},
 	{"port probe result long id", connect(&rdzvv1.PortProbeResult{RequestId: strings.Repeat("a", 65)}), "port_probe_result.request_id:"},
-	{"log chunk", connect(&rdzvv1.LogChunk{RequestId: "a", Data: make([]byte, jobspec.MaxLogChunkBytes)}), ""},
-	{"log chunk too big", connect(&rdzvv1.LogChunk{RequestId: "a", Data: make([]byte, jobspec.MaxLogChunkBytes+1)}), "log_chunk.data: at most"},
+	{"log chunk", connect(&rdzvv1.LogChunk{RequestId: "a", Data: make([]byte, wire.MaxLogChunkBytes)}), ""},
+	{"log chunk too big", connect(&rdzvv1.LogChunk{RequestId: "a", Data: make([]byte, wire.MaxLogChunkBytes+1)}), "log_chunk.data: at most"},
 	{"log chunk long error", connect(&rdzvv1.LogChunk{RequestId: "a", Error: strings.Repeat("e", 5000)}), "log_chunk.error:"},
 	{"gossip view", connect(&rdzvv1.GossipView{Unreachable: []string{"gpu-02"}, AliveMembers: 3}), ""},
 	{"gossip view bad name", connect(&rdzvv1.GossipView{Unreachable: []string{"gpu-02", "../x"}}), "gossip_view.unreachable[1]:"},

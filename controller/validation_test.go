@@ -9,9 +9,9 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 
-	"github.com/rdzv/rdzv/controller/jobspec"
 	"github.com/rdzv/rdzv/pki"
 	rdzvv1 "github.com/rdzv/rdzv/proto/rdzv/v1"
+	"github.com/rdzv/rdzv/wire"
 )
 
 // Hostile and malformed input over real gRPC: each call is refused with a
@@ -44,7 +44,7 @@ func TestAdversarialInputChangesNothing(t *testing.T) {
 			}
 		})), codes.InvalidArgument, "job: is larger than"},
 		{"message over the gRPC limit", start(c, spec(func(s *rdzvv1.JobSpec) {
-			s.Command = append(s.Command, strings.Repeat("a", jobspec.MaxMessageBytes))
+			s.Command = append(s.Command, strings.Repeat("a", wire.MaxMessageBytes))
 		})), codes.ResourceExhausted, ""},
 		{"name with traversal", start(c, spec(func(s *rdzvv1.JobSpec) { s.Name = "../../etc/passwd" })), codes.InvalidArgument, "name:"},
 		{"workdir with traversal", start(c, spec(func(s *rdzvv1.JobSpec) { s.Workdir = "/srv/../etc" })), codes.InvalidArgument, "workdir: must be a clean path"},
@@ -108,7 +108,7 @@ func TestAdversarialInputChangesNothing(t *testing.T) {
 		{"no register first", []*rdzvv1.ConnectRequest{{Msg: &rdzvv1.ConnectRequest_Checkpoint{Checkpoint: &rdzvv1.CheckpointReport{
 			Job: "train", Generation: 1, Step: 9, Path: "/ckpt/../etc", Source: "scan"}}}}, "checkpoint.path:"},
 		{"oversized log chunk first", []*rdzvv1.ConnectRequest{{Msg: &rdzvv1.ConnectRequest_LogChunk{LogChunk: &rdzvv1.LogChunk{
-			RequestId: "x", Data: make([]byte, jobspec.MaxLogChunkBytes+1)}}}}, "log_chunk.data:"},
+			RequestId: "x", Data: make([]byte, wire.MaxLogChunkBytes+1)}}}}, "log_chunk.data:"},
 	}
 	for _, tt := range agents {
 		t.Run(tt.name, func(t *testing.T) {

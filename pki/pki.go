@@ -20,7 +20,7 @@ import (
 	"net/url"
 	"time"
 
-	"github.com/rdzv/rdzv/controller/jobspec"
+	"github.com/rdzv/rdzv/wire"
 )
 
 // Role is what an identity may do; the controller authorizes by role.
@@ -78,7 +78,7 @@ func (id Identity) Validate() error {
 	if _, err := ParseRole(string(id.Role)); err != nil {
 		return err
 	}
-	if fe := jobspec.ValidateNodeName("name", id.Name); fe != nil {
+	if fe := wire.ValidateName("name", id.Name); fe != nil {
 		return fe
 	}
 	return nil

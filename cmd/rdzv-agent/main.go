@@ -13,7 +13,7 @@ import (
 	"github.com/rdzv/rdzv/agent/gpu/nvmlgpu"
 	"github.com/rdzv/rdzv/agent/netif"
 	"github.com/rdzv/rdzv/cmd/internal/cli"
-	"github.com/rdzv/rdzv/controller/jobspec"
+	"github.com/rdzv/rdzv/wire"
 )
 
 func main() {
@@ -119,7 +119,7 @@ func config(args []string) (agent.Config, error) {
 		if err != nil {
 			return cfg, fmt.Errorf("reading hostname for the node name (set --node-name): %w", err)
 		}
-		if jobspec.ValidateNodeName("node_name", host) != nil {
+		if wire.ValidateName("node_name", host) != nil {
 			return cfg, fmt.Errorf("the hostname %q is not a valid node name (lowercase letters, digits and '-', at most 63); set --node-name or node_name", host)
 		}
 		cfg.NodeName = host

@@ -21,10 +21,11 @@ import (
 
 	"go.uber.org/zap"
 
-	"github.com/rdzv/rdzv/controller/ha"
-	"github.com/rdzv/rdzv/controller/jobspec"
+	"github.com/rdzv/rdzv/client"
+	"github.com/rdzv/rdzv/jobspec"
 	"github.com/rdzv/rdzv/pki"
 	rdzvv1 "github.com/rdzv/rdzv/proto/rdzv/v1"
+	"github.com/rdzv/rdzv/wire"
 )
 
 type globals struct {
@@ -81,7 +82,7 @@ func (g *globals) tlsFiles() pki.Files {
 
 // credentials are mutual TLS with the operator's certificate, or none with
 // --insecure.
-func (g *globals) credentials() (ha.Credentials, error) {
+func (g *globals) credentials() (client.Credentials, error) {
 	if g.insecure {
 		return func(string) (credentials.TransportCredentials, error) { return insecure.NewCredentials(), nil }, nil
 	}
@@ -103,7 +104,7 @@ func (g *globals) credentials() (ha.Credentials, error) {
 type command struct {
 	*globals
 	out  io.Writer
-	conn *ha.Conn
+	conn *client.Conn
 }
 
 // jobFailedError is returned by --wait when the job did not succeed.
@@ -121,13 +122,13 @@ func (c *command) flags(name string) *flag.FlagSet {
 }
 
 // dial prepares calls to the controllers; each call finds the leader among
-// them (see ha.Conn).
+// them (see client.Conn).
 func (c *command) dial() (grpc.ClientConnInterface, error) {
 	if c.output != "table" && c.output != "json" {
 		return nil, fmt.Errorf("%w: -o must be table or json, got %q", errUsage, c.output)
 	}
 	if c.conn == nil {
-		addrs, err := ha.ParseAddrs("--controller", c.controller)
+		addrs, err := client.ParseAddrs("--controller", c.controller)
 		if err != nil {
 			return nil, fmt.Errorf("%w: %w", errUsage, err)
 		}
@@ -135,8 +136,8 @@ func (c *command) dial() (grpc.ClientConnInterface, error) {
 		if err != nil {
 			return nil, err
 		}
-		c.conn, err = ha.NewConn(addrs, creds,
-			grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(jobspec.MaxMessageBytes), grpc.MaxCallSendMsgSize(jobspec.MaxMessageBytes)))
+		c.conn, err = client.NewConn(addrs, creds,
+			grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(wire.MaxMessageBytes), grpc.MaxCallSendMsgSize(wire.MaxMessageBytes)))
 		if err != nil {
 			return nil, err
 		}
@@ -164,8 +165,8 @@ func (c *command) rpcErr(what string, err error) error {
 	if !ok {
 		return fmt.Errorf("%s: %w", what, err)
 	}
-	if reason, _, ok := ha.Parse(err); ok {
-		if reason == ha.ReasonEtcdUnavailable {
+	if reason, _, ok := wire.Parse(err); ok {
+		if reason == wire.ReasonEtcdUnavailable {
 			return fmt.Errorf("%s: refused by the controller: %s", what, st.Message())
 		}
 		return fmt.Errorf("%s: no controller at %s leads right now (election or failover under way; retry): %s", what, c.controller, st.Message())

@@ -4,7 +4,6 @@
 package jobspec
 
 import (
-	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
@@ -12,15 +11,12 @@ import (
 	"time"
 
 	"sigs.k8s.io/yaml"
+
+	"github.com/rdzv/rdzv/wire"
 )
 
-// Limits on what a job may ask for; they bound memory and message sizes.
-const (
-	MaxNodes        = 10000
-	MaxGPUsPerNode  = 64
-	MaxProcsPerNode = 256
-	MaxFileBytes    = 1 << 20
-)
+// MaxFileBytes bounds a job file.
+const MaxFileBytes = 1 << 20
 
 // Defaults applied by Default.
 const (
@@ -86,49 +82,28 @@ type Restart struct {
 // Backoff is the wait before a restart: Initial, doubled per consecutive
 // failure, capped at Max.
 type Backoff struct {
-	Initial *Duration `json:"initial"`
-	Max     *Duration `json:"max"`
+	Initial *wire.Duration `json:"initial"`
+	Max     *wire.Duration `json:"max"`
 }
 
 type Health struct {
 	// ProgressTimeout: no training step reported for this long is a hang
 	// and restarts the job. 0s turns hang detection off.
-	ProgressTimeout *Duration `json:"progress_timeout"`
+	ProgressTimeout *wire.Duration `json:"progress_timeout"`
 }
 
 type Rendezvous struct {
 	// LastCall is how long to wait for more nodes once min are available.
-	LastCall *Duration `json:"last_call"`
+	LastCall *wire.Duration `json:"last_call"`
 	// Timeout is how long a job may wait for min nodes before it fails; 0s
 	// waits forever.
-	Timeout *Duration `json:"timeout"`
+	Timeout *wire.Duration `json:"timeout"`
 }
 
 type Launcher struct {
 	Torchrun  string   `json:"torchrun"`
 	ExtraArgs []string `json:"extra_args"`
 }
-
-// Duration is a time.Duration written as a Go duration string ("30s").
-type Duration struct{ time.Duration }
-
-func (d Duration) MarshalJSON() ([]byte, error) { return json.Marshal(d.String()) }
-
-func (d *Duration) UnmarshalJSON(b []byte) error {
-	var s string
-	if err := json.Unmarshal(b, &s); err != nil {
-		return fmt.Errorf("duration must be a string such as \"30s\", got %s", b)
-	}
-	v, err := time.ParseDuration(s)
-	if err != nil {
-		return fmt.Errorf("invalid duration %q: %w", s, err)
-	}
-	d.Duration = v
-	return nil
-}
-
-// Dur wraps a time.Duration for building a Spec in code.
-func Dur(d time.Duration) *Duration { return &Duration{d} }
 
 // LoadFile reads, parses and defaults a job file. Relative workdir and
 // checkpoint.dir are resolved against the file's directory, which is where
@@ -188,10 +163,10 @@ func (s *Spec) Default() {
 		s.ProcsPerNode = max(s.GPUsPerNode, 1)
 	}
 	if s.Rendezvous.LastCall == nil {
-		s.Rendezvous.LastCall = Dur(DefaultLastCall)
+		s.Rendezvous.LastCall = wire.Dur(DefaultLastCall)
 	}
 	if s.Rendezvous.Timeout == nil {
-		s.Rendezvous.Timeout = Dur(DefaultTimeout)
+		s.Rendezvous.Timeout = wire.Dur(DefaultTimeout)
 	}
 	if s.Launcher.Torchrun == "" {
 		s.Launcher.Torchrun = DefaultTorchrun
@@ -201,16 +176,16 @@ func (s *Spec) Default() {
 		s.Restart.MaxRestarts = &n
 	}
 	if s.Restart.Backoff.Initial == nil {
-		s.Restart.Backoff.Initial = Dur(DefaultBackoff)
+		s.Restart.Backoff.Initial = wire.Dur(DefaultBackoff)
 	}
 	if s.Restart.Backoff.Max == nil {
-		s.Restart.Backoff.Max = Dur(max(DefaultBackoffMax, s.Restart.Backoff.Initial.Duration))
+		s.Restart.Backoff.Max = wire.Dur(max(DefaultBackoffMax, s.Restart.Backoff.Initial.Duration))
 	}
 	if len(s.Checkpoint.Markers) == 0 {
 		s.Checkpoint.Markers = append([]string(nil), DefaultMarkers...)
 	}
 	if s.Health.ProgressTimeout == nil {
-		s.Health.ProgressTimeout = Dur(0)
+		s.Health.ProgressTimeout = wire.Dur(0)
 	}
 }
 

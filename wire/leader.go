@@ -1,15 +1,10 @@
-// Package ha is how clients (agents, rdzvctl) find the leading controller
-// among replicas. A controller that does not lead answers every call with
+// A controller that does not lead refuses calls in a form clients (agents,
+// rdzvctl) follow to the leading replica. A controller that does not lead answers every call with
 // codes.Unavailable carrying an ErrorInfo detail: the reason and, when it
 // knows one, the leader's address to go to instead.
-package ha
+package wire
 
 import (
-	"errors"
-	"fmt"
-	"net"
-	"strings"
-
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -59,23 +54,4 @@ func Parse(err error) (reason, leader string, ok bool) {
 		}
 	}
 	return "", "", false
-}
-
-// ParseAddrs splits a comma-separated list of controller host:port
-// addresses, naming field in errors.
-func ParseAddrs(field, list string) ([]string, error) {
-	var addrs []string
-	var errs []error
-	for _, a := range strings.Split(list, ",") {
-		a = strings.TrimSpace(a)
-		if _, _, err := net.SplitHostPort(a); err != nil {
-			errs = append(errs, fmt.Errorf("%s: %q is not host:port: %w", field, a, err))
-			continue
-		}
-		addrs = append(addrs, a)
-	}
-	if err := errors.Join(errs...); err != nil {
-		return nil, err
-	}
-	return addrs, nil
 }

@@ -4,6 +4,7 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	rdzvv1 "github.com/rdzv/rdzv/proto/rdzv/v1"
+	"github.com/rdzv/rdzv/wire"
 )
 
 // ToProto converts a defaulted Spec for the wire.
@@ -66,23 +67,23 @@ func FromProto(p *rdzvv1.JobSpec) *Spec {
 		Launcher:     Launcher{Torchrun: p.GetLauncherTorchrun(), ExtraArgs: p.GetLauncherExtraArgs()},
 	}
 	if p.RendezvousLastCall != nil {
-		s.Rendezvous.LastCall = Dur(p.RendezvousLastCall.AsDuration())
+		s.Rendezvous.LastCall = wire.Dur(p.RendezvousLastCall.AsDuration())
 	}
 	if p.RendezvousTimeout != nil {
-		s.Rendezvous.Timeout = Dur(p.RendezvousTimeout.AsDuration())
+		s.Rendezvous.Timeout = wire.Dur(p.RendezvousTimeout.AsDuration())
 	}
 	// A spec from rdzvctl always carries these (it defaults before sending);
 	// proto3 cannot tell an explicit 0 from absent, so 0 is taken as given.
 	restarts := int(p.GetRestartMaxRestarts())
 	s.Restart.MaxRestarts = &restarts
 	if p.RestartBackoffInitial != nil {
-		s.Restart.Backoff.Initial = Dur(p.RestartBackoffInitial.AsDuration())
+		s.Restart.Backoff.Initial = wire.Dur(p.RestartBackoffInitial.AsDuration())
 	}
 	if p.RestartBackoffMax != nil {
-		s.Restart.Backoff.Max = Dur(p.RestartBackoffMax.AsDuration())
+		s.Restart.Backoff.Max = wire.Dur(p.RestartBackoffMax.AsDuration())
 	}
 	if p.HealthProgressTimeout != nil {
-		s.Health.ProgressTimeout = Dur(p.HealthProgressTimeout.AsDuration())
+		s.Health.ProgressTimeout = wire.Dur(p.HealthProgressTimeout.AsDuration())
 	}
 	s.Default()
 	return s

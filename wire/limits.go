@@ -1,10 +1,17 @@
-package jobspec
+package wire
 
 import "unicode/utf8"
 
 // Wire limits shared by rdzvctl, the controller and the agent, so that what
 // one side may send the other accepts. README.md lists them.
 const (
+	// MaxNodes bounds a job's nodes.max; a round of this many fits in
+	// MaxMessageBytes.
+	MaxNodes = 10000
+	// MaxGPUsPerNode and MaxProcsPerNode bound what a node reports and a
+	// job asks for.
+	MaxGPUsPerNode  = 64
+	MaxProcsPerNode = 256
 	// MaxMessageBytes bounds every gRPC message in both directions; a round
 	// of 10,000 nodes fits.
 	MaxMessageBytes = 16 << 20

@@ -1,4 +1,4 @@
-package ha_test
+package client_test
 
 import (
 	"context"
@@ -13,9 +13,10 @@ import (
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
 
-	"github.com/rdzv/rdzv/controller/ha"
+	"github.com/rdzv/rdzv/client"
 	"github.com/rdzv/rdzv/internal/testaddr"
 	rdzvv1 "github.com/rdzv/rdzv/proto/rdzv/v1"
+	"github.com/rdzv/rdzv/wire"
 )
 
 // electing answers ListJobs as a controller does while an election is
@@ -31,9 +32,9 @@ type electing struct {
 func (e *electing) ListJobs(context.Context, *rdzvv1.ListJobsRequest) (*rdzvv1.ListJobsResponse, error) {
 	if e.calls.Add(1) <= e.refusals {
 		if e.staleLeader != "" {
-			return nil, ha.Error(ha.ReasonNotLeader, e.staleLeader, "a standby; the leader is "+e.staleLeader)
+			return nil, wire.Error(wire.ReasonNotLeader, e.staleLeader, "a standby; the leader is "+e.staleLeader)
 		}
-		return nil, ha.Error(ha.ReasonNoLeader, "", "no controller leads yet; retry")
+		return nil, wire.Error(wire.ReasonNoLeader, "", "no controller leads yet; retry")
 	}
 	return &rdzvv1.ListJobsResponse{Jobs: []*rdzvv1.Job{{}}}, nil
 }
@@ -83,7 +84,7 @@ func TestCallsWaitOutAnElection(t *testing.T) {
 				srv.staleLeader = testaddr.Free(t)
 				addrs = append([]string{srv.staleLeader}, addrs...)
 			}
-			conn, err := ha.NewConn(addrs, func(string) (credentials.TransportCredentials, error) {
+			conn, err := client.NewConn(addrs, func(string) (credentials.TransportCredentials, error) {
 				return insecure.NewCredentials(), nil
 			})
 			require.NoError(t, err)
@@ -96,9 +97,9 @@ func TestCallsWaitOutAnElection(t *testing.T) {
 			}
 			resp, err := rdzvv1.NewJobServiceClient(conn).ListJobs(ctx, &rdzvv1.ListJobsRequest{})
 			if tt.wantErr {
-				reason, _, ok := ha.Parse(err)
+				reason, _, ok := wire.Parse(err)
 				require.True(t, ok, "not the controller's refusal: %v", err)
-				require.Equal(t, ha.ReasonNoLeader, reason)
+				require.Equal(t, wire.ReasonNoLeader, reason)
 			} else {
 				require.NoError(t, err)
 				require.Len(t, resp.GetJobs(), 1)

@@ -1,10 +1,12 @@
-package ha
+package client
 
 import (
 	"context"
 	"errors"
 	"fmt"
 	"io"
+	"net"
+	"strings"
 	"sync"
 	"time"
 
@@ -14,6 +16,8 @@ import (
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
+
+	"github.com/rdzv/rdzv/wire"
 )
 
 // maxHops bounds how many redirects one call follows, so two controllers
@@ -98,7 +102,7 @@ func (c *Conn) Invoke(ctx context.Context, method string, args, reply any, opts 
 // stream is opened, and moved to another controller if need be, then.
 func (c *Conn) NewStream(ctx context.Context, desc *grpc.StreamDesc, method string, opts ...grpc.CallOption) (grpc.ClientStream, error) {
 	if desc.ClientStreams {
-		return nil, status.Errorf(codes.Unimplemented, "ha.Conn: client-streaming call %s is not supported", method)
+		return nil, status.Errorf(codes.Unimplemented, "client.Conn: client-streaming call %s is not supported", method)
 	}
 	return &stream{c: c, ctx: ctx, desc: desc, method: method, opts: opts}, nil
 }
@@ -171,16 +175,16 @@ func (c *Conn) walk(ctx context.Context, call func(context.Context, *grpc.Client
 			c.mu.Unlock()
 			return false, nil
 		}
-		reason, hint, ok := Parse(err)
+		reason, hint, ok := wire.Parse(err)
 		switch {
 		case ok:
 			// A controller refused: prefer what it says over any transport
 			// error, with etcd trouble the most telling.
-			if refusal == nil || reason == ReasonEtcdUnavailable {
+			if refusal == nil || reason == wire.ReasonEtcdUnavailable {
 				refusal = err
 			}
-			noLeader = noLeader || reason == ReasonNoLeader
-			if reason == ReasonNotLeader && hint != "" {
+			noLeader = noLeader || reason == wire.ReasonNoLeader
+			if reason == wire.ReasonNotLeader && hint != "" {
 				named[hint] = true
 				if !tried[hint] && hops < maxHops {
 					hops++
@@ -194,7 +198,7 @@ func (c *Conn) walk(ctx context.Context, call func(context.Context, *grpc.Client
 		}
 	}
 	if refusal != nil {
-		if reason, _, _ := Parse(refusal); reason == ReasonEtcdUnavailable {
+		if reason, _, _ := wire.Parse(refusal); reason == wire.ReasonEtcdUnavailable {
 			return false, refusal
 		}
 		electing = noLeader
@@ -334,4 +338,23 @@ func (s *stream) Context() context.Context {
 		return s.ctx
 	}
 	return s.cs.Context()
+}
+
+// ParseAddrs splits a comma-separated list of controller host:port
+// addresses, naming field in errors.
+func ParseAddrs(field, list string) ([]string, error) {
+	var addrs []string
+	var errs []error
+	for _, a := range strings.Split(list, ",") {
+		a = strings.TrimSpace(a)
+		if _, _, err := net.SplitHostPort(a); err != nil {
+			errs = append(errs, fmt.Errorf("%s: %q is not host:port: %w", field, a, err))
+			continue
+		}
+		addrs = append(addrs, a)
+	}
+	if err := errors.Join(errs...); err != nil {
+		return nil, err
+	}
+	return addrs, nil
 }

@@ -8,9 +8,10 @@ import (
 	"strings"
 	"testing"
 	"time"
-	"unicode/utf8"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/rdzv/rdzv/wire"
 )
 
 const goodJob = `
@@ -108,7 +109,7 @@ func TestValidateRejects(t *testing.T) {
 		{"long name", func(s *Spec) { s.Name = string(make([]byte, 64)) }, "name:"},
 		{"min zero", func(s *Spec) { s.Nodes.Min = 0 }, "nodes.min: must be at least 1"},
 		{"min above max", func(s *Spec) { s.Nodes.Min, s.Nodes.Max = 4, 2 }, "nodes.max: must be at least nodes.min (4) (got 2)"},
-		{"too many nodes", func(s *Spec) { s.Nodes.Max = MaxNodes + 1 }, "nodes.max: must be at most"},
+		{"too many nodes", func(s *Spec) { s.Nodes.Max = wire.MaxNodes + 1 }, "nodes.max: must be at most"},
 		{"negative gpus", func(s *Spec) { s.GPUsPerNode = -1 }, "gpus_per_node"},
 		{"procs zero", func(s *Spec) { s.ProcsPerNode = 0 }, "procs_per_node"},
 		{"empty command", func(s *Spec) { s.Command = nil }, "command: is required"},
@@ -121,17 +122,17 @@ func TestValidateRejects(t *testing.T) {
 		{"rdzv env prefix", func(s *Spec) { s.Env = map[string]string{"RDZV_JOB": "x"} }, "env.RDZV_JOB"},
 		{"bad selector key", func(s *Spec) { s.Selector = map[string]string{"-bad": "x"} }, "selector:"},
 		{"bad selector value", func(s *Spec) { s.Selector = map[string]string{"pool": "a b"} }, "selector.pool"},
-		{"negative last call", func(s *Spec) { s.Rendezvous.LastCall = Dur(-time.Second) }, "rendezvous.last_call"},
-		{"negative timeout", func(s *Spec) { s.Rendezvous.Timeout = Dur(-time.Second) }, "rendezvous.timeout"},
+		{"negative last call", func(s *Spec) { s.Rendezvous.LastCall = wire.Dur(-time.Second) }, "rendezvous.last_call"},
+		{"negative timeout", func(s *Spec) { s.Rendezvous.Timeout = wire.Dur(-time.Second) }, "rendezvous.timeout"},
 		{"empty torchrun", func(s *Spec) { s.Launcher.Torchrun = " " }, "launcher.torchrun"},
 		{"agent-owned flag", func(s *Spec) { s.Launcher.ExtraArgs = []string{"--nnodes=4"} }, "launcher.extra_args[0]"},
 		{"agent-owned flag spaced", func(s *Spec) { s.Launcher.ExtraArgs = []string{"--tee", "2", "--master_port", "1"} }, "launcher.extra_args[2]"},
 		{"negative restarts", func(s *Spec) { n := -1; s.Restart.MaxRestarts = &n }, "restart.max_restarts"},
-		{"backoff max below initial", func(s *Spec) { s.Restart.Backoff.Max = Dur(time.Millisecond) }, "restart.backoff.max: must be at least restart.backoff.initial"},
-		{"negative backoff", func(s *Spec) { s.Restart.Backoff.Initial = Dur(-time.Second) }, "restart.backoff.initial"},
+		{"backoff max below initial", func(s *Spec) { s.Restart.Backoff.Max = wire.Dur(time.Millisecond) }, "restart.backoff.max: must be at least restart.backoff.initial"},
+		{"negative backoff", func(s *Spec) { s.Restart.Backoff.Initial = wire.Dur(-time.Second) }, "restart.backoff.initial"},
 		{"marker with a slash", func(s *Spec) { s.Checkpoint.Markers = []string{"../x"} }, "checkpoint.markers[0]: must be a plain file name"},
 		{"empty marker", func(s *Spec) { s.Checkpoint.Markers = []string{"COMPLETE", ""} }, "checkpoint.markers[1]"},
-		{"negative progress timeout", func(s *Spec) { s.Health.ProgressTimeout = Dur(-time.Second) }, "health.progress_timeout"},
+		{"negative progress timeout", func(s *Spec) { s.Health.ProgressTimeout = wire.Dur(-time.Second) }, "health.progress_timeout"},
 		{"nul in arg", func(s *Spec) { s.Command = []string{"x.py", "a\x00b"} }, "command[1]"},
 		{"long env name", func(s *Spec) { s.Env = map[string]string{strings.Repeat("A", 257): "x"} }, "env: variable names"},
 		{"env value too big", func(s *Spec) { s.Env = map[string]string{"BIG": strings.Repeat("x", 32<<10+1)} }, "env.BIG: value must be at most"},
@@ -158,7 +159,7 @@ func TestValidateRejects(t *testing.T) {
 		{"run_as gid overflow", func(s *Spec) { s.RunAs = "1000:99999999999" }, "run_as: uid and gid"},
 		{"run_as empty gid", func(s *Spec) { s.RunAs = "1000:" }, "run_as:"},
 		{"whole spec too large", func(s *Spec) {
-			// Every field within its own limit, the sum above MaxSpecBytes.
+			// Every field within its own limit, the sum above wire.MaxSpecBytes.
 			s.Command = []string{"x.py"}
 			for range 200 {
 				s.Command = append(s.Command, strings.Repeat("a", 4000))
@@ -257,16 +258,4 @@ func TestRedactSpec(t *testing.T) {
 	require.Equal(t, spec.Env, shown.GetEnv(), "plain env is shown")
 	plain := (&Spec{Name: "a"}).ToProto()
 	require.Same(t, plain, RedactSpec(plain), "nothing to redact, nothing copied")
-}
-
-func TestClipText(t *testing.T) {
-	require.Equal(t, "short", ClipText("short"))
-	exact := strings.Repeat("x", MaxTextBytes)
-	require.Equal(t, exact, ClipText(exact))
-	// A multi-byte character straddling the cut is dropped whole.
-	long := strings.Repeat("x", MaxTextBytes-4) + strings.Repeat("é", 10)
-	clipped := ClipText(long)
-	require.LessOrEqual(t, len(clipped), MaxTextBytes)
-	require.True(t, utf8.ValidString(clipped))
-	require.True(t, strings.HasSuffix(clipped, "..."))
 }

@@ -7,6 +7,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	rdzvv1 "github.com/rdzv/rdzv/proto/rdzv/v1"
+	"github.com/rdzv/rdzv/wire"
 )
 
 // FuzzParse feeds arbitrary job files to the parser and validator: neither
@@ -38,11 +39,11 @@ func FuzzParse(f *testing.F) {
 		if spec.Validate() != nil {
 			return
 		}
-		wire := spec.ToProto()
-		if n := proto.Size(wire); n > MaxSpecBytes {
+		msg := spec.ToProto()
+		if n := proto.Size(msg); n > wire.MaxSpecBytes {
 			t.Fatalf("accepted a spec of %d bytes", n)
 		}
-		b, err := proto.Marshal(wire)
+		b, err := proto.Marshal(msg)
 		if err != nil {
 			t.Fatalf("accepted spec does not marshal: %v", err)
 		}
@@ -54,8 +55,8 @@ func FuzzParse(f *testing.F) {
 		if err := back.Validate(); err != nil {
 			t.Fatalf("accepted spec fails validation after the round trip: %v", err)
 		}
-		if !proto.Equal(wire, back.ToProto()) {
-			t.Fatalf("round trip changed the spec:\n%v\n%v", wire, back.ToProto())
+		if !proto.Equal(msg, back.ToProto()) {
+			t.Fatalf("round trip changed the spec:\n%v\n%v", msg, back.ToProto())
 		}
 	})
 }

@@ -1,0 +1,261 @@
+package jobspec
+
+import (
+	"fmt"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"time"
+
+	"google.golang.org/protobuf/proto"
+
+	"github.com/rdzv/rdzv/wire"
+)
+
+// ValidationError lists every problem found, so an operator fixes a job file
+// in one go rather than one error at a time.
+type ValidationError struct {
+	Errors []*wire.FieldError
+}
+
+func (e *ValidationError) Error() string {
+	msgs := make([]string, len(e.Errors))
+	for i, fe := range e.Errors {
+		msgs[i] = fe.Error()
+	}
+	return "invalid job: " + strings.Join(msgs, "; ")
+}
+
+func (e *ValidationError) Is(target error) bool { return target == ErrInvalid }
+
+var (
+	envName = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*$`)
+)
+
+// reservedEnv are set by the agent for every worker; a job overriding them
+// would silently break rank assignment or interface selection.
+var reservedEnv = map[string]bool{
+	"NCCL_SOCKET_IFNAME":   true,
+	"GLOO_SOCKET_IFNAME":   true,
+	"CUDA_VISIBLE_DEVICES": true,
+	"MASTER_ADDR":          true,
+	"MASTER_PORT":          true,
+}
+
+// agentLauncherFlags are the torchrun flags the agent sets from the
+// assignment; accepting them in extra_args would let a job contradict the
+// controller's rendezvous.
+var agentLauncherFlags = []string{
+	"--nnodes", "--node_rank", "--node-rank", "--nproc_per_node", "--nproc-per-node",
+	"--master_addr", "--master-addr", "--master_port", "--master-port",
+	"--rdzv_backend", "--rdzv-backend", "--rdzv_endpoint", "--rdzv-endpoint",
+	"--rdzv_id", "--rdzv-id", "--standalone",
+}
+
+const (
+	maxArgs     = 256
+	maxArgBytes = 4096
+	maxEnv      = 256
+	// maxEnvNameBytes bounds a variable's name.
+	maxEnvNameBytes = 256
+	maxPathLen      = 4096
+	maxRestarts     = 1000
+	maxMarkers      = 16
+)
+
+func derefInt(p *int) int {
+	if p == nil {
+		return 0
+	}
+	return *p
+}
+
+// Validate checks a defaulted Spec. It returns a *ValidationError listing
+// every problem, or nil.
+func (s *Spec) Validate() error {
+	var errs []*wire.FieldError
+	add := func(field, value, reason string) {
+		errs = append(errs, &wire.FieldError{Field: field, Value: value, Reason: reason})
+	}
+
+	if fe := wire.ValidateName("name", s.Name); fe != nil {
+		if s.Name == "" {
+			fe.Reason = "is required; " + fe.Reason
+		}
+		errs = append(errs, fe)
+	}
+
+	switch {
+	case s.Nodes.Min < 1:
+		add("nodes.min", fmt.Sprint(s.Nodes.Min), "must be at least 1")
+	case s.Nodes.Max < s.Nodes.Min:
+		add("nodes.max", fmt.Sprint(s.Nodes.Max), fmt.Sprintf("must be at least nodes.min (%d)", s.Nodes.Min))
+	case s.Nodes.Max > wire.MaxNodes:
+		add("nodes.max", fmt.Sprint(s.Nodes.Max), fmt.Sprintf("must be at most %d", wire.MaxNodes))
+	}
+	if s.GPUsPerNode < 0 || s.GPUsPerNode > wire.MaxGPUsPerNode {
+		add("gpus_per_node", fmt.Sprint(s.GPUsPerNode), fmt.Sprintf("must be between 0 and %d", wire.MaxGPUsPerNode))
+	}
+	if s.ProcsPerNode < 1 || s.ProcsPerNode > wire.MaxProcsPerNode {
+		add("procs_per_node", fmt.Sprint(s.ProcsPerNode), fmt.Sprintf("must be between 1 and %d", wire.MaxProcsPerNode))
+	}
+
+	switch {
+	case len(s.Command) == 0:
+		add("command", "", "is required: the training script and its arguments, passed to torchrun")
+	case len(s.Command) > maxArgs:
+		add("command", fmt.Sprint(len(s.Command)), fmt.Sprintf("at most %d arguments are allowed", maxArgs))
+	case strings.TrimSpace(s.Command[0]) == "":
+		add("command[0]", wire.Quote(s.Command[0]), "must name the training script")
+	}
+	errs = append(errs, validateArgs("command", s.Command)...)
+
+	errs = append(errs, validatePath("workdir", s.Workdir)...)
+	errs = append(errs, validatePath("checkpoint.dir", s.Checkpoint.Dir)...)
+
+	errs = append(errs, s.validateEnv()...)
+	if s.RunAs != "" {
+		if fe := wire.ValidateRunAs("run_as", s.RunAs); fe != nil {
+			errs = append(errs, fe)
+		}
+	}
+	errs = append(errs, wire.ValidateLabels("selector", s.Selector)...)
+
+	if lc := s.Rendezvous.LastCall; lc == nil || lc.Duration < 0 || lc.Duration > time.Hour {
+		add("rendezvous.last_call", durString(lc), "must be between 0s and 1h")
+	}
+	if to := s.Rendezvous.Timeout; to == nil || to.Duration < 0 {
+		add("rendezvous.timeout", durString(to), "must be 0s (wait forever) or a positive duration")
+	}
+
+	if strings.TrimSpace(s.Launcher.Torchrun) == "" || len(s.Launcher.Torchrun) > maxPathLen {
+		add("launcher.torchrun", wire.Quote(s.Launcher.Torchrun), "must name the torchrun executable")
+	}
+	if len(s.Launcher.ExtraArgs) > maxArgs {
+		add("launcher.extra_args", fmt.Sprint(len(s.Launcher.ExtraArgs)), fmt.Sprintf("at most %d arguments are allowed", maxArgs))
+	}
+	errs = append(errs, validateArgs("launcher.extra_args", s.Launcher.ExtraArgs)...)
+	for i, a := range s.Launcher.ExtraArgs {
+		flag, _, _ := strings.Cut(a, "=")
+		for _, reserved := range agentLauncherFlags {
+			if flag == reserved {
+				add(fmt.Sprintf("launcher.extra_args[%d]", i), wire.Quote(a), "is set by the rdzv agent from the rendezvous and cannot be given")
+			}
+		}
+	}
+
+	if r := s.Restart.MaxRestarts; r == nil || *r < 0 || *r > maxRestarts {
+		add("restart.max_restarts", fmt.Sprint(derefInt(r)), fmt.Sprintf("must be between 0 and %d", maxRestarts))
+	}
+	if b := s.Restart.Backoff.Initial; b == nil || b.Duration < 0 {
+		add("restart.backoff.initial", durString(b), "must be 0s or a positive duration")
+	}
+	if b := s.Restart.Backoff.Max; b == nil || s.Restart.Backoff.Initial == nil || b.Duration < s.Restart.Backoff.Initial.Duration {
+		add("restart.backoff.max", durString(b), "must be at least restart.backoff.initial")
+	}
+	if len(s.Checkpoint.Markers) > maxMarkers {
+		add("checkpoint.markers", fmt.Sprint(len(s.Checkpoint.Markers)), fmt.Sprintf("at most %d markers are allowed", maxMarkers))
+	}
+	for i, m := range s.Checkpoint.Markers {
+		if m == "" || m == "." || m == ".." || strings.ContainsAny(m, "/\x00") || len(m) > 255 {
+			add(fmt.Sprintf("checkpoint.markers[%d]", i), wire.Quote(m), "must be a plain file name")
+		}
+	}
+	if p := s.Health.ProgressTimeout; p == nil || p.Duration < 0 {
+		add("health.progress_timeout", durString(p), "must be 0s (off) or a positive duration")
+	}
+
+	// Checked last and only when all else is fine: every field within its
+	// own limits can still add up to more than etcd stores in one request.
+	if len(errs) == 0 {
+		if n := proto.Size(s.ToProto()); n > wire.MaxSpecBytes {
+			add("job", fmt.Sprintf("%d bytes", n), fmt.Sprintf("is larger than the %d bytes allowed in all", wire.MaxSpecBytes))
+		}
+	}
+	if len(errs) == 0 {
+		return nil
+	}
+	return &ValidationError{Errors: errs}
+}
+
+// validateEnv checks env, secret_env and env_files together: they end up in
+// one environment, so a name may be given in only one of them. No error
+// quotes a value: it may be a secret.
+func (s *Spec) validateEnv() []*wire.FieldError {
+	var errs []*wire.FieldError
+	if n := len(s.Env) + len(s.SecretEnv) + len(s.EnvFiles); n > maxEnv {
+		errs = append(errs, &wire.FieldError{Field: "env", Value: fmt.Sprint(n), Reason: fmt.Sprintf("at most %d variables are allowed across env, secret_env and env_files", maxEnv)})
+	}
+	valueOK := func(field, v string) *wire.FieldError {
+		if len(v) > wire.MaxEnvValueBytes || strings.ContainsRune(v, 0) {
+			return &wire.FieldError{Field: field, Reason: fmt.Sprintf("value must be at most %d bytes without NUL characters", wire.MaxEnvValueBytes)}
+		}
+		return nil
+	}
+	fileOK := func(field, p string) *wire.FieldError {
+		if p == "" {
+			return &wire.FieldError{Field: field, Reason: "must name the file on each node holding the value"}
+		}
+		if fes := validatePath(field, p); len(fes) > 0 {
+			return fes[0]
+		}
+		return nil
+	}
+	givenIn := map[string]string{}
+	for _, set := range []struct {
+		field string
+		vars  map[string]string
+		check func(field, v string) *wire.FieldError
+	}{{"env", s.Env, valueOK}, {"secret_env", s.SecretEnv, valueOK}, {"env_files", s.EnvFiles, fileOK}} {
+		for _, k := range wire.SortedKeys(set.vars) {
+			var fe *wire.FieldError
+			switch {
+			case len(k) > maxEnvNameBytes || !envName.MatchString(k):
+				fe = &wire.FieldError{Field: set.field, Value: wire.Quote(k), Reason: fmt.Sprintf("variable names must match [A-Za-z_][A-Za-z0-9_]* and be at most %d characters", maxEnvNameBytes)}
+			case reservedEnv[k] || strings.HasPrefix(k, "RDZV_"):
+				fe = &wire.FieldError{Field: set.field + "." + k, Reason: "is set by the rdzv agent from the assignment and cannot be overridden"}
+			case givenIn[k] != "":
+				fe = &wire.FieldError{Field: set.field + "." + k, Reason: "is already given in " + givenIn[k]}
+			default:
+				givenIn[k] = set.field
+				fe = set.check(set.field+"."+k, set.vars[k])
+			}
+			if fe != nil {
+				errs = append(errs, fe)
+			}
+		}
+	}
+	return errs
+}
+
+func validateArgs(field string, args []string) []*wire.FieldError {
+	var errs []*wire.FieldError
+	for i, a := range args {
+		if len(a) > maxArgBytes || strings.ContainsRune(a, 0) {
+			errs = append(errs, &wire.FieldError{Field: fmt.Sprintf("%s[%d]", field, i), Reason: fmt.Sprintf("must be at most %d bytes without NUL characters", maxArgBytes)})
+		}
+	}
+	return errs
+}
+
+func validatePath(field, p string) []*wire.FieldError {
+	if p == "" {
+		return nil
+	}
+	switch {
+	case len(p) > maxPathLen || strings.ContainsRune(p, 0):
+		return []*wire.FieldError{{Field: field, Reason: fmt.Sprintf("must be at most %d bytes without NUL characters", maxPathLen)}}
+	case !filepath.IsAbs(p):
+		return []*wire.FieldError{{Field: field, Value: wire.Quote(p), Reason: "must be an absolute path (rdzvctl resolves relative paths against the job file's directory)"}}
+	case filepath.Clean(p) != p:
+		return []*wire.FieldError{{Field: field, Value: wire.Quote(p), Reason: "must be a clean path without '..', '.' or repeated '/' elements"}}
+	}
+	return nil
+}
+
+func durString(d *wire.Duration) string {
+	if d == nil {
+		return "nothing"
+	}
+	return d.String()
+}
