@@ -1,7 +1,6 @@
 package controller
 
 import (
-	"context"
 	"fmt"
 	"time"
 
@@ -42,10 +41,7 @@ func (a *agentService) Connect(stream rdzvv1.AgentService_ConnectServer) error {
 	sess.certNotAfter = clientCertNotAfter(stream.Context())
 	defer sess.cancel()
 	log := c.log.Named("agent").With(zap.String("node", name))
-	if err := c.register(stream.Context(), sess, reg); err != nil {
-		log.Warn("registration failed", zap.Error(err))
-		return toStatus(err)
-	}
+	c.register(sess, reg)
 	defer c.disconnect(sess)
 
 	// Receiving runs beside this handler, which owns sending. The handler
@@ -70,23 +66,21 @@ func (a *agentService) Connect(stream rdzvv1.AgentService_ConnectServer) error {
 			case *rdzvv1.ConnectRequest_Heartbeat:
 				sess.send(&rdzvv1.ConnectResponse{Msg: &rdzvv1.ConnectResponse_HeartbeatAck{HeartbeatAck: &rdzvv1.HeartbeatAck{Seq: msg.Heartbeat.GetSeq()}}})
 			case *rdzvv1.ConnectRequest_GpuFault:
-				c.gpuFault(c.runCtx, name, msg.GpuFault)
+				c.gpuFault(name, msg.GpuFault)
 			case *rdzvv1.ConnectRequest_GossipView:
 				c.gossipView(name, msg.GossipView)
 			case *rdzvv1.ConnectRequest_WorkerStatus:
-				// Reports are applied under the controller's lifetime, not the
-				// stream's: one that arrived is recorded even if the stream dies.
-				c.workerStatus(c.runCtx, name, msg.WorkerStatus)
+				c.workerStatus(name, msg.WorkerStatus)
 			case *rdzvv1.ConnectRequest_Progress:
 				c.progress(name, msg.Progress)
 			case *rdzvv1.ConnectRequest_Checkpoint:
-				c.checkpoint(c.runCtx, name, msg.Checkpoint)
+				c.checkpoint(name, msg.Checkpoint)
 			case *rdzvv1.ConnectRequest_PortProbeResult:
 				sess.deliver(msg.PortProbeResult.GetRequestId(), m)
 			case *rdzvv1.ConnectRequest_LogChunk:
 				sess.deliver(msg.LogChunk.GetRequestId(), m)
 			case *rdzvv1.ConnectRequest_Restarting:
-				c.agentRestarting(c.runCtx, name, sess, msg.Restarting)
+				c.agentRestarting(name, sess, msg.Restarting)
 			case *rdzvv1.ConnectRequest_Register:
 				log.Warn("ignoring repeated register on an open stream")
 			}
@@ -140,7 +134,7 @@ func recvWithTimeout(stream rdzvv1.AgentService_ConnectServer, d time.Duration) 
 // register records the node (writing etcd only when something durable
 // changed), replaces any previous stream of the same node, and reconciles
 // what the agent runs with what the controller expects.
-func (c *Controller) register(ctx context.Context, sess *session, reg *rdzvv1.Register) error {
+func (c *Controller) register(sess *session, reg *rdzvv1.Register) {
 	info := reg.GetNode()
 	name := info.GetName()
 	now := c.clock.Now()
@@ -148,12 +142,7 @@ func (c *Controller) register(ctx context.Context, sess *session, reg *rdzvv1.Re
 	defer c.mu.Unlock()
 
 	ns := c.nodes[name]
-	var prevRev int64
-	wasLost := false
-	if ns != nil {
-		prevRev = ns.rev
-		wasLost = ns.rec.GetState() == rdzvv1.NodeState_NODE_STATE_LOST
-	}
+	wasLost := ns != nil && ns.rec.GetState() == rdzvv1.NodeState_NODE_STATE_LOST
 	if ns == nil || wasLost || ns.rec.GetRestartHoldUntil() != nil || !proto.Equal(ns.rec.GetInfo(), info) {
 		rec := &rdzvv1.Node{Info: info, State: rdzvv1.NodeState_NODE_STATE_READY, RegisteredAt: timestamppb.New(now), StateChangedAt: timestamppb.New(now)}
 		if ns != nil && !wasLost {
@@ -166,16 +155,12 @@ func (c *Controller) register(ctx context.Context, sess *session, reg *rdzvv1.Re
 		}
 		ev := c.event("", name, 0, EventNodeRegistered, "node %s registered: %d GPUs%s, interface %s (%s), address %s, agent %s",
 			name, len(info.GetGpus()), fakeSuffix(info), info.GetNcclInterface(), info.GetNcclInterfaceReason(), info.GetAddress(), info.GetAgentVersion())
-		rev, err := c.store.PutNode(ctx, rec, prevRev, ev)
-		if err != nil {
-			c.requestFailed("registering node", err)
-			return err
-		}
 		if ns == nil {
 			ns = &nodeState{}
 			c.nodes[name] = ns
 		}
-		ns.rec, ns.rev = rec, rev
+		ns.rec = rec
+		c.persist(c.store.PutNode(rec, ev), nil)
 		c.log.Info("node registered", zap.String("node", name), zap.Int("gpus", len(info.GetGpus())),
 			zap.String("interface", info.GetNcclInterface()), zap.String("address", info.GetAddress()))
 	}
@@ -198,11 +183,10 @@ func (c *Controller) register(ctx context.Context, sess *session, reg *rdzvv1.Re
 	reported := map[string]bool{}
 	for _, w := range reg.GetWorkers() {
 		reported[fmt.Sprintf("%s/%d", w.GetJob(), w.GetGeneration())] = true
-		c.applyWorkerStatus(ctx, name, w)
+		c.applyWorkerStatus(name, w)
 	}
-	c.resumeAssignment(ctx, ns, reported)
+	c.resumeAssignment(ns, reported)
 	c.wake()
-	return nil
 }
 
 func fakeSuffix(info *rdzvv1.NodeInfo) string {
@@ -215,7 +199,7 @@ func fakeSuffix(info *rdzvv1.NodeInfo) string {
 // resumeAssignment handles a node that the controller believes is in a job
 // the agent did not mention: an assignment the agent never confirmed is sent
 // again; one it had confirmed was lost with the agent's workers.
-func (c *Controller) resumeAssignment(ctx context.Context, ns *nodeState, reported map[string]bool) {
+func (c *Controller) resumeAssignment(ns *nodeState, reported map[string]bool) {
 	if ns.job == "" || reported[fmt.Sprintf("%s/%d", ns.job, ns.generation)] {
 		return
 	}
@@ -228,7 +212,7 @@ func (c *Controller) resumeAssignment(ctx context.Context, ns *nodeState, report
 		// The job is ending or ended while the agent was away, and nothing of
 		// it runs there any more: record that, which frees the node and lets
 		// a stopping job finish.
-		c.applyWorkerStatus(ctx, name, &rdzvv1.WorkerStatus{
+		c.applyWorkerStatus(name, &rdzvv1.WorkerStatus{
 			Job: ns.job, Generation: ns.generation, State: rdzvv1.WorkerState_WORKER_STATE_STOPPED,
 			ExitCode: -1, Message: "agent reconnected without its workers",
 		})
@@ -236,11 +220,11 @@ func (c *Controller) resumeAssignment(ctx context.Context, ns *nodeState, report
 	}
 	switch js.workers[name].GetState() {
 	case rdzvv1.WorkerState_WORKER_STATE_UNSPECIFIED, rdzvv1.WorkerState_WORKER_STATE_ASSIGNED:
-		if a := c.assignmentFor(js, name); a != nil {
-			ns.session.send(&rdzvv1.ConnectResponse{Msg: &rdzvv1.ConnectResponse_Assignment{Assignment: a}})
-		}
+		// The round may have been decided but not written yet.
+		round := js.round
+		c.afterDurable(func() { c.sendAssignments(js, round) })
 	case rdzvv1.WorkerState_WORKER_STATE_RUNNING:
-		c.applyWorkerStatus(ctx, name, &rdzvv1.WorkerStatus{
+		c.applyWorkerStatus(name, &rdzvv1.WorkerStatus{
 			Job: ns.job, Generation: ns.generation, State: rdzvv1.WorkerState_WORKER_STATE_FAILED,
 			ExitCode: -1, Message: "agent reconnected without its workers",
 		})
@@ -255,7 +239,7 @@ const maxRestartHold = 5 * time.Minute
 // its workers run on under their shims, which kill them if no agent adopts
 // them within the hold. The shims started counting before we heard of it, so
 // by the time we give up on the node its workers are gone.
-func (c *Controller) agentRestarting(ctx context.Context, node string, sess *session, r *rdzvv1.AgentRestarting) {
+func (c *Controller) agentRestarting(node string, sess *session, r *rdzvv1.AgentRestarting) {
 	hold := min(time.Duration(r.GetHoldMs())*time.Millisecond, maxRestartHold)
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -272,15 +256,8 @@ func (c *Controller) agentRestarting(ctx context.Context, node string, sess *ses
 	rec := proto.Clone(ns.rec).(*rdzvv1.Node)
 	rec.RestartHoldUntil = timestamppb.New(ns.restartHold)
 	ev := c.event(ns.job, node, ns.generation, EventAgentRestarting, "agent on %s restarting; its workers run on for up to %s", node, hold)
-	rev, err := c.store.PutNode(ctx, rec, ns.rev, ev)
-	if err != nil {
-		// This controller still holds the node; only a failover during the
-		// restart would not.
-		c.log.Error("recording agent restart failed", zap.String("node", node), zap.Error(err))
-		c.requestFailed("recording agent restart", err)
-		return
-	}
-	ns.rec, ns.rev = rec, rev
+	ns.rec = rec
+	c.persist(c.store.PutNode(rec, ev), nil)
 }
 
 // disconnect forgets a stream unless a newer one replaced it. The node stays
@@ -295,17 +272,17 @@ func (c *Controller) disconnect(sess *session) {
 	}
 }
 
-func (c *Controller) workerStatus(ctx context.Context, node string, w *rdzvv1.WorkerStatus) {
+func (c *Controller) workerStatus(node string, w *rdzvv1.WorkerStatus) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	c.applyWorkerStatus(ctx, node, w)
+	c.applyWorkerStatus(node, w)
 }
 
 // applyWorkerStatus records a worker report and advances the job. Reports
 // for another generation, or for a job that no longer runs, are answered by
 // telling the agent to kill those workers: only the current generation of a
 // running job may have live workers. Callers hold c.mu.
-func (c *Controller) applyWorkerStatus(ctx context.Context, node string, w *rdzvv1.WorkerStatus) {
+func (c *Controller) applyWorkerStatus(node string, w *rdzvv1.WorkerStatus) {
 	log := c.log.With(zap.String("node", node), zap.String("job", w.GetJob()), zap.Uint64("generation", w.GetGeneration()))
 	js := c.jobs[w.GetJob()]
 	alive := !terminalWorker(w.GetState())
@@ -330,13 +307,8 @@ func (c *Controller) applyWorkerStatus(ctx context.Context, node string, w *rdzv
 	} else {
 		ev = c.event(js.rec.GetSpec().GetName(), node, w.GetGeneration(), EventWorkerExited, "workers on %s %s", node, describeExit(w))
 	}
-	if err := c.store.PutWorker(ctx, w.GetJob(), node, w, js.rev, ev); err != nil {
-		// The agent reports its workers again when it registers with
-		// whoever leads next.
-		c.writeFailed("recording worker status", err, zap.String("node", node), zap.String("job", w.GetJob()))
-		return
-	}
 	js.workers[node] = w
+	c.persist(c.store.PutWorker(w.GetJob(), node, w, ev), nil)
 	if alive && !js.reportsSteps && allRunning(js) {
 		c.resumeTraining(js)
 	}
@@ -344,7 +316,7 @@ func (c *Controller) applyWorkerStatus(ctx context.Context, node string, w *rdzv
 	if !alive {
 		c.release(node, js)
 	}
-	c.advanceJob(ctx, js)
+	c.advanceJob(js)
 }
 
 func describeExit(w *rdzvv1.WorkerStatus) string {

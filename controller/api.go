@@ -257,9 +257,7 @@ func (s *nodeService) CordonNode(ctx context.Context, req *rdzvv1.CordonNodeRequ
 	if reason == "" {
 		reason = "by operator"
 	}
-	s.c.mu.Lock()
-	defer s.c.mu.Unlock()
-	n, err := s.c.setCordon(ctx, req.GetName(), true, reason)
+	n, err := s.c.cordon(ctx, req.GetName(), true, reason)
 	if err != nil {
 		return nil, toStatus(err)
 	}
@@ -267,9 +265,7 @@ func (s *nodeService) CordonNode(ctx context.Context, req *rdzvv1.CordonNodeRequ
 }
 
 func (s *nodeService) UncordonNode(ctx context.Context, req *rdzvv1.UncordonNodeRequest) (*rdzvv1.UncordonNodeResponse, error) {
-	s.c.mu.Lock()
-	defer s.c.mu.Unlock()
-	n, err := s.c.setCordon(ctx, req.GetName(), false, "")
+	n, err := s.c.cordon(ctx, req.GetName(), false, "")
 	if err != nil {
 		return nil, toStatus(err)
 	}

@@ -38,10 +38,6 @@ type Controller struct {
 	tls *pki.Reloader
 
 	store *store.Store
-	// runCtx lives as long as Run; work that must not die with one request
-	// (recording an agent's report) uses it. Writes are guarded by the
-	// leadership, so a report applied after a step-down changes nothing.
-	runCtx context.Context
 	// leading is set while this controller leads and has its view loaded;
 	// the API serves only then (see gate).
 	leading atomic.Bool
@@ -64,11 +60,13 @@ type Controller struct {
 	electedAt      time.Time
 	stepDown       context.CancelFunc
 	stepDownReason string
+	// writes persists this lead's decisions (see writer.go); nil while not
+	// leading.
+	writes *writer
 }
 
 type nodeState struct {
 	rec     *rdzvv1.Node
-	rev     int64
 	session *session
 	// lastSeen is kept for nodes without a session (just loaded, or
 	// disconnected) so the liveness clock keeps running for them.
@@ -101,7 +99,6 @@ type nodeState struct {
 
 type jobState struct {
 	rec     *rdzvv1.Job
-	rev     int64
 	round   *rdzvv1.Round
 	workers map[string]*rdzvv1.WorkerStatus
 	// Scheduling state for a pending job, in memory only.
@@ -168,7 +165,6 @@ func (c *Controller) Leading() bool { return c.leading.Load() }
 // all along: it leads (loads state, runs jobs) when it wins, and redirects
 // clients to the leader while it stands by.
 func (c *Controller) Run(ctx context.Context) error {
-	c.runCtx = ctx
 	cli, closeEtcd, err := connectEtcd(ctx, c.cfg, c.log)
 	if err != nil {
 		return err
@@ -287,7 +283,7 @@ func (c *Controller) load(ctx context.Context) error {
 	defer c.mu.Unlock()
 	c.nodes, c.jobs = map[string]*nodeState{}, map[string]*jobState{}
 	for name, v := range snap.Nodes {
-		ns := &nodeState{rec: v.Value, rev: v.ModRevision, lastSeen: now, graceUntil: now.Add(reconnectGrace + c.cfg.Heartbeat.Timeout.Duration)}
+		ns := &nodeState{rec: v.Value, lastSeen: now, graceUntil: now.Add(reconnectGrace + c.cfg.Heartbeat.Timeout.Duration)}
 		if hold := v.Value.GetRestartHoldUntil(); hold != nil {
 			// Set by the previous leader from its own clock: controllers'
 			// clocks are assumed to agree to well within a hold (seconds
@@ -297,7 +293,7 @@ func (c *Controller) load(ctx context.Context) error {
 		c.nodes[name] = ns
 	}
 	for name, v := range snap.Jobs {
-		js := &jobState{rec: v.Value, rev: v.ModRevision, round: snap.Rounds[name], workers: snap.Workers[name], pendingSince: now, catalog: snap.Checkpoints[name]}
+		js := &jobState{rec: v.Value, round: snap.Rounds[name], workers: snap.Workers[name], pendingSince: now, catalog: snap.Checkpoints[name]}
 		if js.workers == nil {
 			js.workers = map[string]*rdzvv1.WorkerStatus{}
 		}
@@ -318,10 +314,10 @@ func (c *Controller) load(ctx context.Context) error {
 // reconcile moves on jobs whose next transition a previous leader decided
 // but did not persist (every worker exited, yet the job still RUNNING).
 // Callers hold c.mu.
-func (c *Controller) reconcile(ctx context.Context) {
+func (c *Controller) reconcile() {
 	for _, js := range c.jobs {
 		if activeJob(js.rec.GetState()) && js.round != nil && js.round.GetGeneration() == js.rec.GetGeneration() {
-			c.advanceJob(ctx, js)
+			c.advanceJob(js)
 		}
 	}
 }

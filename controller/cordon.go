@@ -11,15 +11,30 @@ import (
 	rdzvv1 "github.com/rdzv/rdzv/proto/rdzv/v1"
 )
 
-// setCordon cordons or uncordons a node; a cordoned node takes no new work.
-// Callers hold c.mu.
-func (c *Controller) setCordon(ctx context.Context, name string, cordoned bool, reason string) (*rdzvv1.Node, error) {
-	ns := c.nodes[name]
-	if ns == nil {
+// cordon is setCordon for an operator, answered once it is durable.
+func (c *Controller) cordon(ctx context.Context, name string, cordoned bool, reason string) (*rdzvv1.Node, error) {
+	c.mu.Lock()
+	if c.nodes[name] == nil {
+		c.mu.Unlock()
 		return nil, fmt.Errorf("node %s: %w", name, errNotFound)
 	}
+	c.setCordon(name, cordoned, reason)
+	view := c.nodeView(c.nodes[name])
+	reply := make(chan error, 1)
+	c.queueWrite(pendingWrite{reply: reply})
+	c.mu.Unlock()
+	if err := await(ctx, reply); err != nil {
+		return nil, fmt.Errorf("changing cordon of node %s: %w", name, err)
+	}
+	return view, nil
+}
+
+// setCordon cordons or uncordons a known node; a cordoned node takes no new
+// work. Callers hold c.mu.
+func (c *Controller) setCordon(name string, cordoned bool, reason string) {
+	ns := c.nodes[name]
 	if ns.rec.GetCordoned() == cordoned && ns.rec.GetCordonReason() == reason {
-		return c.nodeView(ns), nil
+		return
 	}
 	rec := proto.Clone(ns.rec).(*rdzvv1.Node)
 	rec.Cordoned, rec.CordonReason = cordoned, reason
@@ -27,15 +42,10 @@ func (c *Controller) setCordon(ctx context.Context, name string, cordoned bool, 
 	if !cordoned {
 		kind, what, rec.CordonReason = EventNodeUncordoned, "uncordoned", ""
 	}
-	rev, err := c.store.PutNode(ctx, rec, ns.rev, c.event("", name, 0, kind, "node %s %s", name, what))
-	if err != nil {
-		c.requestFailed("changing cordon", err)
-		return nil, err
-	}
-	ns.rec, ns.rev = rec, rev
+	ns.rec = rec
+	c.persist(c.store.PutNode(rec, c.event("", name, 0, kind, "node %s %s", name, what)), nil)
 	c.log.Info("node cordon changed", zap.String("node", name), zap.Bool("cordoned", cordoned), zap.String("reason", reason))
 	c.wake()
-	return c.nodeView(ns), nil
 }
 
 // gpuFault cordons a node whose GPU reported a critical fault. A GPU that
@@ -43,7 +53,7 @@ func (c *Controller) setCordon(ctx context.Context, name string, cordoned bool, 
 // and faults rarely clear by themselves, so the cordon stays until an
 // operator has looked (`rdzvctl nodes uncordon`). A job running there is
 // restarted elsewhere at once rather than left to crash on the bad GPU.
-func (c *Controller) gpuFault(ctx context.Context, node string, f *rdzvv1.GPUFault) {
+func (c *Controller) gpuFault(node string, f *rdzvv1.GPUFault) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	ns := c.nodes[node]
@@ -51,13 +61,8 @@ func (c *Controller) gpuFault(ctx context.Context, node string, f *rdzvv1.GPUFau
 		return
 	}
 	ev := c.event(ns.job, node, ns.generation, EventGPUFault, "node %s: %s", node, f.GetMessage())
-	if err := c.store.AppendEvent(ctx, ev); err != nil {
-		c.log.Error("recording gpu fault failed", zap.String("node", node), zap.Error(err))
-		c.requestFailed("recording gpu fault", err)
-	}
-	if _, err := c.setCordon(ctx, node, true, "GPU fault: "+f.GetMessage()); err != nil {
-		c.log.Error("cordoning node after gpu fault failed", zap.String("node", node), zap.Error(err))
-	}
+	c.persist(c.store.AppendEvent(ev), nil)
+	c.setCordon(node, true, "GPU fault: "+f.GetMessage())
 	js := c.jobs[ns.job]
 	if js == nil || js.rec.GetState() != rdzvv1.JobState_JOB_STATE_RUNNING || js.rec.GetGeneration() != ns.generation {
 		return
@@ -66,14 +71,14 @@ func (c *Controller) gpuFault(ctx context.Context, node string, f *rdzvv1.GPUFau
 	if f.GetAt() != nil {
 		latency = max(c.clock.Now().Sub(f.GetAt().AsTime()), 0)
 	}
-	c.attemptFailed(ctx, js, fmt.Sprintf("node %s: GPU fault: %s", node, f.GetMessage()), latency)
+	c.attemptFailed(js, fmt.Sprintf("node %s: GPU fault: %s", node, f.GetMessage()), latency)
 }
 
 // countLoss records that a node was lost while running a job, and cordons
 // it once that has happened flaky_nodes.losses times within the window: a
 // node that keeps dropping out would otherwise be picked again and fail
 // each job it joins. Callers hold c.mu.
-func (c *Controller) countLoss(ctx context.Context, name string, ns *nodeState) {
+func (c *Controller) countLoss(name string, ns *nodeState) {
 	limit, window := c.cfg.FlakyNodes.Losses, c.cfg.FlakyNodes.Window.Duration
 	if limit <= 0 {
 		return
@@ -90,9 +95,6 @@ func (c *Controller) countLoss(ctx context.Context, name string, ns *nodeState) 
 		return
 	}
 	reason := fmt.Sprintf("lost %d times within %s while running jobs", len(ns.losses), window)
-	if _, err := c.setCordon(ctx, name, true, reason); err != nil {
-		c.log.Error("cordoning flaky node failed", zap.String("node", name), zap.Error(err))
-		return
-	}
+	c.setCordon(name, true, reason)
 	ns.losses = nil
 }

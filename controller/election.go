@@ -131,6 +131,8 @@ func (c *Controller) lead(ctx context.Context, stepDown context.CancelFunc, l st
 	c.stepDown = stepDown
 	c.electedAt = begin
 	c.leading.Store(true)
+	w := newWriter()
+	c.writes = w
 	loaded := c.clock.Now().Sub(begin)
 	me := c.cfg.Advertised()
 	if previous == "" {
@@ -138,14 +140,13 @@ func (c *Controller) lead(ctx context.Context, stepDown context.CancelFunc, l st
 	}
 	ev := c.event("", "", 0, EventLeaderElected, "controller %s leads (previous leader: %s); %d jobs and %d nodes loaded from etcd in %s",
 		me, previous, len(c.jobs), len(c.nodes), loaded.Round(time.Millisecond))
-	if err := c.store.AppendEvent(ctx, ev); err != nil {
-		c.writeFailed("recording leader election", err)
-	}
-	c.reconcile(ctx)
+	c.persist(c.store.AppendEvent(ev), nil)
+	c.reconcile()
 	c.mu.Unlock()
 	c.log.Info("leading", zap.String("advertise_addr", me), zap.String("previous_leader", previous), zap.Duration("load", loaded))
 
 	g, gctx := errgroup.WithContext(ctx)
+	g.Go(func() error { c.writeLoop(gctx, w); return nil })
 	g.Go(func() error { c.scheduleLoop(gctx); return nil })
 	g.Go(func() error { c.livenessLoop(gctx); return nil })
 	g.Go(func() error { c.maintainLoop(gctx); return nil })
@@ -155,6 +156,7 @@ func (c *Controller) lead(ctx context.Context, stepDown context.CancelFunc, l st
 	defer c.mu.Unlock()
 	c.leading.Store(false)
 	c.stepDown = nil
+	c.writes = nil
 	c.store.Follow()
 	// Agents must stop hearing from a controller that no longer leads: the
 	// streams end, and they find the new leader.
@@ -183,23 +185,14 @@ func (c *Controller) stepDownLocked(reason string) {
 	c.stepDown()
 }
 
-// writeFailed handles a leader-side state transition that could not be
-// persisted (etcd refused it, or this controller no longer leads). The
-// in-memory view still holds the state before it, but the transition
-// itself would be lost; stepping down has it redone from etcd and the
-// agents' reports. Callers hold c.mu.
-func (c *Controller) writeFailed(what string, err error, fields ...zap.Field) {
-	c.log.Error("persisting a state change failed, stepping down", append(fields, zap.String("change", what), zap.Error(err))...)
+// writeFailed handles a state change that could not be persisted (etcd
+// refused it, or this controller no longer leads). Memory already holds it
+// and whatever was decided after it, none of which may reach anyone;
+// stepping down drops that view, and whoever leads next rebuilds it from
+// etcd and the agents' reports. Callers hold c.mu.
+func (c *Controller) writeFailed(what string, err error) {
+	c.log.Error("persisting a state change failed, stepping down", zap.String("change", what), zap.Error(err))
 	c.stepDownLocked(what + ": " + err.Error())
-}
-
-// requestFailed handles a write an API caller asked for: the caller gets
-// the error and nothing changed, so only a lost lead or a stale view
-// (another writer) needs a step-down. Callers hold c.mu.
-func (c *Controller) requestFailed(what string, err error) {
-	if errors.Is(err, store.ErrNotLeader) || errors.Is(err, store.ErrConflict) {
-		c.writeFailed(what, err)
-	}
 }
 
 // watchLeader keeps c's view of who leads current, for redirecting

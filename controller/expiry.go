@@ -1,7 +1,6 @@
 package controller
 
 import (
-	"context"
 	"fmt"
 	"net"
 	"time"
@@ -71,14 +70,14 @@ func (c *expiringConn) Close() error {
 // it.
 const certExpiryWarning = 14 * 24 * time.Hour
 
-// maxExpiryWarningsPerPass bounds the event writes one liveness pass makes
-// under the controller's lock: a fleet whose certificates were all issued
-// together is warned over a few passes, not in one long stall.
+// maxExpiryWarningsPerPass bounds the events one liveness pass queues: a
+// fleet whose certificates were all issued together is warned over a few
+// passes, not in one burst of writes.
 const maxExpiryWarningsPerPass = 8
 
 // warnCertExpiry warns once per connection that ns's agent's certificate
 // expires soon, and says whether it did. Callers hold c.mu.
-func (c *Controller) warnCertExpiry(ctx context.Context, now time.Time, ns *nodeState) bool {
+func (c *Controller) warnCertExpiry(now time.Time, ns *nodeState) bool {
 	sess := ns.session
 	if sess == nil || sess.expiryWarned || sess.certNotAfter.IsZero() || now.Before(sess.certNotAfter.Add(-certExpiryWarning)) {
 		return false
@@ -88,9 +87,7 @@ func (c *Controller) warnCertExpiry(ctx context.Context, now time.Time, ns *node
 	c.log.Warn("agent certificate expires soon", zap.String("node", name), zap.Time("not_after", sess.certNotAfter))
 	ev := c.event("", name, 0, EventCertExpiring, "the certificate of agent %s expires at %s (in %s): renew it (rdzvctl pki issue agent %s) and install it on the node; an agent with an expired certificate is refused",
 		name, sess.certNotAfter.UTC().Format(time.RFC3339), roundDuration(sess.certNotAfter.Sub(now)), name)
-	if err := c.store.AppendEvent(ctx, ev); err != nil {
-		c.log.Error("recording certificate expiry warning failed", zap.String("node", name), zap.Error(err))
-	}
+	c.persist(c.store.AppendEvent(ev), nil)
 	return true
 }
 

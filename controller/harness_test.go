@@ -99,6 +99,8 @@ type cluster struct {
 	workdir string
 
 	stopController func()
+	// ctl is the running controller.
+	ctl *controller.Controller
 	// jobs and nodes are an operator's clients.
 	jobs  rdzvv1.JobServiceClient
 	nodes rdzvv1.NodeServiceClient
@@ -207,7 +209,7 @@ func (c *cluster) startController() {
 	// Alone on its etcd it wins the election at once; the API serves only
 	// from then on.
 	poll(t, ctl.Leading, func() string { return "controller never took the lead" })
-	c.stopController = stop
+	c.ctl, c.stopController = ctl, stop
 }
 
 // runController runs a controller with cfg on addr until the test ends,
@@ -434,6 +436,7 @@ func (c *cluster) hasRecord(job, node string, generation uint64) bool {
 // every write.
 func (c *cluster) etcdRevision() int64 {
 	c.t.Helper()
+	c.settle()
 	cli := c.etcdClient()
 	resp, err := cli.Get(rpcCtx(c.t), "rdzv-test-probe")
 	require.NoError(c.t, err)
@@ -443,6 +446,7 @@ func (c *cluster) etcdRevision() int64 {
 // etcdKeys lists the keys under prefix in the embedded etcd.
 func (c *cluster) etcdKeys(prefix string) []string {
 	c.t.Helper()
+	c.settle()
 	resp, err := c.etcdClient().Get(rpcCtx(c.t), prefix, clientv3.WithPrefix(), clientv3.WithKeysOnly())
 	require.NoError(c.t, err)
 	var out []string
@@ -450,6 +454,13 @@ func (c *cluster) etcdKeys(prefix string) []string {
 		out = append(out, string(kv.Key))
 	}
 	return out
+}
+
+// settle waits until the controller's decisions so far are durable: the
+// API shows them as soon as they are made, etcd a write later.
+func (c *cluster) settle() {
+	c.t.Helper()
+	require.NoError(c.t, c.ctl.Settle(rpcCtx(c.t)))
 }
 
 func (c *cluster) etcdClient() *clientv3.Client {

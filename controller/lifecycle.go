@@ -13,7 +13,6 @@ import (
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
-	"github.com/rdzv/rdzv/controller/store"
 	"github.com/rdzv/rdzv/jobspec"
 	rdzvv1 "github.com/rdzv/rdzv/proto/rdzv/v1"
 	"github.com/rdzv/rdzv/rendezvous"
@@ -87,7 +86,7 @@ func (c *Controller) schedule(ctx context.Context) time.Time {
 			js.pendingSince = now
 		}
 		if timeout := spec.GetRendezvousTimeout().AsDuration(); timeout > 0 && now.Sub(js.pendingSince) >= timeout {
-			c.finish(ctx, js, rdzvv1.JobState_JOB_STATE_FAILED, fmt.Sprintf("rendezvous timed out after %s: %s", timeout, rendezvous.Explain(req, avail)))
+			c.finish(js, rdzvv1.JobState_JOB_STATE_FAILED, fmt.Sprintf("rendezvous timed out after %s: %s", timeout, rendezvous.Explain(req, avail)))
 			continue
 		}
 		window := spec.GetRendezvousLastCall().AsDuration()
@@ -257,26 +256,34 @@ func (c *Controller) commit(ctx context.Context, term uint64, name string, place
 	}
 	ev := c.event(name, "", gen, EventRendezvousCommitted, "generation %d: %d nodes %s, master %s:%d, starting %s",
 		gen, len(placed), nodeList(placed), master, port, resume)
-	rev, err := c.store.CommitRound(ctx, rec, js.rev, round, ev)
-	if err != nil {
-		log.Error("committing rendezvous failed", zap.Error(err))
-		// Nothing changed; an etcd hiccup is retried by the next pass, a
-		// lost lead or a stale view by stepping down.
-		c.requestFailed("committing rendezvous", err)
-		abort(fmt.Sprintf("retrying rendezvous: %v", err))
-		return
-	}
-	js.rec, js.rev, js.round = rec, rev, round
+	js.rec, js.round = rec, round
 	js.workers = map[string]*rdzvv1.WorkerStatus{}
 	js.lastCall = rendezvous.LastCall{}
 	js.progressed = false
-	log.Info("rendezvous committed", zap.Uint64("generation", gen), zap.Int("nodes", len(placed)),
-		zap.String("master_addr", master), zap.Uint32("master_port", port))
 	for _, p := range placed {
-		ns := c.nodes[p.Name]
-		ns.generation = gen
-		if a := c.assignmentFor(js, p.Name); a != nil {
-			ns.session.send(&rdzvv1.ConnectResponse{Msg: &rdzvv1.ConnectResponse_Assignment{Assignment: a}})
+		c.nodes[p.Name].generation = gen
+	}
+	c.persist(c.store.CommitRound(rec, round, ev), func() {
+		log.Info("rendezvous committed", zap.Uint64("generation", gen), zap.Int("nodes", len(placed)),
+			zap.String("master_addr", master), zap.Uint32("master_port", port))
+		c.sendAssignments(js, round)
+	})
+}
+
+// sendAssignments sends each node of round its assignment, unless the job
+// moved on meanwhile (the node then learns of the newer state instead).
+// Callers hold c.mu.
+func (c *Controller) sendAssignments(js *jobState, round *rdzvv1.Round) {
+	if js.round != round || c.jobs[js.rec.GetSpec().GetName()] != js {
+		return
+	}
+	for _, a := range round.GetNodes() {
+		ns := c.nodes[a.GetNode()]
+		if ns == nil || ns.session == nil || ns.job != js.rec.GetSpec().GetName() || ns.generation != round.GetGeneration() {
+			continue
+		}
+		if asg := c.assignmentFor(js, a.GetNode()); asg != nil {
+			ns.session.send(&rdzvv1.ConnectResponse{Msg: &rdzvv1.ConnectResponse_Assignment{Assignment: asg}})
 		}
 	}
 }
@@ -349,7 +356,7 @@ func (c *Controller) assignmentFor(js *jobState, node string) *rdzvv1.Assignment
 
 // advanceJob moves a running or stopping job on from its workers' states.
 // Callers hold c.mu.
-func (c *Controller) advanceJob(ctx context.Context, js *jobState) {
+func (c *Controller) advanceJob(js *jobState) {
 	nodes := js.round.GetNodes()
 	switch js.rec.GetState() {
 	case rdzvv1.JobState_JOB_STATE_RUNNING:
@@ -360,12 +367,12 @@ func (c *Controller) advanceJob(ctx context.Context, js *jobState) {
 			case rdzvv1.WorkerState_WORKER_STATE_SUCCEEDED:
 				succeeded++
 			case rdzvv1.WorkerState_WORKER_STATE_FAILED, rdzvv1.WorkerState_WORKER_STATE_STOPPED:
-				c.attemptFailed(ctx, js, fmt.Sprintf("node %s (rank %d): workers %s", a.GetNode(), a.GetNodeRank(), describeExit(w)), c.detectionLatency(w))
+				c.attemptFailed(js, fmt.Sprintf("node %s (rank %d): workers %s", a.GetNode(), a.GetNodeRank(), describeExit(w)), c.detectionLatency(w))
 				return
 			}
 		}
 		if succeeded == len(nodes) {
-			c.finish(ctx, js, rdzvv1.JobState_JOB_STATE_SUCCEEDED, fmt.Sprintf("all %d nodes finished", len(nodes)))
+			c.finish(js, rdzvv1.JobState_JOB_STATE_SUCCEEDED, fmt.Sprintf("all %d nodes finished", len(nodes)))
 		}
 	case rdzvv1.JobState_JOB_STATE_RECOVERING:
 		if c.fenced(js) {
@@ -377,13 +384,13 @@ func (c *Controller) advanceJob(ctx context.Context, js *jobState) {
 				return
 			}
 		}
-		c.finish(ctx, js, rdzvv1.JobState_JOB_STATE_STOPPED, "stopped by operator")
+		c.finish(js, rdzvv1.JobState_JOB_STATE_STOPPED, "stopped by operator")
 	}
 }
 
 // finish moves a job to a terminal state and stops whatever still runs.
 // Callers hold c.mu.
-func (c *Controller) finish(ctx context.Context, js *jobState, state rdzvv1.JobState, reason string) {
+func (c *Controller) finish(js *jobState, state rdzvv1.JobState, reason string) {
 	name := js.rec.GetSpec().GetName()
 	rec := proto.Clone(js.rec).(*rdzvv1.Job)
 	c.closeInterval(rec)
@@ -393,14 +400,11 @@ func (c *Controller) finish(ctx context.Context, js *jobState, state rdzvv1.JobS
 		rdzvv1.JobState_JOB_STATE_FAILED:    EventJobFailed,
 		rdzvv1.JobState_JOB_STATE_STOPPED:   EventJobStopped,
 	}[state]
-	rev, err := c.store.UpdateJob(ctx, rec, js.rev, c.event(name, "", rec.GetGeneration(), kind, "%s", reason))
-	if err != nil {
-		c.writeFailed("finishing job", err, zap.String("job", name))
-		return
-	}
-	js.rec, js.rev = rec, rev
-	c.log.Info("job finished", zap.String("job", name), zap.String("state", stateName(state)), zap.String("reason", reason))
-	c.stopWorkers(js, reason)
+	js.rec = rec
+	c.persist(c.store.UpdateJob(rec, c.event(name, "", rec.GetGeneration(), kind, "%s", reason)), func() {
+		c.log.Info("job finished", zap.String("job", name), zap.String("state", stateName(state)), zap.String("reason", reason))
+		c.stopWorkers(js, reason)
+	})
 	c.wake()
 }
 
@@ -424,12 +428,12 @@ func (c *Controller) livenessLoop(ctx context.Context) {
 		case <-ctx.Done():
 			return
 		case <-ticker.Chan():
-			c.checkLiveness(ctx)
+			c.checkLiveness()
 		}
 	}
 }
 
-func (c *Controller) checkLiveness(ctx context.Context) {
+func (c *Controller) checkLiveness() {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	now := c.clock.Now()
@@ -437,7 +441,7 @@ func (c *Controller) checkLiveness(ctx context.Context) {
 	votes, reporters := c.gossipVotes()
 	warned := 0
 	for name, ns := range c.nodes {
-		if warned < maxExpiryWarningsPerPass && c.warnCertExpiry(ctx, now, ns) {
+		if warned < maxExpiryWarningsPerPass && c.warnCertExpiry(now, ns) {
 			warned++
 		}
 		if ns.rec.GetState() == rdzvv1.NodeState_NODE_STATE_LOST || now.Before(ns.restartHold) {
@@ -456,9 +460,9 @@ func (c *Controller) checkLiveness(ctx context.Context) {
 		}
 		switch v {
 		case peersConfirm:
-			c.markLost(ctx, name, ns, seen, silent, true, fmt.Sprintf("no heartbeat for %s and %d peers cannot reach it", silent.Round(100*time.Millisecond), votes[name]))
+			c.markLost(name, ns, seen, silent, true, fmt.Sprintf("no heartbeat for %s and %d peers cannot reach it", silent.Round(100*time.Millisecond), votes[name]))
 		case timedOut:
-			c.markLost(ctx, name, ns, seen, silent, false, fmt.Sprintf("no heartbeat for %s", silent.Round(100*time.Millisecond)))
+			c.markLost(name, ns, seen, silent, false, fmt.Sprintf("no heartbeat for %s", silent.Round(100*time.Millisecond)))
 		case peersVouch:
 			if !ns.hiccup {
 				ns.hiccup = true
@@ -468,19 +472,16 @@ func (c *Controller) checkLiveness(ctx context.Context) {
 			ns.hiccup = false
 		}
 	}
-	c.checkHangs(ctx, now)
+	c.checkHangs(now)
 }
 
-func (c *Controller) markLost(ctx context.Context, name string, ns *nodeState, lastSeen time.Time, silent time.Duration, peersConfirmed bool, reason string) {
+// markLost declares a node lost. Callers hold c.mu.
+func (c *Controller) markLost(name string, ns *nodeState, lastSeen time.Time, silent time.Duration, peersConfirmed bool, reason string) {
 	rec := proto.Clone(ns.rec).(*rdzvv1.Node)
 	rec.State, rec.StateChangedAt = rdzvv1.NodeState_NODE_STATE_LOST, timestamppb.New(c.clock.Now())
 	rec.RestartHoldUntil = nil
-	rev, err := c.store.PutNode(ctx, rec, ns.rev, c.event(ns.job, name, ns.generation, EventNodeLost, "node %s lost: %s", name, reason))
-	if err != nil {
-		c.writeFailed("marking node lost", err, zap.String("node", name))
-		return
-	}
-	ns.rec, ns.rev = rec, rev
+	ns.rec = rec
+	c.persist(c.store.PutNode(rec, c.event(ns.job, name, ns.generation, EventNodeLost, "node %s lost: %s", name, reason)), nil)
 	// The agent fences itself once it has not heard us for the heartbeat
 	// timeout (or, with peers vouching, for as long as we waited here);
 	// fenceMargin covers its check interval and the kill.
@@ -508,8 +509,8 @@ func (c *Controller) markLost(ctx context.Context, name string, ns *nodeState, l
 		return
 	}
 	if js := c.jobs[ns.job]; js != nil && js.rec.GetGeneration() == ns.generation && ns.generation != 0 {
-		c.countLoss(ctx, name, ns)
-		c.applyWorkerStatus(ctx, name, &rdzvv1.WorkerStatus{
+		c.countLoss(name, ns)
+		c.applyWorkerStatus(name, &rdzvv1.WorkerStatus{
 			Job: ns.job, Generation: ns.generation, State: rdzvv1.WorkerState_WORKER_STATE_FAILED,
 			ExitCode: -1, Message: "node lost: " + reason, ExitedAt: timestamppb.New(lastSeen),
 		})
@@ -526,60 +527,63 @@ func (c *Controller) startJob(ctx context.Context, specProto *rdzvv1.JobSpec) (*
 		return nil, err
 	}
 	c.mu.Lock()
-	defer c.mu.Unlock()
 	name := spec.Name
-	var replaceRev int64
+	var replace bool
 	var generation uint64
 	if old := c.jobs[name]; old != nil {
 		if !terminalJob(old.rec.GetState()) {
+			c.mu.Unlock()
 			return nil, fmt.Errorf("job %s is %s; stop it before starting it again: %w", name, stateName(old.rec.GetState()), errAlreadyExists)
 		}
-		replaceRev, generation = old.rev, old.rec.GetGeneration()
+		replace, generation = true, old.rec.GetGeneration()
 	}
 	now := c.clock.Now()
 	rec := &rdzvv1.Job{Spec: spec.ToProto(), State: rdzvv1.JobState_JOB_STATE_PENDING, Reason: "waiting for rendezvous",
 		Generation: generation, CreatedAt: timestamppb.New(now)}
 	ev := c.event(name, "", generation, EventJobSubmitted, "job submitted: %d-%d nodes, %d GPUs and %d processes per node",
 		spec.Nodes.Min, spec.Nodes.Max, spec.GPUsPerNode, spec.ProcsPerNode)
-	rev, err := c.store.CreateJob(ctx, rec, replaceRev, ev)
-	if err != nil {
-		c.requestFailed("creating job", err)
-		if errors.Is(err, store.ErrConflict) {
-			return nil, fmt.Errorf("job %s: %w", name, errAlreadyExists)
-		}
-		return nil, err
-	}
-	js := &jobState{rec: rec, rev: rev, workers: map[string]*rdzvv1.WorkerStatus{}, pendingSince: now}
+	js := &jobState{rec: rec, workers: map[string]*rdzvv1.WorkerStatus{}, pendingSince: now}
 	c.jobs[name] = js
+	view := c.jobView(js)
+	reply := c.persistWait(c.store.CreateJob(rec, replace, ev))
+	c.mu.Unlock()
+	if err := await(ctx, reply); err != nil {
+		return nil, fmt.Errorf("storing job %s: %w", name, err)
+	}
 	c.log.Info("job submitted", zap.String("job", name))
 	c.wake()
-	return c.jobView(js), nil
+	return view, nil
 }
 
 func (c *Controller) stopJob(ctx context.Context, name string) (*rdzvv1.Job, error) {
 	c.mu.Lock()
-	defer c.mu.Unlock()
 	js := c.jobs[name]
 	if js == nil {
+		c.mu.Unlock()
 		return nil, fmt.Errorf("job %s: %w", name, errNotFound)
 	}
 	switch js.rec.GetState() {
 	case rdzvv1.JobState_JOB_STATE_PENDING:
-		c.finish(ctx, js, rdzvv1.JobState_JOB_STATE_STOPPED, "stopped by operator before it started")
+		c.finish(js, rdzvv1.JobState_JOB_STATE_STOPPED, "stopped by operator before it started")
 	case rdzvv1.JobState_JOB_STATE_RUNNING, rdzvv1.JobState_JOB_STATE_RECOVERING:
 		rec := proto.Clone(js.rec).(*rdzvv1.Job)
 		c.closeInterval(rec)
 		rec.State, rec.Reason = rdzvv1.JobState_JOB_STATE_STOPPING, "stopping: waiting for workers to exit"
-		rev, err := c.store.UpdateJob(ctx, rec, js.rev, c.event(name, "", rec.GetGeneration(), EventJobStopping, "stop requested by operator"))
-		if err != nil {
-			c.requestFailed("stopping job", err)
-			return nil, err
-		}
-		js.rec, js.rev = rec, rev
-		c.stopWorkers(js, "stopped by operator")
-		c.advanceJob(ctx, js)
+		js.rec = rec
+		c.persist(c.store.UpdateJob(rec, c.event(name, "", rec.GetGeneration(), EventJobStopping, "stop requested by operator")), func() {
+			c.stopWorkers(js, "stopped by operator")
+		})
+		c.advanceJob(js)
 	}
-	return c.jobView(js), nil
+	view := c.jobView(js)
+	// Answered once the stop (and whatever it led to) is durable.
+	reply := make(chan error, 1)
+	c.queueWrite(pendingWrite{reply: reply})
+	c.mu.Unlock()
+	if err := await(ctx, reply); err != nil {
+		return nil, fmt.Errorf("stopping job %s: %w", name, err)
+	}
+	return view, nil
 }
 
 // jobView is the API form of a job: its record plus the current round's

@@ -55,8 +55,9 @@ func (c *Controller) maintainLoop(ctx context.Context) {
 }
 
 // prune applies the retention settings once. Finished jobs are deleted
-// under c.mu, one transaction each, so that no restart of the same name
-// races the delete; events are pruned without holding it.
+// through the writer, in order with everything else, so that no restart of
+// the same name races the delete; events are pruned beside it (they are
+// append-only).
 func (c *Controller) prune(ctx context.Context) {
 	r := c.cfg.Retention
 	now := c.clock.Now()
@@ -79,12 +80,8 @@ func (c *Controller) prune(ctx context.Context) {
 			continue
 		}
 		name := js.rec.GetSpec().GetName()
-		if err := c.store.DeleteJob(ctx, name, js.rev); err != nil {
-			c.log.Warn("deleting a finished job for retention failed", zap.String("job", name), zap.Error(err))
-			c.requestFailed("deleting finished job", err)
-			break
-		}
 		delete(c.jobs, name)
+		c.persist(c.store.DeleteJob(name), nil)
 		c.log.Info("finished job deleted (retention)", zap.String("job", name), zap.Time("finished_at", js.rec.GetFinishedAt().AsTime()))
 	}
 	c.mu.Unlock()

@@ -1,7 +1,6 @@
 package controller
 
 import (
-	"context"
 	"fmt"
 	"path/filepath"
 	"strings"
@@ -101,7 +100,7 @@ func (c *Controller) resumeTraining(js *jobState) {
 // its backoff to re-rendezvous and resume from the latest complete
 // checkpoint, or fails for good when restarts are used up or it is crash
 // looping. Callers hold c.mu.
-func (c *Controller) attemptFailed(ctx context.Context, js *jobState, reason string, latency time.Duration) {
+func (c *Controller) attemptFailed(js *jobState, reason string, latency time.Duration) {
 	spec := js.rec.GetSpec()
 	name := spec.GetName()
 	gen := js.rec.GetGeneration()
@@ -115,10 +114,10 @@ func (c *Controller) attemptFailed(ctx context.Context, js *jobState, reason str
 	}
 	switch {
 	case rec.GetRestarts() >= spec.GetRestartMaxRestarts():
-		c.finish(ctx, js, rdzvv1.JobState_JOB_STATE_FAILED, fmt.Sprintf("%s; no restarts left (max_restarts %d)", reason, spec.GetRestartMaxRestarts()))
+		c.finish(js, rdzvv1.JobState_JOB_STATE_FAILED, fmt.Sprintf("%s; no restarts left (max_restarts %d)", reason, spec.GetRestartMaxRestarts()))
 		return
 	case rec.GetRestartsWithoutProgress() >= crashLoopLimit:
-		c.finish(ctx, js, rdzvv1.JobState_JOB_STATE_FAILED, fmt.Sprintf("crash loop: %d attempts in a row failed without training progress; last: %s", rec.GetRestartsWithoutProgress(), reason))
+		c.finish(js, rdzvv1.JobState_JOB_STATE_FAILED, fmt.Sprintf("crash loop: %d attempts in a row failed without training progress; last: %s", rec.GetRestartsWithoutProgress(), reason))
 		return
 	}
 	c.closeInterval(rec)
@@ -136,18 +135,15 @@ func (c *Controller) attemptFailed(ctx context.Context, js *jobState, reason str
 	ev := c.event(name, "", gen, EventAttemptFailed, "generation %d failed: %s; restart %d of %d after %s backoff, %s (detected after %s)",
 		gen, reason, rec.GetRestarts(), spec.GetRestartMaxRestarts(), backoff, from, latency.Round(time.Millisecond))
 	ev.DetectionLatency = durationpb.New(latency)
-	rev, err := c.store.UpdateJob(ctx, rec, js.rev, ev)
-	if err != nil {
-		c.writeFailed("recording failed attempt", err, zap.String("job", name))
-		return
-	}
-	js.rec, js.rev = rec, rev
+	js.rec = rec
 	// The rendezvous timeout runs from when the job can rendezvous again
 	// (stopped everywhere, backoff over), not from the failure.
 	js.pendingSince, js.lastCall = time.Time{}, rendezvous.LastCall{}
 	c.log.Warn("attempt failed, recovering", zap.String("job", name), zap.Uint64("generation", gen),
 		zap.String("reason", reason), zap.Duration("detection_latency", latency), zap.Duration("backoff", backoff))
-	c.stopWorkers(js, fmt.Sprintf("generation %d failed: %s", gen, reason))
+	c.persist(c.store.UpdateJob(rec, ev), func() {
+		c.stopWorkers(js, fmt.Sprintf("generation %d failed: %s", gen, reason))
+	})
 	c.wake()
 }
 
@@ -184,7 +180,7 @@ func (c *Controller) progress(node string, p *rdzvv1.Progress) {
 // checkpoint adds a complete checkpoint to the job's catalog. Only the
 // current generation of a running job may report one: a fenced generation
 // must never become the one the job resumes from.
-func (c *Controller) checkpoint(ctx context.Context, node string, r *rdzvv1.CheckpointReport) {
+func (c *Controller) checkpoint(node string, r *rdzvv1.CheckpointReport) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	log := c.log.With(zap.String("node", node), zap.String("job", r.GetJob()), zap.Uint64("generation", r.GetGeneration()), zap.Uint64("step", r.GetStep()))
@@ -216,14 +212,8 @@ func (c *Controller) checkpoint(ctx context.Context, node string, r *rdzvv1.Chec
 		keepFrom = js.catalog[n-catalogSize+1]
 	}
 	ev := c.event(r.GetJob(), node, r.GetGeneration(), EventCheckpoint, "checkpoint step %d complete (%s): %s", r.GetStep(), r.GetSource(), r.GetPath())
-	rev, err := c.store.RecordCheckpoint(ctx, rec, js.rev, cp, keepFrom, ev)
-	if err != nil {
-		// Only this report is lost; the next checkpoint supersedes it.
-		log.Error("recording checkpoint failed", zap.Error(err))
-		c.requestFailed("recording checkpoint", err)
-		return
-	}
-	js.rec, js.rev = rec, rev
+	js.rec = rec
+	c.persist(c.store.RecordCheckpoint(rec, cp, keepFrom, ev), nil)
 	js.catalog = append(js.catalog, r.GetStep())
 	if len(js.catalog) > catalogSize {
 		js.catalog = js.catalog[len(js.catalog)-catalogSize:]
@@ -248,14 +238,14 @@ func checkpointPathOK(dir, path string) error {
 
 // checkHangs restarts running jobs whose training stopped advancing. Jobs
 // that never reported a step have hang detection off. Callers hold c.mu.
-func (c *Controller) checkHangs(ctx context.Context, now time.Time) {
+func (c *Controller) checkHangs(now time.Time) {
 	for _, js := range c.jobs {
 		timeout := js.rec.GetSpec().GetHealthProgressTimeout().AsDuration()
 		if js.rec.GetState() != rdzvv1.JobState_JOB_STATE_RUNNING || timeout <= 0 || js.rec.GetProgressAt() == nil {
 			continue
 		}
 		if stalled := now.Sub(js.rec.GetProgressAt().AsTime()); stalled > timeout {
-			c.attemptFailed(ctx, js, fmt.Sprintf("hang: no training progress for %s (last step %d)", stalled.Round(time.Second), js.rec.GetStep()), stalled-timeout)
+			c.attemptFailed(js, fmt.Sprintf("hang: no training progress for %s (last step %d)", stalled.Round(time.Second), js.rec.GetStep()), stalled-timeout)
 		}
 	}
 }

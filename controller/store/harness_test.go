@@ -10,6 +10,7 @@ import (
 	"go.uber.org/goleak"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zaptest"
+	"google.golang.org/protobuf/proto"
 
 	"github.com/rdzv/rdzv/internal/testetcd"
 )
@@ -79,4 +80,32 @@ func keys(t *testing.T, cli *clientv3.Client, prefix string) []string {
 		out[i] = string(kv.Key)
 	}
 	return out
+}
+
+// commit writes changes in order, in as many transactions as they take, and
+// returns the revision of the last.
+func commit(t *testing.T, s *Store, changes ...*Change) int64 {
+	t.Helper()
+	rev, err := s.CommitAll(ctx(t), changes...)
+	require.NoError(t, err)
+	return rev
+}
+
+// sibling is a second Store over s's etcd that leads as s does but has seen
+// none of its records: a controller whose view is stale or empty, which is
+// what the implicit guards protect against.
+func sibling(s *Store) *Store {
+	o := New(s.Client(), 0)
+	o.Lead(*s.lead.Load())
+	return o
+}
+
+// putBehind writes value at key with the raw client, behind the store's
+// back, so that the store's guard on that key is stale.
+func putBehind(t *testing.T, cli *clientv3.Client, key string, value proto.Message) {
+	t.Helper()
+	b, err := proto.Marshal(value)
+	require.NoError(t, err)
+	_, err = cli.Put(ctx(t), key, string(b))
+	require.NoError(t, err)
 }

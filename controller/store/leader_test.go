@@ -18,37 +18,60 @@ import (
 // ErrConflict, and write nothing.
 func TestWritesGuardedByLeadership(t *testing.T) {
 	s, cli := newStore(t)
-	rev, err := s.CreateJob(ctx(t), job("train", rdzvv1.JobState_JOB_STATE_PENDING, 0), 0)
-	require.NoError(t, err)
+	commit(t, s, s.CreateJob(job("train", rdzvv1.JobState_JOB_STATE_PENDING, 0), false))
 
 	t.Run("a lost race on a record is a conflict", func(t *testing.T) {
-		_, err := s.UpdateJob(ctx(t), job("train", rdzvv1.JobState_JOB_STATE_RUNNING, 1), rev+100)
+		// A store that leads but never saw the job: its view is stale.
+		o := sibling(s)
+		_, err := o.CommitAll(ctx(t), o.UpdateJob(job("train", rdzvv1.JobState_JOB_STATE_RUNNING, 1)))
 		require.ErrorIs(t, err, ErrConflict)
 		require.NotErrorIs(t, err, ErrNotLeader)
 	})
 
-	writes := map[string]func(*Store) error{
-		"update job": func(s *Store) error {
-			_, err := s.UpdateJob(ctx(t), job("train", rdzvv1.JobState_JOB_STATE_RUNNING, 1), rev)
+	// Each write is built on the deposed store d; d never saw "train", so
+	// its record guards fail as well: the leadership must win.
+	writes := map[string]func(d *Store) error{
+		"update job": func(d *Store) error {
+			_, err := d.CommitAll(ctx(t), d.UpdateJob(job("train", rdzvv1.JobState_JOB_STATE_RUNNING, 1)))
 			return err
 		},
-		"create job": func(s *Store) error {
-			_, err := s.CreateJob(ctx(t), job("other", rdzvv1.JobState_JOB_STATE_PENDING, 0), 0)
+		"create job": func(d *Store) error {
+			_, err := d.CommitAll(ctx(t), d.CreateJob(job("other", rdzvv1.JobState_JOB_STATE_PENDING, 0), false))
 			return err
 		},
-		"node": func(s *Store) error {
-			_, err := s.PutNode(ctx(t), &rdzvv1.Node{Info: &rdzvv1.NodeInfo{Name: "n1"}}, 0)
+		"commit round": func(d *Store) error {
+			_, err := d.CommitAll(ctx(t), d.CommitRound(job("train", rdzvv1.JobState_JOB_STATE_RUNNING, 1), round("train", 1, "n1")))
 			return err
 		},
-		"event": func(s *Store) error { return s.AppendEvent(ctx(t), event("", "x", t0)) },
-		"worker": func(s *Store) error {
-			return s.PutWorker(ctx(t), "train", "n1", &rdzvv1.WorkerStatus{Job: "train"}, rev)
-		},
-		"prune": func(s *Store) error {
-			_, err := s.PruneEvents(ctx(t), ClusterScope, t0, 0)
+		"record checkpoint": func(d *Store) error {
+			_, err := d.CommitAll(ctx(t), d.RecordCheckpoint(job("train", rdzvv1.JobState_JOB_STATE_RUNNING, 1), &rdzvv1.Checkpoint{Step: 1}, 0))
 			return err
 		},
-		"delete job": func(s *Store) error { return s.DeleteJob(ctx(t), "train", rev) },
+		"node": func(d *Store) error {
+			_, err := d.CommitAll(ctx(t), d.PutNode(&rdzvv1.Node{Info: &rdzvv1.NodeInfo{Name: "n1"}}))
+			return err
+		},
+		"event": func(d *Store) error {
+			_, err := d.CommitAll(ctx(t), d.AppendEvent(event("", "x", t0)))
+			return err
+		},
+		"worker": func(d *Store) error {
+			_, err := d.CommitAll(ctx(t), d.PutWorker("train", "n1", &rdzvv1.WorkerStatus{Job: "train"}))
+			return err
+		},
+		"batch": func(d *Store) error {
+			n, _, err := d.Commit(ctx(t), []*Change{d.AppendEvent(event("", "x", t0)), d.AppendEvent(event("", "y", t0))})
+			require.Zero(t, n)
+			return err
+		},
+		"prune": func(d *Store) error {
+			_, err := d.PruneEvents(ctx(t), ClusterScope, t0, 0)
+			return err
+		},
+		"delete job": func(d *Store) error {
+			_, err := d.CommitAll(ctx(t), d.DeleteJob("train"))
+			return err
+		},
 	}
 	deposals := []struct {
 		name   string
@@ -106,19 +129,22 @@ func TestGuardFollowsElection(t *testing.T) {
 	sessA, a := campaign("a")
 	require.NoError(t, a.Campaign(ctx(t), "a:7070"))
 	s.Lead(Leadership{Key: a.Key(), Rev: a.Rev()})
-	_, err := s.CreateJob(ctx(t), job("one", rdzvv1.JobState_JOB_STATE_PENDING, 0), 0)
-	require.NoError(t, err)
+	commit(t, s, s.CreateJob(job("one", rdzvv1.JobState_JOB_STATE_PENDING, 0), false))
 
 	// Closing the session revokes its lease, as its expiry would.
 	require.NoError(t, sessA.Close())
 	_, b := campaign("b")
 	require.NoError(t, b.Campaign(ctx(t), "b:7070"))
-	_, err = s.CreateJob(ctx(t), job("two", rdzvv1.JobState_JOB_STATE_PENDING, 0), 0)
+	two := s.CreateJob(job("two", rdzvv1.JobState_JOB_STATE_PENDING, 0), false)
+	_, err := s.CommitAll(ctx(t), two)
 	require.ErrorIs(t, err, ErrNotLeader, "a deposed leader's late write must fail")
+	require.Empty(t, keys(t, cli, JobKey("two")))
 
+	// The refused change is still good once the store leads again: guards
+	// are checked when it is committed, not when it is built.
 	s.Lead(Leadership{Key: b.Key(), Rev: b.Rev()})
-	_, err = s.CreateJob(ctx(t), job("two", rdzvv1.JobState_JOB_STATE_PENDING, 0), 0)
-	require.NoError(t, err)
+	commit(t, s, two)
+	require.Len(t, keys(t, cli, JobKey("two")), 1)
 }
 
 func TestPruneEvents(t *testing.T) {
@@ -139,10 +165,10 @@ func TestPruneEvents(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			s, cli := newStore(t)
 			for i := range tt.events {
-				require.NoError(t, s.AppendEvent(ctx(t), event("train", fmt.Sprint(i), t0.Add(time.Duration(i)*time.Second))))
+				commit(t, s, s.AppendEvent(event("train", fmt.Sprint(i), t0.Add(time.Duration(i)*time.Second))))
 			}
 			// Another scope is never touched.
-			require.NoError(t, s.AppendEvent(ctx(t), event("", "cluster", t0)))
+			commit(t, s, s.AppendEvent(event("", "cluster", t0)))
 			deleted, err := s.PruneEvents(ctx(t), "train", t0.Add(tt.cutoff), tt.keep)
 			require.NoError(t, err)
 			require.EqualValues(t, tt.events-len(tt.want), deleted)
@@ -160,22 +186,40 @@ func TestPruneEvents(t *testing.T) {
 
 func TestDeleteJob(t *testing.T) {
 	s, cli := newStore(t)
-	rev, err := s.CreateJob(ctx(t), job("done", rdzvv1.JobState_JOB_STATE_PENDING, 0), 0, event("done", "job_submitted", t0))
-	require.NoError(t, err)
-	rev, err = s.CommitRound(ctx(t), job("done", rdzvv1.JobState_JOB_STATE_RUNNING, 1), rev, round("done", 1, "n1"))
-	require.NoError(t, err)
-	require.NoError(t, s.PutWorker(ctx(t), "done", "n1", &rdzvv1.WorkerStatus{Job: "done", Generation: 1}, rev))
-	rev, err = s.RecordCheckpoint(ctx(t), job("done", rdzvv1.JobState_JOB_STATE_RUNNING, 1), rev, &rdzvv1.Checkpoint{Step: 10, Path: "/c/10"}, 0)
-	require.NoError(t, err)
+	commit(t, s,
+		s.CreateJob(job("done", rdzvv1.JobState_JOB_STATE_PENDING, 0), false, event("done", "job_submitted", t0)),
+		s.CommitRound(job("done", rdzvv1.JobState_JOB_STATE_RUNNING, 1), round("done", 1, "n1")),
+		s.PutWorker("done", "n1", &rdzvv1.WorkerStatus{Job: "done", Generation: 1}),
+		s.RecordCheckpoint(job("done", rdzvv1.JobState_JOB_STATE_RUNNING, 1), &rdzvv1.Checkpoint{Step: 10, Path: "/c/10"}, 0))
 	// A job whose name shares the prefix must survive.
-	_, err = s.CreateJob(ctx(t), job("done-2", rdzvv1.JobState_JOB_STATE_PENDING, 0), 0, event("done-2", "job_submitted", t0))
-	require.NoError(t, err)
+	commit(t, s, s.CreateJob(job("done-2", rdzvv1.JobState_JOB_STATE_PENDING, 0), false, event("done-2", "job_submitted", t0)))
+	kept := func() {
+		t.Helper()
+		require.Contains(t, keys(t, cli, JobsPrefix()), JobKey("done"), "a refused delete removed the job")
+		for _, prefix := range []string{RoundsPrefix("done"), WorkersPrefix("done"), CheckpointsPrefix("done"), EventsPrefix("done")} {
+			require.Len(t, keys(t, cli, prefix), 1, "a refused delete removed %s", prefix)
+		}
+	}
 
-	require.ErrorIs(t, s.DeleteJob(ctx(t), "done", rev-1), ErrConflict)
-	require.NoError(t, s.DeleteJob(ctx(t), "done", rev))
+	o := sibling(s)
+	_, err := o.CommitAll(ctx(t), o.DeleteJob("done"))
+	require.ErrorIs(t, err, ErrConflict, "deleting a job the store never saw")
+	kept()
+
+	// The job changed behind the store's back: its view is stale.
+	putBehind(t, cli, JobKey("done"), job("done", rdzvv1.JobState_JOB_STATE_FAILED, 1))
+	_, err = s.CommitAll(ctx(t), s.DeleteJob("done"))
+	require.ErrorIs(t, err, ErrConflict, "deleting a job that moved")
+	kept()
+
+	// Reloading catches up.
+	_, err = s.Load(ctx(t))
+	require.NoError(t, err)
+	commit(t, s, s.DeleteJob("done"))
 	require.Equal(t, []string{JobKey("done-2"), EventsPrefix("done-2")}, []string{
 		keys(t, cli, JobsPrefix())[0], keys(t, cli, Prefix+"events/")[0][:len(EventsPrefix("done-2"))],
 	})
+	require.Len(t, keys(t, cli, JobsPrefix()), 1)
 	require.Len(t, keys(t, cli, Prefix+"events/"), 1)
 	for _, prefix := range []string{RoundsPrefix("done"), WorkersPrefix("done"), CheckpointsPrefix("done"), EventsPrefix("done")} {
 		require.Empty(t, keys(t, cli, prefix), prefix)
@@ -184,12 +228,10 @@ func TestDeleteJob(t *testing.T) {
 
 func TestCompact(t *testing.T) {
 	s, cli := newStore(t)
-	_, err := s.CreateJob(ctx(t), job("x", rdzvv1.JobState_JOB_STATE_PENDING, 0), 0)
-	require.NoError(t, err)
+	commit(t, s, s.CreateJob(job("x", rdzvv1.JobState_JOB_STATE_PENDING, 0), false))
 	old, err := s.Revision(ctx(t))
 	require.NoError(t, err)
-	_, err = s.UpdateJob(ctx(t), job("x", rdzvv1.JobState_JOB_STATE_RUNNING, 1), old)
-	require.NoError(t, err)
+	commit(t, s, s.UpdateJob(job("x", rdzvv1.JobState_JOB_STATE_RUNNING, 1)))
 	require.NoError(t, s.Compact(ctx(t), old))
 	_, err = cli.Get(ctx(t), JobKey("x"), clientv3.WithRev(old-1))
 	require.True(t, errors.Is(err, errCompacted(t, cli, old-1)), "history before the compaction is gone: %v", err)

@@ -15,9 +15,7 @@ import (
 // time, so each bound is one range delete.
 func (s *Store) PruneEvents(ctx context.Context, scope string, cutoff time.Time, keep int) (int64, error) {
 	prefix := EventsPrefix(scope)
-	var l opList
-	l.ops = append(l.ops, clientv3.OpDelete(prefix, clientv3.WithRange(EventKey(scope, cutoff, 0))))
-	resp, err := s.commit(ctx, nil, &l)
+	resp, err := s.commit(ctx, nil, &opList{ops: []clientv3.Op{clientv3.OpDelete(prefix, clientv3.WithRange(EventKey(scope, cutoff, 0)))}})
 	if err != nil {
 		return 0, fmt.Errorf("pruning events of %s older than %s: %w", scope, cutoff.Format(time.RFC3339), err)
 	}
@@ -44,27 +42,24 @@ func (s *Store) PruneEvents(ctx context.Context, scope string, cutoff time.Time,
 		return deleted, nil
 	}
 	last := string(oldest.Kvs[len(oldest.Kvs)-1].Key)
-	l = opList{}
-	l.ops = append(l.ops, clientv3.OpDelete(prefix, clientv3.WithRange(last+"\x00")))
-	if resp, err = s.commit(ctx, nil, &l); err != nil {
+	if resp, err = s.commit(ctx, nil, &opList{ops: []clientv3.Op{clientv3.OpDelete(prefix, clientv3.WithRange(last+"\x00"))}}); err != nil {
 		return deleted, fmt.Errorf("pruning events of %s to the newest %d: %w", scope, keep, err)
 	}
 	return deleted + resp.Responses[0].GetResponseDeleteRange().GetDeleted(), nil
 }
 
 // DeleteJob removes a finished job and everything kept for it (rounds,
-// worker statuses, checkpoint catalog, events) if the job record is still
-// at expectRev.
-func (s *Store) DeleteJob(ctx context.Context, job string, expectRev int64) error {
-	var l opList
-	l.ops = append(l.ops, clientv3.OpDelete(JobKey(job)))
+// worker statuses, checkpoint catalog, events), guarded on the job as last
+// seen.
+func (s *Store) DeleteJob(job string) *Change {
+	ch := newChange("deleting job " + job)
+	ch.guard, ch.untrack = []string{JobKey(job)}, []string{JobKey(job)}
+	ch.known = true
+	ch.deleteRange(JobKey(job), "")
 	for _, prefix := range []string{RoundsPrefix(job), WorkersPrefix(job), CheckpointsPrefix(job), EventsPrefix(job)} {
-		l.deletePrefix(prefix)
+		ch.deletePrefix(prefix)
 	}
-	if _, err := s.txn(ctx, []clientv3.Cmp{revCmp(JobKey(job), expectRev)}, &l); err != nil {
-		return fmt.Errorf("deleting job %s: %w", job, err)
-	}
-	return nil
+	return ch
 }
 
 // Revision is etcd's current revision.

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -44,6 +45,11 @@ type Store struct {
 	// instead of hanging them (and whoever holds a lock around them).
 	timeout time.Duration
 	lead    atomic.Pointer[Leadership]
+
+	// mu serialises commits; revs is the mod revision of every job and node
+	// record as this store last read or wrote it: the guards of Commit.
+	mu   sync.Mutex
+	revs map[string]int64
 }
 
 // Leadership identifies the leader key a write is guarded on: the key
@@ -60,7 +66,7 @@ func New(cli *clientv3.Client, requestTimeout time.Duration) *Store {
 	if requestTimeout <= 0 {
 		requestTimeout = DefaultRequestTimeout
 	}
-	return &Store{cli: cli, timeout: requestTimeout}
+	return &Store{cli: cli, timeout: requestTimeout, revs: map[string]int64{}}
 }
 
 // Lead guards every later write on l.
@@ -137,6 +143,18 @@ func (s *Store) Load(ctx context.Context) (*Snapshot, error) {
 	if err != nil {
 		return nil, fmt.Errorf("loading jobs: %w", err)
 	}
+	// Guards of later commits start from what was read, and from nothing
+	// of an earlier lead.
+	revs := make(map[string]int64, len(snap.Nodes)+len(snap.Jobs))
+	for name, v := range snap.Nodes {
+		revs[NodeKey(name)] = v.ModRevision
+	}
+	for name, v := range snap.Jobs {
+		revs[JobKey(name)] = v.ModRevision
+	}
+	s.mu.Lock()
+	s.revs = revs
+	s.mu.Unlock()
 	for name := range snap.Jobs {
 		round, err := s.LatestRound(ctx, name)
 		if err != nil {
@@ -225,97 +243,87 @@ func (s *Store) rangeAll(ctx context.Context, prefix string, fn func(key string,
 	}
 }
 
-// PutNode writes a node record if it is still at expectRev (0: must not
-// exist) and returns the new revision.
-func (s *Store) PutNode(ctx context.Context, n *rdzvv1.Node, expectRev int64, events ...*rdzvv1.Event) (int64, error) {
+// PutNode writes a node record, guarded on the node as last seen.
+func (s *Store) PutNode(n *rdzvv1.Node, events ...*rdzvv1.Event) *Change {
 	key := NodeKey(n.GetInfo().GetName())
 	stored := proto.Clone(n).(*rdzvv1.Node)
 	// Liveness and job membership are in-memory views; persisting them would
 	// mean a write per heartbeat.
 	stored.LastHeartbeat, stored.Job, stored.Generation = nil, "", 0
-	var l opList
-	l.put(key, stored)
-	s.events(&l, events)
-	rev, err := s.txn(ctx, []clientv3.Cmp{revCmp(key, expectRev)}, &l)
-	if err != nil {
-		return 0, fmt.Errorf("writing node %s: %w", n.GetInfo().GetName(), err)
-	}
-	return rev, nil
+	ch := newChange("writing node " + n.GetInfo().GetName())
+	ch.guard, ch.track = []string{key}, []string{key}
+	ch.putMsg(key, stored)
+	s.events(ch, events)
+	return ch
 }
 
-// CreateJob stores a new job. replaceRev is 0 for a new name, or the
-// revision of a finished job of the same name that this one replaces: its
-// rounds and workers go with it, its events stay as the name's history.
-func (s *Store) CreateJob(ctx context.Context, j *rdzvv1.Job, replaceRev int64, events ...*rdzvv1.Event) (int64, error) {
+// CreateJob stores a new job. A finished job of the same name that this
+// one replaces (the guard: as last seen, or absent) takes its rounds,
+// workers and checkpoints with it; its events stay as the name's history.
+func (s *Store) CreateJob(j *rdzvv1.Job, replace bool, events ...*rdzvv1.Event) *Change {
 	name := j.GetSpec().GetName()
-	var l opList
-	l.put(JobKey(name), stripJob(j))
-	if replaceRev != 0 {
-		l.deletePrefix(RoundsPrefix(name))
-		l.deletePrefix(WorkersPrefix(name))
+	ch := newChange("creating job " + name)
+	ch.track = []string{JobKey(name)}
+	if replace {
+		ch.guard, ch.known = []string{JobKey(name)}, true
+	} else {
+		ch.absent = []string{JobKey(name)}
+	}
+	ch.putMsg(JobKey(name), stripJob(j))
+	if replace {
+		ch.deletePrefix(RoundsPrefix(name))
+		ch.deletePrefix(WorkersPrefix(name))
 		// A new run of the name starts from scratch, not from the old run's
 		// checkpoints (its directory may be reused for other data).
-		l.deletePrefix(CheckpointsPrefix(name))
+		ch.deletePrefix(CheckpointsPrefix(name))
 	}
-	s.events(&l, events)
-	rev, err := s.txn(ctx, []clientv3.Cmp{revCmp(JobKey(name), replaceRev)}, &l)
-	if err != nil {
-		return 0, fmt.Errorf("creating job %s: %w", name, err)
-	}
-	return rev, nil
+	s.events(ch, events)
+	return ch
 }
 
-// UpdateJob writes a job record if it is still at expectRev.
-func (s *Store) UpdateJob(ctx context.Context, j *rdzvv1.Job, expectRev int64, events ...*rdzvv1.Event) (int64, error) {
+// UpdateJob rewrites a job record, guarded on the job as last seen.
+func (s *Store) UpdateJob(j *rdzvv1.Job, events ...*rdzvv1.Event) *Change {
 	name := j.GetSpec().GetName()
-	var l opList
-	l.put(JobKey(name), stripJob(j))
-	s.events(&l, events)
-	rev, err := s.txn(ctx, []clientv3.Cmp{revCmp(JobKey(name), expectRev)}, &l)
-	if err != nil {
-		return 0, fmt.Errorf("updating job %s: %w", name, err)
-	}
-	return rev, nil
+	ch := newChange("updating job " + name)
+	ch.guard, ch.track = []string{JobKey(name)}, []string{JobKey(name)}
+	ch.known = true
+	ch.putMsg(JobKey(name), stripJob(j))
+	s.events(ch, events)
+	return ch
 }
 
-// CommitRound atomically moves a job to its new generation: the job record,
-// the round, and a clean slate of worker statuses, guarded by the job's
-// revision so two rounds can never both commit.
-func (s *Store) CommitRound(ctx context.Context, j *rdzvv1.Job, expectRev int64, round *rdzvv1.Round, events ...*rdzvv1.Event) (int64, error) {
+// CommitRound moves a job to its new generation: the job record, the
+// round, and a clean slate of worker statuses, guarded by the job as last
+// seen and the round not existing, so two rounds can never both commit.
+func (s *Store) CommitRound(j *rdzvv1.Job, round *rdzvv1.Round, events ...*rdzvv1.Event) *Change {
 	name := j.GetSpec().GetName()
-	var l opList
-	l.put(JobKey(name), stripJob(j))
-	l.put(RoundKey(name, round.GetGeneration()), round)
-	l.deletePrefix(WorkersPrefix(name))
-	s.events(&l, events)
-	rev, err := s.txn(ctx, []clientv3.Cmp{
-		revCmp(JobKey(name), expectRev),
-		clientv3.Compare(clientv3.CreateRevision(RoundKey(name, round.GetGeneration())), "=", 0),
-	}, &l)
-	if err != nil {
-		return 0, fmt.Errorf("committing round %d of job %s: %w", round.GetGeneration(), name, err)
-	}
-	return rev, nil
+	ch := newChange(fmt.Sprintf("committing round %d of job %s", round.GetGeneration(), name))
+	ch.guard, ch.track = []string{JobKey(name)}, []string{JobKey(name)}
+	ch.known = true
+	ch.absent = []string{RoundKey(name, round.GetGeneration())}
+	ch.putMsg(JobKey(name), stripJob(j))
+	ch.putMsg(RoundKey(name, round.GetGeneration()), round)
+	ch.deletePrefix(WorkersPrefix(name))
+	s.events(ch, events)
+	return ch
 }
 
 // RecordCheckpoint adds a complete checkpoint to a job's catalog and writes
-// the job record (which names the latest one) in one transaction, guarded by
-// the job's revision. Catalog entries below keepFromStep are dropped, which
-// bounds the catalog.
-func (s *Store) RecordCheckpoint(ctx context.Context, j *rdzvv1.Job, expectRev int64, cp *rdzvv1.Checkpoint, keepFromStep uint64, events ...*rdzvv1.Event) (int64, error) {
+// the job record (which names the latest one), guarded on the job as last
+// seen. Catalog entries below keepFromStep are dropped, which bounds the
+// catalog.
+func (s *Store) RecordCheckpoint(j *rdzvv1.Job, cp *rdzvv1.Checkpoint, keepFromStep uint64, events ...*rdzvv1.Event) *Change {
 	name := j.GetSpec().GetName()
-	var l opList
-	l.put(JobKey(name), stripJob(j))
-	l.put(CheckpointKey(name, cp.GetStep()), cp)
+	ch := newChange(fmt.Sprintf("recording checkpoint step %d of job %s", cp.GetStep(), name))
+	ch.guard, ch.track = []string{JobKey(name)}, []string{JobKey(name)}
+	ch.known = true
+	ch.putMsg(JobKey(name), stripJob(j))
+	ch.putMsg(CheckpointKey(name, cp.GetStep()), cp)
 	if keepFromStep > 0 {
-		l.ops = append(l.ops, clientv3.OpDelete(CheckpointsPrefix(name), clientv3.WithRange(CheckpointKey(name, keepFromStep))))
+		ch.deleteRange(CheckpointsPrefix(name), CheckpointKey(name, keepFromStep))
 	}
-	s.events(&l, events)
-	rev, err := s.txn(ctx, []clientv3.Cmp{revCmp(JobKey(name), expectRev)}, &l)
-	if err != nil {
-		return 0, fmt.Errorf("recording checkpoint step %d of job %s: %w", cp.GetStep(), name, err)
-	}
-	return rev, nil
+	s.events(ch, events)
+	return ch
 }
 
 // Checkpoints returns a job's catalog, oldest step first.
@@ -335,26 +343,22 @@ func (s *Store) Checkpoints(ctx context.Context, job string) ([]*rdzvv1.Checkpoi
 	return out, nil
 }
 
-// PutWorker records one node's worker status for a job, only while the job
-// is still at jobRev, so a report for a superseded generation cannot land.
-func (s *Store) PutWorker(ctx context.Context, job, node string, w *rdzvv1.WorkerStatus, jobRev int64, events ...*rdzvv1.Event) error {
-	var l opList
-	l.put(WorkerKey(job, node), w)
-	s.events(&l, events)
-	if _, err := s.txn(ctx, []clientv3.Cmp{revCmp(JobKey(job), jobRev)}, &l); err != nil {
-		return fmt.Errorf("recording worker of job %s on node %s: %w", job, node, err)
-	}
-	return nil
+// PutWorker records one node's worker status for a job, guarded on the job
+// as last seen, so a report for a superseded generation cannot land.
+func (s *Store) PutWorker(job, node string, w *rdzvv1.WorkerStatus, events ...*rdzvv1.Event) *Change {
+	ch := newChange(fmt.Sprintf("recording worker of job %s on node %s", job, node))
+	ch.guard = []string{JobKey(job)}
+	ch.known = true
+	ch.putMsg(WorkerKey(job, node), w)
+	s.events(ch, events)
+	return ch
 }
 
 // AppendEvent stores one event on its own.
-func (s *Store) AppendEvent(ctx context.Context, ev *rdzvv1.Event) error {
-	var l opList
-	s.events(&l, []*rdzvv1.Event{ev})
-	if _, err := s.txn(ctx, nil, &l); err != nil {
-		return fmt.Errorf("appending event %s: %w", ev.GetKind(), err)
-	}
-	return nil
+func (s *Store) AppendEvent(ev *rdzvv1.Event) *Change {
+	ch := newChange("appending event " + ev.GetKind())
+	s.events(ch, []*rdzvv1.Event{ev})
+	return ch
 }
 
 // ListEvents returns up to limit of a scope's newest events, oldest first.
@@ -380,14 +384,6 @@ func (s *Store) ListEvents(ctx context.Context, scope string, limit int) ([]*rdz
 // txn commits l if cmps hold and this controller still leads. When it
 // fails, the leader key is read in the same transaction to tell a lost
 // leadership (ErrNotLeader) from a lost race on a record (ErrConflict).
-func (s *Store) txn(ctx context.Context, cmps []clientv3.Cmp, l *opList) (int64, error) {
-	resp, err := s.commit(ctx, cmps, l)
-	if err != nil {
-		return 0, err
-	}
-	return resp.Header.Revision, nil
-}
-
 func (s *Store) commit(ctx context.Context, cmps []clientv3.Cmp, l *opList) (*clientv3.TxnResponse, error) {
 	if l.err != nil {
 		return nil, l.err
@@ -421,30 +417,26 @@ func revCmp(key string, rev int64) clientv3.Cmp {
 	return clientv3.Compare(clientv3.ModRevision(key), "=", rev)
 }
 
-// opList accumulates etcd operations and the first marshalling error, so
-// callers build a transaction without checking every step.
+// opList accumulates etcd operations and the first encoding error, so
+// builders need not check every step.
 type opList struct {
 	ops []clientv3.Op
 	err error
 }
 
-func (l *opList) put(key string, m proto.Message) {
-	if l.err != nil {
+func (c *Change) putMsg(key string, m proto.Message) {
+	if c.l.err != nil {
 		return
 	}
 	b, err := proto.Marshal(m)
 	if err != nil {
-		l.err = fmt.Errorf("encoding %s: %w", key, err)
+		c.l.err = fmt.Errorf("encoding %s: %w", key, err)
 		return
 	}
-	l.ops = append(l.ops, clientv3.OpPut(key, string(b)))
+	c.put(key, b)
 }
 
-func (l *opList) deletePrefix(prefix string) {
-	l.ops = append(l.ops, clientv3.OpDelete(prefix, clientv3.WithPrefix()))
-}
-
-func (s *Store) events(l *opList, events []*rdzvv1.Event) {
+func (s *Store) events(ch *Change, events []*rdzvv1.Event) {
 	for _, ev := range events {
 		scope := ev.GetJob()
 		if scope == "" {
@@ -454,7 +446,7 @@ func (s *Store) events(l *opList, events []*rdzvv1.Event) {
 		if ev.GetTime() != nil {
 			at = ev.GetTime().AsTime()
 		}
-		l.put(EventKey(scope, at, s.seq.Add(1)), ev)
+		ch.putMsg(EventKey(scope, at, s.seq.Add(1)), ev)
 	}
 }
 

@@ -128,12 +128,14 @@ func TestStore(t *testing.T) {
 	s, cli := newStore(t)
 
 	t.Run("create job conflicts on existing name", func(t *testing.T) {
-		rev, err := s.CreateJob(ctx(t), job("dup", rdzvv1.JobState_JOB_STATE_PENDING, 0), 0, event("dup", "job_submitted", t0))
-		require.NoError(t, err)
+		rev := commit(t, s, s.CreateJob(job("dup", rdzvv1.JobState_JOB_STATE_PENDING, 0), false, event("dup", "job_submitted", t0)))
 		require.Positive(t, rev)
 
+		// A second controller (or this one after losing track) that never
+		// saw the job creates it again.
 		before := revision(t, cli)
-		_, err = s.CreateJob(ctx(t), job("dup", rdzvv1.JobState_JOB_STATE_PENDING, 0), 0, event("dup", "job_submitted", t0.Add(time.Second)))
+		o := sibling(s)
+		_, err := o.CommitAll(ctx(t), o.CreateJob(job("dup", rdzvv1.JobState_JOB_STATE_PENDING, 0), false, event("dup", "job_submitted", t0.Add(time.Second))))
 		require.ErrorIs(t, err, ErrConflict)
 		require.Equal(t, before, revision(t, cli), "a conflicting create wrote something")
 
@@ -142,24 +144,24 @@ func TestStore(t *testing.T) {
 		require.Len(t, events, 1, "the losing create's event was stored")
 	})
 
-	// replaceFinished stores a job that ran one round and returns its
-	// revision, as the controller holds it when the job has finished.
-	replaceFinished := func(t *testing.T, name string) int64 {
-		rev, err := s.CreateJob(ctx(t), job(name, rdzvv1.JobState_JOB_STATE_PENDING, 0), 0, event(name, "job_submitted", t0))
-		require.NoError(t, err)
-		rev, err = s.CommitRound(ctx(t), job(name, rdzvv1.JobState_JOB_STATE_RUNNING, 1), rev, round(name, 1, "n1"))
-		require.NoError(t, err)
-		require.NoError(t, s.PutWorker(ctx(t), name, "n1", &rdzvv1.WorkerStatus{Job: name, Generation: 1}, rev))
+	// replaceFinished stores a job that ran one round, as the controller
+	// holds it when the job has finished.
+	replaceFinished := func(t *testing.T, name string) {
+		commit(t, s,
+			s.CreateJob(job(name, rdzvv1.JobState_JOB_STATE_PENDING, 0), false, event(name, "job_submitted", t0)),
+			s.CommitRound(job(name, rdzvv1.JobState_JOB_STATE_RUNNING, 1), round(name, 1, "n1")),
+			s.PutWorker(name, "n1", &rdzvv1.WorkerStatus{Job: name, Generation: 1}))
 
-		_, err = s.CreateJob(ctx(t), job(name, rdzvv1.JobState_JOB_STATE_PENDING, 1), rev-1)
-		require.ErrorIs(t, err, ErrConflict, "replacing with a stale revision")
-		return rev
+		o := sibling(s)
+		_, err := o.CommitAll(ctx(t), o.CreateJob(job(name, rdzvv1.JobState_JOB_STATE_PENDING, 1), true))
+		require.ErrorIs(t, err, ErrConflict, "replacing a job the store never saw")
+		require.Len(t, keys(t, cli, RoundsPrefix(name)), 1, "a refused replace dropped the rounds")
+		require.Len(t, keys(t, cli, WorkersPrefix(name)), 1, "a refused replace dropped the workers")
 	}
 
 	t.Run("create replaces a finished job and drops its rounds and workers", func(t *testing.T) {
-		rev := replaceFinished(t, "again")
-		_, err := s.CreateJob(ctx(t), job("again", rdzvv1.JobState_JOB_STATE_PENDING, 1), rev)
-		require.NoError(t, err)
+		replaceFinished(t, "again")
+		commit(t, s, s.CreateJob(job("again", rdzvv1.JobState_JOB_STATE_PENDING, 1), true))
 		require.Empty(t, keys(t, cli, RoundsPrefix("again")))
 		require.Empty(t, keys(t, cli, WorkersPrefix("again")))
 		require.Len(t, keys(t, cli, EventsPrefix("again")), 1, "the old job's events stay as the name's history")
@@ -168,9 +170,8 @@ func TestStore(t *testing.T) {
 	t.Run("create replaces a finished job and keeps its events", func(t *testing.T) {
 		// The controller always passes a job_submitted event, under the same
 		// events prefix as the earlier run's: both must be kept.
-		rev := replaceFinished(t, "again-ev")
-		_, err := s.CreateJob(ctx(t), job("again-ev", rdzvv1.JobState_JOB_STATE_PENDING, 1), rev, event("again-ev", "job_submitted", t0.Add(time.Hour)))
-		require.NoError(t, err)
+		replaceFinished(t, "again-ev")
+		commit(t, s, s.CreateJob(job("again-ev", rdzvv1.JobState_JOB_STATE_PENDING, 1), true, event("again-ev", "job_submitted", t0.Add(time.Hour))))
 		require.Empty(t, keys(t, cli, RoundsPrefix("again-ev")))
 		require.Empty(t, keys(t, cli, WorkersPrefix("again-ev")))
 		events, err := s.ListEvents(ctx(t), "again-ev", 10)
@@ -179,15 +180,25 @@ func TestStore(t *testing.T) {
 		require.True(t, events[1].GetTime().AsTime().Equal(t0.Add(time.Hour)), "the new event is the newest")
 	})
 
+	t.Run("create replaces a finished job and drops its checkpoints", func(t *testing.T) {
+		replaceFinished(t, "again-cp")
+		commit(t, s, s.RecordCheckpoint(job("again-cp", rdzvv1.JobState_JOB_STATE_FAILED, 1), &rdzvv1.Checkpoint{Step: 5, Path: "/c/5"}, 0))
+		require.Len(t, keys(t, cli, CheckpointsPrefix("again-cp")), 1)
+		commit(t, s, s.CreateJob(job("again-cp", rdzvv1.JobState_JOB_STATE_PENDING, 1), true))
+		require.Empty(t, keys(t, cli, CheckpointsPrefix("again-cp")))
+	})
+
 	t.Run("update with a stale revision writes nothing", func(t *testing.T) {
-		rev, err := s.CreateJob(ctx(t), job("upd", rdzvv1.JobState_JOB_STATE_PENDING, 0), 0)
+		rev := commit(t, s, s.CreateJob(job("upd", rdzvv1.JobState_JOB_STATE_PENDING, 0), false))
+		// stale read the job before the update below.
+		stale := sibling(s)
+		_, err := stale.Load(ctx(t))
 		require.NoError(t, err)
-		rev2, err := s.UpdateJob(ctx(t), job("upd", rdzvv1.JobState_JOB_STATE_STOPPED, 0), rev, event("upd", "job_stopped", t0))
-		require.NoError(t, err)
+		rev2 := commit(t, s, s.UpdateJob(job("upd", rdzvv1.JobState_JOB_STATE_STOPPED, 0), event("upd", "job_stopped", t0)))
 		require.Greater(t, rev2, rev)
 
 		before := revision(t, cli)
-		_, err = s.UpdateJob(ctx(t), job("upd", rdzvv1.JobState_JOB_STATE_FAILED, 0), rev, event("upd", "job_failed", t0.Add(time.Second)))
+		_, err = stale.CommitAll(ctx(t), stale.UpdateJob(job("upd", rdzvv1.JobState_JOB_STATE_FAILED, 0), event("upd", "job_failed", t0.Add(time.Second))))
 		require.ErrorIs(t, err, ErrConflict)
 		require.Equal(t, before, revision(t, cli))
 
@@ -200,41 +211,47 @@ func TestStore(t *testing.T) {
 		require.Equal(t, []string{"job_stopped"}, kinds(events))
 	})
 
-	t.Run("update of a job that does not exist conflicts", func(t *testing.T) {
-		_, err := s.UpdateJob(ctx(t), job("ghost", rdzvv1.JobState_JOB_STATE_FAILED, 0), 12345)
+	t.Run("update of a job deleted behind the store's back conflicts", func(t *testing.T) {
+		commit(t, s, s.CreateJob(job("ghost", rdzvv1.JobState_JOB_STATE_PENDING, 0), false))
+		_, err := cli.Delete(ctx(t), JobKey("ghost"))
+		require.NoError(t, err)
+		_, err = s.CommitAll(ctx(t), s.UpdateJob(job("ghost", rdzvv1.JobState_JOB_STATE_FAILED, 0)))
 		require.ErrorIs(t, err, ErrConflict)
-		require.Empty(t, keys(t, cli, JobKey("ghost")))
+		require.Empty(t, keys(t, cli, JobKey("ghost")), "the update recreated a deleted job")
 	})
 
 	t.Run("commit round", func(t *testing.T) {
-		rev, err := s.CreateJob(ctx(t), job("rnd", rdzvv1.JobState_JOB_STATE_PENDING, 0), 0)
-		require.NoError(t, err)
-		rev, err = s.CommitRound(ctx(t), job("rnd", rdzvv1.JobState_JOB_STATE_RUNNING, 1), rev, round("rnd", 1, "n1", "n2"))
-		require.NoError(t, err)
+		commit(t, s,
+			s.CreateJob(job("rnd", rdzvv1.JobState_JOB_STATE_PENDING, 0), false),
+			s.CommitRound(job("rnd", rdzvv1.JobState_JOB_STATE_RUNNING, 1), round("rnd", 1, "n1", "n2")))
 		for _, n := range []string{"n1", "n2"} {
-			require.NoError(t, s.PutWorker(ctx(t), "rnd", n, &rdzvv1.WorkerStatus{Job: "rnd", Generation: 1, State: rdzvv1.WorkerState_WORKER_STATE_RUNNING}, rev))
+			commit(t, s, s.PutWorker("rnd", n, &rdzvv1.WorkerStatus{Job: "rnd", Generation: 1, State: rdzvv1.WorkerState_WORKER_STATE_RUNNING}))
 		}
 		workers, err := s.Workers(ctx(t), "rnd")
 		require.NoError(t, err)
 		require.Len(t, workers, 2)
 
-		// The same generation again, even against the job's current
-		// revision, must lose: a generation is committed once.
+		// The same generation again, even with the job as last seen, must
+		// lose: a generation is committed once.
 		before := revision(t, cli)
-		_, err = s.CommitRound(ctx(t), job("rnd", rdzvv1.JobState_JOB_STATE_RUNNING, 1), rev, round("rnd", 1, "n3"))
+		_, err = s.CommitAll(ctx(t), s.CommitRound(job("rnd", rdzvv1.JobState_JOB_STATE_RUNNING, 1), round("rnd", 1, "n3")))
 		require.ErrorIs(t, err, ErrConflict)
 		require.Equal(t, before, revision(t, cli))
 		latest, err := s.LatestRound(ctx(t), "rnd")
 		require.NoError(t, err)
 		require.Equal(t, "n1", latest.GetNodes()[0].GetNode(), "the losing round overwrote the committed one")
 
-		// A stale job revision loses too.
-		_, err = s.CommitRound(ctx(t), job("rnd", rdzvv1.JobState_JOB_STATE_RUNNING, 2), rev-1, round("rnd", 2, "n3"))
+		// A job that moved behind the store's back loses too.
+		putBehind(t, cli, JobKey("rnd"), job("rnd", rdzvv1.JobState_JOB_STATE_RUNNING, 1))
+		before = revision(t, cli)
+		_, err = s.CommitAll(ctx(t), s.CommitRound(job("rnd", rdzvv1.JobState_JOB_STATE_RUNNING, 2), round("rnd", 2, "n3")))
 		require.ErrorIs(t, err, ErrConflict)
+		require.Equal(t, before, revision(t, cli))
+		_, err = s.Load(ctx(t))
+		require.NoError(t, err)
 
 		// The next generation starts with a clean slate of workers.
-		_, err = s.CommitRound(ctx(t), job("rnd", rdzvv1.JobState_JOB_STATE_RUNNING, 2), rev, round("rnd", 2, "n3"))
-		require.NoError(t, err)
+		commit(t, s, s.CommitRound(job("rnd", rdzvv1.JobState_JOB_STATE_RUNNING, 2), round("rnd", 2, "n3")))
 		workers, err = s.Workers(ctx(t), "rnd")
 		require.NoError(t, err)
 		require.Empty(t, workers)
@@ -244,19 +261,22 @@ func TestStore(t *testing.T) {
 	})
 
 	t.Run("put worker is guarded by the job revision", func(t *testing.T) {
-		rev, err := s.CreateJob(ctx(t), job("pw", rdzvv1.JobState_JOB_STATE_PENDING, 0), 0)
+		commit(t, s, s.CreateJob(job("pw", rdzvv1.JobState_JOB_STATE_PENDING, 0), false))
+		// stale saw the job before its round: a report for the superseded
+		// generation must not land.
+		stale := sibling(s)
+		_, err := stale.Load(ctx(t))
 		require.NoError(t, err)
-		newRev, err := s.CommitRound(ctx(t), job("pw", rdzvv1.JobState_JOB_STATE_RUNNING, 1), rev, round("pw", 1, "n1"))
-		require.NoError(t, err)
+		commit(t, s, s.CommitRound(job("pw", rdzvv1.JobState_JOB_STATE_RUNNING, 1), round("pw", 1, "n1")))
 
 		before := revision(t, cli)
-		err = s.PutWorker(ctx(t), "pw", "n1", &rdzvv1.WorkerStatus{Job: "pw", Generation: 0}, rev, event("pw", "worker_started", t0))
+		_, err = stale.CommitAll(ctx(t), stale.PutWorker("pw", "n1", &rdzvv1.WorkerStatus{Job: "pw", Generation: 0}, event("pw", "worker_started", t0)))
 		require.ErrorIs(t, err, ErrConflict)
 		require.Equal(t, before, revision(t, cli))
 		require.Empty(t, keys(t, cli, WorkersPrefix("pw")))
 
 		w := &rdzvv1.WorkerStatus{Job: "pw", Generation: 1, State: rdzvv1.WorkerState_WORKER_STATE_FAILED, ExitCode: 3, Message: "boom"}
-		require.NoError(t, s.PutWorker(ctx(t), "pw", "n1", w, newRev, event("pw", "worker_exited", t0)))
+		commit(t, s, s.PutWorker("pw", "n1", w, event("pw", "worker_exited", t0)))
 		workers, err := s.Workers(ctx(t), "pw")
 		require.NoError(t, err)
 		require.Empty(t, cmpDiff(w, workers["n1"]))
@@ -265,10 +285,25 @@ func TestStore(t *testing.T) {
 		require.Equal(t, []string{"worker_exited"}, kinds(events))
 	})
 
+	t.Run("record checkpoint drops steps below the kept one", func(t *testing.T) {
+		commit(t, s, s.CreateJob(job("ckpt", rdzvv1.JobState_JOB_STATE_RUNNING, 1), false))
+		for _, step := range []uint64{10, 20, 30} {
+			commit(t, s, s.RecordCheckpoint(job("ckpt", rdzvv1.JobState_JOB_STATE_RUNNING, 1), &rdzvv1.Checkpoint{Step: step}, 0))
+		}
+		commit(t, s, s.RecordCheckpoint(job("ckpt", rdzvv1.JobState_JOB_STATE_RUNNING, 1), &rdzvv1.Checkpoint{Step: 40}, 30))
+		cps, err := s.Checkpoints(ctx(t), "ckpt")
+		require.NoError(t, err)
+		steps := make([]uint64, len(cps))
+		for i, cp := range cps {
+			steps[i] = cp.GetStep()
+		}
+		require.Equal(t, []uint64{30, 40}, steps)
+	})
+
 	t.Run("list events oldest first within the limit", func(t *testing.T) {
 		// Appended out of time order: the key, not the write order, sorts.
 		for _, i := range []int{3, 0, 4, 1, 2} {
-			require.NoError(t, s.AppendEvent(ctx(t), event("ev", string(rune('a'+i)), t0.Add(time.Duration(i)*time.Second))))
+			commit(t, s, s.AppendEvent(event("ev", string(rune('a'+i)), t0.Add(time.Duration(i)*time.Second))))
 		}
 		tests := []struct {
 			limit int
@@ -286,7 +321,7 @@ func TestStore(t *testing.T) {
 		}
 
 		// Events without a job land in the cluster scope and never in a job's.
-		require.NoError(t, s.AppendEvent(ctx(t), event("", "node_registered", t0)))
+		commit(t, s, s.AppendEvent(event("", "node_registered", t0)))
 		cluster, err := s.ListEvents(ctx(t), ClusterScope, 10)
 		require.NoError(t, err)
 		require.Equal(t, []string{"node_registered"}, kinds(cluster))
@@ -294,7 +329,7 @@ func TestStore(t *testing.T) {
 
 	t.Run("events at the same instant keep their write order", func(t *testing.T) {
 		for _, k := range []string{"first", "second", "third"} {
-			require.NoError(t, s.AppendEvent(ctx(t), event("same", k, t0)))
+			commit(t, s, s.AppendEvent(event("same", k, t0)))
 		}
 		events, err := s.ListEvents(ctx(t), "same", 10)
 		require.NoError(t, err)
@@ -307,11 +342,15 @@ func TestStore(t *testing.T) {
 			State: rdzvv1.NodeState_NODE_STATE_READY, Job: "train", Generation: 4,
 			LastHeartbeat: timestamppb.New(t0),
 		}
-		rev, err := s.PutNode(ctx(t), n, 0)
-		require.NoError(t, err)
-		_, err = s.PutNode(ctx(t), n, 0)
+		commit(t, s, s.PutNode(n))
+		o := sibling(s)
+		_, err := o.CommitAll(ctx(t), o.PutNode(n))
 		require.ErrorIs(t, err, ErrConflict, "a second registration from scratch")
-		_, err = s.PutNode(ctx(t), n, rev-1)
+		// o now reads the node, then s rewrites it: o's view is stale.
+		_, err = o.Load(ctx(t))
+		require.NoError(t, err)
+		rev := commit(t, s, s.PutNode(n))
+		_, err = o.CommitAll(ctx(t), o.PutNode(n))
 		require.ErrorIs(t, err, ErrConflict)
 
 		snap, err := s.Load(ctx(t))
@@ -328,7 +367,7 @@ func TestStore(t *testing.T) {
 // TestLoadRoundTrip writes a small cluster and checks a fresh Store over the
 // same etcd sees exactly it: what a restarted controller starts from.
 func TestLoadRoundTrip(t *testing.T) {
-	s, cli := newStore(t)
+	s, _ := newStore(t)
 	nodes := map[string]*rdzvv1.Node{}
 	for _, name := range []string{"node-a", "node-b", "node-c"} {
 		n := &rdzvv1.Node{
@@ -338,34 +377,32 @@ func TestLoadRoundTrip(t *testing.T) {
 			},
 			State: rdzvv1.NodeState_NODE_STATE_READY, RegisteredAt: timestamppb.New(t0),
 		}
-		_, err := s.PutNode(ctx(t), n, 0)
-		require.NoError(t, err)
+		commit(t, s, s.PutNode(n))
 		nodes[name] = n
 	}
 
-	rev, err := s.CreateJob(ctx(t), job("train", rdzvv1.JobState_JOB_STATE_PENDING, 0), 0)
-	require.NoError(t, err)
+	commit(t, s, s.CreateJob(job("train", rdzvv1.JobState_JOB_STATE_PENDING, 0), false))
 	// Eleven generations: the latest must be found by numeric, not
 	// lexical, order of the generation.
 	var last *rdzvv1.Round
+	var rev int64
 	for gen := uint64(1); gen <= 11; gen++ {
 		last = round("train", gen, "node-a", "node-b")
-		rev, err = s.CommitRound(ctx(t), job("train", rdzvv1.JobState_JOB_STATE_RUNNING, gen), rev, last)
-		require.NoError(t, err)
+		rev = commit(t, s, s.CommitRound(job("train", rdzvv1.JobState_JOB_STATE_RUNNING, gen), last))
 	}
 	workers := map[string]*rdzvv1.WorkerStatus{
 		"node-a": {Job: "train", Generation: 11, State: rdzvv1.WorkerState_WORKER_STATE_RUNNING},
 		"node-b": {Job: "train", Generation: 11, State: rdzvv1.WorkerState_WORKER_STATE_FAILED, ExitCode: 1, Signal: "SIGKILL"},
 	}
 	for n, w := range workers {
-		require.NoError(t, s.PutWorker(ctx(t), "train", n, w, rev))
+		commit(t, s, s.PutWorker("train", n, w))
 	}
 	withAssignments := job("waiting", rdzvv1.JobState_JOB_STATE_PENDING, 0)
 	withAssignments.Assignments = []*rdzvv1.NodeAssignment{{Node: "node-c"}}
-	waitingRev, err := s.CreateJob(ctx(t), withAssignments, 0)
-	require.NoError(t, err)
+	waitingRev := commit(t, s, s.CreateJob(withAssignments, false))
 
-	snap, err := New(cli, 0).Load(ctx(t))
+	fresh := sibling(s)
+	snap, err := fresh.Load(ctx(t))
 	require.NoError(t, err)
 
 	require.Len(t, snap.Nodes, 3)
@@ -386,6 +423,12 @@ func TestLoadRoundTrip(t *testing.T) {
 		require.Empty(t, cmpDiff(w, snap.Workers["train"][n]), "worker %s", n)
 	}
 	require.Empty(t, snap.Workers["waiting"])
+
+	// What Load read guards the fresh store's writes: a restarted
+	// controller carries on without rereading each record.
+	commit(t, fresh,
+		fresh.UpdateJob(job("train", rdzvv1.JobState_JOB_STATE_STOPPING, 11)),
+		fresh.PutNode(nodes["node-c"]))
 }
 
 // TestLoadPagesThroughLargeRanges stores more nodes than one range read
@@ -421,9 +464,10 @@ func TestLoadPagesThroughLargeRanges(t *testing.T) {
 func TestTxnSurfacesEtcdErrors(t *testing.T) {
 	s, cli := newStore(t)
 	require.NoError(t, cli.Close())
-	_, err := s.CreateJob(ctx(t), job("x", rdzvv1.JobState_JOB_STATE_PENDING, 0), 0)
+	_, err := s.CommitAll(ctx(t), s.CreateJob(job("x", rdzvv1.JobState_JOB_STATE_PENDING, 0), false))
 	require.Error(t, err)
 	require.False(t, errors.Is(err, ErrConflict), "a dead connection is not a lost race: %v", err)
+	require.False(t, errors.Is(err, ErrNotLeader), "a dead connection is not a lost lead: %v", err)
 }
 
 func cmpDiff(want, got proto.Message) string { return cmp.Diff(want, got, protocmp.Transform()) }

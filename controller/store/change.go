@@ -1,0 +1,226 @@
+package store
+
+import (
+	"context"
+	"fmt"
+	"strings"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+)
+
+// Limits of one etcd transaction, at etcd's defaults so that an external
+// cluster configured as shipped accepts every transaction: --max-txn-ops
+// (128 comparisons and 128 operations) and --max-request-bytes (1.5 MiB,
+// of which txnBytes leaves room for keys and framing).
+const (
+	txnOps   = 128
+	txnBytes = 1 << 20
+)
+
+// Change is one atomic state change: the keys it writes and what must hold
+// for it to apply. The builders in store.go make one per kind of write;
+// Commit packs consecutive changes into as few transactions as etcd
+// accepts, so a burst of worker reports costs a few transactions, not one
+// each.
+//
+// Guards are implicit: a change names the records it depends on (a job, a
+// node), and Commit checks each is still at the revision this Store last
+// read or wrote it at, or still absent if it never saw it. Only the
+// leading controller writes these keys, so a failed guard means its view
+// is stale (ErrConflict) and a missing leader key that it no longer leads
+// (ErrNotLeader).
+type Change struct {
+	what string
+	l    opList
+	// guard are records that must be as this Store last saw them, or absent
+	// if it never saw them (unless known is set).
+	guard []string
+	// known refuses the change when the Store never saw its guarded
+	// records: an update of a job that does not exist must not create it.
+	known bool
+	// absent are keys that must not exist yet.
+	absent []string
+	// track are the records written, whose new revision guards later
+	// changes.
+	track []string
+	// keys and ranges are everything written or deleted; etcd refuses a
+	// transaction that touches a key twice, so a change that overlaps an
+	// earlier one goes into the next transaction.
+	keys   []string
+	ranges []keyRange
+	// untrack are records deleted.
+	untrack []string
+	size    int
+}
+
+type keyRange struct{ from, to string }
+
+func (r keyRange) has(key string) bool { return key >= r.from && (r.to == "" || key < r.to) }
+
+func (r keyRange) overlaps(o keyRange) bool {
+	return (o.to == "" || r.from < o.to) && (r.to == "" || o.from < r.to)
+}
+
+func newChange(what string) *Change { return &Change{what: what} }
+
+// String names the change for logs and errors.
+func (c *Change) String() string { return c.what }
+
+func (c *Change) put(key string, value []byte) {
+	c.l.ops = append(c.l.ops, clientv3.OpPut(key, string(value)))
+	c.keys = append(c.keys, key)
+	c.size += len(key) + len(value)
+}
+
+func (c *Change) deleteRange(from, to string) {
+	if to == "" {
+		c.l.ops = append(c.l.ops, clientv3.OpDelete(from))
+		c.keys = append(c.keys, from)
+		return
+	}
+	c.l.ops = append(c.l.ops, clientv3.OpDelete(from, clientv3.WithRange(to)))
+	c.ranges = append(c.ranges, keyRange{from, to})
+}
+
+func (c *Change) deletePrefix(prefix string) {
+	c.deleteRange(prefix, clientv3.GetPrefixRangeEnd(prefix))
+}
+
+// batch is the transaction being packed.
+type batch struct {
+	cmps    []clientv3.Cmp
+	ops     []clientv3.Op
+	guarded map[string]bool
+	keys    map[string]bool
+	ranges  []keyRange
+	size    int
+}
+
+// fits reports whether ch can join b without exceeding etcd's limits or
+// touching a key b already touches.
+func (b *batch) fits(ch *Change, cmps int) bool {
+	if len(b.ops) == 0 {
+		return true // alone it goes anyway; etcd says if it is too big
+	}
+	if len(b.ops)+len(ch.l.ops) > txnOps || len(b.cmps)+cmps > txnOps-1 || b.size+ch.size > txnBytes {
+		return false
+	}
+	for _, k := range ch.keys {
+		if b.keys[k] || b.inRanges(k) {
+			return false
+		}
+	}
+	for _, r := range ch.ranges {
+		for k := range b.keys {
+			if r.has(k) {
+				return false
+			}
+		}
+		for _, o := range b.ranges {
+			if r.overlaps(o) {
+				return false
+			}
+		}
+	}
+	return true
+}
+
+func (b *batch) inRanges(key string) bool {
+	for _, r := range b.ranges {
+		if r.has(key) {
+			return true
+		}
+	}
+	return false
+}
+
+// Commit writes the longest prefix of changes that fits one transaction,
+// all or nothing, and returns how many it wrote and at which revision. It
+// fails with ErrConflict or ErrNotLeader (see Change), ErrUnavailable, or
+// an encoding error; then nothing was written.
+func (s *Store) Commit(ctx context.Context, changes []*Change) (n int, rev int64, err error) {
+	if len(changes) == 0 {
+		return 0, 0, nil
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	b := batch{guarded: map[string]bool{}, keys: map[string]bool{}}
+	for _, ch := range changes {
+		if ch.l.err != nil {
+			if n == 0 {
+				return 0, 0, fmt.Errorf("%s: %w", ch.what, ch.l.err)
+			}
+			break // commit what came before; the next call reports it
+		}
+		var cmps []clientv3.Cmp
+		for _, k := range ch.guard {
+			// etcd compares against the state before the transaction: a
+			// record an earlier change of it guards or writes is covered
+			// by that change's comparison.
+			if b.guarded[k] || b.keys[k] {
+				continue
+			}
+			if rev := s.revs[k]; ch.known && rev == 0 {
+				// Never seen: a comparison no revision meets fails the
+				// transaction as a conflict, or as a lost lead if that is
+				// what it is.
+				cmps = append(cmps, clientv3.Compare(clientv3.ModRevision(k), "=", -1))
+			} else {
+				cmps = append(cmps, revCmp(k, rev))
+			}
+		}
+		for _, k := range ch.absent {
+			if !b.keys[k] {
+				cmps = append(cmps, revCmp(k, 0))
+			}
+		}
+		if !b.fits(ch, len(cmps)) {
+			break
+		}
+		for _, k := range ch.guard {
+			b.guarded[k] = true
+		}
+		b.cmps = append(b.cmps, cmps...)
+		b.ops = append(b.ops, ch.l.ops...)
+		for _, k := range ch.keys {
+			b.keys[k] = true
+		}
+		b.ranges = append(b.ranges, ch.ranges...)
+		b.size += ch.size
+		n++
+	}
+	resp, err := s.commit(ctx, b.cmps, &opList{ops: b.ops})
+	if err != nil {
+		whats := make([]string, 0, min(n, 3))
+		for _, ch := range changes[:min(n, 3)] {
+			whats = append(whats, ch.what)
+		}
+		if n > 3 {
+			whats = append(whats, fmt.Sprintf("and %d more", n-3))
+		}
+		return 0, 0, fmt.Errorf("%s: %w", strings.Join(whats, ", "), err)
+	}
+	rev = resp.Header.Revision
+	for _, ch := range changes[:n] {
+		for _, k := range ch.untrack {
+			delete(s.revs, k)
+		}
+		for _, k := range ch.track {
+			s.revs[k] = rev
+		}
+	}
+	return n, rev, nil
+}
+
+// CommitAll writes every change, in order, in as few transactions as
+// they fit.
+func (s *Store) CommitAll(ctx context.Context, changes ...*Change) (rev int64, err error) {
+	for len(changes) > 0 {
+		n, r, err := s.Commit(ctx, changes)
+		if err != nil {
+			return 0, err
+		}
+		changes, rev = changes[n:], r
+	}
+	return rev, nil
+}

@@ -1,0 +1,374 @@
+package store
+
+import (
+	"fmt"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+	clientv3 "go.etcd.io/etcd/client/v3"
+
+	rdzvv1 "github.com/rdzv/rdzv/proto/rdzv/v1"
+)
+
+// workerReports is one report per node for a job, with an event each when
+// withEvents: the burst a heartbeat wave brings.
+func workerReports(s *Store, jobName string, nodes int, withEvents bool) []*Change {
+	out := make([]*Change, nodes)
+	for i := range out {
+		node := fmt.Sprintf("node-%04d", i)
+		w := &rdzvv1.WorkerStatus{Job: jobName, Generation: 1, State: rdzvv1.WorkerState_WORKER_STATE_RUNNING}
+		if withEvents {
+			out[i] = s.PutWorker(jobName, node, w, event(jobName, "worker_started", t0))
+		} else {
+			out[i] = s.PutWorker(jobName, node, w)
+		}
+	}
+	return out
+}
+
+// modRevisions counts the distinct revisions the keys under prefix were
+// written at: the transactions that wrote them.
+func modRevisions(t *testing.T, cli *clientv3.Client, prefix string) int {
+	t.Helper()
+	resp, err := cli.Get(ctx(t), prefix, clientv3.WithPrefix())
+	require.NoError(t, err)
+	revs := map[int64]bool{}
+	for _, kv := range resp.Kvs {
+		revs[kv.ModRevision] = true
+	}
+	return len(revs)
+}
+
+func workerOf(t *testing.T, s *Store, jobName, node string) *rdzvv1.WorkerStatus {
+	t.Helper()
+	workers, err := s.Workers(ctx(t), jobName)
+	require.NoError(t, err)
+	return workers[node]
+}
+
+// TestCommitPacks checks how Commit packs changes into transactions: as
+// many as etcd's limits allow, never two that touch the same key, each
+// later change seeing the earlier ones. Every case runs against real etcd,
+// which itself refuses a transaction over its limits or touching a key
+// twice.
+func TestCommitPacks(t *testing.T) {
+	s, cli := newStore(t)
+	big := strings.Repeat("x", 400<<10)
+	tests := []struct {
+		name string
+		// changes to commit; the store has created jobName (generation 0).
+		changes func(s *Store, jobName string) []*Change
+		// wantN is what each successive Commit writes until all are.
+		wantN []int
+		check func(t *testing.T, jobName string)
+	}{
+		{
+			name: "300 worker reports with events, the job guarded once per transaction",
+			changes: func(s *Store, jobName string) []*Change {
+				return workerReports(s, jobName, 300, true)
+			},
+			// Two operations each.
+			wantN: []int{txnOps / 2, txnOps / 2, txnOps / 2, txnOps / 2, 300 - 4*txnOps/2},
+			check: func(t *testing.T, jobName string) {
+				require.Len(t, keys(t, cli, WorkersPrefix(jobName)), 300)
+				require.Len(t, keys(t, cli, EventsPrefix(jobName)), 300)
+				require.Equal(t, 5, modRevisions(t, cli, WorkersPrefix(jobName)))
+			},
+		},
+		{
+			// A full transaction of single-operation changes proves the job
+			// guard is one comparison, not one per change: with one each
+			// the comparisons (and the leader's) would cap it below txnOps.
+			name: "300 worker reports without events fill whole transactions",
+			changes: func(s *Store, jobName string) []*Change {
+				return workerReports(s, jobName, 300, false)
+			},
+			wantN: []int{txnOps, txnOps, 300 - 2*txnOps},
+			check: func(t *testing.T, jobName string) {
+				require.Len(t, keys(t, cli, WorkersPrefix(jobName)), 300)
+				require.Equal(t, 3, modRevisions(t, cli, WorkersPrefix(jobName)))
+			},
+		},
+		{
+			name: "two reports of the same worker go in order, one transaction each",
+			changes: func(s *Store, jobName string) []*Change {
+				return []*Change{
+					s.PutWorker(jobName, "n1", &rdzvv1.WorkerStatus{Job: jobName, Message: "first"}),
+					s.PutWorker(jobName, "n1", &rdzvv1.WorkerStatus{Job: jobName, Message: "second"}),
+				}
+			},
+			wantN: []int{1, 1},
+			check: func(t *testing.T, jobName string) {
+				require.Equal(t, "second", workerOf(t, s, jobName, "n1").GetMessage())
+			},
+		},
+		{
+			name: "a round clears the workers, then a report for it lands",
+			changes: func(s *Store, jobName string) []*Change {
+				return []*Change{
+					s.CommitRound(job(jobName, rdzvv1.JobState_JOB_STATE_RUNNING, 1), round(jobName, 1, "n1")),
+					s.PutWorker(jobName, "n1", &rdzvv1.WorkerStatus{Job: jobName, Generation: 1}),
+				}
+			},
+			wantN: []int{1, 1},
+			check: func(t *testing.T, jobName string) {
+				require.Equal(t, uint64(1), workerOf(t, s, jobName, "n1").GetGeneration())
+			},
+		},
+		{
+			name: "a report then a round that clears it",
+			changes: func(s *Store, jobName string) []*Change {
+				return []*Change{
+					s.PutWorker(jobName, "n1", &rdzvv1.WorkerStatus{Job: jobName}),
+					s.CommitRound(job(jobName, rdzvv1.JobState_JOB_STATE_RUNNING, 1), round(jobName, 1, "n1")),
+				}
+			},
+			wantN: []int{1, 1},
+			check: func(t *testing.T, jobName string) {
+				require.Empty(t, keys(t, cli, WorkersPrefix(jobName)))
+			},
+		},
+		{
+			// The report's guard is the job as the update left it, in the
+			// same transaction: checking the old revision would fail.
+			name: "a job update then a report of that job share a transaction",
+			changes: func(s *Store, jobName string) []*Change {
+				return []*Change{
+					s.UpdateJob(job(jobName, rdzvv1.JobState_JOB_STATE_STOPPING, 0)),
+					s.PutWorker(jobName, "n1", &rdzvv1.WorkerStatus{Job: jobName}),
+					s.UpdateJob(job(jobName, rdzvv1.JobState_JOB_STATE_STOPPED, 0)),
+				}
+			},
+			// The second update rewrites the job key: a transaction of its own.
+			wantN: []int{2, 1},
+			check: func(t *testing.T, jobName string) {
+				require.NotNil(t, workerOf(t, s, jobName, "n1"))
+				snap, err := s.Load(ctx(t))
+				require.NoError(t, err)
+				require.Equal(t, rdzvv1.JobState_JOB_STATE_STOPPED, snap.Jobs[jobName].Value.GetState())
+			},
+		},
+		{
+			name: "unrelated records share a transaction",
+			changes: func(s *Store, jobName string) []*Change {
+				return []*Change{
+					s.PutNode(&rdzvv1.Node{Info: &rdzvv1.NodeInfo{Name: jobName + "-n1"}}),
+					s.PutNode(&rdzvv1.Node{Info: &rdzvv1.NodeInfo{Name: jobName + "-n2"}}),
+					s.UpdateJob(job(jobName, rdzvv1.JobState_JOB_STATE_RUNNING, 0)),
+					s.PutWorker(jobName, "n1", &rdzvv1.WorkerStatus{Job: jobName}),
+					s.AppendEvent(event("", "cluster_event", t0)),
+				}
+			},
+			wantN: []int{5},
+			check: func(t *testing.T, jobName string) {
+				require.Len(t, keys(t, cli, NodeKey(jobName+"-n")), 2)
+			},
+		},
+		{
+			name: "changes over the byte limit split",
+			changes: func(s *Store, jobName string) []*Change {
+				out := make([]*Change, 3)
+				for i := range out {
+					out[i] = s.PutWorker(jobName, fmt.Sprint("n", i), &rdzvv1.WorkerStatus{Job: jobName, Message: big})
+				}
+				return out
+			},
+			wantN: []int{2, 1},
+			check: func(t *testing.T, jobName string) {
+				require.Len(t, keys(t, cli, WorkersPrefix(jobName)), 3)
+			},
+		},
+		{
+			// The delete forgets the record, so the create's guard is that
+			// it does not exist.
+			name: "delete then create of the same name",
+			changes: func(s *Store, jobName string) []*Change {
+				return []*Change{
+					s.DeleteJob(jobName),
+					s.CreateJob(job(jobName, rdzvv1.JobState_JOB_STATE_PENDING, 0), false, event(jobName, "job_submitted", t0)),
+				}
+			},
+			wantN: []int{1, 1},
+			check: func(t *testing.T, jobName string) {
+				require.Len(t, keys(t, cli, JobKey(jobName)), 1)
+				require.Len(t, keys(t, cli, EventsPrefix(jobName)), 1)
+				// And the new record is tracked again.
+				commit(t, s, s.UpdateJob(job(jobName, rdzvv1.JobState_JOB_STATE_RUNNING, 0)))
+			},
+		},
+	}
+	for i, tt := range tests {
+		// Each case runs through Commit, counting transactions, and through
+		// CommitAll, which must leave the same result.
+		for _, all := range []bool{false, true} {
+			jobName := fmt.Sprintf("case-%d-%t", i, all)
+			t.Run(fmt.Sprintf("%s/commit all %t", tt.name, all), func(t *testing.T) {
+				commit(t, s, s.CreateJob(job(jobName, rdzvv1.JobState_JOB_STATE_PENDING, 0), false))
+				changes := tt.changes(s, jobName)
+				if all {
+					before := revision(t, cli)
+					rev := commit(t, s, changes...)
+					require.Equal(t, before+int64(len(tt.wantN)), rev, "one revision per transaction")
+				} else {
+					var got []int
+					last := revision(t, cli)
+					for len(changes) > 0 {
+						n, rev, err := s.Commit(ctx(t), changes)
+						require.NoError(t, err)
+						require.Positive(t, n)
+						require.Equal(t, last+1, rev, "one transaction per Commit")
+						got, last, changes = append(got, n), rev, changes[n:]
+					}
+					require.Equal(t, tt.wantN, got)
+				}
+				tt.check(t, jobName)
+			})
+		}
+	}
+}
+
+// TestCommitConflicts: a change whose records moved behind the store's back
+// fails its whole transaction with ErrConflict, and nothing of it is
+// written.
+func TestCommitConflicts(t *testing.T) {
+	s, cli := newStore(t)
+	tests := []struct {
+		name string
+		// known are changes the store commits first, so it has seen them.
+		known func(s *Store, jobName string) []*Change
+		// behind is written with the raw client.
+		behind  func(t *testing.T, jobName string)
+		changes func(s *Store, jobName string) []*Change
+	}{
+		{
+			name: "300 worker reports after the job moved",
+			known: func(s *Store, jobName string) []*Change {
+				return []*Change{s.CreateJob(job(jobName, rdzvv1.JobState_JOB_STATE_PENDING, 0), false)}
+			},
+			behind: func(t *testing.T, jobName string) {
+				putBehind(t, cli, JobKey(jobName), job(jobName, rdzvv1.JobState_JOB_STATE_RUNNING, 1))
+			},
+			changes: func(s *Store, jobName string) []*Change { return workerReports(s, jobName, 300, true) },
+		},
+		{
+			name: "create of a name the store never saw",
+			behind: func(t *testing.T, jobName string) {
+				putBehind(t, cli, JobKey(jobName), job(jobName, rdzvv1.JobState_JOB_STATE_RUNNING, 1))
+			},
+			changes: func(s *Store, jobName string) []*Change {
+				return []*Change{s.CreateJob(job(jobName, rdzvv1.JobState_JOB_STATE_PENDING, 0), false, event(jobName, "job_submitted", t0))}
+			},
+		},
+		{
+			name: "replace of a job the store never saw",
+			behind: func(t *testing.T, jobName string) {
+				putBehind(t, cli, JobKey(jobName), job(jobName, rdzvv1.JobState_JOB_STATE_FAILED, 1))
+				putBehind(t, cli, RoundKey(jobName, 1), round(jobName, 1, "n1"))
+			},
+			changes: func(s *Store, jobName string) []*Change {
+				return []*Change{s.CreateJob(job(jobName, rdzvv1.JobState_JOB_STATE_PENDING, 0), true)}
+			},
+		},
+		{
+			name: "node registered by someone else",
+			behind: func(t *testing.T, jobName string) {
+				putBehind(t, cli, NodeKey(jobName), &rdzvv1.Node{Info: &rdzvv1.NodeInfo{Name: jobName}})
+			},
+			changes: func(s *Store, jobName string) []*Change {
+				return []*Change{s.PutNode(&rdzvv1.Node{Info: &rdzvv1.NodeInfo{Name: jobName, Address: "10.0.0.9"}})}
+			},
+		},
+		{
+			name: "a stale change fails the unguarded ones packed with it",
+			known: func(s *Store, jobName string) []*Change {
+				return []*Change{s.CreateJob(job(jobName, rdzvv1.JobState_JOB_STATE_PENDING, 0), false)}
+			},
+			behind: func(t *testing.T, jobName string) {
+				putBehind(t, cli, JobKey(jobName), job(jobName, rdzvv1.JobState_JOB_STATE_RUNNING, 1))
+			},
+			changes: func(s *Store, jobName string) []*Change {
+				return []*Change{
+					s.AppendEvent(event("", "cluster_event", t0)),
+					s.PutNode(&rdzvv1.Node{Info: &rdzvv1.NodeInfo{Name: jobName}}),
+					s.UpdateJob(job(jobName, rdzvv1.JobState_JOB_STATE_STOPPING, 1)),
+				}
+			},
+		},
+	}
+	for i, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			jobName := fmt.Sprintf("conflict-%d", i)
+			if tt.known != nil {
+				commit(t, s, tt.known(s, jobName)...)
+			}
+			tt.behind(t, jobName)
+			changes := tt.changes(s, jobName)
+			before := revision(t, cli)
+			n, rev, err := s.Commit(ctx(t), changes)
+			require.ErrorIs(t, err, ErrConflict)
+			require.NotErrorIs(t, err, ErrNotLeader)
+			require.Zero(t, n)
+			require.Zero(t, rev)
+			_, err = s.CommitAll(ctx(t), changes...)
+			require.ErrorIs(t, err, ErrConflict)
+			require.Equal(t, before, revision(t, cli), "a refused transaction wrote something")
+		})
+	}
+}
+
+// The job guard is checked by every transaction of a batch: a job that
+// moves between two of them stops the rest, and the store carries on once
+// it has reread the job.
+func TestCommitGuardsEachTransaction(t *testing.T) {
+	s, cli := newStore(t)
+	commit(t, s, s.CreateJob(job("train", rdzvv1.JobState_JOB_STATE_RUNNING, 1), false))
+	changes := workerReports(s, "train", 300, true)
+
+	n, _, err := s.Commit(ctx(t), changes)
+	require.NoError(t, err)
+	require.Greater(t, n, 1)
+	require.Less(t, n, 300)
+	changes = changes[n:]
+
+	putBehind(t, cli, JobKey("train"), job("train", rdzvv1.JobState_JOB_STATE_RUNNING, 2))
+	_, err = s.CommitAll(ctx(t), changes...)
+	require.ErrorIs(t, err, ErrConflict)
+	require.Len(t, keys(t, cli, WorkersPrefix("train")), n, "reports landed after the job moved")
+	require.Len(t, keys(t, cli, EventsPrefix("train")), n, "events landed after the job moved")
+
+	// Guards are evaluated at commit, so the same changes go through once
+	// the store has seen the job as it now is.
+	_, err = s.Load(ctx(t))
+	require.NoError(t, err)
+	commit(t, s, changes...)
+	require.Len(t, keys(t, cli, WorkersPrefix("train")), 300)
+	require.Len(t, keys(t, cli, EventsPrefix("train")), 300)
+}
+
+// A change that cannot be encoded ends the transaction before it: what
+// came before is written, and the next Commit, starting at it, reports it.
+func TestCommitStopsAtAnEncodingError(t *testing.T) {
+	s, cli := newStore(t)
+	commit(t, s, s.CreateJob(job("train", rdzvv1.JobState_JOB_STATE_RUNNING, 1), false))
+	changes := []*Change{
+		s.PutWorker("train", "n1", &rdzvv1.WorkerStatus{Job: "train"}),
+		// proto3 strings must be valid UTF-8.
+		s.PutWorker("train", "n2", &rdzvv1.WorkerStatus{Job: "train", Message: "\xff"}),
+		s.PutWorker("train", "n3", &rdzvv1.WorkerStatus{Job: "train"}),
+	}
+	n, _, err := s.Commit(ctx(t), changes)
+	require.NoError(t, err)
+	require.Equal(t, 1, n)
+	require.Equal(t, []string{WorkerKey("train", "n1")}, keys(t, cli, WorkersPrefix("train")))
+
+	before := revision(t, cli)
+	n, _, err = s.Commit(ctx(t), changes[n:])
+	require.Error(t, err)
+	require.NotErrorIs(t, err, ErrConflict)
+	require.NotErrorIs(t, err, ErrNotLeader)
+	require.Zero(t, n)
+	_, err = s.CommitAll(ctx(t), changes[1:]...)
+	require.Error(t, err)
+	require.Equal(t, before, revision(t, cli), "nothing is written once the bad change is first")
+}
