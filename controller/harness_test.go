@@ -537,6 +537,8 @@ type fakeAgent struct {
 	// ended is closed when the stream has ended, with endErr why.
 	ended  chan struct{}
 	endErr error
+	// acks carries the sequence numbers of heartbeat acknowledgements.
+	acks chan uint64
 }
 
 // waitEnd waits for the controller to end the stream and returns how. Only
@@ -567,7 +569,7 @@ func (c *cluster) connectFakeWith(files pki.Files, name string, workers ...*rdzv
 	ctx, cancel := context.WithCancel(context.Background())
 	stream, err := rdzvv1.NewAgentServiceClient(conn).Connect(ctx)
 	require.NoError(t, err)
-	f := &fakeAgent{t: t, name: name, stream: stream, cancel: cancel, msgs: make(chan *rdzvv1.ConnectResponse, 64)}
+	f := &fakeAgent{t: t, name: name, stream: stream, cancel: cancel, msgs: make(chan *rdzvv1.ConnectResponse, 64), acks: make(chan uint64, 64)}
 	f.ctx = ctx
 	received := make(chan struct{})
 	f.ended = received
@@ -580,7 +582,11 @@ func (c *cluster) connectFakeWith(files pki.Files, name string, workers ...*rdzv
 				f.endErr = err
 				return
 			}
-			if m.GetHeartbeatAck() != nil {
+			if ack := m.GetHeartbeatAck(); ack != nil {
+				select {
+				case f.acks <- ack.GetSeq():
+				default: // nobody is looking for acks (keepAlive's)
+				}
 				continue
 			}
 			if probe := m.GetPortProbe(); probe != nil {
@@ -635,6 +641,24 @@ func (f *fakeAgent) keepAlive() {
 			}
 		}
 	}()
+}
+
+// heartbeat sends one heartbeat and waits for the controller to
+// acknowledge it.
+func (f *fakeAgent) heartbeat(seq uint64) {
+	f.t.Helper()
+	f.send(&rdzvv1.ConnectRequest{Msg: &rdzvv1.ConnectRequest_Heartbeat{Heartbeat: &rdzvv1.Heartbeat{Seq: seq}}})
+	timeout := time.After(waitTimeout)
+	for {
+		select {
+		case got := <-f.acks:
+			if got == seq {
+				return
+			}
+		case <-timeout:
+			require.FailNow(f.t, "heartbeat not acknowledged", "%s seq %d", f.name, seq)
+		}
+	}
 }
 
 // report sends a worker status for an assignment.
