@@ -518,14 +518,12 @@ func (c *Controller) markLost(name string, ns *nodeState, lastSeen time.Time, si
 	ns.job, ns.generation = "", 0
 }
 
-// startJob validates and stores a new job. A finished job of the same name
-// is replaced; its generation count carries on so that no late report from
-// the old job can be mistaken for the new one.
+// startJob stores a new job, whose spec the API's guard (validate.go)
+// validated on the way in. A finished job of the same name is replaced; its
+// generation count carries on so that no late report from the old job can
+// be mistaken for the new one.
 func (c *Controller) startJob(ctx context.Context, specProto *rdzvv1.JobSpec) (*rdzvv1.Job, error) {
 	spec := jobspec.FromProto(specProto)
-	if err := spec.Validate(); err != nil {
-		return nil, err
-	}
 	c.mu.Lock()
 	name := spec.Name
 	var replace bool
