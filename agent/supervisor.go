@@ -481,8 +481,8 @@ func (s *Supervisor) jobPath(job string, elem ...string) (string, error) {
 	}
 	dir := filepath.Clean(s.stateDir)
 	p := filepath.Join(append([]string{dir}, elem...)...)
-	if !within(dir, p) {
-		return "", fmt.Errorf("job %s: %s is outside the state directory %s", job, p, dir)
+	if fe := wire.CheckPath("path", p, dir); fe != nil {
+		return "", fmt.Errorf("job %s: a file outside the state directory: %w", job, fe)
 	}
 	return p, nil
 }
