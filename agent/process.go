@@ -57,7 +57,10 @@ type Spawner interface {
 }
 
 // ExecSpawner runs workers as real processes, each in its own process group
-// so the agent can signal torchrun and every worker it forked at once.
+// so that their parent can signal torchrun and every worker it forked at
+// once. In production that parent is the worker's shim (see shim.go),
+// which runs the launcher with it; the agent itself spawns through
+// ShimSpawner.
 type ExecSpawner struct {
 	// ProcRoot is where to look for leftover group members (default /proc).
 	ProcRoot string
@@ -67,8 +70,11 @@ func (s ExecSpawner) Spawn(spec ProcessSpec) (Process, error) {
 	cmd := exec.Command(spec.Path, spec.Args...)
 	cmd.Dir, cmd.Env = spec.Dir, spec.Env
 	cmd.Stdout, cmd.Stderr = spec.Output, spec.Output
-	// No Pdeathsig: workers must survive a brief agent restart; the agent's
-	// shutdown path and systemd's KillMode=mixed stop them instead.
+	// No Pdeathsig: the parent stops the whole group itself when it decides
+	// to (a shim on the agent's request, or when no agent adopted the
+	// workers in time), and Pdeathsig would only reach the launcher, not the
+	// workers it forked. Nor does systemd stop them: the agent's unit has
+	// KillMode=process, which signals the agent alone.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Credential: spec.Credential}
 	// With a pipe for output, Wait would also wait for every group member
 	// still holding it; the launcher's exit is what matters here.
