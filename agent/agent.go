@@ -132,14 +132,12 @@ func (a *Agent) Run(ctx context.Context) error {
 		return err
 	}
 	sup := NewSupervisor(a.cfg, info.GetName(), info.GetNcclInterface(), ln.Addr().String(), a.spawner, log.Named("supervisor"))
-	if ad, ok := a.spawner.(adopter); ok {
-		found, err := ad.Adopt()
-		if err != nil {
-			return fmt.Errorf("adopting workers left by the previous agent: %w", err)
-		}
-		// Before the first registration, which reports them.
-		sup.Adopt(found)
+	found, err := a.spawner.Adopt()
+	if err != nil {
+		return fmt.Errorf("adopting workers left by the previous agent: %w", err)
 	}
+	// Before the first registration, which reports them.
+	sup.Adopt(found)
 	reports := newReportServer(sup, log.Named("reports"))
 	var gossip *Gossip
 	if a.cfg.GossipPort >= 0 {
@@ -170,11 +168,6 @@ func (a *Agent) Run(ctx context.Context) error {
 		g.Go(func() error { a.watchHealth(gctx, log.Named("health")); return nil })
 	}
 	return g.Wait()
-}
-
-// adopter finds the workers a previous agent left running.
-type adopter interface {
-	Adopt() ([]Adopted, error)
 }
 
 // reportAddrFile keeps the report endpoint's address across agent

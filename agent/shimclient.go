@@ -47,11 +47,10 @@ func (s ShimSpawner) Spawn(spec ProcessSpec) (Process, error) {
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return nil, fmt.Errorf("creating shim directory: %w", err)
 	}
-	logPath, ok := spec.Output.(interface{ Name() string })
-	if !ok {
-		return nil, errors.New("a shim's output must be a file")
+	if spec.LogPath == "" {
+		return nil, errors.New("a shim needs the path of its worker's log")
 	}
-	ss := shimSpec{Path: spec.Path, Args: spec.Args, Dir: spec.Dir, Env: spec.Env, LogPath: logPath.Name(), OrphanTimeout: spec.OrphanTimeout, Credential: spec.Credential}
+	ss := shimSpec{Path: spec.Path, Args: spec.Args, Dir: spec.Dir, Env: spec.Env, LogPath: spec.LogPath, OrphanTimeout: spec.OrphanTimeout, Credential: spec.Credential}
 	if err := writeJSON(filepath.Join(dir, shimSpecFile), ss); err != nil {
 		return nil, err
 	}
@@ -109,6 +108,9 @@ type Adopted struct {
 	Meta []byte
 	Proc Process
 }
+
+// HandsOver is true: the shims keep the workers through an agent restart.
+func (ShimSpawner) HandsOver() bool { return true }
 
 // Adopt attaches to every shim a previous agent left, and returns the
 // workers of those that already ended with their exit status.
