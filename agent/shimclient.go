@@ -74,26 +74,33 @@ func (s ShimSpawner) Spawn(spec ProcessSpec) (Process, error) {
 	if err := cmd.Start(); err != nil {
 		return nil, fmt.Errorf("starting shim: %w", err)
 	}
-	// Reaped here while this agent lives; init reaps it after.
-	reaped := make(chan struct{})
-	go func() {
-		_ = cmd.Wait()
-		close(reaped)
-	}()
 	line := make(chan string, 1)
 	go func() {
 		l, _ := bufio.NewReader(stdout).ReadString('\n')
 		line <- strings.TrimSpace(l)
 	}()
+	var ready string
+	timedOut := false
 	select {
-	case l := <-line:
-		if !strings.HasPrefix(l, shimReady+" ") {
-			_ = cmd.Process.Kill()
-			return nil, fmt.Errorf("shim failed to start the launcher: %s", lastLine(filepath.Join(dir, shimLogFile)))
-		}
+	case ready = <-line:
 	case <-time.After(shimStartTimeout):
+		timedOut = true
 		_ = cmd.Process.Kill()
+	}
+	// Reaped here while this agent lives; init reaps it after. Only once
+	// the ready line is read: Wait closes the pipe, and a shim whose
+	// launcher ended at once may have exited before the line was read.
+	reaped := make(chan struct{})
+	go func() {
+		_ = cmd.Wait()
+		close(reaped)
+	}()
+	switch {
+	case timedOut:
 		return nil, fmt.Errorf("shim not ready after %s: %s", shimStartTimeout, lastLine(filepath.Join(dir, shimLogFile)))
+	case !strings.HasPrefix(ready, shimReady+" "):
+		_ = cmd.Process.Kill()
+		return nil, fmt.Errorf("shim failed to start the launcher: %s", lastLine(filepath.Join(dir, shimLogFile)))
 	}
 	p, err := attachShim(dir, reaped, s.Log)
 	if err != nil {
