@@ -50,8 +50,9 @@ lint: tools
 	$(GO) vet ./...
 	@# The recovery benchmark is built only with its tag; keep it compiling.
 	$(GO) vet -tags bench ./test/bench/
-	@# The controller and CLI must not need cgo (only agent/gpu/nvmlgpu imports go-nvml).
-	CGO_ENABLED=0 $(GO) build -o /dev/null ./cmd/rdzv-controller ./cmd/rdzvctl
+	@# The controller and CLI must not need cgo (only agent/gpu/nvmlgpu imports go-nvml),
+	@# nor must a program built on package client (examples/goclient, built so it cannot rot).
+	CGO_ENABLED=0 $(GO) build -o /dev/null ./cmd/rdzv-controller ./cmd/rdzvctl ./examples/goclient
 
 unit:
 	$(GO) test $(GOTEST_FLAGS) -count=1 $$($(GO) list ./... | grep -v /test/e2e)

@@ -2,30 +2,25 @@ package agent
 
 import (
 	"context"
-	"errors"
 	"fmt"
-	"math/rand/v2"
 	"net"
 	"os"
 	"path/filepath"
 	"strings"
-	"sync/atomic"
 	"time"
 
 	"go.uber.org/zap"
 	"golang.org/x/sync/errgroup"
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials"
-	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/keepalive"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/rdzv/rdzv/agent/gpu"
 	"github.com/rdzv/rdzv/agent/netif"
+	"github.com/rdzv/rdzv/client"
 	"github.com/rdzv/rdzv/health"
 	"github.com/rdzv/rdzv/pki"
 	rdzvv1 "github.com/rdzv/rdzv/proto/rdzv/v1"
-	"github.com/rdzv/rdzv/wire"
 )
 
 // GPUDiscoverer lists this node's GPUs.
@@ -40,23 +35,9 @@ type NetworkDetector interface {
 	InterfaceFacing(target string) (string, error)
 }
 
-const (
-	minBackoff = 250 * time.Millisecond
-	maxBackoff = 10 * time.Second
-	// stableSession is how long a session must last before a disconnect is
-	// treated as new trouble rather than a continuing outage.
-	stableSession = 30 * time.Second
-	// shutdownFlush bounds how long a stopping agent waits for its last
-	// worker reports to be sent.
-	shutdownFlush = 2 * time.Second
-	// defaultHeartbeatTimeout is assumed for self-fencing until the
-	// controller says otherwise.
-	defaultHeartbeatTimeout = 5 * time.Second
-	// fenceCheckEvery is how often the agent asks whether it is cut off.
-	fenceCheckEvery = 250 * time.Millisecond
-	// defaultHeartbeat is used until the controller says otherwise.
-	defaultHeartbeat = time.Second
-)
+// shutdownFlush bounds how long a stopping agent waits for its last worker
+// reports to be sent.
+const shutdownFlush = 2 * time.Second
 
 // GPUHealthWatcher reports GPU faults until ctx ends.
 type GPUHealthWatcher interface {
@@ -73,8 +54,8 @@ type Agent struct {
 	health  GPUHealthWatcher
 	// faults carries critical GPU faults to the controller session.
 	faults chan *rdzvv1.GPUFault
-	// tls is this node's certificate and the cluster CA; nil when insecure.
-	tls *pki.Reloader
+	// client reaches the leading controller, with this node's certificate.
+	client *client.Client
 }
 
 // Option adjusts an Agent.
@@ -98,6 +79,15 @@ func New(cfg Config, log *zap.Logger, gpus GPUDiscoverer, net NetworkDetector, s
 	for _, o := range opts {
 		o(a)
 	}
+	addrs, err := cfg.Controllers()
+	if err != nil {
+		return nil, err
+	}
+	cc := client.DefaultConfig()
+	cc.Endpoints, cc.Insecure, cc.Logger = addrs, cfg.Insecure, log.Named("client")
+	// The stream lives for weeks: keepalives find a dead connection even
+	// when nothing is sent.
+	cc.DialOptions = []grpc.DialOption{grpc.WithKeepaliveParams(keepalive.ClientParameters{Time: 10 * time.Second, Timeout: 5 * time.Second, PermitWithoutStream: true})}
 	if !cfg.Insecure {
 		name, err := cfg.nodeName()
 		if err != nil {
@@ -111,26 +101,12 @@ func New(cfg Config, log *zap.Logger, gpus GPUDiscoverer, net NetworkDetector, s
 			}
 			return nil
 		}
-		r, err := pki.NewReloader(cfg.TLS, want, log.Named("tls"))
-		if err != nil {
-			return nil, fmt.Errorf("loading the agent's tls files: %w", err)
-		}
-		a.tls = r
+		cc.TLS = &client.TLS{Files: cfg.TLS, Identity: want}
+	}
+	if a.client, err = client.New(cc); err != nil {
+		return nil, fmt.Errorf("loading the agent's tls files: %w", err)
 	}
 	return a, nil
-}
-
-// credentials are mutual TLS with this node's certificate, or none (and a
-// warning) when insecure.
-func (a *Agent) credentials(addr string) (credentials.TransportCredentials, error) {
-	if a.tls == nil {
-		return insecure.NewCredentials(), nil
-	}
-	conf, err := a.tls.ClientConfig(addr)
-	if err != nil {
-		return nil, err
-	}
-	return credentials.NewTLS(conf), nil
 }
 
 // Run discovers the node, then stays connected to the controller and runs
@@ -145,48 +121,33 @@ func (a *Agent) Run(ctx context.Context) error {
 		zap.String("interface", info.GetNcclInterface()), zap.String("address", info.GetAddress()),
 		zap.String("reason", info.GetNcclInterfaceReason()))
 
-	if a.tls == nil {
+	if a.cfg.Insecure {
 		log.Warn("insecure mode: no tls; this node runs whatever anyone who can pose as the controller sends (use only for local tests)",
 			zap.String("controller", a.cfg.Controller))
 	}
-	addrs, err := a.cfg.Controllers()
-	if err != nil {
-		return err
-	}
-	ctl := newControllers(addrs, a.credentials,
-		grpc.WithKeepaliveParams(keepalive.ClientParameters{Time: 10 * time.Second, Timeout: 5 * time.Second, PermitWithoutStream: true}),
-		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(wire.MaxMessageBytes), grpc.MaxCallSendMsgSize(wire.MaxMessageBytes)),
-	)
-	defer ctl.close()
+	defer a.client.Close()
 
 	ln, err := listenReports(a.cfg.StateDir)
 	if err != nil {
 		return err
 	}
 	sup := NewSupervisor(a.cfg, info.GetName(), info.GetNcclInterface(), ln.Addr().String(), a.spawner, log.Named("supervisor"))
-	if ad, ok := a.spawner.(adopter); ok {
-		found, err := ad.Adopt()
-		if err != nil {
-			return fmt.Errorf("adopting workers left by the previous agent: %w", err)
-		}
-		// Before the first registration, which reports them.
-		sup.Adopt(found)
+	found, err := a.spawner.Adopt()
+	if err != nil {
+		return fmt.Errorf("adopting workers left by the previous agent: %w", err)
 	}
+	// Before the first registration, which reports them.
+	sup.Adopt(found)
 	reports := newReportServer(sup, log.Named("reports"))
-	sess := &agentSession{agent: a, info: info, sup: sup, ctl: ctl, log: log.Named("session"), farewells: make(chan farewell)}
-	sup.OnHandover(sess.announceRestart)
-	sess.lastHeard.Store(time.Now().UnixNano())
-	sess.heartbeatTimeout.Store(int64(defaultHeartbeatTimeout))
-	sess.vouchedTimeout.Store(int64(hiccupFactor * defaultHeartbeatTimeout))
+	var gossip *Gossip
 	if a.cfg.GossipPort >= 0 {
-		g, err := StartGossip(info.GetName(), info.GetAddress(), a.cfg.GossipPort, log.Named("gossip"))
-		if err != nil {
+		if gossip, err = StartGossip(info.GetName(), info.GetAddress(), a.cfg.GossipPort, log.Named("gossip")); err != nil {
 			return err
 		}
-		defer g.Close()
-		sess.gossip = g
-		info.GossipAddr = g.Addr()
+		defer gossip.Close()
+		info.GossipAddr = gossip.Addr()
 	}
+	sess := newSession(info, sup, a.client, a.cfg.Controller, a.faults, gossip, log.Named("session"))
 	// The session outlives ctx a little: on shutdown the supervisor first
 	// stops the workers, and their final status should reach the controller
 	// rather than leave it to notice a silent node.
@@ -207,11 +168,6 @@ func (a *Agent) Run(ctx context.Context) error {
 		g.Go(func() error { a.watchHealth(gctx, log.Named("health")); return nil })
 	}
 	return g.Wait()
-}
-
-// adopter finds the workers a previous agent left running.
-type adopter interface {
-	Adopt() ([]Adopted, error)
 }
 
 // reportAddrFile keeps the report endpoint's address across agent
@@ -327,300 +283,4 @@ func interfaceKind(k netif.Kind) rdzvv1.InterfaceKind {
 		return rdzvv1.InterfaceKind_INTERFACE_KIND_ETHERNET
 	}
 	return rdzvv1.InterfaceKind_INTERFACE_KIND_UNSPECIFIED
-}
-
-// agentSession keeps the agent connected to the controller.
-type agentSession struct {
-	agent *Agent
-	info  *rdzvv1.NodeInfo
-	sup   *Supervisor
-	ctl   *controllers
-	log   *zap.Logger
-	// gossip is nil when disabled (gossip_port -1).
-	gossip *Gossip
-	// heartbeatTimeout (nanoseconds) is how long the controller waits for a
-	// heartbeat before declaring this node lost, as of the last registration.
-	heartbeatTimeout atomic.Int64
-	// vouchedTimeout (nanoseconds) is how long the controller keeps this
-	// node while its peers vouch for it, as of the last registration.
-	vouchedTimeout atomic.Int64
-	// lastHeard (unix nanoseconds) is when the controller last sent anything;
-	// it acknowledges every heartbeat.
-	lastHeard atomic.Int64
-	// fencing is set while a self-fencing stop is queued or under way.
-	fencing atomic.Bool
-	// farewells carries the last word of an agent that leaves its workers
-	// running; unbuffered, so a send succeeds only while connected.
-	farewells chan farewell
-}
-
-type farewell struct {
-	msg  *rdzvv1.ConnectRequest
-	sent chan struct{}
-}
-
-// announceRestart tells the controller that this agent is exiting and its
-// workers run on for hold; false if the controller could not be told, in
-// which case it goes by heartbeats and the workers must not outlive them.
-func (s *agentSession) announceRestart(hold time.Duration) bool {
-	f := farewell{sent: make(chan struct{}), msg: &rdzvv1.ConnectRequest{Msg: &rdzvv1.ConnectRequest_Restarting{
-		Restarting: &rdzvv1.AgentRestarting{HoldMs: uint32(hold.Milliseconds())},
-	}}}
-	timeout := time.After(shutdownFlush)
-	select {
-	case s.farewells <- f:
-	case <-timeout:
-		return false
-	}
-	select {
-	case <-f.sent:
-		return true
-	case <-timeout:
-		return false
-	}
-}
-
-// loop connects, and reconnects with jittered exponential backoff, until
-// ctx ends. Jitter keeps 10,000 agents from reconnecting in lockstep after
-// a controller restart.
-func (s *agentSession) loop(ctx context.Context) {
-	backoff := minBackoff
-	failures := 0
-	for ctx.Err() == nil {
-		started := time.Now()
-		addr, client, err := s.ctl.pick()
-		if err == nil {
-			err = s.connect(ctx, client)
-		}
-		if ctx.Err() != nil {
-			return
-		}
-		if time.Since(started) > stableSession {
-			backoff, failures = minBackoff, 0
-		}
-		if s.ctl.failed(addr, err) {
-			// A standby named the leader: go there at once.
-			s.log.Info("redirected to the leading controller", zap.String("from", addr), zap.String("to", s.ctl.hint))
-			continue
-		}
-		failures++
-		wait := backoff/2 + rand.N(backoff/2+1)
-		if failures == 1 || failures%10 == 0 {
-			s.log.Warn("controller connection lost, reconnecting", zap.String("controller", addr), zap.Error(err), zap.Int("attempt", failures), zap.Duration("backoff", wait))
-		}
-		select {
-		case <-ctx.Done():
-			return
-		case <-time.After(wait):
-		}
-		backoff = min(backoff*2, maxBackoff)
-	}
-}
-
-func (s *agentSession) connect(ctx context.Context, client rdzvv1.AgentServiceClient) error {
-	ctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	stream, err := client.Connect(ctx)
-	if err != nil {
-		return fmt.Errorf("opening stream: %w", err)
-	}
-	reg := &rdzvv1.Register{Node: s.info, Workers: s.sup.Statuses()}
-	if err := stream.Send(&rdzvv1.ConnectRequest{Msg: &rdzvv1.ConnectRequest_Register{Register: reg}}); err != nil {
-		return fmt.Errorf("sending register: %w", err)
-	}
-	first, err := stream.Recv()
-	if err != nil {
-		return fmt.Errorf("registering: %w", err)
-	}
-	interval := defaultHeartbeat
-	if ms := first.GetRegistered().GetHeartbeatIntervalMs(); ms > 0 {
-		interval = time.Duration(ms) * time.Millisecond
-	}
-	timeout := time.Duration(first.GetRegistered().GetHeartbeatTimeoutMs()) * time.Millisecond
-	if timeout > 0 {
-		s.heartbeatTimeout.Store(int64(timeout))
-		// A crashed agent's workers must be gone before the controller, which
-		// last heard us up to an interval before the crash, gives up on us.
-		s.sup.SetOrphanTimeout(max(timeout-interval, interval))
-		s.vouchedTimeout.Store(int64(hiccupFactor * timeout))
-	}
-	if vouched := time.Duration(first.GetRegistered().GetVouchedTimeoutMs()) * time.Millisecond; vouched > 0 {
-		s.vouchedTimeout.Store(int64(vouched))
-	}
-	s.heard()
-	s.log.Info("registered with controller", zap.Duration("heartbeat_interval", interval), zap.Duration("heartbeat_timeout", timeout))
-	var gossipChanged <-chan struct{}
-	if s.gossip != nil {
-		gossipChanged = s.gossip.Changed()
-		go s.gossip.Join(first.GetRegistered().GetGossipSeeds())
-	}
-
-	// Only the sender goroutine calls stream.Send after registration.
-	out := make(chan *rdzvv1.ConnectRequest, 256)
-	logs := newLogTails(s.sup, out, s.log.Named("logs"))
-	defer logs.cancelAll()
-	g, gctx := errgroup.WithContext(ctx)
-	g.Go(func() error {
-		ticker := time.NewTicker(interval)
-		defer ticker.Stop()
-		var seq uint64
-		// Per session: a controller that restarted learns the current
-		// progress on the first tick.
-		var progress progressFilter
-		// A new controller (or a new stream) learns the current view at once.
-		first := s.gossipViewMsg()
-		for {
-			var msgs []*rdzvv1.ConnectRequest
-			if first != nil {
-				msgs, first = append(msgs, first), nil
-			}
-			select {
-			case <-gctx.Done():
-				return gctx.Err()
-			case <-ticker.C:
-				seq++
-				msgs = append(msgs, &rdzvv1.ConnectRequest{Msg: &rdzvv1.ConnectRequest_Heartbeat{Heartbeat: &rdzvv1.Heartbeat{Seq: seq}}})
-				// Riding on the heartbeat bounds progress messages to one per
-				// interval however often the workers report.
-				if p := s.sup.Progress(); progress.changed(p) {
-					msgs = append(msgs, &rdzvv1.ConnectRequest{Msg: &rdzvv1.ConnectRequest_Progress{Progress: p}})
-				}
-			case st := <-s.sup.Updates():
-				// Checkpoints queued before the workers exited go first: the
-				// controller picks the one to resume from when it learns of
-				// the exit.
-				msgs = append(s.pendingCheckpoints(), &rdzvv1.ConnectRequest{Msg: &rdzvv1.ConnectRequest_WorkerStatus{WorkerStatus: st}})
-			case c := <-s.sup.Checkpoints():
-				msgs = append(msgs, checkpointMsg(c))
-			case m := <-out:
-				msgs = append(msgs, m)
-			case <-gossipChanged:
-				msgs = append(msgs, s.gossipViewMsg())
-			case f := <-s.agent.faults:
-				msgs = append(msgs, &rdzvv1.ConnectRequest{Msg: &rdzvv1.ConnectRequest_GpuFault{GpuFault: f}})
-			case f := <-s.farewells:
-				if err := stream.Send(f.msg); err != nil {
-					return fmt.Errorf("sending to controller: %w", err)
-				}
-				close(f.sent)
-			}
-			for _, m := range msgs {
-				if err := stream.Send(m); err != nil {
-					return fmt.Errorf("sending to controller: %w", err)
-				}
-			}
-		}
-	})
-	g.Go(func() error {
-		for {
-			m, err := stream.Recv()
-			if err != nil {
-				return fmt.Errorf("receiving from controller: %w", err)
-			}
-			s.heard()
-			s.handle(gctx, m, out, logs)
-		}
-	})
-	return g.Wait()
-}
-
-// pendingCheckpoints takes every checkpoint report queued so far.
-func (s *agentSession) pendingCheckpoints() []*rdzvv1.ConnectRequest {
-	var msgs []*rdzvv1.ConnectRequest
-	for {
-		select {
-		case c := <-s.sup.Checkpoints():
-			msgs = append(msgs, checkpointMsg(c))
-		default:
-			return msgs
-		}
-	}
-}
-
-func checkpointMsg(c *rdzvv1.CheckpointReport) *rdzvv1.ConnectRequest {
-	return &rdzvv1.ConnectRequest{Msg: &rdzvv1.ConnectRequest_Checkpoint{Checkpoint: c}}
-}
-
-func (s *agentSession) handle(ctx context.Context, m *rdzvv1.ConnectResponse, out chan<- *rdzvv1.ConnectRequest, logs *logTails) {
-	switch msg := m.GetMsg().(type) {
-	case *rdzvv1.ConnectResponse_Assignment:
-		s.sup.Assign(msg.Assignment)
-	case *rdzvv1.ConnectResponse_StopWorkers:
-		s.sup.Stop(msg.StopWorkers.GetJob(), msg.StopWorkers.GetGeneration(), msg.StopWorkers.GetReason())
-	case *rdzvv1.ConnectResponse_PortProbe:
-		res := probePort(msg.PortProbe)
-		select {
-		case out <- &rdzvv1.ConnectRequest{Msg: &rdzvv1.ConnectRequest_PortProbeResult{PortProbeResult: res}}:
-		case <-ctx.Done():
-		}
-	case *rdzvv1.ConnectResponse_LogTail:
-		logs.start(ctx, msg.LogTail)
-	case *rdzvv1.ConnectResponse_LogCancel:
-		logs.cancel(msg.LogCancel.GetRequestId())
-	case *rdzvv1.ConnectResponse_HeartbeatAck:
-		// Its arrival is all that matters: see heard.
-	case *rdzvv1.ConnectResponse_Registered:
-		s.log.Warn("ignoring repeated registered message")
-	default:
-		s.log.Warn("ignoring unknown message from controller", zap.String("type", fmt.Sprintf("%T", m.GetMsg())))
-	}
-}
-
-var errNoFreePort = errors.New("no free port")
-
-func (s *agentSession) heard() { s.lastHeard.Store(time.Now().UnixNano()) }
-
-func (s *agentSession) gossipViewMsg() *rdzvv1.ConnectRequest {
-	if s.gossip == nil {
-		return nil
-	}
-	unreachable, alive := s.gossip.View()
-	return &rdzvv1.ConnectRequest{Msg: &rdzvv1.ConnectRequest_GossipView{GossipView: &rdzvv1.GossipView{
-		Unreachable: unreachable, AliveMembers: uint32(alive),
-	}}}
-}
-
-// fenceLoop stops this node's workers when it is cut off: the controller
-// has not been heard for longer than it waits before declaring the node
-// lost (so it has moved the job on, or will), and gossip cannot reach the
-// peers either (so the controller is not merely restarting). A cut-off
-// node must never keep training or write a checkpoint after the job moved
-// on; when it is back it registers as a fresh, idle node.
-func (s *agentSession) fenceLoop(ctx context.Context) {
-	ticker := time.NewTicker(fenceCheckEvery)
-	defer ticker.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-ticker.C:
-		}
-		silent := time.Since(time.Unix(0, s.lastHeard.Load()))
-		timeout := time.Duration(s.heartbeatTimeout.Load())
-		vouched := time.Duration(s.vouchedTimeout.Load())
-		isolated := s.gossip == nil || s.gossip.Isolated()
-		if !shouldFence(s.sup.Busy(), silent, timeout, vouched, isolated) || s.fencing.Swap(true) {
-			continue
-		}
-		reason := fmt.Sprintf("self-fenced: controller silent for %s and peers unreachable", silent.Round(100*time.Millisecond))
-		s.log.Warn("fencing own workers", zap.Duration("controller_silent", silent), zap.Bool("gossip", s.gossip != nil))
-		s.sup.Fence(reason, func() { s.fencing.Store(false) })
-	}
-}
-
-// hiccupFactor is what a controller that does not send its vouched timeout
-// (an older one) uses: after this many heartbeat timeouts without hearing
-// us it declares us lost even if peers vouch.
-const hiccupFactor = 3
-
-// shouldFence is the self-fencing rule: cut off from the controller for
-// its heartbeat timeout and from the peers too, or from every controller
-// for the vouched timeout (by then it has moved the job on, whatever our
-// peers say). No controller at all (failover, etcd quorum lost) is
-// survived for the vouched timeout while peers are reachable.
-func shouldFence(busy bool, controllerSilent, timeout, vouched time.Duration, isolated bool) bool {
-	if !busy || timeout <= 0 || controllerSilent <= timeout {
-		return false
-	}
-	return isolated || controllerSilent > vouched
 }

@@ -14,6 +14,7 @@ import (
 	"go.uber.org/zap"
 
 	rdzvv1 "github.com/rdzv/rdzv/proto/rdzv/v1"
+	"github.com/rdzv/rdzv/wire"
 )
 
 // scanEvery is how often node rank 0 looks for new complete checkpoints
@@ -96,18 +97,11 @@ func symlinkedDirWithin(dir, path string) bool {
 	if err != nil {
 		return false
 	}
-	if !within(base, target) {
+	if !wire.Within(base, target) {
 		return false
 	}
 	info, err := os.Stat(target)
 	return err == nil && info.IsDir()
-}
-
-// within reports whether path lies strictly inside dir, both clean and
-// absolute.
-func within(dir, path string) bool {
-	rel, err := filepath.Rel(dir, path)
-	return err == nil && rel != "." && rel != ".." && !strings.HasPrefix(rel, ".."+string(filepath.Separator))
 }
 
 func hasMarker(dir string, markers []string) bool {

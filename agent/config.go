@@ -7,7 +7,6 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"path/filepath"
 	"time"
 
 	"sigs.k8s.io/yaml"
@@ -126,14 +125,14 @@ func (c Config) Validate() error {
 	if c.FakeGPUs < 0 || c.FakeGPUs > wire.MaxGPUsPerNode {
 		errs = append(errs, fmt.Errorf("fake_gpus: must be between 0 and %d, got %d", wire.MaxGPUsPerNode, c.FakeGPUs))
 	}
-	if c.StateDir == "" || !filepath.IsAbs(c.StateDir) {
-		errs = append(errs, fmt.Errorf("state_dir: must be an absolute path, got %q", c.StateDir))
+	if fe := wire.CheckPath("state_dir", c.StateDir, ""); fe != nil {
+		errs = append(errs, fe)
 	}
 	if c.GossipPort < -1 || c.GossipPort > 65535 {
 		errs = append(errs, fmt.Errorf("gossip_port: must be -1 (off), 0 (any) or a port, got %d", c.GossipPort))
 	}
-	if c.SecretsDir == "" || !filepath.IsAbs(c.SecretsDir) || filepath.Clean(c.SecretsDir) != c.SecretsDir {
-		errs = append(errs, fmt.Errorf("secrets_dir: must be a clean absolute path, got %q", c.SecretsDir))
+	if fe := wire.CheckPath("secrets_dir", c.SecretsDir, ""); fe != nil {
+		errs = append(errs, fe)
 	}
 	if fe := wire.ValidateRunAs("run_as", c.RunAs); fe != nil {
 		errs = append(errs, fe)

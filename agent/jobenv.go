@@ -42,7 +42,7 @@ func readSecretFile(secretsDir, path string) (string, error) {
 	if err != nil {
 		return "", fmt.Errorf("reading %s: %w", path, err)
 	}
-	if !within(dir, real) {
+	if !wire.Within(dir, real) {
 		return "", fmt.Errorf("%s is outside the agent's secrets_dir %s", path, secretsDir)
 	}
 	f, err := os.Open(real)

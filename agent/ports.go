@@ -1,6 +1,7 @@
 package agent
 
 import (
+	"errors"
 	"fmt"
 	"math/rand/v2"
 	"net"
@@ -8,6 +9,8 @@ import (
 
 	rdzvv1 "github.com/rdzv/rdzv/proto/rdzv/v1"
 )
+
+var errNoFreePort = errors.New("no free port")
 
 // maxProbes bounds one probe; a range that crowded is an operator problem
 // the error names.

@@ -23,6 +23,9 @@ type ProcessSpec struct {
 	Env  []string
 	// Output receives stdout and stderr.
 	Output io.Writer
+	// LogPath is the file Output appends to, for a spawner whose workers
+	// outlive this agent and so open it themselves (ShimSpawner).
+	LogPath string
 	// ID names the worker among this node's (a shim's directory).
 	ID string
 	// Meta is kept with a shimmed worker and handed back on adoption.
@@ -46,18 +49,36 @@ type Process interface {
 	Pid() int
 	// Wait blocks until the launcher exits.
 	Wait() Exit
+	// Reason is the process's own account of its end, if it has one (a
+	// shim that killed workers no agent adopted in time), else "". Called
+	// once Wait has returned.
+	Reason() string
 	// Kill terminates the process group: SIGTERM, then SIGKILL after grace,
 	// and returns once no process of the group is left.
 	Kill(grace time.Duration) error
+	// Detach lets go of the workers without stopping them: they run on
+	// for hold, for the next agent to adopt, and Wait returns. Only for
+	// processes of a Spawner that hands over.
+	Detach(hold time.Duration) error
 }
 
 // Spawner starts worker processes; tests replace it.
 type Spawner interface {
 	Spawn(spec ProcessSpec) (Process, error)
+	// HandsOver reports whether the workers it starts can outlive this
+	// agent for the next one to adopt (Process.Detach, then Adopt).
+	// Workers that cannot are stopped with the agent.
+	HandsOver() bool
+	// Adopt finds the workers a previous agent left running, with their
+	// status if they have ended since.
+	Adopt() ([]Adopted, error)
 }
 
 // ExecSpawner runs workers as real processes, each in its own process group
-// so the agent can signal torchrun and every worker it forked at once.
+// so that their parent can signal torchrun and every worker it forked at
+// once. In production that parent is the worker's shim (see shim.go),
+// which runs the launcher with it; the agent itself spawns through
+// ShimSpawner.
 type ExecSpawner struct {
 	// ProcRoot is where to look for leftover group members (default /proc).
 	ProcRoot string
@@ -67,8 +88,11 @@ func (s ExecSpawner) Spawn(spec ProcessSpec) (Process, error) {
 	cmd := exec.Command(spec.Path, spec.Args...)
 	cmd.Dir, cmd.Env = spec.Dir, spec.Env
 	cmd.Stdout, cmd.Stderr = spec.Output, spec.Output
-	// No Pdeathsig: workers must survive a brief agent restart; the agent's
-	// shutdown path and systemd's KillMode=mixed stop them instead.
+	// No Pdeathsig: the parent stops the whole group itself when it decides
+	// to (a shim on the agent's request, or when no agent adopted the
+	// workers in time), and Pdeathsig would only reach the launcher, not the
+	// workers it forked. Nor does systemd stop them: the agent's unit has
+	// KillMode=process, which signals the agent alone.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Credential: spec.Credential}
 	// With a pipe for output, Wait would also wait for every group member
 	// still holding it; the launcher's exit is what matters here.
@@ -80,6 +104,13 @@ func (s ExecSpawner) Spawn(spec ProcessSpec) (Process, error) {
 	go p.reap()
 	return p, nil
 }
+
+// HandsOver is false: nothing would stop an ExecSpawner's workers in time
+// once the agent is gone.
+func (ExecSpawner) HandsOver() bool { return false }
+
+// Adopt finds nothing, since no ExecSpawner's workers are left running.
+func (ExecSpawner) Adopt() ([]Adopted, error) { return nil, nil }
 
 type execProcess struct {
 	cmd      *exec.Cmd
@@ -111,6 +142,15 @@ func (p *execProcess) Wait() Exit {
 	<-p.done
 	return p.exit
 }
+
+// Reason is "": the exit status says all there is.
+func (p *execProcess) Reason() string { return "" }
+
+// errNoHandover refuses to detach a worker nothing would stop in time.
+var errNoHandover = errors.New("workers started without a shim cannot outlive the agent")
+
+// Detach is refused: see ExecSpawner.HandsOver.
+func (p *execProcess) Detach(time.Duration) error { return errNoHandover }
 
 // groupSweepTimeout bounds the wait for SIGKILLed group members to vanish
 // (uninterruptible sleep in a GPU driver call can delay them).

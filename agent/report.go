@@ -9,7 +9,6 @@ import (
 	"net"
 	"net/http"
 	"os"
-	"path/filepath"
 	"time"
 
 	"go.uber.org/zap"
@@ -166,16 +165,11 @@ func (h *reportHandler) reject(w http.ResponseWriter, status int, reason string)
 // directory, inside dir when the job has one: the path is what the next
 // generation is told to resume from.
 func checkCheckpointPath(dir, path string) error {
-	switch {
-	case path == "":
+	if path == "" {
 		return errors.New("path is required")
-
-	case !filepath.IsAbs(path):
-		return fmt.Errorf("path %q must be absolute", path)
-	case filepath.Clean(path) != path:
-		return fmt.Errorf("path %q must be clean, as %q", path, filepath.Clean(path))
-	case dir != "" && !within(filepath.Clean(dir), path):
-		return fmt.Errorf("path %q is outside the job's checkpoint directory %s", path, dir)
+	}
+	if fe := wire.CheckPath("path", path, dir); fe != nil {
+		return fe
 	}
 	info, err := os.Stat(path)
 	if err != nil {

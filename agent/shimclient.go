@@ -47,11 +47,10 @@ func (s ShimSpawner) Spawn(spec ProcessSpec) (Process, error) {
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return nil, fmt.Errorf("creating shim directory: %w", err)
 	}
-	logPath, ok := spec.Output.(interface{ Name() string })
-	if !ok {
-		return nil, errors.New("a shim's output must be a file")
+	if spec.LogPath == "" {
+		return nil, errors.New("a shim needs the path of its worker's log")
 	}
-	ss := shimSpec{Path: spec.Path, Args: spec.Args, Dir: spec.Dir, Env: spec.Env, LogPath: logPath.Name(), OrphanTimeout: spec.OrphanTimeout, Credential: spec.Credential}
+	ss := shimSpec{Path: spec.Path, Args: spec.Args, Dir: spec.Dir, Env: spec.Env, LogPath: spec.LogPath, OrphanTimeout: spec.OrphanTimeout, Credential: spec.Credential}
 	if err := writeJSON(filepath.Join(dir, shimSpecFile), ss); err != nil {
 		return nil, err
 	}
@@ -75,26 +74,33 @@ func (s ShimSpawner) Spawn(spec ProcessSpec) (Process, error) {
 	if err := cmd.Start(); err != nil {
 		return nil, fmt.Errorf("starting shim: %w", err)
 	}
-	// Reaped here while this agent lives; init reaps it after.
-	reaped := make(chan struct{})
-	go func() {
-		_ = cmd.Wait()
-		close(reaped)
-	}()
 	line := make(chan string, 1)
 	go func() {
 		l, _ := bufio.NewReader(stdout).ReadString('\n')
 		line <- strings.TrimSpace(l)
 	}()
+	var ready string
+	timedOut := false
 	select {
-	case l := <-line:
-		if !strings.HasPrefix(l, shimReady+" ") {
-			_ = cmd.Process.Kill()
-			return nil, fmt.Errorf("shim failed to start the launcher: %s", lastLine(filepath.Join(dir, shimLogFile)))
-		}
+	case ready = <-line:
 	case <-time.After(shimStartTimeout):
+		timedOut = true
 		_ = cmd.Process.Kill()
+	}
+	// Reaped here while this agent lives; init reaps it after. Only once
+	// the ready line is read: Wait closes the pipe, and a shim whose
+	// launcher ended at once may have exited before the line was read.
+	reaped := make(chan struct{})
+	go func() {
+		_ = cmd.Wait()
+		close(reaped)
+	}()
+	switch {
+	case timedOut:
 		return nil, fmt.Errorf("shim not ready after %s: %s", shimStartTimeout, lastLine(filepath.Join(dir, shimLogFile)))
+	case !strings.HasPrefix(ready, shimReady+" "):
+		_ = cmd.Process.Kill()
+		return nil, fmt.Errorf("shim failed to start the launcher: %s", lastLine(filepath.Join(dir, shimLogFile)))
 	}
 	p, err := attachShim(dir, reaped, s.Log)
 	if err != nil {
@@ -109,6 +115,9 @@ type Adopted struct {
 	Meta []byte
 	Proc Process
 }
+
+// HandsOver is true: the shims keep the workers through an agent restart.
+func (ShimSpawner) HandsOver() bool { return true }
 
 // Adopt attaches to every shim a previous agent left, and returns the
 // workers of those that already ended with their exit status.

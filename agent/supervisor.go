@@ -131,11 +131,6 @@ func (s *Supervisor) Run(ctx context.Context) error {
 	}
 }
 
-// detacher is a worker that can be left running for the next agent.
-type detacher interface {
-	Detach(hold time.Duration) error
-}
-
 // shutdown leaves the running worker to its shim for restartGrace, so that
 // restarting or upgrading the agent does not disturb training; without a
 // grace, or a worker that cannot be left, it stops the worker.
@@ -143,8 +138,7 @@ func (s *Supervisor) shutdown() {
 	s.mu.Lock()
 	w := s.cur
 	s.mu.Unlock()
-	d, ok := w.procDetacher()
-	if !ok || s.restartGrace <= 0 {
+	if w == nil || s.restartGrace <= 0 || !s.spawner.HandsOver() {
 		s.stopCurrent("agent shutting down")
 		return
 	}
@@ -158,7 +152,7 @@ func (s *Supervisor) shutdown() {
 	s.mu.Lock()
 	w.handedOver = true
 	s.mu.Unlock()
-	if err := d.Detach(hold); err != nil {
+	if err := w.proc.Detach(hold); err != nil {
 		// Its shim goes by the orphan timeout then, which is safe either way.
 		s.log.Error("handing workers over failed", zap.String("job", w.job), zap.Error(err))
 		return
@@ -169,14 +163,6 @@ func (s *Supervisor) shutdown() {
 
 // OnHandover sets how the controller is told that workers are left running.
 func (s *Supervisor) OnHandover(announce func(hold time.Duration) bool) { s.announce = announce }
-
-func (w *worker) procDetacher() (detacher, bool) {
-	if w == nil {
-		return nil, false
-	}
-	d, ok := w.proc.(detacher)
-	return d, ok
-}
 
 // Adopt takes over the workers a previous agent on this node left running,
 // before the first registration reports them. Only one job runs on a node;
@@ -362,8 +348,8 @@ func (s *Supervisor) watch(w *worker) {
 	s.mu.Unlock()
 	state := rdzvv1.WorkerState_WORKER_STATE_FAILED
 	msg := ""
-	if r, ok := w.proc.(exitReasoner); ok && reason == "" {
-		msg = r.Reason()
+	if reason == "" {
+		msg = w.proc.Reason()
 	}
 	switch {
 	case reason != "":
@@ -383,12 +369,6 @@ func (s *Supervisor) watch(w *worker) {
 		zap.Int("exit_code", exit.Code), zap.String("signal", exit.Signal), zap.String("state", state.String()))
 	s.finished(w.job, w.generation, state, exit, msg, exitedAt)
 	close(w.done)
-}
-
-// exitReasoner is a worker whose end can have a cause of its own, such as a
-// shim that fenced workers nobody adopted.
-type exitReasoner interface {
-	Reason() string
 }
 
 func (s *Supervisor) stop(job string, gen uint64, reason string) {
@@ -481,8 +461,8 @@ func (s *Supervisor) jobPath(job string, elem ...string) (string, error) {
 	}
 	dir := filepath.Clean(s.stateDir)
 	p := filepath.Join(append([]string{dir}, elem...)...)
-	if !within(dir, p) {
-		return "", fmt.Errorf("job %s: %s is outside the state directory %s", job, p, dir)
+	if fe := wire.CheckPath("path", p, dir); fe != nil {
+		return "", fmt.Errorf("job %s: a file outside the state directory: %w", job, fe)
 	}
 	return p, nil
 }
@@ -541,7 +521,7 @@ func (s *Supervisor) start(a *rdzvv1.Assignment) (*worker, error) {
 	if err != nil {
 		return nil, fmt.Errorf("encoding the assignment: %w", err)
 	}
-	proc, err := s.spawner.Spawn(ProcessSpec{Path: torchrun, Args: args, Dir: workdir, Env: s.env(a, jobEnv), Output: out, Credential: runAs.Credential,
+	proc, err := s.spawner.Spawn(ProcessSpec{Path: torchrun, Args: args, Dir: workdir, Env: s.env(a, jobEnv), Output: out, LogPath: logPath, Credential: runAs.Credential,
 		ID: fmt.Sprintf("%s.%d", job, a.GetGeneration()), Meta: meta, OrphanTimeout: time.Duration(s.orphanTimeout.Load())})
 	if err != nil {
 		return nil, err

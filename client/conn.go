@@ -10,6 +10,7 @@ import (
 	"sync"
 	"time"
 
+	"go.uber.org/zap"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/connectivity"
@@ -28,12 +29,14 @@ const maxHops = 4
 // Conn sends each call to the leading controller among a list of
 // addresses, following redirects, so the generated clients work unchanged
 // over a set of replicas. The address that last answered is tried first.
+// Client is built on it.
 type Conn struct {
 	addrs []string
 	// creds secures the connection to one address (TLS checks the
 	// certificate against the host dialled).
-	creds Credentials
+	creds credentialsFunc
 	opts  []grpc.DialOption
+	log   *zap.Logger
 
 	mu     sync.Mutex
 	conns  map[string]*grpc.ClientConn
@@ -42,15 +45,13 @@ type Conn struct {
 
 var _ grpc.ClientConnInterface = (*Conn)(nil)
 
-// Credentials gives the transport security for a controller address.
-type Credentials func(addr string) (credentials.TransportCredentials, error)
+// credentialsFunc gives the transport security for a controller address.
+type credentialsFunc func(addr string) (credentials.TransportCredentials, error)
 
-// NewConn prepares connections to addrs; nothing is dialled until a call.
-func NewConn(addrs []string, creds Credentials, opts ...grpc.DialOption) (*Conn, error) {
-	if len(addrs) == 0 {
-		return nil, errors.New("no controller address given")
-	}
-	return &Conn{addrs: addrs, creds: creds, opts: opts, conns: map[string]*grpc.ClientConn{}}, nil
+// newConn prepares connections to addrs (at least one); nothing is
+// dialled until a call.
+func newConn(addrs []string, creds credentialsFunc, log *zap.Logger, opts ...grpc.DialOption) *Conn {
+	return &Conn{addrs: addrs, creds: creds, log: log, opts: opts, conns: map[string]*grpc.ClientConn{}}
 }
 
 // Close closes every connection.
@@ -70,6 +71,34 @@ func (c *Conn) Leader() string {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return c.leader
+}
+
+// served records that addr served a call: it leads.
+func (c *Conn) served(addr string) {
+	c.mu.Lock()
+	prev := c.leader
+	c.leader = addr
+	c.mu.Unlock()
+	if prev != addr {
+		c.log.Info("calling the leading controller", zap.String("controller", addr), zap.String("previous", prev))
+	}
+}
+
+// refused drops the connection to addr if a controller refused the
+// certificate it was opened with (Unauthenticated): every call on it would
+// be refused alike, since calls reuse the connection's handshake. The next
+// call handshakes anew, with the certificate on disk by then, renewed one
+// hopes. Other errors leave the connection to gRPC's reconnecting.
+func (c *Conn) refused(addr string, cc *grpc.ClientConn, err error) {
+	if status.Code(err) != codes.Unauthenticated {
+		return
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.conns[addr] == cc {
+		delete(c.conns, addr)
+		_ = cc.Close()
+	}
 }
 
 func (c *Conn) conn(addr string) (*grpc.ClientConn, error) {
@@ -92,18 +121,15 @@ func (c *Conn) conn(addr string) (*grpc.ClientConn, error) {
 
 // Invoke implements grpc.ClientConnInterface.
 func (c *Conn) Invoke(ctx context.Context, method string, args, reply any, opts ...grpc.CallOption) error {
-	return c.each(ctx, func(ctx context.Context, cc *grpc.ClientConn) error {
+	return c.each(ctx, func(ctx context.Context, _ string, cc *grpc.ClientConn) error {
 		return cc.Invoke(ctx, method, args, reply, opts...)
 	})
 }
 
-// NewStream implements grpc.ClientConnInterface for server-streaming
-// calls: a controller's refusal arrives with the first response, so the
-// stream is opened, and moved to another controller if need be, then.
+// NewStream implements grpc.ClientConnInterface. A controller's refusal
+// arrives with the first response, so the stream is opened, and moved to
+// another controller if need be, on the first receive (see stream).
 func (c *Conn) NewStream(ctx context.Context, desc *grpc.StreamDesc, method string, opts ...grpc.CallOption) (grpc.ClientStream, error) {
-	if desc.ClientStreams {
-		return nil, status.Errorf(codes.Unimplemented, "client.Conn: client-streaming call %s is not supported", method)
-	}
 	return &stream{c: c, ctx: ctx, desc: desc, method: method, opts: opts}, nil
 }
 
@@ -118,7 +144,7 @@ const (
 // them again until the caller's deadline, so a failover is invisible to a
 // caller willing to wait: a refused call changed nothing, so repeating it
 // is safe. Without a deadline it does not wait.
-func (c *Conn) each(ctx context.Context, call func(context.Context, *grpc.ClientConn) error) error {
+func (c *Conn) each(ctx context.Context, call func(ctx context.Context, addr string, cc *grpc.ClientConn) error) error {
 	_, hasDeadline := ctx.Deadline()
 	wait := electionRetryMin
 	for {
@@ -142,7 +168,7 @@ func (c *Conn) each(ctx context.Context, call func(context.Context, *grpc.Client
 // none served because an election is under way: a controller said no one
 // leads, or named a leader that could not be reached (the one that just
 // died, which standbys see leading until its lease runs out).
-func (c *Conn) walk(ctx context.Context, call func(context.Context, *grpc.ClientConn) error) (electing bool, err error) {
+func (c *Conn) walk(ctx context.Context, call func(ctx context.Context, addr string, cc *grpc.ClientConn) error) (electing bool, err error) {
 	c.mu.Lock()
 	queue := append([]string{}, c.addrs...)
 	if c.leader != "" {
@@ -168,11 +194,9 @@ func (c *Conn) walk(ctx context.Context, call func(context.Context, *grpc.Client
 			unreachable, down[addr] = status.Errorf(codes.Unavailable, "no connection to %s in time", addr), true
 			continue
 		}
-		err = call(ctx, cc)
+		err = call(ctx, addr, cc)
 		if err == nil {
-			c.mu.Lock()
-			c.leader = addr
-			c.mu.Unlock()
+			c.served(addr)
 			return false, nil
 		}
 		reason, hint, ok := wire.Parse(err)
@@ -194,6 +218,7 @@ func (c *Conn) walk(ctx context.Context, call func(context.Context, *grpc.Client
 		case status.Code(err) == codes.Unavailable:
 			unreachable, down[addr] = err, true
 		default:
+			c.refused(addr, cc, err)
 			return false, err
 		}
 	}
@@ -251,8 +276,12 @@ func connected(ctx context.Context, cc *grpc.ClientConn, attempts int) bool {
 	}
 }
 
-// stream is a server-streaming call that finds its controller on the
-// first receive: until a response arrives, a refusal moves the call on.
+// stream is a streaming call that finds its controller on the first
+// receive: until a response arrives, a refusal moves the call on. What is
+// sent before then is held and sent again to each controller tried, so a
+// bidirectional stream's opening message (the agent's register) reaches
+// the one that serves it. Until the first RecvMsg returns, SendMsg and
+// RecvMsg must not be called concurrently; after, the stream is gRPC's.
 type stream struct {
 	c      *Conn
 	ctx    context.Context
@@ -260,16 +289,23 @@ type stream struct {
 	method string
 	opts   []grpc.CallOption
 
-	req    any
+	// sent and closed are what was sent, and whether CloseSend was
+	// called, before the stream found its controller.
+	sent   []any
+	closed bool
+
 	cs     grpc.ClientStream
 	cancel context.CancelFunc
+	// addr and cc are where the stream runs, once it does.
+	addr string
+	cc   *grpc.ClientConn
 }
 
 func (s *stream) SendMsg(m any) error {
 	if s.cs != nil {
 		return s.cs.SendMsg(m)
 	}
-	s.req = m
+	s.sent = append(s.sent, m)
 	return nil
 }
 
@@ -277,6 +313,7 @@ func (s *stream) CloseSend() error {
 	if s.cs != nil {
 		return s.cs.CloseSend()
 	}
+	s.closed = true
 	return nil
 }
 
@@ -285,29 +322,29 @@ func (s *stream) RecvMsg(m any) error {
 		err := s.cs.RecvMsg(m)
 		if err != nil {
 			s.cancel()
+			s.c.refused(s.addr, s.cc, err)
 		}
 		return err
 	}
 	var first error
 	// The stream lives on after the walk, so it hangs off the caller's
 	// context rather than the attempt's.
-	err := s.c.each(s.ctx, func(_ context.Context, cc *grpc.ClientConn) error {
+	err := s.c.each(s.ctx, func(_ context.Context, addr string, cc *grpc.ClientConn) error {
 		sctx, cancel := context.WithCancel(s.ctx)
 		cs, err := cc.NewStream(sctx, s.desc, s.method, s.opts...)
 		if err == nil {
-			err = cs.SendMsg(s.req)
+			err = s.replay(cs)
 		}
-		if err == nil {
-			err = cs.CloseSend()
-		}
-		if err == nil {
+		// A send fails with io.EOF when the controller has ended the
+		// stream (a standby's refusal, say): the receive says why.
+		if err == nil || errors.Is(err, io.EOF) {
 			err = cs.RecvMsg(m)
 		}
 		if err != nil && !errors.Is(err, io.EOF) {
 			cancel()
 			return err
 		}
-		s.cs, s.cancel, first = cs, cancel, err
+		s.cs, s.cancel, s.addr, s.cc, first = cs, cancel, addr, cc, err
 		if err != nil {
 			cancel()
 		}
@@ -316,7 +353,21 @@ func (s *stream) RecvMsg(m any) error {
 	if err != nil {
 		return err
 	}
+	s.sent = nil
 	return first
+}
+
+// replay sends cs what was sent before the stream found its controller.
+func (s *stream) replay(cs grpc.ClientStream) error {
+	for _, m := range s.sent {
+		if err := cs.SendMsg(m); err != nil {
+			return err
+		}
+	}
+	if s.closed {
+		return cs.CloseSend()
+	}
+	return nil
 }
 
 func (s *stream) Header() (metadata.MD, error) {

@@ -2,16 +2,18 @@ package client_test
 
 import (
 	"context"
+	"errors"
+	"io"
 	"net"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/require"
-	"go.uber.org/goleak"
+	"go.uber.org/zap/zaptest"
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials"
-	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 
 	"github.com/rdzv/rdzv/client"
 	"github.com/rdzv/rdzv/internal/testaddr"
@@ -39,28 +41,60 @@ func (e *electing) ListJobs(context.Context, *rdzvv1.ListJobsRequest) (*rdzvv1.L
 	return &rdzvv1.ListJobsResponse{Jobs: []*rdzvv1.Job{{}}}, nil
 }
 
-func serve(t *testing.T, srv rdzvv1.JobServiceServer) string {
+// countingListener counts the connections it accepts.
+type countingListener struct {
+	net.Listener
+	accepted atomic.Int64
+}
+
+func (l *countingListener) Accept() (net.Conn, error) {
+	c, err := l.Listener.Accept()
+	if err == nil {
+		l.accepted.Add(1)
+	}
+	return c, err
+}
+
+// serve starts a gRPC server on loopback with what register adds and
+// returns its address and listener.
+func serve(t *testing.T, register func(*grpc.Server), opts ...grpc.ServerOption) (string, *countingListener) {
 	t.Helper()
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(t, err)
-	s := grpc.NewServer()
-	rdzvv1.RegisterJobServiceServer(s, srv)
+	cl := &countingListener{Listener: l}
+	s := grpc.NewServer(opts...)
+	register(s)
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		_ = s.Serve(l)
+		_ = s.Serve(cl)
 	}()
 	t.Cleanup(func() {
 		s.Stop()
 		<-done
 	})
-	return l.Addr().String()
+	return l.Addr().String(), cl
+}
+
+func serveJobs(t *testing.T, srv rdzvv1.JobServiceServer) string {
+	addr, _ := serve(t, func(s *grpc.Server) { rdzvv1.RegisterJobServiceServer(s, srv) })
+	return addr
+}
+
+// insecureClient is a client of endpoints without TLS.
+func insecureClient(t *testing.T, endpoints ...string) *client.Client {
+	t.Helper()
+	cfg := client.DefaultConfig()
+	cfg.Endpoints, cfg.Insecure, cfg.Logger = endpoints, true, zaptest.NewLogger(t)
+	c, err := client.New(cfg)
+	require.NoError(t, err)
+	t.Cleanup(func() { require.NoError(t, c.Close()) })
+	return c
 }
 
 // A call made while no controller leads waits for the election, within
 // its deadline; without one, or past it, the caller gets the refusal.
 func TestCallsWaitOutAnElection(t *testing.T) {
-	defer goleak.VerifyNone(t)
 	tests := []struct {
 		name     string
 		refusals int64
@@ -79,23 +113,19 @@ func TestCallsWaitOutAnElection(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			srv := &electing{refusals: tt.refusals}
-			addrs := []string{serve(t, srv)}
+			addrs := []string{serveJobs(t, srv)}
 			if tt.leaderDied {
 				srv.staleLeader = testaddr.Free(t)
 				addrs = append([]string{srv.staleLeader}, addrs...)
 			}
-			conn, err := client.NewConn(addrs, func(string) (credentials.TransportCredentials, error) {
-				return insecure.NewCredentials(), nil
-			})
-			require.NoError(t, err)
-			defer conn.Close()
+			c := insecureClient(t, addrs...)
 			ctx := context.Background()
 			if tt.deadline > 0 {
 				var cancel context.CancelFunc
 				ctx, cancel = context.WithTimeout(ctx, tt.deadline)
 				defer cancel()
 			}
-			resp, err := rdzvv1.NewJobServiceClient(conn).ListJobs(ctx, &rdzvv1.ListJobsRequest{})
+			resp, err := c.ListJobs(ctx, &rdzvv1.ListJobsRequest{})
 			if tt.wantErr {
 				reason, _, ok := wire.Parse(err)
 				require.True(t, ok, "not the controller's refusal: %v", err)
@@ -106,6 +136,143 @@ func TestCallsWaitOutAnElection(t *testing.T) {
 			}
 			require.GreaterOrEqual(t, srv.calls.Load(), tt.minCalls)
 			require.LessOrEqual(t, srv.calls.Load(), tt.maxCalls)
+		})
+	}
+}
+
+// agentServer answers Connect as a controller: a standby refuses it,
+// naming the leader, before reading anything; the leader reads the
+// register, confirms it, then acknowledges one heartbeat and ends.
+type agentServer struct {
+	rdzvv1.UnimplementedAgentServiceServer
+	// leader is set on a standby: where it sends agents.
+	leader    string
+	calls     atomic.Int64
+	registers chan string
+}
+
+func (a *agentServer) Connect(stream grpc.BidiStreamingServer[rdzvv1.ConnectRequest, rdzvv1.ConnectResponse]) error {
+	a.calls.Add(1)
+	if a.leader != "" {
+		return wire.Error(wire.ReasonNotLeader, a.leader, "a standby")
+	}
+	m, err := stream.Recv()
+	if err != nil {
+		return err
+	}
+	a.registers <- m.GetRegister().GetNode().GetName()
+	if err := stream.Send(&rdzvv1.ConnectResponse{Msg: &rdzvv1.ConnectResponse_Registered{Registered: &rdzvv1.Registered{HeartbeatIntervalMs: 1000}}}); err != nil {
+		return err
+	}
+	if m, err = stream.Recv(); err != nil {
+		return err
+	}
+	if m.GetHeartbeat() == nil {
+		return status.Errorf(codes.InvalidArgument, "want a heartbeat, got %v", m)
+	}
+	return stream.Send(&rdzvv1.ConnectResponse{Msg: &rdzvv1.ConnectResponse_HeartbeatAck{HeartbeatAck: &rdzvv1.HeartbeatAck{}}})
+}
+
+// A bidirectional stream opened on a standby goes to the leader it names,
+// its opening message with it, and then runs there both ways.
+func TestStreamFollowsTheLeader(t *testing.T) {
+	leader := &agentServer{registers: make(chan string, 1)}
+	leaderAddr, _ := serve(t, func(s *grpc.Server) { rdzvv1.RegisterAgentServiceServer(s, leader) })
+	standby := &agentServer{leader: leaderAddr}
+	standbyAddr, _ := serve(t, func(s *grpc.Server) { rdzvv1.RegisterAgentServiceServer(s, standby) })
+	c := insecureClient(t, standbyAddr, leaderAddr)
+
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	stream, err := c.Connect(ctx)
+	require.NoError(t, err)
+	reg := &rdzvv1.ConnectRequest{Msg: &rdzvv1.ConnectRequest_Register{Register: &rdzvv1.Register{Node: &rdzvv1.NodeInfo{Name: "node-a"}}}}
+	require.NoError(t, stream.Send(reg))
+	first, err := stream.Recv()
+	require.NoError(t, err)
+	require.EqualValues(t, 1000, first.GetRegistered().GetHeartbeatIntervalMs())
+	require.Equal(t, "node-a", <-leader.registers, "the register sent before the first receive reaches the leader")
+	require.Equal(t, leaderAddr, c.Leader())
+	require.EqualValues(t, 1, standby.calls.Load())
+
+	require.NoError(t, stream.Send(&rdzvv1.ConnectRequest{Msg: &rdzvv1.ConnectRequest_Heartbeat{Heartbeat: &rdzvv1.Heartbeat{Seq: 1}}}))
+	ack, err := stream.Recv()
+	require.NoError(t, err)
+	require.NotNil(t, ack.GetHeartbeatAck())
+	_, err = stream.Recv()
+	require.ErrorIs(t, err, io.EOF)
+	require.EqualValues(t, 1, leader.calls.Load())
+}
+
+// refusing answers its first call with code and serves the ones after, as
+// a controller refuses a certificate (Unauthenticated) until it is
+// renewed; StreamLogs sends one chunk before the refusal, as a stream
+// ended when the certificate expires.
+type refusing struct {
+	rdzvv1.UnimplementedJobServiceServer
+	code  codes.Code
+	calls atomic.Int64
+}
+
+func (r *refusing) ListJobs(context.Context, *rdzvv1.ListJobsRequest) (*rdzvv1.ListJobsResponse, error) {
+	if r.calls.Add(1) == 1 {
+		return nil, status.Error(r.code, "refused")
+	}
+	return &rdzvv1.ListJobsResponse{}, nil
+}
+
+func (r *refusing) StreamLogs(_ *rdzvv1.StreamLogsRequest, stream grpc.ServerStreamingServer[rdzvv1.StreamLogsResponse]) error {
+	if err := stream.Send(&rdzvv1.StreamLogsResponse{}); err != nil {
+		return err
+	}
+	if r.calls.Add(1) == 1 {
+		return status.Error(r.code, "refused")
+	}
+	return nil
+}
+
+// A connection whose certificate a controller refused is dropped, so the
+// next call handshakes anew (with the renewed certificate); any other
+// refusal keeps it.
+func TestRefusedCertificateDropsTheConnection(t *testing.T) {
+	tests := []struct {
+		name   string
+		code   codes.Code
+		stream bool
+		// wantConns is how many connections the two calls took.
+		wantConns int64
+	}{
+		{name: "unauthenticated call", code: codes.Unauthenticated, wantConns: 2},
+		{name: "unauthenticated mid-stream", code: codes.Unauthenticated, stream: true, wantConns: 2},
+		{name: "permission denied", code: codes.PermissionDenied, wantConns: 1},
+		{name: "not found mid-stream", code: codes.NotFound, stream: true, wantConns: 1},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			srv := &refusing{code: tt.code}
+			addr, l := serve(t, func(s *grpc.Server) { rdzvv1.RegisterJobServiceServer(s, srv) })
+			c := insecureClient(t, addr)
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			call := func() error {
+				if !tt.stream {
+					_, err := c.ListJobs(ctx, &rdzvv1.ListJobsRequest{})
+					return err
+				}
+				stream, err := c.StreamLogs(ctx, &rdzvv1.StreamLogsRequest{Job: "train"})
+				require.NoError(t, err)
+				for {
+					if _, err := stream.Recv(); err != nil {
+						if errors.Is(err, io.EOF) {
+							return nil
+						}
+						return err
+					}
+				}
+			}
+			require.Equal(t, tt.code, status.Code(call()))
+			require.NoError(t, call())
+			require.Equal(t, tt.wantConns, l.accepted.Load())
 		})
 	}
 }

@@ -63,18 +63,13 @@ func newHACluster(t *testing.T, replicas int) *haCluster {
 // addrs in this order.
 func (h *haCluster) clients(addrs ...string) {
 	h.addr = strings.Join(addrs, ",")
-	r, err := pki.NewReloader(h.issue(pki.Identity{Role: pki.RoleOperator, Name: "ops"}), nil, testLogger(h.t))
+	cfg := client.DefaultConfig()
+	cfg.Endpoints, cfg.Logger = addrs, testLogger(h.t).Named("client")
+	cfg.TLS = &client.TLS{Files: h.issue(pki.Identity{Role: pki.RoleOperator, Name: "ops"})}
+	c, err := client.New(cfg)
 	require.NoError(h.t, err)
-	conn, err := client.NewConn(addrs, func(addr string) (credentials.TransportCredentials, error) {
-		conf, err := r.ClientConfig(addr)
-		if err != nil {
-			return nil, err
-		}
-		return credentials.NewTLS(conf), nil
-	})
-	require.NoError(h.t, err)
-	h.t.Cleanup(func() { _ = conn.Close() })
-	h.jobs, h.nodes = rdzvv1.NewJobServiceClient(conn), rdzvv1.NewNodeServiceClient(conn)
+	h.t.Cleanup(func() { _ = c.Close() })
+	h.jobs, h.nodes = c, c
 }
 
 func (h *haCluster) startReplica(addr string) *replica {

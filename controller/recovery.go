@@ -2,8 +2,6 @@ package controller
 
 import (
 	"fmt"
-	"path/filepath"
-	"strings"
 	"time"
 
 	"go.uber.org/zap"
@@ -13,6 +11,7 @@ import (
 
 	rdzvv1 "github.com/rdzv/rdzv/proto/rdzv/v1"
 	"github.com/rdzv/rdzv/rendezvous"
+	"github.com/rdzv/rdzv/wire"
 )
 
 const (
@@ -223,15 +222,8 @@ func (c *Controller) checkpoint(node string, r *rdzvv1.CheckpointReport) {
 }
 
 func checkpointPathOK(dir, path string) error {
-	if !filepath.IsAbs(path) || filepath.Clean(path) != path {
-		return fmt.Errorf("not an absolute clean path")
-	}
-	if dir == "" {
-		return nil
-	}
-	rel, err := filepath.Rel(dir, path)
-	if err != nil || rel == "." || rel == ".." || strings.HasPrefix(rel, ".."+string(filepath.Separator)) {
-		return fmt.Errorf("not inside checkpoint dir %s", dir)
+	if fe := wire.CheckPath("checkpoint.path", path, dir); fe != nil {
+		return fe
 	}
 	return nil
 }

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
-	"path/filepath"
 
 	"go.uber.org/zap"
 	"google.golang.org/grpc"
@@ -232,8 +231,10 @@ func validateWorkerStatus(field string, w *rdzvv1.WorkerStatus) error {
 func validateCheckpointReport(r *rdzvv1.CheckpointReport) error {
 	errs := []error{nameErr("checkpoint.job", r.GetJob())}
 	p := r.GetPath()
-	if len(p) > 4096 || !filepath.IsAbs(p) || filepath.Clean(p) != p {
-		errs = append(errs, fmt.Errorf("checkpoint.path: must be an absolute clean path of at most 4096 bytes, got %q", clip(p)))
+	if len(p) > 4096 {
+		errs = append(errs, fmt.Errorf("checkpoint.path: must be at most 4096 bytes, got %d", len(p)))
+	} else if fe := wire.CheckPath("checkpoint.path", p, ""); fe != nil {
+		errs = append(errs, fe)
 	}
 	if s := r.GetSource(); s != "helper" && s != "scan" {
 		errs = append(errs, fmt.Errorf("checkpoint.source: must be helper or scan, got %q", clip(s)))

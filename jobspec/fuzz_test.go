@@ -14,7 +14,7 @@ import (
 // may panic, and a spec they accept must survive the trip over the wire
 // (rdzvctl sends it as proto, the controller and agents validate it again).
 func FuzzParse(f *testing.F) {
-	example, err := os.ReadFile("../../examples/job.yaml")
+	example, err := os.ReadFile("../examples/job.yaml")
 	if err != nil {
 		f.Fatal(err)
 	}

@@ -242,15 +242,17 @@ func validatePath(field, p string) []*wire.FieldError {
 	if p == "" {
 		return nil
 	}
-	switch {
-	case len(p) > maxPathLen || strings.ContainsRune(p, 0):
+	if len(p) > maxPathLen || strings.ContainsRune(p, 0) {
 		return []*wire.FieldError{{Field: field, Reason: fmt.Sprintf("must be at most %d bytes without NUL characters", maxPathLen)}}
-	case !filepath.IsAbs(p):
-		return []*wire.FieldError{{Field: field, Value: wire.Quote(p), Reason: "must be an absolute path (rdzvctl resolves relative paths against the job file's directory)"}}
-	case filepath.Clean(p) != p:
-		return []*wire.FieldError{{Field: field, Value: wire.Quote(p), Reason: "must be a clean path without '..', '.' or repeated '/' elements"}}
 	}
-	return nil
+	fe := wire.CheckPath(field, p, "")
+	if fe == nil {
+		return nil
+	}
+	if !filepath.IsAbs(p) {
+		fe.Reason += " (rdzvctl resolves relative paths against the job file's directory)"
+	}
+	return []*wire.FieldError{fe}
 }
 
 func durString(d *wire.Duration) string {

@@ -11,15 +11,10 @@ import (
 	"strings"
 	"time"
 
-	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/credentials"
-	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/proto"
-
-	"go.uber.org/zap"
 
 	"github.com/rdzv/rdzv/client"
 	"github.com/rdzv/rdzv/jobspec"
@@ -80,31 +75,32 @@ func (g *globals) tlsFiles() pki.Files {
 	return f
 }
 
-// credentials are mutual TLS with the operator's certificate, or none with
-// --insecure.
-func (g *globals) credentials() (client.Credentials, error) {
-	if g.insecure {
-		return func(string) (credentials.TransportCredentials, error) { return insecure.NewCredentials(), nil }, nil
+// newClient is a client of the controllers named by --controller: mutual
+// TLS with the operator's certificate, or none with --insecure.
+func (g *globals) newClient() (*client.Client, error) {
+	addrs, err := client.ParseAddrs("--controller", g.controller)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %w", errUsage, err)
 	}
-	r, err := pki.NewReloader(g.tlsFiles(), nil, zap.NewNop())
+	cfg := client.DefaultConfig()
+	cfg.Endpoints, cfg.Insecure = addrs, g.insecure
+	if g.insecure {
+		return client.New(cfg)
+	}
+	cfg.TLS = &client.TLS{Files: g.tlsFiles()}
+	c, err := client.New(cfg)
 	if err != nil {
 		return nil, fmt.Errorf("%w; rdzvctl needs a valid client certificate: put ca.crt, %s and %s in --tls-dir or $RDZV_TLS_DIR (now %q), "+
 			"e.g. `rdzvctl pki issue operator NAME --out %s` on the CA host; or pass --insecure for a controller started with --insecure",
 			err, clientCertFile, clientKeyFile, g.tlsDir, filepath.Join(g.tlsDir, "rdzvctl"))
 	}
-	return func(addr string) (credentials.TransportCredentials, error) {
-		conf, err := r.ClientConfig(addr)
-		if err != nil {
-			return nil, err
-		}
-		return credentials.NewTLS(conf), nil
-	}, nil
+	return c, nil
 }
 
 type command struct {
 	*globals
-	out  io.Writer
-	conn *client.Conn
+	out    io.Writer
+	client *client.Client
 }
 
 // jobFailedError is returned by --wait when the job did not succeed.
@@ -122,41 +118,25 @@ func (c *command) flags(name string) *flag.FlagSet {
 }
 
 // dial prepares calls to the controllers; each call finds the leader among
-// them (see client.Conn).
-func (c *command) dial() (grpc.ClientConnInterface, error) {
+// them (see package client).
+func (c *command) dial() (*client.Client, error) {
 	if c.output != "table" && c.output != "json" {
 		return nil, fmt.Errorf("%w: -o must be table or json, got %q", errUsage, c.output)
 	}
-	if c.conn == nil {
-		addrs, err := client.ParseAddrs("--controller", c.controller)
-		if err != nil {
-			return nil, fmt.Errorf("%w: %w", errUsage, err)
-		}
-		creds, err := c.credentials()
+	if c.client == nil {
+		cl, err := c.newClient()
 		if err != nil {
 			return nil, err
 		}
-		c.conn, err = client.NewConn(addrs, creds,
-			grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(wire.MaxMessageBytes), grpc.MaxCallSendMsgSize(wire.MaxMessageBytes)))
-		if err != nil {
-			return nil, err
-		}
+		c.client = cl
 	}
-	return c.conn, nil
+	return c.client, nil
 }
 
 func (c *command) close() {
-	if c.conn != nil {
-		_ = c.conn.Close()
+	if c.client != nil {
+		_ = c.client.Close()
 	}
-}
-
-func (c *command) jobs() (rdzvv1.JobServiceClient, error) {
-	conn, err := c.dial()
-	if err != nil {
-		return nil, err
-	}
-	return rdzvv1.NewJobServiceClient(conn), nil
 }
 
 // rpcErr turns a gRPC error into an operator-facing one.
@@ -215,7 +195,7 @@ func (c *command) start(ctx context.Context, args []string) error {
 	if err := spec.Validate(); err != nil {
 		return fmt.Errorf("%s: %w", pos[0], err)
 	}
-	client, err := c.jobs()
+	client, err := c.dial()
 	if err != nil {
 		return err
 	}
@@ -298,7 +278,7 @@ func (c *command) status(ctx context.Context, args []string) error {
 	if len(pos) > 1 {
 		return fmt.Errorf("%w: status takes at most one job name", errUsage)
 	}
-	client, err := c.jobs()
+	client, err := c.dial()
 	if err != nil {
 		return err
 	}
@@ -350,13 +330,13 @@ func (c *command) nodes(ctx context.Context, args []string) error {
 	case len(pos) != 0:
 		return fmt.Errorf("%w: nodes takes no arguments, or cordon|uncordon NODE", errUsage)
 	}
-	conn, err := c.dial()
+	client, err := c.dial()
 	if err != nil {
 		return err
 	}
 	cctx, cancel := c.call(ctx)
 	defer cancel()
-	resp, err := rdzvv1.NewNodeServiceClient(conn).ListNodes(cctx, &rdzvv1.ListNodesRequest{})
+	resp, err := client.ListNodes(cctx, &rdzvv1.ListNodesRequest{})
 	if err != nil {
 		return c.rpcErr("listing nodes", err)
 	}
@@ -368,13 +348,12 @@ func (c *command) nodes(ctx context.Context, args []string) error {
 }
 
 func (c *command) cordon(ctx context.Context, cordon bool, name, reason string) error {
-	conn, err := c.dial()
+	client, err := c.dial()
 	if err != nil {
 		return err
 	}
 	cctx, cancel := c.call(ctx)
 	defer cancel()
-	client := rdzvv1.NewNodeServiceClient(conn)
 	var node *rdzvv1.Node
 	if cordon {
 		resp, err := client.CordonNode(cctx, &rdzvv1.CordonNodeRequest{Name: name, Reason: reason})
@@ -412,7 +391,7 @@ func (c *command) logs(ctx context.Context, args []string) error {
 	if len(pos) != 1 {
 		return fmt.Errorf("%w: logs takes one job name", errUsage)
 	}
-	client, err := c.jobs()
+	client, err := c.dial()
 	if err != nil {
 		return err
 	}
@@ -454,7 +433,7 @@ func (c *command) events(ctx context.Context, args []string) error {
 	if len(pos) == 1 {
 		job = pos[0]
 	}
-	client, err := c.jobs()
+	client, err := c.dial()
 	if err != nil {
 		return err
 	}
@@ -481,7 +460,7 @@ func (c *command) stop(ctx context.Context, args []string) error {
 	if len(pos) != 1 {
 		return fmt.Errorf("%w: stop takes one job name", errUsage)
 	}
-	client, err := c.jobs()
+	client, err := c.dial()
 	if err != nil {
 		return err
 	}

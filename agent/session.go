@@ -1,0 +1,332 @@
+package agent
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"sync/atomic"
+	"time"
+
+	"go.uber.org/zap"
+	"golang.org/x/sync/errgroup"
+
+	rdzvv1 "github.com/rdzv/rdzv/proto/rdzv/v1"
+)
+
+const (
+	minBackoff = 250 * time.Millisecond
+	maxBackoff = 10 * time.Second
+	// stableSession is how long a session must last before a disconnect is
+	// treated as new trouble rather than a continuing outage.
+	stableSession = 30 * time.Second
+	// defaultHeartbeatTimeout is assumed for self-fencing until the
+	// controller says otherwise.
+	defaultHeartbeatTimeout = 5 * time.Second
+	// fenceCheckEvery is how often the agent asks whether it is cut off.
+	fenceCheckEvery = 250 * time.Millisecond
+	// defaultHeartbeat is used until the controller says otherwise.
+	defaultHeartbeat = time.Second
+)
+
+// agentSession keeps the agent connected to the leading controller,
+// carries the supervisor's reports to it and its orders to the
+// supervisor, and fences the workers when this node is cut off.
+type agentSession struct {
+	info *rdzvv1.NodeInfo
+	sup  *Supervisor
+	// client opens the stream on whichever controller leads (client.Client
+	// follows the leader).
+	client rdzvv1.AgentServiceClient
+	// controllers is the configured address list, for log lines.
+	controllers string
+	// faults are critical GPU faults to report.
+	faults <-chan *rdzvv1.GPUFault
+	log    *zap.Logger
+	// gossip is nil when disabled (gossip_port -1).
+	gossip *Gossip
+	// heartbeatTimeout (nanoseconds) is how long the controller waits for a
+	// heartbeat before declaring this node lost, as of the last registration.
+	heartbeatTimeout atomic.Int64
+	// vouchedTimeout (nanoseconds) is how long the controller keeps this
+	// node while its peers vouch for it, as of the last registration.
+	vouchedTimeout atomic.Int64
+	// lastHeard (unix nanoseconds) is when the controller last sent anything;
+	// it acknowledges every heartbeat.
+	lastHeard atomic.Int64
+	// fencing is set while a self-fencing stop is queued or under way.
+	fencing atomic.Bool
+	// farewells carries the last word of an agent that leaves its workers
+	// running; unbuffered, so a send succeeds only while connected.
+	farewells chan farewell
+}
+
+func newSession(info *rdzvv1.NodeInfo, sup *Supervisor, client rdzvv1.AgentServiceClient, controllers string, faults <-chan *rdzvv1.GPUFault, gossip *Gossip, log *zap.Logger) *agentSession {
+	s := &agentSession{info: info, sup: sup, client: client, controllers: controllers, faults: faults, gossip: gossip, log: log, farewells: make(chan farewell)}
+	sup.OnHandover(s.announceRestart)
+	s.heard()
+	s.heartbeatTimeout.Store(int64(defaultHeartbeatTimeout))
+	s.vouchedTimeout.Store(int64(hiccupFactor * defaultHeartbeatTimeout))
+	return s
+}
+
+type farewell struct {
+	msg  *rdzvv1.ConnectRequest
+	sent chan struct{}
+}
+
+// announceRestart tells the controller that this agent is exiting and its
+// workers run on for hold; false if the controller could not be told, in
+// which case it goes by heartbeats and the workers must not outlive them.
+func (s *agentSession) announceRestart(hold time.Duration) bool {
+	f := farewell{sent: make(chan struct{}), msg: &rdzvv1.ConnectRequest{Msg: &rdzvv1.ConnectRequest_Restarting{
+		Restarting: &rdzvv1.AgentRestarting{HoldMs: uint32(hold.Milliseconds())},
+	}}}
+	timeout := time.After(shutdownFlush)
+	select {
+	case s.farewells <- f:
+	case <-timeout:
+		return false
+	}
+	select {
+	case <-f.sent:
+		return true
+	case <-timeout:
+		return false
+	}
+}
+
+// loop connects, and reconnects with jittered exponential backoff, until
+// ctx ends. Jitter keeps 10,000 agents from reconnecting in lockstep after
+// a controller restart. Finding the leader among the controllers, and
+// following a standby's redirect at once, is the client's part.
+func (s *agentSession) loop(ctx context.Context) {
+	backoff := minBackoff
+	failures := 0
+	for ctx.Err() == nil {
+		started := time.Now()
+		err := s.connect(ctx)
+		if ctx.Err() != nil {
+			return
+		}
+		if time.Since(started) > stableSession {
+			backoff, failures = minBackoff, 0
+		}
+		failures++
+		wait := backoff/2 + rand.N(backoff/2+1)
+		if failures == 1 || failures%10 == 0 {
+			s.log.Warn("controller connection lost, reconnecting", zap.String("controller", s.controllers), zap.Error(err), zap.Int("attempt", failures), zap.Duration("backoff", wait))
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(wait):
+		}
+		backoff = min(backoff*2, maxBackoff)
+	}
+}
+
+func (s *agentSession) connect(ctx context.Context) error {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	stream, err := s.client.Connect(ctx)
+	if err != nil {
+		return fmt.Errorf("opening stream: %w", err)
+	}
+	reg := &rdzvv1.Register{Node: s.info, Workers: s.sup.Statuses()}
+	if err := stream.Send(&rdzvv1.ConnectRequest{Msg: &rdzvv1.ConnectRequest_Register{Register: reg}}); err != nil {
+		return fmt.Errorf("sending register: %w", err)
+	}
+	first, err := stream.Recv()
+	if err != nil {
+		return fmt.Errorf("registering: %w", err)
+	}
+	interval := defaultHeartbeat
+	if ms := first.GetRegistered().GetHeartbeatIntervalMs(); ms > 0 {
+		interval = time.Duration(ms) * time.Millisecond
+	}
+	timeout := time.Duration(first.GetRegistered().GetHeartbeatTimeoutMs()) * time.Millisecond
+	if timeout > 0 {
+		s.heartbeatTimeout.Store(int64(timeout))
+		// A crashed agent's workers must be gone before the controller, which
+		// last heard us up to an interval before the crash, gives up on us.
+		s.sup.SetOrphanTimeout(max(timeout-interval, interval))
+		s.vouchedTimeout.Store(int64(hiccupFactor * timeout))
+	}
+	if vouched := time.Duration(first.GetRegistered().GetVouchedTimeoutMs()) * time.Millisecond; vouched > 0 {
+		s.vouchedTimeout.Store(int64(vouched))
+	}
+	s.heard()
+	s.log.Info("registered with controller", zap.Duration("heartbeat_interval", interval), zap.Duration("heartbeat_timeout", timeout))
+	var gossipChanged <-chan struct{}
+	if s.gossip != nil {
+		gossipChanged = s.gossip.Changed()
+		go s.gossip.Join(first.GetRegistered().GetGossipSeeds())
+	}
+
+	// Only the sender goroutine calls stream.Send after registration.
+	out := make(chan *rdzvv1.ConnectRequest, 256)
+	logs := newLogTails(s.sup, out, s.log.Named("logs"))
+	defer logs.cancelAll()
+	g, gctx := errgroup.WithContext(ctx)
+	g.Go(func() error {
+		ticker := time.NewTicker(interval)
+		defer ticker.Stop()
+		var seq uint64
+		// Per session: a controller that restarted learns the current
+		// progress on the first tick.
+		var progress progressFilter
+		// A new controller (or a new stream) learns the current view at once.
+		first := s.gossipViewMsg()
+		for {
+			var msgs []*rdzvv1.ConnectRequest
+			if first != nil {
+				msgs, first = append(msgs, first), nil
+			}
+			select {
+			case <-gctx.Done():
+				return gctx.Err()
+			case <-ticker.C:
+				seq++
+				msgs = append(msgs, &rdzvv1.ConnectRequest{Msg: &rdzvv1.ConnectRequest_Heartbeat{Heartbeat: &rdzvv1.Heartbeat{Seq: seq}}})
+				// Riding on the heartbeat bounds progress messages to one per
+				// interval however often the workers report.
+				if p := s.sup.Progress(); progress.changed(p) {
+					msgs = append(msgs, &rdzvv1.ConnectRequest{Msg: &rdzvv1.ConnectRequest_Progress{Progress: p}})
+				}
+			case st := <-s.sup.Updates():
+				// Checkpoints queued before the workers exited go first: the
+				// controller picks the one to resume from when it learns of
+				// the exit.
+				msgs = append(s.pendingCheckpoints(), &rdzvv1.ConnectRequest{Msg: &rdzvv1.ConnectRequest_WorkerStatus{WorkerStatus: st}})
+			case c := <-s.sup.Checkpoints():
+				msgs = append(msgs, checkpointMsg(c))
+			case m := <-out:
+				msgs = append(msgs, m)
+			case <-gossipChanged:
+				msgs = append(msgs, s.gossipViewMsg())
+			case f := <-s.faults:
+				msgs = append(msgs, &rdzvv1.ConnectRequest{Msg: &rdzvv1.ConnectRequest_GpuFault{GpuFault: f}})
+			case f := <-s.farewells:
+				if err := stream.Send(f.msg); err != nil {
+					return fmt.Errorf("sending to controller: %w", err)
+				}
+				close(f.sent)
+			}
+			for _, m := range msgs {
+				if err := stream.Send(m); err != nil {
+					return fmt.Errorf("sending to controller: %w", err)
+				}
+			}
+		}
+	})
+	g.Go(func() error {
+		for {
+			m, err := stream.Recv()
+			if err != nil {
+				return fmt.Errorf("receiving from controller: %w", err)
+			}
+			s.heard()
+			s.handle(gctx, m, out, logs)
+		}
+	})
+	return g.Wait()
+}
+
+// pendingCheckpoints takes every checkpoint report queued so far.
+func (s *agentSession) pendingCheckpoints() []*rdzvv1.ConnectRequest {
+	var msgs []*rdzvv1.ConnectRequest
+	for {
+		select {
+		case c := <-s.sup.Checkpoints():
+			msgs = append(msgs, checkpointMsg(c))
+		default:
+			return msgs
+		}
+	}
+}
+
+func checkpointMsg(c *rdzvv1.CheckpointReport) *rdzvv1.ConnectRequest {
+	return &rdzvv1.ConnectRequest{Msg: &rdzvv1.ConnectRequest_Checkpoint{Checkpoint: c}}
+}
+
+func (s *agentSession) handle(ctx context.Context, m *rdzvv1.ConnectResponse, out chan<- *rdzvv1.ConnectRequest, logs *logTails) {
+	switch msg := m.GetMsg().(type) {
+	case *rdzvv1.ConnectResponse_Assignment:
+		s.sup.Assign(msg.Assignment)
+	case *rdzvv1.ConnectResponse_StopWorkers:
+		s.sup.Stop(msg.StopWorkers.GetJob(), msg.StopWorkers.GetGeneration(), msg.StopWorkers.GetReason())
+	case *rdzvv1.ConnectResponse_PortProbe:
+		res := probePort(msg.PortProbe)
+		select {
+		case out <- &rdzvv1.ConnectRequest{Msg: &rdzvv1.ConnectRequest_PortProbeResult{PortProbeResult: res}}:
+		case <-ctx.Done():
+		}
+	case *rdzvv1.ConnectResponse_LogTail:
+		logs.start(ctx, msg.LogTail)
+	case *rdzvv1.ConnectResponse_LogCancel:
+		logs.cancel(msg.LogCancel.GetRequestId())
+	case *rdzvv1.ConnectResponse_HeartbeatAck:
+		// Its arrival is all that matters: see heard.
+	case *rdzvv1.ConnectResponse_Registered:
+		s.log.Warn("ignoring repeated registered message")
+	default:
+		s.log.Warn("ignoring unknown message from controller", zap.String("type", fmt.Sprintf("%T", m.GetMsg())))
+	}
+}
+
+func (s *agentSession) heard() { s.lastHeard.Store(time.Now().UnixNano()) }
+
+func (s *agentSession) gossipViewMsg() *rdzvv1.ConnectRequest {
+	if s.gossip == nil {
+		return nil
+	}
+	unreachable, alive := s.gossip.View()
+	return &rdzvv1.ConnectRequest{Msg: &rdzvv1.ConnectRequest_GossipView{GossipView: &rdzvv1.GossipView{
+		Unreachable: unreachable, AliveMembers: uint32(alive),
+	}}}
+}
+
+// fenceLoop stops this node's workers when it is cut off: the controller
+// has not been heard for longer than it waits before declaring the node
+// lost (so it has moved the job on, or will), and gossip cannot reach the
+// peers either (so the controller is not merely restarting). A cut-off
+// node must never keep training or write a checkpoint after the job moved
+// on; when it is back it registers as a fresh, idle node.
+func (s *agentSession) fenceLoop(ctx context.Context) {
+	ticker := time.NewTicker(fenceCheckEvery)
+	defer ticker.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-ticker.C:
+		}
+		silent := time.Since(time.Unix(0, s.lastHeard.Load()))
+		timeout := time.Duration(s.heartbeatTimeout.Load())
+		vouched := time.Duration(s.vouchedTimeout.Load())
+		isolated := s.gossip == nil || s.gossip.Isolated()
+		if !shouldFence(s.sup.Busy(), silent, timeout, vouched, isolated) || s.fencing.Swap(true) {
+			continue
+		}
+		reason := fmt.Sprintf("self-fenced: controller silent for %s and peers unreachable", silent.Round(100*time.Millisecond))
+		s.log.Warn("fencing own workers", zap.Duration("controller_silent", silent), zap.Bool("gossip", s.gossip != nil))
+		s.sup.Fence(reason, func() { s.fencing.Store(false) })
+	}
+}
+
+// hiccupFactor is what a controller that does not send its vouched timeout
+// (an older one) uses: after this many heartbeat timeouts without hearing
+// us it declares us lost even if peers vouch.
+const hiccupFactor = 3
+
+// shouldFence is the self-fencing rule: cut off from the controller for
+// its heartbeat timeout and from the peers too, or from every controller
+// for the vouched timeout (by then it has moved the job on, whatever our
+// peers say). No controller at all (failover, etcd quorum lost) is
+// survived for the vouched timeout while peers are reachable.
+func shouldFence(busy bool, controllerSilent, timeout, vouched time.Duration, isolated bool) bool {
+	if !busy || timeout <= 0 || controllerSilent <= timeout {
+		return false
+	}
+	return isolated || controllerSilent > vouched
+}
