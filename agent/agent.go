@@ -49,13 +49,6 @@ const (
 	// shutdownFlush bounds how long a stopping agent waits for its last
 	// worker reports to be sent.
 	shutdownFlush = 2 * time.Second
-	// defaultHeartbeatTimeout is assumed for self-fencing until the
-	// controller says otherwise.
-	defaultHeartbeatTimeout = 5 * time.Second
-	// fenceCheckEvery is how often the agent asks whether it is cut off.
-	fenceCheckEvery = 250 * time.Millisecond
-	// defaultHeartbeat is used until the controller says otherwise.
-	defaultHeartbeat = time.Second
 )
 
 // GPUHealthWatcher reports GPU faults until ctx ends.
@@ -71,6 +64,8 @@ type Agent struct {
 	net     NetworkDetector
 	spawner Spawner
 	health  GPUHealthWatcher
+	// xids says which GPU faults are critical (gpu_health).
+	xids health.XIDPolicy
 	// faults carries critical GPU faults to the controller session.
 	faults chan *rdzvv1.GPUFault
 	// tls is this node's certificate and the cluster CA; nil when insecure.
@@ -94,7 +89,11 @@ func New(cfg Config, log *zap.Logger, gpus GPUDiscoverer, net NetworkDetector, s
 	if err := cfg.Validate(); err != nil {
 		return nil, fmt.Errorf("invalid agent config: %w", err)
 	}
-	a := &Agent{cfg: cfg, log: log, gpus: gpus, net: net, spawner: spawner, faults: make(chan *rdzvv1.GPUFault, faultQueue)}
+	xids, err := cfg.GPUHealth.Policy("gpu_health")
+	if err != nil {
+		return nil, fmt.Errorf("invalid agent config: %w", err)
+	}
+	a := &Agent{cfg: cfg, log: log, gpus: gpus, net: net, spawner: spawner, xids: xids, faults: make(chan *rdzvv1.GPUFault, faultQueue)}
 	for _, o := range opts {
 		o(a)
 	}
@@ -176,8 +175,8 @@ func (a *Agent) Run(ctx context.Context) error {
 	sess := &agentSession{agent: a, info: info, sup: sup, ctl: ctl, log: log.Named("session"), farewells: make(chan farewell)}
 	sup.OnHandover(sess.announceRestart)
 	sess.lastHeard.Store(time.Now().UnixNano())
-	sess.heartbeatTimeout.Store(int64(defaultHeartbeatTimeout))
-	sess.vouchedTimeout.Store(int64(hiccupFactor * defaultHeartbeatTimeout))
+	unregistered := health.Unregistered
+	sess.heartbeat.Store(&unregistered)
 	if a.cfg.GossipPort >= 0 {
 		g, err := StartGossip(info.GetName(), info.GetAddress(), a.cfg.GossipPort, log.Named("gossip"))
 		if err != nil {
@@ -248,9 +247,10 @@ func listenReports(stateDir string) (net.Listener, error) {
 // and moves its job on. A broken watcher is logged, not fatal: the node
 // still runs work, and operators see why its health is not watched.
 func (a *Agent) watchHealth(ctx context.Context, log *zap.Logger) {
+	log.Info("watching gpu health", zap.Stringer("policy", a.xids))
 	err := a.health.Watch(ctx, func(f health.Fault) {
-		if !f.Critical() {
-			log.Info("gpu reported an application error", zap.Uint32("gpu", f.GPUIndex), zap.String("fault", f.String()))
+		if !a.xids.Critical(f) {
+			log.Info("gpu fault not critical, only logged", zap.Uint32("gpu", f.GPUIndex), zap.String("fault", f.String()))
 			return
 		}
 		log.Error("critical gpu fault", zap.Uint32("gpu", f.GPUIndex), zap.String("fault", f.String()))
@@ -338,12 +338,10 @@ type agentSession struct {
 	log   *zap.Logger
 	// gossip is nil when disabled (gossip_port -1).
 	gossip *Gossip
-	// heartbeatTimeout (nanoseconds) is how long the controller waits for a
-	// heartbeat before declaring this node lost, as of the last registration.
-	heartbeatTimeout atomic.Int64
-	// vouchedTimeout (nanoseconds) is how long the controller keeps this
-	// node while its peers vouch for it, as of the last registration.
-	vouchedTimeout atomic.Int64
+	// heartbeat is the controller's liveness timing as of the last
+	// registration (health.Unregistered before the first): what
+	// self-fencing goes by.
+	heartbeat atomic.Pointer[health.Heartbeat]
 	// lastHeard (unix nanoseconds) is when the controller last sent anything;
 	// it acknowledges every heartbeat.
 	lastHeard atomic.Int64
@@ -432,27 +430,22 @@ func (s *agentSession) connect(ctx context.Context, client rdzvv1.AgentServiceCl
 	if err != nil {
 		return fmt.Errorf("registering: %w", err)
 	}
-	interval := defaultHeartbeat
-	if ms := first.GetRegistered().GetHeartbeatIntervalMs(); ms > 0 {
-		interval = time.Duration(ms) * time.Millisecond
-	}
-	timeout := time.Duration(first.GetRegistered().GetHeartbeatTimeoutMs()) * time.Millisecond
-	if timeout > 0 {
-		s.heartbeatTimeout.Store(int64(timeout))
-		// A crashed agent's workers must be gone before the controller, which
-		// last heard us up to an interval before the crash, gives up on us.
-		s.sup.SetOrphanTimeout(max(timeout-interval, interval))
-		s.vouchedTimeout.Store(int64(hiccupFactor * timeout))
-	}
-	if vouched := time.Duration(first.GetRegistered().GetVouchedTimeoutMs()) * time.Millisecond; vouched > 0 {
-		s.vouchedTimeout.Store(int64(vouched))
+	registered := first.GetRegistered()
+	ms := func(v uint32) time.Duration { return time.Duration(v) * time.Millisecond }
+	hb := s.heartbeat.Load().Learn(ms(registered.GetHeartbeatIntervalMs()), ms(registered.GetHeartbeatTimeoutMs()), ms(registered.GetVouchedTimeoutMs()))
+	s.heartbeat.Store(&hb)
+	interval := hb.Interval
+	if registered.GetHeartbeatTimeoutMs() > 0 {
+		// A crashed agent's workers must be gone before the controller gives
+		// up on us.
+		s.sup.SetOrphanTimeout(hb.OrphanTimeout())
 	}
 	s.heard()
-	s.log.Info("registered with controller", zap.Duration("heartbeat_interval", interval), zap.Duration("heartbeat_timeout", timeout))
+	s.log.Info("registered with controller", zap.Duration("heartbeat_interval", interval), zap.Duration("heartbeat_timeout", ms(registered.GetHeartbeatTimeoutMs())))
 	var gossipChanged <-chan struct{}
 	if s.gossip != nil {
 		gossipChanged = s.gossip.Changed()
-		go s.gossip.Join(first.GetRegistered().GetGossipSeeds())
+		go s.gossip.Join(registered.GetGossipSeeds())
 	}
 
 	// Only the sender goroutine calls stream.Send after registration.
@@ -580,14 +573,15 @@ func (s *agentSession) gossipViewMsg() *rdzvv1.ConnectRequest {
 	}}}
 }
 
-// fenceLoop stops this node's workers when it is cut off: the controller
-// has not been heard for longer than it waits before declaring the node
-// lost (so it has moved the job on, or will), and gossip cannot reach the
-// peers either (so the controller is not merely restarting). A cut-off
-// node must never keep training or write a checkpoint after the job moved
-// on; when it is back it registers as a fresh, idle node.
+// fenceLoop stops this node's workers when it is cut off, by health's
+// SelfFence: the controller has not been heard for longer than it waits
+// before declaring the node lost (so it has moved the job on, or will), and
+// gossip cannot reach the peers either (so the controller is not merely
+// restarting). A cut-off node must never keep training or write a
+// checkpoint after the job moved on; when it is back it registers as a
+// fresh, idle node.
 func (s *agentSession) fenceLoop(ctx context.Context) {
-	ticker := time.NewTicker(fenceCheckEvery)
+	ticker := time.NewTicker(health.FenceCheckEvery)
 	defer ticker.Stop()
 	for {
 		select {
@@ -596,31 +590,12 @@ func (s *agentSession) fenceLoop(ctx context.Context) {
 		case <-ticker.C:
 		}
 		silent := time.Since(time.Unix(0, s.lastHeard.Load()))
-		timeout := time.Duration(s.heartbeatTimeout.Load())
-		vouched := time.Duration(s.vouchedTimeout.Load())
 		isolated := s.gossip == nil || s.gossip.Isolated()
-		if !shouldFence(s.sup.Busy(), silent, timeout, vouched, isolated) || s.fencing.Swap(true) {
+		if !s.sup.Busy() || !s.heartbeat.Load().SelfFence(silent, isolated) || s.fencing.Swap(true) {
 			continue
 		}
 		reason := fmt.Sprintf("self-fenced: controller silent for %s and peers unreachable", silent.Round(100*time.Millisecond))
 		s.log.Warn("fencing own workers", zap.Duration("controller_silent", silent), zap.Bool("gossip", s.gossip != nil))
 		s.sup.Fence(reason, func() { s.fencing.Store(false) })
 	}
-}
-
-// hiccupFactor is what a controller that does not send its vouched timeout
-// (an older one) uses: after this many heartbeat timeouts without hearing
-// us it declares us lost even if peers vouch.
-const hiccupFactor = 3
-
-// shouldFence is the self-fencing rule: cut off from the controller for
-// its heartbeat timeout and from the peers too, or from every controller
-// for the vouched timeout (by then it has moved the job on, whatever our
-// peers say). No controller at all (failover, etcd quorum lost) is
-// survived for the vouched timeout while peers are reachable.
-func shouldFence(busy bool, controllerSilent, timeout, vouched time.Duration, isolated bool) bool {
-	if !busy || timeout <= 0 || controllerSilent <= timeout {
-		return false
-	}
-	return isolated || controllerSilent > vouched
 }
