@@ -342,8 +342,9 @@ type agentSession struct {
 	// registration (health.Unregistered before the first): what
 	// self-fencing goes by.
 	heartbeat atomic.Pointer[health.Heartbeat]
-	// lastHeard (unix nanoseconds) is when the controller last sent anything;
-	// it acknowledges every heartbeat.
+	// lastHeard (unix nanoseconds) is when the controller last showed it
+	// hears us: the sending of the latest heartbeat it acknowledged, or of
+	// the registration it answered (see acks).
 	lastHeard atomic.Int64
 	// fencing is set while a self-fencing stop is queued or under way.
 	fencing atomic.Bool
@@ -423,6 +424,7 @@ func (s *agentSession) connect(ctx context.Context, client rdzvv1.AgentServiceCl
 		return fmt.Errorf("opening stream: %w", err)
 	}
 	reg := &rdzvv1.Register{Node: s.info, Workers: s.sup.Statuses()}
+	registering := time.Now()
 	if err := stream.Send(&rdzvv1.ConnectRequest{Msg: &rdzvv1.ConnectRequest_Register{Register: reg}}); err != nil {
 		return fmt.Errorf("sending register: %w", err)
 	}
@@ -440,7 +442,7 @@ func (s *agentSession) connect(ctx context.Context, client rdzvv1.AgentServiceCl
 		// up on us.
 		s.sup.SetOrphanTimeout(hb.OrphanTimeout())
 	}
-	s.heard()
+	s.heardAt(registering)
 	s.log.Info("registered with controller", zap.Duration("heartbeat_interval", interval), zap.Duration("heartbeat_timeout", ms(registered.GetHeartbeatTimeoutMs())))
 	var gossipChanged <-chan struct{}
 	if s.gossip != nil {
@@ -450,6 +452,7 @@ func (s *agentSession) connect(ctx context.Context, client rdzvv1.AgentServiceCl
 
 	// Only the sender goroutine calls stream.Send after registration.
 	out := make(chan *rdzvv1.ConnectRequest, 256)
+	var sent acks
 	logs := newLogTails(s.sup, out, s.log.Named("logs"))
 	defer logs.cancelAll()
 	g, gctx := errgroup.WithContext(ctx)
@@ -472,6 +475,7 @@ func (s *agentSession) connect(ctx context.Context, client rdzvv1.AgentServiceCl
 				return gctx.Err()
 			case <-ticker.C:
 				seq++
+				sent.sending(seq, time.Now())
 				msgs = append(msgs, &rdzvv1.ConnectRequest{Msg: &rdzvv1.ConnectRequest_Heartbeat{Heartbeat: &rdzvv1.Heartbeat{Seq: seq}}})
 				// Riding on the heartbeat bounds progress messages to one per
 				// interval however often the workers report.
@@ -510,7 +514,9 @@ func (s *agentSession) connect(ctx context.Context, client rdzvv1.AgentServiceCl
 			if err != nil {
 				return fmt.Errorf("receiving from controller: %w", err)
 			}
-			s.heard()
+			if at, ok := sent.acked(m.GetHeartbeatAck().GetSeq()); ok {
+				s.heardAt(at)
+			}
 			s.handle(gctx, m, out, logs)
 		}
 	})
@@ -551,7 +557,7 @@ func (s *agentSession) handle(ctx context.Context, m *rdzvv1.ConnectResponse, ou
 	case *rdzvv1.ConnectResponse_LogCancel:
 		logs.cancel(msg.LogCancel.GetRequestId())
 	case *rdzvv1.ConnectResponse_HeartbeatAck:
-		// Its arrival is all that matters: see heard.
+		// Taken into account on arrival: see heardAt.
 	case *rdzvv1.ConnectResponse_Registered:
 		s.log.Warn("ignoring repeated registered message")
 	default:
@@ -561,7 +567,7 @@ func (s *agentSession) handle(ctx context.Context, m *rdzvv1.ConnectResponse, ou
 
 var errNoFreePort = errors.New("no free port")
 
-func (s *agentSession) heard() { s.lastHeard.Store(time.Now().UnixNano()) }
+func (s *agentSession) heardAt(at time.Time) { s.lastHeard.Store(at.UnixNano()) }
 
 func (s *agentSession) gossipViewMsg() *rdzvv1.ConnectRequest {
 	if s.gossip == nil {
