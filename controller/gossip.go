@@ -55,6 +55,19 @@ func (c *Controller) gossipVotes() (votes map[string]int, reporters int) {
 	return votes, reporters
 }
 
+// unreachableTo reports whether any connected node's gossip lists node
+// unreachable, however few peers it sees itself: the controller's evidence
+// that node's agent, if alive, counts itself cut off (health.Loss).
+// Callers hold c.mu.
+func (c *Controller) unreachableTo(node string) bool {
+	for name, ns := range c.nodes {
+		if name != node && ns.session != nil && ns.view != nil && ns.rec.GetState() != rdzvv1.NodeState_NODE_STATE_LOST && ns.view.unreachable[node] {
+			return true
+		}
+	}
+	return false
+}
+
 // reporting is whether the node's view counts: it is connected and its
 // gossip sees at least one other member.
 func (ns *nodeState) reporting() bool {

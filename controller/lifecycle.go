@@ -456,7 +456,7 @@ func (c *Controller) checkLiveness(ctx context.Context) {
 			if l.Confirmed {
 				reason += fmt.Sprintf(" and %d peers cannot reach it", votes[name])
 			}
-			c.markLost(ctx, name, ns, now, seen, l.Confirmed, reason)
+			c.markLost(ctx, name, ns, now, seen, reason)
 		case health.Suspect:
 			if !ns.hiccup {
 				ns.hiccup = true
@@ -469,7 +469,7 @@ func (c *Controller) checkLiveness(ctx context.Context) {
 	c.checkHangs(ctx, now)
 }
 
-func (c *Controller) markLost(ctx context.Context, name string, ns *nodeState, now, lastSeen time.Time, peersConfirmed bool, reason string) {
+func (c *Controller) markLost(ctx context.Context, name string, ns *nodeState, now, lastSeen time.Time, reason string) {
 	rec := proto.Clone(ns.rec).(*rdzvv1.Node)
 	rec.State, rec.StateChangedAt = rdzvv1.NodeState_NODE_STATE_LOST, timestamppb.New(c.clock.Now())
 	rec.RestartHoldUntil = nil
@@ -479,7 +479,10 @@ func (c *Controller) markLost(ctx context.Context, name string, ns *nodeState, n
 		return
 	}
 	ns.rec, ns.rev = rec, rev
-	ns.fencedBy = c.cfg.Heartbeat.policy().FencedBy(health.Loss{At: now, LastSeen: lastSeen, Heard: ns.heard, ElectedAt: c.electedAt, Confirmed: peersConfirmed})
+	ns.fencedBy = c.cfg.Heartbeat.policy().FencedBy(health.Loss{
+		At: now, LastSeen: lastSeen, Heard: ns.heard, ElectedAt: c.electedAt, HoldUntil: ns.restartHold,
+		Gossips: rec.GetInfo().GetGossipAddr() != "", Unreachable: c.unreachableTo(name),
+	})
 	c.log.Warn("node lost", zap.String("node", name), zap.Duration("silent", now.Sub(lastSeen)))
 	if ns.session != nil {
 		ns.session.cancel()

@@ -6,7 +6,15 @@ import "time"
 // workers once it is cut off (SelfFence), and the controller's, by when a
 // node it declared lost has certainly done so (FencedBy), before which it
 // starts no generation without that node. Both are built from the same
-// Heartbeat and the constants below.
+// Heartbeat and the constants below; TestFencingAgrees checks, over a grid
+// of configurations and every way a node is lost, that
+//
+//	last word + SelfFenceDeadline(isolated) <= FencedBy(loss)
+//
+// where the agent's last word from the controller is no later than the
+// controller's LastSeen of it (its fencing clock runs from the sending of
+// the latest heartbeat the controller acknowledged, which the controller
+// received no earlier).
 const (
 	// FenceCheckEvery is how often an agent asks whether it is cut off.
 	FenceCheckEvery = 250 * time.Millisecond
@@ -63,22 +71,45 @@ type Loss struct {
 	Heard bool
 	// ElectedAt is when this leader took the lead.
 	ElectedAt time.Time
-	// Confirmed is whether peers report it unreachable.
-	Confirmed bool
+	// HoldUntil ends the hold of an agent that said it was restarting and
+	// has not registered since; zero if none.
+	HoldUntil time.Time
+	// Gossips is whether its agent runs gossip.
+	Gossips bool
+	// Unreachable is whether a connected node's gossip reports it
+	// unreachable.
+	Unreachable bool
 }
 
+// agentIsolated is whether the lost node's agent, if alive, counts itself
+// isolated, as far as the controller can tell. Without gossip it always
+// does. With gossip, a peer that cannot reach it is taken to mean that it
+// cannot reach its peers either (memberlist declares a member dead only
+// when neither its own probes nor those it asks others to make reach it).
+// Otherwise its peers may all be as cut off from the controller as it is,
+// and reachable to it: it fences only after the vouched timeout.
+func (l Loss) agentIsolated() bool { return !l.Gossips || l.Unreachable }
+
 // FencedBy is the latest time by which a lost node's agent, if alive but
-// cut off, has killed its own workers. It fences itself once it has not
-// heard us for the heartbeat timeout (or, with peers vouching, for as long
-// as we waited). Not heard since this controller took the lead, its
-// fencing clock runs from the previous leader's last word, at the latest
-// around the election: cut off from its peers as well it fences after the
-// heartbeat timeout; otherwise only after the vouched timeout, which is
-// the worst case when nobody reports on it.
+// cut off, has killed its own workers.
+//
+// Its fencing clock runs from its last word from a controller: no later
+// than LastSeen if it registered with this leader, else from the previous
+// leader, which stopped leading about when this one took over (ElectedAt).
+// An agent that came back from a restart hold without reaching a
+// controller runs its adopted workers by Unregistered, alone in its gossip
+// (it joins peers only through a controller), from no later than the end
+// of the hold, when the shims it did not adopt in time kill their workers.
 func (h Heartbeat) FencedBy(l Loss) time.Time {
+	isolated := l.agentIsolated()
 	by := later(l.At, l.LastSeen.Add(h.Timeout)).Add(FenceMargin)
+	from := l.LastSeen
 	if !l.Heard {
-		by = later(by, l.ElectedAt.Add(h.SelfFenceDeadline(l.Confirmed)))
+		from = l.ElectedAt
+	}
+	by = later(by, from.Add(h.SelfFenceDeadline(isolated)))
+	if !l.HoldUntil.IsZero() {
+		by = later(by, l.HoldUntil.Add(Unregistered.SelfFenceDeadline(true)))
 	}
 	return by
 }
