@@ -514,8 +514,10 @@ func (s *agentSession) connect(ctx context.Context, client rdzvv1.AgentServiceCl
 			if err != nil {
 				return fmt.Errorf("receiving from controller: %w", err)
 			}
-			if at, ok := sent.acked(m.GetHeartbeatAck().GetSeq()); ok {
-				s.heardAt(at)
+			if ack := m.GetHeartbeatAck(); ack != nil {
+				if at, ok := sent.acked(ack.GetSeq()); ok {
+					s.heardAt(at)
+				}
 			}
 			s.handle(gctx, m, out, logs)
 		}
