@@ -52,6 +52,8 @@ type Agent struct {
 	net     NetworkDetector
 	spawner Spawner
 	health  GPUHealthWatcher
+	// xids says which GPU faults are critical (gpu_health).
+	xids health.XIDPolicy
 	// faults carries critical GPU faults to the controller session.
 	faults chan *rdzvv1.GPUFault
 	// client reaches the leading controller, with this node's certificate.
@@ -75,7 +77,11 @@ func New(cfg Config, log *zap.Logger, gpus GPUDiscoverer, net NetworkDetector, s
 	if err := cfg.Validate(); err != nil {
 		return nil, fmt.Errorf("invalid agent config: %w", err)
 	}
-	a := &Agent{cfg: cfg, log: log, gpus: gpus, net: net, spawner: spawner, faults: make(chan *rdzvv1.GPUFault, faultQueue)}
+	xids, err := cfg.GPUHealth.Policy("gpu_health")
+	if err != nil {
+		return nil, fmt.Errorf("invalid agent config: %w", err)
+	}
+	a := &Agent{cfg: cfg, log: log, gpus: gpus, net: net, spawner: spawner, xids: xids, faults: make(chan *rdzvv1.GPUFault, faultQueue)}
 	for _, o := range opts {
 		o(a)
 	}
@@ -204,9 +210,10 @@ func listenReports(stateDir string) (net.Listener, error) {
 // and moves its job on. A broken watcher is logged, not fatal: the node
 // still runs work, and operators see why its health is not watched.
 func (a *Agent) watchHealth(ctx context.Context, log *zap.Logger) {
+	log.Info("watching gpu health", zap.Stringer("policy", a.xids))
 	err := a.health.Watch(ctx, func(f health.Fault) {
-		if !f.Critical() {
-			log.Info("gpu reported an application error", zap.Uint32("gpu", f.GPUIndex), zap.String("fault", f.String()))
+		if !a.xids.Critical(f) {
+			log.Info("gpu fault not critical, only logged", zap.Uint32("gpu", f.GPUIndex), zap.String("fault", f.String()))
 			return
 		}
 		log.Error("critical gpu fault", zap.Uint32("gpu", f.GPUIndex), zap.String("fault", f.String()))

@@ -12,6 +12,7 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/rdzv/rdzv/client"
+	"github.com/rdzv/rdzv/health"
 	"github.com/rdzv/rdzv/pki"
 	"github.com/rdzv/rdzv/wire"
 )
@@ -42,6 +43,8 @@ type Config struct {
 	GossipPort int `json:"gossip_port"`
 	// StopGrace is how long workers get between SIGTERM and SIGKILL.
 	StopGrace wire.Duration `json:"stop_grace"`
+	// GPUHealth says which GPU faults are critical: they cordon the node.
+	GPUHealth health.GPUConfig `json:"gpu_health"`
 	// RestartGrace is how long workers keep running after the agent stops
 	// (systemd restart, upgrade) for the next agent to adopt them; they are
 	// killed if none does in time. 0 stops the workers with the agent.
@@ -139,6 +142,9 @@ func (c Config) Validate() error {
 	}
 	if c.StopGrace.Duration <= 0 {
 		errs = append(errs, fmt.Errorf("stop_grace: must be positive, got %s", c.StopGrace))
+	}
+	if _, err := c.GPUHealth.Policy("gpu_health"); err != nil {
+		errs = append(errs, err)
 	}
 	if c.RestartGrace.Duration < 0 || c.RestartGrace.Duration > MaxRestartGrace {
 		errs = append(errs, fmt.Errorf("restart_grace: must be between 0 (stop workers with the agent) and %s, got %s", MaxRestartGrace, c.RestartGrace))

@@ -9,6 +9,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/rdzv/rdzv/health"
 	"github.com/rdzv/rdzv/pki"
 )
 
@@ -48,6 +49,12 @@ func TestConfigValidate(t *testing.T) {
 		{name: "unclean secrets dir", edit: func(c *Config) { c.SecretsDir = "/etc/rdzv/../secrets" }, wantFields: []string{"secrets_dir"}},
 		{name: "empty run_as", edit: func(c *Config) { c.RunAs = "" }, wantFields: []string{"run_as"}},
 		{name: "bad run_as", edit: func(c *Config) { c.RunAs = "no body" }, wantFields: []string{"run_as"}},
+		{name: "ignored and critical xids", edit: func(c *Config) {
+			c.GPUHealth = health.GPUConfig{IgnoredXIDs: []health.XIDEntry{"all", "48"}, CriticalXIDs: []health.XIDEntry{"79"}}
+		}},
+		{name: "bad xids", edit: func(c *Config) {
+			c.GPUHealth = health.GPUConfig{IgnoredXIDs: []health.XIDEntry{"xid48"}, CriticalXIDs: []health.XIDEntry{"all"}}
+		}, wantFields: []string{"gpu_health.ignored_xids[0]", "gpu_health.critical_xids[0]"}},
 		{name: "every problem at once", edit: func(c *Config) {
 			c.Controller, c.NodeName, c.FakeGPUs, c.StateDir, c.StopGrace.Duration = "", "X", -1, "rel", -time.Second
 		}, wantFields: []string{"controller", "node_name", "fake_gpus", "state_dir", "stop_grace"}},
@@ -87,6 +94,10 @@ func TestLoadConfig(t *testing.T) {
 	require.Equal(t, 30*time.Second, cfg.StopGrace.Duration)
 	require.Equal(t, map[string]string{"pool": "train"}, cfg.Labels)
 	require.Equal(t, DefaultConfig().StateDir, cfg.StateDir, "unset fields keep their defaults")
+
+	cfg, err = LoadConfig(write("xids.yaml", "gpu_health: {ignored_xids: [48, all], critical_xids: [\"79\"]}\n"))
+	require.NoError(t, err)
+	require.Equal(t, health.GPUConfig{IgnoredXIDs: []health.XIDEntry{"48", "all"}, CriticalXIDs: []health.XIDEntry{"79"}}, cfg.GPUHealth)
 
 	_, err = LoadConfig(write("typo.yaml", "controler: 10.0.0.1:7070\n"))
 	require.ErrorContains(t, err, "controler", "an unknown field is an error, not a silent default")

@@ -8,30 +8,6 @@ import (
 	"go.uber.org/zap/zaptest"
 )
 
-func TestShouldFence(t *testing.T) {
-	const timeout, vouched = 5 * time.Second, time.Minute
-	tests := []struct {
-		name     string
-		busy     bool
-		silent   time.Duration
-		isolated bool
-		want     bool
-	}{
-		{"cut off while training", true, 6 * time.Second, true, true},
-		{"controller down but peers reachable: keep training", true, 6 * time.Second, false, false},
-		{"no controller for a while (failover, etcd quorum lost): keep training", true, 59 * time.Second, false, false},
-		{"the controller gave up on us even though peers vouch", true, 61 * time.Second, false, true},
-		{"briefly silent controller", true, 3 * time.Second, true, false},
-		{"nothing to fence", false, time.Minute, true, false},
-	}
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			require.Equal(t, tt.want, shouldFence(tt.busy, tt.silent, timeout, vouched, tt.isolated))
-		})
-	}
-	require.False(t, shouldFence(true, time.Hour, 0, 0, true), "no timeout known: never fence")
-}
-
 func startGossip(t *testing.T, name string) *Gossip {
 	t.Helper()
 	g, err := StartGossip(name, "127.0.0.1", 0, zaptest.NewLogger(t).Named(name))

@@ -25,8 +25,10 @@ func (r replayFaults) Watch(ctx context.Context, report func(health.Fault)) erro
 	return nil
 }
 
-// Critical GPU faults reach the controller; application errors stay local.
-func TestAgentForwardsCriticalGPUFaults(t *testing.T) {
+// firstForwarded runs an agent whose GPUs report faults, in order, and
+// returns the first fault that reached the controller.
+func firstForwarded(t *testing.T, gpuHealth health.GPUConfig, faults replayFaults) *rdzvv1.GPUFault {
+	t.Helper()
 	fc := &fakeController{
 		registered: &rdzvv1.Registered{HeartbeatIntervalMs: 25, HeartbeatTimeoutMs: 5000},
 		got:        make(chan *rdzvv1.ConnectRequest, 4096),
@@ -34,11 +36,7 @@ func TestAgentForwardsCriticalGPUFaults(t *testing.T) {
 	cfg := DefaultConfig()
 	cfg.Controller, cfg.NodeName, cfg.StateDir, cfg.GossipPort = fc.serve(t), "node-a", t.TempDir(), -1
 	cfg.Insecure = true // the fake controller serves plaintext
-	at := time.Now()
-	faults := replayFaults{
-		{GPUIndex: 1, UUID: "GPU-1", Kind: health.XID, Code: 13, At: at}, // the program's fault
-		{GPUIndex: 3, UUID: "GPU-3", Kind: health.XID, Code: 79, At: at},
-	}
+	cfg.GPUHealth = gpuHealth
 	a, err := New(cfg, zaptest.NewLogger(t), gpu.Fake{}, fakeNet{ifaces: []netif.Interface{lo}}, ExecSpawner{}, WithGPUHealth(faults))
 	require.NoError(t, err)
 	ctx, cancel := context.WithCancel(context.Background())
@@ -49,21 +47,40 @@ func TestAgentForwardsCriticalGPUFaults(t *testing.T) {
 		require.NoError(t, <-done)
 	}()
 
-	var got []*rdzvv1.GPUFault
 	deadline := time.After(10 * time.Second)
-	for len(got) == 0 {
+	for {
 		select {
 		case m := <-fc.got:
 			if f := m.GetGpuFault(); f != nil {
-				got = append(got, f)
+				return f
 			}
 		case <-deadline:
 			require.FailNow(t, "no gpu fault reached the controller")
 		}
 	}
-	require.Equal(t, uint32(3), got[0].GetGpuIndex(), "the application error (XID 13) is not forwarded")
-	require.Equal(t, "xid", got[0].GetKind())
-	require.Equal(t, uint64(79), got[0].GetCode())
-	require.Equal(t, "GPU 3 (GPU-3): XID 79", got[0].GetMessage())
-	require.True(t, got[0].GetAt().AsTime().Equal(at))
+}
+
+// Critical GPU faults reach the controller; application errors stay local.
+func TestAgentForwardsCriticalGPUFaults(t *testing.T) {
+	at := time.Now()
+	got := firstForwarded(t, health.GPUConfig{}, replayFaults{
+		{GPUIndex: 1, UUID: "GPU-1", Kind: health.XID, Code: 13, At: at}, // the program's fault
+		{GPUIndex: 3, UUID: "GPU-3", Kind: health.XID, Code: 79, At: at},
+	})
+	require.Equal(t, uint32(3), got.GetGpuIndex(), "the application error (XID 13) is not forwarded")
+	require.Equal(t, "xid", got.GetKind())
+	require.Equal(t, uint64(79), got.GetCode())
+	require.Equal(t, "GPU 3 (GPU-3): XID 79", got.GetMessage())
+	require.True(t, got.GetAt().AsTime().Equal(at))
+}
+
+// The operator's gpu_health decides: an ignored XID stays local, a
+// critical one is forwarded even if the program's fault by default.
+func TestAgentForwardsGPUFaultsByPolicy(t *testing.T) {
+	got := firstForwarded(t, health.GPUConfig{IgnoredXIDs: []health.XIDEntry{"79"}, CriticalXIDs: []health.XIDEntry{"43"}}, replayFaults{
+		{GPUIndex: 3, Kind: health.XID, Code: 79, At: time.Now()},
+		{GPUIndex: 1, Kind: health.XID, Code: 13, At: time.Now()},
+		{GPUIndex: 2, Kind: health.XID, Code: 43, At: time.Now()},
+	})
+	require.Equal(t, uint64(43), got.GetCode(), "79 ignored by the operator, 13 by default, 43 made critical")
 }

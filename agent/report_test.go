@@ -321,6 +321,9 @@ type fakeController struct {
 	registered *rdzvv1.Registered
 	assignment *rdzvv1.Assignment
 	got        chan *rdzvv1.ConnectRequest
+	// chatter, when set, is sent every 20ms after the assignment: a
+	// controller that keeps talking but acknowledges no heartbeat.
+	chatter *rdzvv1.ConnectResponse
 }
 
 // serve runs the fake controller until the test ends and returns its
@@ -344,6 +347,23 @@ func (f *fakeController) Connect(stream grpc.BidiStreamingServer[rdzvv1.ConnectR
 		if err := stream.Send(&rdzvv1.ConnectResponse{Msg: &rdzvv1.ConnectResponse_Assignment{Assignment: f.assignment}}); err != nil {
 			return err
 		}
+	}
+	if f.chatter != nil {
+		// The only sender from here on; Recv below runs beside it.
+		go func() {
+			ticker := time.NewTicker(20 * time.Millisecond)
+			defer ticker.Stop()
+			for {
+				select {
+				case <-stream.Context().Done():
+					return
+				case <-ticker.C:
+					if stream.Send(f.chatter) != nil {
+						return
+					}
+				}
+			}
+		}()
 	}
 	for {
 		m, err := stream.Recv()

@@ -10,6 +10,7 @@ import (
 	"go.uber.org/zap"
 	"golang.org/x/sync/errgroup"
 
+	"github.com/rdzv/rdzv/health"
 	rdzvv1 "github.com/rdzv/rdzv/proto/rdzv/v1"
 )
 
@@ -19,13 +20,6 @@ const (
 	// stableSession is how long a session must last before a disconnect is
 	// treated as new trouble rather than a continuing outage.
 	stableSession = 30 * time.Second
-	// defaultHeartbeatTimeout is assumed for self-fencing until the
-	// controller says otherwise.
-	defaultHeartbeatTimeout = 5 * time.Second
-	// fenceCheckEvery is how often the agent asks whether it is cut off.
-	fenceCheckEvery = 250 * time.Millisecond
-	// defaultHeartbeat is used until the controller says otherwise.
-	defaultHeartbeat = time.Second
 )
 
 // agentSession keeps the agent connected to the leading controller,
@@ -44,14 +38,13 @@ type agentSession struct {
 	log    *zap.Logger
 	// gossip is nil when disabled (gossip_port -1).
 	gossip *Gossip
-	// heartbeatTimeout (nanoseconds) is how long the controller waits for a
-	// heartbeat before declaring this node lost, as of the last registration.
-	heartbeatTimeout atomic.Int64
-	// vouchedTimeout (nanoseconds) is how long the controller keeps this
-	// node while its peers vouch for it, as of the last registration.
-	vouchedTimeout atomic.Int64
-	// lastHeard (unix nanoseconds) is when the controller last sent anything;
-	// it acknowledges every heartbeat.
+	// heartbeat is the controller's liveness timing as of the last
+	// registration (health.Unregistered before the first): what
+	// self-fencing goes by.
+	heartbeat atomic.Pointer[health.Heartbeat]
+	// lastHeard (unix nanoseconds) is when the controller last showed it
+	// hears us: the sending of the latest heartbeat it acknowledged, or of
+	// the registration it answered (see acks).
 	lastHeard atomic.Int64
 	// fencing is set while a self-fencing stop is queued or under way.
 	fencing atomic.Bool
@@ -63,9 +56,9 @@ type agentSession struct {
 func newSession(info *rdzvv1.NodeInfo, sup *Supervisor, client rdzvv1.AgentServiceClient, controllers string, faults <-chan *rdzvv1.GPUFault, gossip *Gossip, log *zap.Logger) *agentSession {
 	s := &agentSession{info: info, sup: sup, client: client, controllers: controllers, faults: faults, gossip: gossip, log: log, farewells: make(chan farewell)}
 	sup.OnHandover(s.announceRestart)
-	s.heard()
-	s.heartbeatTimeout.Store(int64(defaultHeartbeatTimeout))
-	s.vouchedTimeout.Store(int64(hiccupFactor * defaultHeartbeatTimeout))
+	s.heardAt(time.Now())
+	unregistered := health.Unregistered
+	s.heartbeat.Store(&unregistered)
 	return s
 }
 
@@ -133,6 +126,7 @@ func (s *agentSession) connect(ctx context.Context) error {
 		return fmt.Errorf("opening stream: %w", err)
 	}
 	reg := &rdzvv1.Register{Node: s.info, Workers: s.sup.Statuses()}
+	registering := time.Now()
 	if err := stream.Send(&rdzvv1.ConnectRequest{Msg: &rdzvv1.ConnectRequest_Register{Register: reg}}); err != nil {
 		return fmt.Errorf("sending register: %w", err)
 	}
@@ -140,31 +134,27 @@ func (s *agentSession) connect(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("registering: %w", err)
 	}
-	interval := defaultHeartbeat
-	if ms := first.GetRegistered().GetHeartbeatIntervalMs(); ms > 0 {
-		interval = time.Duration(ms) * time.Millisecond
+	registered := first.GetRegistered()
+	ms := func(v uint32) time.Duration { return time.Duration(v) * time.Millisecond }
+	hb := s.heartbeat.Load().Learn(ms(registered.GetHeartbeatIntervalMs()), ms(registered.GetHeartbeatTimeoutMs()), ms(registered.GetVouchedTimeoutMs()))
+	s.heartbeat.Store(&hb)
+	interval := hb.Interval
+	if registered.GetHeartbeatTimeoutMs() > 0 {
+		// A crashed agent's workers must be gone before the controller gives
+		// up on us.
+		s.sup.SetOrphanTimeout(hb.OrphanTimeout())
 	}
-	timeout := time.Duration(first.GetRegistered().GetHeartbeatTimeoutMs()) * time.Millisecond
-	if timeout > 0 {
-		s.heartbeatTimeout.Store(int64(timeout))
-		// A crashed agent's workers must be gone before the controller, which
-		// last heard us up to an interval before the crash, gives up on us.
-		s.sup.SetOrphanTimeout(max(timeout-interval, interval))
-		s.vouchedTimeout.Store(int64(hiccupFactor * timeout))
-	}
-	if vouched := time.Duration(first.GetRegistered().GetVouchedTimeoutMs()) * time.Millisecond; vouched > 0 {
-		s.vouchedTimeout.Store(int64(vouched))
-	}
-	s.heard()
-	s.log.Info("registered with controller", zap.Duration("heartbeat_interval", interval), zap.Duration("heartbeat_timeout", timeout))
+	s.heardAt(registering)
+	s.log.Info("registered with controller", zap.Duration("heartbeat_interval", interval), zap.Duration("heartbeat_timeout", ms(registered.GetHeartbeatTimeoutMs())))
 	var gossipChanged <-chan struct{}
 	if s.gossip != nil {
 		gossipChanged = s.gossip.Changed()
-		go s.gossip.Join(first.GetRegistered().GetGossipSeeds())
+		go s.gossip.Join(registered.GetGossipSeeds())
 	}
 
 	// Only the sender goroutine calls stream.Send after registration.
 	out := make(chan *rdzvv1.ConnectRequest, 256)
+	var sent acks
 	logs := newLogTails(s.sup, out, s.log.Named("logs"))
 	defer logs.cancelAll()
 	g, gctx := errgroup.WithContext(ctx)
@@ -187,6 +177,7 @@ func (s *agentSession) connect(ctx context.Context) error {
 				return gctx.Err()
 			case <-ticker.C:
 				seq++
+				sent.sending(seq, time.Now())
 				msgs = append(msgs, &rdzvv1.ConnectRequest{Msg: &rdzvv1.ConnectRequest_Heartbeat{Heartbeat: &rdzvv1.Heartbeat{Seq: seq}}})
 				// Riding on the heartbeat bounds progress messages to one per
 				// interval however often the workers report.
@@ -225,7 +216,11 @@ func (s *agentSession) connect(ctx context.Context) error {
 			if err != nil {
 				return fmt.Errorf("receiving from controller: %w", err)
 			}
-			s.heard()
+			if ack := m.GetHeartbeatAck(); ack != nil {
+				if at, ok := sent.acked(ack.GetSeq()); ok {
+					s.heardAt(at)
+				}
+			}
 			s.handle(gctx, m, out, logs)
 		}
 	})
@@ -266,7 +261,7 @@ func (s *agentSession) handle(ctx context.Context, m *rdzvv1.ConnectResponse, ou
 	case *rdzvv1.ConnectResponse_LogCancel:
 		logs.cancel(msg.LogCancel.GetRequestId())
 	case *rdzvv1.ConnectResponse_HeartbeatAck:
-		// Its arrival is all that matters: see heard.
+		// Taken into account on arrival: see heardAt.
 	case *rdzvv1.ConnectResponse_Registered:
 		s.log.Warn("ignoring repeated registered message")
 	default:
@@ -274,7 +269,7 @@ func (s *agentSession) handle(ctx context.Context, m *rdzvv1.ConnectResponse, ou
 	}
 }
 
-func (s *agentSession) heard() { s.lastHeard.Store(time.Now().UnixNano()) }
+func (s *agentSession) heardAt(at time.Time) { s.lastHeard.Store(at.UnixNano()) }
 
 func (s *agentSession) gossipViewMsg() *rdzvv1.ConnectRequest {
 	if s.gossip == nil {
@@ -286,14 +281,15 @@ func (s *agentSession) gossipViewMsg() *rdzvv1.ConnectRequest {
 	}}}
 }
 
-// fenceLoop stops this node's workers when it is cut off: the controller
-// has not been heard for longer than it waits before declaring the node
-// lost (so it has moved the job on, or will), and gossip cannot reach the
-// peers either (so the controller is not merely restarting). A cut-off
-// node must never keep training or write a checkpoint after the job moved
-// on; when it is back it registers as a fresh, idle node.
+// fenceLoop stops this node's workers when it is cut off, by health's
+// SelfFence: the controller has not been heard for longer than it waits
+// before declaring the node lost (so it has moved the job on, or will), and
+// gossip cannot reach the peers either (so the controller is not merely
+// restarting). A cut-off node must never keep training or write a
+// checkpoint after the job moved on; when it is back it registers as a
+// fresh, idle node.
 func (s *agentSession) fenceLoop(ctx context.Context) {
-	ticker := time.NewTicker(fenceCheckEvery)
+	ticker := time.NewTicker(health.FenceCheckEvery)
 	defer ticker.Stop()
 	for {
 		select {
@@ -302,31 +298,12 @@ func (s *agentSession) fenceLoop(ctx context.Context) {
 		case <-ticker.C:
 		}
 		silent := time.Since(time.Unix(0, s.lastHeard.Load()))
-		timeout := time.Duration(s.heartbeatTimeout.Load())
-		vouched := time.Duration(s.vouchedTimeout.Load())
 		isolated := s.gossip == nil || s.gossip.Isolated()
-		if !shouldFence(s.sup.Busy(), silent, timeout, vouched, isolated) || s.fencing.Swap(true) {
+		if !s.sup.Busy() || !s.heartbeat.Load().SelfFence(silent, isolated) || s.fencing.Swap(true) {
 			continue
 		}
 		reason := fmt.Sprintf("self-fenced: controller silent for %s and peers unreachable", silent.Round(100*time.Millisecond))
 		s.log.Warn("fencing own workers", zap.Duration("controller_silent", silent), zap.Bool("gossip", s.gossip != nil))
 		s.sup.Fence(reason, func() { s.fencing.Store(false) })
 	}
-}
-
-// hiccupFactor is what a controller that does not send its vouched timeout
-// (an older one) uses: after this many heartbeat timeouts without hearing
-// us it declares us lost even if peers vouch.
-const hiccupFactor = 3
-
-// shouldFence is the self-fencing rule: cut off from the controller for
-// its heartbeat timeout and from the peers too, or from every controller
-// for the vouched timeout (by then it has moved the job on, whatever our
-// peers say). No controller at all (failover, etcd quorum lost) is
-// survived for the vouched timeout while peers are reachable.
-func shouldFence(busy bool, controllerSilent, timeout, vouched time.Duration, isolated bool) bool {
-	if !busy || timeout <= 0 || controllerSilent <= timeout {
-		return false
-	}
-	return isolated || controllerSilent > vouched
 }

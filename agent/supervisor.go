@@ -16,6 +16,7 @@ import (
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
+	"github.com/rdzv/rdzv/health"
 	"github.com/rdzv/rdzv/jobspec"
 	rdzvv1 "github.com/rdzv/rdzv/proto/rdzv/v1"
 	"github.com/rdzv/rdzv/wire"
@@ -102,7 +103,7 @@ func NewSupervisor(cfg Config, node, iface, reportAddr string, spawner Spawner, 
 		checkpoints: make(chan *rdzvv1.CheckpointReport, checkpointQueueSize),
 		lastGen:     map[string]uint64{},
 	}
-	s.SetOrphanTimeout(defaultHeartbeatTimeout - defaultHeartbeat)
+	s.SetOrphanTimeout(health.Unregistered.OrphanTimeout())
 	return s
 }
 

@@ -10,6 +10,7 @@ import (
 
 	"sigs.k8s.io/yaml"
 
+	"github.com/rdzv/rdzv/health"
 	"github.com/rdzv/rdzv/pki"
 	"github.com/rdzv/rdzv/wire"
 )
@@ -109,6 +110,11 @@ type HeartbeatConfig struct {
 	// It is also how long running jobs survive having no controller at all
 	// (etcd quorum lost, every controller down).
 	VouchedTimeout wire.Duration `json:"vouched_timeout"`
+}
+
+// policy is the heartbeat config as health's rules take it.
+func (h HeartbeatConfig) policy() health.Heartbeat {
+	return health.Heartbeat{Interval: h.Interval.Duration, Timeout: h.Timeout.Duration, Vouched: h.VouchedTimeout.Duration}
 }
 
 type PortRange struct {

@@ -8,6 +8,7 @@ import (
 	"go.uber.org/zap"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/rdzv/rdzv/health"
 	rdzvv1 "github.com/rdzv/rdzv/proto/rdzv/v1"
 )
 
@@ -79,22 +80,13 @@ func (c *Controller) gpuFault(node string, f *rdzvv1.GPUFault) {
 // node that keeps dropping out would otherwise be picked again and fail
 // each job it joins. Callers hold c.mu.
 func (c *Controller) countLoss(name string, ns *nodeState) {
-	limit, window := c.cfg.FlakyNodes.Losses, c.cfg.FlakyNodes.Window.Duration
-	if limit <= 0 {
+	rule := health.Flaky{Losses: c.cfg.FlakyNodes.Losses, Window: c.cfg.FlakyNodes.Window.Duration}
+	var flaky bool
+	ns.losses, flaky = rule.Record(ns.losses, c.clock.Now())
+	if !flaky || ns.rec.GetCordoned() {
 		return
 	}
-	now := c.clock.Now()
-	kept := ns.losses[:0]
-	for _, t := range ns.losses {
-		if now.Sub(t) < window {
-			kept = append(kept, t)
-		}
-	}
-	ns.losses = append(kept, now)
-	if len(ns.losses) < limit || ns.rec.GetCordoned() {
-		return
-	}
-	reason := fmt.Sprintf("lost %d times within %s while running jobs", len(ns.losses), window)
+	reason := fmt.Sprintf("lost %d times within %s while running jobs", len(ns.losses), rule.Window)
 	c.setCordon(name, true, reason)
 	ns.losses = nil
 }

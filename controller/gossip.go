@@ -2,7 +2,6 @@ package controller
 
 import (
 	"math/rand/v2"
-	"time"
 
 	rdzvv1 "github.com/rdzv/rdzv/proto/rdzv/v1"
 )
@@ -21,38 +20,6 @@ const (
 type gossipView struct {
 	unreachable map[string]bool
 	alive       uint32
-}
-
-// liveness is the outcome of looking at one node's silence.
-type liveness int
-
-const (
-	alive liveness = iota
-	// peersConfirm: silent for a few heartbeats and peers cannot reach it
-	// either, so it is gone; no need to wait out the full timeout.
-	peersConfirm
-	// timedOut: silent past the heartbeat timeout with no peer vouching.
-	timedOut
-	// peersVouch: silent past the timeout, but peers still reach it: the
-	// trouble is between it and the controller, which alone must not
-	// condemn a healthy node (up to heartbeat.vouched_timeout).
-	peersVouch
-)
-
-// verdict decides a node's liveness from its silence and its peers' views:
-// deadVotes peers report it unreachable, vouchers gossip and do not.
-// vouched is how long peers' word keeps a silent node (the agent fences
-// itself after as long without the controller).
-func verdict(silent, interval, timeout, vouched time.Duration, deadVotes, vouchers int) liveness {
-	switch {
-	case deadVotes > 0 && silent > 2*interval:
-		return peersConfirm
-	case silent <= timeout:
-		return alive
-	case vouchers > 0 && silent <= vouched:
-		return peersVouch
-	}
-	return timedOut
 }
 
 // gossipView records an agent's view.
@@ -86,6 +53,19 @@ func (c *Controller) gossipVotes() (votes map[string]int, reporters int) {
 		}
 	}
 	return votes, reporters
+}
+
+// unreachableTo reports whether any connected node's gossip lists node
+// unreachable, however few peers it sees itself: the controller's evidence
+// that node's agent, if alive, counts itself cut off (health.Loss).
+// Callers hold c.mu.
+func (c *Controller) unreachableTo(node string) bool {
+	for name, ns := range c.nodes {
+		if name != node && ns.session != nil && ns.view != nil && ns.rec.GetState() != rdzvv1.NodeState_NODE_STATE_LOST && ns.view.unreachable[node] {
+			return true
+		}
+	}
+	return false
 }
 
 // reporting is whether the node's view counts: it is connected and its

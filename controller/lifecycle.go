@@ -13,6 +13,7 @@ import (
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
+	"github.com/rdzv/rdzv/health"
 	"github.com/rdzv/rdzv/jobspec"
 	rdzvv1 "github.com/rdzv/rdzv/proto/rdzv/v1"
 	"github.com/rdzv/rdzv/rendezvous"
@@ -437,38 +438,35 @@ func (c *Controller) checkLiveness() {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	now := c.clock.Now()
-	timeout := c.cfg.Heartbeat.Timeout.Duration
+	policy := c.cfg.Heartbeat.policy()
 	votes, reporters := c.gossipVotes()
 	warned := 0
 	for name, ns := range c.nodes {
 		if warned < maxExpiryWarningsPerPass && c.warnCertExpiry(now, ns) {
 			warned++
 		}
-		if ns.rec.GetState() == rdzvv1.NodeState_NODE_STATE_LOST || now.Before(ns.restartHold) {
+		if ns.rec.GetState() == rdzvv1.NodeState_NODE_STATE_LOST {
 			continue
 		}
 		seen := ns.lastSeen
 		if ns.session != nil {
 			seen = ns.session.seen()
 		}
-		silent := now.Sub(seen)
-		v := verdict(silent, c.cfg.Heartbeat.Interval.Duration, timeout, c.cfg.Heartbeat.VouchedTimeout.Duration, votes[name], reporters-votes[name]-ns.selfReporter())
-		// The grace after taking the lead spares nodes whose agents have
-		// not reconnected yet, not those their peers know are gone.
-		if now.Before(ns.graceUntil) && v != peersConfirm {
-			continue
-		}
-		switch v {
-		case peersConfirm:
-			c.markLost(name, ns, seen, silent, true, fmt.Sprintf("no heartbeat for %s and %d peers cannot reach it", silent.Round(100*time.Millisecond), votes[name]))
-		case timedOut:
-			c.markLost(name, ns, seen, silent, false, fmt.Sprintf("no heartbeat for %s", silent.Round(100*time.Millisecond)))
-		case peersVouch:
+		l := policy.Liveness(now, health.Silence{LastSeen: seen, HoldUntil: ns.restartHold, GraceUntil: ns.graceUntil,
+			Peers: health.Peers{Unreachable: votes[name], Vouching: reporters - votes[name] - ns.selfReporter()}})
+		switch l.Verdict {
+		case health.Lost:
+			reason := fmt.Sprintf("no heartbeat for %s", l.Silent.Round(100*time.Millisecond))
+			if l.Confirmed {
+				reason += fmt.Sprintf(" and %d peers cannot reach it", votes[name])
+			}
+			c.markLost(name, ns, now, seen, reason)
+		case health.Suspect:
 			if !ns.hiccup {
 				ns.hiccup = true
-				c.log.Warn("node silent to the controller but reachable by its peers", zap.String("node", name), zap.Duration("silent", silent))
+				c.log.Warn("node silent to the controller but reachable by its peers", zap.String("node", name), zap.Duration("silent", l.Silent))
 			}
-		default:
+		case health.Alive:
 			ns.hiccup = false
 		}
 	}
@@ -476,31 +474,17 @@ func (c *Controller) checkLiveness() {
 }
 
 // markLost declares a node lost. Callers hold c.mu.
-func (c *Controller) markLost(name string, ns *nodeState, lastSeen time.Time, silent time.Duration, peersConfirmed bool, reason string) {
+func (c *Controller) markLost(name string, ns *nodeState, now, lastSeen time.Time, reason string) {
 	rec := proto.Clone(ns.rec).(*rdzvv1.Node)
 	rec.State, rec.StateChangedAt = rdzvv1.NodeState_NODE_STATE_LOST, timestamppb.New(c.clock.Now())
 	rec.RestartHoldUntil = nil
 	ns.rec = rec
 	c.persist(c.store.PutNode(rec, c.event(ns.job, name, ns.generation, EventNodeLost, "node %s lost: %s", name, reason)), nil)
-	// The agent fences itself once it has not heard us for the heartbeat
-	// timeout (or, with peers vouching, for as long as we waited here);
-	// fenceMargin covers its check interval and the kill.
-	ns.fencedBy = lastSeen.Add(max(silent, c.cfg.Heartbeat.Timeout.Duration) + fenceMargin)
-	if !ns.heard {
-		// Not heard since this controller took the lead: the agent's fencing
-		// clock runs from the previous leader's last word, at the latest
-		// around the election. Cut off from its peers as well it fences
-		// after the heartbeat timeout; otherwise only after the vouched
-		// timeout, which is the worst case when nobody reports on it.
-		bound := c.cfg.Heartbeat.VouchedTimeout.Duration
-		if peersConfirmed {
-			bound = c.cfg.Heartbeat.Timeout.Duration
-		}
-		if at := c.electedAt.Add(bound + fenceMargin); at.After(ns.fencedBy) {
-			ns.fencedBy = at
-		}
-	}
-	c.log.Warn("node lost", zap.String("node", name), zap.Duration("silent", silent))
+	ns.fencedBy = c.cfg.Heartbeat.policy().FencedBy(health.Loss{
+		At: now, LastSeen: lastSeen, Heard: ns.heard, ElectedAt: c.electedAt, HoldUntil: ns.restartHold,
+		Gossips: rec.GetInfo().GetGossipAddr() != "", Unreachable: c.unreachableTo(name),
+	})
+	c.log.Warn("node lost", zap.String("node", name), zap.Duration("silent", now.Sub(lastSeen)))
 	if ns.session != nil {
 		ns.session.cancel()
 		ns.session = nil

@@ -9,26 +9,14 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
+	"github.com/rdzv/rdzv/health"
 	rdzvv1 "github.com/rdzv/rdzv/proto/rdzv/v1"
 	"github.com/rdzv/rdzv/rendezvous"
 	"github.com/rdzv/rdzv/wire"
 )
 
-const (
-	// crashLoopLimit: this many consecutive failed attempts without any
-	// training progress fail the job instead of restarting it again.
-	crashLoopLimit = 2
-	// minProductiveRun: an attempt that ran this long counts as progress
-	// even when the job reports no steps or checkpoints, so jobs that do not
-	// use the reporting helper are not mistaken for crash loops.
-	minProductiveRun = 5 * time.Minute
-	// catalogSize bounds the checkpoint catalog kept in etcd per job.
-	catalogSize = 32
-)
-
-// fenceMargin is added to a lost node's self-fencing deadline: the agent
-// checks every 250ms and its kill takes a moment.
-const fenceMargin = time.Second
+// catalogSize bounds the checkpoint catalog kept in etcd per job.
+const catalogSize = 32
 
 // fencedAt is when no worker of the job's current generation can still be
 // running: each has exited, or its node is lost and past the time its
@@ -105,17 +93,13 @@ func (c *Controller) attemptFailed(js *jobState, reason string, latency time.Dur
 	gen := js.rec.GetGeneration()
 	now := c.clock.Now()
 	rec := proto.Clone(js.rec).(*rdzvv1.Job)
-	productive := js.progressed || now.Sub(rec.GetStartedAt().AsTime()) >= minProductiveRun
-	if productive {
-		rec.RestartsWithoutProgress = 0
-	} else {
-		rec.RestartsWithoutProgress++
-	}
+	var crashLoop bool
+	rec.RestartsWithoutProgress, crashLoop = health.CrashLoop(rec.GetRestartsWithoutProgress(), js.progressed, now.Sub(rec.GetStartedAt().AsTime()))
 	switch {
 	case rec.GetRestarts() >= spec.GetRestartMaxRestarts():
 		c.finish(js, rdzvv1.JobState_JOB_STATE_FAILED, fmt.Sprintf("%s; no restarts left (max_restarts %d)", reason, spec.GetRestartMaxRestarts()))
 		return
-	case rec.GetRestartsWithoutProgress() >= crashLoopLimit:
+	case crashLoop:
 		c.finish(js, rdzvv1.JobState_JOB_STATE_FAILED, fmt.Sprintf("crash loop: %d attempts in a row failed without training progress; last: %s", rec.GetRestartsWithoutProgress(), reason))
 		return
 	}
@@ -232,11 +216,11 @@ func checkpointPathOK(dir, path string) error {
 // that never reported a step have hang detection off. Callers hold c.mu.
 func (c *Controller) checkHangs(now time.Time) {
 	for _, js := range c.jobs {
-		timeout := js.rec.GetSpec().GetHealthProgressTimeout().AsDuration()
-		if js.rec.GetState() != rdzvv1.JobState_JOB_STATE_RUNNING || timeout <= 0 || js.rec.GetProgressAt() == nil {
+		if js.rec.GetState() != rdzvv1.JobState_JOB_STATE_RUNNING || js.rec.GetProgressAt() == nil {
 			continue
 		}
-		if stalled := now.Sub(js.rec.GetProgressAt().AsTime()); stalled > timeout {
+		timeout := js.rec.GetSpec().GetHealthProgressTimeout().AsDuration()
+		if stalled, hung := health.Hang(now, js.rec.GetProgressAt().AsTime(), timeout); hung {
 			c.attemptFailed(js, fmt.Sprintf("hang: no training progress for %s (last step %d)", stalled.Round(time.Second), js.rec.GetStep()), stalled-timeout)
 		}
 	}

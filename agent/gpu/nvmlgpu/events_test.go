@@ -85,7 +85,9 @@ func TestWatchReportsFaults(t *testing.T) {
 	require.Equal(t, health.Fault{GPUIndex: 3, UUID: uuid3, Kind: health.XID, Code: 79, At: faults[0].At}, faults[0])
 	require.Equal(t, health.ECCUncorrectable, faults[1].Kind)
 	require.Equal(t, uint32(5), faults[1].GPUIndex)
-	require.True(t, faults[0].Critical())
+	policy, err := health.GPUConfig{}.Policy("gpu_health")
+	require.NoError(t, err)
+	require.True(t, policy.Critical(faults[0]))
 }
 
 func TestWatchWithoutLibrary(t *testing.T) {

@@ -1,0 +1,236 @@
+package health
+
+import (
+	"fmt"
+	"math/rand/v2"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+)
+
+func TestSelfFence(t *testing.T) {
+	h := Heartbeat{Interval: time.Second, Timeout: 5 * time.Second, Vouched: time.Minute}
+	tests := []struct {
+		name     string
+		silent   time.Duration
+		isolated bool
+		want     bool
+	}{
+		{"cut off while training", 6 * time.Second, true, true},
+		{"controller down but peers reachable: keep training", 6 * time.Second, false, false},
+		{"no controller for a while (failover, etcd quorum lost): keep training", 59 * time.Second, false, false},
+		{"the controller gave up on us even though peers vouch", 61 * time.Second, false, true},
+		{"briefly silent controller", 3 * time.Second, true, false},
+		{"exactly the timeout is not past it", 5 * time.Second, true, false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			require.Equal(t, tt.want, h.SelfFence(tt.silent, tt.isolated))
+		})
+	}
+	require.False(t, Heartbeat{}.SelfFence(time.Hour, true), "no timeout known: never fence")
+}
+
+func TestSelfFenceDeadline(t *testing.T) {
+	h := Heartbeat{Interval: time.Second, Timeout: 5 * time.Second, Vouched: time.Minute}
+	require.Equal(t, 5*time.Second+FenceMargin, h.SelfFenceDeadline(true))
+	require.Equal(t, time.Minute+FenceMargin, h.SelfFenceDeadline(false))
+	require.Equal(t, time.Second, FenceMargin, "the controller has always allowed a second for the check and the kill")
+}
+
+func TestOrphanTimeout(t *testing.T) {
+	require.Equal(t, 4*time.Second, Unregistered.OrphanTimeout())
+	require.Equal(t, 900*time.Millisecond, Heartbeat{Interval: 100 * time.Millisecond, Timeout: time.Second}.OrphanTimeout())
+	require.Equal(t, time.Second, Heartbeat{Interval: time.Second, Timeout: 2 * time.Second}.OrphanTimeout(), "never under an interval")
+}
+
+func TestFencedBy(t *testing.T) {
+	h := Heartbeat{Interval: time.Second, Timeout: 5 * time.Second, Vouched: time.Minute}
+	elected := t0
+	seen := t0.Add(10 * time.Second)
+	tests := []struct {
+		name string
+		loss Loss
+		want time.Time
+	}{
+		{
+			name: "confirmed by peers: the heartbeat timeout from its last heartbeat",
+			loss: Loss{At: seen.Add(2500 * time.Millisecond), LastSeen: seen, Heard: true, ElectedAt: elected, Gossips: true, Unreachable: true},
+			want: seen.Add(6 * time.Second),
+		},
+		{
+			name: "no gossip: it fences after the heartbeat timeout, at the latest a margin after we decided",
+			loss: Loss{At: seen.Add(5100 * time.Millisecond), LastSeen: seen, Heard: true, ElectedAt: elected},
+			want: seen.Add(6100 * time.Millisecond),
+		},
+		{
+			name: "lost after peers vouched: by then it has fenced",
+			loss: Loss{At: seen.Add(61 * time.Second), LastSeen: seen, Heard: true, ElectedAt: elected, Gossips: true},
+			want: seen.Add(62 * time.Second),
+		},
+		{
+			// Found disagreeing: this was seen+6s, but an agent whose peers
+			// all lost the controller too still reaches them, so it trains
+			// on until the vouched timeout.
+			name: "timed out with nobody to say: it may still reach its peers",
+			loss: Loss{At: seen.Add(5100 * time.Millisecond), LastSeen: seen, Heard: true, ElectedAt: elected, Gossips: true},
+			want: seen.Add(61 * time.Second),
+		},
+		{
+			name: "timed out, and its only peer cannot reach it (a peer without peers is no voter)",
+			loss: Loss{At: seen.Add(5100 * time.Millisecond), LastSeen: seen, Heard: true, ElectedAt: elected, Gossips: true, Unreachable: true},
+			want: seen.Add(6100 * time.Millisecond),
+		},
+		{
+			name: "not heard by this leader, confirmed: the heartbeat timeout from the election",
+			loss: Loss{At: seen.Add(2500 * time.Millisecond), LastSeen: seen, ElectedAt: elected, Gossips: true, Unreachable: true},
+			want: seen.Add(6 * time.Second),
+		},
+		{
+			name: "not heard by this leader, unconfirmed: the vouched timeout from the election",
+			loss: Loss{At: seen.Add(15 * time.Second), LastSeen: seen, ElectedAt: elected, Gossips: true},
+			want: elected.Add(61 * time.Second),
+		},
+		{
+			// After the start-up grace; without gossip it fenced long since.
+			name: "not heard by this leader, no gossip: the heartbeat timeout from the election",
+			loss: Loss{At: elected.Add(16 * time.Second), LastSeen: elected.Add(time.Second), ElectedAt: elected},
+			want: elected.Add(17 * time.Second),
+		},
+		{
+			// Found disagreeing: this was the end of the hold plus a second,
+			// but an agent back in time that has not reached a controller
+			// runs the workers it adopted for Unregistered's timeout.
+			name: "lost after a restart hold: a new agent may have adopted the workers",
+			loss: Loss{At: seen.Add(15 * time.Second), LastSeen: seen, Heard: true, ElectedAt: elected, HoldUntil: seen.Add(15 * time.Second), Gossips: true, Unreachable: true},
+			want: seen.Add(21 * time.Second),
+		},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			require.Equal(t, tt.want, h.FencedBy(tt.loss))
+		})
+	}
+}
+
+// TestFencingAgrees: for every configuration the controller accepts
+// (interval > 0, timeout >= 2 intervals, vouched >= timeout) and every way
+// a node can be declared lost, the agent's self-fencing, as its own rule
+// decides it, has killed the workers no later than the controller's bound.
+// The controller's side is simulated with Liveness on its liveness ticks
+// (every half interval, at least 50ms); the agent's with SelfFence on its
+// checks (every FenceCheckEvery, at any phase), plus fenceKill for the
+// kill itself. The agent's last word from the controller is taken as late
+// as it can be: LastSeen if this leader heard it; the election if not (the
+// previous leader acknowledged it last); the end of the hold for an agent
+// back from a restart that has not reached a controller yet.
+//
+// Not covered, because the controller cannot know it (see the README's
+// "Failures and recovery"): a gossip partition that leaves the peers the
+// controller hears on the smaller side, so that their word that a node is
+// unreachable does not make it isolated.
+func TestFencingAgrees(t *testing.T) {
+	var configs []Heartbeat
+	for _, interval := range []time.Duration{10 * time.Millisecond, 100 * time.Millisecond, 250 * time.Millisecond, time.Second, 3 * time.Second} {
+		for _, timeouts := range []int64{2, 3, 5, 10, 30} {
+			for _, vouched := range []float64{1, 1.5, 3, 12} {
+				timeout := time.Duration(timeouts) * interval
+				configs = append(configs, Heartbeat{Interval: interval, Timeout: timeout, Vouched: time.Duration(float64(timeout) * vouched)})
+			}
+		}
+	}
+	rng := rand.New(rand.NewPCG(1, 2))
+	for range 300 {
+		interval := time.Duration(1+rng.IntN(5000)) * time.Millisecond
+		timeout := 2*interval + time.Duration(rng.Int64N(int64(20*interval)))
+		configs = append(configs, Heartbeat{Interval: interval, Timeout: timeout, Vouched: timeout + time.Duration(rng.Int64N(int64(10*timeout)))})
+	}
+	configs = append(configs, Unregistered)
+
+	type evidence struct {
+		name        string
+		peers       Peers
+		gossips     bool
+		unreachable bool
+	}
+	evidences := []evidence{
+		{name: "no gossip"},
+		{name: "peers confirm", peers: Peers{Unreachable: 1, Vouching: 1}, gossips: true, unreachable: true},
+		{name: "peers vouch", peers: Peers{Vouching: 2}, gossips: true},
+		{name: "nobody to say", gossips: true},
+		{name: "a peer without peers cannot reach it", gossips: true, unreachable: true},
+	}
+	checked := 0
+	for _, h := range configs {
+		tick := max(h.Interval/2, 50*time.Millisecond)
+		for _, ev := range evidences {
+			// What the agent may count itself, given what the controller saw.
+			isolations := []bool{true}
+			if ev.gossips && !ev.unreachable {
+				isolations = []bool{true, false}
+			}
+			for _, heard := range []bool{true, false} {
+				for _, hold := range []time.Duration{0, time.Second, 15 * time.Second, 5 * time.Minute} {
+					elected := t0
+					seen := t0.Add(time.Duration(rng.Int64N(int64(3 * time.Second))))
+					s := Silence{LastSeen: seen, Peers: ev.peers}
+					if hold > 0 {
+						s.HoldUntil = seen.Add(hold)
+					}
+					if !heard {
+						s.GraceUntil = seen.Add(h.Timeout + 10*time.Second)
+					}
+					at, ok := lostAt(h, s, tick)
+					require.True(t, ok, "%+v %s: never lost", h, ev.name)
+					loss := Loss{At: at, LastSeen: seen, Heard: heard, ElectedAt: elected, HoldUntil: s.HoldUntil, Gossips: ev.gossips, Unreachable: ev.unreachable}
+					bound := h.FencedBy(loss)
+					for _, isolated := range isolations {
+						name := fmt.Sprintf("%+v, %s, heard %t, hold %s, isolated %t", h, ev.name, heard, hold, isolated)
+						last := seen
+						if !heard {
+							last = elected
+						}
+						require.False(t, killedAt(h, last, isolated, rng).After(bound), "%s: the agent fences after the controller's bound %s", name, bound)
+						if hold > 0 {
+							// An agent back from its restart, alone in its gossip.
+							require.False(t, killedAt(Unregistered, s.HoldUntil, true, rng).After(bound), "%s: an adopting agent fences after the bound", name)
+						}
+						checked++
+					}
+					if heard && hold == 0 {
+						// A crash silenced it: the last heartbeat came less
+						// than an interval before, the shims kill the workers
+						// the orphan timeout after the crash.
+						crash := seen.Add(h.Interval)
+						require.False(t, crash.Add(h.OrphanTimeout()+fenceKill).After(bound), "%+v, %s: crashed agent's workers outlive the bound", h, ev.name)
+					}
+				}
+			}
+		}
+	}
+	t.Logf("%d configurations, %d cases", len(configs), checked)
+}
+
+// lostAt runs the controller's liveness ticks from the node's last
+// heartbeat until it is declared lost.
+func lostAt(h Heartbeat, s Silence, tick time.Duration) (time.Time, bool) {
+	limit := s.LastSeen.Add(max(h.Vouched, h.Timeout) + 10*time.Minute)
+	for now := s.LastSeen.Add(tick); now.Before(limit); now = now.Add(tick) {
+		if h.Liveness(now, s).Verdict == Lost {
+			return now, true
+		}
+	}
+	return time.Time{}, false
+}
+
+// killedAt is when an agent that last heard the controller at last, and
+// stays cut off, has killed its workers: at its first check, from a random
+// phase, where SelfFence says so, plus the kill.
+func killedAt(h Heartbeat, last time.Time, isolated bool, rng *rand.Rand) time.Time {
+	check := last.Add(time.Duration(rng.Int64N(int64(FenceCheckEvery))))
+	for !h.SelfFence(check.Sub(last), isolated) {
+		check = check.Add(FenceCheckEvery)
+	}
+	return check.Add(fenceKill)
+}

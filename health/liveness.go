@@ -1,0 +1,99 @@
+package health
+
+import "time"
+
+// confirmAfter is how many heartbeats a node must miss before its peers'
+// word that they cannot reach it either declares it lost: one missed
+// heartbeat is routine jitter, and the peers' memberlist may lag a little.
+const confirmAfter = 2
+
+// Verdict is the controller's judgement of one node's silence.
+type Verdict int
+
+const (
+	// Alive: heard within the heartbeat timeout.
+	Alive Verdict = iota
+	// Spared: no judgement while its agent restarts (the hold it asked
+	// for) or while a new leader gives agents time to reconnect (the
+	// start-up grace); nothing about the node changes.
+	Spared
+	// Suspect: silent past the timeout, but peers still reach it, so the
+	// trouble is between it and the controller, which alone must not
+	// condemn a healthy node (up to the vouched timeout).
+	Suspect
+	// Lost: gone, or cut off; its job moves on.
+	Lost
+)
+
+func (v Verdict) String() string {
+	switch v {
+	case Alive:
+		return "alive"
+	case Spared:
+		return "spared"
+	case Suspect:
+		return "suspect"
+	case Lost:
+		return "lost"
+	}
+	return "unknown"
+}
+
+// Peers is what the other connected nodes' gossip says of one node. Only
+// nodes whose gossip sees at least one other member count, and a node never
+// counts for itself.
+type Peers struct {
+	// Unreachable counts those that report it unreachable.
+	Unreachable int
+	// Vouching counts those that do not: they still reach it.
+	Vouching int
+}
+
+// Silence is what the controller knows of one node that is not lost yet.
+type Silence struct {
+	// LastSeen is when its agent last sent anything.
+	LastSeen time.Time
+	// HoldUntil ends the hold its restarting agent asked for; zero if none.
+	// Held, it is spared whatever its peers say: they lost it too, since
+	// gossip restarts with the agent.
+	HoldUntil time.Time
+	// GraceUntil ends the start-up grace of a leader that has not heard its
+	// agent yet; zero once heard. The grace spares nodes whose agents have
+	// not reconnected yet, not those their peers know are gone.
+	GraceUntil time.Time
+	Peers      Peers
+}
+
+// Liveness is a verdict with what it was based on.
+type Liveness struct {
+	Verdict Verdict
+	// Silent is how long the node has been silent (zero when held).
+	Silent time.Duration
+	// Confirmed: lost because peers cannot reach it either, before the
+	// full timeout.
+	Confirmed bool
+}
+
+// Liveness judges a node's silence at now. Silent past confirmAfter
+// heartbeats while a peer cannot reach it either, it is gone: no need to
+// wait out the full timeout. Silent past the timeout, it is lost unless
+// peers vouch for it, which they can for the vouched timeout.
+func (h Heartbeat) Liveness(now time.Time, s Silence) Liveness {
+	if now.Before(s.HoldUntil) {
+		return Liveness{Verdict: Spared}
+	}
+	silent := now.Sub(s.LastSeen)
+	l := Liveness{Verdict: Lost, Silent: silent}
+	switch {
+	case s.Peers.Unreachable > 0 && silent > confirmAfter*h.Interval:
+		l.Confirmed = true
+		return l
+	case now.Before(s.GraceUntil):
+		l.Verdict = Spared
+	case silent <= h.Timeout:
+		l.Verdict = Alive
+	case s.Peers.Vouching > 0 && silent <= h.Vouched:
+		l.Verdict = Suspect
+	}
+	return l
+}
