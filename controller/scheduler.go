@@ -1,10 +1,11 @@
 package controller
 
+// The scheduler: pending jobs, their candidates, and a round's commit.
+
 import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
-	"errors"
 	"fmt"
 	"sort"
 	"time"
@@ -13,8 +14,6 @@ import (
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
-	"github.com/rdzv/rdzv/health"
-	"github.com/rdzv/rdzv/jobspec"
 	rdzvv1 "github.com/rdzv/rdzv/proto/rdzv/v1"
 	"github.com/rdzv/rdzv/rendezvous"
 )
@@ -26,12 +25,6 @@ const (
 	// scheduleInterval re-examines pending jobs even without a trigger, so a
 	// missed wake-up costs at most this long.
 	scheduleInterval = time.Second
-)
-
-var (
-	errNotFound      = errors.New("not found")
-	errAlreadyExists = errors.New("already exists")
-	errUnavailable   = errors.New("unavailable")
 )
 
 func requirements(spec *rdzvv1.JobSpec) rendezvous.Requirements {
@@ -353,266 +346,4 @@ func (c *Controller) assignmentFor(js *jobState, node string) *rdzvv1.Assignment
 		}
 	}
 	return nil
-}
-
-// advanceJob moves a running or stopping job on from its workers' states.
-// Callers hold c.mu.
-func (c *Controller) advanceJob(js *jobState) {
-	nodes := js.round.GetNodes()
-	switch js.rec.GetState() {
-	case rdzvv1.JobState_JOB_STATE_RUNNING:
-		succeeded := 0
-		for _, a := range nodes {
-			w := js.workers[a.GetNode()]
-			switch w.GetState() {
-			case rdzvv1.WorkerState_WORKER_STATE_SUCCEEDED:
-				succeeded++
-			case rdzvv1.WorkerState_WORKER_STATE_FAILED, rdzvv1.WorkerState_WORKER_STATE_STOPPED:
-				c.attemptFailed(js, fmt.Sprintf("node %s (rank %d): workers %s", a.GetNode(), a.GetNodeRank(), describeExit(w)), c.detectionLatency(w))
-				return
-			}
-		}
-		if succeeded == len(nodes) {
-			c.finish(js, rdzvv1.JobState_JOB_STATE_SUCCEEDED, fmt.Sprintf("all %d nodes finished", len(nodes)))
-		}
-	case rdzvv1.JobState_JOB_STATE_RECOVERING:
-		if c.fenced(js) {
-			c.wake()
-		}
-	case rdzvv1.JobState_JOB_STATE_STOPPING:
-		for _, a := range nodes {
-			if !terminalWorker(js.workers[a.GetNode()].GetState()) {
-				return
-			}
-		}
-		c.finish(js, rdzvv1.JobState_JOB_STATE_STOPPED, "stopped by operator")
-	}
-}
-
-// finish moves a job to a terminal state and stops whatever still runs.
-// Callers hold c.mu.
-func (c *Controller) finish(js *jobState, state rdzvv1.JobState, reason string) {
-	name := js.rec.GetSpec().GetName()
-	rec := proto.Clone(js.rec).(*rdzvv1.Job)
-	c.closeInterval(rec)
-	rec.State, rec.Reason, rec.FinishedAt = state, reason, timestamppb.New(c.clock.Now())
-	kind := map[rdzvv1.JobState]string{
-		rdzvv1.JobState_JOB_STATE_SUCCEEDED: EventJobSucceeded,
-		rdzvv1.JobState_JOB_STATE_FAILED:    EventJobFailed,
-		rdzvv1.JobState_JOB_STATE_STOPPED:   EventJobStopped,
-	}[state]
-	js.rec = rec
-	c.persist(c.store.UpdateJob(rec, c.event(name, "", rec.GetGeneration(), kind, "%s", reason)), func() {
-		c.log.Info("job finished", zap.String("job", name), zap.String("state", stateName(state)), zap.String("reason", reason))
-		c.stopWorkers(js, reason)
-	})
-	c.wake()
-}
-
-// stopWorkers tells every node of the current round whose workers may still
-// run to stop them. Callers hold c.mu.
-func (c *Controller) stopWorkers(js *jobState, reason string) {
-	for _, a := range js.round.GetNodes() {
-		if !terminalWorker(js.workers[a.GetNode()].GetState()) {
-			c.sendStop(a.GetNode(), js.rec.GetSpec().GetName(), js.rec.GetGeneration(), reason)
-		}
-	}
-}
-
-// livenessLoop declares nodes lost when their heartbeats stop. Liveness is
-// in memory: etcd is written only when a node changes state.
-func (c *Controller) livenessLoop(ctx context.Context) {
-	ticker := c.clock.NewTicker(max(c.cfg.Heartbeat.Interval.Duration/2, 50*time.Millisecond))
-	defer ticker.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-ticker.Chan():
-			c.checkLiveness()
-		}
-	}
-}
-
-func (c *Controller) checkLiveness() {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	now := c.clock.Now()
-	policy := c.cfg.Heartbeat.policy()
-	votes, reporters := c.gossipVotes()
-	warned := 0
-	for name, ns := range c.nodes {
-		if warned < maxExpiryWarningsPerPass && c.warnCertExpiry(now, ns) {
-			warned++
-		}
-		if ns.rec.GetState() == rdzvv1.NodeState_NODE_STATE_LOST {
-			continue
-		}
-		seen := ns.lastSeen
-		if ns.session != nil {
-			seen = ns.session.seen()
-		}
-		l := policy.Liveness(now, health.Silence{LastSeen: seen, HoldUntil: ns.restartHold, GraceUntil: ns.graceUntil,
-			Peers: health.Peers{Unreachable: votes[name], Vouching: reporters - votes[name] - ns.selfReporter()}})
-		switch l.Verdict {
-		case health.Lost:
-			reason := fmt.Sprintf("no heartbeat for %s", l.Silent.Round(100*time.Millisecond))
-			if l.Confirmed {
-				reason += fmt.Sprintf(" and %d peers cannot reach it", votes[name])
-			}
-			c.markLost(name, ns, now, seen, reason)
-		case health.Suspect:
-			if !ns.hiccup {
-				ns.hiccup = true
-				c.log.Warn("node silent to the controller but reachable by its peers", zap.String("node", name), zap.Duration("silent", l.Silent))
-			}
-		case health.Alive:
-			ns.hiccup = false
-		}
-	}
-	c.checkHangs(now)
-}
-
-// markLost declares a node lost. Callers hold c.mu.
-func (c *Controller) markLost(name string, ns *nodeState, now, lastSeen time.Time, reason string) {
-	rec := proto.Clone(ns.rec).(*rdzvv1.Node)
-	rec.State, rec.StateChangedAt = rdzvv1.NodeState_NODE_STATE_LOST, timestamppb.New(c.clock.Now())
-	rec.RestartHoldUntil = nil
-	ns.rec = rec
-	c.persist(c.store.PutNode(rec, c.event(ns.job, name, ns.generation, EventNodeLost, "node %s lost: %s", name, reason)), nil)
-	ns.fencedBy = c.cfg.Heartbeat.policy().FencedBy(health.Loss{
-		At: now, LastSeen: lastSeen, Heard: ns.heard, ElectedAt: c.electedAt, HoldUntil: ns.restartHold,
-		Gossips: rec.GetInfo().GetGossipAddr() != "", Unreachable: c.unreachableTo(name),
-	})
-	c.log.Warn("node lost", zap.String("node", name), zap.Duration("silent", now.Sub(lastSeen)))
-	if ns.session != nil {
-		ns.session.cancel()
-		ns.session = nil
-	}
-	if ns.job == "" {
-		return
-	}
-	if js := c.jobs[ns.job]; js != nil && js.rec.GetGeneration() == ns.generation && ns.generation != 0 {
-		c.countLoss(name, ns)
-		c.applyWorkerStatus(name, &rdzvv1.WorkerStatus{
-			Job: ns.job, Generation: ns.generation, State: rdzvv1.WorkerState_WORKER_STATE_FAILED,
-			ExitCode: -1, Message: "node lost: " + reason, ExitedAt: timestamppb.New(lastSeen),
-		})
-	}
-	ns.job, ns.generation = "", 0
-}
-
-// startJob stores a new job, whose spec the API's guard (validate.go)
-// validated on the way in. A finished job of the same name is replaced; its
-// generation count carries on so that no late report from the old job can
-// be mistaken for the new one.
-func (c *Controller) startJob(ctx context.Context, specProto *rdzvv1.JobSpec) (*rdzvv1.Job, error) {
-	spec := jobspec.FromProto(specProto)
-	c.mu.Lock()
-	name := spec.Name
-	var replace bool
-	var generation uint64
-	if old := c.jobs[name]; old != nil {
-		if !terminalJob(old.rec.GetState()) {
-			c.mu.Unlock()
-			return nil, fmt.Errorf("job %s is %s; stop it before starting it again: %w", name, stateName(old.rec.GetState()), errAlreadyExists)
-		}
-		replace, generation = true, old.rec.GetGeneration()
-	}
-	now := c.clock.Now()
-	rec := &rdzvv1.Job{Spec: spec.ToProto(), State: rdzvv1.JobState_JOB_STATE_PENDING, Reason: "waiting for rendezvous",
-		Generation: generation, CreatedAt: timestamppb.New(now)}
-	ev := c.event(name, "", generation, EventJobSubmitted, "job submitted: %d-%d nodes, %d GPUs and %d processes per node",
-		spec.Nodes.Min, spec.Nodes.Max, spec.GPUsPerNode, spec.ProcsPerNode)
-	js := &jobState{rec: rec, workers: map[string]*rdzvv1.WorkerStatus{}, pendingSince: now}
-	c.jobs[name] = js
-	view := c.jobView(js)
-	reply := c.persistWait(c.store.CreateJob(rec, replace, ev))
-	c.mu.Unlock()
-	if err := await(ctx, reply); err != nil {
-		return nil, fmt.Errorf("storing job %s: %w", name, err)
-	}
-	c.log.Info("job submitted", zap.String("job", name))
-	c.wake()
-	return view, nil
-}
-
-func (c *Controller) stopJob(ctx context.Context, name string) (*rdzvv1.Job, error) {
-	c.mu.Lock()
-	js := c.jobs[name]
-	if js == nil {
-		c.mu.Unlock()
-		return nil, fmt.Errorf("job %s: %w", name, errNotFound)
-	}
-	switch js.rec.GetState() {
-	case rdzvv1.JobState_JOB_STATE_PENDING:
-		c.finish(js, rdzvv1.JobState_JOB_STATE_STOPPED, "stopped by operator before it started")
-	case rdzvv1.JobState_JOB_STATE_RUNNING, rdzvv1.JobState_JOB_STATE_RECOVERING:
-		rec := proto.Clone(js.rec).(*rdzvv1.Job)
-		c.closeInterval(rec)
-		rec.State, rec.Reason = rdzvv1.JobState_JOB_STATE_STOPPING, "stopping: waiting for workers to exit"
-		js.rec = rec
-		c.persist(c.store.UpdateJob(rec, c.event(name, "", rec.GetGeneration(), EventJobStopping, "stop requested by operator")), func() {
-			c.stopWorkers(js, "stopped by operator")
-		})
-		c.advanceJob(js)
-	}
-	view := c.jobView(js)
-	// Answered once the stop (and whatever it led to) is durable.
-	reply := make(chan error, 1)
-	c.queueWrite(pendingWrite{reply: reply})
-	c.mu.Unlock()
-	if err := await(ctx, reply); err != nil {
-		return nil, fmt.Errorf("stopping job %s: %w", name, err)
-	}
-	return view, nil
-}
-
-// jobView is the API form of a job: its record plus the current round's
-// assignments and worker states.
-func (c *Controller) jobView(js *jobState) *rdzvv1.Job {
-	j := proto.Clone(js.rec).(*rdzvv1.Job)
-	j.Spec = jobspec.RedactSpec(j.GetSpec())
-	// Totals up to now, while still showing which interval is open.
-	c.closeInterval(j)
-	j.RecoveryStartedAt, j.TrainingSince = js.rec.GetRecoveryStartedAt(), js.rec.GetTrainingSince()
-	if js.round == nil || js.round.GetGeneration() != js.rec.GetGeneration() {
-		return j
-	}
-	for _, a := range js.round.GetNodes() {
-		v := proto.Clone(a).(*rdzvv1.NodeAssignment)
-		v.State = rdzvv1.WorkerState_WORKER_STATE_ASSIGNED
-		if w := js.workers[a.GetNode()]; w != nil {
-			v.State, v.ExitCode, v.Signal, v.Message = w.GetState(), w.GetExitCode(), w.GetSignal(), w.GetMessage()
-		}
-		j.Assignments = append(j.Assignments, v)
-	}
-	return j
-}
-
-// nodeView is the API form of a node, with the in-memory liveness and job.
-func (c *Controller) nodeView(ns *nodeState) *rdzvv1.Node {
-	n := proto.Clone(ns.rec).(*rdzvv1.Node)
-	seen := ns.lastSeen
-	if ns.session != nil {
-		seen = ns.session.seen()
-	}
-	n.LastHeartbeat = timestamppb.New(seen)
-	n.Job, n.Generation = ns.job, ns.generation
-	if n.State == rdzvv1.NodeState_NODE_STATE_READY && ns.job != "" {
-		n.State = rdzvv1.NodeState_NODE_STATE_BUSY
-	}
-	return n
-}
-
-func stateName(s rdzvv1.JobState) string {
-	name := s.String()
-	if v, ok := rdzvv1.JobState_name[int32(s)]; ok {
-		name = v
-	}
-	const prefix = "JOB_STATE_"
-	if len(name) > len(prefix) {
-		return name[len(prefix):]
-	}
-	return name
 }

@@ -1,0 +1,152 @@
+package controller
+
+// Job lifecycle: start, stop, and moving a job on from its workers' states.
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"go.uber.org/zap"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	"github.com/rdzv/rdzv/jobspec"
+	rdzvv1 "github.com/rdzv/rdzv/proto/rdzv/v1"
+)
+
+var (
+	errNotFound      = errors.New("not found")
+	errAlreadyExists = errors.New("already exists")
+	errUnavailable   = errors.New("unavailable")
+)
+
+// startJob stores a new job, whose spec the API's guard (validate.go)
+// validated on the way in. A finished job of the same name is replaced; its
+// generation count carries on so that no late report from the old job can
+// be mistaken for the new one.
+func (c *Controller) startJob(ctx context.Context, specProto *rdzvv1.JobSpec) (*rdzvv1.Job, error) {
+	spec := jobspec.FromProto(specProto)
+	c.mu.Lock()
+	name := spec.Name
+	var replace bool
+	var generation uint64
+	if old := c.jobs[name]; old != nil {
+		if !terminalJob(old.rec.GetState()) {
+			c.mu.Unlock()
+			return nil, fmt.Errorf("job %s is %s; stop it before starting it again: %w", name, stateName(old.rec.GetState()), errAlreadyExists)
+		}
+		replace, generation = true, old.rec.GetGeneration()
+	}
+	now := c.clock.Now()
+	rec := &rdzvv1.Job{Spec: spec.ToProto(), State: rdzvv1.JobState_JOB_STATE_PENDING, Reason: "waiting for rendezvous",
+		Generation: generation, CreatedAt: timestamppb.New(now)}
+	ev := c.event(name, "", generation, EventJobSubmitted, "job submitted: %d-%d nodes, %d GPUs and %d processes per node",
+		spec.Nodes.Min, spec.Nodes.Max, spec.GPUsPerNode, spec.ProcsPerNode)
+	js := &jobState{rec: rec, workers: map[string]*rdzvv1.WorkerStatus{}, pendingSince: now}
+	c.jobs[name] = js
+	view := c.jobView(js)
+	reply := c.persistWait(c.store.CreateJob(rec, replace, ev))
+	c.mu.Unlock()
+	if err := await(ctx, reply); err != nil {
+		return nil, fmt.Errorf("storing job %s: %w", name, err)
+	}
+	c.log.Info("job submitted", zap.String("job", name))
+	c.wake()
+	return view, nil
+}
+
+func (c *Controller) stopJob(ctx context.Context, name string) (*rdzvv1.Job, error) {
+	c.mu.Lock()
+	js := c.jobs[name]
+	if js == nil {
+		c.mu.Unlock()
+		return nil, fmt.Errorf("job %s: %w", name, errNotFound)
+	}
+	switch js.rec.GetState() {
+	case rdzvv1.JobState_JOB_STATE_PENDING:
+		c.finish(js, rdzvv1.JobState_JOB_STATE_STOPPED, "stopped by operator before it started")
+	case rdzvv1.JobState_JOB_STATE_RUNNING, rdzvv1.JobState_JOB_STATE_RECOVERING:
+		rec := proto.Clone(js.rec).(*rdzvv1.Job)
+		c.closeInterval(rec)
+		rec.State, rec.Reason = rdzvv1.JobState_JOB_STATE_STOPPING, "stopping: waiting for workers to exit"
+		js.rec = rec
+		c.persist(c.store.UpdateJob(rec, c.event(name, "", rec.GetGeneration(), EventJobStopping, "stop requested by operator")), func() {
+			c.stopWorkers(js, "stopped by operator")
+		})
+		c.advanceJob(js)
+	}
+	view := c.jobView(js)
+	// Answered once the stop (and whatever it led to) is durable.
+	reply := make(chan error, 1)
+	c.queueWrite(pendingWrite{reply: reply})
+	c.mu.Unlock()
+	if err := await(ctx, reply); err != nil {
+		return nil, fmt.Errorf("stopping job %s: %w", name, err)
+	}
+	return view, nil
+}
+
+// advanceJob moves a running or stopping job on from its workers' states.
+// Callers hold c.mu.
+func (c *Controller) advanceJob(js *jobState) {
+	nodes := js.round.GetNodes()
+	switch js.rec.GetState() {
+	case rdzvv1.JobState_JOB_STATE_RUNNING:
+		succeeded := 0
+		for _, a := range nodes {
+			w := js.workers[a.GetNode()]
+			switch w.GetState() {
+			case rdzvv1.WorkerState_WORKER_STATE_SUCCEEDED:
+				succeeded++
+			case rdzvv1.WorkerState_WORKER_STATE_FAILED, rdzvv1.WorkerState_WORKER_STATE_STOPPED:
+				c.attemptFailed(js, fmt.Sprintf("node %s (rank %d): workers %s", a.GetNode(), a.GetNodeRank(), describeExit(w)), c.detectionLatency(w))
+				return
+			}
+		}
+		if succeeded == len(nodes) {
+			c.finish(js, rdzvv1.JobState_JOB_STATE_SUCCEEDED, fmt.Sprintf("all %d nodes finished", len(nodes)))
+		}
+	case rdzvv1.JobState_JOB_STATE_RECOVERING:
+		if c.fenced(js) {
+			c.wake()
+		}
+	case rdzvv1.JobState_JOB_STATE_STOPPING:
+		for _, a := range nodes {
+			if !terminalWorker(js.workers[a.GetNode()].GetState()) {
+				return
+			}
+		}
+		c.finish(js, rdzvv1.JobState_JOB_STATE_STOPPED, "stopped by operator")
+	}
+}
+
+// finish moves a job to a terminal state and stops whatever still runs.
+// Callers hold c.mu.
+func (c *Controller) finish(js *jobState, state rdzvv1.JobState, reason string) {
+	name := js.rec.GetSpec().GetName()
+	rec := proto.Clone(js.rec).(*rdzvv1.Job)
+	c.closeInterval(rec)
+	rec.State, rec.Reason, rec.FinishedAt = state, reason, timestamppb.New(c.clock.Now())
+	kind := map[rdzvv1.JobState]string{
+		rdzvv1.JobState_JOB_STATE_SUCCEEDED: EventJobSucceeded,
+		rdzvv1.JobState_JOB_STATE_FAILED:    EventJobFailed,
+		rdzvv1.JobState_JOB_STATE_STOPPED:   EventJobStopped,
+	}[state]
+	js.rec = rec
+	c.persist(c.store.UpdateJob(rec, c.event(name, "", rec.GetGeneration(), kind, "%s", reason)), func() {
+		c.log.Info("job finished", zap.String("job", name), zap.String("state", stateName(state)), zap.String("reason", reason))
+		c.stopWorkers(js, reason)
+	})
+	c.wake()
+}
+
+// stopWorkers tells every node of the current round whose workers may still
+// run to stop them. Callers hold c.mu.
+func (c *Controller) stopWorkers(js *jobState, reason string) {
+	for _, a := range js.round.GetNodes() {
+		if !terminalWorker(js.workers[a.GetNode()].GetState()) {
+			c.sendStop(a.GetNode(), js.rec.GetSpec().GetName(), js.rec.GetGeneration(), reason)
+		}
+	}
+}

@@ -1,0 +1,99 @@
+package controller
+
+// Node liveness: heartbeats and gossip decide when a node is lost.
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"go.uber.org/zap"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	"github.com/rdzv/rdzv/health"
+	rdzvv1 "github.com/rdzv/rdzv/proto/rdzv/v1"
+)
+
+// livenessLoop declares nodes lost when their heartbeats stop. Liveness is
+// in memory: etcd is written only when a node changes state.
+func (c *Controller) livenessLoop(ctx context.Context) {
+	ticker := c.clock.NewTicker(max(c.cfg.Heartbeat.Interval.Duration/2, 50*time.Millisecond))
+	defer ticker.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-ticker.Chan():
+			c.checkLiveness()
+		}
+	}
+}
+
+func (c *Controller) checkLiveness() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	now := c.clock.Now()
+	policy := c.cfg.Heartbeat.policy()
+	votes, reporters := c.gossipVotes()
+	warned := 0
+	for name, ns := range c.nodes {
+		if warned < maxExpiryWarningsPerPass && c.warnCertExpiry(now, ns) {
+			warned++
+		}
+		if ns.rec.GetState() == rdzvv1.NodeState_NODE_STATE_LOST {
+			continue
+		}
+		seen := ns.lastSeen
+		if ns.session != nil {
+			seen = ns.session.seen()
+		}
+		l := policy.Liveness(now, health.Silence{LastSeen: seen, HoldUntil: ns.restartHold, GraceUntil: ns.graceUntil,
+			Peers: health.Peers{Unreachable: votes[name], Vouching: reporters - votes[name] - ns.selfReporter()}})
+		switch l.Verdict {
+		case health.Lost:
+			reason := fmt.Sprintf("no heartbeat for %s", l.Silent.Round(100*time.Millisecond))
+			if l.Confirmed {
+				reason += fmt.Sprintf(" and %d peers cannot reach it", votes[name])
+			}
+			c.markLost(name, ns, now, seen, reason)
+		case health.Suspect:
+			if !ns.hiccup {
+				ns.hiccup = true
+				c.log.Warn("node silent to the controller but reachable by its peers", zap.String("node", name), zap.Duration("silent", l.Silent))
+			}
+		case health.Alive:
+			ns.hiccup = false
+		}
+	}
+	c.checkHangs(now)
+}
+
+// markLost declares a node lost. Callers hold c.mu.
+func (c *Controller) markLost(name string, ns *nodeState, now, lastSeen time.Time, reason string) {
+	rec := proto.Clone(ns.rec).(*rdzvv1.Node)
+	rec.State, rec.StateChangedAt = rdzvv1.NodeState_NODE_STATE_LOST, timestamppb.New(c.clock.Now())
+	rec.RestartHoldUntil = nil
+	ns.rec = rec
+	c.persist(c.store.PutNode(rec, c.event(ns.job, name, ns.generation, EventNodeLost, "node %s lost: %s", name, reason)), nil)
+	ns.fencedBy = c.cfg.Heartbeat.policy().FencedBy(health.Loss{
+		At: now, LastSeen: lastSeen, Heard: ns.heard, ElectedAt: c.electedAt, HoldUntil: ns.restartHold,
+		Gossips: rec.GetInfo().GetGossipAddr() != "", Unreachable: c.unreachableTo(name),
+	})
+	c.log.Warn("node lost", zap.String("node", name), zap.Duration("silent", now.Sub(lastSeen)))
+	if ns.session != nil {
+		ns.session.cancel()
+		ns.session = nil
+	}
+	if ns.job == "" {
+		return
+	}
+	if js := c.jobs[ns.job]; js != nil && js.rec.GetGeneration() == ns.generation && ns.generation != 0 {
+		c.countLoss(name, ns)
+		c.applyWorkerStatus(name, &rdzvv1.WorkerStatus{
+			Job: ns.job, Generation: ns.generation, State: rdzvv1.WorkerState_WORKER_STATE_FAILED,
+			ExitCode: -1, Message: "node lost: " + reason, ExitedAt: timestamppb.New(lastSeen),
+		})
+	}
+	ns.job, ns.generation = "", 0
+}

@@ -1,0 +1,60 @@
+package controller
+
+// The API's view of jobs and nodes.
+
+import (
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	"github.com/rdzv/rdzv/jobspec"
+	rdzvv1 "github.com/rdzv/rdzv/proto/rdzv/v1"
+)
+
+// jobView is the API form of a job: its record plus the current round's
+// assignments and worker states.
+func (c *Controller) jobView(js *jobState) *rdzvv1.Job {
+	j := proto.Clone(js.rec).(*rdzvv1.Job)
+	j.Spec = jobspec.RedactSpec(j.GetSpec())
+	// Totals up to now, while still showing which interval is open.
+	c.closeInterval(j)
+	j.RecoveryStartedAt, j.TrainingSince = js.rec.GetRecoveryStartedAt(), js.rec.GetTrainingSince()
+	if js.round == nil || js.round.GetGeneration() != js.rec.GetGeneration() {
+		return j
+	}
+	for _, a := range js.round.GetNodes() {
+		v := proto.Clone(a).(*rdzvv1.NodeAssignment)
+		v.State = rdzvv1.WorkerState_WORKER_STATE_ASSIGNED
+		if w := js.workers[a.GetNode()]; w != nil {
+			v.State, v.ExitCode, v.Signal, v.Message = w.GetState(), w.GetExitCode(), w.GetSignal(), w.GetMessage()
+		}
+		j.Assignments = append(j.Assignments, v)
+	}
+	return j
+}
+
+// nodeView is the API form of a node, with the in-memory liveness and job.
+func (c *Controller) nodeView(ns *nodeState) *rdzvv1.Node {
+	n := proto.Clone(ns.rec).(*rdzvv1.Node)
+	seen := ns.lastSeen
+	if ns.session != nil {
+		seen = ns.session.seen()
+	}
+	n.LastHeartbeat = timestamppb.New(seen)
+	n.Job, n.Generation = ns.job, ns.generation
+	if n.State == rdzvv1.NodeState_NODE_STATE_READY && ns.job != "" {
+		n.State = rdzvv1.NodeState_NODE_STATE_BUSY
+	}
+	return n
+}
+
+func stateName(s rdzvv1.JobState) string {
+	name := s.String()
+	if v, ok := rdzvv1.JobState_name[int32(s)]; ok {
+		name = v
+	}
+	const prefix = "JOB_STATE_"
+	if len(name) > len(prefix) {
+		return name[len(prefix):]
+	}
+	return name
+}
