@@ -29,9 +29,13 @@ type Config struct {
 	// DataDir holds the embedded etcd's data and its only listener, the
 	// Unix socket EmbeddedEtcdSocket; it is kept private to the controller
 	// (0700). Unused with external etcd.
-	DataDir   string          `json:"data_dir"`
-	Etcd      EtcdConfig      `json:"etcd"`
-	Heartbeat HeartbeatConfig `json:"heartbeat"`
+	DataDir string `json:"data_dir"`
+	// SecretsKeyFile is the keyring that seals jobs' secret_env values in
+	// etcd (controller/keyring). Empty: SecretsKeyPath's default, created
+	// on first start with embedded etcd. Every replica needs the same file.
+	SecretsKeyFile string          `json:"secrets_key_file"`
+	Etcd           EtcdConfig      `json:"etcd"`
+	Heartbeat      HeartbeatConfig `json:"heartbeat"`
 	// MasterPortRange is where torchrun's master port is picked; the rank 0
 	// node's agent confirms the port is free before the round commits.
 	MasterPortRange PortRange `json:"master_port_range"`
@@ -167,6 +171,19 @@ func (c Config) EmbeddedEtcdSocket() string {
 	return filepath.Join(c.DataDir, embeddedEtcdSocketName)
 }
 
+// defaultSecretsKeyName is the keyring in DataDir when SecretsKeyFile is
+// not set.
+const defaultSecretsKeyName = "secrets.key"
+
+// SecretsKeyPath is the keyring file: SecretsKeyFile, else
+// DataDir/secrets.key.
+func (c Config) SecretsKeyPath() string {
+	if c.SecretsKeyFile != "" {
+		return c.SecretsKeyFile
+	}
+	return filepath.Join(c.DataDir, defaultSecretsKeyName)
+}
+
 // Advertised is the address this controller campaigns with: what other
 // controllers redirect clients to while it leads.
 func (c Config) Advertised() string {
@@ -208,6 +225,9 @@ func (c Config) Validate() error {
 			errs = append(errs, fmt.Errorf("data_dir: %q is too long: the embedded etcd's socket %s must be at most %d bytes, got %d",
 				c.DataDir, sock, maxSocketPath, len(sock)))
 		}
+	}
+	if !c.Embedded() && c.SecretsKeyFile == "" && c.DataDir == "" {
+		errs = append(errs, errors.New("secrets_key_file: required with external etcd when data_dir is empty (the default is data_dir/secrets.key)"))
 	}
 	if c.Etcd.DialTimeout.Duration <= 0 {
 		errs = append(errs, fmt.Errorf("etcd.dial_timeout: must be positive, got %s", c.Etcd.DialTimeout))

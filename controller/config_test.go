@@ -21,10 +21,14 @@ func TestConfigValidate(t *testing.T) {
 		wantFields []string
 	}{
 		{name: "defaults", edit: func(*controller.Config) {}},
-		{name: "external etcd needs no data dir", edit: func(c *controller.Config) {
-			c.Etcd.Endpoints, c.DataDir = []string{"https://etcd-0:2379"}, ""
+		{name: "external etcd needs no data dir, given a secrets key file", edit: func(c *controller.Config) {
+			c.Etcd.Endpoints, c.DataDir, c.SecretsKeyFile = []string{"https://etcd-0:2379"}, "", "/etc/rdzv/secrets.key"
 			c.AdvertiseAddr = "10.0.0.1:7070"
 		}},
+		{name: "external etcd without data dir or secrets key file", edit: func(c *controller.Config) {
+			c.Etcd.Endpoints, c.DataDir = []string{"https://etcd-0:2379"}, ""
+			c.AdvertiseAddr = "10.0.0.1:7070"
+		}, wantFields: []string{"secrets_key_file"}},
 		{name: "replicas on a wildcard listen address need advertise_addr", edit: func(c *controller.Config) {
 			c.Etcd.Endpoints = []string{"https://etcd-0:2379"}
 		}, wantFields: []string{"advertise_addr"}},

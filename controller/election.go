@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"net"
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -217,8 +218,14 @@ func (c *Controller) watchLeader(ctx context.Context) {
 		}
 		view := leaderView{previous: c.leaderView().previous}
 		if len(resp.Kvs) > 0 {
+			// Clients are sent where this says: like any record read back,
+			// it is checked first.
 			view.addr = string(resp.Kvs[0].Value)
-			if view.addr != c.cfg.Advertised() {
+			if _, _, err := net.SplitHostPort(view.addr); err != nil || len(view.addr) > maxShortText {
+				c.log.Error("invalid leader address in etcd, not sent to clients", zap.String("key", string(resp.Kvs[0].Key)), zap.String("addr", clip(view.addr)))
+				view.addr = ""
+			}
+			if view.addr != "" && view.addr != c.cfg.Advertised() {
 				view.previous = view.addr
 			}
 		}

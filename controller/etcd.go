@@ -2,7 +2,9 @@ package controller
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"io/fs"
 	"net"
 	"net/url"
 	"os"
@@ -13,6 +15,8 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.etcd.io/etcd/server/v3/embed"
 	"go.uber.org/zap"
+
+	"github.com/rdzv/rdzv/controller/keyring"
 )
 
 // embeddedStartTimeout bounds how long a single-node embedded etcd may take
@@ -121,6 +125,33 @@ func startEmbedded(ctx context.Context, cfg Config, log *zap.Logger) (e *embed.E
 		e.Close()
 		return nil, "", ctx.Err()
 	}
+}
+
+// openKeyring reads the key file that seals jobs' secrets in etcd. The
+// default one (secrets_key_file unset) is created on first start with
+// embedded etcd. With external etcd, or a file named explicitly, a missing
+// file is an error: a fresh key there would not open what the other
+// replicas sealed (or a mistyped path would hide the real keyring).
+func (c *Controller) openKeyring() (*keyring.Keyring, error) {
+	path := c.cfg.SecretsKeyPath()
+	create := c.cfg.Embedded() && c.cfg.SecretsKeyFile == ""
+	if create {
+		if err := privateDir(c.cfg.DataDir, c.log); err != nil {
+			return nil, err
+		}
+	}
+	keys, created, err := keyring.LoadOrCreate(path, create, c.clock.Now())
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil, fmt.Errorf("secrets_key_file: %s does not exist; with external etcd or an explicit secrets_key_file it is not created: make one (README \"Secrets\") and give every controller replica the same file: %w", path, err)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("secrets_key_file: %w", err)
+	}
+	if created {
+		c.log.Info("secrets key file created; back it up: without it, stored jobs' secret_env cannot be read", zap.String("path", path))
+	}
+	c.log.Info("secrets keyring loaded", zap.String("path", path), zap.String("primary_key", keys.Primary()))
+	return keys, nil
 }
 
 // privateDir makes dir exist with no access for group and others. A

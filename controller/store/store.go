@@ -10,6 +10,7 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/rdzv/rdzv/controller/keyring"
 	rdzvv1 "github.com/rdzv/rdzv/proto/rdzv/v1"
 )
 
@@ -44,6 +45,8 @@ type Store struct {
 	// instead of hanging them (and whoever holds a lock around them).
 	timeout time.Duration
 	lead    atomic.Pointer[Leadership]
+	// keys seals jobs' secret_env values in etcd and opens them on read.
+	keys *keyring.Keyring
 }
 
 // Leadership identifies the leader key a write is guarded on: the key
@@ -55,12 +58,12 @@ type Leadership struct {
 }
 
 // New wraps an etcd client; requestTimeout bounds each request (0: the
-// default).
-func New(cli *clientv3.Client, requestTimeout time.Duration) *Store {
+// default); keys seals the jobs' secret_env values at rest.
+func New(cli *clientv3.Client, requestTimeout time.Duration, keys *keyring.Keyring) *Store {
 	if requestTimeout <= 0 {
 		requestTimeout = DefaultRequestTimeout
 	}
-	return &Store{cli: cli, timeout: requestTimeout}
+	return &Store{cli: cli, timeout: requestTimeout, keys: keys}
 }
 
 // Lead guards every later write on l.
@@ -94,7 +97,10 @@ type Versioned[T any] struct {
 	ModRevision int64
 }
 
-// Snapshot is everything the controller needs in memory at start.
+// Snapshot is everything the controller needs in memory at start. Records
+// are keyed by the name in their etcd key; whether a record is valid (its
+// own name agrees, its fields are in bounds) is for the caller to check,
+// like any other input.
 type Snapshot struct {
 	Nodes map[string]Versioned[*rdzvv1.Node]
 	Jobs  map[string]Versioned[*rdzvv1.Job]
@@ -104,62 +110,119 @@ type Snapshot struct {
 	Workers map[string]map[string]*rdzvv1.WorkerStatus
 	// Checkpoints holds each job's catalog steps, oldest first.
 	Checkpoints map[string][]uint64
+	// UnreadableNodes and UnreadableJobs are the node and job records that
+	// could not be decoded (or a job's secrets opened, or its latest round
+	// decoded), by name; they are in neither Nodes nor Jobs.
+	UnreadableNodes map[string]Unreadable
+	UnreadableJobs  map[string]Unreadable
+	// Dropped are other records left out because they could not be read:
+	// worker statuses, catalog entries, and keys that name nothing.
+	Dropped []Unreadable
+	// Unsealed names the jobs whose secret_env is not sealed with the
+	// primary key (stored in plaintext by an older version, or sealed with
+	// an older key): writing them again seals them with it.
+	Unsealed []string
 }
 
-// Load reads the whole durable state.
+// Unreadable is a record that could not be read, and why.
+type Unreadable struct {
+	Key         string
+	ModRevision int64
+	Err         error
+	// Generation is a job's, when its record decoded: a job replacing it
+	// counts on from there, so late reports of the old run stay stale.
+	Generation uint64
+}
+
+// Load reads the whole durable state. A record that cannot be read is
+// reported in the snapshot rather than failing the load, so that one bad
+// key cannot keep every controller from leading.
 func (s *Store) Load(ctx context.Context) (*Snapshot, error) {
 	snap := &Snapshot{
-		Nodes:       map[string]Versioned[*rdzvv1.Node]{},
-		Jobs:        map[string]Versioned[*rdzvv1.Job]{},
-		Rounds:      map[string]*rdzvv1.Round{},
-		Workers:     map[string]map[string]*rdzvv1.WorkerStatus{},
-		Checkpoints: map[string][]uint64{},
+		Nodes:           map[string]Versioned[*rdzvv1.Node]{},
+		Jobs:            map[string]Versioned[*rdzvv1.Job]{},
+		Rounds:          map[string]*rdzvv1.Round{},
+		Workers:         map[string]map[string]*rdzvv1.WorkerStatus{},
+		Checkpoints:     map[string][]uint64{},
+		UnreadableNodes: map[string]Unreadable{},
+		UnreadableJobs:  map[string]Unreadable{},
 	}
 	err := s.rangeAll(ctx, NodesPrefix(), func(key string, value []byte, modRev int64) error {
+		name, err := nameFromKey(NodesPrefix(), key)
+		if err != nil {
+			snap.Dropped = append(snap.Dropped, Unreadable{Key: key, ModRevision: modRev, Err: err})
+			return nil
+		}
 		n := &rdzvv1.Node{}
 		if err := proto.Unmarshal(value, n); err != nil {
-			return fmt.Errorf("decoding %s: %w", key, err)
+			snap.UnreadableNodes[name] = Unreadable{Key: key, ModRevision: modRev, Err: fmt.Errorf("decoding: %w", err)}
+			return nil
 		}
-		snap.Nodes[n.GetInfo().GetName()] = Versioned[*rdzvv1.Node]{n, modRev}
+		snap.Nodes[name] = Versioned[*rdzvv1.Node]{n, modRev}
 		return nil
 	})
 	if err != nil {
 		return nil, fmt.Errorf("loading nodes: %w", err)
 	}
 	err = s.rangeAll(ctx, JobsPrefix(), func(key string, value []byte, modRev int64) error {
+		name, err := nameFromKey(JobsPrefix(), key)
+		if err != nil {
+			snap.Dropped = append(snap.Dropped, Unreadable{Key: key, ModRevision: modRev, Err: err})
+			return nil
+		}
 		j := &rdzvv1.Job{}
 		if err := proto.Unmarshal(value, j); err != nil {
-			return fmt.Errorf("decoding %s: %w", key, err)
+			snap.UnreadableJobs[name] = Unreadable{Key: key, ModRevision: modRev, Err: fmt.Errorf("decoding: %w", err)}
+			return nil
 		}
-		snap.Jobs[j.GetSpec().GetName()] = Versioned[*rdzvv1.Job]{j, modRev}
+		sealed, err := s.openSecrets(name, j)
+		if err != nil {
+			snap.UnreadableJobs[name] = Unreadable{Key: key, ModRevision: modRev, Err: err, Generation: j.GetGeneration()}
+			return nil
+		}
+		if !sealed {
+			snap.Unsealed = append(snap.Unsealed, name)
+		}
+		snap.Jobs[name] = Versioned[*rdzvv1.Job]{j, modRev}
 		return nil
 	})
 	if err != nil {
 		return nil, fmt.Errorf("loading jobs: %w", err)
 	}
-	for name := range snap.Jobs {
+	for name, v := range snap.Jobs {
 		round, err := s.LatestRound(ctx, name)
+		if errors.Is(err, errUndecodable) {
+			snap.UnreadableJobs[name] = Unreadable{Key: JobKey(name), ModRevision: v.ModRevision, Err: err, Generation: v.Value.GetGeneration()}
+			delete(snap.Jobs, name)
+			continue
+		}
 		if err != nil {
 			return nil, err
 		}
 		if round != nil {
 			snap.Rounds[name] = round
 		}
-		workers, err := s.Workers(ctx, name)
+		workers, dropped, err := s.Workers(ctx, name)
 		if err != nil {
 			return nil, err
 		}
 		snap.Workers[name] = workers
-		cps, err := s.Checkpoints(ctx, name)
+		snap.Dropped = append(snap.Dropped, dropped...)
+		cps, dropped, err := s.Checkpoints(ctx, name)
 		if err != nil {
 			return nil, err
 		}
+		snap.Dropped = append(snap.Dropped, dropped...)
 		for _, cp := range cps {
 			snap.Checkpoints[name] = append(snap.Checkpoints[name], cp.GetStep())
 		}
 	}
 	return snap, nil
 }
+
+// errUndecodable marks a stored record that is not the message its key
+// holds.
+var errUndecodable = errors.New("undecodable record")
 
 // LatestRound returns a job's newest round, or nil if it never ran.
 func (s *Store) LatestRound(ctx context.Context, job string) (*rdzvv1.Round, error) {
@@ -175,31 +238,35 @@ func (s *Store) LatestRound(ctx context.Context, job string) (*rdzvv1.Round, err
 	}
 	r := &rdzvv1.Round{}
 	if err := proto.Unmarshal(resp.Kvs[0].Value, r); err != nil {
-		return nil, fmt.Errorf("decoding %s: %w", resp.Kvs[0].Key, err)
+		return nil, fmt.Errorf("%w %s: %w", errUndecodable, resp.Kvs[0].Key, err)
 	}
 	return r, nil
 }
 
-// Workers returns a job's worker statuses by node.
-func (s *Store) Workers(ctx context.Context, job string) (map[string]*rdzvv1.WorkerStatus, error) {
+// Workers returns a job's worker statuses by node, and the ones that could
+// not be read.
+func (s *Store) Workers(ctx context.Context, job string) (map[string]*rdzvv1.WorkerStatus, []Unreadable, error) {
 	out := map[string]*rdzvv1.WorkerStatus{}
+	var dropped []Unreadable
 	prefix := WorkersPrefix(job)
-	err := s.rangeAll(ctx, prefix, func(key string, value []byte, _ int64) error {
+	err := s.rangeAll(ctx, prefix, func(key string, value []byte, modRev int64) error {
 		node, err := nameFromKey(prefix, key)
 		if err != nil {
-			return err
+			dropped = append(dropped, Unreadable{Key: key, ModRevision: modRev, Err: err})
+			return nil
 		}
 		w := &rdzvv1.WorkerStatus{}
 		if err := proto.Unmarshal(value, w); err != nil {
-			return fmt.Errorf("decoding %s: %w", key, err)
+			dropped = append(dropped, Unreadable{Key: key, ModRevision: modRev, Err: fmt.Errorf("decoding: %w", err)})
+			return nil
 		}
 		out[node] = w
 		return nil
 	})
 	if err != nil {
-		return nil, fmt.Errorf("loading workers of job %s: %w", job, err)
+		return nil, nil, fmt.Errorf("loading workers of job %s: %w", job, err)
 	}
-	return out, nil
+	return out, dropped, nil
 }
 
 func (s *Store) rangeAll(ctx context.Context, prefix string, fn func(key string, value []byte, modRev int64) error) error {
@@ -249,7 +316,7 @@ func (s *Store) PutNode(ctx context.Context, n *rdzvv1.Node, expectRev int64, ev
 func (s *Store) CreateJob(ctx context.Context, j *rdzvv1.Job, replaceRev int64, events ...*rdzvv1.Event) (int64, error) {
 	name := j.GetSpec().GetName()
 	var l opList
-	l.put(JobKey(name), stripJob(j))
+	s.putJob(&l, j)
 	if replaceRev != 0 {
 		l.deletePrefix(RoundsPrefix(name))
 		l.deletePrefix(WorkersPrefix(name))
@@ -269,7 +336,7 @@ func (s *Store) CreateJob(ctx context.Context, j *rdzvv1.Job, replaceRev int64, 
 func (s *Store) UpdateJob(ctx context.Context, j *rdzvv1.Job, expectRev int64, events ...*rdzvv1.Event) (int64, error) {
 	name := j.GetSpec().GetName()
 	var l opList
-	l.put(JobKey(name), stripJob(j))
+	s.putJob(&l, j)
 	s.events(&l, events)
 	rev, err := s.txn(ctx, []clientv3.Cmp{revCmp(JobKey(name), expectRev)}, &l)
 	if err != nil {
@@ -284,7 +351,7 @@ func (s *Store) UpdateJob(ctx context.Context, j *rdzvv1.Job, expectRev int64, e
 func (s *Store) CommitRound(ctx context.Context, j *rdzvv1.Job, expectRev int64, round *rdzvv1.Round, events ...*rdzvv1.Event) (int64, error) {
 	name := j.GetSpec().GetName()
 	var l opList
-	l.put(JobKey(name), stripJob(j))
+	s.putJob(&l, j)
 	l.put(RoundKey(name, round.GetGeneration()), round)
 	l.deletePrefix(WorkersPrefix(name))
 	s.events(&l, events)
@@ -305,7 +372,7 @@ func (s *Store) CommitRound(ctx context.Context, j *rdzvv1.Job, expectRev int64,
 func (s *Store) RecordCheckpoint(ctx context.Context, j *rdzvv1.Job, expectRev int64, cp *rdzvv1.Checkpoint, keepFromStep uint64, events ...*rdzvv1.Event) (int64, error) {
 	name := j.GetSpec().GetName()
 	var l opList
-	l.put(JobKey(name), stripJob(j))
+	s.putJob(&l, j)
 	l.put(CheckpointKey(name, cp.GetStep()), cp)
 	if keepFromStep > 0 {
 		l.ops = append(l.ops, clientv3.OpDelete(CheckpointsPrefix(name), clientv3.WithRange(CheckpointKey(name, keepFromStep))))
@@ -318,21 +385,24 @@ func (s *Store) RecordCheckpoint(ctx context.Context, j *rdzvv1.Job, expectRev i
 	return rev, nil
 }
 
-// Checkpoints returns a job's catalog, oldest step first.
-func (s *Store) Checkpoints(ctx context.Context, job string) ([]*rdzvv1.Checkpoint, error) {
+// Checkpoints returns a job's catalog, oldest step first, and the entries
+// that could not be read.
+func (s *Store) Checkpoints(ctx context.Context, job string) ([]*rdzvv1.Checkpoint, []Unreadable, error) {
 	var out []*rdzvv1.Checkpoint
-	err := s.rangeAll(ctx, CheckpointsPrefix(job), func(key string, value []byte, _ int64) error {
+	var dropped []Unreadable
+	err := s.rangeAll(ctx, CheckpointsPrefix(job), func(key string, value []byte, modRev int64) error {
 		cp := &rdzvv1.Checkpoint{}
 		if err := proto.Unmarshal(value, cp); err != nil {
-			return fmt.Errorf("decoding %s: %w", key, err)
+			dropped = append(dropped, Unreadable{Key: key, ModRevision: modRev, Err: fmt.Errorf("decoding: %w", err)})
+			return nil
 		}
 		out = append(out, cp)
 		return nil
 	})
 	if err != nil {
-		return nil, fmt.Errorf("loading checkpoints of job %s: %w", job, err)
+		return nil, nil, fmt.Errorf("loading checkpoints of job %s: %w", job, err)
 	}
-	return out, nil
+	return out, dropped, nil
 }
 
 // PutWorker records one node's worker status for a job, only while the job
@@ -458,9 +528,51 @@ func (s *Store) events(l *opList, events []*rdzvv1.Event) {
 	}
 }
 
-func stripJob(j *rdzvv1.Job) *rdzvv1.Job {
+// putJob adds the write of a job record: without its assignments, which
+// are assembled from the round and worker keys on read, and with its
+// secret_env values sealed.
+func (s *Store) putJob(l *opList, j *rdzvv1.Job) {
+	if l.err != nil {
+		return
+	}
+	name := j.GetSpec().GetName()
 	stored := proto.Clone(j).(*rdzvv1.Job)
-	// Assignments are assembled from the round and worker keys on read.
 	stored.Assignments = nil
-	return stored
+	for k, v := range stored.GetSpec().GetSecretEnv() {
+		sealed, err := s.keys.Seal(v, secretContext(name, k))
+		if err != nil {
+			l.err = fmt.Errorf("sealing secret_env %s of job %s: %w", k, name, err)
+			return
+		}
+		stored.Spec.SecretEnv[k] = sealed
+	}
+	l.put(JobKey(name), stored)
+}
+
+// openSecrets replaces the sealed secret_env values of a job record read
+// from etcd with their plaintext, and reports whether all were sealed with
+// the primary key. A value stored in plaintext (before sealing existed) is
+// taken as is, and reported as not sealed.
+func (s *Store) openSecrets(job string, j *rdzvv1.Job) (sealed bool, err error) {
+	sealed = true
+	for k, v := range j.GetSpec().GetSecretEnv() {
+		plain, primary, err := s.keys.Open(v, secretContext(job, k))
+		switch {
+		case errors.Is(err, keyring.ErrNotSealed):
+			sealed = false
+			continue
+		case err != nil:
+			// Only the variable's name: never the value, sealed or not.
+			return false, fmt.Errorf("opening secret_env %s: %w", k, err)
+		}
+		sealed = sealed && primary
+		j.Spec.SecretEnv[k] = plain
+	}
+	return sealed, nil
+}
+
+// secretContext binds a sealed value to its job and variable, so that it
+// does not open when copied to another.
+func secretContext(job, name string) []byte {
+	return []byte("rdzv/v1 secret_env\x00" + job + "\x00" + name)
 }

@@ -214,7 +214,7 @@ func TestStore(t *testing.T) {
 		for _, n := range []string{"n1", "n2"} {
 			require.NoError(t, s.PutWorker(ctx(t), "rnd", n, &rdzvv1.WorkerStatus{Job: "rnd", Generation: 1, State: rdzvv1.WorkerState_WORKER_STATE_RUNNING}, rev))
 		}
-		workers, err := s.Workers(ctx(t), "rnd")
+		workers, _, err := s.Workers(ctx(t), "rnd")
 		require.NoError(t, err)
 		require.Len(t, workers, 2)
 
@@ -235,7 +235,7 @@ func TestStore(t *testing.T) {
 		// The next generation starts with a clean slate of workers.
 		_, err = s.CommitRound(ctx(t), job("rnd", rdzvv1.JobState_JOB_STATE_RUNNING, 2), rev, round("rnd", 2, "n3"))
 		require.NoError(t, err)
-		workers, err = s.Workers(ctx(t), "rnd")
+		workers, _, err = s.Workers(ctx(t), "rnd")
 		require.NoError(t, err)
 		require.Empty(t, workers)
 		latest, err = s.LatestRound(ctx(t), "rnd")
@@ -257,7 +257,7 @@ func TestStore(t *testing.T) {
 
 		w := &rdzvv1.WorkerStatus{Job: "pw", Generation: 1, State: rdzvv1.WorkerState_WORKER_STATE_FAILED, ExitCode: 3, Message: "boom"}
 		require.NoError(t, s.PutWorker(ctx(t), "pw", "n1", w, newRev, event("pw", "worker_exited", t0)))
-		workers, err := s.Workers(ctx(t), "pw")
+		workers, _, err := s.Workers(ctx(t), "pw")
 		require.NoError(t, err)
 		require.Empty(t, cmpDiff(w, workers["n1"]))
 		events, err := s.ListEvents(ctx(t), "pw", 10)
@@ -365,7 +365,7 @@ func TestLoadRoundTrip(t *testing.T) {
 	waitingRev, err := s.CreateJob(ctx(t), withAssignments, 0)
 	require.NoError(t, err)
 
-	snap, err := New(cli, 0).Load(ctx(t))
+	snap, err := New(cli, 0, testKeys(t)).Load(ctx(t))
 	require.NoError(t, err)
 
 	require.Len(t, snap.Nodes, 3)
