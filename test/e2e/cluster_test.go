@@ -15,6 +15,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/rdzv/rdzv/controller/keyring"
 	"github.com/rdzv/rdzv/test/netns"
 	"github.com/rdzv/rdzv/test/testpki"
 )
@@ -139,6 +140,17 @@ func (c *cluster) startEmbeddedController() {
 
 // controllerDataDir is the embedded-etcd controller's --data-dir.
 func (c *cluster) controllerDataDir() string { return filepath.Join(c.dir, "controller-data") }
+
+// secretsKeyArgs are the flags naming the secrets key file that every
+// controller on external etcd shares, created on first use (only the
+// embedded-etcd controller creates its own).
+func (c *cluster) secretsKeyArgs() []string {
+	path := filepath.Join(c.dir, "secrets.key")
+	if _, err := os.Stat(path); errors.Is(err, os.ErrNotExist) {
+		require.NoError(c.t, keyring.Create(path, time.Now()))
+	}
+	return []string{"--secrets-key-file", path}
+}
 
 func (c *cluster) startController(etcdArgs ...string) {
 	c.t.Helper()

@@ -140,7 +140,7 @@ func TestTrainingJobExternalEtcd(t *testing.T) {
 		return err == nil
 	}, readyTimeout, pollEvery, "etcd at %s never answered", endpoint)
 
-	c.startController("--etcd-endpoints", endpoint)
+	c.startController(append([]string{"--etcd-endpoints", endpoint}, c.secretsKeyArgs()...)...)
 	c.startAgents()
 	job, _ := trainAndVerify(t, c)
 

@@ -3,8 +3,12 @@ package e2e
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
+	"net"
 	"os"
+	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -32,15 +36,93 @@ type etcdKV struct {
 }
 
 func helperMain(mode string, args []string) int {
-	if mode != "etcd-get" || len(args) != 2 {
-		fmt.Fprintf(os.Stderr, "usage: %s=etcd-get %s ENDPOINT PREFIX\n", helperEnv, os.Args[0])
-		return 2
+	switch {
+	case mode == "etcd-get" && len(args) == 2:
+		if err := etcdGet(args[0], args[1]); err != nil {
+			fmt.Fprintf(os.Stderr, "etcd-get: %v\n", err)
+			return 1
+		}
+		return 0
+	case mode == "local-attacker" && len(args) >= 1:
+		if err := json.NewEncoder(os.Stdout).Encode(attack(args[0], args[1:])); err != nil {
+			fmt.Fprintf(os.Stderr, "local-attacker: %v\n", err)
+			return 1
+		}
+		return 0
 	}
-	if err := etcdGet(args[0], args[1]); err != nil {
-		fmt.Fprintf(os.Stderr, "etcd-get: %v\n", err)
-		return 1
+	fmt.Fprintf(os.Stderr, "usage: %s=etcd-get %s ENDPOINT PREFIX\n       %s=local-attacker %s SOCKET [PATH...]\n",
+		helperEnv, os.Args[0], helperEnv, os.Args[0])
+	return 2
+}
+
+// attackResult is what the local-attacker helper got: the error of each
+// attempt, "" where it succeeded.
+type attackResult struct {
+	// Connect is connecting to the etcd socket; ConnectDenied is set when
+	// the kernel refused it for want of permission.
+	Connect       string `json:"connect"`
+	ConnectDenied bool   `json:"connect_denied"`
+	// Get lists every key; Keys are those it got.
+	Get  string   `json:"get"`
+	Keys []string `json:"keys"`
+	// Values are what the keys under /rdzv/v1/jobs/ hold.
+	Values []string `json:"values"`
+	// Put writes a job record of the attacker's.
+	Put string `json:"put"`
+	// Read is reading each path given (a directory is listed).
+	Read map[string]string `json:"read"`
+}
+
+// attack tries, as whoever runs it, to use the etcd at socket and to read
+// paths.
+func attack(socket string, paths []string) attackResult {
+	var r attackResult
+	errText := func(err error) string {
+		if err == nil {
+			return ""
+		}
+		return err.Error()
 	}
-	return 0
+	conn, err := net.Dial("unix", socket)
+	if err == nil {
+		_ = conn.Close()
+	}
+	r.Connect, r.ConnectDenied = errText(err), errors.Is(err, syscall.EACCES)
+
+	cli, err := clientv3.New(clientv3.Config{Endpoints: []string{"unix://" + socket}, DialTimeout: 2 * time.Second, Logger: zap.NewNop()})
+	if err != nil {
+		r.Get, r.Put = err.Error(), err.Error()
+	} else {
+		defer cli.Close()
+		ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+		resp, err := cli.Get(ctx, "/", clientv3.WithPrefix())
+		cancel()
+		r.Get = errText(err)
+		if err == nil {
+			for _, kv := range resp.Kvs {
+				r.Keys = append(r.Keys, string(kv.Key))
+				if strings.HasPrefix(string(kv.Key), "/rdzv/v1/jobs/") {
+					r.Values = append(r.Values, string(kv.Value))
+				}
+			}
+		}
+		ctx, cancel = context.WithTimeout(context.Background(), 3*time.Second)
+		_, err = cli.Put(ctx, "/rdzv/v1/jobs/planted", "attacker's job")
+		cancel()
+		r.Put = errText(err)
+	}
+
+	r.Read = map[string]string{}
+	for _, p := range paths {
+		if info, err := os.Stat(p); err == nil && info.IsDir() {
+			_, err = os.ReadDir(p)
+			r.Read[p] = errText(err)
+			continue
+		}
+		_, err := os.ReadFile(p)
+		r.Read[p] = errText(err)
+	}
+	return r
 }
 
 func etcdGet(endpoint, prefix string) error {
