@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"go.etcd.io/etcd/client/pkg/v3/transport"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
 )
@@ -37,9 +38,15 @@ type etcdKV struct {
 
 func helperMain(mode string, args []string) int {
 	switch {
-	case mode == "etcd-get" && len(args) == 2:
-		if err := etcdGet(args[0], args[1]); err != nil {
+	case mode == "etcd-get" && (len(args) == 2 || len(args) == 5):
+		if err := etcdGet(args[0], args[1], args[2:]...); err != nil {
 			fmt.Fprintf(os.Stderr, "etcd-get: %v\n", err)
+			return 1
+		}
+		return 0
+	case mode == "etcd-rbac" && len(args) == 5:
+		if err := etcdRBAC(args[0], args[1:4], args[4]); err != nil {
+			fmt.Fprintf(os.Stderr, "etcd-rbac: %v\n", err)
 			return 1
 		}
 		return 0
@@ -50,9 +57,59 @@ func helperMain(mode string, args []string) int {
 		}
 		return 0
 	}
-	fmt.Fprintf(os.Stderr, "usage: %s=etcd-get %s ENDPOINT PREFIX\n       %s=local-attacker %s SOCKET [PATH...]\n",
-		helperEnv, os.Args[0], helperEnv, os.Args[0])
+	fmt.Fprintf(os.Stderr, "usage: %[1]s=etcd-get %[2]s ENDPOINT PREFIX [CA CERT KEY]\n"+
+		"       %[1]s=etcd-rbac %[2]s ENDPOINT CA CERT KEY USER\n"+
+		"       %[1]s=local-attacker %[2]s SOCKET [PATH...]\n", helperEnv, os.Args[0])
 	return 2
+}
+
+// etcdClient connects to endpoint, with the client certificate of tlsFiles
+// (CA, cert, key) when given.
+func etcdClient(endpoint string, tlsFiles ...string) (*clientv3.Client, error) {
+	cfg := clientv3.Config{Endpoints: []string{endpoint}, DialTimeout: 5 * time.Second, Logger: zap.NewNop()}
+	if len(tlsFiles) == 3 {
+		tlsCfg, err := (transport.TLSInfo{TrustedCAFile: tlsFiles[0], CertFile: tlsFiles[1], KeyFile: tlsFiles[2]}).ClientConfig()
+		if err != nil {
+			return nil, err
+		}
+		cfg.TLS = tlsCfg
+	}
+	return clientv3.New(cfg)
+}
+
+// etcdRBAC sets up what README "etcd" asks of an external cluster: a root
+// user, a role that may use /rdzv/v1/ only, user (a client certificate's
+// common name) with that role, and authentication on. It connects with
+// the certificate of tlsFiles, which may do anything until then.
+func etcdRBAC(endpoint string, tlsFiles []string, user string) error {
+	cli, err := etcdClient(endpoint, tlsFiles...)
+	if err != nil {
+		return err
+	}
+	defer cli.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	steps := []func() error{
+		func() error { _, err := cli.UserAdd(ctx, "root", "e2e-root-password"); return err },
+		func() error { _, err := cli.UserGrantRole(ctx, "root", "root"); return err },
+		func() error { _, err := cli.RoleAdd(ctx, "rdzv"); return err },
+		func() error {
+			_, err := cli.RoleGrantPermission(ctx, "rdzv", "/rdzv/v1/", clientv3.GetPrefixRangeEnd("/rdzv/v1/"), clientv3.PermissionType(clientv3.PermReadWrite))
+			return err
+		},
+		func() error {
+			_, err := cli.UserAddWithOptions(ctx, user, "", &clientv3.UserAddOptions{NoPassword: true})
+			return err
+		},
+		func() error { _, err := cli.UserGrantRole(ctx, user, "rdzv"); return err },
+		func() error { _, err := cli.AuthEnable(ctx); return err },
+	}
+	for i, step := range steps {
+		if err := step(); err != nil {
+			return fmt.Errorf("step %d: %w", i+1, err)
+		}
+	}
+	return nil
 }
 
 // attackResult is what the local-attacker helper got: the error of each
@@ -125,8 +182,8 @@ func attack(socket string, paths []string) attackResult {
 	return r
 }
 
-func etcdGet(endpoint, prefix string) error {
-	cli, err := clientv3.New(clientv3.Config{Endpoints: []string{endpoint}, DialTimeout: 5 * time.Second, Logger: zap.NewNop()})
+func etcdGet(endpoint, prefix string, tlsFiles ...string) error {
+	cli, err := etcdClient(endpoint, tlsFiles...)
 	if err != nil {
 		return err
 	}
