@@ -4,8 +4,8 @@ import (
 	"errors"
 	"fmt"
 	"net"
-	"net/url"
 	"os"
+	"path/filepath"
 	"time"
 
 	"sigs.k8s.io/yaml"
@@ -27,11 +27,16 @@ type Config struct {
 	// lease (crashed, cut off) keeps the lead before a standby takes over.
 	// etcd leases have whole seconds; it is rounded up.
 	LeaderLeaseTTL wire.Duration `json:"leader_lease_ttl"`
-	// DataDir holds the embedded etcd's data; unused with external etcd.
-	DataDir      string             `json:"data_dir"`
-	Etcd         EtcdConfig         `json:"etcd"`
-	EmbeddedEtcd EmbeddedEtcdConfig `json:"embedded_etcd"`
-	Heartbeat    HeartbeatConfig    `json:"heartbeat"`
+	// DataDir holds the embedded etcd's data and its only listener, the
+	// Unix socket EmbeddedEtcdSocket; it is kept private to the controller
+	// (0700). Unused with external etcd.
+	DataDir string `json:"data_dir"`
+	// SecretsKeyFile is the keyring that seals jobs' secret_env values in
+	// etcd (controller/keyring). Empty: SecretsKeyPath's default, created
+	// on first start with embedded etcd. Every replica needs the same file.
+	SecretsKeyFile string          `json:"secrets_key_file"`
+	Etcd           EtcdConfig      `json:"etcd"`
+	Heartbeat      HeartbeatConfig `json:"heartbeat"`
 	// MasterPortRange is where torchrun's master port is picked; the rank 0
 	// node's agent confirms the port is free before the round commits.
 	MasterPortRange PortRange `json:"master_port_range"`
@@ -94,11 +99,6 @@ type RetentionConfig struct {
 	MaxFinishedJobs int `json:"max_finished_jobs"`
 }
 
-type EmbeddedEtcdConfig struct {
-	ClientURL string `json:"client_url"`
-	PeerURL   string `json:"peer_url"`
-}
-
 type HeartbeatConfig struct {
 	// Interval is how often agents send a heartbeat.
 	Interval wire.Duration `json:"interval"`
@@ -130,7 +130,6 @@ func DefaultConfig() Config {
 		LeaderLeaseTTL: dur(5 * time.Second),
 		Etcd: EtcdConfig{DialTimeout: dur(5 * time.Second), RequestTimeout: dur(5 * time.Second),
 			CompactionInterval: dur(time.Hour)},
-		EmbeddedEtcd: EmbeddedEtcdConfig{ClientURL: "http://127.0.0.1:2379", PeerURL: "http://127.0.0.1:2380"},
 		Heartbeat: HeartbeatConfig{Interval: dur(time.Second), Timeout: dur(5 * time.Second),
 			VouchedTimeout: dur(time.Minute)},
 		MasterPortRange: PortRange{Min: 29500, Max: 29999},
@@ -162,6 +161,34 @@ func LoadConfig(path string) (Config, error) {
 
 // Embedded reports whether the controller runs its own etcd.
 func (c Config) Embedded() bool { return len(c.Etcd.Endpoints) == 0 }
+
+// embeddedEtcdSocketName is the embedded etcd's client socket in DataDir.
+const embeddedEtcdSocketName = "etcd.sock"
+
+// maxSocketPath is the longest path a Unix socket can be bound to on Linux
+// (sun_path holds 108 bytes with the terminating NUL).
+const maxSocketPath = 107
+
+// EmbeddedEtcdSocket is the Unix socket the embedded etcd serves clients
+// on, and its only listener: no TCP port, so only whoever can enter
+// DataDir (the controller's user, and root) reaches it. Use it with
+// etcdctl --endpoints unix://PATH.
+func (c Config) EmbeddedEtcdSocket() string {
+	return filepath.Join(c.DataDir, embeddedEtcdSocketName)
+}
+
+// defaultSecretsKeyName is the keyring in DataDir when SecretsKeyFile is
+// not set.
+const defaultSecretsKeyName = "secrets.key"
+
+// SecretsKeyPath is the keyring file: SecretsKeyFile, else
+// DataDir/secrets.key.
+func (c Config) SecretsKeyPath() string {
+	if c.SecretsKeyFile != "" {
+		return c.SecretsKeyFile
+	}
+	return filepath.Join(c.DataDir, defaultSecretsKeyName)
+}
 
 // Advertised is the address this controller campaigns with: what other
 // controllers redirect clients to while it leads.
@@ -200,11 +227,13 @@ func (c Config) Validate() error {
 		if c.DataDir == "" {
 			errs = append(errs, errors.New("data_dir: required with embedded etcd"))
 		}
-		for field, u := range map[string]string{"embedded_etcd.client_url": c.EmbeddedEtcd.ClientURL, "embedded_etcd.peer_url": c.EmbeddedEtcd.PeerURL} {
-			if parsed, err := url.Parse(u); err != nil || parsed.Host == "" || (parsed.Scheme != "http" && parsed.Scheme != "https") {
-				errs = append(errs, fmt.Errorf("%s: %q is not an http(s)://host:port URL", field, u))
-			}
+		if sock, err := filepath.Abs(c.EmbeddedEtcdSocket()); err == nil && c.DataDir != "" && len(sock) > maxSocketPath {
+			errs = append(errs, fmt.Errorf("data_dir: %q is too long: the embedded etcd's socket %s must be at most %d bytes, got %d",
+				c.DataDir, sock, maxSocketPath, len(sock)))
 		}
+	}
+	if !c.Embedded() && c.SecretsKeyFile == "" && c.DataDir == "" {
+		errs = append(errs, errors.New("secrets_key_file: required with external etcd when data_dir is empty (the default is data_dir/secrets.key)"))
 	}
 	if c.Etcd.DialTimeout.Duration <= 0 {
 		errs = append(errs, fmt.Errorf("etcd.dial_timeout: must be positive, got %s", c.Etcd.DialTimeout))

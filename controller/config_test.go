@@ -21,10 +21,14 @@ func TestConfigValidate(t *testing.T) {
 		wantFields []string
 	}{
 		{name: "defaults", edit: func(*controller.Config) {}},
-		{name: "external etcd needs no data dir or embedded urls", edit: func(c *controller.Config) {
-			c.Etcd.Endpoints, c.DataDir, c.EmbeddedEtcd = []string{"https://etcd-0:2379"}, "", controller.EmbeddedEtcdConfig{}
+		{name: "external etcd needs no data dir, given a secrets key file", edit: func(c *controller.Config) {
+			c.Etcd.Endpoints, c.DataDir, c.SecretsKeyFile = []string{"https://etcd-0:2379"}, "", "/etc/rdzv/secrets.key"
 			c.AdvertiseAddr = "10.0.0.1:7070"
 		}},
+		{name: "external etcd without data dir or secrets key file", edit: func(c *controller.Config) {
+			c.Etcd.Endpoints, c.DataDir = []string{"https://etcd-0:2379"}, ""
+			c.AdvertiseAddr = "10.0.0.1:7070"
+		}, wantFields: []string{"secrets_key_file"}},
 		{name: "replicas on a wildcard listen address need advertise_addr", edit: func(c *controller.Config) {
 			c.Etcd.Endpoints = []string{"https://etcd-0:2379"}
 		}, wantFields: []string{"advertise_addr"}},
@@ -52,10 +56,8 @@ func TestConfigValidate(t *testing.T) {
 		}, wantFields: []string{"retention.max_job_events", "retention.finished_job_max_age"}},
 		{name: "listen without port", edit: func(c *controller.Config) { c.Listen = "0.0.0.0" }, wantFields: []string{"listen"}},
 		{name: "embedded etcd without data dir", edit: func(c *controller.Config) { c.DataDir = "" }, wantFields: []string{"data_dir"}},
-		{name: "client url without scheme", edit: func(c *controller.Config) { c.EmbeddedEtcd.ClientURL = "127.0.0.1:2379" },
-			wantFields: []string{"embedded_etcd.client_url"}},
-		{name: "peer url with another scheme", edit: func(c *controller.Config) { c.EmbeddedEtcd.PeerURL = "unix:///run/etcd" },
-			wantFields: []string{"embedded_etcd.peer_url"}},
+		{name: "data dir too long for the etcd socket", edit: func(c *controller.Config) { c.DataDir = "/var/lib/" + strings.Repeat("d", 100) },
+			wantFields: []string{"data_dir"}},
 		{name: "zero dial timeout", edit: func(c *controller.Config) { c.Etcd.DialTimeout.Duration = 0 }, wantFields: []string{"etcd.dial_timeout"}},
 		{name: "zero heartbeat interval", edit: func(c *controller.Config) { c.Heartbeat.Interval.Duration = 0 },
 			wantFields: []string{"heartbeat.interval"}},

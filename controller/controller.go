@@ -63,6 +63,9 @@ type Controller struct {
 	// writes persists this lead's decisions (see writer.go); nil while not
 	// leading.
 	writes *writer
+	// unsealed are the jobs load found not sealed with the primary key,
+	// resealed once the lead's writer runs.
+	unsealed []string
 }
 
 type nodeState struct {
@@ -165,12 +168,16 @@ func (c *Controller) Leading() bool { return c.leading.Load() }
 // all along: it leads (loads state, runs jobs) when it wins, and redirects
 // clients to the leader while it stands by.
 func (c *Controller) Run(ctx context.Context) error {
+	keys, err := c.openKeyring()
+	if err != nil {
+		return err
+	}
 	cli, closeEtcd, err := connectEtcd(ctx, c.cfg, c.log)
 	if err != nil {
 		return err
 	}
 	defer closeEtcd()
-	c.store = store.New(cli, c.cfg.Etcd.RequestTimeout.Duration)
+	c.store = store.New(cli, c.cfg.Etcd.RequestTimeout.Duration, keys)
 
 	lis := c.listener
 	if lis == nil {
@@ -271,8 +278,9 @@ func stopGRPC(srv *grpc.Server, grace time.Duration) {
 const reconnectGrace = 10 * time.Second
 
 // load rebuilds the in-memory view from etcd when this controller takes the
-// lead. Nodes start with a fresh liveness clock plus reconnectGrace, so a
-// new leader never declares a node lost merely because it just started.
+// lead, from records validated first (see screen). Nodes start with a fresh
+// liveness clock plus reconnectGrace, so a new leader never declares a node
+// lost merely because it just started.
 func (c *Controller) load(ctx context.Context) error {
 	snap, err := c.store.Load(ctx)
 	if err != nil {
@@ -281,14 +289,18 @@ func (c *Controller) load(ctx context.Context) error {
 	now := c.clock.Now()
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	c.screen(snap, now)
 	c.nodes, c.jobs = map[string]*nodeState{}, map[string]*jobState{}
 	for name, v := range snap.Nodes {
 		ns := &nodeState{rec: v.Value, lastSeen: now, graceUntil: now.Add(reconnectGrace + c.cfg.Heartbeat.Timeout.Duration)}
 		if hold := v.Value.GetRestartHoldUntil(); hold != nil {
 			// Set by the previous leader from its own clock: controllers'
 			// clocks are assumed to agree to well within a hold (seconds
-			// to minutes).
+			// to minutes). No agent asks for longer than maxRestartHold.
 			ns.restartHold = hold.AsTime()
+			if limit := now.Add(maxRestartHold); ns.restartHold.After(limit) {
+				ns.restartHold = limit
+			}
 		}
 		c.nodes[name] = ns
 	}
@@ -307,6 +319,7 @@ func (c *Controller) load(ctx context.Context) error {
 			}
 		}
 	}
+	c.unsealed = snap.Unsealed
 	c.log.Info("state loaded", zap.Int("nodes", len(c.nodes)), zap.Int("jobs", len(c.jobs)))
 	return nil
 }

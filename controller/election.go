@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"net"
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -141,6 +142,8 @@ func (c *Controller) lead(ctx context.Context, stepDown context.CancelFunc, l st
 	ev := c.event("", "", 0, EventLeaderElected, "controller %s leads (previous leader: %s); %d jobs and %d nodes loaded from etcd in %s",
 		me, previous, len(c.jobs), len(c.nodes), loaded.Round(time.Millisecond))
 	c.persist(c.store.AppendEvent(ev), nil)
+	c.reseal(c.unsealed)
+	c.unsealed = nil
 	c.reconcile()
 	c.mu.Unlock()
 	c.log.Info("leading", zap.String("advertise_addr", me), zap.String("previous_leader", previous), zap.Duration("load", loaded))
@@ -210,8 +213,14 @@ func (c *Controller) watchLeader(ctx context.Context) {
 		}
 		view := leaderView{previous: c.leaderView().previous}
 		if len(resp.Kvs) > 0 {
+			// Clients are sent where this says: like any record read back,
+			// it is checked first.
 			view.addr = string(resp.Kvs[0].Value)
-			if view.addr != c.cfg.Advertised() {
+			if _, _, err := net.SplitHostPort(view.addr); err != nil || len(view.addr) > maxShortText {
+				c.log.Error("invalid leader address in etcd, not sent to clients", zap.String("key", string(resp.Kvs[0].Key)), zap.String("addr", clip(view.addr)))
+				view.addr = ""
+			}
+			if view.addr != "" && view.addr != c.cfg.Advertised() {
 				view.previous = view.addr
 			}
 		}

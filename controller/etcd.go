@@ -2,14 +2,21 @@ package controller
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"io/fs"
+	"net"
 	"net/url"
+	"os"
+	"path/filepath"
 	"time"
 
 	"go.etcd.io/etcd/client/pkg/v3/transport"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.etcd.io/etcd/server/v3/embed"
 	"go.uber.org/zap"
+
+	"github.com/rdzv/rdzv/controller/keyring"
 )
 
 // embeddedStartTimeout bounds how long a single-node embedded etcd may take
@@ -23,12 +30,12 @@ func connectEtcd(ctx context.Context, cfg Config, log *zap.Logger) (*clientv3.Cl
 	endpoints := cfg.Etcd.Endpoints
 	stopEmbedded := func() {}
 	if cfg.Embedded() {
-		e, err := startEmbedded(ctx, cfg, log.Named("etcd"))
+		e, endpoint, err := startEmbedded(ctx, cfg, log.Named("etcd"))
 		if err != nil {
 			return nil, nil, err
 		}
 		stopEmbedded = e.Close
-		endpoints = []string{cfg.EmbeddedEtcd.ClientURL}
+		endpoints = []string{endpoint}
 	}
 	ecfg := clientv3.Config{
 		Endpoints:   endpoints,
@@ -54,45 +61,121 @@ func connectEtcd(ctx context.Context, cfg Config, log *zap.Logger) (*clientv3.Cl
 	return cli, func() { _ = cli.Close(); stopEmbedded() }, nil
 }
 
-func startEmbedded(ctx context.Context, cfg Config, log *zap.Logger) (*embed.Etcd, error) {
-	clientURL, err := url.Parse(cfg.EmbeddedEtcd.ClientURL)
+// startEmbedded runs a single-member etcd whose only listener is a Unix
+// socket in the data directory: no TCP port a local user could reach, and
+// the directory (0700) admits only the controller's user and root. There
+// is no peer listener at all; a single member never dials a peer. It
+// returns the client endpoint.
+func startEmbedded(ctx context.Context, cfg Config, log *zap.Logger) (e *embed.Etcd, endpoint string, err error) {
+	sock, err := filepath.Abs(cfg.EmbeddedEtcdSocket())
 	if err != nil {
-		return nil, fmt.Errorf("parsing embedded_etcd.client_url: %w", err)
+		return nil, "", fmt.Errorf("resolving the embedded etcd socket in data_dir %q: %w", cfg.DataDir, err)
 	}
-	peerURL, err := url.Parse(cfg.EmbeddedEtcd.PeerURL)
-	if err != nil {
-		return nil, fmt.Errorf("parsing embedded_etcd.peer_url: %w", err)
+	if err := privateDir(cfg.DataDir, log); err != nil {
+		return nil, "", err
 	}
+	// etcd removes a socket file it finds before listening, which would
+	// cut off a controller still serving on it (same data_dir by mistake).
+	if conn, err := net.Dial("unix", sock); err == nil {
+		_ = conn.Close()
+		return nil, "", fmt.Errorf("%s already answers: another controller is running with data_dir %s", sock, cfg.DataDir)
+	}
+	clientURL := url.URL{Scheme: "unix", Path: sock}
 	ec := embed.NewConfig()
 	ec.Name = "rdzv"
 	ec.Dir = cfg.DataDir
-	ec.ListenClientUrls = []url.URL{*clientURL}
-	ec.AdvertiseClientUrls = []url.URL{*clientURL}
-	ec.ListenPeerUrls = []url.URL{*peerURL}
-	ec.AdvertisePeerUrls = []url.URL{*peerURL}
+	ec.ListenClientUrls = []url.URL{clientURL}
+	// etcd requires advertised URLs to be host:port, which a socket path is
+	// not. A single member needs to advertise no client URL (empty, not nil:
+	// nil means "unset" to etcd), and its peer URL only names the member:
+	// nothing listens on it and nothing dials it.
+	ec.AdvertiseClientUrls = []url.URL{}
+	ec.ListenPeerUrls = nil
+	ec.AdvertisePeerUrls = []url.URL{{Scheme: "unix", Host: "rdzv-embedded-etcd:0"}}
 	ec.InitialCluster = ec.InitialClusterFromName(ec.Name)
+	// The HTTP/JSON gateway is an extra client endpoint nothing here uses.
+	ec.EnableGRPCGateway = false
 	// No auto-compaction here: the leader compacts (etcd.compaction_interval)
 	// whichever etcd it uses.
 	// embed.NewConfig leaves the slow-request threshold at zero, which logs
 	// every request as slow; use etcd's own default.
 	ec.WarningUnaryRequestDuration = embed.DefaultWarningUnaryRequestDuration
 	ec.ZapLoggerBuilder = embed.NewZapLoggerBuilder(log.WithOptions(zap.IncreaseLevel(zap.WarnLevel)))
-	e, err := embed.StartEtcd(ec)
+	e, err = embed.StartEtcd(ec)
 	if err != nil {
-		return nil, fmt.Errorf("starting embedded etcd in %s: %w", cfg.DataDir, err)
+		return nil, "", fmt.Errorf("starting embedded etcd in %s: %w", cfg.DataDir, err)
+	}
+	// The directory already keeps everyone else out; the socket's own mode
+	// does too, whatever the umask was.
+	if err := os.Chmod(sock, 0o600); err != nil {
+		e.Close()
+		return nil, "", fmt.Errorf("restricting the embedded etcd socket %s to its owner: %w", sock, err)
 	}
 	select {
 	case <-e.Server.ReadyNotify():
-		log.Info("embedded etcd ready", zap.String("data_dir", cfg.DataDir), zap.String("client_url", clientURL.String()))
-		return e, nil
+		log.Info("embedded etcd ready", zap.String("data_dir", cfg.DataDir), zap.String("socket", sock))
+		return e, clientURL.String(), nil
 	case err := <-e.Err():
 		e.Close()
-		return nil, fmt.Errorf("embedded etcd failed while starting: %w", err)
+		return nil, "", fmt.Errorf("embedded etcd failed while starting: %w", err)
 	case <-time.After(embeddedStartTimeout):
 		e.Close()
-		return nil, fmt.Errorf("embedded etcd in %s not ready after %s", cfg.DataDir, embeddedStartTimeout)
+		return nil, "", fmt.Errorf("embedded etcd in %s not ready after %s", cfg.DataDir, embeddedStartTimeout)
 	case <-ctx.Done():
 		e.Close()
-		return nil, ctx.Err()
+		return nil, "", ctx.Err()
 	}
+}
+
+// openKeyring reads the key file that seals jobs' secrets in etcd. The
+// default one (secrets_key_file unset) is created on first start with
+// embedded etcd. With external etcd, or a file named explicitly, a missing
+// file is an error: a fresh key there would not open what the other
+// replicas sealed (or a mistyped path would hide the real keyring).
+func (c *Controller) openKeyring() (*keyring.Keyring, error) {
+	path := c.cfg.SecretsKeyPath()
+	create := c.cfg.Embedded() && c.cfg.SecretsKeyFile == ""
+	if create {
+		if err := privateDir(c.cfg.DataDir, c.log); err != nil {
+			return nil, err
+		}
+	}
+	keys, created, err := keyring.LoadOrCreate(path, create, c.clock.Now())
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil, fmt.Errorf("secrets_key_file: %s does not exist; with external etcd or an explicit secrets_key_file it is not created: make one (README \"Secrets\") and give every controller replica the same file: %w", path, err)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("secrets_key_file: %w", err)
+	}
+	if created {
+		c.log.Info("secrets key file created; back it up: without it, stored jobs' secret_env cannot be read", zap.String("path", path))
+	}
+	c.log.Info("secrets keyring loaded", zap.String("path", path), zap.String("primary_key", keys.Primary()))
+	return keys, nil
+}
+
+// privateDir makes dir exist with no access for group and others. A
+// looser existing directory is tightened: it is the controller's own
+// (systemd's StateDirectory= creates it 0755 unless told otherwise, and
+// does not change an existing one's mode), and left as is it would let
+// any local user reach the etcd socket inside.
+func privateDir(dir string, log *zap.Logger) error {
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return fmt.Errorf("creating data_dir %s: %w", dir, err)
+	}
+	info, err := os.Stat(dir)
+	if err != nil {
+		return fmt.Errorf("checking data_dir %s: %w", dir, err)
+	}
+	if !info.IsDir() {
+		return fmt.Errorf("data_dir: %s is not a directory", dir)
+	}
+	if mode := info.Mode().Perm(); mode&0o077 != 0 {
+		if err := os.Chmod(dir, mode&0o700); err != nil {
+			return fmt.Errorf("data_dir %s has mode %04o, open to other users, and could not be restricted to its owner: %w", dir, mode, err)
+		}
+		log.Warn("data dir was open to other users; restricted it to its owner",
+			zap.String("data_dir", dir), zap.String("old_mode", fmt.Sprintf("%04o", mode)), zap.String("mode", fmt.Sprintf("%04o", mode&0o700)))
+	}
+	return nil
 }

@@ -17,6 +17,7 @@ import (
 
 	"github.com/rdzv/rdzv/client"
 	"github.com/rdzv/rdzv/controller"
+	"github.com/rdzv/rdzv/controller/keyring"
 	"github.com/rdzv/rdzv/controller/store"
 	"github.com/rdzv/rdzv/internal/testaddr"
 	"github.com/rdzv/rdzv/internal/testetcd"
@@ -38,6 +39,8 @@ type haCluster struct {
 	*cluster
 	etcd     string
 	replicas []*replica
+	// keys is the secrets key file every replica shares.
+	keys string
 }
 
 func newHACluster(t *testing.T, replicas int) *haCluster {
@@ -48,7 +51,8 @@ func newHACluster(t *testing.T, replicas int) *haCluster {
 	require.NoError(t, os.WriteFile(c.torchrun, []byte(fakeTorchrun), 0o755))
 	c.log = testLogger(t)
 	c.newCA()
-	h := &haCluster{cluster: c, etcd: endpoint}
+	h := &haCluster{cluster: c, etcd: endpoint, keys: filepath.Join(t.TempDir(), "secrets.key")}
+	require.NoError(t, keyring.Create(h.keys, time.Now()))
 	var addrs []string
 	for range replicas {
 		addr := testaddr.Free(t)
@@ -77,6 +81,7 @@ func (h *haCluster) startReplica(addr string) *replica {
 	t.Helper()
 	cfg := controller.DefaultConfig()
 	cfg.Etcd.Endpoints = []string{h.etcd}
+	cfg.SecretsKeyFile = h.keys
 	cfg.Listen, cfg.AdvertiseAddr = addr, addr
 	cfg.LeaderLeaseTTL.Duration = 2 * time.Second
 	cfg.Etcd.RequestTimeout.Duration = 2 * time.Second
@@ -222,7 +227,8 @@ func TestEtcdDownRefusesClearly(t *testing.T) {
 	c := &cluster{t: t}
 	c.log = testLogger(t)
 	c.newCA()
-	h := &haCluster{cluster: c, etcd: endpoint}
+	h := &haCluster{cluster: c, etcd: endpoint, keys: filepath.Join(t.TempDir(), "secrets.key")}
+	require.NoError(t, keyring.Create(h.keys, time.Now()))
 	r := h.startReplica(testaddr.Free(t))
 	h.replicas = append(h.replicas, r)
 	h.leader()

@@ -132,8 +132,6 @@ func newCluster(t *testing.T, edits ...func(*controller.Config)) *cluster {
 
 	c.cfg = controller.DefaultConfig()
 	c.cfg.DataDir = t.TempDir()
-	c.cfg.EmbeddedEtcd.ClientURL = "http://" + testaddr.Free(t)
-	c.cfg.EmbeddedEtcd.PeerURL = "http://" + testaddr.Free(t)
 	c.cfg.Heartbeat.Interval.Duration = heartbeatInterval
 	c.cfg.Heartbeat.Timeout.Duration = heartbeatTimeout
 	// Set below from the heartbeat timeout, unless an edit sets it.
@@ -466,7 +464,7 @@ func (c *cluster) settle() {
 func (c *cluster) etcdClient() *clientv3.Client {
 	c.t.Helper()
 	cli, err := clientv3.New(clientv3.Config{
-		Endpoints: []string{c.cfg.EmbeddedEtcd.ClientURL}, DialTimeout: 5 * time.Second,
+		Endpoints: []string{"unix://" + c.cfg.EmbeddedEtcdSocket()}, DialTimeout: 5 * time.Second,
 		Logger: zaptest.NewLogger(c.t, zaptest.Level(zap.WarnLevel)),
 	})
 	require.NoError(c.t, err)

@@ -2,6 +2,7 @@ package controller_test
 
 import (
 	"net/url"
+	"path/filepath"
 	"testing"
 	"time"
 
@@ -10,6 +11,7 @@ import (
 	"go.etcd.io/etcd/pkg/v3/proxy"
 
 	"github.com/rdzv/rdzv/controller"
+	"github.com/rdzv/rdzv/controller/keyring"
 	"github.com/rdzv/rdzv/controller/store"
 	"github.com/rdzv/rdzv/internal/testaddr"
 	"github.com/rdzv/rdzv/internal/testetcd"
@@ -36,8 +38,11 @@ func TestSlowEtcdWriteStallsNothingElse(t *testing.T) {
 	<-p.Ready()
 	t.Cleanup(func() { _ = p.Close() })
 
+	keys := filepath.Join(t.TempDir(), "secrets.key")
+	require.NoError(t, keyring.Create(keys, time.Now()))
 	c := newCluster(t, func(cfg *controller.Config) {
 		cfg.Etcd.Endpoints = []string{"http://" + front}
+		cfg.SecretsKeyFile = keys
 		// The pause must not cost the lead or time the write out.
 		cfg.LeaderLeaseTTL.Duration = time.Minute
 		cfg.Etcd.RequestTimeout.Duration = time.Minute

@@ -77,9 +77,8 @@ bin/rdzvctl pki issue agent demo-node-2 --dir "$PKI" >/dev/null
 bin/rdzvctl pki issue operator demo --dir "$PKI" --out "$PKI/rdzvctl" >/dev/null
 
 echo "== starting controller on $CONTROLLER (logs: $DEMO/controller.log)"
+# Its embedded etcd listens only on $DEMO/controller/etcd.sock (no TCP port).
 bin/rdzv-controller --listen "$CONTROLLER" --data-dir "$DEMO/controller" \
-	--embedded-etcd-client-url http://127.0.0.1:23790 \
-	--embedded-etcd-peer-url http://127.0.0.1:23800 \
 	--tls-cert "$PKI/controller-demo-controller.crt" --tls-key "$PKI/controller-demo-controller.key" --tls-ca "$PKI/ca.crt" \
 	>"$DEMO/controller.log" 2>&1 &
 pids+=($!)

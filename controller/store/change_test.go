@@ -42,7 +42,7 @@ func modRevisions(t *testing.T, cli *clientv3.Client, prefix string) int {
 
 func workerOf(t *testing.T, s *Store, jobName, node string) *rdzvv1.WorkerStatus {
 	t.Helper()
-	workers, err := s.Workers(ctx(t), jobName)
+	workers, _, err := s.Workers(ctx(t), jobName)
 	require.NoError(t, err)
 	return workers[node]
 }

@@ -2,6 +2,7 @@ package store
 
 import (
 	"context"
+	"path/filepath"
 	"testing"
 	"time"
 
@@ -12,6 +13,7 @@ import (
 	"go.uber.org/zap/zaptest"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/rdzv/rdzv/controller/keyring"
 	"github.com/rdzv/rdzv/internal/testetcd"
 )
 
@@ -38,9 +40,17 @@ func startEtcd(t *testing.T) *clientv3.Client {
 // client for checking what was (not) written.
 func newStore(t *testing.T) (*Store, *clientv3.Client) {
 	cli := startEtcd(t)
-	s := New(cli, 0)
+	s := New(cli, 0, testKeys(t))
 	s.Lead(lead(t, cli, "test"))
 	return s, cli
+}
+
+// testKeys is a keyring with one fresh key, for sealing secrets.
+func testKeys(t *testing.T) *keyring.Keyring {
+	t.Helper()
+	k, _, err := keyring.LoadOrCreate(filepath.Join(t.TempDir(), "secrets.key"), true, time.Now())
+	require.NoError(t, err)
+	return k
 }
 
 // lead creates a key standing in for a won election's (outside the real
@@ -95,7 +105,7 @@ func commit(t *testing.T, s *Store, changes ...*Change) int64 {
 // none of its records: a controller whose view is stale or empty, which is
 // what the implicit guards protect against.
 func sibling(s *Store) *Store {
-	o := New(s.Client(), 0)
+	o := New(s.Client(), 0, s.keys)
 	o.Lead(*s.lead.Load())
 	return o
 }

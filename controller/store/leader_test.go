@@ -78,16 +78,16 @@ func TestWritesGuardedByLeadership(t *testing.T) {
 		depose func(t *testing.T) *Store
 	}{
 		{"following", func(t *testing.T) *Store {
-			f := New(cli, 0)
+			f := New(cli, 0, testKeys(t))
 			f.Follow()
 			return f
 		}},
-		{"never told it leads", func(t *testing.T) *Store { return New(cli, 0) }},
+		{"never told it leads", func(t *testing.T) *Store { return New(cli, 0, testKeys(t)) }},
 		{"leader key deleted (lease expired)", func(t *testing.T) *Store {
 			l := lead(t, cli, "deposed")
 			_, err := cli.Delete(ctx(t), l.Key)
 			require.NoError(t, err)
-			d := New(cli, 0)
+			d := New(cli, 0, testKeys(t))
 			d.Lead(l)
 			return d
 		}},
@@ -96,7 +96,7 @@ func TestWritesGuardedByLeadership(t *testing.T) {
 			_, err := cli.Delete(ctx(t), l.Key)
 			require.NoError(t, err)
 			lead(t, cli, "recreated")
-			d := New(cli, 0)
+			d := New(cli, 0, testKeys(t))
 			d.Lead(l)
 			return d
 		}},

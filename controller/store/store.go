@@ -11,6 +11,7 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/rdzv/rdzv/controller/keyring"
 	rdzvv1 "github.com/rdzv/rdzv/proto/rdzv/v1"
 )
 
@@ -50,6 +51,8 @@ type Store struct {
 	// record as this store last read or wrote it: the guards of Commit.
 	mu   sync.Mutex
 	revs map[string]int64
+	// keys seals jobs' secret_env values in etcd and opens them on read.
+	keys *keyring.Keyring
 }
 
 // Leadership identifies the leader key a write is guarded on: the key
@@ -61,12 +64,12 @@ type Leadership struct {
 }
 
 // New wraps an etcd client; requestTimeout bounds each request (0: the
-// default).
-func New(cli *clientv3.Client, requestTimeout time.Duration) *Store {
+// default); keys seals the jobs' secret_env values at rest.
+func New(cli *clientv3.Client, requestTimeout time.Duration, keys *keyring.Keyring) *Store {
 	if requestTimeout <= 0 {
 		requestTimeout = DefaultRequestTimeout
 	}
-	return &Store{cli: cli, timeout: requestTimeout, revs: map[string]int64{}}
+	return &Store{cli: cli, timeout: requestTimeout, revs: map[string]int64{}, keys: keys}
 }
 
 // Lead guards every later write on l.
@@ -100,7 +103,10 @@ type Versioned[T any] struct {
 	ModRevision int64
 }
 
-// Snapshot is everything the controller needs in memory at start.
+// Snapshot is everything the controller needs in memory at start. Records
+// are keyed by the name in their etcd key; whether a record is valid (its
+// own name agrees, its fields are in bounds) is for the caller to check,
+// like any other input.
 type Snapshot struct {
 	Nodes map[string]Versioned[*rdzvv1.Node]
 	Jobs  map[string]Versioned[*rdzvv1.Job]
@@ -110,34 +116,80 @@ type Snapshot struct {
 	Workers map[string]map[string]*rdzvv1.WorkerStatus
 	// Checkpoints holds each job's catalog steps, oldest first.
 	Checkpoints map[string][]uint64
+	// UnreadableNodes and UnreadableJobs are the node and job records that
+	// could not be decoded (or a job's secrets opened, or its latest round
+	// decoded), by name; they are in neither Nodes nor Jobs.
+	UnreadableNodes map[string]Unreadable
+	UnreadableJobs  map[string]Unreadable
+	// Dropped are other records left out because they could not be read:
+	// worker statuses, catalog entries, and keys that name nothing.
+	Dropped []Unreadable
+	// Unsealed names the jobs whose secret_env is not sealed with the
+	// primary key (stored in plaintext by an older version, or sealed with
+	// an older key): writing them again seals them with it.
+	Unsealed []string
 }
 
-// Load reads the whole durable state.
+// Unreadable is a record that could not be read, and why.
+type Unreadable struct {
+	Key         string
+	ModRevision int64
+	Err         error
+	// Generation is a job's, when its record decoded: a job replacing it
+	// counts on from there, so late reports of the old run stay stale.
+	Generation uint64
+}
+
+// Load reads the whole durable state. A record that cannot be read is
+// reported in the snapshot rather than failing the load, so that one bad
+// key cannot keep every controller from leading.
 func (s *Store) Load(ctx context.Context) (*Snapshot, error) {
 	snap := &Snapshot{
-		Nodes:       map[string]Versioned[*rdzvv1.Node]{},
-		Jobs:        map[string]Versioned[*rdzvv1.Job]{},
-		Rounds:      map[string]*rdzvv1.Round{},
-		Workers:     map[string]map[string]*rdzvv1.WorkerStatus{},
-		Checkpoints: map[string][]uint64{},
+		Nodes:           map[string]Versioned[*rdzvv1.Node]{},
+		Jobs:            map[string]Versioned[*rdzvv1.Job]{},
+		Rounds:          map[string]*rdzvv1.Round{},
+		Workers:         map[string]map[string]*rdzvv1.WorkerStatus{},
+		Checkpoints:     map[string][]uint64{},
+		UnreadableNodes: map[string]Unreadable{},
+		UnreadableJobs:  map[string]Unreadable{},
 	}
 	err := s.rangeAll(ctx, NodesPrefix(), func(key string, value []byte, modRev int64) error {
+		name, err := nameFromKey(NodesPrefix(), key)
+		if err != nil {
+			snap.Dropped = append(snap.Dropped, Unreadable{Key: key, ModRevision: modRev, Err: err})
+			return nil
+		}
 		n := &rdzvv1.Node{}
 		if err := proto.Unmarshal(value, n); err != nil {
-			return fmt.Errorf("decoding %s: %w", key, err)
+			snap.UnreadableNodes[name] = Unreadable{Key: key, ModRevision: modRev, Err: fmt.Errorf("decoding: %w", err)}
+			return nil
 		}
-		snap.Nodes[n.GetInfo().GetName()] = Versioned[*rdzvv1.Node]{n, modRev}
+		snap.Nodes[name] = Versioned[*rdzvv1.Node]{n, modRev}
 		return nil
 	})
 	if err != nil {
 		return nil, fmt.Errorf("loading nodes: %w", err)
 	}
 	err = s.rangeAll(ctx, JobsPrefix(), func(key string, value []byte, modRev int64) error {
+		name, err := nameFromKey(JobsPrefix(), key)
+		if err != nil {
+			snap.Dropped = append(snap.Dropped, Unreadable{Key: key, ModRevision: modRev, Err: err})
+			return nil
+		}
 		j := &rdzvv1.Job{}
 		if err := proto.Unmarshal(value, j); err != nil {
-			return fmt.Errorf("decoding %s: %w", key, err)
+			snap.UnreadableJobs[name] = Unreadable{Key: key, ModRevision: modRev, Err: fmt.Errorf("decoding: %w", err)}
+			return nil
 		}
-		snap.Jobs[j.GetSpec().GetName()] = Versioned[*rdzvv1.Job]{j, modRev}
+		sealed, err := s.openSecrets(name, j)
+		if err != nil {
+			snap.UnreadableJobs[name] = Unreadable{Key: key, ModRevision: modRev, Err: err, Generation: j.GetGeneration()}
+			return nil
+		}
+		if !sealed {
+			snap.Unsealed = append(snap.Unsealed, name)
+		}
+		snap.Jobs[name] = Versioned[*rdzvv1.Job]{j, modRev}
 		return nil
 	})
 	if err != nil {
@@ -152,32 +204,51 @@ func (s *Store) Load(ctx context.Context) (*Snapshot, error) {
 	for name, v := range snap.Jobs {
 		revs[JobKey(name)] = v.ModRevision
 	}
+	// Unreadable records exist all the same: rewriting one (a node that
+	// registers again, a job started again) is guarded like any other.
+	for name, u := range snap.UnreadableNodes {
+		revs[NodeKey(name)] = u.ModRevision
+	}
+	for name, u := range snap.UnreadableJobs {
+		revs[JobKey(name)] = u.ModRevision
+	}
 	s.mu.Lock()
 	s.revs = revs
 	s.mu.Unlock()
-	for name := range snap.Jobs {
+	for name, v := range snap.Jobs {
 		round, err := s.LatestRound(ctx, name)
+		if errors.Is(err, errUndecodable) {
+			snap.UnreadableJobs[name] = Unreadable{Key: JobKey(name), ModRevision: v.ModRevision, Err: err, Generation: v.Value.GetGeneration()}
+			delete(snap.Jobs, name)
+			continue
+		}
 		if err != nil {
 			return nil, err
 		}
 		if round != nil {
 			snap.Rounds[name] = round
 		}
-		workers, err := s.Workers(ctx, name)
+		workers, dropped, err := s.Workers(ctx, name)
 		if err != nil {
 			return nil, err
 		}
 		snap.Workers[name] = workers
-		cps, err := s.Checkpoints(ctx, name)
+		snap.Dropped = append(snap.Dropped, dropped...)
+		cps, dropped, err := s.Checkpoints(ctx, name)
 		if err != nil {
 			return nil, err
 		}
+		snap.Dropped = append(snap.Dropped, dropped...)
 		for _, cp := range cps {
 			snap.Checkpoints[name] = append(snap.Checkpoints[name], cp.GetStep())
 		}
 	}
 	return snap, nil
 }
+
+// errUndecodable marks a stored record that is not the message its key
+// holds.
+var errUndecodable = errors.New("undecodable record")
 
 // LatestRound returns a job's newest round, or nil if it never ran.
 func (s *Store) LatestRound(ctx context.Context, job string) (*rdzvv1.Round, error) {
@@ -193,31 +264,35 @@ func (s *Store) LatestRound(ctx context.Context, job string) (*rdzvv1.Round, err
 	}
 	r := &rdzvv1.Round{}
 	if err := proto.Unmarshal(resp.Kvs[0].Value, r); err != nil {
-		return nil, fmt.Errorf("decoding %s: %w", resp.Kvs[0].Key, err)
+		return nil, fmt.Errorf("%w %s: %w", errUndecodable, resp.Kvs[0].Key, err)
 	}
 	return r, nil
 }
 
-// Workers returns a job's worker statuses by node.
-func (s *Store) Workers(ctx context.Context, job string) (map[string]*rdzvv1.WorkerStatus, error) {
+// Workers returns a job's worker statuses by node, and the ones that could
+// not be read.
+func (s *Store) Workers(ctx context.Context, job string) (map[string]*rdzvv1.WorkerStatus, []Unreadable, error) {
 	out := map[string]*rdzvv1.WorkerStatus{}
+	var dropped []Unreadable
 	prefix := WorkersPrefix(job)
-	err := s.rangeAll(ctx, prefix, func(key string, value []byte, _ int64) error {
+	err := s.rangeAll(ctx, prefix, func(key string, value []byte, modRev int64) error {
 		node, err := nameFromKey(prefix, key)
 		if err != nil {
-			return err
+			dropped = append(dropped, Unreadable{Key: key, ModRevision: modRev, Err: err})
+			return nil
 		}
 		w := &rdzvv1.WorkerStatus{}
 		if err := proto.Unmarshal(value, w); err != nil {
-			return fmt.Errorf("decoding %s: %w", key, err)
+			dropped = append(dropped, Unreadable{Key: key, ModRevision: modRev, Err: fmt.Errorf("decoding: %w", err)})
+			return nil
 		}
 		out[node] = w
 		return nil
 	})
 	if err != nil {
-		return nil, fmt.Errorf("loading workers of job %s: %w", job, err)
+		return nil, nil, fmt.Errorf("loading workers of job %s: %w", job, err)
 	}
-	return out, nil
+	return out, dropped, nil
 }
 
 func (s *Store) rangeAll(ctx context.Context, prefix string, fn func(key string, value []byte, modRev int64) error) error {
@@ -269,7 +344,7 @@ func (s *Store) CreateJob(j *rdzvv1.Job, replace bool, events ...*rdzvv1.Event) 
 	} else {
 		ch.absent = []string{JobKey(name)}
 	}
-	ch.putMsg(JobKey(name), stripJob(j))
+	s.putJob(ch, j)
 	if replace {
 		ch.deletePrefix(RoundsPrefix(name))
 		ch.deletePrefix(WorkersPrefix(name))
@@ -287,7 +362,7 @@ func (s *Store) UpdateJob(j *rdzvv1.Job, events ...*rdzvv1.Event) *Change {
 	ch := newChange("updating job " + name)
 	ch.guard, ch.track = []string{JobKey(name)}, []string{JobKey(name)}
 	ch.known = true
-	ch.putMsg(JobKey(name), stripJob(j))
+	s.putJob(ch, j)
 	s.events(ch, events)
 	return ch
 }
@@ -301,7 +376,7 @@ func (s *Store) CommitRound(j *rdzvv1.Job, round *rdzvv1.Round, events ...*rdzvv
 	ch.guard, ch.track = []string{JobKey(name)}, []string{JobKey(name)}
 	ch.known = true
 	ch.absent = []string{RoundKey(name, round.GetGeneration())}
-	ch.putMsg(JobKey(name), stripJob(j))
+	s.putJob(ch, j)
 	ch.putMsg(RoundKey(name, round.GetGeneration()), round)
 	ch.deletePrefix(WorkersPrefix(name))
 	s.events(ch, events)
@@ -317,7 +392,7 @@ func (s *Store) RecordCheckpoint(j *rdzvv1.Job, cp *rdzvv1.Checkpoint, keepFromS
 	ch := newChange(fmt.Sprintf("recording checkpoint step %d of job %s", cp.GetStep(), name))
 	ch.guard, ch.track = []string{JobKey(name)}, []string{JobKey(name)}
 	ch.known = true
-	ch.putMsg(JobKey(name), stripJob(j))
+	s.putJob(ch, j)
 	ch.putMsg(CheckpointKey(name, cp.GetStep()), cp)
 	if keepFromStep > 0 {
 		ch.deleteRange(CheckpointsPrefix(name), CheckpointKey(name, keepFromStep))
@@ -326,21 +401,24 @@ func (s *Store) RecordCheckpoint(j *rdzvv1.Job, cp *rdzvv1.Checkpoint, keepFromS
 	return ch
 }
 
-// Checkpoints returns a job's catalog, oldest step first.
-func (s *Store) Checkpoints(ctx context.Context, job string) ([]*rdzvv1.Checkpoint, error) {
+// Checkpoints returns a job's catalog, oldest step first, and the entries
+// that could not be read.
+func (s *Store) Checkpoints(ctx context.Context, job string) ([]*rdzvv1.Checkpoint, []Unreadable, error) {
 	var out []*rdzvv1.Checkpoint
-	err := s.rangeAll(ctx, CheckpointsPrefix(job), func(key string, value []byte, _ int64) error {
+	var dropped []Unreadable
+	err := s.rangeAll(ctx, CheckpointsPrefix(job), func(key string, value []byte, modRev int64) error {
 		cp := &rdzvv1.Checkpoint{}
 		if err := proto.Unmarshal(value, cp); err != nil {
-			return fmt.Errorf("decoding %s: %w", key, err)
+			dropped = append(dropped, Unreadable{Key: key, ModRevision: modRev, Err: fmt.Errorf("decoding: %w", err)})
+			return nil
 		}
 		out = append(out, cp)
 		return nil
 	})
 	if err != nil {
-		return nil, fmt.Errorf("loading checkpoints of job %s: %w", job, err)
+		return nil, nil, fmt.Errorf("loading checkpoints of job %s: %w", job, err)
 	}
-	return out, nil
+	return out, dropped, nil
 }
 
 // PutWorker records one node's worker status for a job, guarded on the job
@@ -450,9 +528,51 @@ func (s *Store) events(ch *Change, events []*rdzvv1.Event) {
 	}
 }
 
-func stripJob(j *rdzvv1.Job) *rdzvv1.Job {
+// putJob adds the write of a job record: without its assignments, which
+// are assembled from the round and worker keys on read, and with its
+// secret_env values sealed.
+func (s *Store) putJob(ch *Change, j *rdzvv1.Job) {
+	if ch.l.err != nil {
+		return
+	}
+	name := j.GetSpec().GetName()
 	stored := proto.Clone(j).(*rdzvv1.Job)
-	// Assignments are assembled from the round and worker keys on read.
 	stored.Assignments = nil
-	return stored
+	for k, v := range stored.GetSpec().GetSecretEnv() {
+		sealed, err := s.keys.Seal(v, secretContext(name, k))
+		if err != nil {
+			ch.l.err = fmt.Errorf("sealing secret_env %s of job %s: %w", k, name, err)
+			return
+		}
+		stored.Spec.SecretEnv[k] = sealed
+	}
+	ch.putMsg(JobKey(name), stored)
+}
+
+// openSecrets replaces the sealed secret_env values of a job record read
+// from etcd with their plaintext, and reports whether all were sealed with
+// the primary key. A value stored in plaintext (before sealing existed) is
+// taken as is, and reported as not sealed.
+func (s *Store) openSecrets(job string, j *rdzvv1.Job) (sealed bool, err error) {
+	sealed = true
+	for k, v := range j.GetSpec().GetSecretEnv() {
+		plain, primary, err := s.keys.Open(v, secretContext(job, k))
+		switch {
+		case errors.Is(err, keyring.ErrNotSealed):
+			sealed = false
+			continue
+		case err != nil:
+			// Only the variable's name: never the value, sealed or not.
+			return false, fmt.Errorf("opening secret_env %s: %w", k, err)
+		}
+		sealed = sealed && primary
+		j.Spec.SecretEnv[k] = plain
+	}
+	return sealed, nil
+}
+
+// secretContext binds a sealed value to its job and variable, so that it
+// does not open when copied to another.
+func secretContext(job, name string) []byte {
+	return []byte("rdzv/v1 secret_env\x00" + job + "\x00" + name)
 }

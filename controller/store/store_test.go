@@ -227,7 +227,7 @@ func TestStore(t *testing.T) {
 		for _, n := range []string{"n1", "n2"} {
 			commit(t, s, s.PutWorker("rnd", n, &rdzvv1.WorkerStatus{Job: "rnd", Generation: 1, State: rdzvv1.WorkerState_WORKER_STATE_RUNNING}))
 		}
-		workers, err := s.Workers(ctx(t), "rnd")
+		workers, _, err := s.Workers(ctx(t), "rnd")
 		require.NoError(t, err)
 		require.Len(t, workers, 2)
 
@@ -252,7 +252,7 @@ func TestStore(t *testing.T) {
 
 		// The next generation starts with a clean slate of workers.
 		commit(t, s, s.CommitRound(job("rnd", rdzvv1.JobState_JOB_STATE_RUNNING, 2), round("rnd", 2, "n3")))
-		workers, err = s.Workers(ctx(t), "rnd")
+		workers, _, err = s.Workers(ctx(t), "rnd")
 		require.NoError(t, err)
 		require.Empty(t, workers)
 		latest, err = s.LatestRound(ctx(t), "rnd")
@@ -277,7 +277,7 @@ func TestStore(t *testing.T) {
 
 		w := &rdzvv1.WorkerStatus{Job: "pw", Generation: 1, State: rdzvv1.WorkerState_WORKER_STATE_FAILED, ExitCode: 3, Message: "boom"}
 		commit(t, s, s.PutWorker("pw", "n1", w, event("pw", "worker_exited", t0)))
-		workers, err := s.Workers(ctx(t), "pw")
+		workers, _, err := s.Workers(ctx(t), "pw")
 		require.NoError(t, err)
 		require.Empty(t, cmpDiff(w, workers["n1"]))
 		events, err := s.ListEvents(ctx(t), "pw", 10)
@@ -291,7 +291,7 @@ func TestStore(t *testing.T) {
 			commit(t, s, s.RecordCheckpoint(job("ckpt", rdzvv1.JobState_JOB_STATE_RUNNING, 1), &rdzvv1.Checkpoint{Step: step}, 0))
 		}
 		commit(t, s, s.RecordCheckpoint(job("ckpt", rdzvv1.JobState_JOB_STATE_RUNNING, 1), &rdzvv1.Checkpoint{Step: 40}, 30))
-		cps, err := s.Checkpoints(ctx(t), "ckpt")
+		cps, _, err := s.Checkpoints(ctx(t), "ckpt")
 		require.NoError(t, err)
 		steps := make([]uint64, len(cps))
 		for i, cp := range cps {

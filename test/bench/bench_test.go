@@ -225,8 +225,7 @@ func (b *bench) runRdzv(t *testing.T, r *result) {
 
 	ctrl := h0.Start(t, "controller", nil, append([]string{b.controllerBin, "--listen", addr,
 		"--heartbeat-interval", heartbeatInterval.String(), "--heartbeat-timeout", heartbeatTimeout.String(),
-		"--data-dir", filepath.Join(d.root, "controller-data"),
-		"--embedded-etcd-client-url", "http://127.0.0.1:2379", "--embedded-etcd-peer-url", "http://127.0.0.1:2380"},
+		"--data-dir", filepath.Join(d.root, "controller-data")},
 		testpki.DaemonArgs(pkiDir, "controller", "rdzv-controller")...)...)
 	daemons := []*netns.Proc{ctrl}
 	for i := 1; i <= nodeHosts; i++ {

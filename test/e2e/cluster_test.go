@@ -15,6 +15,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/rdzv/rdzv/controller/keyring"
 	"github.com/rdzv/rdzv/test/netns"
 	"github.com/rdzv/rdzv/test/testpki"
 )
@@ -131,13 +132,24 @@ func (c *cluster) agentHost(i int) *netns.Host { return c.net.Host(c.agentBase +
 
 func (c *cluster) stateDir(i int) string { return filepath.Join(c.dir, c.agentHost(i).Name) }
 
-// startEmbeddedController runs the controller with its own etcd. Loopback
-// is private to h0's namespace, so the etcd ports cannot clash with
-// anything on the machine.
+// startEmbeddedController runs the controller with its own etcd, which
+// listens only on a Unix socket in its data directory.
 func (c *cluster) startEmbeddedController() {
-	c.startController("--data-dir", filepath.Join(c.dir, "controller-data"),
-		"--embedded-etcd-client-url", "http://127.0.0.1:2379",
-		"--embedded-etcd-peer-url", "http://127.0.0.1:2380")
+	c.startController("--data-dir", c.controllerDataDir())
+}
+
+// controllerDataDir is the embedded-etcd controller's --data-dir.
+func (c *cluster) controllerDataDir() string { return filepath.Join(c.dir, "controller-data") }
+
+// secretsKeyArgs are the flags naming the secrets key file that every
+// controller on external etcd shares, created on first use (only the
+// embedded-etcd controller creates its own).
+func (c *cluster) secretsKeyArgs() []string {
+	path := filepath.Join(c.dir, "secrets.key")
+	if _, err := os.Stat(path); errors.Is(err, os.ErrNotExist) {
+		require.NoError(c.t, keyring.Create(path, time.Now()))
+	}
+	return []string{"--secrets-key-file", path}
 }
 
 func (c *cluster) startController(etcdArgs ...string) {

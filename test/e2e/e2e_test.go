@@ -121,6 +121,9 @@ func TestTrainingJobEmbeddedEtcd(t *testing.T) {
 	})
 }
 
+// TestTrainingJobExternalEtcd runs the controller on Debian's etcd
+// secured as README "etcd" asks: TLS with client certificates required,
+// and RBAC letting the controller's certificate use /rdzv/v1/ only.
 func TestTrainingJobExternalEtcd(t *testing.T) {
 	if _, err := os.Stat(etcdBin); err != nil {
 		netns.SkipOrFail(t, "e2e: %s is missing (apt-get install etcd-server)", etcdBin)
@@ -128,25 +131,49 @@ func TestTrainingJobExternalEtcd(t *testing.T) {
 	c := newCluster(t)
 	defer c.report()
 	h0 := c.controllerHost()
-	endpoint := "http://" + h0.IP + ":2379"
+	endpoint := "https://" + h0.IP + ":2379"
 	peer := "http://127.0.0.1:2380"
+	// etcd's serving certificate, from the cluster CA; the controller's own
+	// certificate is its client certificate, so its etcd user is its
+	// common name.
+	c.pki(t, "issue", "controller", "etcd", "--ip", h0.IP, "--dir", c.pkiDir)
+	ca := filepath.Join(c.pkiDir, "ca.crt")
+	controllerTLS := []string{ca, filepath.Join(c.pkiDir, "controller-rdzv-controller.crt"), filepath.Join(c.pkiDir, "controller-rdzv-controller.key")}
 	h0.Start(t, "etcd", nil, etcdBin, "--name", "e2e", "--data-dir", filepath.Join(c.dir, "etcd-data"),
 		"--listen-client-urls", endpoint, "--advertise-client-urls", endpoint,
+		"--cert-file", filepath.Join(c.pkiDir, "controller-etcd.crt"), "--key-file", filepath.Join(c.pkiDir, "controller-etcd.key"),
+		"--trusted-ca-file", ca, "--client-cert-auth",
 		"--listen-peer-urls", peer, "--initial-advertise-peer-urls", peer, "--initial-cluster", "e2e="+peer)
 	// The controller would wait for etcd too, but a dead etcd is clearer
 	// reported here.
 	require.Eventually(t, func() bool {
-		_, err := c.etcdGet(endpoint, "/")
+		_, err := c.etcdGet(endpoint, "/", controllerTLS...)
 		return err == nil
 	}, readyTimeout, pollEvery, "etcd at %s never answered", endpoint)
+	c.etcdHelper(t, "etcd-rbac", endpoint, ca, controllerTLS[1], controllerTLS[2], "controller/rdzv-controller")
 
-	c.startController("--etcd-endpoints", endpoint)
+	t.Run("only the controller's certificate gets in", func(t *testing.T) {
+		// Refused in the TLS handshake, which the client retries until its
+		// deadline.
+		_, err := c.etcdGet(endpoint, "/rdzv/v1/", ca, "", "")
+		require.Error(t, err, "no client certificate")
+		_, err = c.etcdGet("http://"+h0.IP+":2379", "/rdzv/v1/")
+		require.Error(t, err, "plaintext")
+		// Let in by TLS, refused by RBAC.
+		_, err = c.etcdGet(endpoint, "/rdzv/v1/", ca, filepath.Join(c.pkiDir, "rdzvctl.crt"), filepath.Join(c.pkiDir, "rdzvctl.key"))
+		require.ErrorContains(t, err, "permission denied", "another certificate of the cluster CA")
+		_, err = c.etcdGet(endpoint, "/", controllerTLS...)
+		require.ErrorContains(t, err, "permission denied", "the controller's user may use /rdzv/v1/ only")
+	})
+
+	c.startController(append([]string{"--etcd-endpoints", endpoint, "--etcd-cacert", ca,
+		"--etcd-cert", controllerTLS[1], "--etcd-key", controllerTLS[2]}, c.secretsKeyArgs()...)...)
 	c.startAgents()
 	job, _ := trainAndVerify(t, c)
 
 	// The job's whole history must be in the external etcd: the controller
 	// must not have fallen back to an etcd of its own.
-	kvs, err := c.etcdGet(endpoint, "/rdzv/v1/")
+	kvs, err := c.etcdGet(endpoint, "/rdzv/v1/", controllerTLS...)
 	require.NoError(t, err)
 	values := map[string][]byte{}
 	for _, kv := range kvs {
@@ -172,15 +199,10 @@ func TestTrainingJobExternalEtcd(t *testing.T) {
 }
 
 // etcdGet reads every key under prefix from the etcd at endpoint, by running
-// this test binary as an etcd client on h0.
-func (c *cluster) etcdGet(endpoint, prefix string) ([]etcdKV, error) {
-	self, err := os.Executable()
-	if err != nil {
-		return nil, err
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), commandTimeout)
-	defer cancel()
-	out, _, err := c.controllerHost().Run(ctx, []string{helperEnv + "=etcd-get"}, self, endpoint, prefix)
+// this test binary as an etcd client on h0; tlsFiles are its CA, client
+// certificate and key, if any.
+func (c *cluster) etcdGet(endpoint, prefix string, tlsFiles ...string) ([]etcdKV, error) {
+	out, err := c.runHelper("etcd-get", append([]string{endpoint, prefix}, tlsFiles...)...)
 	if err != nil {
 		return nil, err
 	}
@@ -189,4 +211,24 @@ func (c *cluster) etcdGet(endpoint, prefix string) ([]etcdKV, error) {
 		return nil, err
 	}
 	return kvs, nil
+}
+
+// etcdHelper runs a helper mode that must succeed.
+func (c *cluster) etcdHelper(t *testing.T, mode string, args ...string) {
+	t.Helper()
+	_, err := c.runHelper(mode, args...)
+	require.NoError(t, err)
+}
+
+// runHelper runs this test binary on h0 in a helper mode (see helperMain),
+// returning its output.
+func (c *cluster) runHelper(mode string, args ...string) (string, error) {
+	self, err := os.Executable()
+	if err != nil {
+		return "", err
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), commandTimeout)
+	defer cancel()
+	out, _, err := c.controllerHost().Run(ctx, []string{helperEnv + "=" + mode}, append([]string{self}, args...)...)
+	return out, err
 }

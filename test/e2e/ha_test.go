@@ -82,7 +82,7 @@ func newHACluster(t *testing.T) *haCluster {
 		c.pki(t, "issue", "controller", name, "--ip", c.net.Host(i).IP, "--dir", c.pkiDir)
 		h.ctlArgs = append(h.ctlArgs, append([]string{c.controllerBin, "--listen", addr, "--advertise-addr", addr,
 			"--etcd-endpoints", strings.Join(endpoints, ","), "--heartbeat-timeout", c.heartbeatTimeout,
-			"--leader-lease-ttl", haLeaseTTL}, c.tlsArgs("controller", name)...))
+			"--leader-lease-ttl", haLeaseTTL}, append(c.tlsArgs("controller", name), c.secretsKeyArgs()...)...))
 		h.controllers = append(h.controllers, nil)
 	}
 	c.controllerAddr = strings.Join(addrs, ",")

@@ -1,8 +1,11 @@
 package e2e
 
 import (
+	"context"
+	"encoding/json"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -95,5 +98,100 @@ func TestSecurity(t *testing.T) {
 		data, err := os.ReadFile(p.LogPath())
 		require.NoError(t, err)
 		require.Contains(t, string(data), "is the certificate of agent/"+node+`, but this is node "`+other+`"`)
+	})
+}
+
+// TestLocalAttacker: an unprivileged user on the controller's host can
+// neither read nor write the embedded etcd (nor its files, nor the secrets
+// key), and the controller opens no network port but its API. Root can,
+// which shows the attempts themselves work; and what root plants in etcd
+// is not acted on.
+func TestLocalAttacker(t *testing.T) {
+	const secret = "hf_local-attacker-target"
+	c := newCluster(t)
+	defer c.report()
+	// The test's directories are private to root (t.TempDir): open the way
+	// down to the controller's data dir, so that only the controller's own
+	// permissions stand between the attacker and etcd.
+	for _, dir := range []string{filepath.Dir(c.dir), c.dir} {
+		require.NoError(t, os.Chmod(dir, 0o755))
+	}
+	c.startEmbeddedController()
+	jobPath := filepath.Join(c.dir, "secret.yaml")
+	require.NoError(t, os.WriteFile(jobPath, []byte("name: secret\nnodes: {min: 1}\ncommand: [train.py]\nsecret_env: {HF_TOKEN: "+secret+"}\n"), 0o644))
+	var last ctlResult
+	require.Eventually(t, func() bool { last = c.ctl("start", jobPath); return last.err == nil }, readyTimeout, pollEvery,
+		"the job was never accepted; last: %s", &last)
+
+	// The test binary is the attacker's program; root's build directory is
+	// private, so it runs from a copy.
+	self, err := os.Executable()
+	require.NoError(t, err)
+	bin, err := os.ReadFile(self)
+	require.NoError(t, err)
+	attacker := filepath.Join(c.dir, "attacker")
+	require.NoError(t, os.WriteFile(attacker, bin, 0o755))
+	data := c.controllerDataDir()
+	paths := []string{c.dir, data, filepath.Join(data, "member", "snap", "db"), filepath.Join(data, "secrets.key")}
+	attack := func(t *testing.T, asUser ...string) attackResult {
+		t.Helper()
+		ctx, cancel := context.WithTimeout(context.Background(), commandTimeout)
+		defer cancel()
+		argv := append(append(asUser, attacker, filepath.Join(data, "etcd.sock")), paths...)
+		out, _, err := c.controllerHost().Run(ctx, []string{helperEnv + "=local-attacker"}, argv...)
+		require.NoError(t, err)
+		var r attackResult
+		require.NoError(t, json.Unmarshal([]byte(out), &r), out)
+		return r
+	}
+
+	t.Run("nobody", func(t *testing.T) {
+		r := attack(t, "setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups", "--inh-caps=-all", "--")
+		require.True(t, r.ConnectDenied, "connecting to the etcd socket: %q", r.Connect)
+		require.NotEmpty(t, r.Get, "nobody listed etcd's keys: %v", r.Keys)
+		require.NotEmpty(t, r.Put, "nobody wrote a job record")
+		require.Empty(t, r.Read[c.dir], "the way to the data dir is open, so the data dir is what refuses")
+		for _, p := range paths[1:] {
+			require.Contains(t, r.Read[p], "permission denied", "nobody reading %s", p)
+		}
+	})
+
+	t.Run("no network port but the API", func(t *testing.T) {
+		ctx, cancel := context.WithTimeout(context.Background(), commandTimeout)
+		defer cancel()
+		out, _, err := c.controllerHost().Run(ctx, nil, "ss", "-H", "-l", "-n", "-t", "-u")
+		require.NoError(t, err)
+		var ports []string
+		for _, line := range strings.Split(strings.TrimSpace(out), "\n") {
+			if fields := strings.Fields(line); len(fields) >= 5 {
+				ports = append(ports, fields[4][strings.LastIndexByte(fields[4], ':')+1:])
+			}
+		}
+		require.Equal(t, []string{controllerPort}, ports, "listening on %s:\n%s", c.controllerHost().Name, out)
+	})
+
+	t.Run("root", func(t *testing.T) {
+		r := attack(t)
+		require.Empty(t, r.Connect)
+		require.Empty(t, r.Get)
+		require.Contains(t, r.Keys, "/rdzv/v1/jobs/secret")
+		for _, v := range r.Values {
+			require.NotContains(t, v, secret, "a job's secret is stored in plaintext")
+		}
+		require.Empty(t, r.Put)
+		for _, p := range paths {
+			require.Empty(t, r.Read[p], "root reading %s", p)
+		}
+
+		// What root planted is not a job: after a restart the controller
+		// refuses it and says why.
+		c.restartController()
+		var job jobJSON
+		require.Eventually(t, func() bool {
+			r := c.ctl("-o", "json", "status", "planted")
+			return r.err == nil && json.Unmarshal([]byte(r.stdout), &job) == nil
+		}, readyTimeout, pollEvery)
+		require.Equal(t, "JOB_STATE_FAILED", job.State)
+		require.Contains(t, job.Reason, "is invalid and was not acted on")
 	})
 }
