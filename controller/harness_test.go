@@ -752,8 +752,9 @@ func (f *fakeAgent) next() *rdzvv1.ConnectResponse {
 // run waits for an assignment and reports its workers running.
 func (f *fakeAgent) run() *rdzvv1.Assignment {
 	f.t.Helper()
-	a := f.next().GetAssignment()
-	require.NotNil(f.t, a, "expected an assignment for %s", f.name)
+	m := f.next()
+	a := m.GetAssignment()
+	require.NotNil(f.t, a, "expected an assignment for %s, got %v", f.name, m)
 	f.send(&rdzvv1.ConnectRequest{Msg: &rdzvv1.ConnectRequest_WorkerStatus{WorkerStatus: &rdzvv1.WorkerStatus{
 		Job: a.GetSpec().GetName(), Generation: a.GetGeneration(), State: rdzvv1.WorkerState_WORKER_STATE_RUNNING,
 	}}})
