@@ -12,3 +12,11 @@ func (c *Controller) Settle(ctx context.Context) error {
 	c.mu.Unlock()
 	return await(ctx, reply)
 }
+
+// CheckLiveness runs one liveness pass at the clock's current time, as the
+// liveness loop does on each tick. Tests on a fake clock call it to know
+// that a pass has seen a given instant: the loop's ticker stays armed while
+// a pass runs, so waiting on the clock's waiters cannot tell whether the
+// loop has acted on a tick yet. A pass is idempotent at one instant, so it
+// running beside the loop's own changes nothing.
+func (c *Controller) CheckLiveness() { c.checkLiveness() }

@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jonboulle/clockwork"
 	"github.com/stretchr/testify/require"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/goleak"
@@ -98,6 +99,11 @@ type cluster struct {
 	// its records.
 	workdir string
 
+	// clock is the controller's clock when the test moves time itself
+	// (newFakeClockCluster), nil on the wall clock. It carries over a
+	// controller restart.
+	clock *clockwork.FakeClock
+
 	stopController func()
 	// ctl is the running controller.
 	ctl *controller.Controller
@@ -122,7 +128,23 @@ type runningAgent struct{ stop func() }
 // newCluster starts a controller; edits adjust its config first.
 func newCluster(t *testing.T, edits ...func(*controller.Config)) *cluster {
 	t.Helper()
-	c := &cluster{t: t, workdir: t.TempDir()}
+	return startCluster(t, nil, edits)
+}
+
+// newFakeClockCluster is newCluster with the controller on a fake clock
+// that only advance moves: for tests that something does not happen
+// before a deadline, which waiting in real time can never show on a
+// loaded machine. The clock starts at the wall clock's time, since the
+// certificates are issued against the wall clock and the controller
+// judges their expiry by its own.
+func newFakeClockCluster(t *testing.T, edits ...func(*controller.Config)) *cluster {
+	t.Helper()
+	return startCluster(t, clockwork.NewFakeClockAt(time.Now()), edits)
+}
+
+func startCluster(t *testing.T, clock *clockwork.FakeClock, edits []func(*controller.Config)) *cluster {
+	t.Helper()
+	c := &cluster{t: t, workdir: t.TempDir(), clock: clock}
 	var observed zapcore.Core
 	observed, c.logs = observer.New(zapcore.DebugLevel)
 	c.log = zap.New(zapcore.NewTee(testLogger(t).Core(), observed))
@@ -203,7 +225,11 @@ func (c *cluster) dial(files pki.Files) *grpc.ClientConn {
 func (c *cluster) startController() {
 	t := c.t
 	t.Helper()
-	ctl, stop := runController(t, c.cfg, c.addr, c.log.Named("controller"))
+	var opts []controller.Option
+	if c.clock != nil {
+		opts = append(opts, controller.WithClock(c.clock))
+	}
+	ctl, stop := runController(t, c.cfg, c.addr, c.log.Named("controller"), opts...)
 	// Alone on its etcd it wins the election at once; the API serves only
 	// from then on.
 	poll(t, ctl.Leading, func() string { return "controller never took the lead" })
@@ -212,11 +238,11 @@ func (c *cluster) startController() {
 
 // runController runs a controller with cfg on addr until the test ends,
 // and returns once it serves; stop ends it earlier.
-func runController(t *testing.T, cfg controller.Config, addr string, log *zap.Logger) (ctl *controller.Controller, stop func()) {
+func runController(t *testing.T, cfg controller.Config, addr string, log *zap.Logger, opts ...controller.Option) (ctl *controller.Controller, stop func()) {
 	t.Helper()
 	lis, err := net.Listen("tcp", addr)
 	require.NoError(t, err)
-	ctl, err = controller.New(cfg, log, controller.WithListener(lis))
+	ctl, err = controller.New(cfg, log, append(opts, controller.WithListener(lis))...)
 	require.NoError(t, err)
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
@@ -461,6 +487,37 @@ func (c *cluster) settle() {
 	require.NoError(c.t, c.ctl.Settle(rpcCtx(c.t)))
 }
 
+// advance moves the fake clock on by d and runs a liveness pass at the
+// instant it reaches. It goes in steps of half the heartbeat timeout at
+// most, and after each waits until every node in alive has been heard at
+// the new instant (their agents heartbeat in real time), so that only the
+// nodes left out fall silent; then it runs a pass there too.
+func (c *cluster) advance(d time.Duration, alive ...string) {
+	c.t.Helper()
+	require.NotNil(c.t, c.clock, "advance needs a cluster on a fake clock (newFakeClockCluster)")
+	step := c.cfg.Heartbeat.Timeout.Duration / 2
+	for d > 0 {
+		s := min(d, step)
+		d -= s
+		c.clock.Advance(s)
+		now := c.clock.Now()
+		for _, name := range alive {
+			c.waitNode(name, func(n *rdzvv1.Node) bool { return !n.GetLastHeartbeat().AsTime().Before(now) })
+		}
+		c.checkLiveness()
+	}
+}
+
+// checkLiveness runs a liveness pass at the controller's time now and
+// waits until what it decided is durable: the liveness loop's own passes
+// run at unknown moments, so a test that something was not decided needs
+// one it knows has run.
+func (c *cluster) checkLiveness() {
+	c.t.Helper()
+	c.ctl.CheckLiveness()
+	c.settle()
+}
+
 func (c *cluster) etcdClient() *clientv3.Client {
 	c.t.Helper()
 	cli, err := clientv3.New(clientv3.Config{
@@ -693,8 +750,9 @@ func (f *fakeAgent) next() *rdzvv1.ConnectResponse {
 // run waits for an assignment and reports its workers running.
 func (f *fakeAgent) run() *rdzvv1.Assignment {
 	f.t.Helper()
-	a := f.next().GetAssignment()
-	require.NotNil(f.t, a, "expected an assignment for %s", f.name)
+	m := f.next()
+	a := m.GetAssignment()
+	require.NotNil(f.t, a, "expected an assignment for %s, got %v", f.name, m)
 	f.send(&rdzvv1.ConnectRequest{Msg: &rdzvv1.ConnectRequest_WorkerStatus{WorkerStatus: &rdzvv1.WorkerStatus{
 		Job: a.GetSpec().GetName(), Generation: a.GetGeneration(), State: rdzvv1.WorkerState_WORKER_STATE_RUNNING,
 	}}})

@@ -622,13 +622,17 @@ func TestStreamLogs(t *testing.T) {
 // TestHeartbeatsDoNotWriteEtcd checks that liveness stays in memory: with
 // 10,000 agents, a write per heartbeat would swamp etcd.
 func TestHeartbeatsDoNotWriteEtcd(t *testing.T) {
-	c := newCluster(t)
+	c := newFakeClockCluster(t)
 	c.addAgent("node-a", 0, nil)
 	c.addAgent("node-b", 0, nil)
 	seen := c.listNodes()
 
 	rev := c.etcdRevision()
-	time.Sleep(20 * heartbeatInterval)
+	// Twenty heartbeat intervals, in each a heartbeat from both agents and
+	// a liveness pass.
+	for range 20 {
+		c.advance(heartbeatInterval, "node-a", "node-b")
+	}
 	require.Equal(t, rev, c.etcdRevision(), "etcd was written while agents only sent heartbeats")
 
 	for name, n := range c.listNodes() {
@@ -765,7 +769,7 @@ func TestRestartingAgentKeepsItsNode(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			c := newCluster(t)
+			c := newFakeClockCluster(t)
 			c.addAgent("node-a", 0, nil)
 			b := c.connectFake("node-b")
 			b.keepAlive()
@@ -773,27 +777,26 @@ func TestRestartingAgentKeepsItsNode(t *testing.T) {
 			a := b.run()
 			c.waitRunning("train")
 
-			// Taken before the send: the controller's hold starts when it
-			// reads the message, so no correct controller declares the
-			// node lost less than hold after this.
-			announced := time.Now()
+			// The clock stands still until advanced: the hold starts now.
 			b.send(&rdzvv1.ConnectRequest{Msg: &rdzvv1.ConnectRequest_Restarting{Restarting: &rdzvv1.AgentRestarting{HoldMs: uint32(hold.Milliseconds())}}})
 			c.waitEvent("train", controller.EventAgentRestarting)
 			b.crash()
-			time.Sleep(2 * heartbeatTimeout)
+			c.advance(2*heartbeatTimeout, "node-a")
 			require.Equal(t, rdzvv1.NodeState_NODE_STATE_BUSY, c.listNodes()["node-b"].GetState(), "held past the heartbeat timeout")
 			require.Equal(t, running, c.getJob("train").GetState())
 
 			if !tt.comesBack {
-				c.waitNode("node-b", func(n *rdzvv1.Node) bool { return n.GetState() == rdzvv1.NodeState_NODE_STATE_LOST })
-				require.GreaterOrEqual(t, time.Since(announced), hold, "declared lost before the hold was over")
+				c.advance(hold-2*heartbeatTimeout-time.Millisecond, "node-a")
+				require.Equal(t, rdzvv1.NodeState_NODE_STATE_BUSY, c.listNodes()["node-b"].GetState(), "held until the hold is over")
+				c.advance(time.Millisecond, "node-a")
+				require.Equal(t, rdzvv1.NodeState_NODE_STATE_LOST, c.listNodes()["node-b"].GetState(), "lost once the hold is over")
 				c.waitJobState("train", failed)
 				return
 			}
 			back := c.connectFake("node-b", &rdzvv1.WorkerStatus{Job: "train", Generation: a.GetGeneration(), State: rdzvv1.WorkerState_WORKER_STATE_RUNNING})
 			back.keepAlive()
 			// Past the hold, the node is judged by its heartbeats again.
-			time.Sleep(hold)
+			c.advance(hold, "node-a", "node-b")
 			j := c.getJob("train")
 			require.Equal(t, running, j.GetState(), j.GetReason())
 			require.Equal(t, a.GetGeneration(), j.GetGeneration(), "no restart")
@@ -810,7 +813,7 @@ func TestRestartingAgentKeepsItsNode(t *testing.T) {
 // still holds the node, so the job is not restarted, and the agent back
 // with its workers carries on in the same generation.
 func TestRestartHoldOutlivesTheController(t *testing.T) {
-	c := newCluster(t)
+	c := newFakeClockCluster(t)
 	a, b := c.connectFake("node-a"), c.connectFake("node-b")
 	a.keepAlive()
 	b.keepAlive()
@@ -818,7 +821,7 @@ func TestRestartHoldOutlivesTheController(t *testing.T) {
 	aRun, bRun := a.run(), b.run()
 	c.waitRunning("train")
 
-	// Long enough to cover a slow controller restart: nothing waits it out.
+	// Longer than the test advances the clock: nothing waits it out.
 	const hold = 30 * heartbeatTimeout
 	b.send(&rdzvv1.ConnectRequest{Msg: &rdzvv1.ConnectRequest_Restarting{Restarting: &rdzvv1.AgentRestarting{HoldMs: uint32(hold.Milliseconds())}}})
 	c.waitEvent("train", controller.EventAgentRestarting)
@@ -836,7 +839,9 @@ func TestRestartHoldOutlivesTheController(t *testing.T) {
 	// Without the stored hold, one peer's word is enough to cut the new
 	// controller's start-up grace short.
 	a.view(2, "node-b")
-	time.Sleep(2 * heartbeatTimeout)
+	// advance waits for node-a to be heard after its view, so its passes
+	// count the vote.
+	c.advance(2*heartbeatTimeout, "node-a")
 	j := c.getJob("train")
 	require.Equal(t, running, j.GetState(), j.GetReason())
 	require.Equal(t, rdzvv1.NodeState_NODE_STATE_BUSY, c.listNodes()["node-b"].GetState())

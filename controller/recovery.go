@@ -125,7 +125,13 @@ func (c *Controller) attemptFailed(js *jobState, reason string, latency time.Dur
 	c.log.Warn("attempt failed, recovering", zap.String("job", name), zap.Uint64("generation", gen),
 		zap.String("reason", reason), zap.Duration("detection_latency", latency), zap.Duration("backoff", backoff))
 	c.persist(c.store.UpdateJob(rec, ev), func() {
-		c.stopWorkers(js, fmt.Sprintf("generation %d failed: %s", gen, reason))
+		// The next generation may have been decided before this was
+		// durable (backoff over, every worker exited): none of this
+		// generation's workers can still run then, and the next one's are
+		// not this failure's to stop.
+		if js.rec.GetGeneration() == gen {
+			c.stopWorkers(js, fmt.Sprintf("generation %d failed: %s", gen, reason))
+		}
 	})
 	c.wake()
 }

@@ -145,14 +145,14 @@ func TestHangDetected(t *testing.T) {
 
 // Hang detection stays off for a job that never reports a step.
 func TestNoReportsNoHangDetection(t *testing.T) {
-	c := newCluster(t)
+	c := newFakeClockCluster(t)
 	a := c.connectFake("node-a")
 	a.keepAlive()
 	spec := c.recoverable("quiet", 1, 1)
 	spec.HealthProgressTimeout = durationpb.New(200 * time.Millisecond)
 	c.startJob(spec)
 	a.run()
-	time.Sleep(time.Second) // several timeouts' worth of silence
+	c.advance(5*spec.GetHealthProgressTimeout().AsDuration(), "node-a") // several timeouts' worth of silence
 	require.Equal(t, running, c.getJob("quiet").GetState())
 }
 
@@ -223,18 +223,30 @@ func TestBackoffIsNotRendezvousWait(t *testing.T) {
 // Recovery lasts until the restarted generation trains again: its start-up
 // counts as outage, not as training.
 func TestRecoveryTimeRunsUntilTrainingResumes(t *testing.T) {
-	c := newCluster(t)
+	c := newFakeClockCluster(t)
 	a := c.connectFake("node-a")
 	a.keepAlive()
-	c.startJob(c.recoverable("timed", 1, 2))
+	spec := c.recoverable("timed", 1, 2)
+	c.startJob(spec)
 	a1 := a.run()
 	a.step(a1, 3)
 	c.waitJob("timed", func(j *rdzvv1.Job) bool { return j.GetStep() == 3 })
 	a.report(a1, rdzvv1.WorkerState_WORKER_STATE_FAILED, 1)
+	c.waitJobState("timed", recovering)
+	// The failure durable and its stop order sent before the restart can be
+	// decided, as in real time, where the backoff outlasts the write.
+	c.settle()
+	// The restart waits out its backoff on the controller's clock. Advanced
+	// until it happens: the scheduler may arm its timer for the backoff
+	// only after an advance.
+	poll(t, func() bool {
+		c.advance(spec.GetRestartBackoffInitial().AsDuration(), "node-a")
+		return c.getJob("timed").GetGeneration() == 2
+	}, func() string { return "not restarted after its backoff" })
 	a2 := a.run()
 	j := c.waitJob("timed", func(j *rdzvv1.Job) bool { return j.GetGeneration() == 2 && j.GetState() == running })
 	require.NotNil(t, j.GetRecoveryStartedAt(), "running but not yet training: still recovering")
-	time.Sleep(300 * time.Millisecond)
+	c.advance(300*time.Millisecond, "node-a")
 	a.step(a2, 4)
 	j = c.waitJob("timed", func(j *rdzvv1.Job) bool { return j.GetRecoveryStartedAt() == nil })
 	require.NotNil(t, j.GetTrainingSince())

@@ -16,7 +16,7 @@ import (
 // events are capped per job and for the cluster, and etcd's history is
 // compacted; running jobs are never touched.
 func TestRetentionAndCompaction(t *testing.T) {
-	c := newCluster(t, func(cfg *controller.Config) {
+	c := newFakeClockCluster(t, func(cfg *controller.Config) {
 		cfg.Retention.Interval.Duration = 200 * time.Millisecond
 		cfg.Retention.MaxFinishedJobs = 1
 		cfg.Retention.MaxJobEvents = 3
@@ -30,13 +30,17 @@ func TestRetentionAndCompaction(t *testing.T) {
 
 	c.startJob(c.spec("old", 1, 1, "ok"))
 	c.waitJobState("old", succeeded)
-	time.Sleep(10 * time.Millisecond) // finish times must differ
+	// Finish times must differ, and the controller's clock moves only when
+	// advanced; so do its retention and compaction tickers.
+	nodes := []string{"node-a", "node-b", "node-c"}
+	c.advance(time.Millisecond, nodes...)
 	c.startJob(c.spec("new", 1, 1, "ok"))
 	c.waitJobState("new", succeeded)
 	c.startJob(c.spec("running", 1, 1, "hang"))
 	c.waitRunning("running")
 
 	poll(t, func() bool {
+		c.advance(100*time.Millisecond, nodes...)
 		jobs := map[string]bool{}
 		for _, j := range c.listJobs() {
 			jobs[j.GetSpec().GetName()] = true
@@ -46,12 +50,15 @@ func TestRetentionAndCompaction(t *testing.T) {
 	for _, prefix := range []string{"/rdzv/v1/jobs/old", "/rdzv/v1/rounds/old/", "/rdzv/v1/workers/old/", "/rdzv/v1/events/old/"} {
 		require.Empty(t, c.etcdKeys(prefix), prefix)
 	}
-	poll(t, func() bool { return len(c.events("new")) <= 3 && len(c.events("")) <= 2 },
-		func() string { return "events were not capped" })
+	poll(t, func() bool {
+		c.advance(100*time.Millisecond, nodes...)
+		return len(c.events("new")) <= 3 && len(c.events("")) <= 2
+	}, func() string { return "events were not capped" })
 	require.Equal(t, rdzvv1.JobState_JOB_STATE_RUNNING, c.getJob("running").GetState())
 
 	cli := c.etcdClient()
 	poll(t, func() bool {
+		c.advance(100*time.Millisecond, nodes...)
 		_, err := cli.Get(rpcCtx(t), "/rdzv/v1/jobs/", clientv3.WithRev(firstRev))
 		return err != nil && err.Error() == rpctypes.ErrCompacted.Error()
 	}, func() string { return "etcd history was not compacted" })

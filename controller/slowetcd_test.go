@@ -18,15 +18,13 @@ import (
 	rdzvv1 "github.com/rdzv/rdzv/proto/rdzv/v1"
 )
 
-// While an etcd write hangs, the controller still acknowledges heartbeats,
-// takes agent reports and answers the API: no lock they need is held
-// across etcd I/O. What depends on the write (the stop order for the
-// failed generation) waits until it is durable.
-//
-// etcd sits behind a real TCP proxy whose client-to-server direction is
-// paused: a transaction sent meanwhile is held in flight.
-func TestSlowEtcdWriteStallsNothingElse(t *testing.T) {
-	endpoint, _ := testetcd.Start(t, "slow")
+// newSlowEtcdCluster starts a cluster on an etcd behind a real TCP proxy,
+// and returns it with etcd's own endpoint and hold: hold pauses the
+// proxy's client-to-server direction, so that a transaction sent meanwhile
+// is held in flight until release is called (or the test ends).
+func newSlowEtcdCluster(t *testing.T) (c *cluster, endpoint string, hold func() (release func())) {
+	t.Helper()
+	endpoint, _ = testetcd.Start(t, "slow")
 	target, err := url.Parse(endpoint)
 	require.NoError(t, err)
 	front := testaddr.Free(t)
@@ -40,7 +38,7 @@ func TestSlowEtcdWriteStallsNothingElse(t *testing.T) {
 
 	keys := filepath.Join(t.TempDir(), "secrets.key")
 	require.NoError(t, keyring.Create(keys, time.Now()))
-	c := newCluster(t, func(cfg *controller.Config) {
+	c = newCluster(t, func(cfg *controller.Config) {
 		cfg.Etcd.Endpoints = []string{"http://" + front}
 		cfg.SecretsKeyFile = keys
 		// The pause must not cost the lead or time the write out.
@@ -48,6 +46,27 @@ func TestSlowEtcdWriteStallsNothingElse(t *testing.T) {
 		cfg.Etcd.RequestTimeout.Duration = time.Minute
 		cfg.AdvertiseAddr = cfg.Listen
 	})
+	hold = func() func() {
+		p.PauseTx()
+		released := false
+		release := func() {
+			if !released {
+				released = true
+				p.UnpauseTx()
+			}
+		}
+		t.Cleanup(release)
+		return release
+	}
+	return c, endpoint, hold
+}
+
+// While an etcd write hangs, the controller still acknowledges heartbeats,
+// takes agent reports and answers the API: no lock they need is held
+// across etcd I/O. What depends on the write (the stop order for the
+// failed generation) waits until it is durable.
+func TestSlowEtcdWriteStallsNothingElse(t *testing.T) {
+	c, endpoint, hold := newSlowEtcdCluster(t)
 	direct, err := clientv3.New(clientv3.Config{Endpoints: []string{endpoint}, DialTimeout: 5 * time.Second})
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = direct.Close() })
@@ -58,15 +77,7 @@ func TestSlowEtcdWriteStallsNothingElse(t *testing.T) {
 	c.waitRunning("train")
 	c.settle()
 
-	p.PauseTx()
-	unpaused := false
-	unpause := func() {
-		if !unpaused {
-			unpaused = true
-			p.UnpauseTx()
-		}
-	}
-	t.Cleanup(unpause)
+	unpause := hold()
 
 	// A checkpoint report: its write is now held in flight.
 	a.checkpoint(a1, 10, "/ckpt/train/step-10")
@@ -98,4 +109,30 @@ func TestSlowEtcdWriteStallsNothingElse(t *testing.T) {
 	require.NoError(t, err)
 	require.EqualValues(t, 1, resp.Count, "the held checkpoint write was lost")
 	c.waitEvent("train", "attempt_failed")
+}
+
+// A restart decided while the failure before it is not durable yet (its
+// write slow, the backoff short, every worker exited) is not stopped by
+// that failure's stop order, which is for the failed generation alone: an
+// agent told to stop a generation it has not started refuses it for good.
+func TestSlowFailureWriteStopsNoNewerGeneration(t *testing.T) {
+	c, _, hold := newSlowEtcdCluster(t)
+	a := c.connectFake("node-a")
+	a.keepAlive()
+	c.startJob(c.recoverable("train", 1, 3))
+	a1 := a.run()
+	c.waitRunning("train")
+	c.settle()
+
+	release := hold()
+	a.report(a1, rdzvv1.WorkerState_WORKER_STATE_FAILED, 1)
+	c.waitJob("train", func(j *rdzvv1.Job) bool { return j.GetGeneration() == 2 })
+	release()
+	require.Equal(t, uint64(2), a.run().GetGeneration())
+	c.settle()
+	select {
+	case m := <-a.msgs:
+		require.FailNow(t, "unexpected message after the assignment", "%v", m)
+	default:
+	}
 }
