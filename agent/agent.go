@@ -2,7 +2,9 @@ package agent
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"io/fs"
 	"net"
 	"os"
 	"path/filepath"
@@ -133,15 +135,24 @@ func (a *Agent) Run(ctx context.Context) error {
 	}
 	defer a.client.Close()
 
-	ln, err := listenReports(a.cfg.StateDir)
-	if err != nil {
-		return err
-	}
-	sup := NewSupervisor(a.cfg, info.GetName(), info.GetNcclInterface(), ln.Addr().String(), a.spawner, log.Named("supervisor"))
 	found, err := a.spawner.Adopt()
 	if err != nil {
 		return fmt.Errorf("adopting workers left by the previous agent: %w", err)
 	}
+	live := false
+	for _, f := range found {
+		live = live || f.Live
+	}
+	ln, err := listenReports(a.cfg.StateDir, live, log.Named("reports"))
+	if err != nil {
+		// Left as found: their shims keep them for the orphan timeout, for
+		// an agent that can listen where they report.
+		for _, f := range found {
+			_ = f.Proc.Detach(0)
+		}
+		return err
+	}
+	sup := NewSupervisor(a.cfg, info.GetName(), info.GetNcclInterface(), ln.Addr().String(), a.spawner, log.Named("supervisor"))
 	// Before the first registration, which reports them.
 	sup.Adopt(found)
 	reports := newReportServer(sup, log.Named("reports"))
@@ -180,16 +191,33 @@ func (a *Agent) Run(ctx context.Context) error {
 // restarts: adopted workers still have it in RDZV_AGENT_ADDR.
 const reportAddrFile = "report.addr"
 
+// errReportAddrLost marks a recorded report address the agent cannot
+// listen on again while adopted workers still report there.
+var errReportAddrLost = errors.New("cannot listen on the recorded worker report address")
+
 // listenReports opens the workers' report endpoint. Loopback only: workers
-// report from this node, and nothing else should be able to move a job's
-// progress. The OS picks the port the first time, so agents sharing a host
-// cannot collide; later starts take the same one back.
-func listenReports(stateDir string) (net.Listener, error) {
+// report from this node. The OS picks the port the first time, so agents
+// sharing a host cannot collide; later starts take the same one back. When
+// that fails while adopted workers may still report (keep), the agent
+// refuses to start: on another port, their reports, tokens included, would
+// go to whoever holds the old one.
+func listenReports(stateDir string, keep bool, log *zap.Logger) (net.Listener, error) {
 	path := filepath.Join(stateDir, reportAddrFile)
-	if prev, err := os.ReadFile(path); err == nil {
-		if ln, err := net.Listen("tcp", strings.TrimSpace(string(prev))); err == nil {
+	prev, err := os.ReadFile(path)
+	switch {
+	case err == nil:
+		addr := strings.TrimSpace(string(prev))
+		ln, err := listenLoopback(addr)
+		if err == nil {
 			return ln, nil
 		}
+		if keep {
+			return nil, fmt.Errorf("%w %s (recorded in %s): %w; the workers adopted from the previous agent report there, so the agent does not move elsewhere: "+
+				"stop whatever took the port and start the agent again, or stop those workers", errReportAddrLost, addr, path, err)
+		}
+		log.Warn("recorded worker report address unusable, no adopted workers report there, moving", zap.String("address", addr), zap.Error(err))
+	case !errors.Is(err, fs.ErrNotExist):
+		return nil, fmt.Errorf("reading the worker report address: %w", err)
 	}
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -204,6 +232,19 @@ func listenReports(stateDir string) (net.Listener, error) {
 		return nil, fmt.Errorf("recording the report address: %w", err)
 	}
 	return ln, nil
+}
+
+// listenLoopback listens on addr, a recorded report address, which must be
+// a loopback one: the file is no way to open the endpoint to the network.
+func listenLoopback(addr string) (net.Listener, error) {
+	host, _, err := net.SplitHostPort(addr)
+	if err != nil {
+		return nil, err
+	}
+	if ip := net.ParseIP(host); ip == nil || !ip.IsLoopback() {
+		return nil, fmt.Errorf("%q is not a loopback address", addr)
+	}
+	return net.Listen("tcp", addr)
 }
 
 // watchHealth forwards critical GPU faults; the controller cordons the node

@@ -9,12 +9,13 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+	"syscall"
 	"time"
 
 	"go.uber.org/zap"
+	"golang.org/x/sys/unix"
 
 	rdzvv1 "github.com/rdzv/rdzv/proto/rdzv/v1"
-	"github.com/rdzv/rdzv/wire"
 )
 
 // scanEvery is how often node rank 0 looks for new complete checkpoints
@@ -37,38 +38,52 @@ type FoundCheckpoint struct {
 // subdirectory whose name ends in a decimal number (the step: step-40,
 // checkpoint-1200, global_step300, 40) and that holds at least one of the
 // marker files. Names starting with '.' are skipped, as savers build a step
-// under such a temporary name before renaming it into place, and so are
-// symlinks leading out of dir. The result is sorted by step.
-func ScanCheckpoints(dir string, markers []string) ([]FoundCheckpoint, error) {
-	entries, err := os.ReadDir(dir)
+// under such a temporary name before renaming it into place. The scan runs
+// as the job's user (cred, nil for the agent's own) and beneath dir (see
+// beneath.go): a symlink leading out of dir, or a directory that user
+// cannot read, is skipped, so it is never named in the job's events. The
+// result is sorted by step.
+func ScanCheckpoints(dir string, markers []string, cred *syscall.Credential) ([]FoundCheckpoint, error) {
+	var found []FoundCheckpoint
+	err := asUser(cred, func() error {
+		fd, err := unix.Open(dir, dirFlags, 0)
+		if err != nil {
+			return &fs.PathError{Op: "open", Path: dir, Err: err}
+		}
+		d := os.NewFile(uintptr(fd), dir)
+		defer d.Close()
+		entries, err := d.ReadDir(-1)
+		if err != nil {
+			return err
+		}
+		// Name order, so that equal steps keep it below.
+		sort.Slice(entries, func(i, j int) bool { return entries[i].Name() < entries[j].Name() })
+		for _, e := range entries {
+			name := e.Name()
+			if strings.HasPrefix(name, ".") {
+				continue
+			}
+			step, ok := trailingNumber(name)
+			if !ok {
+				continue
+			}
+			// Not a directory, leading out of dir, or unreadable: none is a
+			// checkpoint of this job's.
+			sub, err := openBeneath(fd, name)
+			if err != nil {
+				continue
+			}
+			complete := hasMarker(sub, markers)
+			unix.Close(sub)
+			if complete {
+				found = append(found, FoundCheckpoint{Step: step, Path: filepath.Join(dir, name)})
+			}
+		}
+		return nil
+	})
 	if err != nil {
 		return nil, fmt.Errorf("listing checkpoint directory: %w", err)
 	}
-	var found []FoundCheckpoint
-	for _, e := range entries {
-		name := e.Name()
-		if strings.HasPrefix(name, ".") {
-			continue
-		}
-		step, ok := trailingNumber(name)
-		if !ok {
-			continue
-		}
-		path := filepath.Join(dir, name)
-		switch {
-		case e.IsDir():
-		case e.Type()&fs.ModeSymlink != 0:
-			if !symlinkedDirWithin(dir, path) {
-				continue
-			}
-		default:
-			continue
-		}
-		if hasMarker(path, markers) {
-			found = append(found, FoundCheckpoint{Step: step, Path: path})
-		}
-	}
-	// ReadDir sorts by name, so equal steps stay in name order.
 	sort.SliceStable(found, func(i, j int) bool { return found[i].Step < found[j].Step })
 	return found, nil
 }
@@ -86,27 +101,12 @@ func trailingNumber(name string) (uint64, bool) {
 	return n, err == nil
 }
 
-// symlinkedDirWithin reports whether the symlink at path leads to a
-// directory inside dir: a checkpoint elsewhere is not this job's to offer.
-func symlinkedDirWithin(dir, path string) bool {
-	base, err := filepath.EvalSymlinks(dir)
-	if err != nil {
-		return false
-	}
-	target, err := filepath.EvalSymlinks(path)
-	if err != nil {
-		return false
-	}
-	if !wire.Within(base, target) {
-		return false
-	}
-	info, err := os.Stat(target)
-	return err == nil && info.IsDir()
-}
-
-func hasMarker(dir string, markers []string) bool {
+// hasMarker reports whether the directory dirfd holds one of the markers as
+// a regular file; a symlink does not count, wherever it leads.
+func hasMarker(dirfd int, markers []string) bool {
 	for _, m := range markers {
-		if info, err := os.Lstat(filepath.Join(dir, m)); err == nil && info.Mode().IsRegular() {
+		var st unix.Stat_t
+		if unix.Fstatat(dirfd, m, &st, unix.AT_SYMLINK_NOFOLLOW) == nil && st.Mode&unix.S_IFMT == unix.S_IFREG {
 			return true
 		}
 	}
@@ -123,7 +123,7 @@ func (s *Supervisor) scanLoop(w *worker, dir string, markers []string) {
 	defer ticker.Stop()
 	var lastErr string
 	for {
-		found, err := ScanCheckpoints(dir, markers)
+		found, err := ScanCheckpoints(dir, markers, w.cred)
 		switch {
 		case errors.Is(err, fs.ErrNotExist):
 			// The workers may not have created it yet.
@@ -139,7 +139,7 @@ func (s *Supervisor) scanLoop(w *worker, dir string, markers []string) {
 		}
 		select {
 		case <-w.scanStop:
-			if found, err := ScanCheckpoints(dir, markers); err == nil {
+			if found, err := ScanCheckpoints(dir, markers, w.cred); err == nil {
 				s.reportFound(w, found, log)
 			}
 			return

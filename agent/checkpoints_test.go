@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
+	"golang.org/x/sys/unix"
 
 	"github.com/rdzv/rdzv/jobspec"
 	rdzvv1 "github.com/rdzv/rdzv/proto/rdzv/v1"
@@ -63,6 +64,11 @@ func TestScanCheckpoints(t *testing.T) {
 		{name: "symlink to a step inside", tree: []string{".real/COMPLETE"}, links: map[string]string{"step-70": ".real"},
 			want: []FoundCheckpoint{{70, "step-70"}}},
 		{name: "symlink leading outside", outside: []string{"step-80/COMPLETE"}, links: map[string]string{"step-80": "OUT/step-80"}},
+		{name: "relative symlink leading outside", outside: []string{"step-81/COMPLETE"}, links: map[string]string{"step-81": "../out/step-81"}},
+		{name: "symlink out and back in", tree: []string{"step-82/COMPLETE"}, links: map[string]string{"step-83": "../ckpt/step-82"},
+			want: []FoundCheckpoint{{82, "step-82"}}},
+		{name: "symlink to /root", links: map[string]string{"step-84": "/root"}},
+		{name: "marker symlinked from outside", outside: []string{"COMPLETE"}, tree: []string{"step-85/"}, links: map[string]string{"step-85/COMPLETE": "OUT/COMPLETE"}},
 		{name: "dangling symlink", links: map[string]string{"step-90": ".gone"}},
 		{name: "empty directory"},
 	}
@@ -83,7 +89,7 @@ func TestScanCheckpoints(t *testing.T) {
 			if markers == nil {
 				markers = jobspec.DefaultMarkers
 			}
-			got, err := ScanCheckpoints(dir, markers)
+			got, err := ScanCheckpoints(dir, markers, nil)
 			require.NoError(t, err)
 			var want []FoundCheckpoint
 			for _, c := range tt.want {
@@ -95,8 +101,90 @@ func TestScanCheckpoints(t *testing.T) {
 }
 
 func TestScanCheckpointsMissingDir(t *testing.T) {
-	_, err := ScanCheckpoints(filepath.Join(t.TempDir(), "nope"), jobspec.DefaultMarkers)
+	_, err := ScanCheckpoints(filepath.Join(t.TempDir(), "nope"), jobspec.DefaultMarkers, nil)
 	require.ErrorIs(t, err, fs.ErrNotExist, "the scanner tells a missing directory from a broken one")
+}
+
+// TestScanCheckpointsAsJobUser scans as an unprivileged job user: what that
+// user cannot read is not found, so it never shows in the job's events.
+func TestScanCheckpointsAsJobUser(t *testing.T) {
+	needRoot(t)
+	dir := filepath.Join(t.TempDir(), "ckpt")
+	makeTree(t, dir, "step-1/COMPLETE", "step-2/COMPLETE", "step-3/COMPLETE", "private/step-4/COMPLETE")
+	openToAll(t, dir)
+	require.NoError(t, os.Symlink("private/step-4", filepath.Join(dir, "step-4")))
+	require.NoError(t, os.Chmod(filepath.Join(dir, "step-2"), 0o700))
+	require.NoError(t, os.Chmod(filepath.Join(dir, "step-3"), 0o311))
+	require.NoError(t, os.Chmod(filepath.Join(dir, "private"), 0o700))
+
+	got, err := ScanCheckpoints(dir, jobspec.DefaultMarkers, nobody)
+	require.NoError(t, err)
+	require.Equal(t, []FoundCheckpoint{{1, filepath.Join(dir, "step-1")}}, got)
+	got, err = ScanCheckpoints(dir, jobspec.DefaultMarkers, nil)
+	require.NoError(t, err)
+	require.Len(t, got, 4, "the agent's own user sees them all")
+
+	require.NoError(t, os.Chmod(dir, 0o700))
+	_, err = ScanCheckpoints(dir, jobspec.DefaultMarkers, nobody)
+	require.ErrorIs(t, err, fs.ErrPermission)
+}
+
+// TestOpenBeneath runs both ways of resolving beneath a directory: openat2,
+// and the walk for kernels without it, which follows no symlink at all.
+func TestOpenBeneath(t *testing.T) {
+	root := t.TempDir()
+	dir := filepath.Join(root, "ckpt")
+	makeTree(t, root, "ckpt/a/b/", "ckpt/file", "out/x/")
+	for link, target := range map[string]string{
+		"ckpt/in":      "a/b",
+		"ckpt/a/up":    "../a",
+		"ckpt/abs":     filepath.Join(root, "out"),
+		"ckpt/rel":     "../out",
+		"ckpt/a/back":  "../../ckpt/a",
+		"ckpt/a/b/mid": "../../../out",
+	} {
+		require.NoError(t, os.Symlink(target, filepath.Join(root, link)))
+	}
+	base, err := unix.Open(dir, unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	require.NoError(t, err)
+	defer unix.Close(base)
+
+	tests := []struct {
+		rel string
+		// wantAt2 and wantWalk are the errors of openat2 and of the walk.
+		wantAt2, wantWalk error
+	}{
+		{"a", nil, nil},
+		{"a/b", nil, nil},
+		{"in", nil, unix.ELOOP},
+		{"a/up/b", nil, unix.ELOOP},
+		{"abs", unix.EXDEV, unix.ELOOP},
+		{"abs/x", unix.EXDEV, unix.ELOOP},
+		{"rel", unix.EXDEV, unix.ELOOP},
+		{"a/back", unix.EXDEV, unix.ELOOP},
+		{"a/b/mid/x", unix.EXDEV, unix.ELOOP},
+		{"..", unix.EXDEV, unix.EXDEV},
+		{"a/../../out", unix.EXDEV, unix.EXDEV},
+		{"file", unix.ENOTDIR, unix.ENOTDIR},
+		{"nope", unix.ENOENT, unix.ENOENT},
+	}
+	for _, tt := range tests {
+		for _, opener := range []struct {
+			name string
+			open func(int, string) (int, error)
+			want error
+		}{{"openat2", openBeneath, tt.wantAt2}, {"walk", walkBeneath, tt.wantWalk}} {
+			t.Run(opener.name+" "+tt.rel, func(t *testing.T) {
+				fd, err := opener.open(base, tt.rel)
+				if opener.want != nil {
+					require.ErrorIs(t, err, opener.want)
+					return
+				}
+				require.NoError(t, err)
+				require.NoError(t, unix.Close(fd))
+			})
+		}
+	}
 }
 
 // nextCheckpoint is the supervisor's next checkpoint report.
@@ -204,7 +292,7 @@ func TestSupervisorScanSkipsHelperReports(t *testing.T) {
 	// so only the helper's report can be queued for it.
 	makeTree(t, dir, "step-7/model.pt")
 	path := filepath.Join(dir, "step-7")
-	require.NoError(t, h.sup.reportCheckpoint("train", 1, 7, path, time.Now()))
+	require.NoError(t, h.sup.reportCheckpoint(h.token(), "train", 1, 7, path, time.Now()))
 	makeTree(t, dir, "step-7/COMPLETE")
 	h.sup.Stop("train", 1, "done")
 	h.expect("train", 1, wStopped)

@@ -30,6 +30,9 @@ type ProcessSpec struct {
 	ID string
 	// Meta is kept with a shimmed worker and handed back on adoption.
 	Meta []byte
+	// ReportToken is the workers' report token (also in Env), kept with a
+	// shimmed worker and handed back on adoption.
+	ReportToken []byte
 	// OrphanTimeout is how long a shimmed worker outlives an agent that
 	// vanished without a word.
 	OrphanTimeout time.Duration

@@ -2,16 +2,22 @@ package agent
 
 import (
 	"context"
+	"crypto/subtle"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"net"
 	"net/http"
-	"os"
+	"path/filepath"
+	"strings"
+	"syscall"
 	"time"
 
 	"go.uber.org/zap"
+	"golang.org/x/sys/unix"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	rdzvv1 "github.com/rdzv/rdzv/proto/rdzv/v1"
@@ -26,13 +32,41 @@ const (
 	reportShutdown = time.Second
 )
 
-// errNotRunning marks a report from workers other than those running here:
-// a stale generation must never move a job's progress or catalog.
-var errNotRunning = errors.New("not running on this node")
+var (
+	// errNotRunning marks a report for a job or generation other than the
+	// one the report token was given to: a stale generation must never move
+	// a job's progress or catalog.
+	errNotRunning = errors.New("not running on this node")
+	// errTokenRefused marks a report without the token of the workers
+	// running here. It says nothing of what runs: whoever sent it may be
+	// any local user.
+	errTokenRefused = errors.New("report token not accepted: only the workers running on this node can report, " +
+		"with the token the agent gave them in " + reportTokenEnv)
+	// errNoCheckpointDir marks a checkpoint report of a job without a
+	// checkpoint.dir, which would leave nothing to check the path against.
+	errNoCheckpointDir = errors.New("this job has no checkpoint.dir, and checkpoint reports need one: " +
+		"set checkpoint.dir in the job file to the directory the checkpoints are saved under")
+)
+
+const (
+	// reportTokenEnv is the worker's environment variable holding its
+	// generation's report token, sent back as "Authorization: Bearer
+	// <token>". /proc/PID/environ is readable only by the workers' own user
+	// and root, so no other local user can learn it.
+	reportTokenEnv = "RDZV_REPORT_TOKEN"
+	// reportTokenBytes is the token's length, hex-encoded in the
+	// environment and the header.
+	reportTokenBytes = 32
+)
 
 // reportServer is the endpoint on 127.0.0.1 where workers report training
 // steps and saved checkpoints (examples/rdzv_report.py is the client). The
 // agent runs one for its lifetime; workers find it in RDZV_AGENT_ADDR.
+// Any local user can connect, so every report must carry the running
+// workers' token. TCP rather than a Unix socket with peer credentials:
+// the workers' user is not the job's alone (other jobs, other processes of
+// that user), a token tells one generation from the next where a uid
+// cannot, and plain HTTP over TCP is what any training script can speak.
 type reportServer struct {
 	srv *http.Server
 }
@@ -88,38 +122,92 @@ func newReportHandler(sup *Supervisor, log *zap.Logger, now func() time.Time) ht
 }
 
 func (h *reportHandler) step(w http.ResponseWriter, r *http.Request) {
+	token, ok := h.authenticate(w, r)
+	if !ok {
+		return
+	}
 	req, step, ok := h.decode(w, r)
 	if !ok {
 		return
 	}
-	if err := h.sup.reportStep(req.Job, req.Generation, step, h.now()); err != nil {
-		h.reject(w, http.StatusConflict, err.Error())
+	if err := h.sup.reportStep(token, req.Job, req.Generation, step, h.now()); err != nil {
+		h.refuse(w, err)
 		return
 	}
 	w.WriteHeader(http.StatusNoContent)
 }
 
 func (h *reportHandler) checkpoint(w http.ResponseWriter, r *http.Request) {
+	token, ok := h.authenticate(w, r)
+	if !ok {
+		return
+	}
 	req, step, ok := h.decode(w, r)
 	if !ok {
 		return
 	}
-	dir, err := h.sup.checkpointDir(req.Job, req.Generation)
+	dir, cred, err := h.sup.checkpointTarget(token, req.Job, req.Generation)
+	if err == nil {
+		err = checkCheckpointPath(dir, req.Path, cred)
+	}
+	if err == nil {
+		err = h.sup.reportCheckpoint(token, req.Job, req.Generation, step, req.Path, h.now())
+	}
 	if err != nil {
-		h.reject(w, http.StatusConflict, err.Error())
-		return
-	}
-	if err := checkCheckpointPath(dir, req.Path); err != nil {
-		h.reject(w, http.StatusBadRequest, err.Error())
-		return
-	}
-	if err := h.sup.reportCheckpoint(req.Job, req.Generation, step, req.Path, h.now()); err != nil {
-		h.reject(w, http.StatusConflict, err.Error())
+		h.refuse(w, err)
 		return
 	}
 	h.log.Info("checkpoint reported", zap.String("job", req.Job), zap.Uint64("generation", req.Generation),
 		zap.Uint64("step", step), zap.String("path", req.Path))
 	w.WriteHeader(http.StatusNoContent)
+}
+
+// authenticate reads the report token and checks it is the running
+// workers', answering the request itself when not. It comes before the body
+// is even read: a request from anyone else gets nowhere.
+func (h *reportHandler) authenticate(w http.ResponseWriter, r *http.Request) ([]byte, bool) {
+	token, err := parseReportToken(r.Header.Values("Authorization"))
+	if err != nil {
+		w.Header().Set("WWW-Authenticate", `Bearer realm="rdzv worker reports"`)
+		h.reject(w, http.StatusUnauthorized, err.Error())
+		return nil, false
+	}
+	if !h.sup.tokenAccepted(token) {
+		h.reject(w, http.StatusForbidden, errTokenRefused.Error())
+		return nil, false
+	}
+	return token, true
+}
+
+// parseReportToken reads the token from the Authorization header's values:
+// exactly one, "Bearer " and the token in hex.
+func parseReportToken(values []string) ([]byte, error) {
+	switch len(values) {
+	case 0:
+		return nil, fmt.Errorf("report token missing: send the worker's %s as \"Authorization: Bearer <token>\" (examples/rdzv_report.py does)", reportTokenEnv)
+	case 1:
+	default:
+		return nil, fmt.Errorf("report token malformed: %d Authorization headers, expected one", len(values))
+	}
+	scheme, hexToken, _ := strings.Cut(values[0], " ")
+	token, err := hex.DecodeString(hexToken)
+	if !strings.EqualFold(scheme, "Bearer") || err != nil || len(token) != reportTokenBytes {
+		return nil, fmt.Errorf("report token malformed: expected \"Authorization: Bearer\" and %d hex digits", 2*reportTokenBytes)
+	}
+	return token, nil
+}
+
+// refuse answers a report the supervisor or the checkpoint check refused.
+func (h *reportHandler) refuse(w http.ResponseWriter, err error) {
+	status := http.StatusBadRequest
+	switch {
+	case errors.Is(err, errTokenRefused):
+		// The workers were replaced between authentication and the report.
+		status = http.StatusForbidden
+	case errors.Is(err, errNotRunning):
+		status = http.StatusConflict
+	}
+	h.reject(w, status, err.Error())
 }
 
 // decode reads a report, answering the request itself when it is malformed.
@@ -161,43 +249,71 @@ func (h *reportHandler) reject(w http.ResponseWriter, status int, reason string)
 	http.Error(w, reason, status)
 }
 
-// checkCheckpointPath accepts an absolute, clean path to an existing
-// directory, inside dir when the job has one: the path is what the next
-// generation is told to resume from.
-func checkCheckpointPath(dir, path string) error {
-	if path == "" {
+// checkCheckpointPath accepts an absolute, clean path inside dir, the
+// job's checkpoint.dir, to a directory the job's user (cred, nil for the
+// agent's own) can read, reached without leaving dir (see beneath.go): the
+// path is what the next generation is told to resume from.
+func checkCheckpointPath(dir, path string, cred *syscall.Credential) error {
+	switch {
+	case dir == "":
+		return errNoCheckpointDir
+	case path == "":
 		return errors.New("path is required")
 	}
 	if fe := wire.CheckPath("path", path, dir); fe != nil {
 		return fe
 	}
-	info, err := os.Stat(path)
-	if err != nil {
-		return fmt.Errorf("checkpoint path: %w", err)
-	}
-	if !info.IsDir() {
-		return fmt.Errorf("path %q is not a directory", path)
-	}
-	return nil
+	// Cannot fail: CheckPath found path strictly inside dir.
+	rel, _ := filepath.Rel(dir, path)
+	return asUser(cred, func() error {
+		// checkpoint.dir itself is the job's choice, so its own symlinks are
+		// followed, as the job's user.
+		base, err := unix.Open(dir, unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+		if err != nil {
+			return &fs.PathError{Op: "checkpoint.dir", Path: dir, Err: err}
+		}
+		defer unix.Close(base)
+		fd, err := openBeneath(base, rel)
+		if err != nil {
+			return beneathError(path, err)
+		}
+		return unix.Close(fd)
+	})
 }
 
-// runningLocked returns the running worker when it is job's generation gen.
-func (s *Supervisor) runningLocked(job string, gen uint64) (*worker, error) {
-	w := s.cur
-	switch {
-	case w == nil:
-		return nil, fmt.Errorf("job %s generation %d is %w: no workers run here", job, gen, errNotRunning)
-	case w.job != job || w.generation != gen:
-		return nil, fmt.Errorf("job %s generation %d is %w, which runs job %s generation %d", job, gen, errNotRunning, w.job, w.generation)
-	}
-	return w, nil
-}
-
-// reportStep records that job's generation gen reached step at at.
-func (s *Supervisor) reportStep(job string, gen, step uint64, at time.Time) error {
+// tokenAccepted reports whether token is the running workers' report token.
+func (s *Supervisor) tokenAccepted(token []byte) bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	w, err := s.runningLocked(job, gen)
+	return s.tokenAcceptedLocked(token)
+}
+
+func (s *Supervisor) tokenAcceptedLocked(token []byte) bool {
+	w := s.cur
+	// Constant time: how much of a guess matched must not show in how long
+	// the answer takes. A worker adopted without a token (started by an
+	// agent before tokens) accepts none.
+	return w != nil && len(w.token) == reportTokenBytes && subtle.ConstantTimeCompare(token, w.token) == 1
+}
+
+// runningLocked returns the running worker when token is its report token
+// and it is job's generation gen. Neither error names what runs here.
+func (s *Supervisor) runningLocked(token []byte, job string, gen uint64) (*worker, error) {
+	if !s.tokenAcceptedLocked(token) {
+		return nil, errTokenRefused
+	}
+	if w := s.cur; w.job != job || w.generation != gen {
+		return nil, fmt.Errorf("job %s generation %d is %w: the report token is another generation's", job, gen, errNotRunning)
+	}
+	return s.cur, nil
+}
+
+// reportStep records that job's generation gen, whose workers hold token,
+// reached step at at.
+func (s *Supervisor) reportStep(token []byte, job string, gen, step uint64, at time.Time) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	w, err := s.runningLocked(token, job, gen)
 	if err != nil {
 		return err
 	}
@@ -213,23 +329,23 @@ func (w *worker) advance(step uint64, at time.Time) {
 	}
 }
 
-// checkpointDir is the checkpoint directory of job's generation gen, when
-// that is what runs here.
-func (s *Supervisor) checkpointDir(job string, gen uint64) (string, error) {
+// checkpointTarget is the checkpoint directory of job's generation gen and
+// the user its workers run as, when that is what runs here under token.
+func (s *Supervisor) checkpointTarget(token []byte, job string, gen uint64) (string, *syscall.Credential, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	w, err := s.runningLocked(job, gen)
+	w, err := s.runningLocked(token, job, gen)
 	if err != nil {
-		return "", err
+		return "", nil, err
 	}
-	return w.checkpointDir, nil
+	return w.checkpointDir, w.cred, nil
 }
 
 // reportCheckpoint queues a checkpoint the workers saved. A saved step is
 // also progress.
-func (s *Supervisor) reportCheckpoint(job string, gen, step uint64, path string, at time.Time) error {
+func (s *Supervisor) reportCheckpoint(token []byte, job string, gen, step uint64, path string, at time.Time) error {
 	s.mu.Lock()
-	w, err := s.runningLocked(job, gen)
+	w, err := s.runningLocked(token, job, gen)
 	if err == nil {
 		w.advance(step, at)
 		w.reported[step] = true

@@ -3,8 +3,10 @@ package agent
 import (
 	"bytes"
 	"context"
+	"encoding/hex"
 	"fmt"
 	"io"
+	"io/fs"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -13,6 +15,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -24,6 +27,7 @@ import (
 	"github.com/rdzv/rdzv/agent/gpu"
 	"github.com/rdzv/rdzv/agent/netif"
 	rdzvv1 "github.com/rdzv/rdzv/proto/rdzv/v1"
+	"github.com/rdzv/rdzv/wire"
 )
 
 // reportAt is the time the endpoint's clock gives every report.
@@ -37,10 +41,26 @@ func reportEndpoint(t *testing.T, h *supHarness) *httptest.Server {
 	return srv
 }
 
-func post(t *testing.T, srv *httptest.Server, method, path, body string) (int, string) {
+// token is the running workers' report token.
+func (h *supHarness) token() []byte {
+	h.sup.mu.Lock()
+	defer h.sup.mu.Unlock()
+	require.NotNil(h.t, h.sup.cur, "no workers run")
+	return h.sup.cur.token
+}
+
+// bearer is the Authorization header carrying token.
+func bearer(token []byte) string { return "Bearer " + hex.EncodeToString(token) }
+
+// post sends a request with auth as its Authorization header, none when
+// empty.
+func post(t *testing.T, srv *httptest.Server, method, path, auth, body string) (int, string) {
 	t.Helper()
 	req, err := http.NewRequest(method, srv.URL+path, strings.NewReader(body))
 	require.NoError(t, err)
+	if auth != "" {
+		req.Header.Set("Authorization", auth)
+	}
 	resp, err := srv.Client().Do(req)
 	require.NoError(t, err)
 	defer resp.Body.Close()
@@ -53,91 +73,337 @@ func TestReportEndpoint(t *testing.T) {
 	h := newSupervisor(t)
 	root := t.TempDir()
 	dir := filepath.Join(root, "ckpt")
-	makeTree(t, root, "ckpt/step-10/COMPLETE", "ckpt/step-11/model.pt", "ckpt-evil/step-10/COMPLETE")
+	makeTree(t, root, "ckpt/step-10/COMPLETE", "ckpt/step-11/model.pt", "ckpt/.real/step-13/COMPLETE", "ckpt-evil/step-10/COMPLETE")
+	for link, target := range map[string]string{
+		"step-12": ".real/step-13",             // stays beneath
+		"step-14": root + "/ckpt-evil/step-10", // absolute, out
+		"step-15": "../ckpt-evil/step-10",      // relative, out
+		"step-16": "../ckpt/step-10",           // out and back in: still out
+		"step-17": "/root",                     // root's home, as in the review
+	} {
+		require.NoError(t, os.Symlink(target, filepath.Join(dir, link)))
+	}
 	a := h.assignment("train", 2, "hang")
 	a.Spec.CheckpointDir = dir
 	h.sup.Assign(a)
 	h.expect("train", 2, wRunning)
 	srv := reportEndpoint(t, h)
+	auth := bearer(h.token())
+	wrong := bytes.Repeat([]byte{0xab}, reportTokenBytes)
 
 	ckpt := func(gen int, step, path string) string {
 		return fmt.Sprintf(`{"job":"train","generation":%d,"step":%s,"path":%q}`, gen, step, path)
 	}
+	const (
+		missing   = "report token missing: send the worker's RDZV_REPORT_TOKEN"
+		malformed = "report token malformed: expected \"Authorization: Bearer\" and 64 hex digits"
+		refused   = "report token not accepted: only the workers running on this node can report"
+	)
 	tests := []struct {
 		name       string
 		method     string
 		path       string
+		auth       string
 		body       string
 		wantStatus int
 		wantBody   string
 	}{
-		{"step", "POST", "/v1/step", `{"job":"train","generation":2,"step":40}`, http.StatusNoContent, ""},
-		{"step zero", "POST", "/v1/step", `{"job":"train","generation":2,"step":0}`, http.StatusNoContent, ""},
-		{"unknown fields are ignored", "POST", "/v1/step", `{"job":"train","generation":2,"step":41,"rank":3}`, http.StatusNoContent, ""},
-		{"stale generation", "POST", "/v1/step", `{"job":"train","generation":1,"step":900}`, http.StatusConflict,
-			"job train generation 1 is not running on this node, which runs job train generation 2"},
-		{"future generation", "POST", "/v1/step", `{"job":"train","generation":3,"step":900}`, http.StatusConflict, "not running on this node"},
-		{"job name with a path", "POST", "/v1/step", `{"job":"../train","generation":2,"step":1}`, http.StatusBadRequest, "job: must be a DNS-1123 label"},
-		{"missing job", "POST", "/v1/checkpoint", `{"generation":2,"step":1,"path":"/x"}`, http.StatusBadRequest, "job: must be a DNS-1123 label"},
-		{"missing generation", "POST", "/v1/step", `{"job":"train","step":900}`, http.StatusConflict, "not running on this node"},
-		{"wrong job", "POST", "/v1/step", `{"job":"eval","generation":2,"step":900}`, http.StatusConflict, "job eval generation 2 is not running"},
-		{"negative step", "POST", "/v1/step", `{"job":"train","generation":2,"step":-1}`, http.StatusBadRequest, "step must be at least 0, got -1"},
-		{"missing step", "POST", "/v1/step", `{"job":"train","generation":2}`, http.StatusBadRequest, "step is required"},
-		{"fractional step", "POST", "/v1/step", `{"job":"train","generation":2,"step":1.5}`, http.StatusBadRequest, "not valid JSON"},
-		{"not JSON", "POST", "/v1/step", `step=3`, http.StatusBadRequest, "not valid JSON"},
-		{"trailing data", "POST", "/v1/step", `{"job":"train","generation":2,"step":3}{}`, http.StatusBadRequest, "not valid JSON"},
-		{"oversized body", "POST", "/v1/step", `{"job":"train","generation":2,"step":3,"pad":"` + strings.Repeat("x", maxReportBytes) + `"}`,
-			http.StatusRequestEntityTooLarge, "exceeds 4096 bytes"},
-		{"wrong method", "GET", "/v1/step", "", http.StatusMethodNotAllowed, ""},
-		{"unknown endpoint", "POST", "/v1/steps", `{}`, http.StatusNotFound, ""},
+		{"step", "POST", "/v1/step", auth, `{"job":"train","generation":2,"step":40}`, http.StatusNoContent, ""},
+		{"step zero", "POST", "/v1/step", auth, `{"job":"train","generation":2,"step":0}`, http.StatusNoContent, ""},
+		{"unknown fields are ignored", "POST", "/v1/step", auth, `{"job":"train","generation":2,"step":41,"rank":3}`, http.StatusNoContent, ""},
+		{"scheme in any case", "POST", "/v1/step", "bearer " + strings.ToUpper(hex.EncodeToString(h.token())), `{"job":"train","generation":2,"step":0}`, http.StatusNoContent, ""},
 
-		{"checkpoint", "POST", "/v1/checkpoint", ckpt(2, "10", dir+"/step-10"), http.StatusNoContent, ""},
-		{"checkpoint without marker, vouched for by the script", "POST", "/v1/checkpoint", ckpt(2, "11", dir+"/step-11"), http.StatusNoContent, ""},
-		{"checkpoint of a stale generation", "POST", "/v1/checkpoint", ckpt(1, "10", dir+"/step-10"), http.StatusConflict, "not running on this node"},
-		{"relative path", "POST", "/v1/checkpoint", ckpt(2, "10", "ckpt/step-10"), http.StatusBadRequest, "path: must be an absolute path"},
-		{"unclean path", "POST", "/v1/checkpoint", ckpt(2, "10", dir+"/step-10/"), http.StatusBadRequest, "path: must be a clean path"},
-		{"traversal", "POST", "/v1/checkpoint", ckpt(2, "10", dir+"/../ckpt-evil/step-10"), http.StatusBadRequest, "path: must be a clean path"},
-		{"sibling sharing a prefix", "POST", "/v1/checkpoint", ckpt(2, "10", root+"/ckpt-evil/step-10"), http.StatusBadRequest, "path: must be inside " + dir},
-		{"the directory itself", "POST", "/v1/checkpoint", ckpt(2, "10", dir), http.StatusBadRequest, "path: must be inside " + dir},
-		{"missing directory", "POST", "/v1/checkpoint", ckpt(2, "12", dir+"/step-12"), http.StatusBadRequest, "no such file or directory"},
-		{"a file", "POST", "/v1/checkpoint", ckpt(2, "10", dir+"/step-10/COMPLETE"), http.StatusBadRequest, "is not a directory"},
-		{"missing path", "POST", "/v1/checkpoint", `{"job":"train","generation":2,"step":10}`, http.StatusBadRequest, "path is required"},
-		{"negative checkpoint step", "POST", "/v1/checkpoint", ckpt(2, "-10", dir+"/step-10"), http.StatusBadRequest, "step must be at least 0"},
+		{"no token", "POST", "/v1/step", "", `{"job":"train","generation":2,"step":900}`, http.StatusUnauthorized, missing},
+		{"no token, checkpoint", "POST", "/v1/checkpoint", "", ckpt(2, "10", dir+"/step-10"), http.StatusUnauthorized, missing},
+		{"wrong token", "POST", "/v1/step", bearer(wrong), `{"job":"train","generation":2,"step":900}`, http.StatusForbidden, refused},
+		{"wrong token, checkpoint", "POST", "/v1/checkpoint", bearer(wrong), ckpt(2, "10", dir+"/step-10"), http.StatusForbidden, refused},
+		{"wrong token, bad body", "POST", "/v1/step", bearer(wrong), `step=3`, http.StatusForbidden, refused},
+		{"short token", "POST", "/v1/step", auth[:len(auth)-2], `{"job":"train","generation":2,"step":900}`, http.StatusUnauthorized, malformed},
+		{"long token", "POST", "/v1/step", auth + "00", `{"job":"train","generation":2,"step":900}`, http.StatusUnauthorized, malformed},
+		{"not hex", "POST", "/v1/step", "Bearer " + strings.Repeat("zz", reportTokenBytes), `{"job":"train","generation":2,"step":900}`, http.StatusUnauthorized, malformed},
+		{"other scheme", "POST", "/v1/step", "Basic " + hex.EncodeToString(h.token()), `{"job":"train","generation":2,"step":900}`, http.StatusUnauthorized, malformed},
+		{"token without scheme", "POST", "/v1/step", hex.EncodeToString(h.token()), `{"job":"train","generation":2,"step":900}`, http.StatusUnauthorized, malformed},
+
+		{"stale generation", "POST", "/v1/step", auth, `{"job":"train","generation":1,"step":900}`, http.StatusConflict,
+			"job train generation 1 is not running on this node: the report token is another generation's"},
+		{"future generation", "POST", "/v1/step", auth, `{"job":"train","generation":3,"step":900}`, http.StatusConflict, "not running on this node"},
+		{"job name with a path", "POST", "/v1/step", auth, `{"job":"../train","generation":2,"step":1}`, http.StatusBadRequest, "job: must be a DNS-1123 label"},
+		{"missing job", "POST", "/v1/checkpoint", auth, `{"generation":2,"step":1,"path":"/x"}`, http.StatusBadRequest, "job: must be a DNS-1123 label"},
+		{"missing generation", "POST", "/v1/step", auth, `{"job":"train","step":900}`, http.StatusConflict, "not running on this node"},
+		{"wrong job", "POST", "/v1/step", auth, `{"job":"eval","generation":5,"step":900}`, http.StatusConflict, "job eval generation 5 is not running"},
+		{"negative step", "POST", "/v1/step", auth, `{"job":"train","generation":2,"step":-1}`, http.StatusBadRequest, "step must be at least 0, got -1"},
+		{"missing step", "POST", "/v1/step", auth, `{"job":"train","generation":2}`, http.StatusBadRequest, "step is required"},
+		{"fractional step", "POST", "/v1/step", auth, `{"job":"train","generation":2,"step":1.5}`, http.StatusBadRequest, "not valid JSON"},
+		{"not JSON", "POST", "/v1/step", auth, `step=3`, http.StatusBadRequest, "not valid JSON"},
+		{"trailing data", "POST", "/v1/step", auth, `{"job":"train","generation":2,"step":3}{}`, http.StatusBadRequest, "not valid JSON"},
+		{"oversized body", "POST", "/v1/step", auth, `{"job":"train","generation":2,"step":3,"pad":"` + strings.Repeat("x", maxReportBytes) + `"}`,
+			http.StatusRequestEntityTooLarge, "exceeds 4096 bytes"},
+		{"wrong method", "GET", "/v1/step", auth, "", http.StatusMethodNotAllowed, ""},
+		{"unknown endpoint", "POST", "/v1/steps", auth, `{}`, http.StatusNotFound, ""},
+
+		{"checkpoint", "POST", "/v1/checkpoint", auth, ckpt(2, "10", dir+"/step-10"), http.StatusNoContent, ""},
+		{"checkpoint without marker, vouched for by the script", "POST", "/v1/checkpoint", auth, ckpt(2, "11", dir+"/step-11"), http.StatusNoContent, ""},
+		{"symlink staying beneath", "POST", "/v1/checkpoint", auth, ckpt(2, "12", dir+"/step-12"), http.StatusNoContent, ""},
+		{"checkpoint of a stale generation", "POST", "/v1/checkpoint", auth, ckpt(1, "10", dir+"/step-10"), http.StatusConflict, "not running on this node"},
+		{"relative path", "POST", "/v1/checkpoint", auth, ckpt(2, "10", "ckpt/step-10"), http.StatusBadRequest, "path: must be an absolute path"},
+		{"unclean path", "POST", "/v1/checkpoint", auth, ckpt(2, "10", dir+"/step-10/"), http.StatusBadRequest, "path: must be a clean path"},
+		{"traversal", "POST", "/v1/checkpoint", auth, ckpt(2, "10", dir+"/../ckpt-evil/step-10"), http.StatusBadRequest, "path: must be a clean path"},
+		{"sibling sharing a prefix", "POST", "/v1/checkpoint", auth, ckpt(2, "10", root+"/ckpt-evil/step-10"), http.StatusBadRequest, "path: must be inside " + dir},
+		{"the directory itself", "POST", "/v1/checkpoint", auth, ckpt(2, "10", dir), http.StatusBadRequest, "path: must be inside " + dir},
+		{"absolute symlink out", "POST", "/v1/checkpoint", auth, ckpt(2, "14", dir+"/step-14"), http.StatusBadRequest, "leads out of checkpoint.dir"},
+		{"relative symlink out", "POST", "/v1/checkpoint", auth, ckpt(2, "15", dir+"/step-15"), http.StatusBadRequest, "leads out of checkpoint.dir"},
+		{"symlink out and back in", "POST", "/v1/checkpoint", auth, ckpt(2, "16", dir+"/step-16"), http.StatusBadRequest, "leads out of checkpoint.dir"},
+		{"symlink to /root", "POST", "/v1/checkpoint", auth, ckpt(2, "17", dir+"/step-17"), http.StatusBadRequest, "leads out of checkpoint.dir"},
+		{"below a symlink to /root", "POST", "/v1/checkpoint", auth, ckpt(2, "17", dir+"/step-17/.ssh"), http.StatusBadRequest, "leads out of checkpoint.dir"},
+		{"missing directory", "POST", "/v1/checkpoint", auth, ckpt(2, "12", dir+"/step-19"), http.StatusBadRequest, "no such file or directory"},
+		{"a file", "POST", "/v1/checkpoint", auth, ckpt(2, "10", dir+"/step-10/COMPLETE"), http.StatusBadRequest, "not a directory"},
+		{"missing path", "POST", "/v1/checkpoint", auth, `{"job":"train","generation":2,"step":10}`, http.StatusBadRequest, "path is required"},
+		{"negative checkpoint step", "POST", "/v1/checkpoint", auth, ckpt(2, "-10", dir+"/step-10"), http.StatusBadRequest, "step must be at least 0"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			status, body := post(t, srv, tt.method, tt.path, tt.body)
+			status, body := post(t, srv, tt.method, tt.path, tt.auth, tt.body)
 			require.Equal(t, tt.wantStatus, status, body)
 			require.Contains(t, body, tt.wantBody)
+			// Whoever sent it, an answer names nothing of what runs here
+			// beyond what the request itself said.
+			if !strings.Contains(tt.body, `"generation":2`) {
+				require.NotContains(t, body, "generation 2", "the running generation leaks")
+			}
+			if !strings.Contains(tt.body, "train") {
+				require.NotContains(t, body, "train", "the running job's name leaks")
+			}
 		})
 	}
+
+	// The challenge says what to send.
+	resp, err := srv.Client().Post(srv.URL+"/v1/step", "application/json", strings.NewReader(`{}`))
+	require.NoError(t, err)
+	require.NoError(t, resp.Body.Close())
+	require.Equal(t, http.StatusUnauthorized, resp.StatusCode)
+	require.Equal(t, `Bearer realm="rdzv worker reports"`, resp.Header.Get("WWW-Authenticate"))
 
 	// Only the accepted reports had an effect.
 	requireProto(t, &rdzvv1.Progress{Job: "train", Generation: 2, Step: 41, At: timestamppb.New(reportAt)}, h.sup.Progress())
 	requireProto(t, []*rdzvv1.CheckpointReport{
 		{Job: "train", Generation: 2, Step: 10, Path: dir + "/step-10", Source: "helper"},
 		{Job: "train", Generation: 2, Step: 11, Path: dir + "/step-11", Source: "helper"},
+		{Job: "train", Generation: 2, Step: 12, Path: dir + "/step-12", Source: "helper"},
 	}, h.queuedCheckpoints())
 }
-
 func TestReportWithoutCheckpointDir(t *testing.T) {
 	h := newSupervisor(t)
 	h.sup.Assign(h.assignment("train", 1, "hang"))
 	h.expect("train", 1, wRunning)
 	srv := reportEndpoint(t, h)
 	elsewhere := t.TempDir()
-	status, body := post(t, srv, "POST", "/v1/checkpoint", fmt.Sprintf(`{"job":"train","generation":1,"step":5,"path":%q}`, elsewhere))
-	require.Equal(t, http.StatusNoContent, status, "any existing directory will do: %s", body)
-	requireProto(t, []*rdzvv1.CheckpointReport{{Job: "train", Generation: 1, Step: 5, Path: elsewhere, Source: "helper"}}, h.queuedCheckpoints())
+	status, body := post(t, srv, "POST", "/v1/checkpoint", bearer(h.token()), fmt.Sprintf(`{"job":"train","generation":1,"step":5,"path":%q}`, elsewhere))
+	require.Equal(t, http.StatusBadRequest, status, body)
+	require.Equal(t, "this job has no checkpoint.dir, and checkpoint reports need one: "+
+		"set checkpoint.dir in the job file to the directory the checkpoints are saved under\n", body)
+	require.Empty(t, h.queuedCheckpoints())
+	require.Nil(t, h.sup.Progress(), "a refused checkpoint is no progress either")
 }
 
 func TestReportWithNoWorkers(t *testing.T) {
 	h := newSupervisor(t)
 	srv := reportEndpoint(t, h)
-	status, body := post(t, srv, "POST", "/v1/step", `{"job":"train","generation":1,"step":1}`)
-	require.Equal(t, http.StatusConflict, status)
-	require.Contains(t, body, "job train generation 1 is not running on this node: no workers run here")
+	for _, auth := range []string{"", bearer(make([]byte, reportTokenBytes))} {
+		status, _ := post(t, srv, "POST", "/v1/step", auth, `{"job":"train","generation":1,"step":1}`)
+		require.Contains(t, []int{http.StatusUnauthorized, http.StatusForbidden}, status)
+	}
 	require.Nil(t, h.sup.Progress())
+}
+
+// TestTokenIsPerGeneration: the token of generation 1's workers is worth
+// nothing once generation 2 runs, even for reports naming generation 2.
+func TestTokenIsPerGeneration(t *testing.T) {
+	h := newSupervisor(t)
+	h.sup.Assign(h.assignment("train", 1, "hang"))
+	h.expect("train", 1, wRunning)
+	first := h.token()
+	require.Len(t, first, reportTokenBytes)
+	h.sup.Assign(h.assignment("train", 2, "hang"))
+	h.expect("train", 1, wStopped)
+	h.expect("train", 2, wRunning)
+	second := h.token()
+	require.NotEqual(t, first, second)
+
+	srv := reportEndpoint(t, h)
+	status, body := post(t, srv, "POST", "/v1/step", bearer(first), `{"job":"train","generation":2,"step":1}`)
+	require.Equal(t, http.StatusForbidden, status, body)
+	require.ErrorIs(t, h.sup.reportStep(first, "train", 2, 1, reportAt), errTokenRefused)
+	require.Nil(t, h.sup.Progress())
+	status, body = post(t, srv, "POST", "/v1/step", bearer(second), `{"job":"train","generation":2,"step":1}`)
+	require.Equal(t, http.StatusNoContent, status, body)
+}
+
+// TestAdoptedWorkersKeepTheirToken: the next agent accepts the adopted
+// workers' token, and a worker whose shim kept none (started by an agent
+// before report tokens) cannot report at all.
+func TestAdoptedWorkersKeepTheirToken(t *testing.T) {
+	for _, tokenKept := range []bool{true, false} {
+		t.Run(fmt.Sprintf("token kept %v", tokenKept), func(t *testing.T) {
+			h := newSupervisor(t, withRestartGrace(time.Minute))
+			h.sup.Assign(h.assignment("train", 1, "hang"))
+			h.expect("train", 1, wRunning)
+			token := h.token()
+			handOver(t, h, true)
+			if !tokenKept {
+				require.NoError(t, os.Remove(filepath.Join(h.stateDir, "workers", "train.1", shimTokenFile)))
+			}
+			next := h.successor()
+			require.True(t, next.sup.Running("train"))
+			err := next.sup.reportStep(token, "train", 1, 7, reportAt)
+			if tokenKept {
+				require.NoError(t, err)
+				require.EqualValues(t, 7, next.sup.Progress().GetStep())
+			} else {
+				require.ErrorIs(t, err, errTokenRefused)
+				require.ErrorIs(t, next.sup.reportStep(nil, "train", 1, 7, reportAt), errTokenRefused)
+				require.Nil(t, next.sup.Progress())
+			}
+			next.sup.Stop("train", 1, "done")
+			next.expect("train", 1, wStopped)
+		})
+	}
+}
+
+// nobody is the unprivileged user the local-attacker tests act as.
+var nobody = &syscall.Credential{Uid: 65534, Gid: 65534, Groups: []uint32{65534}}
+
+// needRoot skips tests that switch users where they cannot.
+func needRoot(t *testing.T) {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Skip("switching users needs root")
+	}
+}
+
+// openToAll lets every user through dir and the directories above it up to
+// the system's temporary directory (t.TempDir makes the first below 0700).
+func openToAll(t *testing.T, dir string) {
+	t.Helper()
+	for d := dir; wire.Within(os.TempDir(), d); d = filepath.Dir(d) {
+		require.NoError(t, os.Chmod(d, 0o755))
+	}
+}
+
+// TestCheckpointPathAsJobUser checks reported paths as an unprivileged job
+// user would see them: what that user cannot read is refused, with the same
+// answer whether or not it exists, so the agent's root view leaks nothing.
+func TestCheckpointPathAsJobUser(t *testing.T) {
+	needRoot(t)
+	root := t.TempDir()
+	dir := filepath.Join(root, "ckpt")
+	makeTree(t, root, "ckpt/step-1/COMPLETE", "ckpt/private/step-2/COMPLETE", "ckpt/unlistable/")
+	openToAll(t, dir)
+	makeTree(t, dir, "step-3/")
+	require.NoError(t, os.Chmod(filepath.Join(dir, "private"), 0o700))
+	require.NoError(t, os.Chmod(filepath.Join(dir, "step-3"), 0o311))
+	hidden := filepath.Join(root, "locked", "ckpt")
+	makeTree(t, hidden, "step-1/")
+	require.NoError(t, os.Chmod(filepath.Dir(hidden), 0o700))
+
+	tests := []struct {
+		name    string
+		dir     string
+		path    string
+		cred    *syscall.Credential
+		wantErr string
+	}{
+		{"readable", dir, dir + "/step-1", nobody, ""},
+		{"as root", dir, dir + "/private/step-2", nil, ""},
+		{"in a directory the user cannot enter", dir, dir + "/private/step-2", nobody, "permission denied"},
+		{"missing there: the same answer", dir, dir + "/private/step-9", nobody, "permission denied"},
+		{"a directory the user cannot list", dir, dir + "/step-3", nobody, "permission denied"},
+		{"checkpoint.dir the user cannot reach", hidden, hidden + "/step-1", nobody, "permission denied"},
+		{"checkpoint.dir missing there: the same answer", hidden + "-nope", hidden + "-nope/step-1", nobody, "permission denied"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			err := checkCheckpointPath(tt.dir, tt.path, tt.cred)
+			if tt.wantErr == "" {
+				require.NoError(t, err)
+				return
+			}
+			require.ErrorIs(t, err, fs.ErrPermission)
+			require.ErrorContains(t, err, tt.wantErr)
+		})
+	}
+}
+
+// TestLocalUserCannotReport is the local attacker: an unprivileged user on
+// the node, here nobody, posting to a real report endpoint for a running
+// job. Without the token it is refused and changes nothing, and it cannot
+// read the token from the workers' environment.
+func TestLocalUserCannotReport(t *testing.T) {
+	needRoot(t)
+	needPython(t)
+	h := newSupervisor(t)
+	dir := t.TempDir()
+	makeTree(t, dir, "step-5/COMPLETE")
+	openToAll(t, dir)
+	a := h.assignment("train", 3, "hang")
+	a.Spec.CheckpointDir = dir
+	h.sup.Assign(a)
+	h.expect("train", 3, wRunning)
+	pid := h.record("train", 3).PID
+
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	srv := newReportServer(h.sup, zaptest.NewLogger(t))
+	served := make(chan error, 1)
+	go func() { served <- srv.serve(ln) }()
+	defer func() {
+		srv.shutdown()
+		require.NoError(t, <-served)
+	}()
+
+	// What the attacker runs: read the workers' environment, then post a
+	// step and a checkpoint as the helper would, with whatever token it has.
+	const attack = `
+import json, os, sys, urllib.request, urllib.error
+addr, pid, ckpt, token = sys.argv[1:5]
+try:
+    open("/proc/%s/environ" % pid, "rb").read()
+    print("environ: read")
+except OSError as e:
+    print("environ:", e.strerror)
+for kind, body in (("step", {"step": 999}), ("checkpoint", {"step": 5, "path": ckpt})):
+    body.update(job="train", generation=3)
+    req = urllib.request.Request("http://%s/v1/%s" % (addr, kind), data=json.dumps(body).encode(), method="POST")
+    if token:
+        req.add_header("Authorization", "Bearer " + token)
+    try:
+        print(kind, urllib.request.urlopen(req, timeout=5).status)
+    except urllib.error.HTTPError as e:
+        print(kind, e.code, e.read().decode().strip())
+`
+	for _, tt := range []struct {
+		name  string
+		token string
+		want  string
+	}{
+		{"no token", "", "environ: Permission denied\n" +
+			"step 401 report token missing: send the worker's RDZV_REPORT_TOKEN as \"Authorization: Bearer <token>\" (examples/rdzv_report.py does)\n" +
+			"checkpoint 401 report token missing: send the worker's RDZV_REPORT_TOKEN as \"Authorization: Bearer <token>\" (examples/rdzv_report.py does)\n"},
+		{"guessed token", strings.Repeat("0", 2*reportTokenBytes), "environ: Permission denied\n" +
+			"step 403 " + errTokenRefused.Error() + "\n" +
+			"checkpoint 403 " + errTokenRefused.Error() + "\n"},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			cmd := exec.Command(python, "-c", attack, ln.Addr().String(), strconv.Itoa(pid), dir+"/step-5", tt.token)
+			cmd.Env = []string{"PATH=" + os.Getenv("PATH"), "PYTHONDONTWRITEBYTECODE=1"}
+			cmd.Dir = "/"
+			cmd.SysProcAttr = &syscall.SysProcAttr{Credential: nobody}
+			out, err := cmd.CombinedOutput()
+			require.NoError(t, err, "%s", out)
+			require.Equal(t, tt.want, string(out))
+		})
+	}
+	require.Nil(t, h.sup.Progress(), "no step was recorded")
+	require.Empty(t, h.queuedCheckpoints(), "no checkpoint was recorded")
 }
 
 func TestProgressFollowsCurrentWorker(t *testing.T) {
@@ -147,11 +413,12 @@ func TestProgressFollowsCurrentWorker(t *testing.T) {
 	require.Nil(t, h.sup.Progress(), "no progress before the first report")
 
 	t0 := time.Now()
-	require.NoError(t, h.sup.reportStep("train", 1, 50, t0))
-	require.NoError(t, h.sup.reportStep("train", 1, 49, t0.Add(time.Second)), "a slower rank's step is accepted")
+	tok := h.token()
+	require.NoError(t, h.sup.reportStep(tok, "train", 1, 50, t0))
+	require.NoError(t, h.sup.reportStep(tok, "train", 1, 49, t0.Add(time.Second)), "a slower rank's step is accepted")
 	requireProto(t, &rdzvv1.Progress{Job: "train", Generation: 1, Step: 50, At: timestamppb.New(t0)}, h.sup.Progress(),
 		"the highest step is kept, with the time it was reached")
-	require.NoError(t, h.sup.reportCheckpoint("train", 1, 60, "/ckpt/step-60", t0.Add(2*time.Second)))
+	require.NoError(t, h.sup.reportCheckpoint(tok, "train", 1, 60, "/ckpt/step-60", t0.Add(2*time.Second)))
 	requireProto(t, &rdzvv1.Progress{Job: "train", Generation: 1, Step: 60, At: timestamppb.New(t0.Add(2 * time.Second))}, h.sup.Progress(),
 		"a saved checkpoint is progress too")
 
@@ -159,8 +426,9 @@ func TestProgressFollowsCurrentWorker(t *testing.T) {
 	h.expect("train", 1, wStopped)
 	h.expect("train", 2, wRunning)
 	require.Nil(t, h.sup.Progress(), "a new generation starts without progress")
-	require.ErrorIs(t, h.sup.reportStep("train", 1, 70, t0), errNotRunning)
-	require.NoError(t, h.sup.reportStep("train", 2, 3, t0))
+	require.ErrorIs(t, h.sup.reportStep(tok, "train", 1, 70, t0), errTokenRefused)
+	require.ErrorIs(t, h.sup.reportStep(h.token(), "train", 1, 70, t0), errNotRunning)
+	require.NoError(t, h.sup.reportStep(h.token(), "train", 2, 3, t0))
 	require.EqualValues(t, 3, h.sup.Progress().GetStep())
 
 	h.sup.Stop("train", 2, "done")
@@ -173,7 +441,7 @@ func TestCheckpointQueueDropsOldest(t *testing.T) {
 	h.sup.Assign(h.assignment("train", 1, "hang"))
 	h.expect("train", 1, wRunning)
 	for step := uint64(1); step <= checkpointQueueSize+1; step++ {
-		require.NoError(t, h.sup.reportCheckpoint("train", 1, step, fmt.Sprintf("/ckpt/step-%d", step), time.Now()))
+		require.NoError(t, h.sup.reportCheckpoint(h.token(), "train", 1, step, fmt.Sprintf("/ckpt/step-%d", step), time.Now()))
 	}
 	require.False(t, h.sup.queueCheckpoint(&rdzvv1.CheckpointReport{Job: "train", Generation: 1, Step: 100}, false),
 		"a scanned checkpoint waits for the next scan rather than push one out")
@@ -250,22 +518,28 @@ func TestPythonHelper(t *testing.T) {
 		name string
 		code string
 		// addr is RDZV_AGENT_ADDR, unset when empty.
-		addr       string
-		staleGen   bool
+		addr     string
+		staleGen bool
+		// token is RDZV_REPORT_TOKEN: "" the workers', "-" unset.
+		token      string
 		wantStep   uint64 // 0: no progress
 		wantCkpt   bool
-		wantStderr string // with REPORTED and RUNNING for the generations
+		wantStderr string // with REPORTED for the generation reported
 	}{
 		{name: "reports the step", code: `import rdzv_report; rdzv_report.report_step(1)`, addr: live, wantStep: 1},
 		{name: "rate limited", code: `import rdzv_report; rdzv_report.report_step(2); rdzv_report.report_step(9)`, addr: live, wantStep: 2},
 		{name: "force sends anyway", code: `import rdzv_report; rdzv_report.report_step(2); rdzv_report.report_step(9, force=True)`, addr: live, wantStep: 9},
 		{name: "reports a checkpoint", code: fmt.Sprintf(`import rdzv_report; rdzv_report.report_checkpoint(8, %q)`, ckpt+"/step-8"),
 			addr: live, wantStep: 8, wantCkpt: true},
+		{name: "without the token, refused", code: `import rdzv_report; rdzv_report.report_step(3); print("still training")`, addr: live, token: "-",
+			wantStderr: warning + "agent answered 401: report token missing: send the worker's RDZV_REPORT_TOKEN as \"Authorization: Bearer <token>\" (examples/rdzv_report.py does)\n"},
+		{name: "with another token, refused", code: `import rdzv_report; rdzv_report.report_step(3); print("still training")`, addr: live,
+			token: strings.Repeat("ab", reportTokenBytes), wantStderr: warning + "agent answered 403: " + errTokenRefused.Error() + "\n"},
 		{name: "silent without rdzv", code: `import rdzv_report; rdzv_report.report_step(1, force=True); rdzv_report.report_checkpoint(1, "/nope")`},
 		{name: "stale generation warns once and carries on",
 			code: `import rdzv_report` + strings.Repeat(`; rdzv_report.report_step(7, force=True)`, 3) + `; print("still training")`,
 			addr: live, staleGen: true,
-			wantStderr: warning + "agent answered 409: job train generation REPORTED is not running on this node, which runs job train generation RUNNING\n"},
+			wantStderr: warning + "agent answered 409: job train generation REPORTED is not running on this node: the report token is another generation's\n"},
 		{name: "agent unreachable", code: `import rdzv_report; rdzv_report.report_step(7); rdzv_report.report_step(8, force=True); print("still training")`,
 			addr: dead, wantStderr: warning + "[Errno 111] Connection refused\n"},
 		{name: "bad step warns", code: `import rdzv_report; rdzv_report.report_step("seven", force=True); print("still training")`,
@@ -275,7 +549,9 @@ func TestPythonHelper(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			// A generation per case, so that each starts without progress.
 			gen := uint64(i + 2)
-			h.sup.Assign(h.assignment("train", gen, "hang"))
+			a := h.assignment("train", gen, "hang")
+			a.Spec.CheckpointDir = ckpt
+			h.sup.Assign(a)
 			if i > 0 {
 				h.expect("train", gen-1, wStopped)
 			}
@@ -289,6 +565,13 @@ func TestPythonHelper(t *testing.T) {
 				reportGen--
 			}
 			env = append(env, "RDZV_JOB=train", fmt.Sprintf("RDZV_GENERATION=%d", reportGen))
+			switch tt.token {
+			case "":
+				env = append(env, "RDZV_REPORT_TOKEN="+hex.EncodeToString(h.token()))
+			case "-":
+			default:
+				env = append(env, "RDZV_REPORT_TOKEN="+tt.token)
+			}
 
 			stdout, stderr, err := runPython(t, tt.code, env...)
 			require.NoError(t, err, "stderr: %s", stderr)
@@ -296,8 +579,7 @@ func TestPythonHelper(t *testing.T) {
 				require.Empty(t, stderr)
 				require.Empty(t, stdout)
 			} else {
-				gens := strings.NewReplacer("REPORTED", strconv.FormatUint(reportGen, 10), "RUNNING", strconv.FormatUint(gen, 10))
-				require.Equal(t, gens.Replace(tt.wantStderr), stderr)
+				require.Equal(t, strings.ReplaceAll(tt.wantStderr, "REPORTED", strconv.FormatUint(reportGen, 10)), stderr)
 				require.Equal(t, "still training\n", stdout)
 			}
 			if tt.wantStep == 0 {

@@ -23,14 +23,17 @@ import (
 // it SIGKILLs the group, so workers never outlive their supervision for
 // longer than the controller waits before moving the job on.
 //
-// Files in DIR: spec.json (the agent's, what to run), meta (the agent's,
-// opaque to the shim: the assignment), shim.sock, state.json (the
+// Files in DIR: spec.json (the agent's, what to run), meta and
+// report.token (the agent's, opaque to the shim: the assignment and the
+// workers' report token, for the agent that adopts them), shim.sock, state.json (the
 // launcher's pid) and exit.json (written once the group is gone), shim.log.
 // DIR is 0700 and the files 0600, root's: spec.json and meta hold the
-// job's environment, secrets included.
+// job's environment, secrets included, and report.token lets its holder
+// report for the job.
 const (
 	shimSpecFile  = "spec.json"
 	shimMetaFile  = "meta"
+	shimTokenFile = "report.token"
 	shimSocket    = "shim.sock"
 	shimStateFile = "state.json"
 	shimExitFile  = "exit.json"

@@ -2,6 +2,7 @@ package agent
 
 import (
 	"bufio"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -57,6 +58,9 @@ func (s ShimSpawner) Spawn(spec ProcessSpec) (Process, error) {
 	if err := os.WriteFile(filepath.Join(dir, shimMetaFile), spec.Meta, 0o600); err != nil {
 		return nil, fmt.Errorf("writing worker metadata: %w", err)
 	}
+	if err := os.WriteFile(filepath.Join(dir, shimTokenFile), []byte(hex.EncodeToString(spec.ReportToken)), 0o600); err != nil {
+		return nil, fmt.Errorf("writing the workers' report token: %w", err)
+	}
 	shimLog, err := os.OpenFile(filepath.Join(dir, shimLogFile), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
 	if err != nil {
 		return nil, fmt.Errorf("opening shim log: %w", err)
@@ -111,8 +115,15 @@ func (s ShimSpawner) Spawn(spec ProcessSpec) (Process, error) {
 
 // Adopted is a worker a previous agent left behind.
 type Adopted struct {
-	// Meta is what was passed as ProcessSpec.Meta.
-	Meta []byte
+	// Meta and ReportToken are what was passed in ProcessSpec; the token
+	// is nil for a worker started before report tokens.
+	Meta        []byte
+	ReportToken []byte
+	// Credential is the user the workers run as, nil for the agent's own.
+	Credential *syscall.Credential
+	// Live is set when the shim was still there to attach to: its workers
+	// may still be reporting.
+	Live bool
 	Proc Process
 }
 
@@ -135,19 +146,29 @@ func (s ShimSpawner) Adopt() ([]Adopted, error) {
 			continue
 		}
 		dir := filepath.Join(s.Dir, e.Name())
+		// The spec says which user the workers run as, which their
+		// checkpoints are checked as.
+		var spec shimSpec
 		meta, err := os.ReadFile(filepath.Join(dir, shimMetaFile))
+		if err == nil {
+			err = readJSON(filepath.Join(dir, shimSpecFile), &spec)
+		}
 		if err != nil {
 			s.Log.Warn("removing an unreadable shim directory", zap.String("dir", dir), zap.Error(err))
 			_ = os.RemoveAll(dir)
 			continue
 		}
+		// Missing from a shim of an agent before report tokens.
+		token, _ := os.ReadFile(filepath.Join(dir, shimTokenFile))
+		token, _ = hex.DecodeString(string(token))
 		p, err := attachShim(dir, nil, s.Log)
-		if err != nil {
+		live := err == nil
+		if !live {
 			// The shim is gone: its exit file says how the workers ended,
 			// or, if it died first, sweep its launcher's group ourselves.
 			p = endedShim(dir, s.Log)
 		}
-		out = append(out, Adopted{Meta: meta, Proc: p})
+		out = append(out, Adopted{Meta: meta, ReportToken: token, Credential: spec.Credential, Live: live, Proc: p})
 	}
 	return out, nil
 }

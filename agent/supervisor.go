@@ -2,6 +2,8 @@ package agent
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"fmt"
 	"os"
 	"os/exec"
@@ -10,6 +12,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"go.uber.org/zap"
@@ -72,9 +75,14 @@ type worker struct {
 	job           string
 	generation    uint64
 	checkpointDir string
-	proc          Process
-	logPath       string
-	done          chan struct{}
+	// token is what the workers authenticate their reports with; cred is
+	// the user they run as (nil: the agent's), whose view of the
+	// filesystem their checkpoint paths are checked with.
+	token   []byte
+	cred    *syscall.Credential
+	proc    Process
+	logPath string
+	done    chan struct{}
 	// scanStop and scanDone are set when this node scans checkpointDir.
 	scanStop chan struct{}
 	scanDone chan struct{}
@@ -197,7 +205,11 @@ func (s *Supervisor) Adopt(found []Adopted) {
 			_ = f.Proc.Kill(0)
 			continue
 		}
-		w := newWorker(a, f.Proc, logPath)
+		if len(f.ReportToken) != reportTokenBytes {
+			s.log.Warn("adopted workers have no report token, their reports are refused until the next generation",
+				zap.String("job", job), zap.Uint64("generation", gen))
+		}
+		w := newWorker(a, f.Proc, logPath, f.ReportToken, f.Credential)
 		s.log.Info("adopted running workers", zap.String("job", job), zap.Uint64("generation", gen), zap.Int("pid", f.Proc.Pid()))
 		// Not announced as started: the registration reports it running,
 		// and it may well have ended while no agent was here.
@@ -314,9 +326,9 @@ func (s *Supervisor) supervise(w *worker, a *rdzvv1.Assignment, announce bool) {
 	go s.watch(w)
 }
 
-func newWorker(a *rdzvv1.Assignment, proc Process, logPath string) *worker {
+func newWorker(a *rdzvv1.Assignment, proc Process, logPath string, token []byte, cred *syscall.Credential) *worker {
 	return &worker{job: a.GetSpec().GetName(), generation: a.GetGeneration(), checkpointDir: a.GetSpec().GetCheckpointDir(), proc: proc, logPath: logPath,
-		done: make(chan struct{}), reported: map[uint64]bool{}}
+		token: token, cred: cred, done: make(chan struct{}), reported: map[uint64]bool{}}
 }
 
 func (s *Supervisor) watch(w *worker) {
@@ -522,12 +534,16 @@ func (s *Supervisor) start(a *rdzvv1.Assignment) (*worker, error) {
 	if err != nil {
 		return nil, fmt.Errorf("encoding the assignment: %w", err)
 	}
-	proc, err := s.spawner.Spawn(ProcessSpec{Path: torchrun, Args: args, Dir: workdir, Env: s.env(a, jobEnv), Output: out, LogPath: logPath, Credential: runAs.Credential,
-		ID: fmt.Sprintf("%s.%d", job, a.GetGeneration()), Meta: meta, OrphanTimeout: time.Duration(s.orphanTimeout.Load())})
+	// A token per generation: workers of an earlier one, or anyone who saw
+	// its environment, cannot report for this one.
+	token := make([]byte, reportTokenBytes)
+	_, _ = rand.Read(token) // never fails; it would crash the agent first
+	proc, err := s.spawner.Spawn(ProcessSpec{Path: torchrun, Args: args, Dir: workdir, Env: s.env(a, jobEnv, token), Output: out, LogPath: logPath, Credential: runAs.Credential,
+		ID: fmt.Sprintf("%s.%d", job, a.GetGeneration()), Meta: meta, ReportToken: token, OrphanTimeout: time.Duration(s.orphanTimeout.Load())})
 	if err != nil {
 		return nil, err
 	}
-	return newWorker(a, proc, logPath), nil
+	return newWorker(a, proc, logPath, token, runAs.Credential), nil
 }
 
 // LauncherArgs is the torchrun command line for an assignment: the
@@ -549,7 +565,7 @@ func LauncherArgs(a *rdzvv1.Assignment) []string {
 // env is the agent's environment, then the job's (jobEnv), then what rdzv
 // decides; the last word on interfaces, devices and identity is always
 // rdzv's.
-func (s *Supervisor) env(a *rdzvv1.Assignment, jobEnv map[string]string) []string {
+func (s *Supervisor) env(a *rdzvv1.Assignment, jobEnv map[string]string, reportToken []byte) []string {
 	spec := a.GetSpec()
 	gpus := make([]string, len(a.GetGpuIndices()))
 	for i, g := range a.GetGpuIndices() {
@@ -566,6 +582,7 @@ func (s *Supervisor) env(a *rdzvv1.Assignment, jobEnv map[string]string) []strin
 		"RDZV_CHECKPOINT_DIR":  spec.GetCheckpointDir(),
 		"RDZV_RESUME_FROM":     a.GetResumeFrom(),
 		"RDZV_AGENT_ADDR":      s.reportAddr,
+		reportTokenEnv:         hex.EncodeToString(reportToken),
 	}
 	var env []string
 	for _, kv := range os.Environ() {

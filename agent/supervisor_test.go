@@ -80,10 +80,12 @@ func TestSupervisorLaunchesWithRendezvous(t *testing.T) {
 		"RDZV_CHECKPOINT_DIR":  "/ckpt/train",
 		"RDZV_RESUME_FROM":     "/ckpt/train/step-100",
 		"RDZV_AGENT_ADDR":      "127.0.0.1:7071",
+		"RDZV_REPORT_TOKEN":    rec.Env["RDZV_REPORT_TOKEN"], // random, checked below
 		"JOB_VAR":              "from-job",
 		"AGENT_VAR":            "from-agent",
 		"PATH":                 os.Getenv("PATH"),
 	}, rec.Env)
+	require.Regexp(t, "^[0-9a-f]{64}$", rec.Env["RDZV_REPORT_TOKEN"])
 }
 
 func TestSupervisorScratchWorkdir(t *testing.T) {
@@ -327,9 +329,10 @@ func TestSupervisorEnvHasLastWord(t *testing.T) {
 		"RDZV_GENERATION":      "job-env",
 		"RDZV_NODE":            "job-env",
 		"RDZV_AGENT_ADDR":      "job-env",
+		"RDZV_REPORT_TOKEN":    "job-env",
 		"JOB_VAR":              "from-job",
 	}
-	env := h.sup.env(a, a.Spec.Env)
+	env := h.sup.env(a, a.Spec.Env, []byte{0xab})
 
 	last := map[string]string{}
 	for _, kv := range env {
@@ -344,6 +347,7 @@ func TestSupervisorEnvHasLastWord(t *testing.T) {
 		"RDZV_NODE":            "node-a",
 		"RDZV_JOB":             "train",
 		"RDZV_AGENT_ADDR":      "127.0.0.1:7071",
+		"RDZV_REPORT_TOKEN":    "ab",
 		"JOB_VAR":              "from-job",
 		"PATH":                 os.Getenv("PATH"),
 	} {

@@ -18,9 +18,11 @@ enters the job's checkpoint catalog at once, so a failure right after the
 save resumes from it; the agent also scans checkpoint.dir, but only every few
 seconds.
 
-The agent passes its address in RDZV_AGENT_ADDR, and the worker's job and
-generation in RDZV_JOB and RDZV_GENERATION. Without RDZV_AGENT_ADDR (the
-script run by hand, or by plain torchrun) every call does nothing.
+The agent passes its address in RDZV_AGENT_ADDR, the worker's job and
+generation in RDZV_JOB and RDZV_GENERATION, and the generation's report
+token in RDZV_REPORT_TOKEN: the agent accepts reports only with that token,
+so keep it out of logs. Without RDZV_AGENT_ADDR (the script run by hand, or
+by plain torchrun) every call does nothing.
 
 No call ever raises: a failed report must not stop training. Failures are
 written to stderr once per kind of report, and each call waits at most about
@@ -65,9 +67,10 @@ def report_step(step, force=False):
 
 
 def report_checkpoint(step, path):
-    """Report a complete checkpoint of step saved at path (a directory,
-    inside the job's checkpoint.dir when it has one). Call it only after the
-    save has returned and the checkpoint's completion marker is written."""
+    """Report a complete checkpoint of step saved at path (a directory
+    inside the job's checkpoint.dir; without one the agent refuses checkpoint
+    reports). Call it only after the save has returned and the checkpoint's
+    completion marker is written."""
     try:
         _post("checkpoint", {"step": int(step), "path": os.path.abspath(path)})
     except Exception as e:
@@ -85,8 +88,11 @@ def _post(kind, fields):
                     generation=int(os.environ.get("RDZV_GENERATION", "0")))
         conn = http.client.HTTPConnection(host, int(port), timeout=_TIMEOUT)
         try:
-            conn.request("POST", "/v1/" + kind, body=json.dumps(body),
-                         headers={"Content-Type": "application/json"})
+            headers = {"Content-Type": "application/json"}
+            token = os.environ.get("RDZV_REPORT_TOKEN", "")
+            if token:  # without, the agent's refusal says what is missing
+                headers["Authorization"] = "Bearer " + token
+            conn.request("POST", "/v1/" + kind, body=json.dumps(body), headers=headers)
             resp = conn.getresponse()
             reason = resp.read(1024).decode("utf-8", "replace").strip()
         finally:

@@ -189,6 +189,9 @@ func requireWorkerLogs(t *testing.T, c *cluster, job jobFile) {
 		require.NoError(t, err)
 		require.Equal(t, string(onDisk), out, "rdzvctl logs --node %s differs from the log on the node", h.Name)
 
+		// The helper warns of any report the agent refused, e.g. for want
+		// of the report token.
+		require.NotContains(t, out, "rdzv_report:", "a worker's report to the agent failed on %s", h.Name)
 		workers := taggedLines(out, "RDZV_WORKER")
 		require.Len(t, workers, procsPerNode, "RDZV_WORKER lines on %s:\n%s", h.Name, out)
 		ranks := map[int]bool{}
