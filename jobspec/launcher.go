@@ -125,24 +125,37 @@ func reservedEnvReason(name string) string {
 }
 
 // validateLauncherArgs checks launcher.extra_args and command as torchrun
-// would read them after rdzv's own options: no token of extra_args may
-// spell a reserved option, the last may not take command[0] as its value,
-// and command[0] must be the training script rather than an option, since
-// torchrun reads options up to its first positional argument.
+// reads them after rdzv's own options: as options up to the first
+// positional argument, the training script, which may be in either list
+// (command: [-m, pkg.train]). No argument there may spell a reserved
+// option, nor may any in extra_args, which are all meant for torchrun.
 func validateLauncherArgs(extra, command []string) []*wire.FieldError {
-	var errs []*wire.FieldError
-	for i, a := range extra {
-		if reason := reservedArgReason(a); reason != "" {
-			errs = append(errs, &wire.FieldError{Field: fmt.Sprintf("launcher.extra_args[%d]", i), Value: wire.Quote(a), Reason: reason})
+	args := append(extra[:len(extra):len(extra)], command...)
+	// end is where torchrun's options end: the training script, or "--".
+	// Where it cannot tell whether an option takes a value, it assumes one,
+	// which checks more arguments, not fewer.
+	end := len(args)
+	for i := 0; i < len(args); i++ {
+		if _, _, ok := optionName(args[i]); !ok {
+			end = i
+			break
+		}
+		if takesNextArg(args[i]) {
+			i++ // the value: were it an option, torchrun would refuse it
 		}
 	}
-	if n := len(extra); n > 0 && takesNextArg(extra[n-1]) {
-		errs = append(errs, &wire.FieldError{Field: fmt.Sprintf("launcher.extra_args[%d]", n-1), Value: wire.Quote(extra[n-1]),
-			Reason: "would take command[0] as its value, and torchrun would read the rest of command as its own options: give the value in extra_args (--opt=value), or end extra_args with an option that takes none"})
-	}
-	if len(command) > 0 && len(command[0]) > 1 && command[0][0] == '-' {
-		errs = append(errs, &wire.FieldError{Field: "command[0]", Value: wire.Quote(command[0]),
-			Reason: "must be the training script: torchrun reads anything starting with '-' before it as its own option (put torchrun options in launcher.extra_args)"})
+	var errs []*wire.FieldError
+	for i, a := range args[:max(end, len(extra))] {
+		reason := reservedArgReason(a)
+		if reason == "" {
+			continue
+		}
+		field := fmt.Sprintf("launcher.extra_args[%d]", i)
+		if i >= len(extra) {
+			field = fmt.Sprintf("command[%d]", i-len(extra))
+			reason += " (torchrun reads command up to the training script as its own options; put torchrun's in launcher.extra_args)"
+		}
+		errs = append(errs, &wire.FieldError{Field: field, Value: wire.Quote(a), Reason: reason})
 	}
 	return errs
 }
@@ -151,7 +164,9 @@ func validateLauncherArgs(extra, command []string) []*wire.FieldError {
 // after the leading dashes and before any '=', with '-' read as '_' (torch
 // 2.x accepts both) and in lower case (no torchrun option differs by case
 // alone). ok is false when the argument is no option: it does not start
-// with '-', or is "-" or "--" (argparse's end of options).
+// with '-', or is "-" or "--" (argparse's end of options). A negative
+// number counts as an option here, though argparse takes it for a
+// positional argument: that only checks more.
 func optionName(arg string) (name string, dashes int, ok bool) {
 	if len(arg) < 2 || arg[0] != '-' || arg == "--" {
 		return "", 0, false
@@ -201,7 +216,7 @@ func reservedArgReason(arg string) string {
 	return fmt.Sprintf("could be read by torchrun as %s, which rdzv sets", strings.Join(names, " or "))
 }
 
-// takesNextArg says whether torchrun could take the argument after arg as
+// takesNextArg says whether torchrun may take the argument after arg as
 // arg's value: arg is an option without '=' that is not known to be a flag.
 // Single-dash arguments are read as argparse reads them: a short option,
 // then its attached value or more short flags.

@@ -42,14 +42,13 @@ var launcherCases = []launcherCase{
 	{"value with a space", []string{"--nn=1 2"}, nil, "spells torchrun's --nnodes", false},
 	{"later in the list", []string{"--tee", "3", "--log_dir", "/tmp/x", "--master_port=1"}, nil, "launcher.extra_args[4]: spells torchrun's --master_port", false},
 	{"after --", []string{"--", "--nnodes=1"}, nil, "launcher.extra_args[1]", false},
-	// The last extra argument may not take command[0] as its value.
-	{"value from command", []string{"--role"}, []string{"x", "--nnodes=1", "train.py"}, "launcher.extra_args[0]: would take command[0] as its value", false},
-	{"short value from command", []string{"-r"}, []string{"3", "--nnodes=1", "train.py"}, "launcher.extra_args[0]: would take command[0]", false},
-	{"flag cluster ending in a value", []string{"-mr"}, []string{"3", "train.py"}, "launcher.extra_args[0]: would take command[0]", false},
-	{"unknown option", []string{"--some-future-option"}, []string{"x", "train.py"}, "launcher.extra_args[0]: would take command[0]", false},
-	// command[0] is the training script, never an option.
-	{"option as the script", nil, []string{"--nnodes=1", "train.py"}, "command[0]: must be the training script", false},
-	{"dash variant as the script", []string{"--tee", "3"}, []string{"--node-rank", "0", "train.py"}, "command[0]: must be the training script", false},
+	// torchrun reads command as options too, up to the training script.
+	{"option before the script", nil, []string{"--nnodes=1", "train.py"}, "command[0]: spells torchrun's --nnodes, which rdzv sets: the number of nodes the controller admitted, within nodes.min and nodes.max (torchrun reads command up to the training script", false},
+	{"dash variant before the script", []string{"--tee", "3"}, []string{"--node-rank", "0", "train.py"}, "command[0]: spells torchrun's --node_rank", false},
+	{"value from command", []string{"--role"}, []string{"x", "--nnodes=1", "train.py"}, "command[1]: spells torchrun's --nnodes", false},
+	{"short value from command", []string{"-r"}, []string{"3", "--nn", "1", "train.py"}, "command[1]: spells torchrun's --nnodes", false},
+	{"flag cluster ending in a value", []string{"-mr"}, []string{"3", "--master_addr=x", "train.py"}, "command[1]: spells torchrun's --master_addr", false},
+	{"unknown option takes a value", []string{"--some-future-option"}, []string{"x", "--nnodes=1", "train.py"}, "command[1]: spells torchrun's --nnodes", false},
 
 	// What a job may give.
 	{"other options", []string{"--tee", "3", "--log_dir", "/tmp/x", "--monitor_interval=1", "--role", "w"}, nil, "", false},
@@ -60,6 +59,9 @@ var launcherCases = []launcherCase{
 	{"short options", []string{"-m", "-r3", "-t", "2"}, nil, "", false},
 	{"ends with a flag", []string{"--no_python"}, nil, "", false},
 	{"ends with a short flag", []string{"-m"}, []string{"pkg.train", "--nnodes", "4"}, "", false},
+	{"module in command", nil, []string{"-m", "pkg.train", "--nnodes", "4"}, "", false},
+	{"value from command, then the script", []string{"--role"}, []string{"w", "train.py", "--nnodes=4"}, "", false},
+	{"flag cluster ending in a value, then the script", []string{"-mr"}, []string{"3", "pkg.train"}, "", false},
 	{"script arguments are the script's", nil, []string{"train.py", "--nnodes", "4", "--master_addr=x"}, "", false},
 	{"negative number", []string{"--role", "w"}, []string{"train.py", "-1"}, "", false},
 }
@@ -241,7 +243,7 @@ json.dump(res, sys.stdout)
 	for name, dest := range map[string]string{
 		"prefix": "nnodes", "prefix with =": "nnodes", "prefix of an address": "master_addr",
 		"rdzv_conf": "rdzv_conf", "later in the list": "master_port", "value from command": "nnodes",
-		"option as the script": "nnodes",
+		"option before the script": "nnodes", "short value from command": "nnodes",
 	} {
 		require.Equal(t, []string{dest}, byName[name], name)
 	}
