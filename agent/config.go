@@ -56,9 +56,12 @@ type Config struct {
 	// RunAs is the user workers run as when the job names none (a user
 	// name or uid[:gid]).
 	RunAs string `json:"run_as"`
-	// AllowRoot lets workers run as root (uid 0), by default or because a
-	// job asks to.
+	// AllowRoot lets workers run as root (uid 0, or with group 0), by
+	// default or because a job asks to.
 	AllowRoot bool `json:"allow_root"`
+	// RunAsPolicy says which users and groups workers may run as, whoever
+	// names them.
+	RunAsPolicy RunAsPolicy `json:"run_as_policy"`
 	// TLS is this node's agent certificate (its name is the node name) and
 	// the cluster CA the controller's certificate must chain to.
 	TLS pki.Files `json:"tls"`
@@ -80,6 +83,7 @@ func DefaultConfig() Config {
 		LogLevel:     "info",
 		SecretsDir:   "/etc/rdzv/secrets",
 		RunAs:        "nobody",
+		RunAsPolicy:  DefaultRunAsPolicy(),
 	}
 }
 
@@ -139,6 +143,9 @@ func (c Config) Validate() error {
 	}
 	if fe := wire.ValidateRunAs("run_as", c.RunAs); fe != nil {
 		errs = append(errs, fe)
+	}
+	if err := c.RunAsPolicy.Validate("run_as_policy"); err != nil {
+		errs = append(errs, err)
 	}
 	if c.StopGrace.Duration <= 0 {
 		errs = append(errs, fmt.Errorf("stop_grace: must be positive, got %s", c.StopGrace))

@@ -39,6 +39,7 @@ type Supervisor struct {
 	secretsDir string
 	runAs      string
 	allowRoot  bool
+	policy     RunAsPolicy
 	stopGrace  time.Duration
 	// restartGrace is how long workers are left running for the next agent
 	// when this one stops; 0 stops them with the agent.
@@ -95,7 +96,7 @@ type worker struct {
 // NCCL and Gloo and report to the endpoint at reportAddr.
 func NewSupervisor(cfg Config, node, iface, reportAddr string, spawner Spawner, log *zap.Logger) *Supervisor {
 	s := &Supervisor{
-		stateDir: cfg.StateDir, secretsDir: cfg.SecretsDir, runAs: cfg.RunAs, allowRoot: cfg.AllowRoot, stopGrace: cfg.StopGrace.Duration,
+		stateDir: cfg.StateDir, secretsDir: cfg.SecretsDir, runAs: cfg.RunAs, allowRoot: cfg.AllowRoot, policy: cfg.RunAsPolicy, stopGrace: cfg.StopGrace.Duration,
 		restartGrace: cfg.RestartGrace.Duration, node: node, iface: iface,
 		reportAddr: reportAddr, scanEvery: scanEvery, log: log, spawner: spawner,
 		cmds:        make(chan func(), 64),
@@ -471,7 +472,7 @@ func (s *Supervisor) jobPath(job string, elem ...string) (string, error) {
 func (s *Supervisor) start(a *rdzvv1.Assignment) (*worker, error) {
 	spec := a.GetSpec()
 	job := spec.GetName()
-	runAs, err := ResolveRunAs(spec.GetRunAs(), s.runAs, s.allowRoot)
+	runAs, err := ResolveRunAs(spec.GetRunAs(), s.runAs, s.allowRoot, s.policy)
 	if err != nil {
 		return nil, err
 	}

@@ -2,6 +2,7 @@ package agent
 
 import (
 	"os"
+	"os/user"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -249,6 +250,8 @@ func TestSupervisorLogFile(t *testing.T) {
 }
 
 func TestSupervisorRefusesToStart(t *testing.T) {
+	shadow, err := user.LookupGroup("shadow")
+	require.NoError(t, err, "Debian has a group shadow")
 	tests := []struct {
 		name        string
 		edit        func(*rdzvv1.Assignment)
@@ -262,6 +265,10 @@ func TestSupervisorRefusesToStart(t *testing.T) {
 			[]string{`finding launcher "/nonexistent/torchrun"`}},
 		{"launcher not on PATH", func(a *rdzvv1.Assignment) { a.Spec.LauncherTorchrun = "rdzv-no-such-torchrun" },
 			[]string{`finding launcher "rdzv-no-such-torchrun"`}},
+		{"run_as with a privileged group", func(a *rdzvv1.Assignment) { a.Spec.RunAs = "65534:" + shadow.Gid },
+			[]string{`run_as "65534:` + shadow.Gid + `": has primary group ` + shadow.Gid + ` (shadow), which matches "shadow" in this agent's run_as_policy.privileged_groups; to allow it, remove "shadow" from that list`}},
+		{"run_as a system user", func(a *rdzvv1.Assignment) { a.Spec.RunAs = "daemon" },
+			[]string{`run_as "daemon": is uid 1 (daemon), which matches no entry of this agent's run_as_policy.allowed_users`}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
