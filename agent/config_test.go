@@ -53,6 +53,9 @@ func TestConfigValidate(t *testing.T) {
 			c.RunAsPolicy.AllowedUsers = []string{"alice", "a b"}
 			c.RunAsPolicy.PrivilegedGroups = []string{"docker", "5-1"}
 		}, wantFields: []string{"run_as_policy.allowed_users[1]", "run_as_policy.privileged_groups[1]"}},
+		{name: "relative worker_path entry", edit: func(c *Config) { c.WorkerPath = "/usr/bin:bin" }, wantFields: []string{"worker_path"}},
+		{name: "empty worker_path entry", edit: func(c *Config) { c.WorkerPath = "/usr/bin::/bin" }, wantFields: []string{"worker_path"}},
+		{name: "no worker_path", edit: func(c *Config) { c.WorkerPath = "" }, wantFields: []string{"worker_path"}},
 		{name: "ignored and critical xids", edit: func(c *Config) {
 			c.GPUHealth = health.GPUConfig{IgnoredXIDs: []health.XIDEntry{"all", "48"}, CriticalXIDs: []health.XIDEntry{"79"}}
 		}},
@@ -103,10 +106,11 @@ func TestLoadConfig(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, health.GPUConfig{IgnoredXIDs: []health.XIDEntry{"48", "all"}, CriticalXIDs: []health.XIDEntry{"79"}}, cfg.GPUHealth)
 
-	cfg, err = LoadConfig(write("runas.yaml", "run_as_policy: {allowed_users: [alice, 2000-2999], privileged_groups: [docker]}\n"))
+	cfg, err = LoadConfig(write("runas.yaml", "run_as_policy: {allowed_users: [alice, 2000-2999], privileged_groups: [docker]}\nworker_path: /opt/conda/bin:/usr/bin:/bin\n"))
 	require.NoError(t, err)
 	require.Equal(t, RunAsPolicy{AllowedUsers: []string{"alice", "2000-2999"}, PrivilegedGroups: []string{"docker"}}, cfg.RunAsPolicy,
 		"a list given replaces the default one; one not given keeps it")
+	require.Equal(t, "/opt/conda/bin:/usr/bin:/bin", cfg.WorkerPath)
 	cfg, err = LoadConfig(write("groups.yaml", "run_as_policy: {allowed_groups: [ml]}\n"))
 	require.NoError(t, err)
 	require.Equal(t, DefaultRunAsPolicy().PrivilegedGroups, cfg.RunAsPolicy.PrivilegedGroups)
@@ -129,7 +133,7 @@ func TestShippedConfig(t *testing.T) {
 	require.Equal(t, "/etc/rdzv/pki/agent.crt", cfg.TLS.Cert)
 }
 
-// TestShippedConfigDefaults keeps the run_as policy written
+// TestShippedConfigDefaults keeps the run_as policy and worker PATH written
 // out in deploy/config/agent.yaml the same as the defaults.
 func TestShippedConfigDefaults(t *testing.T) {
 	cfg, err := LoadConfig(filepath.Join("..", "deploy", "config", "agent.yaml"))
@@ -138,4 +142,5 @@ func TestShippedConfigDefaults(t *testing.T) {
 	require.Equal(t, def.AllowedUsers, cfg.RunAsPolicy.AllowedUsers)
 	require.Empty(t, cfg.RunAsPolicy.AllowedGroups)
 	require.ElementsMatch(t, def.PrivilegedGroups, cfg.RunAsPolicy.PrivilegedGroups)
+	require.Equal(t, DefaultWorkerPath, cfg.WorkerPath)
 }
