@@ -88,7 +88,8 @@ func parseIDRule(e string) (name string, lo, hi uint32, err error) {
 		}
 		return "", lo, hi, nil
 	}
-	if fe := wire.ValidateRunAs("entry", e); fe != nil || isDigits(e) {
+	// ValidateRunAs also takes uid:gid, which is no entry.
+	if fe := wire.ValidateRunAs("entry", e); fe != nil || strings.Contains(e, ":") {
 		return "", 0, 0, fmt.Errorf("%q: must be a user or group name, an id, or a range of ids lo-hi", e)
 	}
 	return e, 0, 0, nil
@@ -140,8 +141,8 @@ func groupName(gid uint32) string {
 
 // check applies the policy to a user other than root: uid, its name (""
 // without a user entry), its primary group gid and every group it will
-// hold. groupName names groups, so tests can give their own.
-func (p RunAsPolicy) check(field, spec string, uid uint32, userName string, gid uint32, groups []uint32, allowRoot bool, groupName func(uint32) string) error {
+// hold. nameOf names groups (groupName), so tests can give their own.
+func (p RunAsPolicy) check(field, spec string, uid uint32, userName string, gid uint32, groups []uint32, allowRoot bool, nameOf func(uint32) string) error {
 	refuse := func(who, rule, why, allow string) error {
 		return &RunAsRefusal{Field: field, Spec: spec, Who: who, Rule: rule, Why: why, Allow: allow}
 	}
@@ -162,7 +163,7 @@ func (p RunAsPolicy) check(field, spec string, uid uint32, userName string, gid 
 		if i > 0 {
 			kind = "supplementary group"
 		}
-		name := groupName(g)
+		name := nameOf(g)
 		who := describeID("has "+kind, g, name)
 		if g == 0 {
 			if !allowRoot {

@@ -200,7 +200,7 @@ func TestRunAsPolicyValidate(t *testing.T) {
 	require.NoError(t, DefaultRunAsPolicy().Validate("run_as_policy"))
 	p := RunAsPolicy{
 		AllowedUsers:     []string{"alice", "1000", "1000-2000", "2000-1000", "a b"},
-		AllowedGroups:    []string{"", "1-4294967295"},
+		AllowedGroups:    []string{"", "1-4294967295", "1000:1000"},
 		PrivilegedGroups: []string{"x-"},
 	}
 	err := p.Validate("run_as_policy")
@@ -209,6 +209,7 @@ func TestRunAsPolicyValidate(t *testing.T) {
 		`run_as_policy.allowed_users[4]: "a b": must be a user or group name, an id, or a range of ids lo-hi`,
 		`run_as_policy.allowed_groups[0]: ""`,
 		`run_as_policy.allowed_groups[1]: "1-4294967295"`,
+		`run_as_policy.allowed_groups[2]: "1000:1000": must be a user or group name`,
 	} {
 		require.ErrorContains(t, err, want)
 	}
