@@ -64,6 +64,7 @@ unit:
 FUZZTIME ?= 5s
 FUZZ_TARGETS := \
 	./jobspec:FuzzParse \
+	./jobspec:FuzzLauncherArgs \
 	./controller:FuzzStartJobRequest \
 	./controller:FuzzRequests \
 	./controller:FuzzConnectRequest \

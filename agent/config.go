@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"strings"
 	"time"
 
 	"sigs.k8s.io/yaml"
@@ -56,9 +57,15 @@ type Config struct {
 	// RunAs is the user workers run as when the job names none (a user
 	// name or uid[:gid]).
 	RunAs string `json:"run_as"`
-	// AllowRoot lets workers run as root (uid 0), by default or because a
-	// job asks to.
+	// AllowRoot lets workers run as root (uid 0, or with group 0), by
+	// default or because a job asks to.
 	AllowRoot bool `json:"allow_root"`
+	// RunAsPolicy says which users and groups workers may run as, whoever
+	// names them.
+	RunAsPolicy RunAsPolicy `json:"run_as_policy"`
+	// WorkerPath is PATH in the workers' environment, which starts clean
+	// rather than from the agent's; it also finds launcher.torchrun.
+	WorkerPath string `json:"worker_path"`
 	// TLS is this node's agent certificate (its name is the node name) and
 	// the cluster CA the controller's certificate must chain to.
 	TLS pki.Files `json:"tls"`
@@ -80,8 +87,14 @@ func DefaultConfig() Config {
 		LogLevel:     "info",
 		SecretsDir:   "/etc/rdzv/secrets",
 		RunAs:        "nobody",
+		RunAsPolicy:  DefaultRunAsPolicy(),
+		WorkerPath:   DefaultWorkerPath,
 	}
 }
+
+// DefaultWorkerPath is Debian's PATH for root, which holds every system
+// directory where an administrator installs torchrun and Python.
+const DefaultWorkerPath = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
 // LoadConfig reads a YAML config file over DefaultConfig.
 func LoadConfig(path string) (Config, error) {
@@ -140,6 +153,12 @@ func (c Config) Validate() error {
 	if fe := wire.ValidateRunAs("run_as", c.RunAs); fe != nil {
 		errs = append(errs, fe)
 	}
+	if err := c.RunAsPolicy.Validate("run_as_policy"); err != nil {
+		errs = append(errs, err)
+	}
+	if err := validateWorkerPath(c.WorkerPath); err != nil {
+		errs = append(errs, err)
+	}
 	if c.StopGrace.Duration <= 0 {
 		errs = append(errs, fmt.Errorf("stop_grace: must be positive, got %s", c.StopGrace))
 	}
@@ -155,6 +174,21 @@ func (c Config) Validate() error {
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// validateWorkerPath wants absolute directories only: an empty or relative
+// entry would look the launcher and every command up in the working
+// directory, which the job chooses.
+func validateWorkerPath(path string) error {
+	if path == "" || strings.ContainsRune(path, 0) {
+		return errors.New("worker_path: must list the directories workers find commands in, e.g. " + DefaultWorkerPath)
+	}
+	for _, dir := range strings.Split(path, ":") {
+		if fe := wire.CheckPath("worker_path", dir, ""); fe != nil {
+			return fmt.Errorf("%w (each entry of %q must be an absolute directory)", fe, path)
+		}
+	}
+	return nil
 }
 
 // MaxRestartGrace bounds restart_grace: a job whose agent is gone cannot

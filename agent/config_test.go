@@ -49,6 +49,13 @@ func TestConfigValidate(t *testing.T) {
 		{name: "unclean secrets dir", edit: func(c *Config) { c.SecretsDir = "/etc/rdzv/../secrets" }, wantFields: []string{"secrets_dir"}},
 		{name: "empty run_as", edit: func(c *Config) { c.RunAs = "" }, wantFields: []string{"run_as"}},
 		{name: "bad run_as", edit: func(c *Config) { c.RunAs = "no body" }, wantFields: []string{"run_as"}},
+		{name: "bad run_as_policy entries", edit: func(c *Config) {
+			c.RunAsPolicy.AllowedUsers = []string{"alice", "a b"}
+			c.RunAsPolicy.PrivilegedGroups = []string{"docker", "5-1"}
+		}, wantFields: []string{"run_as_policy.allowed_users[1]", "run_as_policy.privileged_groups[1]"}},
+		{name: "relative worker_path entry", edit: func(c *Config) { c.WorkerPath = "/usr/bin:bin" }, wantFields: []string{"worker_path"}},
+		{name: "empty worker_path entry", edit: func(c *Config) { c.WorkerPath = "/usr/bin::/bin" }, wantFields: []string{"worker_path"}},
+		{name: "no worker_path", edit: func(c *Config) { c.WorkerPath = "" }, wantFields: []string{"worker_path"}},
 		{name: "ignored and critical xids", edit: func(c *Config) {
 			c.GPUHealth = health.GPUConfig{IgnoredXIDs: []health.XIDEntry{"all", "48"}, CriticalXIDs: []health.XIDEntry{"79"}}
 		}},
@@ -99,6 +106,15 @@ func TestLoadConfig(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, health.GPUConfig{IgnoredXIDs: []health.XIDEntry{"48", "all"}, CriticalXIDs: []health.XIDEntry{"79"}}, cfg.GPUHealth)
 
+	cfg, err = LoadConfig(write("runas.yaml", "run_as_policy: {allowed_users: [alice, 2000-2999], privileged_groups: [docker]}\nworker_path: /opt/conda/bin:/usr/bin:/bin\n"))
+	require.NoError(t, err)
+	require.Equal(t, RunAsPolicy{AllowedUsers: []string{"alice", "2000-2999"}, PrivilegedGroups: []string{"docker"}}, cfg.RunAsPolicy,
+		"a list given replaces the default one; one not given keeps it")
+	require.Equal(t, "/opt/conda/bin:/usr/bin:/bin", cfg.WorkerPath)
+	cfg, err = LoadConfig(write("groups.yaml", "run_as_policy: {allowed_groups: [ml]}\n"))
+	require.NoError(t, err)
+	require.Equal(t, DefaultRunAsPolicy().PrivilegedGroups, cfg.RunAsPolicy.PrivilegedGroups)
+
 	_, err = LoadConfig(write("typo.yaml", "controler: 10.0.0.1:7070\n"))
 	require.ErrorContains(t, err, "controler", "an unknown field is an error, not a silent default")
 	_, err = LoadConfig(write("baddur.yaml", "stop_grace: soon\n"))
@@ -115,4 +131,16 @@ func TestShippedConfig(t *testing.T) {
 	require.NoError(t, cfg.Validate())
 	require.False(t, cfg.Insecure)
 	require.Equal(t, "/etc/rdzv/pki/agent.crt", cfg.TLS.Cert)
+}
+
+// TestShippedConfigDefaults keeps the run_as policy and worker PATH written
+// out in deploy/config/agent.yaml the same as the defaults.
+func TestShippedConfigDefaults(t *testing.T) {
+	cfg, err := LoadConfig(filepath.Join("..", "deploy", "config", "agent.yaml"))
+	require.NoError(t, err)
+	def := DefaultRunAsPolicy()
+	require.Equal(t, def.AllowedUsers, cfg.RunAsPolicy.AllowedUsers)
+	require.Empty(t, cfg.RunAsPolicy.AllowedGroups)
+	require.ElementsMatch(t, def.PrivilegedGroups, cfg.RunAsPolicy.PrivilegedGroups)
+	require.Equal(t, DefaultWorkerPath, cfg.WorkerPath)
 }

@@ -73,7 +73,7 @@ const waitTimeout = 30 * time.Second
 //	py ARGS   run /usr/bin/python3 ARGS in its place (see needPython)
 var fakeTorchrun = `#!/bin/sh
 rec="$PWD/$RDZV_JOB-$RDZV_GENERATION"
-` + launchertest.Preamble("RDZV_[A-Z_]*|NCCL_SOCKET_IFNAME|GLOO_SOCKET_IFNAME|CUDA_VISIBLE_DEVICES|JOB_VAR|AGENT_VAR|PATH") + `shift 11
+` + launchertest.Preamble("[A-Za-z_][A-Za-z0-9_]*") + `shift 11
 echo "hello from $RDZV_NODE generation $RDZV_GENERATION"
 case "$1" in
 ok) exit 0 ;;

@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/user"
 	"path/filepath"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
@@ -58,7 +59,7 @@ func TestResolveRunAs(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			r, err := ResolveRunAs(tt.job, tt.agent, tt.allowRoot)
+			r, err := ResolveRunAs(tt.job, tt.agent, tt.allowRoot, DefaultRunAsPolicy())
 			if tt.wantErr != "" {
 				require.ErrorContains(t, err, tt.wantErr)
 				return
@@ -70,8 +71,153 @@ func TestResolveRunAs(t *testing.T) {
 			}
 		})
 	}
-	_, err := ResolveRunAs("root", "nobody", false)
+	_, err := ResolveRunAs("root", "nobody", false, DefaultRunAsPolicy())
 	require.True(t, errors.Is(err, errRootRefused))
+}
+
+// TestRunAsPolicyOnThisNode resolves users and groups from this node's
+// user database (Debian's numbering) through the default policy and edits
+// of it: each refusal names the user or group, the rule and how to allow it.
+func TestRunAsPolicyOnThisNode(t *testing.T) {
+	requireRootAndNobody(t)
+	for _, g := range []string{"shadow", "disk", "video"} {
+		if _, err := user.LookupGroup(g); err != nil {
+			t.Skipf("no group %s on this machine", g)
+		}
+	}
+	gid := func(name string) string {
+		g, err := user.LookupGroup(name)
+		require.NoError(t, err)
+		return g.Gid
+	}
+	daemon, err := user.Lookup("daemon")
+	require.NoError(t, err)
+	tests := []struct {
+		name   string
+		job    string
+		edit   func(*RunAsPolicy)
+		rule   string
+		want   string
+		wantOK bool
+	}{
+		{name: "nobody", job: "nobody", wantOK: true},
+		{name: "regular uid", job: "4242:4343", wantOK: true},
+		{name: "nobody with video for GPUs", job: "65534:" + gid("video"), wantOK: true},
+		{name: "group shadow", job: "65534:" + gid("shadow"), rule: "privileged_groups",
+			want: `run_as "65534:` + gid("shadow") + `": has primary group ` + gid("shadow") + ` (shadow), which matches "shadow" in this agent's run_as_policy.privileged_groups; to allow it, remove "shadow" from that list`},
+		{name: "group disk", job: "65534:" + gid("disk"), rule: "privileged_groups", want: `(disk), which matches "disk"`},
+		{name: "privileged gid range", job: "4242:4343", edit: func(p *RunAsPolicy) { p.PrivilegedGroups = []string{"4000-4999"} },
+			rule: "privileged_groups", want: `has primary group 4343, which matches "4000-4999"`},
+		{name: "system user", job: "daemon", rule: "allowed_users",
+			want: `run_as "daemon": is uid ` + daemon.Uid + ` (daemon), which matches no entry of this agent's run_as_policy.allowed_users ["nobody" "1000-4294967294"]; to allow it, add "daemon" or ` + daemon.Uid + ` there`},
+		{name: "system uid", job: daemon.Uid + ":4343", rule: "allowed_users", want: `is uid ` + daemon.Uid + ` (daemon)`},
+		{name: "system user allowed by name", job: "daemon", edit: func(p *RunAsPolicy) { p.AllowedUsers = append(p.AllowedUsers, "daemon") }, wantOK: true},
+		{name: "outside allowed_groups", job: "65534:" + gid("video"), edit: func(p *RunAsPolicy) { p.AllowedGroups = []string{"nogroup", "5000-5999"} },
+			rule: "allowed_groups", want: `has primary group ` + gid("video") + ` (video), which matches no entry of this agent's run_as_policy.allowed_groups ["nogroup" "5000-5999"]; to allow it, add "video" or ` + gid("video") + ` there`},
+		{name: "inside allowed_groups", job: "nobody", edit: func(p *RunAsPolicy) { p.AllowedGroups = []string{"nogroup"} }, wantOK: true},
+		{name: "privileged group allowed by removing it", job: "65534:" + gid("shadow"), edit: func(p *RunAsPolicy) { p.PrivilegedGroups = nil }, wantOK: true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			policy := DefaultRunAsPolicy()
+			if tt.edit != nil {
+				tt.edit(&policy)
+			}
+			_, err := ResolveRunAs(tt.job, "nobody", false, policy)
+			if tt.wantOK {
+				require.NoError(t, err)
+				return
+			}
+			var refusal *RunAsRefusal
+			require.ErrorAs(t, err, &refusal)
+			require.Equal(t, tt.rule, refusal.Rule)
+			require.ErrorContains(t, err, tt.want)
+		})
+	}
+
+	// A user this node puts in a privileged group (Debian's postgres is in
+	// ssl-cert) is refused for that supplementary group even once its uid
+	// is allowed.
+	if u, err := user.Lookup("postgres"); err == nil {
+		if ids, err := u.GroupIds(); err == nil && slices.Contains(ids, gid("ssl-cert")) {
+			policy := DefaultRunAsPolicy()
+			policy.AllowedUsers = append(policy.AllowedUsers, "postgres")
+			_, err := ResolveRunAs("postgres", "nobody", false, policy)
+			var refusal *RunAsRefusal
+			require.ErrorAs(t, err, &refusal)
+			require.Equal(t, "privileged_groups", refusal.Rule)
+			require.ErrorContains(t, err, `has supplementary group `+gid("ssl-cert")+` (ssl-cert), which matches "ssl-cert"`)
+		}
+	}
+}
+
+// TestRunAsPolicyGroups applies the policy to given groups, as a user in
+// the node's database would hold them: supplementary groups count as much
+// as the primary one, and group 0 is allow_root's.
+func TestRunAsPolicyGroups(t *testing.T) {
+	names := map[uint32]string{0: "root", 6: "disk", 27: "sudo", 44: "video", 1000: "alice", 2000: "ml"}
+	name := func(g uint32) string { return names[g] }
+	tests := []struct {
+		name      string
+		gid       uint32
+		groups    []uint32
+		allowRoot bool
+		edit      func(*RunAsPolicy)
+		want      string
+		wantRoot  bool
+	}{
+		{name: "regular groups", gid: 1000, groups: []uint32{1000, 44, 2000}},
+		{name: "supplementary disk", gid: 1000, groups: []uint32{1000, 44, 6}, want: `run_as "alice": has supplementary group 6 (disk), which matches "disk" in this agent's run_as_policy.privileged_groups`},
+		{name: "supplementary sudo", gid: 1000, groups: []uint32{27}, want: `has supplementary group 27 (sudo)`},
+		{name: "supplementary root", gid: 1000, groups: []uint32{0}, wantRoot: true},
+		{name: "supplementary root allowed", gid: 1000, groups: []uint32{0}, allowRoot: true},
+		{name: "primary root", gid: 0, wantRoot: true},
+		{name: "allowed_groups checks supplementary too", gid: 1000, groups: []uint32{2000}, edit: func(p *RunAsPolicy) { p.AllowedGroups = []string{"alice"} },
+			want: `has supplementary group 2000 (ml), which matches no entry of this agent's run_as_policy.allowed_groups ["alice"]; to allow it, add "ml" or 2000 there`},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			policy := DefaultRunAsPolicy()
+			if tt.edit != nil {
+				tt.edit(&policy)
+			}
+			err := policy.check("run_as", "alice", 1000, "alice", tt.gid, tt.groups, tt.allowRoot, name)
+			switch {
+			case tt.wantRoot:
+				require.ErrorIs(t, err, errRootRefused)
+			case tt.want != "":
+				var refusal *RunAsRefusal
+				require.ErrorAs(t, err, &refusal)
+				require.ErrorContains(t, err, tt.want)
+			default:
+				require.NoError(t, err)
+			}
+		})
+	}
+}
+
+func TestRunAsPolicyValidate(t *testing.T) {
+	require.NoError(t, DefaultRunAsPolicy().Validate("run_as_policy"))
+	p := RunAsPolicy{
+		AllowedUsers:     []string{"alice", "1000", "1000-2000", "2000-1000", "a b"},
+		AllowedGroups:    []string{"", "1-4294967295", "1000:1000"},
+		PrivilegedGroups: []string{"x-"},
+	}
+	err := p.Validate("run_as_policy")
+	for _, want := range []string{
+		`run_as_policy.allowed_users[3]: "2000-1000": an id range must be lo-hi with lo <= hi < 4294967295`,
+		`run_as_policy.allowed_users[4]: "a b": must be a user or group name, an id, or a range of ids lo-hi`,
+		`run_as_policy.allowed_groups[0]: ""`,
+		`run_as_policy.allowed_groups[1]: "1-4294967295"`,
+		`run_as_policy.allowed_groups[2]: "1000:1000": must be a user or group name`,
+	} {
+		require.ErrorContains(t, err, want)
+	}
+	require.NotContains(t, err.Error(), "allowed_users[0]")
+	require.NotContains(t, err.Error(), "allowed_users[1]")
+	require.NotContains(t, err.Error(), "allowed_users[2]")
+	// "x-" is a name: names may hold '-'.
+	require.NotContains(t, err.Error(), "privileged_groups")
 }
 
 // TestWorkersRunConfined runs a real worker as nobody: it can write in its

@@ -97,7 +97,7 @@ func (sh Shim) Run(ctx context.Context) error {
 	if err := readJSON(filepath.Join(dir, shimSpecFile), &spec); err != nil {
 		return err
 	}
-	out, err := os.OpenFile(spec.LogPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+	out, err := openJobLog(spec.LogPath)
 	if err != nil {
 		return fmt.Errorf("opening job log: %w", err)
 	}

@@ -5,9 +5,11 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"fmt"
+	"maps"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -42,6 +44,9 @@ type Supervisor struct {
 	secretsDir string
 	runAs      string
 	allowRoot  bool
+	policy     RunAsPolicy
+	// workerPath is PATH in the workers' environment.
+	workerPath string
 	stopGrace  time.Duration
 	// restartGrace is how long workers are left running for the next agent
 	// when this one stops; 0 stops them with the agent.
@@ -103,7 +108,7 @@ type worker struct {
 // NCCL and Gloo and report to the endpoint at reportAddr.
 func NewSupervisor(cfg Config, node, iface, reportAddr string, spawner Spawner, log *zap.Logger) *Supervisor {
 	s := &Supervisor{
-		stateDir: cfg.StateDir, secretsDir: cfg.SecretsDir, runAs: cfg.RunAs, allowRoot: cfg.AllowRoot, stopGrace: cfg.StopGrace.Duration,
+		stateDir: cfg.StateDir, secretsDir: cfg.SecretsDir, runAs: cfg.RunAs, allowRoot: cfg.AllowRoot, policy: cfg.RunAsPolicy, workerPath: cfg.WorkerPath, stopGrace: cfg.StopGrace.Duration,
 		restartGrace: cfg.RestartGrace.Duration, node: node, iface: iface,
 		reportAddr: reportAddr, scanEvery: scanEvery, log: log, spawner: spawner,
 		cmds:        make(chan func(), 64),
@@ -483,7 +488,7 @@ func (s *Supervisor) jobPath(job string, elem ...string) (string, error) {
 func (s *Supervisor) start(a *rdzvv1.Assignment) (*worker, error) {
 	spec := a.GetSpec()
 	job := spec.GetName()
-	runAs, err := ResolveRunAs(spec.GetRunAs(), s.runAs, s.allowRoot)
+	runAs, err := ResolveRunAs(spec.GetRunAs(), s.runAs, s.allowRoot, s.policy)
 	if err != nil {
 		return nil, err
 	}
@@ -502,7 +507,20 @@ func (s *Supervisor) start(a *rdzvv1.Assignment) (*worker, error) {
 			}
 		}
 	}
-	torchrun, err := exec.LookPath(spec.GetLauncherTorchrun())
+	jobEnv, err := s.jobEnv(spec)
+	if err != nil {
+		return nil, err
+	}
+	for k, v := range runAs.Env {
+		if _, set := jobEnv[k]; !set {
+			jobEnv[k] = v
+		}
+	}
+	path := s.workerPath
+	if p, set := jobEnv["PATH"]; set {
+		path = p
+	}
+	torchrun, err := lookPath(spec.GetLauncherTorchrun(), path)
 	if err != nil {
 		return nil, fmt.Errorf("finding launcher %q: %w", spec.GetLauncherTorchrun(), err)
 	}
@@ -513,20 +531,11 @@ func (s *Supervisor) start(a *rdzvv1.Assignment) (*worker, error) {
 	if err := os.MkdirAll(filepath.Dir(logPath), 0o755); err != nil {
 		return nil, fmt.Errorf("creating log directory: %w", err)
 	}
-	out, err := os.OpenFile(logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+	out, err := openJobLog(logPath)
 	if err != nil {
 		return nil, fmt.Errorf("opening job log: %w", err)
 	}
 	defer out.Close() // the child keeps its own descriptor
-	jobEnv, err := s.jobEnv(spec)
-	if err != nil {
-		return nil, err
-	}
-	for k, v := range runAs.Env {
-		if _, set := jobEnv[k]; !set {
-			jobEnv[k] = v
-		}
-	}
 	args := LauncherArgs(a)
 	fmt.Fprintf(out, "=== rdzv: job %s generation %d node %s rank %d/%d started %s: %s %s\n",
 		job, a.GetGeneration(), s.node, a.GetNodeRank(), a.GetNnodes(), time.Now().UTC().Format(time.RFC3339), torchrun, strings.Join(args, " "))
@@ -562,9 +571,12 @@ func LauncherArgs(a *rdzvv1.Assignment) []string {
 	return append(args, spec.GetCommand()...)
 }
 
-// env is the agent's environment, then the job's (jobEnv), then what rdzv
-// decides; the last word on interfaces, devices and identity is always
-// rdzv's.
+// env is a fixed base, then the job's (jobEnv, with the run_as user's
+// HOME, USER and LOGNAME), then what rdzv decides; the last word on
+// interfaces, devices and identity is always rdzv's. Nothing comes from the
+// agent's own environment but the locale and time zone: the agent runs as
+// root under systemd, and neither root's PATH nor its variables are the
+// workers' business.
 func (s *Supervisor) env(a *rdzvv1.Assignment, jobEnv map[string]string, reportToken []byte) []string {
 	spec := a.GetSpec()
 	gpus := make([]string, len(a.GetGpuIndices()))
@@ -584,28 +596,63 @@ func (s *Supervisor) env(a *rdzvv1.Assignment, jobEnv map[string]string, reportT
 		"RDZV_AGENT_ADDR":      s.reportAddr,
 		reportTokenEnv:         hex.EncodeToString(reportToken),
 	}
-	var env []string
-	for _, kv := range os.Environ() {
-		k, _, _ := strings.Cut(kv, "=")
-		if _, overridden := jobEnv[k]; overridden {
-			continue
+	merged := map[string]string{"PATH": s.workerPath}
+	for _, k := range passedThrough {
+		if v, set := os.LookupEnv(k); set {
+			merged[k] = v
 		}
-		if _, ours := rdzv[k]; ours {
-			continue
-		}
-		env = append(env, kv)
 	}
-	for k, v := range jobEnv {
-		env = append(env, k+"="+v)
-	}
-	for k, v := range rdzv {
-		env = append(env, k+"="+v)
+	maps.Copy(merged, jobEnv)
+	maps.Copy(merged, rdzv)
+	env := make([]string, 0, len(merged))
+	for _, k := range slices.Sorted(maps.Keys(merged)) {
+		env = append(env, k+"="+merged[k])
 	}
 	return env
 }
 
+// passedThrough are the agent's variables workers get too: how the node
+// reads and writes text and time, which the job can still override.
+var passedThrough = []string{"LANG", "LC_ALL", "TZ"}
+
+// lookPath finds the launcher on the workers' PATH, where they would find
+// it, rather than the agent's.
+func lookPath(file, path string) (string, error) {
+	if strings.Contains(file, "/") {
+		return exec.LookPath(file)
+	}
+	for _, dir := range filepath.SplitList(path) {
+		// A relative entry would be the agent's working directory.
+		if !filepath.IsAbs(dir) {
+			continue
+		}
+		if p, err := exec.LookPath(filepath.Join(dir, file)); err == nil {
+			return p, nil
+		}
+	}
+	return "", fmt.Errorf("not in the workers' PATH %s: %w", path, exec.ErrNotFound)
+}
+
+// jobLogMode keeps a job's output from other local users: it holds what the
+// job's code prints. The agent, root, serves it to rdzvctl.
+const jobLogMode = 0o640
+
+// openJobLog opens a job's log for appending. A log an older agent created
+// readable by all is narrowed too.
+func openJobLog(path string) (*os.File, error) {
+	f, err := os.OpenFile(path, os.O_CREATE|os.O_WRONLY|os.O_APPEND, jobLogMode)
+	if err != nil {
+		return nil, err
+	}
+	if err := f.Chmod(jobLogMode); err != nil {
+		f.Close()
+		return nil, err
+	}
+	return f, nil
+}
+
 func appendLog(path, line string) {
-	f, err := os.OpenFile(path, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+	f, err := openJobLog(path)
 	if err != nil {
 		return
 	}

@@ -2,7 +2,9 @@ package agent
 
 import (
 	"os"
+	"os/user"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -49,13 +51,21 @@ func TestSupervisorRunsToExit(t *testing.T) {
 }
 
 func TestSupervisorLaunchesWithRendezvous(t *testing.T) {
-	// The agent's own environment reaches workers, except where the job or
-	// rdzv says otherwise.
+	// Of the agent's own environment, workers get the locale and time zone
+	// only.
 	t.Setenv("AGENT_VAR", "from-agent")
 	t.Setenv("JOB_VAR", "from-agent")
 	t.Setenv("NCCL_SOCKET_IFNAME", "from-agent")
 	t.Setenv("RDZV_NODE", "from-agent")
+	t.Setenv("HOME", "/from-agent")
+	t.Setenv("PATH", "/from-agent:"+os.Getenv("PATH"))
+	t.Setenv("LANG", "C.UTF-8")
+	t.Setenv("TZ", "Europe/Paris")
+	t.Setenv("LC_ALL", "")
+	require.NoError(t, os.Unsetenv("LC_ALL")) // t.Setenv restores it
 
+	self, err := user.LookupId(strconv.Itoa(os.Geteuid()))
+	require.NoError(t, err)
 	h := newSupervisor(t)
 	a := h.assignment("train", 7, "ok")
 	a.Spec.CheckpointDir = "/ckpt/train"
@@ -82,8 +92,15 @@ func TestSupervisorLaunchesWithRendezvous(t *testing.T) {
 		"RDZV_AGENT_ADDR":      "127.0.0.1:7071",
 		"RDZV_REPORT_TOKEN":    rec.Env["RDZV_REPORT_TOKEN"], // random, checked below
 		"JOB_VAR":              "from-job",
-		"AGENT_VAR":            "from-agent",
-		"PATH":                 os.Getenv("PATH"),
+		"PATH":                 DefaultWorkerPath,
+		"LANG":                 "C.UTF-8",
+		"TZ":                   "Europe/Paris",
+		// The run_as user's (this test's own), not the agent's.
+		"HOME":    self.HomeDir,
+		"USER":    self.Username,
+		"LOGNAME": self.Username,
+		// The shell's own.
+		"PWD": h.workdir,
 	}, rec.Env)
 	require.Regexp(t, "^[0-9a-f]{64}$", rec.Env["RDZV_REPORT_TOKEN"])
 }
@@ -251,6 +268,8 @@ func TestSupervisorLogFile(t *testing.T) {
 }
 
 func TestSupervisorRefusesToStart(t *testing.T) {
+	shadow, err := user.LookupGroup("shadow")
+	require.NoError(t, err, "Debian has a group shadow")
 	tests := []struct {
 		name        string
 		edit        func(*rdzvv1.Assignment)
@@ -263,7 +282,11 @@ func TestSupervisorRefusesToStart(t *testing.T) {
 		{"launcher not found", func(a *rdzvv1.Assignment) { a.Spec.LauncherTorchrun = "/nonexistent/torchrun" },
 			[]string{`finding launcher "/nonexistent/torchrun"`}},
 		{"launcher not on PATH", func(a *rdzvv1.Assignment) { a.Spec.LauncherTorchrun = "rdzv-no-such-torchrun" },
-			[]string{`finding launcher "rdzv-no-such-torchrun"`}},
+			[]string{`finding launcher "rdzv-no-such-torchrun": not in the workers' PATH ` + DefaultWorkerPath}},
+		{"run_as with a privileged group", func(a *rdzvv1.Assignment) { a.Spec.RunAs = "65534:" + shadow.Gid },
+			[]string{`run_as "65534:` + shadow.Gid + `": has primary group ` + shadow.Gid + ` (shadow), which matches "shadow" in this agent's run_as_policy.privileged_groups; to allow it, remove "shadow" from that list`}},
+		{"run_as a system user", func(a *rdzvv1.Assignment) { a.Spec.RunAs = "daemon" },
+			[]string{`run_as "daemon": is uid 1 (daemon), which matches no entry of this agent's run_as_policy.allowed_users`}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -282,6 +305,56 @@ func TestSupervisorRefusesToStart(t *testing.T) {
 			requireProto(t, []*rdzvv1.WorkerStatus{st}, h.sup.Statuses())
 		})
 	}
+}
+
+// TestSupervisorWorkersPath finds the launcher where the workers would, on
+// their PATH: the agent's own PATH is not theirs.
+func TestSupervisorWorkersPath(t *testing.T) {
+	h := newSupervisor(t)
+	// A name no system directory has (there may be a real torchrun).
+	dir, name := t.TempDir(), "rdzv-test-launcher"
+	require.NoError(t, os.Symlink(h.torchrun, filepath.Join(dir, name)))
+	t.Setenv("PATH", dir+":"+os.Getenv("PATH"))
+	a := h.assignment("train", 1, "ok")
+	a.Spec.LauncherTorchrun = name
+	h.sup.Assign(a)
+	st := h.expect("train", 1, wFailed)
+	require.Contains(t, st.GetMessage(), `finding launcher "rdzv-test-launcher": not in the workers' PATH`)
+
+	a = h.assignment("train", 2, "ok")
+	a.Spec.LauncherTorchrun = name
+	// A relative entry is skipped: it would be the agent's directory.
+	jobPath := "relative:" + dir + ":/usr/bin:/bin"
+	a.Spec.Env["PATH"] = jobPath
+	h.sup.Assign(a)
+	h.expect("train", 2, wRunning)
+	h.expect("train", 2, wSucceeded)
+	require.Equal(t, jobPath, h.record("train", 2).Env["PATH"], "the job's PATH is the workers'")
+}
+
+// TestSupervisorJobLogMode keeps job logs from other local users, including
+// a log an older agent left readable by all.
+func TestSupervisorJobLogMode(t *testing.T) {
+	h := newSupervisor(t)
+	logPath, err := h.sup.LogPath("train")
+	require.NoError(t, err)
+	require.NoError(t, os.MkdirAll(filepath.Dir(logPath), 0o755))
+	require.NoError(t, os.WriteFile(logPath, []byte("old\n"), 0o644))
+	h.sup.Assign(h.assignment("train", 1, "ok"))
+	h.expect("train", 1, wRunning)
+	h.expect("train", 1, wSucceeded)
+	info, err := os.Stat(logPath)
+	require.NoError(t, err)
+	require.Equal(t, os.FileMode(0o640), info.Mode().Perm())
+
+	other, err := h.sup.LogPath("other")
+	require.NoError(t, err)
+	h.sup.Assign(h.assignment("other", 1, "ok"))
+	h.expect("other", 1, wRunning)
+	h.expect("other", 1, wSucceeded)
+	info, err = os.Stat(other)
+	require.NoError(t, err)
+	require.Equal(t, os.FileMode(0o640), info.Mode().Perm())
 }
 
 func TestLauncherArgs(t *testing.T) {
@@ -349,7 +422,7 @@ func TestSupervisorEnvHasLastWord(t *testing.T) {
 		"RDZV_AGENT_ADDR":      "127.0.0.1:7071",
 		"RDZV_REPORT_TOKEN":    "ab",
 		"JOB_VAR":              "from-job",
-		"PATH":                 os.Getenv("PATH"),
+		"PATH":                 DefaultWorkerPath,
 	} {
 		require.Equal(t, want, last[k], k)
 	}

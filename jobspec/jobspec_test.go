@@ -118,7 +118,7 @@ func TestValidateRejects(t *testing.T) {
 		{"unclean workdir", func(s *Spec) { s.Workdir = "/jobs/../etc" }, "workdir: must be a clean path"},
 		{"relative checkpoint", func(s *Spec) { s.Checkpoint.Dir = "ckpt" }, "checkpoint.dir"},
 		{"bad env name", func(s *Spec) { s.Env = map[string]string{"1BAD": "x"} }, `env: variable names`},
-		{"reserved env", func(s *Spec) { s.Env = map[string]string{"NCCL_SOCKET_IFNAME": "eth1"} }, "env.NCCL_SOCKET_IFNAME: is set by the rdzv agent"},
+		{"reserved env", func(s *Spec) { s.Env = map[string]string{"NCCL_SOCKET_IFNAME": "eth1"} }, "env.NCCL_SOCKET_IFNAME: is set for each worker by rdzv"},
 		{"rdzv env prefix", func(s *Spec) { s.Env = map[string]string{"RDZV_JOB": "x"} }, "env.RDZV_JOB"},
 		{"bad selector key", func(s *Spec) { s.Selector = map[string]string{"-bad": "x"} }, "selector:"},
 		{"bad selector value", func(s *Spec) { s.Selector = map[string]string{"pool": "a b"} }, "selector.pool"},
@@ -137,7 +137,7 @@ func TestValidateRejects(t *testing.T) {
 		{"long env name", func(s *Spec) { s.Env = map[string]string{strings.Repeat("A", 257): "x"} }, "env: variable names"},
 		{"env value too big", func(s *Spec) { s.Env = map[string]string{"BIG": strings.Repeat("x", 32<<10+1)} }, "env.BIG: value must be at most"},
 		{"bad secret name", func(s *Spec) { s.SecretEnv = map[string]string{"A-B": "x"} }, `secret_env: variable names`},
-		{"reserved secret", func(s *Spec) { s.SecretEnv = map[string]string{"MASTER_ADDR": "x"} }, "secret_env.MASTER_ADDR: is set by the rdzv agent"},
+		{"reserved secret", func(s *Spec) { s.SecretEnv = map[string]string{"MASTER_ADDR": "x"} }, "secret_env.MASTER_ADDR: is set for each worker by rdzv"},
 		{"secret also in env", func(s *Spec) { s.SecretEnv = map[string]string{"OMP_NUM_THREADS": "x"} }, "secret_env.OMP_NUM_THREADS: is already given in env"},
 		{"env file also a secret", func(s *Spec) {
 			s.SecretEnv = map[string]string{"TOKEN": "x"}

@@ -32,26 +32,6 @@ var (
 	envName = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*$`)
 )
 
-// reservedEnv are set by the agent for every worker; a job overriding them
-// would silently break rank assignment or interface selection.
-var reservedEnv = map[string]bool{
-	"NCCL_SOCKET_IFNAME":   true,
-	"GLOO_SOCKET_IFNAME":   true,
-	"CUDA_VISIBLE_DEVICES": true,
-	"MASTER_ADDR":          true,
-	"MASTER_PORT":          true,
-}
-
-// agentLauncherFlags are the torchrun flags the agent sets from the
-// assignment; accepting them in extra_args would let a job contradict the
-// controller's rendezvous.
-var agentLauncherFlags = []string{
-	"--nnodes", "--node_rank", "--node-rank", "--nproc_per_node", "--nproc-per-node",
-	"--master_addr", "--master-addr", "--master_port", "--master-port",
-	"--rdzv_backend", "--rdzv-backend", "--rdzv_endpoint", "--rdzv-endpoint",
-	"--rdzv_id", "--rdzv-id", "--standalone",
-}
-
 const (
 	maxArgs     = 256
 	maxArgBytes = 4096
@@ -135,14 +115,7 @@ func (s *Spec) Validate() error {
 		add("launcher.extra_args", fmt.Sprint(len(s.Launcher.ExtraArgs)), fmt.Sprintf("at most %d arguments are allowed", maxArgs))
 	}
 	errs = append(errs, validateArgs("launcher.extra_args", s.Launcher.ExtraArgs)...)
-	for i, a := range s.Launcher.ExtraArgs {
-		flag, _, _ := strings.Cut(a, "=")
-		for _, reserved := range agentLauncherFlags {
-			if flag == reserved {
-				add(fmt.Sprintf("launcher.extra_args[%d]", i), wire.Quote(a), "is set by the rdzv agent from the rendezvous and cannot be given")
-			}
-		}
-	}
+	errs = append(errs, validateLauncherArgs(s.Launcher.ExtraArgs, s.Command)...)
 
 	if r := s.Restart.MaxRestarts; r == nil || *r < 0 || *r > maxRestarts {
 		add("restart.max_restarts", fmt.Sprint(derefInt(r)), fmt.Sprintf("must be between 0 and %d", maxRestarts))
@@ -212,8 +185,8 @@ func (s *Spec) validateEnv() []*wire.FieldError {
 			switch {
 			case len(k) > maxEnvNameBytes || !envName.MatchString(k):
 				fe = &wire.FieldError{Field: set.field, Value: wire.Quote(k), Reason: fmt.Sprintf("variable names must match [A-Za-z_][A-Za-z0-9_]* and be at most %d characters", maxEnvNameBytes)}
-			case reservedEnv[k] || strings.HasPrefix(k, "RDZV_"):
-				fe = &wire.FieldError{Field: set.field + "." + k, Reason: "is set by the rdzv agent from the assignment and cannot be overridden"}
+			case reservedEnvReason(k) != "":
+				fe = &wire.FieldError{Field: set.field + "." + k, Reason: reservedEnvReason(k)}
 			case givenIn[k] != "":
 				fe = &wire.FieldError{Field: set.field + "." + k, Reason: "is already given in " + givenIn[k]}
 			default:

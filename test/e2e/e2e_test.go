@@ -35,6 +35,13 @@ func TestTrainingJobEmbeddedEtcd(t *testing.T) {
 		}{
 			{"bad-nodes", func(spec map[string]any) { spec["nodes"] = map[string]any{"min": 3, "max": 1} }, "nodes.max"},
 			{"bad-field", func(spec map[string]any) { spec["bogus_field"] = true }, `unknown field "bogus_field"`},
+			// The spelling found in review: an abbreviation torchrun
+			// accepts for --nnodes.
+			{"abbreviated-nnodes", func(spec map[string]any) {
+				launcher := spec["launcher"].(map[string]any)
+				launcher["extra_args"] = append(launcher["extra_args"].([]any), "--nn=1")
+			}, "spells torchrun's --nnodes, which rdzv sets"},
+			{"pet-env", func(spec map[string]any) { spec["env"] = map[string]any{"PET_NNODES": "1"} }, "env.PET_NNODES: is read by torchrun as its --nnodes"},
 		}
 		for _, tt := range tests {
 			t.Run(tt.name, func(t *testing.T) {
@@ -57,6 +64,34 @@ func TestTrainingJobEmbeddedEtcd(t *testing.T) {
 		require.Len(t, list.Jobs, 1, out)
 		require.Equal(t, job.Name, list.Jobs[0].Spec.Name)
 		require.Equal(t, "JOB_STATE_SUCCEEDED", list.Jobs[0].State)
+	})
+
+	t.Run("run_as with a privileged group is refused", func(t *testing.T) {
+		// These agents run workers as root (--run-as root --allow-root);
+		// a job's run_as still answers to their run_as_policy. 42 is
+		// Debian's group shadow.
+		name := "shadow-group"
+		c.ctlOK(t, "start", job.variant(t, name, func(spec map[string]any) {
+			spec["run_as"] = "65534:42"
+			spec["restart"] = map[string]any{"max_restarts": 0}
+		}))
+		j := c.waitJob(t, name, "failed", func(j jobJSON) bool { return j.State == "JOB_STATE_FAILED" })
+		refused := 0
+		for _, a := range j.Assignments {
+			if a.State == "WORKER_STATE_FAILED" {
+				require.Contains(t, a.Message, `run_as "65534:42": has primary group 42 (shadow), which matches "shadow" in this agent's run_as_policy.privileged_groups; to allow it, remove "shadow" from that list`, "node %s", a.Node)
+				refused++
+			}
+		}
+		require.Positive(t, refused, "%+v", j)
+		c.waitNodes(t, "idle after the refused job", func(nodes []nodeJSON) bool {
+			for _, n := range nodes {
+				if n.Job != "" {
+					return false
+				}
+			}
+			return true
+		})
 	})
 
 	t.Run("unreachable controller", func(t *testing.T) {

@@ -65,6 +65,9 @@ func writeJob(t *testing.T, dir string) jobFile {
 		spec["env"] = env
 	}
 	env["OMP_NUM_THREADS"] = "1"
+	// The workdir is the source tree, and workers get none of the test's
+	// environment: Python must be told not to cache bytecode there.
+	env["PYTHONDONTWRITEBYTECODE"] = "1"
 	launcher, ok := spec["launcher"].(map[string]any)
 	require.True(t, ok, "examples/job.yaml has no launcher section")
 	extra, _ := launcher["extra_args"].([]any)
