@@ -235,7 +235,11 @@ func TestFaultHang(t *testing.T) {
 	hang := filepath.Join(c.dir, "hang")
 	job := faultJob(t, c, "fault-hang", func(spec map[string]any) {
 		spec["command"] = append(spec["command"].([]any), "--hang-file", hang)
-		spec["health"] = map[string]any{"progress_timeout": "3s"}
+		// Well above a step (0.1s) and a checkpoint, and above the few
+		// seconds torchrun may take to tear down after the last step on a
+		// loaded machine, which is silent too: a tighter timeout restarts a
+		// generation that had finished training.
+		spec["health"] = map[string]any{"progress_timeout": "6s"}
 	})
 	before := c.waitCheckpoint(t, job.Name, checkpointEvery)
 
