@@ -113,6 +113,8 @@ func TestJobRunsToSuccess(t *testing.T) {
 		require.NoError(t, err, "workers get the agent's report endpoint")
 		require.True(t, reportAddr.Addr().IsLoopback(), "the report endpoint is local only: %s", reportAddr)
 		delete(rec.Env, "RDZV_AGENT_ADDR")
+		require.Regexp(t, "^[0-9a-f]{64}$", rec.Env["RDZV_REPORT_TOKEN"], "workers get their generation's report token")
+		delete(rec.Env, "RDZV_REPORT_TOKEN")
 		require.Equal(t, map[string]string{
 			"GLOO_SOCKET_IFNAME":   "lo",
 			"NCCL_SOCKET_IFNAME":   "lo",
