@@ -258,8 +258,8 @@ func (x *GetJobResponse) GetJob() *Job {
 type ListJobsRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// At most this many jobs; 0 is the default (100), more than the maximum
-	// (1000) is the maximum. A page also ends early before it would exceed
-	// 4 MiB encoded.
+	// (1000) is the maximum. A page also ends before it would exceed
+	// 4 MiB - 64 KiB encoded, with at least one item.
 	PageSize int32 `protobuf:"varint,1,opt,name=page_size,json=pageSize,proto3" json:"page_size,omitempty"`
 	// next_page_token of the previous page; empty for the first.
 	PageToken string `protobuf:"bytes,2,opt,name=page_token,json=pageToken,proto3" json:"page_token,omitempty"`
@@ -559,8 +559,8 @@ type ListEventsRequest struct {
 	// 10000.
 	Limit uint32 `protobuf:"varint,2,opt,name=limit,proto3" json:"limit,omitempty"`
 	// At most this many events per page; 0 is the default (1000), more than
-	// the maximum (10000) is the maximum. A page also ends early before it
-	// would exceed 4 MiB encoded.
+	// the maximum (10000) is the maximum. A page also ends before it would
+	// exceed 4 MiB - 64 KiB encoded, with at least one item.
 	PageSize int32 `protobuf:"varint,3,opt,name=page_size,json=pageSize,proto3" json:"page_size,omitempty"`
 	// next_page_token of the previous page; empty for the first.
 	PageToken     string `protobuf:"bytes,4,opt,name=page_token,json=pageToken,proto3" json:"page_token,omitempty"`
