@@ -136,9 +136,12 @@ func fillPage[T any, V proto.Message](list string, items []keyed[T], limit int, 
 	var page []V
 	size := 0
 	for i, it := range items {
+		if i == limit {
+			return page, pageToken{List: list, After: items[i-1].key}.encode()
+		}
 		v := view(it.item)
 		n := wire.ItemBytes(proto.Size(v))
-		if i == limit || i > 0 && size+n > wire.MaxPageBytes {
+		if i > 0 && size+n > wire.MaxPageBytes {
 			return page, pageToken{List: list, After: items[i-1].key}.encode()
 		}
 		page, size = append(page, v), size+n
@@ -184,9 +187,9 @@ func (c *Controller) listJobs(req *rdzvv1.ListJobsRequest) (*rdzvv1.ListJobsResp
 // summarize trims a job view to JOB_VIEW_SUMMARY: without the fields whose
 // sum over a page is large (the spec's command, environment and launcher
 // arguments, up to 512 KiB a job; the assignments' messages, up to 4 KiB a
-// node). What is left of a job is a few KiB plus about 100 bytes per node,
-// so 100 jobs of 10,000 nodes fill several pages, not one overflowing
-// message.
+// node). What is left is at most some 100 KiB plus under 1 KiB per node,
+// so a summary after a full page still fits a message
+// (TestLargestJobSummaryFitsAfterAFullPage).
 func summarize(j *rdzvv1.Job) *rdzvv1.Job {
 	s := j.GetSpec()
 	s.Command, s.Env, s.SecretEnv, s.EnvFiles, s.LauncherExtraArgs = nil, nil, nil, nil, nil
