@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"sort"
 	"sync"
 
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
@@ -13,6 +12,7 @@ import (
 
 	"github.com/rdzv/rdzv/controller/store"
 	"github.com/rdzv/rdzv/jobspec"
+	"github.com/rdzv/rdzv/pki"
 	rdzvv1 "github.com/rdzv/rdzv/proto/rdzv/v1"
 	"github.com/rdzv/rdzv/wire"
 )
@@ -39,8 +39,12 @@ func toStatus(err error) error {
 	}
 	var etcdErr rpctypes.EtcdError
 	switch {
-	case errors.Is(err, jobspec.ErrInvalid):
+	case errors.Is(err, jobspec.ErrInvalid), errors.Is(err, store.ErrBadCursor):
 		return status.Error(codes.InvalidArgument, err.Error())
+	case errors.Is(err, errNotFinished):
+		return status.Error(codes.FailedPrecondition, err.Error())
+	case errors.Is(err, errTooManyJobs):
+		return status.Error(codes.ResourceExhausted, err.Error())
 	case errors.Is(err, errNotFound):
 		return status.Error(codes.NotFound, err.Error())
 	case errors.Is(err, errAlreadyExists):
@@ -74,36 +78,68 @@ type jobService struct {
 }
 
 // logStreamLimit counts StreamLogs calls in flight, in all and per job.
+// Viewers get at most half of either, so that however many streams a
+// read-only certificate opens, operators can still follow a job.
 type logStreamLimit struct {
 	mu     sync.Mutex
-	total  int
-	perJob map[string]int
+	total  streamCount
+	perJob map[string]streamCount
+}
+
+type streamCount struct{ all, viewers int }
+
+// admit refuses one more stream where limit are open, or a viewer's where
+// viewers hold half of them.
+func (n streamCount) admit(limit int, viewer bool, where string) error {
+	switch {
+	case n.all >= limit:
+		return status.Errorf(codes.ResourceExhausted, "%d log streams %s are open, the most allowed; retry later", n.all, where)
+	case viewer && n.viewers >= limit/2:
+		return status.Errorf(codes.ResourceExhausted, "viewers hold %d log streams %s, the most they may (half of %d, so that operators can always follow); retry later",
+			n.viewers, where, limit)
+	}
+	return nil
+}
+
+func (n *streamCount) add(viewer bool, d int) {
+	n.all += d
+	if viewer {
+		n.viewers += d
+	}
 }
 
 // acquire takes a place for a stream of job's log, or says why there is
 // none; release gives it back.
-func (l *logStreamLimit) acquire(job string) (release func(), err error) {
+func (l *logStreamLimit) acquire(job string, viewer bool) (release func(), err error) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	switch {
-	case l.total >= maxLogStreams:
-		return nil, status.Errorf(codes.ResourceExhausted, "%d log streams are open on this controller, the most allowed; retry later", l.total)
-	case l.perJob[job] >= maxLogStreamsPerJob:
-		return nil, status.Errorf(codes.ResourceExhausted, "%d log streams of job %s are open, the most allowed per job; retry later", l.perJob[job], job)
+	if err := l.total.admit(maxLogStreams, viewer, "on this controller"); err != nil {
+		return nil, err
+	}
+	if err := l.perJob[job].admit(maxLogStreamsPerJob, viewer, "of job "+job); err != nil {
+		return nil, err
 	}
 	if l.perJob == nil {
-		l.perJob = map[string]int{}
+		l.perJob = map[string]streamCount{}
 	}
-	l.total++
-	l.perJob[job]++
+	l.take(job, viewer, 1)
 	return func() {
 		l.mu.Lock()
 		defer l.mu.Unlock()
-		l.total--
-		if l.perJob[job]--; l.perJob[job] == 0 {
-			delete(l.perJob, job)
-		}
+		l.take(job, viewer, -1)
 	}, nil
+}
+
+// take counts d more streams of job. Callers hold l.mu.
+func (l *logStreamLimit) take(job string, viewer bool, d int) {
+	l.total.add(viewer, d)
+	n := l.perJob[job]
+	n.add(viewer, d)
+	if n.all == 0 {
+		delete(l.perJob, job)
+		return
+	}
+	l.perJob[job] = n
 }
 
 func (s *jobService) StartJob(ctx context.Context, req *rdzvv1.StartJobRequest) (*rdzvv1.StartJobResponse, error) {
@@ -124,16 +160,11 @@ func (s *jobService) GetJob(_ context.Context, req *rdzvv1.GetJobRequest) (*rdzv
 	return &rdzvv1.GetJobResponse{Job: s.c.jobView(js)}, nil
 }
 
-func (s *jobService) ListJobs(context.Context, *rdzvv1.ListJobsRequest) (*rdzvv1.ListJobsResponse, error) {
-	s.c.mu.Lock()
-	defer s.c.mu.Unlock()
-	resp := &rdzvv1.ListJobsResponse{}
-	for _, js := range s.c.jobs {
-		resp.Jobs = append(resp.Jobs, s.c.jobView(js))
+func (s *jobService) ListJobs(_ context.Context, req *rdzvv1.ListJobsRequest) (*rdzvv1.ListJobsResponse, error) {
+	resp, err := s.c.listJobs(req)
+	if err != nil {
+		return nil, status.Error(codes.InvalidArgument, err.Error())
 	}
-	sort.Slice(resp.Jobs, func(i, j int) bool {
-		return resp.Jobs[i].GetCreatedAt().AsTime().Before(resp.Jobs[j].GetCreatedAt().AsTime())
-	})
 	return resp, nil
 }
 
@@ -145,20 +176,19 @@ func (s *jobService) StopJob(ctx context.Context, req *rdzvv1.StopJobRequest) (*
 	return &rdzvv1.StopJobResponse{Job: job}, nil
 }
 
+func (s *jobService) DeleteJob(ctx context.Context, req *rdzvv1.DeleteJobRequest) (*rdzvv1.DeleteJobResponse, error) {
+	if err := s.c.deleteJob(ctx, req.GetName()); err != nil {
+		return nil, toStatus(err)
+	}
+	return &rdzvv1.DeleteJobResponse{}, nil
+}
+
 func (s *jobService) ListEvents(ctx context.Context, req *rdzvv1.ListEventsRequest) (*rdzvv1.ListEventsResponse, error) {
-	scope := store.ClusterScope
-	if req.GetJob() != "" {
-		scope = req.GetJob()
-	}
-	limit := int(req.GetLimit())
-	if limit == 0 {
-		limit = defaultEventLimit
-	}
-	events, err := s.c.store.ListEvents(ctx, scope, limit)
+	resp, err := s.c.listEvents(ctx, req)
 	if err != nil {
 		return nil, toStatus(err)
 	}
-	return &rdzvv1.ListEventsResponse{Events: events}, nil
+	return resp, nil
 }
 
 // StreamLogs relays a job's log from the node that holds it: the agent
@@ -166,7 +196,8 @@ func (s *jobService) ListEvents(ctx context.Context, req *rdzvv1.ListEventsReque
 // shipped anywhere unless an operator asks for it.
 func (s *jobService) StreamLogs(req *rdzvv1.StreamLogsRequest, stream rdzvv1.JobService_StreamLogsServer) error {
 	c := s.c
-	release, err := s.logStreams.acquire(req.GetJob())
+	caller, _ := identityFrom(stream.Context())
+	release, err := s.logStreams.acquire(req.GetJob(), caller.Role == pki.RoleViewer)
 	if err != nil {
 		return err
 	}
@@ -241,14 +272,11 @@ type nodeService struct {
 	c *Controller
 }
 
-func (s *nodeService) ListNodes(context.Context, *rdzvv1.ListNodesRequest) (*rdzvv1.ListNodesResponse, error) {
-	s.c.mu.Lock()
-	defer s.c.mu.Unlock()
-	resp := &rdzvv1.ListNodesResponse{Nodes: make([]*rdzvv1.Node, 0, len(s.c.nodes))}
-	for _, ns := range s.c.nodes {
-		resp.Nodes = append(resp.Nodes, s.c.nodeView(ns))
+func (s *nodeService) ListNodes(_ context.Context, req *rdzvv1.ListNodesRequest) (*rdzvv1.ListNodesResponse, error) {
+	resp, err := s.c.listNodes(req)
+	if err != nil {
+		return nil, status.Error(codes.InvalidArgument, err.Error())
 	}
-	sort.Slice(resp.Nodes, func(i, j int) bool { return resp.Nodes[i].GetInfo().GetName() < resp.Nodes[j].GetInfo().GetName() })
 	return resp, nil
 }
 

@@ -36,6 +36,7 @@ var methodRoles = map[string][]pki.Role{
 	rdzvv1.JobService_StreamLogs_FullMethodName: readers,
 	rdzvv1.JobService_StartJob_FullMethodName:   operators,
 	rdzvv1.JobService_StopJob_FullMethodName:    operators,
+	rdzvv1.JobService_DeleteJob_FullMethodName:  operators,
 
 	rdzvv1.NodeService_ListNodes_FullMethodName:    readers,
 	rdzvv1.NodeService_CordonNode_FullMethodName:   operators,

@@ -151,6 +151,10 @@ func TestRolesPerMethod(t *testing.T) {
 			_, err := jobs(conn).StopJob(rpcCtx(t), &rdzvv1.StopJobRequest{Name: "nope"})
 			return err
 		},
+		"DeleteJob": func(conn *grpc.ClientConn) error {
+			_, err := jobs(conn).DeleteJob(rpcCtx(t), &rdzvv1.DeleteJobRequest{Name: "nope"})
+			return err
+		},
 		"ListNodes": func(conn *grpc.ClientConn) error {
 			_, err := nodes(conn).ListNodes(rpcCtx(t), &rdzvv1.ListNodesRequest{})
 			return err
@@ -165,7 +169,7 @@ func TestRolesPerMethod(t *testing.T) {
 		},
 	}
 	reads := []string{"GetJob", "ListJobs", "ListEvents", "StreamLogs", "ListNodes"}
-	writes := []string{"StartJob", "StopJob", "CordonNode", "UncordonNode"}
+	writes := []string{"StartJob", "StopJob", "DeleteJob", "CordonNode", "UncordonNode"}
 	tests := []struct {
 		id      pki.Identity
 		allowed []string

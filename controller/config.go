@@ -42,6 +42,7 @@ type Config struct {
 	MasterPortRange PortRange `json:"master_port_range"`
 	// FlakyNodes cordons a node that keeps failing the jobs it runs.
 	FlakyNodes FlakyNodesConfig `json:"flaky_nodes"`
+	Limits     LimitsConfig     `json:"limits"`
 	Retention  RetentionConfig  `json:"retention"`
 	LogLevel   string           `json:"log_level"`
 	// TLS is the controller's certificate (role controller) and the cluster
@@ -82,6 +83,15 @@ type EtcdConfig struct {
 	CompactionInterval wire.Duration `json:"compaction_interval"`
 }
 
+// LimitsConfig bounds the work the controller takes on, so that no one's
+// submissions, each within the input limits, add up to an etcd, a memory or
+// an API that no longer serves everyone.
+type LimitsConfig struct {
+	// MaxActiveJobs bounds the jobs that have not finished (pending,
+	// running, recovering, stopping); StartJob beyond it is refused.
+	MaxActiveJobs int `json:"max_active_jobs"`
+}
+
 // RetentionConfig bounds what etcd keeps over months of operation.
 type RetentionConfig struct {
 	// Interval is how often the leader prunes.
@@ -97,6 +107,9 @@ type RetentionConfig struct {
 	FinishedJobMaxAge wire.Duration `json:"finished_job_max_age"`
 	// MaxFinishedJobs keeps at most this many finished jobs, newest first.
 	MaxFinishedJobs int `json:"max_finished_jobs"`
+	// LostNodeMaxAge: a node lost for longer is deleted, unless it is
+	// cordoned (the cordon is an operator's word, kept until lifted).
+	LostNodeMaxAge wire.Duration `json:"lost_node_max_age"`
 }
 
 type HeartbeatConfig struct {
@@ -134,10 +147,17 @@ func DefaultConfig() Config {
 			VouchedTimeout: dur(time.Minute)},
 		MasterPortRange: PortRange{Min: 29500, Max: 29999},
 		FlakyNodes:      FlakyNodesConfig{Losses: 3, Window: wire.Duration{Duration: time.Hour}},
+		// 256 specs of at most 512 KiB each are 128 MiB of etcd and memory;
+		// the scheduler's pass is linear in the pending jobs.
+		Limits: LimitsConfig{MaxActiveJobs: 256},
 		Retention: RetentionConfig{
 			Interval: dur(10 * time.Minute), EventMaxAge: dur(90 * 24 * time.Hour),
 			MaxJobEvents: 5000, MaxClusterEvents: 20000,
 			FinishedJobMaxAge: dur(30 * 24 * time.Hour), MaxFinishedJobs: 1000,
+			// A week: a node down over a long weekend or waiting for a part
+			// is still listed LOST when operators look; decommissioned and
+			// renamed hosts do not pile up.
+			LostNodeMaxAge: dur(7 * 24 * time.Hour),
 		},
 		LogLevel: "info",
 	}
@@ -254,7 +274,8 @@ func (c Config) Validate() error {
 	if r.Interval.Duration <= 0 {
 		errs = append(errs, fmt.Errorf("retention.interval: must be positive, got %s", r.Interval))
 	}
-	for field, d := range map[string]wire.Duration{"retention.event_max_age": r.EventMaxAge, "retention.finished_job_max_age": r.FinishedJobMaxAge} {
+	for field, d := range map[string]wire.Duration{"retention.event_max_age": r.EventMaxAge, "retention.finished_job_max_age": r.FinishedJobMaxAge,
+		"retention.lost_node_max_age": r.LostNodeMaxAge} {
 		if d.Duration <= 0 {
 			errs = append(errs, fmt.Errorf("%s: must be positive, got %s", field, d))
 		}
@@ -263,6 +284,9 @@ func (c Config) Validate() error {
 		if n < 1 {
 			errs = append(errs, fmt.Errorf("%s: must be at least 1, got %d", field, n))
 		}
+	}
+	if c.Limits.MaxActiveJobs < 1 {
+		errs = append(errs, fmt.Errorf("limits.max_active_jobs: must be at least 1, got %d", c.Limits.MaxActiveJobs))
 	}
 	if c.Heartbeat.Interval.Duration <= 0 {
 		errs = append(errs, fmt.Errorf("heartbeat.interval: must be positive, got %s", c.Heartbeat.Interval))

@@ -54,6 +54,10 @@ func TestConfigValidate(t *testing.T) {
 		{name: "retention keeping nothing", edit: func(c *controller.Config) {
 			c.Retention.MaxJobEvents, c.Retention.FinishedJobMaxAge.Duration = 0, 0
 		}, wantFields: []string{"retention.max_job_events", "retention.finished_job_max_age"}},
+		{name: "lost nodes kept for no time", edit: func(c *controller.Config) { c.Retention.LostNodeMaxAge.Duration = 0 },
+			wantFields: []string{"retention.lost_node_max_age"}},
+		{name: "no active jobs allowed", edit: func(c *controller.Config) { c.Limits.MaxActiveJobs = 0 },
+			wantFields: []string{"limits.max_active_jobs"}},
 		{name: "listen without port", edit: func(c *controller.Config) { c.Listen = "0.0.0.0" }, wantFields: []string{"listen"}},
 		{name: "embedded etcd without data dir", edit: func(c *controller.Config) { c.DataDir = "" }, wantFields: []string{"data_dir"}},
 		{name: "data dir too long for the etcd socket", edit: func(c *controller.Config) { c.DataDir = "/var/lib/" + strings.Repeat("d", 100) },

@@ -66,6 +66,9 @@ type Controller struct {
 	// unsealed are the jobs load found not sealed with the primary key,
 	// resealed once the lead's writer runs.
 	unsealed []string
+	// generationFloor is the highest generation of the jobs deleted so far
+	// (see dropJob).
+	generationFloor uint64
 }
 
 type nodeState struct {
@@ -320,6 +323,7 @@ func (c *Controller) load(ctx context.Context) error {
 		}
 	}
 	c.unsealed = snap.Unsealed
+	c.generationFloor = snap.GenerationFloor
 	c.log.Info("state loaded", zap.Int("nodes", len(c.nodes)), zap.Int("jobs", len(c.jobs)))
 	return nil
 }
@@ -383,4 +387,6 @@ const (
 	EventAgentRestarting     = "agent_restarting"
 	EventLeaderElected       = "leader_elected"
 	EventCertExpiring        = "certificate_expiring"
+	EventJobDeleted          = "job_deleted"
+	EventNodeDeleted         = "node_deleted"
 )

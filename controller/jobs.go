@@ -11,6 +11,7 @@ import (
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
+	"github.com/rdzv/rdzv/controller/store"
 	"github.com/rdzv/rdzv/jobspec"
 	rdzvv1 "github.com/rdzv/rdzv/proto/rdzv/v1"
 )
@@ -19,6 +20,8 @@ var (
 	errNotFound      = errors.New("not found")
 	errAlreadyExists = errors.New("already exists")
 	errUnavailable   = errors.New("unavailable")
+	errNotFinished   = errors.New("not finished")
+	errTooManyJobs   = errors.New("too many active jobs")
 )
 
 // startJob stores a new job, whose spec the API's guard (validate.go)
@@ -29,14 +32,18 @@ func (c *Controller) startJob(ctx context.Context, specProto *rdzvv1.JobSpec) (*
 	spec := jobspec.FromProto(specProto)
 	c.mu.Lock()
 	name := spec.Name
-	var replace bool
-	var generation uint64
+	replace, generation := false, c.generationFloor
 	if old := c.jobs[name]; old != nil {
 		if !terminalJob(old.rec.GetState()) {
 			c.mu.Unlock()
 			return nil, fmt.Errorf("job %s is %s; stop it before starting it again: %w", name, stateName(old.rec.GetState()), errAlreadyExists)
 		}
 		replace, generation = true, old.rec.GetGeneration()
+	}
+	if active := c.activeJobs(); active >= c.cfg.Limits.MaxActiveJobs {
+		c.mu.Unlock()
+		return nil, fmt.Errorf("job %s refused: %d jobs are pending or running, the most limits.max_active_jobs (%d) allows; "+
+			"wait for one to finish or stop one: %w", name, active, c.cfg.Limits.MaxActiveJobs, errTooManyJobs)
 	}
 	now := c.clock.Now()
 	rec := &rdzvv1.Job{Spec: spec.ToProto(), State: rdzvv1.JobState_JOB_STATE_PENDING, Reason: "waiting for rendezvous",
@@ -54,6 +61,73 @@ func (c *Controller) startJob(ctx context.Context, specProto *rdzvv1.JobSpec) (*
 	c.log.Info("job submitted", zap.String("job", name))
 	c.wake()
 	return view, nil
+}
+
+// activeJobs counts the jobs that have not finished. Callers hold c.mu.
+func (c *Controller) activeJobs() int {
+	n := 0
+	for _, js := range c.jobs {
+		if !terminalJob(js.rec.GetState()) {
+			n++
+		}
+	}
+	return n
+}
+
+// deleteJob removes a finished job and everything stored for it, answered
+// once that is durable.
+func (c *Controller) deleteJob(ctx context.Context, name string) error {
+	c.mu.Lock()
+	js := c.jobs[name]
+	if js == nil {
+		c.mu.Unlock()
+		return fmt.Errorf("job %s: %w", name, errNotFound)
+	}
+	if state := js.rec.GetState(); !terminalJob(state) {
+		c.mu.Unlock()
+		return fmt.Errorf("job %s is %s; stop it first (rdzvctl stop %s), then delete it: %w", name, stateName(state), name, errNotFinished)
+	}
+	if node := c.heldJobs()[name]; node != "" {
+		c.mu.Unlock()
+		return fmt.Errorf("job %s is %s, but its workers on node %s have not confirmed they exited yet; retry in a moment: %w",
+			name, stateName(js.rec.GetState()), node, errNotFinished)
+	}
+	by := "operator"
+	if id, ok := identityFrom(ctx); ok {
+		by = id.String()
+	}
+	reply := c.persistWait(c.dropJob(js, c.event("", "", 0, EventJobDeleted, "job %s (%s, generation %d) deleted by %s",
+		name, stateName(js.rec.GetState()), js.rec.GetGeneration(), by)))
+	c.mu.Unlock()
+	if err := await(ctx, reply); err != nil {
+		return fmt.Errorf("deleting job %s: %w", name, err)
+	}
+	c.log.Info("job deleted", zap.String("job", name), zap.String("by", by))
+	return nil
+}
+
+// heldJobs maps each job that some node's workers have not confirmed
+// leaving to one such node. Callers hold c.mu.
+func (c *Controller) heldJobs() map[string]string {
+	held := map[string]string{}
+	for name, ns := range c.nodes {
+		if ns.job != "" {
+			held[ns.job] = name
+		}
+	}
+	return held
+}
+
+// dropJob forgets a finished job that no node holds (its workers' reports
+// would otherwise keep their node busy) and returns the change deleting
+// what is stored of it. The generation floor rises past it, so a job
+// started later under the same name counts on from there and agents that
+// ran this one take its assignments. Callers hold c.mu.
+func (c *Controller) dropJob(js *jobState, events ...*rdzvv1.Event) *store.Change {
+	name := js.rec.GetSpec().GetName()
+	c.generationFloor = max(c.generationFloor, js.rec.GetGeneration())
+	delete(c.jobs, name)
+	return c.store.DeleteJob(name, c.generationFloor, events...)
 }
 
 func (c *Controller) stopJob(ctx context.Context, name string) (*rdzvv1.Job, error) {

@@ -8,6 +8,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/rdzv/rdzv/controller/store"
+	rdzvv1 "github.com/rdzv/rdzv/proto/rdzv/v1"
 )
 
 // maintainLoop keeps etcd small over months while this controller leads:
@@ -54,10 +55,10 @@ func (c *Controller) maintainLoop(ctx context.Context) {
 	}
 }
 
-// prune applies the retention settings once. Finished jobs are deleted
-// through the writer, in order with everything else, so that no restart of
-// the same name races the delete; events are pruned beside it (they are
-// append-only).
+// prune applies the retention settings once. Finished jobs and long-lost
+// nodes are deleted through the writer, in order with everything else, so
+// that no restart of the same name (no registration of the node) races the
+// delete; events are pruned beside it (they are append-only).
 func (c *Controller) prune(ctx context.Context) {
 	r := c.cfg.Retention
 	now := c.clock.Now()
@@ -75,15 +76,16 @@ func (c *Controller) prune(ctx context.Context) {
 	sort.Slice(finished, func(i, j int) bool {
 		return finished[i].rec.GetFinishedAt().AsTime().After(finished[j].rec.GetFinishedAt().AsTime())
 	})
+	held := c.heldJobs()
 	for i, js := range finished {
-		if i < r.MaxFinishedJobs && now.Sub(js.rec.GetFinishedAt().AsTime()) <= r.FinishedJobMaxAge.Duration {
+		name := js.rec.GetSpec().GetName()
+		if i < r.MaxFinishedJobs && now.Sub(js.rec.GetFinishedAt().AsTime()) <= r.FinishedJobMaxAge.Duration || held[name] != "" {
 			continue
 		}
-		name := js.rec.GetSpec().GetName()
-		delete(c.jobs, name)
-		c.persist(c.store.DeleteJob(name), nil)
+		c.persist(c.dropJob(js), nil)
 		c.log.Info("finished job deleted (retention)", zap.String("job", name), zap.Time("finished_at", js.rec.GetFinishedAt().AsTime()))
 	}
+	c.pruneNodes(now)
 	c.mu.Unlock()
 
 	cutoff := now.Add(-r.EventMaxAge.Duration)
@@ -105,5 +107,24 @@ func (c *Controller) prune(ctx context.Context) {
 		if ctx.Err() != nil || !prune(scope, r.MaxJobEvents) {
 			return
 		}
+	}
+}
+
+// pruneNodes deletes the nodes lost for longer than
+// retention.lost_node_max_age, so that decommissioned and renamed hosts do
+// not pile up in the registry; an agent that comes back registers anew. A
+// cordoned node is kept: its cordon is an operator's word, which a node
+// coming back must not shed. Callers hold c.mu.
+func (c *Controller) pruneNodes(now time.Time) {
+	maxAge := c.cfg.Retention.LostNodeMaxAge.Duration
+	for name, ns := range c.nodes {
+		lostFor := now.Sub(ns.rec.GetStateChangedAt().AsTime())
+		if ns.rec.GetState() != rdzvv1.NodeState_NODE_STATE_LOST || ns.rec.GetCordoned() || lostFor <= maxAge {
+			continue
+		}
+		delete(c.nodes, name)
+		c.persist(c.store.DeleteNode(name, c.event("", name, 0, EventNodeDeleted, "node %s deleted: lost for %s, longer than retention.lost_node_max_age (%s)",
+			name, lostFor.Round(time.Second), maxAge)), nil)
+		c.log.Info("lost node deleted (retention)", zap.String("node", name), zap.Duration("lost_for", lostFor))
 	}
 }

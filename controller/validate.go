@@ -11,6 +11,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/rdzv/rdzv/controller/store"
 	"github.com/rdzv/rdzv/jobspec"
 	rdzvv1 "github.com/rdzv/rdzv/proto/rdzv/v1"
 	"github.com/rdzv/rdzv/wire"
@@ -47,7 +48,12 @@ func validateRequest(m any) error {
 		err = nameErr("name", r.GetName())
 	case *rdzvv1.StopJobRequest:
 		err = nameErr("name", r.GetName())
-	case *rdzvv1.ListJobsRequest, *rdzvv1.ListNodesRequest:
+	case *rdzvv1.DeleteJobRequest:
+		err = nameErr("name", r.GetName())
+	case *rdzvv1.ListJobsRequest:
+		err = validateListJobs(r)
+	case *rdzvv1.ListNodesRequest:
+		err = validateListNodes(r)
 	case *rdzvv1.ListEventsRequest:
 		err = validateListEvents(r)
 	case *rdzvv1.StreamLogsRequest:
@@ -75,13 +81,40 @@ func validateStartJob(r *rdzvv1.StartJobRequest) error {
 	return jobspec.FromProto(r.GetSpec()).Validate()
 }
 
+func validateListJobs(r *rdzvv1.ListJobsRequest) error {
+	errs := []error{pageSizeErr(r.GetPageSize()), statesErr("states", r.GetStates(), rdzvv1.JobState_name)}
+	if _, err := decodePageToken(r.GetPageToken(), jobsToken); err != nil {
+		errs = append(errs, err)
+	}
+	if _, ok := rdzvv1.JobView_name[int32(r.GetView())]; !ok {
+		errs = append(errs, fmt.Errorf("view: %d is not a view; want JOB_VIEW_SUMMARY or JOB_VIEW_FULL", r.GetView()))
+	}
+	return errors.Join(errs...)
+}
+
+func validateListNodes(r *rdzvv1.ListNodesRequest) error {
+	errs := []error{pageSizeErr(r.GetPageSize()), statesErr("states", r.GetStates(), rdzvv1.NodeState_name)}
+	if _, err := decodePageToken(r.GetPageToken(), nodesToken); err != nil {
+		errs = append(errs, err)
+	}
+	for _, fe := range wire.ValidateLabels("selector", r.GetSelector()) {
+		errs = append(errs, fe)
+	}
+	return errors.Join(errs...)
+}
+
 func validateListEvents(r *rdzvv1.ListEventsRequest) error {
-	var errs []error
+	errs := []error{pageSizeErr(r.GetPageSize())}
+	scope := store.ClusterScope
 	if r.GetJob() != "" {
 		errs = append(errs, nameErr("job", r.GetJob()))
+		scope = r.GetJob()
 	}
 	if r.GetLimit() > maxEventLimit {
 		errs = append(errs, fmt.Errorf("limit: at most %d, got %d", maxEventLimit, r.GetLimit()))
+	}
+	if _, err := decodePageToken(r.GetPageToken(), eventsToken+scope); err != nil {
+		errs = append(errs, err)
 	}
 	return errors.Join(errs...)
 }

@@ -61,6 +61,7 @@ var requestKinds = []func() proto.Message{
 	func() proto.Message { return &rdzvv1.ListNodesRequest{} },
 	func() proto.Message { return &rdzvv1.CordonNodeRequest{} },
 	func() proto.Message { return &rdzvv1.UncordonNodeRequest{} },
+	func() proto.Message { return &rdzvv1.DeleteJobRequest{} },
 }
 
 func FuzzRequests(f *testing.F) {
@@ -91,10 +92,20 @@ func FuzzRequests(f *testing.F) {
 			names = []string{r.GetName()}
 		case *rdzvv1.StopJobRequest:
 			names = []string{r.GetName()}
+		case *rdzvv1.DeleteJobRequest:
+			names = []string{r.GetName()}
+		case *rdzvv1.ListJobsRequest:
+			if r.GetPageSize() < 0 || len(r.GetStates()) > maxStateFilters {
+				t.Fatalf("accepted page_size %d, %d states", r.GetPageSize(), len(r.GetStates()))
+			}
+		case *rdzvv1.ListNodesRequest:
+			if r.GetPageSize() < 0 || len(r.GetSelector()) > wire.MaxLabels {
+				t.Fatalf("accepted page_size %d, %d selector labels", r.GetPageSize(), len(r.GetSelector()))
+			}
 		case *rdzvv1.ListEventsRequest:
 			names = []string{r.GetJob()}
-			if r.GetLimit() > maxEventLimit {
-				t.Fatalf("accepted limit %d", r.GetLimit())
+			if r.GetLimit() > maxEventLimit || r.GetPageSize() < 0 {
+				t.Fatalf("accepted limit %d, page_size %d", r.GetLimit(), r.GetPageSize())
 			}
 		case *rdzvv1.StreamLogsRequest:
 			names = []string{r.GetJob(), r.GetNode()}

@@ -2,7 +2,6 @@ package controller
 
 import (
 	"context"
-	"fmt"
 	"strings"
 	"testing"
 
@@ -73,9 +72,28 @@ var validationCases = []struct {
 	{"get job", &rdzvv1.GetJobRequest{Name: "train"}, ""},
 	{"get job traversal", &rdzvv1.GetJobRequest{Name: "../etc"}, "name: must be a DNS-1123 label"},
 	{"stop job empty", &rdzvv1.StopJobRequest{}, "name:"},
+	{"delete job", &rdzvv1.DeleteJobRequest{Name: "train"}, ""},
+	{"delete job bad name", &rdzvv1.DeleteJobRequest{Name: "train/x"}, "name: must be a DNS-1123 label"},
 	{"list jobs", &rdzvv1.ListJobsRequest{}, ""},
+	{"list jobs filtered, a page", &rdzvv1.ListJobsRequest{PageSize: 5000, PageToken: pageToken{List: jobsToken, After: "x"}.encode(),
+		States: []rdzvv1.JobState{rdzvv1.JobState_JOB_STATE_RUNNING}, View: rdzvv1.JobView_JOB_VIEW_FULL}, ""},
+	{"list jobs negative page size", &rdzvv1.ListJobsRequest{PageSize: -1}, "page_size: must be 0 (the default) or more, got -1"},
+	{"list jobs bad token", &rdzvv1.ListJobsRequest{PageToken: "bm9wZQ"}, "page_token: \"bm9wZQ\" is not the next_page_token"},
+	{"list jobs with a nodes token", &rdzvv1.ListJobsRequest{PageToken: pageToken{List: nodesToken, After: "x"}.encode()}, "page_token:"},
+	{"list jobs huge token", &rdzvv1.ListJobsRequest{PageToken: strings.Repeat("x", maxPageTokenBytes+1)}, "page_token: at most 1024 bytes"},
+	{"list jobs unspecified state", &rdzvv1.ListJobsRequest{States: []rdzvv1.JobState{0}}, "states: 0 is not a state"},
+	{"list jobs unknown state", &rdzvv1.ListJobsRequest{States: []rdzvv1.JobState{42}}, "states: 42 is not a state; want one of [JOB_STATE_PENDING"},
+	{"list jobs unknown view", &rdzvv1.ListJobsRequest{View: 7}, "view: 7 is not a view"},
 	{"list nodes", &rdzvv1.ListNodesRequest{}, ""},
+	{"list nodes filtered", &rdzvv1.ListNodesRequest{States: []rdzvv1.NodeState{rdzvv1.NodeState_NODE_STATE_LOST}, Selector: map[string]string{"pool": "train"}}, ""},
+	{"list nodes bad selector", &rdzvv1.ListNodesRequest{Selector: map[string]string{"pool": "a b"}}, "selector.pool:"},
+	{"list nodes unknown state", &rdzvv1.ListNodesRequest{States: []rdzvv1.NodeState{9}}, "states: 9 is not a state"},
+	{"list nodes negative page size", &rdzvv1.ListNodesRequest{PageSize: -5}, "page_size:"},
 	{"cluster events", &rdzvv1.ListEventsRequest{}, ""},
+	{"events next page", &rdzvv1.ListEventsRequest{Job: "train", PageToken: pageToken{List: eventsToken + "train", After: "x", Left: 5}.encode()}, ""},
+	{"events token of another job", &rdzvv1.ListEventsRequest{Job: "other", PageToken: pageToken{List: eventsToken + "train", After: "x", Left: 5}.encode()}, "page_token:"},
+	{"events token beyond the limit", &rdzvv1.ListEventsRequest{PageToken: pageToken{List: eventsToken + "_cluster", After: "x", Left: maxEventLimit + 1}.encode()}, "page_token:"},
+	{"events negative page size", &rdzvv1.ListEventsRequest{PageSize: -1}, "page_size:"},
 	{"events bad job", &rdzvv1.ListEventsRequest{Job: "A"}, "job:"},
 	{"events over limit", &rdzvv1.ListEventsRequest{Limit: maxEventLimit + 1}, "limit: at most 10000"},
 	{"logs", &rdzvv1.StreamLogsRequest{Job: "train", Node: "gpu-01", TailBytes: 1 << 20, Follow: true}, ""},
@@ -168,31 +186,64 @@ func TestUnaryGuard(t *testing.T) {
 	require.Equal(t, codes.Internal, status.Code(err), "a handler panic must become an error, not a crash")
 }
 
+// Streams are bounded per job and per controller, and viewers hold at most
+// half of either, so that operators can always follow a job.
 func TestLogStreamLimit(t *testing.T) {
-	var l logStreamLimit
-	var releases []func()
-	for range maxLogStreamsPerJob {
-		r, err := l.acquire("a")
-		require.NoError(t, err)
-		releases = append(releases, r)
+	type open struct {
+		job    string
+		viewer bool
+		n      int
 	}
-	_, err := l.acquire("a")
-	require.Equal(t, codes.ResourceExhausted, status.Code(err))
-	require.Contains(t, err.Error(), "per job")
-	for i := maxLogStreamsPerJob; i < maxLogStreams; i++ {
-		r, err := l.acquire(fmt.Sprintf("j%d", i))
-		require.NoError(t, err)
-		releases = append(releases, r)
+	tests := []struct {
+		name string
+		// held are opened first, and must all be granted.
+		held []open
+		// then is refused when wantRefused is set, granted otherwise.
+		then        open
+		wantRefused string
+	}{
+		{"a job's places", []open{{"a", false, maxLogStreamsPerJob}}, open{"a", false, 1}, "of job a are open, the most allowed"},
+		{"a job's places taken by operators keep viewers out", []open{{"a", false, maxLogStreamsPerJob}}, open{"a", true, 1}, "of job a are open"},
+		{"viewers hold half of a job's places", []open{{"a", true, maxLogStreamsPerJob / 2}}, open{"a", true, 1}, "viewers hold 4 log streams of job a"},
+		{"operators follow where viewers hold half", []open{{"a", true, maxLogStreamsPerJob / 2}, {"a", false, maxLogStreamsPerJob/2 - 1}}, open{"a", false, 1}, ""},
+		{"viewers follow other jobs", []open{{"a", true, maxLogStreamsPerJob / 2}}, open{"b", true, 1}, ""},
+		{"the controller's places", []open{{"a", false, maxLogStreamsPerJob}, {"b", false, maxLogStreamsPerJob}, {"c", false, maxLogStreamsPerJob},
+			{"d", false, maxLogStreamsPerJob}, {"e", false, maxLogStreamsPerJob}, {"f", false, maxLogStreamsPerJob}, {"g", false, maxLogStreamsPerJob},
+			{"h", false, maxLogStreamsPerJob}}, open{"i", false, 1}, "on this controller are open"},
+		{"viewers hold half of the controller's places", []open{{"a", true, 4}, {"b", true, 4}, {"c", true, 4}, {"d", true, 4},
+			{"e", true, 4}, {"f", true, 4}, {"g", true, 4}, {"h", true, 4}}, open{"i", true, 1}, "viewers hold 32 log streams on this controller"},
+		{"operators follow where viewers hold half of the controller's", []open{{"a", true, 4}, {"b", true, 4}, {"c", true, 4}, {"d", true, 4},
+			{"e", true, 4}, {"f", true, 4}, {"g", true, 4}, {"h", true, 4}}, open{"i", false, 1}, ""},
 	}
-	_, err = l.acquire("c")
-	require.Equal(t, codes.ResourceExhausted, status.Code(err))
-	releases[0]()
-	r, err := l.acquire("a")
-	require.NoError(t, err, "a released place is free again")
-	r()
-	for _, r := range releases[1:] {
-		r()
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			var l logStreamLimit
+			var releases []func()
+			for _, o := range tt.held {
+				for range o.n {
+					r, err := l.acquire(o.job, o.viewer)
+					require.NoError(t, err)
+					releases = append(releases, r)
+				}
+			}
+			r, err := l.acquire(tt.then.job, tt.then.viewer)
+			if tt.wantRefused == "" {
+				require.NoError(t, err)
+				releases = append(releases, r)
+			} else {
+				require.Equal(t, codes.ResourceExhausted, status.Code(err))
+				require.Contains(t, err.Error(), tt.wantRefused)
+				// A released place is free again.
+				releases[0]()
+				r, err := l.acquire(tt.held[0].job, tt.held[0].viewer)
+				require.NoError(t, err)
+				releases[0] = r
+			}
+			for _, r := range releases {
+				r()
+			}
+			require.Zero(t, l.total)
+			require.Empty(t, l.perJob)
+		})
 	}
-	require.Zero(t, l.total)
-	require.Empty(t, l.perJob)
 }

@@ -41,10 +41,17 @@ func (c *Controller) nodeView(ns *nodeState) *rdzvv1.Node {
 	}
 	n.LastHeartbeat = timestamppb.New(seen)
 	n.Job, n.Generation = ns.job, ns.generation
-	if n.State == rdzvv1.NodeState_NODE_STATE_READY && ns.job != "" {
-		n.State = rdzvv1.NodeState_NODE_STATE_BUSY
-	}
+	n.State = viewState(ns)
 	return n
+}
+
+// viewState is a node's state as the API shows it: a ready node holding a
+// job is busy.
+func viewState(ns *nodeState) rdzvv1.NodeState {
+	if s := ns.rec.GetState(); s != rdzvv1.NodeState_NODE_STATE_READY || ns.job == "" {
+		return s
+	}
+	return rdzvv1.NodeState_NODE_STATE_BUSY
 }
 
 func stateName(s rdzvv1.JobState) string {

@@ -54,7 +54,7 @@ func Eligible(req Requirements, c Candidate) (bool, Ineligibility) {
 		return false, NotFree
 	case len(c.GPUs) < req.GPUsPerNode:
 		return false, TooFewGPUs
-	case !matches(req.Selector, c.Labels):
+	case !Matches(req.Selector, c.Labels):
 		return false, SelectorMismatch
 	}
 	return true, 0
@@ -69,7 +69,8 @@ const (
 	SelectorMismatch
 )
 
-func matches(selector, labels map[string]string) bool {
+// Matches reports whether labels include every label of selector.
+func Matches(selector, labels map[string]string) bool {
 	for k, v := range selector {
 		if got, ok := labels[k]; !ok || got != v {
 			return false

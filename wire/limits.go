@@ -1,6 +1,10 @@
 package wire
 
-import "unicode/utf8"
+import (
+	"unicode/utf8"
+
+	"google.golang.org/protobuf/encoding/protowire"
+)
 
 // Wire limits shared by rdzvctl, the controller and the agent, so that what
 // one side may send the other accepts. README.md lists them.
@@ -32,7 +36,18 @@ const (
 	// MaxRequestIDBytes bounds the ids that pair agent replies with
 	// controller requests (the controller makes 16 hex digits).
 	MaxRequestIDBytes = 64
+	// MaxPageBytes bounds a page of a list (jobs, nodes, events): a page
+	// ends before its items would exceed it, and holds at least one item,
+	// so it stays below this plus the largest single item, far under
+	// MaxMessageBytes. It leaves room for the rest of the answer below
+	// gRPC's default 4 MiB receive limit, so that a client with default
+	// settings reads every page of items smaller than that.
+	MaxPageBytes = 4<<20 - 64<<10
 )
+
+// ItemBytes is what an item of n encoded bytes adds to a message's
+// repeated field: its tag, its length and itself.
+func ItemBytes(n int) int { return 1 + protowire.SizeVarint(uint64(n)) + n }
 
 // ClipText cuts s to MaxTextBytes at a character boundary, for free text an
 // agent sends: the controller refuses longer text, and protobuf refuses

@@ -6,8 +6,10 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"math"
 	"os"
 	"path/filepath"
+	"sort"
 	"strings"
 	"time"
 
@@ -225,11 +227,15 @@ func (c *command) wait(ctx context.Context, client rdzvv1.JobServiceClient, name
 	for {
 		cctx, cancel := c.call(ctx)
 		jr, err := client.GetJob(cctx, &rdzvv1.GetJobRequest{Name: name})
-		var er *rdzvv1.ListEventsResponse
-		if err == nil {
-			er, err = client.ListEvents(cctx, &rdzvv1.ListEventsRequest{Job: name})
-		}
 		cancel()
+		var events []*rdzvv1.Event
+		if err == nil {
+			err = c.eachPage(ctx, func(ctx context.Context, token string) (string, error) {
+				resp, err := client.ListEvents(ctx, &rdzvv1.ListEventsRequest{Job: name, PageToken: token})
+				events = append(events, resp.GetEvents()...)
+				return resp.GetNextPageToken(), err
+			})
+		}
 		if err != nil {
 			switch status.Code(err) {
 			case codes.NotFound, codes.InvalidArgument, codes.Unauthenticated, codes.PermissionDenied:
@@ -243,7 +249,7 @@ func (c *command) wait(ctx context.Context, client rdzvv1.JobServiceClient, name
 		} else {
 			lastErr = ""
 			job := jr.GetJob()
-			for _, ev := range er.GetEvents() {
+			for _, ev := range events {
 				if ev.GetTime().AsTime().Before(job.GetCreatedAt().AsTime()) {
 					continue // an earlier run of the same name
 				}
@@ -269,8 +275,91 @@ func (c *command) wait(ctx context.Context, client rdzvv1.JobServiceClient, name
 	}
 }
 
+// eachPage calls page with each page's token in turn, "" first, until the
+// last page; each call has its own timeout.
+func (c *command) eachPage(ctx context.Context, page func(ctx context.Context, token string) (next string, err error)) error {
+	token := ""
+	for {
+		cctx, cancel := c.call(ctx)
+		next, err := page(cctx, token)
+		cancel()
+		if err != nil || next == "" {
+			return err
+		}
+		if next == token {
+			return fmt.Errorf("the controller at %s answered the same page twice", c.controller)
+		}
+		token = next
+	}
+}
+
+// listFlags are the filters of `list`, `status` and `nodes`.
+type listFlags struct {
+	states, selector *string
+	limit            *int
+}
+
+func (c *command) listFlags(fs *flag.FlagSet, states string, selector bool) listFlags {
+	f := listFlags{
+		states: fs.String("state", "", "only these states, comma-separated: "+states),
+		limit:  fs.Int("limit", 0, "print at most this many (0: all)"),
+	}
+	if selector {
+		f.selector = fs.String("selector", "", "only nodes with all these labels: k=v,k2=v2")
+	}
+	return f
+}
+
+// check refuses a negative --limit.
+func (f listFlags) check() error {
+	if *f.limit < 0 {
+		return fmt.Errorf("%w: --limit: must be 0 (all) or more, got %d", errUsage, *f.limit)
+	}
+	return nil
+}
+
+// parseStates reads --state: names of enum values after prefix, any case.
+func parseStates[E ~int32](list, prefix string, values map[string]int32) ([]E, error) {
+	var out []E
+	for _, s := range strings.Split(list, ",") {
+		if s = strings.TrimSpace(s); s == "" {
+			continue
+		}
+		v, ok := values[prefix+strings.ToUpper(s)]
+		if !ok || v == 0 {
+			var names []string
+			for name, v := range values {
+				if v != 0 {
+					names = append(names, strings.ToLower(strings.TrimPrefix(name, prefix)))
+				}
+			}
+			sort.Strings(names)
+			return nil, fmt.Errorf("%w: --state: %q is not a state; want %s", errUsage, s, strings.Join(names, ", "))
+		}
+		out = append(out, E(v))
+	}
+	return out, nil
+}
+
+// parseSelector reads --selector k=v,k2=v2.
+func parseSelector(s string) (map[string]string, error) {
+	if s == "" {
+		return nil, nil
+	}
+	sel := map[string]string{}
+	for _, kv := range strings.Split(s, ",") {
+		k, v, ok := strings.Cut(kv, "=")
+		if !ok || k == "" {
+			return nil, fmt.Errorf("%w: --selector: %q is not key=value", errUsage, kv)
+		}
+		sel[k] = v
+	}
+	return sel, nil
+}
+
 func (c *command) status(ctx context.Context, args []string) error {
 	fs := c.flags("status")
+	filter := c.listFlags(fs, jobStates, false)
 	pos, err := parse(fs, args)
 	if err != nil {
 		return err
@@ -278,48 +367,82 @@ func (c *command) status(ctx context.Context, args []string) error {
 	if len(pos) > 1 {
 		return fmt.Errorf("%w: status takes at most one job name", errUsage)
 	}
+	if len(pos) == 0 {
+		return c.listJobs(ctx, filter)
+	}
 	client, err := c.dial()
 	if err != nil {
 		return err
 	}
 	cctx, cancel := c.call(ctx)
 	defer cancel()
-	if len(pos) == 1 {
-		resp, err := client.GetJob(cctx, &rdzvv1.GetJobRequest{Name: pos[0]})
-		if err != nil {
-			return c.rpcErr("getting job", err)
-		}
-		if c.output == "json" {
-			return c.printJSON(resp.GetJob())
-		}
-		printJob(c.out, resp.GetJob())
-		return nil
-	}
-	resp, err := client.ListJobs(cctx, &rdzvv1.ListJobsRequest{})
+	resp, err := client.GetJob(cctx, &rdzvv1.GetJobRequest{Name: pos[0]})
 	if err != nil {
-		return c.rpcErr("listing jobs", err)
+		return c.rpcErr("getting job", err)
 	}
 	if c.output == "json" {
-		return c.printJSON(resp)
+		return c.printJSON(resp.GetJob())
 	}
-	printJobs(c.out, resp.GetJobs())
+	printJob(c.out, resp.GetJob())
 	return nil
 }
 
+// jobStates are the names --state takes for jobs.
+const jobStates = "pending, running, recovering, stopping, succeeded, failed, stopped"
+
 func (c *command) list(ctx context.Context, args []string) error {
-	pos, err := parse(c.flags("list"), args)
+	fs := c.flags("list")
+	filter := c.listFlags(fs, jobStates, false)
+	pos, err := parse(fs, args)
 	if err != nil {
 		return err
 	}
 	if len(pos) != 0 {
 		return fmt.Errorf("%w: list takes no arguments", errUsage)
 	}
-	return c.status(ctx, nil)
+	return c.listJobs(ctx, filter)
+}
+
+// listJobs prints the jobs page by page: a summary of each in a table, the
+// whole record with -o json.
+func (c *command) listJobs(ctx context.Context, filter listFlags) error {
+	if err := filter.check(); err != nil {
+		return err
+	}
+	states, err := parseStates[rdzvv1.JobState](*filter.states, "JOB_STATE_", rdzvv1.JobState_value)
+	if err != nil {
+		return err
+	}
+	client, err := c.dial()
+	if err != nil {
+		return err
+	}
+	req := &rdzvv1.ListJobsRequest{States: states, PageSize: int32(min(*filter.limit, math.MaxInt32)), View: rdzvv1.JobView_JOB_VIEW_SUMMARY}
+	if c.output == "json" {
+		req.View = rdzvv1.JobView_JOB_VIEW_FULL
+	}
+	out := &listOut{out: c.out, json: c.output == "json", field: "jobs", header: jobsHeader, limit: *filter.limit}
+	err = c.eachPage(ctx, func(ctx context.Context, token string) (string, error) {
+		req.PageToken = token
+		resp, err := client.ListJobs(ctx, req)
+		if err != nil {
+			return "", c.rpcErr("listing jobs", err)
+		}
+		if err := printPage(out, resp.GetJobs(), jobRow); err != nil || out.full() {
+			return "", err
+		}
+		return resp.GetNextPageToken(), nil
+	})
+	if err != nil {
+		return err
+	}
+	return out.end()
 }
 
 func (c *command) nodes(ctx context.Context, args []string) error {
 	fs := c.flags("nodes")
 	reason := fs.String("reason", "", "why the node is cordoned (shown in nodes and events)")
+	filter := c.listFlags(fs, "ready, busy, lost", true)
 	pos, err := parse(fs, args)
 	if err != nil {
 		return err
@@ -330,21 +453,38 @@ func (c *command) nodes(ctx context.Context, args []string) error {
 	case len(pos) != 0:
 		return fmt.Errorf("%w: nodes takes no arguments, or cordon|uncordon NODE", errUsage)
 	}
+	if err := filter.check(); err != nil {
+		return err
+	}
+	states, err := parseStates[rdzvv1.NodeState](*filter.states, "NODE_STATE_", rdzvv1.NodeState_value)
+	if err != nil {
+		return err
+	}
+	selector, err := parseSelector(*filter.selector)
+	if err != nil {
+		return err
+	}
 	client, err := c.dial()
 	if err != nil {
 		return err
 	}
-	cctx, cancel := c.call(ctx)
-	defer cancel()
-	resp, err := client.ListNodes(cctx, &rdzvv1.ListNodesRequest{})
+	req := &rdzvv1.ListNodesRequest{States: states, Selector: selector, PageSize: int32(min(*filter.limit, math.MaxInt32))}
+	out := &listOut{out: c.out, json: c.output == "json", field: "nodes", header: nodesHeader, limit: *filter.limit}
+	err = c.eachPage(ctx, func(ctx context.Context, token string) (string, error) {
+		req.PageToken = token
+		resp, err := client.ListNodes(ctx, req)
+		if err != nil {
+			return "", c.rpcErr("listing nodes", err)
+		}
+		if err := printPage(out, resp.GetNodes(), nodeRow); err != nil || out.full() {
+			return "", err
+		}
+		return resp.GetNextPageToken(), nil
+	})
 	if err != nil {
-		return c.rpcErr("listing nodes", err)
+		return err
 	}
-	if c.output == "json" {
-		return c.printJSON(resp)
-	}
-	printNodes(c.out, resp.GetNodes())
-	return nil
+	return out.end()
 }
 
 func (c *command) cordon(ctx context.Context, cordon bool, name, reason string) error {
@@ -421,7 +561,7 @@ func (c *command) logs(ctx context.Context, args []string) error {
 
 func (c *command) events(ctx context.Context, args []string) error {
 	fs := c.flags("events")
-	limit := fs.Uint("limit", 0, "newest N events (default: the controller's cap)")
+	limit := fs.Uint("limit", 0, "newest N events (default: the controller's, 1000)")
 	pos, err := parse(fs, args)
 	if err != nil {
 		return err
@@ -437,16 +577,42 @@ func (c *command) events(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
+	out := &listOut{out: c.out, json: c.output == "json", field: "events", header: eventsHeader}
+	err = c.eachPage(ctx, func(ctx context.Context, token string) (string, error) {
+		resp, err := client.ListEvents(ctx, &rdzvv1.ListEventsRequest{Job: job, Limit: uint32(*limit), PageToken: token})
+		if err != nil {
+			return "", c.rpcErr("listing events", err)
+		}
+		return resp.GetNextPageToken(), printPage(out, resp.GetEvents(), eventRow)
+	})
+	if err != nil {
+		return err
+	}
+	return out.end()
+}
+
+func (c *command) deleteJob(ctx context.Context, args []string) error {
+	pos, err := parse(c.flags("delete"), args)
+	if err != nil {
+		return err
+	}
+	if len(pos) != 1 {
+		return fmt.Errorf("%w: delete takes one job name", errUsage)
+	}
+	client, err := c.dial()
+	if err != nil {
+		return err
+	}
 	cctx, cancel := c.call(ctx)
 	defer cancel()
-	resp, err := client.ListEvents(cctx, &rdzvv1.ListEventsRequest{Job: job, Limit: uint32(*limit)})
+	resp, err := client.DeleteJob(cctx, &rdzvv1.DeleteJobRequest{Name: pos[0]})
 	if err != nil {
-		return c.rpcErr("listing events", err)
+		return c.rpcErr("deleting job", err)
 	}
 	if c.output == "json" {
 		return c.printJSON(resp)
 	}
-	printEvents(c.out, resp.GetEvents())
+	fmt.Fprintf(c.out, "job %s deleted\n", pos[0])
 	return nil
 }
 

@@ -19,9 +19,11 @@ Usage:
 
 Commands:
   start JOB.yaml [--wait]          validate and submit a job; --wait follows it to the end
-  status [JOB]                     one job in detail, or all jobs
-  list                             all jobs
-  nodes                            the node registry
+  status [JOB]                     one job in detail, or all jobs (as list)
+  list [--state S,...] [--limit N] all jobs, oldest first, or those in these states
+  delete JOB                       remove a finished job and all kept for it (events too)
+  nodes [--state S,...] [--selector k=v,...] [--limit N]
+                                   the node registry, or the nodes in these states with these labels
   nodes cordon|uncordon NODE [--reason R]
                                    keep new work off a node, or let it take work again
   logs JOB [--node N] [-f] [--tail BYTES]
@@ -86,6 +88,8 @@ func run(ctx context.Context, args []string, out io.Writer) (int, error) {
 		runErr = c.events(ctx, cmdArgs)
 	case "stop":
 		runErr = c.stop(ctx, cmdArgs)
+	case "delete":
+		runErr = c.deleteJob(ctx, cmdArgs)
 	case "pki":
 		runErr = c.pki(cmdArgs)
 	case "help", "-h", "--help":

@@ -7,7 +7,10 @@ import (
 	"strings"
 	"text/tabwriter"
 	"time"
+	"unicode/utf8"
 
+	"google.golang.org/protobuf/encoding/protojson"
+	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	rdzvv1 "github.com/rdzv/rdzv/proto/rdzv/v1"
@@ -24,18 +27,15 @@ func age(ts *timestamppb.Timestamp) string {
 	return time.Since(ts.AsTime()).Round(time.Second).String()
 }
 
-func printJobs(out io.Writer, jobs []*rdzvv1.Job) {
-	w := table(out)
-	fmt.Fprintln(w, "NAME\tSTATE\tGENERATION\tRESTARTS\tNODES\tMASTER\tAGE\tREASON")
-	for _, j := range jobs {
-		master := "-"
-		if j.GetMasterAddr() != "" {
-			master = fmt.Sprintf("%s:%d", j.GetMasterAddr(), j.GetMasterPort())
-		}
-		fmt.Fprintf(w, "%s\t%s\t%d\t%d\t%d\t%s\t%s\t%s\n", j.GetSpec().GetName(), stateWord(j.GetState()), j.GetGeneration(),
-			j.GetRestarts(), len(j.GetAssignments()), master, age(j.GetCreatedAt()), j.GetReason())
+const jobsHeader = "NAME\tSTATE\tGENERATION\tRESTARTS\tNODES\tMASTER\tAGE\tREASON"
+
+func jobRow(w io.Writer, j *rdzvv1.Job) {
+	master := "-"
+	if j.GetMasterAddr() != "" {
+		master = fmt.Sprintf("%s:%d", j.GetMasterAddr(), j.GetMasterPort())
 	}
-	_ = w.Flush()
+	fmt.Fprintf(w, "%s\t%s\t%d\t%d\t%d\t%s\t%s\t%s\n", j.GetSpec().GetName(), stateWord(j.GetState()), j.GetGeneration(),
+		j.GetRestarts(), len(j.GetAssignments()), master, age(j.GetCreatedAt()), j.GetReason())
 }
 
 func printJob(out io.Writer, j *rdzvv1.Job) {
@@ -98,30 +98,27 @@ func uints(v []uint32) string {
 	return strings.Join(s, ",")
 }
 
-func printNodes(out io.Writer, nodes []*rdzvv1.Node) {
-	w := table(out)
-	fmt.Fprintln(w, "NAME\tSTATE\tJOB\tGPUS\tINTERFACE\tADDRESS\tHEARTBEAT\tLABELS")
-	for _, n := range nodes {
-		info := n.GetInfo()
-		gpus := fmt.Sprint(len(info.GetGpus()))
-		if info.GetFakeGpus() {
-			gpus += " (fake)"
-		}
-		job := "-"
-		if n.GetJob() != "" {
-			job = fmt.Sprintf("%s/%d", n.GetJob(), n.GetGeneration())
-		}
-		state := strings.TrimPrefix(n.GetState().String(), "NODE_STATE_")
-		if n.GetCordoned() {
-			state += ",CORDONED (" + n.GetCordonReason() + ")"
-		}
-		if hold := n.GetRestartHoldUntil(); hold != nil {
-			state += ",AGENT RESTARTING (held until " + hold.AsTime().Local().Format(time.TimeOnly) + ")"
-		}
-		fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\t%s\t%s ago\t%s\n", info.GetName(), state,
-			job, gpus, info.GetNcclInterface(), info.GetAddress(), age(n.GetLastHeartbeat()), labels(info.GetLabels()))
+const nodesHeader = "NAME\tSTATE\tJOB\tGPUS\tINTERFACE\tADDRESS\tHEARTBEAT\tLABELS"
+
+func nodeRow(w io.Writer, n *rdzvv1.Node) {
+	info := n.GetInfo()
+	gpus := fmt.Sprint(len(info.GetGpus()))
+	if info.GetFakeGpus() {
+		gpus += " (fake)"
 	}
-	_ = w.Flush()
+	job := "-"
+	if n.GetJob() != "" {
+		job = fmt.Sprintf("%s/%d", n.GetJob(), n.GetGeneration())
+	}
+	state := strings.TrimPrefix(n.GetState().String(), "NODE_STATE_")
+	if n.GetCordoned() {
+		state += ",CORDONED (" + n.GetCordonReason() + ")"
+	}
+	if hold := n.GetRestartHoldUntil(); hold != nil {
+		state += ",AGENT RESTARTING (held until " + hold.AsTime().Local().Format(time.TimeOnly) + ")"
+	}
+	fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\t%s\t%s ago\t%s\n", info.GetName(), state,
+		job, gpus, info.GetNcclInterface(), info.GetAddress(), age(n.GetLastHeartbeat()), labels(info.GetLabels()))
 }
 
 func labels(m map[string]string) string {
@@ -136,17 +133,111 @@ func labels(m map[string]string) string {
 	return strings.Join(parts, ",")
 }
 
-func printEvents(out io.Writer, events []*rdzvv1.Event) {
-	w := table(out)
-	fmt.Fprintln(w, "TIME\tKIND\tNODE\tGENERATION\tMESSAGE")
-	for _, e := range events {
-		node := e.GetNode()
-		if node == "" {
-			node = "-"
-		}
-		fmt.Fprintf(w, "%s\t%s\t%s\t%d\t%s\n", e.GetTime().AsTime().Local().Format("2006-01-02 15:04:05.000"), e.GetKind(), node, e.GetGeneration(), e.GetMessage())
+const eventsHeader = "TIME\tKIND\tNODE\tGENERATION\tMESSAGE"
+
+func eventRow(w io.Writer, e *rdzvv1.Event) {
+	node := e.GetNode()
+	if node == "" {
+		node = "-"
 	}
-	_ = w.Flush()
+	fmt.Fprintf(w, "%s\t%s\t%s\t%d\t%s\n", e.GetTime().AsTime().Local().Format("2006-01-02 15:04:05.000"), e.GetKind(), node, e.GetGeneration(), e.GetMessage())
+}
+
+// listOut prints a list as its pages arrive, never holding all of it: a
+// table whose header comes once (each page aligned on its own), or with
+// -o json one object {"<field>": [...]}.
+type listOut struct {
+	out    io.Writer
+	json   bool
+	field  string
+	header string
+	// n counts the items printed; limit, when positive, ends the list
+	// there.
+	n, limit int
+	// started is set once the header (or the object's opening) is out.
+	started bool
+	// widths are the table's column widths so far.
+	widths []int
+}
+
+// align writes tab-separated lines padded to the widest cell of each column
+// so far (as tabwriter does, with two spaces between columns): later
+// pages line up with earlier ones unless a cell is wider than any before.
+func (l *listOut) align(text string) error {
+	var rows [][]string
+	for _, line := range strings.Split(strings.TrimSuffix(text, "\n"), "\n") {
+		if line == "" {
+			continue
+		}
+		cells := strings.Split(line, "\t")
+		for i, cell := range cells[:len(cells)-1] {
+			if i == len(l.widths) {
+				l.widths = append(l.widths, 0)
+			}
+			l.widths[i] = max(l.widths[i], utf8.RuneCountInString(cell))
+		}
+		rows = append(rows, cells)
+	}
+	var b strings.Builder
+	for _, cells := range rows {
+		for i, cell := range cells[:len(cells)-1] {
+			b.WriteString(cell + strings.Repeat(" ", l.widths[i]-utf8.RuneCountInString(cell)+2))
+		}
+		b.WriteString(strings.TrimRight(cells[len(cells)-1], " ") + "\n")
+	}
+	_, err := io.WriteString(l.out, b.String())
+	return err
+}
+
+// full reports whether the list has printed all it may.
+func (l *listOut) full() bool { return l.limit > 0 && l.n >= l.limit }
+
+// printPage prints the items of one page, up to the list's limit.
+func printPage[M proto.Message](l *listOut, items []M, row func(io.Writer, M)) error {
+	if l.limit > 0 {
+		items = items[:min(len(items), l.limit-l.n)]
+	}
+	if !l.json {
+		var b strings.Builder
+		if !l.started {
+			fmt.Fprintln(&b, l.header)
+			l.started = true
+		}
+		for _, m := range items {
+			row(&b, m)
+		}
+		l.n += len(items)
+		return l.align(b.String())
+	}
+	for _, m := range items {
+		b, err := protojson.MarshalOptions{UseProtoNames: true, EmitUnpopulated: true, Indent: "  "}.Marshal(m)
+		if err != nil {
+			return err
+		}
+		sep := ",\n"
+		if !l.started {
+			sep = fmt.Sprintf("{\n  %q: [\n", l.field)
+			l.started = true
+		}
+		if _, err := fmt.Fprint(l.out, sep+"    "+strings.ReplaceAll(string(b), "\n", "\n    ")); err != nil {
+			return err
+		}
+		l.n++
+	}
+	return nil
+}
+
+// end closes a JSON list (a table needs nothing more).
+func (l *listOut) end() error {
+	var err error
+	switch {
+	case !l.json:
+	case !l.started:
+		_, err = fmt.Fprintf(l.out, "{\n  %q: []\n}\n", l.field)
+	default:
+		_, err = fmt.Fprint(l.out, "\n  ]\n}\n")
+	}
+	return err
 }
 
 func checkpointLine(cp *rdzvv1.Checkpoint) string {

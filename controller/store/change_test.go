@@ -185,7 +185,7 @@ func TestCommitPacks(t *testing.T) {
 			name: "delete then create of the same name",
 			changes: func(s *Store, jobName string) []*Change {
 				return []*Change{
-					s.DeleteJob(jobName),
+					s.DeleteJob(jobName, 0),
 					s.CreateJob(job(jobName, rdzvv1.JobState_JOB_STATE_PENDING, 0), false, event(jobName, "job_submitted", t0)),
 				}
 			},

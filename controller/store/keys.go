@@ -8,8 +8,16 @@
 //	/rdzv/v1/nodes/<node>                      Node: registration and durable state (READY or LOST).
 //	                                           Written on registration, state transitions, cordons and
 //	                                           agent restart announcements only, never per heartbeat
-//	                                           (liveness is tracked in memory).
+//	                                           (liveness is tracked in memory). Deleted by the leader's
+//	                                           retention once LOST for retention.lost_node_max_age and
+//	                                           not cordoned (DeleteNode); the agent registering again
+//	                                           writes it anew.
 //	/rdzv/v1/jobs/<job>                        Job: spec, state, reason, current generation, master.
+//	/rdzv/v1/generation-floor                  UInt64Value: the highest generation of every job deleted
+//	                                           so far (DeleteJob writes it with the job's keys' removal).
+//	                                           A job created under a name without a record counts its
+//	                                           generations from here: agents refuse assignments whose
+//	                                           generation is not above the last they ran of that name.
 //	/rdzv/v1/rounds/<job>/<generation>         Round: the nodes and ranks of one committed rendezvous,
 //	                                           one key per generation (generation zero-padded to 20
 //	                                           digits so keys sort numerically).
@@ -50,6 +58,7 @@ const (
 	workersPrefix = Prefix + "workers/"
 	eventsPrefix  = Prefix + "events/"
 	ckptPrefix    = Prefix + "checkpoints/"
+	floorKey      = Prefix + "generation-floor"
 	// electionName has no trailing slash: concurrency.NewElection adds it.
 	electionName = Prefix + "leader"
 )
@@ -103,6 +112,26 @@ func EventKey(scope string, at time.Time, seq uint64) string {
 
 // EventsPrefix covers every event of one scope.
 func EventsPrefix(scope string) string { return eventsPrefix + scope + "/" }
+
+// GenerationFloorKey is the key of the deleted jobs' highest generation.
+func GenerationFloorKey() string { return floorKey }
+
+// eventCursorLen is the length of an event key after its scope's prefix.
+const eventCursorLen = 20 + 1 + 12
+
+// eventKeyAt is the key of a scope's event at cursor (an event key without
+// its scope's prefix, as ListEvents returns it), or an error if cursor is
+// not one: a cursor from a client never reaches outside the scope.
+func eventKeyAt(scope, cursor string) (string, error) {
+	ok := len(cursor) == eventCursorLen && cursor[20] == '-'
+	for i := 0; ok && i < len(cursor); i++ {
+		ok = i == 20 || cursor[i] >= '0' && cursor[i] <= '9'
+	}
+	if !ok {
+		return "", fmt.Errorf("%q is not an event cursor: %w", cursor, ErrBadCursor)
+	}
+	return EventsPrefix(scope) + cursor, nil
+}
 
 // nameFromKey returns the last path element of key under prefix.
 func nameFromKey(prefix, key string) (string, error) {

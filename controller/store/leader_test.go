@@ -69,7 +69,7 @@ func TestWritesGuardedByLeadership(t *testing.T) {
 			return err
 		},
 		"delete job": func(d *Store) error {
-			_, err := d.CommitAll(ctx(t), d.DeleteJob("train"))
+			_, err := d.CommitAll(ctx(t), d.DeleteJob("train", 0))
 			return err
 		},
 	}
@@ -172,8 +172,7 @@ func TestPruneEvents(t *testing.T) {
 			deleted, err := s.PruneEvents(ctx(t), "train", t0.Add(tt.cutoff), tt.keep)
 			require.NoError(t, err)
 			require.EqualValues(t, tt.events-len(tt.want), deleted)
-			left, err := s.ListEvents(ctx(t), "train", 100)
-			require.NoError(t, err)
+			left := newest(t, s, "train", 100)
 			want := []string{}
 			for _, i := range tt.want {
 				want = append(want, fmt.Sprint(i))
@@ -202,28 +201,55 @@ func TestDeleteJob(t *testing.T) {
 	}
 
 	o := sibling(s)
-	_, err := o.CommitAll(ctx(t), o.DeleteJob("done"))
+	_, err := o.CommitAll(ctx(t), o.DeleteJob("done", 0))
 	require.ErrorIs(t, err, ErrConflict, "deleting a job the store never saw")
 	kept()
 
 	// The job changed behind the store's back: its view is stale.
 	putBehind(t, cli, JobKey("done"), job("done", rdzvv1.JobState_JOB_STATE_FAILED, 1))
-	_, err = s.CommitAll(ctx(t), s.DeleteJob("done"))
+	_, err = s.CommitAll(ctx(t), s.DeleteJob("done", 0))
 	require.ErrorIs(t, err, ErrConflict, "deleting a job that moved")
 	kept()
 
 	// Reloading catches up.
 	_, err = s.Load(ctx(t))
 	require.NoError(t, err)
-	commit(t, s, s.DeleteJob("done"))
-	require.Equal(t, []string{JobKey("done-2"), EventsPrefix("done-2")}, []string{
-		keys(t, cli, JobsPrefix())[0], keys(t, cli, Prefix+"events/")[0][:len(EventsPrefix("done-2"))],
-	})
-	require.Len(t, keys(t, cli, JobsPrefix()), 1)
-	require.Len(t, keys(t, cli, Prefix+"events/"), 1)
+	commit(t, s, s.DeleteJob("done", 7, event("", "job_deleted", t0)))
+	require.Equal(t, []string{JobKey("done-2")}, keys(t, cli, JobsPrefix()))
+	require.Len(t, keys(t, cli, EventsPrefix("done-2")), 1)
+	require.Len(t, keys(t, cli, EventsPrefix(ClusterScope)), 1)
+	require.Len(t, keys(t, cli, Prefix+"events/"), 2, "done-2's and the cluster's")
 	for _, prefix := range []string{RoundsPrefix("done"), WorkersPrefix("done"), CheckpointsPrefix("done"), EventsPrefix("done")} {
 		require.Empty(t, keys(t, cli, prefix), prefix)
 	}
+	// The floor outlives the job, for whoever leads next.
+	snap, err := sibling(s).Load(ctx(t))
+	require.NoError(t, err)
+	require.EqualValues(t, 7, snap.GenerationFloor)
+}
+
+func TestDeleteNode(t *testing.T) {
+	s, cli := newStore(t)
+	node := func(name string) *rdzvv1.Node {
+		return &rdzvv1.Node{Info: &rdzvv1.NodeInfo{Name: name}, State: rdzvv1.NodeState_NODE_STATE_LOST}
+	}
+	commit(t, s, s.PutNode(node("gpu-1")), s.PutNode(node("gpu-10")))
+
+	o := sibling(s)
+	_, err := o.CommitAll(ctx(t), o.DeleteNode("gpu-1"))
+	require.ErrorIs(t, err, ErrConflict, "deleting a node the store never saw")
+	putBehind(t, cli, NodeKey("gpu-1"), node("gpu-1"))
+	_, err = s.CommitAll(ctx(t), s.DeleteNode("gpu-1"))
+	require.ErrorIs(t, err, ErrConflict, "deleting a node that changed (registered again)")
+	require.Len(t, keys(t, cli, NodesPrefix()), 2)
+
+	_, err = s.Load(ctx(t))
+	require.NoError(t, err)
+	commit(t, s, s.DeleteNode("gpu-1", event("", "node_deleted", t0)))
+	require.Equal(t, []string{NodeKey("gpu-10")}, keys(t, cli, NodesPrefix()), "only the node itself")
+	require.Len(t, keys(t, cli, EventsPrefix(ClusterScope)), 1)
+	// Forgotten: registering again is a create.
+	commit(t, s, s.PutNode(node("gpu-1")))
 }
 
 func TestCompact(t *testing.T) {

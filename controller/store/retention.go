@@ -8,6 +8,9 @@ import (
 
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
+	"google.golang.org/protobuf/types/known/wrapperspb"
+
+	rdzvv1 "github.com/rdzv/rdzv/proto/rdzv/v1"
 )
 
 // PruneEvents deletes a scope's events from before cutoff, then its oldest
@@ -50,8 +53,9 @@ func (s *Store) PruneEvents(ctx context.Context, scope string, cutoff time.Time,
 
 // DeleteJob removes a finished job and everything kept for it (rounds,
 // worker statuses, checkpoint catalog, events), guarded on the job as last
-// seen.
-func (s *Store) DeleteJob(job string) *Change {
+// seen, and raises the generation floor to floor (see keys.go): the
+// caller's highest generation of every job deleted so far.
+func (s *Store) DeleteJob(job string, floor uint64, events ...*rdzvv1.Event) *Change {
 	ch := newChange("deleting job " + job)
 	ch.guard, ch.untrack = []string{JobKey(job)}, []string{JobKey(job)}
 	ch.known = true
@@ -59,6 +63,18 @@ func (s *Store) DeleteJob(job string) *Change {
 	for _, prefix := range []string{RoundsPrefix(job), WorkersPrefix(job), CheckpointsPrefix(job), EventsPrefix(job)} {
 		ch.deletePrefix(prefix)
 	}
+	ch.putMsg(GenerationFloorKey(), wrapperspb.UInt64(floor))
+	s.events(ch, events)
+	return ch
+}
+
+// DeleteNode removes a node's record, guarded on it as last seen.
+func (s *Store) DeleteNode(node string, events ...*rdzvv1.Event) *Change {
+	ch := newChange("deleting node " + node)
+	ch.guard, ch.untrack = []string{NodeKey(node)}, []string{NodeKey(node)}
+	ch.known = true
+	ch.deleteRange(NodeKey(node), "")
+	s.events(ch, events)
 	return ch
 }
 

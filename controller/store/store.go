@@ -10,9 +10,11 @@ import (
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/wrapperspb"
 
 	"github.com/rdzv/rdzv/controller/keyring"
 	rdzvv1 "github.com/rdzv/rdzv/proto/rdzv/v1"
+	"github.com/rdzv/rdzv/wire"
 )
 
 // ErrConflict means a guarded write lost a race: the record changed since it
@@ -124,6 +126,9 @@ type Snapshot struct {
 	// Dropped are other records left out because they could not be read:
 	// worker statuses, catalog entries, and keys that name nothing.
 	Dropped []Unreadable
+	// GenerationFloor is the highest generation of the jobs deleted so far
+	// (see keys.go).
+	GenerationFloor uint64
 	// Unsealed names the jobs whose secret_env is not sealed with the
 	// primary key (stored in plaintext by an older version, or sealed with
 	// an older key): writing them again seals them with it.
@@ -195,6 +200,9 @@ func (s *Store) Load(ctx context.Context) (*Snapshot, error) {
 	if err != nil {
 		return nil, fmt.Errorf("loading jobs: %w", err)
 	}
+	if err := s.loadFloor(ctx, snap); err != nil {
+		return nil, err
+	}
 	// Guards of later commits start from what was read, and from nothing
 	// of an earlier lead.
 	revs := make(map[string]int64, len(snap.Nodes)+len(snap.Jobs))
@@ -244,6 +252,26 @@ func (s *Store) Load(ctx context.Context) (*Snapshot, error) {
 		}
 	}
 	return snap, nil
+}
+
+// loadFloor reads the generation floor into snap; an undecodable one is
+// dropped like any unreadable record.
+func (s *Store) loadFloor(ctx context.Context, snap *Snapshot) error {
+	rctx, cancel := s.request(ctx)
+	defer cancel()
+	resp, err := s.cli.Get(rctx, GenerationFloorKey())
+	if err != nil {
+		return fmt.Errorf("loading the generation floor: %w", unavailable(ctx, err))
+	}
+	for _, kv := range resp.Kvs {
+		floor := &wrapperspb.UInt64Value{}
+		if err := proto.Unmarshal(kv.Value, floor); err != nil {
+			snap.Dropped = append(snap.Dropped, Unreadable{Key: string(kv.Key), ModRevision: kv.ModRevision, Err: fmt.Errorf("decoding: %w", err)})
+			continue
+		}
+		snap.GenerationFloor = floor.GetValue()
+	}
+	return nil
 }
 
 // errUndecodable marks a stored record that is not the message its key
@@ -439,24 +467,76 @@ func (s *Store) AppendEvent(ev *rdzvv1.Event) *Change {
 	return ch
 }
 
-// ListEvents returns up to limit of a scope's newest events, oldest first.
-func (s *Store) ListEvents(ctx context.Context, scope string, limit int) ([]*rdzvv1.Event, error) {
-	rctx, cancel := s.request(ctx)
-	defer cancel()
-	resp, err := s.cli.Get(rctx, EventsPrefix(scope), clientv3.WithPrefix(),
-		clientv3.WithSort(clientv3.SortByKey, clientv3.SortDescend), clientv3.WithLimit(int64(limit)))
-	if err != nil {
-		return nil, fmt.Errorf("listing events of %s: %w", scope, unavailable(ctx, err))
-	}
-	events := make([]*rdzvv1.Event, len(resp.Kvs))
-	for i, kv := range resp.Kvs {
-		ev := &rdzvv1.Event{}
-		if err := proto.Unmarshal(kv.Value, ev); err != nil {
-			return nil, fmt.Errorf("decoding %s: %w", kv.Key, err)
+// ErrBadCursor means an event cursor is not one ListEvents returned.
+var ErrBadCursor = errors.New("not an event cursor")
+
+// EventPage asks ListEvents for one page of a scope's events.
+type EventPage struct {
+	// After is the cursor of the previous page's last event; empty starts
+	// with the oldest of the scope's newest Newest events.
+	After  string
+	Newest int
+	// Limit bounds the page's events and MaxBytes their encoded size (as
+	// items of a message, wire.ItemBytes); a page holds at least one event
+	// if any is left, whatever its size.
+	Limit    int
+	MaxBytes int
+}
+
+// ListEvents returns one page of a scope's events, oldest first, the cursor
+// of its last event, and whether the scope has events after it.
+func (s *Store) ListEvents(ctx context.Context, scope string, p EventPage) (events []*rdzvv1.Event, cursor string, more bool, err error) {
+	prefix := EventsPrefix(scope)
+	from := prefix
+	if p.After != "" {
+		key, err := eventKeyAt(scope, p.After)
+		if err != nil {
+			return nil, "", false, err
 		}
-		events[len(resp.Kvs)-1-i] = ev
+		from = key + "\x00"
+	} else {
+		rctx, cancel := s.request(ctx)
+		resp, err := s.cli.Get(rctx, prefix, clientv3.WithPrefix(), clientv3.WithKeysOnly(),
+			clientv3.WithSort(clientv3.SortByKey, clientv3.SortDescend), clientv3.WithLimit(int64(p.Newest)))
+		cancel()
+		if err != nil {
+			return nil, "", false, fmt.Errorf("listing events of %s: %w", scope, unavailable(ctx, err))
+		}
+		if len(resp.Kvs) == 0 {
+			return nil, "", false, nil
+		}
+		from = string(resp.Kvs[len(resp.Kvs)-1].Key)
 	}
-	return events, nil
+	end := clientv3.GetPrefixRangeEnd(prefix)
+	size := 0
+	// Read in chunks, so that a page cut short by MaxBytes never reads
+	// much more than it returns.
+	for len(events) < p.Limit {
+		rctx, cancel := s.request(ctx)
+		resp, err := s.cli.Get(rctx, from, clientv3.WithRange(end), clientv3.WithLimit(int64(min(p.Limit-len(events), pageSize))),
+			clientv3.WithSort(clientv3.SortByKey, clientv3.SortAscend))
+		cancel()
+		if err != nil {
+			return nil, "", false, fmt.Errorf("listing events of %s: %w", scope, unavailable(ctx, err))
+		}
+		for _, kv := range resp.Kvs {
+			n := wire.ItemBytes(len(kv.Value))
+			if len(events) > 0 && size+n > p.MaxBytes {
+				return events, cursor, true, nil
+			}
+			ev := &rdzvv1.Event{}
+			if err := proto.Unmarshal(kv.Value, ev); err != nil {
+				return nil, "", false, fmt.Errorf("decoding %s: %w", kv.Key, err)
+			}
+			events, size, cursor = append(events, ev), size+n, string(kv.Key[len(prefix):])
+		}
+		more = resp.More
+		if !more || len(resp.Kvs) == 0 {
+			break
+		}
+		from = string(resp.Kvs[len(resp.Kvs)-1].Key) + "\x00"
+	}
+	return events, cursor, more, nil
 }
 
 // txn commits l if cmps hold and this controller still leads. When it

@@ -3,7 +3,9 @@ package store
 import (
 	"errors"
 	"fmt"
+	"slices"
 	"sort"
+	"strings"
 	"testing"
 	"time"
 
@@ -15,6 +17,7 @@ import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	rdzvv1 "github.com/rdzv/rdzv/proto/rdzv/v1"
+	"github.com/rdzv/rdzv/wire"
 )
 
 var t0 = time.Date(2025, 3, 1, 12, 0, 0, 0, time.UTC)
@@ -44,6 +47,23 @@ func kinds(events []*rdzvv1.Event) []string {
 		out[i] = ev.GetKind()
 	}
 	return out
+}
+
+// newest lists a scope's newest n events through ListEvents' pages, two
+// events a page, as the API's pages follow each other.
+func newest(t *testing.T, s *Store, scope string, n int) []*rdzvv1.Event {
+	t.Helper()
+	var all []*rdzvv1.Event
+	page := EventPage{Newest: n, Limit: 2, MaxBytes: 1 << 20}
+	for {
+		events, cursor, more, err := s.ListEvents(ctx(t), scope, page)
+		require.NoError(t, err)
+		all = append(all, events...)
+		if !more || len(all) >= n {
+			return all[:min(len(all), n)]
+		}
+		page.After = cursor
+	}
 }
 
 func TestKeys(t *testing.T) {
@@ -139,8 +159,7 @@ func TestStore(t *testing.T) {
 		require.ErrorIs(t, err, ErrConflict)
 		require.Equal(t, before, revision(t, cli), "a conflicting create wrote something")
 
-		events, err := s.ListEvents(ctx(t), "dup", 10)
-		require.NoError(t, err)
+		events := newest(t, s, "dup", 10)
 		require.Len(t, events, 1, "the losing create's event was stored")
 	})
 
@@ -174,8 +193,7 @@ func TestStore(t *testing.T) {
 		commit(t, s, s.CreateJob(job("again-ev", rdzvv1.JobState_JOB_STATE_PENDING, 1), true, event("again-ev", "job_submitted", t0.Add(time.Hour))))
 		require.Empty(t, keys(t, cli, RoundsPrefix("again-ev")))
 		require.Empty(t, keys(t, cli, WorkersPrefix("again-ev")))
-		events, err := s.ListEvents(ctx(t), "again-ev", 10)
-		require.NoError(t, err)
+		events := newest(t, s, "again-ev", 10)
 		require.Len(t, events, 2, "the earlier run's event and the new one")
 		require.True(t, events[1].GetTime().AsTime().Equal(t0.Add(time.Hour)), "the new event is the newest")
 	})
@@ -206,8 +224,7 @@ func TestStore(t *testing.T) {
 		require.NoError(t, err)
 		require.Equal(t, rdzvv1.JobState_JOB_STATE_STOPPED, snap.Jobs["upd"].Value.GetState())
 		require.Equal(t, rev2, snap.Jobs["upd"].ModRevision)
-		events, err := s.ListEvents(ctx(t), "upd", 10)
-		require.NoError(t, err)
+		events := newest(t, s, "upd", 10)
 		require.Equal(t, []string{"job_stopped"}, kinds(events))
 	})
 
@@ -280,8 +297,7 @@ func TestStore(t *testing.T) {
 		workers, _, err := s.Workers(ctx(t), "pw")
 		require.NoError(t, err)
 		require.Empty(t, cmpDiff(w, workers["n1"]))
-		events, err := s.ListEvents(ctx(t), "pw", 10)
-		require.NoError(t, err)
+		events := newest(t, s, "pw", 10)
 		require.Equal(t, []string{"worker_exited"}, kinds(events))
 	})
 
@@ -315,24 +331,66 @@ func TestStore(t *testing.T) {
 			{1, []string{"e"}},
 		}
 		for _, tt := range tests {
-			events, err := s.ListEvents(ctx(t), "ev", tt.limit)
-			require.NoError(t, err)
+			events := newest(t, s, "ev", tt.limit)
 			require.Equal(t, tt.want, kinds(events), "limit %d", tt.limit)
 		}
 
 		// Events without a job land in the cluster scope and never in a job's.
 		commit(t, s, s.AppendEvent(event("", "node_registered", t0)))
-		cluster, err := s.ListEvents(ctx(t), ClusterScope, 10)
-		require.NoError(t, err)
+		cluster := newest(t, s, ClusterScope, 10)
 		require.Equal(t, []string{"node_registered"}, kinds(cluster))
+	})
+
+	t.Run("event pages end at their limit or their size, and resume after their cursor", func(t *testing.T) {
+		var sizes []int
+		for i := range 5 {
+			ev := event("paged", fmt.Sprint(i), t0.Add(time.Duration(i)*time.Second))
+			ev.Message = strings.Repeat("m", 100*(i+1))
+			sizes = append(sizes, wire.ItemBytes(proto.Size(ev)))
+			commit(t, s, s.AppendEvent(ev))
+		}
+		tests := []struct {
+			name     string
+			page     EventPage
+			want     []string
+			wantMore bool
+		}{
+			{"limit", EventPage{Newest: 5, Limit: 2, MaxBytes: 1 << 20}, []string{"0", "1"}, true},
+			{"the newest only", EventPage{Newest: 2, Limit: 10, MaxBytes: 1 << 20}, []string{"3", "4"}, false},
+			{"bytes", EventPage{Newest: 5, Limit: 10, MaxBytes: sizes[0] + sizes[1] + sizes[2] - 1}, []string{"0", "1"}, true},
+			{"exactly the bytes", EventPage{Newest: 5, Limit: 10, MaxBytes: sizes[0] + sizes[1]}, []string{"0", "1"}, true},
+			{"one event even over the bytes", EventPage{Newest: 5, Limit: 10, MaxBytes: 1}, []string{"0"}, true},
+		}
+		for _, tt := range tests {
+			t.Run(tt.name, func(t *testing.T) {
+				events, cursor, more, err := s.ListEvents(ctx(t), "paged", tt.page)
+				require.NoError(t, err)
+				require.Equal(t, tt.want, kinds(events))
+				require.Equal(t, tt.wantMore, more)
+				rest, _, more, err := s.ListEvents(ctx(t), "paged", EventPage{After: cursor, Limit: 10, MaxBytes: 1 << 20})
+				require.NoError(t, err)
+				require.False(t, more)
+				all := []string{"0", "1", "2", "3", "4"}
+				last := slices.Index(all, tt.want[len(tt.want)-1])
+				require.Equal(t, all[last+1:], append([]string{}, kinds(rest)...), "after %q", cursor)
+			})
+		}
+		none, cursor, more, err := s.ListEvents(ctx(t), "no-such-scope", EventPage{Newest: 5, Limit: 5, MaxBytes: 1 << 20})
+		require.NoError(t, err)
+		require.Empty(t, none)
+		require.Empty(t, cursor)
+		require.False(t, more)
+		for _, bad := range []string{"x", "../jobs/x", strings.Repeat("0", 20) + "/" + strings.Repeat("0", 12), strings.Repeat("0", 34)} {
+			_, _, _, err := s.ListEvents(ctx(t), "paged", EventPage{After: bad, Limit: 5, MaxBytes: 1 << 20})
+			require.ErrorIs(t, err, ErrBadCursor, "cursor %q", bad)
+		}
 	})
 
 	t.Run("events at the same instant keep their write order", func(t *testing.T) {
 		for _, k := range []string{"first", "second", "third"} {
 			commit(t, s, s.AppendEvent(event("same", k, t0)))
 		}
-		events, err := s.ListEvents(ctx(t), "same", 10)
-		require.NoError(t, err)
+		events := newest(t, s, "same", 10)
 		require.Equal(t, []string{"first", "second", "third"}, kinds(events))
 	})
 

@@ -21,6 +21,62 @@ const (
 	_ = protoimpl.EnforceVersion(protoimpl.MaxVersion - 20)
 )
 
+// JobView says how much of a job a list returns.
+type JobView int32
+
+const (
+	// The list's default: JOB_VIEW_SUMMARY.
+	JobView_JOB_VIEW_UNSPECIFIED JobView = 0
+	// Everything but the spec's command, env, secret_env, env_files and
+	// launcher_extra_args and the assignments' messages: what `rdzvctl list`
+	// shows, and small enough that a page of jobs is always far below the
+	// gRPC message limit.
+	JobView_JOB_VIEW_SUMMARY JobView = 1
+	// Each job as GetJob returns it.
+	JobView_JOB_VIEW_FULL JobView = 2
+)
+
+// Enum value maps for JobView.
+var (
+	JobView_name = map[int32]string{
+		0: "JOB_VIEW_UNSPECIFIED",
+		1: "JOB_VIEW_SUMMARY",
+		2: "JOB_VIEW_FULL",
+	}
+	JobView_value = map[string]int32{
+		"JOB_VIEW_UNSPECIFIED": 0,
+		"JOB_VIEW_SUMMARY":     1,
+		"JOB_VIEW_FULL":        2,
+	}
+)
+
+func (x JobView) Enum() *JobView {
+	p := new(JobView)
+	*p = x
+	return p
+}
+
+func (x JobView) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (JobView) Descriptor() protoreflect.EnumDescriptor {
+	return file_rdzv_v1_job_service_proto_enumTypes[0].Descriptor()
+}
+
+func (JobView) Type() protoreflect.EnumType {
+	return &file_rdzv_v1_job_service_proto_enumTypes[0]
+}
+
+func (x JobView) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use JobView.Descriptor instead.
+func (JobView) EnumDescriptor() ([]byte, []int) {
+	return file_rdzv_v1_job_service_proto_rawDescGZIP(), []int{0}
+}
+
 type StartJobRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Spec          *JobSpec               `protobuf:"bytes,1,opt,name=spec,proto3" json:"spec,omitempty"`
@@ -197,8 +253,19 @@ func (x *GetJobResponse) GetJob() *Job {
 	return nil
 }
 
+// Jobs are listed oldest first (by created_at, then name), a page at a
+// time: pass next_page_token back as page_token for the next page.
 type ListJobsRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// At most this many jobs; 0 is the default (100), more than the maximum
+	// (1000) is the maximum. A page also ends before it would exceed
+	// 4 MiB - 64 KiB encoded, with at least one item.
+	PageSize int32 `protobuf:"varint,1,opt,name=page_size,json=pageSize,proto3" json:"page_size,omitempty"`
+	// next_page_token of the previous page; empty for the first.
+	PageToken string `protobuf:"bytes,2,opt,name=page_token,json=pageToken,proto3" json:"page_token,omitempty"`
+	// Only jobs in one of these states; empty lists every state.
+	States        []JobState `protobuf:"varint,3,rep,packed,name=states,proto3,enum=rdzv.v1.JobState" json:"states,omitempty"`
+	View          JobView    `protobuf:"varint,4,opt,name=view,proto3,enum=rdzv.v1.JobView" json:"view,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -233,9 +300,39 @@ func (*ListJobsRequest) Descriptor() ([]byte, []int) {
 	return file_rdzv_v1_job_service_proto_rawDescGZIP(), []int{4}
 }
 
+func (x *ListJobsRequest) GetPageSize() int32 {
+	if x != nil {
+		return x.PageSize
+	}
+	return 0
+}
+
+func (x *ListJobsRequest) GetPageToken() string {
+	if x != nil {
+		return x.PageToken
+	}
+	return ""
+}
+
+func (x *ListJobsRequest) GetStates() []JobState {
+	if x != nil {
+		return x.States
+	}
+	return nil
+}
+
+func (x *ListJobsRequest) GetView() JobView {
+	if x != nil {
+		return x.View
+	}
+	return JobView_JOB_VIEW_UNSPECIFIED
+}
+
 type ListJobsResponse struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Jobs          []*Job                 `protobuf:"bytes,1,rep,name=jobs,proto3" json:"jobs,omitempty"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Jobs  []*Job                 `protobuf:"bytes,1,rep,name=jobs,proto3" json:"jobs,omitempty"`
+	// Empty on the last page.
+	NextPageToken string `protobuf:"bytes,2,opt,name=next_page_token,json=nextPageToken,proto3" json:"next_page_token,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -275,6 +372,13 @@ func (x *ListJobsResponse) GetJobs() []*Job {
 		return x.Jobs
 	}
 	return nil
+}
+
+func (x *ListJobsResponse) GetNextPageToken() string {
+	if x != nil {
+		return x.NextPageToken
+	}
+	return ""
 }
 
 type StopJobRequest struct {
@@ -365,19 +469,108 @@ func (x *StopJobResponse) GetJob() *Job {
 	return nil
 }
 
+type DeleteJobRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Name          string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DeleteJobRequest) Reset() {
+	*x = DeleteJobRequest{}
+	mi := &file_rdzv_v1_job_service_proto_msgTypes[8]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DeleteJobRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DeleteJobRequest) ProtoMessage() {}
+
+func (x *DeleteJobRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_rdzv_v1_job_service_proto_msgTypes[8]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DeleteJobRequest.ProtoReflect.Descriptor instead.
+func (*DeleteJobRequest) Descriptor() ([]byte, []int) {
+	return file_rdzv_v1_job_service_proto_rawDescGZIP(), []int{8}
+}
+
+func (x *DeleteJobRequest) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+type DeleteJobResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DeleteJobResponse) Reset() {
+	*x = DeleteJobResponse{}
+	mi := &file_rdzv_v1_job_service_proto_msgTypes[9]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DeleteJobResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DeleteJobResponse) ProtoMessage() {}
+
+func (x *DeleteJobResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_rdzv_v1_job_service_proto_msgTypes[9]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DeleteJobResponse.ProtoReflect.Descriptor instead.
+func (*DeleteJobResponse) Descriptor() ([]byte, []int) {
+	return file_rdzv_v1_job_service_proto_rawDescGZIP(), []int{9}
+}
+
+// Events are listed oldest first, a page at a time: pass next_page_token
+// back as page_token (with the same job) for the next page.
 type ListEventsRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// Empty lists cluster-wide events (node registrations, losses).
 	Job string `protobuf:"bytes,1,opt,name=job,proto3" json:"job,omitempty"`
-	// Return at most this many of the newest events; 0 means the server's cap.
-	Limit         uint32 `protobuf:"varint,2,opt,name=limit,proto3" json:"limit,omitempty"`
+	// List the newest this many events in all pages; 0 means 1000, at most
+	// 10000.
+	Limit uint32 `protobuf:"varint,2,opt,name=limit,proto3" json:"limit,omitempty"`
+	// At most this many events per page; 0 is the default (1000), more than
+	// the maximum (10000) is the maximum. A page also ends before it would
+	// exceed 4 MiB - 64 KiB encoded, with at least one item.
+	PageSize int32 `protobuf:"varint,3,opt,name=page_size,json=pageSize,proto3" json:"page_size,omitempty"`
+	// next_page_token of the previous page; empty for the first.
+	PageToken     string `protobuf:"bytes,4,opt,name=page_token,json=pageToken,proto3" json:"page_token,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *ListEventsRequest) Reset() {
 	*x = ListEventsRequest{}
-	mi := &file_rdzv_v1_job_service_proto_msgTypes[8]
+	mi := &file_rdzv_v1_job_service_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -389,7 +582,7 @@ func (x *ListEventsRequest) String() string {
 func (*ListEventsRequest) ProtoMessage() {}
 
 func (x *ListEventsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_rdzv_v1_job_service_proto_msgTypes[8]
+	mi := &file_rdzv_v1_job_service_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -402,7 +595,7 @@ func (x *ListEventsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListEventsRequest.ProtoReflect.Descriptor instead.
 func (*ListEventsRequest) Descriptor() ([]byte, []int) {
-	return file_rdzv_v1_job_service_proto_rawDescGZIP(), []int{8}
+	return file_rdzv_v1_job_service_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *ListEventsRequest) GetJob() string {
@@ -419,16 +612,32 @@ func (x *ListEventsRequest) GetLimit() uint32 {
 	return 0
 }
 
+func (x *ListEventsRequest) GetPageSize() int32 {
+	if x != nil {
+		return x.PageSize
+	}
+	return 0
+}
+
+func (x *ListEventsRequest) GetPageToken() string {
+	if x != nil {
+		return x.PageToken
+	}
+	return ""
+}
+
 type ListEventsResponse struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Events        []*Event               `protobuf:"bytes,1,rep,name=events,proto3" json:"events,omitempty"`
+	state  protoimpl.MessageState `protogen:"open.v1"`
+	Events []*Event               `protobuf:"bytes,1,rep,name=events,proto3" json:"events,omitempty"`
+	// Empty on the last page.
+	NextPageToken string `protobuf:"bytes,2,opt,name=next_page_token,json=nextPageToken,proto3" json:"next_page_token,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *ListEventsResponse) Reset() {
 	*x = ListEventsResponse{}
-	mi := &file_rdzv_v1_job_service_proto_msgTypes[9]
+	mi := &file_rdzv_v1_job_service_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -440,7 +649,7 @@ func (x *ListEventsResponse) String() string {
 func (*ListEventsResponse) ProtoMessage() {}
 
 func (x *ListEventsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_rdzv_v1_job_service_proto_msgTypes[9]
+	mi := &file_rdzv_v1_job_service_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -453,7 +662,7 @@ func (x *ListEventsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListEventsResponse.ProtoReflect.Descriptor instead.
 func (*ListEventsResponse) Descriptor() ([]byte, []int) {
-	return file_rdzv_v1_job_service_proto_rawDescGZIP(), []int{9}
+	return file_rdzv_v1_job_service_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *ListEventsResponse) GetEvents() []*Event {
@@ -461,6 +670,13 @@ func (x *ListEventsResponse) GetEvents() []*Event {
 		return x.Events
 	}
 	return nil
+}
+
+func (x *ListEventsResponse) GetNextPageToken() string {
+	if x != nil {
+		return x.NextPageToken
+	}
+	return ""
 }
 
 type StreamLogsRequest struct {
@@ -477,7 +693,7 @@ type StreamLogsRequest struct {
 
 func (x *StreamLogsRequest) Reset() {
 	*x = StreamLogsRequest{}
-	mi := &file_rdzv_v1_job_service_proto_msgTypes[10]
+	mi := &file_rdzv_v1_job_service_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -489,7 +705,7 @@ func (x *StreamLogsRequest) String() string {
 func (*StreamLogsRequest) ProtoMessage() {}
 
 func (x *StreamLogsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_rdzv_v1_job_service_proto_msgTypes[10]
+	mi := &file_rdzv_v1_job_service_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -502,7 +718,7 @@ func (x *StreamLogsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StreamLogsRequest.ProtoReflect.Descriptor instead.
 func (*StreamLogsRequest) Descriptor() ([]byte, []int) {
-	return file_rdzv_v1_job_service_proto_rawDescGZIP(), []int{10}
+	return file_rdzv_v1_job_service_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *StreamLogsRequest) GetJob() string {
@@ -543,7 +759,7 @@ type StreamLogsResponse struct {
 
 func (x *StreamLogsResponse) Reset() {
 	*x = StreamLogsResponse{}
-	mi := &file_rdzv_v1_job_service_proto_msgTypes[11]
+	mi := &file_rdzv_v1_job_service_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -555,7 +771,7 @@ func (x *StreamLogsResponse) String() string {
 func (*StreamLogsResponse) ProtoMessage() {}
 
 func (x *StreamLogsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_rdzv_v1_job_service_proto_msgTypes[11]
+	mi := &file_rdzv_v1_job_service_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -568,7 +784,7 @@ func (x *StreamLogsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StreamLogsResponse.ProtoReflect.Descriptor instead.
 func (*StreamLogsResponse) Descriptor() ([]byte, []int) {
-	return file_rdzv_v1_job_service_proto_rawDescGZIP(), []int{11}
+	return file_rdzv_v1_job_service_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *StreamLogsResponse) GetNode() string {
@@ -597,19 +813,32 @@ const file_rdzv_v1_job_service_proto_rawDesc = "" +
 	"\rGetJobRequest\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\"0\n" +
 	"\x0eGetJobResponse\x12\x1e\n" +
-	"\x03job\x18\x01 \x01(\v2\f.rdzv.v1.JobR\x03job\"\x11\n" +
-	"\x0fListJobsRequest\"4\n" +
+	"\x03job\x18\x01 \x01(\v2\f.rdzv.v1.JobR\x03job\"\x9e\x01\n" +
+	"\x0fListJobsRequest\x12\x1b\n" +
+	"\tpage_size\x18\x01 \x01(\x05R\bpageSize\x12\x1d\n" +
+	"\n" +
+	"page_token\x18\x02 \x01(\tR\tpageToken\x12)\n" +
+	"\x06states\x18\x03 \x03(\x0e2\x11.rdzv.v1.JobStateR\x06states\x12$\n" +
+	"\x04view\x18\x04 \x01(\x0e2\x10.rdzv.v1.JobViewR\x04view\"\\\n" +
 	"\x10ListJobsResponse\x12 \n" +
-	"\x04jobs\x18\x01 \x03(\v2\f.rdzv.v1.JobR\x04jobs\"$\n" +
+	"\x04jobs\x18\x01 \x03(\v2\f.rdzv.v1.JobR\x04jobs\x12&\n" +
+	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken\"$\n" +
 	"\x0eStopJobRequest\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\"1\n" +
 	"\x0fStopJobResponse\x12\x1e\n" +
-	"\x03job\x18\x01 \x01(\v2\f.rdzv.v1.JobR\x03job\";\n" +
+	"\x03job\x18\x01 \x01(\v2\f.rdzv.v1.JobR\x03job\"&\n" +
+	"\x10DeleteJobRequest\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\"\x13\n" +
+	"\x11DeleteJobResponse\"w\n" +
 	"\x11ListEventsRequest\x12\x10\n" +
 	"\x03job\x18\x01 \x01(\tR\x03job\x12\x14\n" +
-	"\x05limit\x18\x02 \x01(\rR\x05limit\"<\n" +
+	"\x05limit\x18\x02 \x01(\rR\x05limit\x12\x1b\n" +
+	"\tpage_size\x18\x03 \x01(\x05R\bpageSize\x12\x1d\n" +
+	"\n" +
+	"page_token\x18\x04 \x01(\tR\tpageToken\"d\n" +
 	"\x12ListEventsResponse\x12&\n" +
-	"\x06events\x18\x01 \x03(\v2\x0e.rdzv.v1.EventR\x06events\"p\n" +
+	"\x06events\x18\x01 \x03(\v2\x0e.rdzv.v1.EventR\x06events\x12&\n" +
+	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken\"p\n" +
 	"\x11StreamLogsRequest\x12\x10\n" +
 	"\x03job\x18\x01 \x01(\tR\x03job\x12\x12\n" +
 	"\x04node\x18\x02 \x01(\tR\x04node\x12\x16\n" +
@@ -618,13 +847,18 @@ const file_rdzv_v1_job_service_proto_rawDesc = "" +
 	"tail_bytes\x18\x04 \x01(\x04R\ttailBytes\"<\n" +
 	"\x12StreamLogsResponse\x12\x12\n" +
 	"\x04node\x18\x01 \x01(\tR\x04node\x12\x12\n" +
-	"\x04data\x18\x02 \x01(\fR\x04data2\x97\x03\n" +
+	"\x04data\x18\x02 \x01(\fR\x04data*L\n" +
+	"\aJobView\x12\x18\n" +
+	"\x14JOB_VIEW_UNSPECIFIED\x10\x00\x12\x14\n" +
+	"\x10JOB_VIEW_SUMMARY\x10\x01\x12\x11\n" +
+	"\rJOB_VIEW_FULL\x10\x022\xdb\x03\n" +
 	"\n" +
 	"JobService\x12?\n" +
 	"\bStartJob\x12\x18.rdzv.v1.StartJobRequest\x1a\x19.rdzv.v1.StartJobResponse\x129\n" +
 	"\x06GetJob\x12\x16.rdzv.v1.GetJobRequest\x1a\x17.rdzv.v1.GetJobResponse\x12?\n" +
 	"\bListJobs\x12\x18.rdzv.v1.ListJobsRequest\x1a\x19.rdzv.v1.ListJobsResponse\x12<\n" +
-	"\aStopJob\x12\x17.rdzv.v1.StopJobRequest\x1a\x18.rdzv.v1.StopJobResponse\x12E\n" +
+	"\aStopJob\x12\x17.rdzv.v1.StopJobRequest\x1a\x18.rdzv.v1.StopJobResponse\x12B\n" +
+	"\tDeleteJob\x12\x19.rdzv.v1.DeleteJobRequest\x1a\x1a.rdzv.v1.DeleteJobResponse\x12E\n" +
 	"\n" +
 	"ListEvents\x12\x1a.rdzv.v1.ListEventsRequest\x1a\x1b.rdzv.v1.ListEventsResponse\x12G\n" +
 	"\n" +
@@ -643,48 +877,57 @@ func file_rdzv_v1_job_service_proto_rawDescGZIP() []byte {
 	return file_rdzv_v1_job_service_proto_rawDescData
 }
 
-var file_rdzv_v1_job_service_proto_msgTypes = make([]protoimpl.MessageInfo, 12)
+var file_rdzv_v1_job_service_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
+var file_rdzv_v1_job_service_proto_msgTypes = make([]protoimpl.MessageInfo, 14)
 var file_rdzv_v1_job_service_proto_goTypes = []any{
-	(*StartJobRequest)(nil),    // 0: rdzv.v1.StartJobRequest
-	(*StartJobResponse)(nil),   // 1: rdzv.v1.StartJobResponse
-	(*GetJobRequest)(nil),      // 2: rdzv.v1.GetJobRequest
-	(*GetJobResponse)(nil),     // 3: rdzv.v1.GetJobResponse
-	(*ListJobsRequest)(nil),    // 4: rdzv.v1.ListJobsRequest
-	(*ListJobsResponse)(nil),   // 5: rdzv.v1.ListJobsResponse
-	(*StopJobRequest)(nil),     // 6: rdzv.v1.StopJobRequest
-	(*StopJobResponse)(nil),    // 7: rdzv.v1.StopJobResponse
-	(*ListEventsRequest)(nil),  // 8: rdzv.v1.ListEventsRequest
-	(*ListEventsResponse)(nil), // 9: rdzv.v1.ListEventsResponse
-	(*StreamLogsRequest)(nil),  // 10: rdzv.v1.StreamLogsRequest
-	(*StreamLogsResponse)(nil), // 11: rdzv.v1.StreamLogsResponse
-	(*JobSpec)(nil),            // 12: rdzv.v1.JobSpec
-	(*Job)(nil),                // 13: rdzv.v1.Job
-	(*Event)(nil),              // 14: rdzv.v1.Event
+	(JobView)(0),               // 0: rdzv.v1.JobView
+	(*StartJobRequest)(nil),    // 1: rdzv.v1.StartJobRequest
+	(*StartJobResponse)(nil),   // 2: rdzv.v1.StartJobResponse
+	(*GetJobRequest)(nil),      // 3: rdzv.v1.GetJobRequest
+	(*GetJobResponse)(nil),     // 4: rdzv.v1.GetJobResponse
+	(*ListJobsRequest)(nil),    // 5: rdzv.v1.ListJobsRequest
+	(*ListJobsResponse)(nil),   // 6: rdzv.v1.ListJobsResponse
+	(*StopJobRequest)(nil),     // 7: rdzv.v1.StopJobRequest
+	(*StopJobResponse)(nil),    // 8: rdzv.v1.StopJobResponse
+	(*DeleteJobRequest)(nil),   // 9: rdzv.v1.DeleteJobRequest
+	(*DeleteJobResponse)(nil),  // 10: rdzv.v1.DeleteJobResponse
+	(*ListEventsRequest)(nil),  // 11: rdzv.v1.ListEventsRequest
+	(*ListEventsResponse)(nil), // 12: rdzv.v1.ListEventsResponse
+	(*StreamLogsRequest)(nil),  // 13: rdzv.v1.StreamLogsRequest
+	(*StreamLogsResponse)(nil), // 14: rdzv.v1.StreamLogsResponse
+	(*JobSpec)(nil),            // 15: rdzv.v1.JobSpec
+	(*Job)(nil),                // 16: rdzv.v1.Job
+	(JobState)(0),              // 17: rdzv.v1.JobState
+	(*Event)(nil),              // 18: rdzv.v1.Event
 }
 var file_rdzv_v1_job_service_proto_depIdxs = []int32{
-	12, // 0: rdzv.v1.StartJobRequest.spec:type_name -> rdzv.v1.JobSpec
-	13, // 1: rdzv.v1.StartJobResponse.job:type_name -> rdzv.v1.Job
-	13, // 2: rdzv.v1.GetJobResponse.job:type_name -> rdzv.v1.Job
-	13, // 3: rdzv.v1.ListJobsResponse.jobs:type_name -> rdzv.v1.Job
-	13, // 4: rdzv.v1.StopJobResponse.job:type_name -> rdzv.v1.Job
-	14, // 5: rdzv.v1.ListEventsResponse.events:type_name -> rdzv.v1.Event
-	0,  // 6: rdzv.v1.JobService.StartJob:input_type -> rdzv.v1.StartJobRequest
-	2,  // 7: rdzv.v1.JobService.GetJob:input_type -> rdzv.v1.GetJobRequest
-	4,  // 8: rdzv.v1.JobService.ListJobs:input_type -> rdzv.v1.ListJobsRequest
-	6,  // 9: rdzv.v1.JobService.StopJob:input_type -> rdzv.v1.StopJobRequest
-	8,  // 10: rdzv.v1.JobService.ListEvents:input_type -> rdzv.v1.ListEventsRequest
-	10, // 11: rdzv.v1.JobService.StreamLogs:input_type -> rdzv.v1.StreamLogsRequest
-	1,  // 12: rdzv.v1.JobService.StartJob:output_type -> rdzv.v1.StartJobResponse
-	3,  // 13: rdzv.v1.JobService.GetJob:output_type -> rdzv.v1.GetJobResponse
-	5,  // 14: rdzv.v1.JobService.ListJobs:output_type -> rdzv.v1.ListJobsResponse
-	7,  // 15: rdzv.v1.JobService.StopJob:output_type -> rdzv.v1.StopJobResponse
-	9,  // 16: rdzv.v1.JobService.ListEvents:output_type -> rdzv.v1.ListEventsResponse
-	11, // 17: rdzv.v1.JobService.StreamLogs:output_type -> rdzv.v1.StreamLogsResponse
-	12, // [12:18] is the sub-list for method output_type
-	6,  // [6:12] is the sub-list for method input_type
-	6,  // [6:6] is the sub-list for extension type_name
-	6,  // [6:6] is the sub-list for extension extendee
-	0,  // [0:6] is the sub-list for field type_name
+	15, // 0: rdzv.v1.StartJobRequest.spec:type_name -> rdzv.v1.JobSpec
+	16, // 1: rdzv.v1.StartJobResponse.job:type_name -> rdzv.v1.Job
+	16, // 2: rdzv.v1.GetJobResponse.job:type_name -> rdzv.v1.Job
+	17, // 3: rdzv.v1.ListJobsRequest.states:type_name -> rdzv.v1.JobState
+	0,  // 4: rdzv.v1.ListJobsRequest.view:type_name -> rdzv.v1.JobView
+	16, // 5: rdzv.v1.ListJobsResponse.jobs:type_name -> rdzv.v1.Job
+	16, // 6: rdzv.v1.StopJobResponse.job:type_name -> rdzv.v1.Job
+	18, // 7: rdzv.v1.ListEventsResponse.events:type_name -> rdzv.v1.Event
+	1,  // 8: rdzv.v1.JobService.StartJob:input_type -> rdzv.v1.StartJobRequest
+	3,  // 9: rdzv.v1.JobService.GetJob:input_type -> rdzv.v1.GetJobRequest
+	5,  // 10: rdzv.v1.JobService.ListJobs:input_type -> rdzv.v1.ListJobsRequest
+	7,  // 11: rdzv.v1.JobService.StopJob:input_type -> rdzv.v1.StopJobRequest
+	9,  // 12: rdzv.v1.JobService.DeleteJob:input_type -> rdzv.v1.DeleteJobRequest
+	11, // 13: rdzv.v1.JobService.ListEvents:input_type -> rdzv.v1.ListEventsRequest
+	13, // 14: rdzv.v1.JobService.StreamLogs:input_type -> rdzv.v1.StreamLogsRequest
+	2,  // 15: rdzv.v1.JobService.StartJob:output_type -> rdzv.v1.StartJobResponse
+	4,  // 16: rdzv.v1.JobService.GetJob:output_type -> rdzv.v1.GetJobResponse
+	6,  // 17: rdzv.v1.JobService.ListJobs:output_type -> rdzv.v1.ListJobsResponse
+	8,  // 18: rdzv.v1.JobService.StopJob:output_type -> rdzv.v1.StopJobResponse
+	10, // 19: rdzv.v1.JobService.DeleteJob:output_type -> rdzv.v1.DeleteJobResponse
+	12, // 20: rdzv.v1.JobService.ListEvents:output_type -> rdzv.v1.ListEventsResponse
+	14, // 21: rdzv.v1.JobService.StreamLogs:output_type -> rdzv.v1.StreamLogsResponse
+	15, // [15:22] is the sub-list for method output_type
+	8,  // [8:15] is the sub-list for method input_type
+	8,  // [8:8] is the sub-list for extension type_name
+	8,  // [8:8] is the sub-list for extension extendee
+	0,  // [0:8] is the sub-list for field type_name
 }
 
 func init() { file_rdzv_v1_job_service_proto_init() }
@@ -698,13 +941,14 @@ func file_rdzv_v1_job_service_proto_init() {
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_rdzv_v1_job_service_proto_rawDesc), len(file_rdzv_v1_job_service_proto_rawDesc)),
-			NumEnums:      0,
-			NumMessages:   12,
+			NumEnums:      1,
+			NumMessages:   14,
 			NumExtensions: 0,
 			NumServices:   1,
 		},
 		GoTypes:           file_rdzv_v1_job_service_proto_goTypes,
 		DependencyIndexes: file_rdzv_v1_job_service_proto_depIdxs,
+		EnumInfos:         file_rdzv_v1_job_service_proto_enumTypes,
 		MessageInfos:      file_rdzv_v1_job_service_proto_msgTypes,
 	}.Build()
 	File_rdzv_v1_job_service_proto = out.File

@@ -21,8 +21,21 @@ const (
 	_ = protoimpl.EnforceVersion(protoimpl.MaxVersion - 20)
 )
 
+// Nodes are listed by name, a page at a time: pass next_page_token back as
+// page_token for the next page.
 type ListNodesRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// At most this many nodes; 0 is the default (1000), more than the maximum
+	// (10000) is the maximum. A page also ends before it would exceed
+	// 4 MiB - 64 KiB encoded, with at least one item.
+	PageSize int32 `protobuf:"varint,1,opt,name=page_size,json=pageSize,proto3" json:"page_size,omitempty"`
+	// next_page_token of the previous page; empty for the first.
+	PageToken string `protobuf:"bytes,2,opt,name=page_token,json=pageToken,proto3" json:"page_token,omitempty"`
+	// Only nodes in one of these states (as listed: READY, BUSY or LOST);
+	// empty lists every state.
+	States []NodeState `protobuf:"varint,3,rep,packed,name=states,proto3,enum=rdzv.v1.NodeState" json:"states,omitempty"`
+	// Only nodes whose labels include every one of these.
+	Selector      map[string]string `protobuf:"bytes,4,rep,name=selector,proto3" json:"selector,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -57,9 +70,39 @@ func (*ListNodesRequest) Descriptor() ([]byte, []int) {
 	return file_rdzv_v1_node_service_proto_rawDescGZIP(), []int{0}
 }
 
+func (x *ListNodesRequest) GetPageSize() int32 {
+	if x != nil {
+		return x.PageSize
+	}
+	return 0
+}
+
+func (x *ListNodesRequest) GetPageToken() string {
+	if x != nil {
+		return x.PageToken
+	}
+	return ""
+}
+
+func (x *ListNodesRequest) GetStates() []NodeState {
+	if x != nil {
+		return x.States
+	}
+	return nil
+}
+
+func (x *ListNodesRequest) GetSelector() map[string]string {
+	if x != nil {
+		return x.Selector
+	}
+	return nil
+}
+
 type ListNodesResponse struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Nodes         []*Node                `protobuf:"bytes,1,rep,name=nodes,proto3" json:"nodes,omitempty"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Nodes []*Node                `protobuf:"bytes,1,rep,name=nodes,proto3" json:"nodes,omitempty"`
+	// Empty on the last page.
+	NextPageToken string `protobuf:"bytes,2,opt,name=next_page_token,json=nextPageToken,proto3" json:"next_page_token,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -99,6 +142,13 @@ func (x *ListNodesResponse) GetNodes() []*Node {
 		return x.Nodes
 	}
 	return nil
+}
+
+func (x *ListNodesResponse) GetNextPageToken() string {
+	if x != nil {
+		return x.NextPageToken
+	}
+	return ""
 }
 
 type CordonNodeRequest struct {
@@ -289,10 +339,19 @@ var File_rdzv_v1_node_service_proto protoreflect.FileDescriptor
 
 const file_rdzv_v1_node_service_proto_rawDesc = "" +
 	"\n" +
-	"\x1ardzv/v1/node_service.proto\x12\ardzv.v1\x1a\x12rdzv/v1/node.proto\"\x12\n" +
-	"\x10ListNodesRequest\"8\n" +
+	"\x1ardzv/v1/node_service.proto\x12\ardzv.v1\x1a\x12rdzv/v1/node.proto\"\xfc\x01\n" +
+	"\x10ListNodesRequest\x12\x1b\n" +
+	"\tpage_size\x18\x01 \x01(\x05R\bpageSize\x12\x1d\n" +
+	"\n" +
+	"page_token\x18\x02 \x01(\tR\tpageToken\x12*\n" +
+	"\x06states\x18\x03 \x03(\x0e2\x12.rdzv.v1.NodeStateR\x06states\x12C\n" +
+	"\bselector\x18\x04 \x03(\v2'.rdzv.v1.ListNodesRequest.SelectorEntryR\bselector\x1a;\n" +
+	"\rSelectorEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"`\n" +
 	"\x11ListNodesResponse\x12#\n" +
-	"\x05nodes\x18\x01 \x03(\v2\r.rdzv.v1.NodeR\x05nodes\"?\n" +
+	"\x05nodes\x18\x01 \x03(\v2\r.rdzv.v1.NodeR\x05nodes\x12&\n" +
+	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken\"?\n" +
 	"\x11CordonNodeRequest\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x16\n" +
 	"\x06reason\x18\x02 \x01(\tR\x06reason\"7\n" +
@@ -321,7 +380,7 @@ func file_rdzv_v1_node_service_proto_rawDescGZIP() []byte {
 	return file_rdzv_v1_node_service_proto_rawDescData
 }
 
-var file_rdzv_v1_node_service_proto_msgTypes = make([]protoimpl.MessageInfo, 6)
+var file_rdzv_v1_node_service_proto_msgTypes = make([]protoimpl.MessageInfo, 7)
 var file_rdzv_v1_node_service_proto_goTypes = []any{
 	(*ListNodesRequest)(nil),     // 0: rdzv.v1.ListNodesRequest
 	(*ListNodesResponse)(nil),    // 1: rdzv.v1.ListNodesResponse
@@ -329,23 +388,27 @@ var file_rdzv_v1_node_service_proto_goTypes = []any{
 	(*CordonNodeResponse)(nil),   // 3: rdzv.v1.CordonNodeResponse
 	(*UncordonNodeRequest)(nil),  // 4: rdzv.v1.UncordonNodeRequest
 	(*UncordonNodeResponse)(nil), // 5: rdzv.v1.UncordonNodeResponse
-	(*Node)(nil),                 // 6: rdzv.v1.Node
+	nil,                          // 6: rdzv.v1.ListNodesRequest.SelectorEntry
+	(NodeState)(0),               // 7: rdzv.v1.NodeState
+	(*Node)(nil),                 // 8: rdzv.v1.Node
 }
 var file_rdzv_v1_node_service_proto_depIdxs = []int32{
-	6, // 0: rdzv.v1.ListNodesResponse.nodes:type_name -> rdzv.v1.Node
-	6, // 1: rdzv.v1.CordonNodeResponse.node:type_name -> rdzv.v1.Node
-	6, // 2: rdzv.v1.UncordonNodeResponse.node:type_name -> rdzv.v1.Node
-	0, // 3: rdzv.v1.NodeService.ListNodes:input_type -> rdzv.v1.ListNodesRequest
-	2, // 4: rdzv.v1.NodeService.CordonNode:input_type -> rdzv.v1.CordonNodeRequest
-	4, // 5: rdzv.v1.NodeService.UncordonNode:input_type -> rdzv.v1.UncordonNodeRequest
-	1, // 6: rdzv.v1.NodeService.ListNodes:output_type -> rdzv.v1.ListNodesResponse
-	3, // 7: rdzv.v1.NodeService.CordonNode:output_type -> rdzv.v1.CordonNodeResponse
-	5, // 8: rdzv.v1.NodeService.UncordonNode:output_type -> rdzv.v1.UncordonNodeResponse
-	6, // [6:9] is the sub-list for method output_type
-	3, // [3:6] is the sub-list for method input_type
-	3, // [3:3] is the sub-list for extension type_name
-	3, // [3:3] is the sub-list for extension extendee
-	0, // [0:3] is the sub-list for field type_name
+	7, // 0: rdzv.v1.ListNodesRequest.states:type_name -> rdzv.v1.NodeState
+	6, // 1: rdzv.v1.ListNodesRequest.selector:type_name -> rdzv.v1.ListNodesRequest.SelectorEntry
+	8, // 2: rdzv.v1.ListNodesResponse.nodes:type_name -> rdzv.v1.Node
+	8, // 3: rdzv.v1.CordonNodeResponse.node:type_name -> rdzv.v1.Node
+	8, // 4: rdzv.v1.UncordonNodeResponse.node:type_name -> rdzv.v1.Node
+	0, // 5: rdzv.v1.NodeService.ListNodes:input_type -> rdzv.v1.ListNodesRequest
+	2, // 6: rdzv.v1.NodeService.CordonNode:input_type -> rdzv.v1.CordonNodeRequest
+	4, // 7: rdzv.v1.NodeService.UncordonNode:input_type -> rdzv.v1.UncordonNodeRequest
+	1, // 8: rdzv.v1.NodeService.ListNodes:output_type -> rdzv.v1.ListNodesResponse
+	3, // 9: rdzv.v1.NodeService.CordonNode:output_type -> rdzv.v1.CordonNodeResponse
+	5, // 10: rdzv.v1.NodeService.UncordonNode:output_type -> rdzv.v1.UncordonNodeResponse
+	8, // [8:11] is the sub-list for method output_type
+	5, // [5:8] is the sub-list for method input_type
+	5, // [5:5] is the sub-list for extension type_name
+	5, // [5:5] is the sub-list for extension extendee
+	0, // [0:5] is the sub-list for field type_name
 }
 
 func init() { file_rdzv_v1_node_service_proto_init() }
@@ -360,7 +423,7 @@ func file_rdzv_v1_node_service_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_rdzv_v1_node_service_proto_rawDesc), len(file_rdzv_v1_node_service_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   6,
+			NumMessages:   7,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -28,7 +28,7 @@ const (
 //
 // For semantics around ctx use and closing/ending streaming RPCs, please refer to https://pkg.go.dev/google.golang.org/grpc/?tab=doc#ClientConn.NewStream.
 //
-// NodeService is the operator's read-only view of the node registry.
+// NodeService is the operator's view of the node registry.
 type NodeServiceClient interface {
 	ListNodes(ctx context.Context, in *ListNodesRequest, opts ...grpc.CallOption) (*ListNodesResponse, error)
 	// CordonNode keeps new work off a node; running work is not touched.
@@ -79,7 +79,7 @@ func (c *nodeServiceClient) UncordonNode(ctx context.Context, in *UncordonNodeRe
 // All implementations must embed UnimplementedNodeServiceServer
 // for forward compatibility.
 //
-// NodeService is the operator's read-only view of the node registry.
+// NodeService is the operator's view of the node registry.
 type NodeServiceServer interface {
 	ListNodes(context.Context, *ListNodesRequest) (*ListNodesResponse, error)
 	// CordonNode keeps new work off a node; running work is not touched.

@@ -1,0 +1,249 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"net"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
+
+	rdzvv1 "github.com/rdzv/rdzv/proto/rdzv/v1"
+)
+
+// pagedServer answers lists three items a page (or the page size asked, if
+// smaller), with the index of the next item as the token, and records every
+// request: a stand-in for the controller, whose paging is tested in
+// controller/.
+type pagedServer struct {
+	rdzvv1.UnimplementedJobServiceServer
+	rdzvv1.UnimplementedNodeServiceServer
+	jobs   []*rdzvv1.Job
+	nodes  []*rdzvv1.Node
+	events []*rdzvv1.Event
+
+	mu   sync.Mutex
+	reqs []proto.Message
+}
+
+func page[T any](s *pagedServer, req proto.Message, items []T, token string, size int32) ([]T, string, error) {
+	s.mu.Lock()
+	s.reqs = append(s.reqs, proto.Clone(req))
+	s.mu.Unlock()
+	from := 0
+	if token != "" {
+		var err error
+		if from, err = strconv.Atoi(token); err != nil {
+			return nil, "", status.Error(codes.InvalidArgument, "bad token")
+		}
+	}
+	n := 3
+	if size > 0 && int(size) < n {
+		n = int(size)
+	}
+	to := min(from+n, len(items))
+	next := ""
+	if to < len(items) {
+		next = strconv.Itoa(to)
+	}
+	return items[from:to], next, nil
+}
+
+func (s *pagedServer) ListJobs(_ context.Context, req *rdzvv1.ListJobsRequest) (*rdzvv1.ListJobsResponse, error) {
+	jobs, next, err := page(s, req, s.jobs, req.GetPageToken(), req.GetPageSize())
+	return &rdzvv1.ListJobsResponse{Jobs: jobs, NextPageToken: next}, err
+}
+
+func (s *pagedServer) ListNodes(_ context.Context, req *rdzvv1.ListNodesRequest) (*rdzvv1.ListNodesResponse, error) {
+	nodes, next, err := page(s, req, s.nodes, req.GetPageToken(), req.GetPageSize())
+	return &rdzvv1.ListNodesResponse{Nodes: nodes, NextPageToken: next}, err
+}
+
+func (s *pagedServer) ListEvents(_ context.Context, req *rdzvv1.ListEventsRequest) (*rdzvv1.ListEventsResponse, error) {
+	events, next, err := page(s, req, s.events, req.GetPageToken(), req.GetPageSize())
+	return &rdzvv1.ListEventsResponse{Events: events, NextPageToken: next}, err
+}
+
+func (s *pagedServer) DeleteJob(_ context.Context, req *rdzvv1.DeleteJobRequest) (*rdzvv1.DeleteJobResponse, error) {
+	s.mu.Lock()
+	s.reqs = append(s.reqs, proto.Clone(req))
+	s.mu.Unlock()
+	if req.GetName() == "busy" {
+		return nil, status.Error(codes.FailedPrecondition, "job busy is RUNNING; stop it first (rdzvctl stop busy), then delete it")
+	}
+	return &rdzvv1.DeleteJobResponse{}, nil
+}
+
+// requests returns the requests since the last call.
+func (s *pagedServer) requests() []proto.Message {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	r := s.reqs
+	s.reqs = nil
+	return r
+}
+
+func startPagedServer(t *testing.T) (*pagedServer, string) {
+	s := &pagedServer{}
+	for i := range 7 {
+		s.jobs = append(s.jobs, &rdzvv1.Job{Spec: &rdzvv1.JobSpec{Name: fmt.Sprintf("job-%d", i)}, State: rdzvv1.JobState_JOB_STATE_RUNNING})
+		s.nodes = append(s.nodes, &rdzvv1.Node{Info: &rdzvv1.NodeInfo{Name: fmt.Sprintf("node-%d", i)}, State: rdzvv1.NodeState_NODE_STATE_READY})
+		s.events = append(s.events, &rdzvv1.Event{Kind: fmt.Sprintf("kind_%d", i)})
+	}
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	srv := grpc.NewServer()
+	rdzvv1.RegisterJobServiceServer(srv, s)
+	rdzvv1.RegisterNodeServiceServer(srv, s)
+	go func() { _ = srv.Serve(lis) }()
+	t.Cleanup(srv.Stop)
+	return s, lis.Addr().String()
+}
+
+// rows are the first column of a table's rows, without the header.
+func rows(t *testing.T, out string) []string {
+	t.Helper()
+	lines := strings.Split(strings.TrimRight(out, "\n"), "\n")
+	require.Equal(t, 1, strings.Count(out, "NAME")+strings.Count(out, "TIME"), "one header:\n%s", out)
+	var first []string
+	for _, l := range lines[1:] {
+		first = append(first, strings.Fields(l)[0])
+	}
+	return first
+}
+
+func names(prefix string, idx ...int) []string {
+	var out []string
+	for _, i := range idx {
+		out = append(out, fmt.Sprintf("%s-%d", prefix, i))
+	}
+	return out
+}
+
+// Lists follow the controller's pages to the end, printing each as it
+// comes, and pass their filters on.
+func TestListsFollowPages(t *testing.T) {
+	s, addr := startPagedServer(t)
+	all := []int{0, 1, 2, 3, 4, 5, 6}
+	tests := []struct {
+		name     string
+		args     []string
+		wantRows []string
+		// wantReqs are the requests the controller got, in order.
+		wantReqs []proto.Message
+	}{
+		{"list", []string{"list"}, names("job", all...), []proto.Message{
+			&rdzvv1.ListJobsRequest{View: rdzvv1.JobView_JOB_VIEW_SUMMARY},
+			&rdzvv1.ListJobsRequest{View: rdzvv1.JobView_JOB_VIEW_SUMMARY, PageToken: "3"},
+			&rdzvv1.ListJobsRequest{View: rdzvv1.JobView_JOB_VIEW_SUMMARY, PageToken: "6"},
+		}},
+		{"status without a job lists", []string{"status", "--state", "running,Failed"}, names("job", all...), []proto.Message{
+			&rdzvv1.ListJobsRequest{View: rdzvv1.JobView_JOB_VIEW_SUMMARY, States: []rdzvv1.JobState{rdzvv1.JobState_JOB_STATE_RUNNING, rdzvv1.JobState_JOB_STATE_FAILED}},
+			&rdzvv1.ListJobsRequest{View: rdzvv1.JobView_JOB_VIEW_SUMMARY, States: []rdzvv1.JobState{rdzvv1.JobState_JOB_STATE_RUNNING, rdzvv1.JobState_JOB_STATE_FAILED}, PageToken: "3"},
+			&rdzvv1.ListJobsRequest{View: rdzvv1.JobView_JOB_VIEW_SUMMARY, States: []rdzvv1.JobState{rdzvv1.JobState_JOB_STATE_RUNNING, rdzvv1.JobState_JOB_STATE_FAILED}, PageToken: "6"},
+		}},
+		{"list stops at its limit", []string{"list", "--limit", "2"}, names("job", 0, 1), []proto.Message{
+			&rdzvv1.ListJobsRequest{View: rdzvv1.JobView_JOB_VIEW_SUMMARY, PageSize: 2},
+		}},
+		{"nodes filtered", []string{"nodes", "--state", "lost,BUSY", "--selector", "pool=train,rack=r1"}, names("node", all...), []proto.Message{
+			&rdzvv1.ListNodesRequest{States: []rdzvv1.NodeState{rdzvv1.NodeState_NODE_STATE_LOST, rdzvv1.NodeState_NODE_STATE_BUSY},
+				Selector: map[string]string{"pool": "train", "rack": "r1"}},
+			&rdzvv1.ListNodesRequest{States: []rdzvv1.NodeState{rdzvv1.NodeState_NODE_STATE_LOST, rdzvv1.NodeState_NODE_STATE_BUSY},
+				Selector: map[string]string{"pool": "train", "rack": "r1"}, PageToken: "3"},
+			&rdzvv1.ListNodesRequest{States: []rdzvv1.NodeState{rdzvv1.NodeState_NODE_STATE_LOST, rdzvv1.NodeState_NODE_STATE_BUSY},
+				Selector: map[string]string{"pool": "train", "rack": "r1"}, PageToken: "6"},
+		}},
+		{"nodes limit across pages", []string{"nodes", "--limit", "5"}, names("node", 0, 1, 2, 3, 4), []proto.Message{
+			&rdzvv1.ListNodesRequest{PageSize: 5},
+			&rdzvv1.ListNodesRequest{PageSize: 5, PageToken: "3"},
+		}},
+		{"events", []string{"events", "train", "--limit", "7"}, nil, []proto.Message{
+			&rdzvv1.ListEventsRequest{Job: "train", Limit: 7},
+			&rdzvv1.ListEventsRequest{Job: "train", Limit: 7, PageToken: "3"},
+			&rdzvv1.ListEventsRequest{Job: "train", Limit: 7, PageToken: "6"},
+		}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			out := runOK(t, append([]string{"--insecure", "--controller", addr}, tt.args...)...)
+			reqs := s.requests()
+			require.Len(t, reqs, len(tt.wantReqs))
+			for i := range reqs {
+				require.True(t, proto.Equal(tt.wantReqs[i], reqs[i]), "request %d: got %v, want %v", i, reqs[i], tt.wantReqs[i])
+			}
+			if tt.wantRows != nil {
+				require.Equal(t, tt.wantRows, rows(t, out))
+				return
+			}
+			for i := range 7 {
+				require.Contains(t, out, fmt.Sprintf("kind_%d", i))
+			}
+		})
+	}
+}
+
+// -o json prints one object holding every page's items, full jobs.
+func TestListJSONSpansPages(t *testing.T) {
+	s, addr := startPagedServer(t)
+	for _, tt := range []struct {
+		args  []string
+		field string
+	}{{[]string{"list"}, "jobs"}, {[]string{"nodes"}, "nodes"}, {[]string{"events"}, "events"}} {
+		t.Run(tt.field, func(t *testing.T) {
+			out := runOK(t, append([]string{"--insecure", "--controller", addr, "-o", "json"}, tt.args...)...)
+			var got map[string][]json.RawMessage
+			require.NoError(t, json.Unmarshal([]byte(out), &got), out)
+			require.Len(t, got[tt.field], 7)
+			reqs := s.requests()
+			require.Len(t, reqs, 3)
+			if r, ok := reqs[0].(*rdzvv1.ListJobsRequest); ok {
+				require.Equal(t, rdzvv1.JobView_JOB_VIEW_FULL, r.GetView(), "scripts get whole jobs")
+			}
+		})
+	}
+	s.jobs = nil
+	out := runOK(t, "--insecure", "--controller", addr, "-o", "json", "list")
+	require.JSONEq(t, `{"jobs": []}`, out)
+}
+
+func TestListAndDeleteUsage(t *testing.T) {
+	_, addr := startPagedServer(t)
+	tests := []struct {
+		name     string
+		args     []string
+		wantCode int
+		wantErr  string
+		wantOut  string
+	}{
+		{"delete", []string{"delete", "done"}, 0, "", "job done deleted\n"},
+		{"delete refused", []string{"delete", "busy"}, 1, "deleting job: job busy is RUNNING; stop it first", ""},
+		{"delete needs a job", []string{"delete"}, 2, "delete takes one job name", ""},
+		{"bad job state", []string{"list", "--state", "runing"}, 2, `--state: "runing" is not a state; want failed, pending, recovering, running, stopped, stopping, succeeded`, ""},
+		{"unspecified is no state", []string{"list", "--state", "unspecified"}, 2, "is not a state", ""},
+		{"bad node state", []string{"nodes", "--state", "pending"}, 2, `--state: "pending" is not a state; want busy, lost, ready`, ""},
+		{"bad selector", []string{"nodes", "--selector", "pool"}, 2, `--selector: "pool" is not key=value`, ""},
+		{"negative limit", []string{"list", "--limit", "-1"}, 2, "--limit: must be 0 (all) or more, got -1", ""},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			var out bytes.Buffer
+			code, err := run(context.Background(), append([]string{"--insecure", "--controller", addr}, tt.args...), &out)
+			require.Equal(t, tt.wantCode, code, "err: %v", err)
+			if tt.wantErr == "" {
+				require.NoError(t, err)
+			} else {
+				require.ErrorContains(t, err, tt.wantErr)
+			}
+			require.Equal(t, tt.wantOut, out.String())
+		})
+	}
+}

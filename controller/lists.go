@@ -1,0 +1,253 @@
+package controller
+
+// Lists (jobs, nodes, events) a page at a time. A page is bounded in items
+// and in encoded bytes (wire.MaxPageBytes), so that no number of jobs,
+// nodes or events, each within its own limits, can make a list answer
+// outgrow the gRPC message limit and fail for everyone.
+
+import (
+	"context"
+	"encoding/base64"
+	"encoding/json"
+	"fmt"
+	"maps"
+	"slices"
+	"sort"
+
+	"google.golang.org/protobuf/proto"
+
+	"github.com/rdzv/rdzv/controller/store"
+	rdzvv1 "github.com/rdzv/rdzv/proto/rdzv/v1"
+	"github.com/rdzv/rdzv/rendezvous"
+	"github.com/rdzv/rdzv/wire"
+)
+
+// Page sizes: the default when a request asks for none, and the most a page
+// holds whatever it asks.
+const (
+	defaultJobPageSize   = 100
+	maxJobPageSize       = 1000
+	defaultNodePageSize  = 1000
+	maxNodePageSize      = 10000
+	defaultEventPageSize = 1000
+	maxEventPageSize     = 10000
+	// maxPageTokenBytes bounds a page token a client sends back; ours are
+	// far shorter.
+	maxPageTokenBytes = 1024
+	// maxStateFilters bounds a list's states filter (a state named twice
+	// is allowed, not a thousand of them).
+	maxStateFilters = 16
+)
+
+// The lists a page token continues.
+const (
+	jobsToken   = "jobs"
+	nodesToken  = "nodes"
+	eventsToken = "events/"
+)
+
+// pageToken is what a next_page_token carries, opaque to clients.
+type pageToken struct {
+	// List is the list it continues (jobsToken, nodesToken, eventsToken+scope);
+	// any other list refuses it.
+	List string `json:"l"`
+	// After is the sort key of the previous page's last item.
+	After string `json:"a"`
+	// Left is how many of the newest-limit events remain (events only).
+	Left int `json:"n,omitempty"`
+}
+
+func (t pageToken) encode() string {
+	b, err := json.Marshal(t)
+	if err != nil {
+		panic(fmt.Sprintf("encoding a page token: %v", err)) // strings and an int always encode
+	}
+	return base64.RawURLEncoding.EncodeToString(b)
+}
+
+// decodePageToken reads the page token s of list; "" is the first page.
+func decodePageToken(s, list string) (pageToken, error) {
+	var t pageToken
+	if s == "" {
+		return t, nil
+	}
+	if len(s) > maxPageTokenBytes {
+		return t, fmt.Errorf("page_token: at most %d bytes, got %d", maxPageTokenBytes, len(s))
+	}
+	b, err := base64.RawURLEncoding.DecodeString(s)
+	if err == nil {
+		err = json.Unmarshal(b, &t)
+	}
+	if err != nil || t.List != list || t.After == "" || t.Left < 0 || t.Left > maxEventLimit {
+		return pageToken{}, fmt.Errorf("page_token: %q is not the next_page_token of a previous page of this list; list again without it", clip(s))
+	}
+	return t, nil
+}
+
+// pageSize is the items a page may hold when a request asks for n.
+func pageSize(n int32, def, most int) int {
+	if n <= 0 {
+		return def
+	}
+	return min(int(n), most)
+}
+
+func pageSizeErr(n int32) error {
+	if n < 0 {
+		return fmt.Errorf("page_size: must be 0 (the default) or more, got %d", n)
+	}
+	return nil
+}
+
+// statesErr checks a states filter against an enum's names.
+func statesErr[E ~int32](field string, states []E, names map[int32]string) error {
+	if len(states) > maxStateFilters {
+		return fmt.Errorf("%s: at most %d, got %d", field, maxStateFilters, len(states))
+	}
+	for _, s := range states {
+		if _, ok := names[int32(s)]; !ok || s == 0 {
+			return fmt.Errorf("%s: %d is not a state; want one of %v", field, s, stateNames(names))
+		}
+	}
+	return nil
+}
+
+func stateNames(names map[int32]string) []string {
+	var out []string
+	for _, v := range slices.Sorted(maps.Keys(names)) {
+		if v != 0 {
+			out = append(out, names[v])
+		}
+	}
+	return out
+}
+
+// keyed is an item of a list with its sort key.
+type keyed[T any] struct {
+	key  string
+	item T
+}
+
+// fillPage turns items (sorted by key, all after the request's token) into
+// a page of views of at most limit items and wire.MaxPageBytes (but at
+// least one item), and returns it with the next page's token, "" when
+// nothing is left.
+func fillPage[T any, V proto.Message](list string, items []keyed[T], limit int, view func(T) V) ([]V, string) {
+	var page []V
+	size := 0
+	for i, it := range items {
+		if i == limit {
+			return page, pageToken{List: list, After: items[i-1].key}.encode()
+		}
+		v := view(it.item)
+		n := wire.ItemBytes(proto.Size(v))
+		if i > 0 && size+n > wire.MaxPageBytes {
+			return page, pageToken{List: list, After: items[i-1].key}.encode()
+		}
+		page, size = append(page, v), size+n
+	}
+	return page, ""
+}
+
+func sortKeyed[T any](items []keyed[T]) {
+	sort.Slice(items, func(i, j int) bool { return items[i].key < items[j].key })
+}
+
+// jobSortKey orders jobs by creation, then name: the order `rdzvctl list`
+// shows.
+func jobSortKey(js *jobState) string {
+	return fmt.Sprintf("%020d/%s", max(js.rec.GetCreatedAt().AsTime().UnixNano(), 0), js.rec.GetSpec().GetName())
+}
+
+func (c *Controller) listJobs(req *rdzvv1.ListJobsRequest) (*rdzvv1.ListJobsResponse, error) {
+	tok, err := decodePageToken(req.GetPageToken(), jobsToken)
+	if err != nil {
+		return nil, err
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	var items []keyed[*jobState]
+	for _, js := range c.jobs {
+		if len(req.GetStates()) > 0 && !slices.Contains(req.GetStates(), js.rec.GetState()) {
+			continue
+		}
+		if key := jobSortKey(js); key > tok.After {
+			items = append(items, keyed[*jobState]{key, js})
+		}
+	}
+	sortKeyed(items)
+	view := c.jobView
+	if req.GetView() != rdzvv1.JobView_JOB_VIEW_FULL {
+		view = func(js *jobState) *rdzvv1.Job { return summarize(c.jobView(js)) }
+	}
+	jobs, next := fillPage(jobsToken, items, pageSize(req.GetPageSize(), defaultJobPageSize, maxJobPageSize), view)
+	return &rdzvv1.ListJobsResponse{Jobs: jobs, NextPageToken: next}, nil
+}
+
+// summarize trims a job view to JOB_VIEW_SUMMARY: without the fields whose
+// sum over a page is large (the spec's command, environment and launcher
+// arguments, up to 512 KiB a job; the assignments' messages, up to 4 KiB a
+// node). What is left is at most some 100 KiB plus under 1 KiB per node,
+// so a summary after a full page still fits a message
+// (TestLargestJobSummaryFitsAfterAFullPage).
+func summarize(j *rdzvv1.Job) *rdzvv1.Job {
+	s := j.GetSpec()
+	s.Command, s.Env, s.SecretEnv, s.EnvFiles, s.LauncherExtraArgs = nil, nil, nil, nil, nil
+	for _, a := range j.GetAssignments() {
+		a.Message = ""
+	}
+	return j
+}
+
+func (c *Controller) listNodes(req *rdzvv1.ListNodesRequest) (*rdzvv1.ListNodesResponse, error) {
+	tok, err := decodePageToken(req.GetPageToken(), nodesToken)
+	if err != nil {
+		return nil, err
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	var items []keyed[*nodeState]
+	for name, ns := range c.nodes {
+		if name <= tok.After || len(req.GetStates()) > 0 && !slices.Contains(req.GetStates(), viewState(ns)) ||
+			!rendezvous.Matches(req.GetSelector(), ns.rec.GetInfo().GetLabels()) {
+			continue
+		}
+		items = append(items, keyed[*nodeState]{name, ns})
+	}
+	sortKeyed(items)
+	nodes, next := fillPage(nodesToken, items, pageSize(req.GetPageSize(), defaultNodePageSize, maxNodePageSize), c.nodeView)
+	return &rdzvv1.ListNodesResponse{Nodes: nodes, NextPageToken: next}, nil
+}
+
+func (c *Controller) listEvents(ctx context.Context, req *rdzvv1.ListEventsRequest) (*rdzvv1.ListEventsResponse, error) {
+	scope := store.ClusterScope
+	if req.GetJob() != "" {
+		scope = req.GetJob()
+	}
+	list := eventsToken + scope
+	tok, err := decodePageToken(req.GetPageToken(), list)
+	if err != nil {
+		return nil, err
+	}
+	// The newest `limit` events in all pages: the first page finds where
+	// they start, each token carries how many are left.
+	left := int(req.GetLimit())
+	if left == 0 {
+		left = defaultEventLimit
+	}
+	if tok.After != "" {
+		left = tok.Left
+	}
+	events, cursor, more, err := c.store.ListEvents(ctx, scope, store.EventPage{
+		After: tok.After, Newest: left, MaxBytes: wire.MaxPageBytes,
+		Limit: min(left, pageSize(req.GetPageSize(), defaultEventPageSize, maxEventPageSize)),
+	})
+	if err != nil {
+		return nil, err
+	}
+	resp := &rdzvv1.ListEventsResponse{Events: events}
+	if left -= len(events); more && left > 0 {
+		resp.NextPageToken = pageToken{List: list, After: cursor, Left: left}.encode()
+	}
+	return resp, nil
+}
