@@ -101,9 +101,10 @@ type cluster struct {
 	stopController func()
 	// ctl is the running controller.
 	ctl *controller.Controller
-	// jobs and nodes are an operator's clients.
+	// jobs, nodes and certs are an operator's clients.
 	jobs  rdzvv1.JobServiceClient
 	nodes rdzvv1.NodeServiceClient
+	certs rdzvv1.CertificateServiceClient
 	// logs holds every line the controller and the agents logged, at any
 	// level; log is their logger.
 	logs *observer.ObservedLogs
@@ -140,7 +141,7 @@ func newCluster(t *testing.T, edits ...func(*controller.Config)) *cluster {
 	c.addr = testaddr.Free(t)
 	c.cfg.Listen = c.addr
 	c.newCA()
-	c.cfg.TLS = c.issue(pki.Identity{Role: pki.RoleController, Name: "controller"}, net.IPv4(127, 0, 0, 1))
+	c.cfg.TLS.Files = c.issue(pki.Identity{Role: pki.RoleController, Name: "controller"}, net.IPv4(127, 0, 0, 1))
 	for _, edit := range edits {
 		edit(&c.cfg)
 	}
@@ -151,6 +152,7 @@ func newCluster(t *testing.T, edits ...func(*controller.Config)) *cluster {
 
 	conn := c.dial(c.issue(pki.Identity{Role: pki.RoleOperator, Name: "test-operator"}))
 	c.jobs, c.nodes = rdzvv1.NewJobServiceClient(conn), rdzvv1.NewNodeServiceClient(conn)
+	c.certs = rdzvv1.NewCertificateServiceClient(conn)
 	return c
 }
 

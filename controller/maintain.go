@@ -54,7 +54,8 @@ func (c *Controller) maintainLoop(ctx context.Context) {
 	}
 }
 
-// prune applies the retention settings once. Finished jobs are deleted
+// prune applies the retention settings once, and drops deny-list entries
+// whose certificates have all expired. Finished jobs are deleted
 // through the writer, in order with everything else, so that no restart of
 // the same name races the delete; events are pruned beside it (they are
 // append-only).
@@ -84,6 +85,7 @@ func (c *Controller) prune(ctx context.Context) {
 		c.persist(c.store.DeleteJob(name), nil)
 		c.log.Info("finished job deleted (retention)", zap.String("job", name), zap.Time("finished_at", js.rec.GetFinishedAt().AsTime()))
 	}
+	c.expireRevocations(now)
 	c.mu.Unlock()
 
 	cutoff := now.Add(-r.EventMaxAge.Duration)
