@@ -130,7 +130,7 @@ func (a *authenticator) check(ctx context.Context, method string) (context.Conte
 		return nil, status.Error(codes.Unauthenticated, err.Error())
 	}
 	if cc := trackedConn(ctx); cc != nil {
-		cc.verified.Store(true)
+		cc.accepted()
 	}
 	if err := authorize(id, method); err != nil {
 		a.log.Warn("unauthorized call refused", zap.String("method", method), zap.String("peer", addr), zap.Stringer("identity", id))

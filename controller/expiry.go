@@ -38,8 +38,10 @@ import (
 // for its streams' final status to reach the client first.
 const connCloseGrace = 2 * time.Second
 
-// clientConns is the set of open client connections that presented a
-// certificate.
+// clientConns is the set of open client connections on which a call was
+// authenticated: those are the ones verified again. A connection that
+// never carried one has nothing to end (and one whose HTTP/2 preface
+// failed is never closed through its wrapper, so it is better not kept).
 type clientConns struct {
 	clock clockwork.Clock
 	log   *zap.Logger
@@ -58,10 +60,9 @@ type clientConn struct {
 	set   *clientConns
 	chain []*x509.Certificate
 	peer  string
-	// verified is set once a call on the connection was authenticated:
-	// only those are verified again (a connection whose certificate was
-	// never accepted carries nothing to end).
-	verified atomic.Bool
+	// verified is set once a call on the connection was authenticated;
+	// closed once it is closed. Both change under set.mu.
+	verified, closed atomic.Bool
 
 	mu sync.Mutex
 	// ended is why the connection was ended; nil while it is open.
@@ -104,9 +105,6 @@ func (t trackingCreds) Clone() credentials.TransportCredentials {
 
 func (s *clientConns) add(conn net.Conn, chain []*x509.Certificate, peer string) *clientConn {
 	cc := &clientConn{Conn: conn, set: s, chain: chain, peer: peer, streams: map[uint64]context.CancelCauseFunc{}}
-	s.mu.Lock()
-	s.conns[cc] = struct{}{}
-	s.mu.Unlock()
 	leaf := chain[0]
 	left := leaf.NotAfter.Sub(s.clock.Now())
 	if left <= 0 {
@@ -125,6 +123,20 @@ func (s *clientConns) add(conn net.Conn, chain []*x509.Certificate, peer string)
 	return cc
 }
 
+// accepted records that a call on cc was authenticated: from then on its
+// certificate is verified again with the others'.
+func (cc *clientConn) accepted() {
+	if cc.verified.Load() {
+		return
+	}
+	cc.set.mu.Lock()
+	defer cc.set.mu.Unlock()
+	if !cc.closed.Load() {
+		cc.verified.Store(true)
+		cc.set.conns[cc] = struct{}{}
+	}
+}
+
 // reverify checks the certificate of every connection that carried an
 // authenticated call, and ends those check refuses.
 func (s *clientConns) reverify(check func(chain []*x509.Certificate) error) {
@@ -135,9 +147,6 @@ func (s *clientConns) reverify(check func(chain []*x509.Certificate) error) {
 	}
 	s.mu.Unlock()
 	for _, cc := range conns {
-		if !cc.verified.Load() {
-			continue
-		}
 		if err := check(cc.chain); err != nil && cc.end(err) {
 			leaf := cc.chain[0]
 			s.log.Warn("closing connection: client certificate no longer accepted", zap.String("peer", cc.peer),
@@ -166,6 +175,7 @@ func (cc *clientConn) end(reason error) bool {
 // kept in memory until its certificate would expire.
 func (cc *clientConn) Close() error {
 	cc.set.mu.Lock()
+	cc.closed.Store(true)
 	delete(cc.set.conns, cc)
 	cc.set.mu.Unlock()
 	cc.mu.Lock()

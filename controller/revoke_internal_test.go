@@ -264,8 +264,8 @@ func TestConnectionsEndWhenRefused(t *testing.T) {
 	a := conns.add(rawA, []*x509.Certificate{revoked}, "a")
 	b := conns.add(rawB, []*x509.Certificate{kept}, "b")
 	conns.add(rawC, []*x509.Certificate{revoked}, "c") // never authenticated
-	a.verified.Store(true)
-	b.verified.Store(true)
+	a.accepted()
+	b.accepted()
 
 	streamA, doneA, err := trackStream(trackedPeer(a))
 	require.NoError(t, err)
@@ -313,7 +313,7 @@ func TestConnectionsEndWhenRefused(t *testing.T) {
 	left := len(conns.conns)
 	conns.mu.Unlock()
 	require.False(t, tracked, "a closed connection is forgotten")
-	require.Equal(t, 2, left)
+	require.Equal(t, 1, left)
 }
 
 // TestConnectionEndsAtExpiry: a connection's streams end with
