@@ -72,8 +72,8 @@ type clientConn struct {
 	expiry, close clockwork.Timer
 }
 
-// trackingCreds adds every connection that presents a certificate to
-// conns, and closes it when its certificate expires.
+// trackingCreds wraps every connection that presents a certificate in a
+// clientConn of conns, which ends it when the certificate expires.
 type trackingCreds struct {
 	credentials.TransportCredentials
 	conns *clientConns
