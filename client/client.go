@@ -22,8 +22,8 @@
 //	defer cancel()
 //	resp, err := c.GetJob(ctx, &rdzvv1.GetJobRequest{Name: "train"})
 //
-// The Client embeds the generated clients of JobService, NodeService and
-// AgentService (package proto/rdzv/v1). examples/goclient starts a job
+// The Client embeds the generated clients of JobService, NodeService,
+// CertificateService and AgentService (package proto/rdzv/v1). examples/goclient starts a job
 // from a job file and follows it to its end.
 package client
 
@@ -126,6 +126,7 @@ func (c Config) Validate() error {
 type Client struct {
 	rdzvv1.JobServiceClient
 	rdzvv1.NodeServiceClient
+	rdzvv1.CertificateServiceClient
 	rdzvv1.AgentServiceClient
 	conn *Conn
 }
@@ -150,10 +151,11 @@ func New(cfg Config) (*Client, error) {
 	}, cfg.DialOptions...)
 	conn := newConn(append([]string(nil), cfg.Endpoints...), creds, log, opts...)
 	return &Client{
-		JobServiceClient:   rdzvv1.NewJobServiceClient(conn),
-		NodeServiceClient:  rdzvv1.NewNodeServiceClient(conn),
-		AgentServiceClient: rdzvv1.NewAgentServiceClient(conn),
-		conn:               conn,
+		JobServiceClient:         rdzvv1.NewJobServiceClient(conn),
+		NodeServiceClient:        rdzvv1.NewNodeServiceClient(conn),
+		CertificateServiceClient: rdzvv1.NewCertificateServiceClient(conn),
+		AgentServiceClient:       rdzvv1.NewAgentServiceClient(conn),
+		conn:                     conn,
 	}, nil
 }
 

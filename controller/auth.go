@@ -41,6 +41,9 @@ var methodRoles = map[string][]pki.Role{
 	rdzvv1.NodeService_ListNodes_FullMethodName:    readers,
 	rdzvv1.NodeService_CordonNode_FullMethodName:   operators,
 	rdzvv1.NodeService_UncordonNode_FullMethodName: operators,
+
+	rdzvv1.CertificateService_RevokeCertificate_FullMethodName: operators,
+	rdzvv1.CertificateService_ListRevocations_FullMethodName:   operators,
 }
 
 // authorize says whether id may call method.
@@ -60,18 +63,29 @@ func authorize(id pki.Identity, method string) error {
 	return status.Errorf(codes.PermissionDenied, "%s (role %s) may not call %s: %s", id, id.Role, method, need)
 }
 
+// peerChain is the certificate chain the caller presented, leaf first;
+// nil without one.
+func peerChain(ctx context.Context) []*x509.Certificate {
+	p, _ := peer.FromContext(ctx)
+	if p == nil {
+		return nil
+	}
+	switch info := p.AuthInfo.(type) {
+	case connInfo:
+		return info.State.PeerCertificates
+	case credentials.TLSInfo:
+		return info.State.PeerCertificates
+	}
+	return nil
+}
+
 // clientCertNotAfter is when the caller's certificate expires; zero
 // without one.
 func clientCertNotAfter(ctx context.Context) time.Time {
-	p, _ := peer.FromContext(ctx)
-	if p == nil {
-		return time.Time{}
+	if chain := peerChain(ctx); len(chain) > 0 {
+		return chain[0].NotAfter
 	}
-	info, ok := p.AuthInfo.(credentials.TLSInfo)
-	if !ok || len(info.State.PeerCertificates) == 0 {
-		return time.Time{}
-	}
-	return info.State.PeerCertificates[0].NotAfter
+	return time.Time{}
 }
 
 type identityKey struct{}
@@ -88,26 +102,36 @@ func identityFrom(ctx context.Context) (pki.Identity, bool) {
 // certificate; verifying here lets a refusal carry a status code and a
 // reason the caller can act on.
 type authenticator struct {
-	tls *pki.Reloader
-	log *zap.Logger
+	tls     *pki.Reloader
+	revoked *denyList
+	log     *zap.Logger
+}
+
+// verify accepts a client certificate chain that verifies against the CA
+// as loaded now and is not on the deny-list, and returns its identity.
+func (a *authenticator) verify(chain []*x509.Certificate) (pki.Identity, error) {
+	id, err := a.tls.VerifyClient(chain)
+	if err != nil {
+		return pki.Identity{}, err
+	}
+	if err := a.revoked.check(chain[0], id); err != nil {
+		return pki.Identity{}, err
+	}
+	return id, nil
 }
 
 func (a *authenticator) check(ctx context.Context, method string) (context.Context, error) {
-	var chain []*x509.Certificate
-	p, _ := peer.FromContext(ctx)
-	if p != nil {
-		if info, ok := p.AuthInfo.(credentials.TLSInfo); ok {
-			chain = info.State.PeerCertificates
-		}
-	}
 	addr := ""
-	if p != nil && p.Addr != nil {
+	if p, _ := peer.FromContext(ctx); p != nil && p.Addr != nil {
 		addr = p.Addr.String()
 	}
-	id, err := a.tls.VerifyClient(chain)
+	id, err := a.verify(peerChain(ctx))
 	if err != nil {
 		a.log.Warn("unauthenticated call refused", zap.String("method", method), zap.String("peer", addr), zap.Error(err))
 		return nil, status.Error(codes.Unauthenticated, err.Error())
+	}
+	if cc := trackedConn(ctx); cc != nil {
+		cc.accepted()
 	}
 	if err := authorize(id, method); err != nil {
 		a.log.Warn("unauthorized call refused", zap.String("method", method), zap.String("peer", addr), zap.Stringer("identity", id))
@@ -124,12 +148,24 @@ func (a *authenticator) unary(ctx context.Context, req any, info *grpc.UnaryServ
 	return handler(ctx, req)
 }
 
+// stream authenticates a stream when it opens, and ends it with
+// Unauthenticated when its connection's certificate is refused later
+// (expired, revoked, CA replaced; see clientConns).
 func (a *authenticator) stream(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
 	ctx, err := a.check(ss.Context(), info.FullMethod)
 	if err != nil {
 		return err
 	}
-	return handler(srv, &identityStream{ServerStream: ss, ctx: ctx})
+	ctx, done, err := trackStream(ctx)
+	if err != nil {
+		return err
+	}
+	defer done()
+	err = handler(srv, &identityStream{ServerStream: ss, ctx: ctx})
+	if refused := streamRefused(ctx); refused != nil {
+		return refused
+	}
+	return err
 }
 
 // identityStream carries the caller's identity in the stream's context.

@@ -16,7 +16,7 @@ import (
 // methods are denied to everyone, which is safe but surely not meant.
 func TestEveryMethodHasRoles(t *testing.T) {
 	var methods []string
-	for _, sd := range []grpc.ServiceDesc{rdzvv1.AgentService_ServiceDesc, rdzvv1.JobService_ServiceDesc, rdzvv1.NodeService_ServiceDesc} {
+	for _, sd := range []grpc.ServiceDesc{rdzvv1.AgentService_ServiceDesc, rdzvv1.JobService_ServiceDesc, rdzvv1.NodeService_ServiceDesc, rdzvv1.CertificateService_ServiceDesc} {
 		for _, m := range sd.Methods {
 			methods = append(methods, "/"+sd.ServiceName+"/"+m.MethodName)
 		}
@@ -38,6 +38,9 @@ func TestAuthorize(t *testing.T) {
 		nodes  = rdzvv1.NodeService_ListNodes_FullMethodName
 		logs   = rdzvv1.JobService_StreamLogs_FullMethodName
 		agent  = rdzvv1.AgentService_Connect_FullMethodName
+
+		revoke      = rdzvv1.CertificateService_RevokeCertificate_FullMethodName
+		revocations = rdzvv1.CertificateService_ListRevocations_FullMethodName
 	)
 	tests := []struct {
 		role    pki.Role
@@ -58,6 +61,11 @@ func TestAuthorize(t *testing.T) {
 		{pki.RoleAgent, start, "agent/x (role agent) may not call"},
 		{pki.RoleController, list, "controller/x (role controller) may not call"},
 		{pki.RoleController, agent, "may not call"},
+		{pki.RoleOperator, revoke, ""},
+		{pki.RoleViewer, revoke, "viewer/x (role viewer) may not call /rdzv.v1.CertificateService/RevokeCertificate: it needs a certificate of role operator"},
+		{pki.RoleAgent, revoke, "it needs a certificate of role operator"},
+		{pki.RoleViewer, revocations, "it needs a certificate of role operator"},
+		{pki.RoleOperator, revocations, ""},
 		{pki.RoleOperator, "/rdzv.v1.JobService/DeleteEverything", "no role may call it"},
 		{pki.RoleOperator, "/grpc.reflection.v1.ServerReflection/ServerReflectionInfo", "no role may call it"},
 	}

@@ -300,7 +300,7 @@ func TestCertificateRotation(t *testing.T) {
 	}
 	before := served()
 	files := c.issue(pki.Identity{Role: pki.RoleController, Name: "controller"}, net.IPv4(127, 0, 0, 1))
-	require.Equal(t, c.cfg.TLS, files, "rotated in place")
+	require.Equal(t, c.cfg.TLS.Files, files, "rotated in place")
 	rotated, err := pki.ReadCert(files.Cert)
 	require.NoError(t, err)
 	require.NotEqual(t, before, rotated.SerialNumber)
@@ -315,7 +315,7 @@ func TestCertificateRotation(t *testing.T) {
 // TestInsecureController: with insecure set, the controller serves
 // plaintext without asking who calls; nothing else changes.
 func TestInsecureController(t *testing.T) {
-	c := newCluster(t, func(cfg *controller.Config) { cfg.Insecure, cfg.TLS = true, pki.Files{} })
+	c := newCluster(t, func(cfg *controller.Config) { cfg.Insecure, cfg.TLS = true, controller.TLSConfig{} })
 	plain, err := grpc.NewClient(c.addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
 	require.NoError(t, err)
 	defer plain.Close()
@@ -325,8 +325,9 @@ func TestInsecureController(t *testing.T) {
 }
 
 // TestExpiredCertificateClosesItsConnection: an agent stream outlives the
-// handshake that authenticated it, so the controller closes the connection
-// when the certificate expires; presented again, it is refused with why.
+// handshake that authenticated it, so the controller ends it when the
+// certificate expires, saying so, and closes the connection; presented
+// again, it is refused with why.
 func TestExpiredCertificateClosesItsConnection(t *testing.T) {
 	c := newCluster(t)
 	files, issued := c.issueFor(pki.Identity{Role: pki.RoleAgent, Name: "node-a"}, 3*time.Second)
@@ -335,7 +336,8 @@ func TestExpiredCertificateClosesItsConnection(t *testing.T) {
 
 	err := f.waitEnd()
 	require.True(t, time.Now().After(issued.Cert.NotAfter), "ended before the certificate expired: %v", err)
-	require.Equal(t, codes.Unavailable, status.Code(err), "%v", err)
+	require.Equal(t, codes.Unauthenticated, status.Code(err), "%v", err)
+	require.Contains(t, status.Convert(err).Message(), "expired at "+issued.Cert.NotAfter.UTC().Format(time.RFC3339))
 	err = register(t, c.dialRaw(issued), "node-a")
 	require.Equal(t, codes.Unauthenticated, status.Code(err), "%v", err)
 	require.Contains(t, status.Convert(err).Message(), "expired at")

@@ -47,10 +47,22 @@ type Config struct {
 	LogLevel   string           `json:"log_level"`
 	// TLS is the controller's certificate (role controller) and the cluster
 	// CA that agents' and operators' certificates must chain to.
-	TLS pki.Files `json:"tls"`
+	TLS TLSConfig `json:"tls"`
 	// Insecure serves without TLS and without authentication: anyone who
 	// reaches Listen can run commands on every node. Local tests only.
 	Insecure bool `json:"insecure"`
+}
+
+// TLSConfig is the controller's TLS files and how it keeps checking the
+// certificates of open connections.
+type TLSConfig struct {
+	pki.Files
+	// ReverifyInterval is how often every open connection's client
+	// certificate is verified again, against the CA as loaded now and the
+	// deny-list (rdzvctl pki revoke). Connections are also checked at once
+	// when either changes; this bounds how long a connection outlives a
+	// change that was missed (a CA file edited while no one connected).
+	ReverifyInterval wire.Duration `json:"reverify_interval"`
 }
 
 // FlakyNodesConfig: a node lost this many times within Window while running
@@ -159,6 +171,7 @@ func DefaultConfig() Config {
 			// renamed hosts do not pile up.
 			LostNodeMaxAge: dur(7 * 24 * time.Hour),
 		},
+		TLS:      TLSConfig{ReverifyInterval: dur(time.Minute)},
 		LogLevel: "info",
 	}
 }
@@ -297,6 +310,9 @@ func (c Config) Validate() error {
 	if !c.Insecure {
 		if err := c.TLS.Validate("tls"); err != nil {
 			errs = append(errs, err)
+		}
+		if c.TLS.ReverifyInterval.Duration <= 0 {
+			errs = append(errs, fmt.Errorf("tls.reverify_interval: must be positive, got %s", c.TLS.ReverifyInterval))
 		}
 	}
 	if c.Heartbeat.VouchedTimeout.Duration < c.Heartbeat.Timeout.Duration {

@@ -71,9 +71,10 @@ func TestConfigValidate(t *testing.T) {
 		{name: "timeout of exactly two intervals", edit: func(c *controller.Config) {
 			c.Heartbeat.Interval.Duration, c.Heartbeat.Timeout.Duration = time.Second, 2*time.Second
 		}},
-		{name: "no tls files", edit: func(c *controller.Config) { c.TLS = pki.Files{} }, wantFields: []string{"tls.cert", "tls.key", "tls.ca"}},
+		{name: "no tls files", edit: func(c *controller.Config) { c.TLS.Files = pki.Files{} }, wantFields: []string{"tls.cert", "tls.key", "tls.ca"}},
 		{name: "no ca file", edit: func(c *controller.Config) { c.TLS.CA = "" }, wantFields: []string{"tls.ca"}},
-		{name: "insecure needs no tls files", edit: func(c *controller.Config) { c.TLS, c.Insecure = pki.Files{}, true }},
+		{name: "insecure needs no tls files", edit: func(c *controller.Config) { c.TLS, c.Insecure = controller.TLSConfig{}, true }},
+		{name: "zero reverify interval", edit: func(c *controller.Config) { c.TLS.ReverifyInterval.Duration = 0 }, wantFields: []string{"tls.reverify_interval"}},
 		{name: "privileged master ports", edit: func(c *controller.Config) { c.MasterPortRange.Min = 1000 },
 			wantFields: []string{"master_port_range"}},
 		{name: "master ports beyond 65535", edit: func(c *controller.Config) { c.MasterPortRange.Max = 65536 },
@@ -88,7 +89,7 @@ func TestConfigValidate(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			c := controller.DefaultConfig()
-			c.TLS = pki.Files{Cert: "/etc/rdzv/pki/controller.crt", Key: "/etc/rdzv/pki/controller.key", CA: "/etc/rdzv/pki/ca.crt"}
+			c.TLS.Files = pki.Files{Cert: "/etc/rdzv/pki/controller.crt", Key: "/etc/rdzv/pki/controller.key", CA: "/etc/rdzv/pki/ca.crt"}
 			tt.edit(&c)
 			err := c.Validate()
 			if len(tt.wantFields) == 0 {
@@ -120,11 +121,12 @@ listen: 10.0.0.1:7070
 heartbeat: {interval: 250ms, timeout: 3s}
 etcd: {endpoints: ["http://etcd-0:2379"]}
 master_port_range: {min: 40000, max: 40100}
-tls: {cert: /etc/rdzv/pki/controller.crt, key: /etc/rdzv/pki/controller.key, ca: /etc/rdzv/pki/ca.crt}
+tls: {cert: /etc/rdzv/pki/controller.crt, key: /etc/rdzv/pki/controller.key, ca: /etc/rdzv/pki/ca.crt, reverify_interval: 30s}
 `))
 	require.NoError(t, err)
 	require.NoError(t, cfg.Validate())
-	require.Equal(t, pki.Files{Cert: "/etc/rdzv/pki/controller.crt", Key: "/etc/rdzv/pki/controller.key", CA: "/etc/rdzv/pki/ca.crt"}, cfg.TLS)
+	require.Equal(t, pki.Files{Cert: "/etc/rdzv/pki/controller.crt", Key: "/etc/rdzv/pki/controller.key", CA: "/etc/rdzv/pki/ca.crt"}, cfg.TLS.Files)
+	require.Equal(t, 30*time.Second, cfg.TLS.ReverifyInterval.Duration)
 	require.Equal(t, "10.0.0.1:7070", cfg.Listen)
 	require.Equal(t, 250*time.Millisecond, cfg.Heartbeat.Interval.Duration)
 	require.Equal(t, 3*time.Second, cfg.Heartbeat.Timeout.Duration)

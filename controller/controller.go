@@ -36,6 +36,15 @@ type Controller struct {
 	// tls serves the controller's certificate and verifies callers'; nil
 	// when insecure.
 	tls *pki.Reloader
+	// auth and conns authenticate calls and track connections (nil when
+	// insecure); revoked is the certificate deny-list (see revoke.go).
+	auth    *authenticator
+	conns   *clientConns
+	revoked *denyList
+	// reverifyKick asks for open connections to be verified again;
+	// reloadRefused is a refused TLS reload not reported yet.
+	reverifyKick  chan struct{}
+	reloadRefused atomic.Pointer[error]
 
 	store *store.Store
 	// leading is set while this controller leads and has its view loaded;
@@ -144,12 +153,15 @@ func New(cfg Config, log *zap.Logger, opts ...Option) (*Controller, error) {
 		ready: make(chan struct{}),
 		nodes: map[string]*nodeState{},
 		jobs:  map[string]*jobState{},
+
+		revoked:      newDenyList(),
+		reverifyKick: make(chan struct{}, 1),
 	}
 	for _, o := range opts {
 		o(c)
 	}
 	if !cfg.Insecure {
-		r, err := pki.NewReloader(cfg.TLS, wantController, log.Named("tls"))
+		r, err := pki.NewReloader(cfg.TLS.Files, wantController, log.Named("tls"), pki.WithReloadHook(c.tlsReloaded))
 		if err != nil {
 			return nil, fmt.Errorf("loading the controller's tls files: %w", err)
 		}
@@ -204,6 +216,7 @@ func (c *Controller) Run(ctx context.Context) error {
 	rdzvv1.RegisterAgentServiceServer(srv, &agentService{c: c})
 	rdzvv1.RegisterJobServiceServer(srv, &jobService{c: c})
 	rdzvv1.RegisterNodeServiceServer(srv, &nodeService{c: c})
+	rdzvv1.RegisterCertificateServiceServer(srv, &certificateService{c: c})
 	c.addr = lis.Addr()
 	c.log.Info("controller serving", zap.Stringer("addr", c.addr), zap.String("advertise_addr", c.cfg.Advertised()), zap.Bool("embedded_etcd", c.cfg.Embedded()))
 	close(c.ready)
@@ -238,12 +251,13 @@ func (c *Controller) securityOptions() []grpc.ServerOption {
 			zap.String("listen", c.cfg.Listen))
 		return nil
 	}
-	auth := &authenticator{tls: c.tls, log: c.log.Named("auth")}
+	c.auth = &authenticator{tls: c.tls, revoked: c.revoked, log: c.log.Named("auth")}
+	c.conns = newClientConns(c.clock, c.log.Named("auth"))
 	c.log.Info("mutual tls enabled", zap.Stringer("identity", c.tls.Identity()))
 	return []grpc.ServerOption{
-		grpc.Creds(expiringCreds{TransportCredentials: credentials.NewTLS(c.tls.ServerConfig()), clock: c.clock, log: c.log.Named("auth")}),
-		grpc.ChainUnaryInterceptor(auth.unary),
-		grpc.ChainStreamInterceptor(auth.stream),
+		grpc.Creds(trackingCreds{TransportCredentials: credentials.NewTLS(c.tls.ServerConfig()), conns: c.conns}),
+		grpc.ChainUnaryInterceptor(c.auth.unary),
+		grpc.ChainStreamInterceptor(c.auth.stream),
 	}
 }
 
@@ -289,9 +303,14 @@ func (c *Controller) load(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("loading state from etcd: %w", err)
 	}
+	revoked, badRevocations, err := c.store.Revocations(ctx)
+	if err != nil {
+		return fmt.Errorf("loading state from etcd: %w", err)
+	}
 	now := c.clock.Now()
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	c.loadRevocations(revoked, badRevocations)
 	c.screen(snap, now)
 	c.nodes, c.jobs = map[string]*nodeState{}, map[string]*jobState{}
 	for name, v := range snap.Nodes {
@@ -389,4 +408,6 @@ const (
 	EventCertExpiring        = "certificate_expiring"
 	EventJobDeleted          = "job_deleted"
 	EventNodeDeleted         = "node_deleted"
+	EventCertRevoked         = "certificate_revoked"
+	EventTLSReloadRefused    = "tls_reload_refused"
 )

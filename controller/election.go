@@ -153,6 +153,7 @@ func (c *Controller) lead(ctx context.Context, stepDown context.CancelFunc, l st
 	g.Go(func() error { c.scheduleLoop(gctx); return nil })
 	g.Go(func() error { c.livenessLoop(gctx); return nil })
 	g.Go(func() error { c.maintainLoop(gctx); return nil })
+	g.Go(func() error { c.reverifyLoop(gctx); return nil })
 	_ = g.Wait()
 
 	c.mu.Lock()

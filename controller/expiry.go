@@ -1,29 +1,93 @@
 package controller
 
 import (
+	"context"
+	"crypto/x509"
+	"errors"
 	"fmt"
 	"net"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/jonboulle/clockwork"
 	"go.uber.org/zap"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/peer"
+	"google.golang.org/grpc/status"
+
+	"github.com/rdzv/rdzv/pki"
 )
 
-// expiringCreds closes every client connection when the certificate it was
-// authenticated with expires. Calls are verified one by one, but an agent's
-// stream lives for weeks on one connection, and new calls reuse that
-// connection's handshake: without this, an expired certificate would keep
-// a stream open, and a renewed one on disk would never be presented. Closed,
-// the client handshakes again with the certificate it has now.
-type expiringCreds struct {
-	credentials.TransportCredentials
+// Every client connection is tracked with the certificate chain it was
+// authenticated with and the streams open on it, so that the controller
+// can end a connection whose certificate it no longer accepts. Calls are
+// verified one by one, but an agent's stream lives for weeks on one
+// connection, and new calls reuse that connection's handshake: without
+// this, an expired or revoked certificate would keep a stream open, and a
+// renewed one on disk would never be presented. A connection ends when its
+// certificate expires (a timer per connection) and when re-verification
+// refuses it (revoked, or no longer chaining to the CA as reloaded: see
+// reverifyLoop). Its streams then end with Unauthenticated and the reason,
+// which also makes a client drop the connection and handshake again with
+// the certificate it has by then; the controller closes the connection
+// itself connCloseGrace later, for clients that do not.
+
+// connCloseGrace is how long an ended connection stays open: long enough
+// for its streams' final status to reach the client first.
+const connCloseGrace = 2 * time.Second
+
+// clientConns is the set of open client connections on which a call was
+// authenticated: those are the ones verified again. A connection that
+// never carried one has nothing to end (and one whose HTTP/2 preface
+// failed is never closed through its wrapper, so it is better not kept).
+type clientConns struct {
 	clock clockwork.Clock
 	log   *zap.Logger
+
+	mu    sync.Mutex
+	conns map[*clientConn]struct{}
 }
 
-func (e expiringCreds) ServerHandshake(raw net.Conn) (net.Conn, credentials.AuthInfo, error) {
-	conn, info, err := e.TransportCredentials.ServerHandshake(raw)
+func newClientConns(clock clockwork.Clock, log *zap.Logger) *clientConns {
+	return &clientConns{clock: clock, log: log, conns: map[*clientConn]struct{}{}}
+}
+
+// clientConn is one tracked connection.
+type clientConn struct {
+	net.Conn
+	set   *clientConns
+	chain []*x509.Certificate
+	peer  string
+	// verified is set once a call on the connection was authenticated;
+	// closed once it is closed. Both change under set.mu.
+	verified, closed atomic.Bool
+
+	mu sync.Mutex
+	// ended is why the connection was ended; nil while it is open.
+	ended         error
+	streams       map[uint64]context.CancelCauseFunc
+	nextStream    uint64
+	expiry, close clockwork.Timer
+}
+
+// trackingCreds wraps every connection that presents a certificate in a
+// clientConn of conns, which ends it when the certificate expires.
+type trackingCreds struct {
+	credentials.TransportCredentials
+	conns *clientConns
+}
+
+// connInfo is a tracked connection's AuthInfo: the TLS state, as for any
+// TLS connection, and the connection, for the streams opened on it.
+type connInfo struct {
+	credentials.TLSInfo
+	conn *clientConn
+}
+
+func (t trackingCreds) ServerHandshake(raw net.Conn) (net.Conn, credentials.AuthInfo, error) {
+	conn, info, err := t.TransportCredentials.ServerHandshake(raw)
 	if err != nil {
 		return conn, info, err
 	}
@@ -31,37 +95,151 @@ func (e expiringCreds) ServerHandshake(raw net.Conn) (net.Conn, credentials.Auth
 	if !ok || len(tlsInfo.State.PeerCertificates) == 0 {
 		return conn, info, nil
 	}
-	leaf := tlsInfo.State.PeerCertificates[0]
-	left := leaf.NotAfter.Sub(e.clock.Now())
+	cc := t.conns.add(conn, tlsInfo.State.PeerCertificates, raw.RemoteAddr().String())
+	return cc, connInfo{TLSInfo: tlsInfo, conn: cc}, nil
+}
+
+func (t trackingCreds) Clone() credentials.TransportCredentials {
+	return trackingCreds{TransportCredentials: t.TransportCredentials.Clone(), conns: t.conns}
+}
+
+func (s *clientConns) add(conn net.Conn, chain []*x509.Certificate, peer string) *clientConn {
+	cc := &clientConn{Conn: conn, set: s, chain: chain, peer: peer, streams: map[uint64]context.CancelCauseFunc{}}
+	leaf := chain[0]
+	left := leaf.NotAfter.Sub(s.clock.Now())
 	if left <= 0 {
 		// Every call on it is refused with the reason (Unauthenticated);
 		// closing at once would hide that behind a connection error.
-		return conn, info, nil
+		return cc
 	}
-	// The timer closes the inner connection only: it may fire before the
-	// wrapper below has its timer.
-	timer := e.clock.AfterFunc(left, func() {
-		e.log.Warn("closing connection: client certificate expired", zap.String("peer", raw.RemoteAddr().String()),
-			zap.String("subject", leaf.Subject.CommonName), zap.Time("not_after", leaf.NotAfter))
-		_ = conn.Close()
+	cc.mu.Lock()
+	cc.expiry = s.clock.AfterFunc(left, func() {
+		if cc.end(&pki.ValidityError{Subject: leaf.Subject.CommonName, NotBefore: leaf.NotBefore, NotAfter: leaf.NotAfter, Now: s.clock.Now()}) {
+			s.log.Warn("closing connection: client certificate expired", zap.String("peer", peer),
+				zap.String("subject", leaf.Subject.CommonName), zap.Time("not_after", leaf.NotAfter))
+		}
 	})
-	return &expiringConn{Conn: conn, timer: timer}, info, nil
+	cc.mu.Unlock()
+	return cc
 }
 
-func (e expiringCreds) Clone() credentials.TransportCredentials {
-	return expiringCreds{TransportCredentials: e.TransportCredentials.Clone(), clock: e.clock, log: e.log}
+// accepted records that a call on cc was authenticated: from then on its
+// certificate is verified again with the others'.
+func (cc *clientConn) accepted() {
+	if cc.verified.Load() {
+		return
+	}
+	cc.set.mu.Lock()
+	defer cc.set.mu.Unlock()
+	if !cc.closed.Load() {
+		cc.verified.Store(true)
+		cc.set.conns[cc] = struct{}{}
+	}
 }
 
-// expiringConn stops its expiry timer when closed, so that a closed
-// connection is not kept in memory until its certificate would expire.
-type expiringConn struct {
-	net.Conn
-	timer clockwork.Timer
+// reverify checks the certificate of every connection that carried an
+// authenticated call, and ends those check refuses.
+func (s *clientConns) reverify(check func(chain []*x509.Certificate) error) {
+	s.mu.Lock()
+	conns := make([]*clientConn, 0, len(s.conns))
+	for cc := range s.conns {
+		conns = append(conns, cc)
+	}
+	s.mu.Unlock()
+	for _, cc := range conns {
+		if err := check(cc.chain); err != nil && cc.end(err) {
+			leaf := cc.chain[0]
+			s.log.Warn("closing connection: client certificate no longer accepted", zap.String("peer", cc.peer),
+				zap.String("subject", leaf.Subject.CommonName), zap.String("serial", pki.Serial(leaf)), zap.Error(err))
+		}
+	}
 }
 
-func (c *expiringConn) Close() error {
-	c.timer.Stop()
-	return c.Conn.Close()
+// end ends the connection's streams with reason, and closes it
+// connCloseGrace later; it says whether the connection was still open.
+func (cc *clientConn) end(reason error) bool {
+	cc.mu.Lock()
+	defer cc.mu.Unlock()
+	if cc.ended != nil {
+		return false
+	}
+	cc.ended = reason
+	for _, cancel := range cc.streams {
+		cancel(&certRefused{reason: reason})
+	}
+	cc.close = cc.set.clock.AfterFunc(connCloseGrace, func() { _ = cc.Close() })
+	return true
+}
+
+// Close stops the connection's timers, so that a closed connection is not
+// kept in memory until its certificate would expire.
+func (cc *clientConn) Close() error {
+	cc.set.mu.Lock()
+	cc.closed.Store(true)
+	delete(cc.set.conns, cc)
+	cc.set.mu.Unlock()
+	cc.mu.Lock()
+	for _, t := range []clockwork.Timer{cc.expiry, cc.close} {
+		if t != nil {
+			t.Stop()
+		}
+	}
+	cc.mu.Unlock()
+	return cc.Conn.Close()
+}
+
+// certRefused is why a stream was ended: its connection's certificate is
+// no longer accepted.
+type certRefused struct{ reason error }
+
+func (e *certRefused) Error() string { return e.reason.Error() }
+
+func (e *certRefused) status() error { return status.Error(codes.Unauthenticated, e.reason.Error()) }
+
+// trackStream ties a stream's context to the connection it came on: the
+// context is canceled, with a certRefused cause, when the connection ends.
+// done must be called when the stream ends.
+func trackStream(ctx context.Context) (_ context.Context, done func(), _ error) {
+	cc := trackedConn(ctx)
+	if cc == nil {
+		return ctx, func() {}, nil
+	}
+	ctx, cancel := context.WithCancelCause(ctx)
+	cc.mu.Lock()
+	defer cc.mu.Unlock()
+	if cc.ended != nil {
+		cancel(nil)
+		return nil, nil, (&certRefused{reason: cc.ended}).status()
+	}
+	id := cc.nextStream
+	cc.nextStream++
+	cc.streams[id] = cancel
+	return ctx, func() {
+		cc.mu.Lock()
+		delete(cc.streams, id)
+		cc.mu.Unlock()
+		cancel(nil)
+	}, nil
+}
+
+// trackedConn is the connection a call came on, nil if untracked.
+func trackedConn(ctx context.Context) *clientConn {
+	if p, _ := peer.FromContext(ctx); p != nil {
+		if info, ok := p.AuthInfo.(connInfo); ok {
+			return info.conn
+		}
+	}
+	return nil
+}
+
+// streamRefused is the status a stream ends with when its connection's
+// certificate was refused while it was open, or nil.
+func streamRefused(ctx context.Context) error {
+	var refused *certRefused
+	if errors.As(context.Cause(ctx), &refused) {
+		return refused.status()
+	}
+	return nil
 }
 
 // certExpiryWarning is how long before an agent's certificate expires the

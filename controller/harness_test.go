@@ -107,9 +107,10 @@ type cluster struct {
 	stopController func()
 	// ctl is the running controller.
 	ctl *controller.Controller
-	// jobs and nodes are an operator's clients.
+	// jobs, nodes and certs are an operator's clients.
 	jobs  rdzvv1.JobServiceClient
 	nodes rdzvv1.NodeServiceClient
+	certs rdzvv1.CertificateServiceClient
 	// logs holds every line the controller and the agents logged, at any
 	// level; log is their logger.
 	logs *observer.ObservedLogs
@@ -162,7 +163,7 @@ func startCluster(t *testing.T, clock *clockwork.FakeClock, edits []func(*contro
 	c.addr = testaddr.Free(t)
 	c.cfg.Listen = c.addr
 	c.newCA()
-	c.cfg.TLS = c.issue(pki.Identity{Role: pki.RoleController, Name: "controller"}, net.IPv4(127, 0, 0, 1))
+	c.cfg.TLS.Files = c.issue(pki.Identity{Role: pki.RoleController, Name: "controller"}, net.IPv4(127, 0, 0, 1))
 	for _, edit := range edits {
 		edit(&c.cfg)
 	}
@@ -173,6 +174,7 @@ func startCluster(t *testing.T, clock *clockwork.FakeClock, edits []func(*contro
 
 	conn := c.dial(c.issue(pki.Identity{Role: pki.RoleOperator, Name: "test-operator"}))
 	c.jobs, c.nodes = rdzvv1.NewJobServiceClient(conn), rdzvv1.NewNodeServiceClient(conn)
+	c.certs = rdzvv1.NewCertificateServiceClient(conn)
 	return c
 }
 

@@ -55,9 +55,10 @@ func (c *Controller) maintainLoop(ctx context.Context) {
 	}
 }
 
-// prune applies the retention settings once. Finished jobs and long-lost
-// nodes are deleted through the writer, in order with everything else, so
-// that no restart of the same name (no registration of the node) races the
+// prune applies the retention settings once, and drops deny-list entries
+// whose certificates have all expired. Finished jobs and long-lost nodes
+// are deleted through the writer, in order with everything else, so that
+// no restart of the same name (no registration of the node) races the
 // delete; events are pruned beside it (they are append-only).
 func (c *Controller) prune(ctx context.Context) {
 	r := c.cfg.Retention
@@ -86,6 +87,7 @@ func (c *Controller) prune(ctx context.Context) {
 		c.log.Info("finished job deleted (retention)", zap.String("job", name), zap.Time("finished_at", js.rec.GetFinishedAt().AsTime()))
 	}
 	c.pruneNodes(now)
+	c.expireRevocations(now)
 	c.mu.Unlock()
 
 	cutoff := now.Add(-r.EventMaxAge.Duration)

@@ -13,7 +13,6 @@ import (
 	"github.com/rdzv/rdzv/controller"
 	"github.com/rdzv/rdzv/controller/keyring"
 	"github.com/rdzv/rdzv/controller/store"
-	"github.com/rdzv/rdzv/internal/testaddr"
 	"github.com/rdzv/rdzv/internal/testetcd"
 	rdzvv1 "github.com/rdzv/rdzv/proto/rdzv/v1"
 )
@@ -27,19 +26,29 @@ func newSlowEtcdCluster(t *testing.T) (c *cluster, endpoint string, hold func() 
 	endpoint, _ = testetcd.Start(t, "slow")
 	target, err := url.Parse(endpoint)
 	require.NoError(t, err)
-	front := testaddr.Free(t)
+	// The proxy listens on a Unix socket: given a port it would listen on
+	// every address, where anything bound to that port on any loopback
+	// address (another test's connection) takes it.
+	front := filepath.Join(t.TempDir(), "etcd-proxy.sock")
 	p := proxy.NewServer(proxy.ServerConfig{
 		Logger: testLogger(t).Named("proxy"),
-		From:   url.URL{Scheme: "tcp", Host: front},
+		From:   url.URL{Scheme: "unix", Host: front},
 		To:     url.URL{Scheme: "tcp", Host: target.Host},
 	})
-	<-p.Ready()
 	t.Cleanup(func() { _ = p.Close() })
+	// The proxy reports a failed listen on Error and never becomes ready.
+	select {
+	case <-p.Ready():
+	case err := <-p.Error():
+		require.FailNow(t, "etcd proxy failed to start", "%v", err)
+	case <-time.After(waitTimeout):
+		require.FailNow(t, "etcd proxy never became ready")
+	}
 
 	keys := filepath.Join(t.TempDir(), "secrets.key")
 	require.NoError(t, keyring.Create(keys, time.Now()))
 	c = newCluster(t, func(cfg *controller.Config) {
-		cfg.Etcd.Endpoints = []string{"http://" + front}
+		cfg.Etcd.Endpoints = []string{"unix://" + front}
 		cfg.SecretsKeyFile = keys
 		// The pause must not cost the lead or time the write out.
 		cfg.LeaderLeaseTTL.Duration = time.Minute

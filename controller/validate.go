@@ -64,6 +64,9 @@ func validateRequest(m any) error {
 		err = nameErr("name", r.GetName())
 	case *rdzvv1.ConnectRequest:
 		err = validateConnectRequest(r)
+	case *rdzvv1.RevokeCertificateRequest:
+		err = validateRevokeCertificate(r)
+	case *rdzvv1.ListRevocationsRequest:
 	default:
 		err = fmt.Errorf("%T: %w", m, errNoValidator)
 	}

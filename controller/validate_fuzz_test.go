@@ -1,13 +1,17 @@
 package controller
 
 import (
+	"path"
 	"path/filepath"
 	"strings"
 	"testing"
 
 	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/timestamppb"
 
+	"github.com/rdzv/rdzv/controller/store"
 	"github.com/rdzv/rdzv/jobspec"
+	"github.com/rdzv/rdzv/pki"
 	rdzvv1 "github.com/rdzv/rdzv/proto/rdzv/v1"
 	"github.com/rdzv/rdzv/wire"
 )
@@ -62,6 +66,8 @@ var requestKinds = []func() proto.Message{
 	func() proto.Message { return &rdzvv1.CordonNodeRequest{} },
 	func() proto.Message { return &rdzvv1.UncordonNodeRequest{} },
 	func() proto.Message { return &rdzvv1.DeleteJobRequest{} },
+	func() proto.Message { return &rdzvv1.RevokeCertificateRequest{} },
+	func() proto.Message { return &rdzvv1.ListRevocationsRequest{} },
 }
 
 func FuzzRequests(f *testing.F) {
@@ -119,6 +125,24 @@ func FuzzRequests(f *testing.F) {
 			}
 		case *rdzvv1.UncordonNodeRequest:
 			names = []string{r.GetName()}
+		case *rdzvv1.RevokeCertificateRequest:
+			// What the controller stores for it: one key right under the
+			// deny-list's prefix.
+			entry := &rdzvv1.Revocation{Target: &rdzvv1.Revocation_Identity{Identity: r.GetIdentity()}}
+			if r.GetSerial() != "" {
+				serial, err := pki.ParseSerial(r.GetSerial())
+				if err != nil {
+					t.Fatalf("accepted serial %q does not parse: %v", r.GetSerial(), err)
+				}
+				entry.Target = &rdzvv1.Revocation_Serial{Serial: serial}
+			}
+			if err := validateRevocation(&rdzvv1.Revocation{Target: entry.Target, IssuedBefore: timestamppb.Now(), NotAfter: timestamppb.Now()}); err != nil {
+				t.Fatalf("accepted request makes an invalid entry: %v", err)
+			}
+			key := store.RevocationKey(entry)
+			if rest, ok := strings.CutPrefix(key, store.RevokedPrefix()); !ok || path.Clean(key) != key || strings.Contains(rest, "..") {
+				t.Fatalf("accepted request is stored at %q", key)
+			}
 		}
 		for _, n := range names {
 			if n == "" {

@@ -10,6 +10,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/rdzv/rdzv/jobspec"
 	rdzvv1 "github.com/rdzv/rdzv/proto/rdzv/v1"
@@ -23,6 +24,14 @@ func goodNodeInfo() *rdzvv1.NodeInfo {
 		Gpus:       []*rdzvv1.GPU{{Index: 0, Uuid: "GPU-1", Name: "H100", PciBusId: "0000:01:00.0"}},
 		Interfaces: []*rdzvv1.NetworkInterface{{Name: "eth0", Addresses: []string{"10.0.0.5/24"}, RdmaDevices: []string{"mlx5_0"}}},
 	}
+}
+
+func revokeSerial(s string) *rdzvv1.RevokeCertificateRequest {
+	return &rdzvv1.RevokeCertificateRequest{Target: &rdzvv1.RevokeCertificateRequest_Serial{Serial: s}}
+}
+
+func revokeIdentity(id string) *rdzvv1.RevokeCertificateRequest {
+	return &rdzvv1.RevokeCertificateRequest{Target: &rdzvv1.RevokeCertificateRequest_Identity{Identity: id}}
 }
 
 func connect(m any) *rdzvv1.ConnectRequest {
@@ -102,6 +111,24 @@ var validationCases = []struct {
 	{"cordon", &rdzvv1.CordonNodeRequest{Name: "gpu-01", Reason: "disk"}, ""},
 	{"cordon long reason", &rdzvv1.CordonNodeRequest{Name: "gpu-01", Reason: strings.Repeat("x", maxReasonBytes+1)}, "reason: at most 1024 bytes"},
 	{"uncordon bad name", &rdzvv1.UncordonNodeRequest{Name: "gpu_01"}, "name:"},
+	{"revoke serial", revokeSerial("1f2e3d"), ""},
+	{"revoke serial openssl style", revokeSerial("0x1F:2E:3D"), ""},
+	{"revoke serial not hex", revokeSerial("xyz"), "serial: want a certificate serial number in hex"},
+	{"revoke serial zero", revokeSerial("00"), "serial: a certificate serial number is positive"},
+	{"revoke serial too long", revokeSerial(strings.Repeat("f", 41)), "serial: a certificate serial number is positive and at most 20 bytes"},
+	{"revoke serial huge", revokeSerial(strings.Repeat("f", 1000)), "serial: at most 20 bytes"},
+	{"revoke identity", revokeIdentity("agent/gpu-01"), ""},
+	{"revoke identity without role", revokeIdentity("gpu-01"), "identity: want ROLE/NAME"},
+	{"revoke identity bad role", revokeIdentity("admin/bob"), "role: want controller, agent, operator or viewer"},
+	{"revoke identity traversal", revokeIdentity("agent/../x"), "name: must be a DNS-1123 label"},
+	{"revoke identity with not_after", &rdzvv1.RevokeCertificateRequest{Target: &rdzvv1.RevokeCertificateRequest_Identity{Identity: "agent/gpu-01"},
+		NotAfter: timestamppb.Now()}, "not_after: only with a serial"},
+	{"revoke serial bad not_after", &rdzvv1.RevokeCertificateRequest{Target: &rdzvv1.RevokeCertificateRequest_Serial{Serial: "1f"},
+		NotAfter: &timestamppb.Timestamp{Nanos: -1}}, "not_after:"},
+	{"revoke nothing", &rdzvv1.RevokeCertificateRequest{}, "serial, identity: give one"},
+	{"revoke long reason", &rdzvv1.RevokeCertificateRequest{Target: &rdzvv1.RevokeCertificateRequest_Serial{Serial: "1f"},
+		Reason: strings.Repeat("x", maxReasonBytes+1)}, "reason: at most 1024 bytes"},
+	{"list revocations", &rdzvv1.ListRevocationsRequest{}, ""},
 
 	{"register", connect(&rdzvv1.Register{Node: goodNodeInfo()}), ""},
 	{"register without node", connect(&rdzvv1.Register{}), "node: required"},

@@ -18,6 +18,7 @@ import (
 	"math/big"
 	"net"
 	"net/url"
+	"strings"
 	"time"
 
 	"github.com/rdzv/rdzv/wire"
@@ -272,6 +273,50 @@ func (ca *CA) Issue(req Request) (*Issued, error) {
 		return nil, fmt.Errorf("parsing new certificate: %w", err)
 	}
 	return &Issued{Cert: cert, Key: key}, nil
+}
+
+// IssuedAt is when a certificate of this package was issued: Issue
+// backdates NotBefore by clockSkew. Revoking an identity revokes its
+// certificates issued before a time; one issued right after must not count
+// as earlier because of the backdating.
+func IssuedAt(cert *x509.Certificate) time.Time { return cert.NotBefore.Add(clockSkew) }
+
+// maxSerialBytes is the longest serial number RFC 5280 allows.
+const maxSerialBytes = 20
+
+// Serial is a certificate's serial number as rdzv shows and stores it:
+// lowercase hex without leading zeros.
+func Serial(cert *x509.Certificate) string { return cert.SerialNumber.Text(16) }
+
+// ParseSerial reads a serial number given in hex, as `rdzvctl pki show`
+// prints it, or with colons and any case as openssl does, with or without
+// a 0x prefix; it returns it in the form Serial gives.
+func ParseSerial(s string) (string, error) {
+	if len(s) > 2+3*maxSerialBytes {
+		return "", fmt.Errorf("serial: at most %d bytes in hex, got %d characters", maxSerialBytes, len(s))
+	}
+	hex := strings.ReplaceAll(strings.TrimPrefix(strings.TrimPrefix(s, "0x"), "0X"), ":", "")
+	n, ok := new(big.Int).SetString(hex, 16)
+	if !ok || hex == "" || hex[0] == '+' || hex[0] == '-' || strings.Contains(hex, "_") {
+		return "", fmt.Errorf("serial: want a certificate serial number in hex (as rdzvctl pki show prints it), got %q", s)
+	}
+	if n.Sign() <= 0 || len(n.Bytes()) > maxSerialBytes {
+		return "", fmt.Errorf("serial: a certificate serial number is positive and at most %d bytes, got %q", maxSerialBytes, s)
+	}
+	return n.Text(16), nil
+}
+
+// ParseIdentity reads an identity written ROLE/NAME.
+func ParseIdentity(s string) (Identity, error) {
+	role, name, ok := strings.Cut(s, "/")
+	if !ok {
+		return Identity{}, fmt.Errorf("identity: want ROLE/NAME (e.g. agent/gpu-01), got %q", s)
+	}
+	id := Identity{Role: Role(role), Name: name}
+	if err := id.Validate(); err != nil {
+		return Identity{}, fmt.Errorf("identity %q: %w", s, err)
+	}
+	return id, nil
 }
 
 func newSerial() (*big.Int, error) {

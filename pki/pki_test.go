@@ -6,11 +6,13 @@ import (
 	"crypto/rand"
 	"crypto/x509"
 	"crypto/x509/pkix"
+	"fmt"
 	"math/big"
 	"net"
 	"net/url"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -191,4 +193,74 @@ func TestFilesValidate(t *testing.T) {
 	require.ErrorContains(t, err, "tls.ca: required")
 	require.NotContains(t, err.Error(), "tls.cert")
 	require.NoError(t, pki.Files{Cert: "a", Key: "b", CA: "c"}.Validate("tls"))
+}
+
+func TestParseSerial(t *testing.T) {
+	tests := []struct {
+		in, want, wantErr string
+	}{
+		{in: "1f2e3d", want: "1f2e3d"},
+		{in: "1F2E3D", want: "1f2e3d"},
+		{in: "0x001f:2e:3d", want: "1f2e3d"},
+		{in: "1F:2E:3D", want: "1f2e3d"},
+		{in: "", wantErr: "serial: want a certificate serial number in hex"},
+		{in: "0x", wantErr: "serial: want a certificate serial number in hex"},
+		{in: "-1f", wantErr: "serial: want a certificate serial number in hex"},
+		{in: "+1f", wantErr: "serial: want a certificate serial number in hex"},
+		{in: "1_f", wantErr: "serial: want a certificate serial number in hex"},
+		{in: "xyz", wantErr: "serial: want a certificate serial number in hex"},
+		{in: "0", wantErr: "serial: a certificate serial number is positive"},
+		{in: strings.Repeat("ff", 20), want: strings.Repeat("ff", 20)},
+		{in: "1" + strings.Repeat("00", 20), wantErr: "at most 20 bytes"},
+		{in: strings.Repeat("f", 100), wantErr: "serial: at most 20 bytes in hex, got 100 characters"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.in, func(t *testing.T) {
+			got, err := pki.ParseSerial(tt.in)
+			if tt.wantErr != "" {
+				require.ErrorContains(t, err, tt.wantErr)
+				return
+			}
+			require.NoError(t, err)
+			require.Equal(t, tt.want, got)
+		})
+	}
+	cert := issue(t, newCA(t), pki.RoleAgent, "a").Cert
+	got, err := pki.ParseSerial(fmt.Sprintf("%X", cert.SerialNumber))
+	require.NoError(t, err)
+	require.Equal(t, pki.Serial(cert), got, "what rdzvctl pki show prints parses back")
+}
+
+func TestParseIdentity(t *testing.T) {
+	tests := []struct {
+		in      string
+		want    pki.Identity
+		wantErr string
+	}{
+		{in: "agent/gpu-01", want: pki.Identity{Role: pki.RoleAgent, Name: "gpu-01"}},
+		{in: "operator/alice", want: pki.Identity{Role: pki.RoleOperator, Name: "alice"}},
+		{in: "gpu-01", wantErr: "identity: want ROLE/NAME"},
+		{in: "admin/bob", wantErr: `role: want controller, agent, operator or viewer, got "admin"`},
+		{in: "agent/gpu/01", wantErr: "name: must be a DNS-1123 label"},
+		{in: "agent/", wantErr: "name: must be a DNS-1123 label"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.in, func(t *testing.T) {
+			got, err := pki.ParseIdentity(tt.in)
+			if tt.wantErr != "" {
+				require.ErrorContains(t, err, tt.wantErr)
+				return
+			}
+			require.NoError(t, err)
+			require.Equal(t, tt.want, got)
+		})
+	}
+}
+
+// TestIssuedAt: the backdating of NotBefore is undone, to the second.
+func TestIssuedAt(t *testing.T) {
+	is, err := newCA(t).Issue(pki.Request{Identity: pki.Identity{Role: pki.RoleAgent, Name: "a"}, ValidFor: time.Hour, Now: now.Add(700 * time.Millisecond)})
+	require.NoError(t, err)
+	require.Equal(t, now, pki.IssuedAt(is.Cert))
+	require.True(t, is.Cert.NotBefore.Before(now), "NotBefore itself is backdated")
 }

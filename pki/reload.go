@@ -3,6 +3,8 @@ package pki
 import (
 	"crypto/tls"
 	"crypto/x509"
+	"encoding/pem"
+	"errors"
 	"fmt"
 	"net"
 	"os"
@@ -27,6 +29,8 @@ type Reloader struct {
 	want  func(Identity) error
 	log   *zap.Logger
 	clock clockwork.Clock
+	// hook, if set, learns of every reload (see WithReloadHook).
+	hook func(error)
 
 	mu      sync.Mutex
 	checked time.Time
@@ -40,13 +44,28 @@ type material struct {
 	cert *tls.Certificate
 	id   Identity
 	pool *x509.CertPool
+	// caNotAfter is when the last of the CA certificates expires: no
+	// certificate that chains to the pool verifies after it.
+	caNotAfter time.Time
 }
+
+// ErrOwnCertUntrusted refuses a set of files whose CA does not verify the
+// daemon's own certificate: peers trusting that CA would refuse it, and a
+// CA replaced before the certificate was reissued would drop every peer
+// that still holds a certificate of the old one.
+var ErrOwnCertUntrusted = errors.New("the CA file does not verify this daemon's own certificate")
 
 // ReloaderOption adjusts a Reloader for tests.
 type ReloaderOption func(*Reloader)
 
 // WithClock replaces the wall clock used for throttling and verification.
 func WithClock(c clockwork.Clock) ReloaderOption { return func(r *Reloader) { r.clock = c } }
+
+// WithReloadHook calls hook after each reload of changed files: with nil
+// once the new set is in use, or with why it was refused (the previous set
+// stays in use). It runs under the Reloader's lock, inside a handshake or
+// a verification: it must be quick and must not call the Reloader.
+func WithReloadHook(hook func(error)) ReloaderOption { return func(r *Reloader) { r.hook = hook } }
 
 // NewReloader loads files; want, if not nil, must accept the certificate's
 // identity (a controller's certificate must say controller, an agent's its
@@ -89,23 +108,52 @@ func (r *Reloader) load() (material, error) {
 	if err != nil {
 		return material{}, fmt.Errorf("tls: reading CA: %w", err)
 	}
-	pool := x509.NewCertPool()
-	if !pool.AppendCertsFromPEM(caPEM) {
-		return material{}, fmt.Errorf("tls: %s holds no PEM certificate", r.files.CA)
+	pool, caNotAfter, err := parseCAs(caPEM)
+	if err != nil {
+		return material{}, fmt.Errorf("tls: %s: %w", r.files.CA, err)
 	}
 	// Our own certificate must verify against the CA we trust, or peers
 	// using the same CA will refuse it; say so now rather than at each
 	// handshake.
 	id, err := verify(append([]*x509.Certificate{cert.Leaf}, parseRest(cert)...), pool, r.clock.Now(), x509.ExtKeyUsageAny, "")
 	if err != nil {
-		return material{}, fmt.Errorf("tls: %s (checked against %s): %w", r.files.Cert, r.files.CA, err)
+		return material{}, fmt.Errorf("tls: %s (checked against %s): %w: %w", r.files.Cert, r.files.CA, ErrOwnCertUntrusted, err)
 	}
 	if r.want != nil {
 		if err := r.want(id); err != nil {
 			return material{}, fmt.Errorf("tls: %s: %w", r.files.Cert, err)
 		}
 	}
-	return material{cert: &cert, id: id, pool: pool}, nil
+	return material{cert: &cert, id: id, pool: pool, caNotAfter: caNotAfter}, nil
+}
+
+// parseCAs reads the certificates of a CA file (several during a CA
+// rotation) into a pool, with when the last of them expires.
+func parseCAs(data []byte) (*x509.CertPool, time.Time, error) {
+	pool := x509.NewCertPool()
+	var last time.Time
+	for {
+		var block *pem.Block
+		block, data = pem.Decode(data)
+		if block == nil {
+			break
+		}
+		if block.Type != "CERTIFICATE" {
+			continue
+		}
+		cert, err := x509.ParseCertificate(block.Bytes)
+		if err != nil {
+			return nil, time.Time{}, fmt.Errorf("parsing a CA certificate: %w", err)
+		}
+		pool.AddCert(cert)
+		if cert.NotAfter.After(last) {
+			last = cert.NotAfter
+		}
+	}
+	if last.IsZero() {
+		return nil, time.Time{}, errors.New("holds no PEM certificate")
+	}
+	return pool, last, nil
 }
 
 // parseRest parses the intermediates that follow the leaf in a chain file.
@@ -146,7 +194,15 @@ func (r *Reloader) current() material {
 	// usually lands a moment after its certificate).
 	r.stamps = stamps
 	m, err := r.load()
-	if err != nil {
+	if r.hook != nil {
+		r.hook(err)
+	}
+	switch {
+	case errors.Is(err, ErrOwnCertUntrusted):
+		// Not a rotation caught halfway: files that contradict each other.
+		r.log.Error("tls reload refused: the new CA does not verify this daemon's own certificate; keeping the previous certificates and CA", zap.Error(err))
+		return r.cur
+	case err != nil:
 		r.log.Warn("tls files changed but do not load, keeping the previous certificates", zap.Error(err))
 		return r.cur
 	}
@@ -154,6 +210,14 @@ func (r *Reloader) current() material {
 	r.log.Info("tls certificates reloaded", zap.Stringer("identity", m.id), zap.Time("not_after", m.cert.Leaf.NotAfter))
 	return m
 }
+
+// Refresh looks at the files now (at most once per second, like every
+// use), so that a change is noticed without a handshake.
+func (r *Reloader) Refresh() { r.current() }
+
+// CANotAfter is when the last certificate of the CA in use expires: no
+// peer certificate verifies after it.
+func (r *Reloader) CANotAfter() time.Time { return r.current().caNotAfter }
 
 func sameFiles(a, b [3]os.FileInfo) bool {
 	for i := range a {

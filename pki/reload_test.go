@@ -228,3 +228,81 @@ func BenchmarkVerifyClient(b *testing.B) {
 		}
 	}
 }
+
+// TestReloaderRefusesUntrustingCA: a CA file that does not verify the
+// daemon's own certificate is refused (the previous CA stays in use), and
+// the hook hears of it; a consistent set is taken, and the hook hears of
+// that too. A certificate whose key has not landed yet is no such refusal.
+func TestReloaderRefusesUntrustingCA(t *testing.T) {
+	dir := t.TempDir()
+	clock := clockwork.NewFakeClockAt(now)
+	ca := newCA(t)
+	files := writeSet(t, dir, ca, issue(t, ca, pki.RoleController, "ctl"))
+	var heard []error
+	r, err := pki.NewReloader(files, nil, zaptest.NewLogger(t), pki.WithClock(clock), pki.WithReloadHook(func(err error) { heard = append(heard, err) }))
+	require.NoError(t, err)
+	require.Equal(t, ca.Cert.NotAfter, r.CANotAfter())
+	client := issue(t, ca, pki.RoleAgent, "gpu-01").Cert
+
+	// Only the CA file replaced: the controller's certificate is of the
+	// old CA.
+	other, err := pki.NewCA("other", 20*365*24*time.Hour, now)
+	require.NoError(t, err)
+	caDir := t.TempDir()
+	require.NoError(t, other.Save(caDir, false))
+	data, err := os.ReadFile(filepath.Join(caDir, pki.CACertFile))
+	require.NoError(t, err)
+	require.NoError(t, os.WriteFile(files.CA, data, 0o644))
+	clock.Advance(time.Second)
+	r.Refresh()
+	require.Len(t, heard, 1)
+	require.ErrorIs(t, heard[0], pki.ErrOwnCertUntrusted)
+	require.ErrorIs(t, heard[0], pki.ErrForeignCA)
+	_, err = r.VerifyClient([]*x509.Certificate{client})
+	require.NoError(t, err, "the previous CA stays in use")
+	require.Equal(t, ca.Cert.NotAfter, r.CANotAfter())
+
+	// Half a rotation is not reported as a refusal of the CA.
+	half := issue(t, other, pki.RoleController, "ctl")
+	_, _, err = half.Save(filepath.Join(dir, "half"), false)
+	require.NoError(t, err)
+	require.NoError(t, os.Rename(filepath.Join(dir, "half.crt"), files.Cert))
+	clock.Advance(time.Second)
+	r.Refresh()
+	require.Len(t, heard, 2)
+	require.Error(t, heard[1])
+	require.NotErrorIs(t, heard[1], pki.ErrOwnCertUntrusted)
+
+	require.NoError(t, os.Rename(filepath.Join(dir, "half.key"), files.Key))
+	clock.Advance(time.Second)
+	r.Refresh()
+	require.Len(t, heard, 3)
+	require.NoError(t, heard[2])
+	_, err = r.VerifyClient([]*x509.Certificate{client})
+	require.ErrorIs(t, err, pki.ErrForeignCA, "the new CA is in use")
+	require.Equal(t, other.Cert.NotAfter, r.CANotAfter())
+
+	clock.Advance(time.Second)
+	r.Refresh()
+	require.Len(t, heard, 3, "only changes are reported")
+}
+
+// TestCANotAfterDuringRotation: with old and new CA in one file, the last
+// to expire bounds every certificate.
+func TestCANotAfterDuringRotation(t *testing.T) {
+	dir := t.TempDir()
+	ca := newCA(t)
+	files := writeSet(t, dir, ca, issue(t, ca, pki.RoleAgent, "gpu-01"))
+	later, err := pki.NewCA("later", 20*365*24*time.Hour, now)
+	require.NoError(t, err)
+	caDir := t.TempDir()
+	require.NoError(t, later.Save(caDir, false))
+	second, err := os.ReadFile(filepath.Join(caDir, pki.CACertFile))
+	require.NoError(t, err)
+	first, err := os.ReadFile(files.CA)
+	require.NoError(t, err)
+	require.NoError(t, os.WriteFile(files.CA, append(first, second...), 0o644))
+	r, err := pki.NewReloader(files, nil, zaptest.NewLogger(t), pki.WithClock(clockwork.NewFakeClockAt(now)))
+	require.NoError(t, err)
+	require.Equal(t, later.Cert.NotAfter, r.CANotAfter())
+}

@@ -83,7 +83,7 @@ func config(args []string) (controller.Config, error) {
 	override("flaky-node-window", func() { cfg.FlakyNodes.Window.Duration = *flakyWindow })
 	override("log-level", func() { cfg.LogLevel = *level })
 	override("insecure", func() { cfg.Insecure = *insecure })
-	tlsFiles.Apply(fs, &cfg.TLS)
+	tlsFiles.Apply(fs, &cfg.TLS.Files)
 	if set["master-port-range"] {
 		if _, err := fmt.Sscanf(*ports, "%d-%d", &cfg.MasterPortRange.Min, &cfg.MasterPortRange.Max); err != nil {
 			return cfg, fmt.Errorf("--master-port-range: %q is not MIN-MAX", *ports)

@@ -30,6 +30,11 @@ Commands:
                                    a job's output from one node (default: node rank 0)
   events [JOB] [--limit N]         a job's events, or cluster events without JOB
   stop JOB [--wait]                stop a job's workers on every node
+  pki init|issue|show ...          the cluster CA, on files only (README "Certificates")
+  pki revoke ROLE/NAME | --serial SERIAL | --cert FILE [--reason R]
+                                   put certificates on the controller's deny-list: refused
+                                   from then on, open connections closed
+  pki revocations                  the controller's deny-list
 
 Global flags (also accepted after the command):
   --controller HOST:PORT[,...]     controller address, or every replica's: the leader is found
@@ -91,7 +96,7 @@ func run(ctx context.Context, args []string, out io.Writer) (int, error) {
 	case "delete":
 		runErr = c.deleteJob(ctx, cmdArgs)
 	case "pki":
-		runErr = c.pki(cmdArgs)
+		runErr = c.pki(ctx, cmdArgs)
 	case "help", "-h", "--help":
 		fmt.Fprint(out, usage)
 		return 0, nil

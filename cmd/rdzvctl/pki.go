@@ -1,12 +1,16 @@
 package main
 
 import (
+	"context"
 	"fmt"
 	"net"
 	"strings"
 	"time"
 
+	"google.golang.org/protobuf/types/known/timestamppb"
+
 	"github.com/rdzv/rdzv/pki"
+	rdzvv1 "github.com/rdzv/rdzv/proto/rdzv/v1"
 )
 
 const (
@@ -15,11 +19,12 @@ const (
 	certValidFor  = 365 * 24 * time.Hour
 )
 
-// pki runs `rdzvctl pki init|issue|show`; it works on files only and never
-// talks to the controller.
-func (c *command) pki(args []string) error {
+// pki runs `rdzvctl pki init|issue|show`, which work on files only and
+// never talk to the controller, and `rdzvctl pki revoke|revocations`, which
+// do: the controller keeps the deny-list and enforces it.
+func (c *command) pki(ctx context.Context, args []string) error {
 	if len(args) == 0 {
-		return fmt.Errorf("%w: pki takes init, issue or show", errUsage)
+		return fmt.Errorf("%w: pki takes init, issue, show, revoke or revocations", errUsage)
 	}
 	switch args[0] {
 	case "init":
@@ -28,8 +33,12 @@ func (c *command) pki(args []string) error {
 		return c.pkiIssue(args[1:])
 	case "show":
 		return c.pkiShow(args[1:])
+	case "revoke":
+		return c.pkiRevoke(ctx, args[1:])
+	case "revocations":
+		return c.pkiRevocations(ctx, args[1:])
 	}
-	return fmt.Errorf("%w: unknown pki command %q (want init, issue or show)", errUsage, args[0])
+	return fmt.Errorf("%w: unknown pki command %q (want init, issue, show, revoke or revocations)", errUsage, args[0])
 }
 
 func (c *command) pkiInit(args []string) error {
@@ -145,5 +154,97 @@ func (c *command) pkiShow(args []string) error {
 		}
 		fmt.Fprintln(c.out)
 	}
+	return nil
+}
+
+// pkiRevoke puts certificates on the controller's deny-list: one
+// certificate by serial (or its file), or every certificate of an
+// identity issued until now.
+func (c *command) pkiRevoke(ctx context.Context, args []string) error {
+	fs := c.flags("pki revoke")
+	serial := fs.String("serial", "", "revoke one certificate by serial number (hex, as pki show prints it)")
+	certFile := fs.String("cert", "", "revoke the certificate in this file (by its serial, kept on the deny-list until it expires)")
+	reason := fs.String("reason", "", "why (shown in pki revocations and events)")
+	pos, err := parse(fs, args)
+	if err != nil {
+		return err
+	}
+	given := len(pos)
+	for _, f := range []string{*serial, *certFile} {
+		if f != "" {
+			given++
+		}
+	}
+	if given != 1 || len(pos) > 1 {
+		return fmt.Errorf("%w: pki revoke takes one of ROLE/NAME (every certificate of that identity issued until now), --serial SERIAL or --cert FILE", errUsage)
+	}
+	req := &rdzvv1.RevokeCertificateRequest{Reason: *reason}
+	switch {
+	case len(pos) == 1:
+		id, err := pki.ParseIdentity(pos[0])
+		if err != nil {
+			return fmt.Errorf("%w: %v", errUsage, err)
+		}
+		req.Target = &rdzvv1.RevokeCertificateRequest_Identity{Identity: id.String()}
+	case *serial != "":
+		s, err := pki.ParseSerial(*serial)
+		if err != nil {
+			return fmt.Errorf("%w: --%v", errUsage, err)
+		}
+		req.Target = &rdzvv1.RevokeCertificateRequest_Serial{Serial: s}
+	default:
+		cert, err := pki.ReadCert(*certFile)
+		if err != nil {
+			return err
+		}
+		req.Target = &rdzvv1.RevokeCertificateRequest_Serial{Serial: pki.Serial(cert)}
+		req.NotAfter = timestamppb.New(cert.NotAfter)
+	}
+	client, err := c.dial()
+	if err != nil {
+		return err
+	}
+	cctx, cancel := c.call(ctx)
+	defer cancel()
+	resp, err := client.RevokeCertificate(cctx, req)
+	if err != nil {
+		return c.rpcErr("revoking", err)
+	}
+	r := resp.GetRevocation()
+	if c.output == "json" {
+		return c.printJSON(r)
+	}
+	what := "certificate serial " + r.GetSerial()
+	if r.GetSerial() == "" {
+		what = "every certificate of " + r.GetIdentity() + " issued until now"
+	}
+	fmt.Fprintf(c.out, "revoked %s: refused from now on, open connections closed; on the deny-list until %s\n",
+		what, r.GetNotAfter().AsTime().UTC().Format(time.RFC3339))
+	return nil
+}
+
+// pkiRevocations lists the controller's deny-list.
+func (c *command) pkiRevocations(ctx context.Context, args []string) error {
+	pos, err := parse(c.flags("pki revocations"), args)
+	if err != nil {
+		return err
+	}
+	if len(pos) != 0 {
+		return fmt.Errorf("%w: pki revocations takes no arguments", errUsage)
+	}
+	client, err := c.dial()
+	if err != nil {
+		return err
+	}
+	cctx, cancel := c.call(ctx)
+	defer cancel()
+	resp, err := client.ListRevocations(cctx, &rdzvv1.ListRevocationsRequest{})
+	if err != nil {
+		return c.rpcErr("listing revocations", err)
+	}
+	if c.output == "json" {
+		return c.printJSON(resp)
+	}
+	printRevocations(c.out, resp.GetRevocations())
 	return nil
 }

@@ -270,3 +270,18 @@ func trainingLine(j *rdzvv1.Job) string {
 	return fmt.Sprintf("%s training, %s recovering (%.1f%% effective)", train.Round(time.Second), recover.Round(time.Second),
 		100*train.Seconds()/(train+recover).Seconds())
 }
+
+func printRevocations(out io.Writer, rs []*rdzvv1.Revocation) {
+	w := table(out)
+	fmt.Fprintln(w, "SERIAL\tIDENTITY\tISSUED BEFORE\tREVOKED\tBY\tUNTIL\tREASON")
+	for _, r := range rs {
+		serial, id, before := r.GetSerial(), r.GetIdentity(), "-"
+		if serial == "" {
+			serial, before = "*", when(r.GetIssuedBefore())
+		} else {
+			id = "-"
+		}
+		fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\t%s\t%s\n", serial, id, before, when(r.GetRevokedAt()), r.GetRevokedBy(), when(r.GetNotAfter()), r.GetReason())
+	}
+	_ = w.Flush()
+}

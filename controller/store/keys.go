@@ -28,6 +28,12 @@
 //	/rdzv/v1/events/<scope>/<time>-<seq>       Event; scope is a job name or "_cluster". time is
 //	                                           UnixNano zero-padded to 20 digits, seq a per-process
 //	                                           counter, so keys sort by time.
+//	/rdzv/v1/revoked/serial/<serial>           Revocation: one client certificate on the deny-list, by
+//	                                           serial number (lowercase hex, pki.Serial).
+//	/rdzv/v1/revoked/identity/<role>/<name>    Revocation: every certificate of an identity issued before
+//	                                           a time; revoking it again replaces the entry. Entries of
+//	                                           both kinds are deleted once their not_after has passed
+//	                                           (every certificate they revoke has expired by then).
 //	/rdzv/v1/leader/<lease id>                 Controller election (etcd concurrency.Election): one
 //	                                           key per campaigning controller, value its advertised
 //	                                           gRPC address, attached to its session lease. The key
@@ -36,6 +42,7 @@
 //
 // Job and node names are DNS-1123 labels (validated before any key is
 // built), so they never contain '/' and "_cluster" cannot collide with a job.
+// So are identities' names, and roles are a fixed set; serials are hex.
 package store
 
 import (
@@ -59,6 +66,7 @@ const (
 	eventsPrefix  = Prefix + "events/"
 	ckptPrefix    = Prefix + "checkpoints/"
 	floorKey      = Prefix + "generation-floor"
+	revokedPrefix = Prefix + "revoked/"
 	// electionName has no trailing slash: concurrency.NewElection adds it.
 	electionName = Prefix + "leader"
 )
@@ -132,6 +140,17 @@ func eventKeyAt(scope, cursor string) (string, error) {
 	}
 	return EventsPrefix(scope) + cursor, nil
 }
+
+// RevokedSerialKey is the deny-list entry of one certificate; serial is
+// in pki.Serial's form.
+func RevokedSerialKey(serial string) string { return revokedPrefix + "serial/" + serial }
+
+// RevokedIdentityKey is the deny-list entry of one identity, written
+// ROLE/NAME.
+func RevokedIdentityKey(identity string) string { return revokedPrefix + "identity/" + identity }
+
+// RevokedPrefix covers the deny-list.
+func RevokedPrefix() string { return revokedPrefix }
 
 // nameFromKey returns the last path element of key under prefix.
 func nameFromKey(prefix, key string) (string, error) {

@@ -82,6 +82,8 @@ func TestKeys(t *testing.T) {
 		{"rounds prefix", RoundsPrefix("train"), "/rdzv/v1/rounds/train/"},
 		{"workers prefix", WorkersPrefix("train"), "/rdzv/v1/workers/train/"},
 		{"events prefix", EventsPrefix("train"), "/rdzv/v1/events/train/"},
+		{"revoked serial", RevokedSerialKey("1f2e"), "/rdzv/v1/revoked/serial/1f2e"},
+		{"revoked identity", RevokedIdentityKey("agent/gpu-01"), "/rdzv/v1/revoked/identity/agent/gpu-01"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) { require.Equal(t, tt.want, tt.got) })

@@ -99,6 +99,24 @@ func TestSecurity(t *testing.T) {
 		require.NoError(t, err)
 		require.Contains(t, string(data), "is the certificate of agent/"+node+`, but this is node "`+other+`"`)
 	})
+
+	t.Run("a revoked agent is disconnected and lost", func(t *testing.T) {
+		out := c.ctlOK(t, "pki", "revoke", "agent/"+node, "--reason", "e2e")
+		require.Contains(t, out, "revoked every certificate of agent/"+node+" issued until now")
+		c.waitNodes(t, node+" lost, the others ready", func(nodes []nodeJSON) bool {
+			for _, n := range nodes {
+				if (n.Info.Name == node) != (n.State == "NODE_STATE_LOST") {
+					return false
+				}
+			}
+			return true
+		})
+		require.Contains(t, c.ctlOK(t, "pki", "revocations"), "agent/"+node)
+		data, err := os.ReadFile(c.controller.LogPath())
+		require.NoError(t, err)
+		require.Contains(t, string(data), `"msg":"closing connection: client certificate no longer accepted"`)
+		require.Contains(t, string(data), `"error":"certificate agent/`+node+` (serial `, "the controller says which certificate and why")
+	})
 }
 
 // TestLocalAttacker: an unprivileged user on the controller's host can
