@@ -153,6 +153,11 @@ func (c *command) rpcErr(what string, err error) error {
 		}
 		return fmt.Errorf("%s: no controller at %s leads right now (election or failover under way; retry): %s", what, c.controller, st.Message())
 	}
+	if expired := c.certExpired(); expired != "" && (st.Code() == codes.Unavailable || st.Code() == codes.Unauthenticated) {
+		// The controller closes a connection once its client certificate
+		// expires, which a call in flight sees as a dropped connection.
+		return fmt.Errorf("%s: %s", what, expired)
+	}
 	switch st.Code() {
 	case codes.Unavailable:
 		hint := ""
@@ -165,6 +170,22 @@ func (c *command) rpcErr(what string, err error) error {
 		return fmt.Errorf("%s: the controller at %s did not answer within %s", what, c.controller, c.timeout)
 	}
 	return fmt.Errorf("%s: %s", what, st.Message())
+}
+
+// certExpired says how rdzvctl's own certificate has expired, or "" when it
+// has not (or cannot be read: the call's own error says more then).
+func (c *command) certExpired() string {
+	if c.insecure {
+		return ""
+	}
+	path := c.tlsFiles().Cert
+	cert, err := pki.ReadCert(path)
+	if err != nil || time.Now().Before(cert.NotAfter) {
+		return ""
+	}
+	return fmt.Sprintf("this client's certificate %s expired at %s, and the controller refuses or closes connections made with it: "+
+		"issue a new one (rdzvctl pki issue operator NAME on the CA host) into %s",
+		path, cert.NotAfter.UTC().Format(time.RFC3339), filepath.Dir(path))
 }
 
 func (c *command) call(ctx context.Context) (context.Context, context.CancelFunc) {
