@@ -21,8 +21,7 @@ func (c *Controller) cordon(ctx context.Context, name string, cordoned bool, rea
 	}
 	c.setCordon(name, cordoned, reason)
 	view := c.nodeView(c.nodes[name])
-	reply := make(chan error, 1)
-	c.queueWrite(pendingWrite{reply: reply})
+	reply := c.barrier()
 	c.mu.Unlock()
 	if err := await(ctx, reply); err != nil {
 		return nil, fmt.Errorf("changing cordon of node %s: %w", name, err)

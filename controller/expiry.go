@@ -114,10 +114,10 @@ func (s *clientConns) add(conn net.Conn, chain []*x509.Certificate, peer string)
 	}
 	cc.mu.Lock()
 	cc.expiry = s.clock.AfterFunc(left, func() {
-		if cc.end(&pki.ValidityError{Subject: leaf.Subject.CommonName, NotBefore: leaf.NotBefore, NotAfter: leaf.NotAfter, Now: s.clock.Now()}) {
+		cc.end(&pki.ValidityError{Subject: leaf.Subject.CommonName, NotBefore: leaf.NotBefore, NotAfter: leaf.NotAfter, Now: s.clock.Now()}, func() {
 			s.log.Warn("closing connection: client certificate expired", zap.String("peer", peer),
 				zap.String("subject", leaf.Subject.CommonName), zap.Time("not_after", leaf.NotAfter))
-		}
+		})
 	})
 	cc.mu.Unlock()
 	return cc
@@ -147,28 +147,31 @@ func (s *clientConns) reverify(check func(chain []*x509.Certificate) error) {
 	}
 	s.mu.Unlock()
 	for _, cc := range conns {
-		if err := check(cc.chain); err != nil && cc.end(err) {
-			leaf := cc.chain[0]
-			s.log.Warn("closing connection: client certificate no longer accepted", zap.String("peer", cc.peer),
-				zap.String("subject", leaf.Subject.CommonName), zap.String("serial", pki.Serial(leaf)), zap.Error(err))
+		if err := check(cc.chain); err != nil {
+			cc.end(err, func() {
+				leaf := cc.chain[0]
+				s.log.Warn("closing connection: client certificate no longer accepted", zap.String("peer", cc.peer),
+					zap.String("subject", leaf.Subject.CommonName), zap.String("serial", pki.Serial(leaf)), zap.Error(err))
+			})
 		}
 	}
 }
 
 // end ends the connection's streams with reason, and closes it
-// connCloseGrace later; it says whether the connection was still open.
-func (cc *clientConn) end(reason error) bool {
+// connCloseGrace later. If the connection was still open, announce runs
+// first: before anyone waiting on its streams learns that they ended.
+func (cc *clientConn) end(reason error, announce func()) {
 	cc.mu.Lock()
 	defer cc.mu.Unlock()
 	if cc.ended != nil {
-		return false
+		return
 	}
+	announce()
 	cc.ended = reason
 	for _, cancel := range cc.streams {
 		cancel(&certRefused{reason: reason})
 	}
 	cc.close = cc.set.clock.AfterFunc(connCloseGrace, func() { _ = cc.Close() })
-	return true
 }
 
 // Close stops the connection's timers, so that a closed connection is not

@@ -152,8 +152,7 @@ func (c *Controller) stopJob(ctx context.Context, name string) (*rdzvv1.Job, err
 	}
 	view := c.jobView(js)
 	// Answered once the stop (and whatever it led to) is durable.
-	reply := make(chan error, 1)
-	c.queueWrite(pendingWrite{reply: reply})
+	reply := c.barrier()
 	c.mu.Unlock()
 	if err := await(ctx, reply); err != nil {
 		return nil, fmt.Errorf("stopping job %s: %w", name, err)

@@ -220,6 +220,11 @@ func (c *Controller) listNodes(req *rdzvv1.ListNodesRequest) (*rdzvv1.ListNodesR
 }
 
 func (c *Controller) listEvents(ctx context.Context, req *rdzvv1.ListEventsRequest) (*rdzvv1.ListEventsResponse, error) {
+	// Events are read from etcd: first let every decision made so far land
+	// there, so that events agree with the states the API has shown.
+	if err := c.settle(ctx); err != nil {
+		return nil, fmt.Errorf("listing events: %w", err)
+	}
 	scope := store.ClusterScope
 	if req.GetJob() != "" {
 		scope = req.GetJob()

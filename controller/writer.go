@@ -96,6 +96,22 @@ func (c *Controller) persistWait(ch *store.Change) <-chan error {
 	return reply
 }
 
+// barrier is answered once every change queued so far is durable. Callers
+// hold c.mu and wait on it after releasing it.
+func (c *Controller) barrier() <-chan error {
+	reply := make(chan error, 1)
+	c.queueWrite(pendingWrite{reply: reply})
+	return reply
+}
+
+// settle waits until every decision made so far is durable.
+func (c *Controller) settle(ctx context.Context) error {
+	c.mu.Lock()
+	reply := c.barrier()
+	c.mu.Unlock()
+	return await(ctx, reply)
+}
+
 // afterDurable runs then under c.mu once every change queued so far is
 // durable: for messages that rest on state decided but maybe not yet
 // written (an assignment re-sent to a reconnecting agent).
