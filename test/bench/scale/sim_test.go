@@ -126,7 +126,7 @@ func (m simMachine) Interfaces() ([]netif.Interface, error) {
 	return ifaces, nil
 }
 
-func (m simMachine) DefaultRouteInterface() (string, error)  { return "eth0", nil }
+func (m simMachine) DefaultRouteInterface() (string, error) { return "eth0", nil }
 func (m simMachine) InterfaceFacing(string) (string, error) { return "eth0", nil }
 
 // simAddr is sim i's source address: 127.20.0.1 upwards, skipping .0 and
