@@ -267,21 +267,30 @@ func pprofClient(sock string) *http.Client {
 	}}}
 }
 
-// goroutines is the controller's goroutine count.
-func goroutines(ctx context.Context, sock string) (int, error) {
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://controller/debug/pprof/goroutine?debug=1", nil)
+// pprofGet fetches one of the controller's profiles (path and query).
+func pprofGet(ctx context.Context, sock, path string) ([]byte, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://controller/debug/pprof/"+path, nil)
 	if err != nil {
-		return 0, err
+		return nil, err
 	}
 	resp, err := pprofClient(sock).Do(req)
 	if err != nil {
-		return 0, err
+		return nil, err
 	}
 	defer resp.Body.Close()
-	line, err := bufio.NewReader(resp.Body).ReadString('\n')
+	if resp.StatusCode != http.StatusOK {
+		return nil, fmt.Errorf("%s: %s", path, resp.Status)
+	}
+	return io.ReadAll(resp.Body)
+}
+
+// goroutines is the controller's goroutine count.
+func goroutines(ctx context.Context, sock string) (int, error) {
+	data, err := pprofGet(ctx, sock, "goroutine?debug=1")
 	if err != nil {
 		return 0, err
 	}
+	line, _, _ := strings.Cut(string(data), "\n")
 	var n int
 	if _, err := fmt.Sscanf(line, "goroutine profile: total %d", &n); err != nil {
 		return 0, fmt.Errorf("parsing %q: %w", line, err)
@@ -289,29 +298,27 @@ func goroutines(ctx context.Context, sock string) (int, error) {
 	return n, nil
 }
 
-// heapInuse is the controller's Go heap in use (runtime.MemStats.HeapInuse,
-// which the debug form of the heap profile ends with).
-func heapInuse(ctx context.Context, sock string) (uint64, error) {
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://controller/debug/pprof/heap?debug=1", nil)
+// memStats are the controller's runtime.MemStats that the debug form of
+// the heap profile ends with, by name (HeapInuse, StackInuse, ...).
+func memStats(ctx context.Context, sock string) (map[string]uint64, error) {
+	data, err := pprofGet(ctx, sock, "heap?debug=1")
 	if err != nil {
-		return 0, err
+		return nil, err
 	}
-	resp, err := pprofClient(sock).Do(req)
-	if err != nil {
-		return 0, err
-	}
-	defer resp.Body.Close()
-	sc := bufio.NewScanner(resp.Body)
-	sc.Buffer(make([]byte, 1<<20), 1<<20)
-	for sc.Scan() {
-		if v, ok := strings.CutPrefix(sc.Text(), "# HeapInuse = "); ok {
-			return strconv.ParseUint(strings.TrimSpace(v), 10, 64)
+	stats := map[string]uint64{}
+	for _, line := range strings.Split(string(data), "\n") {
+		name, v, ok := strings.Cut(strings.TrimPrefix(line, "# "), " = ")
+		if !ok || !strings.HasPrefix(line, "# ") {
+			continue
+		}
+		if n, err := strconv.ParseUint(v, 10, 64); err == nil {
+			stats[name] = n
 		}
 	}
-	if err := sc.Err(); err != nil {
-		return 0, err
+	if _, ok := stats["HeapInuse"]; !ok {
+		return nil, errors.New("no HeapInuse in the heap profile")
 	}
-	return 0, errors.New("no HeapInuse in the heap profile")
+	return stats, nil
 }
 
 // profile is a CPU profile of the controller being taken.
@@ -323,33 +330,19 @@ type profile struct {
 func startProfile(ctx context.Context, sock string, d time.Duration, path string) *profile {
 	p := &profile{done: make(chan error, 1)}
 	go func() {
-		p.done <- func() error {
-			req, err := http.NewRequestWithContext(ctx, http.MethodGet, fmt.Sprintf("http://controller/debug/pprof/profile?seconds=%d", int(d.Seconds())), nil)
-			if err != nil {
-				return err
-			}
-			resp, err := pprofClient(sock).Do(req)
-			if err != nil {
-				return err
-			}
-			defer resp.Body.Close()
-			if resp.StatusCode != http.StatusOK {
-				return fmt.Errorf("profile: %s", resp.Status)
-			}
-			f, err := os.Create(path)
-			if err != nil {
-				return err
-			}
-			_, err = io.Copy(f, resp.Body)
-			return errors.Join(err, f.Close())
-		}()
+		data, err := pprofGet(ctx, sock, fmt.Sprintf("profile?seconds=%d", int(d.Seconds())))
+		if err == nil {
+			err = os.WriteFile(path, data, 0o644)
+		}
+		p.done <- err
 	}()
 	return p
 }
 
 // top summarizes a profile with `go tool pprof -top`.
-func top(ctx context.Context, bin, path string, nodes int) string {
-	out, err := exec.CommandContext(ctx, "go", "tool", "pprof", "-top", "-nodecount", strconv.Itoa(nodes), bin, path).CombinedOutput()
+func top(ctx context.Context, bin, path string, nodes int, args ...string) string {
+	args = append(append([]string{"tool", "pprof", "-top", "-nodecount", strconv.Itoa(nodes)}, args...), bin, path)
+	out, err := exec.CommandContext(ctx, "go", args...).CombinedOutput()
 	if err != nil {
 		return fmt.Sprintf("(go tool pprof: %v: %s)", err, out)
 	}

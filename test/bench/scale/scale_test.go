@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"sort"
 	"strconv"
@@ -324,14 +325,17 @@ func (ru *run) stopSims() {
 func (ru *run) register() error {
 	ctx, cancel := context.WithTimeout(ru.ctx, registerCap)
 	defer cancel()
+	usage := ru.startUsage()
 	t0 := time.Now()
 	for _, s := range ru.sims {
 		s.start(ru.ctx)
 	}
-	if err := waitFor(ctx, "agents registered", func() (bool, string) {
+	err := waitFor(ctx, "agents registered", func() (bool, string) {
 		got, _, _ := ru.led.get(kindRegistered, 0)
 		return got >= ru.n, fmt.Sprintf("%d of %d", got, ru.n)
-	}); err != nil {
+	})
+	ru.r.set("register-cpu", "%s", usage())
+	if err != nil {
 		return err
 	}
 	_, _, last := ru.led.get(kindRegistered, 0)
@@ -375,35 +379,56 @@ func (ru *run) register() error {
 	return nil
 }
 
+// usage is the CPU the controller, the simulated agents and everything
+// else on the machine used since a start.
+type usage struct {
+	ctl, self procSample
+	busy      time.Duration
+}
+
+func (ru *run) sampleUsage() usage {
+	var u usage
+	u.ctl, _ = sampleProc(ru.ctl.cmd.Process.Pid)
+	u.self, _ = sampleProc(os.Getpid())
+	u.busy, _ = cpuBusy()
+	return u
+}
+
+// cores is the controller's, the sims' and everyone else's CPU from u to v.
+func (u usage) cores(v usage) (ctl, sims, others float64) {
+	wall := v.ctl.at.Sub(u.ctl.at).Seconds()
+	ctl = (v.ctl.cpu - u.ctl.cpu).Seconds() / wall
+	sims = (v.self.cpu - u.self.cpu).Seconds() / wall
+	others = max((v.busy-u.busy).Seconds()/wall-ctl-sims, 0)
+	return ctl, sims, others
+}
+
+// startUsage starts measuring; the function it returns describes the
+// usage until it is called.
+func (ru *run) startUsage() func() string {
+	u := ru.sampleUsage()
+	return func() string {
+		ctl, sims, others := u.cores(ru.sampleUsage())
+		return fmt.Sprintf("%.2f / %.2f / %.2f cores (load avg %s)", ctl, sims, others, loadAvg())
+	}
+}
+
 // steady: every agent heartbeating, nothing else happening.
 func (ru *run) steady() error {
 	time.Sleep(settle)
-	pid := ru.ctl.cmd.Process.Pid
-	before, err := sampleProc(pid)
-	if err != nil {
-		return err
-	}
-	self0, _ := sampleProc(os.Getpid())
-	busy0, _ := cpuBusy()
+	before := ru.sampleUsage()
 	for _, s := range ru.sims {
 		s.takeRTTs()
 	}
 	ru.rec.Store(true)
 	time.Sleep(ru.cfg.steady)
 	ru.rec.Store(false)
-	after, err := sampleProc(pid)
-	if err != nil {
-		return err
-	}
-	self1, _ := sampleProc(os.Getpid())
-	busy1, _ := cpuBusy()
-	wall := after.at.Sub(before.at).Seconds()
-	ctlCPU := (after.cpu - before.cpu).Seconds() / wall
-	simCPU := (self1.cpu - self0.cpu).Seconds() / wall
+	after := ru.sampleUsage()
+	ctlCPU, simCPU, others := before.cores(after)
 	ru.r.set("cpu", "%.2f cores", ctlCPU)
-	ru.r.set("load", "%.2f / %.2f cores (load avg %s)", simCPU, max((busy1-busy0).Seconds()/wall-ctlCPU-simCPU, 0), loadAvg())
-	ru.r.set("rss", "%.0f KiB (%.0f MiB)", float64(after.rss)/1024/float64(ru.n), float64(after.rss)/(1<<20))
-	ru.r.set("threads", "%d", after.threads)
+	ru.r.set("load", "%.2f / %.2f / %.2f cores (load avg %s)", ctlCPU, simCPU, others, loadAvg())
+	ru.r.set("rss", "%.0f KiB (%.0f MiB)", float64(after.ctl.rss)/1024/float64(ru.n), float64(after.ctl.rss)/(1<<20))
+	ru.r.set("threads", "%d", after.ctl.threads)
 	rtts := ru.takeRTTs()
 	if len(rtts) > 0 {
 		ru.r.set("rtt", "%s / %s (%d samples)", ms(pct(rtts, 50)), ms(pct(rtts, 99)), len(rtts))
@@ -415,12 +440,33 @@ func (ru *run) steady() error {
 	} else {
 		ru.r.note(ru.t, "goroutines: %v", err)
 	}
-	if heap, err := heapInuse(cctx, ru.ctl.pprof); err == nil {
-		ru.r.set("heap", "%.0f KiB", float64(heap)/1024/float64(ru.n))
+	if ms, err := memStats(cctx, ru.ctl.pprof); err == nil {
+		perNode := func(name string) float64 { return float64(ms[name]) / 1024 / float64(ru.n) }
+		ru.r.set("heap", "%.0f / %.0f KiB", perNode("HeapInuse"), perNode("StackInuse"))
 	} else {
 		ru.r.note(ru.t, "heap: %v", err)
 	}
+	if ru.cfg.profile {
+		ru.saveProfiles(cctx)
+	}
 	return nil
+}
+
+// saveProfiles keeps the controller's heap and goroutines after the steady
+// phase, and prints where the heap goes.
+func (ru *run) saveProfiles(ctx context.Context) {
+	for _, p := range []struct{ path, file string }{{"heap", "heap.pprof"}, {"goroutine?debug=1", "goroutines.txt"}} {
+		data, err := pprofGet(ctx, ru.ctl.pprof, p.path)
+		if err == nil {
+			err = os.WriteFile(filepath.Join(ru.dir, p.file), data, 0o644)
+		}
+		if err != nil {
+			ru.r.note(ru.t, "%s profile: %v", p.path, err)
+			return
+		}
+	}
+	ru.t.Logf("bench: %d nodes: controller heap in use after steady:\n%s", ru.n,
+		top(ctx, ru.cfg.controllerBin, filepath.Join(ru.dir, "heap.pprof"), 25, "-sample_index=inuse_space"))
 }
 
 func (ru *run) takeRTTs() []time.Duration {
@@ -448,6 +494,8 @@ restart: {max_restarts: 3, backoff: {initial: 100ms, max: 1s}}
 		return err
 	}
 	ru.rec.Store(true) // heartbeats during the bursts
+	usage := ru.startUsage()
+	defer func() { ru.r.set("rendezvous-cpu", "%s", usage()) }()
 	t0 := time.Now()
 	cctx, ccancel := context.WithTimeout(ctx, 30*time.Second)
 	_, err = ru.op.StartJob(cctx, &rdzvv1.StartJobRequest{Spec: spec.ToProto()})
@@ -479,6 +527,8 @@ func (ru *run) recovery() error {
 	time.Sleep(settle)
 	ctx, cancel := context.WithTimeout(ru.ctx, recoveryCap)
 	defer cancel()
+	usage := ru.startUsage()
+	defer func() { ru.r.set("recovery-cpu", "%s", usage()) }()
 	victim := ru.sims[ru.n-1] // the last rank: never the master
 	victim.silence()
 	lastSent := time.Unix(0, victim.lastSent.Load())
@@ -549,10 +599,18 @@ func (ru *run) counters() {
 	ru.r.set("reconnects", "%d", n)
 	ru.led.mu.Lock()
 	defer ru.led.mu.Unlock()
+	classes := map[string]int{}
 	for reason, count := range ru.led.reasons {
+		classes[addrs.ReplaceAllString(reason, "ADDR")] += count
+	}
+	for reason, count := range classes {
 		ru.r.note(ru.t, "%d sessions ended: %s", count, reason)
 	}
 }
+
+// addrs matches the addresses in connection errors, which make every
+// sim's error message unique.
+var addrs = regexp.MustCompile(`\d+\.\d+\.\d+\.\d+(:\d+)?`)
 
 func pct(ds []time.Duration, p int) time.Duration {
 	s := slices.Clone(ds)
@@ -572,7 +630,7 @@ var rows = []struct{ key, label string }{
 	{"lost-asg", "node declared lost → next generation's last assignment"},
 	{"fence-asg", "… minus the lost node's fencing deadline"},
 	{"rss", "controller RSS per node (total) after steady"},
-	{"heap", "controller Go heap in use per node"},
+	{"heap", "controller Go heap / goroutine stacks per node"},
 	{"goroutines", "controller goroutines per node (total)"},
 	{"rtt", "heartbeat round trip p50 / p99 (steady)"},
 	{"cpu", "steady CPU for heartbeats (controller)"},
@@ -587,7 +645,10 @@ var rows = []struct{ key, label string }{
 	{"listnodes", "one ListNodes of every node"},
 	{"rss-end", "controller RSS at the end"},
 	{"reconnects", "agent sessions dropped"},
-	{"load", "CPU of the simulated agents / of everything else, steady"},
+	{"register-cpu", "CPU while registering: controller / simulated agents / everything else"},
+	{"rendezvous-cpu", "CPU during rendezvous: controller / simulated agents / everything else"},
+	{"recovery-cpu", "CPU during recovery: controller / simulated agents / everything else"},
+	{"load", "CPU during steady: controller / simulated agents / everything else"},
 }
 
 func formatReport(results []*result, cfg config, took time.Duration) string {
