@@ -117,6 +117,13 @@ type jobState struct {
 	// catalog holds the steps of the checkpoint catalog, oldest first, so
 	// that it can be kept to catalogSize entries.
 	catalog []uint64
+	// members indexes the nodes of membersOf, the round it was built for
+	// (see member).
+	members   map[string]bool
+	membersOf *rdzvv1.Round
+	// Where the last scans of the round for a worker not yet running, and
+	// for one not yet stopped, found one (see findInRound).
+	notRunningAt, notStoppedAt int
 }
 
 // Option adjusts a Controller for tests.
