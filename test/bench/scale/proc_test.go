@@ -311,7 +311,9 @@ func memStats(ctx context.Context, sock string) (map[string]uint64, error) {
 		if !ok || !strings.HasPrefix(line, "# ") {
 			continue
 		}
-		if n, err := strconv.ParseUint(v, 10, 64); err == nil {
+		// Some lines are "in use / reserved" (Stack = 1 / 2).
+		first, _, _ := strings.Cut(v, " ")
+		if n, err := strconv.ParseUint(first, 10, 64); err == nil {
 			stats[name] = n
 		}
 	}

@@ -326,6 +326,7 @@ func (ru *run) register() error {
 	ctx, cancel := context.WithTimeout(ru.ctx, registerCap)
 	defer cancel()
 	usage := ru.startUsage()
+	ru.led.takeGap()
 	t0 := time.Now()
 	for _, s := range ru.sims {
 		s.start(ru.ctx)
@@ -335,6 +336,7 @@ func (ru *run) register() error {
 		return got >= ru.n, fmt.Sprintf("%d of %d", got, ru.n)
 	})
 	ru.r.set("register-cpu", "%s", usage())
+	ru.r.set("register-gap", "%s", ms(ru.led.takeGap()))
 	if err != nil {
 		return err
 	}
@@ -420,6 +422,7 @@ func (ru *run) steady() error {
 	for _, s := range ru.sims {
 		s.takeRTTs()
 	}
+	ru.led.takeGap()
 	ru.rec.Store(true)
 	time.Sleep(ru.cfg.steady)
 	ru.rec.Store(false)
@@ -429,6 +432,7 @@ func (ru *run) steady() error {
 	ru.r.set("load", "%.2f / %.2f / %.2f cores (load avg %s)", ctlCPU, simCPU, others, loadAvg())
 	ru.r.set("rss", "%.0f KiB (%.0f MiB)", float64(after.ctl.rss)/1024/float64(ru.n), float64(after.ctl.rss)/(1<<20))
 	ru.r.set("threads", "%d", after.ctl.threads)
+	ru.r.set("steady-gap", "%s", ms(ru.led.takeGap()))
 	rtts := ru.takeRTTs()
 	if len(rtts) > 0 {
 		ru.r.set("rtt", "%s / %s (%d samples)", ms(pct(rtts, 50)), ms(pct(rtts, 99)), len(rtts))
@@ -442,7 +446,7 @@ func (ru *run) steady() error {
 	}
 	if ms, err := memStats(cctx, ru.ctl.pprof); err == nil {
 		perNode := func(name string) float64 { return float64(ms[name]) / 1024 / float64(ru.n) }
-		ru.r.set("heap", "%.0f / %.0f KiB", perNode("HeapInuse"), perNode("StackInuse"))
+		ru.r.set("heap", "%.0f / %.0f KiB", perNode("HeapInuse"), perNode("Stack"))
 	} else {
 		ru.r.note(ru.t, "heap: %v", err)
 	}
@@ -494,6 +498,7 @@ restart: {max_restarts: 3, backoff: {initial: 100ms, max: 1s}}
 		return err
 	}
 	ru.rec.Store(true) // heartbeats during the bursts
+	ru.led.takeGap()
 	usage := ru.startUsage()
 	defer func() { ru.r.set("rendezvous-cpu", "%s", usage()) }()
 	t0 := time.Now()
@@ -561,6 +566,7 @@ func (ru *run) recovery() error {
 	if rtts := ru.takeRTTs(); len(rtts) > 0 {
 		ru.r.set("rtt-burst", "%s / %s", ms(pct(rtts, 99)), ms(pct(rtts, 100)))
 	}
+	ru.r.set("burst-gap", "%s", ms(ru.led.takeGap()))
 	if s, err := sampleProc(ru.ctl.cmd.Process.Pid); err == nil {
 		ru.r.set("rss-end", "%.0f MiB", float64(s.rss)/(1<<20))
 	}
@@ -645,6 +651,9 @@ var rows = []struct{ key, label string }{
 	{"listnodes", "one ListNodes of every node"},
 	{"rss-end", "controller RSS at the end"},
 	{"reconnects", "agent sessions dropped"},
+	{"register-gap", "longest gap between a sim's heartbeats (sims' own lateness; 1 s is on time): registering"},
+	{"steady-gap", "… steady"},
+	{"burst-gap", "… rendezvous and recovery"},
 	{"register-cpu", "CPU while registering: controller / simulated agents / everything else"},
 	{"rendezvous-cpu", "CPU during rendezvous: controller / simulated agents / everything else"},
 	{"recovery-cpu", "CPU during recovery: controller / simulated agents / everything else"},

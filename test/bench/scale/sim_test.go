@@ -72,7 +72,22 @@ type ledger struct {
 	first   map[ledgerKey]time.Time
 	last    map[ledgerKey]time.Time
 	reasons map[string]int // why sessions ended, for the report
+	// maxGap is the longest time between two heartbeats of one session
+	// (nanoseconds) since takeGap: how late the sims themselves were, on a
+	// machine they share with the controller.
+	maxGap atomic.Int64
 }
+
+func (l *ledger) gap(d time.Duration) {
+	for {
+		cur := l.maxGap.Load()
+		if int64(d) <= cur || l.maxGap.CompareAndSwap(cur, int64(d)) {
+			return
+		}
+	}
+}
+
+func (l *ledger) takeGap() time.Duration { return time.Duration(l.maxGap.Swap(0)) }
 
 func newLedger() *ledger {
 	return &ledger{n: map[ledgerKey]int{}, first: map[ledgerKey]time.Time{}, last: map[ledgerKey]time.Time{}, reasons: map[string]int{}}
@@ -290,12 +305,15 @@ func (s *sim) session(ctx context.Context) error {
 		ticker := time.NewTicker(interval)
 		defer ticker.Stop()
 		var seq uint64
+		last := time.Now()
 		for {
 			var m *rdzvv1.ConnectRequest
 			select {
 			case <-gctx.Done():
 				return gctx.Err()
-			case <-ticker.C:
+			case now := <-ticker.C:
+				s.led.gap(time.Since(last))
+				last = now
 				seq++
 				sentMu.Lock()
 				sent[seq%simAckWindow].seq, sent[seq%simAckWindow].at = seq, time.Now()
