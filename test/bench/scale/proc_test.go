@@ -362,6 +362,7 @@ type durable struct {
 	readyAt time.Time       // when the latest of them arrived
 	running map[uint64]map[string]bool
 	runAt   map[uint64]time.Time
+	roundAt map[uint64]time.Time // when each generation's round arrived
 	events  []*rdzvv1.Event
 	err     error
 }
@@ -375,7 +376,7 @@ func watchDurable(ctx context.Context, dataDir, job string) (*durable, func(), e
 	if err != nil {
 		return nil, nil, fmt.Errorf("connecting to the embedded etcd: %w", err)
 	}
-	d := &durable{job: job, ready: map[string]bool{}, running: map[uint64]map[string]bool{}, runAt: map[uint64]time.Time{}}
+	d := &durable{job: job, ready: map[string]bool{}, running: map[uint64]map[string]bool{}, runAt: map[uint64]time.Time{}, roundAt: map[uint64]time.Time{}}
 	ctx, cancel := context.WithCancel(ctx)
 	// The watch starts at the current revision: everything written from
 	// here on arrives, in order.
@@ -432,6 +433,11 @@ func (d *durable) put(key string, value []byte, now time.Time) {
 			m[node] = true
 			d.runAt[w.GetGeneration()] = now
 		}
+	case strings.HasPrefix(key, store.RoundsPrefix(d.job)):
+		var r rdzvv1.Round
+		if proto.Unmarshal(value, &r) == nil {
+			d.roundAt[r.GetGeneration()] = now
+		}
 	case strings.HasPrefix(key, store.EventsPrefix(d.job)):
 		var e rdzvv1.Event
 		if proto.Unmarshal(value, &e) == nil {
@@ -456,6 +462,13 @@ func (d *durable) runningCount(gen uint64) (int, time.Time) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	return len(d.running[gen]), d.runAt[gen]
+}
+
+// round is when generation gen's round was durable.
+func (d *durable) round(gen uint64) time.Time {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.roundAt[gen]
 }
 
 // event is the first stored event of kind (and generation, unless 0).

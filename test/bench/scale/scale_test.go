@@ -521,6 +521,7 @@ restart: {max_restarts: 3, backoff: {initial: 100ms, max: 1s}}
 	_, _, lastAsg := ru.led.get(kindAssignment, 1)
 	_, runAt := ru.store.runningCount(1)
 	ru.r.secs("start-commit", committed.Sub(t0))
+	ru.r.secs("commit-durable", ru.store.round(1).Sub(committed))
 	ru.r.secs("commit-asg", lastAsg.Sub(committed))
 	ru.r.secs("asg-running", runAt.Sub(lastAsg))
 	ru.r.secs("commit-running", runAt.Sub(committed))
@@ -560,6 +561,7 @@ func (ru *run) recovery() error {
 	ru.r.secs("silent-lost", lost.Sub(lastSent))
 	ru.r.set("lost-stops", "%.2f s (%d of %d)", lastStop.Sub(lost).Seconds(), stops, survivors)
 	ru.r.secs("lost-commit", committed.Sub(lost))
+	ru.r.secs("commit-durable2", ru.store.round(2).Sub(committed))
 	ru.r.secs("lost-asg", lastAsg.Sub(lost))
 	ru.r.secs("fence-asg", lastAsg.Sub(fencedBy))
 	ru.r.secs("asg-running2", runAt.Sub(lastAsg))
@@ -642,10 +644,12 @@ var rows = []struct{ key, label string }{
 	{"cpu", "steady CPU for heartbeats (controller)"},
 	{"threads", "controller OS threads"},
 	{"start-commit", "StartJob → rendezvous committed"},
+	{"commit-durable", "rendezvous committed → its round durable"},
 	{"asg-running", "last assignment → every worker RUNNING durable"},
 	{"silent-lost", "lost node's last message → declared lost (3 s timeout)"},
 	{"lost-stops", "declared lost → last stop order delivered"},
 	{"lost-commit", "declared lost → next generation committed"},
+	{"commit-durable2", "next generation committed → its round durable"},
 	{"asg-running2", "next generation: last assignment → RUNNING durable"},
 	{"rtt-burst", "heartbeat p99 / max during rendezvous and recovery"},
 	{"listnodes", "one ListNodes of every node"},
