@@ -179,26 +179,25 @@ func (r *result) note(t *testing.T, format string, args ...any) {
 
 // run is one cluster size's state.
 type run struct {
-	t      *testing.T
-	cfg    config
-	r      *result
-	n      int
-	dir    string
-	ctl    *controllerProc
-	op     *client.Client
-	sims   []*sim
-	led    *ledger
-	rec    atomic.Bool
-	store  *durable
-	ctx    context.Context
-	cancel context.CancelFunc
+	t     *testing.T
+	cfg   config
+	r     *result
+	n     int
+	dir   string
+	ctl   *controllerProc
+	op    *client.Client
+	sims  []*sim
+	led   *ledger
+	rec   atomic.Bool
+	store *durable
+	ctx   context.Context
 }
 
 func runSize(t *testing.T, cfg config, certs *certs, dir string, r *result) {
 	n := r.nodes
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	ru := &run{t: t, cfg: cfg, r: r, n: n, dir: dir, led: newLedger(), ctx: ctx, cancel: cancel}
+	ru := &run{t: t, cfg: cfg, r: r, n: n, dir: dir, led: newLedger(), ctx: ctx}
 
 	var err error
 	if ru.ctl, err = startController(cfg.controllerBin, dir, certs, heartbeat); err != nil {
