@@ -48,8 +48,8 @@ lint: tools
 	@unformatted=$$(gofmt -l $$(git ls-files '*.go' | grep -v '\.pb\.go$$')); \
 	  if [ -n "$$unformatted" ]; then echo "gofmt needed:"; echo "$$unformatted"; exit 1; fi
 	$(GO) vet ./...
-	@# The recovery benchmark is built only with its tag; keep it compiling.
-	$(GO) vet -tags bench ./test/bench/
+	@# The benchmarks are built only with their tag; keep them compiling.
+	$(GO) vet -tags bench ./test/bench/...
 	@# The controller and CLI must not need cgo (only agent/gpu/nvmlgpu imports go-nvml),
 	@# nor must a program built on package client (examples/goclient, built so it cannot rot).
 	CGO_ENABLED=0 $(GO) build -o /dev/null ./cmd/rdzv-controller ./cmd/rdzvctl ./examples/goclient
@@ -94,7 +94,16 @@ bench:
 BENCH_RUNS ?= 3
 .PHONY: bench-recovery
 bench-recovery: build
-	BENCH_RUNS=$(BENCH_RUNS) RDZV_BIN_DIR=$(BIN) $(GO) test -tags bench -count=1 -v -timeout 60m ./test/bench/... -run TestBenchRecovery
+	BENCH_RUNS=$(BENCH_RUNS) RDZV_BIN_DIR=$(BIN) $(GO) test -tags bench -count=1 -v -timeout 60m ./test/bench/ -run TestBenchRecovery
+
+# The controller at 1,000 to 10,000 simulated agents: registration,
+# heartbeats, rendezvous, recovery from a lost node, CPU and memory.
+# Figures only; see test/bench/scale/doc.go. BENCH_NODES=1000,5000,10000
+# for the README's table.
+BENCH_NODES ?= 1000
+.PHONY: bench-scale
+bench-scale: build
+	BENCH_NODES=$(BENCH_NODES) RDZV_BIN_DIR=$(BIN) $(GO) test -tags bench -count=1 -v -timeout 60m ./test/bench/scale/ -run TestBenchScale
 
 clean:
 	rm -rf $(BIN) .demo

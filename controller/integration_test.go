@@ -664,6 +664,9 @@ func TestSilentNodeIsLost(t *testing.T) {
 	b := assignment(t, j, "node-b")
 	require.Equal(t, rdzvv1.WorkerState_WORKER_STATE_FAILED, b.GetState())
 
+	// Events are read from etcd, and the job's state from memory, where
+	// decisions show a moment before they are durable.
+	c.waitEvent("train", "node_lost")
 	var lostEvents []*rdzvv1.Event
 	for _, ev := range c.events("train") {
 		if ev.GetKind() == "node_lost" {

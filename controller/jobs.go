@@ -185,10 +185,8 @@ func (c *Controller) advanceJob(js *jobState) {
 			c.wake()
 		}
 	case rdzvv1.JobState_JOB_STATE_STOPPING:
-		for _, a := range nodes {
-			if !terminalWorker(js.workers[a.GetNode()].GetState()) {
-				return
-			}
+		if findInRound(js.round, &js.notStoppedAt, func(a *rdzvv1.NodeAssignment) bool { return !terminalWorker(js.workers[a.GetNode()].GetState()) }) {
+			return
 		}
 		c.finish(js, rdzvv1.JobState_JOB_STATE_STOPPED, "stopped by operator")
 	}

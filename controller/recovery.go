@@ -24,17 +24,18 @@ const catalogSize = 32
 // connected node's workers run, which only its report can change. Only once
 // fenced may the next generation start: two generations never run at once.
 func (c *Controller) fencedAt(js *jobState) (at time.Time, ok bool) {
-	for _, a := range js.round.GetNodes() {
+	live := findInRound(js.round, &js.notStoppedAt, func(a *rdzvv1.NodeAssignment) bool {
 		ns := c.nodes[a.GetNode()]
-		switch {
-		case ns != nil && ns.rec.GetState() == rdzvv1.NodeState_NODE_STATE_LOST:
-			// Its worker status says failed, but only because it was lost:
-			// the processes may live on until the agent fences itself.
-			if ns.fencedBy.After(at) {
-				at = ns.fencedBy
-			}
-		case !terminalWorker(js.workers[a.GetNode()].GetState()) && ns != nil:
-			return time.Time{}, false
+		return ns != nil && ns.rec.GetState() != rdzvv1.NodeState_NODE_STATE_LOST && !terminalWorker(js.workers[a.GetNode()].GetState())
+	})
+	if live {
+		return time.Time{}, false
+	}
+	for _, a := range js.round.GetNodes() {
+		// Its worker status says failed, but only because it was lost: the
+		// processes may live on until the agent fences itself.
+		if ns := c.nodes[a.GetNode()]; ns != nil && ns.rec.GetState() == rdzvv1.NodeState_NODE_STATE_LOST && ns.fencedBy.After(at) {
+			at = ns.fencedBy
 		}
 	}
 	return at, true
@@ -156,7 +157,7 @@ func (c *Controller) progress(node string, p *rdzvv1.Progress) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	js := c.jobs[p.GetJob()]
-	if js == nil || js.rec.GetGeneration() != p.GetGeneration() || js.rec.GetState() != rdzvv1.JobState_JOB_STATE_RUNNING || !inRound(js.round, node) {
+	if js == nil || js.rec.GetGeneration() != p.GetGeneration() || js.rec.GetState() != rdzvv1.JobState_JOB_STATE_RUNNING || !js.member(node) {
 		return
 	}
 	if js.rec.GetProgressAt() == nil || p.GetStep() > js.rec.GetStep() {
@@ -174,7 +175,7 @@ func (c *Controller) checkpoint(node string, r *rdzvv1.CheckpointReport) {
 	defer c.mu.Unlock()
 	log := c.log.With(zap.String("node", node), zap.String("job", r.GetJob()), zap.Uint64("generation", r.GetGeneration()), zap.Uint64("step", r.GetStep()))
 	js := c.jobs[r.GetJob()]
-	if js == nil || js.rec.GetGeneration() != r.GetGeneration() || js.rec.GetState() != rdzvv1.JobState_JOB_STATE_RUNNING || !inRound(js.round, node) {
+	if js == nil || js.rec.GetGeneration() != r.GetGeneration() || js.rec.GetState() != rdzvv1.JobState_JOB_STATE_RUNNING || !js.member(node) {
 		log.Warn("ignoring checkpoint from a stale generation")
 		return
 	}

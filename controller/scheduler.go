@@ -62,11 +62,18 @@ func (c *Controller) schedule(ctx context.Context) time.Time {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	now := c.clock.Now()
-	candidates := c.candidates()
+	pending := c.pendingJobs(now)
+	var candidates []rendezvous.Candidate
+	if len(pending) > 0 {
+		// Only pending jobs need them, and building them is a pass over
+		// every node: the scheduler is woken by every worker exit, N of them
+		// in a recovery.
+		candidates = c.candidates()
+	}
 	taken := map[string]bool{}
 	var next time.Time
 
-	for _, js := range c.pendingJobs(now) {
+	for _, js := range pending {
 		spec := js.rec.GetSpec()
 		name := spec.GetName()
 		req := requirements(spec)
@@ -276,9 +283,7 @@ func (c *Controller) sendAssignments(js *jobState, round *rdzvv1.Round) {
 		if ns == nil || ns.session == nil || ns.job != js.rec.GetSpec().GetName() || ns.generation != round.GetGeneration() {
 			continue
 		}
-		if asg := c.assignmentFor(js, a.GetNode()); asg != nil {
-			ns.session.send(&rdzvv1.ConnectResponse{Msg: &rdzvv1.ConnectResponse_Assignment{Assignment: asg}})
-		}
+		ns.session.send(&rdzvv1.ConnectResponse{Msg: &rdzvv1.ConnectResponse_Assignment{Assignment: assignmentOf(js, a)}})
 	}
 }
 
@@ -333,17 +338,13 @@ func newID() string {
 	return hex.EncodeToString(b)
 }
 
-// assignmentFor builds node's assignment in the job's current round.
-func (c *Controller) assignmentFor(js *jobState, node string) *rdzvv1.Assignment {
-	for _, a := range js.round.GetNodes() {
-		if a.GetNode() == node {
-			return &rdzvv1.Assignment{
-				Spec: js.rec.GetSpec(), Generation: js.round.GetGeneration(), NodeRank: a.GetNodeRank(),
-				Nnodes: uint32(len(js.round.GetNodes())), ProcsPerNode: js.rec.GetSpec().GetProcsPerNode(),
-				MasterAddr: js.round.GetMasterAddr(), MasterPort: js.round.GetMasterPort(), GpuIndices: a.GetGpuIndices(),
-				ResumeFrom: js.rec.GetLatestCheckpoint().GetPath(),
-			}
-		}
+// assignmentOf builds the assignment of a, a node of the job's current
+// round.
+func assignmentOf(js *jobState, a *rdzvv1.NodeAssignment) *rdzvv1.Assignment {
+	return &rdzvv1.Assignment{
+		Spec: js.rec.GetSpec(), Generation: js.round.GetGeneration(), NodeRank: a.GetNodeRank(),
+		Nnodes: uint32(len(js.round.GetNodes())), ProcsPerNode: js.rec.GetSpec().GetProcsPerNode(),
+		MasterAddr: js.round.GetMasterAddr(), MasterPort: js.round.GetMasterPort(), GpuIndices: a.GetGpuIndices(),
+		ResumeFrom: js.rec.GetLatestCheckpoint().GetPath(),
 	}
-	return nil
 }

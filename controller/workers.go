@@ -24,7 +24,7 @@ func (c *Controller) applyWorkerStatus(node string, w *rdzvv1.WorkerStatus) {
 	log := c.log.With(zap.String("node", node), zap.String("job", w.GetJob()), zap.Uint64("generation", w.GetGeneration()))
 	js := c.jobs[w.GetJob()]
 	alive := !terminalWorker(w.GetState())
-	current := js != nil && js.rec.GetGeneration() == w.GetGeneration() && js.round != nil && inRound(js.round, node)
+	current := js != nil && js.rec.GetGeneration() == w.GetGeneration() && js.member(node)
 	if !current {
 		if alive {
 			log.Warn("stopping workers of a stale generation")
@@ -51,9 +51,14 @@ func (c *Controller) applyWorkerStatus(node string, w *rdzvv1.WorkerStatus) {
 		c.resumeTraining(js)
 	}
 	log.Info("worker status", zap.String("state", w.GetState().String()), zap.Int32("exit_code", w.GetExitCode()), zap.String("signal", w.GetSignal()))
-	if !alive {
-		c.release(node, js)
+	if alive {
+		// Only an exit moves a job on (advanceJob acts on exits alone), and
+		// asking on every start too was a pass over all N nodes per report:
+		// O(N²) under c.mu for a generation's N RUNNING reports, which
+		// delayed every agent's next message behind them.
+		return
 	}
+	c.release(node, js)
 	c.advanceJob(js)
 }
 
@@ -82,21 +87,48 @@ func (c *Controller) release(node string, js *jobState) {
 }
 
 func allRunning(js *jobState) bool {
-	for _, a := range js.round.GetNodes() {
-		if js.workers[a.GetNode()].GetState() != rdzvv1.WorkerState_WORKER_STATE_RUNNING {
-			return false
-		}
-	}
-	return true
+	return !findInRound(js.round, &js.notRunningAt, func(a *rdzvv1.NodeAssignment) bool {
+		return js.workers[a.GetNode()].GetState() != rdzvv1.WorkerState_WORKER_STATE_RUNNING
+	})
 }
 
-func inRound(r *rdzvv1.Round, node string) bool {
-	for _, a := range r.GetNodes() {
-		if a.GetNode() == node {
+// findInRound reports whether any node of the round satisfies match. It
+// starts where its last search (*from) found one, wrapping around, and
+// leaves *from at the node it finds. Whether one is found does not depend
+// on where the search starts; starting there is what keeps a burst of N
+// worker reports, each asking whether any node is still running (or not
+// yet running), from costing O(N²) under c.mu: reports arrive about in rank
+// order, so the node found last time is the next to report, and a search
+// from the first rank would pass every node that reported already.
+func findInRound(r *rdzvv1.Round, from *int, match func(*rdzvv1.NodeAssignment) bool) bool {
+	nodes := r.GetNodes()
+	if len(nodes) == 0 {
+		return false
+	}
+	start := *from % len(nodes)
+	for i := range nodes {
+		j := (start + i) % len(nodes)
+		if match(nodes[j]) {
+			*from = j
 			return true
 		}
 	}
 	return false
+}
+
+// member reports whether node is in the job's current round. Every worker
+// report asks, so the round's nodes are indexed, anew whenever js.round is
+// replaced: a search through the round per report was O(N²) under c.mu for
+// a burst of N reports. Callers hold c.mu.
+func (js *jobState) member(node string) bool {
+	if js.membersOf != js.round {
+		js.members = make(map[string]bool, len(js.round.GetNodes()))
+		for _, a := range js.round.GetNodes() {
+			js.members[a.GetNode()] = true
+		}
+		js.membersOf = js.round
+	}
+	return js.members[node]
 }
 
 func (c *Controller) sendStop(node, job string, generation uint64, reason string) {

@@ -4,21 +4,33 @@ package main
 import (
 	"flag"
 	"fmt"
+	"net"
+	"net/http"
+	"net/http/pprof"
 	"os"
 	"strings"
+	"syscall"
+	"time"
+
+	"go.uber.org/zap"
 
 	"github.com/rdzv/rdzv/cmd/internal/cli"
 	"github.com/rdzv/rdzv/controller"
 )
 
 func main() {
-	cfg, err := config(os.Args[1:])
+	cfg, pprofSocket, err := config(os.Args[1:])
 	if err != nil {
 		cli.Fatal("rdzv-controller", err)
 	}
 	log, err := cli.NewLogger(cfg.LogLevel)
 	if err != nil {
 		cli.Fatal("rdzv-controller", err)
+	}
+	if pprofSocket != "" {
+		if err := servePprof(pprofSocket, log.Named("pprof")); err != nil {
+			cli.Fatal("rdzv-controller", err)
+		}
 	}
 	ctl, err := controller.New(cfg, log.Named("controller"))
 	if err != nil {
@@ -27,7 +39,7 @@ func main() {
 	cli.RunDaemon("rdzv-controller", log, ctl)
 }
 
-func config(args []string) (controller.Config, error) {
+func config(args []string) (cfg controller.Config, pprofSocket string, err error) {
 	fs := flag.NewFlagSet("rdzv-controller", flag.ContinueOnError)
 	def := controller.DefaultConfig()
 	path := fs.String("config", "", "YAML config file (see deploy/config/controller.yaml); flags override it")
@@ -52,14 +64,14 @@ func config(args []string) (controller.Config, error) {
 	level := fs.String("log-level", def.LogLevel, "debug, info, warn or error")
 	tlsFiles := cli.TLSFlags(fs, "controller")
 	insecure := fs.Bool("insecure", false, "serve without TLS or authentication (local tests and the demo only)")
+	pprofSock := fs.String("pprof-socket", "", "serve Go's runtime profiles (net/http/pprof) on this Unix socket, mode 0600, for profiling (off when empty)")
 	if err := fs.Parse(args); err != nil {
-		return def, err
+		return def, "", err
 	}
-	cfg := def
+	cfg = def
 	if *path != "" {
-		var err error
 		if cfg, err = controller.LoadConfig(*path); err != nil {
-			return cfg, err
+			return cfg, "", err
 		}
 	}
 	set := cli.Set(fs)
@@ -86,8 +98,44 @@ func config(args []string) (controller.Config, error) {
 	tlsFiles.Apply(fs, &cfg.TLS.Files)
 	if set["master-port-range"] {
 		if _, err := fmt.Sscanf(*ports, "%d-%d", &cfg.MasterPortRange.Min, &cfg.MasterPortRange.Max); err != nil {
-			return cfg, fmt.Errorf("--master-port-range: %q is not MIN-MAX", *ports)
+			return cfg, "", fmt.Errorf("--master-port-range: %q is not MIN-MAX", *ports)
 		}
 	}
-	return cfg, cfg.Validate()
+	return cfg, *pprofSock, cfg.Validate()
+}
+
+// servePprof serves Go's profiles (CPU, heap, goroutines) on a Unix socket
+// that only the controller's user and root can open, never on a TCP port:
+// profiles show the process's stacks and allocation sites. A socket left
+// by a controller that crashed is replaced; any other file is refused.
+func servePprof(path string, log *zap.Logger) error {
+	if info, err := os.Lstat(path); err == nil {
+		if info.Mode()&os.ModeSocket == 0 {
+			return fmt.Errorf("--pprof-socket: %s exists and is not a socket", path)
+		}
+		if err := os.Remove(path); err != nil {
+			return fmt.Errorf("--pprof-socket: removing the stale socket: %w", err)
+		}
+	}
+	// Created 0600 from the start, not chmod-ed after a window.
+	old := syscall.Umask(0o177)
+	ln, err := net.Listen("unix", path)
+	syscall.Umask(old)
+	if err != nil {
+		return fmt.Errorf("--pprof-socket: %w", err)
+	}
+	mux := http.NewServeMux()
+	mux.HandleFunc("/debug/pprof/", pprof.Index)
+	mux.HandleFunc("/debug/pprof/cmdline", pprof.Cmdline)
+	mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
+	mux.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
+	mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
+	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+	log.Warn("serving runtime profiles", zap.String("socket", path))
+	go func() {
+		if err := srv.Serve(ln); err != nil {
+			log.Error("profile server stopped", zap.Error(err))
+		}
+	}()
+	return nil
 }

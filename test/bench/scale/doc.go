@@ -1,0 +1,30 @@
+// Package scale measures the controller at cluster scale: the real
+// rdzv-controller binary (embedded etcd, mutual TLS) and N simulated
+// agents in this process, each with its own gRPC connection, source
+// address on 127.0.0.0/8 and agent certificate, speaking the agent
+// protocol (see sim_test.go for what the simulation shares with the real
+// agent). For each N it times the phases register (a cold controller and
+// all agents connecting at once), steady (heartbeats only: round trips,
+// the controller's CPU, memory, goroutines), rendezvous (one job over all
+// N nodes) and recovery (one node of that job goes silent), and prints the
+// figures. Nothing in it is a timed assertion; each phase has a generous
+// cap only so that a hang ends the run. It is not part of `make test`.
+//
+// Run it with `make bench-scale` (root is not needed, but the open-file
+// limit must allow N connections in this process and in the controller).
+//
+// Environment:
+//
+//	RDZV_BIN_DIR   directory of rdzv-controller (required; make sets it)
+//	BENCH_NODES    comma-separated cluster sizes (default 1000), e.g. 1000,5000,10000
+//	BENCH_STEADY   length of the steady window (default 30s)
+//	BENCH_PKI_DIR  certificate cache (default $TMPDIR/rdzv-bench-scale-pki)
+//	BENCH_LOG_DIR  keep each size's controller log, data and profiles here
+//	BENCH_PROFILE  1: take a CPU profile of the controller in each phase
+//	               (its socket, --pprof-socket) and print its top entries
+//	BENCH_OUT      also write the report to this file
+//
+// The benchmark is built only with the bench build tag:
+//
+//	go test -tags bench -run TestBenchScale -v ./test/bench/scale/
+package scale

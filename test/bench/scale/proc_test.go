@@ -1,0 +1,499 @@
+//go:build bench
+
+package scale
+
+import (
+	"bufio"
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"golang.org/x/sync/errgroup"
+	"google.golang.org/protobuf/proto"
+
+	"github.com/rdzv/rdzv/controller"
+	"github.com/rdzv/rdzv/controller/store"
+	"github.com/rdzv/rdzv/health"
+	"github.com/rdzv/rdzv/pki"
+	rdzvv1 "github.com/rdzv/rdzv/proto/rdzv/v1"
+	"github.com/rdzv/rdzv/test/testpki"
+)
+
+const controllerName = "rdzv-controller"
+
+// certs is the benchmark's cluster CA and certificates, kept in a cache
+// directory across runs: 10,000 agent certificates take seconds to issue.
+type certs struct {
+	dir      string
+	roots    *tls.Config // verifies the controller (client side)
+	operator tls.Certificate
+	agents   []tls.Certificate
+}
+
+// loadCerts loads or issues the CA, the controller's and an operator's
+// certificate and n agent certificates (sim-00000...), as `rdzvctl pki`
+// lays them out, so that the controller reads them with its usual flags.
+func loadCerts(dir string, n int) (*certs, error) {
+	now := time.Now()
+	ca, err := pki.LoadCA(dir)
+	if err != nil || ca.Cert.NotAfter.Before(now.Add(100*24*time.Hour)) {
+		// A new CA makes every cached certificate useless.
+		if err := os.RemoveAll(dir); err != nil {
+			return nil, err
+		}
+		if err := os.MkdirAll(dir, 0o700); err != nil {
+			return nil, err
+		}
+		if ca, err = pki.NewCA("rdzv-bench-scale", 365*24*time.Hour, now); err != nil {
+			return nil, err
+		}
+		if err := ca.Save(dir, false); err != nil {
+			return nil, err
+		}
+	}
+	pool := x509.NewCertPool()
+	pool.AddCert(ca.Cert)
+	c := &certs{dir: dir, roots: &tls.Config{MinVersion: tls.VersionTLS13, RootCAs: pool}, agents: make([]tls.Certificate, n)}
+	if _, err := issue(ca, pki.Request{Identity: pki.Identity{Role: pki.RoleController, Name: controllerName}, IPs: []net.IP{net.IPv4(127, 0, 0, 1)}}, dir, now); err != nil {
+		return nil, err
+	}
+	if c.operator, err = issue(ca, pki.Request{Identity: pki.Identity{Role: pki.RoleOperator, Name: "bench"}}, dir, now); err != nil {
+		return nil, err
+	}
+	var g errgroup.Group
+	g.SetLimit(runtime.GOMAXPROCS(0))
+	for i := range n {
+		g.Go(func() (err error) {
+			c.agents[i], err = issue(ca, pki.Request{Identity: pki.Identity{Role: pki.RoleAgent, Name: simName(i)}}, dir, now)
+			return err
+		})
+	}
+	return c, g.Wait()
+}
+
+// issue loads the certificate for req from dir, or issues and saves it
+// when it is missing or expires within a day.
+func issue(ca *pki.CA, req pki.Request, dir string, now time.Time) (tls.Certificate, error) {
+	prefix := pki.DefaultOut(dir, req.Identity)
+	if cert, err := tls.LoadX509KeyPair(prefix+".crt", prefix+".key"); err == nil && cert.Leaf.NotAfter.After(now.Add(24*time.Hour)) {
+		return cert, nil
+	}
+	req.Now, req.ValidFor = now, 90*24*time.Hour
+	is, err := ca.Issue(req)
+	if err != nil {
+		return tls.Certificate{}, err
+	}
+	if _, _, err := is.Save(prefix, true); err != nil {
+		return tls.Certificate{}, err
+	}
+	return tls.Certificate{Certificate: [][]byte{is.Cert.Raw}, PrivateKey: is.Key, Leaf: is.Cert}, nil
+}
+
+// controllerProc is the real rdzv-controller binary under test.
+type controllerProc struct {
+	cmd     *exec.Cmd
+	addr    string
+	dataDir string
+	pprof   string // its profile socket
+	logPath string
+	exited  chan struct{}
+	waitErr error
+}
+
+// startController starts the controller with a fresh data directory in dir:
+// embedded etcd, mutual TLS, heartbeat 1s / timeout 3s.
+func startController(bin, dir string, c *certs, hb health.Heartbeat) (*controllerProc, error) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return nil, err
+	}
+	addr := l.Addr().String()
+	l.Close()
+	p := &controllerProc{addr: addr, dataDir: filepath.Join(dir, "data"), pprof: filepath.Join(dir, "pprof.sock"),
+		logPath: filepath.Join(dir, "controller.log"), exited: make(chan struct{})}
+	if err := os.MkdirAll(p.dataDir, 0o700); err != nil {
+		return nil, err
+	}
+	logFile, err := os.Create(p.logPath)
+	if err != nil {
+		return nil, err
+	}
+	args := append([]string{"--listen", addr, "--data-dir", p.dataDir, "--pprof-socket", p.pprof,
+		"--heartbeat-interval", hb.Interval.String(), "--heartbeat-timeout", hb.Timeout.String(), "--heartbeat-vouched-timeout", hb.Vouched.String(), "--log-level", "info"},
+		testpki.DaemonArgs(c.dir, "controller", controllerName)...)
+	p.cmd = exec.Command(bin, args...)
+	p.cmd.Stdout, p.cmd.Stderr = logFile, logFile
+	// The controller inherits this process's raised RLIMIT_NOFILE, and dies
+	// with it.
+	p.cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	if err := p.cmd.Start(); err != nil {
+		logFile.Close()
+		return nil, fmt.Errorf("starting %s: %w", bin, err)
+	}
+	go func() {
+		p.waitErr = p.cmd.Wait()
+		logFile.Close()
+		close(p.exited)
+	}()
+	return p, nil
+}
+
+// stop sends SIGTERM, and SIGKILL if the controller is not gone in 20s.
+func (p *controllerProc) stop() {
+	_ = p.cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-p.exited:
+	case <-time.After(20 * time.Second):
+		_ = p.cmd.Process.Kill()
+		<-p.exited
+	}
+}
+
+func (p *controllerProc) running() bool {
+	select {
+	case <-p.exited:
+		return false
+	default:
+		return true
+	}
+}
+
+// procSample is what /proc says of a process.
+type procSample struct {
+	at      time.Time
+	cpu     time.Duration // user + system
+	rss     uint64        // bytes
+	threads int
+}
+
+// clockTicks is USER_HZ, 100 on every Linux architecture Go supports.
+const clockTicks = 100
+
+func sampleProc(pid int) (procSample, error) {
+	s := procSample{at: time.Now()}
+	stat, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return s, err
+	}
+	// Fields after the command name, which is in parentheses and may hold
+	// spaces: state is field 3, utime 14, stime 15.
+	rest := string(stat[strings.LastIndexByte(string(stat), ')')+2:])
+	f := strings.Fields(rest)
+	if len(f) < 13 {
+		return s, fmt.Errorf("/proc/%d/stat: too few fields", pid)
+	}
+	utime, err1 := strconv.ParseUint(f[11], 10, 64)
+	stime, err2 := strconv.ParseUint(f[12], 10, 64)
+	if err := errors.Join(err1, err2); err != nil {
+		return s, fmt.Errorf("/proc/%d/stat: %w", pid, err)
+	}
+	s.cpu = time.Duration(utime+stime) * time.Second / clockTicks
+	status, err := os.Open(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		return s, err
+	}
+	defer status.Close()
+	sc := bufio.NewScanner(status)
+	for sc.Scan() {
+		key, val, _ := strings.Cut(sc.Text(), ":")
+		fields := strings.Fields(val)
+		if len(fields) == 0 {
+			continue
+		}
+		switch key {
+		case "VmRSS":
+			kb, _ := strconv.ParseUint(fields[0], 10, 64)
+			s.rss = kb << 10
+		case "Threads":
+			s.threads, _ = strconv.Atoi(fields[0])
+		}
+	}
+	return s, sc.Err()
+}
+
+// cpuBusy is the whole machine's busy time so far (/proc/stat), to tell
+// how much of it others used while the benchmark ran.
+func cpuBusy() (time.Duration, error) {
+	data, err := os.ReadFile("/proc/stat")
+	if err != nil {
+		return 0, err
+	}
+	line, _, _ := strings.Cut(string(data), "\n")
+	f := strings.Fields(line)
+	if len(f) < 8 || f[0] != "cpu" {
+		return 0, errors.New("/proc/stat: no cpu line")
+	}
+	var busy uint64
+	// user nice system idle iowait irq softirq steal: all but idle and iowait.
+	for i, v := range f[1:9] {
+		if i == 3 || i == 4 {
+			continue
+		}
+		n, _ := strconv.ParseUint(v, 10, 64)
+		busy += n
+	}
+	return time.Duration(busy) * time.Second / clockTicks, nil
+}
+
+func loadAvg() string {
+	data, _ := os.ReadFile("/proc/loadavg")
+	f := strings.Fields(string(data))
+	if len(f) < 3 {
+		return "?"
+	}
+	return strings.Join(f[:3], " ")
+}
+
+// pprofClient talks to the controller's profile socket.
+func pprofClient(sock string) *http.Client {
+	return &http.Client{Transport: &http.Transport{DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+		var d net.Dialer
+		return d.DialContext(ctx, "unix", sock)
+	}}}
+}
+
+// pprofGet fetches one of the controller's profiles (path and query).
+func pprofGet(ctx context.Context, sock, path string) ([]byte, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://controller/debug/pprof/"+path, nil)
+	if err != nil {
+		return nil, err
+	}
+	resp, err := pprofClient(sock).Do(req)
+	if err != nil {
+		return nil, err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return nil, fmt.Errorf("%s: %s", path, resp.Status)
+	}
+	return io.ReadAll(resp.Body)
+}
+
+// goroutines is the controller's goroutine count.
+func goroutines(ctx context.Context, sock string) (int, error) {
+	data, err := pprofGet(ctx, sock, "goroutine?debug=1")
+	if err != nil {
+		return 0, err
+	}
+	line, _, _ := strings.Cut(string(data), "\n")
+	var n int
+	if _, err := fmt.Sscanf(line, "goroutine profile: total %d", &n); err != nil {
+		return 0, fmt.Errorf("parsing %q: %w", line, err)
+	}
+	return n, nil
+}
+
+// memStats are the controller's runtime.MemStats that the debug form of
+// the heap profile ends with, by name (HeapInuse, StackInuse, ...).
+func memStats(ctx context.Context, sock string) (map[string]uint64, error) {
+	data, err := pprofGet(ctx, sock, "heap?debug=1")
+	if err != nil {
+		return nil, err
+	}
+	stats := map[string]uint64{}
+	for _, line := range strings.Split(string(data), "\n") {
+		name, v, ok := strings.Cut(strings.TrimPrefix(line, "# "), " = ")
+		if !ok || !strings.HasPrefix(line, "# ") {
+			continue
+		}
+		// Some lines are "in use / reserved" (Stack = 1 / 2).
+		first, _, _ := strings.Cut(v, " ")
+		if n, err := strconv.ParseUint(first, 10, 64); err == nil {
+			stats[name] = n
+		}
+	}
+	if _, ok := stats["HeapInuse"]; !ok {
+		return nil, errors.New("no HeapInuse in the heap profile")
+	}
+	return stats, nil
+}
+
+// profile is a CPU profile of the controller being taken.
+type profile struct {
+	done chan error
+}
+
+// startProfile profiles the controller's CPU for d into path.
+func startProfile(ctx context.Context, sock string, d time.Duration, path string) *profile {
+	p := &profile{done: make(chan error, 1)}
+	go func() {
+		data, err := pprofGet(ctx, sock, fmt.Sprintf("profile?seconds=%d", int(d.Seconds())))
+		if err == nil {
+			err = os.WriteFile(path, data, 0o644)
+		}
+		p.done <- err
+	}()
+	return p
+}
+
+// top summarizes a profile with `go tool pprof -top`.
+func top(ctx context.Context, bin, path string, nodes int, args ...string) string {
+	args = append(append([]string{"tool", "pprof", "-top", "-nodecount", strconv.Itoa(nodes)}, args...), bin, path)
+	out, err := exec.CommandContext(ctx, "go", args...).CombinedOutput()
+	if err != nil {
+		return fmt.Sprintf("(go tool pprof: %v: %s)", err, out)
+	}
+	return string(out)
+}
+
+// durable follows etcd, through the embedded etcd's socket, to see when
+// the controller's writes are durable: node records, worker statuses and
+// events of the benchmark's job.
+type durable struct {
+	job string
+
+	mu      sync.Mutex
+	ready   map[string]bool // nodes whose stored state is READY
+	readyAt time.Time       // when the latest of them arrived
+	running map[uint64]map[string]bool
+	runAt   map[uint64]time.Time
+	roundAt map[uint64]time.Time // when each generation's round arrived
+	events  []*rdzvv1.Event
+	err     error
+}
+
+func watchDurable(ctx context.Context, dataDir, job string) (*durable, func(), error) {
+	sock, err := filepath.Abs(controller.Config{DataDir: dataDir}.EmbeddedEtcdSocket())
+	if err != nil {
+		return nil, nil, err
+	}
+	cli, err := clientv3.New(clientv3.Config{Endpoints: []string{"unix://" + sock}, DialTimeout: 5 * time.Second})
+	if err != nil {
+		return nil, nil, fmt.Errorf("connecting to the embedded etcd: %w", err)
+	}
+	d := &durable{job: job, ready: map[string]bool{}, running: map[uint64]map[string]bool{}, runAt: map[uint64]time.Time{}, roundAt: map[uint64]time.Time{}}
+	ctx, cancel := context.WithCancel(ctx)
+	// The watch starts at the current revision: everything written from
+	// here on arrives, in order.
+	wch := cli.Watch(clientv3.WithRequireLeader(ctx), store.Prefix, clientv3.WithPrefix())
+	stopped := make(chan struct{})
+	go func() {
+		defer close(stopped)
+		for resp := range wch {
+			if err := resp.Err(); err != nil {
+				d.mu.Lock()
+				d.err = err
+				d.mu.Unlock()
+				return
+			}
+			now := time.Now()
+			for _, ev := range resp.Events {
+				if ev.Type == clientv3.EventTypePut {
+					d.put(string(ev.Kv.Key), ev.Kv.Value, now)
+				}
+			}
+		}
+	}()
+	return d, func() { cancel(); <-stopped; cli.Close() }, nil
+}
+
+func (d *durable) put(key string, value []byte, now time.Time) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	switch {
+	case strings.HasPrefix(key, store.NodesPrefix()):
+		var n rdzvv1.Node
+		if proto.Unmarshal(value, &n) != nil {
+			return
+		}
+		name := n.GetInfo().GetName()
+		if ready := n.GetState() == rdzvv1.NodeState_NODE_STATE_READY; ready != d.ready[name] {
+			d.ready[name] = ready
+			if ready {
+				d.readyAt = now
+			}
+		}
+	case strings.HasPrefix(key, store.WorkersPrefix(d.job)):
+		var w rdzvv1.WorkerStatus
+		if proto.Unmarshal(value, &w) != nil || w.GetState() != rdzvv1.WorkerState_WORKER_STATE_RUNNING {
+			return
+		}
+		node := strings.TrimPrefix(key, store.WorkersPrefix(d.job))
+		m := d.running[w.GetGeneration()]
+		if m == nil {
+			m = map[string]bool{}
+			d.running[w.GetGeneration()] = m
+		}
+		if !m[node] {
+			m[node] = true
+			d.runAt[w.GetGeneration()] = now
+		}
+	case strings.HasPrefix(key, store.RoundsPrefix(d.job)):
+		var r rdzvv1.Round
+		if proto.Unmarshal(value, &r) == nil {
+			d.roundAt[r.GetGeneration()] = now
+		}
+	case strings.HasPrefix(key, store.EventsPrefix(d.job)):
+		var e rdzvv1.Event
+		if proto.Unmarshal(value, &e) == nil {
+			d.events = append(d.events, &e)
+		}
+	}
+}
+
+func (d *durable) readyCount() (int, time.Time) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	n := 0
+	for _, r := range d.ready {
+		if r {
+			n++
+		}
+	}
+	return n, d.readyAt
+}
+
+func (d *durable) runningCount(gen uint64) (int, time.Time) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return len(d.running[gen]), d.runAt[gen]
+}
+
+// round is when generation gen's round was durable.
+func (d *durable) round(gen uint64) time.Time {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.roundAt[gen]
+}
+
+// event is the first stored event of kind (and generation, unless 0).
+func (d *durable) event(kind string, gen uint64) *rdzvv1.Event {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	for _, e := range d.events {
+		if e.GetKind() == kind && (gen == 0 || e.GetGeneration() == gen) {
+			return e
+		}
+	}
+	return nil
+}
+
+// waitFor polls cond until it holds or ctx ends.
+func waitFor(ctx context.Context, what string, cond func() (bool, string)) error {
+	for {
+		ok, state := cond()
+		if ok {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("%s: %s: %w", what, state, ctx.Err())
+		case <-time.After(5 * time.Millisecond):
+		}
+	}
+}

@@ -1,0 +1,713 @@
+//go:build bench
+
+package scale
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/rdzv/rdzv/client"
+	"github.com/rdzv/rdzv/controller"
+	"github.com/rdzv/rdzv/health"
+	"github.com/rdzv/rdzv/jobspec"
+	rdzvv1 "github.com/rdzv/rdzv/proto/rdzv/v1"
+)
+
+const (
+	jobName = "scale"
+
+	// Hang guards, not targets: a phase that has not finished by then is
+	// reported as not finished, and the run for that size ends.
+	startCap      = time.Minute
+	registerCap   = 5 * time.Minute
+	rendezvousCap = 3 * time.Minute
+	recoveryCap   = 3 * time.Minute
+	// settle lets a burst's writes and garbage collection finish before
+	// the next phase is timed.
+	settle = 3 * time.Second
+)
+
+// The controller's liveness settings, as in the recovery benchmark.
+var heartbeat = health.Heartbeat{Interval: time.Second, Timeout: 3 * time.Second, Vouched: time.Minute}
+
+// Profile windows (BENCH_PROFILE=1), one CPU profile per phase.
+var profileWindow = map[string]time.Duration{"register": 20 * time.Second, "rendezvous": 10 * time.Second, "recovery": 15 * time.Second}
+
+type config struct {
+	controllerBin string
+	nodes         []int
+	steady        time.Duration
+	pkiDir        string
+	logDir        string
+	profile       bool
+}
+
+func TestBenchScale(t *testing.T) {
+	cfg := setup(t)
+	maxNodes := slices.Max(cfg.nodes)
+	if err := raiseNoFile(uint64(maxNodes) + 4096); err != nil {
+		t.Fatal(err)
+	}
+	begin := time.Now()
+	certs, err := loadCerts(cfg.pkiDir, maxNodes)
+	if err != nil {
+		t.Fatalf("certificates in %s: %v", cfg.pkiDir, err)
+	}
+	t.Logf("bench: %d agent certificates ready in %s (cache %s)", maxNodes, time.Since(begin).Round(time.Millisecond), cfg.pkiDir)
+
+	var results []*result
+	for _, n := range cfg.nodes {
+		r := &result{nodes: n, fig: map[string]string{}}
+		t.Run(fmt.Sprintf("nodes=%d", n), func(t *testing.T) {
+			start := time.Now()
+			dir := t.TempDir()
+			if cfg.logDir != "" {
+				dir = filepath.Join(cfg.logDir, fmt.Sprintf("nodes-%d", n))
+				if err := os.RemoveAll(dir); err != nil {
+					t.Fatal(err)
+				}
+			}
+			runSize(t, cfg, certs, dir, r)
+			t.Logf("bench: %d nodes took %s", n, time.Since(start).Round(time.Second))
+		})
+		results = append(results, r)
+	}
+	report := formatReport(results, cfg, time.Since(begin))
+	t.Logf("\n%s", report)
+	if out := os.Getenv("BENCH_OUT"); out != "" {
+		if err := os.WriteFile(out, []byte(report), 0o644); err != nil {
+			t.Errorf("writing BENCH_OUT: %v", err)
+		}
+	}
+}
+
+func setup(t *testing.T) config {
+	binDir := os.Getenv("RDZV_BIN_DIR")
+	if binDir == "" {
+		t.Fatal("bench: RDZV_BIN_DIR is not set: run `make bench-scale`, or `make build` and set RDZV_BIN_DIR to the bin directory")
+	}
+	binDir, err := filepath.Abs(binDir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := config{
+		controllerBin: filepath.Join(binDir, "rdzv-controller"),
+		nodes:         []int{1000},
+		steady:        30 * time.Second,
+		pkiDir:        filepath.Join(os.TempDir(), "rdzv-bench-scale-pki"),
+		logDir:        os.Getenv("BENCH_LOG_DIR"),
+		profile:       os.Getenv("BENCH_PROFILE") == "1",
+	}
+	if info, err := os.Stat(cfg.controllerBin); err != nil || info.Mode()&0o111 == 0 {
+		t.Fatalf("bench: %s is missing or not executable (run `make build`)", cfg.controllerBin)
+	}
+	if s := os.Getenv("BENCH_NODES"); s != "" {
+		cfg.nodes = nil
+		for _, f := range strings.Split(s, ",") {
+			n, err := strconv.Atoi(strings.TrimSpace(f))
+			if err != nil || n < 2 || n > 50000 {
+				t.Fatalf("bench: BENCH_NODES=%q: want comma-separated node counts between 2 and 50000", s)
+			}
+			cfg.nodes = append(cfg.nodes, n)
+		}
+	}
+	if s := os.Getenv("BENCH_STEADY"); s != "" {
+		if cfg.steady, err = time.ParseDuration(s); err != nil || cfg.steady < time.Second {
+			t.Fatalf("bench: BENCH_STEADY=%q: want a duration of at least 1s", s)
+		}
+	}
+	if s := os.Getenv("BENCH_PKI_DIR"); s != "" {
+		cfg.pkiDir = s
+	}
+	return cfg
+}
+
+// raiseNoFile lifts this process's open-file limit, which the controller
+// inherits: each simulated agent holds a connection here, and each of
+// them one there.
+func raiseNoFile(need uint64) error {
+	var lim syscall.Rlimit
+	if err := syscall.Getrlimit(syscall.RLIMIT_NOFILE, &lim); err != nil {
+		return err
+	}
+	if lim.Max < need {
+		// Only root may raise the hard limit.
+		if err := syscall.Setrlimit(syscall.RLIMIT_NOFILE, &syscall.Rlimit{Cur: need, Max: need}); err != nil {
+			return fmt.Errorf("bench: RLIMIT_NOFILE hard limit is %d, %d needed, and raising it failed: %w (raise `ulimit -Hn`)", lim.Max, need, err)
+		}
+		return nil
+	}
+	lim.Cur = lim.Max
+	return syscall.Setrlimit(syscall.RLIMIT_NOFILE, &lim)
+}
+
+// result is one cluster size's figures, formatted, by row key.
+type result struct {
+	nodes int
+	fig   map[string]string
+	notes []string
+}
+
+func (r *result) set(key, format string, args ...any) { r.fig[key] = fmt.Sprintf(format, args...) }
+
+func (r *result) secs(key string, d time.Duration) {
+	if d > -time.Second && d < time.Second {
+		r.set(key, "%.3f s", d.Seconds())
+		return
+	}
+	r.set(key, "%.2f s", d.Seconds())
+}
+
+func (r *result) note(t *testing.T, format string, args ...any) {
+	t.Helper()
+	msg := fmt.Sprintf(format, args...)
+	r.notes = append(r.notes, msg)
+	t.Log("bench: " + msg)
+}
+
+// run is one cluster size's state.
+type run struct {
+	t     *testing.T
+	cfg   config
+	r     *result
+	n     int
+	dir   string
+	ctl   *controllerProc
+	op    *client.Client
+	sims  []*sim
+	led   *ledger
+	rec   atomic.Bool
+	store *durable
+	ctx   context.Context
+}
+
+func runSize(t *testing.T, cfg config, certs *certs, dir string, r *result) {
+	n := r.nodes
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	ru := &run{t: t, cfg: cfg, r: r, n: n, dir: dir, led: newLedger(), ctx: ctx}
+
+	var err error
+	if ru.ctl, err = startController(cfg.controllerBin, dir, certs, heartbeat); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		ru.ctl.stop()
+		if t.Failed() {
+			t.Logf("controller log (%s), last lines:\n%s", ru.ctl.logPath, tail(ru.ctl.logPath, 30))
+		}
+	})
+	ru.op, err = operatorClient(ru.ctl.addr, certs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ru.op.Close()
+	if err := ru.waitLeading(); err != nil {
+		t.Fatal(err)
+	}
+	if limits, err := os.ReadFile(fmt.Sprintf("/proc/%d/limits", ru.ctl.cmd.Process.Pid)); err == nil {
+		for _, l := range strings.Split(string(limits), "\n") {
+			if strings.HasPrefix(l, "Max open files") {
+				t.Logf("bench: controller %s", strings.Join(strings.Fields(l), " "))
+			}
+		}
+	}
+	var stopWatch func()
+	if ru.store, stopWatch, err = watchDurable(ctx, ru.ctl.dataDir, jobName); err != nil {
+		t.Fatal(err)
+	}
+	defer stopWatch()
+
+	built := time.Now()
+	for i := range n {
+		s, err := newSim(ctx, i, ru.ctl.addr, certs.agents[i], certs.roots, ru.led, &ru.rec)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ru.sims = append(ru.sims, s)
+	}
+	t.Logf("bench: %d simulated agents built in %s", n, time.Since(built).Round(time.Millisecond))
+	defer ru.stopSims()
+
+	for _, phase := range []struct {
+		name string
+		run  func() error
+	}{
+		{"register", ru.register},
+		{"steady", ru.steady},
+		{"rendezvous", ru.rendezvous},
+		{"recovery", ru.recovery},
+	} {
+		if !ru.ctl.running() {
+			t.Errorf("bench: the controller exited before %s: %v", phase.name, ru.ctl.waitErr)
+			return
+		}
+		var prof *profile
+		window := profileWindow[phase.name]
+		if phase.name == "steady" {
+			window = cfg.steady + settle
+		}
+		if cfg.profile {
+			prof = startProfile(ctx, ru.ctl.pprof, window, filepath.Join(dir, phase.name+".pprof"))
+		}
+		err := phase.run()
+		if prof != nil {
+			if perr := <-prof.done; perr != nil {
+				r.note(t, "%s profile: %v", phase.name, perr)
+			} else {
+				t.Logf("bench: %d nodes, %s: CPU profile of the controller's first %s:\n%s", n, phase.name, window,
+					top(ctx, cfg.controllerBin, filepath.Join(dir, phase.name+".pprof"), 25))
+			}
+		}
+		if err != nil {
+			r.note(t, "%s did not finish: %v", phase.name, err)
+			t.Errorf("bench: %d nodes: %s did not finish (a hang guard, not a timing target): %v", n, phase.name, err)
+			break
+		}
+	}
+	ru.counters()
+}
+
+func operatorClient(addr string, certs *certs) (*client.Client, error) {
+	tc := certs.roots.Clone()
+	tc.Certificates = append(tc.Certificates, certs.operator)
+	cc := client.DefaultConfig()
+	cc.Endpoints, cc.TLS = []string{addr}, &client.TLS{Config: tc}
+	return client.New(cc)
+}
+
+// waitLeading waits until the controller answers the API as leader.
+func (ru *run) waitLeading() error {
+	ctx, cancel := context.WithTimeout(ru.ctx, startCap)
+	defer cancel()
+	for {
+		cctx, ccancel := context.WithTimeout(ctx, 2*time.Second)
+		_, err := ru.op.ListNodes(cctx, &rdzvv1.ListNodesRequest{})
+		ccancel()
+		if err == nil {
+			return nil
+		}
+		if !ru.ctl.running() {
+			return fmt.Errorf("the controller exited: %v", ru.ctl.waitErr)
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("the controller did not lead within %s: %w", startCap, err)
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+}
+
+func (ru *run) stopSims() {
+	var wg sync.WaitGroup
+	for _, s := range ru.sims {
+		wg.Add(1)
+		go func() { defer wg.Done(); s.stop() }()
+	}
+	wg.Wait()
+}
+
+// register: a cold controller (empty etcd, no connections), and all N
+// agents connecting at once.
+func (ru *run) register() error {
+	ctx, cancel := context.WithTimeout(ru.ctx, registerCap)
+	defer cancel()
+	usage := ru.startUsage()
+	ru.led.takeGap()
+	t0 := time.Now()
+	for _, s := range ru.sims {
+		s.start(ru.ctx)
+	}
+	err := waitFor(ctx, "agents registered", func() (bool, string) {
+		got, _, _ := ru.led.get(kindRegistered, 0)
+		return got >= ru.n, fmt.Sprintf("%d of %d", got, ru.n)
+	})
+	ru.r.set("register-cpu", "%s", usage())
+	ru.r.set("register-gap", "%s", ms(ru.led.takeGap()))
+	if err != nil {
+		return err
+	}
+	_, _, last := ru.led.get(kindRegistered, 0)
+	ru.r.secs("register", last.Sub(t0))
+	if err := waitFor(ctx, "node records durable", func() (bool, string) {
+		got, _ := ru.store.readyCount()
+		return got >= ru.n, fmt.Sprintf("%d of %d", got, ru.n)
+	}); err != nil {
+		return err
+	}
+	_, at := ru.store.readyCount()
+	ru.r.secs("register-durable", at.Sub(t0))
+
+	// What an operator sees: every node READY in one ListNodes.
+	for {
+		cctx, ccancel := context.WithTimeout(ctx, 30*time.Second)
+		start := time.Now()
+		resp, err := ru.op.ListNodes(cctx, &rdzvv1.ListNodesRequest{})
+		ccancel()
+		took := time.Since(start)
+		if err != nil {
+			ru.r.set("listnodes", "failed")
+			ru.r.note(ru.t, "ListNodes at %d nodes: %v", ru.n, err)
+			break
+		}
+		ready := 0
+		for _, n := range resp.GetNodes() {
+			if n.GetState() == rdzvv1.NodeState_NODE_STATE_READY {
+				ready++
+			}
+		}
+		if ready >= ru.n {
+			ru.r.set("listnodes", "%.0f ms", float64(took.Microseconds())/1000)
+			break
+		}
+		if ctx.Err() != nil {
+			return fmt.Errorf("ListNodes shows %d of %d ready", ready, ru.n)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	return nil
+}
+
+// usage is the CPU the controller, the simulated agents and everything
+// else on the machine used since a start.
+type usage struct {
+	ctl, self procSample
+	busy      time.Duration
+}
+
+func (ru *run) sampleUsage() usage {
+	var u usage
+	u.ctl, _ = sampleProc(ru.ctl.cmd.Process.Pid)
+	u.self, _ = sampleProc(os.Getpid())
+	u.busy, _ = cpuBusy()
+	return u
+}
+
+// cores is the controller's, the sims' and everyone else's CPU from u to v.
+func (u usage) cores(v usage) (ctl, sims, others float64) {
+	wall := v.ctl.at.Sub(u.ctl.at).Seconds()
+	ctl = (v.ctl.cpu - u.ctl.cpu).Seconds() / wall
+	sims = (v.self.cpu - u.self.cpu).Seconds() / wall
+	others = max((v.busy-u.busy).Seconds()/wall-ctl-sims, 0)
+	return ctl, sims, others
+}
+
+// startUsage starts measuring; the function it returns describes the
+// usage until it is called.
+func (ru *run) startUsage() func() string {
+	u := ru.sampleUsage()
+	return func() string {
+		ctl, sims, others := u.cores(ru.sampleUsage())
+		return fmt.Sprintf("%.2f / %.2f / %.2f cores (load avg %s)", ctl, sims, others, loadAvg())
+	}
+}
+
+// steady: every agent heartbeating, nothing else happening.
+func (ru *run) steady() error {
+	time.Sleep(settle)
+	before := ru.sampleUsage()
+	for _, s := range ru.sims {
+		s.takeRTTs()
+	}
+	ru.led.takeGap()
+	ru.rec.Store(true)
+	time.Sleep(ru.cfg.steady)
+	ru.rec.Store(false)
+	after := ru.sampleUsage()
+	ctlCPU, simCPU, others := before.cores(after)
+	ru.r.set("cpu", "%.2f cores", ctlCPU)
+	ru.r.set("load", "%.2f / %.2f / %.2f cores (load avg %s)", ctlCPU, simCPU, others, loadAvg())
+	ru.r.set("rss", "%.0f KiB (%.0f MiB)", float64(after.ctl.rss)/1024/float64(ru.n), float64(after.ctl.rss)/(1<<20))
+	ru.r.set("threads", "%d", after.ctl.threads)
+	ru.r.set("steady-gap", "%s", ms(ru.led.takeGap()))
+	rtts := ru.takeRTTs()
+	if len(rtts) > 0 {
+		ru.r.set("rtt", "%s / %s (%d samples)", ms(pct(rtts, 50)), ms(pct(rtts, 99)), len(rtts))
+	}
+	cctx, cancel := context.WithTimeout(ru.ctx, 10*time.Second)
+	defer cancel()
+	if g, err := goroutines(cctx, ru.ctl.pprof); err == nil {
+		ru.r.set("goroutines", "%.2f (%d)", float64(g)/float64(ru.n), g)
+	} else {
+		ru.r.note(ru.t, "goroutines: %v", err)
+	}
+	if ms, err := memStats(cctx, ru.ctl.pprof); err == nil {
+		perNode := func(name string) float64 { return float64(ms[name]) / 1024 / float64(ru.n) }
+		ru.r.set("heap", "%.0f / %.0f KiB", perNode("HeapInuse"), perNode("Stack"))
+	} else {
+		ru.r.note(ru.t, "heap: %v", err)
+	}
+	if ru.cfg.profile {
+		ru.saveProfiles(cctx)
+	}
+	return nil
+}
+
+// saveProfiles keeps the controller's heap and goroutines after the steady
+// phase, and prints where the heap goes.
+func (ru *run) saveProfiles(ctx context.Context) {
+	for _, p := range []struct{ path, file string }{{"heap", "heap.pprof"}, {"goroutine?debug=1", "goroutines.txt"}} {
+		data, err := pprofGet(ctx, ru.ctl.pprof, p.path)
+		if err == nil {
+			err = os.WriteFile(filepath.Join(ru.dir, p.file), data, 0o644)
+		}
+		if err != nil {
+			ru.r.note(ru.t, "%s profile: %v", p.path, err)
+			return
+		}
+	}
+	ru.t.Logf("bench: %d nodes: controller heap in use after steady:\n%s", ru.n,
+		top(ctx, ru.cfg.controllerBin, filepath.Join(ru.dir, "heap.pprof"), 25, "-sample_index=inuse_space"))
+}
+
+func (ru *run) takeRTTs() []time.Duration {
+	var all []time.Duration
+	for _, s := range ru.sims {
+		all = append(all, s.takeRTTs()...)
+	}
+	return all
+}
+
+// rendezvous: one job over every node, all of them idle and ready.
+func (ru *run) rendezvous() error {
+	ctx, cancel := context.WithTimeout(ru.ctx, rendezvousCap)
+	defer cancel()
+	spec, err := jobspec.Parse(fmt.Appendf(nil, `name: %s
+nodes: {min: %d, max: %d}
+command: [train.py]
+rendezvous: {last_call: 0s, timeout: 0s}
+restart: {max_restarts: 3, backoff: {initial: 100ms, max: 1s}}
+`, jobName, ru.n-1, ru.n))
+	if err == nil {
+		err = spec.Validate()
+	}
+	if err != nil {
+		return err
+	}
+	ru.rec.Store(true) // heartbeats during the bursts
+	ru.led.takeGap()
+	usage := ru.startUsage()
+	defer func() { ru.r.set("rendezvous-cpu", "%s", usage()) }()
+	t0 := time.Now()
+	cctx, ccancel := context.WithTimeout(ctx, 30*time.Second)
+	_, err = ru.op.StartJob(cctx, &rdzvv1.StartJobRequest{Spec: spec.ToProto()})
+	ccancel()
+	if err != nil {
+		return fmt.Errorf("StartJob: %w", err)
+	}
+	if err := ru.waitAssignments(ctx, 1, ru.n); err != nil {
+		return err
+	}
+	if err := ru.waitRunning(ctx, 1, ru.n); err != nil {
+		return err
+	}
+	committed, err := ru.waitEvent(ctx, controller.EventRendezvousCommitted, 1)
+	if err != nil {
+		return err
+	}
+	_, _, lastAsg := ru.led.get(kindAssignment, 1)
+	_, runAt := ru.store.runningCount(1)
+	ru.r.secs("start-commit", committed.Sub(t0))
+	ru.r.secs("commit-durable", ru.store.round(1).Sub(committed))
+	ru.r.secs("commit-asg", lastAsg.Sub(committed))
+	ru.r.secs("asg-running", runAt.Sub(lastAsg))
+	ru.r.secs("commit-running", runAt.Sub(committed))
+	return nil
+}
+
+// recovery: one node of the running job goes silent.
+func (ru *run) recovery() error {
+	time.Sleep(settle)
+	ctx, cancel := context.WithTimeout(ru.ctx, recoveryCap)
+	defer cancel()
+	usage := ru.startUsage()
+	defer func() { ru.r.set("recovery-cpu", "%s", usage()) }()
+	victim := ru.sims[ru.n-1] // the last rank: never the master
+	victim.silence()
+	lastSent := time.Unix(0, victim.lastSent.Load())
+	survivors := ru.n - 1
+	if err := ru.waitAssignments(ctx, 2, survivors); err != nil {
+		return err
+	}
+	if err := ru.waitRunning(ctx, 2, survivors); err != nil {
+		return err
+	}
+	ru.rec.Store(false)
+	lost, err := ru.waitEvent(ctx, controller.EventNodeLost, 1)
+	if err != nil {
+		return err
+	}
+	committed, err := ru.waitEvent(ctx, controller.EventRendezvousCommitted, 2)
+	if err != nil {
+		return err
+	}
+	stops, _, lastStop := ru.led.get(kindStop, 1)
+	_, _, lastAsg := ru.led.get(kindAssignment, 2)
+	_, runAt := ru.store.runningCount(2)
+	fencedBy := heartbeat.FencedBy(health.Loss{At: lost, LastSeen: lastSent, Heard: true})
+	ru.r.secs("silent-lost", lost.Sub(lastSent))
+	ru.r.set("lost-stops", "%.2f s (%d of %d)", lastStop.Sub(lost).Seconds(), stops, survivors)
+	ru.r.secs("lost-commit", committed.Sub(lost))
+	ru.r.secs("commit-durable2", ru.store.round(2).Sub(committed))
+	ru.r.secs("lost-asg", lastAsg.Sub(lost))
+	ru.r.secs("fence-asg", lastAsg.Sub(fencedBy))
+	ru.r.secs("asg-running2", runAt.Sub(lastAsg))
+	if rtts := ru.takeRTTs(); len(rtts) > 0 {
+		ru.r.set("rtt-burst", "%s / %s", ms(pct(rtts, 99)), ms(pct(rtts, 100)))
+	}
+	ru.r.set("burst-gap", "%s", ms(ru.led.takeGap()))
+	if s, err := sampleProc(ru.ctl.cmd.Process.Pid); err == nil {
+		ru.r.set("rss-end", "%.0f MiB", float64(s.rss)/(1<<20))
+	}
+	return nil
+}
+
+func (ru *run) waitAssignments(ctx context.Context, gen uint64, want int) error {
+	return waitFor(ctx, fmt.Sprintf("generation %d assignments delivered", gen), func() (bool, string) {
+		got, _, _ := ru.led.get(kindAssignment, gen)
+		return got >= want, fmt.Sprintf("%d of %d", got, want)
+	})
+}
+
+func (ru *run) waitRunning(ctx context.Context, gen uint64, want int) error {
+	return waitFor(ctx, fmt.Sprintf("generation %d RUNNING durable", gen), func() (bool, string) {
+		got, _ := ru.store.runningCount(gen)
+		return got >= want, fmt.Sprintf("%d of %d", got, want)
+	})
+}
+
+// waitEvent is when the controller decided what the stored event says.
+func (ru *run) waitEvent(ctx context.Context, kind string, gen uint64) (time.Time, error) {
+	var e *rdzvv1.Event
+	err := waitFor(ctx, "event "+kind, func() (bool, string) {
+		e = ru.store.event(kind, gen)
+		return e != nil, "not stored"
+	})
+	return e.GetTime().AsTime(), err
+}
+
+// counters reports sessions that ended while their sim was alive: the
+// controller dropped them (a full send queue, an error) or the transport
+// broke.
+func (ru *run) counters() {
+	n, _, _ := ru.led.get(kindReconnect, 0)
+	ru.r.set("reconnects", "%d", n)
+	ru.led.mu.Lock()
+	defer ru.led.mu.Unlock()
+	classes := map[string]int{}
+	for reason, count := range ru.led.reasons {
+		classes[addrs.ReplaceAllString(reason, "ADDR")] += count
+	}
+	for reason, count := range classes {
+		ru.r.note(ru.t, "%d sessions ended: %s", count, reason)
+	}
+}
+
+// addrs matches the addresses in connection errors, which make every
+// sim's error message unique.
+var addrs = regexp.MustCompile(`\d+\.\d+\.\d+\.\d+(:\d+)?`)
+
+func pct(ds []time.Duration, p int) time.Duration {
+	s := slices.Clone(ds)
+	slices.Sort(s)
+	i := min(len(s)*p/100, len(s)-1)
+	return s[i]
+}
+
+func ms(d time.Duration) string { return fmt.Sprintf("%.1f ms", float64(d.Microseconds())/1000) }
+
+// rows are the report's lines: the issue's figures first.
+var rows = []struct{ key, label string }{
+	{"register", "all nodes registered (cold start: last `Registered` reply)"},
+	{"register-durable", "… every node record durable in etcd"},
+	{"commit-asg", "rendezvous commit → last assignment delivered"},
+	{"commit-running", "… → every worker RUNNING durable"},
+	{"lost-asg", "node declared lost → next generation's last assignment"},
+	{"fence-asg", "… minus the lost node's fencing deadline"},
+	{"rss", "controller RSS per node (total) after steady"},
+	{"heap", "controller Go heap / goroutine stacks per node"},
+	{"goroutines", "controller goroutines per node (total)"},
+	{"rtt", "heartbeat round trip p50 / p99 (steady)"},
+	{"cpu", "steady CPU for heartbeats (controller)"},
+	{"threads", "controller OS threads"},
+	{"start-commit", "StartJob → rendezvous committed"},
+	{"commit-durable", "rendezvous committed → its round durable"},
+	{"asg-running", "last assignment → every worker RUNNING durable"},
+	{"silent-lost", "lost node's last message → declared lost (3 s timeout)"},
+	{"lost-stops", "declared lost → last stop order delivered"},
+	{"lost-commit", "declared lost → next generation committed"},
+	{"commit-durable2", "next generation committed → its round durable"},
+	{"asg-running2", "next generation: last assignment → RUNNING durable"},
+	{"rtt-burst", "heartbeat p99 / max during rendezvous and recovery"},
+	{"listnodes", "one ListNodes of every node"},
+	{"rss-end", "controller RSS at the end"},
+	{"reconnects", "agent sessions dropped"},
+	{"register-gap", "longest gap between a sim's heartbeats (sims' own lateness; 1 s is on time): registering"},
+	{"steady-gap", "… steady"},
+	{"burst-gap", "… rendezvous and recovery"},
+	{"register-cpu", "CPU while registering: controller / simulated agents / everything else"},
+	{"rendezvous-cpu", "CPU during rendezvous: controller / simulated agents / everything else"},
+	{"recovery-cpu", "CPU during recovery: controller / simulated agents / everything else"},
+	{"load", "CPU during steady: controller / simulated agents / everything else"},
+}
+
+func formatReport(results []*result, cfg config, took time.Duration) string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "rdzv scale benchmark: real rdzv-controller (embedded etcd, mutual TLS), simulated agents; heartbeat %s / timeout %s; steady window %s; took %s\n\n",
+		heartbeat.Interval, heartbeat.Timeout, cfg.steady, took.Round(time.Second))
+	b.WriteString("| figure |")
+	for _, r := range results {
+		fmt.Fprintf(&b, " %d nodes |", r.nodes)
+	}
+	b.WriteString("\n| --- |")
+	for range results {
+		b.WriteString(" --- |")
+	}
+	b.WriteString("\n")
+	for _, row := range rows {
+		fmt.Fprintf(&b, "| %s |", row.label)
+		for _, r := range results {
+			v := r.fig[row.key]
+			if v == "" {
+				v = "-"
+			}
+			fmt.Fprintf(&b, " %s |", v)
+		}
+		b.WriteString("\n")
+	}
+	for _, r := range results {
+		if len(r.notes) > 0 {
+			sort.Strings(r.notes)
+			fmt.Fprintf(&b, "\n%d nodes:\n", r.nodes)
+			for _, n := range r.notes {
+				fmt.Fprintf(&b, "- %s\n", n)
+			}
+		}
+	}
+	return b.String()
+}
+
+// tail returns the last n lines of a file, for diagnostics.
+func tail(path string, n int) string {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return fmt.Sprintf("(%v)", err)
+	}
+	lines := strings.Split(strings.TrimRight(string(data), "\n"), "\n")
+	if len(lines) > n {
+		lines = lines[len(lines)-n:]
+	}
+	return strings.Join(lines, "\n")
+}
