@@ -108,7 +108,18 @@ func (s ShimSpawner) Spawn(spec ProcessSpec) (Process, error) {
 	}
 	p, err := attachShim(dir, reaped, s.Log)
 	if err != nil {
-		return nil, err
+		// A launcher that ends at once can take its shim with it before we
+		// attach; the shim leaves the exit status behind, as for an agent
+		// that was away.
+		select {
+		case <-reaped:
+		case <-time.After(shimRequestTimeout):
+			return nil, err
+		}
+		if _, statErr := os.Stat(filepath.Join(dir, shimExitFile)); statErr != nil {
+			return nil, err
+		}
+		return endedShim(dir, s.Log), nil
 	}
 	return p, nil
 }
