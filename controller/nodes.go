@@ -102,9 +102,14 @@ func (c *Controller) resumeAssignment(ns *nodeState, reported map[string]bool) {
 	}
 	switch js.workers[name].GetState() {
 	case rdzvv1.WorkerState_WORKER_STATE_UNSPECIFIED, rdzvv1.WorkerState_WORKER_STATE_ASSIGNED:
-		// The round may have been decided but not written yet.
+		// The round may have been decided but not written yet. To this node
+		// alone: the others have theirs.
 		round := js.round
-		c.afterDurable(func() { c.sendAssignments(js, round) })
+		for _, a := range round.GetNodes() {
+			if a.GetNode() == name {
+				c.afterDurable(func() { c.sendAssignment(js, round, a) })
+			}
+		}
 	case rdzvv1.WorkerState_WORKER_STATE_RUNNING:
 		c.applyWorkerStatus(name, &rdzvv1.WorkerStatus{
 			Job: ns.job, Generation: ns.generation, State: rdzvv1.WorkerState_WORKER_STATE_FAILED,

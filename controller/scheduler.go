@@ -275,16 +275,22 @@ func (c *Controller) commit(ctx context.Context, term uint64, name string, place
 // moved on meanwhile (the node then learns of the newer state instead).
 // Callers hold c.mu.
 func (c *Controller) sendAssignments(js *jobState, round *rdzvv1.Round) {
+	for _, a := range round.GetNodes() {
+		c.sendAssignment(js, round, a)
+	}
+}
+
+// sendAssignment is sendAssignments for one node of round. Callers hold
+// c.mu.
+func (c *Controller) sendAssignment(js *jobState, round *rdzvv1.Round, a *rdzvv1.NodeAssignment) {
 	if js.round != round || c.jobs[js.rec.GetSpec().GetName()] != js {
 		return
 	}
-	for _, a := range round.GetNodes() {
-		ns := c.nodes[a.GetNode()]
-		if ns == nil || ns.session == nil || ns.job != js.rec.GetSpec().GetName() || ns.generation != round.GetGeneration() {
-			continue
-		}
-		ns.session.send(&rdzvv1.ConnectResponse{Msg: &rdzvv1.ConnectResponse_Assignment{Assignment: assignmentOf(js, a)}})
+	ns := c.nodes[a.GetNode()]
+	if ns == nil || ns.session == nil || ns.job != js.rec.GetSpec().GetName() || ns.generation != round.GetGeneration() {
+		return
 	}
+	ns.session.send(&rdzvv1.ConnectResponse{Msg: &rdzvv1.ConnectResponse_Assignment{Assignment: assignmentOf(js, a)}})
 }
 
 func nodeList(placed []rendezvous.Placed) string {
