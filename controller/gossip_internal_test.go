@@ -1,0 +1,57 @@
+package controller
+
+import (
+	"fmt"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+	"go.uber.org/zap/zaptest"
+
+	rdzvv1 "github.com/rdzv/rdzv/proto/rdzv/v1"
+)
+
+// A registering node is given a few seeds: connected, live nodes with a
+// gossip address, never itself; however many nodes there are.
+func TestGossipSeeds(t *testing.T) {
+	tests := []struct {
+		name      string
+		connected int
+		want      int
+	}{
+		{"alone", 0, 0},
+		{"fewer nodes than seeds", 3, 3},
+		{"many nodes", 10000, maxGossipSeeds},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			cfg := DefaultConfig()
+			cfg.Insecure = true
+			c, err := New(cfg, zaptest.NewLogger(t))
+			require.NoError(t, err)
+			node := func(name, gossip string, state rdzvv1.NodeState, connected bool) {
+				ns := &nodeState{rec: &rdzvv1.Node{Info: &rdzvv1.NodeInfo{Name: name, GossipAddr: gossip}, State: state}}
+				if connected {
+					ns.session = &session{node: name}
+				}
+				c.nodes[name] = ns
+			}
+			node("self", "10.0.0.1:7946", rdzvv1.NodeState_NODE_STATE_READY, true)
+			node("lost", "10.0.0.2:7946", rdzvv1.NodeState_NODE_STATE_LOST, true)
+			node("gone", "10.0.0.3:7946", rdzvv1.NodeState_NODE_STATE_READY, false)
+			node("no-gossip", "", rdzvv1.NodeState_NODE_STATE_READY, true)
+			good := map[string]bool{}
+			for i := range tt.connected {
+				addr := fmt.Sprintf("10.1.%d.%d:7946", i/256, i%256)
+				node(fmt.Sprintf("n%d", i), addr, rdzvv1.NodeState_NODE_STATE_READY, true)
+				good[addr] = true
+			}
+			for range 20 {
+				seeds := c.gossipSeeds("self")
+				require.Len(t, seeds, tt.want)
+				for _, s := range seeds {
+					require.True(t, good[s], "seed %s is not a connected live node with gossip", s)
+				}
+			}
+		})
+	}
+}
