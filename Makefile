@@ -12,6 +12,11 @@ BUF_VERSION := v1.57.2
 PROTOC_GEN_GO_VERSION := v1.36.12
 PROTOC_GEN_GO_GRPC_VERSION := v1.6.2
 
+# Stamped into every binary (buildinfo); `git describe` off a checkout is "dev".
+VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
+COMMIT ?= $(shell git rev-parse HEAD 2>/dev/null || echo unknown)
+LDFLAGS := -X github.com/rdzv/rdzv/buildinfo.Version=$(VERSION) -X github.com/rdzv/rdzv/buildinfo.Commit=$(COMMIT)
+
 # Extra flags for go test, e.g. GOTEST_FLAGS=-race (CI sets it).
 GOTEST_FLAGS ?=
 
@@ -21,9 +26,9 @@ all: build
 
 build:
 	@mkdir -p $(BIN)
-	CGO_ENABLED=0 $(GO) build -o $(BIN)/rdzv-controller ./cmd/rdzv-controller
-	CGO_ENABLED=0 $(GO) build -o $(BIN)/rdzvctl ./cmd/rdzvctl
-	CGO_ENABLED=1 $(GO) build -o $(BIN)/rdzv-agent ./cmd/rdzv-agent
+	CGO_ENABLED=0 $(GO) build -ldflags '$(LDFLAGS)' -o $(BIN)/rdzv-controller ./cmd/rdzv-controller
+	CGO_ENABLED=0 $(GO) build -ldflags '$(LDFLAGS)' -o $(BIN)/rdzvctl ./cmd/rdzvctl
+	CGO_ENABLED=1 $(GO) build -ldflags '$(LDFLAGS)' -o $(BIN)/rdzv-agent ./cmd/rdzv-agent
 
 $(TOOLS)/buf:
 	GOBIN=$(TOOLS) GOFLAGS= $(GO) install github.com/bufbuild/buf/cmd/buf@$(BUF_VERSION)
