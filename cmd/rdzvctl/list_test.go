@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
 	"net"
 	"strconv"
 	"strings"
@@ -229,14 +230,14 @@ func TestListAndDeleteUsage(t *testing.T) {
 		{"delete needs a job", []string{"delete"}, 2, "delete takes one job name", ""},
 		{"bad job state", []string{"list", "--state", "runing"}, 2, `--state: "runing" is not a state; want failed, pending, recovering, running, stopped, stopping, succeeded`, ""},
 		{"unspecified is no state", []string{"list", "--state", "unspecified"}, 2, "is not a state", ""},
-		{"bad node state", []string{"nodes", "--state", "pending"}, 2, `--state: "pending" is not a state; want busy, lost, ready`, ""},
+		{"bad node state", []string{"nodes", "--state", "pending"}, 2, `--state: "pending" is not a state; want busy, drained, lost, ready`, ""},
 		{"bad selector", []string{"nodes", "--selector", "pool"}, 2, `--selector: "pool" is not key=value`, ""},
 		{"negative limit", []string{"list", "--limit", "-1"}, 2, "--limit: must be 0 (all) or more, got -1", ""},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			var out bytes.Buffer
-			code, err := run(context.Background(), append([]string{"--insecure", "--controller", addr}, tt.args...), &out)
+			code, err := run(context.Background(), append([]string{"--insecure", "--controller", addr}, tt.args...), &out, io.Discard)
 			require.Equal(t, tt.wantCode, code, "err: %v", err)
 			if tt.wantErr == "" {
 				require.NoError(t, err)
