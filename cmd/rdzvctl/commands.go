@@ -11,6 +11,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/jonboulle/clockwork"
 	"github.com/spf13/pflag"
 
 	"github.com/rdzv/rdzv/client"
@@ -101,6 +102,7 @@ type command struct {
 	ran bool
 	// noCommand is set when rdzvctl was given no command.
 	noCommand bool
+	clock     clockwork.Clock
 }
 
 // dial prepares calls to the controllers; each call finds the leader among

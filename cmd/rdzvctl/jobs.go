@@ -34,7 +34,7 @@ func (e *jobFailedError) Error() string {
 }
 
 // format parses -o.
-func (c *command) format() (output, error) { return parseOutput(c.output) }
+func (c *command) format() (output, error) { return parseOutput(c.output, c.clock) }
 
 // loadJob reads and checks a job file on this side: the same rules the
 // controller applies (jobspec).
@@ -86,9 +86,9 @@ it would wait; nothing is stored.`,
 			}
 			switch {
 			case dryRun:
-				return renderOne(c.out, o, resp, func(w io.Writer) { printPreview(w, args[0], resp.GetPlacement()) }, spec.Name)
+				return renderOne(c.out, o, resp, func(w io.Writer, v view) { printPreview(w, args[0], resp.GetPlacement()) }, spec.Name)
 			case !wait:
-				return renderOne(c.out, o, resp.GetJob(), func(w io.Writer) { fmt.Fprintln(w, spec.Name) }, spec.Name)
+				return renderOne(c.out, o, resp.GetJob(), func(w io.Writer, v view) { fmt.Fprintln(w, spec.Name) }, spec.Name)
 			}
 			fmt.Fprintf(c.out, "job %s submitted\n", spec.Name)
 			return c.wait(cmd.Context(), client, spec.Name)
@@ -400,7 +400,7 @@ func (c *command) statusCmd() *cobra.Command {
 				}
 				key, err := proto.MarshalOptions{Deterministic: true}.Marshal(resp.GetJob())
 				return key, func(w io.Writer) error {
-					return renderOne(w, o, resp.GetJob(), func(w io.Writer) { printJob(w, resp.GetJob()) }, args[0])
+					return renderOne(w, o, resp.GetJob(), func(w io.Writer, v view) { printJob(w, resp.GetJob(), v) }, args[0])
 				}, err
 			})
 		},
@@ -570,7 +570,7 @@ under their retention.`,
 			if err != nil {
 				return c.rpcErr("deleting job", err)
 			}
-			return renderOne(c.out, o, resp, func(w io.Writer) { fmt.Fprintf(w, "job %s deleted\n", args[0]) }, args[0])
+			return renderOne(c.out, o, resp, func(w io.Writer, v view) { fmt.Fprintf(w, "job %s deleted\n", args[0]) }, args[0])
 		},
 	}
 }
@@ -604,7 +604,7 @@ func (c *command) stopCmd() *cobra.Command {
 					return err
 				}
 			}
-			return renderOne(c.out, o, resp.GetJob(), func(w io.Writer) {
+			return renderOne(c.out, o, resp.GetJob(), func(w io.Writer, v view) {
 				fmt.Fprintf(w, "job %s %s\n", args[0], strings.ToLower(stateWord(resp.GetJob().GetState())))
 			}, args[0])
 		},

@@ -10,6 +10,7 @@ import (
 	"os/signal"
 	"syscall"
 
+	"github.com/jonboulle/clockwork"
 	"github.com/spf13/cobra"
 )
 
@@ -30,11 +31,15 @@ var errUsage = errors.New("usage")
 // when the command failed, 2 for a command-line mistake (a bad flag,
 // argument or format), with the usage on errOut.
 func run(ctx context.Context, args []string, out, errOut io.Writer) (int, error) {
-	c := &command{globals: defaultGlobals(), out: out, errOut: errOut}
+	return runWith(ctx, &command{globals: defaultGlobals(), out: out, errOut: errOut, clock: clockwork.NewRealClock()}, args)
+}
+
+// runWith runs a command line with c's streams and clock.
+func runWith(ctx context.Context, c *command, args []string) (int, error) {
 	root := c.root()
 	root.SetArgs(args)
-	root.SetOut(out)
-	root.SetErr(errOut)
+	root.SetOut(c.out)
+	root.SetErr(c.errOut)
 	err := root.ExecuteContext(ctx)
 	c.close()
 	switch {
@@ -96,6 +101,9 @@ and make those certificates.`,
 	}
 	root.SetHelpCommandGroupID("cluster")
 	root.SetCompletionCommandGroupID("cluster")
-	root.CompletionOptions.HiddenDefaultCmd = false
+	// Made now rather than when run, so that the help goldens and docs/cli
+	// include them.
+	root.InitDefaultCompletionCmd()
+	root.InitDefaultHelpCmd()
 	return root
 }

@@ -112,7 +112,7 @@ func (c *command) cordonCmd(cordon bool) *cobra.Command {
 			}
 			node = resp.GetNode()
 		}
-		return renderOne(c.out, o, node, func(w io.Writer) {
+		return renderOne(c.out, o, node, func(w io.Writer, v view) {
 			if node.GetCordoned() {
 				fmt.Fprintf(w, "node %s cordoned: %s\n", args[0], node.GetCordonReason())
 			} else {
@@ -154,7 +154,7 @@ drain.`,
 				return c.rpcErr("draining node", err)
 			}
 			n := resp.GetNode()
-			return renderOne(c.out, o, n, func(w io.Writer) {
+			return renderOne(c.out, o, n, func(w io.Writer, v view) {
 				switch {
 				case n.GetState() == rdzvv1.NodeState_NODE_STATE_DRAINED:
 					fmt.Fprintf(w, "node %s drained\n", args[0])

@@ -7,6 +7,7 @@ import (
 	"io"
 	"strings"
 
+	"github.com/jonboulle/clockwork"
 	"github.com/theory/jsonpath"
 	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/proto"
@@ -21,14 +22,18 @@ type output struct {
 	// kind is table, wide, json, yaml, name or jsonpath.
 	kind string
 	path *jsonpath.Path
+	// clock is what ages are counted to.
+	clock clockwork.Clock
 }
+
+func (o output) view() view { return view{wide: o.kind == "wide", now: o.clock.Now()} }
 
 // parseOutput reads -o. jsonpath takes RFC 9535 JSONPath ($.jobs[*].spec.name)
 // and kubectl's spelling ({.jobs[*].spec.name}) alike.
-func parseOutput(s string) (output, error) {
+func parseOutput(s string, clock clockwork.Clock) (output, error) {
 	switch s {
 	case "table", "wide", "json", "yaml", "name":
-		return output{kind: s}, nil
+		return output{kind: s, clock: clock}, nil
 	}
 	expr, ok := strings.CutPrefix(s, "jsonpath=")
 	if !ok {
@@ -48,7 +53,7 @@ func parseOutput(s string) (output, error) {
 	if err != nil {
 		return output{}, fmt.Errorf("%w: -o jsonpath: %q is not a JSONPath expression: %w", errUsage, s, err)
 	}
-	return output{kind: "jsonpath", path: p}, nil
+	return output{kind: "jsonpath", path: p, clock: clock}, nil
 }
 
 // structured reports whether the format prints data rather than text for
@@ -64,7 +69,7 @@ type listing[M proto.Message] struct {
 	// header, then wideHeader with -o wide, then last make the table's
 	// header; row prints the same columns.
 	header, wideHeader, last string
-	row                      func(w io.Writer, m M, wide bool)
+	row                      func(w io.Writer, m M, v view)
 	name                     func(M) string
 }
 
@@ -80,8 +85,9 @@ func render[M proto.Message](w io.Writer, o output, l listing[M], items []M) err
 			header += "\t" + l.wideHeader
 		}
 		fmt.Fprintln(t, header+"\t"+l.last)
+		v := o.view()
 		for _, m := range items {
-			l.row(t, m, o.kind == "wide")
+			l.row(t, m, v)
 		}
 		return t.Flush()
 	case "name":
@@ -107,11 +113,11 @@ func render[M proto.Message](w io.Writer, o output, l listing[M], items []M) err
 	return printStructured(w, o, doc)
 }
 
-// renderOne prints one message: as text, the table function's lines.
-func renderOne(w io.Writer, o output, m proto.Message, text func(io.Writer), name string) error {
+// renderOne prints one message: as text, what the text function prints.
+func renderOne(w io.Writer, o output, m proto.Message, text func(io.Writer, view), name string) error {
 	switch o.kind {
 	case "table", "wide":
-		text(w)
+		text(w, o.view())
 		return nil
 	case "name":
 		_, err := fmt.Fprintln(w, name)

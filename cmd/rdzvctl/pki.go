@@ -261,7 +261,7 @@ func (c *command) pkiRevoke(ctx context.Context, pos []string, serial, certFile,
 	if r.GetSerial() == "" {
 		what = "every certificate of " + r.GetIdentity() + " issued until now"
 	}
-	return renderOne(c.out, o, r, func(w io.Writer) {
+	return renderOne(c.out, o, r, func(w io.Writer, v view) {
 		fmt.Fprintf(w, "revoked %s: refused from now on, open connections closed; on the deny-list until %s\n",
 			what, r.GetNotAfter().AsTime().UTC().Format(time.RFC3339))
 	}, what)

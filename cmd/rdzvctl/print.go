@@ -17,11 +17,17 @@ func stateWord(s rdzvv1.JobState) string { return strings.TrimPrefix(s.String(),
 
 func table(out io.Writer) *tabwriter.Writer { return tabwriter.NewWriter(out, 0, 4, 2, ' ', 0) }
 
-func age(ts *timestamppb.Timestamp) string {
+// view is what rows print with: -o wide, and the time ages are counted to.
+type view struct {
+	wide bool
+	now  time.Time
+}
+
+func (v view) age(ts *timestamppb.Timestamp) string {
 	if ts == nil {
 		return "-"
 	}
-	return time.Since(ts.AsTime()).Round(time.Second).String()
+	return v.now.Sub(ts.AsTime()).Round(time.Second).String()
 }
 
 // jobs is how lists of jobs print; the reason comes last, as the widest.
@@ -30,14 +36,14 @@ var jobs = listing[*rdzvv1.Job]{
 	header:     "NAME\tSTATE\tGENERATION\tRESTARTS\tNODES\tMASTER\tAGE",
 	wideHeader: "GPUS/NODE\tPROCS/NODE\tSELECTOR\tSTEP",
 	last:       "REASON",
-	row: func(w io.Writer, j *rdzvv1.Job, wide bool) {
+	row: func(w io.Writer, j *rdzvv1.Job, v view) {
 		master := "-"
 		if j.GetMasterAddr() != "" {
 			master = fmt.Sprintf("%s:%d", j.GetMasterAddr(), j.GetMasterPort())
 		}
 		fmt.Fprintf(w, "%s\t%s\t%d\t%d\t%d\t%s\t%s", j.GetSpec().GetName(), stateWord(j.GetState()), j.GetGeneration(),
-			j.GetRestarts(), len(j.GetAssignments()), master, age(j.GetCreatedAt()))
-		if wide {
+			j.GetRestarts(), len(j.GetAssignments()), master, v.age(j.GetCreatedAt()))
+		if v.wide {
 			spec := j.GetSpec()
 			fmt.Fprintf(w, "\t%d\t%d\t%s\t%d", spec.GetGpusPerNode(), spec.GetProcsPerNode(), labels(spec.GetSelector()), j.GetStep())
 		}
@@ -46,7 +52,7 @@ var jobs = listing[*rdzvv1.Job]{
 	name: func(j *rdzvv1.Job) string { return j.GetSpec().GetName() },
 }
 
-func printJob(out io.Writer, j *rdzvv1.Job) {
+func printJob(out io.Writer, j *rdzvv1.Job, v view) {
 	spec := j.GetSpec()
 	fmt.Fprintf(out, "Job:         %s\n", spec.GetName())
 	fmt.Fprintf(out, "State:       %s\n", stateWord(j.GetState()))
@@ -58,12 +64,12 @@ func printJob(out io.Writer, j *rdzvv1.Job) {
 	}
 	fmt.Fprintf(out, "Command:     %s\n", strings.Join(spec.GetCommand(), " "))
 	fmt.Fprintf(out, "Restarts:    %d of %d\n", j.GetRestarts(), spec.GetRestartMaxRestarts())
-	fmt.Fprintf(out, "Checkpoint:  %s\n", checkpointLine(j.GetLatestCheckpoint()))
-	fmt.Fprintf(out, "Progress:    %s\n", progressLine(j))
+	fmt.Fprintf(out, "Checkpoint:  %s\n", checkpointLine(j.GetLatestCheckpoint(), v))
+	fmt.Fprintf(out, "Progress:    %s\n", progressLine(j, v))
 	fmt.Fprintf(out, "Training:    %s\n", trainingLine(j))
-	fmt.Fprintf(out, "Created:     %s\n", when(j.GetCreatedAt()))
-	fmt.Fprintf(out, "Started:     %s\n", when(j.GetStartedAt()))
-	fmt.Fprintf(out, "Finished:    %s\n", when(j.GetFinishedAt()))
+	fmt.Fprintf(out, "Created:     %s\n", v.when(j.GetCreatedAt()))
+	fmt.Fprintf(out, "Started:     %s\n", v.when(j.GetStartedAt()))
+	fmt.Fprintf(out, "Finished:    %s\n", v.when(j.GetFinishedAt()))
 	if len(j.GetAssignments()) == 0 {
 		return
 	}
@@ -88,11 +94,11 @@ func terminal(s rdzvv1.WorkerState) bool {
 	return s == rdzvv1.WorkerState_WORKER_STATE_SUCCEEDED || s == rdzvv1.WorkerState_WORKER_STATE_FAILED || s == rdzvv1.WorkerState_WORKER_STATE_STOPPED
 }
 
-func when(ts *timestamppb.Timestamp) string {
+func (v view) when(ts *timestamppb.Timestamp) string {
 	if ts == nil {
 		return "-"
 	}
-	return fmt.Sprintf("%s (%s ago)", ts.AsTime().Local().Format(time.RFC3339), age(ts))
+	return fmt.Sprintf("%s (%s ago)", ts.AsTime().Local().Format(time.RFC3339), v.age(ts))
 }
 
 func uints(v []uint32) string {
@@ -116,7 +122,7 @@ var nodes = listing[*rdzvv1.Node]{
 	name:       func(n *rdzvv1.Node) string { return n.GetInfo().GetName() },
 }
 
-func nodeRow(w io.Writer, n *rdzvv1.Node, wide bool) {
+func nodeRow(w io.Writer, n *rdzvv1.Node, v view) {
 	info := n.GetInfo()
 	gpus := fmt.Sprint(len(info.GetGpus()))
 	if info.GetFakeGpus() {
@@ -127,15 +133,20 @@ func nodeRow(w io.Writer, n *rdzvv1.Node, wide bool) {
 		job = fmt.Sprintf("%s/%d", n.GetJob(), n.GetGeneration())
 	}
 	state := strings.TrimPrefix(n.GetState().String(), "NODE_STATE_")
-	if n.GetCordoned() {
+	switch {
+	case n.GetState() == rdzvv1.NodeState_NODE_STATE_DRAINED:
+		state += " (" + n.GetCordonReason() + ")"
+	case n.GetDraining():
+		state += ",DRAINING (" + n.GetCordonReason() + ")"
+	case n.GetCordoned():
 		state += ",CORDONED (" + n.GetCordonReason() + ")"
 	}
 	if hold := n.GetRestartHoldUntil(); hold != nil {
 		state += ",AGENT RESTARTING (held until " + hold.AsTime().Local().Format(time.TimeOnly) + ")"
 	}
 	fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\t%s\t%s ago", info.GetName(), state,
-		job, gpus, info.GetNcclInterface(), info.GetAddress(), age(n.GetLastHeartbeat()))
-	if wide {
+		job, gpus, info.GetNcclInterface(), info.GetAddress(), v.age(n.GetLastHeartbeat()))
+	if v.wide {
 		models := map[string]int{}
 		var order []string
 		for _, g := range info.GetGpus() {
@@ -148,7 +159,7 @@ func nodeRow(w io.Writer, n *rdzvv1.Node, wide bool) {
 		for _, m := range order {
 			parts = append(parts, fmt.Sprintf("%dx %s", models[m], m))
 		}
-		fmt.Fprintf(w, "\t%s\t%s\t%s\t%s", orDash(strings.Join(parts, ",")), orDash(info.GetAgentVersion()), when(n.GetRegisteredAt()), orDash(info.GetNcclInterfaceReason()))
+		fmt.Fprintf(w, "\t%s\t%s\t%s\t%s", orDash(strings.Join(parts, ",")), orDash(info.GetAgentVersion()), v.when(n.GetRegisteredAt()), orDash(info.GetNcclInterfaceReason()))
 	}
 	fmt.Fprintf(w, "\t%s\n", labels(info.GetLabels()))
 }
@@ -179,9 +190,9 @@ var events = listing[*rdzvv1.Event]{
 	header:     "TIME\tKIND\tNODE\tGENERATION",
 	wideHeader: "JOB\tDETECTED AFTER",
 	last:       "MESSAGE",
-	row: func(w io.Writer, e *rdzvv1.Event, wide bool) {
+	row: func(w io.Writer, e *rdzvv1.Event, v view) {
 		fmt.Fprintf(w, "%s\t%s\t%s\t%d", e.GetTime().AsTime().Local().Format("2006-01-02 15:04:05.000"), e.GetKind(), orDash(e.GetNode()), e.GetGeneration())
-		if wide {
+		if v.wide {
 			latency := "-"
 			if d := e.GetDetectionLatency(); d != nil {
 				latency = d.AsDuration().String()
@@ -193,14 +204,14 @@ var events = listing[*rdzvv1.Event]{
 	name: func(e *rdzvv1.Event) string { return e.GetKind() },
 }
 
-func checkpointLine(cp *rdzvv1.Checkpoint) string {
+func checkpointLine(cp *rdzvv1.Checkpoint, v view) string {
 	if cp == nil {
 		return "none yet"
 	}
-	return fmt.Sprintf("step %d at %s (generation %d, %s, %s ago)", cp.GetStep(), cp.GetPath(), cp.GetGeneration(), cp.GetSource(), age(cp.GetReportedAt()))
+	return fmt.Sprintf("step %d at %s (generation %d, %s, %s ago)", cp.GetStep(), cp.GetPath(), cp.GetGeneration(), cp.GetSource(), v.age(cp.GetReportedAt()))
 }
 
-func progressLine(j *rdzvv1.Job) string {
+func progressLine(j *rdzvv1.Job, v view) string {
 	timeout := j.GetSpec().GetHealthProgressTimeout().AsDuration()
 	switch {
 	case j.GetProgressAt() == nil && timeout > 0:
@@ -208,9 +219,9 @@ func progressLine(j *rdzvv1.Job) string {
 	case j.GetProgressAt() == nil:
 		return "no steps reported; hang detection off"
 	case timeout == 0:
-		return fmt.Sprintf("step %d, %s ago; hang detection off (health.progress_timeout)", j.GetStep(), age(j.GetProgressAt()))
+		return fmt.Sprintf("step %d, %s ago; hang detection off (health.progress_timeout)", j.GetStep(), v.age(j.GetProgressAt()))
 	}
-	return fmt.Sprintf("step %d, %s ago; hang after %s without progress", j.GetStep(), age(j.GetProgressAt()), timeout)
+	return fmt.Sprintf("step %d, %s ago; hang after %s without progress", j.GetStep(), v.age(j.GetProgressAt()), timeout)
 }
 
 // trainingLine is the effective training time ratio: time spent training
@@ -230,14 +241,14 @@ var revocations = listing[*rdzvv1.Revocation]{
 	header:     "SERIAL\tIDENTITY\tISSUED BEFORE\tREVOKED\tBY\tUNTIL",
 	wideHeader: "",
 	last:       "REASON",
-	row: func(w io.Writer, r *rdzvv1.Revocation, _ bool) {
+	row: func(w io.Writer, r *rdzvv1.Revocation, v view) {
 		serial, id, before := r.GetSerial(), r.GetIdentity(), "-"
 		if serial == "" {
-			serial, before = "*", when(r.GetIssuedBefore())
+			serial, before = "*", v.when(r.GetIssuedBefore())
 		} else {
 			id = "-"
 		}
-		fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\t%s\t%s\n", serial, id, before, when(r.GetRevokedAt()), r.GetRevokedBy(), when(r.GetNotAfter()), r.GetReason())
+		fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\t%s\t%s\n", serial, id, before, v.when(r.GetRevokedAt()), r.GetRevokedBy(), v.when(r.GetNotAfter()), r.GetReason())
 	},
 	name: func(r *rdzvv1.Revocation) string {
 		if r.GetSerial() != "" {
