@@ -16,6 +16,7 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/rdzv/rdzv/client"
 	"github.com/rdzv/rdzv/jobspec"
 	rdzvv1 "github.com/rdzv/rdzv/proto/rdzv/v1"
 )
@@ -378,7 +379,8 @@ func (c *command) statusCmd() *cobra.Command {
   rdzvctl status train -o yaml
   rdzvctl status train --watch
   rdzvctl status -o jsonpath='{.jobs[*].spec.name}'`,
-		Args: maxArgs(1, "status takes at most one job name"),
+		Args:              maxArgs(1, "status takes at most one job name"),
+		ValidArgsFunction: c.completeJobs,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if len(args) == 0 {
 				return c.listJobs(cmd.Context(), &f)
@@ -542,6 +544,9 @@ func (c *command) eventsCmd() *cobra.Command {
 		},
 	}
 	cmd.Flags().UintVar(&limit, "limit", 0, "newest N events (default: the controller's, 1000)")
+	// -f (follow) belongs to the event stream (WatchEvents, follow.go) and
+	// is registered on this command there.
+	cmd.ValidArgsFunction = c.completeJobs
 	return cmd
 }
 
@@ -553,8 +558,9 @@ func (c *command) deleteCmd() *cobra.Command {
 rounds, worker statuses, checkpoint catalog and events. A job that has not
 finished is refused: stop it first. The job's output stays on the nodes
 under their retention.`,
-		Example: "  rdzvctl delete train",
-		Args:    exactArgs(1, "delete takes one job name"),
+		Example:           "  rdzvctl delete train",
+		Args:              exactArgs(1, "delete takes one job name"),
+		ValidArgsFunction: c.completeJobs,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			o, err := c.format()
 			if err != nil {
@@ -582,7 +588,8 @@ func (c *command) stopCmd() *cobra.Command {
 		Short: "Stop a job's workers on every node",
 		Example: `  rdzvctl stop train
   rdzvctl stop train --wait`,
-		Args: exactArgs(1, "stop takes one job name"),
+		Args:              exactArgs(1, "stop takes one job name"),
+		ValidArgsFunction: c.completeJobs,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			o, err := c.format()
 			if err != nil {
@@ -611,4 +618,55 @@ func (c *command) stopCmd() *cobra.Command {
 	}
 	cmd.Flags().BoolVar(&wait, "wait", false, "wait until every worker has exited")
 	return cmd
+}
+
+// completeJobs completes a job name from the controller's first page of
+// jobs, for shell completion; no answer completes nothing.
+func (c *command) completeJobs(cmd *cobra.Command, args []string, prefix string) ([]string, cobra.ShellCompDirective) {
+	if len(args) > 0 {
+		return nil, cobra.ShellCompDirectiveNoFileComp
+	}
+	return c.complete(cmd.Context(), prefix, func(ctx context.Context, client *client.Client) ([]string, error) {
+		resp, err := client.ListJobs(ctx, &rdzvv1.ListJobsRequest{View: rdzvv1.JobView_JOB_VIEW_SUMMARY})
+		var names []string
+		for _, j := range resp.GetJobs() {
+			names = append(names, j.GetSpec().GetName())
+		}
+		return names, err
+	})
+}
+
+// completeNodes completes a node name, as completeJobs.
+func (c *command) completeNodes(cmd *cobra.Command, args []string, prefix string) ([]string, cobra.ShellCompDirective) {
+	if len(args) > 0 {
+		return nil, cobra.ShellCompDirectiveNoFileComp
+	}
+	return c.complete(cmd.Context(), prefix, func(ctx context.Context, client *client.Client) ([]string, error) {
+		resp, err := client.ListNodes(ctx, &rdzvv1.ListNodesRequest{})
+		var names []string
+		for _, n := range resp.GetNodes() {
+			names = append(names, n.GetInfo().GetName())
+		}
+		return names, err
+	})
+}
+
+func (c *command) complete(ctx context.Context, prefix string, list func(context.Context, *client.Client) ([]string, error)) ([]string, cobra.ShellCompDirective) {
+	client, err := c.dial()
+	if err != nil {
+		return nil, cobra.ShellCompDirectiveNoFileComp
+	}
+	cctx, cancel := c.call(ctx)
+	defer cancel()
+	names, err := list(cctx, client)
+	if err != nil {
+		return nil, cobra.ShellCompDirectiveNoFileComp
+	}
+	var out []string
+	for _, n := range names {
+		if strings.HasPrefix(n, prefix) {
+			out = append(out, n)
+		}
+	}
+	return out, cobra.ShellCompDirectiveNoFileComp
 }

@@ -248,3 +248,22 @@ func TestListAndDeleteUsage(t *testing.T) {
 		})
 	}
 }
+
+// Shell completion offers the controller's job and node names.
+func TestCompletesNames(t *testing.T) {
+	_, addr := startPagedServer(t)
+	tests := []struct {
+		args []string
+		want string
+	}{
+		{[]string{"logs", "job-"}, "job-0\njob-1\njob-2\n:4\n"},
+		{[]string{"nodes", "drain", "node-1"}, "node-1\n:4\n"},
+		{[]string{"status", "job-0", ""}, ":4\n"},
+	}
+	for _, tt := range tests {
+		t.Run(strings.Join(tt.args, " "), func(t *testing.T) {
+			out := runOK(t, append([]string{"--insecure", "--controller", addr, "__complete"}, tt.args...)...)
+			require.Equal(t, tt.want, out)
+		})
+	}
+}

@@ -38,7 +38,8 @@ with the generation that was running at that time.`,
 		Example: `  rdzvctl logs train
   rdzvctl logs train --tail 20 -f
   rdzvctl logs train --node gpu-03 --since 30m`,
-		Args: exactArgs(1, "logs takes one job name"),
+		Args:              exactArgs(1, "logs takes one job name"),
+		ValidArgsFunction: c.completeJobs,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			req := &rdzvv1.StreamLogsRequest{Job: args[0], Node: node, Follow: follow, TailLines: tail, AllNodes: node == ""}
 			if tail > wire.MaxLogTailLines {

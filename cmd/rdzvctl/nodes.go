@@ -81,6 +81,7 @@ func (c *command) cordonCmd(cordon bool) *cobra.Command {
 		Example: "  rdzvctl nodes cordon gpu-07 --reason 'fan replacement'",
 		Args:    exactArgs(1, "nodes cordon takes one node name"),
 	}
+	cmd.ValidArgsFunction = c.completeNodes
 	if !cordon {
 		cmd.Use, cmd.Short, cmd.Example = "uncordon NODE", "Let a node take work again (also ends a drain)", "  rdzvctl nodes uncordon gpu-07"
 		cmd.Args = exactArgs(1, "nodes uncordon takes one node name")
@@ -137,7 +138,8 @@ drain.`,
 		Example: `  rdzvctl nodes drain gpu-07
   rdzvctl nodes drain gpu-07 --now --reason 'failing DIMM'
   rdzvctl nodes --state drained`,
-		Args: exactArgs(1, "nodes drain takes one node name"),
+		Args:              exactArgs(1, "nodes drain takes one node name"),
+		ValidArgsFunction: c.completeNodes,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			o, err := c.format()
 			if err != nil {
