@@ -55,13 +55,8 @@ func (c *Controller) previewJob(specProto *rdzvv1.JobSpec) (*rdzvv1.Job, *rdzvv1
 	spec := jobspec.FromProto(specProto)
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	name := spec.Name
-	if old := c.jobs[name]; old != nil && !terminalJob(old.rec.GetState()) {
-		return nil, nil, fmt.Errorf("job %s is %s; stop it before starting it again: %w", name, stateName(old.rec.GetState()), errAlreadyExists)
-	}
-	if active := c.activeJobs(); active >= c.cfg.Limits.MaxActiveJobs {
-		return nil, nil, fmt.Errorf("job %s would be refused: %d jobs are pending or running, the most limits.max_active_jobs (%d) allows: %w",
-			name, active, c.cfg.Limits.MaxActiveJobs, errTooManyJobs)
+	if err := c.admitJob(spec.Name); err != nil {
+		return nil, nil, err
 	}
 	job := &rdzvv1.Job{Spec: spec.ToProto(), State: rdzvv1.JobState_JOB_STATE_PENDING, Reason: "dry run: not stored"}
 	req := requirements(job.GetSpec())

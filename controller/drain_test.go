@@ -128,6 +128,11 @@ func TestStartDryRun(t *testing.T) {
 	require.Empty(t, c.listJobs())
 	_, err = c.jobs.GetJob(rpcCtx(t), &rdzvv1.GetJobRequest{Name: "train"})
 	require.Equal(t, codes.NotFound, status.Code(err))
+
+	// What StartJob would refuse, a dry run refuses.
+	c.startJob(c.spec("dup", 1, 1, "hang"))
+	_, err = c.jobs.StartJob(rpcCtx(t), &rdzvv1.StartJobRequest{Spec: c.spec("dup", 1, 1), DryRun: true})
+	require.Equal(t, codes.AlreadyExists, status.Code(err))
 }
 
 // events of a job the controller does not know are NotFound, as GetJob.

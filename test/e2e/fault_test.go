@@ -170,7 +170,19 @@ func TestFaultAgentRestart(t *testing.T) {
 	for _, pid := range workers {
 		require.NotEmpty(t, procStatus(pid, "State"), "training process %d on h2 did not survive the agent restart", pid)
 	}
-	c.waitReady(t)
+	// Every node idle once the job is done; h3, drained, as DRAINED.
+	c.waitNodes(t, "READY, h3 DRAINED", func(nodes []nodeJSON) bool {
+		for i, n := range nodes {
+			want := "NODE_STATE_READY"
+			if i == 2 {
+				want = "NODE_STATE_DRAINED"
+			}
+			if n.Info.Name != c.agentHost(i).Name || n.State != want {
+				return false
+			}
+		}
+		return true
+	})
 	t.Logf("e2e: agent on h2 back with its %d training processes", len(workers))
 
 	j := c.waitJob(t, job.Name, "finished", func(j jobJSON) bool { return finished(j.State) })
@@ -180,8 +192,7 @@ func TestFaultAgentRestart(t *testing.T) {
 	events := c.jobEvents(t, job.Name)
 	require.NotContains(t, kinds(events), "attempt_failed")
 	require.Contains(t, kinds(events), "agent_restarting")
-	c.waitNodeState(t, 2, "NODE_STATE_DRAINED")
-	require.Contains(t, c.ctlOK(t, "nodes", "--state", "drained", "-o", "name"), h3)
+	require.Equal(t, h3+"\n", c.ctlOK(t, "nodes", "--state", "drained", "-o", "name"))
 	requireMergedLogs(t, c, job.Name)
 
 	// h2's workers, adopted, trained to the last step in generation 1.
