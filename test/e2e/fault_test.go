@@ -193,6 +193,7 @@ func TestFaultAgentRestart(t *testing.T) {
 	require.NotContains(t, kinds(events), "attempt_failed")
 	require.Contains(t, kinds(events), "agent_restarting")
 	require.Equal(t, h3+"\n", c.ctlOK(t, "nodes", "--state", "drained", "-o", "name"))
+	require.Equal(t, "node "+h3+" uncordoned\n", c.ctlOK(t, "nodes", "uncordon", h3), "uncordon ends the drain")
 	requireMergedLogs(t, c, job.Name)
 
 	// h2's workers, adopted, trained to the last step in generation 1.
