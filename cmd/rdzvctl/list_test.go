@@ -18,6 +18,7 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/rdzv/rdzv/internal/testaddr"
 	rdzvv1 "github.com/rdzv/rdzv/proto/rdzv/v1"
 )
 
@@ -266,4 +267,21 @@ func TestCompletesNames(t *testing.T) {
 			require.Equal(t, tt.want, out)
 		})
 	}
+}
+
+// version asks the controller for its build; one that predates
+// GetServerInfo is named as such, and --client asks nothing.
+func TestVersionOfAnOlderServer(t *testing.T) {
+	_, addr := startPagedServer(t)
+	out := runOK(t, "--insecure", "--controller", addr, "version")
+	require.Contains(t, out, "Client: ")
+	require.Contains(t, out, "Server: unknown (the controller is older than GetServerInfo)\n")
+	out = runOK(t, "--insecure", "--controller", testaddr.Free(t), "version", "--client", "-o", "json")
+	var v struct {
+		Client map[string]string `json:"client"`
+		Server *struct{}         `json:"server"`
+	}
+	require.NoError(t, json.Unmarshal([]byte(out), &v))
+	require.NotEmpty(t, v.Client["version"])
+	require.Nil(t, v.Server)
 }

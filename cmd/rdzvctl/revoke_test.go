@@ -52,6 +52,8 @@ func TestPKIRevoke(t *testing.T) {
 		return code == 0
 	}, 30*time.Second, 50*time.Millisecond, "the controller never served")
 
+	require.Contains(t, runOK(t, ctlArgs("version")...), ", leader "+cfg.Listen+"\n", "the controller says what it is")
+
 	out := runOK(t, ctlArgs("pki", "revoke", "agent/gpu-01", "--reason", "decommissioned")...)
 	require.Contains(t, out, "revoked every certificate of agent/gpu-01 issued until now")
 	agentCert, err := pki.ReadCert(filepath.Join(caDir, "agent-gpu-02.crt"))
