@@ -284,7 +284,7 @@ func (c *command) watch(ctx context.Context, watching bool, o output, show func(
 		select {
 		case <-ctx.Done():
 			return nil
-		case <-time.After(watchEvery):
+		case <-c.clock.After(watchEvery):
 		}
 	}
 }

@@ -12,6 +12,7 @@ import (
 	"sync"
 	"testing"
 
+	"github.com/jonboulle/clockwork"
 	"github.com/stretchr/testify/require"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -61,7 +62,10 @@ func page[T any](s *pagedServer, req proto.Message, items []T, token string, siz
 }
 
 func (s *pagedServer) ListJobs(_ context.Context, req *rdzvv1.ListJobsRequest) (*rdzvv1.ListJobsResponse, error) {
-	jobs, next, err := page(s, req, s.jobs, req.GetPageToken(), req.GetPageSize())
+	s.mu.Lock()
+	all := s.jobs // replaced, never changed in place, by tests that change it
+	s.mu.Unlock()
+	jobs, next, err := page(s, req, all, req.GetPageToken(), req.GetPageSize())
 	return &rdzvv1.ListJobsResponse{Jobs: jobs, NextPageToken: next}, err
 }
 
@@ -284,4 +288,54 @@ func TestVersionOfAnOlderServer(t *testing.T) {
 	require.NoError(t, json.Unmarshal([]byte(out), &v))
 	require.NotEmpty(t, v.Client["version"])
 	require.Nil(t, v.Server)
+}
+
+// syncBuffer is a bytes.Buffer written by one goroutine and read by another.
+type syncBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *syncBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *syncBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
+}
+
+// --watch prints the list again when it changed, and only then.
+func TestWatchPrintsChanges(t *testing.T) {
+	s, addr := startPagedServer(t)
+	clock := clockwork.NewFakeClock()
+	out := &syncBuffer{}
+	c := &command{globals: defaultGlobals(), out: out, errOut: io.Discard, clock: clock}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	done := make(chan int, 1)
+	go func() {
+		code, _ := runWith(ctx, c, []string{"--insecure", "--controller", addr, "list", "--watch", "-o", "name"})
+		done <- code
+	}()
+	lines := func() []string { return strings.Fields(out.String()) }
+	require.NoError(t, clock.BlockUntilContext(ctx, 1), "the watch never waited for its next poll")
+	require.Equal(t, names("job", 0, 1, 2, 3, 4, 5, 6), lines())
+
+	clock.Advance(watchEvery)
+	require.NoError(t, clock.BlockUntilContext(ctx, 1))
+	require.Len(t, lines(), 7, "unchanged, nothing is printed again")
+
+	s.mu.Lock()
+	s.jobs = s.jobs[:2]
+	s.mu.Unlock()
+	clock.Advance(watchEvery)
+	require.NoError(t, clock.BlockUntilContext(ctx, 1))
+	require.Equal(t, append(names("job", 0, 1, 2, 3, 4, 5, 6), "job-0", "job-1"), lines())
+
+	cancel()
+	require.Equal(t, 0, <-done, "interrupting a watch is no failure")
 }
