@@ -8,11 +8,10 @@ import (
 	"path/filepath"
 	"time"
 
-	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/status"
-
 	"github.com/jonboulle/clockwork"
 	"github.com/spf13/pflag"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 
 	"github.com/rdzv/rdzv/client"
 	"github.com/rdzv/rdzv/pki"

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -257,6 +258,8 @@ func (c *command) watch(ctx context.Context, watching bool, o output, show func(
 	for first := true; ; first = false {
 		key, print, err := show(ctx)
 		switch {
+		case !first && ctx.Err() != nil:
+			return nil // interrupted while watching: no failure
 		case err != nil && (first || !watching):
 			return err
 		case err != nil:
@@ -264,7 +267,7 @@ func (c *command) watch(ctx context.Context, watching bool, o output, show func(
 				fmt.Fprintf(c.errOut, "rdzvctl: %v (retrying)\n", err)
 				lastErr = err.Error()
 			}
-		case first || string(key) != string(last):
+		case first || !bytes.Equal(key, last):
 			if !first {
 				switch o.kind {
 				case "yaml":
