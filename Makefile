@@ -20,7 +20,7 @@ LDFLAGS := -X github.com/rdzv/rdzv/buildinfo.Version=$(VERSION) -X github.com/rd
 # Extra flags for go test, e.g. GOTEST_FLAGS=-race (CI sets it).
 GOTEST_FLAGS ?=
 
-.PHONY: all build test unit fuzz e2e lint proto tools demo clean bench
+.PHONY: all build test unit fuzz e2e lint proto tools demo clean bench docs
 
 all: build
 
@@ -58,6 +58,11 @@ lint: tools
 	@# The controller and CLI must not need cgo (only agent/gpu/nvmlgpu imports go-nvml),
 	@# nor must a program built on package client (examples/goclient, built so it cannot rot).
 	CGO_ENABLED=0 $(GO) build -o /dev/null ./cmd/rdzv-controller ./cmd/rdzvctl ./examples/goclient
+
+# The CLI reference under docs/cli and rdzvctl's golden files, from the
+# command tree; a unit test fails while either is stale.
+docs:
+	$(GO) test ./cmd/rdzvctl -run 'TestCLIDocs|Golden' -count=1 -update
 
 unit:
 	$(GO) test $(GOTEST_FLAGS) -count=1 $$($(GO) list ./... | grep -v /test/e2e)

@@ -1,6 +1,8 @@
 package agent
 
 import (
+	"bufio"
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -96,12 +98,15 @@ func (t *logTails) stream(ctx context.Context, req *rdzvv1.LogTail) error {
 		return err
 	}
 	defer f.Close()
-	if tail := int64(req.GetTailBytes()); tail > 0 {
-		if info, err := f.Stat(); err == nil && info.Size() > tail {
-			if _, err := f.Seek(info.Size()-tail, io.SeekStart); err != nil {
-				return err
-			}
-		}
+	if req.GetTailLines() > wire.MaxLogTailLines {
+		return fmt.Errorf("tail_lines: at most %d, got %d", wire.MaxLogTailLines, req.GetTailLines())
+	}
+	start, err := logStart(f, req)
+	if err != nil {
+		return fmt.Errorf("reading log: %w", err)
+	}
+	if _, err := f.Seek(start, io.SeekStart); err != nil {
+		return err
 	}
 	buf := make([]byte, logChunkBytes)
 	for {
@@ -137,4 +142,120 @@ func (t *logTails) send(ctx context.Context, c *rdzvv1.LogChunk) bool {
 	case <-ctx.Done():
 		return false
 	}
+}
+
+// logStart is the offset a request starts reading at: not before the
+// current run of the job (output of an earlier job of the same name is
+// skipped), not before the generation running at since, and no further
+// back than tail_bytes or tail_lines before the end.
+func logStart(f *os.File, req *rdzvv1.LogTail) (int64, error) {
+	info, err := f.Stat()
+	if err != nil {
+		return 0, err
+	}
+	size, start := info.Size(), int64(0)
+	if req.GetRunCreatedAt() != nil || req.GetSince() != nil {
+		if start, err = markerStart(f, size, req); err != nil {
+			return 0, err
+		}
+	}
+	if tail := int64(req.GetTailBytes()); tail > 0 {
+		start = max(start, size-tail)
+	}
+	if n := req.GetTailLines(); n > 0 {
+		at, err := lastLines(f, start, size, int(n))
+		if err != nil {
+			return 0, err
+		}
+		start = max(start, at)
+	}
+	return start, nil
+}
+
+// markerPrefix begins the line the supervisor writes when a generation
+// starts on this node; it carries the start time.
+var markerPrefix = []byte("=== rdzv: job ")
+
+// markerTime is the start time in a generation marker line.
+func markerTime(line []byte) (time.Time, bool) {
+	if !bytes.HasPrefix(line, markerPrefix) {
+		return time.Time{}, false
+	}
+	_, rest, ok := bytes.Cut(line, []byte(" started "))
+	if !ok {
+		return time.Time{}, false
+	}
+	stamp, _, _ := bytes.Cut(rest, []byte(" "))
+	t, err := time.Parse(time.RFC3339Nano, string(bytes.TrimSuffix(stamp, []byte(":"))))
+	return t, err == nil
+}
+
+// markerStart scans the generation markers up to size: the current run
+// starts at the first generation started at or after run_created_at (none
+// yet: at the end), and since at the last generation started at or before
+// it.
+func markerStart(f *os.File, size int64, req *rdzvv1.LogTail) (int64, error) {
+	runStart, sinceStart := int64(0), int64(0)
+	created, since := req.GetRunCreatedAt(), req.GetSince()
+	if created != nil {
+		runStart = size
+	}
+	r := bufio.NewReaderSize(io.NewSectionReader(f, 0, size), logChunkBytes)
+	for off, foundRun := int64(0), false; ; {
+		line, err := r.ReadSlice('\n')
+		if t, ok := markerTime(line); ok {
+			if created != nil && !foundRun && !t.Before(created.AsTime()) {
+				runStart, foundRun = off, true
+			}
+			if since != nil && !t.After(since.AsTime()) {
+				sinceStart = off
+			}
+		}
+		off += int64(len(line))
+		// A long line: only its start can be a marker; read on.
+		for errors.Is(err, bufio.ErrBufferFull) {
+			line, err = r.ReadSlice('\n')
+			off += int64(len(line))
+		}
+		if errors.Is(err, io.EOF) {
+			return max(runStart, sinceStart), nil
+		}
+		if err != nil {
+			return 0, err
+		}
+	}
+}
+
+// lastLines is the offset of the n-th line from the end of f (a last line
+// without its newline counts), not before from.
+func lastLines(f *os.File, from, size int64, n int) (int64, error) {
+	buf := make([]byte, logChunkBytes)
+	end := size
+	// A final newline ends the last line rather than starting another.
+	newlines := -1
+	if size > from {
+		if _, err := f.ReadAt(buf[:1], size-1); err != nil {
+			return 0, err
+		}
+		if buf[0] != '\n' {
+			newlines = 0
+		}
+	}
+	for end > from {
+		chunk := buf[:min(int64(len(buf)), end-from)]
+		at := end - int64(len(chunk))
+		if _, err := f.ReadAt(chunk, at); err != nil && !errors.Is(err, io.EOF) {
+			return 0, err
+		}
+		for i := len(chunk) - 1; i >= 0; i-- {
+			if chunk[i] != '\n' {
+				continue
+			}
+			if newlines++; newlines == n {
+				return at + int64(i) + 1, nil
+			}
+		}
+		end = at
+	}
+	return from, nil
 }

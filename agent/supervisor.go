@@ -538,7 +538,7 @@ func (s *Supervisor) start(a *rdzvv1.Assignment) (*worker, error) {
 	defer out.Close() // the child keeps its own descriptor
 	args := LauncherArgs(a)
 	fmt.Fprintf(out, "=== rdzv: job %s generation %d node %s rank %d/%d started %s: %s %s\n",
-		job, a.GetGeneration(), s.node, a.GetNodeRank(), a.GetNnodes(), time.Now().UTC().Format(time.RFC3339), torchrun, strings.Join(args, " "))
+		job, a.GetGeneration(), s.node, a.GetNodeRank(), a.GetNnodes(), time.Now().UTC().Format(time.RFC3339Nano), torchrun, strings.Join(args, " "))
 	meta, err := proto.Marshal(a)
 	if err != nil {
 		return nil, fmt.Errorf("encoding the assignment: %w", err)

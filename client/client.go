@@ -23,7 +23,7 @@
 //	resp, err := c.GetJob(ctx, &rdzvv1.GetJobRequest{Name: "train"})
 //
 // The Client embeds the generated clients of JobService, NodeService,
-// CertificateService and AgentService (package proto/rdzv/v1). examples/goclient starts a job
+// CertificateService, AgentService and ServerService (package proto/rdzv/v1). examples/goclient starts a job
 // from a job file and follows it to its end.
 package client
 
@@ -128,6 +128,7 @@ type Client struct {
 	rdzvv1.NodeServiceClient
 	rdzvv1.CertificateServiceClient
 	rdzvv1.AgentServiceClient
+	rdzvv1.ServerServiceClient
 	conn *Conn
 }
 
@@ -155,6 +156,7 @@ func New(cfg Config) (*Client, error) {
 		NodeServiceClient:        rdzvv1.NewNodeServiceClient(conn),
 		CertificateServiceClient: rdzvv1.NewCertificateServiceClient(conn),
 		AgentServiceClient:       rdzvv1.NewAgentServiceClient(conn),
+		ServerServiceClient:      rdzvv1.NewServerServiceClient(conn),
 		conn:                     conn,
 	}, nil
 }

@@ -9,6 +9,7 @@ import (
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/rdzv/rdzv/controller/store"
 	"github.com/rdzv/rdzv/jobspec"
@@ -143,6 +144,13 @@ func (l *logStreamLimit) take(job string, viewer bool, d int) {
 }
 
 func (s *jobService) StartJob(ctx context.Context, req *rdzvv1.StartJobRequest) (*rdzvv1.StartJobResponse, error) {
+	if req.GetDryRun() {
+		job, preview, err := s.c.previewJob(req.GetSpec())
+		if err != nil {
+			return nil, toStatus(err)
+		}
+		return &rdzvv1.StartJobResponse{Job: job, Placement: preview}, nil
+	}
 	job, err := s.c.startJob(ctx, req.GetSpec())
 	if err != nil {
 		return nil, toStatus(err)
@@ -184,6 +192,15 @@ func (s *jobService) DeleteJob(ctx context.Context, req *rdzvv1.DeleteJobRequest
 }
 
 func (s *jobService) ListEvents(ctx context.Context, req *rdzvv1.ListEventsRequest) (*rdzvv1.ListEventsResponse, error) {
+	if job := req.GetJob(); job != "" && req.GetPageToken() == "" {
+		// As GetJob answers: a job's events go with the job (DeleteJob).
+		s.c.mu.Lock()
+		known := s.c.jobs[job] != nil
+		s.c.mu.Unlock()
+		if !known {
+			return nil, status.Errorf(codes.NotFound, "job %s not found", job)
+		}
+	}
 	resp, err := s.c.listEvents(ctx, req)
 	if err != nil {
 		return nil, toStatus(err)
@@ -191,80 +208,130 @@ func (s *jobService) ListEvents(ctx context.Context, req *rdzvv1.ListEventsReque
 	return resp, nil
 }
 
-// StreamLogs relays a job's log from the node that holds it: the agent
+// StreamLogs relays a job's log from the nodes that hold it: each agent
 // reads its local file and sends chunks over its stream, so output is never
-// shipped anywhere unless an operator asks for it.
+// shipped anywhere unless an operator asks for it. With all_nodes every
+// node of the current generation is read at once and the chunks are
+// merged as they come, each response naming its node.
 func (s *jobService) StreamLogs(req *rdzvv1.StreamLogsRequest, stream rdzvv1.JobService_StreamLogsServer) error {
-	c := s.c
 	caller, _ := identityFrom(stream.Context())
 	release, err := s.logStreams.acquire(req.GetJob(), caller.Role == pki.RoleViewer)
 	if err != nil {
 		return err
 	}
 	defer release()
-	c.mu.Lock()
-	js := c.jobs[req.GetJob()]
-	if js == nil {
-		c.mu.Unlock()
-		return status.Errorf(codes.NotFound, "job %s not found", req.GetJob())
+	targets, createdAt, err := s.logTargets(req)
+	if err != nil {
+		return err
 	}
-	node := req.GetNode()
-	if node == "" {
-		if len(js.round.GetNodes()) == 0 {
-			c.mu.Unlock()
-			return status.Errorf(codes.FailedPrecondition, "job %s has not run on any node yet", req.GetJob())
-		}
-		node = js.round.GetNodes()[0].GetNode()
+	type tagged struct {
+		t     logTarget
+		chunk *rdzvv1.LogChunk
+		err   error
 	}
-	ns := c.nodes[node]
-	var sess *session
-	if ns != nil {
-		sess = ns.session
-	}
-	c.mu.Unlock()
-	if ns == nil {
-		return status.Errorf(codes.NotFound, "node %s not found", node)
-	}
-	if sess == nil {
-		return status.Errorf(codes.Unavailable, "node %s is not connected; its logs are on the node under the agent's state directory", node)
-	}
-
-	id := newID()
-	chunks := sess.expect(id, logBuffer)
-	defer sess.forget(id)
-	sess.send(&rdzvv1.ConnectResponse{Msg: &rdzvv1.ConnectResponse_LogTail{LogTail: &rdzvv1.LogTail{
-		RequestId: id, Job: req.GetJob(), TailBytes: req.GetTailBytes(), Follow: req.GetFollow(),
-	}}})
-	cancel := func() {
-		sess.send(&rdzvv1.ConnectResponse{Msg: &rdzvv1.ConnectResponse_LogCancel{LogCancel: &rdzvv1.LogCancel{RequestId: id}}})
-	}
-	for {
-		select {
-		case <-stream.Context().Done():
-			cancel()
-			return nil
-		case <-sess.ctx.Done():
-			return status.Errorf(codes.Unavailable, "node %s disconnected while streaming logs", node)
-		case m := <-chunks:
-			chunk := m.GetLogChunk()
-			if chunk.GetError() != "" {
-				return status.Errorf(codes.NotFound, "reading logs of job %s on %s: %s", req.GetJob(), node, chunk.GetError())
-			}
-			if len(chunk.GetData()) > 0 {
-				if err := stream.Send(&rdzvv1.StreamLogsResponse{Node: node, Data: chunk.GetData()}); err != nil {
-					cancel()
-					return fmt.Errorf("sending logs: %w", err)
+	ctx, stop := context.WithCancel(stream.Context())
+	defer stop()
+	merged := make(chan tagged)
+	for _, t := range targets {
+		id := newID()
+		chunks := t.sess.expect(id, logBuffer)
+		t.sess.send(&rdzvv1.ConnectResponse{Msg: &rdzvv1.ConnectResponse_LogTail{LogTail: &rdzvv1.LogTail{
+			RequestId: id, Job: req.GetJob(), TailBytes: req.GetTailBytes(), Follow: req.GetFollow(),
+			TailLines: req.GetTailLines(), Since: req.GetSince(), RunCreatedAt: createdAt,
+		}}})
+		go func() {
+			defer t.sess.forget(id)
+			for {
+				var m tagged
+				select {
+				case <-ctx.Done():
+					// The operator left, or another node's stream ended it.
+					t.sess.send(&rdzvv1.ConnectResponse{Msg: &rdzvv1.ConnectResponse_LogCancel{LogCancel: &rdzvv1.LogCancel{RequestId: id}}})
+					return
+				case <-t.sess.ctx.Done():
+					m = tagged{t: t, err: status.Errorf(codes.Unavailable, "node %s disconnected while streaming logs", t.node)}
+				case c := <-chunks:
+					m = tagged{t: t, chunk: c.GetLogChunk()}
+					if len(chunks) == cap(chunks) {
+						m.err = status.Errorf(codes.ResourceExhausted, "log stream of %s fell behind; retry with a smaller --tail", t.node)
+					}
+				}
+				select {
+				case merged <- m:
+				case <-ctx.Done():
+				}
+				if m.err != nil || m.chunk.GetEof() {
+					return
 				}
 			}
-			if chunk.GetEof() {
-				return nil
-			}
-			if len(chunks) == cap(chunks) {
-				cancel()
-				return status.Errorf(codes.ResourceExhausted, "log stream of %s fell behind; retry with a smaller --tail", node)
+		}()
+	}
+	for open := len(targets); open > 0; {
+		var m tagged
+		select {
+		case <-stream.Context().Done():
+			return nil
+		case m = <-merged:
+		}
+		switch {
+		case m.err != nil:
+			return m.err
+		case m.chunk.GetError() != "":
+			return status.Errorf(codes.NotFound, "reading logs of job %s on %s: %s", req.GetJob(), m.t.node, m.chunk.GetError())
+		case len(m.chunk.GetData()) > 0:
+			if err := stream.Send(&rdzvv1.StreamLogsResponse{Node: m.t.node, NodeRank: m.t.rank, Data: m.chunk.GetData()}); err != nil {
+				return fmt.Errorf("sending logs: %w", err)
 			}
 		}
+		if m.chunk.GetEof() {
+			open--
+		}
 	}
+	return nil
+}
+
+// logTarget is one node a log stream reads from.
+type logTarget struct {
+	node string
+	rank uint32
+	sess *session
+}
+
+// logTargets are the nodes a StreamLogs call reads from, and when the
+// job's current run was created (its older runs' output is skipped).
+func (s *jobService) logTargets(req *rdzvv1.StreamLogsRequest) ([]logTarget, *timestamppb.Timestamp, error) {
+	c := s.c
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	js := c.jobs[req.GetJob()]
+	if js == nil {
+		return nil, nil, status.Errorf(codes.NotFound, "job %s not found", req.GetJob())
+	}
+	var targets []logTarget
+	for _, a := range js.round.GetNodes() {
+		if req.GetAllNodes() || req.GetNode() == a.GetNode() || req.GetNode() == "" && a.GetNodeRank() == 0 {
+			targets = append(targets, logTarget{node: a.GetNode(), rank: a.GetNodeRank()})
+		}
+	}
+	if req.GetNode() != "" && len(targets) == 0 {
+		// A node outside the current generation may still hold output
+		// of an earlier one.
+		targets = append(targets, logTarget{node: req.GetNode()})
+	}
+	if len(targets) == 0 {
+		return nil, nil, status.Errorf(codes.FailedPrecondition, "job %s has not run on any node yet", req.GetJob())
+	}
+	for i, t := range targets {
+		ns := c.nodes[t.node]
+		if ns == nil {
+			return nil, nil, status.Errorf(codes.NotFound, "node %s not found", t.node)
+		}
+		if ns.session == nil {
+			return nil, nil, status.Errorf(codes.Unavailable, "node %s is not connected; its logs are on the node under the agent's state directory", t.node)
+		}
+		targets[i].sess = ns.session
+	}
+	return targets, js.rec.GetCreatedAt(), nil
 }
 
 type nodeService struct {
@@ -290,6 +357,18 @@ func (s *nodeService) CordonNode(ctx context.Context, req *rdzvv1.CordonNodeRequ
 		return nil, toStatus(err)
 	}
 	return &rdzvv1.CordonNodeResponse{Node: n}, nil
+}
+
+func (s *nodeService) DrainNode(ctx context.Context, req *rdzvv1.DrainNodeRequest) (*rdzvv1.DrainNodeResponse, error) {
+	reason := req.GetReason()
+	if reason == "" {
+		reason = "drained by operator"
+	}
+	n, err := s.c.drain(ctx, req.GetName(), reason, req.GetNow())
+	if err != nil {
+		return nil, toStatus(err)
+	}
+	return &rdzvv1.DrainNodeResponse{Node: n}, nil
 }
 
 func (s *nodeService) UncordonNode(ctx context.Context, req *rdzvv1.UncordonNodeRequest) (*rdzvv1.UncordonNodeResponse, error) {

@@ -41,6 +41,9 @@ var methodRoles = map[string][]pki.Role{
 	rdzvv1.NodeService_ListNodes_FullMethodName:    readers,
 	rdzvv1.NodeService_CordonNode_FullMethodName:   operators,
 	rdzvv1.NodeService_UncordonNode_FullMethodName: operators,
+	rdzvv1.NodeService_DrainNode_FullMethodName:    operators,
+
+	rdzvv1.ServerService_GetServerInfo_FullMethodName: readers,
 
 	rdzvv1.CertificateService_RevokeCertificate_FullMethodName: operators,
 	rdzvv1.CertificateService_ListRevocations_FullMethodName:   operators,

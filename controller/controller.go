@@ -232,6 +232,7 @@ func (c *Controller) Run(ctx context.Context) error {
 	rdzvv1.RegisterJobServiceServer(srv, &jobService{c: c})
 	rdzvv1.RegisterNodeServiceServer(srv, &nodeService{c: c})
 	rdzvv1.RegisterCertificateServiceServer(srv, &certificateService{c: c})
+	rdzvv1.RegisterServerServiceServer(srv, &serverService{c: c})
 	c.addr = lis.Addr()
 	c.log.Info("controller serving", zap.Stringer("addr", c.addr), zap.String("advertise_addr", c.cfg.Advertised()), zap.Bool("embedded_etcd", c.cfg.Embedded()))
 	close(c.ready)

@@ -40,7 +40,8 @@ func (c *Controller) setCordon(name string, cordoned bool, reason string) {
 	rec.Cordoned, rec.CordonReason = cordoned, reason
 	kind, what := EventNodeCordoned, "cordoned: "+reason
 	if !cordoned {
-		kind, what, rec.CordonReason = EventNodeUncordoned, "uncordoned", ""
+		// Uncordoning ends a drain too.
+		kind, what, rec.CordonReason, rec.Draining = EventNodeUncordoned, "uncordoned", "", false
 	}
 	ns.rec = rec
 	c.persist(c.store.PutNode(rec, c.event("", name, 0, kind, "node %s %s", name, what)), nil)

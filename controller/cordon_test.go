@@ -115,7 +115,7 @@ func TestFlakyNodeIsCordoned(t *testing.T) {
 	// would place it.
 	j := c.waitJob("third", func(j *rdzvv1.Job) bool { return j.GetReason() != submitted.GetReason() })
 	require.Equal(t, rdzvv1.JobState_JOB_STATE_PENDING, j.GetState())
-	require.Contains(t, j.GetReason(), "1 of 2 nodes eligible, need 2 (1 busy or not ready)")
+	require.Contains(t, j.GetReason(), "1 of 2 nodes eligible, need 2 (1 cordoned or draining)")
 	require.True(t, c.listNodes()["node-b"].GetCordoned(), "the cordon outlives the reconnect")
 }
 

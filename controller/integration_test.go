@@ -590,6 +590,27 @@ func TestStreamLogs(t *testing.T) {
 		})
 	}
 
+	t.Run("every node, tail in lines", func(t *testing.T) {
+		stream, err := c.jobs.StreamLogs(rpcCtx(t), &rdzvv1.StreamLogsRequest{Job: "train", AllNodes: true, TailLines: 1})
+		require.NoError(t, err)
+		byNode := map[string]string{}
+		for {
+			resp, err := stream.Recv()
+			if errors.Is(err, io.EOF) {
+				break
+			}
+			require.NoError(t, err)
+			require.Equal(t, map[string]uint32{"node-a": 0, "node-b": 1}[resp.GetNode()], resp.GetNodeRank())
+			byNode[resp.GetNode()] += string(resp.GetData())
+		}
+		require.Len(t, byNode, 2)
+		for node, out := range byNode {
+			require.Equal(t, "=== rdzv: generation 1 ended: WORKER_STATE_SUCCEEDED exit_code=0 signal=\"\" \n", out, "the last line of %s", node)
+		}
+		_, _, err = read(&rdzvv1.StreamLogsRequest{Job: "train", AllNodes: true, Node: "node-a"})
+		require.Equal(t, codes.InvalidArgument, status.Code(err), "all_nodes with a node: %v", err)
+	})
+
 	t.Run("follow until the workers exit", func(t *testing.T) {
 		c.startJob(c.spec("follow", 2, 2, "gate"))
 		c.waitRunning("follow")
@@ -618,6 +639,17 @@ func TestStreamLogs(t *testing.T) {
 		c.startJob(c.spec("waiting", 5, 5, "ok"))
 		_, _, err := read(&rdzvv1.StreamLogsRequest{Job: "waiting"})
 		require.Equal(t, codes.FailedPrecondition, status.Code(err), "%v", err)
+	})
+
+	t.Run("a reused job name shows its own run only", func(t *testing.T) {
+		_, err := c.jobs.DeleteJob(rpcCtx(t), &rdzvv1.DeleteJobRequest{Name: "train"})
+		require.NoError(t, err)
+		c.startJob(c.spec("train", 2, 2, "ok"))
+		c.waitJobState("train", succeeded)
+		_, out, err := read(&rdzvv1.StreamLogsRequest{Job: "train", Node: "node-b"})
+		require.NoError(t, err)
+		require.Equal(t, 1, strings.Count(out, "=== rdzv: job train generation"), "one run's generation, not the deleted run's too: %q", out)
+		require.Contains(t, out, "hello from node-b rank 1")
 	})
 }
 

@@ -32,18 +32,13 @@ func (c *Controller) startJob(ctx context.Context, specProto *rdzvv1.JobSpec) (*
 	spec := jobspec.FromProto(specProto)
 	c.mu.Lock()
 	name := spec.Name
+	if err := c.admitJob(name); err != nil {
+		c.mu.Unlock()
+		return nil, err
+	}
 	replace, generation := false, c.generationFloor
 	if old := c.jobs[name]; old != nil {
-		if !terminalJob(old.rec.GetState()) {
-			c.mu.Unlock()
-			return nil, fmt.Errorf("job %s is %s; stop it before starting it again: %w", name, stateName(old.rec.GetState()), errAlreadyExists)
-		}
 		replace, generation = true, old.rec.GetGeneration()
-	}
-	if active := c.activeJobs(); active >= c.cfg.Limits.MaxActiveJobs {
-		c.mu.Unlock()
-		return nil, fmt.Errorf("job %s refused: %d jobs are pending or running, the most limits.max_active_jobs (%d) allows; "+
-			"wait for one to finish or stop one: %w", name, active, c.cfg.Limits.MaxActiveJobs, errTooManyJobs)
 	}
 	now := c.clock.Now()
 	rec := &rdzvv1.Job{Spec: spec.ToProto(), State: rdzvv1.JobState_JOB_STATE_PENDING, Reason: "waiting for rendezvous",
@@ -61,6 +56,19 @@ func (c *Controller) startJob(ctx context.Context, specProto *rdzvv1.JobSpec) (*
 	c.log.Info("job submitted", zap.String("job", name))
 	c.wake()
 	return view, nil
+}
+
+// admitJob says why a job named name cannot be started now: one of that
+// name has not finished, or too many jobs are active. Callers hold c.mu.
+func (c *Controller) admitJob(name string) error {
+	if old := c.jobs[name]; old != nil && !terminalJob(old.rec.GetState()) {
+		return fmt.Errorf("job %s is %s; stop it before starting it again: %w", name, stateName(old.rec.GetState()), errAlreadyExists)
+	}
+	if active := c.activeJobs(); active >= c.cfg.Limits.MaxActiveJobs {
+		return fmt.Errorf("job %s refused: %d jobs are pending or running, the most limits.max_active_jobs (%d) allows; "+
+			"wait for one to finish or stop one: %w", name, active, c.cfg.Limits.MaxActiveJobs, errTooManyJobs)
+	}
+	return nil
 }
 
 // activeJobs counts the jobs that have not finished. Callers hold c.mu.

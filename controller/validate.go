@@ -62,6 +62,9 @@ func validateRequest(m any) error {
 		err = errors.Join(nameErr("name", r.GetName()), textErr("reason", r.GetReason(), maxReasonBytes))
 	case *rdzvv1.UncordonNodeRequest:
 		err = nameErr("name", r.GetName())
+	case *rdzvv1.DrainNodeRequest:
+		err = errors.Join(nameErr("name", r.GetName()), textErr("reason", r.GetReason(), maxReasonBytes))
+	case *rdzvv1.GetServerInfoRequest:
 	case *rdzvv1.ConnectRequest:
 		err = validateConnectRequest(r)
 	case *rdzvv1.RevokeCertificateRequest:
@@ -129,6 +132,17 @@ func validateStreamLogs(r *rdzvv1.StreamLogsRequest) error {
 	}
 	if r.GetTailBytes() > wire.MaxLogTailBytes {
 		errs = append(errs, fmt.Errorf("tail_bytes: at most %d, got %d", wire.MaxLogTailBytes, r.GetTailBytes()))
+	}
+	if r.GetTailLines() > wire.MaxLogTailLines {
+		errs = append(errs, fmt.Errorf("tail_lines: at most %d, got %d", wire.MaxLogTailLines, r.GetTailLines()))
+	}
+	if r.GetAllNodes() && r.GetNode() != "" {
+		errs = append(errs, fmt.Errorf("node: must be empty with all_nodes, got %q", r.GetNode()))
+	}
+	if r.GetSince() != nil {
+		if err := r.GetSince().CheckValid(); err != nil {
+			errs = append(errs, fmt.Errorf("since: %w", err))
+		}
 	}
 	return errors.Join(errs...)
 }

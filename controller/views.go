@@ -46,12 +46,18 @@ func (c *Controller) nodeView(ns *nodeState) *rdzvv1.Node {
 }
 
 // viewState is a node's state as the API shows it: a ready node holding a
-// job is busy.
+// job is busy; a draining one holding none is drained.
 func viewState(ns *nodeState) rdzvv1.NodeState {
-	if s := ns.rec.GetState(); s != rdzvv1.NodeState_NODE_STATE_READY || ns.job == "" {
+	s := ns.rec.GetState()
+	switch {
+	case s != rdzvv1.NodeState_NODE_STATE_READY:
 		return s
+	case ns.job != "":
+		return rdzvv1.NodeState_NODE_STATE_BUSY
+	case ns.rec.GetDraining():
+		return rdzvv1.NodeState_NODE_STATE_DRAINED
 	}
-	return rdzvv1.NodeState_NODE_STATE_BUSY
+	return s
 }
 
 func stateName(s rdzvv1.JobState) string {

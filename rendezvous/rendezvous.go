@@ -33,8 +33,12 @@ type Candidate struct {
 	GPUs      []uint32 // GPU indices present on the node
 	Address   string
 	Interface string
-	// Free is true when the node is registered, heartbeating and idle.
+	// Free is true when the node is registered, heartbeating, idle and not
+	// cordoned.
 	Free bool
+	// Cordoned nodes (by an operator, a fault or a drain) take no work
+	// however free; told apart from busy ones in Explain.
+	Cordoned bool
 }
 
 // Placed is one node of a committed round.
@@ -50,6 +54,8 @@ var ErrNotEnoughNodes = errors.New("not enough eligible nodes")
 // Eligible reports whether c can run a job with req, and if not, why.
 func Eligible(req Requirements, c Candidate) (bool, Ineligibility) {
 	switch {
+	case c.Cordoned:
+		return false, Cordoned
 	case !c.Free:
 		return false, NotFree
 	case len(c.GPUs) < req.GPUsPerNode:
@@ -66,6 +72,7 @@ type Ineligibility int
 const (
 	NotFree Ineligibility = iota + 1
 	TooFewGPUs
+	Cordoned
 	SelectorMismatch
 )
 
@@ -131,12 +138,14 @@ func Count(req Requirements, candidates []Candidate) int {
 // Explain says, for an operator, how many nodes qualify and why the others
 // do not.
 func Explain(req Requirements, candidates []Candidate) string {
-	var eligible, notFree, fewGPUs, mismatch int
+	var eligible, cordoned, notFree, fewGPUs, mismatch int
 	for _, c := range candidates {
 		ok, why := Eligible(req, c)
 		switch {
 		case ok:
 			eligible++
+		case why == Cordoned:
+			cordoned++
 		case why == NotFree:
 			notFree++
 		case why == TooFewGPUs:
@@ -154,6 +163,9 @@ func Explain(req Requirements, candidates []Candidate) string {
 		fmt.Fprintf(&b, " matching %s", formatSelector(req.Selector))
 	}
 	var why []string
+	if cordoned > 0 {
+		why = append(why, fmt.Sprintf("%d cordoned or draining", cordoned))
+	}
 	if notFree > 0 {
 		why = append(why, fmt.Sprintf("%d busy or not ready", notFree))
 	}

@@ -27,6 +27,9 @@ const (
 	MaxLogChunkBytes = 64 << 10
 	// MaxLogTailBytes bounds how far back `rdzvctl logs --tail` may start.
 	MaxLogTailBytes = 256 << 20
+	// MaxLogTailLines bounds how many lines back `rdzvctl logs --tail` may
+	// start.
+	MaxLogTailLines = 1 << 20
 	// MaxTextBytes bounds free text an agent reports (worker messages,
 	// errors, GPU fault descriptions, interface reasons).
 	MaxTextBytes = 4096

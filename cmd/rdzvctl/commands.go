@@ -2,26 +2,19 @@ package main
 
 import (
 	"context"
-	"errors"
-	"flag"
 	"fmt"
 	"io"
-	"math"
 	"os"
 	"path/filepath"
-	"sort"
-	"strings"
 	"time"
 
+	"github.com/jonboulle/clockwork"
+	"github.com/spf13/pflag"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
-	"google.golang.org/protobuf/encoding/protojson"
-	"google.golang.org/protobuf/proto"
 
 	"github.com/rdzv/rdzv/client"
-	"github.com/rdzv/rdzv/jobspec"
 	"github.com/rdzv/rdzv/pki"
-	rdzvv1 "github.com/rdzv/rdzv/proto/rdzv/v1"
 	"github.com/rdzv/rdzv/wire"
 )
 
@@ -53,11 +46,11 @@ func defaultGlobals() *globals {
 	return &globals{controller: addr, output: "table", timeout: 10 * time.Second, tlsDir: dir}
 }
 
-func (g *globals) register(fs *flag.FlagSet) {
-	fs.StringVar(&g.controller, "controller", g.controller, "controller host:port, or replicas' host:port,host:port,...")
-	fs.StringVar(&g.output, "o", g.output, "output format: table or json")
+func (g *globals) register(fs *pflag.FlagSet) {
+	fs.StringVar(&g.controller, "controller", g.controller, "controller host:port, or every replica's host:port,host:port,... (env RDZV_CONTROLLER)")
+	fs.StringVarP(&g.output, "output", "o", g.output, "output format: "+outputFormats)
 	fs.DurationVar(&g.timeout, "timeout", g.timeout, "per-request timeout")
-	fs.StringVar(&g.tlsDir, "tls-dir", g.tlsDir, "directory with ca.crt, rdzvctl.crt and rdzvctl.key")
+	fs.StringVar(&g.tlsDir, "tls-dir", g.tlsDir, "directory with ca.crt, rdzvctl.crt and rdzvctl.key (env RDZV_TLS_DIR)")
 	fs.StringVar(&g.tlsCert, "tls-cert", g.tlsCert, "client certificate (default TLS_DIR/rdzvctl.crt)")
 	fs.StringVar(&g.tlsKey, "tls-key", g.tlsKey, "client key (default TLS_DIR/rdzvctl.key)")
 	fs.StringVar(&g.tlsCA, "tls-ca", g.tlsCA, "cluster CA certificate (default TLS_DIR/ca.crt)")
@@ -101,30 +94,19 @@ func (g *globals) newClient() (*client.Client, error) {
 
 type command struct {
 	*globals
-	out    io.Writer
-	client *client.Client
-}
-
-// jobFailedError is returned by --wait when the job did not succeed.
-type jobFailedError struct{ job *rdzvv1.Job }
-
-func (e *jobFailedError) Error() string {
-	return fmt.Sprintf("job %s %s: %s", e.job.GetSpec().GetName(), stateWord(e.job.GetState()), e.job.GetReason())
-}
-
-func (c *command) flags(name string) *flag.FlagSet {
-	fs := flag.NewFlagSet("rdzvctl "+name, flag.ContinueOnError)
-	fs.SetOutput(io.Discard)
-	c.register(fs)
-	return fs
+	out, errOut io.Writer
+	client      *client.Client
+	// ran is set once a command's own code runs: errors before that are
+	// cobra's refusals of the command line.
+	ran bool
+	// noCommand is set when rdzvctl was given no command.
+	noCommand bool
+	clock     clockwork.Clock
 }
 
 // dial prepares calls to the controllers; each call finds the leader among
 // them (see package client).
 func (c *command) dial() (*client.Client, error) {
-	if c.output != "table" && c.output != "json" {
-		return nil, fmt.Errorf("%w: -o must be table or json, got %q", errUsage, c.output)
-	}
 	if c.client == nil {
 		cl, err := c.newClient()
 		if err != nil {
@@ -190,482 +172,4 @@ func (c *command) certExpired() string {
 
 func (c *command) call(ctx context.Context) (context.Context, context.CancelFunc) {
 	return context.WithTimeout(ctx, c.timeout)
-}
-
-func (c *command) printJSON(m proto.Message) error {
-	b, err := protojson.MarshalOptions{UseProtoNames: true, EmitUnpopulated: true, Indent: "  "}.Marshal(m)
-	if err != nil {
-		return err
-	}
-	_, err = fmt.Fprintln(c.out, string(b))
-	return err
-}
-
-func (c *command) start(ctx context.Context, args []string) error {
-	fs := c.flags("start")
-	wait := fs.Bool("wait", false, "follow the job until it ends; exit non-zero unless it succeeds")
-	pos, err := parse(fs, args)
-	if err != nil {
-		return err
-	}
-	if len(pos) != 1 {
-		return fmt.Errorf("%w: start takes one job file, got %d arguments", errUsage, len(pos))
-	}
-	spec, err := jobspec.LoadFile(pos[0])
-	if err != nil {
-		return err
-	}
-	if err := spec.Validate(); err != nil {
-		return fmt.Errorf("%s: %w", pos[0], err)
-	}
-	client, err := c.dial()
-	if err != nil {
-		return err
-	}
-	cctx, cancel := c.call(ctx)
-	resp, err := client.StartJob(cctx, &rdzvv1.StartJobRequest{Spec: spec.ToProto()})
-	cancel()
-	if err != nil {
-		return c.rpcErr("starting job", err)
-	}
-	if !*wait {
-		if c.output == "json" {
-			return c.printJSON(resp.GetJob())
-		}
-		fmt.Fprintln(c.out, resp.GetJob().GetSpec().GetName())
-		return nil
-	}
-	fmt.Fprintf(c.out, "job %s submitted\n", spec.Name)
-	return c.wait(ctx, client, spec.Name)
-}
-
-// wait follows a job by polling, printing new events, until it ends. Polling
-// rides out a controller restart: errors are retried until the job ends or
-// the operator interrupts.
-func (c *command) wait(ctx context.Context, client rdzvv1.JobServiceClient, name string) error {
-	seen := map[string]bool{}
-	var lastErr string
-	for {
-		cctx, cancel := c.call(ctx)
-		jr, err := client.GetJob(cctx, &rdzvv1.GetJobRequest{Name: name})
-		cancel()
-		var events []*rdzvv1.Event
-		if err == nil {
-			err = c.eachPage(ctx, func(ctx context.Context, token string) (string, error) {
-				resp, err := client.ListEvents(ctx, &rdzvv1.ListEventsRequest{Job: name, PageToken: token})
-				events = append(events, resp.GetEvents()...)
-				return resp.GetNextPageToken(), err
-			})
-		}
-		if err != nil {
-			switch status.Code(err) {
-			case codes.NotFound, codes.InvalidArgument, codes.Unauthenticated, codes.PermissionDenied:
-				// Waiting will not change these.
-				return c.rpcErr("following job", err)
-			}
-			if msg := c.rpcErr("following job", err).Error(); msg != lastErr {
-				fmt.Fprintf(os.Stderr, "rdzvctl: %s (retrying)\n", msg)
-				lastErr = msg
-			}
-		} else {
-			lastErr = ""
-			job := jr.GetJob()
-			for _, ev := range events {
-				if ev.GetTime().AsTime().Before(job.GetCreatedAt().AsTime()) {
-					continue // an earlier run of the same name
-				}
-				key := ev.GetTime().AsTime().String() + ev.GetKind() + ev.GetNode() + ev.GetMessage()
-				if !seen[key] {
-					seen[key] = true
-					fmt.Fprintf(c.out, "%s  %-22s %s\n", ev.GetTime().AsTime().Local().Format("15:04:05.000"), ev.GetKind(), ev.GetMessage())
-				}
-			}
-			switch job.GetState() {
-			case rdzvv1.JobState_JOB_STATE_SUCCEEDED:
-				fmt.Fprintf(c.out, "job %s succeeded: %s\n", name, job.GetReason())
-				return nil
-			case rdzvv1.JobState_JOB_STATE_FAILED, rdzvv1.JobState_JOB_STATE_STOPPED:
-				return &jobFailedError{job: job}
-			}
-		}
-		select {
-		case <-ctx.Done():
-			return fmt.Errorf("stopped following job %s (it keeps running): %w", name, ctx.Err())
-		case <-time.After(time.Second):
-		}
-	}
-}
-
-// eachPage calls page with each page's token in turn, "" first, until the
-// last page; each call has its own timeout.
-func (c *command) eachPage(ctx context.Context, page func(ctx context.Context, token string) (next string, err error)) error {
-	token := ""
-	for {
-		cctx, cancel := c.call(ctx)
-		next, err := page(cctx, token)
-		cancel()
-		if err != nil || next == "" {
-			return err
-		}
-		if next == token {
-			return fmt.Errorf("the controller at %s answered the same page twice", c.controller)
-		}
-		token = next
-	}
-}
-
-// listFlags are the filters of `list`, `status` and `nodes`.
-type listFlags struct {
-	states, selector *string
-	limit            *int
-}
-
-func (c *command) listFlags(fs *flag.FlagSet, states string, selector bool) listFlags {
-	f := listFlags{
-		states: fs.String("state", "", "only these states, comma-separated: "+states),
-		limit:  fs.Int("limit", 0, "print at most this many (0: all)"),
-	}
-	if selector {
-		f.selector = fs.String("selector", "", "only nodes with all these labels: k=v,k2=v2")
-	}
-	return f
-}
-
-// check refuses a negative --limit.
-func (f listFlags) check() error {
-	if *f.limit < 0 {
-		return fmt.Errorf("%w: --limit: must be 0 (all) or more, got %d", errUsage, *f.limit)
-	}
-	return nil
-}
-
-// parseStates reads --state: names of enum values after prefix, any case.
-func parseStates[E ~int32](list, prefix string, values map[string]int32) ([]E, error) {
-	var out []E
-	for _, s := range strings.Split(list, ",") {
-		if s = strings.TrimSpace(s); s == "" {
-			continue
-		}
-		v, ok := values[prefix+strings.ToUpper(s)]
-		if !ok || v == 0 {
-			var names []string
-			for name, v := range values {
-				if v != 0 {
-					names = append(names, strings.ToLower(strings.TrimPrefix(name, prefix)))
-				}
-			}
-			sort.Strings(names)
-			return nil, fmt.Errorf("%w: --state: %q is not a state; want %s", errUsage, s, strings.Join(names, ", "))
-		}
-		out = append(out, E(v))
-	}
-	return out, nil
-}
-
-// parseSelector reads --selector k=v,k2=v2.
-func parseSelector(s string) (map[string]string, error) {
-	if s == "" {
-		return nil, nil
-	}
-	sel := map[string]string{}
-	for _, kv := range strings.Split(s, ",") {
-		k, v, ok := strings.Cut(kv, "=")
-		if !ok || k == "" {
-			return nil, fmt.Errorf("%w: --selector: %q is not key=value", errUsage, kv)
-		}
-		sel[k] = v
-	}
-	return sel, nil
-}
-
-func (c *command) status(ctx context.Context, args []string) error {
-	fs := c.flags("status")
-	filter := c.listFlags(fs, jobStates, false)
-	pos, err := parse(fs, args)
-	if err != nil {
-		return err
-	}
-	if len(pos) > 1 {
-		return fmt.Errorf("%w: status takes at most one job name", errUsage)
-	}
-	if len(pos) == 0 {
-		return c.listJobs(ctx, filter)
-	}
-	client, err := c.dial()
-	if err != nil {
-		return err
-	}
-	cctx, cancel := c.call(ctx)
-	defer cancel()
-	resp, err := client.GetJob(cctx, &rdzvv1.GetJobRequest{Name: pos[0]})
-	if err != nil {
-		return c.rpcErr("getting job", err)
-	}
-	if c.output == "json" {
-		return c.printJSON(resp.GetJob())
-	}
-	printJob(c.out, resp.GetJob())
-	return nil
-}
-
-// jobStates are the names --state takes for jobs.
-const jobStates = "pending, running, recovering, stopping, succeeded, failed, stopped"
-
-func (c *command) list(ctx context.Context, args []string) error {
-	fs := c.flags("list")
-	filter := c.listFlags(fs, jobStates, false)
-	pos, err := parse(fs, args)
-	if err != nil {
-		return err
-	}
-	if len(pos) != 0 {
-		return fmt.Errorf("%w: list takes no arguments", errUsage)
-	}
-	return c.listJobs(ctx, filter)
-}
-
-// listJobs prints the jobs page by page: a summary of each in a table, the
-// whole record with -o json.
-func (c *command) listJobs(ctx context.Context, filter listFlags) error {
-	if err := filter.check(); err != nil {
-		return err
-	}
-	states, err := parseStates[rdzvv1.JobState](*filter.states, "JOB_STATE_", rdzvv1.JobState_value)
-	if err != nil {
-		return err
-	}
-	client, err := c.dial()
-	if err != nil {
-		return err
-	}
-	req := &rdzvv1.ListJobsRequest{States: states, PageSize: int32(min(*filter.limit, math.MaxInt32)), View: rdzvv1.JobView_JOB_VIEW_SUMMARY}
-	if c.output == "json" {
-		req.View = rdzvv1.JobView_JOB_VIEW_FULL
-	}
-	out := &listOut{out: c.out, json: c.output == "json", field: "jobs", header: jobsHeader, limit: *filter.limit}
-	err = c.eachPage(ctx, func(ctx context.Context, token string) (string, error) {
-		req.PageToken = token
-		resp, err := client.ListJobs(ctx, req)
-		if err != nil {
-			return "", c.rpcErr("listing jobs", err)
-		}
-		if err := printPage(out, resp.GetJobs(), jobRow); err != nil || out.full() {
-			return "", err
-		}
-		return resp.GetNextPageToken(), nil
-	})
-	if err != nil {
-		return err
-	}
-	return out.end()
-}
-
-func (c *command) nodes(ctx context.Context, args []string) error {
-	fs := c.flags("nodes")
-	reason := fs.String("reason", "", "why the node is cordoned (shown in nodes and events)")
-	filter := c.listFlags(fs, "ready, busy, lost", true)
-	pos, err := parse(fs, args)
-	if err != nil {
-		return err
-	}
-	switch {
-	case len(pos) == 2 && (pos[0] == "cordon" || pos[0] == "uncordon"):
-		return c.cordon(ctx, pos[0] == "cordon", pos[1], *reason)
-	case len(pos) != 0:
-		return fmt.Errorf("%w: nodes takes no arguments, or cordon|uncordon NODE", errUsage)
-	}
-	if err := filter.check(); err != nil {
-		return err
-	}
-	states, err := parseStates[rdzvv1.NodeState](*filter.states, "NODE_STATE_", rdzvv1.NodeState_value)
-	if err != nil {
-		return err
-	}
-	selector, err := parseSelector(*filter.selector)
-	if err != nil {
-		return err
-	}
-	client, err := c.dial()
-	if err != nil {
-		return err
-	}
-	req := &rdzvv1.ListNodesRequest{States: states, Selector: selector, PageSize: int32(min(*filter.limit, math.MaxInt32))}
-	out := &listOut{out: c.out, json: c.output == "json", field: "nodes", header: nodesHeader, limit: *filter.limit}
-	err = c.eachPage(ctx, func(ctx context.Context, token string) (string, error) {
-		req.PageToken = token
-		resp, err := client.ListNodes(ctx, req)
-		if err != nil {
-			return "", c.rpcErr("listing nodes", err)
-		}
-		if err := printPage(out, resp.GetNodes(), nodeRow); err != nil || out.full() {
-			return "", err
-		}
-		return resp.GetNextPageToken(), nil
-	})
-	if err != nil {
-		return err
-	}
-	return out.end()
-}
-
-func (c *command) cordon(ctx context.Context, cordon bool, name, reason string) error {
-	client, err := c.dial()
-	if err != nil {
-		return err
-	}
-	cctx, cancel := c.call(ctx)
-	defer cancel()
-	var node *rdzvv1.Node
-	if cordon {
-		resp, err := client.CordonNode(cctx, &rdzvv1.CordonNodeRequest{Name: name, Reason: reason})
-		if err != nil {
-			return c.rpcErr("cordoning node", err)
-		}
-		node = resp.GetNode()
-	} else {
-		resp, err := client.UncordonNode(cctx, &rdzvv1.UncordonNodeRequest{Name: name})
-		if err != nil {
-			return c.rpcErr("uncordoning node", err)
-		}
-		node = resp.GetNode()
-	}
-	if c.output == "json" {
-		return c.printJSON(node)
-	}
-	if node.GetCordoned() {
-		fmt.Fprintf(c.out, "node %s cordoned: %s\n", name, node.GetCordonReason())
-	} else {
-		fmt.Fprintf(c.out, "node %s uncordoned\n", name)
-	}
-	return nil
-}
-
-func (c *command) logs(ctx context.Context, args []string) error {
-	fs := c.flags("logs")
-	node := fs.String("node", "", "node to read from (default: node rank 0)")
-	follow := fs.Bool("f", false, "keep streaming until the job's workers on that node exit")
-	tail := fs.Uint64("tail", 0, "start this many bytes before the end (0: whole log)")
-	pos, err := parse(fs, args)
-	if err != nil {
-		return err
-	}
-	if len(pos) != 1 {
-		return fmt.Errorf("%w: logs takes one job name", errUsage)
-	}
-	client, err := c.dial()
-	if err != nil {
-		return err
-	}
-	// A followed log has no deadline; the operator ends it.
-	sctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	stream, err := client.StreamLogs(sctx, &rdzvv1.StreamLogsRequest{Job: pos[0], Node: *node, Follow: *follow, TailBytes: *tail})
-	if err != nil {
-		return c.rpcErr("streaming logs", err)
-	}
-	for {
-		chunk, err := stream.Recv()
-		if errors.Is(err, io.EOF) {
-			return nil
-		}
-		if err != nil {
-			if ctx.Err() != nil {
-				return nil
-			}
-			return c.rpcErr("streaming logs", err)
-		}
-		if _, err := c.out.Write(chunk.GetData()); err != nil {
-			return err
-		}
-	}
-}
-
-func (c *command) events(ctx context.Context, args []string) error {
-	fs := c.flags("events")
-	limit := fs.Uint("limit", 0, "newest N events (default: the controller's, 1000)")
-	pos, err := parse(fs, args)
-	if err != nil {
-		return err
-	}
-	if len(pos) > 1 {
-		return fmt.Errorf("%w: events takes at most one job name", errUsage)
-	}
-	job := ""
-	if len(pos) == 1 {
-		job = pos[0]
-	}
-	client, err := c.dial()
-	if err != nil {
-		return err
-	}
-	out := &listOut{out: c.out, json: c.output == "json", field: "events", header: eventsHeader}
-	err = c.eachPage(ctx, func(ctx context.Context, token string) (string, error) {
-		resp, err := client.ListEvents(ctx, &rdzvv1.ListEventsRequest{Job: job, Limit: uint32(*limit), PageToken: token})
-		if err != nil {
-			return "", c.rpcErr("listing events", err)
-		}
-		return resp.GetNextPageToken(), printPage(out, resp.GetEvents(), eventRow)
-	})
-	if err != nil {
-		return err
-	}
-	return out.end()
-}
-
-func (c *command) deleteJob(ctx context.Context, args []string) error {
-	pos, err := parse(c.flags("delete"), args)
-	if err != nil {
-		return err
-	}
-	if len(pos) != 1 {
-		return fmt.Errorf("%w: delete takes one job name", errUsage)
-	}
-	client, err := c.dial()
-	if err != nil {
-		return err
-	}
-	cctx, cancel := c.call(ctx)
-	defer cancel()
-	resp, err := client.DeleteJob(cctx, &rdzvv1.DeleteJobRequest{Name: pos[0]})
-	if err != nil {
-		return c.rpcErr("deleting job", err)
-	}
-	if c.output == "json" {
-		return c.printJSON(resp)
-	}
-	fmt.Fprintf(c.out, "job %s deleted\n", pos[0])
-	return nil
-}
-
-func (c *command) stop(ctx context.Context, args []string) error {
-	fs := c.flags("stop")
-	wait := fs.Bool("wait", false, "wait until every worker has exited")
-	pos, err := parse(fs, args)
-	if err != nil {
-		return err
-	}
-	if len(pos) != 1 {
-		return fmt.Errorf("%w: stop takes one job name", errUsage)
-	}
-	client, err := c.dial()
-	if err != nil {
-		return err
-	}
-	cctx, cancel := c.call(ctx)
-	resp, err := client.StopJob(cctx, &rdzvv1.StopJobRequest{Name: pos[0]})
-	cancel()
-	if err != nil {
-		return c.rpcErr("stopping job", err)
-	}
-	if *wait {
-		var failed *jobFailedError
-		if err := c.wait(ctx, client, pos[0]); err != nil && !errors.As(err, &failed) {
-			return err
-		}
-	}
-	if c.output == "json" {
-		return c.printJSON(resp.GetJob())
-	}
-	fmt.Fprintf(c.out, "job %s %s\n", pos[0], strings.ToLower(stateWord(resp.GetJob().GetState())))
-	return nil
 }

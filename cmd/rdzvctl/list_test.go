@@ -5,18 +5,21 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
 	"net"
 	"strconv"
 	"strings"
 	"sync"
 	"testing"
 
+	"github.com/jonboulle/clockwork"
 	"github.com/stretchr/testify/require"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/rdzv/rdzv/internal/testaddr"
 	rdzvv1 "github.com/rdzv/rdzv/proto/rdzv/v1"
 )
 
@@ -59,7 +62,10 @@ func page[T any](s *pagedServer, req proto.Message, items []T, token string, siz
 }
 
 func (s *pagedServer) ListJobs(_ context.Context, req *rdzvv1.ListJobsRequest) (*rdzvv1.ListJobsResponse, error) {
-	jobs, next, err := page(s, req, s.jobs, req.GetPageToken(), req.GetPageSize())
+	s.mu.Lock()
+	all := s.jobs // replaced, never changed in place, by tests that change it
+	s.mu.Unlock()
+	jobs, next, err := page(s, req, all, req.GetPageToken(), req.GetPageSize())
 	return &rdzvv1.ListJobsResponse{Jobs: jobs, NextPageToken: next}, err
 }
 
@@ -229,14 +235,14 @@ func TestListAndDeleteUsage(t *testing.T) {
 		{"delete needs a job", []string{"delete"}, 2, "delete takes one job name", ""},
 		{"bad job state", []string{"list", "--state", "runing"}, 2, `--state: "runing" is not a state; want failed, pending, recovering, running, stopped, stopping, succeeded`, ""},
 		{"unspecified is no state", []string{"list", "--state", "unspecified"}, 2, "is not a state", ""},
-		{"bad node state", []string{"nodes", "--state", "pending"}, 2, `--state: "pending" is not a state; want busy, lost, ready`, ""},
+		{"bad node state", []string{"nodes", "--state", "pending"}, 2, `--state: "pending" is not a state; want busy, drained, lost, ready`, ""},
 		{"bad selector", []string{"nodes", "--selector", "pool"}, 2, `--selector: "pool" is not key=value`, ""},
 		{"negative limit", []string{"list", "--limit", "-1"}, 2, "--limit: must be 0 (all) or more, got -1", ""},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			var out bytes.Buffer
-			code, err := run(context.Background(), append([]string{"--insecure", "--controller", addr}, tt.args...), &out)
+			code, err := run(context.Background(), append([]string{"--insecure", "--controller", addr}, tt.args...), &out, io.Discard)
 			require.Equal(t, tt.wantCode, code, "err: %v", err)
 			if tt.wantErr == "" {
 				require.NoError(t, err)
@@ -246,4 +252,90 @@ func TestListAndDeleteUsage(t *testing.T) {
 			require.Equal(t, tt.wantOut, out.String())
 		})
 	}
+}
+
+// Shell completion offers the controller's job and node names.
+func TestCompletesNames(t *testing.T) {
+	_, addr := startPagedServer(t)
+	tests := []struct {
+		args []string
+		want string
+	}{
+		{[]string{"logs", "job-"}, "job-0\njob-1\njob-2\n:4\n"},
+		{[]string{"nodes", "drain", "node-1"}, "node-1\n:4\n"},
+		{[]string{"status", "job-0", ""}, ":4\n"},
+	}
+	for _, tt := range tests {
+		t.Run(strings.Join(tt.args, " "), func(t *testing.T) {
+			out := runOK(t, append([]string{"--insecure", "--controller", addr, "__complete"}, tt.args...)...)
+			require.Equal(t, tt.want, out)
+		})
+	}
+}
+
+// version asks the controller for its build; one that predates
+// GetServerInfo is named as such, and --client asks nothing.
+func TestVersionOfAnOlderServer(t *testing.T) {
+	_, addr := startPagedServer(t)
+	out := runOK(t, "--insecure", "--controller", addr, "version")
+	require.Contains(t, out, "Client: ")
+	require.Contains(t, out, "Server: unknown (the controller is older than GetServerInfo)\n")
+	out = runOK(t, "--insecure", "--controller", testaddr.Free(t), "version", "--client", "-o", "json")
+	var v struct {
+		Client map[string]string `json:"client"`
+		Server *struct{}         `json:"server"`
+	}
+	require.NoError(t, json.Unmarshal([]byte(out), &v))
+	require.NotEmpty(t, v.Client["version"])
+	require.Nil(t, v.Server)
+}
+
+// syncBuffer is a bytes.Buffer written by one goroutine and read by another.
+type syncBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *syncBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *syncBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
+}
+
+// --watch prints the list again when it changed, and only then.
+func TestWatchPrintsChanges(t *testing.T) {
+	s, addr := startPagedServer(t)
+	clock := clockwork.NewFakeClock()
+	out := &syncBuffer{}
+	c := &command{globals: defaultGlobals(), out: out, errOut: io.Discard, clock: clock}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	done := make(chan int, 1)
+	go func() {
+		code, _ := runWith(ctx, c, []string{"--insecure", "--controller", addr, "list", "--watch", "-o", "name"})
+		done <- code
+	}()
+	lines := func() []string { return strings.Fields(out.String()) }
+	require.NoError(t, clock.BlockUntilContext(ctx, 1), "the watch never waited for its next poll")
+	require.Equal(t, names("job", 0, 1, 2, 3, 4, 5, 6), lines())
+
+	clock.Advance(watchEvery)
+	require.NoError(t, clock.BlockUntilContext(ctx, 1))
+	require.Len(t, lines(), 7, "unchanged, nothing is printed again")
+
+	s.mu.Lock()
+	s.jobs = s.jobs[:2]
+	s.mu.Unlock()
+	clock.Advance(watchEvery)
+	require.NoError(t, clock.BlockUntilContext(ctx, 1))
+	require.Equal(t, append(names("job", 0, 1, 2, 3, 4, 5, 6), "job-0", "job-1"), lines())
+
+	cancel()
+	require.Equal(t, 0, <-done, "interrupting a watch is no failure")
 }

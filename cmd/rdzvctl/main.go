@@ -4,53 +4,20 @@ package main
 import (
 	"context"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"os"
 	"os/signal"
 	"syscall"
+
+	"github.com/jonboulle/clockwork"
+	"github.com/spf13/cobra"
 )
-
-const usage = `rdzvctl: operate rdzv training jobs
-
-Usage:
-  rdzvctl [global flags] COMMAND [flags] [args]
-
-Commands:
-  start JOB.yaml [--wait]          validate and submit a job; --wait follows it to the end
-  status [JOB]                     one job in detail, or all jobs (as list)
-  list [--state S,...] [--limit N] all jobs, oldest first, or those in these states
-  delete JOB                       remove a finished job and all kept for it (events too)
-  nodes [--state S,...] [--selector k=v,...] [--limit N]
-                                   the node registry, or the nodes in these states with these labels
-  nodes cordon|uncordon NODE [--reason R]
-                                   keep new work off a node, or let it take work again
-  logs JOB [--node N] [-f] [--tail BYTES]
-                                   a job's output from one node (default: node rank 0)
-  events [JOB] [--limit N]         a job's events, or cluster events without JOB
-  stop JOB [--wait]                stop a job's workers on every node
-  pki init|issue|show ...          the cluster CA, on files only (README "Certificates")
-  pki revoke ROLE/NAME | --serial SERIAL | --cert FILE [--reason R]
-                                   put certificates on the controller's deny-list: refused
-                                   from then on, open connections closed
-  pki revocations                  the controller's deny-list
-
-Global flags (also accepted after the command):
-  --controller HOST:PORT[,...]     controller address, or every replica's: the leader is found
-                                   (default $RDZV_CONTROLLER or 127.0.0.1:7070)
-  -o table|json                    output format (default table)
-  --timeout DURATION               per-request timeout (default 10s)
-  --tls-dir DIR                    ca.crt, rdzvctl.crt and rdzvctl.key (default $RDZV_TLS_DIR or ~/.rdzv)
-  --tls-cert, --tls-key, --tls-ca FILE
-                                   override one file of --tls-dir
-  --insecure                       no TLS; only for a controller started with --insecure
-`
 
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
-	code, err := run(ctx, os.Args[1:], os.Stdout)
+	code, err := run(ctx, os.Args[1:], os.Stdout, os.Stderr)
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "rdzvctl: %v\n", err)
 	}
@@ -60,74 +27,83 @@ func main() {
 // errUsage marks command-line mistakes (exit code 2).
 var errUsage = errors.New("usage")
 
-// run executes one command and returns the process exit code.
-func run(ctx context.Context, args []string, out io.Writer) (int, error) {
-	g := defaultGlobals()
-	fs := flag.NewFlagSet("rdzvctl", flag.ContinueOnError)
-	fs.SetOutput(io.Discard)
-	g.register(fs)
-	if err := fs.Parse(args); err != nil {
-		fmt.Fprint(os.Stderr, usage)
-		return 2, err
-	}
-	rest := fs.Args()
-	if len(rest) == 0 {
-		fmt.Fprint(os.Stderr, usage)
-		return 2, nil
-	}
-	cmd, cmdArgs := rest[0], rest[1:]
-	c := &command{globals: g, out: out}
-	var runErr error
-	switch cmd {
-	case "start":
-		runErr = c.start(ctx, cmdArgs)
-	case "status":
-		runErr = c.status(ctx, cmdArgs)
-	case "list":
-		runErr = c.list(ctx, cmdArgs)
-	case "nodes":
-		runErr = c.nodes(ctx, cmdArgs)
-	case "logs":
-		runErr = c.logs(ctx, cmdArgs)
-	case "events":
-		runErr = c.events(ctx, cmdArgs)
-	case "stop":
-		runErr = c.stop(ctx, cmdArgs)
-	case "delete":
-		runErr = c.deleteJob(ctx, cmdArgs)
-	case "pki":
-		runErr = c.pki(ctx, cmdArgs)
-	case "help", "-h", "--help":
-		fmt.Fprint(out, usage)
-		return 0, nil
-	default:
-		fmt.Fprint(os.Stderr, usage)
-		return 2, fmt.Errorf("unknown command %q", cmd)
-	}
+// run executes one command line and returns the process exit code: 0, 1
+// when the command failed, 2 for a command-line mistake (a bad flag,
+// argument or format), with the usage on errOut.
+func run(ctx context.Context, args []string, out, errOut io.Writer) (int, error) {
+	return runWith(ctx, &command{globals: defaultGlobals(), out: out, errOut: errOut, clock: clockwork.NewRealClock()}, args)
+}
+
+// runWith runs a command line with c's streams and clock.
+func runWith(ctx context.Context, c *command, args []string) (int, error) {
+	root := c.root()
+	root.SetArgs(args)
+	root.SetOut(c.out)
+	root.SetErr(c.errOut)
+	err := root.ExecuteContext(ctx)
 	c.close()
 	switch {
-	case runErr == nil:
+	case err == nil && c.noCommand:
+		return 2, nil
+	case err == nil:
 		return 0, nil
-	case errors.Is(runErr, errUsage):
-		return 2, runErr
+	case errors.Is(err, errUsage) || !c.ran:
+		// Cobra's own refusals (an unknown command or flag, wrong
+		// arguments) come before any command ran.
+		return 2, err
 	default:
-		return 1, runErr
+		return 1, err
 	}
 }
 
-// parse accepts a command's flags before and after its positional
-// arguments (`rdzvctl start job.yaml --wait`).
-func parse(fs *flag.FlagSet, args []string) ([]string, error) {
-	var positional []string
-	for {
-		if err := fs.Parse(args); err != nil {
-			return nil, fmt.Errorf("%w: %v", errUsage, err)
-		}
-		args = fs.Args()
-		if len(args) == 0 {
-			return positional, nil
-		}
-		positional = append(positional, args[0])
-		args = args[1:]
+// root is rdzvctl's command tree.
+func (c *command) root() *cobra.Command {
+	root := &cobra.Command{
+		Use:   "rdzvctl",
+		Short: "Operate rdzv training jobs",
+		Long: `rdzvctl operates rdzv: multi-node PyTorch jobs on bare-metal GPU nodes.
+
+It talks to the controller (--controller, or every replica's address: the
+leader is found) over mutual TLS with the operator's certificate from
+--tls-dir (ca.crt, rdzvctl.crt, rdzvctl.key). The pki commands work on files
+and make those certificates.`,
+		Example: `  rdzvctl start job.yaml --wait
+  rdzvctl list --state running -o wide
+  rdzvctl logs train --tail 20 -f
+  rdzvctl nodes drain gpu-07`,
+		SilenceErrors: true,
+		SilenceUsage:  true,
+		Args:          cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			// No command: the usage, as a mistake (scripts that forgot one
+			// get a non-zero exit).
+			cmd.SetOut(c.errOut)
+			c.noCommand = true
+			return cmd.Help()
+		},
+		PersistentPreRunE: func(cmd *cobra.Command, _ []string) error {
+			c.ran = true
+			return nil
+		},
 	}
+	root.SetFlagErrorFunc(func(cmd *cobra.Command, err error) error {
+		return fmt.Errorf("%w: %w (see %s --help)", errUsage, err, cmd.CommandPath())
+	})
+	c.register(root.PersistentFlags())
+	root.AddGroup(&cobra.Group{ID: "jobs", Title: "Jobs:"}, &cobra.Group{ID: "cluster", Title: "Cluster:"})
+	for _, sub := range []*cobra.Command{c.startCmd(), c.validateCmd(), c.statusCmd(), c.listCmd(), c.logsCmd(), c.eventsCmd(), c.stopCmd(), c.deleteCmd()} {
+		sub.GroupID = "jobs"
+		root.AddCommand(sub)
+	}
+	for _, sub := range []*cobra.Command{c.nodesCmd(), c.pkiCmd(), c.versionCmd()} {
+		sub.GroupID = "cluster"
+		root.AddCommand(sub)
+	}
+	root.SetHelpCommandGroupID("cluster")
+	root.SetCompletionCommandGroupID("cluster")
+	// Made now rather than when run, so that the help goldens and docs/cli
+	// include them.
+	root.InitDefaultCompletionCmd()
+	root.InitDefaultHelpCmd()
+	return root
 }

@@ -3,7 +3,7 @@ package main
 import (
 	"bytes"
 	"context"
-	"flag"
+	"io"
 	"os"
 	"path/filepath"
 	"testing"
@@ -24,7 +24,7 @@ func writeJob(t *testing.T, body string) string {
 func runOK(t *testing.T, args ...string) string {
 	t.Helper()
 	var out bytes.Buffer
-	code, err := run(context.Background(), args, &out)
+	code, err := run(context.Background(), args, &out, io.Discard)
 	require.NoError(t, err)
 	require.Equal(t, 0, code)
 	return out.String()
@@ -56,12 +56,13 @@ func TestRun(t *testing.T) {
 		{"start invalid job names the field", []string{"--controller", down, "start", badJob}, 1, "nodes.max: must be at least nodes.min (3)"},
 		{"start unknown field names it", []string{"--controller", down, "start", badJob + "x"}, 1, "reading job file"},
 		{"start unknown yaml field", []string{"--controller", down, "start", unknownField}, 1, `unknown field "nodez"`},
-		{"bad output format", []string{"-o", "yaml", "nodes"}, 2, "-o must be table or json"},
+		{"bad output format", []string{"-o", "xml", "nodes"}, 2, `-o: want table, wide, json, yaml, name or jsonpath=EXPR, got "xml"`},
+		{"bad jsonpath", []string{"-o", "jsonpath={.nodes[}", "nodes"}, 2, "is not a JSONPath expression"},
 		{"status too many args", []string{"status", "a", "b"}, 2, "at most one job name"},
 		{"list takes no arguments", []string{"list", "junk"}, 2, "list takes no arguments"},
-		{"list checks the output format", []string{"list", "-o", "bogus"}, 2, "-o must be table or json"},
+		{"list checks the output format", []string{"list", "-o", "bogus"}, 2, "-o: want table"},
 		{"logs needs a job", []string{"logs"}, 2, "logs takes one job name"},
-		{"unknown flag", []string{"nodes", "--bogus"}, 2, "flag provided but not defined"},
+		{"unknown flag", []string{"nodes", "--bogus"}, 2, "unknown flag: --bogus"},
 		{"unreachable controller", []string{"--tls-dir", tlsDir, "--controller", down, "--timeout", "2s", "nodes"}, 1, "cannot reach the controller at " + down},
 		{"flags after the file", []string{"start", goodJob, "--controller", down, "--timeout", "2s", "--tls-dir", tlsDir}, 1, "cannot reach the controller"},
 		{"no client certificate", []string{"--tls-dir", t.TempDir(), "--controller", down, "nodes"}, 1, "rdzvctl needs a valid client certificate"},
@@ -89,7 +90,7 @@ func TestRun(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			var out bytes.Buffer
-			code, err := run(context.Background(), tt.args, &out)
+			code, err := run(context.Background(), tt.args, &out, io.Discard)
 			require.Equal(t, tt.wantCode, code, "err: %v", err)
 			if tt.wantErr == "" {
 				require.NoError(t, err)
@@ -119,15 +120,4 @@ func TestPKIIssueAndShow(t *testing.T) {
 	after, err := os.ReadFile(filepath.Join(dir, "controller-ctl-1.crt"))
 	require.NoError(t, err)
 	require.NotEqual(t, before, after, "--force rotates the certificate")
-}
-
-func TestParseInterleavesFlagsAndArguments(t *testing.T) {
-	fs := flag.NewFlagSet("t", flag.ContinueOnError)
-	wait := fs.Bool("wait", false, "")
-	node := fs.String("node", "", "")
-	pos, err := parse(fs, []string{"a", "--wait", "b", "--node", "h1", "c"})
-	require.NoError(t, err)
-	require.Equal(t, []string{"a", "b", "c"}, pos)
-	require.True(t, *wait)
-	require.Equal(t, "h1", *node)
 }

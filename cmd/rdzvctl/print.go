@@ -7,10 +7,7 @@ import (
 	"strings"
 	"text/tabwriter"
 	"time"
-	"unicode/utf8"
 
-	"google.golang.org/protobuf/encoding/protojson"
-	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	rdzvv1 "github.com/rdzv/rdzv/proto/rdzv/v1"
@@ -20,25 +17,42 @@ func stateWord(s rdzvv1.JobState) string { return strings.TrimPrefix(s.String(),
 
 func table(out io.Writer) *tabwriter.Writer { return tabwriter.NewWriter(out, 0, 4, 2, ' ', 0) }
 
-func age(ts *timestamppb.Timestamp) string {
+// view is what rows print with: -o wide, and the time ages are counted to.
+type view struct {
+	wide bool
+	now  time.Time
+}
+
+func (v view) age(ts *timestamppb.Timestamp) string {
 	if ts == nil {
 		return "-"
 	}
-	return time.Since(ts.AsTime()).Round(time.Second).String()
+	return v.now.Sub(ts.AsTime()).Round(time.Second).String()
 }
 
-const jobsHeader = "NAME\tSTATE\tGENERATION\tRESTARTS\tNODES\tMASTER\tAGE\tREASON"
-
-func jobRow(w io.Writer, j *rdzvv1.Job) {
-	master := "-"
-	if j.GetMasterAddr() != "" {
-		master = fmt.Sprintf("%s:%d", j.GetMasterAddr(), j.GetMasterPort())
-	}
-	fmt.Fprintf(w, "%s\t%s\t%d\t%d\t%d\t%s\t%s\t%s\n", j.GetSpec().GetName(), stateWord(j.GetState()), j.GetGeneration(),
-		j.GetRestarts(), len(j.GetAssignments()), master, age(j.GetCreatedAt()), j.GetReason())
+// jobs is how lists of jobs print; the reason comes last, as the widest.
+var jobs = listing[*rdzvv1.Job]{
+	field:      "jobs",
+	header:     "NAME\tSTATE\tGENERATION\tRESTARTS\tNODES\tMASTER\tAGE",
+	wideHeader: "GPUS/NODE\tPROCS/NODE\tSELECTOR\tSTEP",
+	last:       "REASON",
+	row: func(w io.Writer, j *rdzvv1.Job, v view) {
+		master := "-"
+		if j.GetMasterAddr() != "" {
+			master = fmt.Sprintf("%s:%d", j.GetMasterAddr(), j.GetMasterPort())
+		}
+		fmt.Fprintf(w, "%s\t%s\t%d\t%d\t%d\t%s\t%s", j.GetSpec().GetName(), stateWord(j.GetState()), j.GetGeneration(),
+			j.GetRestarts(), len(j.GetAssignments()), master, v.age(j.GetCreatedAt()))
+		if v.wide {
+			spec := j.GetSpec()
+			fmt.Fprintf(w, "\t%d\t%d\t%s\t%d", spec.GetGpusPerNode(), spec.GetProcsPerNode(), labels(spec.GetSelector()), j.GetStep())
+		}
+		fmt.Fprintf(w, "\t%s\n", j.GetReason())
+	},
+	name: func(j *rdzvv1.Job) string { return j.GetSpec().GetName() },
 }
 
-func printJob(out io.Writer, j *rdzvv1.Job) {
+func printJob(out io.Writer, j *rdzvv1.Job, v view) {
 	spec := j.GetSpec()
 	fmt.Fprintf(out, "Job:         %s\n", spec.GetName())
 	fmt.Fprintf(out, "State:       %s\n", stateWord(j.GetState()))
@@ -50,12 +64,12 @@ func printJob(out io.Writer, j *rdzvv1.Job) {
 	}
 	fmt.Fprintf(out, "Command:     %s\n", strings.Join(spec.GetCommand(), " "))
 	fmt.Fprintf(out, "Restarts:    %d of %d\n", j.GetRestarts(), spec.GetRestartMaxRestarts())
-	fmt.Fprintf(out, "Checkpoint:  %s\n", checkpointLine(j.GetLatestCheckpoint()))
-	fmt.Fprintf(out, "Progress:    %s\n", progressLine(j))
+	fmt.Fprintf(out, "Checkpoint:  %s\n", checkpointLine(j.GetLatestCheckpoint(), v))
+	fmt.Fprintf(out, "Progress:    %s\n", progressLine(j, v))
 	fmt.Fprintf(out, "Training:    %s\n", trainingLine(j))
-	fmt.Fprintf(out, "Created:     %s\n", when(j.GetCreatedAt()))
-	fmt.Fprintf(out, "Started:     %s\n", when(j.GetStartedAt()))
-	fmt.Fprintf(out, "Finished:    %s\n", when(j.GetFinishedAt()))
+	fmt.Fprintf(out, "Created:     %s\n", v.when(j.GetCreatedAt()))
+	fmt.Fprintf(out, "Started:     %s\n", v.when(j.GetStartedAt()))
+	fmt.Fprintf(out, "Finished:    %s\n", v.when(j.GetFinishedAt()))
 	if len(j.GetAssignments()) == 0 {
 		return
 	}
@@ -80,11 +94,11 @@ func terminal(s rdzvv1.WorkerState) bool {
 	return s == rdzvv1.WorkerState_WORKER_STATE_SUCCEEDED || s == rdzvv1.WorkerState_WORKER_STATE_FAILED || s == rdzvv1.WorkerState_WORKER_STATE_STOPPED
 }
 
-func when(ts *timestamppb.Timestamp) string {
+func (v view) when(ts *timestamppb.Timestamp) string {
 	if ts == nil {
 		return "-"
 	}
-	return fmt.Sprintf("%s (%s ago)", ts.AsTime().Local().Format(time.RFC3339), age(ts))
+	return fmt.Sprintf("%s (%s ago)", ts.AsTime().Local().Format(time.RFC3339), v.age(ts))
 }
 
 func uints(v []uint32) string {
@@ -98,9 +112,17 @@ func uints(v []uint32) string {
 	return strings.Join(s, ",")
 }
 
-const nodesHeader = "NAME\tSTATE\tJOB\tGPUS\tINTERFACE\tADDRESS\tHEARTBEAT\tLABELS"
+// nodes is how lists of nodes print.
+var nodes = listing[*rdzvv1.Node]{
+	field:      "nodes",
+	header:     "NAME\tSTATE\tJOB\tGPUS\tINTERFACE\tADDRESS\tHEARTBEAT",
+	wideHeader: "GPU MODELS\tAGENT\tREGISTERED\tINTERFACE REASON",
+	last:       "LABELS",
+	row:        nodeRow,
+	name:       func(n *rdzvv1.Node) string { return n.GetInfo().GetName() },
+}
 
-func nodeRow(w io.Writer, n *rdzvv1.Node) {
+func nodeRow(w io.Writer, n *rdzvv1.Node, v view) {
 	info := n.GetInfo()
 	gpus := fmt.Sprint(len(info.GetGpus()))
 	if info.GetFakeGpus() {
@@ -111,14 +133,42 @@ func nodeRow(w io.Writer, n *rdzvv1.Node) {
 		job = fmt.Sprintf("%s/%d", n.GetJob(), n.GetGeneration())
 	}
 	state := strings.TrimPrefix(n.GetState().String(), "NODE_STATE_")
-	if n.GetCordoned() {
+	switch {
+	case n.GetState() == rdzvv1.NodeState_NODE_STATE_DRAINED:
+		state += " (" + n.GetCordonReason() + ")"
+	case n.GetDraining():
+		state += ",DRAINING (" + n.GetCordonReason() + ")"
+	case n.GetCordoned():
 		state += ",CORDONED (" + n.GetCordonReason() + ")"
 	}
 	if hold := n.GetRestartHoldUntil(); hold != nil {
 		state += ",AGENT RESTARTING (held until " + hold.AsTime().Local().Format(time.TimeOnly) + ")"
 	}
-	fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\t%s\t%s ago\t%s\n", info.GetName(), state,
-		job, gpus, info.GetNcclInterface(), info.GetAddress(), age(n.GetLastHeartbeat()), labels(info.GetLabels()))
+	fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\t%s\t%s ago", info.GetName(), state,
+		job, gpus, info.GetNcclInterface(), info.GetAddress(), v.age(n.GetLastHeartbeat()))
+	if v.wide {
+		models := map[string]int{}
+		var order []string
+		for _, g := range info.GetGpus() {
+			if models[g.GetName()] == 0 {
+				order = append(order, g.GetName())
+			}
+			models[g.GetName()]++
+		}
+		var parts []string
+		for _, m := range order {
+			parts = append(parts, fmt.Sprintf("%dx %s", models[m], m))
+		}
+		fmt.Fprintf(w, "\t%s\t%s\t%s\t%s", orDash(strings.Join(parts, ",")), orDash(info.GetAgentVersion()), v.when(n.GetRegisteredAt()), orDash(info.GetNcclInterfaceReason()))
+	}
+	fmt.Fprintf(w, "\t%s\n", labels(info.GetLabels()))
+}
+
+func orDash(s string) string {
+	if s == "" {
+		return "-"
+	}
+	return s
 }
 
 func labels(m map[string]string) string {
@@ -133,121 +183,35 @@ func labels(m map[string]string) string {
 	return strings.Join(parts, ",")
 }
 
-const eventsHeader = "TIME\tKIND\tNODE\tGENERATION\tMESSAGE"
-
-func eventRow(w io.Writer, e *rdzvv1.Event) {
-	node := e.GetNode()
-	if node == "" {
-		node = "-"
-	}
-	fmt.Fprintf(w, "%s\t%s\t%s\t%d\t%s\n", e.GetTime().AsTime().Local().Format("2006-01-02 15:04:05.000"), e.GetKind(), node, e.GetGeneration(), e.GetMessage())
-}
-
-// listOut prints a list as its pages arrive, never holding all of it: a
-// table whose header comes once (each page aligned on its own), or with
-// -o json one object {"<field>": [...]}.
-type listOut struct {
-	out    io.Writer
-	json   bool
-	field  string
-	header string
-	// n counts the items printed; limit, when positive, ends the list
-	// there.
-	n, limit int
-	// started is set once the header (or the object's opening) is out.
-	started bool
-	// widths are the table's column widths so far.
-	widths []int
-}
-
-// align writes tab-separated lines padded to the widest cell of each column
-// so far (as tabwriter does, with two spaces between columns): later
-// pages line up with earlier ones unless a cell is wider than any before.
-func (l *listOut) align(text string) error {
-	var rows [][]string
-	for _, line := range strings.Split(strings.TrimSuffix(text, "\n"), "\n") {
-		if line == "" {
-			continue
-		}
-		cells := strings.Split(line, "\t")
-		for i, cell := range cells[:len(cells)-1] {
-			if i == len(l.widths) {
-				l.widths = append(l.widths, 0)
+// events is how lists of events print; wide adds the job (for cluster
+// events) and the detection latency of failures.
+var events = listing[*rdzvv1.Event]{
+	field:      "events",
+	header:     "TIME\tKIND\tNODE\tGENERATION",
+	wideHeader: "JOB\tDETECTED AFTER",
+	last:       "MESSAGE",
+	row: func(w io.Writer, e *rdzvv1.Event, v view) {
+		fmt.Fprintf(w, "%s\t%s\t%s\t%d", e.GetTime().AsTime().Local().Format("2006-01-02 15:04:05.000"), e.GetKind(), orDash(e.GetNode()), e.GetGeneration())
+		if v.wide {
+			latency := "-"
+			if d := e.GetDetectionLatency(); d != nil {
+				latency = d.AsDuration().String()
 			}
-			l.widths[i] = max(l.widths[i], utf8.RuneCountInString(cell))
+			fmt.Fprintf(w, "\t%s\t%s", orDash(e.GetJob()), latency)
 		}
-		rows = append(rows, cells)
-	}
-	var b strings.Builder
-	for _, cells := range rows {
-		for i, cell := range cells[:len(cells)-1] {
-			b.WriteString(cell + strings.Repeat(" ", l.widths[i]-utf8.RuneCountInString(cell)+2))
-		}
-		b.WriteString(strings.TrimRight(cells[len(cells)-1], " ") + "\n")
-	}
-	_, err := io.WriteString(l.out, b.String())
-	return err
+		fmt.Fprintf(w, "\t%s\n", e.GetMessage())
+	},
+	name: func(e *rdzvv1.Event) string { return e.GetKind() },
 }
 
-// full reports whether the list has printed all it may.
-func (l *listOut) full() bool { return l.limit > 0 && l.n >= l.limit }
-
-// printPage prints the items of one page, up to the list's limit.
-func printPage[M proto.Message](l *listOut, items []M, row func(io.Writer, M)) error {
-	if l.limit > 0 {
-		items = items[:min(len(items), l.limit-l.n)]
-	}
-	if !l.json {
-		var b strings.Builder
-		if !l.started {
-			fmt.Fprintln(&b, l.header)
-			l.started = true
-		}
-		for _, m := range items {
-			row(&b, m)
-		}
-		l.n += len(items)
-		return l.align(b.String())
-	}
-	for _, m := range items {
-		b, err := protojson.MarshalOptions{UseProtoNames: true, EmitUnpopulated: true, Indent: "  "}.Marshal(m)
-		if err != nil {
-			return err
-		}
-		sep := ",\n"
-		if !l.started {
-			sep = fmt.Sprintf("{\n  %q: [\n", l.field)
-			l.started = true
-		}
-		if _, err := fmt.Fprint(l.out, sep+"    "+strings.ReplaceAll(string(b), "\n", "\n    ")); err != nil {
-			return err
-		}
-		l.n++
-	}
-	return nil
-}
-
-// end closes a JSON list (a table needs nothing more).
-func (l *listOut) end() error {
-	var err error
-	switch {
-	case !l.json:
-	case !l.started:
-		_, err = fmt.Fprintf(l.out, "{\n  %q: []\n}\n", l.field)
-	default:
-		_, err = fmt.Fprint(l.out, "\n  ]\n}\n")
-	}
-	return err
-}
-
-func checkpointLine(cp *rdzvv1.Checkpoint) string {
+func checkpointLine(cp *rdzvv1.Checkpoint, v view) string {
 	if cp == nil {
 		return "none yet"
 	}
-	return fmt.Sprintf("step %d at %s (generation %d, %s, %s ago)", cp.GetStep(), cp.GetPath(), cp.GetGeneration(), cp.GetSource(), age(cp.GetReportedAt()))
+	return fmt.Sprintf("step %d at %s (generation %d, %s, %s ago)", cp.GetStep(), cp.GetPath(), cp.GetGeneration(), cp.GetSource(), v.age(cp.GetReportedAt()))
 }
 
-func progressLine(j *rdzvv1.Job) string {
+func progressLine(j *rdzvv1.Job, v view) string {
 	timeout := j.GetSpec().GetHealthProgressTimeout().AsDuration()
 	switch {
 	case j.GetProgressAt() == nil && timeout > 0:
@@ -255,9 +219,9 @@ func progressLine(j *rdzvv1.Job) string {
 	case j.GetProgressAt() == nil:
 		return "no steps reported; hang detection off"
 	case timeout == 0:
-		return fmt.Sprintf("step %d, %s ago; hang detection off (health.progress_timeout)", j.GetStep(), age(j.GetProgressAt()))
+		return fmt.Sprintf("step %d, %s ago; hang detection off (health.progress_timeout)", j.GetStep(), v.age(j.GetProgressAt()))
 	}
-	return fmt.Sprintf("step %d, %s ago; hang after %s without progress", j.GetStep(), age(j.GetProgressAt()), timeout)
+	return fmt.Sprintf("step %d, %s ago; hang after %s without progress", j.GetStep(), v.age(j.GetProgressAt()), timeout)
 }
 
 // trainingLine is the effective training time ratio: time spent training
@@ -271,17 +235,25 @@ func trainingLine(j *rdzvv1.Job) string {
 		100*train.Seconds()/(train+recover).Seconds())
 }
 
-func printRevocations(out io.Writer, rs []*rdzvv1.Revocation) {
-	w := table(out)
-	fmt.Fprintln(w, "SERIAL\tIDENTITY\tISSUED BEFORE\tREVOKED\tBY\tUNTIL\tREASON")
-	for _, r := range rs {
+// revocations is how the deny-list prints.
+var revocations = listing[*rdzvv1.Revocation]{
+	field:      "revocations",
+	header:     "SERIAL\tIDENTITY\tISSUED BEFORE\tREVOKED\tBY\tUNTIL",
+	wideHeader: "",
+	last:       "REASON",
+	row: func(w io.Writer, r *rdzvv1.Revocation, v view) {
 		serial, id, before := r.GetSerial(), r.GetIdentity(), "-"
 		if serial == "" {
-			serial, before = "*", when(r.GetIssuedBefore())
+			serial, before = "*", v.when(r.GetIssuedBefore())
 		} else {
 			id = "-"
 		}
-		fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\t%s\t%s\n", serial, id, before, when(r.GetRevokedAt()), r.GetRevokedBy(), when(r.GetNotAfter()), r.GetReason())
-	}
-	_ = w.Flush()
+		fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\t%s\t%s\n", serial, id, before, v.when(r.GetRevokedAt()), r.GetRevokedBy(), v.when(r.GetNotAfter()), r.GetReason())
+	},
+	name: func(r *rdzvv1.Revocation) string {
+		if r.GetSerial() != "" {
+			return r.GetSerial()
+		}
+		return r.GetIdentity()
+	},
 }

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"io"
 	"os"
 	"path/filepath"
 	"testing"
@@ -47,9 +48,11 @@ func TestPKIRevoke(t *testing.T) {
 		return append([]string{"--controller", cfg.Listen, "--tls-dir", tlsDir}, args...)
 	}
 	require.Eventually(t, func() bool {
-		code, _ := run(context.Background(), ctlArgs("pki", "revocations"), &bytes.Buffer{})
+		code, _ := run(context.Background(), ctlArgs("pki", "revocations"), &bytes.Buffer{}, io.Discard)
 		return code == 0
 	}, 30*time.Second, 50*time.Millisecond, "the controller never served")
+
+	require.Contains(t, runOK(t, ctlArgs("version")...), ", leader "+cfg.Listen+"\n", "the controller says what it is")
 
 	out := runOK(t, ctlArgs("pki", "revoke", "agent/gpu-01", "--reason", "decommissioned")...)
 	require.Contains(t, out, "revoked every certificate of agent/gpu-01 issued until now")
@@ -78,7 +81,7 @@ func TestPKIRevoke(t *testing.T) {
 
 	runOK(t, ctlArgs("pki", "revoke", "operator/alice")...)
 	var stdout bytes.Buffer
-	code, err := run(context.Background(), ctlArgs("pki", "revocations"), &stdout)
+	code, err := run(context.Background(), ctlArgs("pki", "revocations"), &stdout, io.Discard)
 	require.Equal(t, 1, code)
 	require.ErrorContains(t, err, "certificate operator/alice (serial ")
 	require.ErrorContains(t, err, "revoked at")

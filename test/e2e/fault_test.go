@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"fmt"
+	"maps"
 	"math"
 	"os"
 	"path/filepath"
@@ -159,11 +160,29 @@ func TestFaultAgentRestart(t *testing.T) {
 	workers := trainingPids(t, c, 1)
 	require.NotEmpty(t, workers)
 
+	// h3 is drained while it trains: its part of the job runs on to the
+	// end, and only then is the node DRAINED.
+	h3 := c.agentHost(2).Name
+	out := c.ctlOK(t, "nodes", "drain", h3, "--reason", "e2e")
+	require.Equal(t, fmt.Sprintf("node %s draining: job %s runs on until it ends\n", h3, job.Name), out)
+
 	c.restartAgent(t, 1)
 	for _, pid := range workers {
 		require.NotEmpty(t, procStatus(pid, "State"), "training process %d on h2 did not survive the agent restart", pid)
 	}
-	c.waitReady(t)
+	// Every node idle once the job is done; h3, drained, as DRAINED.
+	c.waitNodes(t, "READY, h3 DRAINED", func(nodes []nodeJSON) bool {
+		for i, n := range nodes {
+			want := "NODE_STATE_READY"
+			if i == 2 {
+				want = "NODE_STATE_DRAINED"
+			}
+			if n.Info.Name != c.agentHost(i).Name || n.State != want {
+				return false
+			}
+		}
+		return true
+	})
 	t.Logf("e2e: agent on h2 back with its %d training processes", len(workers))
 
 	j := c.waitJob(t, job.Name, "finished", func(j jobJSON) bool { return finished(j.State) })
@@ -173,6 +192,9 @@ func TestFaultAgentRestart(t *testing.T) {
 	events := c.jobEvents(t, job.Name)
 	require.NotContains(t, kinds(events), "attempt_failed")
 	require.Contains(t, kinds(events), "agent_restarting")
+	require.Equal(t, h3+"\n", c.ctlOK(t, "nodes", "--state", "drained", "-o", "name"))
+	require.Equal(t, "node "+h3+" uncordoned\n", c.ctlOK(t, "nodes", "uncordon", h3), "uncordon ends the drain")
+	requireMergedLogs(t, c, job.Name)
 
 	// h2's workers, adopted, trained to the last step in generation 1.
 	ticks := parseTicks(t, "h2", c.nodeLog(t, 1, job.Name))
@@ -762,5 +784,28 @@ func requireSequentialGenerations(t *testing.T, first, last map[uint64]time.Time
 		require.True(t, last[prev].Before(first[next]),
 			"generations %d and %d trained at the same time: %d ticked until %s, %d from %s",
 			prev, next, prev, last[prev].Format(time.StampMicro), next, first[next].Format(time.StampMicro))
+	}
+}
+
+// requireMergedLogs checks `rdzvctl logs JOB`: every node's log, merged,
+// each line led by NODE/RANK, each node's lines whole and in order; and
+// --tail counting lines.
+func requireMergedLogs(t *testing.T, c *cluster, job string) {
+	t.Helper()
+	merged := c.ctlOK(t, "logs", job)
+	byNode := map[string][]string{}
+	for _, line := range strings.Split(strings.TrimSuffix(merged, "\n"), "\n") {
+		prefix, rest, ok := strings.Cut(line, " ")
+		require.True(t, ok, "unprefixed line %q", line)
+		byNode[prefix] = append(byNode[prefix], rest)
+	}
+	require.Len(t, byNode, agentHosts, "merged logs of %d nodes: %v", agentHosts, slices.Collect(maps.Keys(byNode)))
+	for i := range agentHosts {
+		h := c.agentHost(i)
+		own := c.nodeLog(t, i, job)
+		require.Equal(t, own, strings.Join(byNode[fmt.Sprintf("%s/%d", h.Name, i)], "\n")+"\n", "%s's lines in the merged logs", h.Name)
+		lines := strings.SplitAfter(strings.TrimSuffix(own, "\n"), "\n")
+		tail := c.ctlOK(t, "logs", job, "--node", h.Name, "--tail", "3")
+		require.Equal(t, strings.Join(lines[len(lines)-3:], "")+"\n", tail, "--tail 3 on %s", h.Name)
 	}
 }

@@ -1187,8 +1187,15 @@ type LogTail struct {
 	RequestId string                 `protobuf:"bytes,1,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
 	Job       string                 `protobuf:"bytes,2,opt,name=job,proto3" json:"job,omitempty"`
 	// Start this many bytes before the end of the log; 0 means from the start.
-	TailBytes     uint64 `protobuf:"varint,3,opt,name=tail_bytes,json=tailBytes,proto3" json:"tail_bytes,omitempty"`
-	Follow        bool   `protobuf:"varint,4,opt,name=follow,proto3" json:"follow,omitempty"`
+	TailBytes uint64 `protobuf:"varint,3,opt,name=tail_bytes,json=tailBytes,proto3" json:"tail_bytes,omitempty"`
+	Follow    bool   `protobuf:"varint,4,opt,name=follow,proto3" json:"follow,omitempty"`
+	// Start this many lines before the end; 0 means no line limit.
+	TailLines uint32 `protobuf:"varint,5,opt,name=tail_lines,json=tailLines,proto3" json:"tail_lines,omitempty"`
+	// Start with the generation running at this time.
+	Since *timestamppb.Timestamp `protobuf:"bytes,6,opt,name=since,proto3" json:"since,omitempty"`
+	// The job's current run was created at this time: output of earlier
+	// runs of the same name (generations started before it) is skipped.
+	RunCreatedAt  *timestamppb.Timestamp `protobuf:"bytes,7,opt,name=run_created_at,json=runCreatedAt,proto3" json:"run_created_at,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1249,6 +1256,27 @@ func (x *LogTail) GetFollow() bool {
 		return x.Follow
 	}
 	return false
+}
+
+func (x *LogTail) GetTailLines() uint32 {
+	if x != nil {
+		return x.TailLines
+	}
+	return 0
+}
+
+func (x *LogTail) GetSince() *timestamppb.Timestamp {
+	if x != nil {
+		return x.Since
+	}
+	return nil
+}
+
+func (x *LogTail) GetRunCreatedAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.RunCreatedAt
+	}
+	return nil
 }
 
 type LogCancel struct {
@@ -1514,14 +1542,18 @@ const file_rdzv_v1_agent_service_proto_rawDesc = "" +
 	"\n" +
 	"request_id\x18\x01 \x01(\tR\trequestId\x12\x12\n" +
 	"\x04port\x18\x02 \x01(\rR\x04port\x12\x14\n" +
-	"\x05error\x18\x03 \x01(\tR\x05error\"q\n" +
+	"\x05error\x18\x03 \x01(\tR\x05error\"\x84\x02\n" +
 	"\aLogTail\x12\x1d\n" +
 	"\n" +
 	"request_id\x18\x01 \x01(\tR\trequestId\x12\x10\n" +
 	"\x03job\x18\x02 \x01(\tR\x03job\x12\x1d\n" +
 	"\n" +
 	"tail_bytes\x18\x03 \x01(\x04R\ttailBytes\x12\x16\n" +
-	"\x06follow\x18\x04 \x01(\bR\x06follow\"*\n" +
+	"\x06follow\x18\x04 \x01(\bR\x06follow\x12\x1d\n" +
+	"\n" +
+	"tail_lines\x18\x05 \x01(\rR\ttailLines\x120\n" +
+	"\x05since\x18\x06 \x01(\v2\x1a.google.protobuf.TimestampR\x05since\x12@\n" +
+	"\x0erun_created_at\x18\a \x01(\v2\x1a.google.protobuf.TimestampR\frunCreatedAt\"*\n" +
 	"\tLogCancel\x12\x1d\n" +
 	"\n" +
 	"request_id\x18\x01 \x01(\tR\trequestId\"e\n" +
@@ -1598,13 +1630,15 @@ var file_rdzv_v1_agent_service_proto_depIdxs = []int32{
 	21, // 20: rdzv.v1.WorkerStatus.state:type_name -> rdzv.v1.WorkerState
 	20, // 21: rdzv.v1.WorkerStatus.exited_at:type_name -> google.protobuf.Timestamp
 	20, // 22: rdzv.v1.Progress.at:type_name -> google.protobuf.Timestamp
-	0,  // 23: rdzv.v1.AgentService.Connect:input_type -> rdzv.v1.ConnectRequest
-	1,  // 24: rdzv.v1.AgentService.Connect:output_type -> rdzv.v1.ConnectResponse
-	24, // [24:25] is the sub-list for method output_type
-	23, // [23:24] is the sub-list for method input_type
-	23, // [23:23] is the sub-list for extension type_name
-	23, // [23:23] is the sub-list for extension extendee
-	0,  // [0:23] is the sub-list for field type_name
+	20, // 23: rdzv.v1.LogTail.since:type_name -> google.protobuf.Timestamp
+	20, // 24: rdzv.v1.LogTail.run_created_at:type_name -> google.protobuf.Timestamp
+	0,  // 25: rdzv.v1.AgentService.Connect:input_type -> rdzv.v1.ConnectRequest
+	1,  // 26: rdzv.v1.AgentService.Connect:output_type -> rdzv.v1.ConnectResponse
+	26, // [26:27] is the sub-list for method output_type
+	25, // [25:26] is the sub-list for method input_type
+	25, // [25:25] is the sub-list for extension type_name
+	25, // [25:25] is the sub-list for extension extendee
+	0,  // [0:25] is the sub-list for field type_name
 }
 
 func init() { file_rdzv_v1_agent_service_proto_init() }

@@ -9,6 +9,7 @@ package rdzvv1
 import (
 	protoreflect "google.golang.org/protobuf/reflect/protoreflect"
 	protoimpl "google.golang.org/protobuf/runtime/protoimpl"
+	timestamppb "google.golang.org/protobuf/types/known/timestamppb"
 	reflect "reflect"
 	sync "sync"
 	unsafe "unsafe"
@@ -78,8 +79,11 @@ func (JobView) EnumDescriptor() ([]byte, []int) {
 }
 
 type StartJobRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Spec          *JobSpec               `protobuf:"bytes,1,opt,name=spec,proto3" json:"spec,omitempty"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Spec  *JobSpec               `protobuf:"bytes,1,opt,name=spec,proto3" json:"spec,omitempty"`
+	// Validate the spec and preview its placement without storing anything
+	// (`rdzvctl start --dry-run`, `rdzvctl validate`).
+	DryRun        bool `protobuf:"varint,2,opt,name=dry_run,json=dryRun,proto3" json:"dry_run,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -121,9 +125,19 @@ func (x *StartJobRequest) GetSpec() *JobSpec {
 	return nil
 }
 
+func (x *StartJobRequest) GetDryRun() bool {
+	if x != nil {
+		return x.DryRun
+	}
+	return false
+}
+
 type StartJobResponse struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Job           *Job                   `protobuf:"bytes,1,opt,name=job,proto3" json:"job,omitempty"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The job as stored; with dry_run, as it would be stored.
+	Job *Job `protobuf:"bytes,1,opt,name=job,proto3" json:"job,omitempty"`
+	// Set with dry_run only.
+	Placement     *PlacementPreview `protobuf:"bytes,2,opt,name=placement,proto3" json:"placement,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -165,6 +179,69 @@ func (x *StartJobResponse) GetJob() *Job {
 	return nil
 }
 
+func (x *StartJobResponse) GetPlacement() *PlacementPreview {
+	if x != nil {
+		return x.Placement
+	}
+	return nil
+}
+
+// PlacementPreview is where the scheduler would place a job if it looked
+// now, with the nodes free now; nothing is reserved.
+type PlacementPreview struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The nodes chosen, rank 0 first; empty when the job would wait.
+	Nodes []*NodeAssignment `protobuf:"bytes,1,rep,name=nodes,proto3" json:"nodes,omitempty"`
+	// Why the job would wait, or how many nodes it would get.
+	Reason        string `protobuf:"bytes,2,opt,name=reason,proto3" json:"reason,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PlacementPreview) Reset() {
+	*x = PlacementPreview{}
+	mi := &file_rdzv_v1_job_service_proto_msgTypes[2]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PlacementPreview) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PlacementPreview) ProtoMessage() {}
+
+func (x *PlacementPreview) ProtoReflect() protoreflect.Message {
+	mi := &file_rdzv_v1_job_service_proto_msgTypes[2]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PlacementPreview.ProtoReflect.Descriptor instead.
+func (*PlacementPreview) Descriptor() ([]byte, []int) {
+	return file_rdzv_v1_job_service_proto_rawDescGZIP(), []int{2}
+}
+
+func (x *PlacementPreview) GetNodes() []*NodeAssignment {
+	if x != nil {
+		return x.Nodes
+	}
+	return nil
+}
+
+func (x *PlacementPreview) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
 type GetJobRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Name          string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
@@ -174,7 +251,7 @@ type GetJobRequest struct {
 
 func (x *GetJobRequest) Reset() {
 	*x = GetJobRequest{}
-	mi := &file_rdzv_v1_job_service_proto_msgTypes[2]
+	mi := &file_rdzv_v1_job_service_proto_msgTypes[3]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -186,7 +263,7 @@ func (x *GetJobRequest) String() string {
 func (*GetJobRequest) ProtoMessage() {}
 
 func (x *GetJobRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_rdzv_v1_job_service_proto_msgTypes[2]
+	mi := &file_rdzv_v1_job_service_proto_msgTypes[3]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -199,7 +276,7 @@ func (x *GetJobRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetJobRequest.ProtoReflect.Descriptor instead.
 func (*GetJobRequest) Descriptor() ([]byte, []int) {
-	return file_rdzv_v1_job_service_proto_rawDescGZIP(), []int{2}
+	return file_rdzv_v1_job_service_proto_rawDescGZIP(), []int{3}
 }
 
 func (x *GetJobRequest) GetName() string {
@@ -218,7 +295,7 @@ type GetJobResponse struct {
 
 func (x *GetJobResponse) Reset() {
 	*x = GetJobResponse{}
-	mi := &file_rdzv_v1_job_service_proto_msgTypes[3]
+	mi := &file_rdzv_v1_job_service_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -230,7 +307,7 @@ func (x *GetJobResponse) String() string {
 func (*GetJobResponse) ProtoMessage() {}
 
 func (x *GetJobResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_rdzv_v1_job_service_proto_msgTypes[3]
+	mi := &file_rdzv_v1_job_service_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -243,7 +320,7 @@ func (x *GetJobResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetJobResponse.ProtoReflect.Descriptor instead.
 func (*GetJobResponse) Descriptor() ([]byte, []int) {
-	return file_rdzv_v1_job_service_proto_rawDescGZIP(), []int{3}
+	return file_rdzv_v1_job_service_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *GetJobResponse) GetJob() *Job {
@@ -272,7 +349,7 @@ type ListJobsRequest struct {
 
 func (x *ListJobsRequest) Reset() {
 	*x = ListJobsRequest{}
-	mi := &file_rdzv_v1_job_service_proto_msgTypes[4]
+	mi := &file_rdzv_v1_job_service_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -284,7 +361,7 @@ func (x *ListJobsRequest) String() string {
 func (*ListJobsRequest) ProtoMessage() {}
 
 func (x *ListJobsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_rdzv_v1_job_service_proto_msgTypes[4]
+	mi := &file_rdzv_v1_job_service_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -297,7 +374,7 @@ func (x *ListJobsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListJobsRequest.ProtoReflect.Descriptor instead.
 func (*ListJobsRequest) Descriptor() ([]byte, []int) {
-	return file_rdzv_v1_job_service_proto_rawDescGZIP(), []int{4}
+	return file_rdzv_v1_job_service_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *ListJobsRequest) GetPageSize() int32 {
@@ -339,7 +416,7 @@ type ListJobsResponse struct {
 
 func (x *ListJobsResponse) Reset() {
 	*x = ListJobsResponse{}
-	mi := &file_rdzv_v1_job_service_proto_msgTypes[5]
+	mi := &file_rdzv_v1_job_service_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -351,7 +428,7 @@ func (x *ListJobsResponse) String() string {
 func (*ListJobsResponse) ProtoMessage() {}
 
 func (x *ListJobsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_rdzv_v1_job_service_proto_msgTypes[5]
+	mi := &file_rdzv_v1_job_service_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -364,7 +441,7 @@ func (x *ListJobsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListJobsResponse.ProtoReflect.Descriptor instead.
 func (*ListJobsResponse) Descriptor() ([]byte, []int) {
-	return file_rdzv_v1_job_service_proto_rawDescGZIP(), []int{5}
+	return file_rdzv_v1_job_service_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *ListJobsResponse) GetJobs() []*Job {
@@ -390,7 +467,7 @@ type StopJobRequest struct {
 
 func (x *StopJobRequest) Reset() {
 	*x = StopJobRequest{}
-	mi := &file_rdzv_v1_job_service_proto_msgTypes[6]
+	mi := &file_rdzv_v1_job_service_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -402,7 +479,7 @@ func (x *StopJobRequest) String() string {
 func (*StopJobRequest) ProtoMessage() {}
 
 func (x *StopJobRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_rdzv_v1_job_service_proto_msgTypes[6]
+	mi := &file_rdzv_v1_job_service_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -415,7 +492,7 @@ func (x *StopJobRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StopJobRequest.ProtoReflect.Descriptor instead.
 func (*StopJobRequest) Descriptor() ([]byte, []int) {
-	return file_rdzv_v1_job_service_proto_rawDescGZIP(), []int{6}
+	return file_rdzv_v1_job_service_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *StopJobRequest) GetName() string {
@@ -434,7 +511,7 @@ type StopJobResponse struct {
 
 func (x *StopJobResponse) Reset() {
 	*x = StopJobResponse{}
-	mi := &file_rdzv_v1_job_service_proto_msgTypes[7]
+	mi := &file_rdzv_v1_job_service_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -446,7 +523,7 @@ func (x *StopJobResponse) String() string {
 func (*StopJobResponse) ProtoMessage() {}
 
 func (x *StopJobResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_rdzv_v1_job_service_proto_msgTypes[7]
+	mi := &file_rdzv_v1_job_service_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -459,7 +536,7 @@ func (x *StopJobResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StopJobResponse.ProtoReflect.Descriptor instead.
 func (*StopJobResponse) Descriptor() ([]byte, []int) {
-	return file_rdzv_v1_job_service_proto_rawDescGZIP(), []int{7}
+	return file_rdzv_v1_job_service_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *StopJobResponse) GetJob() *Job {
@@ -478,7 +555,7 @@ type DeleteJobRequest struct {
 
 func (x *DeleteJobRequest) Reset() {
 	*x = DeleteJobRequest{}
-	mi := &file_rdzv_v1_job_service_proto_msgTypes[8]
+	mi := &file_rdzv_v1_job_service_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -490,7 +567,7 @@ func (x *DeleteJobRequest) String() string {
 func (*DeleteJobRequest) ProtoMessage() {}
 
 func (x *DeleteJobRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_rdzv_v1_job_service_proto_msgTypes[8]
+	mi := &file_rdzv_v1_job_service_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -503,7 +580,7 @@ func (x *DeleteJobRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteJobRequest.ProtoReflect.Descriptor instead.
 func (*DeleteJobRequest) Descriptor() ([]byte, []int) {
-	return file_rdzv_v1_job_service_proto_rawDescGZIP(), []int{8}
+	return file_rdzv_v1_job_service_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *DeleteJobRequest) GetName() string {
@@ -521,7 +598,7 @@ type DeleteJobResponse struct {
 
 func (x *DeleteJobResponse) Reset() {
 	*x = DeleteJobResponse{}
-	mi := &file_rdzv_v1_job_service_proto_msgTypes[9]
+	mi := &file_rdzv_v1_job_service_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -533,7 +610,7 @@ func (x *DeleteJobResponse) String() string {
 func (*DeleteJobResponse) ProtoMessage() {}
 
 func (x *DeleteJobResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_rdzv_v1_job_service_proto_msgTypes[9]
+	mi := &file_rdzv_v1_job_service_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -546,7 +623,7 @@ func (x *DeleteJobResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteJobResponse.ProtoReflect.Descriptor instead.
 func (*DeleteJobResponse) Descriptor() ([]byte, []int) {
-	return file_rdzv_v1_job_service_proto_rawDescGZIP(), []int{9}
+	return file_rdzv_v1_job_service_proto_rawDescGZIP(), []int{10}
 }
 
 // Events are listed oldest first, a page at a time: pass next_page_token
@@ -570,7 +647,7 @@ type ListEventsRequest struct {
 
 func (x *ListEventsRequest) Reset() {
 	*x = ListEventsRequest{}
-	mi := &file_rdzv_v1_job_service_proto_msgTypes[10]
+	mi := &file_rdzv_v1_job_service_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -582,7 +659,7 @@ func (x *ListEventsRequest) String() string {
 func (*ListEventsRequest) ProtoMessage() {}
 
 func (x *ListEventsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_rdzv_v1_job_service_proto_msgTypes[10]
+	mi := &file_rdzv_v1_job_service_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -595,7 +672,7 @@ func (x *ListEventsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListEventsRequest.ProtoReflect.Descriptor instead.
 func (*ListEventsRequest) Descriptor() ([]byte, []int) {
-	return file_rdzv_v1_job_service_proto_rawDescGZIP(), []int{10}
+	return file_rdzv_v1_job_service_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *ListEventsRequest) GetJob() string {
@@ -637,7 +714,7 @@ type ListEventsResponse struct {
 
 func (x *ListEventsResponse) Reset() {
 	*x = ListEventsResponse{}
-	mi := &file_rdzv_v1_job_service_proto_msgTypes[11]
+	mi := &file_rdzv_v1_job_service_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -649,7 +726,7 @@ func (x *ListEventsResponse) String() string {
 func (*ListEventsResponse) ProtoMessage() {}
 
 func (x *ListEventsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_rdzv_v1_job_service_proto_msgTypes[11]
+	mi := &file_rdzv_v1_job_service_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -662,7 +739,7 @@ func (x *ListEventsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListEventsResponse.ProtoReflect.Descriptor instead.
 func (*ListEventsResponse) Descriptor() ([]byte, []int) {
-	return file_rdzv_v1_job_service_proto_rawDescGZIP(), []int{11}
+	return file_rdzv_v1_job_service_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *ListEventsResponse) GetEvents() []*Event {
@@ -686,14 +763,23 @@ type StreamLogsRequest struct {
 	Node   string `protobuf:"bytes,2,opt,name=node,proto3" json:"node,omitempty"`
 	Follow bool   `protobuf:"varint,3,opt,name=follow,proto3" json:"follow,omitempty"`
 	// Start this many bytes before the end; 0 means the whole log.
-	TailBytes     uint64 `protobuf:"varint,4,opt,name=tail_bytes,json=tailBytes,proto3" json:"tail_bytes,omitempty"`
+	TailBytes uint64 `protobuf:"varint,4,opt,name=tail_bytes,json=tailBytes,proto3" json:"tail_bytes,omitempty"`
+	// Start this many lines before the end (of each node's log); 0 means
+	// the whole log. Applied after since.
+	TailLines uint32 `protobuf:"varint,5,opt,name=tail_lines,json=tailLines,proto3" json:"tail_lines,omitempty"`
+	// Start with the generation that was running at this time (a log's
+	// lines carry no time of their own, its generations' markers do).
+	Since *timestamppb.Timestamp `protobuf:"bytes,6,opt,name=since,proto3" json:"since,omitempty"`
+	// Every node of the job's current generation, node rank order; node
+	// must be empty. Each response names the node its data comes from.
+	AllNodes      bool `protobuf:"varint,7,opt,name=all_nodes,json=allNodes,proto3" json:"all_nodes,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *StreamLogsRequest) Reset() {
 	*x = StreamLogsRequest{}
-	mi := &file_rdzv_v1_job_service_proto_msgTypes[12]
+	mi := &file_rdzv_v1_job_service_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -705,7 +791,7 @@ func (x *StreamLogsRequest) String() string {
 func (*StreamLogsRequest) ProtoMessage() {}
 
 func (x *StreamLogsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_rdzv_v1_job_service_proto_msgTypes[12]
+	mi := &file_rdzv_v1_job_service_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -718,7 +804,7 @@ func (x *StreamLogsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StreamLogsRequest.ProtoReflect.Descriptor instead.
 func (*StreamLogsRequest) Descriptor() ([]byte, []int) {
-	return file_rdzv_v1_job_service_proto_rawDescGZIP(), []int{12}
+	return file_rdzv_v1_job_service_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *StreamLogsRequest) GetJob() string {
@@ -749,17 +835,39 @@ func (x *StreamLogsRequest) GetTailBytes() uint64 {
 	return 0
 }
 
+func (x *StreamLogsRequest) GetTailLines() uint32 {
+	if x != nil {
+		return x.TailLines
+	}
+	return 0
+}
+
+func (x *StreamLogsRequest) GetSince() *timestamppb.Timestamp {
+	if x != nil {
+		return x.Since
+	}
+	return nil
+}
+
+func (x *StreamLogsRequest) GetAllNodes() bool {
+	if x != nil {
+		return x.AllNodes
+	}
+	return false
+}
+
 type StreamLogsResponse struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Node          string                 `protobuf:"bytes,1,opt,name=node,proto3" json:"node,omitempty"`
 	Data          []byte                 `protobuf:"bytes,2,opt,name=data,proto3" json:"data,omitempty"`
+	NodeRank      uint32                 `protobuf:"varint,3,opt,name=node_rank,json=nodeRank,proto3" json:"node_rank,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *StreamLogsResponse) Reset() {
 	*x = StreamLogsResponse{}
-	mi := &file_rdzv_v1_job_service_proto_msgTypes[13]
+	mi := &file_rdzv_v1_job_service_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -771,7 +879,7 @@ func (x *StreamLogsResponse) String() string {
 func (*StreamLogsResponse) ProtoMessage() {}
 
 func (x *StreamLogsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_rdzv_v1_job_service_proto_msgTypes[13]
+	mi := &file_rdzv_v1_job_service_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -784,7 +892,7 @@ func (x *StreamLogsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StreamLogsResponse.ProtoReflect.Descriptor instead.
 func (*StreamLogsResponse) Descriptor() ([]byte, []int) {
-	return file_rdzv_v1_job_service_proto_rawDescGZIP(), []int{13}
+	return file_rdzv_v1_job_service_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *StreamLogsResponse) GetNode() string {
@@ -801,15 +909,27 @@ func (x *StreamLogsResponse) GetData() []byte {
 	return nil
 }
 
+func (x *StreamLogsResponse) GetNodeRank() uint32 {
+	if x != nil {
+		return x.NodeRank
+	}
+	return 0
+}
+
 var File_rdzv_v1_job_service_proto protoreflect.FileDescriptor
 
 const file_rdzv_v1_job_service_proto_rawDesc = "" +
 	"\n" +
-	"\x19rdzv/v1/job_service.proto\x12\ardzv.v1\x1a\x11rdzv/v1/job.proto\"7\n" +
+	"\x19rdzv/v1/job_service.proto\x12\ardzv.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x11rdzv/v1/job.proto\"P\n" +
 	"\x0fStartJobRequest\x12$\n" +
-	"\x04spec\x18\x01 \x01(\v2\x10.rdzv.v1.JobSpecR\x04spec\"2\n" +
+	"\x04spec\x18\x01 \x01(\v2\x10.rdzv.v1.JobSpecR\x04spec\x12\x17\n" +
+	"\adry_run\x18\x02 \x01(\bR\x06dryRun\"k\n" +
 	"\x10StartJobResponse\x12\x1e\n" +
-	"\x03job\x18\x01 \x01(\v2\f.rdzv.v1.JobR\x03job\"#\n" +
+	"\x03job\x18\x01 \x01(\v2\f.rdzv.v1.JobR\x03job\x127\n" +
+	"\tplacement\x18\x02 \x01(\v2\x19.rdzv.v1.PlacementPreviewR\tplacement\"Y\n" +
+	"\x10PlacementPreview\x12-\n" +
+	"\x05nodes\x18\x01 \x03(\v2\x17.rdzv.v1.NodeAssignmentR\x05nodes\x12\x16\n" +
+	"\x06reason\x18\x02 \x01(\tR\x06reason\"#\n" +
 	"\rGetJobRequest\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\"0\n" +
 	"\x0eGetJobResponse\x12\x1e\n" +
@@ -838,16 +958,21 @@ const file_rdzv_v1_job_service_proto_rawDesc = "" +
 	"page_token\x18\x04 \x01(\tR\tpageToken\"d\n" +
 	"\x12ListEventsResponse\x12&\n" +
 	"\x06events\x18\x01 \x03(\v2\x0e.rdzv.v1.EventR\x06events\x12&\n" +
-	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken\"p\n" +
+	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken\"\xde\x01\n" +
 	"\x11StreamLogsRequest\x12\x10\n" +
 	"\x03job\x18\x01 \x01(\tR\x03job\x12\x12\n" +
 	"\x04node\x18\x02 \x01(\tR\x04node\x12\x16\n" +
 	"\x06follow\x18\x03 \x01(\bR\x06follow\x12\x1d\n" +
 	"\n" +
-	"tail_bytes\x18\x04 \x01(\x04R\ttailBytes\"<\n" +
+	"tail_bytes\x18\x04 \x01(\x04R\ttailBytes\x12\x1d\n" +
+	"\n" +
+	"tail_lines\x18\x05 \x01(\rR\ttailLines\x120\n" +
+	"\x05since\x18\x06 \x01(\v2\x1a.google.protobuf.TimestampR\x05since\x12\x1b\n" +
+	"\tall_nodes\x18\a \x01(\bR\ballNodes\"Y\n" +
 	"\x12StreamLogsResponse\x12\x12\n" +
 	"\x04node\x18\x01 \x01(\tR\x04node\x12\x12\n" +
-	"\x04data\x18\x02 \x01(\fR\x04data*L\n" +
+	"\x04data\x18\x02 \x01(\fR\x04data\x12\x1b\n" +
+	"\tnode_rank\x18\x03 \x01(\rR\bnodeRank*L\n" +
 	"\aJobView\x12\x18\n" +
 	"\x14JOB_VIEW_UNSPECIFIED\x10\x00\x12\x14\n" +
 	"\x10JOB_VIEW_SUMMARY\x10\x01\x12\x11\n" +
@@ -878,56 +1003,62 @@ func file_rdzv_v1_job_service_proto_rawDescGZIP() []byte {
 }
 
 var file_rdzv_v1_job_service_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_rdzv_v1_job_service_proto_msgTypes = make([]protoimpl.MessageInfo, 14)
+var file_rdzv_v1_job_service_proto_msgTypes = make([]protoimpl.MessageInfo, 15)
 var file_rdzv_v1_job_service_proto_goTypes = []any{
-	(JobView)(0),               // 0: rdzv.v1.JobView
-	(*StartJobRequest)(nil),    // 1: rdzv.v1.StartJobRequest
-	(*StartJobResponse)(nil),   // 2: rdzv.v1.StartJobResponse
-	(*GetJobRequest)(nil),      // 3: rdzv.v1.GetJobRequest
-	(*GetJobResponse)(nil),     // 4: rdzv.v1.GetJobResponse
-	(*ListJobsRequest)(nil),    // 5: rdzv.v1.ListJobsRequest
-	(*ListJobsResponse)(nil),   // 6: rdzv.v1.ListJobsResponse
-	(*StopJobRequest)(nil),     // 7: rdzv.v1.StopJobRequest
-	(*StopJobResponse)(nil),    // 8: rdzv.v1.StopJobResponse
-	(*DeleteJobRequest)(nil),   // 9: rdzv.v1.DeleteJobRequest
-	(*DeleteJobResponse)(nil),  // 10: rdzv.v1.DeleteJobResponse
-	(*ListEventsRequest)(nil),  // 11: rdzv.v1.ListEventsRequest
-	(*ListEventsResponse)(nil), // 12: rdzv.v1.ListEventsResponse
-	(*StreamLogsRequest)(nil),  // 13: rdzv.v1.StreamLogsRequest
-	(*StreamLogsResponse)(nil), // 14: rdzv.v1.StreamLogsResponse
-	(*JobSpec)(nil),            // 15: rdzv.v1.JobSpec
-	(*Job)(nil),                // 16: rdzv.v1.Job
-	(JobState)(0),              // 17: rdzv.v1.JobState
-	(*Event)(nil),              // 18: rdzv.v1.Event
+	(JobView)(0),                  // 0: rdzv.v1.JobView
+	(*StartJobRequest)(nil),       // 1: rdzv.v1.StartJobRequest
+	(*StartJobResponse)(nil),      // 2: rdzv.v1.StartJobResponse
+	(*PlacementPreview)(nil),      // 3: rdzv.v1.PlacementPreview
+	(*GetJobRequest)(nil),         // 4: rdzv.v1.GetJobRequest
+	(*GetJobResponse)(nil),        // 5: rdzv.v1.GetJobResponse
+	(*ListJobsRequest)(nil),       // 6: rdzv.v1.ListJobsRequest
+	(*ListJobsResponse)(nil),      // 7: rdzv.v1.ListJobsResponse
+	(*StopJobRequest)(nil),        // 8: rdzv.v1.StopJobRequest
+	(*StopJobResponse)(nil),       // 9: rdzv.v1.StopJobResponse
+	(*DeleteJobRequest)(nil),      // 10: rdzv.v1.DeleteJobRequest
+	(*DeleteJobResponse)(nil),     // 11: rdzv.v1.DeleteJobResponse
+	(*ListEventsRequest)(nil),     // 12: rdzv.v1.ListEventsRequest
+	(*ListEventsResponse)(nil),    // 13: rdzv.v1.ListEventsResponse
+	(*StreamLogsRequest)(nil),     // 14: rdzv.v1.StreamLogsRequest
+	(*StreamLogsResponse)(nil),    // 15: rdzv.v1.StreamLogsResponse
+	(*JobSpec)(nil),               // 16: rdzv.v1.JobSpec
+	(*Job)(nil),                   // 17: rdzv.v1.Job
+	(*NodeAssignment)(nil),        // 18: rdzv.v1.NodeAssignment
+	(JobState)(0),                 // 19: rdzv.v1.JobState
+	(*Event)(nil),                 // 20: rdzv.v1.Event
+	(*timestamppb.Timestamp)(nil), // 21: google.protobuf.Timestamp
 }
 var file_rdzv_v1_job_service_proto_depIdxs = []int32{
-	15, // 0: rdzv.v1.StartJobRequest.spec:type_name -> rdzv.v1.JobSpec
-	16, // 1: rdzv.v1.StartJobResponse.job:type_name -> rdzv.v1.Job
-	16, // 2: rdzv.v1.GetJobResponse.job:type_name -> rdzv.v1.Job
-	17, // 3: rdzv.v1.ListJobsRequest.states:type_name -> rdzv.v1.JobState
-	0,  // 4: rdzv.v1.ListJobsRequest.view:type_name -> rdzv.v1.JobView
-	16, // 5: rdzv.v1.ListJobsResponse.jobs:type_name -> rdzv.v1.Job
-	16, // 6: rdzv.v1.StopJobResponse.job:type_name -> rdzv.v1.Job
-	18, // 7: rdzv.v1.ListEventsResponse.events:type_name -> rdzv.v1.Event
-	1,  // 8: rdzv.v1.JobService.StartJob:input_type -> rdzv.v1.StartJobRequest
-	3,  // 9: rdzv.v1.JobService.GetJob:input_type -> rdzv.v1.GetJobRequest
-	5,  // 10: rdzv.v1.JobService.ListJobs:input_type -> rdzv.v1.ListJobsRequest
-	7,  // 11: rdzv.v1.JobService.StopJob:input_type -> rdzv.v1.StopJobRequest
-	9,  // 12: rdzv.v1.JobService.DeleteJob:input_type -> rdzv.v1.DeleteJobRequest
-	11, // 13: rdzv.v1.JobService.ListEvents:input_type -> rdzv.v1.ListEventsRequest
-	13, // 14: rdzv.v1.JobService.StreamLogs:input_type -> rdzv.v1.StreamLogsRequest
-	2,  // 15: rdzv.v1.JobService.StartJob:output_type -> rdzv.v1.StartJobResponse
-	4,  // 16: rdzv.v1.JobService.GetJob:output_type -> rdzv.v1.GetJobResponse
-	6,  // 17: rdzv.v1.JobService.ListJobs:output_type -> rdzv.v1.ListJobsResponse
-	8,  // 18: rdzv.v1.JobService.StopJob:output_type -> rdzv.v1.StopJobResponse
-	10, // 19: rdzv.v1.JobService.DeleteJob:output_type -> rdzv.v1.DeleteJobResponse
-	12, // 20: rdzv.v1.JobService.ListEvents:output_type -> rdzv.v1.ListEventsResponse
-	14, // 21: rdzv.v1.JobService.StreamLogs:output_type -> rdzv.v1.StreamLogsResponse
-	15, // [15:22] is the sub-list for method output_type
-	8,  // [8:15] is the sub-list for method input_type
-	8,  // [8:8] is the sub-list for extension type_name
-	8,  // [8:8] is the sub-list for extension extendee
-	0,  // [0:8] is the sub-list for field type_name
+	16, // 0: rdzv.v1.StartJobRequest.spec:type_name -> rdzv.v1.JobSpec
+	17, // 1: rdzv.v1.StartJobResponse.job:type_name -> rdzv.v1.Job
+	3,  // 2: rdzv.v1.StartJobResponse.placement:type_name -> rdzv.v1.PlacementPreview
+	18, // 3: rdzv.v1.PlacementPreview.nodes:type_name -> rdzv.v1.NodeAssignment
+	17, // 4: rdzv.v1.GetJobResponse.job:type_name -> rdzv.v1.Job
+	19, // 5: rdzv.v1.ListJobsRequest.states:type_name -> rdzv.v1.JobState
+	0,  // 6: rdzv.v1.ListJobsRequest.view:type_name -> rdzv.v1.JobView
+	17, // 7: rdzv.v1.ListJobsResponse.jobs:type_name -> rdzv.v1.Job
+	17, // 8: rdzv.v1.StopJobResponse.job:type_name -> rdzv.v1.Job
+	20, // 9: rdzv.v1.ListEventsResponse.events:type_name -> rdzv.v1.Event
+	21, // 10: rdzv.v1.StreamLogsRequest.since:type_name -> google.protobuf.Timestamp
+	1,  // 11: rdzv.v1.JobService.StartJob:input_type -> rdzv.v1.StartJobRequest
+	4,  // 12: rdzv.v1.JobService.GetJob:input_type -> rdzv.v1.GetJobRequest
+	6,  // 13: rdzv.v1.JobService.ListJobs:input_type -> rdzv.v1.ListJobsRequest
+	8,  // 14: rdzv.v1.JobService.StopJob:input_type -> rdzv.v1.StopJobRequest
+	10, // 15: rdzv.v1.JobService.DeleteJob:input_type -> rdzv.v1.DeleteJobRequest
+	12, // 16: rdzv.v1.JobService.ListEvents:input_type -> rdzv.v1.ListEventsRequest
+	14, // 17: rdzv.v1.JobService.StreamLogs:input_type -> rdzv.v1.StreamLogsRequest
+	2,  // 18: rdzv.v1.JobService.StartJob:output_type -> rdzv.v1.StartJobResponse
+	5,  // 19: rdzv.v1.JobService.GetJob:output_type -> rdzv.v1.GetJobResponse
+	7,  // 20: rdzv.v1.JobService.ListJobs:output_type -> rdzv.v1.ListJobsResponse
+	9,  // 21: rdzv.v1.JobService.StopJob:output_type -> rdzv.v1.StopJobResponse
+	11, // 22: rdzv.v1.JobService.DeleteJob:output_type -> rdzv.v1.DeleteJobResponse
+	13, // 23: rdzv.v1.JobService.ListEvents:output_type -> rdzv.v1.ListEventsResponse
+	15, // 24: rdzv.v1.JobService.StreamLogs:output_type -> rdzv.v1.StreamLogsResponse
+	18, // [18:25] is the sub-list for method output_type
+	11, // [11:18] is the sub-list for method input_type
+	11, // [11:11] is the sub-list for extension type_name
+	11, // [11:11] is the sub-list for extension extendee
+	0,  // [0:11] is the sub-list for field type_name
 }
 
 func init() { file_rdzv_v1_job_service_proto_init() }
@@ -942,7 +1073,7 @@ func file_rdzv_v1_job_service_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_rdzv_v1_job_service_proto_rawDesc), len(file_rdzv_v1_job_service_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   14,
+			NumMessages:   15,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

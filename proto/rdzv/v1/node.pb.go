@@ -90,6 +90,9 @@ const (
 	NodeState_NODE_STATE_BUSY NodeState = 2
 	// Missed heartbeats for longer than the controller's timeout.
 	NodeState_NODE_STATE_LOST NodeState = 3
+	// Drained (rdzvctl nodes drain) and idle: safe to take down. Only shown
+	// in lists; the stored state stays READY.
+	NodeState_NODE_STATE_DRAINED NodeState = 4
 )
 
 // Enum value maps for NodeState.
@@ -99,12 +102,14 @@ var (
 		1: "NODE_STATE_READY",
 		2: "NODE_STATE_BUSY",
 		3: "NODE_STATE_LOST",
+		4: "NODE_STATE_DRAINED",
 	}
 	NodeState_value = map[string]int32{
 		"NODE_STATE_UNSPECIFIED": 0,
 		"NODE_STATE_READY":       1,
 		"NODE_STATE_BUSY":        2,
 		"NODE_STATE_LOST":        3,
+		"NODE_STATE_DRAINED":     4,
 	}
 )
 
@@ -449,8 +454,10 @@ type Node struct {
 	// the hold outlives a controller failover. Cleared when the agent
 	// registers again or the node is lost.
 	RestartHoldUntil *timestamppb.Timestamp `protobuf:"bytes,10,opt,name=restart_hold_until,json=restartHoldUntil,proto3" json:"restart_hold_until,omitempty"`
-	unknownFields    protoimpl.UnknownFields
-	sizeCache        protoimpl.SizeCache
+	// Set by DrainNode along with cordoned; cleared by UncordonNode.
+	Draining      bool `protobuf:"varint,11,opt,name=draining,proto3" json:"draining,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Node) Reset() {
@@ -553,6 +560,13 @@ func (x *Node) GetRestartHoldUntil() *timestamppb.Timestamp {
 	return nil
 }
 
+func (x *Node) GetDraining() bool {
+	if x != nil {
+		return x.Draining
+	}
+	return false
+}
+
 var File_rdzv_v1_node_proto protoreflect.FileDescriptor
 
 const file_rdzv_v1_node_proto_rawDesc = "" +
@@ -591,7 +605,7 @@ const file_rdzv_v1_node_proto_rawDesc = "" +
 	"gossipAddr\x1a9\n" +
 	"\vLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xde\x03\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xfa\x03\n" +
 	"\x04Node\x12%\n" +
 	"\x04info\x18\x01 \x01(\v2\x11.rdzv.v1.NodeInfoR\x04info\x12(\n" +
 	"\x05state\x18\x02 \x01(\x0e2\x12.rdzv.v1.NodeStateR\x05state\x12\x10\n" +
@@ -605,18 +619,20 @@ const file_rdzv_v1_node_proto_rawDesc = "" +
 	"\bcordoned\x18\b \x01(\bR\bcordoned\x12#\n" +
 	"\rcordon_reason\x18\t \x01(\tR\fcordonReason\x12H\n" +
 	"\x12restart_hold_until\x18\n" +
-	" \x01(\v2\x1a.google.protobuf.TimestampR\x10restartHoldUntil*\xa4\x01\n" +
+	" \x01(\v2\x1a.google.protobuf.TimestampR\x10restartHoldUntil\x12\x1a\n" +
+	"\bdraining\x18\v \x01(\bR\bdraining*\xa4\x01\n" +
 	"\rInterfaceKind\x12\x1e\n" +
 	"\x1aINTERFACE_KIND_UNSPECIFIED\x10\x00\x12\x1b\n" +
 	"\x17INTERFACE_KIND_LOOPBACK\x10\x01\x12\x1b\n" +
 	"\x17INTERFACE_KIND_ETHERNET\x10\x02\x12\x1d\n" +
 	"\x19INTERFACE_KIND_INFINIBAND\x10\x03\x12\x1a\n" +
-	"\x16INTERFACE_KIND_VIRTUAL\x10\x04*g\n" +
+	"\x16INTERFACE_KIND_VIRTUAL\x10\x04*\x7f\n" +
 	"\tNodeState\x12\x1a\n" +
 	"\x16NODE_STATE_UNSPECIFIED\x10\x00\x12\x14\n" +
 	"\x10NODE_STATE_READY\x10\x01\x12\x13\n" +
 	"\x0fNODE_STATE_BUSY\x10\x02\x12\x13\n" +
-	"\x0fNODE_STATE_LOST\x10\x03B\x80\x01\n" +
+	"\x0fNODE_STATE_LOST\x10\x03\x12\x16\n" +
+	"\x12NODE_STATE_DRAINED\x10\x04B\x80\x01\n" +
 	"\vcom.rdzv.v1B\tNodeProtoP\x01Z)github.com/rdzv/rdzv/proto/rdzv/v1;rdzvv1\xa2\x02\x03RXX\xaa\x02\aRdzv.V1\xca\x02\aRdzv\\V1\xe2\x02\x13Rdzv\\V1\\GPBMetadata\xea\x02\bRdzv::V1b\x06proto3"
 
 var (

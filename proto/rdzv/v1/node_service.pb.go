@@ -335,6 +335,111 @@ func (x *UncordonNodeResponse) GetNode() *Node {
 	return nil
 }
 
+type DrainNodeRequest struct {
+	state  protoimpl.MessageState `protogen:"open.v1"`
+	Name   string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	Reason string                 `protobuf:"bytes,2,opt,name=reason,proto3" json:"reason,omitempty"`
+	// Stop the node's workers now; the job recovers without this node.
+	Now           bool `protobuf:"varint,3,opt,name=now,proto3" json:"now,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DrainNodeRequest) Reset() {
+	*x = DrainNodeRequest{}
+	mi := &file_rdzv_v1_node_service_proto_msgTypes[6]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DrainNodeRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DrainNodeRequest) ProtoMessage() {}
+
+func (x *DrainNodeRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_rdzv_v1_node_service_proto_msgTypes[6]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DrainNodeRequest.ProtoReflect.Descriptor instead.
+func (*DrainNodeRequest) Descriptor() ([]byte, []int) {
+	return file_rdzv_v1_node_service_proto_rawDescGZIP(), []int{6}
+}
+
+func (x *DrainNodeRequest) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *DrainNodeRequest) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
+func (x *DrainNodeRequest) GetNow() bool {
+	if x != nil {
+		return x.Now
+	}
+	return false
+}
+
+type DrainNodeResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Node          *Node                  `protobuf:"bytes,1,opt,name=node,proto3" json:"node,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DrainNodeResponse) Reset() {
+	*x = DrainNodeResponse{}
+	mi := &file_rdzv_v1_node_service_proto_msgTypes[7]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DrainNodeResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DrainNodeResponse) ProtoMessage() {}
+
+func (x *DrainNodeResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_rdzv_v1_node_service_proto_msgTypes[7]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DrainNodeResponse.ProtoReflect.Descriptor instead.
+func (*DrainNodeResponse) Descriptor() ([]byte, []int) {
+	return file_rdzv_v1_node_service_proto_rawDescGZIP(), []int{7}
+}
+
+func (x *DrainNodeResponse) GetNode() *Node {
+	if x != nil {
+		return x.Node
+	}
+	return nil
+}
+
 var File_rdzv_v1_node_service_proto protoreflect.FileDescriptor
 
 const file_rdzv_v1_node_service_proto_rawDesc = "" +
@@ -360,12 +465,19 @@ const file_rdzv_v1_node_service_proto_rawDesc = "" +
 	"\x13UncordonNodeRequest\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\"9\n" +
 	"\x14UncordonNodeResponse\x12!\n" +
-	"\x04node\x18\x01 \x01(\v2\r.rdzv.v1.NodeR\x04node2\xe5\x01\n" +
+	"\x04node\x18\x01 \x01(\v2\r.rdzv.v1.NodeR\x04node\"P\n" +
+	"\x10DrainNodeRequest\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12\x16\n" +
+	"\x06reason\x18\x02 \x01(\tR\x06reason\x12\x10\n" +
+	"\x03now\x18\x03 \x01(\bR\x03now\"6\n" +
+	"\x11DrainNodeResponse\x12!\n" +
+	"\x04node\x18\x01 \x01(\v2\r.rdzv.v1.NodeR\x04node2\xa9\x02\n" +
 	"\vNodeService\x12B\n" +
 	"\tListNodes\x12\x19.rdzv.v1.ListNodesRequest\x1a\x1a.rdzv.v1.ListNodesResponse\x12E\n" +
 	"\n" +
 	"CordonNode\x12\x1a.rdzv.v1.CordonNodeRequest\x1a\x1b.rdzv.v1.CordonNodeResponse\x12K\n" +
-	"\fUncordonNode\x12\x1c.rdzv.v1.UncordonNodeRequest\x1a\x1d.rdzv.v1.UncordonNodeResponseB\x87\x01\n" +
+	"\fUncordonNode\x12\x1c.rdzv.v1.UncordonNodeRequest\x1a\x1d.rdzv.v1.UncordonNodeResponse\x12B\n" +
+	"\tDrainNode\x12\x19.rdzv.v1.DrainNodeRequest\x1a\x1a.rdzv.v1.DrainNodeResponseB\x87\x01\n" +
 	"\vcom.rdzv.v1B\x10NodeServiceProtoP\x01Z)github.com/rdzv/rdzv/proto/rdzv/v1;rdzvv1\xa2\x02\x03RXX\xaa\x02\aRdzv.V1\xca\x02\aRdzv\\V1\xe2\x02\x13Rdzv\\V1\\GPBMetadata\xea\x02\bRdzv::V1b\x06proto3"
 
 var (
@@ -380,7 +492,7 @@ func file_rdzv_v1_node_service_proto_rawDescGZIP() []byte {
 	return file_rdzv_v1_node_service_proto_rawDescData
 }
 
-var file_rdzv_v1_node_service_proto_msgTypes = make([]protoimpl.MessageInfo, 7)
+var file_rdzv_v1_node_service_proto_msgTypes = make([]protoimpl.MessageInfo, 9)
 var file_rdzv_v1_node_service_proto_goTypes = []any{
 	(*ListNodesRequest)(nil),     // 0: rdzv.v1.ListNodesRequest
 	(*ListNodesResponse)(nil),    // 1: rdzv.v1.ListNodesResponse
@@ -388,27 +500,32 @@ var file_rdzv_v1_node_service_proto_goTypes = []any{
 	(*CordonNodeResponse)(nil),   // 3: rdzv.v1.CordonNodeResponse
 	(*UncordonNodeRequest)(nil),  // 4: rdzv.v1.UncordonNodeRequest
 	(*UncordonNodeResponse)(nil), // 5: rdzv.v1.UncordonNodeResponse
-	nil,                          // 6: rdzv.v1.ListNodesRequest.SelectorEntry
-	(NodeState)(0),               // 7: rdzv.v1.NodeState
-	(*Node)(nil),                 // 8: rdzv.v1.Node
+	(*DrainNodeRequest)(nil),     // 6: rdzv.v1.DrainNodeRequest
+	(*DrainNodeResponse)(nil),    // 7: rdzv.v1.DrainNodeResponse
+	nil,                          // 8: rdzv.v1.ListNodesRequest.SelectorEntry
+	(NodeState)(0),               // 9: rdzv.v1.NodeState
+	(*Node)(nil),                 // 10: rdzv.v1.Node
 }
 var file_rdzv_v1_node_service_proto_depIdxs = []int32{
-	7, // 0: rdzv.v1.ListNodesRequest.states:type_name -> rdzv.v1.NodeState
-	6, // 1: rdzv.v1.ListNodesRequest.selector:type_name -> rdzv.v1.ListNodesRequest.SelectorEntry
-	8, // 2: rdzv.v1.ListNodesResponse.nodes:type_name -> rdzv.v1.Node
-	8, // 3: rdzv.v1.CordonNodeResponse.node:type_name -> rdzv.v1.Node
-	8, // 4: rdzv.v1.UncordonNodeResponse.node:type_name -> rdzv.v1.Node
-	0, // 5: rdzv.v1.NodeService.ListNodes:input_type -> rdzv.v1.ListNodesRequest
-	2, // 6: rdzv.v1.NodeService.CordonNode:input_type -> rdzv.v1.CordonNodeRequest
-	4, // 7: rdzv.v1.NodeService.UncordonNode:input_type -> rdzv.v1.UncordonNodeRequest
-	1, // 8: rdzv.v1.NodeService.ListNodes:output_type -> rdzv.v1.ListNodesResponse
-	3, // 9: rdzv.v1.NodeService.CordonNode:output_type -> rdzv.v1.CordonNodeResponse
-	5, // 10: rdzv.v1.NodeService.UncordonNode:output_type -> rdzv.v1.UncordonNodeResponse
-	8, // [8:11] is the sub-list for method output_type
-	5, // [5:8] is the sub-list for method input_type
-	5, // [5:5] is the sub-list for extension type_name
-	5, // [5:5] is the sub-list for extension extendee
-	0, // [0:5] is the sub-list for field type_name
+	9,  // 0: rdzv.v1.ListNodesRequest.states:type_name -> rdzv.v1.NodeState
+	8,  // 1: rdzv.v1.ListNodesRequest.selector:type_name -> rdzv.v1.ListNodesRequest.SelectorEntry
+	10, // 2: rdzv.v1.ListNodesResponse.nodes:type_name -> rdzv.v1.Node
+	10, // 3: rdzv.v1.CordonNodeResponse.node:type_name -> rdzv.v1.Node
+	10, // 4: rdzv.v1.UncordonNodeResponse.node:type_name -> rdzv.v1.Node
+	10, // 5: rdzv.v1.DrainNodeResponse.node:type_name -> rdzv.v1.Node
+	0,  // 6: rdzv.v1.NodeService.ListNodes:input_type -> rdzv.v1.ListNodesRequest
+	2,  // 7: rdzv.v1.NodeService.CordonNode:input_type -> rdzv.v1.CordonNodeRequest
+	4,  // 8: rdzv.v1.NodeService.UncordonNode:input_type -> rdzv.v1.UncordonNodeRequest
+	6,  // 9: rdzv.v1.NodeService.DrainNode:input_type -> rdzv.v1.DrainNodeRequest
+	1,  // 10: rdzv.v1.NodeService.ListNodes:output_type -> rdzv.v1.ListNodesResponse
+	3,  // 11: rdzv.v1.NodeService.CordonNode:output_type -> rdzv.v1.CordonNodeResponse
+	5,  // 12: rdzv.v1.NodeService.UncordonNode:output_type -> rdzv.v1.UncordonNodeResponse
+	7,  // 13: rdzv.v1.NodeService.DrainNode:output_type -> rdzv.v1.DrainNodeResponse
+	10, // [10:14] is the sub-list for method output_type
+	6,  // [6:10] is the sub-list for method input_type
+	6,  // [6:6] is the sub-list for extension type_name
+	6,  // [6:6] is the sub-list for extension extendee
+	0,  // [0:6] is the sub-list for field type_name
 }
 
 func init() { file_rdzv_v1_node_service_proto_init() }
@@ -423,7 +540,7 @@ func file_rdzv_v1_node_service_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_rdzv_v1_node_service_proto_rawDesc), len(file_rdzv_v1_node_service_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   7,
+			NumMessages:   9,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

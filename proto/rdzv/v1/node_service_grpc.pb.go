@@ -22,6 +22,7 @@ const (
 	NodeService_ListNodes_FullMethodName    = "/rdzv.v1.NodeService/ListNodes"
 	NodeService_CordonNode_FullMethodName   = "/rdzv.v1.NodeService/CordonNode"
 	NodeService_UncordonNode_FullMethodName = "/rdzv.v1.NodeService/UncordonNode"
+	NodeService_DrainNode_FullMethodName    = "/rdzv.v1.NodeService/DrainNode"
 )
 
 // NodeServiceClient is the client API for NodeService service.
@@ -33,8 +34,12 @@ type NodeServiceClient interface {
 	ListNodes(ctx context.Context, in *ListNodesRequest, opts ...grpc.CallOption) (*ListNodesResponse, error)
 	// CordonNode keeps new work off a node; running work is not touched.
 	CordonNode(ctx context.Context, in *CordonNodeRequest, opts ...grpc.CallOption) (*CordonNodeResponse, error)
-	// UncordonNode lets a node take work again.
+	// UncordonNode lets a node take work again (also ends a drain).
 	UncordonNode(ctx context.Context, in *UncordonNodeRequest, opts ...grpc.CallOption) (*UncordonNodeResponse, error)
+	// DrainNode cordons a node and marks it draining: its job runs on until
+	// it ends (or, with now, the node's workers are stopped and the job
+	// recovers elsewhere); the node is listed DRAINED once idle.
+	DrainNode(ctx context.Context, in *DrainNodeRequest, opts ...grpc.CallOption) (*DrainNodeResponse, error)
 }
 
 type nodeServiceClient struct {
@@ -75,6 +80,16 @@ func (c *nodeServiceClient) UncordonNode(ctx context.Context, in *UncordonNodeRe
 	return out, nil
 }
 
+func (c *nodeServiceClient) DrainNode(ctx context.Context, in *DrainNodeRequest, opts ...grpc.CallOption) (*DrainNodeResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(DrainNodeResponse)
+	err := c.cc.Invoke(ctx, NodeService_DrainNode_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // NodeServiceServer is the server API for NodeService service.
 // All implementations must embed UnimplementedNodeServiceServer
 // for forward compatibility.
@@ -84,8 +99,12 @@ type NodeServiceServer interface {
 	ListNodes(context.Context, *ListNodesRequest) (*ListNodesResponse, error)
 	// CordonNode keeps new work off a node; running work is not touched.
 	CordonNode(context.Context, *CordonNodeRequest) (*CordonNodeResponse, error)
-	// UncordonNode lets a node take work again.
+	// UncordonNode lets a node take work again (also ends a drain).
 	UncordonNode(context.Context, *UncordonNodeRequest) (*UncordonNodeResponse, error)
+	// DrainNode cordons a node and marks it draining: its job runs on until
+	// it ends (or, with now, the node's workers are stopped and the job
+	// recovers elsewhere); the node is listed DRAINED once idle.
+	DrainNode(context.Context, *DrainNodeRequest) (*DrainNodeResponse, error)
 	mustEmbedUnimplementedNodeServiceServer()
 }
 
@@ -104,6 +123,9 @@ func (UnimplementedNodeServiceServer) CordonNode(context.Context, *CordonNodeReq
 }
 func (UnimplementedNodeServiceServer) UncordonNode(context.Context, *UncordonNodeRequest) (*UncordonNodeResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method UncordonNode not implemented")
+}
+func (UnimplementedNodeServiceServer) DrainNode(context.Context, *DrainNodeRequest) (*DrainNodeResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method DrainNode not implemented")
 }
 func (UnimplementedNodeServiceServer) mustEmbedUnimplementedNodeServiceServer() {}
 func (UnimplementedNodeServiceServer) testEmbeddedByValue()                     {}
@@ -180,6 +202,24 @@ func _NodeService_UncordonNode_Handler(srv interface{}, ctx context.Context, dec
 	return interceptor(ctx, in, info, handler)
 }
 
+func _NodeService_DrainNode_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(DrainNodeRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(NodeServiceServer).DrainNode(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: NodeService_DrainNode_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(NodeServiceServer).DrainNode(ctx, req.(*DrainNodeRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // NodeService_ServiceDesc is the grpc.ServiceDesc for NodeService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -198,6 +238,10 @@ var NodeService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "UncordonNode",
 			Handler:    _NodeService_UncordonNode_Handler,
+		},
+		{
+			MethodName: "DrainNode",
+			Handler:    _NodeService_DrainNode_Handler,
 		},
 	},
 	Streams:  []grpc.StreamDesc{},

@@ -1,0 +1,675 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"math"
+	"sort"
+	"strings"
+	"time"
+
+	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
+
+	"github.com/rdzv/rdzv/client"
+	"github.com/rdzv/rdzv/jobspec"
+	rdzvv1 "github.com/rdzv/rdzv/proto/rdzv/v1"
+)
+
+// watchEvery is how often --watch polls the controller.
+const watchEvery = 2 * time.Second
+
+// jobStates are the names --state takes for jobs.
+const jobStates = "pending, running, recovering, stopping, succeeded, failed, stopped"
+
+// jobFailedError is returned by --wait when the job did not succeed.
+type jobFailedError struct{ job *rdzvv1.Job }
+
+func (e *jobFailedError) Error() string {
+	return fmt.Sprintf("job %s %s: %s", e.job.GetSpec().GetName(), stateWord(e.job.GetState()), e.job.GetReason())
+}
+
+// format parses -o.
+func (c *command) format() (output, error) { return parseOutput(c.output, c.clock) }
+
+// loadJob reads and checks a job file on this side: the same rules the
+// controller applies (jobspec).
+func loadJob(path string) (*jobspec.Spec, error) {
+	spec, err := jobspec.LoadFile(path)
+	if err != nil {
+		return nil, err
+	}
+	if err := spec.Validate(); err != nil {
+		return nil, fmt.Errorf("%s: %w", path, err)
+	}
+	return spec, nil
+}
+
+func (c *command) startCmd() *cobra.Command {
+	var wait, dryRun bool
+	cmd := &cobra.Command{
+		Use:   "start JOB.yaml",
+		Short: "Validate and submit a job",
+		Long: `Validate a job file and submit it. With --wait, follow the job to its end
+and exit non-zero unless it succeeds. With --dry-run, the controller
+validates the job and says which nodes it would be placed on now, or why
+it would wait; nothing is stored.`,
+		Example: `  rdzvctl start job.yaml
+  rdzvctl start job.yaml --wait
+  rdzvctl start job.yaml --dry-run`,
+		Args: exactArgs(1, "start takes one job file"),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			o, err := c.format()
+			if err != nil {
+				return err
+			}
+			if wait && dryRun {
+				return fmt.Errorf("%w: --wait and --dry-run exclude each other", errUsage)
+			}
+			spec, err := loadJob(args[0])
+			if err != nil {
+				return err
+			}
+			client, err := c.dial()
+			if err != nil {
+				return err
+			}
+			cctx, cancel := c.call(cmd.Context())
+			resp, err := client.StartJob(cctx, &rdzvv1.StartJobRequest{Spec: spec.ToProto(), DryRun: dryRun})
+			cancel()
+			if err != nil {
+				return c.rpcErr("starting job", err)
+			}
+			switch {
+			case dryRun:
+				return renderOne(c.out, o, resp, func(w io.Writer, v view) { printPreview(w, args[0], resp.GetPlacement()) }, spec.Name)
+			case !wait:
+				return renderOne(c.out, o, resp.GetJob(), func(w io.Writer, v view) { fmt.Fprintln(w, spec.Name) }, spec.Name)
+			}
+			fmt.Fprintf(c.out, "job %s submitted\n", spec.Name)
+			return c.wait(cmd.Context(), client, spec.Name)
+		},
+	}
+	cmd.Flags().BoolVar(&wait, "wait", false, "follow the job until it ends; exit non-zero unless it succeeds")
+	cmd.Flags().BoolVar(&dryRun, "dry-run", false, "validate on the controller and preview the placement; store nothing")
+	return cmd
+}
+
+// printPreview prints a dry run's placement.
+func printPreview(w io.Writer, file string, p *rdzvv1.PlacementPreview) {
+	fmt.Fprintf(w, "%s: valid; %s\n", file, p.GetReason())
+	if len(p.GetNodes()) == 0 {
+		return
+	}
+	t := table(w)
+	fmt.Fprintln(t, "RANK\tNODE\tADDRESS\tINTERFACE\tGPUS")
+	for _, a := range p.GetNodes() {
+		fmt.Fprintf(t, "%d\t%s\t%s\t%s\t%s\n", a.GetNodeRank(), a.GetNode(), a.GetAddress(), a.GetNcclInterface(), uints(a.GetGpuIndices()))
+	}
+	_ = t.Flush()
+}
+
+func (c *command) validateCmd() *cobra.Command {
+	var local bool
+	cmd := &cobra.Command{
+		Use:   "validate JOB.yaml",
+		Short: "Check a job file here and on the controller, without starting it",
+		Long: `Check a job file: parsed and validated here, then by the controller (as
+start --dry-run, without printing the placement). With --local, only here,
+without a controller.`,
+		Example: `  rdzvctl validate job.yaml
+  rdzvctl validate --local job.yaml`,
+		Args: exactArgs(1, "validate takes one job file"),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			spec, err := loadJob(args[0])
+			if err != nil {
+				return err
+			}
+			if !local {
+				client, err := c.dial()
+				if err != nil {
+					return err
+				}
+				cctx, cancel := c.call(cmd.Context())
+				_, err = client.StartJob(cctx, &rdzvv1.StartJobRequest{Spec: spec.ToProto(), DryRun: true})
+				cancel()
+				if err != nil {
+					return c.rpcErr(args[0], err)
+				}
+			}
+			fmt.Fprintf(c.out, "%s: job %s is valid\n", args[0], spec.Name)
+			return nil
+		},
+	}
+	cmd.Flags().BoolVar(&local, "local", false, "check here only, without asking the controller")
+	return cmd
+}
+
+// wait follows a job by polling, printing new events, until it ends. Polling
+// rides out a controller restart: errors are retried until the job ends or
+// the operator interrupts.
+func (c *command) wait(ctx context.Context, client rdzvv1.JobServiceClient, name string) error {
+	seen := map[string]bool{}
+	var lastErr string
+	for {
+		cctx, cancel := c.call(ctx)
+		jr, err := client.GetJob(cctx, &rdzvv1.GetJobRequest{Name: name})
+		cancel()
+		var events []*rdzvv1.Event
+		if err == nil {
+			err = c.eachPage(ctx, func(ctx context.Context, token string) (string, error) {
+				resp, err := client.ListEvents(ctx, &rdzvv1.ListEventsRequest{Job: name, PageToken: token})
+				events = append(events, resp.GetEvents()...)
+				return resp.GetNextPageToken(), err
+			})
+		}
+		if err != nil {
+			switch status.Code(err) {
+			case codes.NotFound, codes.InvalidArgument, codes.Unauthenticated, codes.PermissionDenied:
+				// Waiting will not change these.
+				return c.rpcErr("following job", err)
+			}
+			if msg := c.rpcErr("following job", err).Error(); msg != lastErr {
+				fmt.Fprintf(c.errOut, "rdzvctl: %s (retrying)\n", msg)
+				lastErr = msg
+			}
+		} else {
+			lastErr = ""
+			job := jr.GetJob()
+			for _, ev := range events {
+				if ev.GetTime().AsTime().Before(job.GetCreatedAt().AsTime()) {
+					continue // an earlier run of the same name
+				}
+				key := ev.GetTime().AsTime().String() + ev.GetKind() + ev.GetNode() + ev.GetMessage()
+				if !seen[key] {
+					seen[key] = true
+					fmt.Fprintf(c.out, "%s  %-22s %s\n", ev.GetTime().AsTime().Local().Format("15:04:05.000"), ev.GetKind(), ev.GetMessage())
+				}
+			}
+			switch job.GetState() {
+			case rdzvv1.JobState_JOB_STATE_SUCCEEDED:
+				fmt.Fprintf(c.out, "job %s succeeded: %s\n", name, job.GetReason())
+				return nil
+			case rdzvv1.JobState_JOB_STATE_FAILED, rdzvv1.JobState_JOB_STATE_STOPPED:
+				return &jobFailedError{job: job}
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("stopped following job %s (it keeps running): %w", name, ctx.Err())
+		case <-time.After(time.Second):
+		}
+	}
+}
+
+// eachPage calls page with each page's token in turn, "" first, until the
+// last page; each call has its own timeout.
+func (c *command) eachPage(ctx context.Context, page func(ctx context.Context, token string) (next string, err error)) error {
+	token := ""
+	for {
+		cctx, cancel := c.call(ctx)
+		next, err := page(cctx, token)
+		cancel()
+		if err != nil || next == "" {
+			return err
+		}
+		if next == token {
+			return fmt.Errorf("the controller at %s answered the same page twice", c.controller)
+		}
+		token = next
+	}
+}
+
+// collect gathers a list's pages, keeping the items keep accepts, until
+// limit items (0: all).
+func collect[M any](ctx context.Context, c *command, limit int, keep func(M) bool,
+	page func(ctx context.Context, token string) ([]M, string, error)) ([]M, error) {
+	var out []M
+	err := c.eachPage(ctx, func(ctx context.Context, token string) (string, error) {
+		items, next, err := page(ctx, token)
+		if err != nil {
+			return "", err
+		}
+		for _, m := range items {
+			if keep == nil || keep(m) {
+				out = append(out, m)
+			}
+			if limit > 0 && len(out) == limit {
+				return "", nil
+			}
+		}
+		return next, nil
+	})
+	return out, err
+}
+
+// watch prints what show renders now, and with --watch again whenever the
+// data changes (key differs), polling every watchEvery until interrupted.
+// Errors while watching are reported and retried.
+func (c *command) watch(ctx context.Context, watching bool, o output, show func(ctx context.Context) (key []byte, print func(io.Writer) error, err error)) error {
+	var last []byte
+	var lastErr string
+	for first := true; ; first = false {
+		key, print, err := show(ctx)
+		switch {
+		case !first && ctx.Err() != nil:
+			return nil // interrupted while watching: no failure
+		case err != nil && (first || !watching):
+			return err
+		case err != nil:
+			if err.Error() != lastErr {
+				fmt.Fprintf(c.errOut, "rdzvctl: %v (retrying)\n", err)
+				lastErr = err.Error()
+			}
+		case first || !bytes.Equal(key, last):
+			if !first {
+				switch o.kind {
+				case "yaml":
+					fmt.Fprintln(c.out, "---")
+				case "table", "wide":
+					fmt.Fprintln(c.out)
+				}
+			}
+			if err := print(c.out); err != nil {
+				return err
+			}
+			last, lastErr = key, ""
+		}
+		if !watching {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-c.clock.After(watchEvery):
+		}
+	}
+}
+
+// listFlags are the filters of `list`, `status` and `nodes`.
+type listFlags struct {
+	states, selector string
+	limit            int
+	watch            bool
+}
+
+func (f *listFlags) register(fs *pflag.FlagSet, states, selectorHelp string) {
+	fs.StringVar(&f.states, "state", "", "only these states, comma-separated: "+states)
+	fs.StringVarP(&f.selector, "selector", "l", "", selectorHelp)
+	fs.IntVar(&f.limit, "limit", 0, "print at most this many (0: all)")
+	fs.BoolVarP(&f.watch, "watch", "w", false, "print again whenever the list changes (polls every "+watchEvery.String()+"); Ctrl-C ends")
+}
+
+// check refuses a negative --limit.
+func (f *listFlags) check() error {
+	if f.limit < 0 {
+		return fmt.Errorf("%w: --limit: must be 0 (all) or more, got %d", errUsage, f.limit)
+	}
+	return nil
+}
+
+// parseStates reads --state: names of enum values after prefix, any case.
+func parseStates[E ~int32](list, prefix string, values map[string]int32) ([]E, error) {
+	var out []E
+	for _, s := range strings.Split(list, ",") {
+		if s = strings.TrimSpace(s); s == "" {
+			continue
+		}
+		v, ok := values[prefix+strings.ToUpper(s)]
+		if !ok || v == 0 {
+			var names []string
+			for name, v := range values {
+				if v != 0 {
+					names = append(names, strings.ToLower(strings.TrimPrefix(name, prefix)))
+				}
+			}
+			sort.Strings(names)
+			return nil, fmt.Errorf("%w: --state: %q is not a state; want %s", errUsage, s, strings.Join(names, ", "))
+		}
+		out = append(out, E(v))
+	}
+	return out, nil
+}
+
+// parseSelector reads --selector k=v,k2=v2.
+func parseSelector(s string) (map[string]string, error) {
+	if s == "" {
+		return nil, nil
+	}
+	sel := map[string]string{}
+	for _, kv := range strings.Split(s, ",") {
+		k, v, ok := strings.Cut(kv, "=")
+		if !ok || k == "" {
+			return nil, fmt.Errorf("%w: --selector: %q is not key=value", errUsage, kv)
+		}
+		sel[k] = v
+	}
+	return sel, nil
+}
+
+// exactArgs wants n arguments, saying what with want otherwise.
+func exactArgs(n int, want string) cobra.PositionalArgs {
+	return func(_ *cobra.Command, args []string) error {
+		if len(args) != n {
+			return fmt.Errorf("%w: %s, got %d arguments", errUsage, want, len(args))
+		}
+		return nil
+	}
+}
+
+// maxArgs wants at most n arguments.
+func maxArgs(n int, want string) cobra.PositionalArgs {
+	return func(_ *cobra.Command, args []string) error {
+		if len(args) > n {
+			return fmt.Errorf("%w: %s, got %d arguments", errUsage, want, len(args))
+		}
+		return nil
+	}
+}
+
+func (c *command) statusCmd() *cobra.Command {
+	var f listFlags
+	cmd := &cobra.Command{
+		Use:   "status [JOB]",
+		Short: "Show one job in detail, or all jobs (as list)",
+		Example: `  rdzvctl status train
+  rdzvctl status train -o yaml
+  rdzvctl status train --watch
+  rdzvctl status -o jsonpath='{.jobs[*].spec.name}'`,
+		Args:              maxArgs(1, "status takes at most one job name"),
+		ValidArgsFunction: c.completeJobs,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if len(args) == 0 {
+				return c.listJobs(cmd.Context(), &f)
+			}
+			o, err := c.format()
+			if err != nil {
+				return err
+			}
+			client, err := c.dial()
+			if err != nil {
+				return err
+			}
+			return c.watch(cmd.Context(), f.watch, o, func(ctx context.Context) ([]byte, func(io.Writer) error, error) {
+				cctx, cancel := c.call(ctx)
+				defer cancel()
+				resp, err := client.GetJob(cctx, &rdzvv1.GetJobRequest{Name: args[0]})
+				if err != nil {
+					return nil, nil, c.rpcErr("getting job", err)
+				}
+				key, err := proto.MarshalOptions{Deterministic: true}.Marshal(resp.GetJob())
+				return key, func(w io.Writer) error {
+					return renderOne(w, o, resp.GetJob(), func(w io.Writer, v view) { printJob(w, resp.GetJob(), v) }, args[0])
+				}, err
+			})
+		},
+	}
+	f.register(cmd.Flags(), jobStates, "without JOB: only jobs whose node selector includes all these labels: k=v,k2=v2")
+	return cmd
+}
+
+func (c *command) listCmd() *cobra.Command {
+	var f listFlags
+	cmd := &cobra.Command{
+		Use:     "list",
+		Aliases: []string{"ls"},
+		Short:   "List jobs, oldest first",
+		Example: `  rdzvctl list
+  rdzvctl list --state running,recovering -o wide
+  rdzvctl list --selector pool=train -o name
+  rdzvctl list --watch`,
+		Args: exactArgs(0, "list takes no arguments"),
+		RunE: func(cmd *cobra.Command, _ []string) error { return c.listJobs(cmd.Context(), &f) },
+	}
+	f.register(cmd.Flags(), jobStates, "only jobs whose node selector includes all these labels: k=v,k2=v2")
+	return cmd
+}
+
+// listJobs prints the jobs: a summary of each in a table, whole jobs in
+// structured formats.
+func (c *command) listJobs(ctx context.Context, f *listFlags) error {
+	o, err := c.format()
+	if err != nil {
+		return err
+	}
+	if err := f.check(); err != nil {
+		return err
+	}
+	states, err := parseStates[rdzvv1.JobState](f.states, "JOB_STATE_", rdzvv1.JobState_value)
+	if err != nil {
+		return err
+	}
+	selector, err := parseSelector(f.selector)
+	if err != nil {
+		return err
+	}
+	client, err := c.dial()
+	if err != nil {
+		return err
+	}
+	req := &rdzvv1.ListJobsRequest{States: states, View: rdzvv1.JobView_JOB_VIEW_SUMMARY}
+	if selector == nil {
+		// Filtered here otherwise, so a page of the limit could hold fewer.
+		req.PageSize = int32(min(f.limit, math.MaxInt32))
+	}
+	if o.structured() {
+		req.View = rdzvv1.JobView_JOB_VIEW_FULL // scripts get whole jobs
+	}
+	var keep func(*rdzvv1.Job) bool
+	if selector != nil {
+		keep = func(j *rdzvv1.Job) bool { return includes(j.GetSpec().GetSelector(), selector) }
+	}
+	return c.watch(ctx, f.watch, o, func(ctx context.Context) ([]byte, func(io.Writer) error, error) {
+		items, err := collect(ctx, c, f.limit, keep, func(ctx context.Context, token string) ([]*rdzvv1.Job, string, error) {
+			req.PageToken = token
+			resp, err := client.ListJobs(ctx, req)
+			if err != nil {
+				return nil, "", c.rpcErr("listing jobs", err)
+			}
+			return resp.GetJobs(), resp.GetNextPageToken(), nil
+		})
+		if err != nil {
+			return nil, nil, err
+		}
+		key, err := listKey(items, nil)
+		return key, func(w io.Writer) error { return render(w, o, jobs, items) }, err
+	})
+}
+
+// includes reports whether labels hold every label of sel.
+func includes(labels, sel map[string]string) bool {
+	for k, v := range sel {
+		if got, ok := labels[k]; !ok || got != v {
+			return false
+		}
+	}
+	return true
+}
+
+// listKey identifies a list's content for --watch, less what changes
+// without meaning a change (a node's heartbeat).
+func listKey[M proto.Message](items []M, volatile func(M)) ([]byte, error) {
+	var key []byte
+	for _, m := range items {
+		if volatile != nil {
+			m = proto.Clone(m).(M)
+			volatile(m)
+		}
+		b, err := proto.MarshalOptions{Deterministic: true}.Marshal(m)
+		if err != nil {
+			return nil, err
+		}
+		key = fmt.Appendf(key, "%d:", len(b))
+		key = append(key, b...)
+	}
+	return key, nil
+}
+
+func (c *command) eventsCmd() *cobra.Command {
+	var limit uint
+	cmd := &cobra.Command{
+		Use:   "events [JOB]",
+		Short: "List a job's events, or cluster events without JOB",
+		Example: `  rdzvctl events train
+  rdzvctl events --limit 20 -o wide
+  rdzvctl events train -o jsonpath='{.events[*].kind}'`,
+		Args: maxArgs(1, "events takes at most one job name"),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			o, err := c.format()
+			if err != nil {
+				return err
+			}
+			job := ""
+			if len(args) == 1 {
+				job = args[0]
+			}
+			client, err := c.dial()
+			if err != nil {
+				return err
+			}
+			items, err := collect(cmd.Context(), c, 0, nil, func(ctx context.Context, token string) ([]*rdzvv1.Event, string, error) {
+				resp, err := client.ListEvents(ctx, &rdzvv1.ListEventsRequest{Job: job, Limit: uint32(limit), PageToken: token})
+				if err != nil {
+					return nil, "", c.rpcErr("listing events", err)
+				}
+				return resp.GetEvents(), resp.GetNextPageToken(), nil
+			})
+			if err != nil {
+				return err
+			}
+			return render(c.out, o, events, items)
+		},
+	}
+	cmd.Flags().UintVar(&limit, "limit", 0, "newest N events (default: the controller's, 1000)")
+	// -f (follow) belongs to the event stream (WatchEvents, follow.go) and
+	// is registered on this command there.
+	cmd.ValidArgsFunction = c.completeJobs
+	return cmd
+}
+
+func (c *command) deleteCmd() *cobra.Command {
+	return &cobra.Command{
+		Use:   "delete JOB",
+		Short: "Remove a finished job and all kept for it (events too)",
+		Long: `Remove a finished job and everything the controller keeps for it: its
+rounds, worker statuses, checkpoint catalog and events. A job that has not
+finished is refused: stop it first. The job's output stays on the nodes
+under their retention.`,
+		Example:           "  rdzvctl delete train",
+		Args:              exactArgs(1, "delete takes one job name"),
+		ValidArgsFunction: c.completeJobs,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			o, err := c.format()
+			if err != nil {
+				return err
+			}
+			client, err := c.dial()
+			if err != nil {
+				return err
+			}
+			cctx, cancel := c.call(cmd.Context())
+			defer cancel()
+			resp, err := client.DeleteJob(cctx, &rdzvv1.DeleteJobRequest{Name: args[0]})
+			if err != nil {
+				return c.rpcErr("deleting job", err)
+			}
+			return renderOne(c.out, o, resp, func(w io.Writer, v view) { fmt.Fprintf(w, "job %s deleted\n", args[0]) }, args[0])
+		},
+	}
+}
+
+func (c *command) stopCmd() *cobra.Command {
+	var wait bool
+	cmd := &cobra.Command{
+		Use:   "stop JOB",
+		Short: "Stop a job's workers on every node",
+		Example: `  rdzvctl stop train
+  rdzvctl stop train --wait`,
+		Args:              exactArgs(1, "stop takes one job name"),
+		ValidArgsFunction: c.completeJobs,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			o, err := c.format()
+			if err != nil {
+				return err
+			}
+			client, err := c.dial()
+			if err != nil {
+				return err
+			}
+			cctx, cancel := c.call(cmd.Context())
+			resp, err := client.StopJob(cctx, &rdzvv1.StopJobRequest{Name: args[0]})
+			cancel()
+			if err != nil {
+				return c.rpcErr("stopping job", err)
+			}
+			if wait {
+				var failed *jobFailedError
+				if err := c.wait(cmd.Context(), client, args[0]); err != nil && !errors.As(err, &failed) {
+					return err
+				}
+			}
+			return renderOne(c.out, o, resp.GetJob(), func(w io.Writer, v view) {
+				fmt.Fprintf(w, "job %s %s\n", args[0], strings.ToLower(stateWord(resp.GetJob().GetState())))
+			}, args[0])
+		},
+	}
+	cmd.Flags().BoolVar(&wait, "wait", false, "wait until every worker has exited")
+	return cmd
+}
+
+// completeJobs completes a job name from the controller's first page of
+// jobs, for shell completion; no answer completes nothing.
+func (c *command) completeJobs(cmd *cobra.Command, args []string, prefix string) ([]string, cobra.ShellCompDirective) {
+	if len(args) > 0 {
+		return nil, cobra.ShellCompDirectiveNoFileComp
+	}
+	return c.complete(cmd.Context(), prefix, func(ctx context.Context, client *client.Client) ([]string, error) {
+		resp, err := client.ListJobs(ctx, &rdzvv1.ListJobsRequest{View: rdzvv1.JobView_JOB_VIEW_SUMMARY})
+		var names []string
+		for _, j := range resp.GetJobs() {
+			names = append(names, j.GetSpec().GetName())
+		}
+		return names, err
+	})
+}
+
+// completeNodes completes a node name, as completeJobs.
+func (c *command) completeNodes(cmd *cobra.Command, args []string, prefix string) ([]string, cobra.ShellCompDirective) {
+	if len(args) > 0 {
+		return nil, cobra.ShellCompDirectiveNoFileComp
+	}
+	return c.complete(cmd.Context(), prefix, func(ctx context.Context, client *client.Client) ([]string, error) {
+		resp, err := client.ListNodes(ctx, &rdzvv1.ListNodesRequest{})
+		var names []string
+		for _, n := range resp.GetNodes() {
+			names = append(names, n.GetInfo().GetName())
+		}
+		return names, err
+	})
+}
+
+func (c *command) complete(ctx context.Context, prefix string, list func(context.Context, *client.Client) ([]string, error)) ([]string, cobra.ShellCompDirective) {
+	client, err := c.dial()
+	if err != nil {
+		return nil, cobra.ShellCompDirectiveNoFileComp
+	}
+	cctx, cancel := c.call(ctx)
+	defer cancel()
+	names, err := list(cctx, client)
+	if err != nil {
+		return nil, cobra.ShellCompDirectiveNoFileComp
+	}
+	var out []string
+	for _, n := range names {
+		if strings.HasPrefix(n, prefix) {
+			out = append(out, n)
+		}
+	}
+	return out, cobra.ShellCompDirectiveNoFileComp
+}

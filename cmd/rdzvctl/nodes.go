@@ -1,0 +1,176 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"math"
+
+	"github.com/spf13/cobra"
+
+	rdzvv1 "github.com/rdzv/rdzv/proto/rdzv/v1"
+)
+
+// nodeStates are the names --state takes for nodes.
+const nodeStates = "ready, busy, lost, drained"
+
+func (c *command) nodesCmd() *cobra.Command {
+	var f listFlags
+	cmd := &cobra.Command{
+		Use:   "nodes",
+		Short: "List the node registry; cordon, uncordon and drain nodes",
+		Long: `List the node registry, or the nodes in these states with these labels.
+A node's state is READY (idle), BUSY (holding a job), LOST (silent past the
+controller's timeout) or DRAINED (drained and now idle); CORDONED is shown
+beside it.`,
+		Example: `  rdzvctl nodes
+  rdzvctl nodes --state ready --selector pool=train -o wide
+  rdzvctl nodes -o jsonpath='{.nodes[?@.state=="NODE_STATE_READY"].info.name}'
+  rdzvctl nodes --watch`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error { return c.listNodes(cmd.Context(), &f) },
+	}
+	f.register(cmd.Flags(), nodeStates, "only nodes with all these labels: k=v,k2=v2")
+	cmd.AddCommand(c.cordonCmd(true), c.cordonCmd(false), c.drainCmd())
+	return cmd
+}
+
+func (c *command) listNodes(ctx context.Context, f *listFlags) error {
+	o, err := c.format()
+	if err != nil {
+		return err
+	}
+	if err := f.check(); err != nil {
+		return err
+	}
+	states, err := parseStates[rdzvv1.NodeState](f.states, "NODE_STATE_", rdzvv1.NodeState_value)
+	if err != nil {
+		return err
+	}
+	selector, err := parseSelector(f.selector)
+	if err != nil {
+		return err
+	}
+	client, err := c.dial()
+	if err != nil {
+		return err
+	}
+	req := &rdzvv1.ListNodesRequest{States: states, Selector: selector, PageSize: int32(min(f.limit, math.MaxInt32))}
+	return c.watch(ctx, f.watch, o, func(ctx context.Context) ([]byte, func(io.Writer) error, error) {
+		items, err := collect(ctx, c, f.limit, nil, func(ctx context.Context, token string) ([]*rdzvv1.Node, string, error) {
+			req.PageToken = token
+			resp, err := client.ListNodes(ctx, req)
+			if err != nil {
+				return nil, "", c.rpcErr("listing nodes", err)
+			}
+			return resp.GetNodes(), resp.GetNextPageToken(), nil
+		})
+		if err != nil {
+			return nil, nil, err
+		}
+		key, err := listKey(items, func(n *rdzvv1.Node) { n.LastHeartbeat = nil })
+		return key, func(w io.Writer) error { return render(w, o, nodes, items) }, err
+	})
+}
+
+func (c *command) cordonCmd(cordon bool) *cobra.Command {
+	var reason string
+	cmd := &cobra.Command{
+		Use:     "cordon NODE",
+		Short:   "Keep new work off a node; running work is not touched",
+		Example: "  rdzvctl nodes cordon gpu-07 --reason 'fan replacement'",
+		Args:    exactArgs(1, "nodes cordon takes one node name"),
+	}
+	cmd.ValidArgsFunction = c.completeNodes
+	if !cordon {
+		cmd.Use, cmd.Short, cmd.Example = "uncordon NODE", "Let a node take work again (also ends a drain)", "  rdzvctl nodes uncordon gpu-07"
+		cmd.Args = exactArgs(1, "nodes uncordon takes one node name")
+	} else {
+		cmd.Flags().StringVar(&reason, "reason", "", "why (shown in nodes and events)")
+	}
+	cmd.RunE = func(cmd *cobra.Command, args []string) error {
+		o, err := c.format()
+		if err != nil {
+			return err
+		}
+		client, err := c.dial()
+		if err != nil {
+			return err
+		}
+		cctx, cancel := c.call(cmd.Context())
+		defer cancel()
+		var node *rdzvv1.Node
+		if cordon {
+			resp, err := client.CordonNode(cctx, &rdzvv1.CordonNodeRequest{Name: args[0], Reason: reason})
+			if err != nil {
+				return c.rpcErr("cordoning node", err)
+			}
+			node = resp.GetNode()
+		} else {
+			resp, err := client.UncordonNode(cctx, &rdzvv1.UncordonNodeRequest{Name: args[0]})
+			if err != nil {
+				return c.rpcErr("uncordoning node", err)
+			}
+			node = resp.GetNode()
+		}
+		return renderOne(c.out, o, node, func(w io.Writer, v view) {
+			if node.GetCordoned() {
+				fmt.Fprintf(w, "node %s cordoned: %s\n", args[0], node.GetCordonReason())
+			} else {
+				fmt.Fprintf(w, "node %s uncordoned\n", args[0])
+			}
+		}, args[0])
+	}
+	return cmd
+}
+
+func (c *command) drainCmd() *cobra.Command {
+	var reason string
+	var now bool
+	cmd := &cobra.Command{
+		Use:   "drain NODE",
+		Short: "Cordon a node and let its job finish there (or stop it now)",
+		Long: `Cordon a node and mark it draining: no new work goes there, and the job
+running there runs on until it ends; then the node is listed DRAINED and
+can be taken down. With --now the node's workers are stopped at once and
+the job recovers on other nodes (a restart of the job). Uncordon ends a
+drain.`,
+		Example: `  rdzvctl nodes drain gpu-07
+  rdzvctl nodes drain gpu-07 --now --reason 'failing DIMM'
+  rdzvctl nodes --state drained`,
+		Args:              exactArgs(1, "nodes drain takes one node name"),
+		ValidArgsFunction: c.completeNodes,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			o, err := c.format()
+			if err != nil {
+				return err
+			}
+			client, err := c.dial()
+			if err != nil {
+				return err
+			}
+			cctx, cancel := c.call(cmd.Context())
+			defer cancel()
+			resp, err := client.DrainNode(cctx, &rdzvv1.DrainNodeRequest{Name: args[0], Reason: reason, Now: now})
+			if err != nil {
+				return c.rpcErr("draining node", err)
+			}
+			n := resp.GetNode()
+			return renderOne(c.out, o, n, func(w io.Writer, v view) {
+				switch {
+				case n.GetState() == rdzvv1.NodeState_NODE_STATE_DRAINED:
+					fmt.Fprintf(w, "node %s drained\n", args[0])
+				case now && n.GetJob() != "":
+					fmt.Fprintf(w, "node %s draining: job %s stopped there, recovering on other nodes\n", args[0], n.GetJob())
+				case n.GetJob() != "":
+					fmt.Fprintf(w, "node %s draining: job %s runs on until it ends\n", args[0], n.GetJob())
+				default:
+					fmt.Fprintf(w, "node %s draining\n", args[0])
+				}
+			}, args[0])
+		},
+	}
+	cmd.Flags().StringVar(&reason, "reason", "", "why (shown in nodes and events)")
+	cmd.Flags().BoolVar(&now, "now", false, "stop the node's workers now; the job recovers on other nodes")
+	return cmd
+}

@@ -1,0 +1,90 @@
+package controller
+
+// Draining a node, previewing a placement, and what the controller is:
+// operator conveniences over the cordon, the scheduler and buildinfo.
+
+import (
+	"context"
+	"fmt"
+
+	"go.uber.org/zap"
+	"google.golang.org/protobuf/proto"
+
+	"github.com/rdzv/rdzv/buildinfo"
+	"github.com/rdzv/rdzv/jobspec"
+	rdzvv1 "github.com/rdzv/rdzv/proto/rdzv/v1"
+	"github.com/rdzv/rdzv/rendezvous"
+)
+
+// EventNodeDraining is a node cordoned by `rdzvctl nodes drain`.
+const EventNodeDraining = "node_draining"
+
+// drain cordons a node and marks it draining, answered once durable. Its
+// job keeps running there until it ends; with now, the job's current
+// attempt fails at once (as on a GPU fault) and recovers on other nodes.
+func (c *Controller) drain(ctx context.Context, name, reason string, now bool) (*rdzvv1.Node, error) {
+	c.mu.Lock()
+	ns := c.nodes[name]
+	if ns == nil {
+		c.mu.Unlock()
+		return nil, fmt.Errorf("node %s: %w", name, errNotFound)
+	}
+	if !ns.rec.GetDraining() || ns.rec.GetCordonReason() != reason {
+		rec := proto.Clone(ns.rec).(*rdzvv1.Node)
+		rec.Cordoned, rec.CordonReason, rec.Draining = true, reason, true
+		ns.rec = rec
+		c.persist(c.store.PutNode(rec, c.event("", name, 0, EventNodeDraining, "node %s draining: %s", name, reason)), nil)
+		c.log.Info("node draining", zap.String("node", name), zap.String("reason", reason), zap.Bool("now", now))
+	}
+	if js := c.jobs[ns.job]; now && js != nil && js.rec.GetState() == rdzvv1.JobState_JOB_STATE_RUNNING && js.rec.GetGeneration() == ns.generation {
+		c.attemptFailed(js, fmt.Sprintf("node %s drained now by an operator", name), 0)
+	}
+	c.wake()
+	view := c.nodeView(ns)
+	reply := c.barrier()
+	c.mu.Unlock()
+	if err := await(ctx, reply); err != nil {
+		return nil, fmt.Errorf("draining node %s: %w", name, err)
+	}
+	return view, nil
+}
+
+// previewJob validates a spec as startJob would and says where the
+// scheduler would place it with the nodes free now, storing nothing.
+func (c *Controller) previewJob(specProto *rdzvv1.JobSpec) (*rdzvv1.Job, *rdzvv1.PlacementPreview, error) {
+	spec := jobspec.FromProto(specProto)
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if err := c.admitJob(spec.Name); err != nil {
+		return nil, nil, err
+	}
+	job := &rdzvv1.Job{Spec: spec.ToProto(), State: rdzvv1.JobState_JOB_STATE_PENDING, Reason: "dry run: not stored"}
+	req := requirements(job.GetSpec())
+	candidates := c.candidates()
+	preview := &rdzvv1.PlacementPreview{}
+	placed, err := rendezvous.Plan(req, candidates)
+	if err != nil {
+		preview.Reason = "would wait for nodes: " + rendezvous.Explain(req, candidates)
+		return job, preview, nil
+	}
+	for _, p := range placed {
+		preview.Nodes = append(preview.Nodes, &rdzvv1.NodeAssignment{
+			Node: p.Name, NodeRank: uint32(p.Rank), Address: p.Address, NcclInterface: p.Interface, GpuIndices: p.GPUIndices,
+		})
+	}
+	preview.Reason = fmt.Sprintf("would run on %d nodes now (%s)", len(placed), rendezvous.Explain(req, candidates))
+	return job, preview, nil
+}
+
+type serverService struct {
+	rdzvv1.UnimplementedServerServiceServer
+	c *Controller
+}
+
+// GetServerInfo is answered by the leader only (the client follows it),
+// so the address is the leader's.
+func (s *serverService) GetServerInfo(context.Context, *rdzvv1.GetServerInfoRequest) (*rdzvv1.GetServerInfoResponse, error) {
+	bi := buildinfo.Get()
+	return &rdzvv1.GetServerInfoResponse{Version: bi.Version, Commit: bi.Commit, GoVersion: bi.GoVersion, Platform: bi.Platform,
+		LeaderAddr: s.c.cfg.Advertised()}, nil
+}
