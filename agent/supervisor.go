@@ -69,6 +69,9 @@ type Supervisor struct {
 	// announce tells the controller the workers are left running for hold;
 	// false if it could not.
 	announce func(hold time.Duration) bool
+	// gate runs the node health checks right before workers start; an
+	// error keeps them from starting.
+	gate func(ctx context.Context) error
 
 	mu      sync.Mutex
 	cur     *worker
@@ -123,6 +126,10 @@ func NewSupervisor(cfg Config, node, iface, reportAddr string, spawner Spawner, 
 // SetOrphanTimeout sets how long workers started from now on outlive an
 // agent that vanished without a word.
 func (s *Supervisor) SetOrphanTimeout(d time.Duration) { s.orphanTimeout.Store(int64(d)) }
+
+// SetHealthGate makes every start wait for gate (the node health checks),
+// and fail with its error instead of starting; call it before Run.
+func (s *Supervisor) SetHealthGate(gate func(ctx context.Context) error) { s.gate = gate }
 
 // Updates delivers every worker status change. The supervisor never blocks
 // on it: when the reader is away, Statuses still has the latest state.
@@ -299,6 +306,14 @@ func (s *Supervisor) assign(a *rdzvv1.Assignment) {
 	if err := spec.Validate(); err != nil {
 		s.finished(job, gen, rdzvv1.WorkerState_WORKER_STATE_FAILED, Exit{Code: -1}, fmt.Sprintf("refusing assignment: %v", err), nil)
 		return
+	}
+	if s.gate != nil {
+		// The checks bound themselves (health_checks.timeout each).
+		if err := s.gate(context.Background()); err != nil {
+			log.Warn("not starting workers on an unhealthy node", zap.Error(err))
+			s.finished(job, gen, rdzvv1.WorkerState_WORKER_STATE_FAILED, Exit{Code: -1}, err.Error(), nil)
+			return
+		}
 	}
 	w, err := s.start(a)
 	if err != nil {
