@@ -106,6 +106,9 @@ type nodeState struct {
 	restartHold time.Time
 	// heard is set once the node's agent registered with this leader.
 	heard bool
+	// health is the node's health check verdicts as its agent last
+	// reported them.
+	health []*rdzvv1.HealthCheckResult
 	// job and generation are set while the node is reserved for or running
 	// a job; the node is busy until its worker's exit is reported.
 	job        string
@@ -425,4 +428,6 @@ const (
 	EventNodeDeleted         = "node_deleted"
 	EventCertRevoked         = "certificate_revoked"
 	EventTLSReloadRefused    = "tls_reload_refused"
+	EventNodeUnhealthy       = "node_unhealthy"
+	EventNodeHealthy         = "node_healthy"
 )

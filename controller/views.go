@@ -42,6 +42,7 @@ func (c *Controller) nodeView(ns *nodeState) *rdzvv1.Node {
 	n.LastHeartbeat = timestamppb.New(seen)
 	n.Job, n.Generation = ns.job, ns.generation
 	n.State = viewState(ns)
+	n.HealthChecks = ns.health
 	return n
 }
 
