@@ -114,6 +114,11 @@ func nodeRow(w io.Writer, n *rdzvv1.Node) {
 	if n.GetCordoned() {
 		state += ",CORDONED (" + n.GetCordonReason() + ")"
 	}
+	for _, h := range n.GetHealthChecks() {
+		if !h.GetOk() {
+			state += fmt.Sprintf(",UNHEALTHY (%s failing for %s: %s)", h.GetName(), age(h.GetSince()), strings.ReplaceAll(h.GetMessage(), "\n", " | "))
+		}
+	}
 	if hold := n.GetRestartHoldUntil(); hold != nil {
 		state += ",AGENT RESTARTING (held until " + hold.AsTime().Local().Format(time.TimeOnly) + ")"
 	}

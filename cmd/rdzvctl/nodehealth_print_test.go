@@ -1,0 +1,30 @@
+package main
+
+import (
+	"bytes"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	rdzvv1 "github.com/rdzv/rdzv/proto/rdzv/v1"
+)
+
+func TestNodeRowShowsFailingHealthChecks(t *testing.T) {
+	since := timestamppb.New(time.Now().Add(-90 * time.Second))
+	n := &rdzvv1.Node{
+		Info:  &rdzvv1.NodeInfo{Name: "gpu-01"},
+		State: rdzvv1.NodeState_NODE_STATE_READY,
+		HealthChecks: []*rdzvv1.HealthCheckResult{
+			{Name: "gpu", Ok: true, Since: since},
+			{Name: "disk-check", Message: "exit status 1: first\nsecond", Since: since},
+		},
+	}
+	var out bytes.Buffer
+	nodeRow(&out, n)
+	require.Contains(t, out.String(), "READY,UNHEALTHY (disk-check failing for 1m3")
+	require.Contains(t, out.String(), ": exit status 1: first | second)")
+	require.NotContains(t, out.String(), "gpu failing")
+	require.Equal(t, 1, bytes.Count(out.Bytes(), []byte("\n")), "one line per node")
+}
