@@ -122,6 +122,9 @@ type jobState struct {
 	// Scheduling state for a pending job, in memory only.
 	lastCall     rendezvous.LastCall
 	committing   bool
+	// spares are the idle nodes held for the job now (nodes.spares), as
+	// the last scheduling pass picked them.
+	spares []string
 	pendingSince time.Time
 	// progressed is set once the current generation reported a new step or
 	// checkpoint; a failure without it counts toward a crash loop.

@@ -63,6 +63,9 @@ type Spec struct {
 type NodeRange struct {
 	Min int `json:"min"`
 	Max int `json:"max"`
+	// Spares is how many healthy idle nodes are held for the job while it
+	// runs, so that a recovery never waits for a free node.
+	Spares int `json:"spares"`
 }
 
 type Checkpoint struct {

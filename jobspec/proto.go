@@ -13,6 +13,7 @@ func (s *Spec) ToProto() *rdzvv1.JobSpec {
 		Name:              s.Name,
 		NodesMin:          uint32(s.Nodes.Min),
 		NodesMax:          uint32(s.Nodes.Max),
+		NodesSpares:       uint32(s.Nodes.Spares),
 		GpusPerNode:       uint32(s.GPUsPerNode),
 		ProcsPerNode:      uint32(s.ProcsPerNode),
 		Command:           s.Command,
@@ -53,7 +54,7 @@ func (s *Spec) ToProto() *rdzvv1.JobSpec {
 func FromProto(p *rdzvv1.JobSpec) *Spec {
 	s := &Spec{
 		Name:         p.GetName(),
-		Nodes:        NodeRange{Min: int(p.GetNodesMin()), Max: int(p.GetNodesMax())},
+		Nodes:        NodeRange{Min: int(p.GetNodesMin()), Max: int(p.GetNodesMax()), Spares: int(p.GetNodesSpares())},
 		GPUsPerNode:  int(p.GetGpusPerNode()),
 		ProcsPerNode: int(p.GetProcsPerNode()),
 		Command:      p.GetCommand(),

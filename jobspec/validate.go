@@ -73,6 +73,9 @@ func (s *Spec) Validate() error {
 	case s.Nodes.Max > wire.MaxNodes:
 		add("nodes.max", fmt.Sprint(s.Nodes.Max), fmt.Sprintf("must be at most %d", wire.MaxNodes))
 	}
+	if s.Nodes.Spares < 0 || s.Nodes.Spares > wire.MaxNodes {
+		add("nodes.spares", fmt.Sprint(s.Nodes.Spares), fmt.Sprintf("must be between 0 and %d", wire.MaxNodes))
+	}
 	if s.GPUsPerNode < 0 || s.GPUsPerNode > wire.MaxGPUsPerNode {
 		add("gpus_per_node", fmt.Sprint(s.GPUsPerNode), fmt.Sprintf("must be between 0 and %d", wire.MaxGPUsPerNode))
 	}

@@ -28,3 +28,14 @@ func TestNodeRowShowsFailingHealthChecks(t *testing.T) {
 	require.NotContains(t, out.String(), "gpu failing")
 	require.Equal(t, 1, bytes.Count(out.Bytes(), []byte("\n")), "one line per node")
 }
+
+func TestPrintJobShowsSpares(t *testing.T) {
+	j := &rdzvv1.Job{Spec: &rdzvv1.JobSpec{Name: "big", NodesMin: 2, NodesMax: 2, NodesSpares: 2}, Spares: []string{"gpu-07"}}
+	var out bytes.Buffer
+	printJob(&out, j)
+	require.Contains(t, out.String(), "Spares:      1 of 2 held gpu-07\n")
+	j.Spec.NodesSpares = 0
+	out.Reset()
+	printJob(&out, j)
+	require.NotContains(t, out.String(), "Spares:")
+}

@@ -45,6 +45,9 @@ func printJob(out io.Writer, j *rdzvv1.Job) {
 	fmt.Fprintf(out, "Reason:      %s\n", j.GetReason())
 	fmt.Fprintf(out, "Generation:  %d\n", j.GetGeneration())
 	fmt.Fprintf(out, "Nodes:       %d-%d, %d GPUs and %d processes per node\n", spec.GetNodesMin(), spec.GetNodesMax(), spec.GetGpusPerNode(), spec.GetProcsPerNode())
+	if n := spec.GetNodesSpares(); n > 0 {
+		fmt.Fprintf(out, "Spares:      %d of %d held %s\n", len(j.GetSpares()), n, strings.Join(j.GetSpares(), ","))
+	}
 	if j.GetMasterAddr() != "" {
 		fmt.Fprintf(out, "Master:      %s:%d\n", j.GetMasterAddr(), j.GetMasterPort())
 	}

@@ -187,7 +187,10 @@ type JobSpec struct {
 	EnvFiles map[string]string `protobuf:"bytes,21,rep,name=env_files,json=envFiles,proto3" json:"env_files,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
 	// User the workers run as: a user name, or uid[:gid]. Empty uses the
 	// agent's run_as.
-	RunAs         string `protobuf:"bytes,22,opt,name=run_as,json=runAs,proto3" json:"run_as,omitempty"`
+	RunAs string `protobuf:"bytes,22,opt,name=run_as,json=runAs,proto3" json:"run_as,omitempty"`
+	// Healthy idle nodes kept for the job while it runs (not given to other
+	// jobs), so that a recovery never waits for a free node.
+	NodesSpares   uint32 `protobuf:"varint,23,opt,name=nodes_spares,json=nodesSpares,proto3" json:"nodes_spares,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -376,6 +379,13 @@ func (x *JobSpec) GetRunAs() string {
 	return ""
 }
 
+func (x *JobSpec) GetNodesSpares() uint32 {
+	if x != nil {
+		return x.NodesSpares
+	}
+	return 0
+}
+
 // NodeAssignment is one node's place in a generation of a job.
 type NodeAssignment struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
@@ -522,6 +532,10 @@ type Job struct {
 	// or all workers running for a job that reports no steps); the training
 	// time interval starts here, the recovery interval ends here.
 	TrainingSince *timestamppb.Timestamp `protobuf:"bytes,20,opt,name=training_since,json=trainingSince,proto3" json:"training_since,omitempty"`
+	// The idle nodes held for the job now (nodes_spares of them at most, fewer
+	// when no more are free and eligible); chosen anew by every scheduling
+	// pass and not stored.
+	Spares        []string `protobuf:"bytes,21,rep,name=spares,proto3" json:"spares,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -692,6 +706,13 @@ func (x *Job) GetRestartNotBefore() *timestamppb.Timestamp {
 func (x *Job) GetTrainingSince() *timestamppb.Timestamp {
 	if x != nil {
 		return x.TrainingSince
+	}
+	return nil
+}
+
+func (x *Job) GetSpares() []string {
+	if x != nil {
+		return x.Spares
 	}
 	return nil
 }
@@ -1079,7 +1100,7 @@ var File_rdzv_v1_job_proto protoreflect.FileDescriptor
 
 const file_rdzv_v1_job_proto_rawDesc = "" +
 	"\n" +
-	"\x11rdzv/v1/job.proto\x12\ardzv.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xaf\n" +
+	"\x11rdzv/v1/job.proto\x12\ardzv.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xd2\n" +
 	"\n" +
 	"\aJobSpec\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x1b\n" +
@@ -1105,7 +1126,8 @@ const file_rdzv_v1_job_proto_rawDesc = "" +
 	"\n" +
 	"secret_env\x18\x14 \x03(\v2\x1f.rdzv.v1.JobSpec.SecretEnvEntryR\tsecretEnv\x12;\n" +
 	"\tenv_files\x18\x15 \x03(\v2\x1e.rdzv.v1.JobSpec.EnvFilesEntryR\benvFiles\x12\x15\n" +
-	"\x06run_as\x18\x16 \x01(\tR\x05runAs\x1a6\n" +
+	"\x06run_as\x18\x16 \x01(\tR\x05runAs\x12!\n" +
+	"\fnodes_spares\x18\x17 \x01(\rR\vnodesSpares\x1a6\n" +
 	"\bEnvEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\x1a;\n" +
@@ -1128,7 +1150,7 @@ const file_rdzv_v1_job_proto_rawDesc = "" +
 	"\x05state\x18\x06 \x01(\x0e2\x14.rdzv.v1.WorkerStateR\x05state\x12\x1b\n" +
 	"\texit_code\x18\a \x01(\x05R\bexitCode\x12\x16\n" +
 	"\x06signal\x18\b \x01(\tR\x06signal\x12\x18\n" +
-	"\amessage\x18\t \x01(\tR\amessage\"\x80\b\n" +
+	"\amessage\x18\t \x01(\tR\amessage\"\x98\b\n" +
 	"\x03Job\x12$\n" +
 	"\x04spec\x18\x01 \x01(\v2\x10.rdzv.v1.JobSpecR\x04spec\x12'\n" +
 	"\x05state\x18\x02 \x01(\x0e2\x11.rdzv.v1.JobStateR\x05state\x12\x16\n" +
@@ -1158,7 +1180,8 @@ const file_rdzv_v1_job_proto_rawDesc = "" +
 	"\rrecovery_time\x18\x11 \x01(\v2\x19.google.protobuf.DurationR\frecoveryTime\x12J\n" +
 	"\x13recovery_started_at\x18\x12 \x01(\v2\x1a.google.protobuf.TimestampR\x11recoveryStartedAt\x12H\n" +
 	"\x12restart_not_before\x18\x13 \x01(\v2\x1a.google.protobuf.TimestampR\x10restartNotBefore\x12A\n" +
-	"\x0etraining_since\x18\x14 \x01(\v2\x1a.google.protobuf.TimestampR\rtrainingSince\"\xbd\x01\n" +
+	"\x0etraining_since\x18\x14 \x01(\v2\x1a.google.protobuf.TimestampR\rtrainingSince\x12\x16\n" +
+	"\x06spares\x18\x15 \x03(\tR\x06spares\"\xbd\x01\n" +
 	"\n" +
 	"Checkpoint\x12\x12\n" +
 	"\x04step\x18\x01 \x01(\x04R\x04step\x12\x12\n" +
