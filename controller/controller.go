@@ -122,9 +122,6 @@ type jobState struct {
 	// Scheduling state for a pending job, in memory only.
 	lastCall     rendezvous.LastCall
 	committing   bool
-	// spares are the idle nodes held for the job now (nodes.spares), as
-	// the last scheduling pass picked them.
-	spares []string
 	pendingSince time.Time
 	// progressed is set once the current generation reported a new step or
 	// checkpoint; a failure without it counts toward a crash loop.
@@ -142,6 +139,9 @@ type jobState struct {
 	// Where the last scans of the round for a worker not yet running, and
 	// for one not yet stopped, found one (see findInRound).
 	notRunningAt, notStoppedAt int
+	// spares are the idle nodes held for the job now (nodes.spares), as
+	// the last scheduling pass picked them.
+	spares []string
 }
 
 // Option adjusts a Controller for tests.
