@@ -26,7 +26,7 @@ checkpoint: {dir: /shared/ckpt}
 rendezvous: {last_call: 5s, timeout: 2m}
 launcher: {torchrun: /usr/bin/torchrun, extra_args: ["--redirects", "2"]}
 restart: {max_restarts: 5, backoff: {initial: 2s, max: 20s}}
-health: {progress_timeout: 2m}
+health: {progress_timeout: 2m, preflight: {min_bandwidth_mbps: 1000}}
 `
 
 func TestParseGood(t *testing.T) {
@@ -42,6 +42,7 @@ func TestParseGood(t *testing.T) {
 	require.Equal(t, 5, *spec.Restart.MaxRestarts)
 	require.Equal(t, 20*time.Second, spec.Restart.Backoff.Max.Duration)
 	require.Equal(t, 2*time.Minute, spec.Health.ProgressTimeout.Duration)
+	require.Equal(t, &Preflight{MinBandwidthMbps: 1000, Bytes: DefaultPreflightBytes, Timeout: wire.Dur(DefaultPreflightTimeout)}, spec.Health.Preflight)
 }
 
 func TestDefaults(t *testing.T) {
@@ -134,6 +135,9 @@ func TestValidateRejects(t *testing.T) {
 		{"marker with a slash", func(s *Spec) { s.Checkpoint.Markers = []string{"../x"} }, "checkpoint.markers[0]: must be a plain file name"},
 		{"empty marker", func(s *Spec) { s.Checkpoint.Markers = []string{"COMPLETE", ""} }, "checkpoint.markers[1]"},
 		{"negative progress timeout", func(s *Spec) { s.Health.ProgressTimeout = wire.Dur(-time.Second) }, "health.progress_timeout"},
+		{"negative preflight bandwidth", func(s *Spec) { s.Health.Preflight.MinBandwidthMbps = -1 }, "health.preflight.min_bandwidth_mbps: must be 0 (only failures exclude) or a bandwidth in Mbit/s (got -1)"},
+		{"tiny preflight", func(s *Spec) { s.Health.Preflight.Bytes = 10 }, "health.preflight.bytes: must be between 4096 and 268435456 (got 10)"},
+		{"long preflight", func(s *Spec) { s.Health.Preflight.Timeout = wire.Dur(time.Hour) }, "health.preflight.timeout: must be positive and at most 10m0s (got 1h0m0s)"},
 		{"nul in arg", func(s *Spec) { s.Command = []string{"x.py", "a\x00b"} }, "command[1]"},
 		{"long env name", func(s *Spec) { s.Env = map[string]string{strings.Repeat("A", 257): "x"} }, "env: variable names"},
 		{"env value too big", func(s *Spec) { s.Env = map[string]string{"BIG": strings.Repeat("x", 32<<10+1)} }, "env.BIG: value must be at most"},

@@ -1,6 +1,8 @@
 package jobspec
 
 import (
+	"math"
+
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	rdzvv1 "github.com/rdzv/rdzv/proto/rdzv/v1"
@@ -39,6 +41,12 @@ func (s *Spec) ToProto() *rdzvv1.JobSpec {
 	}
 	if t := s.Health.ProgressTimeout; t != nil {
 		p.HealthProgressTimeout = durationpb.New(t.Duration)
+	}
+	if pf := s.Health.Preflight; pf != nil {
+		p.HealthPreflight = &rdzvv1.PreflightSpec{MinBandwidthMbps: pf.MinBandwidthMbps, Bytes: uint64(max(pf.Bytes, 0))}
+		if pf.Timeout != nil {
+			p.HealthPreflight.Timeout = durationpb.New(pf.Timeout.Duration)
+		}
 	}
 	if s.Rendezvous.LastCall != nil {
 		p.RendezvousLastCall = durationpb.New(s.Rendezvous.LastCall.Duration)
@@ -85,6 +93,13 @@ func FromProto(p *rdzvv1.JobSpec) *Spec {
 	}
 	if p.HealthProgressTimeout != nil {
 		s.Health.ProgressTimeout = wire.Dur(p.HealthProgressTimeout.AsDuration())
+	}
+	if pf := p.GetHealthPreflight(); pf != nil {
+		// Beyond MaxInt64 is invalid either way; clamped, Validate says so.
+		s.Health.Preflight = &Preflight{MinBandwidthMbps: pf.GetMinBandwidthMbps(), Bytes: int64(min(pf.GetBytes(), math.MaxInt64))}
+		if pf.Timeout != nil {
+			s.Health.Preflight.Timeout = wire.Dur(pf.Timeout.AsDuration())
+		}
 	}
 	s.Default()
 	return s
