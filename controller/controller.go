@@ -142,6 +142,9 @@ type jobState struct {
 	// spares are the idle nodes held for the job now (nodes.spares), as
 	// the last scheduling pass picked them.
 	spares []string
+	// excluded are the nodes the round smoke test left out of this job,
+	// with its verdicts.
+	excluded map[string]string
 }
 
 // Option adjusts a Controller for tests.
@@ -433,4 +436,5 @@ const (
 	EventTLSReloadRefused    = "tls_reload_refused"
 	EventNodeUnhealthy       = "node_unhealthy"
 	EventNodeHealthy         = "node_healthy"
+	EventPreflightExcluded   = "preflight_excluded"
 )

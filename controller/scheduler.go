@@ -83,7 +83,7 @@ func (c *Controller) schedule(ctx context.Context) time.Time {
 		heldElsewhere := 0
 		for _, cand := range candidates {
 			switch {
-			case taken[cand.Name]:
+			case taken[cand.Name], js.excluded[cand.Name] != "":
 			case held[cand.Name] != "" && held[cand.Name] != name:
 				heldElsewhere++
 			default:
@@ -110,6 +110,9 @@ func (c *Controller) schedule(ctx context.Context) time.Time {
 				js.rec.Reason = "waiting for nodes: " + rendezvous.Explain(req, avail)
 				if heldElsewhere > 0 {
 					js.rec.Reason += fmt.Sprintf("; %d idle node(s) held as spares for running jobs", heldElsewhere)
+				}
+				if n := len(js.excluded); n > 0 {
+					js.rec.Reason += fmt.Sprintf("; %d node(s) left out by the preflight test", n)
 				}
 			}
 			if !d.RecheckAt.IsZero() && (next.IsZero() || d.RecheckAt.Before(next)) {
@@ -189,7 +192,7 @@ func holdSpares(holding []*jobState, candidates []rendezvous.Candidate) map[stri
 		}
 		avail := make([]rendezvous.Candidate, 0, len(candidates))
 		for _, cand := range candidates {
-			if held[cand.Name] == "" {
+			if held[cand.Name] == "" && js.excluded[cand.Name] == "" {
 				avail = append(avail, cand)
 			}
 		}
