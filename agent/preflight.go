@@ -62,7 +62,9 @@ func writePreflight(stateDir string) (string, error) {
 // master's address and port, which torchrun takes over once it is done),
 // within its timeout, and the launcher starts only if it passes. The shell
 // execs the launcher, so the shim's process group and exit status are the
-// launcher's as without a test.
+// launcher's as without a test. timeout runs in the foreground: otherwise
+// it moves the test to a process group of its own, out of reach of the
+// shim that stops the workers.
 func preflightCommand(a *rdzvv1.Assignment, script, launcher string, args []string) (string, []string) {
 	pf := a.GetSpec().GetHealthPreflight()
 	if pf == nil || a.GetNnodes() < 2 {
@@ -70,7 +72,7 @@ func preflightCommand(a *rdzvv1.Assignment, script, launcher string, args []stri
 	}
 	timeout := pf.GetTimeout().AsDuration()
 	test := []string{
-		"timeout", "--kill-after=5", strconv.FormatFloat(timeout.Seconds(), 'f', -1, 64),
+		"timeout", "--foreground", "--kill-after=5", strconv.FormatFloat(timeout.Seconds(), 'f', -1, 64),
 		"python3", script, "--rank", fmt.Sprint(a.GetNodeRank()), "--world", fmt.Sprint(a.GetNnodes()),
 		"--addr", a.GetMasterAddr(), "--port", fmt.Sprint(a.GetMasterPort()), "--bytes", fmt.Sprint(pf.GetBytes()),
 		"--min-mbps", strconv.FormatFloat(pf.GetMinBandwidthMbps(), 'f', -1, 64),

@@ -5,7 +5,9 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -30,7 +32,7 @@ func TestPreflightCommand(t *testing.T) {
 	bin := t.TempDir()
 	out := filepath.Join(t.TempDir(), "out")
 	// A python3 that records its arguments and exits with $PF_EXIT.
-	require.NoError(t, os.WriteFile(filepath.Join(bin, "python3"), []byte("#!/bin/sh\necho \"python3 $*\" >> "+out+"\necho 'rdzv preflight: rank 1 of 2: excluded: links below 1000 Mbit/s'\nexit \"$PF_EXIT\"\n"), 0o755))
+	require.NoError(t, os.WriteFile(filepath.Join(bin, "python3"), []byte("#!/bin/sh\necho \"python3 $*\" >> "+out+"\nps -o pgid= $$ | tr -d ' ' > "+out+".pgid\necho 'rdzv preflight: rank 1 of 2: excluded: links below 1000 Mbit/s'\nexit \"$PF_EXIT\"\n"), 0o755))
 	launcher := filepath.Join(bin, "torchrun")
 	require.NoError(t, os.WriteFile(launcher, []byte("#!/bin/sh\nfor a in \"$@\"; do echo \"arg=$a\" >> "+out+"; done\n"), 0o755))
 
@@ -50,7 +52,12 @@ func TestPreflightCommand(t *testing.T) {
 			require.NoError(t, os.RemoveAll(out))
 			cmd := exec.Command(path, args...)
 			cmd.Env = []string{"PATH=" + bin + ":/usr/bin:/bin", "PF_EXIT=" + tc.exit}
+			// As the shim starts the launcher: leading its own group.
+			cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 			stdout, err := cmd.Output()
+			pgid, rerr := os.ReadFile(out + ".pgid")
+			require.NoError(t, rerr)
+			require.Equal(t, strconv.Itoa(cmd.Process.Pid), strings.TrimSpace(string(pgid)), "the test stays in the launcher's process group")
 			code := 0
 			var exitErr *exec.ExitError
 			if errors.As(err, &exitErr) {
