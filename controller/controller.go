@@ -107,8 +107,10 @@ type nodeState struct {
 	// heard is set once the node's agent registered with this leader.
 	heard bool
 	// health is the node's health check verdicts as its agent last
-	// reported them.
-	health []*rdzvv1.HealthCheckResult
+	// reported them; unhealthy is its failing ones in words, empty when
+	// all pass (worked out once per report, not per scheduling pass).
+	health    []*rdzvv1.HealthCheckResult
+	unhealthy string
 	// job and generation are set while the node is reserved for or running
 	// a job; the node is busy until its worker's exit is reported.
 	job        string

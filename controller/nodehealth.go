@@ -52,6 +52,7 @@ func (c *Controller) applyHealth(name string, ns *nodeState, results []*rdzvv1.H
 		}
 	}
 	ns.health = results
+	ns.unhealthy = health.Summary(healthChecks(results))
 	if recovered {
 		c.wake()
 	}
@@ -77,10 +78,4 @@ func healthChecks(results []*rdzvv1.HealthCheckResult) []health.Check {
 		out[i] = health.Check{Name: r.GetName(), OK: r.GetOk(), Critical: r.GetCritical(), Message: r.GetMessage(), Since: r.GetSince().AsTime()}
 	}
 	return out
-}
-
-// unhealthy is why a node's health checks keep it out of new rounds;
-// empty when they pass.
-func unhealthy(ns *nodeState) string {
-	return health.Summary(healthChecks(ns.health))
 }

@@ -254,7 +254,7 @@ func (c *Controller) candidates() []rendezvous.Candidate {
 			Name: name, Labels: info.GetLabels(), GPUs: gpus,
 			Address: info.GetAddress(), Interface: info.GetNcclInterface(),
 			Free:      ns.rec.GetState() == rdzvv1.NodeState_NODE_STATE_READY && ns.session != nil && ns.job == "" && !ns.rec.GetCordoned(),
-			Unhealthy: unhealthy(ns),
+			Unhealthy: ns.unhealthy,
 		})
 	}
 	return out
