@@ -11,6 +11,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/jonboulle/clockwork"
 	"go.uber.org/zap"
 	"golang.org/x/sync/errgroup"
 	"google.golang.org/grpc"
@@ -135,6 +136,17 @@ func (a *Agent) Run(ctx context.Context) error {
 	}
 	defer a.client.Close()
 
+	// The GPU discoverers (NVML's, and the fake one of CPU test hosts) read
+	// GPU state too; another discoverer gets no gpu checks.
+	states, _ := a.gpus.(GPUStateReader)
+	nodeHealth, err := NewNodeHealth(a.cfg, HealthEnv{
+		SysfsRoot: "/sys", FS: SystemFS{}, GPUs: states, Interface: info.GetNcclInterface(),
+		DiscoveredGPUs: len(info.GetGpus()), Clock: clockwork.NewRealClock(),
+	}, log.Named("node_health"))
+	if err != nil {
+		return err
+	}
+
 	found, err := a.spawner.Adopt()
 	if err != nil {
 		return fmt.Errorf("adopting workers left by the previous agent: %w", err)
@@ -153,8 +165,13 @@ func (a *Agent) Run(ctx context.Context) error {
 		return err
 	}
 	sup := NewSupervisor(a.cfg, info.GetName(), info.GetNcclInterface(), ln.Addr().String(), a.spawner, log.Named("supervisor"))
+	sup.SetHealthGate(nodeHealth.Gate)
 	// Before the first registration, which reports them.
 	sup.Adopt(found)
+	// Registration carries the verdicts: a node never takes work before
+	// its checks ran. After adoption: the shims wait for an agent only so
+	// long.
+	nodeHealth.Run(ctx)
 	reports := newReportServer(sup, log.Named("reports"))
 	var gossip *Gossip
 	if a.cfg.GossipPort >= 0 {
@@ -165,6 +182,7 @@ func (a *Agent) Run(ctx context.Context) error {
 		info.GossipAddr = gossip.Addr()
 	}
 	sess := newSession(info, sup, a.client, a.cfg.Controller, a.faults, gossip, log.Named("session"))
+	sess.health = nodeHealth
 	// The session outlives ctx a little: on shutdown the supervisor first
 	// stops the workers, and their final status should reach the controller
 	// rather than leave it to notice a silent node.
@@ -181,6 +199,7 @@ func (a *Agent) Run(ctx context.Context) error {
 	})
 	g.Go(func() error { sess.loop(sessCtx); return nil })
 	g.Go(func() error { sess.fenceLoop(gctx); return nil })
+	g.Go(func() error { nodeHealth.Loop(gctx); return nil })
 	if a.health != nil {
 		g.Go(func() error { a.watchHealth(gctx, log.Named("health")); return nil })
 	}

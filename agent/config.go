@@ -46,6 +46,9 @@ type Config struct {
 	StopGrace wire.Duration `json:"stop_grace"`
 	// GPUHealth says which GPU faults are critical: they cordon the node.
 	GPUHealth health.GPUConfig `json:"gpu_health"`
+	// HealthChecks are the node health checks: a node failing one takes no
+	// new work until it passes again.
+	HealthChecks HealthChecksConfig `json:"health_checks"`
 	// RestartGrace is how long workers keep running after the agent stops
 	// (systemd restart, upgrade) for the next agent to adopt them; they are
 	// killed if none does in time. 0 stops the workers with the agent.
@@ -89,6 +92,7 @@ func DefaultConfig() Config {
 		RunAs:        "nobody",
 		RunAsPolicy:  DefaultRunAsPolicy(),
 		WorkerPath:   DefaultWorkerPath,
+		HealthChecks: DefaultHealthChecks(),
 	}
 }
 
@@ -163,6 +167,9 @@ func (c Config) Validate() error {
 		errs = append(errs, fmt.Errorf("stop_grace: must be positive, got %s", c.StopGrace))
 	}
 	if _, err := c.GPUHealth.Policy("gpu_health"); err != nil {
+		errs = append(errs, err)
+	}
+	if err := c.HealthChecks.Validate("health_checks"); err != nil {
 		errs = append(errs, err)
 	}
 	if c.RestartGrace.Duration < 0 || c.RestartGrace.Duration > MaxRestartGrace {

@@ -143,4 +143,9 @@ func TestShippedConfigDefaults(t *testing.T) {
 	require.Empty(t, cfg.RunAsPolicy.AllowedGroups)
 	require.ElementsMatch(t, def.PrivilegedGroups, cfg.RunAsPolicy.PrivilegedGroups)
 	require.Equal(t, DefaultWorkerPath, cfg.WorkerPath)
+	hc := cfg.HealthChecks
+	require.Empty(t, hc.Storage.Paths)
+	require.Empty(t, hc.Commands)
+	hc.Storage.Paths, hc.Commands = nil, nil
+	require.Equal(t, DefaultHealthChecks(), hc, "health_checks as written out")
 }

@@ -48,6 +48,8 @@ type agentSession struct {
 	lastHeard atomic.Int64
 	// fencing is set while a self-fencing stop is queued or under way.
 	fencing atomic.Bool
+	// health is the node health checks; nil in tests that need none.
+	health *NodeHealth
 	// farewells carries the last word of an agent that leaves its workers
 	// running; unbuffered, so a send succeeds only while connected.
 	farewells chan farewell
@@ -125,7 +127,7 @@ func (s *agentSession) connect(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("opening stream: %w", err)
 	}
-	reg := &rdzvv1.Register{Node: s.info, Workers: s.sup.Statuses()}
+	reg := &rdzvv1.Register{Node: s.info, Workers: s.sup.Statuses(), Health: s.healthResults()}
 	registering := time.Now()
 	if err := stream.Send(&rdzvv1.ConnectRequest{Msg: &rdzvv1.ConnectRequest_Register{Register: reg}}); err != nil {
 		return fmt.Errorf("sending register: %w", err)
@@ -146,6 +148,10 @@ func (s *agentSession) connect(ctx context.Context) error {
 	}
 	s.heardAt(registering)
 	s.log.Info("registered with controller", zap.Duration("heartbeat_interval", interval), zap.Duration("heartbeat_timeout", ms(registered.GetHeartbeatTimeoutMs())))
+	var healthChanged <-chan struct{}
+	if s.health != nil {
+		healthChanged = s.health.Changed()
+	}
 	var gossipChanged <-chan struct{}
 	if s.gossip != nil {
 		gossipChanged = s.gossip.Changed()
@@ -189,12 +195,22 @@ func (s *agentSession) connect(ctx context.Context) error {
 				// controller picks the one to resume from when it learns of
 				// the exit.
 				msgs = append(s.pendingCheckpoints(), &rdzvv1.ConnectRequest{Msg: &rdzvv1.ConnectRequest_WorkerStatus{WorkerStatus: st}})
+				// A start refused by the health gate: the controller learns
+				// the verdict before the failure, so that it does not pick
+				// the node again for the next round.
+				select {
+				case <-healthChanged:
+					msgs = append([]*rdzvv1.ConnectRequest{s.healthMsg()}, msgs...)
+				default:
+				}
 			case c := <-s.sup.Checkpoints():
 				msgs = append(msgs, checkpointMsg(c))
 			case m := <-out:
 				msgs = append(msgs, m)
 			case <-gossipChanged:
 				msgs = append(msgs, s.gossipViewMsg())
+			case <-healthChanged:
+				msgs = append(msgs, s.healthMsg())
 			case f := <-s.faults:
 				msgs = append(msgs, &rdzvv1.ConnectRequest{Msg: &rdzvv1.ConnectRequest_GpuFault{GpuFault: f}})
 			case f := <-s.farewells:
@@ -270,6 +286,19 @@ func (s *agentSession) handle(ctx context.Context, m *rdzvv1.ConnectResponse, ou
 }
 
 func (s *agentSession) heardAt(at time.Time) { s.lastHeard.Store(at.UnixNano()) }
+
+// healthResults is the health verdicts to register with.
+func (s *agentSession) healthResults() []*rdzvv1.HealthCheckResult {
+	if s.health == nil {
+		return nil
+	}
+	return healthProto(s.health.Results())
+}
+
+// healthMsg reports the verdicts, sent only when one changed.
+func (s *agentSession) healthMsg() *rdzvv1.ConnectRequest {
+	return &rdzvv1.ConnectRequest{Msg: &rdzvv1.ConnectRequest_Health{Health: &rdzvv1.HealthReport{Results: s.healthResults()}}}
+}
 
 func (s *agentSession) gossipViewMsg() *rdzvv1.ConnectRequest {
 	if s.gossip == nil {

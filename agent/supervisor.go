@@ -69,6 +69,9 @@ type Supervisor struct {
 	// announce tells the controller the workers are left running for hold;
 	// false if it could not.
 	announce func(hold time.Duration) bool
+	// gate runs the node health checks right before workers start; an
+	// error keeps them from starting.
+	gate func(ctx context.Context) error
 
 	mu      sync.Mutex
 	cur     *worker
@@ -88,6 +91,8 @@ type worker struct {
 	proc    Process
 	logPath string
 	done    chan struct{}
+	// preflight is set when the round smoke test runs before the launcher.
+	preflight bool
 	// scanStop and scanDone are set when this node scans checkpointDir.
 	scanStop chan struct{}
 	scanDone chan struct{}
@@ -123,6 +128,10 @@ func NewSupervisor(cfg Config, node, iface, reportAddr string, spawner Spawner, 
 // SetOrphanTimeout sets how long workers started from now on outlive an
 // agent that vanished without a word.
 func (s *Supervisor) SetOrphanTimeout(d time.Duration) { s.orphanTimeout.Store(int64(d)) }
+
+// SetHealthGate makes every start wait for gate (the node health checks),
+// and fail with its error instead of starting; call it before Run.
+func (s *Supervisor) SetHealthGate(gate func(ctx context.Context) error) { s.gate = gate }
 
 // Updates delivers every worker status change. The supervisor never blocks
 // on it: when the reader is away, Statuses still has the latest state.
@@ -300,6 +309,14 @@ func (s *Supervisor) assign(a *rdzvv1.Assignment) {
 		s.finished(job, gen, rdzvv1.WorkerState_WORKER_STATE_FAILED, Exit{Code: -1}, fmt.Sprintf("refusing assignment: %v", err), nil)
 		return
 	}
+	if s.gate != nil {
+		// The checks bound themselves (health_checks.timeout each).
+		if err := s.gate(context.Background()); err != nil {
+			log.Warn("not starting workers on an unhealthy node", zap.Error(err))
+			s.finished(job, gen, rdzvv1.WorkerState_WORKER_STATE_FAILED, Exit{Code: -1}, err.Error(), nil)
+			return
+		}
+	}
 	w, err := s.start(a)
 	if err != nil {
 		log.Error("starting workers failed", zap.Error(err))
@@ -369,6 +386,12 @@ func (s *Supervisor) watch(w *worker) {
 	if reason == "" {
 		msg = w.proc.Reason()
 	}
+	verdict, excluded := "", false
+	if reason == "" && w.preflight {
+		if verdict, excluded = preflightVerdict(w.logPath, exit); excluded {
+			msg = verdict
+		}
+	}
 	switch {
 	case reason != "":
 		state, msg = rdzvv1.WorkerState_WORKER_STATE_STOPPED, reason
@@ -385,7 +408,8 @@ func (s *Supervisor) watch(w *worker) {
 	s.mu.Unlock()
 	s.log.Info("workers exited", zap.String("job", w.job), zap.Uint64("generation", w.generation),
 		zap.Int("exit_code", exit.Code), zap.String("signal", exit.Signal), zap.String("state", state.String()))
-	s.finished(w.job, w.generation, state, exit, msg, exitedAt)
+	s.record(&rdzvv1.WorkerStatus{Job: w.job, Generation: w.generation, State: state, ExitCode: int32(exit.Code), Signal: exit.Signal,
+		Message: wire.ClipText(msg), ExitedAt: exitedAt, PreflightExcluded: excluded})
 	close(w.done)
 }
 
@@ -446,7 +470,11 @@ func (s *Supervisor) lastStatus(job string, gen uint64) *rdzvv1.WorkerStatus {
 // finished records and reports an outcome; exitedAt is when the workers were
 // seen to exit, nil when none ran.
 func (s *Supervisor) finished(job string, gen uint64, state rdzvv1.WorkerState, exit Exit, msg string, exitedAt *timestamppb.Timestamp) {
-	st := &rdzvv1.WorkerStatus{Job: job, Generation: gen, State: state, ExitCode: int32(exit.Code), Signal: exit.Signal, Message: wire.ClipText(msg), ExitedAt: exitedAt}
+	s.record(&rdzvv1.WorkerStatus{Job: job, Generation: gen, State: state, ExitCode: int32(exit.Code), Signal: exit.Signal, Message: wire.ClipText(msg), ExitedAt: exitedAt})
+}
+
+// record keeps an outcome in the history and reports it.
+func (s *Supervisor) record(st *rdzvv1.WorkerStatus) {
 	s.mu.Lock()
 	s.history = append(s.history, st)
 	if len(s.history) > historySize {
@@ -547,12 +575,22 @@ func (s *Supervisor) start(a *rdzvv1.Assignment) (*worker, error) {
 	// its environment, cannot report for this one.
 	token := make([]byte, reportTokenBytes)
 	_, _ = rand.Read(token) // never fails; it would crash the agent first
-	proc, err := s.spawner.Spawn(ProcessSpec{Path: torchrun, Args: args, Dir: workdir, Env: s.env(a, jobEnv, token), Output: out, LogPath: logPath, Credential: runAs.Credential,
+	path, argv := torchrun, args
+	if spec.GetHealthPreflight() != nil {
+		script, err := writePreflight(s.stateDir)
+		if err != nil {
+			return nil, err
+		}
+		path, argv = preflightCommand(a, script, torchrun, args)
+	}
+	proc, err := s.spawner.Spawn(ProcessSpec{Path: path, Args: argv, Dir: workdir, Env: s.env(a, jobEnv, token), Output: out, LogPath: logPath, Credential: runAs.Credential,
 		ID: fmt.Sprintf("%s.%d", job, a.GetGeneration()), Meta: meta, ReportToken: token, OrphanTimeout: time.Duration(s.orphanTimeout.Load())})
 	if err != nil {
 		return nil, err
 	}
-	return newWorker(a, proc, logPath, token, runAs.Credential), nil
+	w := newWorker(a, proc, logPath, token, runAs.Credential)
+	w.preflight = path != torchrun
+	return w, nil
 }
 
 // LauncherArgs is the torchrun command line for an assignment: the

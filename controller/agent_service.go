@@ -65,6 +65,8 @@ func (a *agentService) Connect(stream rdzvv1.AgentService_ConnectServer) error {
 				sess.send(&rdzvv1.ConnectResponse{Msg: &rdzvv1.ConnectResponse_HeartbeatAck{HeartbeatAck: &rdzvv1.HeartbeatAck{Seq: msg.Heartbeat.GetSeq()}}})
 			case *rdzvv1.ConnectRequest_GpuFault:
 				c.gpuFault(name, msg.GpuFault)
+			case *rdzvv1.ConnectRequest_Health:
+				c.nodeHealth(name, sess, msg.Health.GetResults())
 			case *rdzvv1.ConnectRequest_GossipView:
 				c.gossipView(name, msg.GossipView)
 			case *rdzvv1.ConnectRequest_WorkerStatus:

@@ -106,6 +106,11 @@ type nodeState struct {
 	restartHold time.Time
 	// heard is set once the node's agent registered with this leader.
 	heard bool
+	// health is the node's health check verdicts as its agent last
+	// reported them; unhealthy is its failing ones in words, empty when
+	// all pass (worked out once per report, not per scheduling pass).
+	health    []*rdzvv1.HealthCheckResult
+	unhealthy string
 	// job and generation are set while the node is reserved for or running
 	// a job; the node is busy until its worker's exit is reported.
 	job        string
@@ -136,6 +141,12 @@ type jobState struct {
 	// Where the last scans of the round for a worker not yet running, and
 	// for one not yet stopped, found one (see findInRound).
 	notRunningAt, notStoppedAt int
+	// spares are the idle nodes held for the job now (nodes.spares), as
+	// the last scheduling pass picked them.
+	spares []string
+	// excluded are the nodes the round smoke test left out of this job,
+	// with its verdicts.
+	excluded map[string]string
 }
 
 // Option adjusts a Controller for tests.
@@ -426,4 +437,7 @@ const (
 	EventNodeDeleted         = "node_deleted"
 	EventCertRevoked         = "certificate_revoked"
 	EventTLSReloadRefused    = "tls_reload_refused"
+	EventNodeUnhealthy       = "node_unhealthy"
+	EventNodeHealthy         = "node_healthy"
+	EventPreflightExcluded   = "preflight_excluded"
 )

@@ -68,6 +68,7 @@ func (c *Controller) register(sess *session, reg *rdzvv1.Register) {
 		c.applyWorkerStatus(name, w)
 	}
 	c.resumeAssignment(ns, reported)
+	c.applyHealth(name, ns, reg.GetHealth())
 	c.wake()
 }
 

@@ -63,13 +63,15 @@ func (c *Controller) schedule(ctx context.Context) time.Time {
 	defer c.mu.Unlock()
 	now := c.clock.Now()
 	pending := c.pendingJobs(now)
+	holding := c.holdingSpares()
 	var candidates []rendezvous.Candidate
-	if len(pending) > 0 {
-		// Only pending jobs need them, and building them is a pass over
-		// every node: the scheduler is woken by every worker exit, N of them
-		// in a recovery.
+	if len(pending) > 0 || len(holding) > 0 {
+		// Only pending jobs and spares need them, and building them is a
+		// pass over every node: the scheduler is woken by every worker exit,
+		// N of them in a recovery.
 		candidates = c.candidates()
 	}
+	held := holdSpares(holding, candidates)
 	taken := map[string]bool{}
 	var next time.Time
 
@@ -78,8 +80,13 @@ func (c *Controller) schedule(ctx context.Context) time.Time {
 		name := spec.GetName()
 		req := requirements(spec)
 		avail := make([]rendezvous.Candidate, 0, len(candidates))
+		heldElsewhere := 0
 		for _, cand := range candidates {
-			if !taken[cand.Name] {
+			switch {
+			case taken[cand.Name], js.excluded[cand.Name] != "":
+			case held[cand.Name] != "" && held[cand.Name] != name:
+				heldElsewhere++
+			default:
 				avail = append(avail, cand)
 			}
 		}
@@ -101,6 +108,12 @@ func (c *Controller) schedule(ctx context.Context) time.Time {
 			js.rec.Reason = d.Reason
 			if req.Min > rendezvous.Count(req, avail) {
 				js.rec.Reason = "waiting for nodes: " + rendezvous.Explain(req, avail)
+				if heldElsewhere > 0 {
+					js.rec.Reason += fmt.Sprintf("; %d idle node(s) held as spares for running jobs", heldElsewhere)
+				}
+				if n := len(js.excluded); n > 0 {
+					js.rec.Reason += fmt.Sprintf("; %d node(s) left out by the preflight test", n)
+				}
 			}
 			if !d.RecheckAt.IsZero() && (next.IsZero() || d.RecheckAt.Before(next)) {
 				next = d.RecheckAt
@@ -142,6 +155,58 @@ func (c *Controller) schedule(ctx context.Context) time.Time {
 	return next
 }
 
+// holdingSpares lists the jobs that hold spare nodes now (nodes.spares,
+// while running or recovering), oldest first, and forgets the spares of
+// every other job.
+func (c *Controller) holdingSpares() []*jobState {
+	var out []*jobState
+	for _, js := range c.jobs {
+		st := js.rec.GetState()
+		if js.rec.GetSpec().GetNodesSpares() == 0 || (st != rdzvv1.JobState_JOB_STATE_RUNNING && st != rdzvv1.JobState_JOB_STATE_RECOVERING) {
+			js.spares = nil
+			continue
+		}
+		out = append(out, js)
+	}
+	sortOldestFirst(out)
+	return out
+}
+
+// holdSpares picks each holding job's spares among the candidates, oldest
+// job first, as a round would pick its nodes (free, healthy, enough GPUs,
+// matching the selector, in rank order), and returns which job holds each.
+// No other job gets them; the holding job's next round may, when it
+// recovers. A recovering job also holds as many free nodes as its failed
+// round had (its own, once their workers stopped): otherwise another job
+// could take them during the backoff and the recovery would wait after
+// all. Picked anew on every pass: a spare that fails a health check or
+// goes away is replaced by the next eligible node.
+func holdSpares(holding []*jobState, candidates []rendezvous.Candidate) map[string]string {
+	held := map[string]string{}
+	for _, js := range holding {
+		spec := js.rec.GetSpec()
+		req := requirements(spec)
+		req.Min, req.Max = 0, int(spec.GetNodesSpares())
+		if js.rec.GetState() == rdzvv1.JobState_JOB_STATE_RECOVERING {
+			req.Max += len(js.round.GetNodes())
+		}
+		avail := make([]rendezvous.Candidate, 0, len(candidates))
+		for _, cand := range candidates {
+			if held[cand.Name] == "" && js.excluded[cand.Name] == "" {
+				avail = append(avail, cand)
+			}
+		}
+		// Min 0 cannot fall short: Plan never fails here.
+		placed, _ := rendezvous.Plan(req, avail)
+		js.spares = nil
+		for _, p := range placed {
+			held[p.Name] = spec.GetName()
+			js.spares = append(js.spares, p.Name)
+		}
+	}
+	return held
+}
+
 // pendingJobs lists the jobs waiting for a rendezvous: new ones, and
 // recovering ones whose backoff is over and whose previous generation has
 // no live worker left anywhere (so two generations never run at once).
@@ -160,14 +225,19 @@ func (c *Controller) pendingJobs(now time.Time) []*jobState {
 			}
 		}
 	}
-	sort.Slice(out, func(i, j int) bool {
-		a, b := out[i].rec.GetCreatedAt().AsTime(), out[j].rec.GetCreatedAt().AsTime()
+	sortOldestFirst(out)
+	return out
+}
+
+// sortOldestFirst orders jobs by creation, then name.
+func sortOldestFirst(jobs []*jobState) {
+	sort.Slice(jobs, func(i, j int) bool {
+		a, b := jobs[i].rec.GetCreatedAt().AsTime(), jobs[j].rec.GetCreatedAt().AsTime()
 		if !a.Equal(b) {
 			return a.Before(b)
 		}
-		return out[i].rec.GetSpec().GetName() < out[j].rec.GetSpec().GetName()
+		return jobs[i].rec.GetSpec().GetName() < jobs[j].rec.GetSpec().GetName()
 	})
-	return out
 }
 
 // candidates lists every known node; Free only for nodes that are ready,
@@ -183,8 +253,9 @@ func (c *Controller) candidates() []rendezvous.Candidate {
 		out = append(out, rendezvous.Candidate{
 			Name: name, Labels: info.GetLabels(), GPUs: gpus,
 			Address: info.GetAddress(), Interface: info.GetNcclInterface(),
-			Free:     ns.rec.GetState() == rdzvv1.NodeState_NODE_STATE_READY && ns.session != nil && ns.job == "" && !ns.rec.GetCordoned(),
-			Cordoned: ns.rec.GetCordoned(),
+			Free:      ns.rec.GetState() == rdzvv1.NodeState_NODE_STATE_READY && ns.session != nil && ns.job == "" && !ns.rec.GetCordoned(),
+			Cordoned:  ns.rec.GetCordoned(),
+			Unhealthy: ns.unhealthy,
 		})
 	}
 	return out

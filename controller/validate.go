@@ -32,6 +32,9 @@ const (
 	// maxRegisterWorkers bounds the statuses a registering agent reports: its
 	// recent history plus what runs now.
 	maxRegisterWorkers = 64
+	// maxHealthChecks bounds a node's health checks: the agent's built-ins
+	// and its at most 32 commands.
+	maxHealthChecks = 64
 )
 
 // errNoValidator refuses a request type nobody wrote a validator for, so a
@@ -180,6 +183,8 @@ func validateConnectRequest(m *rdzvv1.ConnectRequest) error {
 		return errors.Join(errs...)
 	case *rdzvv1.ConnectRequest_GossipView:
 		return validateGossipView(msg.GossipView)
+	case *rdzvv1.ConnectRequest_Health:
+		return validateHealth("health.results", msg.Health.GetResults())
 	case *rdzvv1.ConnectRequest_GpuFault:
 		f := msg.GpuFault
 		var errs []error
@@ -195,7 +200,7 @@ func validateConnectRequest(m *rdzvv1.ConnectRequest) error {
 }
 
 func validateRegister(r *rdzvv1.Register) error {
-	errs := []error{validateNodeInfo(r.GetNode())}
+	errs := []error{validateNodeInfo(r.GetNode()), validateHealth("register.health", r.GetHealth())}
 	if len(r.GetWorkers()) > maxRegisterWorkers {
 		errs = append(errs, fmt.Errorf("register.workers: at most %d, got %d", maxRegisterWorkers, len(r.GetWorkers())))
 	} else {
@@ -288,6 +293,18 @@ func validateCheckpointReport(r *rdzvv1.CheckpointReport) error {
 	}
 	if s := r.GetSource(); s != "helper" && s != "scan" {
 		errs = append(errs, fmt.Errorf("checkpoint.source: must be helper or scan, got %q", clip(s)))
+	}
+	return errors.Join(errs...)
+}
+
+func validateHealth(field string, results []*rdzvv1.HealthCheckResult) error {
+	if len(results) > maxHealthChecks {
+		return fmt.Errorf("%s: at most %d checks, got %d", field, maxHealthChecks, len(results))
+	}
+	var errs []error
+	for i, r := range results {
+		errs = append(errs, nameErr(fmt.Sprintf("%s[%d].name", field, i), r.GetName()),
+			textErr(fmt.Sprintf("%s[%d].message", field, i), r.GetMessage(), wire.MaxTextBytes))
 	}
 	return errors.Join(errs...)
 }

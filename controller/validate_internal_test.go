@@ -52,6 +52,8 @@ func connect(m any) *rdzvv1.ConnectRequest {
 		return &rdzvv1.ConnectRequest{Msg: &rdzvv1.ConnectRequest_GossipView{GossipView: m}}
 	case *rdzvv1.GPUFault:
 		return &rdzvv1.ConnectRequest{Msg: &rdzvv1.ConnectRequest_GpuFault{GpuFault: m}}
+	case *rdzvv1.HealthReport:
+		return &rdzvv1.ConnectRequest{Msg: &rdzvv1.ConnectRequest_Health{Health: m}}
 	}
 	panic("not a stream message")
 }
@@ -165,6 +167,11 @@ var validationCases = []struct {
 	{"log chunk long error", connect(&rdzvv1.LogChunk{RequestId: "a", Error: strings.Repeat("e", 5000)}), "log_chunk.error:"},
 	{"gossip view", connect(&rdzvv1.GossipView{Unreachable: []string{"gpu-02"}, AliveMembers: 3}), ""},
 	{"gossip view bad name", connect(&rdzvv1.GossipView{Unreachable: []string{"gpu-02", "../x"}}), "gossip_view.unreachable[1]:"},
+	{"health", connect(&rdzvv1.HealthReport{Results: []*rdzvv1.HealthCheckResult{{Name: "gpu", Message: "7 GPUs present"}}}), ""},
+	{"health bad name", connect(&rdzvv1.HealthReport{Results: []*rdzvv1.HealthCheckResult{{Name: "gpu"}, {Name: "Disk Check"}}}), "health.results[1].name:"},
+	{"health long message", connect(&rdzvv1.HealthReport{Results: []*rdzvv1.HealthCheckResult{{Name: "gpu", Message: strings.Repeat("x", wire.MaxTextBytes+1)}}}), "health.results[0].message:"},
+	{"health too many", connect(&rdzvv1.HealthReport{Results: make([]*rdzvv1.HealthCheckResult, maxHealthChecks+1)}), "health.results: at most 64 checks"},
+	{"register bad health", connect(&rdzvv1.Register{Node: goodNodeInfo(), Health: []*rdzvv1.HealthCheckResult{{Name: ""}}}), "register.health[0].name:"},
 	{"gossip view too big", connect(&rdzvv1.GossipView{Unreachable: make([]string, maxViewSize+1)}), "gossip_view.unreachable: at most"},
 	{"gpu fault", connect(&rdzvv1.GPUFault{GpuIndex: 3, GpuUuid: "GPU-3", Kind: "xid", Code: 79, Message: "fell off the bus"}), ""},
 	{"gpu fault bad index", connect(&rdzvv1.GPUFault{GpuIndex: 64, Kind: "xid"}), "gpu_fault.gpu_index:"},

@@ -3,6 +3,8 @@ package controller
 // The API's view of jobs and nodes.
 
 import (
+	"slices"
+
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
@@ -18,6 +20,7 @@ func (c *Controller) jobView(js *jobState) *rdzvv1.Job {
 	// Totals up to now, while still showing which interval is open.
 	c.closeInterval(j)
 	j.RecoveryStartedAt, j.TrainingSince = js.rec.GetRecoveryStartedAt(), js.rec.GetTrainingSince()
+	j.Spares = slices.Clone(js.spares)
 	if js.round == nil || js.round.GetGeneration() != js.rec.GetGeneration() {
 		return j
 	}
@@ -42,6 +45,7 @@ func (c *Controller) nodeView(ns *nodeState) *rdzvv1.Node {
 	n.LastHeartbeat = timestamppb.New(seen)
 	n.Job, n.Generation = ns.job, ns.generation
 	n.State = viewState(ns)
+	n.HealthChecks = ns.health
 	return n
 }
 

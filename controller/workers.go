@@ -59,6 +59,9 @@ func (c *Controller) applyWorkerStatus(node string, w *rdzvv1.WorkerStatus) {
 		return
 	}
 	c.release(node, js)
+	if w.GetPreflightExcluded() && js.rec.GetSpec().GetHealthPreflight() != nil {
+		c.preflightExcluded(js, node, w.GetMessage())
+	}
 	c.advanceJob(js)
 }
 

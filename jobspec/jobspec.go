@@ -63,6 +63,9 @@ type Spec struct {
 type NodeRange struct {
 	Min int `json:"min"`
 	Max int `json:"max"`
+	// Spares is how many healthy idle nodes are held for the job while it
+	// runs, so that a recovery never waits for a free node.
+	Spares int `json:"spares"`
 }
 
 type Checkpoint struct {
@@ -90,7 +93,30 @@ type Health struct {
 	// ProgressTimeout: no training step reported for this long is a hang
 	// and restarts the job. 0s turns hang detection off.
 	ProgressTimeout *wire.Duration `json:"progress_timeout"`
+	// Preflight is the round smoke test; nil is off.
+	Preflight *Preflight `json:"preflight"`
 }
+
+// Preflight is the round smoke test run before the training command: a
+// node whose links are slower than MinBandwidthMbps is left out of the
+// round, which is planned again without it.
+type Preflight struct {
+	MinBandwidthMbps float64 `json:"min_bandwidth_mbps"`
+	// Bytes is the size of the all-reduce and of each timed transfer.
+	Bytes int64 `json:"bytes"`
+	// Timeout bounds the whole test, torch's import included.
+	Timeout *wire.Duration `json:"timeout"`
+}
+
+// Preflight defaults and bounds: a few MB tell a 1 Gbit/s link from a
+// 100 Gbit/s one, and the test must stay a small part of a start.
+const (
+	DefaultPreflightBytes   = 4 << 20
+	DefaultPreflightTimeout = time.Minute
+	MinPreflightBytes       = 4 << 10
+	MaxPreflightBytes       = 256 << 20
+	MaxPreflightTimeout     = 10 * time.Minute
+)
 
 type Rendezvous struct {
 	// LastCall is how long to wait for more nodes once min are available.
@@ -186,6 +212,14 @@ func (s *Spec) Default() {
 	}
 	if s.Health.ProgressTimeout == nil {
 		s.Health.ProgressTimeout = wire.Dur(0)
+	}
+	if pf := s.Health.Preflight; pf != nil {
+		if pf.Bytes == 0 {
+			pf.Bytes = DefaultPreflightBytes
+		}
+		if pf.Timeout == nil {
+			pf.Timeout = wire.Dur(DefaultPreflightTimeout)
+		}
 	}
 }
 

@@ -16,7 +16,7 @@ import (
 
 const goodJob = `
 name: llama-pretrain
-nodes: {min: 2, max: 4}
+nodes: {min: 2, max: 4, spares: 1}
 gpus_per_node: 8
 command: ["train.py", "--lr", "3e-4"]
 workdir: /shared/llama
@@ -26,7 +26,7 @@ checkpoint: {dir: /shared/ckpt}
 rendezvous: {last_call: 5s, timeout: 2m}
 launcher: {torchrun: /usr/bin/torchrun, extra_args: ["--redirects", "2"]}
 restart: {max_restarts: 5, backoff: {initial: 2s, max: 20s}}
-health: {progress_timeout: 2m}
+health: {progress_timeout: 2m, preflight: {min_bandwidth_mbps: 1000}}
 `
 
 func TestParseGood(t *testing.T) {
@@ -34,7 +34,7 @@ func TestParseGood(t *testing.T) {
 	require.NoError(t, err)
 	require.NoError(t, spec.Validate())
 	require.Equal(t, "llama-pretrain", spec.Name)
-	require.Equal(t, NodeRange{Min: 2, Max: 4}, spec.Nodes)
+	require.Equal(t, NodeRange{Min: 2, Max: 4, Spares: 1}, spec.Nodes)
 	require.Equal(t, 8, spec.ProcsPerNode, "procs_per_node defaults to gpus_per_node")
 	require.Equal(t, 5*time.Second, spec.Rendezvous.LastCall.Duration)
 	require.Equal(t, 2*time.Minute, spec.Rendezvous.Timeout.Duration)
@@ -42,6 +42,7 @@ func TestParseGood(t *testing.T) {
 	require.Equal(t, 5, *spec.Restart.MaxRestarts)
 	require.Equal(t, 20*time.Second, spec.Restart.Backoff.Max.Duration)
 	require.Equal(t, 2*time.Minute, spec.Health.ProgressTimeout.Duration)
+	require.Equal(t, &Preflight{MinBandwidthMbps: 1000, Bytes: DefaultPreflightBytes, Timeout: wire.Dur(DefaultPreflightTimeout)}, spec.Health.Preflight)
 }
 
 func TestDefaults(t *testing.T) {
@@ -110,6 +111,7 @@ func TestValidateRejects(t *testing.T) {
 		{"min zero", func(s *Spec) { s.Nodes.Min = 0 }, "nodes.min: must be at least 1"},
 		{"min above max", func(s *Spec) { s.Nodes.Min, s.Nodes.Max = 4, 2 }, "nodes.max: must be at least nodes.min (4) (got 2)"},
 		{"too many nodes", func(s *Spec) { s.Nodes.Max = wire.MaxNodes + 1 }, "nodes.max: must be at most"},
+		{"negative spares", func(s *Spec) { s.Nodes.Spares = -1 }, "nodes.spares: must be between 0 and 10000 (got -1)"},
 		{"negative gpus", func(s *Spec) { s.GPUsPerNode = -1 }, "gpus_per_node"},
 		{"procs zero", func(s *Spec) { s.ProcsPerNode = 0 }, "procs_per_node"},
 		{"empty command", func(s *Spec) { s.Command = nil }, "command: is required"},
@@ -133,6 +135,9 @@ func TestValidateRejects(t *testing.T) {
 		{"marker with a slash", func(s *Spec) { s.Checkpoint.Markers = []string{"../x"} }, "checkpoint.markers[0]: must be a plain file name"},
 		{"empty marker", func(s *Spec) { s.Checkpoint.Markers = []string{"COMPLETE", ""} }, "checkpoint.markers[1]"},
 		{"negative progress timeout", func(s *Spec) { s.Health.ProgressTimeout = wire.Dur(-time.Second) }, "health.progress_timeout"},
+		{"negative preflight bandwidth", func(s *Spec) { s.Health.Preflight.MinBandwidthMbps = -1 }, "health.preflight.min_bandwidth_mbps: must be 0 (only failures exclude) or a bandwidth in Mbit/s (got -1)"},
+		{"tiny preflight", func(s *Spec) { s.Health.Preflight.Bytes = 10 }, "health.preflight.bytes: must be between 4096 and 268435456 (got 10)"},
+		{"long preflight", func(s *Spec) { s.Health.Preflight.Timeout = wire.Dur(time.Hour) }, "health.preflight.timeout: must be positive and at most 10m0s (got 1h0m0s)"},
 		{"nul in arg", func(s *Spec) { s.Command = []string{"x.py", "a\x00b"} }, "command[1]"},
 		{"long env name", func(s *Spec) { s.Env = map[string]string{strings.Repeat("A", 257): "x"} }, "env: variable names"},
 		{"env value too big", func(s *Spec) { s.Env = map[string]string{"BIG": strings.Repeat("x", 32<<10+1)} }, "env.BIG: value must be at most"},

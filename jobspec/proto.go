@@ -1,6 +1,8 @@
 package jobspec
 
 import (
+	"math"
+
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	rdzvv1 "github.com/rdzv/rdzv/proto/rdzv/v1"
@@ -13,6 +15,7 @@ func (s *Spec) ToProto() *rdzvv1.JobSpec {
 		Name:              s.Name,
 		NodesMin:          uint32(s.Nodes.Min),
 		NodesMax:          uint32(s.Nodes.Max),
+		NodesSpares:       uint32(s.Nodes.Spares),
 		GpusPerNode:       uint32(s.GPUsPerNode),
 		ProcsPerNode:      uint32(s.ProcsPerNode),
 		Command:           s.Command,
@@ -39,6 +42,12 @@ func (s *Spec) ToProto() *rdzvv1.JobSpec {
 	if t := s.Health.ProgressTimeout; t != nil {
 		p.HealthProgressTimeout = durationpb.New(t.Duration)
 	}
+	if pf := s.Health.Preflight; pf != nil {
+		p.HealthPreflight = &rdzvv1.PreflightSpec{MinBandwidthMbps: pf.MinBandwidthMbps, Bytes: uint64(max(pf.Bytes, 0))}
+		if pf.Timeout != nil {
+			p.HealthPreflight.Timeout = durationpb.New(pf.Timeout.Duration)
+		}
+	}
 	if s.Rendezvous.LastCall != nil {
 		p.RendezvousLastCall = durationpb.New(s.Rendezvous.LastCall.Duration)
 	}
@@ -53,7 +62,7 @@ func (s *Spec) ToProto() *rdzvv1.JobSpec {
 func FromProto(p *rdzvv1.JobSpec) *Spec {
 	s := &Spec{
 		Name:         p.GetName(),
-		Nodes:        NodeRange{Min: int(p.GetNodesMin()), Max: int(p.GetNodesMax())},
+		Nodes:        NodeRange{Min: int(p.GetNodesMin()), Max: int(p.GetNodesMax()), Spares: int(p.GetNodesSpares())},
 		GPUsPerNode:  int(p.GetGpusPerNode()),
 		ProcsPerNode: int(p.GetProcsPerNode()),
 		Command:      p.GetCommand(),
@@ -84,6 +93,13 @@ func FromProto(p *rdzvv1.JobSpec) *Spec {
 	}
 	if p.HealthProgressTimeout != nil {
 		s.Health.ProgressTimeout = wire.Dur(p.HealthProgressTimeout.AsDuration())
+	}
+	if pf := p.GetHealthPreflight(); pf != nil {
+		// Beyond MaxInt64 is invalid either way; clamped, Validate says so.
+		s.Health.Preflight = &Preflight{MinBandwidthMbps: pf.GetMinBandwidthMbps(), Bytes: int64(min(pf.GetBytes(), math.MaxInt64))}
+		if pf.Timeout != nil {
+			s.Health.Preflight.Timeout = wire.Dur(pf.Timeout.AsDuration())
+		}
 	}
 	s.Default()
 	return s

@@ -2,6 +2,7 @@ package jobspec
 
 import (
 	"fmt"
+	"math"
 	"path/filepath"
 	"regexp"
 	"strings"
@@ -73,6 +74,9 @@ func (s *Spec) Validate() error {
 	case s.Nodes.Max > wire.MaxNodes:
 		add("nodes.max", fmt.Sprint(s.Nodes.Max), fmt.Sprintf("must be at most %d", wire.MaxNodes))
 	}
+	if s.Nodes.Spares < 0 || s.Nodes.Spares > wire.MaxNodes {
+		add("nodes.spares", fmt.Sprint(s.Nodes.Spares), fmt.Sprintf("must be between 0 and %d", wire.MaxNodes))
+	}
 	if s.GPUsPerNode < 0 || s.GPUsPerNode > wire.MaxGPUsPerNode {
 		add("gpus_per_node", fmt.Sprint(s.GPUsPerNode), fmt.Sprintf("must be between 0 and %d", wire.MaxGPUsPerNode))
 	}
@@ -136,6 +140,17 @@ func (s *Spec) Validate() error {
 	}
 	if p := s.Health.ProgressTimeout; p == nil || p.Duration < 0 {
 		add("health.progress_timeout", durString(p), "must be 0s (off) or a positive duration")
+	}
+	if pf := s.Health.Preflight; pf != nil {
+		if pf.MinBandwidthMbps < 0 || math.IsNaN(pf.MinBandwidthMbps) || math.IsInf(pf.MinBandwidthMbps, 0) {
+			add("health.preflight.min_bandwidth_mbps", fmt.Sprint(pf.MinBandwidthMbps), "must be 0 (only failures exclude) or a bandwidth in Mbit/s")
+		}
+		if pf.Bytes < MinPreflightBytes || pf.Bytes > MaxPreflightBytes {
+			add("health.preflight.bytes", fmt.Sprint(pf.Bytes), fmt.Sprintf("must be between %d and %d", MinPreflightBytes, MaxPreflightBytes))
+		}
+		if t := pf.Timeout; t == nil || t.Duration <= 0 || t.Duration > MaxPreflightTimeout {
+			add("health.preflight.timeout", durString(t), fmt.Sprintf("must be positive and at most %s", MaxPreflightTimeout))
+		}
 	}
 
 	// Checked last and only when all else is fine: every field within its

@@ -12,6 +12,7 @@ import (
 	"sort"
 	"strings"
 	"time"
+	"unicode/utf8"
 )
 
 // TopologyLabel groups nodes for rank ordering: nodes sharing a value (for
@@ -39,6 +40,9 @@ type Candidate struct {
 	// Cordoned nodes (by an operator, a fault or a drain) take no work
 	// however free; told apart from busy ones in Explain.
 	Cordoned bool
+	// Unhealthy is why the node's health checks keep it out of new rounds
+	// (the failing checks in words); empty when they pass.
+	Unhealthy string
 }
 
 // Placed is one node of a committed round.
@@ -58,6 +62,8 @@ func Eligible(req Requirements, c Candidate) (bool, Ineligibility) {
 		return false, Cordoned
 	case !c.Free:
 		return false, NotFree
+	case c.Unhealthy != "":
+		return false, Unhealthy
 	case len(c.GPUs) < req.GPUsPerNode:
 		return false, TooFewGPUs
 	case !Matches(req.Selector, c.Labels):
@@ -74,6 +80,14 @@ const (
 	TooFewGPUs
 	Cordoned
 	SelectorMismatch
+	Unhealthy
+)
+
+// namedUnhealthy is how many unhealthy nodes Explain names, with their
+// failing checks; maxUnhealthyText clips each one's.
+const (
+	namedUnhealthy   = 3
+	maxUnhealthyText = 200
 )
 
 // Matches reports whether labels include every label of selector.
@@ -138,7 +152,10 @@ func Count(req Requirements, candidates []Candidate) int {
 // Explain says, for an operator, how many nodes qualify and why the others
 // do not.
 func Explain(req Requirements, candidates []Candidate) string {
-	var eligible, cordoned, notFree, fewGPUs, mismatch int
+	var eligible, cordoned, notFree, fewGPUs, mismatch, unhealthy int
+	// The first few unhealthy nodes by name, so that the reason is the same
+	// from one pass to the next.
+	var sick []Candidate
 	for _, c := range candidates {
 		ok, why := Eligible(req, c)
 		switch {
@@ -148,6 +165,13 @@ func Explain(req Requirements, candidates []Candidate) string {
 			cordoned++
 		case why == NotFree:
 			notFree++
+		case why == Unhealthy:
+			unhealthy++
+			i := sort.Search(len(sick), func(i int) bool { return sick[i].Name > c.Name })
+			if i < namedUnhealthy {
+				sick = append(sick[:i], append([]Candidate{c}, sick[i:]...)...)
+				sick = sick[:min(len(sick), namedUnhealthy)]
+			}
 		case why == TooFewGPUs:
 			fewGPUs++
 		case why == SelectorMismatch:
@@ -174,6 +198,25 @@ func Explain(req Requirements, candidates []Candidate) string {
 	}
 	if mismatch > 0 {
 		why = append(why, fmt.Sprintf("%d not matching the selector", mismatch))
+	}
+	if unhealthy > 0 {
+		named := make([]string, len(sick))
+		for i, c := range sick {
+			text := c.Unhealthy
+			if len(text) > maxUnhealthyText {
+				cut := maxUnhealthyText
+				for cut > 0 && !utf8.RuneStart(text[cut]) {
+					cut--
+				}
+				text = text[:cut] + "..."
+			}
+			named[i] = c.Name + ": " + text
+		}
+		more := ""
+		if unhealthy > len(sick) {
+			more = fmt.Sprintf("; +%d more", unhealthy-len(sick))
+		}
+		why = append(why, fmt.Sprintf("%d failing health checks [%s%s]", unhealthy, strings.Join(named, "; "), more))
 	}
 	if len(why) > 0 {
 		fmt.Fprintf(&b, " (%s)", strings.Join(why, ", "))

@@ -2,6 +2,8 @@ package rendezvous
 
 import (
 	"fmt"
+	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -134,6 +136,33 @@ func TestExplain(t *testing.T) {
 		node("d", 8, map[string]string{"pool": "eval"}),
 	})
 	require.Equal(t, "1 of 4 nodes eligible, need 3 with 8 GPUs matching pool=train (1 busy or not ready, 1 with too few GPUs, 1 not matching the selector)", got)
+}
+
+func sick(c Candidate, why string) Candidate { c.Unhealthy = why; return c }
+
+func TestExplainUnhealthy(t *testing.T) {
+	req := Requirements{Min: 2, Max: 2}
+	long := strings.Repeat("x", 300)
+	cands := []Candidate{
+		sick(node("e", 0, nil), "storage: /ckpt: 1.0 MiB free"),
+		node("a", 0, nil),
+		sick(node("d", 0, nil), "disk-check: exit status 1"),
+		sick(busy(node("z", 0, nil)), "busy nodes count as busy"),
+		sick(node("b", 0, nil), long),
+		sick(node("c", 0, nil), "gpu: 7 GPUs present, expected 8"),
+	}
+	ok, why := Eligible(req, cands[0])
+	require.False(t, ok)
+	require.Equal(t, Unhealthy, why)
+	require.Equal(t, 1, Count(req, cands))
+	_, err := Plan(req, cands)
+	require.ErrorIs(t, err, ErrNotEnoughNodes)
+	want := "1 of 6 nodes eligible, need 2 (1 busy or not ready, 4 failing health checks [b: " + long[:200] + "...; " +
+		"c: gpu: 7 GPUs present, expected 8; d: disk-check: exit status 1; +1 more])"
+	require.Equal(t, want, Explain(req, cands))
+	// The same nodes are named whatever the order they come in.
+	slices.Reverse(cands)
+	require.Equal(t, want, Explain(req, cands))
 }
 
 func TestLastCall(t *testing.T) {

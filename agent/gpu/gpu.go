@@ -7,6 +7,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+
+	"github.com/rdzv/rdzv/health"
 )
 
 // GPU is one device as reported to the controller.
@@ -48,4 +50,14 @@ func (f Fake) Discover(context.Context) ([]GPU, error) {
 		}
 	}
 	return gpus, nil
+}
+
+// States reports every fake GPU healthy, for the node health checks.
+func (f Fake) States(ctx context.Context) ([]health.GPUState, error) {
+	gpus, err := f.Discover(ctx)
+	states := make([]health.GPUState, len(gpus))
+	for i, g := range gpus {
+		states[i] = health.GPUState{Index: g.Index, UUID: g.UUID}
+	}
+	return states, err
 }

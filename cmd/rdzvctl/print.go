@@ -59,6 +59,9 @@ func printJob(out io.Writer, j *rdzvv1.Job, v view) {
 	fmt.Fprintf(out, "Reason:      %s\n", j.GetReason())
 	fmt.Fprintf(out, "Generation:  %d\n", j.GetGeneration())
 	fmt.Fprintf(out, "Nodes:       %d-%d, %d GPUs and %d processes per node\n", spec.GetNodesMin(), spec.GetNodesMax(), spec.GetGpusPerNode(), spec.GetProcsPerNode())
+	if n := spec.GetNodesSpares(); n > 0 {
+		fmt.Fprintf(out, "Spares:      %d of %d held %s\n", len(j.GetSpares()), n, strings.Join(j.GetSpares(), ","))
+	}
 	if j.GetMasterAddr() != "" {
 		fmt.Fprintf(out, "Master:      %s:%d\n", j.GetMasterAddr(), j.GetMasterPort())
 	}
@@ -140,6 +143,11 @@ func nodeRow(w io.Writer, n *rdzvv1.Node, v view) {
 		state += ",DRAINING (" + n.GetCordonReason() + ")"
 	case n.GetCordoned():
 		state += ",CORDONED (" + n.GetCordonReason() + ")"
+	}
+	for _, h := range n.GetHealthChecks() {
+		if !h.GetOk() {
+			state += fmt.Sprintf(",UNHEALTHY (%s failing for %s: %s)", h.GetName(), v.age(h.GetSince()), strings.ReplaceAll(h.GetMessage(), "\n", " | "))
+		}
 	}
 	if hold := n.GetRestartHoldUntil(); hold != nil {
 		state += ",AGENT RESTARTING (held until " + hold.AsTime().Local().Format(time.TimeOnly) + ")"

@@ -36,6 +36,7 @@ type ConnectRequest struct {
 	//	*ConnectRequest_GossipView
 	//	*ConnectRequest_GpuFault
 	//	*ConnectRequest_Restarting
+	//	*ConnectRequest_Health
 	Msg           isConnectRequest_Msg `protobuf_oneof:"msg"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -168,6 +169,15 @@ func (x *ConnectRequest) GetRestarting() *AgentRestarting {
 	return nil
 }
 
+func (x *ConnectRequest) GetHealth() *HealthReport {
+	if x != nil {
+		if x, ok := x.Msg.(*ConnectRequest_Health); ok {
+			return x.Health
+		}
+	}
+	return nil
+}
+
 type isConnectRequest_Msg interface {
 	isConnectRequest_Msg()
 }
@@ -212,6 +222,10 @@ type ConnectRequest_Restarting struct {
 	Restarting *AgentRestarting `protobuf:"bytes,10,opt,name=restarting,proto3,oneof"`
 }
 
+type ConnectRequest_Health struct {
+	Health *HealthReport `protobuf:"bytes,11,opt,name=health,proto3,oneof"`
+}
+
 func (*ConnectRequest_Register) isConnectRequest_Msg() {}
 
 func (*ConnectRequest_Heartbeat) isConnectRequest_Msg() {}
@@ -231,6 +245,8 @@ func (*ConnectRequest_GossipView) isConnectRequest_Msg() {}
 func (*ConnectRequest_GpuFault) isConnectRequest_Msg() {}
 
 func (*ConnectRequest_Restarting) isConnectRequest_Msg() {}
+
+func (*ConnectRequest_Health) isConnectRequest_Msg() {}
 
 type ConnectResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -399,7 +415,9 @@ type Register struct {
 	Node  *NodeInfo              `protobuf:"bytes,1,opt,name=node,proto3" json:"node,omitempty"`
 	// What the agent is running or last ran, so that a reconnecting agent and
 	// a restarted controller agree on the node's state.
-	Workers       []*WorkerStatus `protobuf:"bytes,2,rep,name=workers,proto3" json:"workers,omitempty"`
+	Workers []*WorkerStatus `protobuf:"bytes,2,rep,name=workers,proto3" json:"workers,omitempty"`
+	// The node's health check verdicts as of now.
+	Health        []*HealthCheckResult `protobuf:"bytes,3,rep,name=health,proto3" json:"health,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -448,6 +466,59 @@ func (x *Register) GetWorkers() []*WorkerStatus {
 	return nil
 }
 
+func (x *Register) GetHealth() []*HealthCheckResult {
+	if x != nil {
+		return x.Health
+	}
+	return nil
+}
+
+// HealthReport carries every health check's verdict; the agent sends it
+// only when a verdict changed, so heartbeats cost nothing more.
+type HealthReport struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Results       []*HealthCheckResult   `protobuf:"bytes,1,rep,name=results,proto3" json:"results,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *HealthReport) Reset() {
+	*x = HealthReport{}
+	mi := &file_rdzv_v1_agent_service_proto_msgTypes[3]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *HealthReport) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*HealthReport) ProtoMessage() {}
+
+func (x *HealthReport) ProtoReflect() protoreflect.Message {
+	mi := &file_rdzv_v1_agent_service_proto_msgTypes[3]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use HealthReport.ProtoReflect.Descriptor instead.
+func (*HealthReport) Descriptor() ([]byte, []int) {
+	return file_rdzv_v1_agent_service_proto_rawDescGZIP(), []int{3}
+}
+
+func (x *HealthReport) GetResults() []*HealthCheckResult {
+	if x != nil {
+		return x.Results
+	}
+	return nil
+}
+
 type Registered struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// How often the controller expects a heartbeat, in milliseconds.
@@ -468,7 +539,7 @@ type Registered struct {
 
 func (x *Registered) Reset() {
 	*x = Registered{}
-	mi := &file_rdzv_v1_agent_service_proto_msgTypes[3]
+	mi := &file_rdzv_v1_agent_service_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -480,7 +551,7 @@ func (x *Registered) String() string {
 func (*Registered) ProtoMessage() {}
 
 func (x *Registered) ProtoReflect() protoreflect.Message {
-	mi := &file_rdzv_v1_agent_service_proto_msgTypes[3]
+	mi := &file_rdzv_v1_agent_service_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -493,7 +564,7 @@ func (x *Registered) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Registered.ProtoReflect.Descriptor instead.
 func (*Registered) Descriptor() ([]byte, []int) {
-	return file_rdzv_v1_agent_service_proto_rawDescGZIP(), []int{3}
+	return file_rdzv_v1_agent_service_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *Registered) GetHeartbeatIntervalMs() uint32 {
@@ -542,7 +613,7 @@ type GPUFault struct {
 
 func (x *GPUFault) Reset() {
 	*x = GPUFault{}
-	mi := &file_rdzv_v1_agent_service_proto_msgTypes[4]
+	mi := &file_rdzv_v1_agent_service_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -554,7 +625,7 @@ func (x *GPUFault) String() string {
 func (*GPUFault) ProtoMessage() {}
 
 func (x *GPUFault) ProtoReflect() protoreflect.Message {
-	mi := &file_rdzv_v1_agent_service_proto_msgTypes[4]
+	mi := &file_rdzv_v1_agent_service_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -567,7 +638,7 @@ func (x *GPUFault) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GPUFault.ProtoReflect.Descriptor instead.
 func (*GPUFault) Descriptor() ([]byte, []int) {
-	return file_rdzv_v1_agent_service_proto_rawDescGZIP(), []int{4}
+	return file_rdzv_v1_agent_service_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *GPUFault) GetGpuIndex() uint32 {
@@ -623,7 +694,7 @@ type HeartbeatAck struct {
 
 func (x *HeartbeatAck) Reset() {
 	*x = HeartbeatAck{}
-	mi := &file_rdzv_v1_agent_service_proto_msgTypes[5]
+	mi := &file_rdzv_v1_agent_service_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -635,7 +706,7 @@ func (x *HeartbeatAck) String() string {
 func (*HeartbeatAck) ProtoMessage() {}
 
 func (x *HeartbeatAck) ProtoReflect() protoreflect.Message {
-	mi := &file_rdzv_v1_agent_service_proto_msgTypes[5]
+	mi := &file_rdzv_v1_agent_service_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -648,7 +719,7 @@ func (x *HeartbeatAck) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HeartbeatAck.ProtoReflect.Descriptor instead.
 func (*HeartbeatAck) Descriptor() ([]byte, []int) {
-	return file_rdzv_v1_agent_service_proto_rawDescGZIP(), []int{5}
+	return file_rdzv_v1_agent_service_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *HeartbeatAck) GetSeq() uint64 {
@@ -672,7 +743,7 @@ type GossipView struct {
 
 func (x *GossipView) Reset() {
 	*x = GossipView{}
-	mi := &file_rdzv_v1_agent_service_proto_msgTypes[6]
+	mi := &file_rdzv_v1_agent_service_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -684,7 +755,7 @@ func (x *GossipView) String() string {
 func (*GossipView) ProtoMessage() {}
 
 func (x *GossipView) ProtoReflect() protoreflect.Message {
-	mi := &file_rdzv_v1_agent_service_proto_msgTypes[6]
+	mi := &file_rdzv_v1_agent_service_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -697,7 +768,7 @@ func (x *GossipView) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GossipView.ProtoReflect.Descriptor instead.
 func (*GossipView) Descriptor() ([]byte, []int) {
-	return file_rdzv_v1_agent_service_proto_rawDescGZIP(), []int{6}
+	return file_rdzv_v1_agent_service_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *GossipView) GetUnreachable() []string {
@@ -723,7 +794,7 @@ type Heartbeat struct {
 
 func (x *Heartbeat) Reset() {
 	*x = Heartbeat{}
-	mi := &file_rdzv_v1_agent_service_proto_msgTypes[7]
+	mi := &file_rdzv_v1_agent_service_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -735,7 +806,7 @@ func (x *Heartbeat) String() string {
 func (*Heartbeat) ProtoMessage() {}
 
 func (x *Heartbeat) ProtoReflect() protoreflect.Message {
-	mi := &file_rdzv_v1_agent_service_proto_msgTypes[7]
+	mi := &file_rdzv_v1_agent_service_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -748,7 +819,7 @@ func (x *Heartbeat) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Heartbeat.ProtoReflect.Descriptor instead.
 func (*Heartbeat) Descriptor() ([]byte, []int) {
-	return file_rdzv_v1_agent_service_proto_rawDescGZIP(), []int{7}
+	return file_rdzv_v1_agent_service_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *Heartbeat) GetSeq() uint64 {
@@ -767,14 +838,17 @@ type WorkerStatus struct {
 	Signal     string                 `protobuf:"bytes,5,opt,name=signal,proto3" json:"signal,omitempty"`
 	Message    string                 `protobuf:"bytes,6,opt,name=message,proto3" json:"message,omitempty"`
 	// When the agent saw the workers exit, for detection latency.
-	ExitedAt      *timestamppb.Timestamp `protobuf:"bytes,7,opt,name=exited_at,json=exitedAt,proto3" json:"exited_at,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	ExitedAt *timestamppb.Timestamp `protobuf:"bytes,7,opt,name=exited_at,json=exitedAt,proto3" json:"exited_at,omitempty"`
+	// Set when the round smoke test (health.preflight) left this node out:
+	// the round is planned again without it; message has the verdict.
+	PreflightExcluded bool `protobuf:"varint,8,opt,name=preflight_excluded,json=preflightExcluded,proto3" json:"preflight_excluded,omitempty"`
+	unknownFields     protoimpl.UnknownFields
+	sizeCache         protoimpl.SizeCache
 }
 
 func (x *WorkerStatus) Reset() {
 	*x = WorkerStatus{}
-	mi := &file_rdzv_v1_agent_service_proto_msgTypes[8]
+	mi := &file_rdzv_v1_agent_service_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -786,7 +860,7 @@ func (x *WorkerStatus) String() string {
 func (*WorkerStatus) ProtoMessage() {}
 
 func (x *WorkerStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_rdzv_v1_agent_service_proto_msgTypes[8]
+	mi := &file_rdzv_v1_agent_service_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -799,7 +873,7 @@ func (x *WorkerStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WorkerStatus.ProtoReflect.Descriptor instead.
 func (*WorkerStatus) Descriptor() ([]byte, []int) {
-	return file_rdzv_v1_agent_service_proto_rawDescGZIP(), []int{8}
+	return file_rdzv_v1_agent_service_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *WorkerStatus) GetJob() string {
@@ -851,6 +925,13 @@ func (x *WorkerStatus) GetExitedAt() *timestamppb.Timestamp {
 	return nil
 }
 
+func (x *WorkerStatus) GetPreflightExcluded() bool {
+	if x != nil {
+		return x.PreflightExcluded
+	}
+	return false
+}
+
 // Progress is the newest training step the workers reported; the agent sends
 // it at most once per heartbeat interval, and only when it changed.
 type Progress struct {
@@ -865,7 +946,7 @@ type Progress struct {
 
 func (x *Progress) Reset() {
 	*x = Progress{}
-	mi := &file_rdzv_v1_agent_service_proto_msgTypes[9]
+	mi := &file_rdzv_v1_agent_service_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -877,7 +958,7 @@ func (x *Progress) String() string {
 func (*Progress) ProtoMessage() {}
 
 func (x *Progress) ProtoReflect() protoreflect.Message {
-	mi := &file_rdzv_v1_agent_service_proto_msgTypes[9]
+	mi := &file_rdzv_v1_agent_service_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -890,7 +971,7 @@ func (x *Progress) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Progress.ProtoReflect.Descriptor instead.
 func (*Progress) Descriptor() ([]byte, []int) {
-	return file_rdzv_v1_agent_service_proto_rawDescGZIP(), []int{9}
+	return file_rdzv_v1_agent_service_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *Progress) GetJob() string {
@@ -936,7 +1017,7 @@ type CheckpointReport struct {
 
 func (x *CheckpointReport) Reset() {
 	*x = CheckpointReport{}
-	mi := &file_rdzv_v1_agent_service_proto_msgTypes[10]
+	mi := &file_rdzv_v1_agent_service_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -948,7 +1029,7 @@ func (x *CheckpointReport) String() string {
 func (*CheckpointReport) ProtoMessage() {}
 
 func (x *CheckpointReport) ProtoReflect() protoreflect.Message {
-	mi := &file_rdzv_v1_agent_service_proto_msgTypes[10]
+	mi := &file_rdzv_v1_agent_service_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -961,7 +1042,7 @@ func (x *CheckpointReport) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CheckpointReport.ProtoReflect.Descriptor instead.
 func (*CheckpointReport) Descriptor() ([]byte, []int) {
-	return file_rdzv_v1_agent_service_proto_rawDescGZIP(), []int{10}
+	return file_rdzv_v1_agent_service_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *CheckpointReport) GetJob() string {
@@ -1010,7 +1091,7 @@ type StopWorkers struct {
 
 func (x *StopWorkers) Reset() {
 	*x = StopWorkers{}
-	mi := &file_rdzv_v1_agent_service_proto_msgTypes[11]
+	mi := &file_rdzv_v1_agent_service_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1022,7 +1103,7 @@ func (x *StopWorkers) String() string {
 func (*StopWorkers) ProtoMessage() {}
 
 func (x *StopWorkers) ProtoReflect() protoreflect.Message {
-	mi := &file_rdzv_v1_agent_service_proto_msgTypes[11]
+	mi := &file_rdzv_v1_agent_service_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1035,7 +1116,7 @@ func (x *StopWorkers) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StopWorkers.ProtoReflect.Descriptor instead.
 func (*StopWorkers) Descriptor() ([]byte, []int) {
-	return file_rdzv_v1_agent_service_proto_rawDescGZIP(), []int{11}
+	return file_rdzv_v1_agent_service_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *StopWorkers) GetJob() string {
@@ -1072,7 +1153,7 @@ type PortProbe struct {
 
 func (x *PortProbe) Reset() {
 	*x = PortProbe{}
-	mi := &file_rdzv_v1_agent_service_proto_msgTypes[12]
+	mi := &file_rdzv_v1_agent_service_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1084,7 +1165,7 @@ func (x *PortProbe) String() string {
 func (*PortProbe) ProtoMessage() {}
 
 func (x *PortProbe) ProtoReflect() protoreflect.Message {
-	mi := &file_rdzv_v1_agent_service_proto_msgTypes[12]
+	mi := &file_rdzv_v1_agent_service_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1097,7 +1178,7 @@ func (x *PortProbe) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PortProbe.ProtoReflect.Descriptor instead.
 func (*PortProbe) Descriptor() ([]byte, []int) {
-	return file_rdzv_v1_agent_service_proto_rawDescGZIP(), []int{12}
+	return file_rdzv_v1_agent_service_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *PortProbe) GetRequestId() string {
@@ -1133,7 +1214,7 @@ type PortProbeResult struct {
 
 func (x *PortProbeResult) Reset() {
 	*x = PortProbeResult{}
-	mi := &file_rdzv_v1_agent_service_proto_msgTypes[13]
+	mi := &file_rdzv_v1_agent_service_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1145,7 +1226,7 @@ func (x *PortProbeResult) String() string {
 func (*PortProbeResult) ProtoMessage() {}
 
 func (x *PortProbeResult) ProtoReflect() protoreflect.Message {
-	mi := &file_rdzv_v1_agent_service_proto_msgTypes[13]
+	mi := &file_rdzv_v1_agent_service_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1158,7 +1239,7 @@ func (x *PortProbeResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PortProbeResult.ProtoReflect.Descriptor instead.
 func (*PortProbeResult) Descriptor() ([]byte, []int) {
-	return file_rdzv_v1_agent_service_proto_rawDescGZIP(), []int{13}
+	return file_rdzv_v1_agent_service_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *PortProbeResult) GetRequestId() string {
@@ -1202,7 +1283,7 @@ type LogTail struct {
 
 func (x *LogTail) Reset() {
 	*x = LogTail{}
-	mi := &file_rdzv_v1_agent_service_proto_msgTypes[14]
+	mi := &file_rdzv_v1_agent_service_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1214,7 +1295,7 @@ func (x *LogTail) String() string {
 func (*LogTail) ProtoMessage() {}
 
 func (x *LogTail) ProtoReflect() protoreflect.Message {
-	mi := &file_rdzv_v1_agent_service_proto_msgTypes[14]
+	mi := &file_rdzv_v1_agent_service_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1227,7 +1308,7 @@ func (x *LogTail) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LogTail.ProtoReflect.Descriptor instead.
 func (*LogTail) Descriptor() ([]byte, []int) {
-	return file_rdzv_v1_agent_service_proto_rawDescGZIP(), []int{14}
+	return file_rdzv_v1_agent_service_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *LogTail) GetRequestId() string {
@@ -1288,7 +1369,7 @@ type LogCancel struct {
 
 func (x *LogCancel) Reset() {
 	*x = LogCancel{}
-	mi := &file_rdzv_v1_agent_service_proto_msgTypes[15]
+	mi := &file_rdzv_v1_agent_service_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1300,7 +1381,7 @@ func (x *LogCancel) String() string {
 func (*LogCancel) ProtoMessage() {}
 
 func (x *LogCancel) ProtoReflect() protoreflect.Message {
-	mi := &file_rdzv_v1_agent_service_proto_msgTypes[15]
+	mi := &file_rdzv_v1_agent_service_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1313,7 +1394,7 @@ func (x *LogCancel) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LogCancel.ProtoReflect.Descriptor instead.
 func (*LogCancel) Descriptor() ([]byte, []int) {
-	return file_rdzv_v1_agent_service_proto_rawDescGZIP(), []int{15}
+	return file_rdzv_v1_agent_service_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *LogCancel) GetRequestId() string {
@@ -1336,7 +1417,7 @@ type LogChunk struct {
 
 func (x *LogChunk) Reset() {
 	*x = LogChunk{}
-	mi := &file_rdzv_v1_agent_service_proto_msgTypes[16]
+	mi := &file_rdzv_v1_agent_service_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1348,7 +1429,7 @@ func (x *LogChunk) String() string {
 func (*LogChunk) ProtoMessage() {}
 
 func (x *LogChunk) ProtoReflect() protoreflect.Message {
-	mi := &file_rdzv_v1_agent_service_proto_msgTypes[16]
+	mi := &file_rdzv_v1_agent_service_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1361,7 +1442,7 @@ func (x *LogChunk) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LogChunk.ProtoReflect.Descriptor instead.
 func (*LogChunk) Descriptor() ([]byte, []int) {
-	return file_rdzv_v1_agent_service_proto_rawDescGZIP(), []int{16}
+	return file_rdzv_v1_agent_service_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *LogChunk) GetRequestId() string {
@@ -1405,7 +1486,7 @@ type AgentRestarting struct {
 
 func (x *AgentRestarting) Reset() {
 	*x = AgentRestarting{}
-	mi := &file_rdzv_v1_agent_service_proto_msgTypes[17]
+	mi := &file_rdzv_v1_agent_service_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1417,7 +1498,7 @@ func (x *AgentRestarting) String() string {
 func (*AgentRestarting) ProtoMessage() {}
 
 func (x *AgentRestarting) ProtoReflect() protoreflect.Message {
-	mi := &file_rdzv_v1_agent_service_proto_msgTypes[17]
+	mi := &file_rdzv_v1_agent_service_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1430,7 +1511,7 @@ func (x *AgentRestarting) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AgentRestarting.ProtoReflect.Descriptor instead.
 func (*AgentRestarting) Descriptor() ([]byte, []int) {
-	return file_rdzv_v1_agent_service_proto_rawDescGZIP(), []int{17}
+	return file_rdzv_v1_agent_service_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *AgentRestarting) GetHoldMs() uint32 {
@@ -1444,7 +1525,7 @@ var File_rdzv_v1_agent_service_proto protoreflect.FileDescriptor
 
 const file_rdzv_v1_agent_service_proto_rawDesc = "" +
 	"\n" +
-	"\x1brdzv/v1/agent_service.proto\x12\ardzv.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x11rdzv/v1/job.proto\x1a\x12rdzv/v1/node.proto\"\xc8\x04\n" +
+	"\x1brdzv/v1/agent_service.proto\x12\ardzv.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x11rdzv/v1/job.proto\x1a\x12rdzv/v1/node.proto\"\xf9\x04\n" +
 	"\x0eConnectRequest\x12/\n" +
 	"\bregister\x18\x01 \x01(\v2\x11.rdzv.v1.RegisterH\x00R\bregister\x122\n" +
 	"\theartbeat\x18\x02 \x01(\v2\x12.rdzv.v1.HeartbeatH\x00R\theartbeat\x12<\n" +
@@ -1461,7 +1542,8 @@ const file_rdzv_v1_agent_service_proto_rawDesc = "" +
 	"\n" +
 	"restarting\x18\n" +
 	" \x01(\v2\x18.rdzv.v1.AgentRestartingH\x00R\n" +
-	"restartingB\x05\n" +
+	"restarting\x12/\n" +
+	"\x06health\x18\v \x01(\v2\x15.rdzv.v1.HealthReportH\x00R\x06healthB\x05\n" +
 	"\x03msg\"\x98\x03\n" +
 	"\x0fConnectResponse\x125\n" +
 	"\n" +
@@ -1477,10 +1559,13 @@ const file_rdzv_v1_agent_service_proto_rawDesc = "" +
 	"\n" +
 	"log_cancel\x18\x06 \x01(\v2\x12.rdzv.v1.LogCancelH\x00R\tlogCancel\x12<\n" +
 	"\rheartbeat_ack\x18\a \x01(\v2\x15.rdzv.v1.HeartbeatAckH\x00R\fheartbeatAckB\x05\n" +
-	"\x03msg\"b\n" +
+	"\x03msg\"\x96\x01\n" +
 	"\bRegister\x12%\n" +
 	"\x04node\x18\x01 \x01(\v2\x11.rdzv.v1.NodeInfoR\x04node\x12/\n" +
-	"\aworkers\x18\x02 \x03(\v2\x15.rdzv.v1.WorkerStatusR\aworkers\"\xc3\x01\n" +
+	"\aworkers\x18\x02 \x03(\v2\x15.rdzv.v1.WorkerStatusR\aworkers\x122\n" +
+	"\x06health\x18\x03 \x03(\v2\x1a.rdzv.v1.HealthCheckResultR\x06health\"D\n" +
+	"\fHealthReport\x124\n" +
+	"\aresults\x18\x01 \x03(\v2\x1a.rdzv.v1.HealthCheckResultR\aresults\"\xc3\x01\n" +
 	"\n" +
 	"Registered\x122\n" +
 	"\x15heartbeat_interval_ms\x18\x01 \x01(\rR\x13heartbeatIntervalMs\x120\n" +
@@ -1501,7 +1586,7 @@ const file_rdzv_v1_agent_service_proto_rawDesc = "" +
 	"\vunreachable\x18\x01 \x03(\tR\vunreachable\x12#\n" +
 	"\ralive_members\x18\x02 \x01(\rR\faliveMembers\"\x1d\n" +
 	"\tHeartbeat\x12\x10\n" +
-	"\x03seq\x18\x01 \x01(\x04R\x03seq\"\xf4\x01\n" +
+	"\x03seq\x18\x01 \x01(\x04R\x03seq\"\xa3\x02\n" +
 	"\fWorkerStatus\x12\x10\n" +
 	"\x03job\x18\x01 \x01(\tR\x03job\x12\x1e\n" +
 	"\n" +
@@ -1511,7 +1596,8 @@ const file_rdzv_v1_agent_service_proto_rawDesc = "" +
 	"\texit_code\x18\x04 \x01(\x05R\bexitCode\x12\x16\n" +
 	"\x06signal\x18\x05 \x01(\tR\x06signal\x12\x18\n" +
 	"\amessage\x18\x06 \x01(\tR\amessage\x127\n" +
-	"\texited_at\x18\a \x01(\v2\x1a.google.protobuf.TimestampR\bexitedAt\"|\n" +
+	"\texited_at\x18\a \x01(\v2\x1a.google.protobuf.TimestampR\bexitedAt\x12-\n" +
+	"\x12preflight_excluded\x18\b \x01(\bR\x11preflightExcluded\"|\n" +
 	"\bProgress\x12\x10\n" +
 	"\x03job\x18\x01 \x01(\tR\x03job\x12\x1e\n" +
 	"\n" +
@@ -1581,64 +1667,69 @@ func file_rdzv_v1_agent_service_proto_rawDescGZIP() []byte {
 	return file_rdzv_v1_agent_service_proto_rawDescData
 }
 
-var file_rdzv_v1_agent_service_proto_msgTypes = make([]protoimpl.MessageInfo, 18)
+var file_rdzv_v1_agent_service_proto_msgTypes = make([]protoimpl.MessageInfo, 19)
 var file_rdzv_v1_agent_service_proto_goTypes = []any{
 	(*ConnectRequest)(nil),        // 0: rdzv.v1.ConnectRequest
 	(*ConnectResponse)(nil),       // 1: rdzv.v1.ConnectResponse
 	(*Register)(nil),              // 2: rdzv.v1.Register
-	(*Registered)(nil),            // 3: rdzv.v1.Registered
-	(*GPUFault)(nil),              // 4: rdzv.v1.GPUFault
-	(*HeartbeatAck)(nil),          // 5: rdzv.v1.HeartbeatAck
-	(*GossipView)(nil),            // 6: rdzv.v1.GossipView
-	(*Heartbeat)(nil),             // 7: rdzv.v1.Heartbeat
-	(*WorkerStatus)(nil),          // 8: rdzv.v1.WorkerStatus
-	(*Progress)(nil),              // 9: rdzv.v1.Progress
-	(*CheckpointReport)(nil),      // 10: rdzv.v1.CheckpointReport
-	(*StopWorkers)(nil),           // 11: rdzv.v1.StopWorkers
-	(*PortProbe)(nil),             // 12: rdzv.v1.PortProbe
-	(*PortProbeResult)(nil),       // 13: rdzv.v1.PortProbeResult
-	(*LogTail)(nil),               // 14: rdzv.v1.LogTail
-	(*LogCancel)(nil),             // 15: rdzv.v1.LogCancel
-	(*LogChunk)(nil),              // 16: rdzv.v1.LogChunk
-	(*AgentRestarting)(nil),       // 17: rdzv.v1.AgentRestarting
-	(*Assignment)(nil),            // 18: rdzv.v1.Assignment
-	(*NodeInfo)(nil),              // 19: rdzv.v1.NodeInfo
-	(*timestamppb.Timestamp)(nil), // 20: google.protobuf.Timestamp
-	(WorkerState)(0),              // 21: rdzv.v1.WorkerState
+	(*HealthReport)(nil),          // 3: rdzv.v1.HealthReport
+	(*Registered)(nil),            // 4: rdzv.v1.Registered
+	(*GPUFault)(nil),              // 5: rdzv.v1.GPUFault
+	(*HeartbeatAck)(nil),          // 6: rdzv.v1.HeartbeatAck
+	(*GossipView)(nil),            // 7: rdzv.v1.GossipView
+	(*Heartbeat)(nil),             // 8: rdzv.v1.Heartbeat
+	(*WorkerStatus)(nil),          // 9: rdzv.v1.WorkerStatus
+	(*Progress)(nil),              // 10: rdzv.v1.Progress
+	(*CheckpointReport)(nil),      // 11: rdzv.v1.CheckpointReport
+	(*StopWorkers)(nil),           // 12: rdzv.v1.StopWorkers
+	(*PortProbe)(nil),             // 13: rdzv.v1.PortProbe
+	(*PortProbeResult)(nil),       // 14: rdzv.v1.PortProbeResult
+	(*LogTail)(nil),               // 15: rdzv.v1.LogTail
+	(*LogCancel)(nil),             // 16: rdzv.v1.LogCancel
+	(*LogChunk)(nil),              // 17: rdzv.v1.LogChunk
+	(*AgentRestarting)(nil),       // 18: rdzv.v1.AgentRestarting
+	(*Assignment)(nil),            // 19: rdzv.v1.Assignment
+	(*NodeInfo)(nil),              // 20: rdzv.v1.NodeInfo
+	(*HealthCheckResult)(nil),     // 21: rdzv.v1.HealthCheckResult
+	(*timestamppb.Timestamp)(nil), // 22: google.protobuf.Timestamp
+	(WorkerState)(0),              // 23: rdzv.v1.WorkerState
 }
 var file_rdzv_v1_agent_service_proto_depIdxs = []int32{
 	2,  // 0: rdzv.v1.ConnectRequest.register:type_name -> rdzv.v1.Register
-	7,  // 1: rdzv.v1.ConnectRequest.heartbeat:type_name -> rdzv.v1.Heartbeat
-	8,  // 2: rdzv.v1.ConnectRequest.worker_status:type_name -> rdzv.v1.WorkerStatus
-	13, // 3: rdzv.v1.ConnectRequest.port_probe_result:type_name -> rdzv.v1.PortProbeResult
-	16, // 4: rdzv.v1.ConnectRequest.log_chunk:type_name -> rdzv.v1.LogChunk
-	9,  // 5: rdzv.v1.ConnectRequest.progress:type_name -> rdzv.v1.Progress
-	10, // 6: rdzv.v1.ConnectRequest.checkpoint:type_name -> rdzv.v1.CheckpointReport
-	6,  // 7: rdzv.v1.ConnectRequest.gossip_view:type_name -> rdzv.v1.GossipView
-	4,  // 8: rdzv.v1.ConnectRequest.gpu_fault:type_name -> rdzv.v1.GPUFault
-	17, // 9: rdzv.v1.ConnectRequest.restarting:type_name -> rdzv.v1.AgentRestarting
-	3,  // 10: rdzv.v1.ConnectResponse.registered:type_name -> rdzv.v1.Registered
-	18, // 11: rdzv.v1.ConnectResponse.assignment:type_name -> rdzv.v1.Assignment
-	11, // 12: rdzv.v1.ConnectResponse.stop_workers:type_name -> rdzv.v1.StopWorkers
-	12, // 13: rdzv.v1.ConnectResponse.port_probe:type_name -> rdzv.v1.PortProbe
-	14, // 14: rdzv.v1.ConnectResponse.log_tail:type_name -> rdzv.v1.LogTail
-	15, // 15: rdzv.v1.ConnectResponse.log_cancel:type_name -> rdzv.v1.LogCancel
-	5,  // 16: rdzv.v1.ConnectResponse.heartbeat_ack:type_name -> rdzv.v1.HeartbeatAck
-	19, // 17: rdzv.v1.Register.node:type_name -> rdzv.v1.NodeInfo
-	8,  // 18: rdzv.v1.Register.workers:type_name -> rdzv.v1.WorkerStatus
-	20, // 19: rdzv.v1.GPUFault.at:type_name -> google.protobuf.Timestamp
-	21, // 20: rdzv.v1.WorkerStatus.state:type_name -> rdzv.v1.WorkerState
-	20, // 21: rdzv.v1.WorkerStatus.exited_at:type_name -> google.protobuf.Timestamp
-	20, // 22: rdzv.v1.Progress.at:type_name -> google.protobuf.Timestamp
-	20, // 23: rdzv.v1.LogTail.since:type_name -> google.protobuf.Timestamp
-	20, // 24: rdzv.v1.LogTail.run_created_at:type_name -> google.protobuf.Timestamp
-	0,  // 25: rdzv.v1.AgentService.Connect:input_type -> rdzv.v1.ConnectRequest
-	1,  // 26: rdzv.v1.AgentService.Connect:output_type -> rdzv.v1.ConnectResponse
-	26, // [26:27] is the sub-list for method output_type
-	25, // [25:26] is the sub-list for method input_type
-	25, // [25:25] is the sub-list for extension type_name
-	25, // [25:25] is the sub-list for extension extendee
-	0,  // [0:25] is the sub-list for field type_name
+	8,  // 1: rdzv.v1.ConnectRequest.heartbeat:type_name -> rdzv.v1.Heartbeat
+	9,  // 2: rdzv.v1.ConnectRequest.worker_status:type_name -> rdzv.v1.WorkerStatus
+	14, // 3: rdzv.v1.ConnectRequest.port_probe_result:type_name -> rdzv.v1.PortProbeResult
+	17, // 4: rdzv.v1.ConnectRequest.log_chunk:type_name -> rdzv.v1.LogChunk
+	10, // 5: rdzv.v1.ConnectRequest.progress:type_name -> rdzv.v1.Progress
+	11, // 6: rdzv.v1.ConnectRequest.checkpoint:type_name -> rdzv.v1.CheckpointReport
+	7,  // 7: rdzv.v1.ConnectRequest.gossip_view:type_name -> rdzv.v1.GossipView
+	5,  // 8: rdzv.v1.ConnectRequest.gpu_fault:type_name -> rdzv.v1.GPUFault
+	18, // 9: rdzv.v1.ConnectRequest.restarting:type_name -> rdzv.v1.AgentRestarting
+	3,  // 10: rdzv.v1.ConnectRequest.health:type_name -> rdzv.v1.HealthReport
+	4,  // 11: rdzv.v1.ConnectResponse.registered:type_name -> rdzv.v1.Registered
+	19, // 12: rdzv.v1.ConnectResponse.assignment:type_name -> rdzv.v1.Assignment
+	12, // 13: rdzv.v1.ConnectResponse.stop_workers:type_name -> rdzv.v1.StopWorkers
+	13, // 14: rdzv.v1.ConnectResponse.port_probe:type_name -> rdzv.v1.PortProbe
+	15, // 15: rdzv.v1.ConnectResponse.log_tail:type_name -> rdzv.v1.LogTail
+	16, // 16: rdzv.v1.ConnectResponse.log_cancel:type_name -> rdzv.v1.LogCancel
+	6,  // 17: rdzv.v1.ConnectResponse.heartbeat_ack:type_name -> rdzv.v1.HeartbeatAck
+	20, // 18: rdzv.v1.Register.node:type_name -> rdzv.v1.NodeInfo
+	9,  // 19: rdzv.v1.Register.workers:type_name -> rdzv.v1.WorkerStatus
+	21, // 20: rdzv.v1.Register.health:type_name -> rdzv.v1.HealthCheckResult
+	21, // 21: rdzv.v1.HealthReport.results:type_name -> rdzv.v1.HealthCheckResult
+	22, // 22: rdzv.v1.GPUFault.at:type_name -> google.protobuf.Timestamp
+	23, // 23: rdzv.v1.WorkerStatus.state:type_name -> rdzv.v1.WorkerState
+	22, // 24: rdzv.v1.WorkerStatus.exited_at:type_name -> google.protobuf.Timestamp
+	22, // 25: rdzv.v1.Progress.at:type_name -> google.protobuf.Timestamp
+	22, // 26: rdzv.v1.LogTail.since:type_name -> google.protobuf.Timestamp
+	22, // 27: rdzv.v1.LogTail.run_created_at:type_name -> google.protobuf.Timestamp
+	0,  // 28: rdzv.v1.AgentService.Connect:input_type -> rdzv.v1.ConnectRequest
+	1,  // 29: rdzv.v1.AgentService.Connect:output_type -> rdzv.v1.ConnectResponse
+	29, // [29:30] is the sub-list for method output_type
+	28, // [28:29] is the sub-list for method input_type
+	28, // [28:28] is the sub-list for extension type_name
+	28, // [28:28] is the sub-list for extension extendee
+	0,  // [0:28] is the sub-list for field type_name
 }
 
 func init() { file_rdzv_v1_agent_service_proto_init() }
@@ -1659,6 +1750,7 @@ func file_rdzv_v1_agent_service_proto_init() {
 		(*ConnectRequest_GossipView)(nil),
 		(*ConnectRequest_GpuFault)(nil),
 		(*ConnectRequest_Restarting)(nil),
+		(*ConnectRequest_Health)(nil),
 	}
 	file_rdzv_v1_agent_service_proto_msgTypes[1].OneofWrappers = []any{
 		(*ConnectResponse_Registered)(nil),
@@ -1675,7 +1767,7 @@ func file_rdzv_v1_agent_service_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_rdzv_v1_agent_service_proto_rawDesc), len(file_rdzv_v1_agent_service_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   18,
+			NumMessages:   19,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -187,9 +187,14 @@ type JobSpec struct {
 	EnvFiles map[string]string `protobuf:"bytes,21,rep,name=env_files,json=envFiles,proto3" json:"env_files,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
 	// User the workers run as: a user name, or uid[:gid]. Empty uses the
 	// agent's run_as.
-	RunAs         string `protobuf:"bytes,22,opt,name=run_as,json=runAs,proto3" json:"run_as,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	RunAs string `protobuf:"bytes,22,opt,name=run_as,json=runAs,proto3" json:"run_as,omitempty"`
+	// Healthy idle nodes kept for the job while it runs (not given to other
+	// jobs), so that a recovery never waits for a free node.
+	NodesSpares uint32 `protobuf:"varint,23,opt,name=nodes_spares,json=nodesSpares,proto3" json:"nodes_spares,omitempty"`
+	// The round smoke test (health.preflight); unset is off.
+	HealthPreflight *PreflightSpec `protobuf:"bytes,24,opt,name=health_preflight,json=healthPreflight,proto3" json:"health_preflight,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
 }
 
 func (x *JobSpec) Reset() {
@@ -376,6 +381,86 @@ func (x *JobSpec) GetRunAs() string {
 	return ""
 }
 
+func (x *JobSpec) GetNodesSpares() uint32 {
+	if x != nil {
+		return x.NodesSpares
+	}
+	return 0
+}
+
+func (x *JobSpec) GetHealthPreflight() *PreflightSpec {
+	if x != nil {
+		return x.HealthPreflight
+	}
+	return nil
+}
+
+// PreflightSpec is the round smoke test: before the training command, the
+// round's nodes run a short gloo all-reduce and timed transfers between
+// neighbours; a node whose links are slower than min_bandwidth_mbps is left
+// out and the round re-planned without it.
+type PreflightSpec struct {
+	state            protoimpl.MessageState `protogen:"open.v1"`
+	MinBandwidthMbps float64                `protobuf:"fixed64,1,opt,name=min_bandwidth_mbps,json=minBandwidthMbps,proto3" json:"min_bandwidth_mbps,omitempty"`
+	// Size of the all-reduce and of each transfer.
+	Bytes uint64 `protobuf:"varint,2,opt,name=bytes,proto3" json:"bytes,omitempty"`
+	// Bound on the whole test, from the workers' start.
+	Timeout       *durationpb.Duration `protobuf:"bytes,3,opt,name=timeout,proto3" json:"timeout,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PreflightSpec) Reset() {
+	*x = PreflightSpec{}
+	mi := &file_rdzv_v1_job_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PreflightSpec) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PreflightSpec) ProtoMessage() {}
+
+func (x *PreflightSpec) ProtoReflect() protoreflect.Message {
+	mi := &file_rdzv_v1_job_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PreflightSpec.ProtoReflect.Descriptor instead.
+func (*PreflightSpec) Descriptor() ([]byte, []int) {
+	return file_rdzv_v1_job_proto_rawDescGZIP(), []int{1}
+}
+
+func (x *PreflightSpec) GetMinBandwidthMbps() float64 {
+	if x != nil {
+		return x.MinBandwidthMbps
+	}
+	return 0
+}
+
+func (x *PreflightSpec) GetBytes() uint64 {
+	if x != nil {
+		return x.Bytes
+	}
+	return 0
+}
+
+func (x *PreflightSpec) GetTimeout() *durationpb.Duration {
+	if x != nil {
+		return x.Timeout
+	}
+	return nil
+}
+
 // NodeAssignment is one node's place in a generation of a job.
 type NodeAssignment struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
@@ -395,7 +480,7 @@ type NodeAssignment struct {
 
 func (x *NodeAssignment) Reset() {
 	*x = NodeAssignment{}
-	mi := &file_rdzv_v1_job_proto_msgTypes[1]
+	mi := &file_rdzv_v1_job_proto_msgTypes[2]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -407,7 +492,7 @@ func (x *NodeAssignment) String() string {
 func (*NodeAssignment) ProtoMessage() {}
 
 func (x *NodeAssignment) ProtoReflect() protoreflect.Message {
-	mi := &file_rdzv_v1_job_proto_msgTypes[1]
+	mi := &file_rdzv_v1_job_proto_msgTypes[2]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -420,7 +505,7 @@ func (x *NodeAssignment) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NodeAssignment.ProtoReflect.Descriptor instead.
 func (*NodeAssignment) Descriptor() ([]byte, []int) {
-	return file_rdzv_v1_job_proto_rawDescGZIP(), []int{1}
+	return file_rdzv_v1_job_proto_rawDescGZIP(), []int{2}
 }
 
 func (x *NodeAssignment) GetNode() string {
@@ -522,13 +607,17 @@ type Job struct {
 	// or all workers running for a job that reports no steps); the training
 	// time interval starts here, the recovery interval ends here.
 	TrainingSince *timestamppb.Timestamp `protobuf:"bytes,20,opt,name=training_since,json=trainingSince,proto3" json:"training_since,omitempty"`
+	// The idle nodes held for the job now (nodes_spares of them at most, fewer
+	// when no more are free and eligible); chosen anew by every scheduling
+	// pass and not stored.
+	Spares        []string `protobuf:"bytes,21,rep,name=spares,proto3" json:"spares,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Job) Reset() {
 	*x = Job{}
-	mi := &file_rdzv_v1_job_proto_msgTypes[2]
+	mi := &file_rdzv_v1_job_proto_msgTypes[3]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -540,7 +629,7 @@ func (x *Job) String() string {
 func (*Job) ProtoMessage() {}
 
 func (x *Job) ProtoReflect() protoreflect.Message {
-	mi := &file_rdzv_v1_job_proto_msgTypes[2]
+	mi := &file_rdzv_v1_job_proto_msgTypes[3]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -553,7 +642,7 @@ func (x *Job) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Job.ProtoReflect.Descriptor instead.
 func (*Job) Descriptor() ([]byte, []int) {
-	return file_rdzv_v1_job_proto_rawDescGZIP(), []int{2}
+	return file_rdzv_v1_job_proto_rawDescGZIP(), []int{3}
 }
 
 func (x *Job) GetSpec() *JobSpec {
@@ -696,6 +785,13 @@ func (x *Job) GetTrainingSince() *timestamppb.Timestamp {
 	return nil
 }
 
+func (x *Job) GetSpares() []string {
+	if x != nil {
+		return x.Spares
+	}
+	return nil
+}
+
 // Checkpoint is one complete checkpoint in a job's catalog.
 type Checkpoint struct {
 	state      protoimpl.MessageState `protogen:"open.v1"`
@@ -713,7 +809,7 @@ type Checkpoint struct {
 
 func (x *Checkpoint) Reset() {
 	*x = Checkpoint{}
-	mi := &file_rdzv_v1_job_proto_msgTypes[3]
+	mi := &file_rdzv_v1_job_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -725,7 +821,7 @@ func (x *Checkpoint) String() string {
 func (*Checkpoint) ProtoMessage() {}
 
 func (x *Checkpoint) ProtoReflect() protoreflect.Message {
-	mi := &file_rdzv_v1_job_proto_msgTypes[3]
+	mi := &file_rdzv_v1_job_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -738,7 +834,7 @@ func (x *Checkpoint) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Checkpoint.ProtoReflect.Descriptor instead.
 func (*Checkpoint) Descriptor() ([]byte, []int) {
-	return file_rdzv_v1_job_proto_rawDescGZIP(), []int{3}
+	return file_rdzv_v1_job_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *Checkpoint) GetStep() uint64 {
@@ -801,7 +897,7 @@ type Assignment struct {
 
 func (x *Assignment) Reset() {
 	*x = Assignment{}
-	mi := &file_rdzv_v1_job_proto_msgTypes[4]
+	mi := &file_rdzv_v1_job_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -813,7 +909,7 @@ func (x *Assignment) String() string {
 func (*Assignment) ProtoMessage() {}
 
 func (x *Assignment) ProtoReflect() protoreflect.Message {
-	mi := &file_rdzv_v1_job_proto_msgTypes[4]
+	mi := &file_rdzv_v1_job_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -826,7 +922,7 @@ func (x *Assignment) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Assignment.ProtoReflect.Descriptor instead.
 func (*Assignment) Descriptor() ([]byte, []int) {
-	return file_rdzv_v1_job_proto_rawDescGZIP(), []int{4}
+	return file_rdzv_v1_job_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *Assignment) GetSpec() *JobSpec {
@@ -911,7 +1007,7 @@ type Event struct {
 
 func (x *Event) Reset() {
 	*x = Event{}
-	mi := &file_rdzv_v1_job_proto_msgTypes[5]
+	mi := &file_rdzv_v1_job_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -923,7 +1019,7 @@ func (x *Event) String() string {
 func (*Event) ProtoMessage() {}
 
 func (x *Event) ProtoReflect() protoreflect.Message {
-	mi := &file_rdzv_v1_job_proto_msgTypes[5]
+	mi := &file_rdzv_v1_job_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -936,7 +1032,7 @@ func (x *Event) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Event.ProtoReflect.Descriptor instead.
 func (*Event) Descriptor() ([]byte, []int) {
-	return file_rdzv_v1_job_proto_rawDescGZIP(), []int{5}
+	return file_rdzv_v1_job_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *Event) GetTime() *timestamppb.Timestamp {
@@ -1005,7 +1101,7 @@ type Round struct {
 
 func (x *Round) Reset() {
 	*x = Round{}
-	mi := &file_rdzv_v1_job_proto_msgTypes[6]
+	mi := &file_rdzv_v1_job_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1017,7 +1113,7 @@ func (x *Round) String() string {
 func (*Round) ProtoMessage() {}
 
 func (x *Round) ProtoReflect() protoreflect.Message {
-	mi := &file_rdzv_v1_job_proto_msgTypes[6]
+	mi := &file_rdzv_v1_job_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1030,7 +1126,7 @@ func (x *Round) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Round.ProtoReflect.Descriptor instead.
 func (*Round) Descriptor() ([]byte, []int) {
-	return file_rdzv_v1_job_proto_rawDescGZIP(), []int{6}
+	return file_rdzv_v1_job_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *Round) GetJob() string {
@@ -1079,8 +1175,7 @@ var File_rdzv_v1_job_proto protoreflect.FileDescriptor
 
 const file_rdzv_v1_job_proto_rawDesc = "" +
 	"\n" +
-	"\x11rdzv/v1/job.proto\x12\ardzv.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xaf\n" +
-	"\n" +
+	"\x11rdzv/v1/job.proto\x12\ardzv.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\x95\v\n" +
 	"\aJobSpec\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x1b\n" +
 	"\tnodes_min\x18\x02 \x01(\rR\bnodesMin\x12\x1b\n" +
@@ -1105,7 +1200,9 @@ const file_rdzv_v1_job_proto_rawDesc = "" +
 	"\n" +
 	"secret_env\x18\x14 \x03(\v2\x1f.rdzv.v1.JobSpec.SecretEnvEntryR\tsecretEnv\x12;\n" +
 	"\tenv_files\x18\x15 \x03(\v2\x1e.rdzv.v1.JobSpec.EnvFilesEntryR\benvFiles\x12\x15\n" +
-	"\x06run_as\x18\x16 \x01(\tR\x05runAs\x1a6\n" +
+	"\x06run_as\x18\x16 \x01(\tR\x05runAs\x12!\n" +
+	"\fnodes_spares\x18\x17 \x01(\rR\vnodesSpares\x12A\n" +
+	"\x10health_preflight\x18\x18 \x01(\v2\x16.rdzv.v1.PreflightSpecR\x0fhealthPreflight\x1a6\n" +
 	"\bEnvEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\x1a;\n" +
@@ -1117,7 +1214,11 @@ const file_rdzv_v1_job_proto_rawDesc = "" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\x1a;\n" +
 	"\rEnvFilesEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\x9e\x02\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\x88\x01\n" +
+	"\rPreflightSpec\x12,\n" +
+	"\x12min_bandwidth_mbps\x18\x01 \x01(\x01R\x10minBandwidthMbps\x12\x14\n" +
+	"\x05bytes\x18\x02 \x01(\x04R\x05bytes\x123\n" +
+	"\atimeout\x18\x03 \x01(\v2\x19.google.protobuf.DurationR\atimeout\"\x9e\x02\n" +
 	"\x0eNodeAssignment\x12\x12\n" +
 	"\x04node\x18\x01 \x01(\tR\x04node\x12\x1b\n" +
 	"\tnode_rank\x18\x02 \x01(\rR\bnodeRank\x12\x18\n" +
@@ -1128,7 +1229,7 @@ const file_rdzv_v1_job_proto_rawDesc = "" +
 	"\x05state\x18\x06 \x01(\x0e2\x14.rdzv.v1.WorkerStateR\x05state\x12\x1b\n" +
 	"\texit_code\x18\a \x01(\x05R\bexitCode\x12\x16\n" +
 	"\x06signal\x18\b \x01(\tR\x06signal\x12\x18\n" +
-	"\amessage\x18\t \x01(\tR\amessage\"\x80\b\n" +
+	"\amessage\x18\t \x01(\tR\amessage\"\x98\b\n" +
 	"\x03Job\x12$\n" +
 	"\x04spec\x18\x01 \x01(\v2\x10.rdzv.v1.JobSpecR\x04spec\x12'\n" +
 	"\x05state\x18\x02 \x01(\x0e2\x11.rdzv.v1.JobStateR\x05state\x12\x16\n" +
@@ -1158,7 +1259,8 @@ const file_rdzv_v1_job_proto_rawDesc = "" +
 	"\rrecovery_time\x18\x11 \x01(\v2\x19.google.protobuf.DurationR\frecoveryTime\x12J\n" +
 	"\x13recovery_started_at\x18\x12 \x01(\v2\x1a.google.protobuf.TimestampR\x11recoveryStartedAt\x12H\n" +
 	"\x12restart_not_before\x18\x13 \x01(\v2\x1a.google.protobuf.TimestampR\x10restartNotBefore\x12A\n" +
-	"\x0etraining_since\x18\x14 \x01(\v2\x1a.google.protobuf.TimestampR\rtrainingSince\"\xbd\x01\n" +
+	"\x0etraining_since\x18\x14 \x01(\v2\x1a.google.protobuf.TimestampR\rtrainingSince\x12\x16\n" +
+	"\x06spares\x18\x15 \x03(\tR\x06spares\"\xbd\x01\n" +
 	"\n" +
 	"Checkpoint\x12\x12\n" +
 	"\x04step\x18\x01 \x01(\x04R\x04step\x12\x12\n" +
@@ -1239,59 +1341,62 @@ func file_rdzv_v1_job_proto_rawDescGZIP() []byte {
 }
 
 var file_rdzv_v1_job_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
-var file_rdzv_v1_job_proto_msgTypes = make([]protoimpl.MessageInfo, 11)
+var file_rdzv_v1_job_proto_msgTypes = make([]protoimpl.MessageInfo, 12)
 var file_rdzv_v1_job_proto_goTypes = []any{
 	(JobState)(0),                 // 0: rdzv.v1.JobState
 	(WorkerState)(0),              // 1: rdzv.v1.WorkerState
 	(*JobSpec)(nil),               // 2: rdzv.v1.JobSpec
-	(*NodeAssignment)(nil),        // 3: rdzv.v1.NodeAssignment
-	(*Job)(nil),                   // 4: rdzv.v1.Job
-	(*Checkpoint)(nil),            // 5: rdzv.v1.Checkpoint
-	(*Assignment)(nil),            // 6: rdzv.v1.Assignment
-	(*Event)(nil),                 // 7: rdzv.v1.Event
-	(*Round)(nil),                 // 8: rdzv.v1.Round
-	nil,                           // 9: rdzv.v1.JobSpec.EnvEntry
-	nil,                           // 10: rdzv.v1.JobSpec.SelectorEntry
-	nil,                           // 11: rdzv.v1.JobSpec.SecretEnvEntry
-	nil,                           // 12: rdzv.v1.JobSpec.EnvFilesEntry
-	(*durationpb.Duration)(nil),   // 13: google.protobuf.Duration
-	(*timestamppb.Timestamp)(nil), // 14: google.protobuf.Timestamp
+	(*PreflightSpec)(nil),         // 3: rdzv.v1.PreflightSpec
+	(*NodeAssignment)(nil),        // 4: rdzv.v1.NodeAssignment
+	(*Job)(nil),                   // 5: rdzv.v1.Job
+	(*Checkpoint)(nil),            // 6: rdzv.v1.Checkpoint
+	(*Assignment)(nil),            // 7: rdzv.v1.Assignment
+	(*Event)(nil),                 // 8: rdzv.v1.Event
+	(*Round)(nil),                 // 9: rdzv.v1.Round
+	nil,                           // 10: rdzv.v1.JobSpec.EnvEntry
+	nil,                           // 11: rdzv.v1.JobSpec.SelectorEntry
+	nil,                           // 12: rdzv.v1.JobSpec.SecretEnvEntry
+	nil,                           // 13: rdzv.v1.JobSpec.EnvFilesEntry
+	(*durationpb.Duration)(nil),   // 14: google.protobuf.Duration
+	(*timestamppb.Timestamp)(nil), // 15: google.protobuf.Timestamp
 }
 var file_rdzv_v1_job_proto_depIdxs = []int32{
-	9,  // 0: rdzv.v1.JobSpec.env:type_name -> rdzv.v1.JobSpec.EnvEntry
-	10, // 1: rdzv.v1.JobSpec.selector:type_name -> rdzv.v1.JobSpec.SelectorEntry
-	13, // 2: rdzv.v1.JobSpec.rendezvous_last_call:type_name -> google.protobuf.Duration
-	13, // 3: rdzv.v1.JobSpec.rendezvous_timeout:type_name -> google.protobuf.Duration
-	13, // 4: rdzv.v1.JobSpec.restart_backoff_initial:type_name -> google.protobuf.Duration
-	13, // 5: rdzv.v1.JobSpec.restart_backoff_max:type_name -> google.protobuf.Duration
-	13, // 6: rdzv.v1.JobSpec.health_progress_timeout:type_name -> google.protobuf.Duration
-	11, // 7: rdzv.v1.JobSpec.secret_env:type_name -> rdzv.v1.JobSpec.SecretEnvEntry
-	12, // 8: rdzv.v1.JobSpec.env_files:type_name -> rdzv.v1.JobSpec.EnvFilesEntry
-	1,  // 9: rdzv.v1.NodeAssignment.state:type_name -> rdzv.v1.WorkerState
-	2,  // 10: rdzv.v1.Job.spec:type_name -> rdzv.v1.JobSpec
-	0,  // 11: rdzv.v1.Job.state:type_name -> rdzv.v1.JobState
-	3,  // 12: rdzv.v1.Job.assignments:type_name -> rdzv.v1.NodeAssignment
-	14, // 13: rdzv.v1.Job.created_at:type_name -> google.protobuf.Timestamp
-	14, // 14: rdzv.v1.Job.started_at:type_name -> google.protobuf.Timestamp
-	14, // 15: rdzv.v1.Job.finished_at:type_name -> google.protobuf.Timestamp
-	5,  // 16: rdzv.v1.Job.latest_checkpoint:type_name -> rdzv.v1.Checkpoint
-	14, // 17: rdzv.v1.Job.progress_at:type_name -> google.protobuf.Timestamp
-	13, // 18: rdzv.v1.Job.training_time:type_name -> google.protobuf.Duration
-	13, // 19: rdzv.v1.Job.recovery_time:type_name -> google.protobuf.Duration
-	14, // 20: rdzv.v1.Job.recovery_started_at:type_name -> google.protobuf.Timestamp
-	14, // 21: rdzv.v1.Job.restart_not_before:type_name -> google.protobuf.Timestamp
-	14, // 22: rdzv.v1.Job.training_since:type_name -> google.protobuf.Timestamp
-	14, // 23: rdzv.v1.Checkpoint.reported_at:type_name -> google.protobuf.Timestamp
-	2,  // 24: rdzv.v1.Assignment.spec:type_name -> rdzv.v1.JobSpec
-	14, // 25: rdzv.v1.Event.time:type_name -> google.protobuf.Timestamp
-	13, // 26: rdzv.v1.Event.detection_latency:type_name -> google.protobuf.Duration
-	3,  // 27: rdzv.v1.Round.nodes:type_name -> rdzv.v1.NodeAssignment
-	14, // 28: rdzv.v1.Round.committed_at:type_name -> google.protobuf.Timestamp
-	29, // [29:29] is the sub-list for method output_type
-	29, // [29:29] is the sub-list for method input_type
-	29, // [29:29] is the sub-list for extension type_name
-	29, // [29:29] is the sub-list for extension extendee
-	0,  // [0:29] is the sub-list for field type_name
+	10, // 0: rdzv.v1.JobSpec.env:type_name -> rdzv.v1.JobSpec.EnvEntry
+	11, // 1: rdzv.v1.JobSpec.selector:type_name -> rdzv.v1.JobSpec.SelectorEntry
+	14, // 2: rdzv.v1.JobSpec.rendezvous_last_call:type_name -> google.protobuf.Duration
+	14, // 3: rdzv.v1.JobSpec.rendezvous_timeout:type_name -> google.protobuf.Duration
+	14, // 4: rdzv.v1.JobSpec.restart_backoff_initial:type_name -> google.protobuf.Duration
+	14, // 5: rdzv.v1.JobSpec.restart_backoff_max:type_name -> google.protobuf.Duration
+	14, // 6: rdzv.v1.JobSpec.health_progress_timeout:type_name -> google.protobuf.Duration
+	12, // 7: rdzv.v1.JobSpec.secret_env:type_name -> rdzv.v1.JobSpec.SecretEnvEntry
+	13, // 8: rdzv.v1.JobSpec.env_files:type_name -> rdzv.v1.JobSpec.EnvFilesEntry
+	3,  // 9: rdzv.v1.JobSpec.health_preflight:type_name -> rdzv.v1.PreflightSpec
+	14, // 10: rdzv.v1.PreflightSpec.timeout:type_name -> google.protobuf.Duration
+	1,  // 11: rdzv.v1.NodeAssignment.state:type_name -> rdzv.v1.WorkerState
+	2,  // 12: rdzv.v1.Job.spec:type_name -> rdzv.v1.JobSpec
+	0,  // 13: rdzv.v1.Job.state:type_name -> rdzv.v1.JobState
+	4,  // 14: rdzv.v1.Job.assignments:type_name -> rdzv.v1.NodeAssignment
+	15, // 15: rdzv.v1.Job.created_at:type_name -> google.protobuf.Timestamp
+	15, // 16: rdzv.v1.Job.started_at:type_name -> google.protobuf.Timestamp
+	15, // 17: rdzv.v1.Job.finished_at:type_name -> google.protobuf.Timestamp
+	6,  // 18: rdzv.v1.Job.latest_checkpoint:type_name -> rdzv.v1.Checkpoint
+	15, // 19: rdzv.v1.Job.progress_at:type_name -> google.protobuf.Timestamp
+	14, // 20: rdzv.v1.Job.training_time:type_name -> google.protobuf.Duration
+	14, // 21: rdzv.v1.Job.recovery_time:type_name -> google.protobuf.Duration
+	15, // 22: rdzv.v1.Job.recovery_started_at:type_name -> google.protobuf.Timestamp
+	15, // 23: rdzv.v1.Job.restart_not_before:type_name -> google.protobuf.Timestamp
+	15, // 24: rdzv.v1.Job.training_since:type_name -> google.protobuf.Timestamp
+	15, // 25: rdzv.v1.Checkpoint.reported_at:type_name -> google.protobuf.Timestamp
+	2,  // 26: rdzv.v1.Assignment.spec:type_name -> rdzv.v1.JobSpec
+	15, // 27: rdzv.v1.Event.time:type_name -> google.protobuf.Timestamp
+	14, // 28: rdzv.v1.Event.detection_latency:type_name -> google.protobuf.Duration
+	4,  // 29: rdzv.v1.Round.nodes:type_name -> rdzv.v1.NodeAssignment
+	15, // 30: rdzv.v1.Round.committed_at:type_name -> google.protobuf.Timestamp
+	31, // [31:31] is the sub-list for method output_type
+	31, // [31:31] is the sub-list for method input_type
+	31, // [31:31] is the sub-list for extension type_name
+	31, // [31:31] is the sub-list for extension extendee
+	0,  // [0:31] is the sub-list for field type_name
 }
 
 func init() { file_rdzv_v1_job_proto_init() }
@@ -1305,7 +1410,7 @@ func file_rdzv_v1_job_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_rdzv_v1_job_proto_rawDesc), len(file_rdzv_v1_job_proto_rawDesc)),
 			NumEnums:      2,
-			NumMessages:   11,
+			NumMessages:   12,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

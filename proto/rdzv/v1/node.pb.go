@@ -455,7 +455,11 @@ type Node struct {
 	// registers again or the node is lost.
 	RestartHoldUntil *timestamppb.Timestamp `protobuf:"bytes,10,opt,name=restart_hold_until,json=restartHoldUntil,proto3" json:"restart_hold_until,omitempty"`
 	// Set by DrainNode along with cordoned; cleared by UncordonNode.
-	Draining      bool `protobuf:"varint,11,opt,name=draining,proto3" json:"draining,omitempty"`
+	Draining bool `protobuf:"varint,11,opt,name=draining,proto3" json:"draining,omitempty"`
+	// The agent's node health checks as it last reported them (kept in the
+	// controller's memory: an agent reports them again when it registers). A
+	// node with a failing check takes no new work until the check passes.
+	HealthChecks  []*HealthCheckResult `protobuf:"bytes,12,rep,name=health_checks,json=healthChecks,proto3" json:"health_checks,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -567,6 +571,96 @@ func (x *Node) GetDraining() bool {
 	return false
 }
 
+func (x *Node) GetHealthChecks() []*HealthCheckResult {
+	if x != nil {
+		return x.HealthChecks
+	}
+	return nil
+}
+
+// HealthCheckResult is the verdict of one of an agent's node health checks
+// (built-in gpu, network, storage, or an operator's command).
+type HealthCheckResult struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Name  string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	Ok    bool                   `protobuf:"varint,2,opt,name=ok,proto3" json:"ok,omitempty"`
+	// Why it failed, in words (or what was checked when ok).
+	Message string `protobuf:"bytes,3,opt,name=message,proto3" json:"message,omitempty"`
+	// When the check last changed from passing to failing or back.
+	Since *timestamppb.Timestamp `protobuf:"bytes,4,opt,name=since,proto3" json:"since,omitempty"`
+	// A failing critical check also stops the node's running job at once (a
+	// GPU that corrupts or crashes training); a failing soft one only keeps
+	// new work off the node.
+	Critical      bool `protobuf:"varint,5,opt,name=critical,proto3" json:"critical,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *HealthCheckResult) Reset() {
+	*x = HealthCheckResult{}
+	mi := &file_rdzv_v1_node_proto_msgTypes[4]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *HealthCheckResult) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*HealthCheckResult) ProtoMessage() {}
+
+func (x *HealthCheckResult) ProtoReflect() protoreflect.Message {
+	mi := &file_rdzv_v1_node_proto_msgTypes[4]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use HealthCheckResult.ProtoReflect.Descriptor instead.
+func (*HealthCheckResult) Descriptor() ([]byte, []int) {
+	return file_rdzv_v1_node_proto_rawDescGZIP(), []int{4}
+}
+
+func (x *HealthCheckResult) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *HealthCheckResult) GetOk() bool {
+	if x != nil {
+		return x.Ok
+	}
+	return false
+}
+
+func (x *HealthCheckResult) GetMessage() string {
+	if x != nil {
+		return x.Message
+	}
+	return ""
+}
+
+func (x *HealthCheckResult) GetSince() *timestamppb.Timestamp {
+	if x != nil {
+		return x.Since
+	}
+	return nil
+}
+
+func (x *HealthCheckResult) GetCritical() bool {
+	if x != nil {
+		return x.Critical
+	}
+	return false
+}
+
 var File_rdzv_v1_node_proto protoreflect.FileDescriptor
 
 const file_rdzv_v1_node_proto_rawDesc = "" +
@@ -605,7 +699,7 @@ const file_rdzv_v1_node_proto_rawDesc = "" +
 	"gossipAddr\x1a9\n" +
 	"\vLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xfa\x03\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xbb\x04\n" +
 	"\x04Node\x12%\n" +
 	"\x04info\x18\x01 \x01(\v2\x11.rdzv.v1.NodeInfoR\x04info\x12(\n" +
 	"\x05state\x18\x02 \x01(\x0e2\x12.rdzv.v1.NodeStateR\x05state\x12\x10\n" +
@@ -620,7 +714,14 @@ const file_rdzv_v1_node_proto_rawDesc = "" +
 	"\rcordon_reason\x18\t \x01(\tR\fcordonReason\x12H\n" +
 	"\x12restart_hold_until\x18\n" +
 	" \x01(\v2\x1a.google.protobuf.TimestampR\x10restartHoldUntil\x12\x1a\n" +
-	"\bdraining\x18\v \x01(\bR\bdraining*\xa4\x01\n" +
+	"\bdraining\x18\v \x01(\bR\bdraining\x12?\n" +
+	"\rhealth_checks\x18\f \x03(\v2\x1a.rdzv.v1.HealthCheckResultR\fhealthChecks\"\x9f\x01\n" +
+	"\x11HealthCheckResult\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12\x0e\n" +
+	"\x02ok\x18\x02 \x01(\bR\x02ok\x12\x18\n" +
+	"\amessage\x18\x03 \x01(\tR\amessage\x120\n" +
+	"\x05since\x18\x04 \x01(\v2\x1a.google.protobuf.TimestampR\x05since\x12\x1a\n" +
+	"\bcritical\x18\x05 \x01(\bR\bcritical*\xa4\x01\n" +
 	"\rInterfaceKind\x12\x1e\n" +
 	"\x1aINTERFACE_KIND_UNSPECIFIED\x10\x00\x12\x1b\n" +
 	"\x17INTERFACE_KIND_LOOPBACK\x10\x01\x12\x1b\n" +
@@ -648,7 +749,7 @@ func file_rdzv_v1_node_proto_rawDescGZIP() []byte {
 }
 
 var file_rdzv_v1_node_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
-var file_rdzv_v1_node_proto_msgTypes = make([]protoimpl.MessageInfo, 5)
+var file_rdzv_v1_node_proto_msgTypes = make([]protoimpl.MessageInfo, 6)
 var file_rdzv_v1_node_proto_goTypes = []any{
 	(InterfaceKind)(0),            // 0: rdzv.v1.InterfaceKind
 	(NodeState)(0),                // 1: rdzv.v1.NodeState
@@ -656,25 +757,28 @@ var file_rdzv_v1_node_proto_goTypes = []any{
 	(*NetworkInterface)(nil),      // 3: rdzv.v1.NetworkInterface
 	(*NodeInfo)(nil),              // 4: rdzv.v1.NodeInfo
 	(*Node)(nil),                  // 5: rdzv.v1.Node
-	nil,                           // 6: rdzv.v1.NodeInfo.LabelsEntry
-	(*timestamppb.Timestamp)(nil), // 7: google.protobuf.Timestamp
+	(*HealthCheckResult)(nil),     // 6: rdzv.v1.HealthCheckResult
+	nil,                           // 7: rdzv.v1.NodeInfo.LabelsEntry
+	(*timestamppb.Timestamp)(nil), // 8: google.protobuf.Timestamp
 }
 var file_rdzv_v1_node_proto_depIdxs = []int32{
 	0,  // 0: rdzv.v1.NetworkInterface.kind:type_name -> rdzv.v1.InterfaceKind
-	6,  // 1: rdzv.v1.NodeInfo.labels:type_name -> rdzv.v1.NodeInfo.LabelsEntry
+	7,  // 1: rdzv.v1.NodeInfo.labels:type_name -> rdzv.v1.NodeInfo.LabelsEntry
 	2,  // 2: rdzv.v1.NodeInfo.gpus:type_name -> rdzv.v1.GPU
 	3,  // 3: rdzv.v1.NodeInfo.interfaces:type_name -> rdzv.v1.NetworkInterface
 	4,  // 4: rdzv.v1.Node.info:type_name -> rdzv.v1.NodeInfo
 	1,  // 5: rdzv.v1.Node.state:type_name -> rdzv.v1.NodeState
-	7,  // 6: rdzv.v1.Node.registered_at:type_name -> google.protobuf.Timestamp
-	7,  // 7: rdzv.v1.Node.last_heartbeat:type_name -> google.protobuf.Timestamp
-	7,  // 8: rdzv.v1.Node.state_changed_at:type_name -> google.protobuf.Timestamp
-	7,  // 9: rdzv.v1.Node.restart_hold_until:type_name -> google.protobuf.Timestamp
-	10, // [10:10] is the sub-list for method output_type
-	10, // [10:10] is the sub-list for method input_type
-	10, // [10:10] is the sub-list for extension type_name
-	10, // [10:10] is the sub-list for extension extendee
-	0,  // [0:10] is the sub-list for field type_name
+	8,  // 6: rdzv.v1.Node.registered_at:type_name -> google.protobuf.Timestamp
+	8,  // 7: rdzv.v1.Node.last_heartbeat:type_name -> google.protobuf.Timestamp
+	8,  // 8: rdzv.v1.Node.state_changed_at:type_name -> google.protobuf.Timestamp
+	8,  // 9: rdzv.v1.Node.restart_hold_until:type_name -> google.protobuf.Timestamp
+	6,  // 10: rdzv.v1.Node.health_checks:type_name -> rdzv.v1.HealthCheckResult
+	8,  // 11: rdzv.v1.HealthCheckResult.since:type_name -> google.protobuf.Timestamp
+	12, // [12:12] is the sub-list for method output_type
+	12, // [12:12] is the sub-list for method input_type
+	12, // [12:12] is the sub-list for extension type_name
+	12, // [12:12] is the sub-list for extension extendee
+	0,  // [0:12] is the sub-list for field type_name
 }
 
 func init() { file_rdzv_v1_node_proto_init() }
@@ -688,7 +792,7 @@ func file_rdzv_v1_node_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_rdzv_v1_node_proto_rawDesc), len(file_rdzv_v1_node_proto_rawDesc)),
 			NumEnums:      2,
-			NumMessages:   5,
+			NumMessages:   6,
 			NumExtensions: 0,
 			NumServices:   0,
 		},
