@@ -58,8 +58,13 @@ type Spec struct {
 	// RunAs is the user the workers run as (name or uid[:gid]); empty uses
 	// the agent's run_as.
 	RunAs string `json:"run_as"`
+
+	// pos is where each field was in the job file, for Validate's errors;
+	// nil for a spec that did not come from one.
+	pos map[string]position
 }
 
+// NodeRange is nodes: a number, a range "2-4" or {min: 2, max: 4}.
 type NodeRange struct {
 	Min int `json:"min"`
 	Max int `json:"max"`
@@ -141,15 +146,25 @@ func resolve(base, p string) string {
 }
 
 // Parse decodes job.yaml strictly (unknown fields and wrong types are
-// errors) and applies defaults.
+// errors, each with its line and column) and applies defaults.
 func Parse(data []byte) (*Spec, error) {
 	if len(data) > MaxFileBytes {
 		return nil, fmt.Errorf("job is %d bytes, more than the %d allowed: %w", len(data), MaxFileBytes, ErrInvalid)
 	}
+	pos, errs, err := checkYAML(data)
+	if err != nil {
+		return nil, fmt.Errorf("parsing job: not valid YAML: %v: %w", err, ErrInvalid)
+	}
+	if len(errs) > 0 {
+		return nil, &ValidationError{Errors: errs}
+	}
 	var spec Spec
+	// checkYAML has already refused what this would; an error here is a
+	// case it missed, still refused.
 	if err := yaml.UnmarshalStrict(data, &spec); err != nil {
 		return nil, fmt.Errorf("parsing job: %v: %w", err, ErrInvalid)
 	}
+	spec.pos = pos
 	spec.Default()
 	return &spec, nil
 }
