@@ -105,8 +105,21 @@ type Rendezvous struct {
 	Timeout *wire.Duration `json:"timeout"`
 }
 
+// Launcher is what starts the workers on each node (see launchers.go).
 type Launcher struct {
-	Torchrun  string   `json:"torchrun"`
+	// Kind is torchrun (the default), python-module, accelerate,
+	// deepspeed or custom.
+	Kind string `json:"kind"`
+	// Torchrun is the torchrun executable (kind torchrun).
+	Torchrun string `json:"torchrun"`
+	// Python and Module run `<python> -m <module>` with torchrun's options
+	// (kind python-module).
+	Python string `json:"python"`
+	Module string `json:"module"`
+	// Executable is accelerate's or deepspeed's launcher.
+	Executable string `json:"executable"`
+	// Argv is a custom launcher's command line with placeholders.
+	Argv      []string `json:"argv"`
 	ExtraArgs []string `json:"extra_args"`
 }
 
@@ -183,9 +196,7 @@ func (s *Spec) Default() {
 	if s.Rendezvous.Timeout == nil {
 		s.Rendezvous.Timeout = wire.Dur(DefaultTimeout)
 	}
-	if s.Launcher.Torchrun == "" {
-		s.Launcher.Torchrun = DefaultTorchrun
-	}
+	s.Launcher.defaultLauncher()
 	if s.Restart.MaxRestarts == nil {
 		n := DefaultRestarts
 		s.Restart.MaxRestarts = &n

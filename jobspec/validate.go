@@ -108,14 +108,7 @@ func (s *Spec) Validate() error {
 		add("rendezvous.timeout", durString(to), "must be 0s (wait forever) or a positive duration")
 	}
 
-	if strings.TrimSpace(s.Launcher.Torchrun) == "" || len(s.Launcher.Torchrun) > maxPathLen {
-		add("launcher.torchrun", wire.Quote(s.Launcher.Torchrun), "must name the torchrun executable")
-	}
-	if len(s.Launcher.ExtraArgs) > maxArgs {
-		add("launcher.extra_args", fmt.Sprint(len(s.Launcher.ExtraArgs)), fmt.Sprintf("at most %d arguments are allowed", maxArgs))
-	}
-	errs = append(errs, validateArgs("launcher.extra_args", s.Launcher.ExtraArgs)...)
-	errs = append(errs, validateLauncherArgs(s.Launcher.ExtraArgs, s.Command)...)
+	errs = append(errs, s.validateLauncher()...)
 
 	if r := s.Restart.MaxRestarts; r == nil || *r < 0 || *r > maxRestarts {
 		add("restart.max_restarts", fmt.Sprint(derefInt(r)), fmt.Sprintf("must be between 0 and %d", maxRestarts))

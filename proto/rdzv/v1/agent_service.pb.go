@@ -767,7 +767,12 @@ type WorkerStatus struct {
 	Signal     string                 `protobuf:"bytes,5,opt,name=signal,proto3" json:"signal,omitempty"`
 	Message    string                 `protobuf:"bytes,6,opt,name=message,proto3" json:"message,omitempty"`
 	// When the agent saw the workers exit, for detection latency.
-	ExitedAt      *timestamppb.Timestamp `protobuf:"bytes,7,opt,name=exited_at,json=exitedAt,proto3" json:"exited_at,omitempty"`
+	ExitedAt *timestamppb.Timestamp `protobuf:"bytes,7,opt,name=exited_at,json=exitedAt,proto3" json:"exited_at,omitempty"`
+	// Why the workers could not start, when it is the job's configuration on
+	// this node and a restart would fail the same way: "workdir_missing",
+	// "checkpoint_dir_missing" or "launcher_missing" (wire.Failure*). Empty
+	// for every other end.
+	Failure       string `protobuf:"bytes,8,opt,name=failure,proto3" json:"failure,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -849,6 +854,13 @@ func (x *WorkerStatus) GetExitedAt() *timestamppb.Timestamp {
 		return x.ExitedAt
 	}
 	return nil
+}
+
+func (x *WorkerStatus) GetFailure() string {
+	if x != nil {
+		return x.Failure
+	}
+	return ""
 }
 
 // Progress is the newest training step the workers reported; the agent sends
@@ -1473,7 +1485,7 @@ const file_rdzv_v1_agent_service_proto_rawDesc = "" +
 	"\vunreachable\x18\x01 \x03(\tR\vunreachable\x12#\n" +
 	"\ralive_members\x18\x02 \x01(\rR\faliveMembers\"\x1d\n" +
 	"\tHeartbeat\x12\x10\n" +
-	"\x03seq\x18\x01 \x01(\x04R\x03seq\"\xf4\x01\n" +
+	"\x03seq\x18\x01 \x01(\x04R\x03seq\"\x8e\x02\n" +
 	"\fWorkerStatus\x12\x10\n" +
 	"\x03job\x18\x01 \x01(\tR\x03job\x12\x1e\n" +
 	"\n" +
@@ -1483,7 +1495,8 @@ const file_rdzv_v1_agent_service_proto_rawDesc = "" +
 	"\texit_code\x18\x04 \x01(\x05R\bexitCode\x12\x16\n" +
 	"\x06signal\x18\x05 \x01(\tR\x06signal\x12\x18\n" +
 	"\amessage\x18\x06 \x01(\tR\amessage\x127\n" +
-	"\texited_at\x18\a \x01(\v2\x1a.google.protobuf.TimestampR\bexitedAt\"|\n" +
+	"\texited_at\x18\a \x01(\v2\x1a.google.protobuf.TimestampR\bexitedAt\x12\x18\n" +
+	"\afailure\x18\b \x01(\tR\afailure\"|\n" +
 	"\bProgress\x12\x10\n" +
 	"\x03job\x18\x01 \x01(\tR\x03job\x12\x1e\n" +
 	"\n" +

@@ -187,7 +187,17 @@ type JobSpec struct {
 	EnvFiles map[string]string `protobuf:"bytes,21,rep,name=env_files,json=envFiles,proto3" json:"env_files,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
 	// User the workers run as: a user name, or uid[:gid]. Empty uses the
 	// agent's run_as.
-	RunAs         string `protobuf:"bytes,22,opt,name=run_as,json=runAs,proto3" json:"run_as,omitempty"`
+	RunAs string `protobuf:"bytes,22,opt,name=run_as,json=runAs,proto3" json:"run_as,omitempty"`
+	// Which launcher starts the workers on each node: "torchrun" (empty is
+	// torchrun too), "python-module", "accelerate", "deepspeed" or "custom".
+	LauncherKind string `protobuf:"bytes,23,opt,name=launcher_kind,json=launcherKind,proto3" json:"launcher_kind,omitempty"`
+	// python-module: the interpreter and the module run with -m.
+	LauncherPython string `protobuf:"bytes,24,opt,name=launcher_python,json=launcherPython,proto3" json:"launcher_python,omitempty"`
+	LauncherModule string `protobuf:"bytes,25,opt,name=launcher_module,json=launcherModule,proto3" json:"launcher_module,omitempty"`
+	// accelerate, deepspeed: the launcher executable.
+	LauncherExecutable string `protobuf:"bytes,26,opt,name=launcher_executable,json=launcherExecutable,proto3" json:"launcher_executable,omitempty"`
+	// custom: the launcher's argv, with {placeholders} for what rdzv assigns.
+	LauncherArgv  []string `protobuf:"bytes,27,rep,name=launcher_argv,json=launcherArgv,proto3" json:"launcher_argv,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -374,6 +384,41 @@ func (x *JobSpec) GetRunAs() string {
 		return x.RunAs
 	}
 	return ""
+}
+
+func (x *JobSpec) GetLauncherKind() string {
+	if x != nil {
+		return x.LauncherKind
+	}
+	return ""
+}
+
+func (x *JobSpec) GetLauncherPython() string {
+	if x != nil {
+		return x.LauncherPython
+	}
+	return ""
+}
+
+func (x *JobSpec) GetLauncherModule() string {
+	if x != nil {
+		return x.LauncherModule
+	}
+	return ""
+}
+
+func (x *JobSpec) GetLauncherExecutable() string {
+	if x != nil {
+		return x.LauncherExecutable
+	}
+	return ""
+}
+
+func (x *JobSpec) GetLauncherArgv() []string {
+	if x != nil {
+		return x.LauncherArgv
+	}
+	return nil
 }
 
 // NodeAssignment is one node's place in a generation of a job.
@@ -1079,8 +1124,7 @@ var File_rdzv_v1_job_proto protoreflect.FileDescriptor
 
 const file_rdzv_v1_job_proto_rawDesc = "" +
 	"\n" +
-	"\x11rdzv/v1/job.proto\x12\ardzv.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xaf\n" +
-	"\n" +
+	"\x11rdzv/v1/job.proto\x12\ardzv.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xfc\v\n" +
 	"\aJobSpec\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x1b\n" +
 	"\tnodes_min\x18\x02 \x01(\rR\bnodesMin\x12\x1b\n" +
@@ -1105,7 +1149,12 @@ const file_rdzv_v1_job_proto_rawDesc = "" +
 	"\n" +
 	"secret_env\x18\x14 \x03(\v2\x1f.rdzv.v1.JobSpec.SecretEnvEntryR\tsecretEnv\x12;\n" +
 	"\tenv_files\x18\x15 \x03(\v2\x1e.rdzv.v1.JobSpec.EnvFilesEntryR\benvFiles\x12\x15\n" +
-	"\x06run_as\x18\x16 \x01(\tR\x05runAs\x1a6\n" +
+	"\x06run_as\x18\x16 \x01(\tR\x05runAs\x12#\n" +
+	"\rlauncher_kind\x18\x17 \x01(\tR\flauncherKind\x12'\n" +
+	"\x0flauncher_python\x18\x18 \x01(\tR\x0elauncherPython\x12'\n" +
+	"\x0flauncher_module\x18\x19 \x01(\tR\x0elauncherModule\x12/\n" +
+	"\x13launcher_executable\x18\x1a \x01(\tR\x12launcherExecutable\x12#\n" +
+	"\rlauncher_argv\x18\x1b \x03(\tR\flauncherArgv\x1a6\n" +
 	"\bEnvEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\x1a;\n" +
