@@ -1,6 +1,7 @@
 package jobspec
 
 import (
+	"path/filepath"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -100,5 +101,22 @@ func TestValidateLauncherAccepts(t *testing.T) {
 		spec, err := Parse([]byte("name: llm\nnodes: 2\ncommand: [x.py]\nlauncher: " + launcher + "\n"))
 		require.NoError(t, err)
 		require.NoError(t, spec.Validate(), launcher)
+	}
+}
+
+// Every example job under examples/launchers is valid, and together they
+// show every kind.
+func TestLauncherExamples(t *testing.T) {
+	paths, err := filepath.Glob("../examples/launchers/*.yaml")
+	require.NoError(t, err)
+	kinds := map[string]bool{}
+	for _, p := range append(paths, "../examples/job.yaml") {
+		spec, err := LoadFile(p)
+		require.NoError(t, err, p)
+		require.NoError(t, spec.Validate(), p)
+		kinds[spec.Launcher.Kind] = true
+	}
+	for _, k := range KindNames() {
+		require.True(t, kinds[k], "no example job for launcher.kind %s", k)
 	}
 }
