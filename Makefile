@@ -20,7 +20,7 @@ LDFLAGS := -X github.com/rdzv/rdzv/buildinfo.Version=$(VERSION) -X github.com/rd
 # Extra flags for go test, e.g. GOTEST_FLAGS=-race (CI sets it).
 GOTEST_FLAGS ?=
 
-.PHONY: all build test unit fuzz e2e lint proto tools demo clean bench
+.PHONY: all build test unit fuzz e2e lint proto tools demo clean bench docs
 
 all: build
 
@@ -40,6 +40,10 @@ $(TOOLS)/protoc-gen-go-grpc:
 	GOBIN=$(TOOLS) GOFLAGS= $(GO) install google.golang.org/grpc/cmd/protoc-gen-go-grpc@$(PROTOC_GEN_GO_GRPC_VERSION)
 
 tools: $(TOOLS)/buf $(TOOLS)/protoc-gen-go $(TOOLS)/protoc-gen-go-grpc
+
+# docs/daemons.md is the daemons' --help; their tests fail when it is stale.
+docs:
+	$(GO) test ./cmd/rdzv-controller ./cmd/rdzv-agent -run TestFlagReference -update
 
 proto: tools
 	find proto -name '*.pb.go' -delete
