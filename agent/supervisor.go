@@ -71,6 +71,9 @@ type Supervisor struct {
 	// false if it could not.
 	announce func(hold time.Duration) bool
 
+	// jobLogs bounds the job logs kept on the node (joblogs.go).
+	jobLogs JobLogsConfig
+
 	mu      sync.Mutex
 	cur     *worker
 	lastGen map[string]uint64
@@ -111,7 +114,7 @@ func NewSupervisor(cfg Config, node, iface, reportAddr string, spawner Spawner, 
 	s := &Supervisor{
 		stateDir: cfg.StateDir, secretsDir: cfg.SecretsDir, runAs: cfg.RunAs, allowRoot: cfg.AllowRoot, policy: cfg.RunAsPolicy, workerPath: cfg.WorkerPath, stopGrace: cfg.StopGrace.Duration,
 		restartGrace: cfg.RestartGrace.Duration, node: node, iface: iface,
-		reportAddr: reportAddr, scanEvery: scanEvery, log: log, spawner: spawner,
+		reportAddr: reportAddr, scanEvery: scanEvery, log: log, spawner: spawner, jobLogs: cfg.JobLogs,
 		cmds:        make(chan func(), 64),
 		updates:     make(chan *rdzvv1.WorkerStatus, 64),
 		checkpoints: make(chan *rdzvv1.CheckpointReport, checkpointQueueSize),
@@ -135,10 +138,19 @@ func (s *Supervisor) Checkpoints() <-chan *rdzvv1.CheckpointReport { return s.ch
 
 // Run applies commands until ctx ends, then stops any running worker.
 func (s *Supervisor) Run(ctx context.Context) error {
+	s.pruneJobLogs()
+	var prune <-chan time.Time
+	if every := s.jobLogs.PruneInterval.Duration; every > 0 {
+		t := time.NewTicker(every)
+		defer t.Stop()
+		prune = t.C
+	}
 	for {
 		select {
 		case cmd := <-s.cmds:
 			cmd()
+		case <-prune:
+			s.pruneJobLogs()
 		case <-ctx.Done():
 			s.shutdown()
 			return nil
@@ -393,6 +405,8 @@ func (s *Supervisor) watch(w *worker) {
 		zap.Int("exit_code", exit.Code), zap.String("signal", exit.Signal), zap.String("state", state.String()))
 	s.finished(w.job, w.generation, state, exit, msg, exitedAt)
 	close(w.done)
+	// The log just stopped growing: it counts toward the cap from now on.
+	s.pruneJobLogs()
 }
 
 func (s *Supervisor) stop(job string, gen uint64, reason string) {
@@ -551,6 +565,11 @@ func (s *Supervisor) start(a *rdzvv1.Assignment) (*worker, error) {
 	}
 	if err := os.MkdirAll(filepath.Dir(logPath), 0o755); err != nil {
 		return nil, fmt.Errorf("creating log directory: %w", err)
+	}
+	if created := a.GetJobCreatedAt(); created != nil {
+		if err := startRunLog(logPath, created.AsTime()); err != nil {
+			return nil, err
+		}
 	}
 	out, err := openJobLog(logPath)
 	if err != nil {

@@ -5,6 +5,7 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
+	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
@@ -262,6 +263,8 @@ func TestConfigFailureIsNotRestarted(t *testing.T) {
 	b.keepAlive()
 	c.startJob(c.recoverable("nodir", 2, 5))
 	a1, b1 := a.run(), b.run()
+	require.NotNil(t, a1.GetJobCreatedAt(), "agents tell runs of a job name apart by it")
+	require.True(t, proto.Equal(a1.GetJobCreatedAt(), b1.GetJobCreatedAt()))
 	b.send(&rdzvv1.ConnectRequest{Msg: &rdzvv1.ConnectRequest_WorkerStatus{WorkerStatus: &rdzvv1.WorkerStatus{
 		Job: "nodir", Generation: b1.GetGeneration(), State: rdzvv1.WorkerState_WORKER_STATE_FAILED, ExitCode: -1,
 		Failure: "workdir_missing", Message: "workdir_missing: workdir /shared/nodir is not a directory on node node-b",

@@ -830,16 +830,19 @@ func (x *Checkpoint) GetSource() string {
 
 // Assignment is what an agent needs to launch its part of a job.
 type Assignment struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Spec          *JobSpec               `protobuf:"bytes,1,opt,name=spec,proto3" json:"spec,omitempty"`
-	Generation    uint64                 `protobuf:"varint,2,opt,name=generation,proto3" json:"generation,omitempty"`
-	NodeRank      uint32                 `protobuf:"varint,3,opt,name=node_rank,json=nodeRank,proto3" json:"node_rank,omitempty"`
-	Nnodes        uint32                 `protobuf:"varint,4,opt,name=nnodes,proto3" json:"nnodes,omitempty"`
-	ProcsPerNode  uint32                 `protobuf:"varint,5,opt,name=procs_per_node,json=procsPerNode,proto3" json:"procs_per_node,omitempty"`
-	MasterAddr    string                 `protobuf:"bytes,6,opt,name=master_addr,json=masterAddr,proto3" json:"master_addr,omitempty"`
-	MasterPort    uint32                 `protobuf:"varint,7,opt,name=master_port,json=masterPort,proto3" json:"master_port,omitempty"`
-	GpuIndices    []uint32               `protobuf:"varint,8,rep,packed,name=gpu_indices,json=gpuIndices,proto3" json:"gpu_indices,omitempty"`
-	ResumeFrom    string                 `protobuf:"bytes,9,opt,name=resume_from,json=resumeFrom,proto3" json:"resume_from,omitempty"`
+	state        protoimpl.MessageState `protogen:"open.v1"`
+	Spec         *JobSpec               `protobuf:"bytes,1,opt,name=spec,proto3" json:"spec,omitempty"`
+	Generation   uint64                 `protobuf:"varint,2,opt,name=generation,proto3" json:"generation,omitempty"`
+	NodeRank     uint32                 `protobuf:"varint,3,opt,name=node_rank,json=nodeRank,proto3" json:"node_rank,omitempty"`
+	Nnodes       uint32                 `protobuf:"varint,4,opt,name=nnodes,proto3" json:"nnodes,omitempty"`
+	ProcsPerNode uint32                 `protobuf:"varint,5,opt,name=procs_per_node,json=procsPerNode,proto3" json:"procs_per_node,omitempty"`
+	MasterAddr   string                 `protobuf:"bytes,6,opt,name=master_addr,json=masterAddr,proto3" json:"master_addr,omitempty"`
+	MasterPort   uint32                 `protobuf:"varint,7,opt,name=master_port,json=masterPort,proto3" json:"master_port,omitempty"`
+	GpuIndices   []uint32               `protobuf:"varint,8,rep,packed,name=gpu_indices,json=gpuIndices,proto3" json:"gpu_indices,omitempty"`
+	ResumeFrom   string                 `protobuf:"bytes,9,opt,name=resume_from,json=resumeFrom,proto3" json:"resume_from,omitempty"`
+	// When the job was submitted: tells one run of a job name from a later
+	// run of the same name, whose node logs the agent keeps apart.
+	JobCreatedAt  *timestamppb.Timestamp `protobuf:"bytes,10,opt,name=job_created_at,json=jobCreatedAt,proto3" json:"job_created_at,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -935,6 +938,13 @@ func (x *Assignment) GetResumeFrom() string {
 		return x.ResumeFrom
 	}
 	return ""
+}
+
+func (x *Assignment) GetJobCreatedAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.JobCreatedAt
+	}
+	return nil
 }
 
 type Event struct {
@@ -1218,7 +1228,7 @@ const file_rdzv_v1_job_proto_rawDesc = "" +
 	"\x04node\x18\x04 \x01(\tR\x04node\x12;\n" +
 	"\vreported_at\x18\x05 \x01(\v2\x1a.google.protobuf.TimestampR\n" +
 	"reportedAt\x12\x16\n" +
-	"\x06source\x18\x06 \x01(\tR\x06source\"\xb1\x02\n" +
+	"\x06source\x18\x06 \x01(\tR\x06source\"\xf3\x02\n" +
 	"\n" +
 	"Assignment\x12$\n" +
 	"\x04spec\x18\x01 \x01(\v2\x10.rdzv.v1.JobSpecR\x04spec\x12\x1e\n" +
@@ -1235,7 +1245,9 @@ const file_rdzv_v1_job_proto_rawDesc = "" +
 	"\vgpu_indices\x18\b \x03(\rR\n" +
 	"gpuIndices\x12\x1f\n" +
 	"\vresume_from\x18\t \x01(\tR\n" +
-	"resumeFrom\"\xf3\x01\n" +
+	"resumeFrom\x12@\n" +
+	"\x0ejob_created_at\x18\n" +
+	" \x01(\v2\x1a.google.protobuf.TimestampR\fjobCreatedAt\"\xf3\x01\n" +
 	"\x05Event\x12.\n" +
 	"\x04time\x18\x01 \x01(\v2\x1a.google.protobuf.TimestampR\x04time\x12\x10\n" +
 	"\x03job\x18\x02 \x01(\tR\x03job\x12\x12\n" +
@@ -1332,15 +1344,16 @@ var file_rdzv_v1_job_proto_depIdxs = []int32{
 	14, // 22: rdzv.v1.Job.training_since:type_name -> google.protobuf.Timestamp
 	14, // 23: rdzv.v1.Checkpoint.reported_at:type_name -> google.protobuf.Timestamp
 	2,  // 24: rdzv.v1.Assignment.spec:type_name -> rdzv.v1.JobSpec
-	14, // 25: rdzv.v1.Event.time:type_name -> google.protobuf.Timestamp
-	13, // 26: rdzv.v1.Event.detection_latency:type_name -> google.protobuf.Duration
-	3,  // 27: rdzv.v1.Round.nodes:type_name -> rdzv.v1.NodeAssignment
-	14, // 28: rdzv.v1.Round.committed_at:type_name -> google.protobuf.Timestamp
-	29, // [29:29] is the sub-list for method output_type
-	29, // [29:29] is the sub-list for method input_type
-	29, // [29:29] is the sub-list for extension type_name
-	29, // [29:29] is the sub-list for extension extendee
-	0,  // [0:29] is the sub-list for field type_name
+	14, // 25: rdzv.v1.Assignment.job_created_at:type_name -> google.protobuf.Timestamp
+	14, // 26: rdzv.v1.Event.time:type_name -> google.protobuf.Timestamp
+	13, // 27: rdzv.v1.Event.detection_latency:type_name -> google.protobuf.Duration
+	3,  // 28: rdzv.v1.Round.nodes:type_name -> rdzv.v1.NodeAssignment
+	14, // 29: rdzv.v1.Round.committed_at:type_name -> google.protobuf.Timestamp
+	30, // [30:30] is the sub-list for method output_type
+	30, // [30:30] is the sub-list for method input_type
+	30, // [30:30] is the sub-list for extension type_name
+	30, // [30:30] is the sub-list for extension extendee
+	0,  // [0:30] is the sub-list for field type_name
 }
 
 func init() { file_rdzv_v1_job_proto_init() }
