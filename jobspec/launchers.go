@@ -314,8 +314,8 @@ func (s *Spec) validateLauncher() []*wire.FieldError {
 			add(field, wire.Quote(u.value), "must name the "+strings.TrimPrefix(field, "launcher.")+" to run")
 		}
 	}
-	if l.Kind == KindPythonModule && l.Module != "" && !pythonModule.MatchString(l.Module) {
-		add("launcher.module", wire.Quote(l.Module), "must be a dotted Python module name like torch.distributed.run")
+	if l.Kind == KindPythonModule && l.Module != "" && (!pythonModule.MatchString(l.Module) || len(l.Module) > maxModuleLen) {
+		add("launcher.module", wire.Quote(l.Module), fmt.Sprintf("must be a dotted Python module name like torch.distributed.run, at most %d characters", maxModuleLen))
 	}
 	if len(l.ExtraArgs) > maxArgs {
 		add("launcher.extra_args", fmt.Sprint(len(l.ExtraArgs)), fmt.Sprintf("at most %d arguments are allowed", maxArgs))
@@ -326,6 +326,9 @@ func (s *Spec) validateLauncher() []*wire.FieldError {
 	}
 	return append(errs, validateLauncherArgs(k, l.ExtraArgs, s.Command)...)
 }
+
+// maxModuleLen bounds launcher.module, which job summaries keep.
+const maxModuleLen = 255
 
 var pythonModule = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$`)
 
