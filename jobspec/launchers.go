@@ -288,30 +288,23 @@ func (s *Spec) validateLauncher() []*wire.FieldError {
 	}
 	// Each field belongs to the kinds that use it; given to another it
 	// would be silently ignored.
-	uses := map[string]struct {
+	for _, u := range []struct {
+		field string
 		set   bool
 		kinds []string
 		value string
 	}{
-		"launcher.torchrun":   {l.Torchrun != "", []string{KindTorchrun}, l.Torchrun},
-		"launcher.python":     {l.Python != "", []string{KindPythonModule}, l.Python},
-		"launcher.module":     {l.Module != "", []string{KindPythonModule}, l.Module},
-		"launcher.executable": {l.Executable != "", []string{KindAccelerate, KindDeepSpeed}, l.Executable},
-		"launcher.argv":       {len(l.Argv) > 0, []string{KindCustom}, ""},
-	}
-	for _, field := range slices.Sorted(func(yield func(string) bool) {
-		for f := range uses {
-			if !yield(f) {
-				return
-			}
-		}
-	}) {
-		u := uses[field]
+		{"launcher.torchrun", l.Torchrun != "", []string{KindTorchrun}, l.Torchrun},
+		{"launcher.python", l.Python != "", []string{KindPythonModule}, l.Python},
+		{"launcher.module", l.Module != "", []string{KindPythonModule}, l.Module},
+		{"launcher.executable", l.Executable != "", []string{KindAccelerate, KindDeepSpeed}, l.Executable},
+		{"launcher.argv", len(l.Argv) > 0, []string{KindCustom}, ""},
+	} {
 		switch in := slices.Contains(u.kinds, l.Kind); {
 		case u.set && !in:
-			add(field, "", fmt.Sprintf("applies only to launcher.kind %s, not %s", strings.Join(u.kinds, " or "), l.Kind))
-		case in && field != "launcher.argv" && (strings.TrimSpace(u.value) == "" || len(u.value) > maxPathLen):
-			add(field, wire.Quote(u.value), "must name the "+strings.TrimPrefix(field, "launcher.")+" to run")
+			add(u.field, "", fmt.Sprintf("applies only to launcher.kind %s, not %s", strings.Join(u.kinds, " or "), l.Kind))
+		case in && u.field != "launcher.argv" && (strings.TrimSpace(u.value) == "" || len(u.value) > maxPathLen):
+			add(u.field, wire.Quote(u.value), "must name the "+strings.TrimPrefix(u.field, "launcher.")+" to run")
 		}
 	}
 	if l.Kind == KindPythonModule && l.Module != "" && (!pythonModule.MatchString(l.Module) || len(l.Module) > maxModuleLen) {

@@ -251,7 +251,7 @@ func (r *NodeRange) UnmarshalJSON(b []byte) error {
 		return nil
 	}
 	var s string
-	if err := jsonUnmarshal(b, &s); err == nil {
+	if err := json.Unmarshal(b, &s); err == nil {
 		m := nodeRangeText.FindStringSubmatch(s)
 		if m == nil {
 			return fmt.Errorf("nodes: expected a number or a range like 2-4, got string %s: %w", wire.Quote(s), ErrInvalid)
@@ -261,15 +261,9 @@ func (r *NodeRange) UnmarshalJSON(b []byte) error {
 		*r = NodeRange{Min: lo, Max: hi}
 		return nil
 	}
-	// The plain struct, without this method.
+	// The plain struct, without this method, as strictly as the rest.
 	type plain NodeRange
-	return jsonUnmarshalStrict(b, (*plain)(r))
-}
-
-func jsonUnmarshal(b []byte, v any) error { return json.Unmarshal(b, v) }
-
-func jsonUnmarshalStrict(b []byte, v any) error {
 	d := json.NewDecoder(bytes.NewReader(b))
 	d.DisallowUnknownFields()
-	return d.Decode(v)
+	return d.Decode((*plain)(r))
 }
