@@ -246,6 +246,9 @@ func editDistance(a, b string) int {
 // UnmarshalJSON takes nodes as a number (exactly that many), a range
 // "2-4", or {min, max}.
 func (r *NodeRange) UnmarshalJSON(b []byte) error {
+	if string(b) == "null" {
+		return nil // left out: Validate says what is missing
+	}
 	if n, err := strconv.Atoi(string(b)); err == nil {
 		*r = NodeRange{Min: n, Max: n}
 		return nil

@@ -47,6 +47,7 @@ func TestParseMistakesSayWhereAndWhat(t *testing.T) {
 		{"reserved flag", "name: a\nnodes: 2\ncommand: [x.py]\nlauncher:\n  extra_args: [--tee, \"2\", --nnodes=4]\n",
 			"line 5, column 28: launcher.extra_args[2]: spells torchrun's --nnodes"},
 		{"relative workdir from the API", "name: a\nnodes: 1\ncommand: [x.py]\nworkdir: jobs/x\n", "line 4, column 10: workdir: must be an absolute path"},
+		{"nodes left empty", "name: a\nnodes:\ncommand: [x.py]\n", "line 2, column 7: nodes.min: must be at least 1 (got 0)"},
 		{"max below min", "name: a\nnodes: 4-2\ncommand: [x.py]\n", "line 2, column 8: nodes.max: must be at least nodes.min (4) (got 2)"},
 	}
 	for _, tt := range tests {
