@@ -59,10 +59,12 @@ lint: tools
 	@# nor must a program built on package client (examples/goclient, built so it cannot rot).
 	CGO_ENABLED=0 $(GO) build -o /dev/null ./cmd/rdzv-controller ./cmd/rdzvctl ./examples/goclient
 
-# The CLI reference under docs/cli and rdzvctl's golden files, from the
-# command tree; a unit test fails while either is stale.
+# Generated references, each checked by a unit test that fails while it is
+# stale: docs/cli and rdzvctl's golden files from the command tree, and
+# docs/daemons.md from the daemons' --help.
 docs:
 	$(GO) test ./cmd/rdzvctl -run 'TestCLIDocs|Golden' -count=1 -update
+	$(GO) test ./cmd/rdzv-controller ./cmd/rdzv-agent -run TestFlagReference -count=1 -update
 
 unit:
 	$(GO) test $(GOTEST_FLAGS) -count=1 $$($(GO) list ./... | grep -v /test/e2e)

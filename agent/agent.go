@@ -61,6 +61,11 @@ type Agent struct {
 	faults chan *rdzvv1.GPUFault
 	// client reaches the leading controller, with this node's certificate.
 	client *client.Client
+	// ready is closed once the agent supervises: leftover workers adopted,
+	// their report endpoint open. Not registration, which waits for the
+	// controller: a node must not count as failed to start, and be
+	// restarted by systemd, through a controller outage.
+	ready chan struct{}
 }
 
 // Option adjusts an Agent.
@@ -84,7 +89,7 @@ func New(cfg Config, log *zap.Logger, gpus GPUDiscoverer, net NetworkDetector, s
 	if err != nil {
 		return nil, fmt.Errorf("invalid agent config: %w", err)
 	}
-	a := &Agent{cfg: cfg, log: log, gpus: gpus, net: net, spawner: spawner, xids: xids, faults: make(chan *rdzvv1.GPUFault, faultQueue)}
+	a := &Agent{cfg: cfg, log: log, gpus: gpus, net: net, spawner: spawner, xids: xids, faults: make(chan *rdzvv1.GPUFault, faultQueue), ready: make(chan struct{})}
 	for _, o := range opts {
 		o(a)
 	}
@@ -117,6 +122,9 @@ func New(cfg Config, log *zap.Logger, gpus GPUDiscoverer, net NetworkDetector, s
 	}
 	return a, nil
 }
+
+// Ready is closed once the agent supervises its node (see Agent.ready).
+func (a *Agent) Ready() <-chan struct{} { return a.ready }
 
 // Run discovers the node, then stays connected to the controller and runs
 // what it is assigned until ctx ends; on the way out it stops its workers.
@@ -183,6 +191,7 @@ func (a *Agent) Run(ctx context.Context) error {
 	}
 	sess := newSession(info, sup, a.client, a.cfg.Controller, a.faults, gossip, log.Named("session"))
 	sess.health = nodeHealth
+	close(a.ready)
 	// The session outlives ctx a little: on shutdown the supervisor first
 	// stops the workers, and their final status should reach the controller
 	// rather than leave it to notice a silent node.

@@ -75,6 +75,8 @@ type Config struct {
 	// Insecure connects without TLS, to a controller started insecure.
 	// Local tests only.
 	Insecure bool `json:"insecure"`
+	// JobLogs caps the job logs kept on the node (joblogs.go).
+	JobLogs JobLogsConfig `json:"job_logs"`
 }
 
 // DefaultConfig is an agent with no controller set.
@@ -93,6 +95,7 @@ func DefaultConfig() Config {
 		RunAsPolicy:  DefaultRunAsPolicy(),
 		WorkerPath:   DefaultWorkerPath,
 		HealthChecks: DefaultHealthChecks(),
+		JobLogs:      DefaultJobLogs(),
 	}
 }
 
@@ -174,6 +177,9 @@ func (c Config) Validate() error {
 	}
 	if c.RestartGrace.Duration < 0 || c.RestartGrace.Duration > MaxRestartGrace {
 		errs = append(errs, fmt.Errorf("restart_grace: must be between 0 (stop workers with the agent) and %s, got %s", MaxRestartGrace, c.RestartGrace))
+	}
+	if err := c.JobLogs.Validate("job_logs"); err != nil {
+		errs = append(errs, err)
 	}
 	if !c.Insecure {
 		if err := c.TLS.Validate("tls"); err != nil {

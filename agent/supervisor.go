@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"maps"
 	"os"
@@ -73,6 +74,9 @@ type Supervisor struct {
 	// error keeps them from starting.
 	gate func(ctx context.Context) error
 
+	// jobLogs bounds the job logs kept on the node (joblogs.go).
+	jobLogs JobLogsConfig
+
 	mu      sync.Mutex
 	cur     *worker
 	lastGen map[string]uint64
@@ -115,7 +119,7 @@ func NewSupervisor(cfg Config, node, iface, reportAddr string, spawner Spawner, 
 	s := &Supervisor{
 		stateDir: cfg.StateDir, secretsDir: cfg.SecretsDir, runAs: cfg.RunAs, allowRoot: cfg.AllowRoot, policy: cfg.RunAsPolicy, workerPath: cfg.WorkerPath, stopGrace: cfg.StopGrace.Duration,
 		restartGrace: cfg.RestartGrace.Duration, node: node, iface: iface,
-		reportAddr: reportAddr, scanEvery: scanEvery, log: log, spawner: spawner,
+		reportAddr: reportAddr, scanEvery: scanEvery, log: log, spawner: spawner, jobLogs: cfg.JobLogs,
 		cmds:        make(chan func(), 64),
 		updates:     make(chan *rdzvv1.WorkerStatus, 64),
 		checkpoints: make(chan *rdzvv1.CheckpointReport, checkpointQueueSize),
@@ -143,10 +147,19 @@ func (s *Supervisor) Checkpoints() <-chan *rdzvv1.CheckpointReport { return s.ch
 
 // Run applies commands until ctx ends, then stops any running worker.
 func (s *Supervisor) Run(ctx context.Context) error {
+	s.pruneJobLogs()
+	var prune <-chan time.Time
+	if every := s.jobLogs.PruneInterval.Duration; every > 0 {
+		t := time.NewTicker(every)
+		defer t.Stop()
+		prune = t.C
+	}
 	for {
 		select {
 		case cmd := <-s.cmds:
 			cmd()
+		case <-prune:
+			s.pruneJobLogs()
 		case <-ctx.Done():
 			s.shutdown()
 			return nil
@@ -319,8 +332,13 @@ func (s *Supervisor) assign(a *rdzvv1.Assignment) {
 	}
 	w, err := s.start(a)
 	if err != nil {
-		log.Error("starting workers failed", zap.Error(err))
-		s.finished(job, gen, rdzvv1.WorkerState_WORKER_STATE_FAILED, Exit{Code: -1}, err.Error(), nil)
+		var pf *preflightError
+		failure := ""
+		if errors.As(err, &pf) {
+			failure = pf.failure
+		}
+		log.Error("starting workers failed", zap.Error(err), zap.String("failure", failure))
+		s.record(&rdzvv1.WorkerStatus{Job: job, Generation: gen, State: rdzvv1.WorkerState_WORKER_STATE_FAILED, ExitCode: -1, Message: wire.ClipText(err.Error()), Failure: failure})
 		return
 	}
 	log.Info("workers started", zap.Int("pid", w.proc.Pid()), zap.String("master_addr", a.GetMasterAddr()), zap.Uint32("master_port", a.GetMasterPort()))
@@ -411,6 +429,8 @@ func (s *Supervisor) watch(w *worker) {
 	s.record(&rdzvv1.WorkerStatus{Job: w.job, Generation: w.generation, State: state, ExitCode: int32(exit.Code), Signal: exit.Signal,
 		Message: wire.ClipText(msg), ExitedAt: exitedAt, PreflightExcluded: excluded})
 	close(w.done)
+	// The log just stopped growing: it counts toward the cap from now on.
+	s.pruneJobLogs()
 }
 
 func (s *Supervisor) stop(job string, gen uint64, reason string) {
@@ -520,6 +540,9 @@ func (s *Supervisor) start(a *rdzvv1.Assignment) (*worker, error) {
 	if err != nil {
 		return nil, err
 	}
+	if err := s.preflight(spec); err != nil {
+		return nil, err
+	}
 	workdir := spec.GetWorkdir()
 	if workdir == "" {
 		if workdir, err = s.jobPath(job, "jobs", job); err != nil {
@@ -548,9 +571,17 @@ func (s *Supervisor) start(a *rdzvv1.Assignment) (*worker, error) {
 	if p, set := jobEnv["PATH"]; set {
 		path = p
 	}
-	torchrun, err := lookPath(spec.GetLauncherTorchrun(), path)
+	assigned := assignedFor(a)
+	if jobspec.FromProto(spec).Launcher.Kind == jobspec.KindDeepSpeed {
+		if assigned.Hostfile, err = s.writeHostfile(assigned); err != nil {
+			return nil, err
+		}
+	}
+	program, args := jobspec.FromProto(spec).Launch(assigned)
+	launcher, err := lookPath(program, path)
 	if err != nil {
-		return nil, fmt.Errorf("finding launcher %q: %w", spec.GetLauncherTorchrun(), err)
+		return nil, &preflightError{failure: wire.FailureLauncherMissing,
+			err: fmt.Errorf("launcher %q not found on node %s: %w", program, s.node, err)}
 	}
 	logPath, err := s.LogPath(job)
 	if err != nil {
@@ -559,14 +590,18 @@ func (s *Supervisor) start(a *rdzvv1.Assignment) (*worker, error) {
 	if err := os.MkdirAll(filepath.Dir(logPath), 0o755); err != nil {
 		return nil, fmt.Errorf("creating log directory: %w", err)
 	}
+	if created := a.GetJobCreatedAt(); created != nil {
+		if err := startRunLog(logPath, created.AsTime()); err != nil {
+			return nil, err
+		}
+	}
 	out, err := openJobLog(logPath)
 	if err != nil {
 		return nil, fmt.Errorf("opening job log: %w", err)
 	}
 	defer out.Close() // the child keeps its own descriptor
-	args := LauncherArgs(a)
 	fmt.Fprintf(out, "=== rdzv: job %s generation %d node %s rank %d/%d started %s: %s %s\n",
-		job, a.GetGeneration(), s.node, a.GetNodeRank(), a.GetNnodes(), time.Now().UTC().Format(time.RFC3339Nano), torchrun, strings.Join(args, " "))
+		job, a.GetGeneration(), s.node, a.GetNodeRank(), a.GetNnodes(), time.Now().UTC().Format(time.RFC3339Nano), launcher, strings.Join(args, " "))
 	meta, err := proto.Marshal(a)
 	if err != nil {
 		return nil, fmt.Errorf("encoding the assignment: %w", err)
@@ -575,13 +610,13 @@ func (s *Supervisor) start(a *rdzvv1.Assignment) (*worker, error) {
 	// its environment, cannot report for this one.
 	token := make([]byte, reportTokenBytes)
 	_, _ = rand.Read(token) // never fails; it would crash the agent first
-	path, argv := torchrun, args
+	path, argv := launcher, args
 	if spec.GetHealthPreflight() != nil {
 		script, err := writePreflight(s.stateDir)
 		if err != nil {
 			return nil, err
 		}
-		path, argv = preflightCommand(a, script, torchrun, args)
+		path, argv = preflightCommand(a, script, launcher, args)
 	}
 	proc, err := s.spawner.Spawn(ProcessSpec{Path: path, Args: argv, Dir: workdir, Env: s.env(a, jobEnv, token), Output: out, LogPath: logPath, Credential: runAs.Credential,
 		ID: fmt.Sprintf("%s.%d", job, a.GetGeneration()), Meta: meta, ReportToken: token, OrphanTimeout: time.Duration(s.orphanTimeout.Load())})
@@ -589,24 +624,67 @@ func (s *Supervisor) start(a *rdzvv1.Assignment) (*worker, error) {
 		return nil, err
 	}
 	w := newWorker(a, proc, logPath, token, runAs.Credential)
-	w.preflight = path != torchrun
+	w.preflight = path != launcher
 	return w, nil
 }
 
-// LauncherArgs is the torchrun command line for an assignment: the
-// rendezvous the controller decided, then the job's extra launcher
-// arguments, then its command.
-func LauncherArgs(a *rdzvv1.Assignment) []string {
-	spec := a.GetSpec()
-	args := []string{
-		"--nnodes", strconv.Itoa(int(a.GetNnodes())),
-		"--node_rank", strconv.Itoa(int(a.GetNodeRank())),
-		"--nproc_per_node", strconv.Itoa(int(a.GetProcsPerNode())),
-		"--master_addr", a.GetMasterAddr(),
-		"--master_port", strconv.Itoa(int(a.GetMasterPort())),
+// assignedFor is the assignment as every launcher kind is given it.
+func assignedFor(a *rdzvv1.Assignment) jobspec.Assigned {
+	return jobspec.Assigned{
+		Job: a.GetSpec().GetName(), Generation: a.GetGeneration(),
+		NNodes: int(a.GetNnodes()), NodeRank: int(a.GetNodeRank()), ProcsPerNode: int(a.GetProcsPerNode()),
+		MasterAddr: a.GetMasterAddr(), MasterPort: int(a.GetMasterPort()),
 	}
-	args = append(args, spec.GetLauncherExtraArgs()...)
-	return append(args, spec.GetCommand()...)
+}
+
+// writeHostfile writes the deepspeed hostfile for an assignment where the
+// workers can read it; each generation overwrites the last one's, which
+// has stopped by then.
+func (s *Supervisor) writeHostfile(a jobspec.Assigned) (string, error) {
+	p, err := s.jobPath(a.Job, "launch", a.Job+".hostfile")
+	if err != nil {
+		return "", err
+	}
+	if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
+		return "", fmt.Errorf("creating launcher directory: %w", err)
+	}
+	if err := os.WriteFile(p, jobspec.DeepSpeedHostfile(a), 0o644); err != nil {
+		return "", fmt.Errorf("writing deepspeed hostfile: %w", err)
+	}
+	return p, nil
+}
+
+// preflightError is a start failure a restart cannot fix: the job's
+// configuration does not fit this node. failure is its wire.Failure* class.
+type preflightError struct {
+	failure string
+	err     error
+}
+
+func (e *preflightError) Error() string { return e.failure + ": " + e.err.Error() }
+func (e *preflightError) Unwrap() error { return e.err }
+
+// preflight checks, before anything starts, that the job's directories are
+// on this node: otherwise the launcher would fail with a misleading
+// "fork/exec ...: no such file or directory" (the working directory), or
+// the workers crash at their first checkpoint.
+func (s *Supervisor) preflight(spec *rdzvv1.JobSpec) error {
+	if dir := spec.GetWorkdir(); dir != "" && !isDir(dir) {
+		return &preflightError{failure: wire.FailureWorkdirMissing,
+			err: fmt.Errorf("workdir %s is not a directory on node %s", dir, s.node)}
+	}
+	// The job may create checkpoint.dir itself (torch.distributed.checkpoint
+	// and Hugging Face's Trainer do), so its parent is enough.
+	if dir := spec.GetCheckpointDir(); dir != "" && !isDir(dir) && !isDir(filepath.Dir(dir)) {
+		return &preflightError{failure: wire.FailureCheckpointDirMissing,
+			err: fmt.Errorf("checkpoint.dir %s is not a directory on node %s, nor is its parent %s", dir, s.node, filepath.Dir(dir))}
+	}
+	return nil
+}
+
+func isDir(p string) bool {
+	info, err := os.Stat(p)
+	return err == nil && info.IsDir()
 }
 
 // env is a fixed base, then the job's (jobEnv, with the run_as user's
@@ -632,7 +710,17 @@ func (s *Supervisor) env(a *rdzvv1.Assignment, jobEnv map[string]string, reportT
 		"RDZV_CHECKPOINT_DIR":  spec.GetCheckpointDir(),
 		"RDZV_RESUME_FROM":     a.GetResumeFrom(),
 		"RDZV_AGENT_ADDR":      s.reportAddr,
-		reportTokenEnv:         hex.EncodeToString(reportToken),
+		// The launcher's own view of the assignment, whatever its kind:
+		// what a custom launcher reads, and what launchers and frameworks
+		// take from the environment. torchrun sets these for each worker
+		// itself, to the same values.
+		"MASTER_ADDR":         a.GetMasterAddr(),
+		"MASTER_PORT":         strconv.Itoa(int(a.GetMasterPort())),
+		"WORLD_SIZE":          strconv.Itoa(int(a.GetNnodes() * a.GetProcsPerNode())),
+		"NODE_RANK":           strconv.Itoa(int(a.GetNodeRank())),
+		"RDZV_NNODES":         strconv.Itoa(int(a.GetNnodes())),
+		"RDZV_PROCS_PER_NODE": strconv.Itoa(int(a.GetProcsPerNode())),
+		reportTokenEnv:        hex.EncodeToString(reportToken),
 	}
 	merged := map[string]string{"PATH": s.workerPath}
 	for _, k := range passedThrough {

@@ -4,6 +4,7 @@ import (
 	"os"
 	"os/user"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -11,7 +12,10 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/rdzv/rdzv/agent/launchertest"
+	"github.com/rdzv/rdzv/jobspec"
 	rdzvv1 "github.com/rdzv/rdzv/proto/rdzv/v1"
+	"github.com/rdzv/rdzv/wire"
 )
 
 const (
@@ -68,8 +72,9 @@ func TestSupervisorLaunchesWithRendezvous(t *testing.T) {
 	require.NoError(t, err)
 	h := newSupervisor(t)
 	a := h.assignment("train", 7, "ok")
-	a.Spec.CheckpointDir = "/ckpt/train"
-	a.ResumeFrom = "/ckpt/train/step-100"
+	ckpt := filepath.Join(t.TempDir(), "train") // its parent is enough
+	a.Spec.CheckpointDir = ckpt
+	a.ResumeFrom = ckpt + "/step-100"
 	h.sup.Assign(a)
 	h.expect("train", 7, wRunning)
 	h.expect("train", 7, wSucceeded)
@@ -87,9 +92,15 @@ func TestSupervisorLaunchesWithRendezvous(t *testing.T) {
 		"RDZV_GENERATION":      "7",
 		"RDZV_NODE":            "node-a",
 		"RDZV_NODE_RANK":       "1",
-		"RDZV_CHECKPOINT_DIR":  "/ckpt/train",
-		"RDZV_RESUME_FROM":     "/ckpt/train/step-100",
+		"RDZV_CHECKPOINT_DIR":  ckpt,
+		"RDZV_RESUME_FROM":     ckpt + "/step-100",
 		"RDZV_AGENT_ADDR":      "127.0.0.1:7071",
+		"MASTER_ADDR":          "10.0.0.1",
+		"MASTER_PORT":          "29500",
+		"WORLD_SIZE":           "4",
+		"NODE_RANK":            "1",
+		"RDZV_NNODES":          "2",
+		"RDZV_PROCS_PER_NODE":  "2",
 		"RDZV_REPORT_TOKEN":    rec.Env["RDZV_REPORT_TOKEN"], // random, checked below
 		"JOB_VAR":              "from-job",
 		"PATH":                 DefaultWorkerPath,
@@ -274,19 +285,30 @@ func TestSupervisorRefusesToStart(t *testing.T) {
 		name        string
 		edit        func(*rdzvv1.Assignment)
 		wantMessage []string
+		// wantFailure is the configuration failure's class, if it is one.
+		wantFailure string
 	}{
 		{"spec fails validation", func(a *rdzvv1.Assignment) { a.Spec.Command = nil },
-			[]string{"refusing assignment", "command: is required"}},
+			[]string{"refusing assignment", "command: is required"}, ""},
 		{"reserved env", func(a *rdzvv1.Assignment) { a.Spec.Env = map[string]string{"CUDA_VISIBLE_DEVICES": "0"} },
-			[]string{"refusing assignment", "env.CUDA_VISIBLE_DEVICES"}},
+			[]string{"refusing assignment", "env.CUDA_VISIBLE_DEVICES"}, ""},
 		{"launcher not found", func(a *rdzvv1.Assignment) { a.Spec.LauncherTorchrun = "/nonexistent/torchrun" },
-			[]string{`finding launcher "/nonexistent/torchrun"`}},
+			[]string{`launcher_missing: launcher "/nonexistent/torchrun" not found on node node-a`}, wire.FailureLauncherMissing},
 		{"launcher not on PATH", func(a *rdzvv1.Assignment) { a.Spec.LauncherTorchrun = "rdzv-no-such-torchrun" },
-			[]string{`finding launcher "rdzv-no-such-torchrun": not in the workers' PATH ` + DefaultWorkerPath}},
+			[]string{`launcher "rdzv-no-such-torchrun" not found on node node-a: not in the workers' PATH ` + DefaultWorkerPath}, wire.FailureLauncherMissing},
+		{"python-module's python not on PATH", func(a *rdzvv1.Assignment) {
+			a.Spec.LauncherTorchrun, a.Spec.LauncherKind, a.Spec.LauncherPython = "", "python-module", "rdzv-no-such-python"
+		}, []string{`launcher "rdzv-no-such-python" not found on node node-a`}, wire.FailureLauncherMissing},
+		{"workdir missing", func(a *rdzvv1.Assignment) { a.Spec.Workdir = "/nonexistent/rdzv-job" },
+			[]string{"workdir_missing: workdir /nonexistent/rdzv-job is not a directory on node node-a"}, wire.FailureWorkdirMissing},
+		{"workdir a file", func(a *rdzvv1.Assignment) { a.Spec.Workdir = "/etc/hostname" },
+			[]string{"workdir /etc/hostname is not a directory on node node-a"}, wire.FailureWorkdirMissing},
+		{"checkpoint dir and its parent missing", func(a *rdzvv1.Assignment) { a.Spec.CheckpointDir = "/nonexistent/shared/ckpt" },
+			[]string{"checkpoint_dir_missing: checkpoint.dir /nonexistent/shared/ckpt is not a directory on node node-a, nor is its parent /nonexistent/shared"}, wire.FailureCheckpointDirMissing},
 		{"run_as with a privileged group", func(a *rdzvv1.Assignment) { a.Spec.RunAs = "65534:" + shadow.Gid },
-			[]string{`run_as "65534:` + shadow.Gid + `": has primary group ` + shadow.Gid + ` (shadow), which matches "shadow" in this agent's run_as_policy.privileged_groups; to allow it, remove "shadow" from that list`}},
+			[]string{`run_as "65534:` + shadow.Gid + `": has primary group ` + shadow.Gid + ` (shadow), which matches "shadow" in this agent's run_as_policy.privileged_groups; to allow it, remove "shadow" from that list`}, ""},
 		{"run_as a system user", func(a *rdzvv1.Assignment) { a.Spec.RunAs = "daemon" },
-			[]string{`run_as "daemon": is uid 1 (daemon), which matches no entry of this agent's run_as_policy.allowed_users`}},
+			[]string{`run_as "daemon": is uid 1 (daemon), which matches no entry of this agent's run_as_policy.allowed_users`}, ""},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -297,6 +319,7 @@ func TestSupervisorRefusesToStart(t *testing.T) {
 			st := h.expect("train", 1, wFailed)
 			require.EqualValues(t, -1, st.GetExitCode())
 			require.Nil(t, st.GetExitedAt(), "nothing ran")
+			require.Equal(t, tt.wantFailure, st.GetFailure())
 			for _, m := range tt.wantMessage {
 				require.Contains(t, st.GetMessage(), m)
 			}
@@ -319,7 +342,7 @@ func TestSupervisorWorkersPath(t *testing.T) {
 	a.Spec.LauncherTorchrun = name
 	h.sup.Assign(a)
 	st := h.expect("train", 1, wFailed)
-	require.Contains(t, st.GetMessage(), `finding launcher "rdzv-test-launcher": not in the workers' PATH`)
+	require.Contains(t, st.GetMessage(), `launcher "rdzv-test-launcher" not found on node node-a: not in the workers' PATH`)
 
 	a = h.assignment("train", 2, "ok")
 	a.Spec.LauncherTorchrun = name
@@ -357,18 +380,22 @@ func TestSupervisorJobLogMode(t *testing.T) {
 	require.Equal(t, os.FileMode(0o640), info.Mode().Perm())
 }
 
-func TestLauncherArgs(t *testing.T) {
+// The agent hands every launcher kind the assignment as the controller
+// decided it; jobspec spells it per kind.
+func TestLaunchFromAssignment(t *testing.T) {
 	tests := []struct {
-		name string
-		a    *rdzvv1.Assignment
-		want []string
+		name    string
+		a       *rdzvv1.Assignment
+		program string
+		want    []string
 	}{
 		{
-			name: "rendezvous then command",
+			name: "torchrun: rendezvous then command",
 			a: &rdzvv1.Assignment{
 				Spec:   &rdzvv1.JobSpec{Command: []string{"train.py", "--lr", "3e-4"}},
 				Nnodes: 16, NodeRank: 15, ProcsPerNode: 8, MasterAddr: "10.1.2.3", MasterPort: 29517,
 			},
+			program: "torchrun",
 			want: []string{"--nnodes", "16", "--node_rank", "15", "--nproc_per_node", "8",
 				"--master_addr", "10.1.2.3", "--master_port", "29517", "train.py", "--lr", "3e-4"},
 		},
@@ -378,12 +405,26 @@ func TestLauncherArgs(t *testing.T) {
 				Spec:   &rdzvv1.JobSpec{Command: []string{"-m", "pkg.train"}, LauncherExtraArgs: []string{"--redirects", "3", "--max_restarts=0"}},
 				Nnodes: 1, ProcsPerNode: 1, MasterAddr: "127.0.0.1", MasterPort: 29500,
 			},
+			program: "torchrun",
 			want: []string{"--nnodes", "1", "--node_rank", "0", "--nproc_per_node", "1",
 				"--master_addr", "127.0.0.1", "--master_port", "29500", "--redirects", "3", "--max_restarts=0", "-m", "pkg.train"},
 		},
+		{
+			name: "custom template",
+			a: &rdzvv1.Assignment{
+				Spec:       &rdzvv1.JobSpec{Name: "j", Command: []string{"x.py"}, LauncherKind: "custom", LauncherArgv: []string{"run", "{nnodes}:{node_rank}:{nproc_per_node}", "{master_addr}:{master_port}", "{rdzv_id}"}},
+				Generation: 7, Nnodes: 3, NodeRank: 2, ProcsPerNode: 4, MasterAddr: "10.0.0.1", MasterPort: 29500,
+			},
+			program: "run",
+			want:    []string{"3:2:4", "10.0.0.1:29500", "j-7", "x.py"},
+		},
 	}
 	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) { require.Equal(t, tt.want, LauncherArgs(tt.a)) })
+		t.Run(tt.name, func(t *testing.T) {
+			program, args := jobspec.FromProto(tt.a.GetSpec()).Launch(assignedFor(tt.a))
+			require.Equal(t, tt.program, program)
+			require.Equal(t, tt.want, args)
+		})
 	}
 }
 
@@ -444,4 +485,59 @@ func TestJobPathsStayInStateDir(t *testing.T) {
 	// directory.
 	_, err = h.sup.jobPath("train", "..", "elsewhere")
 	require.ErrorContains(t, err, "outside the state directory")
+}
+
+// recordingLauncher records how it was started and exits 0: a stand-in for
+// any launcher kind, whatever its arguments.
+var recordingLauncher = "#!/bin/sh\nrec=\"$PWD/$RDZV_JOB-$RDZV_GENERATION\"\n" + launchertest.Preamble("[A-Za-z_][A-Za-z0-9_]*") + "exit 0\n"
+
+// Every launcher kind is started with the assignment in its own spelling,
+// and the launcher's environment carries the assignment too.
+func TestSupervisorLaunchesEachKind(t *testing.T) {
+	tests := []struct {
+		name string
+		// set makes launcher the job's launcher of one kind.
+		set  func(s *rdzvv1.JobSpec, launcher string)
+		want []string
+	}{
+		{"torchrun", func(s *rdzvv1.JobSpec, l string) { s.LauncherTorchrun = l },
+			[]string{"--nnodes", "2", "--node_rank", "1", "--nproc_per_node", "2", "--master_addr", "10.0.0.1", "--master_port", "29500", "train.py", "ok"}},
+		{"python-module", func(s *rdzvv1.JobSpec, l string) {
+			s.LauncherKind, s.LauncherTorchrun, s.LauncherPython, s.LauncherModule = "python-module", "", l, "torch.distributed.run"
+		}, []string{"-m", "torch.distributed.run", "--nnodes", "2", "--node_rank", "1", "--nproc_per_node", "2", "--master_addr", "10.0.0.1", "--master_port", "29500", "train.py", "ok"}},
+		{"accelerate", func(s *rdzvv1.JobSpec, l string) {
+			s.LauncherKind, s.LauncherTorchrun, s.LauncherExecutable, s.LauncherExtraArgs = "accelerate", "", l, []string{"--multi_gpu"}
+		}, []string{"launch", "--num_machines", "2", "--machine_rank", "1", "--num_processes", "4", "--main_process_ip", "10.0.0.1", "--main_process_port", "29500", "--rdzv_backend", "static", "--multi_gpu", "train.py", "ok"}},
+		{"deepspeed", func(s *rdzvv1.JobSpec, l string) {
+			s.LauncherKind, s.LauncherTorchrun, s.LauncherExecutable = "deepspeed", "", l
+		}, []string{"--no_ssh", "--hostfile", "HOSTFILE", "--num_nodes", "2", "--node_rank", "1", "--num_gpus", "2", "--master_addr", "10.0.0.1", "--master_port", "29500", "train.py", "ok"}},
+		{"custom", func(s *rdzvv1.JobSpec, l string) {
+			s.LauncherKind, s.LauncherTorchrun, s.LauncherArgv = "custom", "", []string{l, "--world={world_size}", "{master_addr}:{master_port}", "{node_rank}/{nnodes}x{nproc_per_node}", "{rdzv_id}"}
+		}, []string{"--world=4", "10.0.0.1:29500", "1/2x2", "train-5", "train.py", "ok"}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			h := newSupervisor(t)
+			launcher := filepath.Join(t.TempDir(), "launcher")
+			require.NoError(t, os.WriteFile(launcher, []byte(recordingLauncher), 0o755))
+			a := h.assignment("train", 5, "ok")
+			tt.set(a.Spec, launcher)
+			h.sup.Assign(a)
+			h.expect("train", 5, wRunning)
+			h.expect("train", 5, wSucceeded)
+			rec := h.record("train", 5)
+			want := slices.Clone(tt.want)
+			if i := slices.Index(want, "HOSTFILE"); i >= 0 {
+				want[i] = filepath.Join(h.stateDir, "launch", "train.hostfile")
+				b, err := os.ReadFile(want[i])
+				require.NoError(t, err)
+				require.Equal(t, "rdzv-node-0 slots=2\nrdzv-node-1 slots=2\n", string(b))
+			}
+			require.Equal(t, want, rec.Args)
+			for k, v := range map[string]string{"MASTER_ADDR": "10.0.0.1", "MASTER_PORT": "29500", "WORLD_SIZE": "4", "NODE_RANK": "1",
+				"RDZV_NNODES": "2", "RDZV_PROCS_PER_NODE": "2", "NCCL_SOCKET_IFNAME": "eth9", "CUDA_VISIBLE_DEVICES": "2,3"} {
+				require.Equal(t, v, rec.Env[k], k)
+			}
+		})
+	}
 }

@@ -6,6 +6,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 
 	"go.uber.org/zap"
 	"google.golang.org/protobuf/proto"
@@ -181,6 +182,14 @@ func (c *Controller) advanceJob(js *jobState) {
 			case rdzvv1.WorkerState_WORKER_STATE_SUCCEEDED:
 				succeeded++
 			case rdzvv1.WorkerState_WORKER_STATE_FAILED, rdzvv1.WorkerState_WORKER_STATE_STOPPED:
+				// The job's configuration does not fit the node (a missing
+				// workdir): every restart would fail the same way, into a
+				// crash loop. The operator fixes the job or the node.
+				if f := w.GetFailure(); f != "" {
+					c.finish(js, rdzvv1.JobState_JOB_STATE_FAILED, fmt.Sprintf("%s: node %s (rank %d): %s; not restarted, as a restart would fail the same way: fix the job file or the node, then start the job again",
+						f, a.GetNode(), a.GetNodeRank(), strings.TrimPrefix(w.GetMessage(), f+": ")))
+					return
+				}
 				c.attemptFailed(js, fmt.Sprintf("node %s (rank %d): workers %s", a.GetNode(), a.GetNodeRank(), describeExit(w)), c.detectionLatency(w))
 				return
 			}

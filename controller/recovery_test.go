@@ -5,6 +5,7 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
+	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
@@ -251,4 +252,27 @@ func TestRecoveryTimeRunsUntilTrainingResumes(t *testing.T) {
 	j = c.waitJob("timed", func(j *rdzvv1.Job) bool { return j.GetRecoveryStartedAt() == nil })
 	require.NotNil(t, j.GetTrainingSince())
 	require.GreaterOrEqual(t, j.GetRecoveryTime().AsDuration(), 300*time.Millisecond, "start-up is part of the outage")
+}
+
+// A node that lacks the job's workdir fails the job at once with that
+// reason: a restart would fail the same way, into a crash loop.
+func TestConfigFailureIsNotRestarted(t *testing.T) {
+	c := newCluster(t)
+	a, b := c.connectFake("node-a"), c.connectFake("node-b")
+	a.keepAlive()
+	b.keepAlive()
+	c.startJob(c.recoverable("nodir", 2, 5))
+	a1, b1 := a.run(), b.run()
+	require.NotNil(t, a1.GetJobCreatedAt(), "agents tell runs of a job name apart by it")
+	require.True(t, proto.Equal(a1.GetJobCreatedAt(), b1.GetJobCreatedAt()))
+	b.send(&rdzvv1.ConnectRequest{Msg: &rdzvv1.ConnectRequest_WorkerStatus{WorkerStatus: &rdzvv1.WorkerStatus{
+		Job: "nodir", Generation: b1.GetGeneration(), State: rdzvv1.WorkerState_WORKER_STATE_FAILED, ExitCode: -1,
+		Failure: "workdir_missing", Message: "workdir_missing: workdir /shared/nodir is not a directory on node node-b",
+	}}})
+	j := c.waitJobState("nodir", failed)
+	require.Equal(t, "workdir_missing: node node-b (rank 1): workdir /shared/nodir is not a directory on node node-b; not restarted, as a restart would fail the same way: fix the job file or the node, then start the job again", j.GetReason())
+	require.Zero(t, j.GetRestarts())
+	a.expectStop(a1)
+	require.NotContains(t, eventKinds(c.events("nodir")), "attempt_failed")
+	require.Contains(t, eventKinds(c.events("nodir")), "job_failed")
 }

@@ -423,6 +423,6 @@ func assignmentOf(js *jobState, a *rdzvv1.NodeAssignment) *rdzvv1.Assignment {
 		Spec: js.rec.GetSpec(), Generation: js.round.GetGeneration(), NodeRank: a.GetNodeRank(),
 		Nnodes: uint32(len(js.round.GetNodes())), ProcsPerNode: js.rec.GetSpec().GetProcsPerNode(),
 		MasterAddr: js.round.GetMasterAddr(), MasterPort: js.round.GetMasterPort(), GpuIndices: a.GetGpuIndices(),
-		ResumeFrom: js.rec.GetLatestCheckpoint().GetPath(),
+		ResumeFrom: js.rec.GetLatestCheckpoint().GetPath(), JobCreatedAt: js.rec.GetCreatedAt(),
 	}
 }

@@ -58,8 +58,13 @@ type Spec struct {
 	// RunAs is the user the workers run as (name or uid[:gid]); empty uses
 	// the agent's run_as.
 	RunAs string `json:"run_as"`
+
+	// pos is where each field was in the job file, for Validate's errors;
+	// nil for a spec that did not come from one.
+	pos map[string]position
 }
 
+// NodeRange is nodes: a number, a range "2-4" or {min: 2, max: 4}.
 type NodeRange struct {
 	Min int `json:"min"`
 	Max int `json:"max"`
@@ -126,8 +131,21 @@ type Rendezvous struct {
 	Timeout *wire.Duration `json:"timeout"`
 }
 
+// Launcher is what starts the workers on each node (see launchers.go).
 type Launcher struct {
-	Torchrun  string   `json:"torchrun"`
+	// Kind is torchrun (the default), python-module, accelerate,
+	// deepspeed or custom.
+	Kind string `json:"kind"`
+	// Torchrun is the torchrun executable (kind torchrun).
+	Torchrun string `json:"torchrun"`
+	// Python and Module run `<python> -m <module>` with torchrun's options
+	// (kind python-module).
+	Python string `json:"python"`
+	Module string `json:"module"`
+	// Executable is accelerate's or deepspeed's launcher.
+	Executable string `json:"executable"`
+	// Argv is a custom launcher's command line with placeholders.
+	Argv      []string `json:"argv"`
 	ExtraArgs []string `json:"extra_args"`
 }
 
@@ -167,15 +185,25 @@ func resolve(base, p string) string {
 }
 
 // Parse decodes job.yaml strictly (unknown fields and wrong types are
-// errors) and applies defaults.
+// errors, each with its line and column) and applies defaults.
 func Parse(data []byte) (*Spec, error) {
 	if len(data) > MaxFileBytes {
 		return nil, fmt.Errorf("job is %d bytes, more than the %d allowed: %w", len(data), MaxFileBytes, ErrInvalid)
 	}
+	pos, errs, err := checkYAML(data)
+	if err != nil {
+		return nil, fmt.Errorf("parsing job: not valid YAML: %v: %w", err, ErrInvalid)
+	}
+	if len(errs) > 0 {
+		return nil, &ValidationError{Errors: errs}
+	}
 	var spec Spec
+	// checkYAML has already refused what this would; an error here is a
+	// case it missed, still refused.
 	if err := yaml.UnmarshalStrict(data, &spec); err != nil {
 		return nil, fmt.Errorf("parsing job: %v: %w", err, ErrInvalid)
 	}
+	spec.pos = pos
 	spec.Default()
 	return &spec, nil
 }
@@ -194,9 +222,7 @@ func (s *Spec) Default() {
 	if s.Rendezvous.Timeout == nil {
 		s.Rendezvous.Timeout = wire.Dur(DefaultTimeout)
 	}
-	if s.Launcher.Torchrun == "" {
-		s.Launcher.Torchrun = DefaultTorchrun
-	}
+	s.Launcher.defaultLauncher()
 	if s.Restart.MaxRestarts == nil {
 		n := DefaultRestarts
 		s.Restart.MaxRestarts = &n

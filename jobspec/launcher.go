@@ -16,10 +16,10 @@ import (
 // attached values), each option also from the environment as
 // PET_<OPTION>, and the variables torchrun sets for its workers.
 
-// torchrunOption is one of torchrun's options, named by its dest: the long
+// launcherOption is one of torchrun's options, named by its dest: the long
 // name with '_', which torch 1.13 accepts as is and torch 2.x also spelled
 // with '-'.
-type torchrunOption struct {
+type launcherOption struct {
 	name string
 	// short is the single-dash letter, if any.
 	short byte
@@ -41,7 +41,7 @@ const rdzvRendezvous = "rdzv runs the rendezvous itself (torchrun's static backe
 // are refused in every spelling whether or not the list is complete; the
 // list only tells which other options take a value, and lets a job give an
 // option whose exact name is a prefix of a reserved one.
-var torchrunOptions = []torchrunOption{
+var torchrunOptions = []launcherOption{
 	{name: "help", short: 'h', flag: true},
 	{name: "nnodes", setBy: "the number of nodes the controller admitted, within nodes.min and nodes.max"},
 	{name: "nproc_per_node", setBy: "procs_per_node"},
@@ -129,7 +129,7 @@ func reservedEnvReason(name string) string {
 // positional argument, the training script, which may be in either list
 // (command: [-m, pkg.train]). No argument there may spell a reserved
 // option, nor may any in extra_args, which are all meant for torchrun.
-func validateLauncherArgs(extra, command []string) []*wire.FieldError {
+func validateLauncherArgs(k *launcherKind, extra, command []string) []*wire.FieldError {
 	args := append(extra[:len(extra):len(extra)], command...)
 	// end is where torchrun's options end: the training script, or "--".
 	// Where it cannot tell whether an option takes a value, it assumes one,
@@ -140,20 +140,20 @@ func validateLauncherArgs(extra, command []string) []*wire.FieldError {
 			end = i
 			break
 		}
-		if takesNextArg(args[i]) {
+		if takesNextArg(k, args[i]) {
 			i++ // the value: were it an option, torchrun would refuse it
 		}
 	}
 	var errs []*wire.FieldError
 	for i, a := range args[:max(end, len(extra))] {
-		reason := reservedArgReason(a)
+		reason := reservedArgReason(k, a)
 		if reason == "" {
 			continue
 		}
 		field := fmt.Sprintf("launcher.extra_args[%d]", i)
 		if i >= len(extra) {
 			field = fmt.Sprintf("command[%d]", i-len(extra))
-			reason += " (torchrun reads command up to the training script as its own options; put torchrun's in launcher.extra_args)"
+			reason += fmt.Sprintf(" (%[1]s reads command up to the training script as its own options; put %[1]s's in launcher.extra_args)", k.program)
 		}
 		errs = append(errs, &wire.FieldError{Field: field, Value: wire.Quote(a), Reason: reason})
 	}
@@ -185,18 +185,19 @@ func optionName(arg string) (name string, dashes int, ok bool) {
 // torchrun fail. A single dash reaches no long option in argparse, but is
 // held to the same rule for safety, except for torchrun's short options
 // themselves (-m, -r3), none of which is reserved.
-func reservedArgReason(arg string) string {
+func reservedArgReason(k *launcherKind, arg string) string {
 	name, dashes, ok := optionName(arg)
 	if !ok {
 		return ""
 	}
-	var hits []torchrunOption
-	for _, o := range torchrunOptions {
-		if o.name == name || (dashes == 1 && len(name) == 1 && o.short == name[0]) {
+	var hits []launcherOption
+	for _, o := range k.options {
+		// A reserved short option also with its value attached (-Hfile).
+		if o.name == name || (dashes == 1 && o.short != 0 && o.short == name[0] && (len(name) == 1 || o.setBy != "")) {
 			if o.setBy == "" {
 				return ""
 			}
-			hits = []torchrunOption{o}
+			hits = []launcherOption{o}
 			break
 		}
 		if o.setBy != "" && strings.HasPrefix(o.name, name) {
@@ -207,27 +208,27 @@ func reservedArgReason(arg string) string {
 	case 0:
 		return ""
 	case 1:
-		return fmt.Sprintf("spells torchrun's --%s, which rdzv sets: %s", hits[0].name, hits[0].setBy)
+		return fmt.Sprintf("spells %s's --%s, which rdzv sets: %s", k.program, hits[0].name, hits[0].setBy)
 	}
 	names := make([]string, len(hits))
 	for i, o := range hits {
 		names[i] = "--" + o.name
 	}
-	return fmt.Sprintf("could be read by torchrun as %s, which rdzv sets", strings.Join(names, " or "))
+	return fmt.Sprintf("could be read by %s as %s, which rdzv sets", k.program, strings.Join(names, " or "))
 }
 
 // takesNextArg says whether torchrun may take the argument after arg as
 // arg's value: arg is an option without '=' that is not known to be a flag.
 // Single-dash arguments are read as argparse reads them: a short option,
 // then its attached value or more short flags.
-func takesNextArg(arg string) bool {
+func takesNextArg(k *launcherKind, arg string) bool {
 	name, dashes, ok := optionName(arg)
 	if !ok || strings.Contains(arg, "=") {
 		return false
 	}
 	if dashes == 1 {
 		for i := 0; i < len(name); i++ {
-			o, known := shortOption(name[i])
+			o, known := k.shortOption(name[i])
 			if !known {
 				return true
 			}
@@ -237,18 +238,18 @@ func takesNextArg(arg string) bool {
 		}
 		return false
 	}
-	for _, o := range torchrunOptions {
+	for _, o := range k.options {
 		if o.name == name {
 			return !o.flag
 		}
 	}
-	var match *torchrunOption
-	for i, o := range torchrunOptions {
+	var match *launcherOption
+	for i, o := range k.options {
 		if strings.HasPrefix(o.name, name) {
 			if match != nil {
-				return true // ambiguous: torchrun refuses it anyway
+				return true // ambiguous: the launcher refuses it anyway
 			}
-			match = &torchrunOptions[i]
+			match = &k.options[i]
 		}
 	}
 	// An option torchrun does not know may be a newer torch's, taking a
@@ -256,11 +257,11 @@ func takesNextArg(arg string) bool {
 	return match == nil || !match.flag
 }
 
-func shortOption(c byte) (torchrunOption, bool) {
-	for _, o := range torchrunOptions {
+func (k *launcherKind) shortOption(c byte) (launcherOption, bool) {
+	for _, o := range k.options {
 		if o.short != 0 && o.short == c {
 			return o, true
 		}
 	}
-	return torchrunOption{}, false
+	return launcherOption{}, false
 }

@@ -165,7 +165,7 @@ json.dump(opts, sys.stdout)
 		Flag    bool
 	}
 	require.NoError(t, json.Unmarshal(out, &installed))
-	known := map[string]torchrunOption{}
+	known := map[string]launcherOption{}
 	for _, o := range torchrunOptions {
 		known[o.name] = o
 	}

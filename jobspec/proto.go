@@ -12,23 +12,28 @@ import (
 // ToProto converts a defaulted Spec for the wire.
 func (s *Spec) ToProto() *rdzvv1.JobSpec {
 	p := &rdzvv1.JobSpec{
-		Name:              s.Name,
-		NodesMin:          uint32(s.Nodes.Min),
-		NodesMax:          uint32(s.Nodes.Max),
-		NodesSpares:       uint32(s.Nodes.Spares),
-		GpusPerNode:       uint32(s.GPUsPerNode),
-		ProcsPerNode:      uint32(s.ProcsPerNode),
-		Command:           s.Command,
-		Workdir:           s.Workdir,
-		Env:               s.Env,
-		SecretEnv:         s.SecretEnv,
-		EnvFiles:          s.EnvFiles,
-		RunAs:             s.RunAs,
-		Selector:          s.Selector,
-		CheckpointDir:     s.Checkpoint.Dir,
-		LauncherTorchrun:  s.Launcher.Torchrun,
-		LauncherExtraArgs: s.Launcher.ExtraArgs,
-		CheckpointMarkers: s.Checkpoint.Markers,
+		Name:               s.Name,
+		NodesMin:           uint32(s.Nodes.Min),
+		NodesMax:           uint32(s.Nodes.Max),
+		NodesSpares:        uint32(s.Nodes.Spares),
+		GpusPerNode:        uint32(s.GPUsPerNode),
+		ProcsPerNode:       uint32(s.ProcsPerNode),
+		Command:            s.Command,
+		Workdir:            s.Workdir,
+		Env:                s.Env,
+		SecretEnv:          s.SecretEnv,
+		EnvFiles:           s.EnvFiles,
+		RunAs:              s.RunAs,
+		Selector:           s.Selector,
+		CheckpointDir:      s.Checkpoint.Dir,
+		LauncherTorchrun:   s.Launcher.Torchrun,
+		LauncherExtraArgs:  s.Launcher.ExtraArgs,
+		LauncherKind:       s.Launcher.Kind,
+		LauncherPython:     s.Launcher.Python,
+		LauncherModule:     s.Launcher.Module,
+		LauncherExecutable: s.Launcher.Executable,
+		LauncherArgv:       s.Launcher.Argv,
+		CheckpointMarkers:  s.Checkpoint.Markers,
 	}
 	if s.Restart.MaxRestarts != nil {
 		p.RestartMaxRestarts = uint32(*s.Restart.MaxRestarts)
@@ -73,7 +78,8 @@ func FromProto(p *rdzvv1.JobSpec) *Spec {
 		RunAs:        p.GetRunAs(),
 		Selector:     p.GetSelector(),
 		Checkpoint:   Checkpoint{Dir: p.GetCheckpointDir(), Markers: p.GetCheckpointMarkers()},
-		Launcher:     Launcher{Torchrun: p.GetLauncherTorchrun(), ExtraArgs: p.GetLauncherExtraArgs()},
+		Launcher: Launcher{Kind: p.GetLauncherKind(), Torchrun: p.GetLauncherTorchrun(), Python: p.GetLauncherPython(), Module: p.GetLauncherModule(),
+			Executable: p.GetLauncherExecutable(), Argv: p.GetLauncherArgv(), ExtraArgs: p.GetLauncherExtraArgs()},
 	}
 	if p.RendezvousLastCall != nil {
 		s.Rendezvous.LastCall = wire.Dur(p.RendezvousLastCall.AsDuration())

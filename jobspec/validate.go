@@ -112,14 +112,7 @@ func (s *Spec) Validate() error {
 		add("rendezvous.timeout", durString(to), "must be 0s (wait forever) or a positive duration")
 	}
 
-	if strings.TrimSpace(s.Launcher.Torchrun) == "" || len(s.Launcher.Torchrun) > maxPathLen {
-		add("launcher.torchrun", wire.Quote(s.Launcher.Torchrun), "must name the torchrun executable")
-	}
-	if len(s.Launcher.ExtraArgs) > maxArgs {
-		add("launcher.extra_args", fmt.Sprint(len(s.Launcher.ExtraArgs)), fmt.Sprintf("at most %d arguments are allowed", maxArgs))
-	}
-	errs = append(errs, validateArgs("launcher.extra_args", s.Launcher.ExtraArgs)...)
-	errs = append(errs, validateLauncherArgs(s.Launcher.ExtraArgs, s.Command)...)
+	errs = append(errs, s.validateLauncher()...)
 
 	if r := s.Restart.MaxRestarts; r == nil || *r < 0 || *r > maxRestarts {
 		add("restart.max_restarts", fmt.Sprint(derefInt(r)), fmt.Sprintf("must be between 0 and %d", maxRestarts))
@@ -163,7 +156,26 @@ func (s *Spec) Validate() error {
 	if len(errs) == 0 {
 		return nil
 	}
+	for _, fe := range errs {
+		s.locate(fe)
+	}
 	return &ValidationError{Errors: errs}
+}
+
+// locate places fe at its field in the job file, or at the nearest
+// enclosing field that is there (a defaulted nodes.max is at nodes).
+func (s *Spec) locate(fe *wire.FieldError) {
+	for field := fe.Field; field != ""; {
+		if p, ok := s.pos[field]; ok {
+			fe.Line, fe.Column = p.line, p.column
+			return
+		}
+		i := strings.LastIndexAny(field, ".[")
+		if i < 0 {
+			return
+		}
+		field = field[:i]
+	}
 }
 
 // validateEnv checks env, secret_env and env_files together: they end up in

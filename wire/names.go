@@ -26,13 +26,20 @@ type FieldError struct {
 	Field  string
 	Value  string
 	Reason string
+	// Line and Column locate the field in the job file it came from (from
+	// 1); 0 when the spec did not come from a file (the API, an agent).
+	Line, Column int
 }
 
 func (e *FieldError) Error() string {
-	if e.Value == "" {
-		return fmt.Sprintf("%s: %s", e.Field, e.Reason)
+	at := ""
+	if e.Line > 0 {
+		at = fmt.Sprintf("line %d, column %d: ", e.Line, e.Column)
 	}
-	return fmt.Sprintf("%s: %s (got %s)", e.Field, e.Reason, e.Value)
+	if e.Value == "" {
+		return fmt.Sprintf("%s%s: %s", at, e.Field, e.Reason)
+	}
+	return fmt.Sprintf("%s%s: %s (got %s)", at, e.Field, e.Reason, e.Value)
 }
 
 // ValidateName checks a job or node name (a DNS-1123 label), so that names

@@ -22,6 +22,9 @@ func main() {
 		return
 	}
 	cfg, err := config(os.Args[1:])
+	if errors.Is(err, cli.ErrExit) {
+		return
+	}
 	if err != nil {
 		cli.Fatal("rdzv-agent", err)
 	}
@@ -64,6 +67,12 @@ func shim(args []string) {
 	cli.RunDaemon("rdzv-agent shim", log, agent.Shim{Dir: *dir, Ready: os.Stdout, Log: log.Named("shim")})
 }
 
+// about is the start of --help.
+const about = `rdzv-agent runs on every GPU node: it registers the node with the
+rdzv controller, starts and supervises the workers of the jobs the
+controller assigns to the node, and reports their state, progress and
+checkpoints. Under systemd it runs as deploy/systemd/rdzv-agent.service.`
+
 func config(args []string) (agent.Config, error) {
 	fs := flag.NewFlagSet("rdzv-agent", flag.ContinueOnError)
 	def := agent.DefaultConfig()
@@ -83,7 +92,7 @@ func config(args []string) (agent.Config, error) {
 	allowRoot := fs.Bool("allow-root", def.AllowRoot, "let workers run as root")
 	tlsFiles := cli.TLSFlags(fs, "agent")
 	insecure := fs.Bool("insecure", false, "connect without TLS, to a controller started with --insecure (local tests and the demo only)")
-	if err := fs.Parse(args); err != nil {
+	if err := cli.Parse(fs, args, about); err != nil {
 		return def, err
 	}
 	cfg := def

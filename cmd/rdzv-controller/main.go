@@ -2,6 +2,7 @@
 package main
 
 import (
+	"errors"
 	"flag"
 	"fmt"
 	"net"
@@ -20,6 +21,9 @@ import (
 
 func main() {
 	cfg, pprofSocket, err := config(os.Args[1:])
+	if errors.Is(err, cli.ErrExit) {
+		return
+	}
 	if err != nil {
 		cli.Fatal("rdzv-controller", err)
 	}
@@ -38,6 +42,13 @@ func main() {
 	}
 	cli.RunDaemon("rdzv-controller", log, ctl)
 }
+
+// about is the start of --help.
+const about = `rdzv-controller is the rdzv control plane: it keeps the cluster's
+state in etcd (embedded unless --etcd-endpoints), elects a leader among
+its replicas, admits jobs, runs their rendezvous on the agents' nodes and
+recovers them from failures. Under systemd it runs as
+deploy/systemd/rdzv-controller.service.`
 
 func config(args []string) (cfg controller.Config, pprofSocket string, err error) {
 	fs := flag.NewFlagSet("rdzv-controller", flag.ContinueOnError)
@@ -65,7 +76,7 @@ func config(args []string) (cfg controller.Config, pprofSocket string, err error
 	tlsFiles := cli.TLSFlags(fs, "controller")
 	insecure := fs.Bool("insecure", false, "serve without TLS or authentication (local tests and the demo only)")
 	pprofSock := fs.String("pprof-socket", "", "serve Go's runtime profiles (net/http/pprof) on this Unix socket, mode 0600, for profiling (off when empty)")
-	if err := fs.Parse(args); err != nil {
+	if err := cli.Parse(fs, args, about); err != nil {
 		return def, "", err
 	}
 	cfg = def

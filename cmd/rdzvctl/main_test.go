@@ -55,7 +55,7 @@ func TestRun(t *testing.T) {
 		{"start missing file", []string{"start", "/nonexistent/job.yaml"}, 1, "reading job file"},
 		{"start invalid job names the field", []string{"--controller", down, "start", badJob}, 1, "nodes.max: must be at least nodes.min (3)"},
 		{"start unknown field names it", []string{"--controller", down, "start", badJob + "x"}, 1, "reading job file"},
-		{"start unknown yaml field", []string{"--controller", down, "start", unknownField}, 1, `unknown field "nodez"`},
+		{"start unknown yaml field", []string{"--controller", down, "start", unknownField}, 1, "nodez: unknown field; did you mean nodes?"},
 		{"bad output format", []string{"-o", "xml", "nodes"}, 2, `-o: want table, wide, json, yaml, name or jsonpath=EXPR, got "xml"`},
 		{"bad jsonpath", []string{"-o", "jsonpath={.nodes[}", "nodes"}, 2, "is not a JSONPath expression"},
 		{"status too many args", []string{"status", "a", "b"}, 2, "at most one job name"},

@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
@@ -60,6 +61,10 @@ type cluster struct {
 	// agentArgs extra flags for every agent; set them before starting.
 	heartbeatTimeout string
 	agentArgs        []string
+	// controllerWrap and agentWrap, when set, run the daemons under a
+	// wrapper command (the systemd units' sandboxes, systemd_test.go).
+	controllerWrap []string
+	agentWrap      func(i int) []string
 	// killed marks the agent hosts whose processes a test killed on purpose.
 	killed map[int]bool
 	// pkiDir holds the cluster CA and every certificate, made by rdzvctl
@@ -156,7 +161,12 @@ func (c *cluster) startController(etcdArgs ...string) {
 	c.t.Helper()
 	c.controllerArgs = append([]string{"--listen", c.controllerAddr, "--heartbeat-timeout", c.heartbeatTimeout}, etcdArgs...)
 	c.controllerArgs = append(c.controllerArgs, c.tlsArgs("controller", "rdzv-controller")...)
-	c.controller = c.controllerHost().Start(c.t, "controller", nil, append([]string{c.controllerBin}, c.controllerArgs...)...)
+	c.controller = c.controllerHost().Start(c.t, "controller", nil, c.controllerArgv()...)
+}
+
+// controllerArgv is the controller's command line, wrapped if asked.
+func (c *cluster) controllerArgv() []string {
+	return append(slices.Clone(c.controllerWrap), append([]string{c.controllerBin}, c.controllerArgs...)...)
 }
 
 // restartController stops the controller with SIGTERM, as systemd would, and
@@ -173,7 +183,7 @@ func (c *cluster) restartController() {
 	}
 	require.NoError(t, c.controller.Wait(), "controller did not exit cleanly on SIGTERM")
 	t.Logf("e2e: controller exited %s after SIGTERM", time.Since(begin).Round(time.Millisecond))
-	c.controller = c.controllerHost().Start(t, "controller", nil, append([]string{c.controllerBin}, c.controllerArgs...)...)
+	c.controller = c.controllerHost().Start(t, "controller", nil, c.controllerArgv()...)
 }
 
 // startAgents runs one agent per agent host without --node-name, so each
@@ -190,7 +200,11 @@ func (c *cluster) startAgents() {
 func (c *cluster) agentArgv(i int) []string {
 	argv := append([]string{c.agentBin, "--controller", c.controllerAddr, "--state-dir", c.stateDir(i), "--run-as", "root", "--allow-root"},
 		c.tlsArgs("agent", c.agentHost(i).Name)...)
-	return append(argv, c.agentArgs...)
+	argv = append(argv, c.agentArgs...)
+	if c.agentWrap != nil {
+		argv = append(c.agentWrap(i), argv...)
+	}
+	return argv
 }
 
 // restartAgent stops agent i with SIGTERM, as `systemctl restart` does, and

@@ -34,7 +34,7 @@ func TestTrainingJobEmbeddedEtcd(t *testing.T) {
 			want string
 		}{
 			{"bad-nodes", func(spec map[string]any) { spec["nodes"] = map[string]any{"min": 3, "max": 1} }, "nodes.max"},
-			{"bad-field", func(spec map[string]any) { spec["bogus_field"] = true }, `unknown field "bogus_field"`},
+			{"bad-field", func(spec map[string]any) { spec["bogus_field"] = true }, "bogus_field: unknown field"},
 			// The spelling found in review: an abbreviation torchrun
 			// accepts for --nnodes.
 			{"abbreviated-nnodes", func(spec map[string]any) {
@@ -64,6 +64,15 @@ func TestTrainingJobEmbeddedEtcd(t *testing.T) {
 		require.Len(t, list.Jobs, 1, out)
 		require.Equal(t, job.Name, list.Jobs[0].Spec.Name)
 		require.Equal(t, "JOB_STATE_SUCCEEDED", list.Jobs[0].State)
+	})
+
+	t.Run("a workdir missing on the nodes fails the job at once", func(t *testing.T) {
+		name := "no-workdir"
+		c.ctlOK(t, "start", job.variant(t, name, func(spec map[string]any) { spec["workdir"] = "/nonexistent/rdzv-e2e" }))
+		j := c.waitJob(t, name, "failed", func(j jobJSON) bool { return j.State == "JOB_STATE_FAILED" })
+		require.Regexp(t, `^workdir_missing: node \S+ \(rank \d\): workdir /nonexistent/rdzv-e2e is not a directory on node \S+; not restarted`, j.Reason)
+		require.Zero(t, j.Restarts, "a restart would fail the same way")
+		requireIdle(t, c)
 	})
 
 	t.Run("run_as with a privileged group is refused", func(t *testing.T) {
@@ -204,7 +213,12 @@ func TestTrainingJobExternalEtcd(t *testing.T) {
 	c.startController(append([]string{"--etcd-endpoints", endpoint, "--etcd-cacert", ca,
 		"--etcd-cert", controllerTLS[1], "--etcd-key", controllerTLS[2]}, c.secretsKeyArgs()...)...)
 	c.startAgents()
-	job, _ := trainAndVerify(t, c)
+	// This run also covers launcher.kind python-module: the example job
+	// through python3 -m torch.distributed.run rather than torchrun.
+	job, _ := trainAndVerify(t, c, pythonModule)
+	for i := range agentHosts {
+		require.Regexp(t, `started [^\n]*: /usr/bin/python3 -m torch\.distributed\.run --nnodes 3 --node_rank \d --nproc_per_node 2 `, c.nodeLog(t, i, job.Name))
+	}
 
 	// The job's whole history must be in the external etcd: the controller
 	// must not have fallen back to an etcd of its own.

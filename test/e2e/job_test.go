@@ -36,8 +36,8 @@ type jobFile struct {
 // writeJob derives the job from examples/job.yaml, so that the shipped
 // example is what gets exercised: exactly three nodes with two workers each,
 // the example's script and launcher flags, and everything it writes kept
-// under dir.
-func writeJob(t *testing.T, dir string) jobFile {
+// under dir. edits then change the spec further.
+func writeJob(t *testing.T, dir string, edits ...func(spec map[string]any)) jobFile {
 	t.Helper()
 	examples, err := filepath.Abs(filepath.Join("..", "..", "examples"))
 	require.NoError(t, err)
@@ -76,11 +76,24 @@ func writeJob(t *testing.T, dir string) jobFile {
 	// torchrun refuses a log directory that is not empty, so it must be
 	// this run's own.
 	extra[i+1] = filepath.Join(dir, "torchrun-logs")
+	for _, edit := range edits {
+		edit(spec)
+	}
 
 	job.data, err = yaml.Marshal(spec)
 	require.NoError(t, err)
 	require.NoError(t, os.WriteFile(job.Path, job.data, 0o644))
 	return job
+}
+
+// pythonModule runs the job with launcher.kind python-module: Debian's
+// python3 -m torch.distributed.run, with the example's torchrun options.
+func pythonModule(spec map[string]any) {
+	launcher := spec["launcher"].(map[string]any)
+	delete(launcher, "torchrun")
+	launcher["kind"] = "python-module"
+	launcher["python"] = "python3"
+	launcher["module"] = "torch.distributed.run"
 }
 
 // variant writes a copy of the job named name, changed by edit.
@@ -99,15 +112,16 @@ func (j jobFile) variant(t *testing.T, name string, edit func(spec map[string]an
 
 // trainAndVerify waits for the agents, runs the job to completion with
 // `rdzvctl start --wait` and checks what every operator-facing view says
-// about it. It returns the job and its events.
-func trainAndVerify(t *testing.T, c *cluster) (jobFile, []eventJSON) {
+// about it. It returns the job and its events. edits change the job (see
+// writeJob).
+func trainAndVerify(t *testing.T, c *cluster, edits ...func(spec map[string]any)) (jobFile, []eventJSON) {
 	t.Helper()
 	begin := time.Now()
 	nodes := c.waitReady(t)
 	t.Logf("e2e: %d agents ready %s after the daemons started", len(nodes), time.Since(begin).Round(time.Millisecond))
 	requireNodeIdentity(t, c, nodes)
 
-	job := writeJob(t, c.dir)
+	job := writeJob(t, c.dir, edits...)
 	c.job = job.Name
 	begin = time.Now()
 	r := c.ctlWith(jobTimeout, "--controller", c.controllerAddr, "start", "--wait", job.Path)

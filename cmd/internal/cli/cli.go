@@ -3,19 +3,23 @@
 package cli
 
 import (
+	"bytes"
 	"context"
+	"errors"
 	"flag"
 	"fmt"
+	"io"
 	"os"
 	"os/signal"
 	"strings"
 	"syscall"
 
-	"golang.org/x/sync/errgroup"
+	"github.com/coreos/go-systemd/v22/daemon"
 
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
 
+	"github.com/rdzv/rdzv/buildinfo"
 	"github.com/rdzv/rdzv/pki"
 )
 
@@ -102,20 +106,93 @@ func Fatal(prog string, err error) {
 	os.Exit(1)
 }
 
+// ErrExit is returned by Parse when it has answered --help or --version:
+// the caller exits 0.
+var ErrExit = errors.New("answered --help or --version")
+
+// Parse parses a daemon's flags, adding --version. --help and --version
+// print to stdout and return ErrExit (exit 0, as any command's help);
+// a flag error is returned with a pointer to --help, and nothing else is
+// printed, so the caller prints it once.
+func Parse(fs *flag.FlagSet, args []string, about string) error {
+	version := fs.Bool("version", false, "print the version and exit")
+	fs.SetOutput(io.Discard)
+	fs.Usage = func() {}
+	err := fs.Parse(args)
+	switch {
+	case errors.Is(err, flag.ErrHelp):
+		fmt.Print(Usage(fs, about))
+		return ErrExit
+	case err != nil:
+		return fmt.Errorf("%w (see %s --help)", err, fs.Name())
+	case *version:
+		fmt.Printf("%s %s\n", fs.Name(), buildinfo.Get())
+		return ErrExit
+	case fs.NArg() > 0:
+		return fmt.Errorf("unexpected argument %q: %s takes flags only (see %s --help)", fs.Arg(0), fs.Name(), fs.Name())
+	}
+	return nil
+}
+
+// Usage is a daemon's --help: what it is, then every flag with its default.
+// docs/daemons.md is made of it.
+func Usage(fs *flag.FlagSet, about string) string {
+	var b bytes.Buffer
+	fmt.Fprintf(&b, "Usage: %s [flags]\n\n%s\n\nFlags (a flag given overrides the --config file):\n", fs.Name(), strings.TrimSpace(about))
+	out := fs.Output()
+	fs.SetOutput(&b)
+	fs.PrintDefaults()
+	fs.SetOutput(out)
+	return b.String()
+}
+
 // Daemon is a long-running component.
 type Daemon interface {
 	Run(ctx context.Context) error
 }
 
+// readier is a Daemon that says when it is ready for systemd's
+// Type=notify: the controller once it serves, the agent once it supervises
+// (see the units in deploy/systemd).
+type readier interface {
+	Ready() <-chan struct{}
+}
+
 // RunDaemon runs d until SIGINT or SIGTERM and exits non-zero if it failed.
+// Under systemd (NOTIFY_SOCKET set) it sends READY=1 when d is ready and
+// STOPPING=1 when it is told to stop; elsewhere those are no-ops.
 func RunDaemon(prog string, log *zap.Logger, d Daemon) {
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
-	g, gctx := errgroup.WithContext(ctx)
-	g.Go(func() error { return d.Run(gctx) })
-	err := g.Wait()
+	running, ended := context.WithCancel(ctx)
+	notified := make(chan struct{})
+	go func() {
+		defer close(notified)
+		notify(running, log, d)
+	}()
+	err := d.Run(ctx)
+	ended()
+	<-notified
 	stop()
 	_ = log.Sync()
 	if err != nil {
 		Fatal(prog, err)
 	}
+}
+
+// notify tells systemd when d is ready and when it is stopping.
+func notify(ctx context.Context, log *zap.Logger, d Daemon) {
+	sd := func(state string) {
+		if _, err := daemon.SdNotify(false, state); err != nil {
+			log.Warn("notifying systemd failed", zap.String("state", state), zap.Error(err))
+		}
+	}
+	if r, ok := d.(readier); ok {
+		select {
+		case <-r.Ready():
+			sd(daemon.SdNotifyReady)
+		case <-ctx.Done():
+		}
+	}
+	<-ctx.Done()
+	sd(daemon.SdNotifyStopping)
 }

@@ -842,8 +842,13 @@ type WorkerStatus struct {
 	// Set when the round smoke test (health.preflight) left this node out:
 	// the round is planned again without it; message has the verdict.
 	PreflightExcluded bool `protobuf:"varint,8,opt,name=preflight_excluded,json=preflightExcluded,proto3" json:"preflight_excluded,omitempty"`
-	unknownFields     protoimpl.UnknownFields
-	sizeCache         protoimpl.SizeCache
+	// Why the workers could not start, when it is the job's configuration on
+	// this node and a restart would fail the same way: "workdir_missing",
+	// "checkpoint_dir_missing" or "launcher_missing" (wire.Failure*). Empty
+	// for every other end.
+	Failure       string `protobuf:"bytes,9,opt,name=failure,proto3" json:"failure,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *WorkerStatus) Reset() {
@@ -930,6 +935,13 @@ func (x *WorkerStatus) GetPreflightExcluded() bool {
 		return x.PreflightExcluded
 	}
 	return false
+}
+
+func (x *WorkerStatus) GetFailure() string {
+	if x != nil {
+		return x.Failure
+	}
+	return ""
 }
 
 // Progress is the newest training step the workers reported; the agent sends
@@ -1586,7 +1598,7 @@ const file_rdzv_v1_agent_service_proto_rawDesc = "" +
 	"\vunreachable\x18\x01 \x03(\tR\vunreachable\x12#\n" +
 	"\ralive_members\x18\x02 \x01(\rR\faliveMembers\"\x1d\n" +
 	"\tHeartbeat\x12\x10\n" +
-	"\x03seq\x18\x01 \x01(\x04R\x03seq\"\xa3\x02\n" +
+	"\x03seq\x18\x01 \x01(\x04R\x03seq\"\xbd\x02\n" +
 	"\fWorkerStatus\x12\x10\n" +
 	"\x03job\x18\x01 \x01(\tR\x03job\x12\x1e\n" +
 	"\n" +
@@ -1597,7 +1609,8 @@ const file_rdzv_v1_agent_service_proto_rawDesc = "" +
 	"\x06signal\x18\x05 \x01(\tR\x06signal\x12\x18\n" +
 	"\amessage\x18\x06 \x01(\tR\amessage\x127\n" +
 	"\texited_at\x18\a \x01(\v2\x1a.google.protobuf.TimestampR\bexitedAt\x12-\n" +
-	"\x12preflight_excluded\x18\b \x01(\bR\x11preflightExcluded\"|\n" +
+	"\x12preflight_excluded\x18\b \x01(\bR\x11preflightExcluded\x12\x18\n" +
+	"\afailure\x18\t \x01(\tR\afailure\"|\n" +
 	"\bProgress\x12\x10\n" +
 	"\x03job\x18\x01 \x01(\tR\x03job\x12\x1e\n" +
 	"\n" +

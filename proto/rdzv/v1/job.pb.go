@@ -188,11 +188,21 @@ type JobSpec struct {
 	// User the workers run as: a user name, or uid[:gid]. Empty uses the
 	// agent's run_as.
 	RunAs string `protobuf:"bytes,22,opt,name=run_as,json=runAs,proto3" json:"run_as,omitempty"`
+	// Which launcher starts the workers on each node: "torchrun" (empty is
+	// torchrun too), "python-module", "accelerate", "deepspeed" or "custom".
+	LauncherKind string `protobuf:"bytes,23,opt,name=launcher_kind,json=launcherKind,proto3" json:"launcher_kind,omitempty"`
+	// python-module: the interpreter and the module run with -m.
+	LauncherPython string `protobuf:"bytes,24,opt,name=launcher_python,json=launcherPython,proto3" json:"launcher_python,omitempty"`
+	LauncherModule string `protobuf:"bytes,25,opt,name=launcher_module,json=launcherModule,proto3" json:"launcher_module,omitempty"`
+	// accelerate, deepspeed: the launcher executable.
+	LauncherExecutable string `protobuf:"bytes,26,opt,name=launcher_executable,json=launcherExecutable,proto3" json:"launcher_executable,omitempty"`
+	// custom: the launcher's argv, with {placeholders} for what rdzv assigns.
+	LauncherArgv []string `protobuf:"bytes,27,rep,name=launcher_argv,json=launcherArgv,proto3" json:"launcher_argv,omitempty"`
 	// Healthy idle nodes kept for the job while it runs (not given to other
 	// jobs), so that a recovery never waits for a free node.
-	NodesSpares uint32 `protobuf:"varint,23,opt,name=nodes_spares,json=nodesSpares,proto3" json:"nodes_spares,omitempty"`
+	NodesSpares uint32 `protobuf:"varint,28,opt,name=nodes_spares,json=nodesSpares,proto3" json:"nodes_spares,omitempty"`
 	// The round smoke test (health.preflight); unset is off.
-	HealthPreflight *PreflightSpec `protobuf:"bytes,24,opt,name=health_preflight,json=healthPreflight,proto3" json:"health_preflight,omitempty"`
+	HealthPreflight *PreflightSpec `protobuf:"bytes,29,opt,name=health_preflight,json=healthPreflight,proto3" json:"health_preflight,omitempty"`
 	unknownFields   protoimpl.UnknownFields
 	sizeCache       protoimpl.SizeCache
 }
@@ -379,6 +389,41 @@ func (x *JobSpec) GetRunAs() string {
 		return x.RunAs
 	}
 	return ""
+}
+
+func (x *JobSpec) GetLauncherKind() string {
+	if x != nil {
+		return x.LauncherKind
+	}
+	return ""
+}
+
+func (x *JobSpec) GetLauncherPython() string {
+	if x != nil {
+		return x.LauncherPython
+	}
+	return ""
+}
+
+func (x *JobSpec) GetLauncherModule() string {
+	if x != nil {
+		return x.LauncherModule
+	}
+	return ""
+}
+
+func (x *JobSpec) GetLauncherExecutable() string {
+	if x != nil {
+		return x.LauncherExecutable
+	}
+	return ""
+}
+
+func (x *JobSpec) GetLauncherArgv() []string {
+	if x != nil {
+		return x.LauncherArgv
+	}
+	return nil
 }
 
 func (x *JobSpec) GetNodesSpares() uint32 {
@@ -881,16 +926,19 @@ func (x *Checkpoint) GetSource() string {
 
 // Assignment is what an agent needs to launch its part of a job.
 type Assignment struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Spec          *JobSpec               `protobuf:"bytes,1,opt,name=spec,proto3" json:"spec,omitempty"`
-	Generation    uint64                 `protobuf:"varint,2,opt,name=generation,proto3" json:"generation,omitempty"`
-	NodeRank      uint32                 `protobuf:"varint,3,opt,name=node_rank,json=nodeRank,proto3" json:"node_rank,omitempty"`
-	Nnodes        uint32                 `protobuf:"varint,4,opt,name=nnodes,proto3" json:"nnodes,omitempty"`
-	ProcsPerNode  uint32                 `protobuf:"varint,5,opt,name=procs_per_node,json=procsPerNode,proto3" json:"procs_per_node,omitempty"`
-	MasterAddr    string                 `protobuf:"bytes,6,opt,name=master_addr,json=masterAddr,proto3" json:"master_addr,omitempty"`
-	MasterPort    uint32                 `protobuf:"varint,7,opt,name=master_port,json=masterPort,proto3" json:"master_port,omitempty"`
-	GpuIndices    []uint32               `protobuf:"varint,8,rep,packed,name=gpu_indices,json=gpuIndices,proto3" json:"gpu_indices,omitempty"`
-	ResumeFrom    string                 `protobuf:"bytes,9,opt,name=resume_from,json=resumeFrom,proto3" json:"resume_from,omitempty"`
+	state        protoimpl.MessageState `protogen:"open.v1"`
+	Spec         *JobSpec               `protobuf:"bytes,1,opt,name=spec,proto3" json:"spec,omitempty"`
+	Generation   uint64                 `protobuf:"varint,2,opt,name=generation,proto3" json:"generation,omitempty"`
+	NodeRank     uint32                 `protobuf:"varint,3,opt,name=node_rank,json=nodeRank,proto3" json:"node_rank,omitempty"`
+	Nnodes       uint32                 `protobuf:"varint,4,opt,name=nnodes,proto3" json:"nnodes,omitempty"`
+	ProcsPerNode uint32                 `protobuf:"varint,5,opt,name=procs_per_node,json=procsPerNode,proto3" json:"procs_per_node,omitempty"`
+	MasterAddr   string                 `protobuf:"bytes,6,opt,name=master_addr,json=masterAddr,proto3" json:"master_addr,omitempty"`
+	MasterPort   uint32                 `protobuf:"varint,7,opt,name=master_port,json=masterPort,proto3" json:"master_port,omitempty"`
+	GpuIndices   []uint32               `protobuf:"varint,8,rep,packed,name=gpu_indices,json=gpuIndices,proto3" json:"gpu_indices,omitempty"`
+	ResumeFrom   string                 `protobuf:"bytes,9,opt,name=resume_from,json=resumeFrom,proto3" json:"resume_from,omitempty"`
+	// When the job was submitted: tells one run of a job name from a later
+	// run of the same name, whose node logs the agent keeps apart.
+	JobCreatedAt  *timestamppb.Timestamp `protobuf:"bytes,10,opt,name=job_created_at,json=jobCreatedAt,proto3" json:"job_created_at,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -986,6 +1034,13 @@ func (x *Assignment) GetResumeFrom() string {
 		return x.ResumeFrom
 	}
 	return ""
+}
+
+func (x *Assignment) GetJobCreatedAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.JobCreatedAt
+	}
+	return nil
 }
 
 type Event struct {
@@ -1175,7 +1230,7 @@ var File_rdzv_v1_job_proto protoreflect.FileDescriptor
 
 const file_rdzv_v1_job_proto_rawDesc = "" +
 	"\n" +
-	"\x11rdzv/v1/job.proto\x12\ardzv.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\x95\v\n" +
+	"\x11rdzv/v1/job.proto\x12\ardzv.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xe2\f\n" +
 	"\aJobSpec\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x1b\n" +
 	"\tnodes_min\x18\x02 \x01(\rR\bnodesMin\x12\x1b\n" +
@@ -1200,9 +1255,14 @@ const file_rdzv_v1_job_proto_rawDesc = "" +
 	"\n" +
 	"secret_env\x18\x14 \x03(\v2\x1f.rdzv.v1.JobSpec.SecretEnvEntryR\tsecretEnv\x12;\n" +
 	"\tenv_files\x18\x15 \x03(\v2\x1e.rdzv.v1.JobSpec.EnvFilesEntryR\benvFiles\x12\x15\n" +
-	"\x06run_as\x18\x16 \x01(\tR\x05runAs\x12!\n" +
-	"\fnodes_spares\x18\x17 \x01(\rR\vnodesSpares\x12A\n" +
-	"\x10health_preflight\x18\x18 \x01(\v2\x16.rdzv.v1.PreflightSpecR\x0fhealthPreflight\x1a6\n" +
+	"\x06run_as\x18\x16 \x01(\tR\x05runAs\x12#\n" +
+	"\rlauncher_kind\x18\x17 \x01(\tR\flauncherKind\x12'\n" +
+	"\x0flauncher_python\x18\x18 \x01(\tR\x0elauncherPython\x12'\n" +
+	"\x0flauncher_module\x18\x19 \x01(\tR\x0elauncherModule\x12/\n" +
+	"\x13launcher_executable\x18\x1a \x01(\tR\x12launcherExecutable\x12#\n" +
+	"\rlauncher_argv\x18\x1b \x03(\tR\flauncherArgv\x12!\n" +
+	"\fnodes_spares\x18\x1c \x01(\rR\vnodesSpares\x12A\n" +
+	"\x10health_preflight\x18\x1d \x01(\v2\x16.rdzv.v1.PreflightSpecR\x0fhealthPreflight\x1a6\n" +
 	"\bEnvEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\x1a;\n" +
@@ -1271,7 +1331,7 @@ const file_rdzv_v1_job_proto_rawDesc = "" +
 	"\x04node\x18\x04 \x01(\tR\x04node\x12;\n" +
 	"\vreported_at\x18\x05 \x01(\v2\x1a.google.protobuf.TimestampR\n" +
 	"reportedAt\x12\x16\n" +
-	"\x06source\x18\x06 \x01(\tR\x06source\"\xb1\x02\n" +
+	"\x06source\x18\x06 \x01(\tR\x06source\"\xf3\x02\n" +
 	"\n" +
 	"Assignment\x12$\n" +
 	"\x04spec\x18\x01 \x01(\v2\x10.rdzv.v1.JobSpecR\x04spec\x12\x1e\n" +
@@ -1288,7 +1348,9 @@ const file_rdzv_v1_job_proto_rawDesc = "" +
 	"\vgpu_indices\x18\b \x03(\rR\n" +
 	"gpuIndices\x12\x1f\n" +
 	"\vresume_from\x18\t \x01(\tR\n" +
-	"resumeFrom\"\xf3\x01\n" +
+	"resumeFrom\x12@\n" +
+	"\x0ejob_created_at\x18\n" +
+	" \x01(\v2\x1a.google.protobuf.TimestampR\fjobCreatedAt\"\xf3\x01\n" +
 	"\x05Event\x12.\n" +
 	"\x04time\x18\x01 \x01(\v2\x1a.google.protobuf.TimestampR\x04time\x12\x10\n" +
 	"\x03job\x18\x02 \x01(\tR\x03job\x12\x12\n" +
@@ -1388,15 +1450,16 @@ var file_rdzv_v1_job_proto_depIdxs = []int32{
 	15, // 24: rdzv.v1.Job.training_since:type_name -> google.protobuf.Timestamp
 	15, // 25: rdzv.v1.Checkpoint.reported_at:type_name -> google.protobuf.Timestamp
 	2,  // 26: rdzv.v1.Assignment.spec:type_name -> rdzv.v1.JobSpec
-	15, // 27: rdzv.v1.Event.time:type_name -> google.protobuf.Timestamp
-	14, // 28: rdzv.v1.Event.detection_latency:type_name -> google.protobuf.Duration
-	4,  // 29: rdzv.v1.Round.nodes:type_name -> rdzv.v1.NodeAssignment
-	15, // 30: rdzv.v1.Round.committed_at:type_name -> google.protobuf.Timestamp
-	31, // [31:31] is the sub-list for method output_type
-	31, // [31:31] is the sub-list for method input_type
-	31, // [31:31] is the sub-list for extension type_name
-	31, // [31:31] is the sub-list for extension extendee
-	0,  // [0:31] is the sub-list for field type_name
+	15, // 27: rdzv.v1.Assignment.job_created_at:type_name -> google.protobuf.Timestamp
+	15, // 28: rdzv.v1.Event.time:type_name -> google.protobuf.Timestamp
+	14, // 29: rdzv.v1.Event.detection_latency:type_name -> google.protobuf.Duration
+	4,  // 30: rdzv.v1.Round.nodes:type_name -> rdzv.v1.NodeAssignment
+	15, // 31: rdzv.v1.Round.committed_at:type_name -> google.protobuf.Timestamp
+	32, // [32:32] is the sub-list for method output_type
+	32, // [32:32] is the sub-list for method input_type
+	32, // [32:32] is the sub-list for extension type_name
+	32, // [32:32] is the sub-list for extension extendee
+	0,  // [0:32] is the sub-list for field type_name
 }
 
 func init() { file_rdzv_v1_job_proto_init() }
