@@ -12,14 +12,18 @@ import (
 	"time"
 
 	"github.com/jonboulle/clockwork"
+	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap"
 	"golang.org/x/sync/errgroup"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
+	grpchealth "google.golang.org/grpc/health"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/keepalive"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/rdzv/rdzv/controller/store"
+	"github.com/rdzv/rdzv/internal/httpserve"
 	"github.com/rdzv/rdzv/pki"
 	rdzvv1 "github.com/rdzv/rdzv/proto/rdzv/v1"
 	"github.com/rdzv/rdzv/rendezvous"
@@ -45,6 +49,16 @@ type Controller struct {
 	// reloadRefused is a refused TLS reload not reported yet.
 	reverifyKick  chan struct{}
 	reloadRefused atomic.Pointer[error]
+
+	// metrics count decisions (metrics.go); registry is all the HTTP
+	// listener exports; http is that listener, nil when off.
+	metrics  *metrics
+	registry *prometheus.Registry
+	http     *httpserve.Server
+	// grpcHealth is grpc.health.v1 on the gRPC port (probes.go); stopping
+	// is set once Run's context ended.
+	grpcHealth *grpchealth.Server
+	stopping   atomic.Bool
 
 	store *store.Store
 	// leading is set while this controller leads and has its view loaded;
@@ -136,6 +150,10 @@ type jobState struct {
 	// Where the last scans of the round for a worker not yet running, and
 	// for one not yet stopped, found one (see findInRound).
 	notRunningAt, notStoppedAt int
+	// failedAt is when the last attempt failed, until the next round
+	// commits; recommittedAt is when a restarted generation committed,
+	// until its first step. In memory, for the recovery histograms.
+	failedAt, recommittedAt time.Time
 }
 
 // Option adjusts a Controller for tests.
@@ -163,9 +181,21 @@ func New(cfg Config, log *zap.Logger, opts ...Option) (*Controller, error) {
 
 		revoked:      newDenyList(),
 		reverifyKick: make(chan struct{}, 1),
+
+		metrics:    newMetrics(),
+		registry:   httpserve.NewRegistry(),
+		grpcHealth: newGRPCHealth(),
 	}
 	for _, o := range opts {
 		o(c)
+	}
+	c.registry.MustRegister(append(c.metrics.collectors(), stateCollector{c})...)
+	if cfg.HTTP.Enabled() {
+		s, err := httpserve.New(cfg.HTTP, c.registry, c.readiness, log.Named("http"))
+		if err != nil {
+			return nil, err
+		}
+		c.http = s
 	}
 	if !cfg.Insecure {
 		r, err := pki.NewReloader(cfg.TLS.Files, wantController, log.Named("tls"), pki.WithReloadHook(c.tlsReloaded))
@@ -194,7 +224,23 @@ func (c *Controller) Run(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	cli, closeEtcd, err := connectEtcd(ctx, c.cfg, c.log)
+	// Metrics and health answer from the start: /readyz says why the
+	// controller is not ready while etcd starts.
+	if c.http != nil {
+		if err := c.http.Listen(); err != nil {
+			return err
+		}
+		hctx, stopHTTP := context.WithCancel(ctx)
+		httpDone := make(chan error, 1)
+		go func() { httpDone <- c.http.Serve(hctx) }()
+		defer func() {
+			stopHTTP()
+			if err := <-httpDone; err != nil {
+				c.log.Warn("http listener failed", zap.Error(err))
+			}
+		}()
+	}
+	cli, closeEtcd, err := connectEtcd(ctx, c.cfg, c.log, c.metrics.etcdInterceptor)
 	if err != nil {
 		return err
 	}
@@ -210,7 +256,11 @@ func (c *Controller) Run(ctx context.Context) error {
 	// Interceptors chain in order: authentication and authorization first,
 	// so that an unknown caller learns nothing from validation errors or
 	// leader redirects; then validation; then the standby's redirect.
-	srv := grpc.NewServer(append(c.securityOptions(),
+	// The gRPC metrics come first, so that refused calls count too.
+	srv := grpc.NewServer(append(append([]grpc.ServerOption{
+		grpc.ChainUnaryInterceptor(c.metrics.grpc.UnaryServerInterceptor()),
+		grpc.ChainStreamInterceptor(c.metrics.grpc.StreamServerInterceptor()),
+	}, c.securityOptions()...),
 		grpc.ChainUnaryInterceptor(unaryGuard(c.log.Named("api"))),
 		grpc.ChainStreamInterceptor(streamGuard(c.log.Named("api"))),
 		grpc.MaxRecvMsgSize(wire.MaxMessageBytes),
@@ -232,6 +282,8 @@ func (c *Controller) Run(ctx context.Context) error {
 	rdzvv1.RegisterJobServiceServer(srv, &jobService{c: c})
 	rdzvv1.RegisterNodeServiceServer(srv, &nodeService{c: c})
 	rdzvv1.RegisterCertificateServiceServer(srv, &certificateService{c: c})
+	healthpb.RegisterHealthServer(srv, c.grpcHealth)
+	c.metrics.grpc.InitializeMetrics(srv)
 	c.addr = lis.Addr()
 	c.log.Info("controller serving", zap.Stringer("addr", c.addr), zap.String("advertise_addr", c.cfg.Advertised()), zap.Bool("embedded_etcd", c.cfg.Embedded()))
 	close(c.ready)
@@ -247,6 +299,8 @@ func (c *Controller) Run(ctx context.Context) error {
 	g.Go(func() error { c.elect(gctx); return nil })
 	g.Go(func() error {
 		<-gctx.Done()
+		c.stopping.Store(true)
+		c.grpcHealth.Shutdown()
 		// Agent streams never end by themselves; end them so the graceful
 		// stop only waits for operator calls in flight.
 		c.endSessions()

@@ -162,6 +162,9 @@ func startCluster(t *testing.T, clock *clockwork.FakeClock, edits []func(*contro
 	c.cfg.MasterPortRange = controller.PortRange{Min: masterPortMin, Max: masterPortMax}
 	c.addr = testaddr.Free(t)
 	c.cfg.Listen = c.addr
+	// Metrics and health on a port of the OS's choosing: tests run side
+	// by side, and the default port is a running controller's.
+	c.cfg.HTTP.Listen = "127.0.0.1:0"
 	c.newCA()
 	c.cfg.TLS.Files = c.issue(pki.Identity{Role: pki.RoleController, Name: "controller"}, net.IPv4(127, 0, 0, 1))
 	for _, edit := range edits {

@@ -173,7 +173,7 @@ func (c *Controller) advanceJob(js *jobState) {
 			case rdzvv1.WorkerState_WORKER_STATE_SUCCEEDED:
 				succeeded++
 			case rdzvv1.WorkerState_WORKER_STATE_FAILED, rdzvv1.WorkerState_WORKER_STATE_STOPPED:
-				c.attemptFailed(js, fmt.Sprintf("node %s (rank %d): workers %s", a.GetNode(), a.GetNodeRank(), describeExit(w)), c.detectionLatency(w))
+				c.attemptFailed(js, c.failureCause(a.GetNode()), fmt.Sprintf("node %s (rank %d): workers %s", a.GetNode(), a.GetNodeRank(), describeExit(w)), c.detectionLatency(w))
 				return
 			}
 		}
@@ -205,6 +205,7 @@ func (c *Controller) finish(js *jobState, state rdzvv1.JobState, reason string) 
 		rdzvv1.JobState_JOB_STATE_STOPPED:   EventJobStopped,
 	}[state]
 	js.rec = rec
+	c.metrics.finished(state)
 	c.persist(c.store.UpdateJob(rec, c.event(name, "", rec.GetGeneration(), kind, "%s", reason)), func() {
 		c.log.Info("job finished", zap.String("job", name), zap.String("state", stateName(state)), zap.String("reason", reason))
 		c.stopWorkers(js, reason)
