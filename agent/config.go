@@ -14,6 +14,7 @@ import (
 
 	"github.com/rdzv/rdzv/client"
 	"github.com/rdzv/rdzv/health"
+	"github.com/rdzv/rdzv/internal/httpserve"
 	"github.com/rdzv/rdzv/pki"
 	"github.com/rdzv/rdzv/wire"
 )
@@ -72,12 +73,19 @@ type Config struct {
 	// Insecure connects without TLS, to a controller started insecure.
 	// Local tests only.
 	Insecure bool `json:"insecure"`
+	// HTTP serves /metrics, /healthz and /readyz (README "Monitoring");
+	// loopback by default, off when its listen is empty.
+	HTTP httpserve.Config `json:"http"`
 }
+
+// DefaultHTTPListen is the agent's metrics and health address.
+const DefaultHTTPListen = "127.0.0.1:9402"
 
 // DefaultConfig is an agent with no controller set.
 func DefaultConfig() Config {
 	return Config{
 		StateDir:   "/var/lib/rdzv/agent",
+		HTTP:       httpserve.Config{Listen: DefaultHTTPListen},
 		GossipPort: 7946,
 		StopGrace:  wire.Duration{Duration: 10 * time.Second},
 		// Time for systemd to restart the agent and for it to start, with
@@ -172,6 +180,9 @@ func (c Config) Validate() error {
 		if err := c.TLS.Validate("tls"); err != nil {
 			errs = append(errs, err)
 		}
+	}
+	if err := c.HTTP.Validate("http"); err != nil {
+		errs = append(errs, err)
 	}
 	return errors.Join(errs...)
 }

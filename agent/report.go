@@ -20,6 +20,8 @@ import (
 	"golang.org/x/sys/unix"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	rdzvv1 "github.com/rdzv/rdzv/proto/rdzv/v1"
 	"github.com/rdzv/rdzv/wire"
 )
@@ -71,9 +73,9 @@ type reportServer struct {
 	srv *http.Server
 }
 
-func newReportServer(sup *Supervisor, log *zap.Logger) *reportServer {
+func newReportServer(sup *Supervisor, requests *prometheus.CounterVec, log *zap.Logger) *reportServer {
 	return &reportServer{srv: &http.Server{
-		Handler:           newReportHandler(sup, log, time.Now),
+		Handler:           countStatus(newReportHandler(sup, log, time.Now), requests),
 		ReadHeaderTimeout: 5 * time.Second,
 		ReadTimeout:       10 * time.Second,
 		WriteTimeout:      10 * time.Second,

@@ -46,6 +46,8 @@ type agentSession struct {
 	// hears us: the sending of the latest heartbeat it acknowledged, or of
 	// the registration it answered (see acks).
 	lastHeard atomic.Int64
+	// connected is set while registered with a controller (readiness).
+	connected atomic.Bool
 	// fencing is set while a self-fencing stop is queued or under way.
 	fencing atomic.Bool
 	// farewells carries the last word of an agent that leaves its workers
@@ -145,6 +147,8 @@ func (s *agentSession) connect(ctx context.Context) error {
 		s.sup.SetOrphanTimeout(hb.OrphanTimeout())
 	}
 	s.heardAt(registering)
+	s.connected.Store(true)
+	defer s.connected.Store(false)
 	s.log.Info("registered with controller", zap.Duration("heartbeat_interval", interval), zap.Duration("heartbeat_timeout", ms(registered.GetHeartbeatTimeoutMs())))
 	var gossipChanged <-chan struct{}
 	if s.gossip != nil {

@@ -21,6 +21,8 @@ import (
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/rdzv/rdzv/health"
 	"github.com/rdzv/rdzv/jobspec"
 	rdzvv1 "github.com/rdzv/rdzv/proto/rdzv/v1"
@@ -40,6 +42,8 @@ const (
 // applied in the order the controller sent them, on one goroutine, so a stop
 // of generation N is always applied before the start of N+1.
 type Supervisor struct {
+	// exits counts workers' ends by cause (metrics); nil counts nothing.
+	exits      *prometheus.CounterVec
 	stateDir   string
 	secretsDir string
 	runAs      string
@@ -453,6 +457,9 @@ func (s *Supervisor) finished(job string, gen uint64, state rdzvv1.WorkerState, 
 		s.history = s.history[len(s.history)-historySize:]
 	}
 	s.mu.Unlock()
+	if s.exits != nil {
+		s.exits.WithLabelValues(exitCause(st)).Inc()
+	}
 	s.emit(st)
 }
 
