@@ -203,6 +203,7 @@ func (a *Agent) Run(ctx context.Context) error {
 	}
 	sess := newSession(info, sup, a.client, a.cfg.Controller, a.faults, gossip, log.Named("session"))
 	a.run.Store(&runState{sup: sup, sess: sess, gossip: gossip, gpus: len(info.GetGpus())})
+	a.metrics.gpusFound(info.GetGpus())
 	// The session outlives ctx a little: on shutdown the supervisor first
 	// stops the workers, and their final status should reach the controller
 	// rather than leave it to notice a silent node.

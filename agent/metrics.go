@@ -46,10 +46,25 @@ func newAgentMetrics() *agentMetrics {
 		reports: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "rdzv_agent_report_requests_total",
 			Help: "Requests to the workers' report endpoint (steps, checkpoints), by HTTP status code."}, []string{"code"}),
 	}
+	// Bounded label values exist from the start, at zero, so that
+	// increase() sees the first one and dashboards show a zero.
 	for _, c := range []string{exitSucceeded, exitFailed, exitKilled, exitStopped} {
 		m.exits.WithLabelValues(c)
 	}
+	for _, code := range []int{http.StatusNoContent, http.StatusBadRequest, http.StatusUnauthorized, http.StatusForbidden,
+		http.StatusConflict, http.StatusRequestEntityTooLarge} {
+		m.reports.WithLabelValues(strconv.Itoa(code))
+	}
 	return m
+}
+
+// gpusFound exports each discovered GPU's fault counters at zero.
+func (m *agentMetrics) gpusFound(gpus []*rdzvv1.GPU) {
+	for _, g := range gpus {
+		for _, critical := range []bool{true, false} {
+			m.gpuFaults.WithLabelValues(strconv.FormatUint(uint64(g.GetIndex()), 10), strconv.FormatBool(critical))
+		}
+	}
 }
 
 func exitCause(st *rdzvv1.WorkerStatus) string {

@@ -124,7 +124,10 @@ type cluster struct {
 }
 
 // runningAgent is an in-process agent; stop shuts it down as SIGTERM would.
-type runningAgent struct{ stop func() }
+type runningAgent struct {
+	agent *agent.Agent
+	stop  func()
+}
 
 // newCluster starts a controller; edits adjust its config first.
 func newCluster(t *testing.T, edits ...func(*controller.Config)) *cluster {
@@ -305,7 +308,7 @@ func (c *cluster) addAgent(name string, gpus int, labels map[string]string, opts
 	done := make(chan error, 1)
 	go func() { done <- a.Run(ctx) }()
 	stopped := false
-	ra := &runningAgent{stop: func() {
+	ra := &runningAgent{agent: a, stop: func() {
 		if stopped {
 			return
 		}

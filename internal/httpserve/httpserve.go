@@ -16,6 +16,7 @@ import (
 	"net/http"
 	"os"
 	"strconv"
+	"sync"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -82,7 +83,10 @@ type Server struct {
 	log   *zap.Logger
 	mux   *http.ServeMux
 	ready Readiness
-	lis   net.Listener
+	// lis is set by Listen; guarded because tests ask for Addr from
+	// another goroutine than the daemon's.
+	mu  sync.Mutex
+	lis net.Listener
 }
 
 // New builds a server exporting gatherer on /metrics and asking ready on
@@ -158,12 +162,18 @@ func (s *Server) Listen() error {
 	if conf != nil {
 		lis = tls.NewListener(lis, conf)
 	}
+	s.mu.Lock()
 	s.lis = lis
+	s.mu.Unlock()
 	return nil
 }
 
 // Addr is where the server listens, once Listen returned.
-func (s *Server) Addr() net.Addr { return s.lis.Addr() }
+func (s *Server) Addr() net.Addr {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.lis.Addr()
+}
 
 // shutdownGrace bounds how long requests in flight may finish once the
 // daemon stops.
@@ -174,17 +184,20 @@ const shutdownGrace = 5 * time.Second
 func (s *Server) Serve(ctx context.Context) error {
 	srv := &http.Server{Handler: s.mux, ReadHeaderTimeout: 10 * time.Second,
 		ErrorLog: zap.NewStdLog(s.log.WithOptions(zap.IncreaseLevel(zap.WarnLevel)))}
+	s.mu.Lock()
+	lis := s.lis
+	s.mu.Unlock()
 	done := make(chan error, 1)
-	go func() { done <- srv.Serve(s.lis) }()
+	go func() { done <- srv.Serve(lis) }()
 	scheme := "http"
 	if s.cfg.CertFile != "" {
 		scheme = "https"
 	}
-	s.log.Info("serving metrics and health", zap.String("url", scheme+"://"+s.lis.Addr().String()),
+	s.log.Info("serving metrics and health", zap.String("url", scheme+"://"+lis.Addr().String()),
 		zap.Bool("client_certificates", s.cfg.ClientCAFile != ""))
 	select {
 	case err := <-done:
-		return fmt.Errorf("serving http on %s: %w", s.lis.Addr(), err)
+		return fmt.Errorf("serving http on %s: %w", lis.Addr(), err)
 	case <-ctx.Done():
 	}
 	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), shutdownGrace)
@@ -193,7 +206,7 @@ func (s *Server) Serve(ctx context.Context) error {
 		_ = srv.Close()
 	}
 	if err := <-done; !errors.Is(err, http.ErrServerClosed) {
-		return fmt.Errorf("serving http on %s: %w", s.lis.Addr(), err)
+		return fmt.Errorf("serving http on %s: %w", lis.Addr(), err)
 	}
 	return nil
 }
