@@ -26,7 +26,8 @@ var (
 )
 
 // methodRoles is who may call each method. A method missing here is
-// refused to everyone, so a new RPC is closed until it is listed.
+// refused to everyone, so a new RPC is closed until it is listed; only
+// publicMethod's (grpc.health.v1) are answered without a certificate.
 var methodRoles = map[string][]pki.Role{
 	rdzvv1.AgentService_Connect_FullMethodName: agents,
 

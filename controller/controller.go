@@ -59,6 +59,9 @@ type Controller struct {
 	// is set once Run's context ended.
 	grpcHealth *grpchealth.Server
 	stopping   atomic.Bool
+	// etcdDown is why etcd did not answer the last probe (probeEtcd); nil
+	// when it did.
+	etcdDown atomic.Pointer[error]
 
 	store *store.Store
 	// leading is set while this controller leads and has its view loaded;
@@ -297,6 +300,7 @@ func (c *Controller) Run(ctx context.Context) error {
 	})
 	g.Go(func() error { c.watchLeader(gctx); return nil })
 	g.Go(func() error { c.elect(gctx); return nil })
+	g.Go(func() error { c.probeEtcd(gctx); return nil })
 	g.Go(func() error {
 		<-gctx.Done()
 		c.stopping.Store(true)

@@ -17,7 +17,8 @@ import (
 // computed when Prometheus scrapes, from a snapshot taken under c.mu, so
 // that nothing on the hot paths keeps them up to date. No series is per
 // node: at 10,000 nodes that would be the bulk of a scrape. Per-job series
-// are bounded by limits.max_active_jobs and vanish with the job.
+// are bounded by limits.max_active_jobs and vanish with the job; their
+// label is job_name, since Prometheus sets job to the scrape job's name.
 
 // Failure causes, the reason label of the attempt and restart counters and
 // of the detection histogram.
@@ -147,9 +148,9 @@ var (
 	descCertExpiry = prometheus.NewDesc("rdzv_certificate_expiry_seconds",
 		"Seconds until a certificate of the controller expires (cert: controller, its own; ca, the last of the cluster CA's).", []string{"cert"}, nil)
 	descJobETTR = prometheus.NewDesc("rdzv_job_effective_training_ratio",
-		"Per unfinished job: time training over time training plus recovering (1 before any failure).", []string{"job"}, nil)
-	descJobStep = prometheus.NewDesc("rdzv_job_step", "Per unfinished job: the last training step reported.", []string{"job"}, nil)
-	descJobGen  = prometheus.NewDesc("rdzv_job_generation", "Per unfinished job: its current generation (goes up by one per rendezvous).", []string{"job"}, nil)
+		"Per unfinished job: time training over time training plus recovering (1 before any failure).", []string{"job_name"}, nil)
+	descJobStep = prometheus.NewDesc("rdzv_job_step", "Per unfinished job: the last training step reported.", []string{"job_name"}, nil)
+	descJobGen  = prometheus.NewDesc("rdzv_job_generation", "Per unfinished job: its current generation (goes up by one per rendezvous).", []string{"job_name"}, nil)
 )
 
 func (s stateCollector) Describe(ch chan<- *prometheus.Desc) {

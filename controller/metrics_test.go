@@ -2,8 +2,12 @@ package controller_test
 
 import (
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"io"
 	"net/http"
+	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -11,7 +15,13 @@ import (
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
 	"github.com/stretchr/testify/require"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+
+	"github.com/rdzv/rdzv/controller/keyring"
+	"github.com/rdzv/rdzv/internal/testaddr"
+	"github.com/rdzv/rdzv/internal/testetcd"
 
 	rdzvv1 "github.com/rdzv/rdzv/proto/rdzv/v1"
 )
@@ -132,8 +142,8 @@ func TestMetricsThroughFailureAndRecovery(t *testing.T) {
 	require.Equal(t, 1.0, m.gauge(t, "rdzv_jobs", "state", "running"))
 	require.Equal(t, 1.0, m.counter(t, "rdzv_rendezvous_rounds_total"))
 	require.Equal(t, 1.0, m.counter(t, "rdzv_checkpoints_recorded_total"))
-	require.Equal(t, 5.0, m.gauge(t, "rdzv_job_step", "job", "train"))
-	require.Equal(t, 1.0, m.gauge(t, "rdzv_job_effective_training_ratio", "job", "train"), "no recovery yet")
+	require.Equal(t, 5.0, m.gauge(t, "rdzv_job_step", "job_name", "train"))
+	require.Equal(t, 1.0, m.gauge(t, "rdzv_job_effective_training_ratio", "job_name", "train"), "no recovery yet")
 
 	a.report(a1, rdzvv1.WorkerState_WORKER_STATE_FAILED, 1)
 	c.waitJobState("train", recovering)
@@ -157,9 +167,9 @@ func TestMetricsThroughFailureAndRecovery(t *testing.T) {
 	require.Equal(t, uint64(1), m.observations(t, "rdzv_recovery_rendezvous_seconds"))
 	require.Equal(t, uint64(1), m.observations(t, "rdzv_recovery_first_step_seconds"))
 	require.Equal(t, uint64(1), m.observations(t, "rdzv_recovery_seconds"))
-	require.Equal(t, 2.0, m.gauge(t, "rdzv_job_generation", "job", "train"))
-	require.Equal(t, 11.0, m.gauge(t, "rdzv_job_step", "job", "train"))
-	ratio := m.gauge(t, "rdzv_job_effective_training_ratio", "job", "train")
+	require.Equal(t, 2.0, m.gauge(t, "rdzv_job_generation", "job_name", "train"))
+	require.Equal(t, 11.0, m.gauge(t, "rdzv_job_step", "job_name", "train"))
+	ratio := m.gauge(t, "rdzv_job_effective_training_ratio", "job_name", "train")
 	require.Less(t, ratio, 1.0, "the recovery counts against the job")
 	require.Positive(t, ratio)
 	require.Equal(t, 2.0, m.gauge(t, "rdzv_connected_agents"))
@@ -175,7 +185,7 @@ func TestMetricsThroughFailureAndRecovery(t *testing.T) {
 	require.Equal(t, 1.0, m.counter(t, "rdzv_jobs_finished_total", "state", "succeeded"))
 	require.Equal(t, 1.0, m.gauge(t, "rdzv_jobs", "state", "succeeded"))
 	require.Equal(t, 2.0, m.gauge(t, "rdzv_nodes", "state", "ready"))
-	require.False(t, m.has("rdzv_job_step", "job", "train"), "a finished job's series are gone")
+	require.False(t, m.has("rdzv_job_step", "job_name", "train"), "a finished job's series are gone")
 }
 
 // /healthz, /readyz and grpc.health.v1: the latter answers a caller
@@ -212,5 +222,57 @@ func TestHealth(t *testing.T) {
 	case <-stopped:
 	case <-time.After(waitTimeout):
 		require.FailNow(t, "controller did not stop")
+	}
+}
+
+// healthOf asks addr's grpc.health.v1 without a client certificate.
+func healthOf(t *testing.T, c *cluster, addr string) healthpb.HealthCheckResponse_ServingStatus {
+	t.Helper()
+	roots := x509.NewCertPool()
+	roots.AddCert(c.ca.Cert)
+	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(credentials.NewTLS(
+		&tls.Config{MinVersion: tls.VersionTLS13, RootCAs: roots, ServerName: "127.0.0.1"})))
+	require.NoError(t, err)
+	defer conn.Close()
+	resp, err := healthpb.NewHealthClient(conn).Check(rpcCtx(t), &healthpb.HealthCheckRequest{})
+	require.NoError(t, err)
+	return resp.GetStatus()
+}
+
+// A standby with etcd is ready (it answers, redirecting clients); without
+// etcd no replica is, and each says why.
+func TestReadinessOfStandbys(t *testing.T) {
+	endpoint, stopEtcd := testetcd.Start(t, "ha-test")
+	c := &cluster{t: t}
+	c.log = testLogger(t)
+	c.newCA()
+	h := &haCluster{cluster: c, etcd: endpoint, keys: filepath.Join(t.TempDir(), "secrets.key")}
+	require.NoError(t, keyring.Create(h.keys, time.Now()))
+	for range 2 {
+		h.replicas = append(h.replicas, h.startReplica(testaddr.Free(t)))
+	}
+	lead := h.leader()
+	standby := h.replicas[0]
+	if standby == lead {
+		standby = h.replicas[1]
+	}
+	for _, r := range []*replica{lead, standby} {
+		// A standby is ready once it has read who leads.
+		poll(t, func() bool {
+			code, _ := getStatus(t, "http://"+r.ctl.HTTP().Addr().String()+"/readyz")
+			return code == http.StatusOK
+		}, func() string { return r.addr + " never ready" })
+		require.Equal(t, healthpb.HealthCheckResponse_SERVING, healthOf(t, c, r.addr))
+	}
+	require.Equal(t, 1.0, scrape(t, lead.ctl.HTTP().Addr().String()).gauge(t, "rdzv_leader"))
+	require.Zero(t, scrape(t, standby.ctl.HTTP().Addr().String()).gauge(t, "rdzv_leader"))
+
+	stopEtcd()
+	for _, r := range []*replica{lead, standby} {
+		poll(t, func() bool {
+			code, body := getStatus(t, "http://"+r.ctl.HTTP().Addr().String()+"/readyz")
+			return code == http.StatusServiceUnavailable && strings.Contains(body, "etcd unreachable")
+		}, func() string { return r.addr + " still ready without etcd" })
+		require.Equal(t, healthpb.HealthCheckResponse_NOT_SERVING, healthOf(t, c, r.addr))
 	}
 }

@@ -1,8 +1,14 @@
 package controller
 
 import (
+	"context"
 	"errors"
 	"fmt"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/rdzv/rdzv/controller/store"
 
 	grpchealth "google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
@@ -31,7 +37,35 @@ func (c *Controller) readiness() error {
 	case v.etcdErr != "":
 		return fmt.Errorf("etcd unreachable: %s", v.etcdErr)
 	}
+	if err := c.etcdDown.Load(); err != nil {
+		return fmt.Errorf("etcd unreachable: %w", *err)
+	}
 	return nil
+}
+
+// etcdProbeEvery is how often a controller asks etcd whether it answers.
+// A standby otherwise only waits on a watch and its lease's keepalive,
+// neither of which fails when etcd is gone altogether.
+const etcdProbeEvery = 2 * time.Second
+
+// probeEtcd keeps etcdDown current until ctx ends: a cheap count of the
+// election's candidates.
+func (c *Controller) probeEtcd(ctx context.Context) {
+	for {
+		rctx, cancel := context.WithTimeout(ctx, c.cfg.Etcd.RequestTimeout.Duration)
+		_, err := c.store.Client().Get(rctx, store.CandidatesPrefix(), clientv3.WithPrefix(), clientv3.WithCountOnly())
+		cancel()
+		if ctx.Err() != nil {
+			return
+		}
+		if err != nil {
+			c.etcdDown.Store(&err)
+		} else {
+			c.etcdDown.Store(nil)
+		}
+		c.refreshHealth()
+		c.sleep(ctx, etcdProbeEvery)
+	}
 }
 
 // refreshHealth brings the gRPC health status in line with readiness;
