@@ -198,7 +198,13 @@ func (c *Controller) stepDownLocked(reason string) {
 // stepping down drops that view, and whoever leads next rebuilds it from
 // etcd and the agents' reports. Callers hold c.mu.
 func (c *Controller) writeFailed(what string, err error) {
-	c.log.Error("persisting a state change failed, stepping down", zap.String("change", what), zap.Error(err))
+	log := c.log.Error
+	if errors.Is(err, context.Canceled) {
+		// The lead itself ended with the write in flight (shutdown, lease
+		// lost): expected, and "stopped leading" says why.
+		log = c.log.Warn
+	}
+	log("persisting a state change failed, stepping down", zap.String("change", what), zap.Error(err))
 	c.stepDownLocked(what + ": " + err.Error())
 }
 

@@ -97,10 +97,10 @@ func (c *Controller) attemptFailed(js *jobState, cause, reason string, latency t
 	rec := proto.Clone(js.rec).(*rdzvv1.Job)
 	var crashLoop bool
 	rec.RestartsWithoutProgress, crashLoop = health.CrashLoop(rec.GetRestartsWithoutProgress(), js.progressed, now.Sub(rec.GetStartedAt().AsTime()))
-	restarted := rec.GetRestarts() < spec.GetRestartMaxRestarts() && !crashLoop
-	c.metrics.attemptFailed(js, cause, latency, now, restarted)
+	restartsLeft := rec.GetRestarts() < spec.GetRestartMaxRestarts()
+	c.metrics.attemptFailed(js, cause, latency, now, restartsLeft && !crashLoop)
 	switch {
-	case rec.GetRestarts() >= spec.GetRestartMaxRestarts():
+	case !restartsLeft:
 		c.finish(js, rdzvv1.JobState_JOB_STATE_FAILED, fmt.Sprintf("%s; no restarts left (max_restarts %d)", reason, spec.GetRestartMaxRestarts()))
 		return
 	case crashLoop:
