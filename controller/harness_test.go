@@ -125,8 +125,9 @@ type cluster struct {
 
 // runningAgent is an in-process agent; stop shuts it down as SIGTERM would.
 type runningAgent struct {
-	agent *agent.Agent
-	stop  func()
+	agent    *agent.Agent
+	stateDir string
+	stop     func()
 }
 
 // newCluster starts a controller; edits adjust its config first.
@@ -308,7 +309,7 @@ func (c *cluster) addAgent(name string, gpus int, labels map[string]string, opts
 	done := make(chan error, 1)
 	go func() { done <- a.Run(ctx) }()
 	stopped := false
-	ra := &runningAgent{agent: a, stop: func() {
+	ra := &runningAgent{agent: a, stateDir: cfg.StateDir, stop: func() {
 		if stopped {
 			return
 		}

@@ -6,6 +6,7 @@ import (
 	"crypto/x509"
 	"io"
 	"net/http"
+	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -275,4 +276,49 @@ func TestReadinessOfStandbys(t *testing.T) {
 		}, func() string { return r.addr + " still ready without etcd" })
 		require.Equal(t, healthpb.HealthCheckResponse_NOT_SERVING, healthOf(t, c, r.addr))
 	}
+}
+
+// An agent's metrics follow its workers, its connection and the requests
+// to its report endpoint.
+func TestAgentMetrics(t *testing.T) {
+	c := newCluster(t)
+	ra := c.addAgent("node-a", 2, nil)
+	addr := ra.agent.HTTP().Addr().String()
+	m := scrape(t, addr)
+	require.Equal(t, 1.0, m.gauge(t, "rdzv_agent_connected"))
+	require.Equal(t, 2.0, m.gauge(t, "rdzv_agent_gpus"))
+	require.Zero(t, m.gauge(t, "rdzv_agent_workers_running"))
+	require.Zero(t, m.counter(t, "rdzv_agent_gpu_faults_total", "gpu", "1", "critical", "true"), "every GPU's faults are exported from the start")
+
+	c.startJob(c.spec("gated", 1, 1, "gate"))
+	c.waitRunning("gated")
+	require.Equal(t, 1.0, scrape(t, addr).gauge(t, "rdzv_agent_workers_running"))
+
+	// A report without the generation's token is refused.
+	report, err := os.ReadFile(filepath.Join(ra.stateDir, "report.addr"))
+	require.NoError(t, err)
+	resp, err := (&http.Client{Timeout: waitTimeout}).Post("http://"+string(report)+"/v1/step", "application/json",
+		strings.NewReader(`{"job": "gated", "generation": 1, "step": 1}`))
+	require.NoError(t, err)
+	require.NoError(t, resp.Body.Close())
+	require.Equal(t, http.StatusUnauthorized, resp.StatusCode)
+
+	c.release("gated")
+	c.waitJobState("gated", succeeded)
+	c.waitIdle("node-a")
+	m = scrape(t, addr)
+	require.Equal(t, 1.0, m.counter(t, "rdzv_agent_report_requests_total", "code", "401"))
+	require.Equal(t, 1.0, m.counter(t, "rdzv_agent_worker_exits_total", "cause", "succeeded"))
+	require.Zero(t, m.counter(t, "rdzv_agent_worker_exits_total", "cause", "failed"))
+	require.Zero(t, m.gauge(t, "rdzv_agent_workers_running"))
+	require.GreaterOrEqual(t, m.gauge(t, "rdzv_agent_gossip_members_alive"), 1.0)
+
+	code, _ := getStatus(t, "http://"+addr+"/readyz")
+	require.Equal(t, http.StatusOK, code)
+	c.stopController()
+	poll(t, func() bool {
+		code, _ := getStatus(t, "http://"+addr+"/readyz")
+		return code == http.StatusServiceUnavailable
+	}, func() string { return "the agent is still ready without a controller" })
+	require.Zero(t, scrape(t, addr).gauge(t, "rdzv_agent_connected"))
 }
