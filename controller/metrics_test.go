@@ -322,3 +322,28 @@ func TestAgentMetrics(t *testing.T) {
 	}, func() string { return "the agent is still ready without a controller" })
 	require.Zero(t, scrape(t, addr).gauge(t, "rdzv_agent_connected"))
 }
+
+// A node that goes silent mid-job is counted lost, and its job's failure
+// is a node_lost one.
+func TestMetricsNodeLost(t *testing.T) {
+	c := newCluster(t)
+	a, b := c.connectFake("node-a"), c.connectFake("node-b")
+	a.keepAlive()
+	b.keepAlive()
+	c.startJob(c.recoverable("train", 2, 3))
+	a.run()
+	b.run()
+	c.waitRunning("train")
+	b.crash()
+	c.waitNode("node-b", func(n *rdzvv1.Node) bool { return n.GetState() == rdzvv1.NodeState_NODE_STATE_LOST })
+	c.waitJobState("train", recovering)
+
+	m := scrape(t, c.httpAddr())
+	require.Equal(t, 1.0, m.counter(t, "rdzv_nodes_lost_total"))
+	require.Equal(t, 1.0, m.gauge(t, "rdzv_nodes", "state", "lost"))
+	require.Equal(t, 1.0, m.counter(t, "rdzv_attempts_failed_total", "reason", "node_lost"))
+	require.Zero(t, m.counter(t, "rdzv_attempts_failed_total", "reason", "worker_exit"))
+	require.Equal(t, uint64(1), m.observations(t, "rdzv_failure_detection_seconds", "reason", "node_lost"))
+	require.Equal(t, 1.0, m.gauge(t, "rdzv_jobs", "state", "recovering"))
+	require.Equal(t, 1.0, m.gauge(t, "rdzv_connected_agents"))
+}
