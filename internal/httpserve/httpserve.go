@@ -83,6 +83,7 @@ type Server struct {
 	log   *zap.Logger
 	mux   *http.ServeMux
 	ready Readiness
+	tls   *tls.Config
 	// lis is set by Listen; guarded because tests ask for Addr from
 	// another goroutine than the daemon's.
 	mu  sync.Mutex
@@ -93,7 +94,8 @@ type Server struct {
 // /readyz. TLS files are read here, so that a bad one stops start-up.
 func New(cfg Config, gatherer prometheus.Gatherer, ready Readiness, log *zap.Logger) (*Server, error) {
 	s := &Server{cfg: cfg, log: log, mux: http.NewServeMux(), ready: ready}
-	if _, err := s.tlsConfig(); err != nil {
+	var err error
+	if s.tls, err = s.tlsConfig(); err != nil {
 		return nil, err
 	}
 	s.mux.Handle("GET /metrics", promhttp.HandlerFor(gatherer, promhttp.HandlerOpts{
@@ -124,15 +126,16 @@ func (s *Server) readyz(w http.ResponseWriter, _ *http.Request) {
 // built-in endpoints; for instance the controller's dashboard.
 func (s *Server) Handle(pattern string, h http.Handler) { s.mux.Handle(pattern, h) }
 
+// tlsConfig is the HTTPS configuration; nil for plain HTTP.
 func (s *Server) tlsConfig() (*tls.Config, error) {
 	if s.cfg.CertFile == "" {
 		return nil, nil
 	}
-	cert, err := tls.LoadX509KeyPair(s.cfg.CertFile, s.cfg.KeyFile)
+	pair, err := loadKeyPair(s.cfg.CertFile, s.cfg.KeyFile, s.log)
 	if err != nil {
-		return nil, fmt.Errorf("http.cert_file %q, http.key_file %q: %w", s.cfg.CertFile, s.cfg.KeyFile, err)
+		return nil, err
 	}
-	conf := &tls.Config{MinVersion: tls.VersionTLS12, Certificates: []tls.Certificate{cert}}
+	conf := &tls.Config{MinVersion: tls.VersionTLS12, GetCertificate: pair.get}
 	if s.cfg.ClientCAFile != "" {
 		pem, err := os.ReadFile(s.cfg.ClientCAFile)
 		if err != nil {
@@ -154,13 +157,8 @@ func (s *Server) Listen() error {
 	if err != nil {
 		return fmt.Errorf("http.listen: %w", err)
 	}
-	conf, err := s.tlsConfig()
-	if err != nil {
-		_ = lis.Close()
-		return err
-	}
-	if conf != nil {
-		lis = tls.NewListener(lis, conf)
+	if s.tls != nil {
+		lis = tls.NewListener(lis, s.tls)
 	}
 	s.mu.Lock()
 	s.lis = lis

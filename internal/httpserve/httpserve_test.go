@@ -163,3 +163,40 @@ func TestPortTaken(t *testing.T) {
 	require.NoError(t, err)
 	require.ErrorContains(t, s.Listen(), "http.listen")
 }
+
+// A certificate renewed in place is served from a later handshake on,
+// without a restart.
+func TestCertificateReload(t *testing.T) {
+	dir := t.TempDir()
+	now := time.Now()
+	ca, err := pki.NewCA("test-ca", 2*time.Hour, now)
+	require.NoError(t, err)
+	id := pki.Identity{Role: pki.RoleController, Name: "c"}
+	issue := func() *pki.Issued {
+		is, err := ca.Issue(pki.Request{Identity: id, IPs: []net.IP{net.IPv4(127, 0, 0, 1)}, ValidFor: time.Hour, Now: now})
+		require.NoError(t, err)
+		_, _, err = is.Save(pki.DefaultOut(dir, id), true)
+		require.NoError(t, err)
+		return is
+	}
+	first := issue()
+	cert, key := pki.DefaultOut(dir, id)+".crt", pki.DefaultOut(dir, id)+".key"
+	s, err := httpserve.New(httpserve.Config{Listen: "127.0.0.1:0", CertFile: cert, KeyFile: key},
+		prometheus.NewRegistry(), func() error { return nil }, zaptest.NewLogger(t))
+	require.NoError(t, err)
+	serve(t, s, "https")
+	roots := x509.NewCertPool()
+	roots.AddCert(ca.Cert)
+	served := func() string {
+		conn, err := tls.Dial("tcp", s.Addr().String(), &tls.Config{RootCAs: roots, ServerName: "127.0.0.1"})
+		require.NoError(t, err)
+		defer conn.Close()
+		return conn.ConnectionState().PeerCertificates[0].SerialNumber.String()
+	}
+	require.Equal(t, first.Cert.SerialNumber.String(), served())
+
+	second := issue()
+	require.NotEqual(t, first.Cert.SerialNumber, second.Cert.SerialNumber)
+	require.Eventually(t, func() bool { return served() == second.Cert.SerialNumber.String() }, 30*time.Second, 50*time.Millisecond,
+		"the renewed certificate is never served")
+}
