@@ -7,12 +7,10 @@ import (
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
-
-	"github.com/rdzv/rdzv/controller/store"
-
 	grpchealth "google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
+	"github.com/rdzv/rdzv/controller/store"
 	"github.com/rdzv/rdzv/internal/httpserve"
 )
 
