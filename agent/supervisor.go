@@ -17,11 +17,10 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/timestamppb"
-
-	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/rdzv/rdzv/health"
 	"github.com/rdzv/rdzv/jobspec"
