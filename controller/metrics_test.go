@@ -23,7 +23,6 @@ import (
 	"github.com/rdzv/rdzv/controller/keyring"
 	"github.com/rdzv/rdzv/internal/testaddr"
 	"github.com/rdzv/rdzv/internal/testetcd"
-
 	rdzvv1 "github.com/rdzv/rdzv/proto/rdzv/v1"
 )
 
