@@ -134,6 +134,7 @@ func TestShippedConfig(t *testing.T) {
 	require.NoError(t, cfg.Validate())
 	require.False(t, cfg.Insecure)
 	require.Equal(t, "/etc/rdzv/pki/agent.crt", cfg.TLS.Cert)
+	require.Equal(t, DefaultHTTPListen, cfg.HTTP.Listen, "the file says the default metrics address")
 }
 
 // TestShippedConfigDefaults keeps the run_as policy and worker PATH written

@@ -158,4 +158,5 @@ func TestShippedConfig(t *testing.T) {
 	require.NoError(t, cfg.Validate())
 	require.False(t, cfg.Insecure)
 	require.Equal(t, "/etc/rdzv/pki/controller.crt", cfg.TLS.Cert)
+	require.Equal(t, controller.DefaultHTTPListen, cfg.HTTP.Listen, "the file says the default metrics address")
 }
