@@ -58,6 +58,10 @@ lint: tools
 	@# The controller and CLI must not need cgo (only agent/gpu/nvmlgpu imports go-nvml),
 	@# nor must a program built on package client (examples/goclient, built so it cannot rot).
 	CGO_ENABLED=0 $(GO) build -o /dev/null ./cmd/rdzv-controller ./cmd/rdzvctl ./examples/goclient
+	@# The alerting rules' syntax, where Debian's prometheus package put promtool;
+	@# controller's TestDeployFilesUseExistingMetrics checks their metric names everywhere.
+	@if command -v promtool >/dev/null; then promtool check rules deploy/prometheus/rdzv-alerts.yml; \
+	  else echo "promtool not installed (apt-get install prometheus): alerting rules checked by go test only"; fi
 
 # Generated references, each checked by a unit test that fails while it is
 # stale: docs/cli and rdzvctl's golden files from the command tree, and

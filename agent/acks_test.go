@@ -54,6 +54,7 @@ func TestSelfFenceCountsOnlyAcknowledgements(t *testing.T) {
 	}
 	cfg := DefaultConfig()
 	cfg.Controller, cfg.NodeName, cfg.StateDir, cfg.GossipPort = fc.serve(t), "node-a", t.TempDir(), -1
+	cfg.HTTP.Listen = ""
 	runAsSelf(&cfg)
 	cfg.Insecure = true // the fake controller serves plaintext
 	a, err := New(cfg, zaptest.NewLogger(t), gpu.Fake{}, fakeNet{ifaces: []netif.Interface{lo}}, ExecSpawner{})

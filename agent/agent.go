@@ -8,10 +8,13 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/jonboulle/clockwork"
+	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap"
 	"golang.org/x/sync/errgroup"
 	"google.golang.org/grpc"
@@ -22,6 +25,7 @@ import (
 	"github.com/rdzv/rdzv/agent/netif"
 	"github.com/rdzv/rdzv/client"
 	"github.com/rdzv/rdzv/health"
+	"github.com/rdzv/rdzv/internal/httpserve"
 	"github.com/rdzv/rdzv/pki"
 	rdzvv1 "github.com/rdzv/rdzv/proto/rdzv/v1"
 )
@@ -66,6 +70,14 @@ type Agent struct {
 	// controller: a node must not count as failed to start, and be
 	// restarted by systemd, through a controller outage.
 	ready chan struct{}
+
+	// metrics count what happens (metrics.go); registry is all the HTTP
+	// listener exports; http is that listener, nil when off; run is what
+	// the gauges and readiness read, once Run built it.
+	metrics  *agentMetrics
+	registry *prometheus.Registry
+	http     *httpserve.Server
+	run      atomic.Pointer[runState]
 }
 
 // Option adjusts an Agent.
@@ -89,9 +101,16 @@ func New(cfg Config, log *zap.Logger, gpus GPUDiscoverer, net NetworkDetector, s
 	if err != nil {
 		return nil, fmt.Errorf("invalid agent config: %w", err)
 	}
-	a := &Agent{cfg: cfg, log: log, gpus: gpus, net: net, spawner: spawner, xids: xids, faults: make(chan *rdzvv1.GPUFault, faultQueue), ready: make(chan struct{})}
+	a := &Agent{cfg: cfg, log: log, gpus: gpus, net: net, spawner: spawner, xids: xids, faults: make(chan *rdzvv1.GPUFault, faultQueue), ready: make(chan struct{}),
+		metrics: newAgentMetrics(), registry: httpserve.NewRegistry()}
 	for _, o := range opts {
 		o(a)
+	}
+	a.registry.MustRegister(a.metrics.exits, a.metrics.gpuFaults, a.metrics.reports, agentCollector{stateDir: cfg.StateDir, run: &a.run})
+	if cfg.HTTP.Enabled() {
+		if a.http, err = httpserve.New(cfg.HTTP, a.registry, a.readiness, log.Named("http")); err != nil {
+			return nil, err
+		}
 	}
 	addrs, err := cfg.Controllers()
 	if err != nil {
@@ -129,6 +148,22 @@ func (a *Agent) Ready() <-chan struct{} { return a.ready }
 // Run discovers the node, then stays connected to the controller and runs
 // what it is assigned until ctx ends; on the way out it stops its workers.
 func (a *Agent) Run(ctx context.Context) error {
+	// Metrics and health answer from the start: /readyz says why the
+	// agent is not ready until it registers.
+	if a.http != nil {
+		if err := a.http.Listen(); err != nil {
+			return err
+		}
+		hctx, stopHTTP := context.WithCancel(ctx)
+		httpDone := make(chan error, 1)
+		go func() { httpDone <- a.http.Serve(hctx) }()
+		defer func() {
+			stopHTTP()
+			if err := <-httpDone; err != nil {
+				a.log.Warn("http listener failed", zap.Error(err))
+			}
+		}()
+	}
 	info, err := a.Describe(ctx)
 	if err != nil {
 		return err
@@ -174,13 +209,14 @@ func (a *Agent) Run(ctx context.Context) error {
 	}
 	sup := NewSupervisor(a.cfg, info.GetName(), info.GetNcclInterface(), ln.Addr().String(), a.spawner, log.Named("supervisor"))
 	sup.SetHealthGate(nodeHealth.Gate)
+	sup.exits = a.metrics.exits
 	// Before the first registration, which reports them.
 	sup.Adopt(found)
 	// Registration carries the verdicts: a node never takes work before
 	// its checks ran. After adoption: the shims wait for an agent only so
 	// long.
 	nodeHealth.Run(ctx)
-	reports := newReportServer(sup, log.Named("reports"))
+	reports := newReportServer(sup, a.metrics.reports, log.Named("reports"))
 	var gossip *Gossip
 	if a.cfg.GossipPort >= 0 {
 		if gossip, err = StartGossip(info.GetName(), info.GetAddress(), a.cfg.GossipPort, log.Named("gossip")); err != nil {
@@ -191,6 +227,8 @@ func (a *Agent) Run(ctx context.Context) error {
 	}
 	sess := newSession(info, sup, a.client, a.cfg.Controller, a.faults, gossip, log.Named("session"))
 	sess.health = nodeHealth
+	a.run.Store(&runState{sup: sup, sess: sess, gossip: gossip, gpus: len(info.GetGpus())})
+	a.metrics.gpusFound(info.GetGpus())
 	close(a.ready)
 	// The session outlives ctx a little: on shutdown the supervisor first
 	// stops the workers, and their final status should reach the controller
@@ -281,7 +319,9 @@ func listenLoopback(addr string) (net.Listener, error) {
 func (a *Agent) watchHealth(ctx context.Context, log *zap.Logger) {
 	log.Info("watching gpu health", zap.Stringer("policy", a.xids))
 	err := a.health.Watch(ctx, func(f health.Fault) {
-		if !a.xids.Critical(f) {
+		critical := a.xids.Critical(f)
+		a.metrics.gpuFaults.WithLabelValues(strconv.FormatUint(uint64(f.GPUIndex), 10), strconv.FormatBool(critical)).Inc()
+		if !critical {
 			log.Info("gpu fault not critical, only logged", zap.Uint32("gpu", f.GPUIndex), zap.String("fault", f.String()))
 			return
 		}

@@ -14,6 +14,7 @@ import (
 
 	"github.com/rdzv/rdzv/client"
 	"github.com/rdzv/rdzv/health"
+	"github.com/rdzv/rdzv/internal/httpserve"
 	"github.com/rdzv/rdzv/pki"
 	"github.com/rdzv/rdzv/wire"
 )
@@ -77,12 +78,19 @@ type Config struct {
 	Insecure bool `json:"insecure"`
 	// JobLogs caps the job logs kept on the node (joblogs.go).
 	JobLogs JobLogsConfig `json:"job_logs"`
+	// HTTP serves /metrics, /healthz and /readyz (README "Monitoring");
+	// loopback by default, off when its listen is empty.
+	HTTP httpserve.Config `json:"http"`
 }
+
+// DefaultHTTPListen is the agent's metrics and health address.
+const DefaultHTTPListen = "127.0.0.1:9402"
 
 // DefaultConfig is an agent with no controller set.
 func DefaultConfig() Config {
 	return Config{
 		StateDir:   "/var/lib/rdzv/agent",
+		HTTP:       httpserve.Config{Listen: DefaultHTTPListen},
 		GossipPort: 7946,
 		StopGrace:  wire.Duration{Duration: 10 * time.Second},
 		// Time for systemd to restart the agent and for it to start, with
@@ -185,6 +193,9 @@ func (c Config) Validate() error {
 		if err := c.TLS.Validate("tls"); err != nil {
 			errs = append(errs, err)
 		}
+	}
+	if err := c.HTTP.Validate("http"); err != nil {
+		errs = append(errs, err)
 	}
 	return errors.Join(errs...)
 }

@@ -45,6 +45,9 @@ func TestConfigValidate(t *testing.T) {
 		{name: "no key file", edit: func(c *Config) { c.TLS.Key = "" }, wantFields: []string{"tls.key"}},
 		{name: "insecure needs no tls files", edit: func(c *Config) { c.TLS, c.Insecure = pki.Files{}, true }},
 		{name: "zero stop grace", edit: func(c *Config) { c.StopGrace.Duration = 0 }, wantFields: []string{"stop_grace"}},
+		{name: "metrics off", edit: func(c *Config) { c.HTTP.Listen = "" }},
+		{name: "metrics address without port", edit: func(c *Config) { c.HTTP.Listen = "localhost" }, wantFields: []string{"http.listen"}},
+		{name: "metrics key without certificate", edit: func(c *Config) { c.HTTP.KeyFile = "/etc/rdzv/pki/m.key" }, wantFields: []string{"http.key_file"}},
 		{name: "relative secrets dir", edit: func(c *Config) { c.SecretsDir = "secrets" }, wantFields: []string{"secrets_dir"}},
 		{name: "unclean secrets dir", edit: func(c *Config) { c.SecretsDir = "/etc/rdzv/../secrets" }, wantFields: []string{"secrets_dir"}},
 		{name: "empty run_as", edit: func(c *Config) { c.RunAs = "" }, wantFields: []string{"run_as"}},
@@ -131,6 +134,7 @@ func TestShippedConfig(t *testing.T) {
 	require.NoError(t, cfg.Validate())
 	require.False(t, cfg.Insecure)
 	require.Equal(t, "/etc/rdzv/pki/agent.crt", cfg.TLS.Cert)
+	require.Equal(t, DefaultHTTPListen, cfg.HTTP.Listen, "the file says the default metrics address")
 }
 
 // TestShippedConfigDefaults keeps the run_as policy and worker PATH written

@@ -35,6 +35,7 @@ func firstForwarded(t *testing.T, gpuHealth health.GPUConfig, faults replayFault
 	}
 	cfg := DefaultConfig()
 	cfg.Controller, cfg.NodeName, cfg.StateDir, cfg.GossipPort = fc.serve(t), "node-a", t.TempDir(), -1
+	cfg.HTTP.Listen = ""
 	cfg.Insecure = true // the fake controller serves plaintext
 	cfg.GPUHealth = gpuHealth
 	a, err := New(cfg, zaptest.NewLogger(t), gpu.Fake{}, fakeNet{ifaces: []netif.Interface{lo}}, ExecSpawner{}, WithGPUHealth(faults))

@@ -16,6 +16,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap"
 	"golang.org/x/sys/unix"
 	"google.golang.org/protobuf/types/known/timestamppb"
@@ -71,9 +72,9 @@ type reportServer struct {
 	srv *http.Server
 }
 
-func newReportServer(sup *Supervisor, log *zap.Logger) *reportServer {
+func newReportServer(sup *Supervisor, requests *prometheus.CounterVec, log *zap.Logger) *reportServer {
 	return &reportServer{srv: &http.Server{
-		Handler:           newReportHandler(sup, log, time.Now),
+		Handler:           countStatus(newReportHandler(sup, log, time.Now), requests),
 		ReadHeaderTimeout: 5 * time.Second,
 		ReadTimeout:       10 * time.Second,
 		WriteTimeout:      10 * time.Second,

@@ -352,7 +352,7 @@ func TestLocalUserCannotReport(t *testing.T) {
 
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(t, err)
-	srv := newReportServer(h.sup, zaptest.NewLogger(t))
+	srv := newReportServer(h.sup, newAgentMetrics().reports, zaptest.NewLogger(t))
 	served := make(chan error, 1)
 	go func() { served <- srv.serve(ln) }()
 	defer func() {
@@ -705,6 +705,7 @@ func TestAgentForwardsReports(t *testing.T) {
 	}
 	cfg := DefaultConfig()
 	cfg.Controller, cfg.NodeName, cfg.StateDir = fc.serve(t), "node-a", t.TempDir()
+	cfg.HTTP.Listen = ""
 	runAsSelf(&cfg)
 	cfg.Insecure = true // the fake controller serves plaintext
 	cfg.GossipPort = 0

@@ -46,6 +46,8 @@ type agentSession struct {
 	// hears us: the sending of the latest heartbeat it acknowledged, or of
 	// the registration it answered (see acks).
 	lastHeard atomic.Int64
+	// connected is set while registered with a controller (readiness).
+	connected atomic.Bool
 	// fencing is set while a self-fencing stop is queued or under way.
 	fencing atomic.Bool
 	// health is the node health checks; nil in tests that need none.
@@ -147,6 +149,8 @@ func (s *agentSession) connect(ctx context.Context) error {
 		s.sup.SetOrphanTimeout(hb.OrphanTimeout())
 	}
 	s.heardAt(registering)
+	s.connected.Store(true)
+	defer s.connected.Store(false)
 	s.log.Info("registered with controller", zap.Duration("heartbeat_interval", interval), zap.Duration("heartbeat_timeout", ms(registered.GetHeartbeatTimeoutMs())))
 	var healthChanged <-chan struct{}
 	if s.health != nil {

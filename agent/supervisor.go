@@ -18,6 +18,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/timestamppb"
@@ -41,6 +42,8 @@ const (
 // applied in the order the controller sent them, on one goroutine, so a stop
 // of generation N is always applied before the start of N+1.
 type Supervisor struct {
+	// exits counts workers' ends by cause (metrics); nil counts nothing.
+	exits      *prometheus.CounterVec
 	stateDir   string
 	secretsDir string
 	runAs      string
@@ -501,6 +504,9 @@ func (s *Supervisor) record(st *rdzvv1.WorkerStatus) {
 		s.history = s.history[len(s.history)-historySize:]
 	}
 	s.mu.Unlock()
+	if s.exits != nil {
+		s.exits.WithLabelValues(exitCause(st)).Inc()
+	}
 	s.emit(st)
 }
 

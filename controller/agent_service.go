@@ -59,9 +59,11 @@ func (a *agentService) Connect(stream rdzvv1.AgentService_ConnectServer) error {
 			if err != nil {
 				return // the agent went away; it reconnects and re-registers
 			}
-			sess.touch(c.clock.Now())
+			now := c.clock.Now()
+			sess.touch(now)
 			switch msg := m.GetMsg().(type) {
 			case *rdzvv1.ConnectRequest_Heartbeat:
+				c.metrics.heartbeat(sess, now)
 				sess.send(&rdzvv1.ConnectResponse{Msg: &rdzvv1.ConnectResponse_HeartbeatAck{HeartbeatAck: &rdzvv1.HeartbeatAck{Seq: msg.Heartbeat.GetSeq()}}})
 			case *rdzvv1.ConnectRequest_GpuFault:
 				c.gpuFault(name, msg.GpuFault)

@@ -11,6 +11,7 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/rdzv/rdzv/health"
+	"github.com/rdzv/rdzv/internal/httpserve"
 	"github.com/rdzv/rdzv/pki"
 	"github.com/rdzv/rdzv/wire"
 )
@@ -51,6 +52,9 @@ type Config struct {
 	// Insecure serves without TLS and without authentication: anyone who
 	// reaches Listen can run commands on every node. Local tests only.
 	Insecure bool `json:"insecure"`
+	// HTTP serves /metrics, /healthz and /readyz (README "Monitoring");
+	// loopback by default, off when its listen is empty.
+	HTTP httpserve.Config `json:"http"`
 }
 
 // TLSConfig is the controller's TLS files and how it keeps checking the
@@ -147,6 +151,9 @@ type PortRange struct {
 	Max int `json:"max"`
 }
 
+// DefaultHTTPListen is the controller's metrics and health address.
+const DefaultHTTPListen = "127.0.0.1:9401"
+
 // DefaultConfig is a single controller with embedded etcd.
 func DefaultConfig() Config {
 	return Config{
@@ -173,6 +180,7 @@ func DefaultConfig() Config {
 		},
 		TLS:      TLSConfig{ReverifyInterval: dur(time.Minute)},
 		LogLevel: "info",
+		HTTP:     httpserve.Config{Listen: DefaultHTTPListen},
 	}
 }
 
@@ -320,6 +328,9 @@ func (c Config) Validate() error {
 	}
 	if r := c.MasterPortRange; r.Min < 1024 || r.Max > 65535 || r.Min > r.Max {
 		errs = append(errs, fmt.Errorf("master_port_range: want 1024 <= min <= max <= 65535, got %d-%d", r.Min, r.Max))
+	}
+	if err := c.HTTP.Validate("http"); err != nil {
+		errs = append(errs, err)
 	}
 	if c.FlakyNodes.Losses < 0 {
 		errs = append(errs, fmt.Errorf("flaky_nodes.losses: must be 0 (off) or more, got %d", c.FlakyNodes.Losses))

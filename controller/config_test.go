@@ -82,6 +82,14 @@ func TestConfigValidate(t *testing.T) {
 		{name: "inverted master ports", edit: func(c *controller.Config) { c.MasterPortRange = controller.PortRange{Min: 30000, Max: 29999} },
 			wantFields: []string{"master_port_range"}},
 		{name: "one master port", edit: func(c *controller.Config) { c.MasterPortRange = controller.PortRange{Min: 29500, Max: 29500} }},
+		{name: "metrics off", edit: func(c *controller.Config) { c.HTTP.Listen = "" }},
+		{name: "metrics on every address", edit: func(c *controller.Config) { c.HTTP.Listen = ":9401" }},
+		{name: "metrics address without port", edit: func(c *controller.Config) { c.HTTP.Listen = "127.0.0.1" }, wantFields: []string{"http.listen"}},
+		{name: "metrics port not a number", edit: func(c *controller.Config) { c.HTTP.Listen = "127.0.0.1:metrics" }, wantFields: []string{"http.listen"}},
+		{name: "metrics certificate without key", edit: func(c *controller.Config) { c.HTTP.CertFile = "/etc/rdzv/pki/m.crt" },
+			wantFields: []string{"http.key_file"}},
+		{name: "metrics client CA without https", edit: func(c *controller.Config) { c.HTTP.ClientCAFile = "/etc/rdzv/pki/ca.crt" },
+			wantFields: []string{"http.client_ca_file"}},
 		{name: "every problem at once", edit: func(c *controller.Config) {
 			c.Listen, c.DataDir, c.Heartbeat.Interval.Duration, c.MasterPortRange.Min = "x", "", 0, 0
 		}, wantFields: []string{"listen", "data_dir", "heartbeat.interval", "master_port_range"}},
@@ -150,4 +158,5 @@ func TestShippedConfig(t *testing.T) {
 	require.NoError(t, cfg.Validate())
 	require.False(t, cfg.Insecure)
 	require.Equal(t, "/etc/rdzv/pki/controller.crt", cfg.TLS.Cert)
+	require.Equal(t, controller.DefaultHTTPListen, cfg.HTTP.Listen, "the file says the default metrics address")
 }

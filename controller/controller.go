@@ -12,14 +12,18 @@ import (
 	"time"
 
 	"github.com/jonboulle/clockwork"
+	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap"
 	"golang.org/x/sync/errgroup"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
+	grpchealth "google.golang.org/grpc/health"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/keepalive"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/rdzv/rdzv/controller/store"
+	"github.com/rdzv/rdzv/internal/httpserve"
 	"github.com/rdzv/rdzv/pki"
 	rdzvv1 "github.com/rdzv/rdzv/proto/rdzv/v1"
 	"github.com/rdzv/rdzv/rendezvous"
@@ -45,6 +49,19 @@ type Controller struct {
 	// reloadRefused is a refused TLS reload not reported yet.
 	reverifyKick  chan struct{}
 	reloadRefused atomic.Pointer[error]
+
+	// metrics count decisions (metrics.go); registry is all the HTTP
+	// listener exports; http is that listener, nil when off.
+	metrics  *metrics
+	registry *prometheus.Registry
+	http     *httpserve.Server
+	// grpcHealth is grpc.health.v1 on the gRPC port (probes.go); stopping
+	// is set once Run's context ended.
+	grpcHealth *grpchealth.Server
+	stopping   atomic.Bool
+	// etcdDown is why etcd did not answer the last probe (probeEtcd); nil
+	// when it did.
+	etcdDown atomic.Pointer[error]
 
 	store *store.Store
 	// leading is set while this controller leads and has its view loaded;
@@ -147,6 +164,10 @@ type jobState struct {
 	// excluded are the nodes the round smoke test left out of this job,
 	// with its verdicts.
 	excluded map[string]string
+	// failedAt is when the last attempt failed, until the next round
+	// commits; recommittedAt is when a restarted generation committed,
+	// until its first step. In memory, for the recovery histograms.
+	failedAt, recommittedAt time.Time
 }
 
 // Option adjusts a Controller for tests.
@@ -174,9 +195,21 @@ func New(cfg Config, log *zap.Logger, opts ...Option) (*Controller, error) {
 
 		revoked:      newDenyList(),
 		reverifyKick: make(chan struct{}, 1),
+
+		metrics:    newMetrics(),
+		registry:   httpserve.NewRegistry(),
+		grpcHealth: newGRPCHealth(),
 	}
 	for _, o := range opts {
 		o(c)
+	}
+	c.registry.MustRegister(append(c.metrics.collectors(), stateCollector{c})...)
+	if cfg.HTTP.Enabled() {
+		s, err := httpserve.New(cfg.HTTP, c.registry, c.readiness, log.Named("http"))
+		if err != nil {
+			return nil, err
+		}
+		c.http = s
 	}
 	if !cfg.Insecure {
 		r, err := pki.NewReloader(cfg.TLS.Files, wantController, log.Named("tls"), pki.WithReloadHook(c.tlsReloaded))
@@ -205,7 +238,23 @@ func (c *Controller) Run(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	cli, closeEtcd, err := connectEtcd(ctx, c.cfg, c.log)
+	// Metrics and health answer from the start: /readyz says why the
+	// controller is not ready while etcd starts.
+	if c.http != nil {
+		if err := c.http.Listen(); err != nil {
+			return err
+		}
+		hctx, stopHTTP := context.WithCancel(ctx)
+		httpDone := make(chan error, 1)
+		go func() { httpDone <- c.http.Serve(hctx) }()
+		defer func() {
+			stopHTTP()
+			if err := <-httpDone; err != nil {
+				c.log.Warn("http listener failed", zap.Error(err))
+			}
+		}()
+	}
+	cli, closeEtcd, err := connectEtcd(ctx, c.cfg, c.log, c.metrics.etcdInterceptor)
 	if err != nil {
 		return err
 	}
@@ -221,7 +270,11 @@ func (c *Controller) Run(ctx context.Context) error {
 	// Interceptors chain in order: authentication and authorization first,
 	// so that an unknown caller learns nothing from validation errors or
 	// leader redirects; then validation; then the standby's redirect.
-	srv := grpc.NewServer(append(c.securityOptions(),
+	// The gRPC metrics come first, so that refused calls count too.
+	srv := grpc.NewServer(append(append([]grpc.ServerOption{
+		grpc.ChainUnaryInterceptor(c.metrics.grpc.UnaryServerInterceptor()),
+		grpc.ChainStreamInterceptor(c.metrics.grpc.StreamServerInterceptor()),
+	}, c.securityOptions()...),
 		grpc.ChainUnaryInterceptor(unaryGuard(c.log.Named("api"))),
 		grpc.ChainStreamInterceptor(streamGuard(c.log.Named("api"))),
 		grpc.MaxRecvMsgSize(wire.MaxMessageBytes),
@@ -244,6 +297,8 @@ func (c *Controller) Run(ctx context.Context) error {
 	rdzvv1.RegisterNodeServiceServer(srv, &nodeService{c: c})
 	rdzvv1.RegisterCertificateServiceServer(srv, &certificateService{c: c})
 	rdzvv1.RegisterServerServiceServer(srv, &serverService{c: c})
+	healthpb.RegisterHealthServer(srv, c.grpcHealth)
+	c.metrics.grpc.InitializeMetrics(srv)
 	c.addr = lis.Addr()
 	c.log.Info("controller serving", zap.Stringer("addr", c.addr), zap.String("advertise_addr", c.cfg.Advertised()), zap.Bool("embedded_etcd", c.cfg.Embedded()))
 	close(c.ready)
@@ -257,8 +312,11 @@ func (c *Controller) Run(ctx context.Context) error {
 	})
 	g.Go(func() error { c.watchLeader(gctx); return nil })
 	g.Go(func() error { c.elect(gctx); return nil })
+	g.Go(func() error { c.probeEtcd(gctx); return nil })
 	g.Go(func() error {
 		<-gctx.Done()
+		c.stopping.Store(true)
+		c.grpcHealth.Shutdown()
 		// Agent streams never end by themselves; end them so the graceful
 		// stop only waits for operator calls in flight.
 		c.endSessions()

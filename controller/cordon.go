@@ -72,7 +72,7 @@ func (c *Controller) gpuFault(node string, f *rdzvv1.GPUFault) {
 	if f.GetAt() != nil {
 		latency = max(c.clock.Now().Sub(f.GetAt().AsTime()), 0)
 	}
-	c.attemptFailed(js, fmt.Sprintf("node %s: GPU fault: %s", node, f.GetMessage()), latency)
+	c.attemptFailed(js, causeGPUFault, fmt.Sprintf("node %s: GPU fault: %s", node, f.GetMessage()), latency)
 }
 
 // countLoss records that a node was lost while running a job, and cordons

@@ -37,7 +37,7 @@ func (c *Controller) drain(ctx context.Context, name, reason string, now bool) (
 		c.log.Info("node draining", zap.String("node", name), zap.String("reason", reason), zap.Bool("now", now))
 	}
 	if js := c.jobs[ns.job]; now && js != nil && js.rec.GetState() == rdzvv1.JobState_JOB_STATE_RUNNING && js.rec.GetGeneration() == ns.generation {
-		c.attemptFailed(js, fmt.Sprintf("node %s drained now by an operator", name), 0)
+		c.attemptFailed(js, causeDrain, fmt.Sprintf("node %s drained now by an operator", name), 0)
 	}
 	c.wake()
 	view := c.nodeView(ns)

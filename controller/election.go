@@ -132,6 +132,7 @@ func (c *Controller) lead(ctx context.Context, stepDown context.CancelFunc, l st
 	c.stepDown = stepDown
 	c.electedAt = begin
 	c.leading.Store(true)
+	c.refreshHealth()
 	w := newWriter()
 	c.writes = w
 	loaded := c.clock.Now().Sub(begin)
@@ -159,6 +160,7 @@ func (c *Controller) lead(ctx context.Context, stepDown context.CancelFunc, l st
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.leading.Store(false)
+	c.refreshHealth()
 	c.stepDown = nil
 	c.writes = nil
 	c.store.Follow()
@@ -186,6 +188,7 @@ func (c *Controller) stepDownLocked(reason string) {
 		c.stepDownReason = reason
 	}
 	c.leading.Store(false)
+	c.refreshHealth()
 	c.stepDown()
 }
 
@@ -195,7 +198,13 @@ func (c *Controller) stepDownLocked(reason string) {
 // stepping down drops that view, and whoever leads next rebuilds it from
 // etcd and the agents' reports. Callers hold c.mu.
 func (c *Controller) writeFailed(what string, err error) {
-	c.log.Error("persisting a state change failed, stepping down", zap.String("change", what), zap.Error(err))
+	log := c.log.Error
+	if errors.Is(err, context.Canceled) {
+		// The lead itself ended with the write in flight (shutdown, lease
+		// lost): expected, and "stopped leading" says why.
+		log = c.log.Warn
+	}
+	log("persisting a state change failed, stepping down", zap.String("change", what), zap.Error(err))
 	c.stepDownLocked(what + ": " + err.Error())
 }
 
@@ -226,6 +235,7 @@ func (c *Controller) watchLeader(ctx context.Context) {
 			}
 		}
 		c.view.Store(&view)
+		c.refreshHealth()
 		// Without a leader the etcd member cannot tell whether the key
 		// changed, so the watch fails and the next Get reports it.
 		wctx, cancel := context.WithCancel(clientv3.WithRequireLeader(ctx))
@@ -263,6 +273,7 @@ func (c *Controller) setEtcdErr(err error) {
 		v.etcdErr = err.Error()
 	}
 	c.view.Store(&v)
+	c.refreshHealth()
 }
 
 // gate refuses every call while this controller does not lead, telling
@@ -283,14 +294,20 @@ func (c *Controller) gate() error {
 	return wire.Error(wire.ReasonNoLeader, "", fmt.Sprintf("controller %s does not lead yet (election or start-up under way); retry", me))
 }
 
-func (c *Controller) unaryGate(ctx context.Context, req any, _ *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
+func (c *Controller) unaryGate(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
+	if publicMethod(info.FullMethod) {
+		return handler(ctx, req)
+	}
 	if err := c.gate(); err != nil {
 		return nil, err
 	}
 	return handler(ctx, req)
 }
 
-func (c *Controller) streamGate(srv any, ss grpc.ServerStream, _ *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
+func (c *Controller) streamGate(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
+	if publicMethod(info.FullMethod) {
+		return handler(srv, ss)
+	}
 	if err := c.gate(); err != nil {
 		return err
 	}

@@ -6,15 +6,20 @@ import (
 	"fmt"
 	"io/fs"
 	"net"
+	"net/http"
 	"net/url"
 	"os"
 	"path/filepath"
+	"sync/atomic"
 	"time"
 
+	"github.com/soheilhy/cmux"
 	"go.etcd.io/etcd/client/pkg/v3/transport"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.etcd.io/etcd/server/v3/embed"
 	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
+	"google.golang.org/grpc"
 
 	"github.com/rdzv/rdzv/controller/keyring"
 )
@@ -26,7 +31,8 @@ const embeddedStartTimeout = 60 * time.Second
 // connectEtcd starts the embedded etcd when no endpoints are configured and
 // returns a client; close releases both. Embedded and external etcd are used
 // through the same network client so both paths behave alike.
-func connectEtcd(ctx context.Context, cfg Config, log *zap.Logger) (*clientv3.Client, func(), error) {
+// timing intercepts every unary request (metrics).
+func connectEtcd(ctx context.Context, cfg Config, log *zap.Logger, timing grpc.UnaryClientInterceptor) (*clientv3.Client, func(), error) {
 	endpoints := cfg.Etcd.Endpoints
 	stopEmbedded := func() {}
 	if cfg.Embedded() {
@@ -34,7 +40,7 @@ func connectEtcd(ctx context.Context, cfg Config, log *zap.Logger) (*clientv3.Cl
 		if err != nil {
 			return nil, nil, err
 		}
-		stopEmbedded = e.Close
+		stopEmbedded = e.close
 		endpoints = []string{endpoint}
 	}
 	ecfg := clientv3.Config{
@@ -42,6 +48,7 @@ func connectEtcd(ctx context.Context, cfg Config, log *zap.Logger) (*clientv3.Cl
 		DialTimeout: cfg.Etcd.DialTimeout.Duration,
 		Logger:      log.Named("etcd_client").WithOptions(zap.IncreaseLevel(zap.WarnLevel)),
 		Context:     ctx,
+		DialOptions: []grpc.DialOption{grpc.WithChainUnaryInterceptor(timing)},
 	}
 	if cfg.Etcd.CAFile != "" || cfg.Etcd.CertFile != "" {
 		tlsInfo := transport.TLSInfo{TrustedCAFile: cfg.Etcd.CAFile, CertFile: cfg.Etcd.CertFile, KeyFile: cfg.Etcd.KeyFile}
@@ -66,7 +73,7 @@ func connectEtcd(ctx context.Context, cfg Config, log *zap.Logger) (*clientv3.Cl
 // the directory (0700) admits only the controller's user and root. There
 // is no peer listener at all; a single member never dials a peer. It
 // returns the client endpoint.
-func startEmbedded(ctx context.Context, cfg Config, log *zap.Logger) (e *embed.Etcd, endpoint string, err error) {
+func startEmbedded(ctx context.Context, cfg Config, log *zap.Logger) (e *embeddedEtcd, endpoint string, err error) {
 	sock, err := filepath.Abs(cfg.EmbeddedEtcdSocket())
 	if err != nil {
 		return nil, "", fmt.Errorf("resolving the embedded etcd socket in data_dir %q: %w", cfg.DataDir, err)
@@ -100,9 +107,10 @@ func startEmbedded(ctx context.Context, cfg Config, log *zap.Logger) (e *embed.E
 	// embed.NewConfig leaves the slow-request threshold at zero, which logs
 	// every request as slow; use etcd's own default.
 	ec.WarningUnaryRequestDuration = embed.DefaultWarningUnaryRequestDuration
-	ec.ZapLoggerBuilder = embed.NewZapLoggerBuilder(log.WithOptions(zap.IncreaseLevel(zap.WarnLevel)))
-	e, err = embed.StartEtcd(ec)
-	if err != nil {
+	e = &embeddedEtcd{}
+	ec.ZapLoggerBuilder = embed.NewZapLoggerBuilder(log.WithOptions(zap.IncreaseLevel(zap.WarnLevel),
+		zap.WrapCore(func(core zapcore.Core) zapcore.Core { return closingCore{Core: core, closing: &e.closing} })))
+	if e.Etcd, err = embed.StartEtcd(ec); err != nil {
 		return nil, "", fmt.Errorf("starting embedded etcd in %s: %w", cfg.DataDir, err)
 	}
 	// The directory already keeps everyone else out; the socket's own mode
@@ -178,4 +186,61 @@ func privateDir(dir string, log *zap.Logger) error {
 			zap.String("data_dir", dir), zap.String("old_mode", fmt.Sprintf("%04o", mode)), zap.String("mode", fmt.Sprintf("%04o", mode&0o700)))
 	}
 	return nil
+}
+
+// embeddedEtcd is the embedded etcd and whether it is being closed.
+type embeddedEtcd struct {
+	*embed.Etcd
+	closing atomic.Bool
+}
+
+func (e *embeddedEtcd) close() {
+	e.closing.Store(true)
+	e.Close()
+}
+
+// closingCore demotes to debug the errors embedded etcd logs, stack trace
+// and all, for each of its listeners and servers that Close shuts: etcd's
+// errHandler logs whatever a server's Serve returned, and on Close that is
+// always "use of closed network connection", "http: Server closed" or
+// cmux's "mux: server closed". A clean shutdown must log no error (log
+// alerts fire on them); any other error, or one before Close, is kept.
+type closingCore struct {
+	zapcore.Core
+	closing *atomic.Bool
+}
+
+func (c closingCore) With(fields []zapcore.Field) zapcore.Core {
+	return closingCore{Core: c.Core.With(fields), closing: c.closing}
+}
+
+func (c closingCore) Check(ent zapcore.Entry, ce *zapcore.CheckedEntry) *zapcore.CheckedEntry {
+	if ent.Level >= zapcore.ErrorLevel && c.closing.Load() {
+		// Decided in Write, which sees the fields.
+		return ce.AddCore(ent, c)
+	}
+	return c.Core.Check(ent, ce)
+}
+
+func (c closingCore) Write(ent zapcore.Entry, fields []zapcore.Field) error {
+	if ent.Level >= zapcore.ErrorLevel && c.closing.Load() && closedServerError(fields) {
+		if !c.Core.Enabled(zapcore.DebugLevel) {
+			return nil
+		}
+		ent.Level, ent.Stack = zapcore.DebugLevel, ""
+	}
+	return c.Core.Write(ent, fields)
+}
+
+// closedServerError reports whether fields carry an error that only says
+// a server or listener was closed.
+func closedServerError(fields []zapcore.Field) bool {
+	for _, f := range fields {
+		if f.Type != zapcore.ErrorType {
+			continue
+		}
+		err, ok := f.Interface.(error)
+		return ok && (errors.Is(err, net.ErrClosed) || errors.Is(err, http.ErrServerClosed) || errors.Is(err, cmux.ErrServerClosed))
+	}
+	return false
 }

@@ -83,6 +83,7 @@ func (h *haCluster) startReplica(addr string) *replica {
 	cfg.Etcd.Endpoints = []string{h.etcd}
 	cfg.SecretsKeyFile = h.keys
 	cfg.Listen, cfg.AdvertiseAddr = addr, addr
+	cfg.HTTP.Listen = "127.0.0.1:0"
 	cfg.LeaderLeaseTTL.Duration = 2 * time.Second
 	cfg.Etcd.RequestTimeout.Duration = 2 * time.Second
 	cfg.Heartbeat.Interval.Duration = heartbeatInterval

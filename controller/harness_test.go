@@ -124,7 +124,11 @@ type cluster struct {
 }
 
 // runningAgent is an in-process agent; stop shuts it down as SIGTERM would.
-type runningAgent struct{ stop func() }
+type runningAgent struct {
+	agent    *agent.Agent
+	stateDir string
+	stop     func()
+}
 
 // newCluster starts a controller; edits adjust its config first.
 func newCluster(t *testing.T, edits ...func(*controller.Config)) *cluster {
@@ -162,6 +166,9 @@ func startCluster(t *testing.T, clock *clockwork.FakeClock, edits []func(*contro
 	c.cfg.MasterPortRange = controller.PortRange{Min: masterPortMin, Max: masterPortMax}
 	c.addr = testaddr.Free(t)
 	c.cfg.Listen = c.addr
+	// Metrics and health on a port of the OS's choosing: tests run side
+	// by side, and the default port is a running controller's.
+	c.cfg.HTTP.Listen = "127.0.0.1:0"
 	c.newCA()
 	c.cfg.TLS.Files = c.issue(pki.Identity{Role: pki.RoleController, Name: "controller"}, net.IPv4(127, 0, 0, 1))
 	for _, edit := range edits {
@@ -288,8 +295,10 @@ func (c *cluster) addAgent(name string, gpus int, labels map[string]string, opts
 	// Workers run as the test's user: they write into c.workdir.
 	cfg.RunAs, cfg.AllowRoot = fmt.Sprintf("%d:%d", os.Geteuid(), os.Getegid()), true
 	cfg.TLS = c.issue(pki.Identity{Role: pki.RoleAgent, Name: name})
-	// Real gossip between the in-process agents, on ports the OS picks.
+	// Real gossip between the in-process agents, on ports the OS picks;
+	// metrics and health too.
 	cfg.GossipPort = 0
+	cfg.HTTP.Listen = "127.0.0.1:0"
 	for _, opt := range opts {
 		opt(&cfg)
 	}
@@ -300,7 +309,7 @@ func (c *cluster) addAgent(name string, gpus int, labels map[string]string, opts
 	done := make(chan error, 1)
 	go func() { done <- a.Run(ctx) }()
 	stopped := false
-	ra := &runningAgent{stop: func() {
+	ra := &runningAgent{agent: a, stateDir: cfg.StateDir, stop: func() {
 		if stopped {
 			return
 		}

@@ -190,7 +190,7 @@ func (c *Controller) advanceJob(js *jobState) {
 						f, a.GetNode(), a.GetNodeRank(), strings.TrimPrefix(w.GetMessage(), f+": ")))
 					return
 				}
-				c.attemptFailed(js, fmt.Sprintf("node %s (rank %d): workers %s", a.GetNode(), a.GetNodeRank(), describeExit(w)), c.detectionLatency(w))
+				c.attemptFailed(js, c.failureCause(a.GetNode()), fmt.Sprintf("node %s (rank %d): workers %s", a.GetNode(), a.GetNodeRank(), describeExit(w)), c.detectionLatency(w))
 				return
 			}
 		}
@@ -222,6 +222,7 @@ func (c *Controller) finish(js *jobState, state rdzvv1.JobState, reason string) 
 		rdzvv1.JobState_JOB_STATE_STOPPED:   EventJobStopped,
 	}[state]
 	js.rec = rec
+	c.metrics.finished(state)
 	c.persist(c.store.UpdateJob(rec, c.event(name, "", rec.GetGeneration(), kind, "%s", reason)), func() {
 		c.log.Info("job finished", zap.String("job", name), zap.String("state", stateName(state)), zap.String("reason", reason))
 		c.stopWorkers(js, reason)

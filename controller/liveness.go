@@ -75,6 +75,7 @@ func (c *Controller) markLost(name string, ns *nodeState, now, lastSeen time.Tim
 	rec.State, rec.StateChangedAt = rdzvv1.NodeState_NODE_STATE_LOST, timestamppb.New(c.clock.Now())
 	rec.RestartHoldUntil = nil
 	ns.rec = rec
+	c.metrics.nodesLost.Inc()
 	c.persist(c.store.PutNode(rec, c.event(ns.job, name, ns.generation, EventNodeLost, "node %s lost: %s", name, reason)), nil)
 	ns.fencedBy = c.cfg.Heartbeat.policy().FencedBy(health.Loss{
 		At: now, LastSeen: lastSeen, Heard: ns.heard, ElectedAt: c.electedAt, HoldUntil: ns.restartHold,

@@ -68,7 +68,7 @@ func (c *Controller) applyHealth(name string, ns *nodeState, results []*rdzvv1.H
 			break
 		}
 	}
-	c.attemptFailed(js, "node "+name+": health check "+why, latency)
+	c.attemptFailed(js, causeHealthCheck, "node "+name+": health check "+why, latency)
 }
 
 // healthChecks is results as health's rules take them.

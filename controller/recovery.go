@@ -79,6 +79,7 @@ func (c *Controller) resumeTraining(js *jobState) {
 	if js.rec.GetRecoveryStartedAt() == nil {
 		return
 	}
+	c.metrics.recovery.Observe(c.clock.Now().Sub(js.rec.GetRecoveryStartedAt().AsTime()).Seconds())
 	c.closeInterval(js.rec)
 	js.rec.TrainingSince = timestamppb.New(c.clock.Now())
 }
@@ -88,7 +89,7 @@ func (c *Controller) resumeTraining(js *jobState) {
 // its backoff to re-rendezvous and resume from the latest complete
 // checkpoint, or fails for good when restarts are used up or it is crash
 // looping. Callers hold c.mu.
-func (c *Controller) attemptFailed(js *jobState, reason string, latency time.Duration) {
+func (c *Controller) attemptFailed(js *jobState, cause, reason string, latency time.Duration) {
 	spec := js.rec.GetSpec()
 	name := spec.GetName()
 	gen := js.rec.GetGeneration()
@@ -96,8 +97,10 @@ func (c *Controller) attemptFailed(js *jobState, reason string, latency time.Dur
 	rec := proto.Clone(js.rec).(*rdzvv1.Job)
 	var crashLoop bool
 	rec.RestartsWithoutProgress, crashLoop = health.CrashLoop(rec.GetRestartsWithoutProgress(), js.progressed, now.Sub(rec.GetStartedAt().AsTime()))
+	restartsLeft := rec.GetRestarts() < spec.GetRestartMaxRestarts()
+	c.metrics.attemptFailed(js, cause, latency, now, restartsLeft && !crashLoop)
 	switch {
-	case rec.GetRestarts() >= spec.GetRestartMaxRestarts():
+	case !restartsLeft:
 		c.finish(js, rdzvv1.JobState_JOB_STATE_FAILED, fmt.Sprintf("%s; no restarts left (max_restarts %d)", reason, spec.GetRestartMaxRestarts()))
 		return
 	case crashLoop:
@@ -161,6 +164,9 @@ func (c *Controller) progress(node string, p *rdzvv1.Progress) {
 		return
 	}
 	if js.rec.GetProgressAt() == nil || p.GetStep() > js.rec.GetStep() {
+		if js.rec.GetProgressAt() == nil {
+			c.metrics.firstStep(js, c.clock.Now())
+		}
 		js.rec.Step, js.rec.ProgressAt = p.GetStep(), timestamppb.New(c.clock.Now())
 		js.progressed, js.reportsSteps = true, true
 		c.resumeTraining(js)
@@ -209,6 +215,7 @@ func (c *Controller) checkpoint(node string, r *rdzvv1.CheckpointReport) {
 		js.catalog = js.catalog[len(js.catalog)-catalogSize:]
 	}
 	js.progressed = true
+	c.metrics.checkpoints.Inc()
 	log.Info("checkpoint recorded", zap.String("path", r.GetPath()), zap.String("source", r.GetSource()))
 }
 
@@ -228,7 +235,7 @@ func (c *Controller) checkHangs(now time.Time) {
 		}
 		timeout := js.rec.GetSpec().GetHealthProgressTimeout().AsDuration()
 		if stalled, hung := health.Hang(now, js.rec.GetProgressAt().AsTime(), timeout); hung {
-			c.attemptFailed(js, fmt.Sprintf("hang: no training progress for %s (last step %d)", stalled.Round(time.Second), js.rec.GetStep()), stalled-timeout)
+			c.attemptFailed(js, causeHang, fmt.Sprintf("hang: no training progress for %s (last step %d)", stalled.Round(time.Second), js.rec.GetStep()), stalled-timeout)
 		}
 	}
 }

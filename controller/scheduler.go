@@ -336,6 +336,7 @@ func (c *Controller) commit(ctx context.Context, term uint64, name string, place
 	for _, p := range placed {
 		c.nodes[p.Name].generation = gen
 	}
+	c.metrics.committed(js, now)
 	c.persist(c.store.CommitRound(rec, round, ev), func() {
 		log.Info("rendezvous committed", zap.Uint64("generation", gen), zap.Int("nodes", len(placed)),
 			zap.String("master_addr", master), zap.Uint32("master_port", port))

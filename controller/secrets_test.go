@@ -116,6 +116,7 @@ func TestSecretsKeyFileChecks(t *testing.T) {
 	run := func(t *testing.T, edit func(*controller.Config)) error {
 		cfg := controller.DefaultConfig()
 		cfg.Insecure, cfg.Listen, cfg.DataDir = true, "127.0.0.1:0", t.TempDir()
+		cfg.HTTP.Listen = ""
 		edit(&cfg)
 		ctl, err := controller.New(cfg, testLogger(t))
 		require.NoError(t, err)

@@ -26,6 +26,9 @@ type session struct {
 	// operator has been warned of it.
 	certNotAfter time.Time
 	expiryWarned bool
+	// lastHeartbeat is when the previous heartbeat arrived (metrics); only
+	// the stream's receiving goroutine uses it.
+	lastHeartbeat time.Time
 
 	mu sync.Mutex
 	// pending routes replies (port probe results, log chunks) by request id.

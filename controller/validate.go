@@ -9,6 +9,7 @@ import (
 	"go.uber.org/zap"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/status"
 
 	"github.com/rdzv/rdzv/controller/store"
@@ -73,6 +74,10 @@ func validateRequest(m any) error {
 	case *rdzvv1.RevokeCertificateRequest:
 		err = validateRevokeCertificate(r)
 	case *rdzvv1.ListRevocationsRequest:
+	case *healthpb.HealthCheckRequest:
+		// Public (see publicMethod): only a service name, which only
+		// "" answers.
+		err = textErr("service", r.GetService(), maxShortText)
 	default:
 		err = fmt.Errorf("%T: %w", m, errNoValidator)
 	}

@@ -86,13 +86,15 @@ names+=(controller)
 
 for n in 1 2; do
 	echo "== starting agent demo-node-$n (logs: $DEMO/node-$n.log)"
-	# Two agents share this machine, so each takes any free gossip port. When
+	# Two agents share this machine, so each takes any free gossip port and
+	# its own metrics port (9402, 9403; the controller's is 9401). When
 	# the demo ends (or is interrupted) no agent comes back, so the workers
 	# stop with their agent instead of waiting restart_grace for one.
 	# Workers run as whoever runs the demo (root allowed for that): the job
 	# writes its checkpoints under examples/. A real node keeps the default,
 	# nobody, or a dedicated training user.
 	bin/rdzv-agent --controller "$CONTROLLER" --node-name "demo-node-$n" --state-dir "$DEMO/node-$n" --gossip-port 0 --restart-grace 0 \
+		--http-listen "127.0.0.1:$((9401 + n))" \
 		--run-as "$(id -u):$(id -g)" --allow-root \
 		--tls-cert "$PKI/agent-demo-node-$n.crt" --tls-key "$PKI/agent-demo-node-$n.key" --tls-ca "$PKI/ca.crt" \
 		>"$DEMO/node-$n.log" 2>&1 &

@@ -228,6 +228,9 @@ func sameFiles(a, b [3]os.FileInfo) bool {
 	return true
 }
 
+// NotAfter is when this daemon's own certificate, as loaded now, expires.
+func (r *Reloader) NotAfter() time.Time { return r.current().cert.Leaf.NotAfter }
+
 // Identity is who this daemon's own certificate speaks for.
 func (r *Reloader) Identity() Identity { return r.current().id }
 

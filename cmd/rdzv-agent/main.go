@@ -42,7 +42,7 @@ func main() {
 	if err != nil {
 		cli.Fatal("rdzv-agent", fmt.Errorf("finding the agent binary, which runs the worker shims: %w", err))
 	}
-	spawner := agent.ShimSpawner{Dir: filepath.Join(cfg.StateDir, "workers"), Command: []string{exe, "shim"}, Log: log.Named("shim")}
+	spawner := agent.ShimSpawner{Dir: agent.ShimsDir(cfg.StateDir), Command: []string{exe, "shim"}, Log: log.Named("shim")}
 	a, err := agent.New(cfg, log.Named("agent"), gpus, &netif.SystemDetector{}, spawner, opts...)
 	if err != nil {
 		cli.Fatal("rdzv-agent", err)
@@ -92,6 +92,7 @@ func config(args []string) (agent.Config, error) {
 	allowRoot := fs.Bool("allow-root", def.AllowRoot, "let workers run as root")
 	tlsFiles := cli.TLSFlags(fs, "agent")
 	insecure := fs.Bool("insecure", false, "connect without TLS, to a controller started with --insecure (local tests and the demo only)")
+	httpListen := fs.String("http-listen", def.HTTP.Listen, "metrics (/metrics) and health (/healthz, /readyz) listen address; empty turns it off")
 	if err := cli.Parse(fs, args, about); err != nil {
 		return def, err
 	}
@@ -140,6 +141,7 @@ func config(args []string) (agent.Config, error) {
 	override("run-as", func() { cfg.RunAs = *runAs })
 	override("allow-root", func() { cfg.AllowRoot = *allowRoot })
 	override("insecure", func() { cfg.Insecure = *insecure })
+	override("http-listen", func() { cfg.HTTP.Listen = *httpListen })
 	tlsFiles.Apply(fs, &cfg.TLS)
 	return cfg, cfg.Validate()
 }

@@ -75,6 +75,7 @@ func config(args []string) (cfg controller.Config, pprofSocket string, err error
 	level := fs.String("log-level", def.LogLevel, "debug, info, warn or error")
 	tlsFiles := cli.TLSFlags(fs, "controller")
 	insecure := fs.Bool("insecure", false, "serve without TLS or authentication (local tests and the demo only)")
+	httpListen := fs.String("http-listen", def.HTTP.Listen, "metrics (/metrics) and health (/healthz, /readyz) listen address; empty turns it off")
 	pprofSock := fs.String("pprof-socket", "", "serve Go's runtime profiles (net/http/pprof) on this Unix socket, mode 0600, for profiling (off when empty)")
 	if err := cli.Parse(fs, args, about); err != nil {
 		return def, "", err
@@ -106,6 +107,7 @@ func config(args []string) (cfg controller.Config, pprofSocket string, err error
 	override("flaky-node-window", func() { cfg.FlakyNodes.Window.Duration = *flakyWindow })
 	override("log-level", func() { cfg.LogLevel = *level })
 	override("insecure", func() { cfg.Insecure = *insecure })
+	override("http-listen", func() { cfg.HTTP.Listen = *httpListen })
 	tlsFiles.Apply(fs, &cfg.TLS.Files)
 	if set["master-port-range"] {
 		if _, err := fmt.Sscanf(*ports, "%d-%d", &cfg.MasterPortRange.Min, &cfg.MasterPortRange.Max); err != nil {

@@ -3,6 +3,7 @@ package e2e
 import (
 	"context"
 	"encoding/json"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"strings"
@@ -10,6 +11,8 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/rdzv/rdzv/controller"
 )
 
 // TestSecurity runs the real binaries over mutual TLS, with certificates
@@ -179,9 +182,15 @@ func TestLocalAttacker(t *testing.T) {
 		defer cancel()
 		out, _, err := c.controllerHost().Run(ctx, nil, "ss", "-H", "-l", "-n", "-t", "-u")
 		require.NoError(t, err)
+		// Metrics and health listen too, on loopback only by default.
+		metrics, err := netip.ParseAddrPort(controller.DefaultHTTPListen)
+		require.NoError(t, err)
 		var ports []string
 		for _, line := range strings.Split(strings.TrimSpace(out), "\n") {
 			if fields := strings.Fields(line); len(fields) >= 5 {
+				if fields[4] == metrics.String() {
+					continue
+				}
 				ports = append(ports, fields[4][strings.LastIndexByte(fields[4], ':')+1:])
 			}
 		}

@@ -133,7 +133,7 @@ func startController(bin, dir string, c *certs, hb health.Heartbeat) (*controlle
 	if err != nil {
 		return nil, err
 	}
-	args := append([]string{"--listen", addr, "--data-dir", p.dataDir, "--pprof-socket", p.pprof,
+	args := append([]string{"--listen", addr, "--data-dir", p.dataDir, "--pprof-socket", p.pprof, "--http-listen", "127.0.0.1:0",
 		"--heartbeat-interval", hb.Interval.String(), "--heartbeat-timeout", hb.Timeout.String(), "--heartbeat-vouched-timeout", hb.Vouched.String(), "--log-level", "info"},
 		testpki.DaemonArgs(c.dir, "controller", controllerName)...)
 	p.cmd = exec.Command(bin, args...)

@@ -157,6 +157,7 @@ func simName(i int) string { return fmt.Sprintf("sim-%05d", i) }
 func describe(ctx context.Context, name string, addr netip.Addr, controller string) (*rdzvv1.NodeInfo, error) {
 	cfg := agent.DefaultConfig()
 	cfg.Controller, cfg.NodeName, cfg.FakeGPUs, cfg.GossipPort, cfg.Insecure = controller, name, 8, -1, true
+	cfg.HTTP.Listen = ""
 	a, err := agent.New(cfg, zap.NewNop(), gpu.Fake{Count: cfg.FakeGPUs, Node: name}, simMachine{addr}, agent.ExecSpawner{})
 	if err != nil {
 		return nil, err
