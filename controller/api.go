@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"sync/atomic"
 
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	"google.golang.org/grpc/codes"
@@ -75,6 +76,8 @@ type jobService struct {
 	rdzvv1.UnimplementedJobServiceServer
 	c          *Controller
 	logStreams logStreamLimit
+	// watches counts the WatchEvents calls in flight.
+	watches atomic.Int64
 }
 
 // logStreamLimit counts StreamLogs calls in flight, in all and per job.

@@ -72,6 +72,9 @@ type Controller struct {
 	// writes persists this lead's decisions (see writer.go); nil while not
 	// leading.
 	writes *writer
+	// leadEnded is closed when the current lead ends (event watches end
+	// with it); nil while not leading.
+	leadEnded chan struct{}
 	// unsealed are the jobs load found not sealed with the primary key,
 	// resealed once the lead's writer runs.
 	unsealed []string

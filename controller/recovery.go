@@ -96,11 +96,15 @@ func (c *Controller) attemptFailed(js *jobState, reason string, latency time.Dur
 	rec := proto.Clone(js.rec).(*rdzvv1.Job)
 	var crashLoop bool
 	rec.RestartsWithoutProgress, crashLoop = health.CrashLoop(rec.GetRestartsWithoutProgress(), js.progressed, now.Sub(rec.GetStartedAt().AsTime()))
+	c.openIncident(rec, reason, latency)
 	switch {
 	case rec.GetRestarts() >= spec.GetRestartMaxRestarts():
+		// finish writes js.rec: this failure is in its incidents too.
+		c.openIncident(js.rec, reason, latency)
 		c.finish(js, rdzvv1.JobState_JOB_STATE_FAILED, fmt.Sprintf("%s; no restarts left (max_restarts %d)", reason, spec.GetRestartMaxRestarts()))
 		return
 	case crashLoop:
+		c.openIncident(js.rec, reason, latency)
 		c.finish(js, rdzvv1.JobState_JOB_STATE_FAILED, fmt.Sprintf("crash loop: %d attempts in a row failed without training progress; last: %s", rec.GetRestartsWithoutProgress(), reason))
 		return
 	}
@@ -120,6 +124,9 @@ func (c *Controller) attemptFailed(js *jobState, reason string, latency time.Dur
 		gen, reason, rec.GetRestarts(), spec.GetRestartMaxRestarts(), backoff, from, latency.Round(time.Millisecond))
 	ev.DetectionLatency = durationpb.New(latency)
 	js.rec = rec
+	if at, ok := c.fencedAt(js); ok && !at.After(now) {
+		noteFenced(js, now) // every worker had exited already
+	}
 	// The rendezvous timeout runs from when the job can rendezvous again
 	// (stopped everywhere, backoff over), not from the failure.
 	js.pendingSince, js.lastCall = time.Time{}, rendezvous.LastCall{}
@@ -164,6 +171,7 @@ func (c *Controller) progress(node string, p *rdzvv1.Progress) {
 		js.rec.Step, js.rec.ProgressAt = p.GetStep(), timestamppb.New(c.clock.Now())
 		js.progressed, js.reportsSteps = true, true
 		c.resumeTraining(js)
+		c.noteFirstStep(js)
 	}
 }
 

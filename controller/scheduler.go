@@ -131,6 +131,13 @@ func (c *Controller) schedule(ctx context.Context) time.Time {
 		if !ok {
 			continue // a worker's exit report wakes the loop
 		}
+		if !fencedAt.After(now) {
+			// Fenced by the lost nodes' deadline (an exit report notes
+			// its own time).
+			noteFenced(js, fencedAt)
+		} else if next.IsZero() || fencedAt.Before(next) {
+			next = fencedAt // to note the fencing when it happens
+		}
 		at := js.rec.GetRestartNotBefore().AsTime()
 		if fencedAt.After(at) {
 			at = fencedAt
@@ -240,6 +247,7 @@ func (c *Controller) commit(ctx context.Context, term uint64, name string, place
 		})
 	}
 	rec := proto.Clone(js.rec).(*rdzvv1.Job)
+	noteCommitted(rec, gen, now)
 	rec.State, rec.Generation, rec.MasterAddr, rec.MasterPort = rdzvv1.JobState_JOB_STATE_RUNNING, gen, master, port
 	rec.Reason = fmt.Sprintf("running on %d nodes", len(placed))
 	rec.StartedAt = timestamppb.New(now)

@@ -679,6 +679,137 @@ func (x *ListEventsResponse) GetNextPageToken() string {
 	return ""
 }
 
+type WatchEventsRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Watch this job's events; empty watches every event of the cluster,
+	// every job's included.
+	Job string `protobuf:"bytes,1,opt,name=job,proto3" json:"job,omitempty"`
+	// The cursor of the last event received, to resume after it; empty
+	// starts with the newest tail events.
+	Cursor string `protobuf:"bytes,2,opt,name=cursor,proto3" json:"cursor,omitempty"`
+	// Without a cursor: replay the newest this many stored events first;
+	// 0 replays none, at most 10000.
+	Tail          uint32 `protobuf:"varint,3,opt,name=tail,proto3" json:"tail,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *WatchEventsRequest) Reset() {
+	*x = WatchEventsRequest{}
+	mi := &file_rdzv_v1_job_service_proto_msgTypes[12]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *WatchEventsRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*WatchEventsRequest) ProtoMessage() {}
+
+func (x *WatchEventsRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_rdzv_v1_job_service_proto_msgTypes[12]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use WatchEventsRequest.ProtoReflect.Descriptor instead.
+func (*WatchEventsRequest) Descriptor() ([]byte, []int) {
+	return file_rdzv_v1_job_service_proto_rawDescGZIP(), []int{12}
+}
+
+func (x *WatchEventsRequest) GetJob() string {
+	if x != nil {
+		return x.Job
+	}
+	return ""
+}
+
+func (x *WatchEventsRequest) GetCursor() string {
+	if x != nil {
+		return x.Cursor
+	}
+	return ""
+}
+
+func (x *WatchEventsRequest) GetTail() uint32 {
+	if x != nil {
+		return x.Tail
+	}
+	return 0
+}
+
+type WatchEventsResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Unset on the caught_up message.
+	Event *Event `protobuf:"bytes,1,opt,name=event,proto3" json:"event,omitempty"`
+	// Where this message leaves the stream, opaque: pass it back as cursor
+	// to resume after it.
+	Cursor string `protobuf:"bytes,2,opt,name=cursor,proto3" json:"cursor,omitempty"`
+	// Set on one message without an event once the replay is done:
+	// everything stored so far was sent, what follows is live.
+	CaughtUp      bool `protobuf:"varint,3,opt,name=caught_up,json=caughtUp,proto3" json:"caught_up,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *WatchEventsResponse) Reset() {
+	*x = WatchEventsResponse{}
+	mi := &file_rdzv_v1_job_service_proto_msgTypes[13]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *WatchEventsResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*WatchEventsResponse) ProtoMessage() {}
+
+func (x *WatchEventsResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_rdzv_v1_job_service_proto_msgTypes[13]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use WatchEventsResponse.ProtoReflect.Descriptor instead.
+func (*WatchEventsResponse) Descriptor() ([]byte, []int) {
+	return file_rdzv_v1_job_service_proto_rawDescGZIP(), []int{13}
+}
+
+func (x *WatchEventsResponse) GetEvent() *Event {
+	if x != nil {
+		return x.Event
+	}
+	return nil
+}
+
+func (x *WatchEventsResponse) GetCursor() string {
+	if x != nil {
+		return x.Cursor
+	}
+	return ""
+}
+
+func (x *WatchEventsResponse) GetCaughtUp() bool {
+	if x != nil {
+		return x.CaughtUp
+	}
+	return false
+}
+
 type StreamLogsRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	Job   string                 `protobuf:"bytes,1,opt,name=job,proto3" json:"job,omitempty"`
@@ -693,7 +824,7 @@ type StreamLogsRequest struct {
 
 func (x *StreamLogsRequest) Reset() {
 	*x = StreamLogsRequest{}
-	mi := &file_rdzv_v1_job_service_proto_msgTypes[12]
+	mi := &file_rdzv_v1_job_service_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -705,7 +836,7 @@ func (x *StreamLogsRequest) String() string {
 func (*StreamLogsRequest) ProtoMessage() {}
 
 func (x *StreamLogsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_rdzv_v1_job_service_proto_msgTypes[12]
+	mi := &file_rdzv_v1_job_service_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -718,7 +849,7 @@ func (x *StreamLogsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StreamLogsRequest.ProtoReflect.Descriptor instead.
 func (*StreamLogsRequest) Descriptor() ([]byte, []int) {
-	return file_rdzv_v1_job_service_proto_rawDescGZIP(), []int{12}
+	return file_rdzv_v1_job_service_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *StreamLogsRequest) GetJob() string {
@@ -759,7 +890,7 @@ type StreamLogsResponse struct {
 
 func (x *StreamLogsResponse) Reset() {
 	*x = StreamLogsResponse{}
-	mi := &file_rdzv_v1_job_service_proto_msgTypes[13]
+	mi := &file_rdzv_v1_job_service_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -771,7 +902,7 @@ func (x *StreamLogsResponse) String() string {
 func (*StreamLogsResponse) ProtoMessage() {}
 
 func (x *StreamLogsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_rdzv_v1_job_service_proto_msgTypes[13]
+	mi := &file_rdzv_v1_job_service_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -784,7 +915,7 @@ func (x *StreamLogsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StreamLogsResponse.ProtoReflect.Descriptor instead.
 func (*StreamLogsResponse) Descriptor() ([]byte, []int) {
-	return file_rdzv_v1_job_service_proto_rawDescGZIP(), []int{13}
+	return file_rdzv_v1_job_service_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *StreamLogsResponse) GetNode() string {
@@ -838,7 +969,15 @@ const file_rdzv_v1_job_service_proto_rawDesc = "" +
 	"page_token\x18\x04 \x01(\tR\tpageToken\"d\n" +
 	"\x12ListEventsResponse\x12&\n" +
 	"\x06events\x18\x01 \x03(\v2\x0e.rdzv.v1.EventR\x06events\x12&\n" +
-	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken\"p\n" +
+	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken\"R\n" +
+	"\x12WatchEventsRequest\x12\x10\n" +
+	"\x03job\x18\x01 \x01(\tR\x03job\x12\x16\n" +
+	"\x06cursor\x18\x02 \x01(\tR\x06cursor\x12\x12\n" +
+	"\x04tail\x18\x03 \x01(\rR\x04tail\"p\n" +
+	"\x13WatchEventsResponse\x12$\n" +
+	"\x05event\x18\x01 \x01(\v2\x0e.rdzv.v1.EventR\x05event\x12\x16\n" +
+	"\x06cursor\x18\x02 \x01(\tR\x06cursor\x12\x1b\n" +
+	"\tcaught_up\x18\x03 \x01(\bR\bcaughtUp\"p\n" +
 	"\x11StreamLogsRequest\x12\x10\n" +
 	"\x03job\x18\x01 \x01(\tR\x03job\x12\x12\n" +
 	"\x04node\x18\x02 \x01(\tR\x04node\x12\x16\n" +
@@ -851,7 +990,7 @@ const file_rdzv_v1_job_service_proto_rawDesc = "" +
 	"\aJobView\x12\x18\n" +
 	"\x14JOB_VIEW_UNSPECIFIED\x10\x00\x12\x14\n" +
 	"\x10JOB_VIEW_SUMMARY\x10\x01\x12\x11\n" +
-	"\rJOB_VIEW_FULL\x10\x022\xdb\x03\n" +
+	"\rJOB_VIEW_FULL\x10\x022\xa7\x04\n" +
 	"\n" +
 	"JobService\x12?\n" +
 	"\bStartJob\x12\x18.rdzv.v1.StartJobRequest\x1a\x19.rdzv.v1.StartJobResponse\x129\n" +
@@ -860,7 +999,8 @@ const file_rdzv_v1_job_service_proto_rawDesc = "" +
 	"\aStopJob\x12\x17.rdzv.v1.StopJobRequest\x1a\x18.rdzv.v1.StopJobResponse\x12B\n" +
 	"\tDeleteJob\x12\x19.rdzv.v1.DeleteJobRequest\x1a\x1a.rdzv.v1.DeleteJobResponse\x12E\n" +
 	"\n" +
-	"ListEvents\x12\x1a.rdzv.v1.ListEventsRequest\x1a\x1b.rdzv.v1.ListEventsResponse\x12G\n" +
+	"ListEvents\x12\x1a.rdzv.v1.ListEventsRequest\x1a\x1b.rdzv.v1.ListEventsResponse\x12J\n" +
+	"\vWatchEvents\x12\x1b.rdzv.v1.WatchEventsRequest\x1a\x1c.rdzv.v1.WatchEventsResponse0\x01\x12G\n" +
 	"\n" +
 	"StreamLogs\x12\x1a.rdzv.v1.StreamLogsRequest\x1a\x1b.rdzv.v1.StreamLogsResponse0\x01B\x86\x01\n" +
 	"\vcom.rdzv.v1B\x0fJobServiceProtoP\x01Z)github.com/rdzv/rdzv/proto/rdzv/v1;rdzvv1\xa2\x02\x03RXX\xaa\x02\aRdzv.V1\xca\x02\aRdzv\\V1\xe2\x02\x13Rdzv\\V1\\GPBMetadata\xea\x02\bRdzv::V1b\x06proto3"
@@ -878,56 +1018,61 @@ func file_rdzv_v1_job_service_proto_rawDescGZIP() []byte {
 }
 
 var file_rdzv_v1_job_service_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_rdzv_v1_job_service_proto_msgTypes = make([]protoimpl.MessageInfo, 14)
+var file_rdzv_v1_job_service_proto_msgTypes = make([]protoimpl.MessageInfo, 16)
 var file_rdzv_v1_job_service_proto_goTypes = []any{
-	(JobView)(0),               // 0: rdzv.v1.JobView
-	(*StartJobRequest)(nil),    // 1: rdzv.v1.StartJobRequest
-	(*StartJobResponse)(nil),   // 2: rdzv.v1.StartJobResponse
-	(*GetJobRequest)(nil),      // 3: rdzv.v1.GetJobRequest
-	(*GetJobResponse)(nil),     // 4: rdzv.v1.GetJobResponse
-	(*ListJobsRequest)(nil),    // 5: rdzv.v1.ListJobsRequest
-	(*ListJobsResponse)(nil),   // 6: rdzv.v1.ListJobsResponse
-	(*StopJobRequest)(nil),     // 7: rdzv.v1.StopJobRequest
-	(*StopJobResponse)(nil),    // 8: rdzv.v1.StopJobResponse
-	(*DeleteJobRequest)(nil),   // 9: rdzv.v1.DeleteJobRequest
-	(*DeleteJobResponse)(nil),  // 10: rdzv.v1.DeleteJobResponse
-	(*ListEventsRequest)(nil),  // 11: rdzv.v1.ListEventsRequest
-	(*ListEventsResponse)(nil), // 12: rdzv.v1.ListEventsResponse
-	(*StreamLogsRequest)(nil),  // 13: rdzv.v1.StreamLogsRequest
-	(*StreamLogsResponse)(nil), // 14: rdzv.v1.StreamLogsResponse
-	(*JobSpec)(nil),            // 15: rdzv.v1.JobSpec
-	(*Job)(nil),                // 16: rdzv.v1.Job
-	(JobState)(0),              // 17: rdzv.v1.JobState
-	(*Event)(nil),              // 18: rdzv.v1.Event
+	(JobView)(0),                // 0: rdzv.v1.JobView
+	(*StartJobRequest)(nil),     // 1: rdzv.v1.StartJobRequest
+	(*StartJobResponse)(nil),    // 2: rdzv.v1.StartJobResponse
+	(*GetJobRequest)(nil),       // 3: rdzv.v1.GetJobRequest
+	(*GetJobResponse)(nil),      // 4: rdzv.v1.GetJobResponse
+	(*ListJobsRequest)(nil),     // 5: rdzv.v1.ListJobsRequest
+	(*ListJobsResponse)(nil),    // 6: rdzv.v1.ListJobsResponse
+	(*StopJobRequest)(nil),      // 7: rdzv.v1.StopJobRequest
+	(*StopJobResponse)(nil),     // 8: rdzv.v1.StopJobResponse
+	(*DeleteJobRequest)(nil),    // 9: rdzv.v1.DeleteJobRequest
+	(*DeleteJobResponse)(nil),   // 10: rdzv.v1.DeleteJobResponse
+	(*ListEventsRequest)(nil),   // 11: rdzv.v1.ListEventsRequest
+	(*ListEventsResponse)(nil),  // 12: rdzv.v1.ListEventsResponse
+	(*WatchEventsRequest)(nil),  // 13: rdzv.v1.WatchEventsRequest
+	(*WatchEventsResponse)(nil), // 14: rdzv.v1.WatchEventsResponse
+	(*StreamLogsRequest)(nil),   // 15: rdzv.v1.StreamLogsRequest
+	(*StreamLogsResponse)(nil),  // 16: rdzv.v1.StreamLogsResponse
+	(*JobSpec)(nil),             // 17: rdzv.v1.JobSpec
+	(*Job)(nil),                 // 18: rdzv.v1.Job
+	(JobState)(0),               // 19: rdzv.v1.JobState
+	(*Event)(nil),               // 20: rdzv.v1.Event
 }
 var file_rdzv_v1_job_service_proto_depIdxs = []int32{
-	15, // 0: rdzv.v1.StartJobRequest.spec:type_name -> rdzv.v1.JobSpec
-	16, // 1: rdzv.v1.StartJobResponse.job:type_name -> rdzv.v1.Job
-	16, // 2: rdzv.v1.GetJobResponse.job:type_name -> rdzv.v1.Job
-	17, // 3: rdzv.v1.ListJobsRequest.states:type_name -> rdzv.v1.JobState
+	17, // 0: rdzv.v1.StartJobRequest.spec:type_name -> rdzv.v1.JobSpec
+	18, // 1: rdzv.v1.StartJobResponse.job:type_name -> rdzv.v1.Job
+	18, // 2: rdzv.v1.GetJobResponse.job:type_name -> rdzv.v1.Job
+	19, // 3: rdzv.v1.ListJobsRequest.states:type_name -> rdzv.v1.JobState
 	0,  // 4: rdzv.v1.ListJobsRequest.view:type_name -> rdzv.v1.JobView
-	16, // 5: rdzv.v1.ListJobsResponse.jobs:type_name -> rdzv.v1.Job
-	16, // 6: rdzv.v1.StopJobResponse.job:type_name -> rdzv.v1.Job
-	18, // 7: rdzv.v1.ListEventsResponse.events:type_name -> rdzv.v1.Event
-	1,  // 8: rdzv.v1.JobService.StartJob:input_type -> rdzv.v1.StartJobRequest
-	3,  // 9: rdzv.v1.JobService.GetJob:input_type -> rdzv.v1.GetJobRequest
-	5,  // 10: rdzv.v1.JobService.ListJobs:input_type -> rdzv.v1.ListJobsRequest
-	7,  // 11: rdzv.v1.JobService.StopJob:input_type -> rdzv.v1.StopJobRequest
-	9,  // 12: rdzv.v1.JobService.DeleteJob:input_type -> rdzv.v1.DeleteJobRequest
-	11, // 13: rdzv.v1.JobService.ListEvents:input_type -> rdzv.v1.ListEventsRequest
-	13, // 14: rdzv.v1.JobService.StreamLogs:input_type -> rdzv.v1.StreamLogsRequest
-	2,  // 15: rdzv.v1.JobService.StartJob:output_type -> rdzv.v1.StartJobResponse
-	4,  // 16: rdzv.v1.JobService.GetJob:output_type -> rdzv.v1.GetJobResponse
-	6,  // 17: rdzv.v1.JobService.ListJobs:output_type -> rdzv.v1.ListJobsResponse
-	8,  // 18: rdzv.v1.JobService.StopJob:output_type -> rdzv.v1.StopJobResponse
-	10, // 19: rdzv.v1.JobService.DeleteJob:output_type -> rdzv.v1.DeleteJobResponse
-	12, // 20: rdzv.v1.JobService.ListEvents:output_type -> rdzv.v1.ListEventsResponse
-	14, // 21: rdzv.v1.JobService.StreamLogs:output_type -> rdzv.v1.StreamLogsResponse
-	15, // [15:22] is the sub-list for method output_type
-	8,  // [8:15] is the sub-list for method input_type
-	8,  // [8:8] is the sub-list for extension type_name
-	8,  // [8:8] is the sub-list for extension extendee
-	0,  // [0:8] is the sub-list for field type_name
+	18, // 5: rdzv.v1.ListJobsResponse.jobs:type_name -> rdzv.v1.Job
+	18, // 6: rdzv.v1.StopJobResponse.job:type_name -> rdzv.v1.Job
+	20, // 7: rdzv.v1.ListEventsResponse.events:type_name -> rdzv.v1.Event
+	20, // 8: rdzv.v1.WatchEventsResponse.event:type_name -> rdzv.v1.Event
+	1,  // 9: rdzv.v1.JobService.StartJob:input_type -> rdzv.v1.StartJobRequest
+	3,  // 10: rdzv.v1.JobService.GetJob:input_type -> rdzv.v1.GetJobRequest
+	5,  // 11: rdzv.v1.JobService.ListJobs:input_type -> rdzv.v1.ListJobsRequest
+	7,  // 12: rdzv.v1.JobService.StopJob:input_type -> rdzv.v1.StopJobRequest
+	9,  // 13: rdzv.v1.JobService.DeleteJob:input_type -> rdzv.v1.DeleteJobRequest
+	11, // 14: rdzv.v1.JobService.ListEvents:input_type -> rdzv.v1.ListEventsRequest
+	13, // 15: rdzv.v1.JobService.WatchEvents:input_type -> rdzv.v1.WatchEventsRequest
+	15, // 16: rdzv.v1.JobService.StreamLogs:input_type -> rdzv.v1.StreamLogsRequest
+	2,  // 17: rdzv.v1.JobService.StartJob:output_type -> rdzv.v1.StartJobResponse
+	4,  // 18: rdzv.v1.JobService.GetJob:output_type -> rdzv.v1.GetJobResponse
+	6,  // 19: rdzv.v1.JobService.ListJobs:output_type -> rdzv.v1.ListJobsResponse
+	8,  // 20: rdzv.v1.JobService.StopJob:output_type -> rdzv.v1.StopJobResponse
+	10, // 21: rdzv.v1.JobService.DeleteJob:output_type -> rdzv.v1.DeleteJobResponse
+	12, // 22: rdzv.v1.JobService.ListEvents:output_type -> rdzv.v1.ListEventsResponse
+	14, // 23: rdzv.v1.JobService.WatchEvents:output_type -> rdzv.v1.WatchEventsResponse
+	16, // 24: rdzv.v1.JobService.StreamLogs:output_type -> rdzv.v1.StreamLogsResponse
+	17, // [17:25] is the sub-list for method output_type
+	9,  // [9:17] is the sub-list for method input_type
+	9,  // [9:9] is the sub-list for extension type_name
+	9,  // [9:9] is the sub-list for extension extendee
+	0,  // [0:9] is the sub-list for field type_name
 }
 
 func init() { file_rdzv_v1_job_service_proto_init() }
@@ -942,7 +1087,7 @@ func file_rdzv_v1_job_service_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_rdzv_v1_job_service_proto_rawDesc), len(file_rdzv_v1_job_service_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   14,
+			NumMessages:   16,
 			NumExtensions: 0,
 			NumServices:   1,
 		},
