@@ -239,59 +239,37 @@ func (c *command) start(ctx context.Context, args []string) error {
 	return c.wait(ctx, client, spec.Name)
 }
 
-// wait follows a job by polling, printing new events, until it ends. Polling
-// rides out a controller restart: errors are retried until the job ends or
-// the operator interrupts.
+// wait follows a job until it ends, printing its events as they are
+// written (see waitForJob). It rides out a controller failover or restart:
+// errors are retried until the job ends or the operator interrupts.
 func (c *command) wait(ctx context.Context, client rdzvv1.JobServiceClient, name string) error {
-	seen := map[string]bool{}
-	var lastErr string
-	for {
+	get := func(ctx context.Context) (*rdzvv1.Job, error) {
 		cctx, cancel := c.call(ctx)
-		jr, err := client.GetJob(cctx, &rdzvv1.GetJobRequest{Name: name})
-		cancel()
-		var events []*rdzvv1.Event
-		if err == nil {
-			err = c.eachPage(ctx, func(ctx context.Context, token string) (string, error) {
-				resp, err := client.ListEvents(ctx, &rdzvv1.ListEventsRequest{Job: name, PageToken: token})
-				events = append(events, resp.GetEvents()...)
-				return resp.GetNextPageToken(), err
-			})
-		}
-		if err != nil {
-			switch status.Code(err) {
-			case codes.NotFound, codes.InvalidArgument, codes.Unauthenticated, codes.PermissionDenied:
-				// Waiting will not change these.
-				return c.rpcErr("following job", err)
-			}
-			if msg := c.rpcErr("following job", err).Error(); msg != lastErr {
-				fmt.Fprintf(os.Stderr, "rdzvctl: %s (retrying)\n", msg)
-				lastErr = msg
-			}
-		} else {
-			lastErr = ""
-			job := jr.GetJob()
-			for _, ev := range events {
-				if ev.GetTime().AsTime().Before(job.GetCreatedAt().AsTime()) {
-					continue // an earlier run of the same name
-				}
-				key := ev.GetTime().AsTime().String() + ev.GetKind() + ev.GetNode() + ev.GetMessage()
-				if !seen[key] {
-					seen[key] = true
-					fmt.Fprintf(c.out, "%s  %-22s %s\n", ev.GetTime().AsTime().Local().Format("15:04:05.000"), ev.GetKind(), ev.GetMessage())
-				}
-			}
-			switch job.GetState() {
-			case rdzvv1.JobState_JOB_STATE_SUCCEEDED:
-				fmt.Fprintf(c.out, "job %s succeeded: %s\n", name, job.GetReason())
-				return nil
-			case rdzvv1.JobState_JOB_STATE_FAILED, rdzvv1.JobState_JOB_STATE_STOPPED:
-				return &jobFailedError{job: job}
-			}
-		}
-		select {
-		case <-ctx.Done():
-			return fmt.Errorf("stopped following job %s (it keeps running): %w", name, ctx.Err())
-		case <-time.After(time.Second):
+		defer cancel()
+		resp, err := client.GetJob(cctx, &rdzvv1.GetJobRequest{Name: name})
+		return resp.GetJob(), err
+	}
+	job, err := waitForJob(ctx, client, name, get, c.out, c.retrying("following job"))
+	switch {
+	case ctx.Err() != nil:
+		return fmt.Errorf("stopped following job %s (it keeps running): %w", name, ctx.Err())
+	case err != nil:
+		return c.rpcErr("following job", err)
+	case job.GetState() == rdzvv1.JobState_JOB_STATE_SUCCEEDED:
+		fmt.Fprintf(c.out, "job %s succeeded: %s\n", name, job.GetReason())
+		return nil
+	}
+	return &jobFailedError{job: job}
+}
+
+// retrying reports errors that rdzvctl rides out, each once until another
+// comes.
+func (c *command) retrying(what string) func(error) {
+	var last string
+	return func(err error) {
+		if msg := c.rpcErr(what, err).Error(); msg != last {
+			fmt.Fprintf(os.Stderr, "rdzvctl: %s (retrying)\n", msg)
+			last = msg
 		}
 	}
 }
@@ -582,7 +560,10 @@ func (c *command) logs(ctx context.Context, args []string) error {
 
 func (c *command) events(ctx context.Context, args []string) error {
 	fs := c.flags("events")
-	limit := fs.Uint("limit", 0, "newest N events (default: the controller's, 1000)")
+	limit := fs.Uint("limit", 0, "newest N events (default: the controller's, 1000; with --follow, 20)")
+	var follow bool
+	fs.BoolVar(&follow, "f", false, "keep printing events as they are written (alias of --follow)")
+	fs.BoolVar(&follow, "follow", false, "keep printing events as they are written, across controller failovers")
 	pos, err := parse(fs, args)
 	if err != nil {
 		return err
@@ -597,6 +578,17 @@ func (c *command) events(ctx context.Context, args []string) error {
 	client, err := c.dial()
 	if err != nil {
 		return err
+	}
+	if follow {
+		tail := uint32(*limit)
+		if tail == 0 {
+			tail = followTail
+		}
+		err := followEvents(ctx, client, &rdzvv1.WatchEventsRequest{Job: job, Tail: tail}, printEvents(c.out, c.output == "json"), c.retrying("following events"))
+		if err != nil && ctx.Err() == nil {
+			return c.rpcErr("following events", err)
+		}
+		return nil
 	}
 	out := &listOut{out: c.out, json: c.output == "json", field: "events", header: eventsHeader}
 	err = c.eachPage(ctx, func(ctx context.Context, token string) (string, error) {

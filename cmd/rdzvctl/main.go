@@ -28,7 +28,8 @@ Commands:
                                    keep new work off a node, or let it take work again
   logs JOB [--node N] [-f] [--tail BYTES]
                                    a job's output from one node (default: node rank 0)
-  events [JOB] [--limit N]         a job's events, or cluster events without JOB
+  events [JOB] [--limit N] [-f]    a job's events, or cluster events without JOB; -f/--follow
+                                   prints every event as it is written (all jobs' without JOB)
   stop JOB [--wait]                stop a job's workers on every node
   pki init|issue|show ...          the cluster CA, on files only (README "Certificates")
   pki revoke ROLE/NAME | --serial SERIAL | --cert FILE [--reason R]

@@ -56,6 +56,7 @@ func printJob(out io.Writer, j *rdzvv1.Job) {
 	fmt.Fprintf(out, "Created:     %s\n", when(j.GetCreatedAt()))
 	fmt.Fprintf(out, "Started:     %s\n", when(j.GetStartedAt()))
 	fmt.Fprintf(out, "Finished:    %s\n", when(j.GetFinishedAt()))
+	incidentTable(out, j.GetIncidents())
 	if len(j.GetAssignments()) == 0 {
 		return
 	}
