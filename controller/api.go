@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"sync"
-	"sync/atomic"
 
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	"google.golang.org/grpc/codes"
@@ -76,8 +75,6 @@ type jobService struct {
 	rdzvv1.UnimplementedJobServiceServer
 	c          *Controller
 	logStreams logStreamLimit
-	// watches counts the WatchEvents calls in flight.
-	watches atomic.Int64
 }
 
 // logStreamLimit counts StreamLogs calls in flight, in all and per job.

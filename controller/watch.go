@@ -35,11 +35,6 @@ const (
 var errLeadEnded = fmt.Errorf("this controller stopped leading: %w", store.ErrNotLeader)
 
 func (s *jobService) WatchEvents(req *rdzvv1.WatchEventsRequest, stream rdzvv1.JobService_WatchEventsServer) error {
-	if n := s.watches.Add(1); n > maxWatches {
-		s.watches.Add(-1)
-		return status.Errorf(codes.ResourceExhausted, "%d event watches are open, the most allowed; retry later", maxWatches)
-	}
-	defer s.watches.Add(-1)
 	err := s.c.watchEvents(stream.Context(), req, func(r *rdzvv1.WatchEventsResponse) error { return stream.Send(r) })
 	if err != nil && stream.Context().Err() == nil {
 		return toStatus(err)
@@ -54,6 +49,11 @@ var errFellBehind = status.Errorf(codes.ResourceExhausted,
 // watchEvents sends what req asks for to send until ctx ends, the lead
 // ends or the watch fails.
 func (c *Controller) watchEvents(ctx context.Context, req *rdzvv1.WatchEventsRequest, send func(*rdzvv1.WatchEventsResponse) error) error {
+	if n := c.watches.Add(1); n > maxWatches {
+		c.watches.Add(-1)
+		return status.Errorf(codes.ResourceExhausted, "%d event watches are open, the most allowed; retry later", maxWatches)
+	}
+	defer c.watches.Add(-1)
 	c.mu.Lock()
 	ended := c.leadEnded
 	c.mu.Unlock()
