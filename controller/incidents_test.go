@@ -122,3 +122,37 @@ func (f *fakeAgent) reportRunning(a *rdzvv1.Assignment) {
 		Job: a.GetSpec().GetName(), Generation: a.GetGeneration(), State: rdzvv1.WorkerState_WORKER_STATE_RUNNING,
 	}}})
 }
+
+// A lost node's incident starts at its last heartbeat, and is fenced only
+// once the node's agent, if merely cut off, has surely killed its workers.
+func TestIncidentOfALostNode(t *testing.T) {
+	c := newFakeClockCluster(t)
+	a, b := c.connectFake("node-a"), c.connectFake("node-b")
+	a.keepAlive()
+	b.keepAlive()
+	c.startJob(c.recoverable("train", 2, 3))
+	a1 := a.run()
+	b.run()
+	// The node that takes node-b's place, idle until then.
+	spare := c.connectFake("node-c")
+	spare.keepAlive()
+
+	b.crash()
+	c.advance(2*heartbeatTimeout, "node-a", "node-c")
+	c.waitJobState("train", recovering)
+	inc := c.lastIncident("train")
+	require.True(t, inc.GetFaultAt().AsTime().Before(inc.GetDetectedAt().AsTime()), "the fault is node-b's last heartbeat, before the loss was decided")
+	require.Nil(t, inc.GetFencedAt(), "node-b's workers may still run")
+	a.expectStop(a1)
+
+	for i := 0; c.lastIncident("train").GetFencedAt() == nil; i++ {
+		require.Less(t, i, 100, "never fenced")
+		c.advance(heartbeatTimeout/2, "node-a", "node-c")
+	}
+	inc = c.lastIncident("train")
+	require.True(t, inc.GetFencedAt().AsTime().After(inc.GetDetectedAt().AsTime()), "fenced at node-b's self-fencing deadline")
+	c.waitJob("train", func(j *rdzvv1.Job) bool { return lastOf(j).GetCommittedAt() != nil })
+	inc = c.lastIncident("train")
+	require.Equal(t, uint64(2), inc.GetNextGeneration())
+	require.False(t, inc.GetCommittedAt().AsTime().Before(inc.GetFencedAt().AsTime()), "never committed before fenced")
+}
