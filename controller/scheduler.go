@@ -131,12 +131,14 @@ func (c *Controller) schedule(ctx context.Context) time.Time {
 		if !ok {
 			continue // a worker's exit report wakes the loop
 		}
-		if !fencedAt.After(now) {
-			// Fenced by the lost nodes' deadline (an exit report notes
-			// its own time).
+		switch {
+		case fencedAt.IsZero():
+			// Fenced by exit reports, which noted their time, unless a
+			// new leader found it so.
+			noteFenced(js, now)
+		case !fencedAt.After(now):
+			// Fenced by the lost nodes' deadline, whenever a pass sees it.
 			noteFenced(js, fencedAt)
-		} else if next.IsZero() || fencedAt.Before(next) {
-			next = fencedAt // to note the fencing when it happens
 		}
 		at := js.rec.GetRestartNotBefore().AsTime()
 		if fencedAt.After(at) {
