@@ -8,6 +8,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 	"google.golang.org/grpc"
@@ -117,3 +118,30 @@ func TestWaitForJobSaysWhyItIsPending(t *testing.T) {
 	require.Contains(t, out.String(), "waiting for nodes: 1 of 2 ready")
 	require.Contains(t, out.String(), "event 1")
 }
+
+// status JOB shows each incident's phases as the time after detection,
+// "-" for a phase not reached.
+func TestStatusShowsIncidents(t *testing.T) {
+	t0 := time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
+	ts := func(d time.Duration) *timestamppb.Timestamp { return timestamppb.New(t0.Add(d)) }
+	var out bytes.Buffer
+	printJob(&out, &rdzvv1.Job{Spec: &rdzvv1.JobSpec{Name: "train"}, Incidents: []*rdzvv1.Incident{
+		{Generation: 1, Reason: "node node-a (rank 0): workers exited with code 1", FaultAt: ts(0), DetectedAt: ts(time.Second),
+			FencedAt: ts(1500 * time.Millisecond), CommittedAt: ts(3 * time.Second), StartedAt: ts(4 * time.Second), FirstStepAt: ts(9 * time.Second)},
+		{Generation: 2, Reason: "hang", FaultAt: ts(time.Minute), DetectedAt: ts(time.Minute)},
+	}})
+	lines := strings.Split(out.String(), "\n")
+	var table []string
+	for i, l := range lines {
+		if strings.HasPrefix(l, "#") {
+			table = lines[i : i+3]
+		}
+	}
+	require.NotNil(t, table, out.String())
+	require.Equal(t, []string{"#", "GEN", "DETECTED", "FAULT", "+FENCE", "+COMMIT", "+STARTED", "+FIRST", "STEP", "REASON"}, strings.Fields(table[0]))
+	require.Equal(t, []string{"1", "1", "-1s", "+500ms", "+2s", "+3s", "+8s", "node"}, dropTime(strings.Fields(table[1]))[:8])
+	require.Equal(t, []string{"2", "2", "-0s", "-", "-", "-", "-", "hang"}, dropTime(strings.Fields(table[2])))
+}
+
+// dropTime removes a row's date and time of day.
+func dropTime(f []string) []string { return append(f[:2:2], f[4:]...) }
