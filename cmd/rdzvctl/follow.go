@@ -178,6 +178,11 @@ func waitForJob(ctx context.Context, jobs rdzvv1.JobServiceClient, name string, 
 	}()
 	recheck := time.NewTicker(pendingRecheck)
 	defer recheck.Stop()
+	// ended is the job once it has ended; its last event (written with
+	// that state) is still to come when the state was read before the
+	// event reached etcd, and is printed before returning.
+	var ended *rdzvv1.Job
+	sawEnd := false
 	for {
 		select {
 		case <-ctx.Done():
@@ -185,24 +190,33 @@ func waitForJob(ctx context.Context, jobs rdzvv1.JobServiceClient, name string, 
 		case err := <-errc:
 			return nil, err
 		case <-recheck.C:
-			if lastReason == "" {
+			if lastReason == "" || ended != nil {
 				continue // running: its events say what changes
 			}
 		case m := <-msgs:
 			ev := m.GetEvent()
-			if ev != nil && !ev.GetTime().AsTime().Before(created) { // older: an earlier run of the name
-				fmt.Fprintln(w, eventLine(ev))
-			}
-			if ev != nil && !endsJob(ev.GetKind()) && ev.GetKind() != "rendezvous_committed" && ev.GetKind() != "attempt_failed" {
+			if ev == nil || ev.GetTime().AsTime().Before(created) { // older: an earlier run of the name
 				continue
 			}
+			fmt.Fprintln(w, eventLine(ev))
+			switch {
+			case endsJob(ev.GetKind()):
+				sawEnd = true
+			case ev.GetKind() != "rendezvous_committed" && ev.GetKind() != "attempt_failed":
+				continue // nothing to ask the job about
+			}
 		}
-		job, ended, err := check()
-		if ended {
-			return job, err
-		}
-		if job.GetState() == rdzvv1.JobState_JOB_STATE_RUNNING {
+		job, end, err := check()
+		switch {
+		case err != nil:
+			return nil, err
+		case end:
+			ended = job
+		case job.GetState() == rdzvv1.JobState_JOB_STATE_RUNNING:
 			lastReason = ""
+		}
+		if ended != nil && sawEnd {
+			return ended, nil
 		}
 	}
 }
