@@ -135,6 +135,8 @@ type jobGetter func(ctx context.Context) (*rdzvv1.Job, error)
 func waitForJob(ctx context.Context, jobs rdzvv1.JobServiceClient, name string, get jobGetter, w io.Writer, warn func(error)) (*rdzvv1.Job, error) {
 	var created time.Time
 	var lastReason string
+	// caughtUp is set once the job's history has been shown.
+	caughtUp := false
 	// check reads the job; ended is set once it is over, err when asking
 	// again will not help.
 	check := func() (job *rdzvv1.Job, ended bool, err error) {
@@ -151,7 +153,8 @@ func waitForJob(ctx context.Context, jobs rdzvv1.JobServiceClient, name string, 
 		case rdzvv1.JobState_JOB_STATE_SUCCEEDED, rdzvv1.JobState_JOB_STATE_FAILED, rdzvv1.JobState_JOB_STATE_STOPPED:
 			return job, true, nil
 		case rdzvv1.JobState_JOB_STATE_PENDING, rdzvv1.JobState_JOB_STATE_RECOVERING:
-			if job.GetReason() != lastReason {
+			// Why it waits is said after its history.
+			if job.GetReason() != lastReason && caughtUp {
 				lastReason = job.GetReason()
 				fmt.Fprintf(w, "%s  %-22s %-12s %s\n", time.Now().Format("2006-01-02 15:04:05.000"), strings.ToLower(stateWord(st)), "-", lastReason)
 			}
@@ -195,7 +198,11 @@ func waitForJob(ctx context.Context, jobs rdzvv1.JobServiceClient, name string, 
 			}
 		case m := <-msgs:
 			ev := m.GetEvent()
-			if ev == nil || ev.GetTime().AsTime().Before(created) { // older: an earlier run of the name
+			if ev == nil {
+				caughtUp = true
+				break // say why the job waits
+			}
+			if ev.GetTime().AsTime().Before(created) { // older: an earlier run of the name
 				continue
 			}
 			fmt.Fprintln(w, eventLine(ev))

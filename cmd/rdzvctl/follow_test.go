@@ -20,8 +20,8 @@ import (
 	"github.com/rdzv/rdzv/wire"
 )
 
-// failingOver answers each watch with the next event and then ends it as
-// a controller losing the lead does, recording what each watch asked for.
+// failingOver answers each watch with the next event, as its replay, and
+// then ends it as a controller losing the lead does, recording what each watch asked for.
 type failingOver struct {
 	rdzvv1.UnimplementedJobServiceServer
 	mu   sync.Mutex
@@ -40,7 +40,11 @@ func (f *failingOver) WatchEvents(req *rdzvv1.WatchEventsRequest, stream rdzvv1.
 	if n == 3 {
 		ev.Kind = "job_succeeded"
 	}
-	if err := stream.Send(&rdzvv1.WatchEventsResponse{Event: ev, Cursor: fmt.Sprintf("cursor-%d", n)}); err != nil {
+	cursor := fmt.Sprintf("cursor-%d", n)
+	if err := stream.Send(&rdzvv1.WatchEventsResponse{Event: ev, Cursor: cursor}); err != nil {
+		return err
+	}
+	if err := stream.Send(&rdzvv1.WatchEventsResponse{CaughtUp: true, Cursor: cursor}); err != nil {
 		return err
 	}
 	return wire.Error(wire.ReasonNoLeader, "", "stopped leading")
