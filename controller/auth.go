@@ -31,13 +31,14 @@ var (
 var methodRoles = map[string][]pki.Role{
 	rdzvv1.AgentService_Connect_FullMethodName: agents,
 
-	rdzvv1.JobService_GetJob_FullMethodName:     readers,
-	rdzvv1.JobService_ListJobs_FullMethodName:   readers,
-	rdzvv1.JobService_ListEvents_FullMethodName: readers,
-	rdzvv1.JobService_StreamLogs_FullMethodName: readers,
-	rdzvv1.JobService_StartJob_FullMethodName:   operators,
-	rdzvv1.JobService_StopJob_FullMethodName:    operators,
-	rdzvv1.JobService_DeleteJob_FullMethodName:  operators,
+	rdzvv1.JobService_GetJob_FullMethodName:      readers,
+	rdzvv1.JobService_ListJobs_FullMethodName:    readers,
+	rdzvv1.JobService_ListEvents_FullMethodName:  readers,
+	rdzvv1.JobService_StreamLogs_FullMethodName:  readers,
+	rdzvv1.JobService_WatchEvents_FullMethodName: readers,
+	rdzvv1.JobService_StartJob_FullMethodName:    operators,
+	rdzvv1.JobService_StopJob_FullMethodName:     operators,
+	rdzvv1.JobService_DeleteJob_FullMethodName:   operators,
 
 	rdzvv1.NodeService_ListNodes_FullMethodName:    readers,
 	rdzvv1.NodeService_CordonNode_FullMethodName:   operators,

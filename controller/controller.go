@@ -89,6 +89,11 @@ type Controller struct {
 	// writes persists this lead's decisions (see writer.go); nil while not
 	// leading.
 	writes *writer
+	// watches counts the event watches open (see watch.go).
+	watches atomic.Int64
+	// leadEnded is closed when the current lead ends (event watches end
+	// with it); nil while not leading.
+	leadEnded chan struct{}
 	// unsealed are the jobs load found not sealed with the primary key,
 	// resealed once the lead's writer runs.
 	unsealed []string

@@ -135,6 +135,7 @@ func (c *Controller) lead(ctx context.Context, stepDown context.CancelFunc, l st
 	c.refreshHealth()
 	w := newWriter()
 	c.writes = w
+	c.leadEnded = make(chan struct{})
 	loaded := c.clock.Now().Sub(begin)
 	me := c.cfg.Advertised()
 	if previous == "" {
@@ -163,6 +164,8 @@ func (c *Controller) lead(ctx context.Context, stepDown context.CancelFunc, l st
 	c.refreshHealth()
 	c.stepDown = nil
 	c.writes = nil
+	close(c.leadEnded)
+	c.leadEnded = nil
 	c.store.Follow()
 	// Agents must stop hearing from a controller that no longer leads: the
 	// streams end, and they find the new leader.

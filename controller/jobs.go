@@ -199,6 +199,7 @@ func (c *Controller) advanceJob(js *jobState) {
 		}
 	case rdzvv1.JobState_JOB_STATE_RECOVERING:
 		if c.fenced(js) {
+			noteFenced(js, c.clock.Now())
 			c.wake()
 		}
 	case rdzvv1.JobState_JOB_STATE_STOPPING:

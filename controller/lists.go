@@ -186,13 +186,14 @@ func (c *Controller) listJobs(req *rdzvv1.ListJobsRequest) (*rdzvv1.ListJobsResp
 
 // summarize trims a job view to JOB_VIEW_SUMMARY: without the fields whose
 // sum over a page is large (the spec's command, environment, launcher
-// arguments and custom launcher argv, up to 512 KiB a job; the assignments' messages, up to 4 KiB a
-// node). What is left is at most some 100 KiB plus under 1 KiB per node,
+// arguments and custom launcher argv, up to 512 KiB a job; the assignments'
+// messages, up to 4 KiB a node; the incidents). What is left is at most some 100 KiB plus under 1 KiB per node,
 // so a summary after a full page still fits a message
 // (TestLargestJobSummaryFitsAfterAFullPage).
 func summarize(j *rdzvv1.Job) *rdzvv1.Job {
 	s := j.GetSpec()
 	s.Command, s.Env, s.SecretEnv, s.EnvFiles, s.LauncherExtraArgs, s.LauncherArgv = nil, nil, nil, nil, nil, nil
+	j.Incidents = nil
 	for _, a := range j.GetAssignments() {
 		a.Message = ""
 	}

@@ -127,6 +127,13 @@ func validateJobRecord(name string, j *rdzvv1.Job) error {
 			errs = append(errs, fmt.Errorf("latest_checkpoint.path: %q: %w", clip(cp.GetPath()), err))
 		}
 	}
+	// Shown by status and the dashboard: bounded as openIncident bounds them.
+	if n := len(j.GetIncidents()); n > maxIncidents {
+		errs = append(errs, fmt.Errorf("incidents: at most %d, got %d", maxIncidents, n))
+	}
+	for i, inc := range j.GetIncidents() {
+		errs = append(errs, textErr(fmt.Sprintf("incidents[%d].reason", i), inc.GetReason(), maxIncidentReasonBytes+len("...")))
+	}
 	return errors.Join(errs...)
 }
 

@@ -99,11 +99,15 @@ func (c *Controller) attemptFailed(js *jobState, cause, reason string, latency t
 	rec.RestartsWithoutProgress, crashLoop = health.CrashLoop(rec.GetRestartsWithoutProgress(), js.progressed, now.Sub(rec.GetStartedAt().AsTime()))
 	restartsLeft := rec.GetRestarts() < spec.GetRestartMaxRestarts()
 	c.metrics.attemptFailed(js, cause, latency, now, restartsLeft && !crashLoop)
+	c.openIncident(rec, reason, latency)
 	switch {
 	case !restartsLeft:
+		// finish writes js.rec: this failure is in its incidents too.
+		c.openIncident(js.rec, reason, latency)
 		c.finish(js, rdzvv1.JobState_JOB_STATE_FAILED, fmt.Sprintf("%s; no restarts left (max_restarts %d)", reason, spec.GetRestartMaxRestarts()))
 		return
 	case crashLoop:
+		c.openIncident(js.rec, reason, latency)
 		c.finish(js, rdzvv1.JobState_JOB_STATE_FAILED, fmt.Sprintf("crash loop: %d attempts in a row failed without training progress; last: %s", rec.GetRestartsWithoutProgress(), reason))
 		return
 	}
@@ -123,6 +127,9 @@ func (c *Controller) attemptFailed(js *jobState, cause, reason string, latency t
 		gen, reason, rec.GetRestarts(), spec.GetRestartMaxRestarts(), backoff, from, latency.Round(time.Millisecond))
 	ev.DetectionLatency = durationpb.New(latency)
 	js.rec = rec
+	if at, ok := c.fencedAt(js); ok && !at.After(now) {
+		noteFenced(js, now) // every worker had exited already
+	}
 	// The rendezvous timeout runs from when the job can rendezvous again
 	// (stopped everywhere, backoff over), not from the failure.
 	js.pendingSince, js.lastCall = time.Time{}, rendezvous.LastCall{}
@@ -170,6 +177,7 @@ func (c *Controller) progress(node string, p *rdzvv1.Progress) {
 		js.rec.Step, js.rec.ProgressAt = p.GetStep(), timestamppb.New(c.clock.Now())
 		js.progressed, js.reportsSteps = true, true
 		c.resumeTraining(js)
+		c.noteFirstStep(js)
 	}
 }
 

@@ -144,6 +144,15 @@ func (c *Controller) schedule(ctx context.Context) time.Time {
 		if !ok {
 			continue // a worker's exit report wakes the loop
 		}
+		switch {
+		case fencedAt.IsZero():
+			// Fenced by exit reports, which noted their time, unless a
+			// new leader found it so.
+			noteFenced(js, now)
+		case !fencedAt.After(now):
+			// Fenced by the lost nodes' deadline, whenever a pass sees it.
+			noteFenced(js, fencedAt)
+		}
 		at := js.rec.GetRestartNotBefore().AsTime()
 		if fencedAt.After(at) {
 			at = fencedAt
@@ -312,6 +321,7 @@ func (c *Controller) commit(ctx context.Context, term uint64, name string, place
 		})
 	}
 	rec := proto.Clone(js.rec).(*rdzvv1.Job)
+	noteCommitted(rec, gen, now)
 	rec.State, rec.Generation, rec.MasterAddr, rec.MasterPort = rdzvv1.JobState_JOB_STATE_RUNNING, gen, master, port
 	rec.Reason = fmt.Sprintf("running on %d nodes", len(placed))
 	rec.StartedAt = timestamppb.New(now)

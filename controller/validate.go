@@ -62,6 +62,8 @@ func validateRequest(m any) error {
 		err = validateListEvents(r)
 	case *rdzvv1.StreamLogsRequest:
 		err = validateStreamLogs(r)
+	case *rdzvv1.WatchEventsRequest:
+		err = validateWatchEvents(r)
 	case *rdzvv1.CordonNodeRequest:
 		err = errors.Join(nameErr("name", r.GetName()), textErr("reason", r.GetReason(), maxReasonBytes))
 	case *rdzvv1.UncordonNodeRequest:
@@ -129,6 +131,17 @@ func validateListEvents(r *rdzvv1.ListEventsRequest) error {
 	}
 	if _, err := decodePageToken(r.GetPageToken(), eventsToken+scope); err != nil {
 		errs = append(errs, err)
+	}
+	return errors.Join(errs...)
+}
+
+func validateWatchEvents(r *rdzvv1.WatchEventsRequest) error {
+	var errs []error
+	if r.GetJob() != "" {
+		errs = append(errs, nameErr("job", r.GetJob()))
+	}
+	if r.GetTail() > maxEventLimit {
+		errs = append(errs, fmt.Errorf("tail: at most %d, got %d", maxEventLimit, r.GetTail()))
 	}
 	return errors.Join(errs...)
 }

@@ -50,6 +50,9 @@ func (c *Controller) applyWorkerStatus(node string, w *rdzvv1.WorkerStatus) {
 	if alive && !js.reportsSteps && allRunning(js) {
 		c.resumeTraining(js)
 	}
+	if alive {
+		c.noteWorkersStarted(js)
+	}
 	log.Info("worker status", zap.String("state", w.GetState().String()), zap.Int32("exit_code", w.GetExitCode()), zap.String("signal", w.GetSignal()))
 	if alive {
 		// Only an exit moves a job on (advanceJob acts on exits alone), and

@@ -17,6 +17,8 @@ import (
 
 	"github.com/rdzv/rdzv/cmd/internal/cli"
 	"github.com/rdzv/rdzv/controller"
+	"github.com/rdzv/rdzv/dashboard"
+	"github.com/rdzv/rdzv/internal/httpserve"
 )
 
 func main() {
@@ -40,7 +42,25 @@ func main() {
 	if err != nil {
 		cli.Fatal("rdzv-controller", err)
 	}
+	mountDashboard(cfg.HTTP, ctl, log)
 	cli.RunDaemon("rdzv-controller", log, ctl)
+}
+
+// mountDashboard serves the read-only dashboard beside the metrics, but
+// only where no one without a cluster certificate can reach it: on a
+// loopback listener, or one that verifies client certificates. A listener
+// opened wider for Prometheus serves metrics and health only.
+func mountDashboard(cfg httpserve.Config, ctl *controller.Controller, log *zap.Logger) {
+	srv := ctl.HTTP()
+	switch {
+	case srv == nil:
+	case !cfg.Private():
+		log.Info("dashboard off: http.listen is reachable from other hosts without a client certificate; set http.client_ca_file or listen on loopback",
+			zap.String("listen", cfg.Listen))
+	default:
+		srv.Handle("/", dashboard.New(ctl.ReadOnly(), log.Named("dashboard")))
+		log.Info("dashboard on", zap.String("listen", cfg.Listen))
+	}
 }
 
 // about is the start of --help.

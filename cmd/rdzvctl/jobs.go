@@ -13,8 +13,6 @@ import (
 
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
-	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 
 	"github.com/rdzv/rdzv/client"
@@ -151,59 +149,37 @@ without a controller.`,
 	return cmd
 }
 
-// wait follows a job by polling, printing new events, until it ends. Polling
-// rides out a controller restart: errors are retried until the job ends or
-// the operator interrupts.
+// wait follows a job until it ends, printing its events as they are
+// written (see waitForJob). It rides out a controller failover or restart:
+// errors are retried until the job ends or the operator interrupts.
 func (c *command) wait(ctx context.Context, client rdzvv1.JobServiceClient, name string) error {
-	seen := map[string]bool{}
-	var lastErr string
-	for {
+	get := func(ctx context.Context) (*rdzvv1.Job, error) {
 		cctx, cancel := c.call(ctx)
-		jr, err := client.GetJob(cctx, &rdzvv1.GetJobRequest{Name: name})
-		cancel()
-		var events []*rdzvv1.Event
-		if err == nil {
-			err = c.eachPage(ctx, func(ctx context.Context, token string) (string, error) {
-				resp, err := client.ListEvents(ctx, &rdzvv1.ListEventsRequest{Job: name, PageToken: token})
-				events = append(events, resp.GetEvents()...)
-				return resp.GetNextPageToken(), err
-			})
-		}
-		if err != nil {
-			switch status.Code(err) {
-			case codes.NotFound, codes.InvalidArgument, codes.Unauthenticated, codes.PermissionDenied:
-				// Waiting will not change these.
-				return c.rpcErr("following job", err)
-			}
-			if msg := c.rpcErr("following job", err).Error(); msg != lastErr {
-				fmt.Fprintf(c.errOut, "rdzvctl: %s (retrying)\n", msg)
-				lastErr = msg
-			}
-		} else {
-			lastErr = ""
-			job := jr.GetJob()
-			for _, ev := range events {
-				if ev.GetTime().AsTime().Before(job.GetCreatedAt().AsTime()) {
-					continue // an earlier run of the same name
-				}
-				key := ev.GetTime().AsTime().String() + ev.GetKind() + ev.GetNode() + ev.GetMessage()
-				if !seen[key] {
-					seen[key] = true
-					fmt.Fprintf(c.out, "%s  %-22s %s\n", ev.GetTime().AsTime().Local().Format("15:04:05.000"), ev.GetKind(), ev.GetMessage())
-				}
-			}
-			switch job.GetState() {
-			case rdzvv1.JobState_JOB_STATE_SUCCEEDED:
-				fmt.Fprintf(c.out, "job %s succeeded: %s\n", name, job.GetReason())
-				return nil
-			case rdzvv1.JobState_JOB_STATE_FAILED, rdzvv1.JobState_JOB_STATE_STOPPED:
-				return &jobFailedError{job: job}
-			}
-		}
-		select {
-		case <-ctx.Done():
-			return fmt.Errorf("stopped following job %s (it keeps running): %w", name, ctx.Err())
-		case <-time.After(time.Second):
+		defer cancel()
+		resp, err := client.GetJob(cctx, &rdzvv1.GetJobRequest{Name: name})
+		return resp.GetJob(), err
+	}
+	job, err := waitForJob(ctx, client, name, get, c.out, c.retrying("following job"))
+	switch {
+	case ctx.Err() != nil:
+		return fmt.Errorf("stopped following job %s (it keeps running): %w", name, ctx.Err())
+	case err != nil:
+		return c.rpcErr("following job", err)
+	case job.GetState() == rdzvv1.JobState_JOB_STATE_SUCCEEDED:
+		fmt.Fprintf(c.out, "job %s succeeded: %s\n", name, job.GetReason())
+		return nil
+	}
+	return &jobFailedError{job: job}
+}
+
+// retrying reports errors that rdzvctl rides out, each once until another
+// comes.
+func (c *command) retrying(what string) func(error) {
+	var last string
+	return func(err error) {
+		if msg := c.rpcErr(what, err).Error(); msg != last {
+			fmt.Fprintf(c.errOut, "rdzvctl: %s (retrying)\n", msg)
+			last = msg
 		}
 	}
 }
@@ -513,12 +489,14 @@ func listKey[M proto.Message](items []M, volatile func(M)) ([]byte, error) {
 
 func (c *command) eventsCmd() *cobra.Command {
 	var limit uint
+	var follow bool
 	cmd := &cobra.Command{
 		Use:   "events [JOB]",
 		Short: "List a job's events, or cluster events without JOB",
 		Example: `  rdzvctl events train
   rdzvctl events --limit 20 -o wide
-  rdzvctl events train -o jsonpath='{.events[*].kind}'`,
+  rdzvctl events train -o jsonpath='{.events[*].kind}'
+  rdzvctl events -f            # every job's events as they are written`,
 		Args: maxArgs(1, "events takes at most one job name"),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			o, err := c.format()
@@ -533,6 +511,9 @@ func (c *command) eventsCmd() *cobra.Command {
 			if err != nil {
 				return err
 			}
+			if follow {
+				return c.followEvents(cmd.Context(), client, job, limit, o)
+			}
 			items, err := collect(cmd.Context(), c, 0, nil, func(ctx context.Context, token string) ([]*rdzvv1.Event, string, error) {
 				resp, err := client.ListEvents(ctx, &rdzvv1.ListEventsRequest{Job: job, Limit: uint32(limit), PageToken: token})
 				if err != nil {
@@ -546,11 +527,29 @@ func (c *command) eventsCmd() *cobra.Command {
 			return render(c.out, o, events, items)
 		},
 	}
-	cmd.Flags().UintVar(&limit, "limit", 0, "newest N events (default: the controller's, 1000)")
-	// -f (follow) belongs to the event stream (WatchEvents, follow.go) and
-	// is registered on this command there.
+	cmd.Flags().UintVar(&limit, "limit", 0, "newest N events (default: the controller's, 1000; with --follow, 20)")
+	cmd.Flags().BoolVarP(&follow, "follow", "f", false, "keep printing events as they are written, across controller failovers (-o table, wide or json: one object a line)")
 	cmd.ValidArgsFunction = c.completeJobs
 	return cmd
+}
+
+// followEvents prints events from the WatchEvents stream until the
+// operator interrupts: an unknown job or a refused request ends it.
+func (c *command) followEvents(ctx context.Context, client rdzvv1.JobServiceClient, job string, limit uint, o output) error {
+	switch o.kind {
+	case "table", "wide", "json":
+	default:
+		return fmt.Errorf("%w: -o %s: --follow prints table or json lines", errUsage, o.kind)
+	}
+	tail := uint32(min(limit, math.MaxUint32))
+	if tail == 0 {
+		tail = followTail
+	}
+	err := followEvents(ctx, client, &rdzvv1.WatchEventsRequest{Job: job, Tail: tail}, printEvents(c.out, o.kind == "json"), c.retrying("following events"))
+	if err != nil && ctx.Err() == nil {
+		return c.rpcErr("following events", err)
+	}
+	return nil
 }
 
 func (c *command) deleteCmd() *cobra.Command {

@@ -73,6 +73,7 @@ func printJob(out io.Writer, j *rdzvv1.Job, v view) {
 	fmt.Fprintf(out, "Created:     %s\n", v.when(j.GetCreatedAt()))
 	fmt.Fprintf(out, "Started:     %s\n", v.when(j.GetStartedAt()))
 	fmt.Fprintf(out, "Finished:    %s\n", v.when(j.GetFinishedAt()))
+	incidentTable(out, j.GetIncidents())
 	if len(j.GetAssignments()) == 0 {
 		return
 	}

@@ -62,6 +62,24 @@ func (c Config) Validate(field string) error {
 	return errors.Join(errs...)
 }
 
+// Private reports whether only this host, or only clients holding a
+// certificate from ClientCAFile, can reach the listener: what may serve
+// more than metrics and health (the controller's dashboard).
+func (c Config) Private() bool {
+	if c.ClientCAFile != "" {
+		return true
+	}
+	host, _, err := net.SplitHostPort(c.Listen)
+	if err != nil {
+		return false
+	}
+	if host == "localhost" {
+		return true
+	}
+	ip := net.ParseIP(host)
+	return ip != nil && ip.IsLoopback()
+}
+
 func validHostname(h string) bool {
 	if len(h) > 253 {
 		return false

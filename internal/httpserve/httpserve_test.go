@@ -200,3 +200,21 @@ func TestCertificateReload(t *testing.T) {
 	require.Eventually(t, func() bool { return served() == second.Cert.SerialNumber.String() }, 30*time.Second, 50*time.Millisecond,
 		"the renewed certificate is never served")
 }
+
+func TestConfigPrivate(t *testing.T) {
+	for _, tc := range []struct {
+		cfg  httpserve.Config
+		want bool
+	}{
+		{httpserve.Config{Listen: "127.0.0.1:9401"}, true},
+		{httpserve.Config{Listen: "[::1]:9401"}, true},
+		{httpserve.Config{Listen: "localhost:9401"}, true},
+		{httpserve.Config{Listen: ":9401"}, false},
+		{httpserve.Config{Listen: "0.0.0.0:9401"}, false},
+		{httpserve.Config{Listen: "10.0.0.5:9401"}, false},
+		{httpserve.Config{Listen: "10.0.0.5:9401", CertFile: "c", KeyFile: "k", ClientCAFile: "ca"}, true},
+		{httpserve.Config{Listen: "10.0.0.5:9401", CertFile: "c", KeyFile: "k"}, false},
+	} {
+		require.Equal(t, tc.want, tc.cfg.Private(), "%+v", tc.cfg)
+	}
+}

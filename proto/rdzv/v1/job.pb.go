@@ -655,7 +655,10 @@ type Job struct {
 	// The idle nodes held for the job now (nodes_spares of them at most, fewer
 	// when no more are free and eligible); chosen anew by every scheduling
 	// pass and not stored.
-	Spares        []string `protobuf:"bytes,21,rep,name=spares,proto3" json:"spares,omitempty"`
+	Spares []string `protobuf:"bytes,21,rep,name=spares,proto3" json:"spares,omitempty"`
+	// The job's latest failures while running (at most 20, oldest first),
+	// each with the timeline of its recovery.
+	Incidents     []*Incident `protobuf:"bytes,22,rep,name=incidents,proto3" json:"incidents,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -837,6 +840,135 @@ func (x *Job) GetSpares() []string {
 	return nil
 }
 
+func (x *Job) GetIncidents() []*Incident {
+	if x != nil {
+		return x.Incidents
+	}
+	return nil
+}
+
+// Incident is one failure of a running job and its recovery, phase by
+// phase. A phase not reached yet (or never: the job failed for good, or
+// failed again first) is unset.
+type Incident struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The generation that failed, and the one that replaced it.
+	Generation     uint64 `protobuf:"varint,1,opt,name=generation,proto3" json:"generation,omitempty"`
+	NextGeneration uint64 `protobuf:"varint,2,opt,name=next_generation,json=nextGeneration,proto3" json:"next_generation,omitempty"`
+	// Why it failed, as in the attempt_failed event.
+	Reason string `protobuf:"bytes,3,opt,name=reason,proto3" json:"reason,omitempty"`
+	// When the fault happened, where known: the worker's exit, or the lost
+	// node's last heartbeat. Equal to detected_at when not known.
+	FaultAt *timestamppb.Timestamp `protobuf:"bytes,4,opt,name=fault_at,json=faultAt,proto3" json:"fault_at,omitempty"`
+	// When the controller decided the attempt failed.
+	DetectedAt *timestamppb.Timestamp `protobuf:"bytes,5,opt,name=detected_at,json=detectedAt,proto3" json:"detected_at,omitempty"`
+	// When no worker of the failed generation could run any more: all
+	// confirmed stopped, or the lost nodes' self-fencing deadline passed.
+	FencedAt *timestamppb.Timestamp `protobuf:"bytes,6,opt,name=fenced_at,json=fencedAt,proto3" json:"fenced_at,omitempty"`
+	// When the next generation's rendezvous committed.
+	CommittedAt *timestamppb.Timestamp `protobuf:"bytes,7,opt,name=committed_at,json=committedAt,proto3" json:"committed_at,omitempty"`
+	// When every worker of the next generation was running.
+	StartedAt *timestamppb.Timestamp `protobuf:"bytes,8,opt,name=started_at,json=startedAt,proto3" json:"started_at,omitempty"`
+	// The next generation's first training step report (unset for a job
+	// that reports no steps).
+	FirstStepAt   *timestamppb.Timestamp `protobuf:"bytes,9,opt,name=first_step_at,json=firstStepAt,proto3" json:"first_step_at,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Incident) Reset() {
+	*x = Incident{}
+	mi := &file_rdzv_v1_job_proto_msgTypes[4]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Incident) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Incident) ProtoMessage() {}
+
+func (x *Incident) ProtoReflect() protoreflect.Message {
+	mi := &file_rdzv_v1_job_proto_msgTypes[4]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Incident.ProtoReflect.Descriptor instead.
+func (*Incident) Descriptor() ([]byte, []int) {
+	return file_rdzv_v1_job_proto_rawDescGZIP(), []int{4}
+}
+
+func (x *Incident) GetGeneration() uint64 {
+	if x != nil {
+		return x.Generation
+	}
+	return 0
+}
+
+func (x *Incident) GetNextGeneration() uint64 {
+	if x != nil {
+		return x.NextGeneration
+	}
+	return 0
+}
+
+func (x *Incident) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
+func (x *Incident) GetFaultAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.FaultAt
+	}
+	return nil
+}
+
+func (x *Incident) GetDetectedAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.DetectedAt
+	}
+	return nil
+}
+
+func (x *Incident) GetFencedAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.FencedAt
+	}
+	return nil
+}
+
+func (x *Incident) GetCommittedAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.CommittedAt
+	}
+	return nil
+}
+
+func (x *Incident) GetStartedAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.StartedAt
+	}
+	return nil
+}
+
+func (x *Incident) GetFirstStepAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.FirstStepAt
+	}
+	return nil
+}
+
 // Checkpoint is one complete checkpoint in a job's catalog.
 type Checkpoint struct {
 	state      protoimpl.MessageState `protogen:"open.v1"`
@@ -854,7 +986,7 @@ type Checkpoint struct {
 
 func (x *Checkpoint) Reset() {
 	*x = Checkpoint{}
-	mi := &file_rdzv_v1_job_proto_msgTypes[4]
+	mi := &file_rdzv_v1_job_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -866,7 +998,7 @@ func (x *Checkpoint) String() string {
 func (*Checkpoint) ProtoMessage() {}
 
 func (x *Checkpoint) ProtoReflect() protoreflect.Message {
-	mi := &file_rdzv_v1_job_proto_msgTypes[4]
+	mi := &file_rdzv_v1_job_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -879,7 +1011,7 @@ func (x *Checkpoint) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Checkpoint.ProtoReflect.Descriptor instead.
 func (*Checkpoint) Descriptor() ([]byte, []int) {
-	return file_rdzv_v1_job_proto_rawDescGZIP(), []int{4}
+	return file_rdzv_v1_job_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *Checkpoint) GetStep() uint64 {
@@ -945,7 +1077,7 @@ type Assignment struct {
 
 func (x *Assignment) Reset() {
 	*x = Assignment{}
-	mi := &file_rdzv_v1_job_proto_msgTypes[5]
+	mi := &file_rdzv_v1_job_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -957,7 +1089,7 @@ func (x *Assignment) String() string {
 func (*Assignment) ProtoMessage() {}
 
 func (x *Assignment) ProtoReflect() protoreflect.Message {
-	mi := &file_rdzv_v1_job_proto_msgTypes[5]
+	mi := &file_rdzv_v1_job_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -970,7 +1102,7 @@ func (x *Assignment) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Assignment.ProtoReflect.Descriptor instead.
 func (*Assignment) Descriptor() ([]byte, []int) {
-	return file_rdzv_v1_job_proto_rawDescGZIP(), []int{5}
+	return file_rdzv_v1_job_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *Assignment) GetSpec() *JobSpec {
@@ -1056,13 +1188,15 @@ type Event struct {
 	// For failures: how long after the fault the controller knew of it (the
 	// worker's exit, or the node's last heartbeat).
 	DetectionLatency *durationpb.Duration `protobuf:"bytes,7,opt,name=detection_latency,json=detectionLatency,proto3" json:"detection_latency,omitempty"`
-	unknownFields    protoimpl.UnknownFields
-	sizeCache        protoimpl.SizeCache
+	// For kind "recovered": the incident the job recovered from.
+	Incident      *Incident `protobuf:"bytes,8,opt,name=incident,proto3" json:"incident,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Event) Reset() {
 	*x = Event{}
-	mi := &file_rdzv_v1_job_proto_msgTypes[6]
+	mi := &file_rdzv_v1_job_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1074,7 +1208,7 @@ func (x *Event) String() string {
 func (*Event) ProtoMessage() {}
 
 func (x *Event) ProtoReflect() protoreflect.Message {
-	mi := &file_rdzv_v1_job_proto_msgTypes[6]
+	mi := &file_rdzv_v1_job_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1087,7 +1221,7 @@ func (x *Event) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Event.ProtoReflect.Descriptor instead.
 func (*Event) Descriptor() ([]byte, []int) {
-	return file_rdzv_v1_job_proto_rawDescGZIP(), []int{6}
+	return file_rdzv_v1_job_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *Event) GetTime() *timestamppb.Timestamp {
@@ -1139,6 +1273,13 @@ func (x *Event) GetDetectionLatency() *durationpb.Duration {
 	return nil
 }
 
+func (x *Event) GetIncident() *Incident {
+	if x != nil {
+		return x.Incident
+	}
+	return nil
+}
+
 // Round is one committed rendezvous: the nodes and ranks of one generation
 // of a job. The controller stores it once per generation; worker progress is
 // stored per node beside it so that a report never rewrites the whole round.
@@ -1156,7 +1297,7 @@ type Round struct {
 
 func (x *Round) Reset() {
 	*x = Round{}
-	mi := &file_rdzv_v1_job_proto_msgTypes[7]
+	mi := &file_rdzv_v1_job_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1168,7 +1309,7 @@ func (x *Round) String() string {
 func (*Round) ProtoMessage() {}
 
 func (x *Round) ProtoReflect() protoreflect.Message {
-	mi := &file_rdzv_v1_job_proto_msgTypes[7]
+	mi := &file_rdzv_v1_job_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1181,7 +1322,7 @@ func (x *Round) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Round.ProtoReflect.Descriptor instead.
 func (*Round) Descriptor() ([]byte, []int) {
-	return file_rdzv_v1_job_proto_rawDescGZIP(), []int{7}
+	return file_rdzv_v1_job_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *Round) GetJob() string {
@@ -1289,7 +1430,7 @@ const file_rdzv_v1_job_proto_rawDesc = "" +
 	"\x05state\x18\x06 \x01(\x0e2\x14.rdzv.v1.WorkerStateR\x05state\x12\x1b\n" +
 	"\texit_code\x18\a \x01(\x05R\bexitCode\x12\x16\n" +
 	"\x06signal\x18\b \x01(\tR\x06signal\x12\x18\n" +
-	"\amessage\x18\t \x01(\tR\amessage\"\x98\b\n" +
+	"\amessage\x18\t \x01(\tR\amessage\"\xc9\b\n" +
 	"\x03Job\x12$\n" +
 	"\x04spec\x18\x01 \x01(\v2\x10.rdzv.v1.JobSpecR\x04spec\x12'\n" +
 	"\x05state\x18\x02 \x01(\x0e2\x11.rdzv.v1.JobStateR\x05state\x12\x16\n" +
@@ -1320,7 +1461,22 @@ const file_rdzv_v1_job_proto_rawDesc = "" +
 	"\x13recovery_started_at\x18\x12 \x01(\v2\x1a.google.protobuf.TimestampR\x11recoveryStartedAt\x12H\n" +
 	"\x12restart_not_before\x18\x13 \x01(\v2\x1a.google.protobuf.TimestampR\x10restartNotBefore\x12A\n" +
 	"\x0etraining_since\x18\x14 \x01(\v2\x1a.google.protobuf.TimestampR\rtrainingSince\x12\x16\n" +
-	"\x06spares\x18\x15 \x03(\tR\x06spares\"\xbd\x01\n" +
+	"\x06spares\x18\x15 \x03(\tR\x06spares\x12/\n" +
+	"\tincidents\x18\x16 \x03(\v2\x11.rdzv.v1.IncidentR\tincidents\"\xd2\x03\n" +
+	"\bIncident\x12\x1e\n" +
+	"\n" +
+	"generation\x18\x01 \x01(\x04R\n" +
+	"generation\x12'\n" +
+	"\x0fnext_generation\x18\x02 \x01(\x04R\x0enextGeneration\x12\x16\n" +
+	"\x06reason\x18\x03 \x01(\tR\x06reason\x125\n" +
+	"\bfault_at\x18\x04 \x01(\v2\x1a.google.protobuf.TimestampR\afaultAt\x12;\n" +
+	"\vdetected_at\x18\x05 \x01(\v2\x1a.google.protobuf.TimestampR\n" +
+	"detectedAt\x127\n" +
+	"\tfenced_at\x18\x06 \x01(\v2\x1a.google.protobuf.TimestampR\bfencedAt\x12=\n" +
+	"\fcommitted_at\x18\a \x01(\v2\x1a.google.protobuf.TimestampR\vcommittedAt\x129\n" +
+	"\n" +
+	"started_at\x18\b \x01(\v2\x1a.google.protobuf.TimestampR\tstartedAt\x12>\n" +
+	"\rfirst_step_at\x18\t \x01(\v2\x1a.google.protobuf.TimestampR\vfirstStepAt\"\xbd\x01\n" +
 	"\n" +
 	"Checkpoint\x12\x12\n" +
 	"\x04step\x18\x01 \x01(\x04R\x04step\x12\x12\n" +
@@ -1350,7 +1506,7 @@ const file_rdzv_v1_job_proto_rawDesc = "" +
 	"\vresume_from\x18\t \x01(\tR\n" +
 	"resumeFrom\x12@\n" +
 	"\x0ejob_created_at\x18\n" +
-	" \x01(\v2\x1a.google.protobuf.TimestampR\fjobCreatedAt\"\xf3\x01\n" +
+	" \x01(\v2\x1a.google.protobuf.TimestampR\fjobCreatedAt\"\xa2\x02\n" +
 	"\x05Event\x12.\n" +
 	"\x04time\x18\x01 \x01(\v2\x1a.google.protobuf.TimestampR\x04time\x12\x10\n" +
 	"\x03job\x18\x02 \x01(\tR\x03job\x12\x12\n" +
@@ -1360,7 +1516,8 @@ const file_rdzv_v1_job_proto_rawDesc = "" +
 	"generation\x12\x12\n" +
 	"\x04kind\x18\x05 \x01(\tR\x04kind\x12\x18\n" +
 	"\amessage\x18\x06 \x01(\tR\amessage\x12F\n" +
-	"\x11detection_latency\x18\a \x01(\v2\x19.google.protobuf.DurationR\x10detectionLatency\"\xe9\x01\n" +
+	"\x11detection_latency\x18\a \x01(\v2\x19.google.protobuf.DurationR\x10detectionLatency\x12-\n" +
+	"\bincident\x18\b \x01(\v2\x11.rdzv.v1.IncidentR\bincident\"\xe9\x01\n" +
 	"\x05Round\x12\x10\n" +
 	"\x03job\x18\x01 \x01(\tR\x03job\x12\x1e\n" +
 	"\n" +
@@ -1403,7 +1560,7 @@ func file_rdzv_v1_job_proto_rawDescGZIP() []byte {
 }
 
 var file_rdzv_v1_job_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
-var file_rdzv_v1_job_proto_msgTypes = make([]protoimpl.MessageInfo, 12)
+var file_rdzv_v1_job_proto_msgTypes = make([]protoimpl.MessageInfo, 13)
 var file_rdzv_v1_job_proto_goTypes = []any{
 	(JobState)(0),                 // 0: rdzv.v1.JobState
 	(WorkerState)(0),              // 1: rdzv.v1.WorkerState
@@ -1411,55 +1568,64 @@ var file_rdzv_v1_job_proto_goTypes = []any{
 	(*PreflightSpec)(nil),         // 3: rdzv.v1.PreflightSpec
 	(*NodeAssignment)(nil),        // 4: rdzv.v1.NodeAssignment
 	(*Job)(nil),                   // 5: rdzv.v1.Job
-	(*Checkpoint)(nil),            // 6: rdzv.v1.Checkpoint
-	(*Assignment)(nil),            // 7: rdzv.v1.Assignment
-	(*Event)(nil),                 // 8: rdzv.v1.Event
-	(*Round)(nil),                 // 9: rdzv.v1.Round
-	nil,                           // 10: rdzv.v1.JobSpec.EnvEntry
-	nil,                           // 11: rdzv.v1.JobSpec.SelectorEntry
-	nil,                           // 12: rdzv.v1.JobSpec.SecretEnvEntry
-	nil,                           // 13: rdzv.v1.JobSpec.EnvFilesEntry
-	(*durationpb.Duration)(nil),   // 14: google.protobuf.Duration
-	(*timestamppb.Timestamp)(nil), // 15: google.protobuf.Timestamp
+	(*Incident)(nil),              // 6: rdzv.v1.Incident
+	(*Checkpoint)(nil),            // 7: rdzv.v1.Checkpoint
+	(*Assignment)(nil),            // 8: rdzv.v1.Assignment
+	(*Event)(nil),                 // 9: rdzv.v1.Event
+	(*Round)(nil),                 // 10: rdzv.v1.Round
+	nil,                           // 11: rdzv.v1.JobSpec.EnvEntry
+	nil,                           // 12: rdzv.v1.JobSpec.SelectorEntry
+	nil,                           // 13: rdzv.v1.JobSpec.SecretEnvEntry
+	nil,                           // 14: rdzv.v1.JobSpec.EnvFilesEntry
+	(*durationpb.Duration)(nil),   // 15: google.protobuf.Duration
+	(*timestamppb.Timestamp)(nil), // 16: google.protobuf.Timestamp
 }
 var file_rdzv_v1_job_proto_depIdxs = []int32{
-	10, // 0: rdzv.v1.JobSpec.env:type_name -> rdzv.v1.JobSpec.EnvEntry
-	11, // 1: rdzv.v1.JobSpec.selector:type_name -> rdzv.v1.JobSpec.SelectorEntry
-	14, // 2: rdzv.v1.JobSpec.rendezvous_last_call:type_name -> google.protobuf.Duration
-	14, // 3: rdzv.v1.JobSpec.rendezvous_timeout:type_name -> google.protobuf.Duration
-	14, // 4: rdzv.v1.JobSpec.restart_backoff_initial:type_name -> google.protobuf.Duration
-	14, // 5: rdzv.v1.JobSpec.restart_backoff_max:type_name -> google.protobuf.Duration
-	14, // 6: rdzv.v1.JobSpec.health_progress_timeout:type_name -> google.protobuf.Duration
-	12, // 7: rdzv.v1.JobSpec.secret_env:type_name -> rdzv.v1.JobSpec.SecretEnvEntry
-	13, // 8: rdzv.v1.JobSpec.env_files:type_name -> rdzv.v1.JobSpec.EnvFilesEntry
+	11, // 0: rdzv.v1.JobSpec.env:type_name -> rdzv.v1.JobSpec.EnvEntry
+	12, // 1: rdzv.v1.JobSpec.selector:type_name -> rdzv.v1.JobSpec.SelectorEntry
+	15, // 2: rdzv.v1.JobSpec.rendezvous_last_call:type_name -> google.protobuf.Duration
+	15, // 3: rdzv.v1.JobSpec.rendezvous_timeout:type_name -> google.protobuf.Duration
+	15, // 4: rdzv.v1.JobSpec.restart_backoff_initial:type_name -> google.protobuf.Duration
+	15, // 5: rdzv.v1.JobSpec.restart_backoff_max:type_name -> google.protobuf.Duration
+	15, // 6: rdzv.v1.JobSpec.health_progress_timeout:type_name -> google.protobuf.Duration
+	13, // 7: rdzv.v1.JobSpec.secret_env:type_name -> rdzv.v1.JobSpec.SecretEnvEntry
+	14, // 8: rdzv.v1.JobSpec.env_files:type_name -> rdzv.v1.JobSpec.EnvFilesEntry
 	3,  // 9: rdzv.v1.JobSpec.health_preflight:type_name -> rdzv.v1.PreflightSpec
-	14, // 10: rdzv.v1.PreflightSpec.timeout:type_name -> google.protobuf.Duration
+	15, // 10: rdzv.v1.PreflightSpec.timeout:type_name -> google.protobuf.Duration
 	1,  // 11: rdzv.v1.NodeAssignment.state:type_name -> rdzv.v1.WorkerState
 	2,  // 12: rdzv.v1.Job.spec:type_name -> rdzv.v1.JobSpec
 	0,  // 13: rdzv.v1.Job.state:type_name -> rdzv.v1.JobState
 	4,  // 14: rdzv.v1.Job.assignments:type_name -> rdzv.v1.NodeAssignment
-	15, // 15: rdzv.v1.Job.created_at:type_name -> google.protobuf.Timestamp
-	15, // 16: rdzv.v1.Job.started_at:type_name -> google.protobuf.Timestamp
-	15, // 17: rdzv.v1.Job.finished_at:type_name -> google.protobuf.Timestamp
-	6,  // 18: rdzv.v1.Job.latest_checkpoint:type_name -> rdzv.v1.Checkpoint
-	15, // 19: rdzv.v1.Job.progress_at:type_name -> google.protobuf.Timestamp
-	14, // 20: rdzv.v1.Job.training_time:type_name -> google.protobuf.Duration
-	14, // 21: rdzv.v1.Job.recovery_time:type_name -> google.protobuf.Duration
-	15, // 22: rdzv.v1.Job.recovery_started_at:type_name -> google.protobuf.Timestamp
-	15, // 23: rdzv.v1.Job.restart_not_before:type_name -> google.protobuf.Timestamp
-	15, // 24: rdzv.v1.Job.training_since:type_name -> google.protobuf.Timestamp
-	15, // 25: rdzv.v1.Checkpoint.reported_at:type_name -> google.protobuf.Timestamp
-	2,  // 26: rdzv.v1.Assignment.spec:type_name -> rdzv.v1.JobSpec
-	15, // 27: rdzv.v1.Assignment.job_created_at:type_name -> google.protobuf.Timestamp
-	15, // 28: rdzv.v1.Event.time:type_name -> google.protobuf.Timestamp
-	14, // 29: rdzv.v1.Event.detection_latency:type_name -> google.protobuf.Duration
-	4,  // 30: rdzv.v1.Round.nodes:type_name -> rdzv.v1.NodeAssignment
-	15, // 31: rdzv.v1.Round.committed_at:type_name -> google.protobuf.Timestamp
-	32, // [32:32] is the sub-list for method output_type
-	32, // [32:32] is the sub-list for method input_type
-	32, // [32:32] is the sub-list for extension type_name
-	32, // [32:32] is the sub-list for extension extendee
-	0,  // [0:32] is the sub-list for field type_name
+	16, // 15: rdzv.v1.Job.created_at:type_name -> google.protobuf.Timestamp
+	16, // 16: rdzv.v1.Job.started_at:type_name -> google.protobuf.Timestamp
+	16, // 17: rdzv.v1.Job.finished_at:type_name -> google.protobuf.Timestamp
+	7,  // 18: rdzv.v1.Job.latest_checkpoint:type_name -> rdzv.v1.Checkpoint
+	16, // 19: rdzv.v1.Job.progress_at:type_name -> google.protobuf.Timestamp
+	15, // 20: rdzv.v1.Job.training_time:type_name -> google.protobuf.Duration
+	15, // 21: rdzv.v1.Job.recovery_time:type_name -> google.protobuf.Duration
+	16, // 22: rdzv.v1.Job.recovery_started_at:type_name -> google.protobuf.Timestamp
+	16, // 23: rdzv.v1.Job.restart_not_before:type_name -> google.protobuf.Timestamp
+	16, // 24: rdzv.v1.Job.training_since:type_name -> google.protobuf.Timestamp
+	6,  // 25: rdzv.v1.Job.incidents:type_name -> rdzv.v1.Incident
+	16, // 26: rdzv.v1.Incident.fault_at:type_name -> google.protobuf.Timestamp
+	16, // 27: rdzv.v1.Incident.detected_at:type_name -> google.protobuf.Timestamp
+	16, // 28: rdzv.v1.Incident.fenced_at:type_name -> google.protobuf.Timestamp
+	16, // 29: rdzv.v1.Incident.committed_at:type_name -> google.protobuf.Timestamp
+	16, // 30: rdzv.v1.Incident.started_at:type_name -> google.protobuf.Timestamp
+	16, // 31: rdzv.v1.Incident.first_step_at:type_name -> google.protobuf.Timestamp
+	16, // 32: rdzv.v1.Checkpoint.reported_at:type_name -> google.protobuf.Timestamp
+	2,  // 33: rdzv.v1.Assignment.spec:type_name -> rdzv.v1.JobSpec
+	16, // 34: rdzv.v1.Assignment.job_created_at:type_name -> google.protobuf.Timestamp
+	16, // 35: rdzv.v1.Event.time:type_name -> google.protobuf.Timestamp
+	15, // 36: rdzv.v1.Event.detection_latency:type_name -> google.protobuf.Duration
+	6,  // 37: rdzv.v1.Event.incident:type_name -> rdzv.v1.Incident
+	4,  // 38: rdzv.v1.Round.nodes:type_name -> rdzv.v1.NodeAssignment
+	16, // 39: rdzv.v1.Round.committed_at:type_name -> google.protobuf.Timestamp
+	40, // [40:40] is the sub-list for method output_type
+	40, // [40:40] is the sub-list for method input_type
+	40, // [40:40] is the sub-list for extension type_name
+	40, // [40:40] is the sub-list for extension extendee
+	0,  // [0:40] is the sub-list for field type_name
 }
 
 func init() { file_rdzv_v1_job_proto_init() }
@@ -1473,7 +1639,7 @@ func file_rdzv_v1_job_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_rdzv_v1_job_proto_rawDesc), len(file_rdzv_v1_job_proto_rawDesc)),
 			NumEnums:      2,
-			NumMessages:   12,
+			NumMessages:   13,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

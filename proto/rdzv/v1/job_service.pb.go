@@ -756,6 +756,137 @@ func (x *ListEventsResponse) GetNextPageToken() string {
 	return ""
 }
 
+type WatchEventsRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Watch this job's events; empty watches every event of the cluster,
+	// every job's included.
+	Job string `protobuf:"bytes,1,opt,name=job,proto3" json:"job,omitempty"`
+	// The cursor of the last event received, to resume after it; empty
+	// starts with the newest tail events.
+	Cursor string `protobuf:"bytes,2,opt,name=cursor,proto3" json:"cursor,omitempty"`
+	// Without a cursor: replay the newest this many stored events first;
+	// 0 replays none, at most 10000.
+	Tail          uint32 `protobuf:"varint,3,opt,name=tail,proto3" json:"tail,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *WatchEventsRequest) Reset() {
+	*x = WatchEventsRequest{}
+	mi := &file_rdzv_v1_job_service_proto_msgTypes[13]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *WatchEventsRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*WatchEventsRequest) ProtoMessage() {}
+
+func (x *WatchEventsRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_rdzv_v1_job_service_proto_msgTypes[13]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use WatchEventsRequest.ProtoReflect.Descriptor instead.
+func (*WatchEventsRequest) Descriptor() ([]byte, []int) {
+	return file_rdzv_v1_job_service_proto_rawDescGZIP(), []int{13}
+}
+
+func (x *WatchEventsRequest) GetJob() string {
+	if x != nil {
+		return x.Job
+	}
+	return ""
+}
+
+func (x *WatchEventsRequest) GetCursor() string {
+	if x != nil {
+		return x.Cursor
+	}
+	return ""
+}
+
+func (x *WatchEventsRequest) GetTail() uint32 {
+	if x != nil {
+		return x.Tail
+	}
+	return 0
+}
+
+type WatchEventsResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Unset on the caught_up message.
+	Event *Event `protobuf:"bytes,1,opt,name=event,proto3" json:"event,omitempty"`
+	// Where this message leaves the stream, opaque: pass it back as cursor
+	// to resume after it.
+	Cursor string `protobuf:"bytes,2,opt,name=cursor,proto3" json:"cursor,omitempty"`
+	// Set on one message without an event once the replay is done:
+	// everything stored so far was sent, what follows is live.
+	CaughtUp      bool `protobuf:"varint,3,opt,name=caught_up,json=caughtUp,proto3" json:"caught_up,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *WatchEventsResponse) Reset() {
+	*x = WatchEventsResponse{}
+	mi := &file_rdzv_v1_job_service_proto_msgTypes[14]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *WatchEventsResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*WatchEventsResponse) ProtoMessage() {}
+
+func (x *WatchEventsResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_rdzv_v1_job_service_proto_msgTypes[14]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use WatchEventsResponse.ProtoReflect.Descriptor instead.
+func (*WatchEventsResponse) Descriptor() ([]byte, []int) {
+	return file_rdzv_v1_job_service_proto_rawDescGZIP(), []int{14}
+}
+
+func (x *WatchEventsResponse) GetEvent() *Event {
+	if x != nil {
+		return x.Event
+	}
+	return nil
+}
+
+func (x *WatchEventsResponse) GetCursor() string {
+	if x != nil {
+		return x.Cursor
+	}
+	return ""
+}
+
+func (x *WatchEventsResponse) GetCaughtUp() bool {
+	if x != nil {
+		return x.CaughtUp
+	}
+	return false
+}
+
 type StreamLogsRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	Job   string                 `protobuf:"bytes,1,opt,name=job,proto3" json:"job,omitempty"`
@@ -779,7 +910,7 @@ type StreamLogsRequest struct {
 
 func (x *StreamLogsRequest) Reset() {
 	*x = StreamLogsRequest{}
-	mi := &file_rdzv_v1_job_service_proto_msgTypes[13]
+	mi := &file_rdzv_v1_job_service_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -791,7 +922,7 @@ func (x *StreamLogsRequest) String() string {
 func (*StreamLogsRequest) ProtoMessage() {}
 
 func (x *StreamLogsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_rdzv_v1_job_service_proto_msgTypes[13]
+	mi := &file_rdzv_v1_job_service_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -804,7 +935,7 @@ func (x *StreamLogsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StreamLogsRequest.ProtoReflect.Descriptor instead.
 func (*StreamLogsRequest) Descriptor() ([]byte, []int) {
-	return file_rdzv_v1_job_service_proto_rawDescGZIP(), []int{13}
+	return file_rdzv_v1_job_service_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *StreamLogsRequest) GetJob() string {
@@ -867,7 +998,7 @@ type StreamLogsResponse struct {
 
 func (x *StreamLogsResponse) Reset() {
 	*x = StreamLogsResponse{}
-	mi := &file_rdzv_v1_job_service_proto_msgTypes[14]
+	mi := &file_rdzv_v1_job_service_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -879,7 +1010,7 @@ func (x *StreamLogsResponse) String() string {
 func (*StreamLogsResponse) ProtoMessage() {}
 
 func (x *StreamLogsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_rdzv_v1_job_service_proto_msgTypes[14]
+	mi := &file_rdzv_v1_job_service_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -892,7 +1023,7 @@ func (x *StreamLogsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StreamLogsResponse.ProtoReflect.Descriptor instead.
 func (*StreamLogsResponse) Descriptor() ([]byte, []int) {
-	return file_rdzv_v1_job_service_proto_rawDescGZIP(), []int{14}
+	return file_rdzv_v1_job_service_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *StreamLogsResponse) GetNode() string {
@@ -958,7 +1089,15 @@ const file_rdzv_v1_job_service_proto_rawDesc = "" +
 	"page_token\x18\x04 \x01(\tR\tpageToken\"d\n" +
 	"\x12ListEventsResponse\x12&\n" +
 	"\x06events\x18\x01 \x03(\v2\x0e.rdzv.v1.EventR\x06events\x12&\n" +
-	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken\"\xde\x01\n" +
+	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken\"R\n" +
+	"\x12WatchEventsRequest\x12\x10\n" +
+	"\x03job\x18\x01 \x01(\tR\x03job\x12\x16\n" +
+	"\x06cursor\x18\x02 \x01(\tR\x06cursor\x12\x12\n" +
+	"\x04tail\x18\x03 \x01(\rR\x04tail\"p\n" +
+	"\x13WatchEventsResponse\x12$\n" +
+	"\x05event\x18\x01 \x01(\v2\x0e.rdzv.v1.EventR\x05event\x12\x16\n" +
+	"\x06cursor\x18\x02 \x01(\tR\x06cursor\x12\x1b\n" +
+	"\tcaught_up\x18\x03 \x01(\bR\bcaughtUp\"\xde\x01\n" +
 	"\x11StreamLogsRequest\x12\x10\n" +
 	"\x03job\x18\x01 \x01(\tR\x03job\x12\x12\n" +
 	"\x04node\x18\x02 \x01(\tR\x04node\x12\x16\n" +
@@ -976,7 +1115,7 @@ const file_rdzv_v1_job_service_proto_rawDesc = "" +
 	"\aJobView\x12\x18\n" +
 	"\x14JOB_VIEW_UNSPECIFIED\x10\x00\x12\x14\n" +
 	"\x10JOB_VIEW_SUMMARY\x10\x01\x12\x11\n" +
-	"\rJOB_VIEW_FULL\x10\x022\xdb\x03\n" +
+	"\rJOB_VIEW_FULL\x10\x022\xa7\x04\n" +
 	"\n" +
 	"JobService\x12?\n" +
 	"\bStartJob\x12\x18.rdzv.v1.StartJobRequest\x1a\x19.rdzv.v1.StartJobResponse\x129\n" +
@@ -985,7 +1124,8 @@ const file_rdzv_v1_job_service_proto_rawDesc = "" +
 	"\aStopJob\x12\x17.rdzv.v1.StopJobRequest\x1a\x18.rdzv.v1.StopJobResponse\x12B\n" +
 	"\tDeleteJob\x12\x19.rdzv.v1.DeleteJobRequest\x1a\x1a.rdzv.v1.DeleteJobResponse\x12E\n" +
 	"\n" +
-	"ListEvents\x12\x1a.rdzv.v1.ListEventsRequest\x1a\x1b.rdzv.v1.ListEventsResponse\x12G\n" +
+	"ListEvents\x12\x1a.rdzv.v1.ListEventsRequest\x1a\x1b.rdzv.v1.ListEventsResponse\x12J\n" +
+	"\vWatchEvents\x12\x1b.rdzv.v1.WatchEventsRequest\x1a\x1c.rdzv.v1.WatchEventsResponse0\x01\x12G\n" +
 	"\n" +
 	"StreamLogs\x12\x1a.rdzv.v1.StreamLogsRequest\x1a\x1b.rdzv.v1.StreamLogsResponse0\x01B\x86\x01\n" +
 	"\vcom.rdzv.v1B\x0fJobServiceProtoP\x01Z)github.com/rdzv/rdzv/proto/rdzv/v1;rdzvv1\xa2\x02\x03RXX\xaa\x02\aRdzv.V1\xca\x02\aRdzv\\V1\xe2\x02\x13Rdzv\\V1\\GPBMetadata\xea\x02\bRdzv::V1b\x06proto3"
@@ -1003,7 +1143,7 @@ func file_rdzv_v1_job_service_proto_rawDescGZIP() []byte {
 }
 
 var file_rdzv_v1_job_service_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_rdzv_v1_job_service_proto_msgTypes = make([]protoimpl.MessageInfo, 15)
+var file_rdzv_v1_job_service_proto_msgTypes = make([]protoimpl.MessageInfo, 17)
 var file_rdzv_v1_job_service_proto_goTypes = []any{
 	(JobView)(0),                  // 0: rdzv.v1.JobView
 	(*StartJobRequest)(nil),       // 1: rdzv.v1.StartJobRequest
@@ -1019,46 +1159,51 @@ var file_rdzv_v1_job_service_proto_goTypes = []any{
 	(*DeleteJobResponse)(nil),     // 11: rdzv.v1.DeleteJobResponse
 	(*ListEventsRequest)(nil),     // 12: rdzv.v1.ListEventsRequest
 	(*ListEventsResponse)(nil),    // 13: rdzv.v1.ListEventsResponse
-	(*StreamLogsRequest)(nil),     // 14: rdzv.v1.StreamLogsRequest
-	(*StreamLogsResponse)(nil),    // 15: rdzv.v1.StreamLogsResponse
-	(*JobSpec)(nil),               // 16: rdzv.v1.JobSpec
-	(*Job)(nil),                   // 17: rdzv.v1.Job
-	(*NodeAssignment)(nil),        // 18: rdzv.v1.NodeAssignment
-	(JobState)(0),                 // 19: rdzv.v1.JobState
-	(*Event)(nil),                 // 20: rdzv.v1.Event
-	(*timestamppb.Timestamp)(nil), // 21: google.protobuf.Timestamp
+	(*WatchEventsRequest)(nil),    // 14: rdzv.v1.WatchEventsRequest
+	(*WatchEventsResponse)(nil),   // 15: rdzv.v1.WatchEventsResponse
+	(*StreamLogsRequest)(nil),     // 16: rdzv.v1.StreamLogsRequest
+	(*StreamLogsResponse)(nil),    // 17: rdzv.v1.StreamLogsResponse
+	(*JobSpec)(nil),               // 18: rdzv.v1.JobSpec
+	(*Job)(nil),                   // 19: rdzv.v1.Job
+	(*NodeAssignment)(nil),        // 20: rdzv.v1.NodeAssignment
+	(JobState)(0),                 // 21: rdzv.v1.JobState
+	(*Event)(nil),                 // 22: rdzv.v1.Event
+	(*timestamppb.Timestamp)(nil), // 23: google.protobuf.Timestamp
 }
 var file_rdzv_v1_job_service_proto_depIdxs = []int32{
-	16, // 0: rdzv.v1.StartJobRequest.spec:type_name -> rdzv.v1.JobSpec
-	17, // 1: rdzv.v1.StartJobResponse.job:type_name -> rdzv.v1.Job
+	18, // 0: rdzv.v1.StartJobRequest.spec:type_name -> rdzv.v1.JobSpec
+	19, // 1: rdzv.v1.StartJobResponse.job:type_name -> rdzv.v1.Job
 	3,  // 2: rdzv.v1.StartJobResponse.placement:type_name -> rdzv.v1.PlacementPreview
-	18, // 3: rdzv.v1.PlacementPreview.nodes:type_name -> rdzv.v1.NodeAssignment
-	17, // 4: rdzv.v1.GetJobResponse.job:type_name -> rdzv.v1.Job
-	19, // 5: rdzv.v1.ListJobsRequest.states:type_name -> rdzv.v1.JobState
+	20, // 3: rdzv.v1.PlacementPreview.nodes:type_name -> rdzv.v1.NodeAssignment
+	19, // 4: rdzv.v1.GetJobResponse.job:type_name -> rdzv.v1.Job
+	21, // 5: rdzv.v1.ListJobsRequest.states:type_name -> rdzv.v1.JobState
 	0,  // 6: rdzv.v1.ListJobsRequest.view:type_name -> rdzv.v1.JobView
-	17, // 7: rdzv.v1.ListJobsResponse.jobs:type_name -> rdzv.v1.Job
-	17, // 8: rdzv.v1.StopJobResponse.job:type_name -> rdzv.v1.Job
-	20, // 9: rdzv.v1.ListEventsResponse.events:type_name -> rdzv.v1.Event
-	21, // 10: rdzv.v1.StreamLogsRequest.since:type_name -> google.protobuf.Timestamp
-	1,  // 11: rdzv.v1.JobService.StartJob:input_type -> rdzv.v1.StartJobRequest
-	4,  // 12: rdzv.v1.JobService.GetJob:input_type -> rdzv.v1.GetJobRequest
-	6,  // 13: rdzv.v1.JobService.ListJobs:input_type -> rdzv.v1.ListJobsRequest
-	8,  // 14: rdzv.v1.JobService.StopJob:input_type -> rdzv.v1.StopJobRequest
-	10, // 15: rdzv.v1.JobService.DeleteJob:input_type -> rdzv.v1.DeleteJobRequest
-	12, // 16: rdzv.v1.JobService.ListEvents:input_type -> rdzv.v1.ListEventsRequest
-	14, // 17: rdzv.v1.JobService.StreamLogs:input_type -> rdzv.v1.StreamLogsRequest
-	2,  // 18: rdzv.v1.JobService.StartJob:output_type -> rdzv.v1.StartJobResponse
-	5,  // 19: rdzv.v1.JobService.GetJob:output_type -> rdzv.v1.GetJobResponse
-	7,  // 20: rdzv.v1.JobService.ListJobs:output_type -> rdzv.v1.ListJobsResponse
-	9,  // 21: rdzv.v1.JobService.StopJob:output_type -> rdzv.v1.StopJobResponse
-	11, // 22: rdzv.v1.JobService.DeleteJob:output_type -> rdzv.v1.DeleteJobResponse
-	13, // 23: rdzv.v1.JobService.ListEvents:output_type -> rdzv.v1.ListEventsResponse
-	15, // 24: rdzv.v1.JobService.StreamLogs:output_type -> rdzv.v1.StreamLogsResponse
-	18, // [18:25] is the sub-list for method output_type
-	11, // [11:18] is the sub-list for method input_type
-	11, // [11:11] is the sub-list for extension type_name
-	11, // [11:11] is the sub-list for extension extendee
-	0,  // [0:11] is the sub-list for field type_name
+	19, // 7: rdzv.v1.ListJobsResponse.jobs:type_name -> rdzv.v1.Job
+	19, // 8: rdzv.v1.StopJobResponse.job:type_name -> rdzv.v1.Job
+	22, // 9: rdzv.v1.ListEventsResponse.events:type_name -> rdzv.v1.Event
+	22, // 10: rdzv.v1.WatchEventsResponse.event:type_name -> rdzv.v1.Event
+	23, // 11: rdzv.v1.StreamLogsRequest.since:type_name -> google.protobuf.Timestamp
+	1,  // 12: rdzv.v1.JobService.StartJob:input_type -> rdzv.v1.StartJobRequest
+	4,  // 13: rdzv.v1.JobService.GetJob:input_type -> rdzv.v1.GetJobRequest
+	6,  // 14: rdzv.v1.JobService.ListJobs:input_type -> rdzv.v1.ListJobsRequest
+	8,  // 15: rdzv.v1.JobService.StopJob:input_type -> rdzv.v1.StopJobRequest
+	10, // 16: rdzv.v1.JobService.DeleteJob:input_type -> rdzv.v1.DeleteJobRequest
+	12, // 17: rdzv.v1.JobService.ListEvents:input_type -> rdzv.v1.ListEventsRequest
+	14, // 18: rdzv.v1.JobService.WatchEvents:input_type -> rdzv.v1.WatchEventsRequest
+	16, // 19: rdzv.v1.JobService.StreamLogs:input_type -> rdzv.v1.StreamLogsRequest
+	2,  // 20: rdzv.v1.JobService.StartJob:output_type -> rdzv.v1.StartJobResponse
+	5,  // 21: rdzv.v1.JobService.GetJob:output_type -> rdzv.v1.GetJobResponse
+	7,  // 22: rdzv.v1.JobService.ListJobs:output_type -> rdzv.v1.ListJobsResponse
+	9,  // 23: rdzv.v1.JobService.StopJob:output_type -> rdzv.v1.StopJobResponse
+	11, // 24: rdzv.v1.JobService.DeleteJob:output_type -> rdzv.v1.DeleteJobResponse
+	13, // 25: rdzv.v1.JobService.ListEvents:output_type -> rdzv.v1.ListEventsResponse
+	15, // 26: rdzv.v1.JobService.WatchEvents:output_type -> rdzv.v1.WatchEventsResponse
+	17, // 27: rdzv.v1.JobService.StreamLogs:output_type -> rdzv.v1.StreamLogsResponse
+	20, // [20:28] is the sub-list for method output_type
+	12, // [12:20] is the sub-list for method input_type
+	12, // [12:12] is the sub-list for extension type_name
+	12, // [12:12] is the sub-list for extension extendee
+	0,  // [0:12] is the sub-list for field type_name
 }
 
 func init() { file_rdzv_v1_job_service_proto_init() }
@@ -1073,7 +1218,7 @@ func file_rdzv_v1_job_service_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_rdzv_v1_job_service_proto_rawDesc), len(file_rdzv_v1_job_service_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   15,
+			NumMessages:   17,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

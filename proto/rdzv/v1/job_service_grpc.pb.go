@@ -19,13 +19,14 @@ import (
 const _ = grpc.SupportPackageIsVersion9
 
 const (
-	JobService_StartJob_FullMethodName   = "/rdzv.v1.JobService/StartJob"
-	JobService_GetJob_FullMethodName     = "/rdzv.v1.JobService/GetJob"
-	JobService_ListJobs_FullMethodName   = "/rdzv.v1.JobService/ListJobs"
-	JobService_StopJob_FullMethodName    = "/rdzv.v1.JobService/StopJob"
-	JobService_DeleteJob_FullMethodName  = "/rdzv.v1.JobService/DeleteJob"
-	JobService_ListEvents_FullMethodName = "/rdzv.v1.JobService/ListEvents"
-	JobService_StreamLogs_FullMethodName = "/rdzv.v1.JobService/StreamLogs"
+	JobService_StartJob_FullMethodName    = "/rdzv.v1.JobService/StartJob"
+	JobService_GetJob_FullMethodName      = "/rdzv.v1.JobService/GetJob"
+	JobService_ListJobs_FullMethodName    = "/rdzv.v1.JobService/ListJobs"
+	JobService_StopJob_FullMethodName     = "/rdzv.v1.JobService/StopJob"
+	JobService_DeleteJob_FullMethodName   = "/rdzv.v1.JobService/DeleteJob"
+	JobService_ListEvents_FullMethodName  = "/rdzv.v1.JobService/ListEvents"
+	JobService_WatchEvents_FullMethodName = "/rdzv.v1.JobService/WatchEvents"
+	JobService_StreamLogs_FullMethodName  = "/rdzv.v1.JobService/StreamLogs"
 )
 
 // JobServiceClient is the client API for JobService service.
@@ -43,6 +44,14 @@ type JobServiceClient interface {
 	// finished is refused: stop it first.
 	DeleteJob(ctx context.Context, in *DeleteJobRequest, opts ...grpc.CallOption) (*DeleteJobResponse, error)
 	ListEvents(ctx context.Context, in *ListEventsRequest, opts ...grpc.CallOption) (*ListEventsResponse, error)
+	// WatchEvents streams events once they are durable: first the stored
+	// ones after the request's cursor (or the newest tail of them), then a
+	// message with caught_up set, then each new one as it is written. It
+	// ends with the not-leader refusal when this controller stops leading,
+	// and with RESOURCE_EXHAUSTED when the caller reads too slowly to keep
+	// up; either way, watch again with the cursor of the last event
+	// received to go on where it stopped, without a gap or a repeat.
+	WatchEvents(ctx context.Context, in *WatchEventsRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[WatchEventsResponse], error)
 	// StreamLogs relays a job's output from the node that holds it.
 	StreamLogs(ctx context.Context, in *StreamLogsRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[StreamLogsResponse], error)
 }
@@ -115,9 +124,28 @@ func (c *jobServiceClient) ListEvents(ctx context.Context, in *ListEventsRequest
 	return out, nil
 }
 
+func (c *jobServiceClient) WatchEvents(ctx context.Context, in *WatchEventsRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[WatchEventsResponse], error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	stream, err := c.cc.NewStream(ctx, &JobService_ServiceDesc.Streams[0], JobService_WatchEvents_FullMethodName, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	x := &grpc.GenericClientStream[WatchEventsRequest, WatchEventsResponse]{ClientStream: stream}
+	if err := x.ClientStream.SendMsg(in); err != nil {
+		return nil, err
+	}
+	if err := x.ClientStream.CloseSend(); err != nil {
+		return nil, err
+	}
+	return x, nil
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type JobService_WatchEventsClient = grpc.ServerStreamingClient[WatchEventsResponse]
+
 func (c *jobServiceClient) StreamLogs(ctx context.Context, in *StreamLogsRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[StreamLogsResponse], error) {
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
-	stream, err := c.cc.NewStream(ctx, &JobService_ServiceDesc.Streams[0], JobService_StreamLogs_FullMethodName, cOpts...)
+	stream, err := c.cc.NewStream(ctx, &JobService_ServiceDesc.Streams[1], JobService_StreamLogs_FullMethodName, cOpts...)
 	if err != nil {
 		return nil, err
 	}
@@ -149,6 +177,14 @@ type JobServiceServer interface {
 	// finished is refused: stop it first.
 	DeleteJob(context.Context, *DeleteJobRequest) (*DeleteJobResponse, error)
 	ListEvents(context.Context, *ListEventsRequest) (*ListEventsResponse, error)
+	// WatchEvents streams events once they are durable: first the stored
+	// ones after the request's cursor (or the newest tail of them), then a
+	// message with caught_up set, then each new one as it is written. It
+	// ends with the not-leader refusal when this controller stops leading,
+	// and with RESOURCE_EXHAUSTED when the caller reads too slowly to keep
+	// up; either way, watch again with the cursor of the last event
+	// received to go on where it stopped, without a gap or a repeat.
+	WatchEvents(*WatchEventsRequest, grpc.ServerStreamingServer[WatchEventsResponse]) error
 	// StreamLogs relays a job's output from the node that holds it.
 	StreamLogs(*StreamLogsRequest, grpc.ServerStreamingServer[StreamLogsResponse]) error
 	mustEmbedUnimplementedJobServiceServer()
@@ -178,6 +214,9 @@ func (UnimplementedJobServiceServer) DeleteJob(context.Context, *DeleteJobReques
 }
 func (UnimplementedJobServiceServer) ListEvents(context.Context, *ListEventsRequest) (*ListEventsResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method ListEvents not implemented")
+}
+func (UnimplementedJobServiceServer) WatchEvents(*WatchEventsRequest, grpc.ServerStreamingServer[WatchEventsResponse]) error {
+	return status.Error(codes.Unimplemented, "method WatchEvents not implemented")
 }
 func (UnimplementedJobServiceServer) StreamLogs(*StreamLogsRequest, grpc.ServerStreamingServer[StreamLogsResponse]) error {
 	return status.Error(codes.Unimplemented, "method StreamLogs not implemented")
@@ -311,6 +350,17 @@ func _JobService_ListEvents_Handler(srv interface{}, ctx context.Context, dec fu
 	return interceptor(ctx, in, info, handler)
 }
 
+func _JobService_WatchEvents_Handler(srv interface{}, stream grpc.ServerStream) error {
+	m := new(WatchEventsRequest)
+	if err := stream.RecvMsg(m); err != nil {
+		return err
+	}
+	return srv.(JobServiceServer).WatchEvents(m, &grpc.GenericServerStream[WatchEventsRequest, WatchEventsResponse]{ServerStream: stream})
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type JobService_WatchEventsServer = grpc.ServerStreamingServer[WatchEventsResponse]
+
 func _JobService_StreamLogs_Handler(srv interface{}, stream grpc.ServerStream) error {
 	m := new(StreamLogsRequest)
 	if err := stream.RecvMsg(m); err != nil {
@@ -355,6 +405,11 @@ var JobService_ServiceDesc = grpc.ServiceDesc{
 		},
 	},
 	Streams: []grpc.StreamDesc{
+		{
+			StreamName:    "WatchEvents",
+			Handler:       _JobService_WatchEvents_Handler,
+			ServerStreams: true,
+		},
 		{
 			StreamName:    "StreamLogs",
 			Handler:       _JobService_StreamLogs_Handler,
