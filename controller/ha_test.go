@@ -154,7 +154,13 @@ func TestFailoverKeepsJobRunning(t *testing.T) {
 	if standby == first {
 		standby = h.replicas[1]
 	}
-	reason, hint := refusal(t, h.cluster, standby.addr)
+	// The standby learns who leads from etcd's watch, a moment after the
+	// leader knows: until then it refuses with no leader to name.
+	var reason, hint string
+	require.Eventually(t, func() bool {
+		reason, hint = refusal(t, h.cluster, standby.addr)
+		return reason != wire.ReasonNoLeader
+	}, waitTimeout, 20*time.Millisecond, "the standby never learned who leads")
 	require.Equal(t, wire.ReasonNotLeader, reason)
 	require.Equal(t, first.addr, hint, "the standby names the leader")
 	// Standby first: agents and API calls must follow its redirect.

@@ -177,6 +177,8 @@ func TestPlaintextSecretsSealedOnLoad(t *testing.T) {
 
 	c.stopController()
 	c.startController()
+	// The new leader reseals through its writer, after it took the lead.
+	c.settle()
 	kv, err := c.etcdClient().Get(rpcCtx(t), store.JobKey("legacy"))
 	require.NoError(t, err)
 	require.NotContains(t, string(kv.Kvs[0].Value), secret, "still in plaintext after the load")
