@@ -1,0 +1,86 @@
+// Package clitest checks what the daemons' command lines promise: --help
+// and --version on stdout with exit 0, a wrong flag or argument on stderr
+// with exit 1, and docs/daemons.md equal to --help. The test binary runs
+// itself as the daemon, so the checks see real exit statuses and streams.
+package clitest
+
+import (
+	"flag"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/rdzv/rdzv/cmd/internal/cli"
+)
+
+var update = flag.Bool("update", false, "rewrite this daemon's section of docs/daemons.md")
+
+// mainEnv makes the test binary act as the daemon, with these arguments.
+const mainEnv = "RDZV_TEST_DAEMON_MAIN"
+
+// Main is a daemon test package's TestMain: daemonMain is its main.
+func Main(m *testing.M, daemonMain func()) {
+	if args := os.Getenv(mainEnv); args != "" {
+		os.Args = append([]string{os.Args[0]}, strings.Fields(args)...)
+		daemonMain()
+		os.Exit(0)
+	}
+	os.Exit(m.Run())
+}
+
+// run runs the daemon with args, with no controller address taken from the
+// environment (a default that would otherwise show in --help).
+func run(args string) (*exec.Cmd, *strings.Builder, *strings.Builder, error) {
+	cmd := exec.Command(os.Args[0], "-test.run=^$")
+	cmd.Env = append(os.Environ(), mainEnv+"="+args, "RDZV_CONTROLLER=")
+	var stdout, stderr strings.Builder
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	err := cmd.Run()
+	return cmd, &stdout, &stderr, err
+}
+
+// HelpAndVersion: --help and --version answer on stdout and exit 0; a
+// wrong flag or a stray argument exits 1 on stderr, pointing to --help.
+func HelpAndVersion(t *testing.T, name string) {
+	tests := []struct {
+		args   string
+		code   int
+		stdout string
+		stderr string
+	}{
+		{"--help", 0, "Usage: " + name + " [flags]\n\n" + name + " ", ""},
+		{"-h", 0, "Usage: " + name + " [flags]", ""},
+		{"--version", 0, name + " dev (commit ", ""},
+		{"--no-such-flag", 1, "", name + ": flag provided but not defined: -no-such-flag (see " + name + " --help)\n"},
+		{"stray", 1, "", name + ": unexpected argument \"stray\": " + name + " takes flags only"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.args, func(t *testing.T) {
+			cmd, stdout, stderr, err := run(tt.args)
+			require.Equal(t, tt.code, cmd.ProcessState.ExitCode(), "%v: stdout %q stderr %q", err, stdout.String(), stderr.String())
+			if tt.stdout == "" {
+				require.Empty(t, stdout.String())
+			} else {
+				require.True(t, strings.HasPrefix(stdout.String(), tt.stdout), "stdout %q", stdout.String())
+			}
+			if tt.stderr == "" {
+				require.Empty(t, stderr.String())
+			} else {
+				require.True(t, strings.HasPrefix(stderr.String(), tt.stderr), "stderr %q", stderr.String())
+			}
+		})
+	}
+}
+
+// FlagReference: docs/daemons.md holds exactly the daemon's --help (with
+// -update, it is rewritten to).
+func FlagReference(t *testing.T, name string) {
+	cmd, stdout, stderr, err := run("--help")
+	require.NoError(t, err, "stderr %q", stderr.String())
+	require.Zero(t, cmd.ProcessState.ExitCode())
+	require.NoError(t, cli.CheckDoc(filepath.Join("..", "..", cli.DaemonsDoc), name, stdout.String(), *update))
+}
