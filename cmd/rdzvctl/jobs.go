@@ -290,6 +290,28 @@ func (f *listFlags) check() error {
 	return nil
 }
 
+// listArgs reads what a list command (list, nodes) is asked before it asks
+// the controller: the output format, and the --state and --selector
+// filters, states being enum values named after prefix.
+func listArgs[E ~int32](c *command, f *listFlags, prefix string, values map[string]int32) (output, []E, map[string]string, error) {
+	o, err := c.format()
+	if err != nil {
+		return output{}, nil, nil, err
+	}
+	if err := f.check(); err != nil {
+		return output{}, nil, nil, err
+	}
+	states, err := parseStates[E](f.states, prefix, values)
+	if err != nil {
+		return output{}, nil, nil, err
+	}
+	selector, err := parseSelector(f.selector)
+	if err != nil {
+		return output{}, nil, nil, err
+	}
+	return o, states, selector, nil
+}
+
 // parseStates reads --state: names of enum values after prefix, any case.
 func parseStates[E ~int32](list, prefix string, values map[string]int32) ([]E, error) {
 	var out []E
@@ -410,18 +432,7 @@ func (c *command) listCmd() *cobra.Command {
 // listJobs prints the jobs: a summary of each in a table, whole jobs in
 // structured formats.
 func (c *command) listJobs(ctx context.Context, f *listFlags) error {
-	o, err := c.format()
-	if err != nil {
-		return err
-	}
-	if err := f.check(); err != nil {
-		return err
-	}
-	states, err := parseStates[rdzvv1.JobState](f.states, "JOB_STATE_", rdzvv1.JobState_value)
-	if err != nil {
-		return err
-	}
-	selector, err := parseSelector(f.selector)
+	o, states, selector, err := listArgs[rdzvv1.JobState](c, f, "JOB_STATE_", rdzvv1.JobState_value)
 	if err != nil {
 		return err
 	}

@@ -36,18 +36,7 @@ beside it.`,
 }
 
 func (c *command) listNodes(ctx context.Context, f *listFlags) error {
-	o, err := c.format()
-	if err != nil {
-		return err
-	}
-	if err := f.check(); err != nil {
-		return err
-	}
-	states, err := parseStates[rdzvv1.NodeState](f.states, "NODE_STATE_", rdzvv1.NodeState_value)
-	if err != nil {
-		return err
-	}
-	selector, err := parseSelector(f.selector)
+	o, states, selector, err := listArgs[rdzvv1.NodeState](c, f, "NODE_STATE_", rdzvv1.NodeState_value)
 	if err != nil {
 		return err
 	}
