@@ -122,7 +122,12 @@ func (c *Controller) attemptFailed(js *jobState, reason string, latency time.Dur
 	js.rec = rec
 	// The rendezvous timeout runs from when the job can rendezvous again
 	// (stopped everywhere, backoff over), not from the failure.
+	// Its last call for more nodes runs from now: nodes that come back
+	// while the failed generation is being fenced have had their chance,
+	// and waiting the window again after the fencing would only add to the
+	// outage.
 	js.pendingSince, js.lastCall = time.Time{}, rendezvous.LastCall{}
+	js.lastCall.OpenAt(now)
 	c.log.Warn("attempt failed, recovering", zap.String("job", name), zap.Uint64("generation", gen),
 		zap.String("reason", reason), zap.Duration("detection_latency", latency), zap.Duration("backoff", backoff))
 	c.persist(c.store.UpdateJob(rec, ev), func() {
@@ -137,12 +142,17 @@ func (c *Controller) attemptFailed(js *jobState, reason string, latency time.Dur
 	c.wake()
 }
 
-// restartBackoff doubles the initial backoff per consecutive failure
-// without progress, capped at the maximum.
+// restartBackoff is the wait before restarting after consecutive failures
+// in a row without progress: none after an attempt that trained (it is no
+// crash loop, and any wait is outage), else the initial backoff, doubled
+// per further such failure, capped at the maximum.
 func restartBackoff(spec *rdzvv1.JobSpec, consecutive uint32) time.Duration {
+	if consecutive == 0 {
+		return 0
+	}
 	d := spec.GetRestartBackoffInitial().AsDuration()
 	limit := spec.GetRestartBackoffMax().AsDuration()
-	for range consecutive {
+	for range consecutive - 1 {
 		if d >= limit/2 {
 			return limit
 		}
