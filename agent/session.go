@@ -249,7 +249,11 @@ func (s *agentSession) handle(ctx context.Context, m *rdzvv1.ConnectResponse, ou
 	case *rdzvv1.ConnectResponse_Assignment:
 		s.sup.Assign(msg.Assignment)
 	case *rdzvv1.ConnectResponse_StopWorkers:
-		s.sup.Stop(msg.StopWorkers.GetJob(), msg.StopWorkers.GetGeneration(), msg.StopWorkers.GetReason())
+		if stop := msg.StopWorkers; stop.GetGrace() != nil {
+			s.sup.StopWithin(stop.GetJob(), stop.GetGeneration(), stop.GetReason(), stop.GetGrace().AsDuration())
+		} else {
+			s.sup.Stop(stop.GetJob(), stop.GetGeneration(), stop.GetReason())
+		}
 	case *rdzvv1.ConnectResponse_PortProbe:
 		res := probePort(msg.PortProbe)
 		select {

@@ -18,6 +18,11 @@ import (
 // catalogSize bounds the checkpoint catalog kept in etcd per job.
 const catalogSize = 32
 
+// failedStopGrace is the SIGTERM grace of the workers of a failed or stale
+// generation. Their collectives are broken: they cannot save anything
+// useful, and the restart waits for them to be gone.
+const failedStopGrace = time.Second
+
 // fencedAt is when no worker of the job's current generation can still be
 // running: each has exited, or its node is lost and past the time its
 // agent, if merely cut off, has killed its own workers. ok is false while a
@@ -136,7 +141,7 @@ func (c *Controller) attemptFailed(js *jobState, reason string, latency time.Dur
 		// generation's workers can still run then, and the next one's are
 		// not this failure's to stop.
 		if js.rec.GetGeneration() == gen {
-			c.stopWorkers(js, fmt.Sprintf("generation %d failed: %s", gen, reason))
+			c.stopWorkers(js, fmt.Sprintf("generation %d failed: %s", gen, reason), failedStopGrace)
 		}
 	})
 	c.wake()

@@ -62,7 +62,9 @@ func TestRecoveryResumesFromLatestCheckpoint(t *testing.T) {
 	j := c.waitJobState("train", recovering)
 	require.Contains(t, j.GetReason(), "node node-a (rank 0): workers exited with code 1")
 	require.Contains(t, j.GetReason(), "restart 1 of 3 from checkpoint step 20")
-	b.expectStop(b1)
+	// A failed generation's survivors get a short grace: their collectives
+	// are broken, and the restart waits for them.
+	require.Equal(t, time.Second, b.expectStop(b1).GetGrace().AsDuration())
 
 	a2, b2 := a.run(), b.run()
 	require.Equal(t, uint64(2), a2.GetGeneration())

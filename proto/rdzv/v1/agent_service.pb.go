@@ -9,6 +9,7 @@ package rdzvv1
 import (
 	protoreflect "google.golang.org/protobuf/reflect/protoreflect"
 	protoimpl "google.golang.org/protobuf/runtime/protoimpl"
+	durationpb "google.golang.org/protobuf/types/known/durationpb"
 	timestamppb "google.golang.org/protobuf/types/known/timestamppb"
 	reflect "reflect"
 	sync "sync"
@@ -1000,10 +1001,15 @@ func (x *CheckpointReport) GetSource() string {
 }
 
 type StopWorkers struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Job           string                 `protobuf:"bytes,1,opt,name=job,proto3" json:"job,omitempty"`
-	Generation    uint64                 `protobuf:"varint,2,opt,name=generation,proto3" json:"generation,omitempty"`
-	Reason        string                 `protobuf:"bytes,3,opt,name=reason,proto3" json:"reason,omitempty"`
+	state      protoimpl.MessageState `protogen:"open.v1"`
+	Job        string                 `protobuf:"bytes,1,opt,name=job,proto3" json:"job,omitempty"`
+	Generation uint64                 `protobuf:"varint,2,opt,name=generation,proto3" json:"generation,omitempty"`
+	Reason     string                 `protobuf:"bytes,3,opt,name=reason,proto3" json:"reason,omitempty"`
+	// At most this long between SIGTERM and SIGKILL, if shorter than the
+	// agent's stop_grace; unset: stop_grace. A failed generation's workers
+	// get a short one: their collectives are broken, there is nothing left
+	// for them to save, and the restart waits for them.
+	Grace         *durationpb.Duration `protobuf:"bytes,4,opt,name=grace,proto3" json:"grace,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1057,6 +1063,13 @@ func (x *StopWorkers) GetReason() string {
 		return x.Reason
 	}
 	return ""
+}
+
+func (x *StopWorkers) GetGrace() *durationpb.Duration {
+	if x != nil {
+		return x.Grace
+	}
+	return nil
 }
 
 // PortProbe asks the agent for a port in [port_min, port_max] that is free on
@@ -1416,7 +1429,7 @@ var File_rdzv_v1_agent_service_proto protoreflect.FileDescriptor
 
 const file_rdzv_v1_agent_service_proto_rawDesc = "" +
 	"\n" +
-	"\x1brdzv/v1/agent_service.proto\x12\ardzv.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x11rdzv/v1/job.proto\x1a\x12rdzv/v1/node.proto\"\xc8\x04\n" +
+	"\x1brdzv/v1/agent_service.proto\x12\ardzv.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x11rdzv/v1/job.proto\x1a\x12rdzv/v1/node.proto\"\xc8\x04\n" +
 	"\x0eConnectRequest\x12/\n" +
 	"\bregister\x18\x01 \x01(\v2\x11.rdzv.v1.RegisterH\x00R\bregister\x122\n" +
 	"\theartbeat\x18\x02 \x01(\v2\x12.rdzv.v1.HeartbeatH\x00R\theartbeat\x12<\n" +
@@ -1498,13 +1511,14 @@ const file_rdzv_v1_agent_service_proto_rawDesc = "" +
 	"generation\x12\x12\n" +
 	"\x04step\x18\x03 \x01(\x04R\x04step\x12\x12\n" +
 	"\x04path\x18\x04 \x01(\tR\x04path\x12\x16\n" +
-	"\x06source\x18\x05 \x01(\tR\x06source\"W\n" +
+	"\x06source\x18\x05 \x01(\tR\x06source\"\x88\x01\n" +
 	"\vStopWorkers\x12\x10\n" +
 	"\x03job\x18\x01 \x01(\tR\x03job\x12\x1e\n" +
 	"\n" +
 	"generation\x18\x02 \x01(\x04R\n" +
 	"generation\x12\x16\n" +
-	"\x06reason\x18\x03 \x01(\tR\x06reason\"`\n" +
+	"\x06reason\x18\x03 \x01(\tR\x06reason\x12/\n" +
+	"\x05grace\x18\x04 \x01(\v2\x19.google.protobuf.DurationR\x05grace\"`\n" +
 	"\tPortProbe\x12\x1d\n" +
 	"\n" +
 	"request_id\x18\x01 \x01(\tR\trequestId\x12\x19\n" +
@@ -1573,6 +1587,7 @@ var file_rdzv_v1_agent_service_proto_goTypes = []any{
 	(*NodeInfo)(nil),              // 19: rdzv.v1.NodeInfo
 	(*timestamppb.Timestamp)(nil), // 20: google.protobuf.Timestamp
 	(WorkerState)(0),              // 21: rdzv.v1.WorkerState
+	(*durationpb.Duration)(nil),   // 22: google.protobuf.Duration
 }
 var file_rdzv_v1_agent_service_proto_depIdxs = []int32{
 	2,  // 0: rdzv.v1.ConnectRequest.register:type_name -> rdzv.v1.Register
@@ -1598,13 +1613,14 @@ var file_rdzv_v1_agent_service_proto_depIdxs = []int32{
 	21, // 20: rdzv.v1.WorkerStatus.state:type_name -> rdzv.v1.WorkerState
 	20, // 21: rdzv.v1.WorkerStatus.exited_at:type_name -> google.protobuf.Timestamp
 	20, // 22: rdzv.v1.Progress.at:type_name -> google.protobuf.Timestamp
-	0,  // 23: rdzv.v1.AgentService.Connect:input_type -> rdzv.v1.ConnectRequest
-	1,  // 24: rdzv.v1.AgentService.Connect:output_type -> rdzv.v1.ConnectResponse
-	24, // [24:25] is the sub-list for method output_type
-	23, // [23:24] is the sub-list for method input_type
-	23, // [23:23] is the sub-list for extension type_name
-	23, // [23:23] is the sub-list for extension extendee
-	0,  // [0:23] is the sub-list for field type_name
+	22, // 23: rdzv.v1.StopWorkers.grace:type_name -> google.protobuf.Duration
+	0,  // 24: rdzv.v1.AgentService.Connect:input_type -> rdzv.v1.ConnectRequest
+	1,  // 25: rdzv.v1.AgentService.Connect:output_type -> rdzv.v1.ConnectResponse
+	25, // [25:26] is the sub-list for method output_type
+	24, // [24:25] is the sub-list for method input_type
+	24, // [24:24] is the sub-list for extension type_name
+	24, // [24:24] is the sub-list for extension extendee
+	0,  // [0:24] is the sub-list for field type_name
 }
 
 func init() { file_rdzv_v1_agent_service_proto_init() }
