@@ -247,6 +247,9 @@ func checkpointMsg(c *rdzvv1.CheckpointReport) *rdzvv1.ConnectRequest {
 func (s *agentSession) handle(ctx context.Context, m *rdzvv1.ConnectResponse, out chan<- *rdzvv1.ConnectRequest, logs *logTails) {
 	switch msg := m.GetMsg().(type) {
 	case *rdzvv1.ConnectResponse_Assignment:
+		if s.gossip != nil {
+			s.gossip.Watch(msg.Assignment.GetWatch())
+		}
 		s.sup.Assign(msg.Assignment)
 	case *rdzvv1.ConnectResponse_StopWorkers:
 		if stop := msg.StopWorkers; stop.GetGrace() != nil {

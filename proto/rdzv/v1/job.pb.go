@@ -785,16 +785,21 @@ func (x *Checkpoint) GetSource() string {
 
 // Assignment is what an agent needs to launch its part of a job.
 type Assignment struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Spec          *JobSpec               `protobuf:"bytes,1,opt,name=spec,proto3" json:"spec,omitempty"`
-	Generation    uint64                 `protobuf:"varint,2,opt,name=generation,proto3" json:"generation,omitempty"`
-	NodeRank      uint32                 `protobuf:"varint,3,opt,name=node_rank,json=nodeRank,proto3" json:"node_rank,omitempty"`
-	Nnodes        uint32                 `protobuf:"varint,4,opt,name=nnodes,proto3" json:"nnodes,omitempty"`
-	ProcsPerNode  uint32                 `protobuf:"varint,5,opt,name=procs_per_node,json=procsPerNode,proto3" json:"procs_per_node,omitempty"`
-	MasterAddr    string                 `protobuf:"bytes,6,opt,name=master_addr,json=masterAddr,proto3" json:"master_addr,omitempty"`
-	MasterPort    uint32                 `protobuf:"varint,7,opt,name=master_port,json=masterPort,proto3" json:"master_port,omitempty"`
-	GpuIndices    []uint32               `protobuf:"varint,8,rep,packed,name=gpu_indices,json=gpuIndices,proto3" json:"gpu_indices,omitempty"`
-	ResumeFrom    string                 `protobuf:"bytes,9,opt,name=resume_from,json=resumeFrom,proto3" json:"resume_from,omitempty"`
+	state        protoimpl.MessageState `protogen:"open.v1"`
+	Spec         *JobSpec               `protobuf:"bytes,1,opt,name=spec,proto3" json:"spec,omitempty"`
+	Generation   uint64                 `protobuf:"varint,2,opt,name=generation,proto3" json:"generation,omitempty"`
+	NodeRank     uint32                 `protobuf:"varint,3,opt,name=node_rank,json=nodeRank,proto3" json:"node_rank,omitempty"`
+	Nnodes       uint32                 `protobuf:"varint,4,opt,name=nnodes,proto3" json:"nnodes,omitempty"`
+	ProcsPerNode uint32                 `protobuf:"varint,5,opt,name=procs_per_node,json=procsPerNode,proto3" json:"procs_per_node,omitempty"`
+	MasterAddr   string                 `protobuf:"bytes,6,opt,name=master_addr,json=masterAddr,proto3" json:"master_addr,omitempty"`
+	MasterPort   uint32                 `protobuf:"varint,7,opt,name=master_port,json=masterPort,proto3" json:"master_port,omitempty"`
+	GpuIndices   []uint32               `protobuf:"varint,8,rep,packed,name=gpu_indices,json=gpuIndices,proto3" json:"gpu_indices,omitempty"`
+	ResumeFrom   string                 `protobuf:"bytes,9,opt,name=resume_from,json=resumeFrom,proto3" json:"resume_from,omitempty"`
+	// The peers of this round this node probes over gossip (its neighbours in
+	// a ring by node rank, at most two), reporting at once in its gossip view
+	// those it cannot reach: a dead node of a job is known to its peers long
+	// before its heartbeats are missed for good.
+	Watch         []*WatchedPeer `protobuf:"bytes,16,rep,name=watch,proto3" json:"watch,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -892,6 +897,66 @@ func (x *Assignment) GetResumeFrom() string {
 	return ""
 }
 
+func (x *Assignment) GetWatch() []*WatchedPeer {
+	if x != nil {
+		return x.Watch
+	}
+	return nil
+}
+
+type WatchedPeer struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Node  string                 `protobuf:"bytes,1,opt,name=node,proto3" json:"node,omitempty"`
+	// Its gossip (memberlist) address, host:port.
+	GossipAddr    string `protobuf:"bytes,2,opt,name=gossip_addr,json=gossipAddr,proto3" json:"gossip_addr,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *WatchedPeer) Reset() {
+	*x = WatchedPeer{}
+	mi := &file_rdzv_v1_job_proto_msgTypes[5]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *WatchedPeer) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*WatchedPeer) ProtoMessage() {}
+
+func (x *WatchedPeer) ProtoReflect() protoreflect.Message {
+	mi := &file_rdzv_v1_job_proto_msgTypes[5]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use WatchedPeer.ProtoReflect.Descriptor instead.
+func (*WatchedPeer) Descriptor() ([]byte, []int) {
+	return file_rdzv_v1_job_proto_rawDescGZIP(), []int{5}
+}
+
+func (x *WatchedPeer) GetNode() string {
+	if x != nil {
+		return x.Node
+	}
+	return ""
+}
+
+func (x *WatchedPeer) GetGossipAddr() string {
+	if x != nil {
+		return x.GossipAddr
+	}
+	return ""
+}
+
 type Event struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	Time  *timestamppb.Timestamp `protobuf:"bytes,1,opt,name=time,proto3" json:"time,omitempty"`
@@ -911,7 +976,7 @@ type Event struct {
 
 func (x *Event) Reset() {
 	*x = Event{}
-	mi := &file_rdzv_v1_job_proto_msgTypes[5]
+	mi := &file_rdzv_v1_job_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -923,7 +988,7 @@ func (x *Event) String() string {
 func (*Event) ProtoMessage() {}
 
 func (x *Event) ProtoReflect() protoreflect.Message {
-	mi := &file_rdzv_v1_job_proto_msgTypes[5]
+	mi := &file_rdzv_v1_job_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -936,7 +1001,7 @@ func (x *Event) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Event.ProtoReflect.Descriptor instead.
 func (*Event) Descriptor() ([]byte, []int) {
-	return file_rdzv_v1_job_proto_rawDescGZIP(), []int{5}
+	return file_rdzv_v1_job_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *Event) GetTime() *timestamppb.Timestamp {
@@ -1005,7 +1070,7 @@ type Round struct {
 
 func (x *Round) Reset() {
 	*x = Round{}
-	mi := &file_rdzv_v1_job_proto_msgTypes[6]
+	mi := &file_rdzv_v1_job_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1017,7 +1082,7 @@ func (x *Round) String() string {
 func (*Round) ProtoMessage() {}
 
 func (x *Round) ProtoReflect() protoreflect.Message {
-	mi := &file_rdzv_v1_job_proto_msgTypes[6]
+	mi := &file_rdzv_v1_job_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1030,7 +1095,7 @@ func (x *Round) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Round.ProtoReflect.Descriptor instead.
 func (*Round) Descriptor() ([]byte, []int) {
-	return file_rdzv_v1_job_proto_rawDescGZIP(), []int{6}
+	return file_rdzv_v1_job_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *Round) GetJob() string {
@@ -1169,7 +1234,7 @@ const file_rdzv_v1_job_proto_rawDesc = "" +
 	"\x04node\x18\x04 \x01(\tR\x04node\x12;\n" +
 	"\vreported_at\x18\x05 \x01(\v2\x1a.google.protobuf.TimestampR\n" +
 	"reportedAt\x12\x16\n" +
-	"\x06source\x18\x06 \x01(\tR\x06source\"\xb1\x02\n" +
+	"\x06source\x18\x06 \x01(\tR\x06source\"\xdd\x02\n" +
 	"\n" +
 	"Assignment\x12$\n" +
 	"\x04spec\x18\x01 \x01(\v2\x10.rdzv.v1.JobSpecR\x04spec\x12\x1e\n" +
@@ -1186,7 +1251,12 @@ const file_rdzv_v1_job_proto_rawDesc = "" +
 	"\vgpu_indices\x18\b \x03(\rR\n" +
 	"gpuIndices\x12\x1f\n" +
 	"\vresume_from\x18\t \x01(\tR\n" +
-	"resumeFrom\"\xf3\x01\n" +
+	"resumeFrom\x12*\n" +
+	"\x05watch\x18\x10 \x03(\v2\x14.rdzv.v1.WatchedPeerR\x05watch\"B\n" +
+	"\vWatchedPeer\x12\x12\n" +
+	"\x04node\x18\x01 \x01(\tR\x04node\x12\x1f\n" +
+	"\vgossip_addr\x18\x02 \x01(\tR\n" +
+	"gossipAddr\"\xf3\x01\n" +
 	"\x05Event\x12.\n" +
 	"\x04time\x18\x01 \x01(\v2\x1a.google.protobuf.TimestampR\x04time\x12\x10\n" +
 	"\x03job\x18\x02 \x01(\tR\x03job\x12\x12\n" +
@@ -1239,7 +1309,7 @@ func file_rdzv_v1_job_proto_rawDescGZIP() []byte {
 }
 
 var file_rdzv_v1_job_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
-var file_rdzv_v1_job_proto_msgTypes = make([]protoimpl.MessageInfo, 11)
+var file_rdzv_v1_job_proto_msgTypes = make([]protoimpl.MessageInfo, 12)
 var file_rdzv_v1_job_proto_goTypes = []any{
 	(JobState)(0),                 // 0: rdzv.v1.JobState
 	(WorkerState)(0),              // 1: rdzv.v1.WorkerState
@@ -1248,50 +1318,52 @@ var file_rdzv_v1_job_proto_goTypes = []any{
 	(*Job)(nil),                   // 4: rdzv.v1.Job
 	(*Checkpoint)(nil),            // 5: rdzv.v1.Checkpoint
 	(*Assignment)(nil),            // 6: rdzv.v1.Assignment
-	(*Event)(nil),                 // 7: rdzv.v1.Event
-	(*Round)(nil),                 // 8: rdzv.v1.Round
-	nil,                           // 9: rdzv.v1.JobSpec.EnvEntry
-	nil,                           // 10: rdzv.v1.JobSpec.SelectorEntry
-	nil,                           // 11: rdzv.v1.JobSpec.SecretEnvEntry
-	nil,                           // 12: rdzv.v1.JobSpec.EnvFilesEntry
-	(*durationpb.Duration)(nil),   // 13: google.protobuf.Duration
-	(*timestamppb.Timestamp)(nil), // 14: google.protobuf.Timestamp
+	(*WatchedPeer)(nil),           // 7: rdzv.v1.WatchedPeer
+	(*Event)(nil),                 // 8: rdzv.v1.Event
+	(*Round)(nil),                 // 9: rdzv.v1.Round
+	nil,                           // 10: rdzv.v1.JobSpec.EnvEntry
+	nil,                           // 11: rdzv.v1.JobSpec.SelectorEntry
+	nil,                           // 12: rdzv.v1.JobSpec.SecretEnvEntry
+	nil,                           // 13: rdzv.v1.JobSpec.EnvFilesEntry
+	(*durationpb.Duration)(nil),   // 14: google.protobuf.Duration
+	(*timestamppb.Timestamp)(nil), // 15: google.protobuf.Timestamp
 }
 var file_rdzv_v1_job_proto_depIdxs = []int32{
-	9,  // 0: rdzv.v1.JobSpec.env:type_name -> rdzv.v1.JobSpec.EnvEntry
-	10, // 1: rdzv.v1.JobSpec.selector:type_name -> rdzv.v1.JobSpec.SelectorEntry
-	13, // 2: rdzv.v1.JobSpec.rendezvous_last_call:type_name -> google.protobuf.Duration
-	13, // 3: rdzv.v1.JobSpec.rendezvous_timeout:type_name -> google.protobuf.Duration
-	13, // 4: rdzv.v1.JobSpec.restart_backoff_initial:type_name -> google.protobuf.Duration
-	13, // 5: rdzv.v1.JobSpec.restart_backoff_max:type_name -> google.protobuf.Duration
-	13, // 6: rdzv.v1.JobSpec.health_progress_timeout:type_name -> google.protobuf.Duration
-	11, // 7: rdzv.v1.JobSpec.secret_env:type_name -> rdzv.v1.JobSpec.SecretEnvEntry
-	12, // 8: rdzv.v1.JobSpec.env_files:type_name -> rdzv.v1.JobSpec.EnvFilesEntry
+	10, // 0: rdzv.v1.JobSpec.env:type_name -> rdzv.v1.JobSpec.EnvEntry
+	11, // 1: rdzv.v1.JobSpec.selector:type_name -> rdzv.v1.JobSpec.SelectorEntry
+	14, // 2: rdzv.v1.JobSpec.rendezvous_last_call:type_name -> google.protobuf.Duration
+	14, // 3: rdzv.v1.JobSpec.rendezvous_timeout:type_name -> google.protobuf.Duration
+	14, // 4: rdzv.v1.JobSpec.restart_backoff_initial:type_name -> google.protobuf.Duration
+	14, // 5: rdzv.v1.JobSpec.restart_backoff_max:type_name -> google.protobuf.Duration
+	14, // 6: rdzv.v1.JobSpec.health_progress_timeout:type_name -> google.protobuf.Duration
+	12, // 7: rdzv.v1.JobSpec.secret_env:type_name -> rdzv.v1.JobSpec.SecretEnvEntry
+	13, // 8: rdzv.v1.JobSpec.env_files:type_name -> rdzv.v1.JobSpec.EnvFilesEntry
 	1,  // 9: rdzv.v1.NodeAssignment.state:type_name -> rdzv.v1.WorkerState
 	2,  // 10: rdzv.v1.Job.spec:type_name -> rdzv.v1.JobSpec
 	0,  // 11: rdzv.v1.Job.state:type_name -> rdzv.v1.JobState
 	3,  // 12: rdzv.v1.Job.assignments:type_name -> rdzv.v1.NodeAssignment
-	14, // 13: rdzv.v1.Job.created_at:type_name -> google.protobuf.Timestamp
-	14, // 14: rdzv.v1.Job.started_at:type_name -> google.protobuf.Timestamp
-	14, // 15: rdzv.v1.Job.finished_at:type_name -> google.protobuf.Timestamp
+	15, // 13: rdzv.v1.Job.created_at:type_name -> google.protobuf.Timestamp
+	15, // 14: rdzv.v1.Job.started_at:type_name -> google.protobuf.Timestamp
+	15, // 15: rdzv.v1.Job.finished_at:type_name -> google.protobuf.Timestamp
 	5,  // 16: rdzv.v1.Job.latest_checkpoint:type_name -> rdzv.v1.Checkpoint
-	14, // 17: rdzv.v1.Job.progress_at:type_name -> google.protobuf.Timestamp
-	13, // 18: rdzv.v1.Job.training_time:type_name -> google.protobuf.Duration
-	13, // 19: rdzv.v1.Job.recovery_time:type_name -> google.protobuf.Duration
-	14, // 20: rdzv.v1.Job.recovery_started_at:type_name -> google.protobuf.Timestamp
-	14, // 21: rdzv.v1.Job.restart_not_before:type_name -> google.protobuf.Timestamp
-	14, // 22: rdzv.v1.Job.training_since:type_name -> google.protobuf.Timestamp
-	14, // 23: rdzv.v1.Checkpoint.reported_at:type_name -> google.protobuf.Timestamp
+	15, // 17: rdzv.v1.Job.progress_at:type_name -> google.protobuf.Timestamp
+	14, // 18: rdzv.v1.Job.training_time:type_name -> google.protobuf.Duration
+	14, // 19: rdzv.v1.Job.recovery_time:type_name -> google.protobuf.Duration
+	15, // 20: rdzv.v1.Job.recovery_started_at:type_name -> google.protobuf.Timestamp
+	15, // 21: rdzv.v1.Job.restart_not_before:type_name -> google.protobuf.Timestamp
+	15, // 22: rdzv.v1.Job.training_since:type_name -> google.protobuf.Timestamp
+	15, // 23: rdzv.v1.Checkpoint.reported_at:type_name -> google.protobuf.Timestamp
 	2,  // 24: rdzv.v1.Assignment.spec:type_name -> rdzv.v1.JobSpec
-	14, // 25: rdzv.v1.Event.time:type_name -> google.protobuf.Timestamp
-	13, // 26: rdzv.v1.Event.detection_latency:type_name -> google.protobuf.Duration
-	3,  // 27: rdzv.v1.Round.nodes:type_name -> rdzv.v1.NodeAssignment
-	14, // 28: rdzv.v1.Round.committed_at:type_name -> google.protobuf.Timestamp
-	29, // [29:29] is the sub-list for method output_type
-	29, // [29:29] is the sub-list for method input_type
-	29, // [29:29] is the sub-list for extension type_name
-	29, // [29:29] is the sub-list for extension extendee
-	0,  // [0:29] is the sub-list for field type_name
+	7,  // 25: rdzv.v1.Assignment.watch:type_name -> rdzv.v1.WatchedPeer
+	15, // 26: rdzv.v1.Event.time:type_name -> google.protobuf.Timestamp
+	14, // 27: rdzv.v1.Event.detection_latency:type_name -> google.protobuf.Duration
+	3,  // 28: rdzv.v1.Round.nodes:type_name -> rdzv.v1.NodeAssignment
+	15, // 29: rdzv.v1.Round.committed_at:type_name -> google.protobuf.Timestamp
+	30, // [30:30] is the sub-list for method output_type
+	30, // [30:30] is the sub-list for method input_type
+	30, // [30:30] is the sub-list for extension type_name
+	30, // [30:30] is the sub-list for extension extendee
+	0,  // [0:30] is the sub-list for field type_name
 }
 
 func init() { file_rdzv_v1_job_proto_init() }
@@ -1305,7 +1377,7 @@ func file_rdzv_v1_job_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_rdzv_v1_job_proto_rawDesc), len(file_rdzv_v1_job_proto_rawDesc)),
 			NumEnums:      2,
-			NumMessages:   11,
+			NumMessages:   12,
 			NumExtensions: 0,
 			NumServices:   0,
 		},
