@@ -726,8 +726,8 @@ func (b *bench) report(results []result, took time.Duration) string {
 				secs(s[0].toEvent), met(s[0].toEvent < 3*time.Second), secs(s[0].detection), met(s[0].detection < 3*time.Second))
 		}
 	}
-	fmt.Fprintf(&w, "  (for a lost node detection_latency counts from its last heartbeat, which precedes the fault, so it is at least\n")
-	fmt.Fprintf(&w, "  heartbeat.timeout = %s by construction; fault→attempt_failed is the latency an outside observer sees)\n", heartbeatTimeout)
+	fmt.Fprintf(&w, "  (for a lost node detection_latency counts from its last heartbeat, which precedes the fault by up to a heartbeat\n")
+	fmt.Fprintf(&w, "  interval (%s); fault→attempt_failed is the latency an outside observer sees)\n", heartbeatInterval)
 	if s, ok := summaries["hang"]; ok && s[0].events > 0 {
 		fmt.Fprintf(&w, "- hang: fault→attempt_failed %ss includes health.progress_timeout (%s); detection_latency (%ss) is the time past that timeout\n",
 			secs(s[0].toEvent), progressTimeout, secs(s[0].detection))
