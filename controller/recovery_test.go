@@ -337,3 +337,16 @@ func TestRecoveryLastCallRunsFromTheFailure(t *testing.T) {
 	require.Less(t, waited, window+500*time.Millisecond, "and not waited again after the fencing")
 	require.Equal(t, uint32(2), a.run().GetNnodes())
 }
+
+// An operator's stop leaves the workers the agent's whole stop_grace to
+// save their work; only a failed generation's get the short one.
+func TestOperatorStopKeepsTheFullGrace(t *testing.T) {
+	c := newCluster(t)
+	a := c.connectFake("node-a")
+	a.keepAlive()
+	c.startJob(c.recoverable("kept", 1, 3))
+	a1 := a.run()
+	c.waitRunning("kept")
+	require.Equal(t, rdzvv1.JobState_JOB_STATE_STOPPING, c.stopJob("kept").GetState())
+	require.Nil(t, a.expectStop(a1).GetGrace(), "no grace given: the agent's stop_grace")
+}
