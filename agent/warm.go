@@ -191,7 +191,10 @@ func (s *Supervisor) startStandby(sb *standby) (Process, error) {
 	// The socket's directory is the job user's alone: whoever can connect
 	// can have the standby run the job's script with an environment of
 	// their choosing.
-	if err := os.MkdirAll(sb.dir, 0o700); err != nil {
+	if err := os.MkdirAll(filepath.Dir(sb.dir), 0o755); err != nil {
+		return nil, fmt.Errorf("creating the standbys' directory: %w", err)
+	}
+	if err := os.Mkdir(sb.dir, 0o700); err != nil && !errors.Is(err, os.ErrExist) {
 		return nil, fmt.Errorf("creating the standby's directory: %w", err)
 	}
 	if c := p.runAs.Credential; c != nil {
@@ -293,16 +296,18 @@ func (s *Supervisor) warmStart(a *rdzvv1.Assignment, env []string, meta, token [
 	if err != nil {
 		return nil, fmt.Errorf("encoding the hand-off: %w", err)
 	}
-	if err := handOff(sb, msg); err != nil {
-		s.discardStandby(sb)
-		return nil, err
-	}
-	// The standby is this generation's now: an agent that adopts it after
-	// a restart must know which.
-	if m, ok := sb.proc.(interface{ SetMeta(meta, token []byte) error }); ok {
+	// The standby is this generation's from the hand-off on: an agent that
+	// adopts it after a restart must know which, so it is recorded first.
+	if m, ok := sb.proc.(interface {
+		SetMeta(meta, token []byte) error
+	}); ok {
 		if err := m.SetMeta(meta, token); err != nil {
 			s.log.Warn("recording the standby's assignment failed; a restarted agent kills it instead of adopting it", zap.Error(err))
 		}
+	}
+	if err := handOff(sb, msg); err != nil {
+		s.discardStandby(sb)
+		return nil, err
 	}
 	return sb.proc, nil
 }

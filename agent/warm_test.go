@@ -1,0 +1,152 @@
+package agent
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	rdzvv1 "github.com/rdzv/rdzv/proto/rdzv/v1"
+)
+
+func TestWarmHandoffEnv(t *testing.T) {
+	a := &rdzvv1.Assignment{Spec: &rdzvv1.JobSpec{Name: "llm"}, Generation: 7, NodeRank: 1, Nnodes: 3, ProcsPerNode: 2,
+		MasterAddr: "10.0.0.1", MasterPort: 29500}
+	tests := []struct {
+		name     string
+		env      []string
+		wantOMP  string
+		wantNCCL string
+	}{
+		{"torchrun's defaults", []string{"PATH=/usr/bin", "RDZV_RESUME_FROM=/ck/step-5"}, "1", "1"},
+		{"the job's own values", []string{"OMP_NUM_THREADS=8", "NCCL_ASYNC_ERROR_HANDLING=0"}, "8", "0"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			h := warmHandoff(a, tt.env, []string{"-m", "pkg.train", "--lr", "1"})
+			require.Equal(t, []string{"-m", "pkg.train", "--lr", "1"}, h.Argv)
+			require.Len(t, h.Workers, 2)
+			for local, w := range h.Workers {
+				rank := fmt.Sprint(2 + local)
+				for k, v := range map[string]string{
+					"RANK": rank, "LOCAL_RANK": fmt.Sprint(local), "WORLD_SIZE": "6", "LOCAL_WORLD_SIZE": "2",
+					"GROUP_RANK": "1", "GROUP_WORLD_SIZE": "3", "ROLE_RANK": rank, "ROLE_WORLD_SIZE": "6", "ROLE_NAME": "default",
+					"MASTER_ADDR": "10.0.0.1", "MASTER_PORT": "29500", "TORCHELASTIC_RESTART_COUNT": "0",
+					"TORCHELASTIC_MAX_RESTARTS": "0", "TORCHELASTIC_RUN_ID": "llm-7", "TORCHELASTIC_USE_AGENT_STORE": "False",
+					"OMP_NUM_THREADS": tt.wantOMP, "NCCL_ASYNC_ERROR_HANDLING": tt.wantNCCL,
+				} {
+					require.Equal(t, v, w.Env[k], "local rank %d: %s", local, k)
+				}
+				for _, kv := range tt.env {
+					k, v, _ := strings.Cut(kv, "=")
+					require.Equal(t, v, w.Env[k], "the launcher's environment is the worker's too")
+				}
+			}
+		})
+	}
+}
+
+func TestStandbyEnvOMP(t *testing.T) {
+	require.Equal(t, []string{"A=1", "OMP_NUM_THREADS=1"}, standbyEnv(&rdzvv1.JobSpec{ProcsPerNode: 2}, []string{"A=1"}))
+	require.Equal(t, []string{"A=1"}, standbyEnv(&rdzvv1.JobSpec{ProcsPerNode: 1}, []string{"A=1"}))
+	require.Equal(t, []string{"OMP_NUM_THREADS=4"}, standbyEnv(&rdzvv1.JobSpec{ProcsPerNode: 2}, []string{"OMP_NUM_THREADS=4"}))
+}
+
+// warmScript records, at import, each worker's view: the marker of a
+// standby that ran the job's code before its assignment would have no
+// RANK.
+const warmScript = `import os, sys
+with open(os.path.join(os.environ["MARKERS"], "%d-%s" % (os.getpid(), os.environ.get("RANK", "none"))), "w") as f:
+    f.write("%d %s %s %s %s %s" % (os.getuid(), os.environ.get("LOCAL_RANK"), os.environ.get("WORLD_SIZE"),
+        os.environ.get("TORCHELASTIC_USE_AGENT_STORE"), os.environ.get("RDZV_GENERATION"), " ".join(sys.argv[1:])))
+sys.exit(int(os.environ["EXIT_CODE"]))
+`
+
+// A standby runs as the job's user and runs nothing of the job's before its
+// assignment; each hand-off forks one worker per local rank with torchrun's
+// environment, and the used standby is replaced.
+func TestWarmStandby(t *testing.T) {
+	python := "/usr/bin/python3"
+	if _, err := os.Stat(python); err != nil {
+		t.Skip("needs " + python)
+	}
+	const nobody = 65534
+	h := newSupervisor(t, func(c *Config) { c.RunAs = fmt.Sprintf("%d:%d", nobody, nobody) })
+	// The job's user reads the agent's script and the job's.
+	for _, d := range []string{h.stateDir, filepath.Dir(h.stateDir), h.workdir, filepath.Dir(h.workdir)} {
+		require.NoError(t, os.Chmod(d, 0o755))
+	}
+	markers := t.TempDir()
+	require.NoError(t, os.Chmod(markers, 0o777))
+	require.NoError(t, os.Chmod(filepath.Dir(markers), 0o755))
+	require.NoError(t, os.WriteFile(filepath.Join(h.workdir, "train.py"), []byte(warmScript), 0o644))
+	assign := func(gen uint64, code int) *rdzvv1.Assignment {
+		a := h.assignment("warm", gen, "--lr", "1")
+		a.Spec.LauncherTorchrun = ""
+		a.Spec.LauncherKind, a.Spec.LauncherPython, a.Spec.LauncherPreload = "warm", python, []string{"json"}
+		a.Spec.Env = map[string]string{"MARKERS": markers, "EXIT_CODE": fmt.Sprint(code)}
+		return a
+	}
+	readMarkers := func() []string {
+		entries, err := os.ReadDir(markers)
+		require.NoError(t, err)
+		var out []string
+		for _, e := range entries {
+			b, err := os.ReadFile(filepath.Join(markers, e.Name()))
+			require.NoError(t, err)
+			out = append(out, strings.SplitN(e.Name(), "-", 2)[1]+": "+string(b))
+		}
+		return out
+	}
+
+	// Generation 1 finds no standby and starts a fresh one at once.
+	h.sup.Assign(assign(1, 3))
+	defer func() { b, _ := os.ReadFile(filepath.Join(h.stateDir, "logs", "warm.log")); t.Log(string(b)) }()
+	h.expect("warm", 1, wRunning)
+	h.expect("warm", 1, wFailed)
+	require.ElementsMatch(t, []string{
+		"2: 65534 0 4 False 1 --lr 1",
+		"3: 65534 1 4 False 1 --lr 1",
+	}, readMarkers())
+
+	// The next standby is up, importing done, listening: still no code of
+	// the job's has run.
+	h.sup.mu.Lock()
+	sb := h.sup.standby
+	h.sup.mu.Unlock()
+	require.NotNil(t, sb, "a standby is started for the next generation")
+	<-sb.ready
+	require.NoError(t, sb.err)
+	require.Eventually(t, func() bool {
+		_, err := os.Stat(filepath.Join(sb.dir, sb.sock))
+		return err == nil
+	}, waitTimeout, 10*time.Millisecond)
+	require.Len(t, readMarkers(), 2, "the standby ran none of the job's code")
+	status, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", sb.proc.Pid()))
+	require.NoError(t, err)
+	require.Regexp(t, fmt.Sprintf(`(?m)^Uid:\s+%d\s`, nobody), string(status), "the standby runs as the job's user")
+	info, err := os.Stat(sb.dir)
+	require.NoError(t, err)
+	require.Equal(t, os.FileMode(0o700), info.Mode().Perm(), "only the job's user and root reach the standby's socket")
+
+	// Generation 2 is handed to it, and succeeds: the job's last, so no
+	// standby is left.
+	standbyPid := sb.proc.Pid()
+	h.sup.Assign(assign(2, 0))
+	h.expect("warm", 2, wRunning)
+	h.expect("warm", 2, wSucceeded)
+	require.ElementsMatch(t, []string{
+		"2: 65534 0 4 False 1 --lr 1", "3: 65534 1 4 False 1 --lr 1",
+		"2: 65534 0 4 False 2 --lr 1", "3: 65534 1 4 False 2 --lr 1",
+	}, readMarkers())
+	h.sync()
+	h.sup.mu.Lock()
+	left := h.sup.standby
+	h.sup.mu.Unlock()
+	require.Nil(t, left, "the standby of a finished job is killed")
+	require.Empty(t, groupMembers(standbyPid), "nothing of the used standby is left")
+}
