@@ -53,7 +53,13 @@ def main():
         if pid == 0:
             run_worker(msg["argv"], worker["env"])  # never returns
         children[pid] = local_rank
-    sys.exit(supervise(children))
+    code = supervise(children)
+    # Nothing of the job's ran in this process: skip the interpreter's
+    # teardown (torch's modules take a while to finalise), so that the
+    # agent learns of a failed worker at once.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 def wait_for_assignment(sock_dir, sock_name):
