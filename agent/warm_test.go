@@ -5,6 +5,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -66,16 +67,19 @@ with open(os.path.join(os.environ["MARKERS"], "%d-%s" % (os.getpid(), os.environ
 sys.exit(int(os.environ["EXIT_CODE"]))
 `
 
-// A standby runs as the job's user and runs nothing of the job's before its
-// assignment; each hand-off forks one worker per local rank with torchrun's
-// environment, and the used standby is replaced.
-func TestWarmStandby(t *testing.T) {
-	python := "/usr/bin/python3"
-	if _, err := os.Stat(python); err != nil {
-		t.Skip("needs " + python)
+// warmHarness runs warm jobs as nobody, whose workers record what they
+// saw in markers.
+type warmHarness struct {
+	*supHarness
+	markers string
+}
+
+func newWarmHarness(t *testing.T) *warmHarness {
+	t.Helper()
+	if _, err := os.Stat(warmPython); err != nil {
+		t.Skip("needs " + warmPython)
 	}
-	const nobody = 65534
-	h := newSupervisor(t, func(c *Config) { c.RunAs = fmt.Sprintf("%d:%d", nobody, nobody) })
+	h := newSupervisor(t, func(c *Config) { c.RunAs = fmt.Sprintf("%d:%d", nobodyID, nobodyID) })
 	// The job's user reads the agent's script and the job's.
 	for _, d := range []string{h.stateDir, filepath.Dir(h.stateDir), h.workdir, filepath.Dir(h.workdir)} {
 		require.NoError(t, os.Chmod(d, 0o755))
@@ -84,51 +88,81 @@ func TestWarmStandby(t *testing.T) {
 	require.NoError(t, os.Chmod(markers, 0o777))
 	require.NoError(t, os.Chmod(filepath.Dir(markers), 0o755))
 	require.NoError(t, os.WriteFile(filepath.Join(h.workdir, "train.py"), []byte(warmScript), 0o644))
-	assign := func(gen uint64, code int) *rdzvv1.Assignment {
-		a := h.assignment("warm", gen, "--lr", "1")
-		a.Spec.LauncherTorchrun = ""
-		a.Spec.LauncherKind, a.Spec.LauncherPython, a.Spec.LauncherPreload = "warm", python, []string{"json"}
-		a.Spec.Env = map[string]string{"MARKERS": markers, "EXIT_CODE": fmt.Sprint(code)}
-		return a
-	}
-	readMarkers := func() []string {
-		entries, err := os.ReadDir(markers)
-		require.NoError(t, err)
-		var out []string
-		for _, e := range entries {
-			b, err := os.ReadFile(filepath.Join(markers, e.Name()))
-			require.NoError(t, err)
-			out = append(out, strings.SplitN(e.Name(), "-", 2)[1]+": "+string(b))
+	t.Cleanup(func() {
+		if t.Failed() {
+			b, _ := os.ReadFile(filepath.Join(h.stateDir, "logs", "warm.log"))
+			t.Logf("job log:\n%s", b)
 		}
-		return out
+	})
+	return &warmHarness{supHarness: h, markers: markers}
+}
+
+const (
+	warmPython = "/usr/bin/python3"
+	nobodyID   = 65534
+)
+
+// assign is generation gen of job warm, whose workers exit with code.
+func (h *warmHarness) assign(gen uint64, code int) *rdzvv1.Assignment {
+	a := h.assignment("warm", gen, "--lr", "1")
+	a.Spec.LauncherTorchrun = ""
+	a.Spec.LauncherKind, a.Spec.LauncherPython, a.Spec.LauncherPreload = "warm", warmPython, []string{"json"}
+	a.Spec.Env = map[string]string{"MARKERS": h.markers, "EXIT_CODE": fmt.Sprint(code)}
+	return a
+}
+
+// readMarkers is "<rank>: <what the worker saw>" for every worker so far.
+func (h *warmHarness) readMarkers() []string {
+	entries, err := os.ReadDir(h.markers)
+	require.NoError(h.t, err)
+	var out []string
+	for _, e := range entries {
+		b, err := os.ReadFile(filepath.Join(h.markers, e.Name()))
+		require.NoError(h.t, err)
+		out = append(out, strings.SplitN(e.Name(), "-", 2)[1]+": "+string(b))
 	}
+	return out
+}
+
+// readyStandby is the standby started for the next generation, once it
+// listens (its imports done).
+func (h *warmHarness) readyStandby() *standby {
+	h.t.Helper()
+	h.sup.mu.Lock()
+	sb := h.sup.standby
+	h.sup.mu.Unlock()
+	require.NotNil(h.t, sb, "a standby is started for the next generation")
+	<-sb.ready
+	require.NoError(h.t, sb.err)
+	require.Eventually(h.t, func() bool {
+		_, err := os.Stat(filepath.Join(sb.dir, sb.sock))
+		return err == nil
+	}, waitTimeout, 10*time.Millisecond)
+	return sb
+}
+
+// A standby runs as the job's user and runs nothing of the job's before its
+// assignment; each hand-off forks one worker per local rank with torchrun's
+// environment, and the used standby is replaced.
+func TestWarmStandby(t *testing.T) {
+	h := newWarmHarness(t)
 
 	// Generation 1 finds no standby and starts a fresh one at once.
-	h.sup.Assign(assign(1, 3))
-	defer func() { b, _ := os.ReadFile(filepath.Join(h.stateDir, "logs", "warm.log")); t.Log(string(b)) }()
+	h.sup.Assign(h.assign(1, 3))
 	h.expect("warm", 1, wRunning)
 	h.expect("warm", 1, wFailed)
 	require.ElementsMatch(t, []string{
 		"2: 65534 0 4 False 1 --lr 1",
 		"3: 65534 1 4 False 1 --lr 1",
-	}, readMarkers())
+	}, h.readMarkers())
 
 	// The next standby is up, importing done, listening: still no code of
 	// the job's has run.
-	h.sup.mu.Lock()
-	sb := h.sup.standby
-	h.sup.mu.Unlock()
-	require.NotNil(t, sb, "a standby is started for the next generation")
-	<-sb.ready
-	require.NoError(t, sb.err)
-	require.Eventually(t, func() bool {
-		_, err := os.Stat(filepath.Join(sb.dir, sb.sock))
-		return err == nil
-	}, waitTimeout, 10*time.Millisecond)
-	require.Len(t, readMarkers(), 2, "the standby ran none of the job's code")
+	sb := h.readyStandby()
+	require.Len(t, h.readMarkers(), 2, "the standby ran none of the job's code")
 	status, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", sb.proc.Pid()))
 	require.NoError(t, err)
-	require.Regexp(t, fmt.Sprintf(`(?m)^Uid:\s+%d\s`, nobody), string(status), "the standby runs as the job's user")
+	require.Regexp(t, fmt.Sprintf(`(?m)^Uid:\s+%d\s`, nobodyID), string(status), "the standby runs as the job's user")
 	info, err := os.Stat(sb.dir)
 	require.NoError(t, err)
 	require.Equal(t, os.FileMode(0o700), info.Mode().Perm(), "only the job's user and root reach the standby's socket")
@@ -136,17 +170,39 @@ func TestWarmStandby(t *testing.T) {
 	// Generation 2 is handed to it, and succeeds: the job's last, so no
 	// standby is left.
 	standbyPid := sb.proc.Pid()
-	h.sup.Assign(assign(2, 0))
+	h.sup.Assign(h.assign(2, 0))
 	h.expect("warm", 2, wRunning)
-	h.expect("warm", 2, wSucceeded)
+	st := h.expect("warm", 2, wSucceeded)
+	require.Equal(t, int32(0), st.GetExitCode())
 	require.ElementsMatch(t, []string{
 		"2: 65534 0 4 False 1 --lr 1", "3: 65534 1 4 False 1 --lr 1",
 		"2: 65534 0 4 False 2 --lr 1", "3: 65534 1 4 False 2 --lr 1",
-	}, readMarkers())
+	}, h.readMarkers())
 	h.sync()
 	h.sup.mu.Lock()
 	left := h.sup.standby
 	h.sup.mu.Unlock()
 	require.Nil(t, left, "the standby of a finished job is killed")
 	require.Empty(t, groupMembers(standbyPid), "nothing of the used standby is left")
+}
+
+// A standby that died waiting never fails a generation: a fresh one takes
+// the assignment.
+func TestWarmStandbyCrashed(t *testing.T) {
+	h := newWarmHarness(t)
+	h.sup.Assign(h.assign(1, 3))
+	h.expect("warm", 1, wRunning)
+	h.expect("warm", 1, wFailed)
+	sb := h.readyStandby()
+	require.NoError(t, syscall.Kill(sb.proc.Pid(), syscall.SIGKILL))
+	<-sb.exited
+
+	h.sup.Assign(h.assign(2, 3))
+	h.expect("warm", 2, wRunning)
+	st := h.expect("warm", 2, wFailed)
+	require.Equal(t, int32(3), st.GetExitCode(), "the workers' code, not a failed start")
+	require.ElementsMatch(t, []string{
+		"2: 65534 0 4 False 1 --lr 1", "3: 65534 1 4 False 1 --lr 1",
+		"2: 65534 0 4 False 2 --lr 1", "3: 65534 1 4 False 2 --lr 1",
+	}, h.readMarkers())
 }
