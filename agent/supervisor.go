@@ -454,12 +454,10 @@ func (s *Supervisor) watch(w *worker) {
 	s.mu.Unlock()
 	s.log.Info("workers exited", zap.String("job", w.job), zap.Uint64("generation", w.generation),
 		zap.Int("exit_code", exit.Code), zap.String("signal", exit.Signal), zap.String("state", state.String()))
-	s.record(&rdzvv1.WorkerStatus{Job: w.job, Generation: w.generation, State: state, ExitCode: int32(exit.Code), Signal: exit.Signal,
-		Message: wire.ClipText(msg), ExitedAt: exitedAt, PreflightExcluded: excluded})
-	close(w.done)
 	if state == rdzvv1.WorkerState_WORKER_STATE_SUCCEEDED {
-		// The job is done: no generation follows. A full queue leaves it
-		// to the next assignment or the linger.
+		// The job is done: no generation follows. Queued before the exit
+		// is reported, so anything that follows the report finds it gone;
+		// a full queue leaves it to the next assignment or the linger.
 		select {
 		case s.cmds <- func() { s.dropStandby(w.job) }:
 		default:
@@ -468,6 +466,9 @@ func (s *Supervisor) watch(w *worker) {
 	} else {
 		s.lingerStandby(w.job)
 	}
+	s.record(&rdzvv1.WorkerStatus{Job: w.job, Generation: w.generation, State: state, ExitCode: int32(exit.Code), Signal: exit.Signal,
+		Message: wire.ClipText(msg), ExitedAt: exitedAt, PreflightExcluded: excluded})
+	close(w.done)
 	// The log just stopped growing: it counts toward the cap from now on.
 	s.pruneJobLogs()
 }

@@ -60,10 +60,17 @@ func TestStandbyEnvOMP(t *testing.T) {
 // warmScript records, at import, each worker's view: the marker of a
 // standby that ran the job's code before its assignment would have no
 // RANK.
-const warmScript = `import os, sys
-with open(os.path.join(os.environ["MARKERS"], "%d-%s" % (os.getpid(), os.environ.get("RANK", "none"))), "w") as f:
+// A worker exits only once every worker of its generation on the node
+// has written its marker: the first to fail has the others stopped.
+const warmScript = `import glob, os, sys, time
+d, gen = os.environ["MARKERS"], os.environ.get("RDZV_GENERATION")
+name = os.path.join(d, "%d-%s" % (os.getpid(), os.environ.get("RANK", "none")))
+with open(name + ".tmp", "w") as f:
     f.write("%d %s %s %s %s %s" % (os.getuid(), os.environ.get("LOCAL_RANK"), os.environ.get("WORLD_SIZE"),
-        os.environ.get("TORCHELASTIC_USE_AGENT_STORE"), os.environ.get("RDZV_GENERATION"), " ".join(sys.argv[1:])))
+        os.environ.get("TORCHELASTIC_USE_AGENT_STORE"), gen, " ".join(sys.argv[1:])))
+os.rename(name + ".tmp", name)
+while sum(1 for p in glob.glob(os.path.join(d, "*-*")) if not p.endswith(".tmp") and open(p).read().split()[4] == gen) < int(os.environ["LOCAL_WORLD_SIZE"]):
+    time.sleep(0.01)
 sys.exit(int(os.environ["EXIT_CODE"]))
 `
 
