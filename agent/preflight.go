@@ -33,26 +33,32 @@ const (
 	preflightTail = 4096
 )
 
-// writePreflight puts the script where workers can run it; renamed into
-// place, so a running test never reads a half-written one.
+// writePreflight puts the script where workers can run it.
 func writePreflight(stateDir string) (string, error) {
-	path := filepath.Join(stateDir, preflightFile)
-	if cur, err := os.ReadFile(path); err == nil && bytes.Equal(cur, preflightScript) {
+	return writeScript(stateDir, preflightFile, preflightScript)
+}
+
+// writeScript puts an embedded script of the agent's in stateDir, where
+// every worker user can read it; renamed into place, so a process starting
+// it never reads a half-written one.
+func writeScript(stateDir, name string, script []byte) (string, error) {
+	path := filepath.Join(stateDir, name)
+	if cur, err := os.ReadFile(path); err == nil && bytes.Equal(cur, script) {
 		return path, nil
 	}
-	tmp, err := os.CreateTemp(stateDir, ".preflight-*.py")
+	tmp, err := os.CreateTemp(stateDir, "."+name+"-*")
 	if err != nil {
-		return "", fmt.Errorf("writing the preflight test: %w", err)
+		return "", fmt.Errorf("writing %s: %w", name, err)
 	}
-	_, werr := tmp.Write(preflightScript)
+	_, werr := tmp.Write(script)
 	cerr := tmp.Close()
 	if err := errors.Join(werr, cerr, os.Chmod(tmp.Name(), 0o644)); err != nil {
 		os.Remove(tmp.Name())
-		return "", fmt.Errorf("writing the preflight test: %w", err)
+		return "", fmt.Errorf("writing %s: %w", name, err)
 	}
 	if err := os.Rename(tmp.Name(), path); err != nil {
 		os.Remove(tmp.Name())
-		return "", fmt.Errorf("writing the preflight test: %w", err)
+		return "", fmt.Errorf("writing %s: %w", name, err)
 	}
 	return path, nil
 }

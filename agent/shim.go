@@ -105,7 +105,7 @@ func (sh Shim) Run(ctx context.Context) error {
 	sock := filepath.Join(dir, shimSocket)
 	_ = os.Remove(sock) // a crashed shim's
 	var ln net.Listener
-	err = viaDirFD(dir, func(path string) (err error) {
+	err = viaDirFD(dir, shimSocket, func(path string) (err error) {
 		ln, err = net.Listen("unix", path)
 		return err
 	})
@@ -286,16 +286,16 @@ func writeJSON(path string, v any) error {
 	return nil
 }
 
-// viaDirFD calls f with a short path to dir's shim socket. A socket path
-// is limited to 107 bytes, less than a state directory plus a job name may
-// take; through an open descriptor of the directory it always fits.
-func viaDirFD(dir string, f func(path string) error) error {
+// viaDirFD calls f with a short path to the socket name in dir. A socket
+// path is limited to 107 bytes, less than a state directory plus a job name
+// may take; through an open descriptor of the directory it always fits.
+func viaDirFD(dir, name string, f func(path string) error) error {
 	d, err := os.Open(dir)
 	if err != nil {
 		return err
 	}
 	defer d.Close()
-	return f(fmt.Sprintf("/proc/self/fd/%d/%s", d.Fd(), shimSocket))
+	return f(fmt.Sprintf("/proc/self/fd/%d/%s", d.Fd(), name))
 }
 
 var errShimGone = errors.New("shim vanished without an exit status")

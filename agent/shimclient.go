@@ -215,7 +215,7 @@ type shimProcess struct {
 // if this agent started it, and nil otherwise.
 func attachShim(dir string, reaped chan struct{}, log *zap.Logger) (*shimProcess, error) {
 	var conn net.Conn
-	err := viaDirFD(dir, func(path string) (err error) {
+	err := viaDirFD(dir, shimSocket, func(path string) (err error) {
 		conn, err = net.DialTimeout("unix", path, shimRequestTimeout)
 		return err
 	})
@@ -357,6 +357,21 @@ func (p *shimProcess) request(req shimRequest) error {
 }
 
 func (p *shimProcess) Pid() int { return p.pid }
+
+// SetMeta replaces what is kept with the worker for an adopting agent: a
+// warm standby learns its assignment after its shim started.
+func (p *shimProcess) SetMeta(meta, token []byte) error {
+	for name, b := range map[string][]byte{shimMetaFile: meta, shimTokenFile: []byte(hex.EncodeToString(token))} {
+		tmp := filepath.Join(p.dir, name+".tmp")
+		if err := os.WriteFile(tmp, b, 0o600); err != nil {
+			return fmt.Errorf("writing worker metadata: %w", err)
+		}
+		if err := os.Rename(tmp, filepath.Join(p.dir, name)); err != nil {
+			return fmt.Errorf("writing worker metadata: %w", err)
+		}
+	}
+	return nil
+}
 
 func (p *shimProcess) Wait() Exit {
 	<-p.done

@@ -80,10 +80,15 @@ type Supervisor struct {
 	// jobLogs bounds the job logs kept on the node (joblogs.go).
 	jobLogs JobLogsConfig
 
+	// standbySeq numbers warm standbys; used on the command goroutine.
+	standbySeq uint64
+
 	mu      sync.Mutex
 	cur     *worker
 	lastGen map[string]uint64
 	history []*rdzvv1.WorkerStatus
+	// standby is the warm standby (warm.go) for the next generation.
+	standby *standby
 }
 
 type worker struct {
@@ -174,6 +179,8 @@ func (s *Supervisor) Run(ctx context.Context) error {
 // restarting or upgrading the agent does not disturb training; without a
 // grace, or a worker that cannot be left, it stops the worker.
 func (s *Supervisor) shutdown() {
+	// A standby has nothing to hand over: the next agent starts its own.
+	s.dropStandby("")
 	s.mu.Lock()
 	w := s.cur
 	s.mu.Unlock()
@@ -288,6 +295,7 @@ func (s *Supervisor) Fence(reason string, done func()) {
 	s.cmds <- func() {
 		defer done()
 		s.kill(reason, 0)
+		s.dropStandby("")
 	}
 }
 
@@ -325,7 +333,11 @@ func (s *Supervisor) assign(a *rdzvv1.Assignment) {
 	}
 	s.mu.Lock()
 	s.lastGen[job] = gen
+	other := s.standby != nil && s.standby.job != job
 	s.mu.Unlock()
+	if other {
+		s.dropStandby("")
+	}
 
 	spec := jobspec.FromProto(a.GetSpec())
 	if err := spec.Validate(); err != nil {
@@ -353,6 +365,12 @@ func (s *Supervisor) assign(a *rdzvv1.Assignment) {
 	}
 	log.Info("workers started", zap.Int("pid", w.proc.Pid()), zap.String("master_addr", a.GetMasterAddr()), zap.Uint32("master_port", a.GetMasterPort()))
 	s.supervise(w, a, true)
+	if spec.Launcher.Kind == jobspec.KindWarm {
+		sb := s.spawnStandby(a)
+		s.mu.Lock()
+		s.standby = sb
+		s.mu.Unlock()
+	}
 }
 
 // supervise makes w the running worker and watches it until it exits.
@@ -436,6 +454,18 @@ func (s *Supervisor) watch(w *worker) {
 	s.mu.Unlock()
 	s.log.Info("workers exited", zap.String("job", w.job), zap.Uint64("generation", w.generation),
 		zap.Int("exit_code", exit.Code), zap.String("signal", exit.Signal), zap.String("state", state.String()))
+	if state == rdzvv1.WorkerState_WORKER_STATE_SUCCEEDED {
+		// The job is done: no generation follows. Queued before the exit
+		// is reported, so anything that follows the report finds it gone;
+		// a full queue leaves it to the next assignment or the linger.
+		select {
+		case s.cmds <- func() { s.dropStandby(w.job) }:
+		default:
+			s.lingerStandby(w.job)
+		}
+	} else {
+		s.lingerStandby(w.job)
+	}
 	s.record(&rdzvv1.WorkerStatus{Job: w.job, Generation: w.generation, State: state, ExitCode: int32(exit.Code), Signal: exit.Signal,
 		Message: wire.ClipText(msg), ExitedAt: exitedAt, PreflightExcluded: excluded})
 	close(w.done)
@@ -546,8 +576,18 @@ func (s *Supervisor) jobPath(job string, elem ...string) (string, error) {
 	return p, nil
 }
 
-func (s *Supervisor) start(a *rdzvv1.Assignment) (*worker, error) {
-	spec := a.GetSpec()
+// launchPrep is what starting anything of a job's on this node needs:
+// whom it runs as, where, with what environment, and where its output goes.
+type launchPrep struct {
+	runAs   *RunAs
+	workdir string
+	jobEnv  map[string]string
+	// path is PATH in the workers' environment.
+	path    string
+	logPath string
+}
+
+func (s *Supervisor) prepare(spec *rdzvv1.JobSpec) (*launchPrep, error) {
 	job := spec.GetName()
 	runAs, err := ResolveRunAs(spec.GetRunAs(), s.runAs, s.allowRoot, s.policy)
 	if err != nil {
@@ -584,18 +624,6 @@ func (s *Supervisor) start(a *rdzvv1.Assignment) (*worker, error) {
 	if p, set := jobEnv["PATH"]; set {
 		path = p
 	}
-	assigned := assignedFor(a)
-	if jobspec.FromProto(spec).Launcher.Kind == jobspec.KindDeepSpeed {
-		if assigned.Hostfile, err = s.writeHostfile(assigned); err != nil {
-			return nil, err
-		}
-	}
-	program, args := jobspec.FromProto(spec).Launch(assigned)
-	launcher, err := lookPath(program, path)
-	if err != nil {
-		return nil, &preflightError{failure: wire.FailureLauncherMissing,
-			err: fmt.Errorf("launcher %q not found on node %s: %w", program, s.node, err)}
-	}
 	logPath, err := s.LogPath(job)
 	if err != nil {
 		return nil, err
@@ -603,18 +631,45 @@ func (s *Supervisor) start(a *rdzvv1.Assignment) (*worker, error) {
 	if err := os.MkdirAll(filepath.Dir(logPath), 0o755); err != nil {
 		return nil, fmt.Errorf("creating log directory: %w", err)
 	}
-	if created := a.GetJobCreatedAt(); created != nil {
-		if err := startRunLog(logPath, created.AsTime()); err != nil {
+	return &launchPrep{runAs: runAs, workdir: workdir, jobEnv: jobEnv, path: path, logPath: logPath}, nil
+}
+
+func (s *Supervisor) start(a *rdzvv1.Assignment) (*worker, error) {
+	spec := a.GetSpec()
+	job := spec.GetName()
+	p, err := s.prepare(spec)
+	if err != nil {
+		return nil, err
+	}
+	assigned := assignedFor(a)
+	kind := jobspec.FromProto(spec).Launcher.Kind
+	if kind == jobspec.KindDeepSpeed {
+		if assigned.Hostfile, err = s.writeHostfile(assigned); err != nil {
 			return nil, err
 		}
 	}
-	out, err := openJobLog(logPath)
+	program, args := jobspec.FromProto(spec).Launch(assigned)
+	launcher, err := lookPath(program, p.path)
+	if err != nil {
+		return nil, &preflightError{failure: wire.FailureLauncherMissing,
+			err: fmt.Errorf("launcher %q not found on node %s: %w", program, s.node, err)}
+	}
+	if created := a.GetJobCreatedAt(); created != nil {
+		if err := startRunLog(p.logPath, created.AsTime()); err != nil {
+			return nil, err
+		}
+	}
+	out, err := openJobLog(p.logPath)
 	if err != nil {
 		return nil, fmt.Errorf("opening job log: %w", err)
 	}
 	defer out.Close() // the child keeps its own descriptor
-	fmt.Fprintf(out, "=== rdzv: job %s generation %d node %s rank %d/%d started %s: %s %s\n",
-		job, a.GetGeneration(), s.node, a.GetNodeRank(), a.GetNnodes(), time.Now().UTC().Format(time.RFC3339Nano), launcher, strings.Join(args, " "))
+	how := ""
+	if kind == jobspec.KindWarm {
+		how = fmt.Sprintf(" (%d workers from a warm standby)", a.GetProcsPerNode())
+	}
+	fmt.Fprintf(out, "=== rdzv: job %s generation %d node %s rank %d/%d started %s: %s %s%s\n",
+		job, a.GetGeneration(), s.node, a.GetNodeRank(), a.GetNnodes(), time.Now().UTC().Format(time.RFC3339Nano), launcher, strings.Join(args, " "), how)
 	meta, err := proto.Marshal(a)
 	if err != nil {
 		return nil, fmt.Errorf("encoding the assignment: %w", err)
@@ -623,6 +678,14 @@ func (s *Supervisor) start(a *rdzvv1.Assignment) (*worker, error) {
 	// its environment, cannot report for this one.
 	token := make([]byte, reportTokenBytes)
 	_, _ = rand.Read(token) // never fails; it would crash the agent first
+	env := s.env(a, p.jobEnv, token)
+	if kind == jobspec.KindWarm {
+		proc, err := s.warmStart(a, env, meta, token)
+		if err != nil {
+			return nil, err
+		}
+		return newWorker(a, proc, p.logPath, token, p.runAs.Credential), nil
+	}
 	path, argv := launcher, args
 	if spec.GetHealthPreflight() != nil {
 		script, err := writePreflight(s.stateDir)
@@ -631,12 +694,12 @@ func (s *Supervisor) start(a *rdzvv1.Assignment) (*worker, error) {
 		}
 		path, argv = preflightCommand(a, script, launcher, args)
 	}
-	proc, err := s.spawner.Spawn(ProcessSpec{Path: path, Args: argv, Dir: workdir, Env: s.env(a, jobEnv, token), Output: out, LogPath: logPath, Credential: runAs.Credential,
+	proc, err := s.spawner.Spawn(ProcessSpec{Path: path, Args: argv, Dir: p.workdir, Env: env, Output: out, LogPath: p.logPath, Credential: p.runAs.Credential,
 		ID: fmt.Sprintf("%s.%d", job, a.GetGeneration()), Meta: meta, ReportToken: token, OrphanTimeout: time.Duration(s.orphanTimeout.Load())})
 	if err != nil {
 		return nil, err
 	}
-	w := newWorker(a, proc, logPath, token, runAs.Credential)
+	w := newWorker(a, proc, p.logPath, token, p.runAs.Credential)
 	w.preflight = path != launcher
 	return w, nil
 }
@@ -735,6 +798,13 @@ func (s *Supervisor) env(a *rdzvv1.Assignment, jobEnv map[string]string, reportT
 		"RDZV_PROCS_PER_NODE": strconv.Itoa(int(a.GetProcsPerNode())),
 		reportTokenEnv:        hex.EncodeToString(reportToken),
 	}
+	return s.envOf(jobEnv, rdzv)
+}
+
+// baseEnv is env without anything of an assignment: a warm standby's.
+func (s *Supervisor) baseEnv(jobEnv map[string]string) []string { return s.envOf(jobEnv, nil) }
+
+func (s *Supervisor) envOf(jobEnv, rdzv map[string]string) []string {
 	merged := map[string]string{"PATH": s.workerPath}
 	for _, k := range passedThrough {
 		if v, set := os.LookupEnv(k); set {

@@ -134,12 +134,12 @@ type Rendezvous struct {
 // Launcher is what starts the workers on each node (see launchers.go).
 type Launcher struct {
 	// Kind is torchrun (the default), python-module, accelerate,
-	// deepspeed or custom.
+	// deepspeed, custom or warm.
 	Kind string `json:"kind"`
 	// Torchrun is the torchrun executable (kind torchrun).
 	Torchrun string `json:"torchrun"`
 	// Python and Module run `<python> -m <module>` with torchrun's options
-	// (kind python-module).
+	// (kind python-module); Python also runs warm's standbys.
 	Python string `json:"python"`
 	Module string `json:"module"`
 	// Executable is accelerate's or deepspeed's launcher.
@@ -147,6 +147,9 @@ type Launcher struct {
 	// Argv is a custom launcher's command line with placeholders.
 	Argv      []string `json:"argv"`
 	ExtraArgs []string `json:"extra_args"`
+	// Preload are the modules a warm standby imports before its
+	// assignment (kind warm).
+	Preload []string `json:"preload"`
 }
 
 // LoadFile reads, parses and defaults a job file. Relative workdir and

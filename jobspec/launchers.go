@@ -17,6 +17,10 @@ const (
 	KindAccelerate   = "accelerate"
 	KindDeepSpeed    = "deepspeed"
 	KindCustom       = "custom"
+	// KindWarm keeps a standby Python process on each node with the job's
+	// preload modules imported; an assignment forks the workers from it,
+	// with torchrun's environment, instead of starting torchrun.
+	KindWarm = "warm"
 )
 
 // Defaults of the launcher fields, by kind.
@@ -64,7 +68,15 @@ var launcherKinds = map[string]*launcherKind{
 	KindAccelerate:   {program: "accelerate launch", options: accelerateOptions, args: accelerateArgs},
 	KindDeepSpeed:    {program: "deepspeed", options: deepspeedOptions, args: deepspeedArgs},
 	KindCustom:       {program: "the custom launcher"},
+	KindWarm:         {program: "the warm standby"},
 }
+
+// DefaultPreload is what a warm standby imports unless the job says
+// otherwise: the imports every torchrun worker pays for at its start.
+var DefaultPreload = []string{"torch", "torch.distributed"}
+
+// maxPreload bounds launcher.preload.
+const maxPreload = 64
 
 // KindNames lists the launcher kinds, for errors and help.
 func KindNames() []string {
@@ -234,6 +246,10 @@ func (s *Spec) Launch(a Assigned) (program string, args []string) {
 		program, args = l.Executable, append([]string{"launch"}, accelerateArgs(a)...)
 	case KindDeepSpeed:
 		program, args = l.Executable, deepspeedArgs(a)
+	case KindWarm:
+		// What each worker amounts to, for the record: the assignment
+		// reaches it in its environment (see the agent's warm.go).
+		return l.Python, append([]string{"-u"}, s.Command...)
 	default:
 		program, args = l.Torchrun, torchrunArgs(a)
 	}
@@ -257,6 +273,13 @@ func (l *Launcher) defaultLauncher() {
 		}
 		if l.Module == "" {
 			l.Module = DefaultModule
+		}
+	case KindWarm:
+		if l.Python == "" {
+			l.Python = DefaultPython
+		}
+		if l.Preload == nil {
+			l.Preload = slices.Clone(DefaultPreload)
 		}
 	case KindAccelerate:
 		if l.Executable == "" {
@@ -295,15 +318,16 @@ func (s *Spec) validateLauncher() []*wire.FieldError {
 		value string
 	}{
 		{"launcher.torchrun", l.Torchrun != "", []string{KindTorchrun}, l.Torchrun},
-		{"launcher.python", l.Python != "", []string{KindPythonModule}, l.Python},
+		{"launcher.python", l.Python != "", []string{KindPythonModule, KindWarm}, l.Python},
 		{"launcher.module", l.Module != "", []string{KindPythonModule}, l.Module},
 		{"launcher.executable", l.Executable != "", []string{KindAccelerate, KindDeepSpeed}, l.Executable},
 		{"launcher.argv", len(l.Argv) > 0, []string{KindCustom}, ""},
+		{"launcher.preload", len(l.Preload) > 0, []string{KindWarm}, ""},
 	} {
 		switch in := slices.Contains(u.kinds, l.Kind); {
 		case u.set && !in:
 			add(u.field, "", fmt.Sprintf("applies only to launcher.kind %s, not %s", strings.Join(u.kinds, " or "), l.Kind))
-		case in && u.field != "launcher.argv" && (strings.TrimSpace(u.value) == "" || len(u.value) > maxPathLen):
+		case in && u.field != "launcher.argv" && u.field != "launcher.preload" && (strings.TrimSpace(u.value) == "" || len(u.value) > maxPathLen):
 			add(u.field, wire.Quote(u.value), "must name the "+strings.TrimPrefix(u.field, "launcher.")+" to run")
 		}
 	}
@@ -314,10 +338,54 @@ func (s *Spec) validateLauncher() []*wire.FieldError {
 		add("launcher.extra_args", fmt.Sprint(len(l.ExtraArgs)), fmt.Sprintf("at most %d arguments are allowed", maxArgs))
 	}
 	errs = append(errs, validateArgs("launcher.extra_args", l.ExtraArgs)...)
-	if l.Kind == KindCustom {
+	switch l.Kind {
+	case KindCustom:
 		return append(errs, validateArgv(l.Argv)...)
+	case KindWarm:
+		return append(errs, s.validateWarm()...)
 	}
 	return append(errs, validateLauncherArgs(k, l.ExtraArgs, s.Command)...)
+}
+
+// validateWarm checks what a warm standby is given: modules to import, and
+// a command that is what torchrun would take as its training script and
+// arguments. There is no launcher to give options to, and no shell to wrap
+// the standby in for the round smoke test.
+func (s *Spec) validateWarm() []*wire.FieldError {
+	l := s.Launcher
+	var errs []*wire.FieldError
+	if len(l.ExtraArgs) > 0 {
+		errs = append(errs, &wire.FieldError{Field: "launcher.extra_args", Value: wire.Quote(l.ExtraArgs[0]),
+			Reason: "does not apply to launcher.kind warm: there is no launcher to take options; the workers get torchrun's environment"})
+	}
+	if len(l.Preload) > maxPreload {
+		errs = append(errs, &wire.FieldError{Field: "launcher.preload", Value: fmt.Sprint(len(l.Preload)), Reason: fmt.Sprintf("at most %d modules are allowed", maxPreload)})
+	}
+	for i, m := range l.Preload {
+		if !pythonModule.MatchString(m) || len(m) > maxModuleLen {
+			errs = append(errs, &wire.FieldError{Field: fmt.Sprintf("launcher.preload[%d]", i), Value: wire.Quote(m),
+				Reason: fmt.Sprintf("must be a dotted Python module name like torch.distributed, at most %d characters", maxModuleLen)})
+		}
+	}
+	if s.Health.Preflight != nil {
+		errs = append(errs, &wire.FieldError{Field: "health.preflight", Value: "set",
+			Reason: "is not supported with launcher.kind warm; use launcher.kind torchrun for the round smoke test"})
+	}
+	switch c := s.Command; {
+	case len(c) == 0:
+	case c[0] == "-m":
+		if len(c) < 2 || !pythonModule.MatchString(c[1]) || len(c[1]) > maxModuleLen {
+			v := ""
+			if len(c) > 1 {
+				v = c[1]
+			}
+			errs = append(errs, &wire.FieldError{Field: "command[1]", Value: wire.Quote(v), Reason: "must be the module that -m runs, a dotted Python module name"})
+		}
+	case strings.HasPrefix(c[0], "-"):
+		errs = append(errs, &wire.FieldError{Field: "command[0]", Value: wire.Quote(c[0]),
+			Reason: "must be the training script or -m <module>: launcher.kind warm takes no launcher options, rdzv assigns what torchrun's would set"})
+	}
+	return errs
 }
 
 // maxModuleLen bounds launcher.module, which job summaries keep.

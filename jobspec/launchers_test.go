@@ -60,9 +60,17 @@ func TestValidateLauncherRejects(t *testing.T) {
 		command  string
 		want     string
 	}{
-		{"unknown kind", "{kind: acelerate}", "[x.py]", `launcher.kind: must be one of accelerate, custom, deepspeed, python-module, torchrun; did you mean accelerate? (got "acelerate")`},
+		{"unknown kind", "{kind: acelerate}", "[x.py]", `launcher.kind: must be one of accelerate, custom, deepspeed, python-module, torchrun, warm; did you mean accelerate? (got "acelerate")`},
 		{"field of another kind", "{kind: accelerate, torchrun: /usr/bin/torchrun}", "[x.py]", "launcher.torchrun: applies only to launcher.kind torchrun, not accelerate"},
-		{"python for torchrun", "{python: python3.11}", "[x.py]", "launcher.python: applies only to launcher.kind python-module, not torchrun"},
+		{"python for torchrun", "{python: python3.11}", "[x.py]", "launcher.python: applies only to launcher.kind python-module or warm, not torchrun"},
+		{"preload for torchrun", "{preload: [torch]}", "[x.py]", "launcher.preload: applies only to launcher.kind warm, not torchrun"},
+		{"warm extra args", "{kind: warm, extra_args: [--nnodes=3]}", "[x.py]", `launcher.extra_args: does not apply to launcher.kind warm: there is no launcher to take options; the workers get torchrun's environment (got "--nnodes=3")`},
+		{"warm bad preload", "{kind: warm, preload: [torch, \"torch/nn\"]}", "[x.py]", `launcher.preload[1]: must be a dotted Python module name like torch.distributed`},
+		{"warm launcher option in command", "{kind: warm}", "[--nproc_per_node=8, x.py]", `command[0]: must be the training script or -m <module>: launcher.kind warm takes no launcher options`},
+		{"warm -m without module", "{kind: warm}", "[-m]", `command[1]: must be the module that -m runs`},
+		{"warm empty python", "{kind: warm, python: \" \"}", "[x.py]", `launcher.python: must name the python to run`},
+		{"warm without preflight", "{kind: warm}", "[x.py]\nhealth: {preflight: {}}", `health.preflight: is not supported with launcher.kind warm`},
+		{"warm still guards env", "{kind: warm}", "[x.py]\nenv: {RANK: \"1\"}", "env.RANK: is set for each worker"},
 		{"argv for deepspeed", "{kind: deepspeed, argv: [x]}", "[x.py]", "launcher.argv: applies only to launcher.kind custom"},
 		{"bad module", "{kind: python-module, module: \"torch/run\"}", "[x.py]", "launcher.module: must be a dotted Python module name"},
 		{"python-module keeps torchrun's rule", "{kind: python-module, extra_args: [--nnodes=3]}", "[x.py]", "launcher.extra_args[0]: spells torchrun's --nnodes"},
@@ -97,6 +105,8 @@ func TestValidateLauncherAccepts(t *testing.T) {
 		"{kind: deepspeed, extra_args: [--no_local_rank, --enable_each_rank_log, /tmp/ds]}",
 		"{kind: custom, argv: [run.sh, --nnodes=1, --master_port=9]}", // the template is the job's own
 		"{kind: python-module, module: torch.distributed.run, extra_args: [--tee, \"3\"]}",
+		"{kind: warm}",
+		"{kind: warm, python: /opt/venv/bin/python, preload: [torch, numpy, my_pkg.model]}",
 	} {
 		spec, err := Parse([]byte("name: llm\nnodes: 2\ncommand: [x.py]\nlauncher: " + launcher + "\n"))
 		require.NoError(t, err)

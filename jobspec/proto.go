@@ -33,6 +33,7 @@ func (s *Spec) ToProto() *rdzvv1.JobSpec {
 		LauncherModule:     s.Launcher.Module,
 		LauncherExecutable: s.Launcher.Executable,
 		LauncherArgv:       s.Launcher.Argv,
+		LauncherPreload:    s.Launcher.Preload,
 		CheckpointMarkers:  s.Checkpoint.Markers,
 	}
 	if s.Restart.MaxRestarts != nil {
@@ -79,7 +80,8 @@ func FromProto(p *rdzvv1.JobSpec) *Spec {
 		Selector:     p.GetSelector(),
 		Checkpoint:   Checkpoint{Dir: p.GetCheckpointDir(), Markers: p.GetCheckpointMarkers()},
 		Launcher: Launcher{Kind: p.GetLauncherKind(), Torchrun: p.GetLauncherTorchrun(), Python: p.GetLauncherPython(), Module: p.GetLauncherModule(),
-			Executable: p.GetLauncherExecutable(), Argv: p.GetLauncherArgv(), ExtraArgs: p.GetLauncherExtraArgs()},
+			Executable: p.GetLauncherExecutable(), Argv: p.GetLauncherArgv(), ExtraArgs: p.GetLauncherExtraArgs(),
+			Preload: p.GetLauncherPreload()},
 	}
 	if p.RendezvousLastCall != nil {
 		s.Rendezvous.LastCall = wire.Dur(p.RendezvousLastCall.AsDuration())

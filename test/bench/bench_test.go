@@ -50,8 +50,9 @@ const (
 )
 
 var (
-	allFaults  = []string{"kill-worker", "kill-node", "cut-link", "hang"}
-	allSystems = []string{"rdzv", "torchrun"}
+	allFaults = []string{"kill-worker", "kill-node", "cut-link", "hang"}
+	// rdzv-warm is rdzv with launcher.kind warm (standby workers).
+	allSystems = []string{"rdzv", "rdzv-warm", "torchrun"}
 )
 
 // result is one measured run.
@@ -93,7 +94,7 @@ func TestBenchRecovery(t *testing.T) {
 				t.Run(fmt.Sprintf("%s/%s/run%d", fault, system, run), func(t *testing.T) {
 					start := time.Now()
 					switch system {
-					case "rdzv":
+					case "rdzv", "rdzv-warm":
 						b.runRdzv(t, &r)
 					case "torchrun":
 						b.runTorchrun(t, &r)
@@ -281,7 +282,7 @@ func (b *bench) runRdzv(t *testing.T, r *result) {
 	}
 
 	jobPath := filepath.Join(d.root, "job.yaml")
-	if err := os.WriteFile(jobPath, b.rdzvJob(d), 0o644); err != nil {
+	if err := os.WriteFile(jobPath, b.rdzvJob(d, r.system == "rdzv-warm"), 0o644); err != nil {
 		t.Fatal(err)
 	}
 	if out, err := ctlRun("start", jobPath); err != nil {
@@ -403,7 +404,7 @@ func (b *bench) runRdzv(t *testing.T, r *result) {
 }
 
 // rdzvJob is the job file: JSON, which is YAML too.
-func (b *bench) rdzvJob(d runDirs) []byte {
+func (b *bench) rdzvJob(d runDirs, warm bool) []byte {
 	spec := map[string]any{
 		"name":           jobName,
 		"nodes":          map[string]any{"min": nodeHosts - 1, "max": nodeHosts},
@@ -424,6 +425,9 @@ func (b *bench) rdzvJob(d runDirs) []byte {
 			"torchrun":   torchrunBin,
 			"extra_args": []string{"--redirects", "2", "--tee", "2", "--log_dir", filepath.Join(d.root, "torchrun-logs"), "--monitor_interval", "1"},
 		},
+	}
+	if warm {
+		spec["launcher"] = map[string]any{"kind": "warm"}
 	}
 	data, _ := json.MarshalIndent(spec, "", "  ")
 	return data
@@ -656,25 +660,32 @@ func (b *bench) report(results []result, took time.Duration) string {
 	var w strings.Builder
 	fmt.Fprintf(&w, "rdzv recovery benchmark: seconds from fault injection to the first training step after recovery\n")
 	fmt.Fprintf(&w, "median of %d run(s) per cell; (k/n) = runs that recovered within %s / runs\n\n", b.runs, b.cap)
-	fmt.Fprintf(&w, "| fault | rdzv recovery s | rdzv detection s | rdzv fault→attempt_failed s | torchrun elastic recovery s | torchrun / rdzv |\n")
-	fmt.Fprintf(&w, "| --- | --- | --- | --- | --- | --- |\n")
+	fmt.Fprintf(&w, "| fault | system | recovery s | detection s | fault→attempt_failed s | torchrun elastic recovery s | torchrun / system |\n")
+	fmt.Fprintf(&w, "| --- | --- | --- | --- | --- | --- | --- |\n")
 	summaries := map[string][2]stats{}
 	for _, fault := range b.faults {
-		rd, tr := summarise(results, "rdzv", fault), summarise(results, "torchrun", fault)
-		summaries[fault] = [2]stats{rd, tr}
-		det, toEv := "-", "-"
-		if rd.events > 0 {
-			det, toEv = secs(rd.detection), secs(rd.toEvent)
+		for _, system := range b.systems {
+			if system == "torchrun" {
+				continue
+			}
+			rd, tr := summarise(results, system, fault), summarise(results, "torchrun", fault)
+			if system == "rdzv" {
+				summaries[fault] = [2]stats{rd, tr}
+			}
+			det, toEv := "-", "-"
+			if rd.events > 0 {
+				det, toEv = secs(rd.detection), secs(rd.toEvent)
+			}
+			ratio := "-"
+			switch {
+			case rd.recovered == 0 || tr.n == 0:
+			case tr.recovered == 0:
+				ratio = fmt.Sprintf("> %.1fx (torchrun did not recover)", b.cap.Seconds()/rd.recovery.Seconds())
+			default:
+				ratio = fmt.Sprintf("%.1fx", tr.recovery.Seconds()/rd.recovery.Seconds())
+			}
+			fmt.Fprintf(&w, "| %s | %s | %s | %s | %s | %s | %s |\n", fault, system, b.recoveryCell(rd), det, toEv, b.recoveryCell(tr), ratio)
 		}
-		ratio := "-"
-		switch {
-		case rd.recovered == 0 || tr.n == 0:
-		case tr.recovered == 0:
-			ratio = fmt.Sprintf("> %.1fx (torchrun did not recover)", b.cap.Seconds()/rd.recovery.Seconds())
-		default:
-			ratio = fmt.Sprintf("%.1fx", tr.recovery.Seconds()/rd.recovery.Seconds())
-		}
-		fmt.Fprintf(&w, "| %s | %s | %s | %s | %s | %s |\n", fault, b.recoveryCell(rd), det, toEv, b.recoveryCell(tr), ratio)
 	}
 
 	fmt.Fprintf(&w, "\nPhases (median seconds after the fault at which each was reached; see Columns):\n\n")
@@ -758,6 +769,7 @@ func (b *bench) report(results []result, took time.Duration) string {
 	fmt.Fprintf(&w, "  job nodes {min: %d, max: %d}, rendezvous.last_call %s, restart.max_restarts %d, restart.backoff {initial: %s, max: %s},\n",
 		nodeHosts-1, nodeHosts, lastCall, maxRestarts, backoffInitial, backoffMax)
 	fmt.Fprintf(&w, "  health.progress_timeout %s; launcher %s --redirects 2 --tee 2 --monitor_interval 1; resume from RDZV_RESUME_FROM\n", progressTimeout, torchrunBin)
+	fmt.Fprintf(&w, "- rdzv-warm: the same rdzv job with launcher {kind: warm} (standby workers with torch imported, no torchrun)\n")
 	fmt.Fprintf(&w, "- torchrun elastic: %s --nnodes=1:3 --nproc_per_node=1 --rdzv_backend=c10d --rdzv_endpoint=<h1>:%s --rdzv_id=bench\n", torchrunBin, torchrunStorePort)
 	fmt.Fprintf(&w, "  --max_restarts=3 --redirects 2 --tee 2 --monitor_interval 1, GLOO_SOCKET_IFNAME=eth0, c10d rendezvous defaults (torch 1.13:\n")
 	fmt.Fprintf(&w, "  last_call_timeout 30s, join_timeout 600s, keep-alive every 5s, 3 misses); restarted workers resume from the newest complete checkpoint\n")

@@ -14,7 +14,8 @@
 //	BENCH_RUNS      runs per fault and system (default 1, make sets 3); the table shows medians
 //	BENCH_CAP       how long to wait for recovery before reporting none (default 120s)
 //	BENCH_FAULTS    comma-separated subset of kill-worker,kill-node,cut-link,hang
-//	BENCH_SYSTEMS   comma-separated subset of rdzv,torchrun
+//	BENCH_SYSTEMS   comma-separated subset of rdzv,rdzv-warm,torchrun (rdzv-warm:
+//	                the rdzv job with launcher.kind warm, standby workers)
 //	BENCH_OUT       also write the report to this file
 //	BENCH_TORCHRUN_RDZV_CONF  pass --rdzv_conf=VALUE to the torchrun baseline, e.g.
 //	                last_call_timeout=1 (the baseline uses torchrun's defaults)

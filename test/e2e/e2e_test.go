@@ -168,6 +168,20 @@ func TestTrainingJobEmbeddedEtcd(t *testing.T) {
 // TestTrainingJobExternalEtcd runs the controller on Debian's etcd
 // secured as README "etcd" asks: TLS with client certificates required,
 // and RBAC letting the controller's certificate use /rdzv/v1/ only.
+// The example job from warm standbys (launcher.kind warm): unchanged
+// train.py, forked from a standby with torchrun's environment, trains to
+// the end as under torchrun.
+func TestTrainingJobWarm(t *testing.T) {
+	c := newCluster(t)
+	defer c.report()
+	c.startEmbeddedController()
+	c.startAgents()
+	job, _ := trainAndVerify(t, c, warmLauncher)
+	for i := range agentHosts {
+		require.Regexp(t, `started [^\n]*: /usr/bin/python3 -u train\.py [^\n]*\(2 workers from a warm standby\)`, c.nodeLog(t, i, job.Name))
+	}
+}
+
 func TestTrainingJobExternalEtcd(t *testing.T) {
 	if _, err := os.Stat(etcdBin); err != nil {
 		netns.SkipOrFail(t, "e2e: %s is missing (apt-get install etcd-server)", etcdBin)

@@ -16,6 +16,9 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
+	"google.golang.org/protobuf/proto"
+
+	rdzvv1 "github.com/rdzv/rdzv/proto/rdzv/v1"
 )
 
 // Fault tolerance end to end: a fault is injected into a job that is
@@ -82,8 +85,21 @@ func faultJob(t *testing.T, c *cluster, name string, edit func(spec map[string]a
 // A training process dies: the generation is fenced on every node and the
 // job resumes on all three from its newest checkpoint.
 func TestFaultKillWorker(t *testing.T) {
+	for _, kind := range launcherKinds {
+		t.Run(kind.name, func(t *testing.T) { testFaultKillWorker(t, kind.edit) })
+	}
+}
+
+// launcherKinds are the launchers the fault tests run under: torchrun, and
+// warm standbys, whose workers are forked rather than started by torchrun.
+var launcherKinds = []struct {
+	name string
+	edit func(spec map[string]any)
+}{{"torchrun", nil}, {"warm", warmLauncher}}
+
+func testFaultKillWorker(t *testing.T, edit func(spec map[string]any)) {
 	c := newFaultCluster(t)
-	job := faultJob(t, c, "fault-kill-worker", nil)
+	job := faultJob(t, c, "fault-kill-worker", edit)
 	before := c.waitCheckpoint(t, job.Name, checkpointEvery)
 
 	// h2 is node rank 1: the killed process is neither rank 0 nor torchrun.
@@ -98,8 +114,14 @@ func TestFaultKillWorker(t *testing.T) {
 // A node dies with its agent and workers: it is declared lost and the job
 // resumes on the two nodes left (min 2) from its newest checkpoint.
 func TestFaultKillNode(t *testing.T) {
+	for _, kind := range launcherKinds {
+		t.Run(kind.name, func(t *testing.T) { testFaultKillNode(t, kind.edit) })
+	}
+}
+
+func testFaultKillNode(t *testing.T, edit func(spec map[string]any)) {
 	c := newFaultCluster(t)
-	job := faultJob(t, c, "fault-kill-node", nil)
+	job := faultJob(t, c, "fault-kill-node", edit)
 	// Two checkpoints by then: the job must resume from the newer one.
 	before := c.waitCheckpoint(t, job.Name, 2*checkpointEvery)
 
@@ -421,17 +443,18 @@ func (c *cluster) requireWorkersGone(t *testing.T, job string) {
 func (c *cluster) killWorker(t *testing.T, i int) string {
 	t.Helper()
 	h := c.agentHost(i)
-	isTorchrun := func(arg string) bool { return strings.HasSuffix(arg, "torchrun") }
+	// A worker's parent is its launcher: torchrun, or a warm standby's
+	// zygote (whose own parent is the shim, as is an unused standby's).
+	isLauncher := func(arg string) bool {
+		return strings.HasSuffix(arg, "torchrun") || strings.HasSuffix(arg, "rdzv_zygote.py")
+	}
 	for _, pid := range netnsPids(t, h) {
 		argv := procCmdline(pid)
-		if !slices.Contains(argv, "train.py") || slices.ContainsFunc(argv, isTorchrun) {
+		if !slices.Contains(argv, "train.py") || !slices.ContainsFunc(procCmdline(ppidOf(pid)), isLauncher) {
 			continue
 		}
-		ppid := atoi(t, procStatus(pid, "PPid"))
-		require.True(t, slices.ContainsFunc(procCmdline(ppid), isTorchrun), "parent %d of train.py worker %d is not torchrun: %q", ppid, pid, procCmdline(ppid))
-		env := procEnviron(pid)
 		require.NoError(t, syscall.Kill(pid, syscall.SIGKILL))
-		return fmt.Sprintf("train.py worker pid %d (rank %s, generation %s) on %s", pid, env["RANK"], env["RDZV_GENERATION"], h.Name)
+		return fmt.Sprintf("train.py worker pid %d (generation %s) on %s", pid, c.generationOf(pid), h.Name)
 	}
 	t.Fatalf("no train.py worker found on %s", h.Name)
 	return ""
@@ -471,12 +494,41 @@ func (c *cluster) liveGenerations(t *testing.T) map[string][]string {
 	for i := range agentHosts {
 		h := c.agentHost(i)
 		for _, pid := range netnsPids(t, h) {
-			if gen := procEnviron(pid)["RDZV_GENERATION"]; gen != "" {
+			if gen := c.generationOf(pid); gen != "" {
 				alive[gen] = append(alive[gen], fmt.Sprintf("%s:%d", h.Name, pid))
 			}
 		}
 	}
 	return alive
+}
+
+// generationOf is the generation a process belongs to, "" for none. A
+// process exec'd for it has RDZV_GENERATION in its environment; one forked
+// from a warm standby has the standby's in /proc (the variables it set
+// after the fork are not there), so its generation is its shim's: the
+// assignment the agent recorded in the shim's directory.
+func (c *cluster) generationOf(pid int) string {
+	if gen := procEnviron(pid)["RDZV_GENERATION"]; gen != "" {
+		return gen
+	}
+	for p := pid; p > 1; p = ppidOf(p) {
+		argv := procCmdline(p)
+		if i := slices.Index(argv, "--dir"); slices.Contains(argv, "shim") && i >= 0 && i+1 < len(argv) {
+			meta, err := os.ReadFile(filepath.Join(argv[i+1], "meta"))
+			a := &rdzvv1.Assignment{}
+			if err != nil || proto.Unmarshal(meta, a) != nil || a.GetGeneration() == 0 {
+				return ""
+			}
+			return strconv.FormatUint(a.GetGeneration(), 10)
+		}
+	}
+	return ""
+}
+
+// ppidOf is a process's parent, 0 once it has exited.
+func ppidOf(pid int) int {
+	ppid, _ := strconv.Atoi(procStatus(pid, "PPid"))
+	return ppid
 }
 
 // procStatus is one field of /proc/PID/status, empty once it has exited.

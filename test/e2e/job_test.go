@@ -96,6 +96,12 @@ func pythonModule(spec map[string]any) {
 	launcher["module"] = "torch.distributed.run"
 }
 
+// warmLauncher runs the job with launcher.kind warm: standbys of Debian's
+// python3 with torch imported, the workers forked from them.
+func warmLauncher(spec map[string]any) {
+	spec["launcher"] = map[string]any{"kind": "warm", "python": "/usr/bin/python3"}
+}
+
 // variant writes a copy of the job named name, changed by edit.
 func (j jobFile) variant(t *testing.T, name string, edit func(spec map[string]any)) string {
 	t.Helper()

@@ -189,9 +189,11 @@ type JobSpec struct {
 	// agent's run_as.
 	RunAs string `protobuf:"bytes,22,opt,name=run_as,json=runAs,proto3" json:"run_as,omitempty"`
 	// Which launcher starts the workers on each node: "torchrun" (empty is
-	// torchrun too), "python-module", "accelerate", "deepspeed" or "custom".
+	// torchrun too), "python-module", "accelerate", "deepspeed", "custom" or
+	// "warm".
 	LauncherKind string `protobuf:"bytes,23,opt,name=launcher_kind,json=launcherKind,proto3" json:"launcher_kind,omitempty"`
-	// python-module: the interpreter and the module run with -m.
+	// python-module: the interpreter and the module run with -m; warm: the
+	// interpreter of the standbys.
 	LauncherPython string `protobuf:"bytes,24,opt,name=launcher_python,json=launcherPython,proto3" json:"launcher_python,omitempty"`
 	LauncherModule string `protobuf:"bytes,25,opt,name=launcher_module,json=launcherModule,proto3" json:"launcher_module,omitempty"`
 	// accelerate, deepspeed: the launcher executable.
@@ -203,6 +205,8 @@ type JobSpec struct {
 	NodesSpares uint32 `protobuf:"varint,28,opt,name=nodes_spares,json=nodesSpares,proto3" json:"nodes_spares,omitempty"`
 	// The round smoke test (health.preflight); unset is off.
 	HealthPreflight *PreflightSpec `protobuf:"bytes,29,opt,name=health_preflight,json=healthPreflight,proto3" json:"health_preflight,omitempty"`
+	// warm: the modules each standby imports before its assignment.
+	LauncherPreload []string `protobuf:"bytes,30,rep,name=launcher_preload,json=launcherPreload,proto3" json:"launcher_preload,omitempty"`
 	unknownFields   protoimpl.UnknownFields
 	sizeCache       protoimpl.SizeCache
 }
@@ -436,6 +440,13 @@ func (x *JobSpec) GetNodesSpares() uint32 {
 func (x *JobSpec) GetHealthPreflight() *PreflightSpec {
 	if x != nil {
 		return x.HealthPreflight
+	}
+	return nil
+}
+
+func (x *JobSpec) GetLauncherPreload() []string {
+	if x != nil {
+		return x.LauncherPreload
 	}
 	return nil
 }
@@ -1436,7 +1447,7 @@ var File_rdzv_v1_job_proto protoreflect.FileDescriptor
 
 const file_rdzv_v1_job_proto_rawDesc = "" +
 	"\n" +
-	"\x11rdzv/v1/job.proto\x12\ardzv.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xe2\f\n" +
+	"\x11rdzv/v1/job.proto\x12\ardzv.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\x8d\r\n" +
 	"\aJobSpec\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x1b\n" +
 	"\tnodes_min\x18\x02 \x01(\rR\bnodesMin\x12\x1b\n" +
@@ -1468,7 +1479,8 @@ const file_rdzv_v1_job_proto_rawDesc = "" +
 	"\x13launcher_executable\x18\x1a \x01(\tR\x12launcherExecutable\x12#\n" +
 	"\rlauncher_argv\x18\x1b \x03(\tR\flauncherArgv\x12!\n" +
 	"\fnodes_spares\x18\x1c \x01(\rR\vnodesSpares\x12A\n" +
-	"\x10health_preflight\x18\x1d \x01(\v2\x16.rdzv.v1.PreflightSpecR\x0fhealthPreflight\x1a6\n" +
+	"\x10health_preflight\x18\x1d \x01(\v2\x16.rdzv.v1.PreflightSpecR\x0fhealthPreflight\x12)\n" +
+	"\x10launcher_preload\x18\x1e \x03(\tR\x0flauncherPreload\x1a6\n" +
 	"\bEnvEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\x1a;\n" +

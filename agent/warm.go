@@ -1,0 +1,354 @@
+package agent
+
+import (
+	"bufio"
+	_ "embed"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"time"
+
+	"go.uber.org/zap"
+	"google.golang.org/protobuf/proto"
+
+	"github.com/rdzv/rdzv/jobspec"
+	rdzvv1 "github.com/rdzv/rdzv/proto/rdzv/v1"
+	"github.com/rdzv/rdzv/wire"
+)
+
+// Warm standbys (launcher.kind warm). For a job of that kind the agent keeps
+// one standby process on each node that runs it: the job's Python, started
+// through a shim like any launcher (the job's user, workdir and
+// environment), running zygoteScript, which imports the job's preload
+// modules and waits on a socket for its assignment. An assignment is handed
+// to the standby instead of starting torchrun: the standby forks the
+// workers with torchrun's environment, and from then on it is the
+// generation's launcher process, supervised, fenced, stopped and adopted
+// as torchrun would be. The next standby starts right after, so starting
+// Python and importing torch (seconds, and twice with torchrun: the launcher
+// and each worker) is paid while the job trains, not while it recovers.
+//
+//go:embed warm/zygote.py
+var zygoteScript []byte
+
+const (
+	// zygoteFile holds the script under state_dir, readable by every
+	// worker user, written by the agent only.
+	zygoteFile = "rdzv_zygote.py"
+	// standbyWait bounds a hand-off: the standby may still be importing
+	// the preload modules (a fresh one, on a loaded node).
+	standbyWait = 2 * time.Minute
+	// standbyLinger is how long a job's standby outlives its last
+	// generation here: the agent learns of a job's end only as the absence
+	// of its next assignment, and a restart's comes within seconds.
+	standbyLinger = time.Minute
+)
+
+// standby is one started zygote waiting for an assignment.
+type standby struct {
+	job string
+	// spec and created are the job it was started for: a standby serves
+	// only that run of that job (same user, workdir, environment).
+	spec    *rdzvv1.JobSpec
+	created int64
+	// dir is the per-job socket directory, sock the socket's name in it.
+	dir  string
+	sock string
+	// ready is closed once the spawn is over: proc or err is set.
+	ready chan struct{}
+	proc  Process
+	err   error
+	// exited is closed when proc has exited.
+	exited chan struct{}
+}
+
+// handoff is the zygote's one message: see warm/zygote.py.
+type handoff struct {
+	Argv    []string        `json:"argv"`
+	Workers []handoffWorker `json:"workers"`
+}
+
+type handoffWorker struct {
+	Env map[string]string `json:"env"`
+}
+
+// warmHandoff is an assignment as the zygote gets it: for each local rank,
+// the launcher's environment (env, as torchrun itself would get it) plus
+// what torchrun 1.13's LocalElasticAgent sets for each worker
+// (local_elastic_agent.py, _start_workers). rdzv's generations are
+// torchrun's static rendezvous: one group per node, ranks by node, and
+// rank 0's worker hosts the TCPStore, as there is no agent store
+// (TORCHELASTIC_USE_AGENT_STORE=False). Each generation is a fresh
+// launcher, so its restart count is 0 of 0, and the run id is
+// <job>-<generation>, as the custom launcher's {rdzv_id}.
+func warmHandoff(a *rdzvv1.Assignment, env []string, command []string) handoff {
+	base := make(map[string]string, len(env))
+	for _, kv := range env {
+		k, v, _ := strings.Cut(kv, "=")
+		base[k] = v
+	}
+	nproc, nnodes, node := int(a.GetProcsPerNode()), int(a.GetNnodes()), int(a.GetNodeRank())
+	// torchrun's own default, which its workers inherit.
+	if _, set := base["OMP_NUM_THREADS"]; !set && nproc > 1 {
+		base["OMP_NUM_THREADS"] = "1"
+	}
+	if _, set := base["NCCL_ASYNC_ERROR_HANDLING"]; !set {
+		base["NCCL_ASYNC_ERROR_HANDLING"] = "1"
+	}
+	world := strconv.Itoa(nnodes * nproc)
+	h := handoff{Argv: command, Workers: make([]handoffWorker, nproc)}
+	for local := range nproc {
+		w := make(map[string]string, len(base)+16)
+		for k, v := range base {
+			w[k] = v
+		}
+		rank := strconv.Itoa(node*nproc + local)
+		for k, v := range map[string]string{
+			"LOCAL_RANK":                   strconv.Itoa(local),
+			"RANK":                         rank,
+			"GROUP_RANK":                   strconv.Itoa(node),
+			"ROLE_RANK":                    rank,
+			"ROLE_NAME":                    "default",
+			"LOCAL_WORLD_SIZE":             strconv.Itoa(nproc),
+			"WORLD_SIZE":                   world,
+			"GROUP_WORLD_SIZE":             strconv.Itoa(nnodes),
+			"ROLE_WORLD_SIZE":              world,
+			"MASTER_ADDR":                  a.GetMasterAddr(),
+			"MASTER_PORT":                  strconv.Itoa(int(a.GetMasterPort())),
+			"TORCHELASTIC_RESTART_COUNT":   "0",
+			"TORCHELASTIC_MAX_RESTARTS":    "0",
+			"TORCHELASTIC_RUN_ID":          fmt.Sprintf("%s-%d", a.GetSpec().GetName(), a.GetGeneration()),
+			"TORCHELASTIC_USE_AGENT_STORE": "False",
+		} {
+			w[k] = v
+		}
+		h.Workers[local] = handoffWorker{Env: w}
+	}
+	return h
+}
+
+// standbyEnv is a standby's environment before its assignment: the job's,
+// without anything of an assignment (those reach the workers at the
+// hand-off). OMP_NUM_THREADS is as the workers will have it, since the
+// OpenMP runtime reads it when torch is imported.
+func standbyEnv(spec *rdzvv1.JobSpec, base []string) []string {
+	if spec.GetProcsPerNode() <= 1 {
+		return base
+	}
+	for _, kv := range base {
+		if strings.HasPrefix(kv, "OMP_NUM_THREADS=") {
+			return base
+		}
+	}
+	return append(base, "OMP_NUM_THREADS=1")
+}
+
+// spawnStandby starts a standby for a's job in the background; the next
+// assignment takes it (takeStandby).
+func (s *Supervisor) spawnStandby(a *rdzvv1.Assignment) *standby {
+	sb := &standby{job: a.GetSpec().GetName(), spec: a.GetSpec(), created: a.GetJobCreatedAt().AsTime().UnixNano(),
+		ready: make(chan struct{}), exited: make(chan struct{})}
+	s.standbySeq++
+	sb.sock = fmt.Sprintf("standby-%d.sock", s.standbySeq)
+	go func() {
+		defer close(sb.ready)
+		sb.proc, sb.err = s.startStandby(sb)
+		if sb.err != nil {
+			s.log.Warn("starting a warm standby failed; the next generation starts a fresh one", zap.String("job", sb.job), zap.Error(sb.err))
+			close(sb.exited)
+			return
+		}
+		go func() {
+			sb.proc.Wait()
+			close(sb.exited)
+		}()
+	}()
+	return sb
+}
+
+func (s *Supervisor) startStandby(sb *standby) (Process, error) {
+	p, err := s.prepare(sb.spec)
+	if err != nil {
+		return nil, err
+	}
+	l := jobspec.FromProto(sb.spec).Launcher
+	python, err := lookPath(l.Python, p.path)
+	if err != nil {
+		return nil, &preflightError{failure: wire.FailureLauncherMissing, err: fmt.Errorf("launcher.python %q not found on node %s: %w", l.Python, s.node, err)}
+	}
+	script, err := writeScript(s.stateDir, zygoteFile, zygoteScript)
+	if err != nil {
+		return nil, err
+	}
+	if sb.dir, err = s.jobPath(sb.job, "warm", sb.job); err != nil {
+		return nil, err
+	}
+	// The socket's directory is the job user's alone: whoever can connect
+	// can have the standby run the job's script with an environment of
+	// their choosing.
+	if err := os.MkdirAll(filepath.Dir(sb.dir), 0o755); err != nil {
+		return nil, fmt.Errorf("creating the standbys' directory: %w", err)
+	}
+	if err := os.Mkdir(sb.dir, 0o700); err != nil && !errors.Is(err, os.ErrExist) {
+		return nil, fmt.Errorf("creating the standby's directory: %w", err)
+	}
+	if c := p.runAs.Credential; c != nil {
+		if err := os.Chown(sb.dir, int(c.Uid), int(c.Gid)); err != nil {
+			return nil, fmt.Errorf("handing the standby's directory to the run_as user: %w", err)
+		}
+	}
+	out, err := openJobLog(p.logPath)
+	if err != nil {
+		return nil, fmt.Errorf("opening job log: %w", err)
+	}
+	defer out.Close()
+	args := append(append(append([]string{"-u", script, sb.dir, sb.sock}, l.Preload...), "--"), sb.spec.GetCommand()...)
+	return s.spawner.Spawn(ProcessSpec{Path: python, Args: args, Dir: p.workdir, Env: standbyEnv(sb.spec, s.baseEnv(p.jobEnv)), Output: out, LogPath: p.logPath,
+		Credential: p.runAs.Credential, ID: sb.job + "." + strings.TrimSuffix(sb.sock, ".sock"), OrphanTimeout: time.Duration(s.orphanTimeout.Load())})
+}
+
+// takeStandby returns the standby started for a's job and run, waiting
+// for its spawn to finish, or nil if there is none fit to use.
+func (s *Supervisor) takeStandby(a *rdzvv1.Assignment) *standby {
+	s.mu.Lock()
+	sb := s.standby
+	s.standby = nil
+	s.mu.Unlock()
+	if sb == nil {
+		return nil
+	}
+	<-sb.ready
+	select {
+	case <-sb.exited:
+		s.log.Warn("the warm standby had exited; starting a fresh one", zap.String("job", sb.job))
+		s.discardStandby(sb)
+		return nil
+	default:
+	}
+	if sb.job != a.GetSpec().GetName() || sb.created != a.GetJobCreatedAt().AsTime().UnixNano() || !proto.Equal(sb.spec, a.GetSpec()) {
+		s.discardStandby(sb)
+		return nil
+	}
+	return sb
+}
+
+// dropStandby kills the standby of job ("" for any).
+func (s *Supervisor) dropStandby(job string) {
+	s.mu.Lock()
+	sb := s.standby
+	if sb != nil && (job == "" || sb.job == job) {
+		s.standby = nil
+	} else {
+		sb = nil
+	}
+	s.mu.Unlock()
+	if sb != nil {
+		<-sb.ready
+		s.discardStandby(sb)
+	}
+}
+
+// discardStandby kills an unused standby: it has run nothing of the job's,
+// so it gets no grace.
+func (s *Supervisor) discardStandby(sb *standby) {
+	if sb.proc != nil {
+		if err := sb.proc.Kill(0); err != nil {
+			s.log.Error("killing a warm standby failed", zap.String("job", sb.job), zap.Error(err))
+		}
+	}
+	if sb.dir != "" {
+		_ = os.Remove(filepath.Join(sb.dir, sb.sock))
+	}
+}
+
+// lingerStandby drops job's standby unless a generation of it runs here
+// by standbyLinger from now.
+func (s *Supervisor) lingerStandby(job string) {
+	time.AfterFunc(standbyLinger, func() {
+		select {
+		case s.cmds <- func() {
+			if !s.Running(job) {
+				s.dropStandby(job)
+			}
+		}:
+		default: // a busy agent drops it on the next assignment instead
+		}
+	})
+}
+
+// warmStart hands a to a standby (a fresh one if none is ready) and
+// returns it as the generation's launcher process.
+func (s *Supervisor) warmStart(a *rdzvv1.Assignment, env []string, meta, token []byte) (Process, error) {
+	sb := s.takeStandby(a)
+	if sb == nil {
+		sb = s.spawnStandby(a)
+	}
+	<-sb.ready
+	if sb.err != nil {
+		return nil, sb.err
+	}
+	msg, err := json.Marshal(warmHandoff(a, env, a.GetSpec().GetCommand()))
+	if err != nil {
+		return nil, fmt.Errorf("encoding the hand-off: %w", err)
+	}
+	// The standby is this generation's from the hand-off on: an agent that
+	// adopts it after a restart must know which, so it is recorded first.
+	if m, ok := sb.proc.(interface {
+		SetMeta(meta, token []byte) error
+	}); ok {
+		if err := m.SetMeta(meta, token); err != nil {
+			s.log.Warn("recording the standby's assignment failed; a restarted agent kills it instead of adopting it", zap.Error(err))
+		}
+	}
+	if err := handOff(sb, msg); err != nil {
+		s.discardStandby(sb)
+		return nil, err
+	}
+	return sb.proc, nil
+}
+
+// errStandbyExited is a standby that exited before taking its assignment.
+var errStandbyExited = errors.New("the warm standby exited before its assignment")
+
+// handOff sends msg to the standby, waiting for it to listen (it may
+// still be importing), and for its answer.
+func handOff(sb *standby, msg []byte) error {
+	deadline := time.Now().Add(standbyWait)
+	var conn net.Conn
+	for {
+		err := viaDirFD(sb.dir, sb.sock, func(path string) (err error) {
+			conn, err = net.DialTimeout("unix", path, shimRequestTimeout)
+			return err
+		})
+		if err == nil {
+			break
+		}
+		select {
+		case <-sb.exited:
+			return errStandbyExited
+		default:
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("the warm standby did not listen within %s: %w", standbyWait, err)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	defer conn.Close()
+	_ = conn.SetDeadline(time.Now().Add(shimRequestTimeout))
+	if _, err := conn.Write(append(msg, '\n')); err != nil {
+		return fmt.Errorf("handing the assignment to the warm standby: %w", err)
+	}
+	reply, err := bufio.NewReader(conn).ReadString('\n')
+	if err != nil {
+		return fmt.Errorf("reading the warm standby's answer: %w", err)
+	}
+	if reply = strings.TrimSpace(reply); reply != "ok" {
+		return fmt.Errorf("the warm standby refused its assignment: %s", reply)
+	}
+	return nil
+}

@@ -1,0 +1,215 @@
+package agent
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	rdzvv1 "github.com/rdzv/rdzv/proto/rdzv/v1"
+)
+
+func TestWarmHandoffEnv(t *testing.T) {
+	a := &rdzvv1.Assignment{Spec: &rdzvv1.JobSpec{Name: "llm"}, Generation: 7, NodeRank: 1, Nnodes: 3, ProcsPerNode: 2,
+		MasterAddr: "10.0.0.1", MasterPort: 29500}
+	tests := []struct {
+		name     string
+		env      []string
+		wantOMP  string
+		wantNCCL string
+	}{
+		{"torchrun's defaults", []string{"PATH=/usr/bin", "RDZV_RESUME_FROM=/ck/step-5"}, "1", "1"},
+		{"the job's own values", []string{"OMP_NUM_THREADS=8", "NCCL_ASYNC_ERROR_HANDLING=0"}, "8", "0"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			h := warmHandoff(a, tt.env, []string{"-m", "pkg.train", "--lr", "1"})
+			require.Equal(t, []string{"-m", "pkg.train", "--lr", "1"}, h.Argv)
+			require.Len(t, h.Workers, 2)
+			for local, w := range h.Workers {
+				rank := fmt.Sprint(2 + local)
+				for k, v := range map[string]string{
+					"RANK": rank, "LOCAL_RANK": fmt.Sprint(local), "WORLD_SIZE": "6", "LOCAL_WORLD_SIZE": "2",
+					"GROUP_RANK": "1", "GROUP_WORLD_SIZE": "3", "ROLE_RANK": rank, "ROLE_WORLD_SIZE": "6", "ROLE_NAME": "default",
+					"MASTER_ADDR": "10.0.0.1", "MASTER_PORT": "29500", "TORCHELASTIC_RESTART_COUNT": "0",
+					"TORCHELASTIC_MAX_RESTARTS": "0", "TORCHELASTIC_RUN_ID": "llm-7", "TORCHELASTIC_USE_AGENT_STORE": "False",
+					"OMP_NUM_THREADS": tt.wantOMP, "NCCL_ASYNC_ERROR_HANDLING": tt.wantNCCL,
+				} {
+					require.Equal(t, v, w.Env[k], "local rank %d: %s", local, k)
+				}
+				for _, kv := range tt.env {
+					k, v, _ := strings.Cut(kv, "=")
+					require.Equal(t, v, w.Env[k], "the launcher's environment is the worker's too")
+				}
+			}
+		})
+	}
+}
+
+func TestStandbyEnvOMP(t *testing.T) {
+	require.Equal(t, []string{"A=1", "OMP_NUM_THREADS=1"}, standbyEnv(&rdzvv1.JobSpec{ProcsPerNode: 2}, []string{"A=1"}))
+	require.Equal(t, []string{"A=1"}, standbyEnv(&rdzvv1.JobSpec{ProcsPerNode: 1}, []string{"A=1"}))
+	require.Equal(t, []string{"OMP_NUM_THREADS=4"}, standbyEnv(&rdzvv1.JobSpec{ProcsPerNode: 2}, []string{"OMP_NUM_THREADS=4"}))
+}
+
+// warmScript records, at import, each worker's view: the marker of a
+// standby that ran the job's code before its assignment would have no
+// RANK.
+// A worker exits only once every worker of its generation on the node
+// has written its marker: the first to fail has the others stopped.
+const warmScript = `import glob, os, sys, time
+d, gen = os.environ["MARKERS"], os.environ.get("RDZV_GENERATION")
+name = os.path.join(d, "%d-%s" % (os.getpid(), os.environ.get("RANK", "none")))
+with open(name + ".tmp", "w") as f:
+    f.write("%d %s %s %s %s %s" % (os.getuid(), os.environ.get("LOCAL_RANK"), os.environ.get("WORLD_SIZE"),
+        os.environ.get("TORCHELASTIC_USE_AGENT_STORE"), gen, " ".join(sys.argv[1:])))
+os.rename(name + ".tmp", name)
+while sum(1 for p in glob.glob(os.path.join(d, "*-*")) if not p.endswith(".tmp") and open(p).read().split()[4] == gen) < int(os.environ["LOCAL_WORLD_SIZE"]):
+    time.sleep(0.01)
+sys.exit(int(os.environ["EXIT_CODE"]))
+`
+
+// warmHarness runs warm jobs as nobody, whose workers record what they
+// saw in markers.
+type warmHarness struct {
+	*supHarness
+	markers string
+}
+
+func newWarmHarness(t *testing.T) *warmHarness {
+	t.Helper()
+	if _, err := os.Stat(warmPython); err != nil {
+		t.Skip("needs " + warmPython)
+	}
+	h := newSupervisor(t, func(c *Config) { c.RunAs = fmt.Sprintf("%d:%d", nobodyID, nobodyID) })
+	// The job's user reads the agent's script and the job's.
+	for _, d := range []string{h.stateDir, filepath.Dir(h.stateDir), h.workdir, filepath.Dir(h.workdir)} {
+		require.NoError(t, os.Chmod(d, 0o755))
+	}
+	markers := t.TempDir()
+	require.NoError(t, os.Chmod(markers, 0o777))
+	require.NoError(t, os.Chmod(filepath.Dir(markers), 0o755))
+	require.NoError(t, os.WriteFile(filepath.Join(h.workdir, "train.py"), []byte(warmScript), 0o644))
+	t.Cleanup(func() {
+		if t.Failed() {
+			b, _ := os.ReadFile(filepath.Join(h.stateDir, "logs", "warm.log"))
+			t.Logf("job log:\n%s", b)
+		}
+	})
+	return &warmHarness{supHarness: h, markers: markers}
+}
+
+const (
+	warmPython = "/usr/bin/python3"
+	nobodyID   = 65534
+)
+
+// assign is generation gen of job warm, whose workers exit with code.
+func (h *warmHarness) assign(gen uint64, code int) *rdzvv1.Assignment {
+	a := h.assignment("warm", gen, "--lr", "1")
+	a.Spec.LauncherTorchrun = ""
+	a.Spec.LauncherKind, a.Spec.LauncherPython, a.Spec.LauncherPreload = "warm", warmPython, []string{"json"}
+	a.Spec.Env = map[string]string{"MARKERS": h.markers, "EXIT_CODE": fmt.Sprint(code)}
+	return a
+}
+
+// readMarkers is "<rank>: <what the worker saw>" for every worker so far.
+func (h *warmHarness) readMarkers() []string {
+	entries, err := os.ReadDir(h.markers)
+	require.NoError(h.t, err)
+	var out []string
+	for _, e := range entries {
+		b, err := os.ReadFile(filepath.Join(h.markers, e.Name()))
+		require.NoError(h.t, err)
+		out = append(out, strings.SplitN(e.Name(), "-", 2)[1]+": "+string(b))
+	}
+	return out
+}
+
+// readyStandby is the standby started for the next generation, once it
+// listens (its imports done).
+func (h *warmHarness) readyStandby() *standby {
+	h.t.Helper()
+	h.sup.mu.Lock()
+	sb := h.sup.standby
+	h.sup.mu.Unlock()
+	require.NotNil(h.t, sb, "a standby is started for the next generation")
+	<-sb.ready
+	require.NoError(h.t, sb.err)
+	require.Eventually(h.t, func() bool {
+		_, err := os.Stat(filepath.Join(sb.dir, sb.sock))
+		return err == nil
+	}, waitTimeout, 10*time.Millisecond)
+	return sb
+}
+
+// A standby runs as the job's user and runs nothing of the job's before its
+// assignment; each hand-off forks one worker per local rank with torchrun's
+// environment, and the used standby is replaced.
+func TestWarmStandby(t *testing.T) {
+	h := newWarmHarness(t)
+
+	// Generation 1 finds no standby and starts a fresh one at once.
+	h.sup.Assign(h.assign(1, 3))
+	h.expect("warm", 1, wRunning)
+	h.expect("warm", 1, wFailed)
+	require.ElementsMatch(t, []string{
+		"2: 65534 0 4 False 1 --lr 1",
+		"3: 65534 1 4 False 1 --lr 1",
+	}, h.readMarkers())
+
+	// The next standby is up, importing done, listening: still no code of
+	// the job's has run.
+	sb := h.readyStandby()
+	require.Len(t, h.readMarkers(), 2, "the standby ran none of the job's code")
+	status, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", sb.proc.Pid()))
+	require.NoError(t, err)
+	require.Regexp(t, fmt.Sprintf(`(?m)^Uid:\s+%d\s`, nobodyID), string(status), "the standby runs as the job's user")
+	info, err := os.Stat(sb.dir)
+	require.NoError(t, err)
+	require.Equal(t, os.FileMode(0o700), info.Mode().Perm(), "only the job's user and root reach the standby's socket")
+
+	// Generation 2 is handed to it, and succeeds: the job's last, so no
+	// standby is left.
+	standbyPid := sb.proc.Pid()
+	h.sup.Assign(h.assign(2, 0))
+	h.expect("warm", 2, wRunning)
+	st := h.expect("warm", 2, wSucceeded)
+	require.Equal(t, int32(0), st.GetExitCode())
+	require.ElementsMatch(t, []string{
+		"2: 65534 0 4 False 1 --lr 1", "3: 65534 1 4 False 1 --lr 1",
+		"2: 65534 0 4 False 2 --lr 1", "3: 65534 1 4 False 2 --lr 1",
+	}, h.readMarkers())
+	h.sync()
+	h.sup.mu.Lock()
+	left := h.sup.standby
+	h.sup.mu.Unlock()
+	require.Nil(t, left, "the standby of a finished job is killed")
+	require.Empty(t, groupMembers(standbyPid), "nothing of the used standby is left")
+}
+
+// A standby that died waiting never fails a generation: a fresh one takes
+// the assignment.
+func TestWarmStandbyCrashed(t *testing.T) {
+	h := newWarmHarness(t)
+	h.sup.Assign(h.assign(1, 3))
+	h.expect("warm", 1, wRunning)
+	h.expect("warm", 1, wFailed)
+	sb := h.readyStandby()
+	require.NoError(t, syscall.Kill(sb.proc.Pid(), syscall.SIGKILL))
+	<-sb.exited
+
+	h.sup.Assign(h.assign(2, 3))
+	h.expect("warm", 2, wRunning)
+	st := h.expect("warm", 2, wFailed)
+	require.Equal(t, int32(3), st.GetExitCode(), "the workers' code, not a failed start")
+	require.ElementsMatch(t, []string{
+		"2: 65534 0 4 False 1 --lr 1", "3: 65534 1 4 False 1 --lr 1",
+		"2: 65534 0 4 False 2 --lr 1", "3: 65534 1 4 False 2 --lr 1",
+	}, h.readMarkers())
+}
