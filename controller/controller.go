@@ -24,6 +24,7 @@ import (
 
 	"github.com/rdzv/rdzv/controller/store"
 	"github.com/rdzv/rdzv/internal/httpserve"
+	"github.com/rdzv/rdzv/health"
 	"github.com/rdzv/rdzv/pki"
 	rdzvv1 "github.com/rdzv/rdzv/proto/rdzv/v1"
 	"github.com/rdzv/rdzv/rendezvous"
@@ -100,6 +101,12 @@ type Controller struct {
 	// generationFloor is the highest generation of the jobs deleted so far
 	// (see dropJob).
 	generationFloor uint64
+	// lag is the controller's own recent lag (lag.go), credited to every
+	// node's silence, as waited measures it; behind is set while it exceeds
+	// a heartbeat interval.
+	lag    *health.LagWindow
+	waited func() time.Duration
+	behind bool
 }
 
 type nodeState struct {
@@ -197,6 +204,9 @@ func New(cfg Config, log *zap.Logger, opts ...Option) (*Controller, error) {
 		ready: make(chan struct{}),
 		nodes: map[string]*nodeState{},
 		jobs:  map[string]*jobState{},
+
+		lag:    health.NewLagWindow(cfg.Heartbeat.Timeout.Duration),
+		waited: newSchedWait().longest,
 
 		revoked:      newDenyList(),
 		reverifyKick: make(chan struct{}, 1),

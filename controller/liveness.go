@@ -25,6 +25,7 @@ func (c *Controller) livenessLoop(ctx context.Context) {
 		case <-ctx.Done():
 			return
 		case <-ticker.Chan():
+			c.noteLag()
 			c.checkLiveness()
 		}
 	}
@@ -36,6 +37,7 @@ func (c *Controller) checkLiveness() {
 	now := c.clock.Now()
 	policy := c.cfg.Heartbeat.policy()
 	votes, reporters := c.gossipVotes()
+	lag := c.lag.Max(now)
 	warned := 0
 	for name, ns := range c.nodes {
 		if warned < maxExpiryWarningsPerPass && c.warnCertExpiry(now, ns) {
@@ -48,7 +50,7 @@ func (c *Controller) checkLiveness() {
 		if ns.session != nil {
 			seen = ns.session.seen()
 		}
-		l := policy.Liveness(now, health.Silence{LastSeen: seen, HoldUntil: ns.restartHold, GraceUntil: ns.graceUntil,
+		l := policy.Liveness(now, health.Silence{LastSeen: seen, HoldUntil: ns.restartHold, GraceUntil: ns.graceUntil, Lag: lag,
 			Peers: health.Peers{Unreachable: votes[name], Vouching: reporters - votes[name] - ns.selfReporter()}})
 		switch l.Verdict {
 		case health.Lost:
