@@ -23,8 +23,8 @@ import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/rdzv/rdzv/controller/store"
-	"github.com/rdzv/rdzv/internal/httpserve"
 	"github.com/rdzv/rdzv/health"
+	"github.com/rdzv/rdzv/internal/httpserve"
 	"github.com/rdzv/rdzv/pki"
 	rdzvv1 "github.com/rdzv/rdzv/proto/rdzv/v1"
 	"github.com/rdzv/rdzv/rendezvous"
