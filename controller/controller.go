@@ -164,9 +164,12 @@ type jobState struct {
 	// that it can be kept to catalogSize entries.
 	catalog []uint64
 	// members indexes the nodes of membersOf, the round it was built for
-	// (see member).
-	members   map[string]bool
-	membersOf *rdzvv1.Round
+	// (see assignment); succeeded counts those of succeededOf whose
+	// workers succeeded (see succeededCount).
+	members     map[string]*rdzvv1.NodeAssignment
+	membersOf   *rdzvv1.Round
+	succeeded   int
+	succeededOf *rdzvv1.Round
 	// Where the last scans of the round for a worker not yet running, and
 	// for one not yet stopped, found one (see findInRound).
 	notRunningAt, notStoppedAt int
