@@ -105,6 +105,13 @@ func (a *agentService) Connect(stream rdzvv1.AgentService_ConnectServer) error {
 			if err := stream.Send(m); err != nil {
 				return fmt.Errorf("sending to agent %s: %w", name, err)
 			}
+			if m.GetRegistered() != nil {
+				// The agent heartbeats only once it has this reply, so its
+				// silence counts from when it could have it: behind a
+				// storm of registrations, sending it may come seconds after
+				// the node was registered.
+				sess.touch(c.clock.Now())
+			}
 		}
 	}
 }
