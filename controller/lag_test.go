@@ -28,7 +28,7 @@ func silentUnderLag(c *cluster, lag, d time.Duration) {
 func TestControllerLagSparesSilentNodes(t *testing.T) {
 	c := newFakeClockCluster(t)
 	c.connectFake("node-a").keepAlive()
-	c.connectFake("node-z") // registers, then is not heard again
+	c.connectFake("node-z").heartbeat(1) // then is not heard again
 
 	silentUnderLag(c, 2*heartbeatTimeout, 2*heartbeatTimeout+heartbeatTimeout/2)
 	require.Equal(t, rdzvv1.NodeState_NODE_STATE_READY, nodeState(c, "node-z"), "silent past the timeout, but no more than the controller's lag")
@@ -45,10 +45,26 @@ func TestControllerLagSparesSilentNodes(t *testing.T) {
 func TestControllerLagCreditBounded(t *testing.T) {
 	c := newFakeClockCluster(t)
 	c.connectFake("node-a").keepAlive()
-	c.connectFake("node-z")
+	c.connectFake("node-z").heartbeat(1)
 
 	silentUnderLag(c, time.Hour, vouchedTimeout)
 	require.Equal(t, rdzvv1.NodeState_NODE_STATE_READY, nodeState(c, "node-z"))
 	silentUnderLag(c, time.Hour, heartbeatTimeout/4)
+	require.Equal(t, rdzvv1.NodeState_NODE_STATE_LOST, nodeState(c, "node-z"))
+}
+
+// A node heard only registering is given a second heartbeat timeout for
+// its first heartbeat, which waits behind the other agents' registrations;
+// once it heartbeats, the usual timeout applies.
+func TestFirstHeartbeatAfterRegistering(t *testing.T) {
+	c := newFakeClockCluster(t)
+	c.connectFake("node-a").keepAlive()
+	c.connectFake("node-z")
+	c.connectFake("node-y").heartbeat(1)
+
+	c.advance(2*heartbeatTimeout, "node-a")
+	require.Equal(t, rdzvv1.NodeState_NODE_STATE_READY, nodeState(c, "node-z"), "not yet heartbeating: a second timeout")
+	require.Equal(t, rdzvv1.NodeState_NODE_STATE_LOST, nodeState(c, "node-y"), "heartbeated once: the usual timeout")
+	c.advance(time.Millisecond, "node-a")
 	require.Equal(t, rdzvv1.NodeState_NODE_STATE_LOST, nodeState(c, "node-z"))
 }

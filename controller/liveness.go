@@ -46,11 +46,11 @@ func (c *Controller) checkLiveness() {
 		if ns.rec.GetState() == rdzvv1.NodeState_NODE_STATE_LOST {
 			continue
 		}
-		seen := ns.lastSeen
+		seen, registering := ns.lastSeen, false
 		if ns.session != nil {
-			seen = ns.session.seen()
+			seen, registering = ns.session.seen(), !ns.session.heartbeated.Load()
 		}
-		l := policy.Liveness(now, health.Silence{LastSeen: seen, HoldUntil: ns.restartHold, GraceUntil: ns.graceUntil, Lag: lag,
+		l := policy.Liveness(now, health.Silence{LastSeen: seen, HoldUntil: ns.restartHold, GraceUntil: ns.graceUntil, Lag: lag, Registering: registering,
 			Peers: health.Peers{Unreachable: votes[name], Vouching: reporters - votes[name] - ns.selfReporter()}})
 		switch l.Verdict {
 		case health.Lost:

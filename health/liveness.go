@@ -66,6 +66,12 @@ type Silence struct {
 	// hearing its agents (see LagCredit): heartbeats it has not processed
 	// yet are not the node's silence.
 	Lag time.Duration
+	// Registering: the controller has heard only the node's registration
+	// so far. Its first heartbeat follows the registration reply, which
+	// waits, like the heartbeat itself, behind every other agent's
+	// registration on both sides, so a registration storm (a cold start,
+	// a new leader) counts as a heartbeat timeout of lag for it.
+	Registering bool
 }
 
 // Liveness is a verdict with what it was based on.
@@ -94,7 +100,11 @@ func (h Heartbeat) Liveness(now time.Time, s Silence) Liveness {
 		return Liveness{Verdict: Spared}
 	}
 	silent := now.Sub(s.LastSeen)
-	heard := silent - h.LagCredit(s.Lag)
+	lag := s.Lag
+	if s.Registering {
+		lag += h.Timeout
+	}
+	heard := silent - h.LagCredit(lag)
 	l := Liveness{Verdict: Lost, Silent: silent}
 	switch {
 	case s.Peers.Unreachable > 0 && silent > confirmAfter*h.Interval:
