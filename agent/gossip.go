@@ -12,6 +12,8 @@ import (
 
 	"github.com/hashicorp/memberlist"
 	"go.uber.org/zap"
+
+	rdzvv1 "github.com/rdzv/rdzv/proto/rdzv/v1"
 )
 
 // Gossip keeps this node in a memberlist cluster with the other agents. It
@@ -33,7 +35,19 @@ type Gossip struct {
 	mu sync.Mutex
 	// unreachable maps a peer to when it was declared dead.
 	unreachable map[string]time.Time
-	changed     chan struct{}
+	// watched are the peers of this node's job it probes itself (Watch).
+	watched map[string]*watchedPeer
+	changed chan struct{}
+	stop    chan struct{}
+	done    chan struct{}
+}
+
+// watchedPeer is the probing state of one watched peer.
+type watchedPeer struct {
+	addr     net.Addr
+	failures int
+	// downSince is when it became unreachable; zero while reachable.
+	downSince time.Time
 }
 
 const (
@@ -43,11 +57,20 @@ const (
 	// the seconds after a failure, and a decommissioned node must not count
 	// against this node's isolation check forever.
 	unreachableTTL = 2 * time.Minute
+	// watchEvery is how often a watched peer is probed. memberlist's own
+	// probing picks one random member per interval, so in a large cluster a
+	// dead node waits long for its first probe, then out a suspicion
+	// timeout; a job's peers cannot wait that long.
+	watchEvery = 150 * time.Millisecond
+	// watchFailures probes in a row must fail for a watched peer to count
+	// as unreachable: one lost UDP packet is not a dead node.
+	watchFailures = 2
 )
 
 // StartGossip binds memberlist on addr:port (port 0 picks a free one).
 func StartGossip(name, addr string, port int, log *zap.Logger) (*Gossip, error) {
-	g := &Gossip{name: name, log: log, unreachable: map[string]time.Time{}, changed: make(chan struct{}, 1)}
+	g := &Gossip{name: name, log: log, unreachable: map[string]time.Time{}, watched: map[string]*watchedPeer{},
+		changed: make(chan struct{}, 1), stop: make(chan struct{}), done: make(chan struct{})}
 	cfg := memberlist.DefaultLANConfig()
 	cfg.Name = name
 	cfg.BindAddr, cfg.BindPort = addr, port
@@ -65,7 +88,103 @@ func StartGossip(name, addr string, port int, log *zap.Logger) (*Gossip, error) 
 		return nil, fmt.Errorf("starting gossip on %s: %w", net.JoinHostPort(addr, strconv.Itoa(port)), err)
 	}
 	g.ml = ml
+	go g.watchLoop()
 	return g, nil
+}
+
+// Watch sets the peers this node probes itself, replacing any before: the
+// neighbours of its latest assignment. A peer that does not answer
+// watchFailures probes in a row is reported unreachable at once.
+func (g *Gossip) Watch(peers []*rdzvv1.WatchedPeer) {
+	watched := map[string]*watchedPeer{}
+	for _, p := range peers {
+		if p.GetNode() == g.name {
+			continue
+		}
+		addr, err := net.ResolveUDPAddr("udp", p.GetGossipAddr())
+		if err != nil {
+			g.log.Warn("not watching a peer with a bad gossip address", zap.String("peer", p.GetNode()), zap.String("gossip_addr", p.GetGossipAddr()), zap.Error(err))
+			continue
+		}
+		watched[p.GetNode()] = &watchedPeer{addr: addr}
+	}
+	g.mu.Lock()
+	changed := false
+	for _, w := range g.watched {
+		changed = changed || !w.downSince.IsZero()
+	}
+	g.watched = watched
+	g.mu.Unlock()
+	if changed {
+		g.signal()
+	}
+}
+
+// watchLoop probes the watched peers every watchEvery, all at once, until
+// Close.
+func (g *Gossip) watchLoop() {
+	defer close(g.done)
+	ticker := time.NewTicker(watchEvery)
+	defer ticker.Stop()
+	for {
+		select {
+		case <-g.stop:
+			return
+		case <-ticker.C:
+		}
+		g.mu.Lock()
+		targets := make(map[string]net.Addr, len(g.watched))
+		for name, w := range g.watched {
+			targets[name] = w.addr
+		}
+		g.mu.Unlock()
+		if len(targets) == 0 {
+			continue
+		}
+		var wg sync.WaitGroup
+		var resMu sync.Mutex
+		reached := make(map[string]bool, len(targets))
+		for name, addr := range targets {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				// Waits at most memberlist's probe timeout.
+				_, err := g.ml.Ping(name, addr)
+				resMu.Lock()
+				reached[name] = err == nil
+				resMu.Unlock()
+			}()
+		}
+		wg.Wait()
+		g.probed(targets, reached)
+	}
+}
+
+// probed records one round of probes of the peers in targets.
+func (g *Gossip) probed(targets map[string]net.Addr, reached map[string]bool) {
+	now := time.Now()
+	changed := false
+	g.mu.Lock()
+	for name, addr := range targets {
+		w := g.watched[name]
+		if w == nil || w.addr != addr {
+			continue // no longer watched, or watched anew meanwhile
+		}
+		if reached[name] {
+			changed = changed || !w.downSince.IsZero()
+			w.failures, w.downSince = 0, time.Time{}
+			continue
+		}
+		w.failures++
+		if w.failures >= watchFailures && w.downSince.IsZero() {
+			w.downSince, changed = now, true
+			g.log.Warn("watched peer unreachable", zap.String("peer", name), zap.Int("failed_probes", w.failures))
+		}
+	}
+	g.mu.Unlock()
+	if changed {
+		g.signal()
+	}
 }
 
 // Addr is the host:port peers join through.
@@ -95,6 +214,11 @@ func (g *Gossip) View() (unreachable []string, alive int) {
 		}
 		unreachable = append(unreachable, name)
 	}
+	for name, w := range g.watched {
+		if _, dead := g.unreachable[name]; !dead && !w.downSince.IsZero() && time.Since(w.downSince) <= unreachableTTL {
+			unreachable = append(unreachable, name)
+		}
+	}
 	g.mu.Unlock()
 	sort.Strings(unreachable)
 	if len(unreachable) > maxGossipView {
@@ -107,9 +231,21 @@ func (g *Gossip) View() (unreachable []string, alive int) {
 func (g *Gossip) Changed() <-chan struct{} { return g.changed }
 
 // Isolated reports whether this node reaches fewer than half of the other
-// members it knows of. A lone member (no peers ever seen) counts as
-// isolated: there is no one to say otherwise.
+// members it knows of, or none of the peers it watches. A lone member (no
+// peers ever seen) counts as isolated: there is no one to say otherwise.
+// The watched peers answer first: memberlist declares members dead one
+// random probe at a time, which a cut-off node in a large cluster takes
+// long to add up.
 func (g *Gossip) Isolated() bool {
+	g.mu.Lock()
+	cutFromWatched := len(g.watched) > 0
+	for _, w := range g.watched {
+		cutFromWatched = cutFromWatched && !w.downSince.IsZero()
+	}
+	g.mu.Unlock()
+	if cutFromWatched {
+		return true
+	}
 	unreachable, alive := g.View()
 	others := alive - 1
 	return others == 0 || others < len(unreachable)
@@ -120,6 +256,8 @@ func (g *Gossip) Isolated() bool {
 func (g *Gossip) Close() {
 	// memberlist's goroutines may still log for a moment after Shutdown.
 	defer g.out.closed.Store(true)
+	close(g.stop)
+	<-g.done
 	if err := g.ml.Leave(time.Second); err != nil {
 		g.log.Debug("leaving gossip failed", zap.Error(err))
 	}
@@ -154,10 +292,14 @@ func (g *Gossip) set(name string, unreachable bool) {
 	}
 	g.mu.Unlock()
 	if changed {
-		select {
-		case g.changed <- struct{}{}:
-		default:
-		}
+		g.signal()
+	}
+}
+
+func (g *Gossip) signal() {
+	select {
+	case g.changed <- struct{}{}:
+	default:
 	}
 }
 

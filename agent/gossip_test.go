@@ -6,6 +6,8 @@ import (
 
 	"github.com/stretchr/testify/require"
 	"go.uber.org/zap/zaptest"
+
+	rdzvv1 "github.com/rdzv/rdzv/proto/rdzv/v1"
 )
 
 func startGossip(t *testing.T, name string) *Gossip {
@@ -34,8 +36,7 @@ func TestGossipDetectsDeadMember(t *testing.T) {
 	require.False(t, a.Isolated())
 
 	started := time.Now()
-	c.out.closed.Store(true)
-	require.NoError(t, c.ml.Shutdown()) // dies without leaving: a crash or a cut link
+	crash(t, c) // dies without leaving: a crash or a cut link
 	require.Eventually(t, func() bool {
 		ua, _ := a.View()
 		ub, _ := b.View()
@@ -48,4 +49,51 @@ func TestGossipDetectsDeadMember(t *testing.T) {
 	default:
 		require.Fail(t, "a view change is signalled")
 	}
+}
+
+// crash stops a member without a word to its peers, as a killed agent or a
+// cut link does.
+func crash(t *testing.T, g *Gossip) {
+	t.Helper()
+	g.out.closed.Store(true)
+	require.NoError(t, g.ml.Shutdown())
+	close(g.stop)
+	<-g.done
+}
+
+// A node probes the peers it watches itself and reports one that stops
+// answering, without waiting for memberlist (the three are not even
+// members of one cluster here, so only the watch can tell). A peer that
+// answers is never reported, and a node that reaches none of its watched
+// peers counts itself isolated.
+func TestGossipWatchReportsDeadPeer(t *testing.T) {
+	a, b, c := startGossip(t, "node-a"), startGossip(t, "node-b"), startGossip(t, "node-c")
+	t.Cleanup(a.Close)
+	a.Watch([]*rdzvv1.WatchedPeer{{Node: "node-b", GossipAddr: b.Addr()}, {Node: "node-c", GossipAddr: c.Addr()}, {Node: "node-a", GossipAddr: a.Addr()}})
+
+	crash(t, c)
+	require.Eventually(t, func() bool {
+		u, _ := a.View()
+		return len(u) > 0
+	}, 30*time.Second, 20*time.Millisecond)
+	u, _ := a.View()
+	require.Equal(t, []string{"node-c"}, u, "node-b answered every probe that found node-c gone")
+	<-a.Changed()
+	// Alone in its memberlist, a counts itself isolated whatever the watch
+	// says; what the watch adds shows once a has a memberlist peer.
+	d := startGossip(t, "node-d")
+	t.Cleanup(d.Close)
+	d.Join([]string{a.Addr()})
+	require.Eventually(t, func() bool { _, alive := a.View(); return alive >= 2 }, 10*time.Second, 20*time.Millisecond)
+	require.False(t, a.Isolated(), "a reaches node-b, one of its watched peers, and node-d")
+
+	crash(t, b)
+	require.Eventually(t, a.Isolated, 30*time.Second, 20*time.Millisecond)
+	u, _ = a.View()
+	require.Equal(t, []string{"node-b", "node-c"}, u)
+
+	a.Watch(nil)
+	u, _ = a.View()
+	require.Empty(t, u, "no longer watched, no longer reported")
+	require.False(t, a.Isolated(), "node-d still answers")
 }

@@ -267,9 +267,16 @@ func checkpointMsg(c *rdzvv1.CheckpointReport) *rdzvv1.ConnectRequest {
 func (s *agentSession) handle(ctx context.Context, m *rdzvv1.ConnectResponse, out chan<- *rdzvv1.ConnectRequest, logs *logTails) {
 	switch msg := m.GetMsg().(type) {
 	case *rdzvv1.ConnectResponse_Assignment:
+		if s.gossip != nil {
+			s.gossip.Watch(msg.Assignment.GetWatch())
+		}
 		s.sup.Assign(msg.Assignment)
 	case *rdzvv1.ConnectResponse_StopWorkers:
-		s.sup.Stop(msg.StopWorkers.GetJob(), msg.StopWorkers.GetGeneration(), msg.StopWorkers.GetReason())
+		if stop := msg.StopWorkers; stop.GetGrace() != nil {
+			s.sup.StopWithin(stop.GetJob(), stop.GetGeneration(), stop.GetReason(), stop.GetGrace().AsDuration())
+		} else {
+			s.sup.Stop(stop.GetJob(), stop.GetGeneration(), stop.GetReason())
+		}
 	case *rdzvv1.ConnectResponse_PortProbe:
 		res := probePort(msg.PortProbe)
 		select {

@@ -264,7 +264,14 @@ func (s *Supervisor) Assign(a *rdzvv1.Assignment) {
 
 // Stop queues stopping a job's workers of one generation.
 func (s *Supervisor) Stop(job string, generation uint64, reason string) {
-	s.cmds <- func() { s.stop(job, generation, reason) }
+	s.StopWithin(job, generation, reason, s.stopGrace)
+}
+
+// StopWithin is Stop with at most grace between SIGTERM and SIGKILL, never
+// more than the configured stop_grace.
+func (s *Supervisor) StopWithin(job string, generation uint64, reason string, grace time.Duration) {
+	grace = min(grace, s.stopGrace)
+	s.cmds <- func() { s.stop(job, generation, reason, grace) }
 }
 
 // Busy reports whether any workers run here.
@@ -436,7 +443,7 @@ func (s *Supervisor) watch(w *worker) {
 	s.pruneJobLogs()
 }
 
-func (s *Supervisor) stop(job string, gen uint64, reason string) {
+func (s *Supervisor) stop(job string, gen uint64, reason string, grace time.Duration) {
 	s.mu.Lock()
 	cur := s.cur
 	if gen > s.lastGen[job] {
@@ -446,7 +453,7 @@ func (s *Supervisor) stop(job string, gen uint64, reason string) {
 	}
 	s.mu.Unlock()
 	if cur != nil && cur.job == job && cur.generation == gen {
-		s.stopCurrent(reason)
+		s.kill(reason, grace)
 		return
 	}
 	// Nothing of that generation runs here; say so, so the controller frees

@@ -173,6 +173,25 @@ func TestSupervisorStopsCurrentGeneration(t *testing.T) {
 	requireProto(t, st, h.expect("train", 1, wStopped))
 }
 
+// A stop with a grace shorter than stop_grace is done within it: a worker
+// that ignores SIGTERM is killed then, not after the agent's stop_grace
+// (an hour here, so a stop that waited it out would never be reported).
+func TestSupervisorStopWithin(t *testing.T) {
+	needPython(t)
+	h := newSupervisor(t, func(cfg *Config) { cfg.StopGrace.Duration = time.Hour })
+	ready := filepath.Join(h.workdir, "ignoring")
+	h.sup.Assign(h.assignment("train", 1, "py", "-c",
+		"import pathlib, signal, sys, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); pathlib.Path(sys.argv[1]).touch(); time.sleep(300)", ready))
+	h.expect("train", 1, wRunning)
+	// Stopped only once it ignores SIGTERM, so the kill is what ends it.
+	require.Eventually(t, func() bool { _, err := os.Stat(ready); return err == nil }, 30*time.Second, 20*time.Millisecond)
+
+	h.sup.StopWithin("train", 1, "generation 1 failed", 100*time.Millisecond)
+	st := h.expect("train", 1, wStopped)
+	require.Equal(t, "SIGKILL", st.GetSignal(), "SIGTERM was ignored; the short grace ended in SIGKILL")
+	require.Equal(t, "generation 1 failed", st.GetMessage())
+}
+
 func TestSupervisorStopOfUnknownGeneration(t *testing.T) {
 	h := newSupervisor(t)
 	h.sup.Stop("train", 3, "freeing the node")

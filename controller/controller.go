@@ -72,6 +72,9 @@ type Controller struct {
 	view atomic.Pointer[leaderView]
 	// kick wakes the scheduler after anything that may let a job start.
 	kick chan struct{}
+	// peersKick wakes the liveness loop when a gossip view reports a node
+	// unreachable that it did not before.
+	peersKick chan struct{}
 	// ready is closed once the gRPC server accepts connections.
 	ready chan struct{}
 	addr  net.Addr
@@ -200,13 +203,14 @@ func New(cfg Config, log *zap.Logger, opts ...Option) (*Controller, error) {
 		return nil, fmt.Errorf("invalid controller config: %w", err)
 	}
 	c := &Controller{
-		cfg:   cfg,
-		log:   log,
-		clock: clockwork.NewRealClock(),
-		kick:  make(chan struct{}, 1),
-		ready: make(chan struct{}),
-		nodes: map[string]*nodeState{},
-		jobs:  map[string]*jobState{},
+		cfg:       cfg,
+		log:       log,
+		clock:     clockwork.NewRealClock(),
+		kick:      make(chan struct{}, 1),
+		peersKick: make(chan struct{}, 1),
+		ready:     make(chan struct{}),
+		nodes:     map[string]*nodeState{},
+		jobs:      map[string]*jobState{},
 
 		lag:    health.NewLagWindow(cfg.Heartbeat.Timeout.Duration),
 		waited: newSchedWait().longest,

@@ -33,8 +33,25 @@ func (c *Controller) gossipView(node string, v *rdzvv1.GossipView) {
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if ns := c.nodes[node]; ns != nil {
-		ns.view = view
+	ns := c.nodes[node]
+	if ns == nil {
+		return
+	}
+	news := false
+	for name := range view.unreachable {
+		if ns.view == nil || !ns.view.unreachable[name] {
+			news = true
+			break
+		}
+	}
+	ns.view = view
+	if news {
+		// Judged now, not at the next liveness tick: a peer's word is what
+		// declares a dead node lost early.
+		select {
+		case c.peersKick <- struct{}{}:
+		default:
+		}
 	}
 }
 

@@ -20,8 +20,8 @@ func (f *fakeAgent) view(alive uint32, unreachable ...string) {
 func nodeState(c *cluster, name string) rdzvv1.NodeState { return c.listNodes()[name].GetState() }
 
 // A node that falls silent and that its peers cannot reach either is
-// declared lost after two missed heartbeats, without waiting out the full
-// timeout.
+// declared lost once a heartbeat is overdue by a quarter interval, without
+// waiting out the full timeout.
 func TestPeersConfirmLostNodeFast(t *testing.T) {
 	c := newFakeClockCluster(t, func(cfg *controller.Config) { cfg.Heartbeat.Timeout.Duration = time.Minute })
 	a, b := c.connectFake("node-a"), c.connectFake("node-b")
@@ -32,8 +32,8 @@ func TestPeersConfirmLostNodeFast(t *testing.T) {
 	b.view(2, "node-z")
 	// advance waits for node-a and node-b to be heard after their views,
 	// so its passes count their votes.
-	c.advance(2*heartbeatInterval, "node-a", "node-b")
-	require.Equal(t, rdzvv1.NodeState_NODE_STATE_READY, nodeState(c, "node-z"), "not before two heartbeats are missed")
+	c.advance(heartbeatInterval+heartbeatInterval/4-time.Millisecond, "node-a", "node-b")
+	require.Equal(t, rdzvv1.NodeState_NODE_STATE_READY, nodeState(c, "node-z"), "not before a heartbeat is overdue")
 	c.advance(time.Millisecond, "node-a", "node-b")
 	require.Equal(t, rdzvv1.NodeState_NODE_STATE_LOST, nodeState(c, "node-z"), "lost long before the one-minute heartbeat timeout")
 	var lost *rdzvv1.Event
@@ -68,4 +68,19 @@ func TestPeersVouchForNodeSilentToController(t *testing.T) {
 	require.Equal(t, rdzvv1.NodeState_NODE_STATE_READY, nodeState(c, "node-z"), "spared for the whole vouched timeout")
 	c.advance(time.Millisecond, "node-a", "node-b")
 	require.Equal(t, rdzvv1.NodeState_NODE_STATE_LOST, nodeState(c, "node-z"), "lost once the vouched timeout is over")
+}
+
+// A peer's word that a silent node is unreachable is acted on when it
+// comes, not at the controller's next liveness tick: on a fake clock that
+// stands still, no tick comes at all.
+func TestPeersWordIsJudgedAtOnce(t *testing.T) {
+	c := newFakeClockCluster(t, func(cfg *controller.Config) { cfg.Heartbeat.Timeout.Duration = time.Minute })
+	a, b := c.connectFake("node-a"), c.connectFake("node-b")
+	a.keepAlive()
+	b.keepAlive()
+	c.connectFake("node-z") // registers, then never heartbeats
+	c.advance(2*heartbeatInterval, "node-a", "node-b")
+	require.Equal(t, rdzvv1.NodeState_NODE_STATE_READY, nodeState(c, "node-z"), "silent, but nobody says it is gone")
+	a.view(2, "node-z")
+	c.waitNode("node-z", func(n *rdzvv1.Node) bool { return n.GetState() == rdzvv1.NodeState_NODE_STATE_LOST })
 }

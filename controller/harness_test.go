@@ -740,13 +740,15 @@ func (f *fakeAgent) report(a *rdzvv1.Assignment, state rdzvv1.WorkerState, exitC
 	}}})
 }
 
-// expectStop waits for the order to stop a generation and acknowledges it.
-func (f *fakeAgent) expectStop(a *rdzvv1.Assignment) {
+// expectStop waits for the order to stop a generation, acknowledges it and
+// returns it.
+func (f *fakeAgent) expectStop(a *rdzvv1.Assignment) *rdzvv1.StopWorkers {
 	f.t.Helper()
 	stop := f.next().GetStopWorkers()
 	require.NotNil(f.t, stop, "expected %s to be told to stop", f.name)
 	require.Equal(f.t, a.GetGeneration(), stop.GetGeneration())
 	f.report(a, rdzvv1.WorkerState_WORKER_STATE_STOPPED, -1)
+	return stop
 }
 
 // next is the next message from the controller.

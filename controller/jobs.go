@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"time"
 
 	"go.uber.org/zap"
 	"google.golang.org/protobuf/proto"
@@ -155,7 +156,7 @@ func (c *Controller) stopJob(ctx context.Context, name string) (*rdzvv1.Job, err
 		rec.State, rec.Reason = rdzvv1.JobState_JOB_STATE_STOPPING, "stopping: waiting for workers to exit"
 		js.rec = rec
 		c.persist(c.store.UpdateJob(rec, c.event(name, "", rec.GetGeneration(), EventJobStopping, "stop requested by operator")), func() {
-			c.stopWorkers(js, "stopped by operator")
+			c.stopWorkers(js, "stopped by operator", 0)
 		})
 		c.advanceJob(js)
 	}
@@ -227,17 +228,18 @@ func (c *Controller) finish(js *jobState, state rdzvv1.JobState, reason string) 
 	c.metrics.finished(state)
 	c.persist(c.store.UpdateJob(rec, c.event(name, "", rec.GetGeneration(), kind, "%s", reason)), func() {
 		c.log.Info("job finished", zap.String("job", name), zap.String("state", stateName(state)), zap.String("reason", reason))
-		c.stopWorkers(js, reason)
+		c.stopWorkers(js, reason, 0)
 	})
 	c.wake()
 }
 
 // stopWorkers tells every node of the current round whose workers may still
-// run to stop them. Callers hold c.mu.
-func (c *Controller) stopWorkers(js *jobState, reason string) {
+// run to stop them, within grace if positive (else the agent's stop_grace).
+// Callers hold c.mu.
+func (c *Controller) stopWorkers(js *jobState, reason string, grace time.Duration) {
 	for _, a := range js.round.GetNodes() {
 		if !terminalWorker(js.workers[a.GetNode()].GetState()) {
-			c.sendStop(a.GetNode(), js.rec.GetSpec().GetName(), js.rec.GetGeneration(), reason)
+			c.sendStop(a.GetNode(), js.rec.GetSpec().GetName(), js.rec.GetGeneration(), reason, grace)
 		}
 	}
 }

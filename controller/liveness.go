@@ -16,22 +16,35 @@ import (
 )
 
 // livenessLoop declares nodes lost when their heartbeats stop. Liveness is
-// in memory: etcd is written only when a node changes state.
+// in memory: etcd is written only when a node changes state. Besides its
+// ticks it runs a pass when a peer reports a node unreachable, and when such
+// a node's silence is long enough for that word to count (health.ConfirmAt),
+// so a dead node is declared lost without waiting for a tick.
 func (c *Controller) livenessLoop(ctx context.Context) {
 	ticker := c.clock.NewTicker(max(c.cfg.Heartbeat.Interval.Duration/2, 50*time.Millisecond))
 	defer ticker.Stop()
+	confirm := c.clock.NewTimer(time.Hour)
+	confirm.Stop()
+	defer confirm.Stop()
 	for {
 		select {
 		case <-ctx.Done():
 			return
 		case <-ticker.Chan():
 			c.noteLag()
-			c.checkLiveness()
+		case <-confirm.Chan():
+		case <-c.peersKick:
+		}
+		if next := c.checkLiveness(); !next.IsZero() {
+			confirm.Reset(max(next.Sub(c.clock.Now()), 0))
 		}
 	}
 }
 
-func (c *Controller) checkLiveness() {
+// checkLiveness is one liveness pass. It returns the earliest time a node
+// that peers report unreachable becomes silent long enough for their word
+// to declare it lost; zero if none is waiting for that.
+func (c *Controller) checkLiveness() (next time.Time) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	now := c.clock.Now()
@@ -67,8 +80,12 @@ func (c *Controller) checkLiveness() {
 		case health.Alive:
 			ns.hiccup = false
 		}
+		if at := policy.ConfirmAt(seen); votes[name] > 0 && l.Verdict != health.Lost && at.After(now) && (next.IsZero() || at.Before(next)) {
+			next = at
+		}
 	}
 	c.checkHangs(now)
+	return next
 }
 
 // markLost declares a node lost. Callers hold c.mu.

@@ -49,7 +49,7 @@ func (c *Controller) preflightExcluded(js *jobState, node, verdict string) {
 	js.pendingSince, js.lastCall = time.Time{}, rendezvous.LastCall{}
 	c.persist(c.store.UpdateJob(rec, ev), func() {
 		if js.rec.GetGeneration() == gen {
-			c.stopWorkers(js, "generation re-planned: node "+node+" left out by the preflight test")
+			c.stopWorkers(js, "generation re-planned: node "+node+" left out by the preflight test", failedStopGrace)
 		}
 	})
 	c.wake()

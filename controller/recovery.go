@@ -18,6 +18,11 @@ import (
 // catalogSize bounds the checkpoint catalog kept in etcd per job.
 const catalogSize = 32
 
+// failedStopGrace is the SIGTERM grace of the workers of a failed or stale
+// generation. Their collectives are broken: they cannot save anything
+// useful, and the restart waits for them to be gone.
+const failedStopGrace = time.Second
+
 // fencedAt is when no worker of the job's current generation can still be
 // running: each has exited, or its node is lost and past the time its
 // agent, if merely cut off, has killed its own workers. ok is false while a
@@ -132,7 +137,12 @@ func (c *Controller) attemptFailed(js *jobState, cause, reason string, latency t
 	}
 	// The rendezvous timeout runs from when the job can rendezvous again
 	// (stopped everywhere, backoff over), not from the failure.
+	// Its last call for more nodes runs from now: nodes that come back
+	// while the failed generation is being fenced have had their chance,
+	// and waiting the window again after the fencing would only add to the
+	// outage.
 	js.pendingSince, js.lastCall = time.Time{}, rendezvous.LastCall{}
+	js.lastCall.OpenAt(now)
 	c.log.Warn("attempt failed, recovering", zap.String("job", name), zap.Uint64("generation", gen),
 		zap.String("reason", reason), zap.Duration("detection_latency", latency), zap.Duration("backoff", backoff))
 	c.persist(c.store.UpdateJob(rec, ev), func() {
@@ -141,18 +151,23 @@ func (c *Controller) attemptFailed(js *jobState, cause, reason string, latency t
 		// generation's workers can still run then, and the next one's are
 		// not this failure's to stop.
 		if js.rec.GetGeneration() == gen {
-			c.stopWorkers(js, fmt.Sprintf("generation %d failed: %s", gen, reason))
+			c.stopWorkers(js, fmt.Sprintf("generation %d failed: %s", gen, reason), failedStopGrace)
 		}
 	})
 	c.wake()
 }
 
-// restartBackoff doubles the initial backoff per consecutive failure
-// without progress, capped at the maximum.
+// restartBackoff is the wait before restarting after consecutive failures
+// in a row without progress: none after an attempt that trained (it is no
+// crash loop, and any wait is outage), else the initial backoff, doubled
+// per further such failure, capped at the maximum.
 func restartBackoff(spec *rdzvv1.JobSpec, consecutive uint32) time.Duration {
+	if consecutive == 0 {
+		return 0
+	}
 	d := spec.GetRestartBackoffInitial().AsDuration()
 	limit := spec.GetRestartBackoffMax().AsDuration()
-	for range consecutive {
+	for range consecutive - 1 {
 		if d >= limit/2 {
 			return limit
 		}

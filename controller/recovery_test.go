@@ -63,7 +63,9 @@ func TestRecoveryResumesFromLatestCheckpoint(t *testing.T) {
 	j := c.waitJobState("train", recovering)
 	require.Contains(t, j.GetReason(), "node node-a (rank 0): workers exited with code 1")
 	require.Contains(t, j.GetReason(), "restart 1 of 3 from checkpoint step 20")
-	b.expectStop(b1)
+	// A failed generation's survivors get a short grace: their collectives
+	// are broken, and the restart waits for them.
+	require.Equal(t, time.Second, b.expectStop(b1).GetGrace().AsDuration())
 
 	a2, b2 := a.run(), b.run()
 	require.Equal(t, uint64(2), a2.GetGeneration())
@@ -233,17 +235,7 @@ func TestRecoveryTimeRunsUntilTrainingResumes(t *testing.T) {
 	a.step(a1, 3)
 	c.waitJob("timed", func(j *rdzvv1.Job) bool { return j.GetStep() == 3 })
 	a.report(a1, rdzvv1.WorkerState_WORKER_STATE_FAILED, 1)
-	c.waitJobState("timed", recovering)
-	// The failure durable and its stop order sent before the restart can be
-	// decided, as in real time, where the backoff outlasts the write.
-	c.settle()
-	// The restart waits out its backoff on the controller's clock. Advanced
-	// until it happens: the scheduler may arm its timer for the backoff
-	// only after an advance.
-	poll(t, func() bool {
-		c.advance(spec.GetRestartBackoffInitial().AsDuration(), "node-a")
-		return c.getJob("timed").GetGeneration() == 2
-	}, func() string { return "not restarted after its backoff" })
+	// An attempt that trained restarts at once: no backoff to wait out.
 	a2 := a.run()
 	j := c.waitJob("timed", func(j *rdzvv1.Job) bool { return j.GetGeneration() == 2 && j.GetState() == running })
 	require.NotNil(t, j.GetRecoveryStartedAt(), "running but not yet training: still recovering")
@@ -275,4 +267,110 @@ func TestConfigFailureIsNotRestarted(t *testing.T) {
 	a.expectStop(a1)
 	require.NotContains(t, eventKinds(c.events("nodir")), "attempt_failed")
 	require.Contains(t, eventKinds(c.events("nodir")), "job_failed")
+}
+
+// An attempt that trained restarts without a backoff: it is no crash loop,
+// and any wait is outage. One that failed without progress still waits the
+// backoff, so a crash loop does not spin.
+func TestRestartBackoffOnlyWithoutProgress(t *testing.T) {
+	tests := []struct {
+		name     string
+		progress bool
+	}{
+		{"after progress at once", true},
+		{"without progress after the backoff", false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			c := newFakeClockCluster(t)
+			a := c.connectFake("node-a")
+			a.keepAlive()
+			spec := c.recoverable("retry", 1, 3)
+			// The clock stands still but when advanced: only an advance
+			// ends the backoff.
+			const backoff = 5 * time.Second
+			spec.RestartBackoffInitial = durationpb.New(backoff)
+			spec.RestartBackoffMax = durationpb.New(backoff)
+			c.startJob(spec)
+			a1 := a.run()
+			if tt.progress {
+				a.step(a1, 7)
+				c.waitJob("retry", func(j *rdzvv1.Job) bool { return j.GetStep() == 7 })
+			}
+			a.report(a1, rdzvv1.WorkerState_WORKER_STATE_FAILED, 1)
+			if tt.progress {
+				// The clock stands still: only the lack of a backoff lets
+				// the restart happen.
+				require.Equal(t, uint64(2), a.run().GetGeneration())
+				return
+			}
+			j := c.waitJobState("retry", recovering)
+			failure := c.waitEvent("retry", "attempt_failed")
+			require.Equal(t, failure.GetTime().AsTime().Add(backoff), j.GetRestartNotBefore().AsTime(), "the initial backoff")
+			c.settle()
+			c.advance(backoff-time.Millisecond, "node-a")
+			require.Equal(t, uint64(1), c.getJob("retry").GetGeneration(), "not restarted during the backoff")
+			poll(t, func() bool {
+				c.advance(time.Millisecond, "node-a")
+				return c.getJob("retry").GetGeneration() == 2
+			}, func() string { return "not restarted after its backoff" })
+		})
+	}
+}
+
+// A restart on fewer nodes than before still gives more nodes their last
+// call, but it runs from the failure, beside the fencing of the lost node:
+// a second wait after the fencing would only lengthen the outage.
+func TestRecoveryLastCallRunsFromTheFailure(t *testing.T) {
+	c := newFakeClockCluster(t)
+	a, b, z := c.connectFake("node-a"), c.connectFake("node-b"), c.connectFake("node-z")
+	a.keepAlive()
+	b.keepAlive()
+	z.keepAlive()
+	spec := c.recoverable("elastic", 2, 3)
+	spec.NodesMax = 3
+	// Longer than the lost node's fencing takes (its heartbeat timeout and
+	// the fencing margin after its last heartbeat).
+	const window = 3 * time.Second
+	spec.RendezvousLastCall = durationpb.New(window)
+	c.startJob(spec)
+	a1, b1, _ := a.run(), b.run(), z.run()
+	a.step(a1, 3)
+	c.waitJob("elastic", func(j *rdzvv1.Job) bool { return j.GetStep() == 3 })
+
+	z.crash()
+	poll(t, func() bool {
+		c.advance(100*time.Millisecond, "node-a", "node-b")
+		return c.getJob("elastic").GetState() == recovering
+	}, func() string { return "node-z never declared lost" })
+	failedAt := c.waitEvent("elastic", "attempt_failed").GetTime().AsTime()
+	a.expectStop(a1)
+	b.expectStop(b1)
+	poll(t, func() bool {
+		c.advance(100*time.Millisecond, "node-a", "node-b")
+		return c.getJob("elastic").GetGeneration() == 2
+	}, func() string { return "not restarted" })
+	var committedAt time.Time
+	for _, e := range c.events("elastic") {
+		if e.GetKind() == "rendezvous_committed" && e.GetGeneration() == 2 {
+			committedAt = e.GetTime().AsTime()
+		}
+	}
+	waited := committedAt.Sub(failedAt)
+	require.GreaterOrEqual(t, waited, window, "the last call is kept")
+	require.Less(t, waited, window+500*time.Millisecond, "and not waited again after the fencing")
+	require.Equal(t, uint32(2), a.run().GetNnodes())
+}
+
+// An operator's stop leaves the workers the agent's whole stop_grace to
+// save their work; only a failed generation's get the short one.
+func TestOperatorStopKeepsTheFullGrace(t *testing.T) {
+	c := newCluster(t)
+	a := c.connectFake("node-a")
+	a.keepAlive()
+	c.startJob(c.recoverable("kept", 1, 3))
+	a1 := a.run()
+	c.waitRunning("kept")
+	require.Equal(t, rdzvv1.JobState_JOB_STATE_STOPPING, c.stopJob("kept").GetState())
+	require.Nil(t, a.expectStop(a1).GetGrace(), "no grace given: the agent's stop_grace")
 }

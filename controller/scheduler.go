@@ -373,7 +373,7 @@ func (c *Controller) sendAssignment(js *jobState, round *rdzvv1.Round, a *rdzvv1
 	if ns == nil || ns.session == nil || ns.job != js.rec.GetSpec().GetName() || ns.generation != round.GetGeneration() {
 		return
 	}
-	ns.session.send(&rdzvv1.ConnectResponse{Msg: &rdzvv1.ConnectResponse_Assignment{Assignment: assignmentOf(js, a)}})
+	ns.session.send(&rdzvv1.ConnectResponse{Msg: &rdzvv1.ConnectResponse_Assignment{Assignment: c.assignmentOf(js, a)}})
 }
 
 func nodeList(placed []rendezvous.Placed) string {
@@ -428,12 +428,34 @@ func newID() string {
 }
 
 // assignmentOf builds the assignment of a, a node of the job's current
-// round.
-func assignmentOf(js *jobState, a *rdzvv1.NodeAssignment) *rdzvv1.Assignment {
+// round. Callers hold c.mu.
+func (c *Controller) assignmentOf(js *jobState, a *rdzvv1.NodeAssignment) *rdzvv1.Assignment {
 	return &rdzvv1.Assignment{
 		Spec: js.rec.GetSpec(), Generation: js.round.GetGeneration(), NodeRank: a.GetNodeRank(),
 		Nnodes: uint32(len(js.round.GetNodes())), ProcsPerNode: js.rec.GetSpec().GetProcsPerNode(),
 		MasterAddr: js.round.GetMasterAddr(), MasterPort: js.round.GetMasterPort(), GpuIndices: a.GetGpuIndices(),
 		ResumeFrom: js.rec.GetLatestCheckpoint().GetPath(), JobCreatedAt: js.rec.GetCreatedAt(),
+		Watch: c.watchedPeers(js.round, a),
 	}
+}
+
+// watchedPeers are the nodes a watches in its round: its neighbours in a
+// ring by node rank. Every node is watched by two peers (one in a round of
+// two), so a dead node's peers know within a few probes, at a constant
+// cost per node whatever the job's size. Peers without gossip are left
+// out. Callers hold c.mu.
+func (c *Controller) watchedPeers(round *rdzvv1.Round, a *rdzvv1.NodeAssignment) []*rdzvv1.WatchedPeer {
+	nodes := round.GetNodes()
+	n := len(nodes)
+	var out []*rdzvv1.WatchedPeer
+	for _, step := range []int{1, n - 1} {
+		peer := nodes[(int(a.GetNodeRank())+step)%n].GetNode()
+		if peer == a.GetNode() || (len(out) == 1 && out[0].GetNode() == peer) {
+			continue
+		}
+		if ns := c.nodes[peer]; ns != nil && ns.rec.GetInfo().GetGossipAddr() != "" {
+			out = append(out, &rdzvv1.WatchedPeer{Node: peer, GossipAddr: ns.rec.GetInfo().GetGossipAddr()})
+		}
+	}
+	return out
 }

@@ -4,8 +4,10 @@ package controller
 
 import (
 	"fmt"
+	"time"
 
 	"go.uber.org/zap"
+	"google.golang.org/protobuf/types/known/durationpb"
 
 	rdzvv1 "github.com/rdzv/rdzv/proto/rdzv/v1"
 )
@@ -28,12 +30,12 @@ func (c *Controller) applyWorkerStatus(node string, w *rdzvv1.WorkerStatus) {
 	if !current {
 		if alive {
 			log.Warn("stopping workers of a stale generation")
-			c.sendStop(node, w.GetJob(), w.GetGeneration(), "stale generation")
+			c.sendStop(node, w.GetJob(), w.GetGeneration(), "stale generation", failedStopGrace)
 		}
 		return
 	}
 	if alive && js.rec.GetState() != rdzvv1.JobState_JOB_STATE_RUNNING {
-		c.sendStop(node, w.GetJob(), w.GetGeneration(), "job is "+stateName(js.rec.GetState()))
+		c.sendStop(node, w.GetJob(), w.GetGeneration(), "job is "+stateName(js.rec.GetState()), 0)
 	}
 	prev := js.workers[node]
 	if prev.GetState() == w.GetState() || terminalWorker(prev.GetState()) {
@@ -169,12 +171,14 @@ func (js *jobState) noteSucceeded() {
 	}
 }
 
-func (c *Controller) sendStop(node, job string, generation uint64, reason string) {
+func (c *Controller) sendStop(node, job string, generation uint64, reason string, grace time.Duration) {
 	ns := c.nodes[node]
 	if ns == nil || ns.session == nil {
 		return
 	}
-	ns.session.send(&rdzvv1.ConnectResponse{Msg: &rdzvv1.ConnectResponse_StopWorkers{StopWorkers: &rdzvv1.StopWorkers{
-		Job: job, Generation: generation, Reason: reason,
-	}}})
+	stop := &rdzvv1.StopWorkers{Job: job, Generation: generation, Reason: reason}
+	if grace > 0 {
+		stop.Grace = durationpb.New(grace)
+	}
+	ns.session.send(&rdzvv1.ConnectResponse{Msg: &rdzvv1.ConnectResponse_StopWorkers{StopWorkers: stop}})
 }

@@ -17,7 +17,7 @@ import "time"
 // received no earlier).
 const (
 	// FenceCheckEvery is how often an agent asks whether it is cut off.
-	FenceCheckEvery = 250 * time.Millisecond
+	FenceCheckEvery = 100 * time.Millisecond
 	// fenceKill bounds the time from deciding to fence to the workers'
 	// process groups being gone: a SIGKILL, no grace.
 	fenceKill = 750 * time.Millisecond

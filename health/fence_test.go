@@ -36,7 +36,7 @@ func TestSelfFenceDeadline(t *testing.T) {
 	h := Heartbeat{Interval: time.Second, Timeout: 5 * time.Second, Vouched: time.Minute}
 	require.Equal(t, 5*time.Second+FenceMargin, h.SelfFenceDeadline(true))
 	require.Equal(t, time.Minute+FenceMargin, h.SelfFenceDeadline(false))
-	require.Equal(t, time.Second, FenceMargin, "the controller has always allowed a second for the check and the kill")
+	require.Equal(t, FenceCheckEvery+fenceKill, FenceMargin, "a check interval and the kill")
 }
 
 func TestOrphanTimeout(t *testing.T) {
@@ -57,17 +57,17 @@ func TestFencedBy(t *testing.T) {
 		{
 			name: "confirmed by peers: the heartbeat timeout from its last heartbeat",
 			loss: Loss{At: seen.Add(2500 * time.Millisecond), LastSeen: seen, Heard: true, ElectedAt: elected, Gossips: true, Unreachable: true},
-			want: seen.Add(6 * time.Second),
+			want: seen.Add(5*time.Second + FenceMargin),
 		},
 		{
 			name: "no gossip: it fences after the heartbeat timeout, at the latest a margin after we decided",
 			loss: Loss{At: seen.Add(5100 * time.Millisecond), LastSeen: seen, Heard: true, ElectedAt: elected},
-			want: seen.Add(6100 * time.Millisecond),
+			want: seen.Add(5100*time.Millisecond + FenceMargin),
 		},
 		{
 			name: "lost after peers vouched: by then it has fenced",
 			loss: Loss{At: seen.Add(61 * time.Second), LastSeen: seen, Heard: true, ElectedAt: elected, Gossips: true},
-			want: seen.Add(62 * time.Second),
+			want: seen.Add(61*time.Second + FenceMargin),
 		},
 		{
 			// Found disagreeing: this was seen+6s, but an agent whose peers
@@ -75,28 +75,28 @@ func TestFencedBy(t *testing.T) {
 			// on until the vouched timeout.
 			name: "timed out with nobody to say: it may still reach its peers",
 			loss: Loss{At: seen.Add(5100 * time.Millisecond), LastSeen: seen, Heard: true, ElectedAt: elected, Gossips: true},
-			want: seen.Add(61 * time.Second),
+			want: seen.Add(time.Minute + FenceMargin),
 		},
 		{
 			name: "timed out, and its only peer cannot reach it (a peer without peers is no voter)",
 			loss: Loss{At: seen.Add(5100 * time.Millisecond), LastSeen: seen, Heard: true, ElectedAt: elected, Gossips: true, Unreachable: true},
-			want: seen.Add(6100 * time.Millisecond),
+			want: seen.Add(5100*time.Millisecond + FenceMargin),
 		},
 		{
 			name: "not heard by this leader, confirmed: the heartbeat timeout from the election",
 			loss: Loss{At: seen.Add(2500 * time.Millisecond), LastSeen: seen, ElectedAt: elected, Gossips: true, Unreachable: true},
-			want: seen.Add(6 * time.Second),
+			want: seen.Add(5*time.Second + FenceMargin),
 		},
 		{
 			name: "not heard by this leader, unconfirmed: the vouched timeout from the election",
 			loss: Loss{At: seen.Add(15 * time.Second), LastSeen: seen, ElectedAt: elected, Gossips: true},
-			want: elected.Add(61 * time.Second),
+			want: elected.Add(time.Minute + FenceMargin),
 		},
 		{
 			// After the start-up grace; without gossip it fenced long since.
 			name: "not heard by this leader, no gossip: the heartbeat timeout from the election",
 			loss: Loss{At: elected.Add(16 * time.Second), LastSeen: elected.Add(time.Second), ElectedAt: elected},
-			want: elected.Add(17 * time.Second),
+			want: elected.Add(16*time.Second + FenceMargin),
 		},
 		{
 			// Found disagreeing: this was the end of the hold plus a second,
@@ -104,7 +104,7 @@ func TestFencedBy(t *testing.T) {
 			// runs the workers it adopted for Unregistered's timeout.
 			name: "lost after a restart hold: a new agent may have adopted the workers",
 			loss: Loss{At: seen.Add(15 * time.Second), LastSeen: seen, Heard: true, ElectedAt: elected, HoldUntil: seen.Add(15 * time.Second), Gossips: true, Unreachable: true},
-			want: seen.Add(21 * time.Second),
+			want: seen.Add(20*time.Second + FenceMargin),
 		},
 	}
 	for _, tt := range tests {

@@ -2,10 +2,11 @@ package health
 
 import "time"
 
-// confirmAfter is how many heartbeats a node must miss before its peers'
-// word that they cannot reach it either declares it lost: one missed
-// heartbeat is routine jitter, and the peers' memberlist may lag a little.
-const confirmAfter = 2
+// confirmLate is how far past its interval a node's heartbeat must be
+// overdue before its peers' word that they cannot reach it either declares
+// it lost. A heartbeat on time but for jitter is in by then; the peers of
+// a job probe each other every 150 ms, so their word is in too.
+const confirmLate = 4 // a quarter of an interval
 
 // Verdict is the controller's judgement of one node's silence.
 type Verdict int
@@ -84,8 +85,15 @@ type Liveness struct {
 	Confirmed bool
 }
 
-// Liveness judges a node's silence at now. Silent past confirmAfter
-// heartbeats while a peer cannot reach it either, it is gone: no need to
+// ConfirmAt is when a node last heard at lastSeen is silent long enough for
+// its peers' word to declare it lost (Liveness): a heartbeat overdue by a
+// quarter of an interval.
+func (h Heartbeat) ConfirmAt(lastSeen time.Time) time.Time {
+	return lastSeen.Add(h.Interval + h.Interval/confirmLate)
+}
+
+// Liveness judges a node's silence at now. Overdue by a heartbeat (see
+// ConfirmAt) while a peer cannot reach it either, it is gone: no need to
 // wait out the full timeout. Silent past the timeout, it is lost unless
 // peers vouch for it, which they can for the vouched timeout.
 //
@@ -107,7 +115,7 @@ func (h Heartbeat) Liveness(now time.Time, s Silence) Liveness {
 	heard := silent - h.LagCredit(lag)
 	l := Liveness{Verdict: Lost, Silent: silent}
 	switch {
-	case s.Peers.Unreachable > 0 && silent > confirmAfter*h.Interval:
+	case s.Peers.Unreachable > 0 && !now.Before(h.ConfirmAt(s.LastSeen)):
 		l.Confirmed = true
 		return l
 	case now.Before(s.GraceUntil):

@@ -244,6 +244,17 @@ type LastCall struct {
 	minMetAt time.Time
 }
 
+// OpenAt starts the window at t unless it has started already. A job that
+// restarts opens it when its failed generation is fenced off: the nodes that
+// appear while that generation stops have had their last call too. The
+// minimum must still be met when the job is next observed, or the window
+// starts over.
+func (l *LastCall) OpenAt(t time.Time) {
+	if l.minMetAt.IsZero() {
+		l.minMetAt = t
+	}
+}
+
 // Decision is the outcome of one look at a waiting job.
 type Decision struct {
 	Commit bool

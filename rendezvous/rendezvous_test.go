@@ -178,16 +178,26 @@ func TestLastCall(t *testing.T) {
 	tests := []struct {
 		name  string
 		steps []step
+		// openAt, when set, opens the window before the first step (a
+		// restarting job opens it at its failure); negative is before t0.
+		openAt *time.Duration
 	}{
-		{"below min waits without deadline", []step{{0, 1, false, 0}, {time.Hour, 1, false, 0}}},
-		{"max commits at once", []step{{0, 4, true, 0}}},
-		{"min then last call expiry commits", []step{{0, 2, false, 10 * time.Second}, {5 * time.Second, 3, false, 10 * time.Second}, {10 * time.Second, 3, true, 0}}},
-		{"reaching max during last call commits early", []step{{0, 2, false, 10 * time.Second}, {3 * time.Second, 4, true, 0}}},
-		{"dropping below min resets the window", []step{{0, 2, false, 10 * time.Second}, {5 * time.Second, 1, false, 0}, {8 * time.Second, 2, false, 18 * time.Second}, {17 * time.Second, 2, false, 18 * time.Second}, {18 * time.Second, 2, true, 0}}},
+		{"below min waits without deadline", []step{{0, 1, false, 0}, {time.Hour, 1, false, 0}}, nil},
+		{"max commits at once", []step{{0, 4, true, 0}}, nil},
+		{"min then last call expiry commits", []step{{0, 2, false, 10 * time.Second}, {5 * time.Second, 3, false, 10 * time.Second}, {10 * time.Second, 3, true, 0}}, nil},
+		{"reaching max during last call commits early", []step{{0, 2, false, 10 * time.Second}, {3 * time.Second, 4, true, 0}}, nil},
+		{"dropping below min resets the window", []step{{0, 2, false, 10 * time.Second}, {5 * time.Second, 1, false, 0}, {8 * time.Second, 2, false, 18 * time.Second}, {17 * time.Second, 2, false, 18 * time.Second}, {18 * time.Second, 2, true, 0}}, nil},
+		{"opened a window ago commits at min", []step{{0, 2, true, 0}}, ptr(-window)},
+		{"opened earlier waits only the rest", []step{{0, 2, false, 6 * time.Second}, {6 * time.Second, 2, true, 0}}, ptr(-4 * time.Second)},
+		{"opened but below min starts over", []step{{0, 1, false, 0}, {time.Second, 2, false, 11 * time.Second}}, ptr(-window)},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			var lc LastCall
+			if tt.openAt != nil {
+				lc.OpenAt(t0.Add(*tt.openAt))
+				lc.OpenAt(t0) // an open window is not moved
+			}
 			for i, s := range tt.steps {
 				d := lc.Observe(t0.Add(s.at), s.eligible, req, window)
 				require.Equal(t, s.commit, d.Commit, "step %d: %s", i, d.Reason)
@@ -201,6 +211,8 @@ func TestLastCall(t *testing.T) {
 		})
 	}
 }
+
+func ptr(d time.Duration) *time.Duration { return &d }
 
 func TestLastCallZeroWindowCommitsAtMin(t *testing.T) {
 	var lc LastCall

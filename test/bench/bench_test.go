@@ -68,6 +68,7 @@ type result struct {
 	detection    time.Duration // its detection_latency field
 	toEvent      time.Duration // fault to the event's time
 	timeline     string        // the job's events after the fault, as offsets
+	phases       []phase       // where the recovery's time went, in order
 	note, failed string        // why it did not recover; a setup failure
 }
 
@@ -340,6 +341,21 @@ func (b *bench) runRdzv(t *testing.T, r *result) {
 		t.Errorf("bench: reading events: %v", err)
 	}
 	var timeline []string
+	failedGen, _ := strconv.ParseUint(before[net.Host(victim).Name].gen, 10, 64)
+	var stopped, committed, launched time.Time
+	for _, ev := range evs.Events {
+		if ev.Time.Before(t0) {
+			continue
+		}
+		switch {
+		case ev.Kind == "worker_exited" && ev.Generation == failedGen:
+			stopped = later(stopped, ev.Time)
+		case ev.Kind == "rendezvous_committed" && committed.IsZero():
+			committed = ev.Time
+		case ev.Kind == "worker_started" && ev.Generation > failedGen:
+			launched = later(launched, ev.Time)
+		}
+	}
 	for _, ev := range evs.Events {
 		if ev.Time.Before(t0) {
 			continue
@@ -363,7 +379,20 @@ func (b *bench) runRdzv(t *testing.T, r *result) {
 			t.Logf("bench: attempt_failed: %s", ev.Message)
 		}
 	}
+	if r.hasEvent {
+		r.phases = append(r.phases, phase{"detect", r.toEvent})
+	}
+	for _, p := range []struct {
+		name string
+		at   time.Time
+	}{{"stopped", stopped}, {"commit", committed}, {"launched", launched}} {
+		if !p.at.IsZero() {
+			r.phases = append(r.phases, phase{p.name, p.at.Sub(t0)})
+		}
+	}
+	r.phases = append(r.phases, workerPhases(readPhases(d.ticks), t0)...)
 	if ok {
+		r.phases = append(r.phases, phase{"step", r.recovery})
 		timeline = append(timeline, fmt.Sprintf("+%ss first step (step %d, generation %s, %s)", secs(r.recovery), first.step, first.gen, first.host))
 	}
 	r.timeline = strings.Join(timeline, ", ")
@@ -470,6 +499,7 @@ func (b *bench) runTorchrun(t *testing.T, r *result) {
 	if ok {
 		r.recovery = first.time().Sub(t0)
 		r.timeline = fmt.Sprintf("+%ss first step (step %d, restart %s, %s)", secs(r.recovery), first.step, strings.TrimPrefix(first.gen, "r"), first.host)
+		r.phases = append(workerPhases(readPhases(d.ticks), t0), phase{"step", r.recovery})
 	} else {
 		t.Logf("bench: torchrun elastic did not recover from %s: %s", r.fault, why)
 		diagnose()
@@ -560,6 +590,9 @@ func (r result) summary() string {
 	if r.hasEvent {
 		s += fmt.Sprintf("; attempt_failed %ss after the fault, detection_latency %ss", secs(r.toEvent), secs(r.detection))
 	}
+	if len(r.phases) > 0 {
+		s += "; phases " + phaseList(r.phases)
+	}
 	if r.timeline != "" {
 		s += "; " + r.timeline
 	}
@@ -644,6 +677,33 @@ func (b *bench) report(results []result, took time.Duration) string {
 		fmt.Fprintf(&w, "| %s | %s | %s | %s | %s | %s |\n", fault, b.recoveryCell(rd), det, toEv, b.recoveryCell(tr), ratio)
 	}
 
+	fmt.Fprintf(&w, "\nPhases (median seconds after the fault at which each was reached; see Columns):\n\n")
+	fmt.Fprintf(&w, "| fault | system | %s |\n", strings.Join(phaseNames, " | "))
+	fmt.Fprintf(&w, "|%s\n", strings.Repeat(" --- |", len(phaseNames)+2))
+	for _, fault := range b.faults {
+		for _, system := range b.systems {
+			cells := make([]string, len(phaseNames))
+			for i, name := range phaseNames {
+				var ats []time.Duration
+				for _, r := range results {
+					if r.fault != fault || r.system != system || r.failed != "" {
+						continue
+					}
+					for _, p := range r.phases {
+						if p.name == name {
+							ats = append(ats, p.at)
+						}
+					}
+				}
+				cells[i] = "-"
+				if len(ats) > 0 {
+					cells[i] = secs(median(ats))
+				}
+			}
+			fmt.Fprintf(&w, "| %s | %s | %s |\n", fault, system, strings.Join(cells, " | "))
+		}
+	}
+
 	fmt.Fprintf(&w, "\nTargets (figures, not assertions):\n")
 	if s, ok := summaries["kill-node"]; ok && s[0].recovered > 0 && s[1].n > 0 {
 		if s[1].recovered > 0 {
@@ -666,8 +726,8 @@ func (b *bench) report(results []result, took time.Duration) string {
 				secs(s[0].toEvent), met(s[0].toEvent < 3*time.Second), secs(s[0].detection), met(s[0].detection < 3*time.Second))
 		}
 	}
-	fmt.Fprintf(&w, "  (for a lost node detection_latency counts from its last heartbeat, which precedes the fault, so it is at least\n")
-	fmt.Fprintf(&w, "  heartbeat.timeout = %s by construction; fault→attempt_failed is the latency an outside observer sees)\n", heartbeatTimeout)
+	fmt.Fprintf(&w, "  (for a lost node detection_latency counts from its last heartbeat, which precedes the fault by up to a heartbeat\n")
+	fmt.Fprintf(&w, "  interval (%s); fault→attempt_failed is the latency an outside observer sees)\n", heartbeatInterval)
 	if s, ok := summaries["hang"]; ok && s[0].events > 0 {
 		fmt.Fprintf(&w, "- hang: fault→attempt_failed %ss includes health.progress_timeout (%s); detection_latency (%ss) is the time past that timeout\n",
 			secs(s[0].toEvent), progressTimeout, secs(s[0].detection))
@@ -680,6 +740,11 @@ func (b *bench) report(results []result, took time.Duration) string {
 	fmt.Fprintf(&w, "  agent saw it (not from the worker's death), from the lost node's last heartbeat (up to one heartbeat interval before the\n")
 	fmt.Fprintf(&w, "  fault), or for a hang the time past health.progress_timeout.\n")
 	fmt.Fprintf(&w, "- rdzv fault→attempt_failed: the event's time minus the injection time, i.e. detection as seen from outside.\n")
+	fmt.Fprintf(&w, "- phases (rdzv, from the controller's events): detect = attempt_failed; stopped = the failed generation's last\n")
+	fmt.Fprintf(&w, "  worker_exited (its survivors gone); commit = rendezvous_committed (after fencing, backoff and last call);\n")
+	fmt.Fprintf(&w, "  launched = the new generation's last worker_started (torchrun running on every node). Both systems, from the\n")
+	fmt.Fprintf(&w, "  workers' PHASE lines: python = first new worker process up; torch = last one to have imported torch;\n")
+	fmt.Fprintf(&w, "  pg = last one with its process group up (init_process_group returned); step = the first step after recovery.\n")
 
 	fmt.Fprintf(&w, "\nSettings:\n")
 	fmt.Fprintf(&w, "- hosts: network namespaces on one machine (test/netns), h0 the rdzv controller, h1..h3 training nodes; fault on h3\n")
@@ -706,6 +771,24 @@ func (b *bench) report(results []result, took time.Duration) string {
 		fmt.Fprintf(&w, "- %s\n", r.summary())
 	}
 	return w.String()
+}
+
+// phaseNames orders the phases of a recovery (see the report's Columns).
+var phaseNames = []string{"detect", "stopped", "commit", "launched", "python", "torch", "pg", "step"}
+
+func phaseList(ps []phase) string {
+	out := make([]string, len(ps))
+	for i, p := range ps {
+		out[i] = fmt.Sprintf("%s +%s", p.name, secs(p.at))
+	}
+	return strings.Join(out, ", ")
+}
+
+func later(a, b time.Time) time.Time {
+	if b.After(a) {
+		return b
+	}
+	return a
 }
 
 func met(ok bool) string {

@@ -8,6 +8,9 @@ makes, rdzv_report.report_step, to
     where started is when this process began (before importing torch), so
     the benchmark can tell a restarted worker from one that was already
     running when the fault was injected;
+  - append PHASE lines to the same file when torch is imported and when the
+    process group is up:
+      PHASE host=<h> pid=<pid> started=<unix s> gen=<g> phase=imported|pg t=<unix s>
   - hang on request: when $BENCH_HANG_DIR/hang-<hostname> exists, remove it
     (so only this generation hangs) and sleep forever without exiting.
 
@@ -37,15 +40,25 @@ HANG_FILE = os.path.join(os.environ.get("BENCH_HANG_DIR", "/nonexistent"), "hang
 _tick_fd = None
 
 
-def _tick(step, extra=""):
+def _write(line):
     global _tick_fd
     if not TICK_DIR:
         return
     if _tick_fd is None:
         _tick_fd = os.open(os.path.join(TICK_DIR, HOST + ".ticks"), os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-    line = "TICK host=%s pid=%d started=%.6f gen=%s rank=%s step=%d t=%.6f%s\n" % (
-        HOST, os.getpid(), STARTED, GEN, os.environ.get("RANK", "?"), step, time.time(), extra)
     os.write(_tick_fd, line.encode())  # one O_APPEND write per line
+
+
+def _tick(step, extra=""):
+    _write("TICK host=%s pid=%d started=%.6f gen=%s rank=%s step=%d t=%.6f%s\n" % (
+        HOST, os.getpid(), STARTED, GEN, os.environ.get("RANK", "?"), step, time.time(), extra))
+
+
+def _phase(name):
+    """PHASE lines mark a worker's start-up, so the benchmark can split a
+    recovery's tail into its parts: the process started (python up), torch
+    imported, process group up."""
+    _write("PHASE host=%s pid=%d started=%.6f gen=%s phase=%s t=%.6f\n" % (HOST, os.getpid(), STARTED, GEN, name, time.time()))
 
 
 _report_step = rdzv_report.report_step
@@ -67,6 +80,18 @@ def report_step(step, force=False):
 rdzv_report.report_step = report_step
 
 import train  # noqa: E402  (examples/train.py; it calls rdzv_report.report_step every step)
+
+_phase("imported")
+_init_process_group = train.dist.init_process_group
+
+
+def init_process_group(*args, **kwargs):
+    out = _init_process_group(*args, **kwargs)
+    _phase("pg")
+    return out
+
+
+train.dist.init_process_group = init_process_group
 
 
 def latest_complete(ckpt_dir):

@@ -101,6 +101,103 @@ func parseTick(line string) (tick, bool) {
 	return k, seen == 5
 }
 
+// phaseMark is one PHASE line written by bench_worker.py: a worker process
+// got as far as importing torch ("imported") or joining its process group
+// ("pg").
+type phaseMark struct {
+	host, gen, name string
+	started, t      float64 // unix seconds the process began; of the mark
+}
+
+// readPhases parses the PHASE lines of every tick file in dir.
+func readPhases(dir string) []phaseMark {
+	files, _ := filepath.Glob(filepath.Join(dir, "*.ticks"))
+	var out []phaseMark
+	for _, f := range files {
+		data, err := os.ReadFile(f)
+		if err != nil {
+			continue
+		}
+		lines := strings.Split(string(data), "\n")
+		for _, line := range lines[:len(lines)-1] {
+			rest, ok := strings.CutPrefix(line, "PHASE ")
+			if !ok {
+				continue
+			}
+			var m phaseMark
+			seen := 0
+			for _, field := range strings.Fields(rest) {
+				key, val, _ := strings.Cut(field, "=")
+				var err error
+				switch key {
+				case "host":
+					m.host = val
+				case "gen":
+					m.gen = val
+				case "phase":
+					m.name = val
+					seen++
+				case "started":
+					m.started, err = strconv.ParseFloat(val, 64)
+					seen++
+				case "t":
+					m.t, err = strconv.ParseFloat(val, 64)
+					seen++
+				}
+				if err != nil {
+					seen = -1
+					break
+				}
+			}
+			if seen == 3 {
+				out = append(out, m)
+			}
+		}
+	}
+	return out
+}
+
+// phase is one named step of a recovery and when it was reached after the
+// fault.
+type phase struct {
+	name string
+	at   time.Duration
+}
+
+// workerPhases are the start-up steps of the worker processes started after
+// t0: the first process up ("python"), the last to have imported torch
+// ("torch", which every rank needs before it can join), and the last to
+// have its process group up ("pg", collective: it is up when the last rank
+// joins).
+func workerPhases(marks []phaseMark, t0 time.Time) []phase {
+	t0s := unixSeconds(t0)
+	var python, torch, pg float64
+	for _, m := range marks {
+		if m.started <= t0s {
+			continue
+		}
+		if python == 0 || m.started < python {
+			python = m.started
+		}
+		switch m.name {
+		case "imported":
+			torch = max(torch, m.t)
+		case "pg":
+			pg = max(pg, m.t)
+		}
+	}
+	var out []phase
+	for _, p := range []struct {
+		name string
+		t    float64
+	}{{"python", python}, {"torch", torch}, {"pg", pg}} {
+		if p.t > 0 {
+			out = append(out, phase{p.name, unixTime(p.t).Sub(t0)})
+		}
+	}
+	return out
+}
+
 // latestStepByHost is the highest step each host's workers have reached.
 func latestStepByHost(ticks []tick) map[string]tick {
 	m := map[string]tick{}

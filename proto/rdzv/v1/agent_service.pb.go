@@ -9,6 +9,7 @@ package rdzvv1
 import (
 	protoreflect "google.golang.org/protobuf/reflect/protoreflect"
 	protoimpl "google.golang.org/protobuf/runtime/protoimpl"
+	durationpb "google.golang.org/protobuf/types/known/durationpb"
 	timestamppb "google.golang.org/protobuf/types/known/timestamppb"
 	reflect "reflect"
 	sync "sync"
@@ -1093,10 +1094,15 @@ func (x *CheckpointReport) GetSource() string {
 }
 
 type StopWorkers struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Job           string                 `protobuf:"bytes,1,opt,name=job,proto3" json:"job,omitempty"`
-	Generation    uint64                 `protobuf:"varint,2,opt,name=generation,proto3" json:"generation,omitempty"`
-	Reason        string                 `protobuf:"bytes,3,opt,name=reason,proto3" json:"reason,omitempty"`
+	state      protoimpl.MessageState `protogen:"open.v1"`
+	Job        string                 `protobuf:"bytes,1,opt,name=job,proto3" json:"job,omitempty"`
+	Generation uint64                 `protobuf:"varint,2,opt,name=generation,proto3" json:"generation,omitempty"`
+	Reason     string                 `protobuf:"bytes,3,opt,name=reason,proto3" json:"reason,omitempty"`
+	// At most this long between SIGTERM and SIGKILL, if shorter than the
+	// agent's stop_grace; unset: stop_grace. A failed generation's workers
+	// get a short one: their collectives are broken, there is nothing left
+	// for them to save, and the restart waits for them.
+	Grace         *durationpb.Duration `protobuf:"bytes,4,opt,name=grace,proto3" json:"grace,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1150,6 +1156,13 @@ func (x *StopWorkers) GetReason() string {
 		return x.Reason
 	}
 	return ""
+}
+
+func (x *StopWorkers) GetGrace() *durationpb.Duration {
+	if x != nil {
+		return x.Grace
+	}
+	return nil
 }
 
 // PortProbe asks the agent for a port in [port_min, port_max] that is free on
@@ -1537,7 +1550,7 @@ var File_rdzv_v1_agent_service_proto protoreflect.FileDescriptor
 
 const file_rdzv_v1_agent_service_proto_rawDesc = "" +
 	"\n" +
-	"\x1brdzv/v1/agent_service.proto\x12\ardzv.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x11rdzv/v1/job.proto\x1a\x12rdzv/v1/node.proto\"\xf9\x04\n" +
+	"\x1brdzv/v1/agent_service.proto\x12\ardzv.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x11rdzv/v1/job.proto\x1a\x12rdzv/v1/node.proto\"\xf9\x04\n" +
 	"\x0eConnectRequest\x12/\n" +
 	"\bregister\x18\x01 \x01(\v2\x11.rdzv.v1.RegisterH\x00R\bregister\x122\n" +
 	"\theartbeat\x18\x02 \x01(\v2\x12.rdzv.v1.HeartbeatH\x00R\theartbeat\x12<\n" +
@@ -1625,13 +1638,14 @@ const file_rdzv_v1_agent_service_proto_rawDesc = "" +
 	"generation\x12\x12\n" +
 	"\x04step\x18\x03 \x01(\x04R\x04step\x12\x12\n" +
 	"\x04path\x18\x04 \x01(\tR\x04path\x12\x16\n" +
-	"\x06source\x18\x05 \x01(\tR\x06source\"W\n" +
+	"\x06source\x18\x05 \x01(\tR\x06source\"\x88\x01\n" +
 	"\vStopWorkers\x12\x10\n" +
 	"\x03job\x18\x01 \x01(\tR\x03job\x12\x1e\n" +
 	"\n" +
 	"generation\x18\x02 \x01(\x04R\n" +
 	"generation\x12\x16\n" +
-	"\x06reason\x18\x03 \x01(\tR\x06reason\"`\n" +
+	"\x06reason\x18\x03 \x01(\tR\x06reason\x12/\n" +
+	"\x05grace\x18\x04 \x01(\v2\x19.google.protobuf.DurationR\x05grace\"`\n" +
 	"\tPortProbe\x12\x1d\n" +
 	"\n" +
 	"request_id\x18\x01 \x01(\tR\trequestId\x12\x19\n" +
@@ -1706,6 +1720,7 @@ var file_rdzv_v1_agent_service_proto_goTypes = []any{
 	(*HealthCheckResult)(nil),     // 21: rdzv.v1.HealthCheckResult
 	(*timestamppb.Timestamp)(nil), // 22: google.protobuf.Timestamp
 	(WorkerState)(0),              // 23: rdzv.v1.WorkerState
+	(*durationpb.Duration)(nil),   // 24: google.protobuf.Duration
 }
 var file_rdzv_v1_agent_service_proto_depIdxs = []int32{
 	2,  // 0: rdzv.v1.ConnectRequest.register:type_name -> rdzv.v1.Register
@@ -1734,15 +1749,16 @@ var file_rdzv_v1_agent_service_proto_depIdxs = []int32{
 	23, // 23: rdzv.v1.WorkerStatus.state:type_name -> rdzv.v1.WorkerState
 	22, // 24: rdzv.v1.WorkerStatus.exited_at:type_name -> google.protobuf.Timestamp
 	22, // 25: rdzv.v1.Progress.at:type_name -> google.protobuf.Timestamp
-	22, // 26: rdzv.v1.LogTail.since:type_name -> google.protobuf.Timestamp
-	22, // 27: rdzv.v1.LogTail.run_created_at:type_name -> google.protobuf.Timestamp
-	0,  // 28: rdzv.v1.AgentService.Connect:input_type -> rdzv.v1.ConnectRequest
-	1,  // 29: rdzv.v1.AgentService.Connect:output_type -> rdzv.v1.ConnectResponse
-	29, // [29:30] is the sub-list for method output_type
-	28, // [28:29] is the sub-list for method input_type
-	28, // [28:28] is the sub-list for extension type_name
-	28, // [28:28] is the sub-list for extension extendee
-	0,  // [0:28] is the sub-list for field type_name
+	24, // 26: rdzv.v1.StopWorkers.grace:type_name -> google.protobuf.Duration
+	22, // 27: rdzv.v1.LogTail.since:type_name -> google.protobuf.Timestamp
+	22, // 28: rdzv.v1.LogTail.run_created_at:type_name -> google.protobuf.Timestamp
+	0,  // 29: rdzv.v1.AgentService.Connect:input_type -> rdzv.v1.ConnectRequest
+	1,  // 30: rdzv.v1.AgentService.Connect:output_type -> rdzv.v1.ConnectResponse
+	30, // [30:31] is the sub-list for method output_type
+	29, // [29:30] is the sub-list for method input_type
+	29, // [29:29] is the sub-list for extension type_name
+	29, // [29:29] is the sub-list for extension extendee
+	0,  // [0:29] is the sub-list for field type_name
 }
 
 func init() { file_rdzv_v1_agent_service_proto_init() }

@@ -1070,7 +1070,12 @@ type Assignment struct {
 	ResumeFrom   string                 `protobuf:"bytes,9,opt,name=resume_from,json=resumeFrom,proto3" json:"resume_from,omitempty"`
 	// When the job was submitted: tells one run of a job name from a later
 	// run of the same name, whose node logs the agent keeps apart.
-	JobCreatedAt  *timestamppb.Timestamp `protobuf:"bytes,10,opt,name=job_created_at,json=jobCreatedAt,proto3" json:"job_created_at,omitempty"`
+	JobCreatedAt *timestamppb.Timestamp `protobuf:"bytes,10,opt,name=job_created_at,json=jobCreatedAt,proto3" json:"job_created_at,omitempty"`
+	// The peers of this round this node probes over gossip (its neighbours in
+	// a ring by node rank, at most two), reporting at once in its gossip view
+	// those it cannot reach: a dead node of a job is known to its peers long
+	// before its heartbeats are missed for good.
+	Watch         []*WatchedPeer `protobuf:"bytes,16,rep,name=watch,proto3" json:"watch,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1175,6 +1180,66 @@ func (x *Assignment) GetJobCreatedAt() *timestamppb.Timestamp {
 	return nil
 }
 
+func (x *Assignment) GetWatch() []*WatchedPeer {
+	if x != nil {
+		return x.Watch
+	}
+	return nil
+}
+
+type WatchedPeer struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Node  string                 `protobuf:"bytes,1,opt,name=node,proto3" json:"node,omitempty"`
+	// Its gossip (memberlist) address, host:port.
+	GossipAddr    string `protobuf:"bytes,2,opt,name=gossip_addr,json=gossipAddr,proto3" json:"gossip_addr,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *WatchedPeer) Reset() {
+	*x = WatchedPeer{}
+	mi := &file_rdzv_v1_job_proto_msgTypes[7]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *WatchedPeer) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*WatchedPeer) ProtoMessage() {}
+
+func (x *WatchedPeer) ProtoReflect() protoreflect.Message {
+	mi := &file_rdzv_v1_job_proto_msgTypes[7]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use WatchedPeer.ProtoReflect.Descriptor instead.
+func (*WatchedPeer) Descriptor() ([]byte, []int) {
+	return file_rdzv_v1_job_proto_rawDescGZIP(), []int{7}
+}
+
+func (x *WatchedPeer) GetNode() string {
+	if x != nil {
+		return x.Node
+	}
+	return ""
+}
+
+func (x *WatchedPeer) GetGossipAddr() string {
+	if x != nil {
+		return x.GossipAddr
+	}
+	return ""
+}
+
 type Event struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	Time  *timestamppb.Timestamp `protobuf:"bytes,1,opt,name=time,proto3" json:"time,omitempty"`
@@ -1196,7 +1261,7 @@ type Event struct {
 
 func (x *Event) Reset() {
 	*x = Event{}
-	mi := &file_rdzv_v1_job_proto_msgTypes[7]
+	mi := &file_rdzv_v1_job_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1208,7 +1273,7 @@ func (x *Event) String() string {
 func (*Event) ProtoMessage() {}
 
 func (x *Event) ProtoReflect() protoreflect.Message {
-	mi := &file_rdzv_v1_job_proto_msgTypes[7]
+	mi := &file_rdzv_v1_job_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1221,7 +1286,7 @@ func (x *Event) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Event.ProtoReflect.Descriptor instead.
 func (*Event) Descriptor() ([]byte, []int) {
-	return file_rdzv_v1_job_proto_rawDescGZIP(), []int{7}
+	return file_rdzv_v1_job_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *Event) GetTime() *timestamppb.Timestamp {
@@ -1297,7 +1362,7 @@ type Round struct {
 
 func (x *Round) Reset() {
 	*x = Round{}
-	mi := &file_rdzv_v1_job_proto_msgTypes[8]
+	mi := &file_rdzv_v1_job_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1309,7 +1374,7 @@ func (x *Round) String() string {
 func (*Round) ProtoMessage() {}
 
 func (x *Round) ProtoReflect() protoreflect.Message {
-	mi := &file_rdzv_v1_job_proto_msgTypes[8]
+	mi := &file_rdzv_v1_job_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1322,7 +1387,7 @@ func (x *Round) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Round.ProtoReflect.Descriptor instead.
 func (*Round) Descriptor() ([]byte, []int) {
-	return file_rdzv_v1_job_proto_rawDescGZIP(), []int{8}
+	return file_rdzv_v1_job_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *Round) GetJob() string {
@@ -1487,7 +1552,7 @@ const file_rdzv_v1_job_proto_rawDesc = "" +
 	"\x04node\x18\x04 \x01(\tR\x04node\x12;\n" +
 	"\vreported_at\x18\x05 \x01(\v2\x1a.google.protobuf.TimestampR\n" +
 	"reportedAt\x12\x16\n" +
-	"\x06source\x18\x06 \x01(\tR\x06source\"\xf3\x02\n" +
+	"\x06source\x18\x06 \x01(\tR\x06source\"\x9f\x03\n" +
 	"\n" +
 	"Assignment\x12$\n" +
 	"\x04spec\x18\x01 \x01(\v2\x10.rdzv.v1.JobSpecR\x04spec\x12\x1e\n" +
@@ -1506,7 +1571,12 @@ const file_rdzv_v1_job_proto_rawDesc = "" +
 	"\vresume_from\x18\t \x01(\tR\n" +
 	"resumeFrom\x12@\n" +
 	"\x0ejob_created_at\x18\n" +
-	" \x01(\v2\x1a.google.protobuf.TimestampR\fjobCreatedAt\"\xa2\x02\n" +
+	" \x01(\v2\x1a.google.protobuf.TimestampR\fjobCreatedAt\x12*\n" +
+	"\x05watch\x18\x10 \x03(\v2\x14.rdzv.v1.WatchedPeerR\x05watch\"B\n" +
+	"\vWatchedPeer\x12\x12\n" +
+	"\x04node\x18\x01 \x01(\tR\x04node\x12\x1f\n" +
+	"\vgossip_addr\x18\x02 \x01(\tR\n" +
+	"gossipAddr\"\xa2\x02\n" +
 	"\x05Event\x12.\n" +
 	"\x04time\x18\x01 \x01(\v2\x1a.google.protobuf.TimestampR\x04time\x12\x10\n" +
 	"\x03job\x18\x02 \x01(\tR\x03job\x12\x12\n" +
@@ -1560,7 +1630,7 @@ func file_rdzv_v1_job_proto_rawDescGZIP() []byte {
 }
 
 var file_rdzv_v1_job_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
-var file_rdzv_v1_job_proto_msgTypes = make([]protoimpl.MessageInfo, 13)
+var file_rdzv_v1_job_proto_msgTypes = make([]protoimpl.MessageInfo, 14)
 var file_rdzv_v1_job_proto_goTypes = []any{
 	(JobState)(0),                 // 0: rdzv.v1.JobState
 	(WorkerState)(0),              // 1: rdzv.v1.WorkerState
@@ -1571,61 +1641,63 @@ var file_rdzv_v1_job_proto_goTypes = []any{
 	(*Incident)(nil),              // 6: rdzv.v1.Incident
 	(*Checkpoint)(nil),            // 7: rdzv.v1.Checkpoint
 	(*Assignment)(nil),            // 8: rdzv.v1.Assignment
-	(*Event)(nil),                 // 9: rdzv.v1.Event
-	(*Round)(nil),                 // 10: rdzv.v1.Round
-	nil,                           // 11: rdzv.v1.JobSpec.EnvEntry
-	nil,                           // 12: rdzv.v1.JobSpec.SelectorEntry
-	nil,                           // 13: rdzv.v1.JobSpec.SecretEnvEntry
-	nil,                           // 14: rdzv.v1.JobSpec.EnvFilesEntry
-	(*durationpb.Duration)(nil),   // 15: google.protobuf.Duration
-	(*timestamppb.Timestamp)(nil), // 16: google.protobuf.Timestamp
+	(*WatchedPeer)(nil),           // 9: rdzv.v1.WatchedPeer
+	(*Event)(nil),                 // 10: rdzv.v1.Event
+	(*Round)(nil),                 // 11: rdzv.v1.Round
+	nil,                           // 12: rdzv.v1.JobSpec.EnvEntry
+	nil,                           // 13: rdzv.v1.JobSpec.SelectorEntry
+	nil,                           // 14: rdzv.v1.JobSpec.SecretEnvEntry
+	nil,                           // 15: rdzv.v1.JobSpec.EnvFilesEntry
+	(*durationpb.Duration)(nil),   // 16: google.protobuf.Duration
+	(*timestamppb.Timestamp)(nil), // 17: google.protobuf.Timestamp
 }
 var file_rdzv_v1_job_proto_depIdxs = []int32{
-	11, // 0: rdzv.v1.JobSpec.env:type_name -> rdzv.v1.JobSpec.EnvEntry
-	12, // 1: rdzv.v1.JobSpec.selector:type_name -> rdzv.v1.JobSpec.SelectorEntry
-	15, // 2: rdzv.v1.JobSpec.rendezvous_last_call:type_name -> google.protobuf.Duration
-	15, // 3: rdzv.v1.JobSpec.rendezvous_timeout:type_name -> google.protobuf.Duration
-	15, // 4: rdzv.v1.JobSpec.restart_backoff_initial:type_name -> google.protobuf.Duration
-	15, // 5: rdzv.v1.JobSpec.restart_backoff_max:type_name -> google.protobuf.Duration
-	15, // 6: rdzv.v1.JobSpec.health_progress_timeout:type_name -> google.protobuf.Duration
-	13, // 7: rdzv.v1.JobSpec.secret_env:type_name -> rdzv.v1.JobSpec.SecretEnvEntry
-	14, // 8: rdzv.v1.JobSpec.env_files:type_name -> rdzv.v1.JobSpec.EnvFilesEntry
+	12, // 0: rdzv.v1.JobSpec.env:type_name -> rdzv.v1.JobSpec.EnvEntry
+	13, // 1: rdzv.v1.JobSpec.selector:type_name -> rdzv.v1.JobSpec.SelectorEntry
+	16, // 2: rdzv.v1.JobSpec.rendezvous_last_call:type_name -> google.protobuf.Duration
+	16, // 3: rdzv.v1.JobSpec.rendezvous_timeout:type_name -> google.protobuf.Duration
+	16, // 4: rdzv.v1.JobSpec.restart_backoff_initial:type_name -> google.protobuf.Duration
+	16, // 5: rdzv.v1.JobSpec.restart_backoff_max:type_name -> google.protobuf.Duration
+	16, // 6: rdzv.v1.JobSpec.health_progress_timeout:type_name -> google.protobuf.Duration
+	14, // 7: rdzv.v1.JobSpec.secret_env:type_name -> rdzv.v1.JobSpec.SecretEnvEntry
+	15, // 8: rdzv.v1.JobSpec.env_files:type_name -> rdzv.v1.JobSpec.EnvFilesEntry
 	3,  // 9: rdzv.v1.JobSpec.health_preflight:type_name -> rdzv.v1.PreflightSpec
-	15, // 10: rdzv.v1.PreflightSpec.timeout:type_name -> google.protobuf.Duration
+	16, // 10: rdzv.v1.PreflightSpec.timeout:type_name -> google.protobuf.Duration
 	1,  // 11: rdzv.v1.NodeAssignment.state:type_name -> rdzv.v1.WorkerState
 	2,  // 12: rdzv.v1.Job.spec:type_name -> rdzv.v1.JobSpec
 	0,  // 13: rdzv.v1.Job.state:type_name -> rdzv.v1.JobState
 	4,  // 14: rdzv.v1.Job.assignments:type_name -> rdzv.v1.NodeAssignment
-	16, // 15: rdzv.v1.Job.created_at:type_name -> google.protobuf.Timestamp
-	16, // 16: rdzv.v1.Job.started_at:type_name -> google.protobuf.Timestamp
-	16, // 17: rdzv.v1.Job.finished_at:type_name -> google.protobuf.Timestamp
+	17, // 15: rdzv.v1.Job.created_at:type_name -> google.protobuf.Timestamp
+	17, // 16: rdzv.v1.Job.started_at:type_name -> google.protobuf.Timestamp
+	17, // 17: rdzv.v1.Job.finished_at:type_name -> google.protobuf.Timestamp
 	7,  // 18: rdzv.v1.Job.latest_checkpoint:type_name -> rdzv.v1.Checkpoint
-	16, // 19: rdzv.v1.Job.progress_at:type_name -> google.protobuf.Timestamp
-	15, // 20: rdzv.v1.Job.training_time:type_name -> google.protobuf.Duration
-	15, // 21: rdzv.v1.Job.recovery_time:type_name -> google.protobuf.Duration
-	16, // 22: rdzv.v1.Job.recovery_started_at:type_name -> google.protobuf.Timestamp
-	16, // 23: rdzv.v1.Job.restart_not_before:type_name -> google.protobuf.Timestamp
-	16, // 24: rdzv.v1.Job.training_since:type_name -> google.protobuf.Timestamp
+	17, // 19: rdzv.v1.Job.progress_at:type_name -> google.protobuf.Timestamp
+	16, // 20: rdzv.v1.Job.training_time:type_name -> google.protobuf.Duration
+	16, // 21: rdzv.v1.Job.recovery_time:type_name -> google.protobuf.Duration
+	17, // 22: rdzv.v1.Job.recovery_started_at:type_name -> google.protobuf.Timestamp
+	17, // 23: rdzv.v1.Job.restart_not_before:type_name -> google.protobuf.Timestamp
+	17, // 24: rdzv.v1.Job.training_since:type_name -> google.protobuf.Timestamp
 	6,  // 25: rdzv.v1.Job.incidents:type_name -> rdzv.v1.Incident
-	16, // 26: rdzv.v1.Incident.fault_at:type_name -> google.protobuf.Timestamp
-	16, // 27: rdzv.v1.Incident.detected_at:type_name -> google.protobuf.Timestamp
-	16, // 28: rdzv.v1.Incident.fenced_at:type_name -> google.protobuf.Timestamp
-	16, // 29: rdzv.v1.Incident.committed_at:type_name -> google.protobuf.Timestamp
-	16, // 30: rdzv.v1.Incident.started_at:type_name -> google.protobuf.Timestamp
-	16, // 31: rdzv.v1.Incident.first_step_at:type_name -> google.protobuf.Timestamp
-	16, // 32: rdzv.v1.Checkpoint.reported_at:type_name -> google.protobuf.Timestamp
+	17, // 26: rdzv.v1.Incident.fault_at:type_name -> google.protobuf.Timestamp
+	17, // 27: rdzv.v1.Incident.detected_at:type_name -> google.protobuf.Timestamp
+	17, // 28: rdzv.v1.Incident.fenced_at:type_name -> google.protobuf.Timestamp
+	17, // 29: rdzv.v1.Incident.committed_at:type_name -> google.protobuf.Timestamp
+	17, // 30: rdzv.v1.Incident.started_at:type_name -> google.protobuf.Timestamp
+	17, // 31: rdzv.v1.Incident.first_step_at:type_name -> google.protobuf.Timestamp
+	17, // 32: rdzv.v1.Checkpoint.reported_at:type_name -> google.protobuf.Timestamp
 	2,  // 33: rdzv.v1.Assignment.spec:type_name -> rdzv.v1.JobSpec
-	16, // 34: rdzv.v1.Assignment.job_created_at:type_name -> google.protobuf.Timestamp
-	16, // 35: rdzv.v1.Event.time:type_name -> google.protobuf.Timestamp
-	15, // 36: rdzv.v1.Event.detection_latency:type_name -> google.protobuf.Duration
-	6,  // 37: rdzv.v1.Event.incident:type_name -> rdzv.v1.Incident
-	4,  // 38: rdzv.v1.Round.nodes:type_name -> rdzv.v1.NodeAssignment
-	16, // 39: rdzv.v1.Round.committed_at:type_name -> google.protobuf.Timestamp
-	40, // [40:40] is the sub-list for method output_type
-	40, // [40:40] is the sub-list for method input_type
-	40, // [40:40] is the sub-list for extension type_name
-	40, // [40:40] is the sub-list for extension extendee
-	0,  // [0:40] is the sub-list for field type_name
+	17, // 34: rdzv.v1.Assignment.job_created_at:type_name -> google.protobuf.Timestamp
+	9,  // 35: rdzv.v1.Assignment.watch:type_name -> rdzv.v1.WatchedPeer
+	17, // 36: rdzv.v1.Event.time:type_name -> google.protobuf.Timestamp
+	16, // 37: rdzv.v1.Event.detection_latency:type_name -> google.protobuf.Duration
+	6,  // 38: rdzv.v1.Event.incident:type_name -> rdzv.v1.Incident
+	4,  // 39: rdzv.v1.Round.nodes:type_name -> rdzv.v1.NodeAssignment
+	17, // 40: rdzv.v1.Round.committed_at:type_name -> google.protobuf.Timestamp
+	41, // [41:41] is the sub-list for method output_type
+	41, // [41:41] is the sub-list for method input_type
+	41, // [41:41] is the sub-list for extension type_name
+	41, // [41:41] is the sub-list for extension extendee
+	0,  // [0:41] is the sub-list for field type_name
 }
 
 func init() { file_rdzv_v1_job_proto_init() }
@@ -1639,7 +1711,7 @@ func file_rdzv_v1_job_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_rdzv_v1_job_proto_rawDesc), len(file_rdzv_v1_job_proto_rawDesc)),
 			NumEnums:      2,
-			NumMessages:   13,
+			NumMessages:   14,
 			NumExtensions: 0,
 			NumServices:   0,
 		},
