@@ -59,7 +59,7 @@ func (a *agentService) Connect(stream rdzvv1.AgentService_ConnectServer) error {
 			if err != nil {
 				return // the agent went away; it reconnects and re-registers
 			}
-			now := c.clock.Now()
+			now, handling := c.clock.Now(), time.Now()
 			sess.touch(now)
 			switch msg := m.GetMsg().(type) {
 			case *rdzvv1.ConnectRequest_Heartbeat:
@@ -87,6 +87,11 @@ func (a *agentService) Connect(stream rdzvv1.AgentService_ConnectServer) error {
 			case *rdzvv1.ConnectRequest_Register:
 				log.Warn("ignoring repeated register on an open stream")
 			}
+			// This stream's next heartbeat waited while this message was
+			// handled: behind the lock, when thousands of worker reports
+			// queue for it at once. Real time, like the runtime's own
+			// account of waits (lag.go): it measures this host's work.
+			c.heldUp.note(time.Since(handling))
 		}
 	}()
 	for {

@@ -105,10 +105,11 @@ type Controller struct {
 	// (see dropJob).
 	generationFloor uint64
 	// lag is the controller's own recent lag (lag.go), credited to every
-	// node's silence, as waited measures it; behind is set while it exceeds
-	// a heartbeat interval.
+	// node's silence, as waited and heldUp measure it; behind is set while
+	// it exceeds a heartbeat interval.
 	lag    *health.LagWindow
 	waited func() time.Duration
+	heldUp longest
 	behind bool
 }
 
@@ -212,8 +213,7 @@ func New(cfg Config, log *zap.Logger, opts ...Option) (*Controller, error) {
 		nodes:     map[string]*nodeState{},
 		jobs:      map[string]*jobState{},
 
-		lag:    health.NewLagWindow(cfg.Heartbeat.Timeout.Duration),
-		waited: newSchedWait().longest,
+		lag: health.NewLagWindow(cfg.Heartbeat.Timeout.Duration),
 
 		revoked:      newDenyList(),
 		reverifyKick: make(chan struct{}, 1),
@@ -222,6 +222,8 @@ func New(cfg Config, log *zap.Logger, opts ...Option) (*Controller, error) {
 		registry:   httpserve.NewRegistry(),
 		grpcHealth: newGRPCHealth(),
 	}
+	sched := newSchedWait()
+	c.waited = func() time.Duration { return max(sched.longest(), c.heldUp.take()) }
 	for _, o := range opts {
 		o(c)
 	}

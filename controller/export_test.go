@@ -19,8 +19,9 @@ func (c *Controller) Settle(ctx context.Context) error { return c.settle(ctx) }
 func (c *Controller) CheckLiveness() { c.checkLiveness() }
 
 // WithLag replaces the controller's measure of its own lag (the Go
-// runtime's run-queue waits, in real time): a controller on a fake clock
-// must not credit its nodes with the test machine's scheduling.
+// runtime's run-queue waits and the longest message handling, in real
+// time): a controller on a fake clock must not credit its nodes with the
+// test machine's scheduling.
 func WithLag(waited func() time.Duration) Option {
 	return func(ctl *Controller) { ctl.waited = waited }
 }

@@ -3,6 +3,7 @@ package controller
 import (
 	"math"
 	rtmetrics "runtime/metrics"
+	"sync/atomic"
 	"time"
 
 	"go.uber.org/zap"
@@ -13,10 +14,13 @@ import (
 // TLS handshakes and registrations take the CPU, and the heartbeats of
 // nodes already registered wait in the controller's run queue for longer
 // than the heartbeat timeout. The nodes are healthy; the controller is
-// behind. How far behind is the longest any goroutine (a stream's reader
-// among them) waited to run since the previous liveness pass: the Go
-// runtime's own account, which includes the process being starved of CPU
-// by the host, and costs one read of a histogram per pass.
+// behind. How far behind is measured two ways, both since the previous
+// liveness pass: the longest any goroutine (a stream's reader among them)
+// waited to run, the Go runtime's own account, which includes the process
+// being starved of CPU by the host and costs one read of a histogram per
+// pass; and the longest a stream's receiver spent on one message (heldUp),
+// which its heartbeats behind it waited out: a generation's thousands of
+// worker reports queue for the controller's lock at once.
 
 // schedLatencies is the runtime's histogram of the time goroutines spent
 // runnable before running.
@@ -54,6 +58,20 @@ func (w *schedWait) longest() time.Duration {
 	}
 	return time.Duration(worst * float64(time.Second))
 }
+
+// longest keeps the longest duration noted since it was last taken.
+type longest struct{ d atomic.Int64 }
+
+func (l *longest) note(d time.Duration) {
+	for {
+		cur := l.d.Load()
+		if int64(d) <= cur || l.d.CompareAndSwap(cur, int64(d)) {
+			return
+		}
+	}
+}
+
+func (l *longest) take() time.Duration { return time.Duration(l.d.Swap(0)) }
 
 // noteLag records the controller's lag before a liveness pass. Operators
 // are told when it starts and stops sparing nodes (beyond a heartbeat
