@@ -34,6 +34,7 @@ const (
 	registerCap   = 5 * time.Minute
 	rendezvousCap = 3 * time.Minute
 	recoveryCap   = 3 * time.Minute
+	stopCap       = 30 * time.Second
 	// settle lets a burst's writes and garbage collection finish before
 	// the next phase is timed.
 	settle = 3 * time.Second
@@ -310,13 +311,21 @@ func (ru *run) waitLeading() error {
 	}
 }
 
+// stopSims stops every sim, waiting a bounded time: a sim that does not
+// stop must not keep the report of what was measured from being written.
 func (ru *run) stopSims() {
 	var wg sync.WaitGroup
 	for _, s := range ru.sims {
 		wg.Add(1)
 		go func() { defer wg.Done(); s.stop() }()
 	}
-	wg.Wait()
+	stopped := make(chan struct{})
+	go func() { wg.Wait(); close(stopped) }()
+	select {
+	case <-stopped:
+	case <-time.After(stopCap):
+		ru.r.note(ru.t, "some simulated agents did not stop within %s", stopCap)
+	}
 }
 
 // register: a cold controller (empty etcd, no connections), and all N
