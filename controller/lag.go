@@ -16,45 +16,49 @@ import (
 // than the heartbeat timeout. The nodes are healthy; the controller is
 // behind. How far behind is measured two ways, both since the previous
 // liveness pass: the longest any goroutine (a stream's reader among them)
-// waited to run, the Go runtime's own account, which includes the process
-// being starved of CPU by the host and costs one read of a histogram per
-// pass; and the longest a stream's receiver spent on one message (heldUp),
+// waited to run or the world was stopped, the Go runtime's own account,
+// which includes the process being starved of CPU by the host and costs
+// one read of three histograms per pass; and the longest a stream's receiver spent on one message (heldUp),
 // which its heartbeats behind it waited out: a generation's thousands of
 // worker reports queue for the controller's lock at once.
 
-// schedLatencies is the runtime's histogram of the time goroutines spent
-// runnable before running.
-const schedLatencies = "/sched/latencies:seconds"
+// schedWaits are the runtime's histograms of what kept goroutines from
+// running: time spent runnable before running, and the world stopped (for
+// the collector, or for a goroutine profile, which at 10,000 agents'
+// goroutines stops it for seconds).
+var schedWaits = []string{"/sched/latencies:seconds", "/sched/pauses/total/gc:seconds", "/sched/pauses/total/other:seconds"}
 
-// schedWait reads the longest run-queue wait since its previous read.
+// schedWait reads the longest wait since its previous read.
 type schedWait struct {
 	sample []rtmetrics.Sample
-	prev   []uint64
+	prev   [][]uint64
 }
 
 func newSchedWait() *schedWait {
-	w := &schedWait{sample: []rtmetrics.Sample{{Name: schedLatencies}}}
+	w := &schedWait{prev: make([][]uint64, len(schedWaits))}
+	for _, name := range schedWaits {
+		w.sample = append(w.sample, rtmetrics.Sample{Name: name})
+	}
 	w.longest()
 	return w
 }
 
 func (w *schedWait) longest() time.Duration {
 	rtmetrics.Read(w.sample)
-	if w.sample[0].Value.Kind() != rtmetrics.KindFloat64Histogram {
-		return 0 // a runtime without the metric: the pass's own lateness only
-	}
-	h := w.sample[0].Value.Float64Histogram()
 	var worst float64
-	for i, n := range h.Counts {
-		if i < len(w.prev) && n > w.prev[i] {
-			// Buckets[i] is bucket i's lower bound: what the waits in it
-			// certainly took.
-			worst = h.Buckets[i]
+	for i, s := range w.sample {
+		if s.Value.Kind() != rtmetrics.KindFloat64Histogram {
+			continue // a runtime without the metric
 		}
-	}
-	w.prev = append(w.prev[:0], h.Counts...)
-	if math.IsInf(worst, 0) || worst <= 0 {
-		return 0
+		h := s.Value.Float64Histogram()
+		for j, n := range h.Counts {
+			if j < len(w.prev[i]) && n > w.prev[i][j] && !math.IsInf(h.Buckets[j], 0) {
+				// Buckets[j] is bucket j's lower bound: what the waits in
+				// it certainly took.
+				worst = max(worst, h.Buckets[j])
+			}
+		}
+		w.prev[i] = append(w.prev[i][:0], h.Counts...)
 	}
 	return time.Duration(worst * float64(time.Second))
 }
