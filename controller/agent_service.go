@@ -59,10 +59,11 @@ func (a *agentService) Connect(stream rdzvv1.AgentService_ConnectServer) error {
 			if err != nil {
 				return // the agent went away; it reconnects and re-registers
 			}
-			now := c.clock.Now()
+			now, handling := c.clock.Now(), time.Now()
 			sess.touch(now)
 			switch msg := m.GetMsg().(type) {
 			case *rdzvv1.ConnectRequest_Heartbeat:
+				sess.heartbeated.Store(true)
 				c.metrics.heartbeat(sess, now)
 				sess.send(&rdzvv1.ConnectResponse{Msg: &rdzvv1.ConnectResponse_HeartbeatAck{HeartbeatAck: &rdzvv1.HeartbeatAck{Seq: msg.Heartbeat.GetSeq()}}})
 			case *rdzvv1.ConnectRequest_GpuFault:
@@ -86,6 +87,11 @@ func (a *agentService) Connect(stream rdzvv1.AgentService_ConnectServer) error {
 			case *rdzvv1.ConnectRequest_Register:
 				log.Warn("ignoring repeated register on an open stream")
 			}
+			// This stream's next heartbeat waited while this message was
+			// handled: behind the lock, when thousands of worker reports
+			// queue for it at once. Real time, like the runtime's own
+			// account of waits (lag.go): it measures this host's work.
+			c.heldUp.note(time.Since(handling))
 		}
 	}()
 	for {
@@ -104,6 +110,13 @@ func (a *agentService) Connect(stream rdzvv1.AgentService_ConnectServer) error {
 		case m := <-sess.out:
 			if err := stream.Send(m); err != nil {
 				return fmt.Errorf("sending to agent %s: %w", name, err)
+			}
+			if m.GetRegistered() != nil {
+				// The agent heartbeats only once it has this reply, so its
+				// silence counts from when it could have it: behind a
+				// storm of registrations, sending it may come seconds after
+				// the node was registered.
+				sess.touch(c.clock.Now())
 			}
 		}
 	}

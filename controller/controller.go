@@ -23,6 +23,7 @@ import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/rdzv/rdzv/controller/store"
+	"github.com/rdzv/rdzv/health"
 	"github.com/rdzv/rdzv/internal/httpserve"
 	"github.com/rdzv/rdzv/pki"
 	rdzvv1 "github.com/rdzv/rdzv/proto/rdzv/v1"
@@ -103,6 +104,13 @@ type Controller struct {
 	// generationFloor is the highest generation of the jobs deleted so far
 	// (see dropJob).
 	generationFloor uint64
+	// lag is the controller's own recent lag (lag.go), credited to every
+	// node's silence, as waited and heldUp measure it; behind is set while
+	// it exceeds a heartbeat interval.
+	lag    *health.LagWindow
+	waited func() time.Duration
+	heldUp longest
+	behind bool
 }
 
 type nodeState struct {
@@ -160,9 +168,12 @@ type jobState struct {
 	// that it can be kept to catalogSize entries.
 	catalog []uint64
 	// members indexes the nodes of membersOf, the round it was built for
-	// (see member).
-	members   map[string]bool
-	membersOf *rdzvv1.Round
+	// (see assignment); succeeded counts those of succeededOf whose
+	// workers succeeded (see succeededCount).
+	members     map[string]*rdzvv1.NodeAssignment
+	membersOf   *rdzvv1.Round
+	succeeded   int
+	succeededOf *rdzvv1.Round
 	// Where the last scans of the round for a worker not yet running, and
 	// for one not yet stopped, found one (see findInRound).
 	notRunningAt, notStoppedAt int
@@ -202,6 +213,8 @@ func New(cfg Config, log *zap.Logger, opts ...Option) (*Controller, error) {
 		nodes:     map[string]*nodeState{},
 		jobs:      map[string]*jobState{},
 
+		lag: health.NewLagWindow(cfg.Heartbeat.Timeout.Duration),
+
 		revoked:      newDenyList(),
 		reverifyKick: make(chan struct{}, 1),
 
@@ -209,6 +222,8 @@ func New(cfg Config, log *zap.Logger, opts ...Option) (*Controller, error) {
 		registry:   httpserve.NewRegistry(),
 		grpcHealth: newGRPCHealth(),
 	}
+	sched := newSchedWait()
+	c.waited = func() time.Duration { return max(sched.longest(), c.heldUp.take()) }
 	for _, o := range opts {
 		o(c)
 	}

@@ -1,6 +1,9 @@
 package controller
 
-import "context"
+import (
+	"context"
+	"time"
+)
 
 // Settle waits until everything the controller decided so far is durable
 // in etcd, for tests that read etcd directly after seeing a state through
@@ -14,3 +17,15 @@ func (c *Controller) Settle(ctx context.Context) error { return c.settle(ctx) }
 // loop has acted on a tick yet. A pass is idempotent at one instant, so it
 // running beside the loop's own changes nothing.
 func (c *Controller) CheckLiveness() { c.checkLiveness() }
+
+// WithLag replaces the controller's measure of its own lag (the Go
+// runtime's run-queue waits and the longest message handling, in real
+// time): a controller on a fake clock must not credit its nodes with the
+// test machine's scheduling.
+func WithLag(waited func() time.Duration) Option {
+	return func(ctl *Controller) { ctl.waited = waited }
+}
+
+// NoteLag measures the controller's lag as the liveness loop does before
+// each pass, so that a test knows the next pass credits it.
+func (c *Controller) NoteLag() { c.noteLag() }

@@ -54,8 +54,9 @@ func TestPeersVouchForNodeSilentToController(t *testing.T) {
 	a, b := c.connectFake("node-a"), c.connectFake("node-b")
 	a.keepAlive()
 	b.keepAlive()
-	// The clock stands still until advanced: node-z is last heard now.
-	c.connectFake("node-z")
+	// The clock stands still until advanced: node-z is last heard now,
+	// past its registration.
+	c.connectFake("node-z").heartbeat(1)
 	a.view(3)
 	b.view(3)
 	// advance waits for node-a and node-b to be heard after their views,

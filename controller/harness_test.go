@@ -11,6 +11,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -103,6 +104,9 @@ type cluster struct {
 	// (newFakeClockCluster), nil on the wall clock. It carries over a
 	// controller restart.
 	clock *clockwork.FakeClock
+	// lag is the controller's own lag as it measures it, set by the test,
+	// on a fake clock (the machine's real scheduling means nothing there).
+	lag atomic.Int64
 
 	stopController func()
 	// ctl is the running controller.
@@ -236,7 +240,7 @@ func (c *cluster) startController() {
 	t.Helper()
 	var opts []controller.Option
 	if c.clock != nil {
-		opts = append(opts, controller.WithClock(c.clock))
+		opts = append(opts, controller.WithClock(c.clock), controller.WithLag(func() time.Duration { return time.Duration(c.lag.Load()) }))
 	}
 	ctl, stop := runController(t, c.cfg, c.addr, c.log.Named("controller"), opts...)
 	// Alone on its etcd it wins the election at once; the API serves only

@@ -171,17 +171,18 @@ func (c *Controller) stopJob(ctx context.Context, name string) (*rdzvv1.Job, err
 }
 
 // advanceJob moves a running or stopping job on from its workers' states.
-// Callers hold c.mu.
-func (c *Controller) advanceJob(js *jobState) {
-	nodes := js.round.GetNodes()
+func (c *Controller) advanceJob(js *jobState) { c.advanceJobAfter(js, js.round.GetNodes()) }
+
+// advanceJobAfter is advanceJob where only the workers of exited may have
+// failed since the job was last advanced: a worker report looks at its own
+// node and the round's count of successes, not at the whole round, which
+// was O(N²) under c.mu for a job's N exits.
+func (c *Controller) advanceJobAfter(js *jobState, exited []*rdzvv1.NodeAssignment) {
 	switch js.rec.GetState() {
 	case rdzvv1.JobState_JOB_STATE_RUNNING:
-		succeeded := 0
-		for _, a := range nodes {
+		for _, a := range exited {
 			w := js.workers[a.GetNode()]
 			switch w.GetState() {
-			case rdzvv1.WorkerState_WORKER_STATE_SUCCEEDED:
-				succeeded++
 			case rdzvv1.WorkerState_WORKER_STATE_FAILED, rdzvv1.WorkerState_WORKER_STATE_STOPPED:
 				// The job's configuration does not fit the node (a missing
 				// workdir): every restart would fail the same way, into a
@@ -195,8 +196,8 @@ func (c *Controller) advanceJob(js *jobState) {
 				return
 			}
 		}
-		if succeeded == len(nodes) {
-			c.finish(js, rdzvv1.JobState_JOB_STATE_SUCCEEDED, fmt.Sprintf("all %d nodes finished", len(nodes)))
+		if nodes := len(js.round.GetNodes()); js.succeededCount() == nodes {
+			c.finish(js, rdzvv1.JobState_JOB_STATE_SUCCEEDED, fmt.Sprintf("all %d nodes finished", nodes))
 		}
 	case rdzvv1.JobState_JOB_STATE_RECOVERING:
 		if c.fenced(js) {

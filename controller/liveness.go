@@ -31,6 +31,7 @@ func (c *Controller) livenessLoop(ctx context.Context) {
 		case <-ctx.Done():
 			return
 		case <-ticker.Chan():
+			c.noteLag()
 		case <-confirm.Chan():
 		case <-c.peersKick:
 		}
@@ -49,6 +50,7 @@ func (c *Controller) checkLiveness() (next time.Time) {
 	now := c.clock.Now()
 	policy := c.cfg.Heartbeat.policy()
 	votes, reporters := c.gossipVotes()
+	lag := c.lag.Max(now)
 	warned := 0
 	for name, ns := range c.nodes {
 		if warned < maxExpiryWarningsPerPass && c.warnCertExpiry(now, ns) {
@@ -57,11 +59,11 @@ func (c *Controller) checkLiveness() (next time.Time) {
 		if ns.rec.GetState() == rdzvv1.NodeState_NODE_STATE_LOST {
 			continue
 		}
-		seen := ns.lastSeen
+		seen, registering := ns.lastSeen, false
 		if ns.session != nil {
-			seen = ns.session.seen()
+			seen, registering = ns.session.seen(), !ns.session.heartbeated.Load()
 		}
-		l := policy.Liveness(now, health.Silence{LastSeen: seen, HoldUntil: ns.restartHold, GraceUntil: ns.graceUntil,
+		l := policy.Liveness(now, health.Silence{LastSeen: seen, HoldUntil: ns.restartHold, GraceUntil: ns.graceUntil, Lag: lag, Registering: registering,
 			Peers: health.Peers{Unreachable: votes[name], Vouching: reporters - votes[name] - ns.selfReporter()}})
 		switch l.Verdict {
 		case health.Lost:

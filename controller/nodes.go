@@ -19,9 +19,12 @@ import (
 func (c *Controller) register(sess *session, reg *rdzvv1.Register) {
 	info := reg.GetNode()
 	name := info.GetName()
-	now := c.clock.Now()
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	// After the lock: in a registration storm the wait for it is long, and
+	// the node's liveness clock must not run while it is spent.
+	now := c.clock.Now()
+	sess.touch(now)
 
 	ns := c.nodes[name]
 	wasLost := ns != nil && ns.rec.GetState() == rdzvv1.NodeState_NODE_STATE_LOST

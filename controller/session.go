@@ -21,6 +21,9 @@ type session struct {
 	ctx      context.Context
 	cancel   context.CancelFunc
 	lastSeen atomic.Int64 // unix nanos of the last message from the agent
+	// heartbeated is set at the stream's first heartbeat: until then the
+	// controller has heard only the registration (health.Silence).
+	heartbeated atomic.Bool
 	// certNotAfter is when the agent's certificate expires (zero when
 	// insecure); expiryWarned is set, under the controller's lock, once an
 	// operator has been warned of it.

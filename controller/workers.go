@@ -48,6 +48,9 @@ func (c *Controller) applyWorkerStatus(node string, w *rdzvv1.WorkerStatus) {
 		ev = c.event(js.rec.GetSpec().GetName(), node, w.GetGeneration(), EventWorkerExited, "workers on %s %s", node, describeExit(w))
 	}
 	js.workers[node] = w
+	if w.GetState() == rdzvv1.WorkerState_WORKER_STATE_SUCCEEDED {
+		js.noteSucceeded()
+	}
 	c.persist(c.store.PutWorker(w.GetJob(), node, w, ev), nil)
 	if alive && !js.reportsSteps && allRunning(js) {
 		c.resumeTraining(js)
@@ -67,7 +70,7 @@ func (c *Controller) applyWorkerStatus(node string, w *rdzvv1.WorkerStatus) {
 	if w.GetPreflightExcluded() && js.rec.GetSpec().GetHealthPreflight() != nil {
 		c.preflightExcluded(js, node, w.GetMessage())
 	}
-	c.advanceJob(js)
+	c.advanceJobAfter(js, []*rdzvv1.NodeAssignment{js.assignment(node)})
 }
 
 func describeExit(w *rdzvv1.WorkerStatus) string {
@@ -124,19 +127,48 @@ func findInRound(r *rdzvv1.Round, from *int, match func(*rdzvv1.NodeAssignment) 
 	return false
 }
 
-// member reports whether node is in the job's current round. Every worker
-// report asks, so the round's nodes are indexed, anew whenever js.round is
-// replaced: a search through the round per report was O(N²) under c.mu for
-// a burst of N reports. Callers hold c.mu.
-func (js *jobState) member(node string) bool {
+// member reports whether node is in the job's current round. Callers hold
+// c.mu.
+func (js *jobState) member(node string) bool { return js.assignment(node) != nil }
+
+// assignment is node's part in the job's current round, nil if none. Every
+// worker report asks, so the round's nodes are indexed, anew whenever
+// js.round is replaced: a search through the round per report was O(N²)
+// under c.mu for a burst of N reports. Callers hold c.mu.
+func (js *jobState) assignment(node string) *rdzvv1.NodeAssignment {
 	if js.membersOf != js.round {
-		js.members = make(map[string]bool, len(js.round.GetNodes()))
+		js.members = make(map[string]*rdzvv1.NodeAssignment, len(js.round.GetNodes()))
 		for _, a := range js.round.GetNodes() {
-			js.members[a.GetNode()] = true
+			js.members[a.GetNode()] = a
 		}
 		js.membersOf = js.round
 	}
 	return js.members[node]
+}
+
+// succeededCount is how many nodes of the current round report their
+// workers succeeded: counted once per round (the round and its workers are
+// replaced together), then kept by noteSucceeded. Callers hold c.mu.
+func (js *jobState) succeededCount() int {
+	if js.succeededOf != js.round {
+		js.succeeded = 0
+		for _, a := range js.round.GetNodes() {
+			if js.workers[a.GetNode()].GetState() == rdzvv1.WorkerState_WORKER_STATE_SUCCEEDED {
+				js.succeeded++
+			}
+		}
+		js.succeededOf = js.round
+	}
+	return js.succeeded
+}
+
+// noteSucceeded counts a member's workers that just succeeded, once
+// js.workers holds the report. Until the round is counted, the count will
+// include it.
+func (js *jobState) noteSucceeded() {
+	if js.succeededOf == js.round {
+		js.succeeded++
+	}
 }
 
 func (c *Controller) sendStop(node, job string, generation uint64, reason string, grace time.Duration) {

@@ -78,3 +78,34 @@ func TestFindInRound(t *testing.T) {
 		})
 	}
 }
+
+// The count of successes follows the round and its reports: counted once
+// when the round is replaced, then kept per report, never twice for one
+// node.
+func TestSucceededCount(t *testing.T) {
+	round := func(nodes ...string) *rdzvv1.Round {
+		r := &rdzvv1.Round{}
+		for _, n := range nodes {
+			r.Nodes = append(r.Nodes, &rdzvv1.NodeAssignment{Node: n})
+		}
+		return r
+	}
+	succeeded := &rdzvv1.WorkerStatus{State: rdzvv1.WorkerState_WORKER_STATE_SUCCEEDED}
+	report := func(js *jobState, node string) {
+		js.workers[node] = succeeded
+		js.noteSucceeded()
+	}
+	// Loaded with one success already recorded, and one of a node no
+	// longer in the round.
+	js := &jobState{round: round("a", "b", "c"), workers: map[string]*rdzvv1.WorkerStatus{"a": succeeded, "z": succeeded}}
+	report(js, "b") // before the first count: the count includes it
+	require.Equal(t, 2, js.succeededCount())
+	report(js, "c")
+	require.Equal(t, 3, js.succeededCount())
+
+	// The next generation: a new round and no reports yet.
+	js.round, js.workers = round("a", "c"), map[string]*rdzvv1.WorkerStatus{}
+	require.Zero(t, js.succeededCount())
+	report(js, "c")
+	require.Equal(t, 1, js.succeededCount())
+}

@@ -174,7 +174,9 @@ func TestFencingAgrees(t *testing.T) {
 				for _, hold := range []time.Duration{0, time.Second, 15 * time.Second, 5 * time.Minute} {
 					elected := t0
 					seen := t0.Add(time.Duration(rng.Int64N(int64(3 * time.Second))))
-					s := Silence{LastSeen: seen, Peers: ev.peers}
+					// An overloaded controller declares the node later.
+					lag := []time.Duration{0, h.Interval, time.Hour}[rng.IntN(3)]
+					s := Silence{LastSeen: seen, Peers: ev.peers, Lag: lag, Registering: rng.IntN(2) == 0}
 					if hold > 0 {
 						s.HoldUntil = seen.Add(hold)
 					}
@@ -215,7 +217,7 @@ func TestFencingAgrees(t *testing.T) {
 // lostAt runs the controller's liveness ticks from the node's last
 // heartbeat until it is declared lost.
 func lostAt(h Heartbeat, s Silence, tick time.Duration) (time.Time, bool) {
-	limit := s.LastSeen.Add(max(h.Vouched, h.Timeout) + 10*time.Minute)
+	limit := s.LastSeen.Add(max(h.Vouched, h.Timeout) + h.LagCredit(s.Lag+h.Timeout) + 10*time.Minute)
 	for now := s.LastSeen.Add(tick); now.Before(limit); now = now.Add(tick) {
 		if h.Liveness(now, s).Verdict == Lost {
 			return now, true

@@ -63,6 +63,16 @@ type Silence struct {
 	// not reconnected yet, not those their peers know are gone.
 	GraceUntil time.Time
 	Peers      Peers
+	// Lag is how far behind the controller itself has lately been in
+	// hearing its agents (see LagCredit): heartbeats it has not processed
+	// yet are not the node's silence.
+	Lag time.Duration
+	// Registering: the controller has heard only the node's registration
+	// so far. Its first heartbeat follows the registration reply, which
+	// waits, like the heartbeat itself, behind every other agent's
+	// registration on both sides, so a registration storm (a cold start,
+	// a new leader) counts as a heartbeat timeout of lag for it.
+	Registering bool
 }
 
 // Liveness is a verdict with what it was based on.
@@ -86,11 +96,23 @@ func (h Heartbeat) ConfirmAt(lastSeen time.Time) time.Time {
 // ConfirmAt) while a peer cannot reach it either, it is gone: no need to
 // wait out the full timeout. Silent past the timeout, it is lost unless
 // peers vouch for it, which they can for the vouched timeout.
+//
+// The timeouts are judged on the silence net of the controller's own lag
+// (LagCredit): an overloaded controller (a cold start's thousands of TLS
+// handshakes) must not condemn nodes whose heartbeats wait in its queues.
+// Peers' word that they cannot reach the node is not the controller's
+// hearing, so it is judged on the full silence. Declaring a node later
+// never weakens fencing: FencedBy runs from the declaration.
 func (h Heartbeat) Liveness(now time.Time, s Silence) Liveness {
 	if now.Before(s.HoldUntil) {
 		return Liveness{Verdict: Spared}
 	}
 	silent := now.Sub(s.LastSeen)
+	lag := s.Lag
+	if s.Registering {
+		lag += h.Timeout
+	}
+	heard := silent - h.LagCredit(lag)
 	l := Liveness{Verdict: Lost, Silent: silent}
 	switch {
 	case s.Peers.Unreachable > 0 && !now.Before(h.ConfirmAt(s.LastSeen)):
@@ -98,10 +120,19 @@ func (h Heartbeat) Liveness(now time.Time, s Silence) Liveness {
 		return l
 	case now.Before(s.GraceUntil):
 		l.Verdict = Spared
-	case silent <= h.Timeout:
+	case heard <= h.Timeout:
 		l.Verdict = Alive
-	case s.Peers.Vouching > 0 && silent <= h.Vouched:
+	case s.Peers.Vouching > 0 && heard <= h.Vouched:
 		l.Verdict = Suspect
 	}
 	return l
+}
+
+// LagCredit is how much of a node's silence is forgiven for the
+// controller's own lag: all of it, up to what lets a node without peers'
+// word be silent for the vouched timeout at most (a node vouched for, twice
+// that), so that a controller that stays overloaded still moves jobs on,
+// late rather than never.
+func (h Heartbeat) LagCredit(lag time.Duration) time.Duration {
+	return max(min(lag, h.Vouched-h.Timeout), 0)
 }

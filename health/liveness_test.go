@@ -18,6 +18,8 @@ func TestLiveness(t *testing.T) {
 		peers     Peers
 		held      bool // by a restart hold that outlasts the silence
 		grace     bool // in a new leader's start-up grace
+		lag       time.Duration
+		reg       bool // heard only its registration so far
 		want      Verdict
 		confirmed bool
 	}{
@@ -36,11 +38,19 @@ func TestLiveness(t *testing.T) {
 		{name: "the start-up grace spares a vouched node", silent: 6 * time.Second, peers: peers(0, 2), grace: true, want: Spared},
 		{name: "the start-up grace spares a heartbeating node", silent: 0, grace: true, want: Spared},
 		{name: "the start-up grace gives way to peers' word", silent: 1500 * time.Millisecond, peers: peers(1, 0), grace: true, want: Lost, confirmed: true},
+		{name: "the controller's own lag is not the node's silence", silent: 7 * time.Second, lag: 3 * time.Second, want: Alive},
+		{name: "silent beyond the controller's lag", silent: 9 * time.Second, lag: 3 * time.Second, want: Lost},
+		{name: "the lag extends the peers' word too", silent: 17 * time.Second, lag: 3 * time.Second, peers: peers(0, 2), want: Suspect},
+		{name: "a node not heard since registering gets a second timeout", silent: 9 * time.Second, reg: true, want: Alive},
+		{name: "and not more", silent: 11 * time.Second, reg: true, want: Lost},
+		{name: "registering adds to the controller's lag", silent: 12 * time.Second, reg: true, lag: 2 * time.Second, want: Alive},
+		{name: "the lag credit is bounded", silent: 16 * time.Second, lag: time.Minute, want: Lost},
+		{name: "the lag does not outweigh peers that cannot reach it", silent: 2500 * time.Millisecond, lag: 3 * time.Second, peers: peers(1, 0), want: Lost, confirmed: true},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			now := t0.Add(time.Hour)
-			s := Silence{LastSeen: now.Add(-tt.silent), Peers: tt.peers}
+			s := Silence{LastSeen: now.Add(-tt.silent), Peers: tt.peers, Lag: tt.lag, Registering: tt.reg}
 			if tt.held {
 				s.HoldUntil = now.Add(time.Second)
 			}

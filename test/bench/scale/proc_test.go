@@ -360,6 +360,8 @@ type durable struct {
 	mu      sync.Mutex
 	ready   map[string]bool // nodes whose stored state is READY
 	readyAt time.Time       // when the latest of them arrived
+	lost    map[string]bool // nodes whose stored state is LOST
+	losses  int             // times a node's stored state became LOST
 	running map[uint64]map[string]bool
 	runAt   map[uint64]time.Time
 	roundAt map[uint64]time.Time // when each generation's round arrived
@@ -376,7 +378,7 @@ func watchDurable(ctx context.Context, dataDir, job string) (*durable, func(), e
 	if err != nil {
 		return nil, nil, fmt.Errorf("connecting to the embedded etcd: %w", err)
 	}
-	d := &durable{job: job, ready: map[string]bool{}, running: map[uint64]map[string]bool{}, runAt: map[uint64]time.Time{}, roundAt: map[uint64]time.Time{}}
+	d := &durable{job: job, ready: map[string]bool{}, lost: map[string]bool{}, running: map[uint64]map[string]bool{}, runAt: map[uint64]time.Time{}, roundAt: map[uint64]time.Time{}}
 	ctx, cancel := context.WithCancel(ctx)
 	// The watch starts at the current revision: everything written from
 	// here on arrives, in order.
@@ -412,6 +414,12 @@ func (d *durable) put(key string, value []byte, now time.Time) {
 			return
 		}
 		name := n.GetInfo().GetName()
+		if lost := n.GetState() == rdzvv1.NodeState_NODE_STATE_LOST; lost != d.lost[name] {
+			d.lost[name] = lost
+			if lost {
+				d.losses++
+			}
+		}
 		if ready := n.GetState() == rdzvv1.NodeState_NODE_STATE_READY; ready != d.ready[name] {
 			d.ready[name] = ready
 			if ready {
@@ -456,6 +464,13 @@ func (d *durable) readyCount() (int, time.Time) {
 		}
 	}
 	return n, d.readyAt
+}
+
+// lossCount is how many times a node was declared lost so far.
+func (d *durable) lossCount() int {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.losses
 }
 
 func (d *durable) runningCount(gen uint64) (int, time.Time) {

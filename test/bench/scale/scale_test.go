@@ -34,6 +34,7 @@ const (
 	registerCap   = 5 * time.Minute
 	rendezvousCap = 3 * time.Minute
 	recoveryCap   = 3 * time.Minute
+	stopCap       = 30 * time.Second
 	// settle lets a burst's writes and garbage collection finish before
 	// the next phase is timed.
 	settle = 3 * time.Second
@@ -310,13 +311,21 @@ func (ru *run) waitLeading() error {
 	}
 }
 
+// stopSims stops every sim, waiting a bounded time: a sim that does not
+// stop must not keep the report of what was measured from being written.
 func (ru *run) stopSims() {
 	var wg sync.WaitGroup
 	for _, s := range ru.sims {
 		wg.Add(1)
 		go func() { defer wg.Done(); s.stop() }()
 	}
-	wg.Wait()
+	stopped := make(chan struct{})
+	go func() { wg.Wait(); close(stopped) }()
+	select {
+	case <-stopped:
+	case <-time.After(stopCap):
+		ru.r.note(ru.t, "some simulated agents did not stop within %s", stopCap)
+	}
 }
 
 // register: a cold controller (empty etcd, no connections), and all N
@@ -350,23 +359,15 @@ func (ru *run) register() error {
 	_, at := ru.store.readyCount()
 	ru.r.secs("register-durable", at.Sub(t0))
 
-	// What an operator sees: every node READY in one ListNodes.
+	// What an operator sees: every node READY, listed page by page.
 	for {
-		cctx, ccancel := context.WithTimeout(ctx, 30*time.Second)
 		start := time.Now()
-		resp, err := ru.op.ListNodes(cctx, &rdzvv1.ListNodesRequest{})
-		ccancel()
+		ready, err := ru.readyListed(ctx)
 		took := time.Since(start)
 		if err != nil {
 			ru.r.set("listnodes", "failed")
 			ru.r.note(ru.t, "ListNodes at %d nodes: %v", ru.n, err)
 			break
-		}
-		ready := 0
-		for _, n := range resp.GetNodes() {
-			if n.GetState() == rdzvv1.NodeState_NODE_STATE_READY {
-				ready++
-			}
 		}
 		if ready >= ru.n {
 			ru.r.set("listnodes", "%.0f ms", float64(took.Microseconds())/1000)
@@ -378,6 +379,30 @@ func (ru *run) register() error {
 		time.Sleep(100 * time.Millisecond)
 	}
 	return nil
+}
+
+// readyListed lists every node, a page at a time as the API serves them,
+// and counts the READY ones.
+func (ru *run) readyListed(ctx context.Context) (int, error) {
+	ready := 0
+	req := &rdzvv1.ListNodesRequest{}
+	for {
+		cctx, ccancel := context.WithTimeout(ctx, 30*time.Second)
+		resp, err := ru.op.ListNodes(cctx, req)
+		ccancel()
+		if err != nil {
+			return 0, err
+		}
+		for _, n := range resp.GetNodes() {
+			if n.GetState() == rdzvv1.NodeState_NODE_STATE_READY {
+				ready++
+			}
+		}
+		if resp.GetNextPageToken() == "" {
+			return ready, nil
+		}
+		req.PageToken = resp.GetNextPageToken()
+	}
 }
 
 // usage is the CPU the controller, the simulated agents and everything
@@ -431,6 +456,9 @@ func (ru *run) steady() error {
 	ru.r.set("load", "%.2f / %.2f / %.2f cores (load avg %s)", ctlCPU, simCPU, others, loadAvg())
 	ru.r.set("rss", "%.0f KiB (%.0f MiB)", float64(after.ctl.rss)/1024/float64(ru.n), float64(after.ctl.rss)/(1<<20))
 	ru.r.set("threads", "%d", after.ctl.threads)
+	// Every sim heartbeats throughout: any loss so far is a healthy node
+	// condemned because the controller (or the sims) fell behind.
+	ru.r.set("healthy-lost", "%d", ru.store.lossCount())
 	ru.r.set("steady-gap", "%s", ms(ru.led.takeGap()))
 	rtts := ru.takeRTTs()
 	if len(rtts) > 0 {
@@ -642,6 +670,7 @@ var rows = []struct{ key, label string }{
 	{"rtt", "heartbeat round trip p50 / p99 (steady)"},
 	{"cpu", "steady CPU for heartbeats (controller)"},
 	{"threads", "controller OS threads"},
+	{"healthy-lost", "healthy nodes declared lost while registering and steady"},
 	{"start-commit", "StartJob → rendezvous committed"},
 	{"commit-durable", "rendezvous committed → its round durable"},
 	{"asg-running", "last assignment → every worker RUNNING durable"},
@@ -651,7 +680,7 @@ var rows = []struct{ key, label string }{
 	{"commit-durable2", "next generation committed → its round durable"},
 	{"asg-running2", "next generation: last assignment → RUNNING durable"},
 	{"rtt-burst", "heartbeat p99 / max during rendezvous and recovery"},
-	{"listnodes", "one ListNodes of every node"},
+	{"listnodes", "ListNodes of every node (all pages)"},
 	{"rss-end", "controller RSS at the end"},
 	{"reconnects", "agent sessions dropped"},
 	{"register-gap", "longest gap between a sim's heartbeats (sims' own lateness; 1 s is on time): registering"},
