@@ -57,12 +57,12 @@ func (c *Controller) checkLiveness() (next time.Time) {
 		if ns.rec.GetState() == rdzvv1.NodeState_NODE_STATE_LOST {
 			continue
 		}
-		seen := ns.lastSeen
+		seen, late := ns.lastSeen, time.Duration(0)
 		if ns.session != nil {
-			seen = ns.session.seen()
+			seen, late = ns.session.seen(), ns.session.lateness()
 		}
 		l := policy.Liveness(now, health.Silence{LastSeen: seen, HoldUntil: ns.restartHold, GraceUntil: ns.graceUntil,
-			Peers: health.Peers{Unreachable: votes[name], Vouching: reporters - votes[name] - ns.selfReporter()}})
+			Peers: health.Peers{Unreachable: votes[name], Vouching: reporters - votes[name] - ns.selfReporter()}, Late: late})
 		switch l.Verdict {
 		case health.Lost:
 			reason := fmt.Sprintf("no heartbeat for %s", l.Silent.Round(100*time.Millisecond))
@@ -78,7 +78,7 @@ func (c *Controller) checkLiveness() (next time.Time) {
 		case health.Alive:
 			ns.hiccup = false
 		}
-		if at := policy.ConfirmAt(seen); votes[name] > 0 && l.Verdict != health.Lost && at.After(now) && (next.IsZero() || at.Before(next)) {
+		if at := policy.ConfirmAt(seen, late); votes[name] > 0 && l.Verdict != health.Lost && at.After(now) && (next.IsZero() || at.Before(next)) {
 			next = at
 		}
 	}

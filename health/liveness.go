@@ -8,6 +8,16 @@ import "time"
 // a job probe each other every 150 ms, so their word is in too.
 const confirmLate = 4 // a quarter of an interval
 
+// lateFactor widens that margin for a node whose heartbeats have recently
+// been late: a starved host (CPU saturated, throttled) is late again by as
+// much and more, and then also misses its peers' probes, so their word is
+// no independent evidence of death until its silence is past twice its
+// recent lateness. A punctual node keeps the quarter interval. Measured by
+// make bench-soak: at 5% of a CPU, heartbeats came up to 0.5 s late and
+// peers reported the host unreachable, and it was declared lost again and
+// again (1.3 s silent) while alive.
+const lateFactor = 2
+
 // Verdict is the controller's judgement of one node's silence.
 type Verdict int
 
@@ -63,6 +73,9 @@ type Silence struct {
 	// not reconnected yet, not those their peers know are gone.
 	GraceUntil time.Time
 	Peers      Peers
+	// Late is how late its heartbeats have recently arrived (the recent
+	// worst gap beyond the interval); zero for a punctual node.
+	Late time.Duration
 }
 
 // Liveness is a verdict with what it was based on.
@@ -77,9 +90,9 @@ type Liveness struct {
 
 // ConfirmAt is when a node last heard at lastSeen is silent long enough for
 // its peers' word to declare it lost (Liveness): a heartbeat overdue by a
-// quarter of an interval.
-func (h Heartbeat) ConfirmAt(lastSeen time.Time) time.Time {
-	return lastSeen.Add(h.Interval + h.Interval/confirmLate)
+// quarter of an interval, or by twice its recent lateness if more.
+func (h Heartbeat) ConfirmAt(lastSeen time.Time, late time.Duration) time.Time {
+	return lastSeen.Add(h.Interval + max(h.Interval/confirmLate, lateFactor*late))
 }
 
 // Liveness judges a node's silence at now. Overdue by a heartbeat (see
@@ -93,7 +106,7 @@ func (h Heartbeat) Liveness(now time.Time, s Silence) Liveness {
 	silent := now.Sub(s.LastSeen)
 	l := Liveness{Verdict: Lost, Silent: silent}
 	switch {
-	case s.Peers.Unreachable > 0 && !now.Before(h.ConfirmAt(s.LastSeen)):
+	case s.Peers.Unreachable > 0 && !now.Before(h.ConfirmAt(s.LastSeen, s.Late)):
 		l.Confirmed = true
 		return l
 	case now.Before(s.GraceUntil):
