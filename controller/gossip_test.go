@@ -72,6 +72,33 @@ func TestPeersWordWaitsOutALateNodesLateness(t *testing.T) {
 	require.Equal(t, rdzvv1.NodeState_NODE_STATE_LOST, nodeState(c, "node-z"), "lost past twice its lateness, long before the timeout")
 }
 
+// Peers that called a node unreachable and then reached it again were
+// wrong about it (a starved node misses their probes and comes back): for
+// a while their word declares nothing, and only the heartbeat timeout
+// declares the node lost.
+func TestPeersWhoTookTheirWordBackAreDoubted(t *testing.T) {
+	c := newFakeClockCluster(t)
+	a, b := c.connectFake("node-a"), c.connectFake("node-b")
+	a.keepAlive()
+	b.keepAlive()
+	z := c.connectFake("node-z")
+	z.heartbeat(1)
+	a.view(2, "node-z")
+	b.view(2, "node-z")
+	c.advance(heartbeatInterval/2, "node-a", "node-b")
+	a.view(2)
+	b.view(2)
+	z.heartbeat(2)
+	c.advance(heartbeatInterval/2, "node-a", "node-b")
+	require.Equal(t, rdzvv1.NodeState_NODE_STATE_READY, nodeState(c, "node-z"))
+	a.view(2, "node-z")
+	b.view(2, "node-z")
+	c.advance(2*heartbeatInterval, "node-a", "node-b")
+	require.Equal(t, rdzvv1.NodeState_NODE_STATE_READY, nodeState(c, "node-z"), "overdue, but its peers were wrong about it before")
+	c.advance(heartbeatTimeout, "node-a", "node-b")
+	require.Equal(t, rdzvv1.NodeState_NODE_STATE_LOST, nodeState(c, "node-z"), "lost at the heartbeat timeout")
+}
+
 // A node the controller cannot hear but its peers still reach is spared
 // for a while: the trouble may be the controller's alone. It is declared
 // lost once that grace (the vouched timeout) is over.

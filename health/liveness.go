@@ -18,6 +18,13 @@ const confirmLate = 4 // a quarter of an interval
 // again (1.3 s silent) while alive.
 const lateFactor = 2
 
+// DoubtFor is how long peers' word that a node is unreachable does not
+// count after they took it back without the node being lost: they called
+// a starved node dead and it was not (make bench-soak saw peers do so
+// every few seconds at 5% of a CPU). Meanwhile only the heartbeat timeout
+// declares it lost.
+const DoubtFor = time.Minute
+
 // Verdict is the controller's judgement of one node's silence.
 type Verdict int
 
@@ -76,6 +83,9 @@ type Silence struct {
 	// Late is how late its heartbeats have recently arrived (the recent
 	// worst gap beyond the interval); zero for a punctual node.
 	Late time.Duration
+	// Doubted: its peers recently called it unreachable in error
+	// (DoubtFor), so their word declares nothing.
+	Doubted bool
 }
 
 // Liveness is a verdict with what it was based on.
@@ -97,7 +107,7 @@ func (h Heartbeat) ConfirmAt(lastSeen time.Time, late time.Duration) time.Time {
 
 // Liveness judges a node's silence at now. Overdue by a heartbeat (see
 // ConfirmAt) while a peer cannot reach it either, it is gone: no need to
-// wait out the full timeout. Silent past the timeout, it is lost unless
+// wait out the full timeout; unless its peers are Doubted. Silent past the timeout, it is lost unless
 // peers vouch for it, which they can for the vouched timeout.
 func (h Heartbeat) Liveness(now time.Time, s Silence) Liveness {
 	if now.Before(s.HoldUntil) {
@@ -106,7 +116,7 @@ func (h Heartbeat) Liveness(now time.Time, s Silence) Liveness {
 	silent := now.Sub(s.LastSeen)
 	l := Liveness{Verdict: Lost, Silent: silent}
 	switch {
-	case s.Peers.Unreachable > 0 && !now.Before(h.ConfirmAt(s.LastSeen, s.Late)):
+	case s.Peers.Unreachable > 0 && !s.Doubted && !now.Before(h.ConfirmAt(s.LastSeen, s.Late)):
 		l.Confirmed = true
 		return l
 	case now.Before(s.GraceUntil):
