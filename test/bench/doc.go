@@ -31,7 +31,7 @@
 // loss or failed attempt fails it. Its environment:
 //
 //	SOAK_DURATION     how long the host is saturated (default 10m), after 45s unsaturated
-//	SOAK_CPU_PERCENT  the host's quota, percent of one CPU (default 5)
+//	SOAK_CPU_PERCENT  the host's quota, percent of one CPU (default 10)
 //	SOAK_NETEM        false: no delay phase; true: require one (unset: where the
 //	                  kernel has sch_netem, the second half adds 100ms ± 50ms delay)
 //	BENCH_OUT, BENCH_LOG_DIR as above
