@@ -112,6 +112,13 @@ BENCH_RUNS ?= 3
 bench-recovery: build
 	BENCH_RUNS=$(BENCH_RUNS) RDZV_BIN_DIR=$(BIN) $(GO) test -tags bench -count=1 -v -timeout 60m ./test/bench/ -run TestBenchRecovery
 
+# Failure detector false positives over a soak with one host's CPU
+# saturated (root, python3-torch, tc). SOAK_DURATION=10m by default.
+SOAK_DURATION ?= 10m
+.PHONY: bench-soak
+bench-soak: build
+	SOAK_DURATION=$(SOAK_DURATION) RDZV_BIN_DIR=$(BIN) $(GO) test -tags bench -count=1 -v -timeout 60m ./test/bench/ -run TestBenchSoak
+
 # The controller at 1,000 to 10,000 simulated agents: registration,
 # heartbeats, rendezvous, recovery from a lost node, CPU and memory.
 # Figures only; see test/bench/scale/doc.go. BENCH_NODES=1000,5000,10000

@@ -64,7 +64,7 @@ func (a *agentService) Connect(stream rdzvv1.AgentService_ConnectServer) error {
 			switch msg := m.GetMsg().(type) {
 			case *rdzvv1.ConnectRequest_Heartbeat:
 				sess.heartbeated.Store(true)
-				c.metrics.heartbeat(sess, now)
+				c.metrics.heartbeat(sess.heartbeat(now, c.cfg.Heartbeat.Interval.Duration))
 				sess.send(&rdzvv1.ConnectResponse{Msg: &rdzvv1.ConnectResponse_HeartbeatAck{HeartbeatAck: &rdzvv1.HeartbeatAck{Seq: msg.Heartbeat.GetSeq()}}})
 			case *rdzvv1.ConnectRequest_GpuFault:
 				c.gpuFault(name, msg.GpuFault)

@@ -127,6 +127,11 @@ type nodeState struct {
 	// hiccup is set while the node is silent to the controller yet its
 	// peers still reach it.
 	hiccup bool
+	// accused is set while connected peers report the node unreachable;
+	// doubtedUntil ends the distrust of that word after peers took it
+	// back without the node being lost (health.Silence.Doubted).
+	accused      bool
+	doubtedUntil time.Time
 	// graceUntil keeps a node loaded at start from being declared lost
 	// before its agent had a fair chance to reconnect.
 	graceUntil time.Time

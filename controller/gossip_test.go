@@ -46,6 +46,59 @@ func TestPeersConfirmLostNodeFast(t *testing.T) {
 	require.Contains(t, lost.GetMessage(), "2 peers cannot reach it")
 }
 
+// A starved node (CPU saturated) sends its heartbeats late and misses its
+// peers' probes too, so their word is no proof of death while its silence
+// is within its usual lateness: it counts past twice that lateness
+// (make bench-soak declared such a node lost again and again).
+func TestPeersWordWaitsOutALateNodesLateness(t *testing.T) {
+	c := newFakeClockCluster(t, func(cfg *controller.Config) { cfg.Heartbeat.Timeout.Duration = time.Minute })
+	a, b := c.connectFake("node-a"), c.connectFake("node-b")
+	a.keepAlive()
+	b.keepAlive()
+	z := c.connectFake("node-z")
+	late := heartbeatInterval / 2
+	z.heartbeat(1)
+	for seq := uint64(2); seq <= 3; seq++ {
+		c.advance(heartbeatInterval+late, "node-a", "node-b")
+		z.heartbeat(seq)
+	}
+	a.view(2, "node-z")
+	b.view(2, "node-z")
+	c.advance(heartbeatInterval+heartbeatInterval/4, "node-a", "node-b")
+	require.Equal(t, rdzvv1.NodeState_NODE_STATE_READY, nodeState(c, "node-z"), "a quarter interval overdue is within its lateness")
+	c.advance(2*late-heartbeatInterval/4-time.Millisecond, "node-a", "node-b")
+	require.Equal(t, rdzvv1.NodeState_NODE_STATE_READY, nodeState(c, "node-z"), "not before twice its lateness")
+	c.advance(time.Millisecond, "node-a", "node-b")
+	require.Equal(t, rdzvv1.NodeState_NODE_STATE_LOST, nodeState(c, "node-z"), "lost past twice its lateness, long before the timeout")
+}
+
+// Peers that called a node unreachable and then reached it again were
+// wrong about it (a starved node misses their probes and comes back): for
+// a while their word declares nothing, and only the heartbeat timeout
+// declares the node lost.
+func TestPeersWhoTookTheirWordBackAreDoubted(t *testing.T) {
+	c := newFakeClockCluster(t)
+	a, b := c.connectFake("node-a"), c.connectFake("node-b")
+	a.keepAlive()
+	b.keepAlive()
+	z := c.connectFake("node-z")
+	z.heartbeat(1)
+	a.view(2, "node-z")
+	b.view(2, "node-z")
+	c.advance(heartbeatInterval/2, "node-a", "node-b")
+	a.view(2)
+	b.view(2)
+	z.heartbeat(2)
+	c.advance(heartbeatInterval/2, "node-a", "node-b")
+	require.Equal(t, rdzvv1.NodeState_NODE_STATE_READY, nodeState(c, "node-z"))
+	a.view(2, "node-z")
+	b.view(2, "node-z")
+	c.advance(2*heartbeatInterval, "node-a", "node-b")
+	require.Equal(t, rdzvv1.NodeState_NODE_STATE_READY, nodeState(c, "node-z"), "overdue, but its peers were wrong about it before")
+	c.advance(heartbeatTimeout, "node-a", "node-b")
+	require.Equal(t, rdzvv1.NodeState_NODE_STATE_LOST, nodeState(c, "node-z"), "lost at the heartbeat timeout")
+}
+
 // A node the controller cannot hear but its peers still reach is spared
 // for a while: the trouble may be the controller's alone. It is declared
 // lost once that grace (the vouched timeout) is over.

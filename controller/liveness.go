@@ -59,12 +59,23 @@ func (c *Controller) checkLiveness() (next time.Time) {
 		if ns.rec.GetState() == rdzvv1.NodeState_NODE_STATE_LOST {
 			continue
 		}
-		seen, registering := ns.lastSeen, false
+		seen, registering, late := ns.lastSeen, false, time.Duration(0)
 		if ns.session != nil {
-			seen, registering = ns.session.seen(), !ns.session.heartbeated.Load()
+			seen, registering, late = ns.session.seen(), !ns.session.heartbeated.Load(), ns.session.lateness()
 		}
-		l := policy.Liveness(now, health.Silence{LastSeen: seen, HoldUntil: ns.restartHold, GraceUntil: ns.graceUntil, Lag: lag, Registering: registering,
-			Peers: health.Peers{Unreachable: votes[name], Vouching: reporters - votes[name] - ns.selfReporter()}})
+		// Peers that called the node unreachable and then reached it again
+		// were wrong about it: it is slow, not gone.
+		if votes[name] > 0 {
+			ns.accused = true
+		} else if ns.accused {
+			ns.accused, ns.doubtedUntil = false, now.Add(health.DoubtFor)
+		}
+		doubted := now.Before(ns.doubtedUntil)
+		l := policy.Liveness(now, health.Silence{
+			LastSeen: seen, HoldUntil: ns.restartHold, GraceUntil: ns.graceUntil, Lag: lag, Registering: registering,
+			Late: late, Doubted: doubted,
+			Peers: health.Peers{Unreachable: votes[name], Vouching: reporters - votes[name] - ns.selfReporter()},
+		})
 		switch l.Verdict {
 		case health.Lost:
 			reason := fmt.Sprintf("no heartbeat for %s", l.Silent.Round(100*time.Millisecond))
@@ -80,7 +91,7 @@ func (c *Controller) checkLiveness() (next time.Time) {
 		case health.Alive:
 			ns.hiccup = false
 		}
-		if at := policy.ConfirmAt(seen); votes[name] > 0 && l.Verdict != health.Lost && at.After(now) && (next.IsZero() || at.Before(next)) {
+		if at := policy.ConfirmAt(seen, late); votes[name] > 0 && !doubted && l.Verdict != health.Lost && at.After(now) && (next.IsZero() || at.Before(next)) {
 			next = at
 		}
 	}
@@ -94,6 +105,7 @@ func (c *Controller) markLost(name string, ns *nodeState, now, lastSeen time.Tim
 	rec.State, rec.StateChangedAt = rdzvv1.NodeState_NODE_STATE_LOST, timestamppb.New(c.clock.Now())
 	rec.RestartHoldUntil = nil
 	ns.rec = rec
+	ns.accused = false // peers were right: no doubt when it comes back
 	c.metrics.nodesLost.Inc()
 	c.persist(c.store.PutNode(rec, c.event(ns.job, name, ns.generation, EventNodeLost, "node %s lost: %s", name, reason)), nil)
 	ns.fencedBy = c.cfg.Heartbeat.policy().FencedBy(health.Loss{

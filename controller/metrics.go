@@ -303,11 +303,10 @@ func (m *metrics) firstStep(js *jobState, now time.Time) {
 	}
 }
 
-// heartbeat times the gap since the session's previous heartbeat. Only
-// the session's receiving goroutine calls it.
-func (m *metrics) heartbeat(sess *session, now time.Time) {
-	if !sess.lastHeartbeat.IsZero() {
-		m.heartbeatGap.Observe(now.Sub(sess.lastHeartbeat).Seconds())
+// heartbeat records the gap between an agent's consecutive heartbeats
+// (session.heartbeat); zero, the first, is none.
+func (m *metrics) heartbeat(gap time.Duration) {
+	if gap > 0 {
+		m.heartbeatGap.Observe(gap.Seconds())
 	}
-	sess.lastHeartbeat = now
 }

@@ -29,9 +29,14 @@ type session struct {
 	// operator has been warned of it.
 	certNotAfter time.Time
 	expiryWarned bool
-	// lastHeartbeat is when the previous heartbeat arrived (metrics); only
-	// the stream's receiving goroutine uses it.
+	// lastHeartbeat is when the previous heartbeat arrived; only the
+	// stream's receiving goroutine uses it.
 	lastHeartbeat time.Time
+	// late (nanos) is how late the agent's heartbeats have recently been:
+	// the worst gap beyond the interval, decaying by lateDecay per
+	// heartbeat (health.Silence.Late). Written by the receiving goroutine,
+	// read by liveness passes.
+	late atomic.Int64
 
 	mu sync.Mutex
 	// pending routes replies (port probe results, log chunks) by request id.
@@ -48,6 +53,29 @@ func newSession(parent context.Context, node string, now time.Time) *session {
 func (s *session) touch(now time.Time) { s.lastSeen.Store(now.UnixNano()) }
 
 func (s *session) seen() time.Time { return time.Unix(0, s.lastSeen.Load()) }
+
+// lateDecay is the part of the remembered lateness forgotten per heartbeat:
+// a host that stopped being starved is punctual again within a minute or
+// two of heartbeats, and one stall is remembered for about a minute.
+const lateDecay = 16
+
+// heartbeat records a heartbeat received at now and returns the gap since
+// the previous one (zero for the first). Only the receiving goroutine
+// calls it.
+func (s *session) heartbeat(now time.Time, interval time.Duration) time.Duration {
+	prev := s.lastHeartbeat
+	s.lastHeartbeat = now
+	if prev.IsZero() {
+		return 0
+	}
+	gap := now.Sub(prev)
+	late := time.Duration(s.late.Load())
+	s.late.Store(int64(max(gap-interval, late-late/lateDecay, 0)))
+	return gap
+}
+
+// lateness is health.Silence.Late of the session's agent.
+func (s *session) lateness() time.Duration { return time.Duration(s.late.Load()) }
 
 // send queues a message without blocking; a full queue ends the session.
 func (s *session) send(m *rdzvv1.ConnectResponse) bool {

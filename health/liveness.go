@@ -8,6 +8,23 @@ import "time"
 // a job probe each other every 150 ms, so their word is in too.
 const confirmLate = 4 // a quarter of an interval
 
+// lateFactor widens that margin for a node whose heartbeats have recently
+// been late: a starved host (CPU saturated, throttled) is late again by as
+// much and more, and then also misses its peers' probes, so their word is
+// no independent evidence of death until its silence is past twice its
+// recent lateness. A punctual node keeps the quarter interval. Measured by
+// make bench-soak: at 5% of a CPU, heartbeats came up to 0.5 s late and
+// peers reported the host unreachable, and it was declared lost again and
+// again (1.3 s silent) while alive.
+const lateFactor = 2
+
+// DoubtFor is how long peers' word that a node is unreachable does not
+// count after they took it back without the node being lost: they called
+// a starved node dead and it was not (make bench-soak saw peers do so
+// every few seconds at 5% of a CPU). Meanwhile only the heartbeat timeout
+// declares it lost.
+const DoubtFor = time.Minute
+
 // Verdict is the controller's judgement of one node's silence.
 type Verdict int
 
@@ -73,6 +90,12 @@ type Silence struct {
 	// registration on both sides, so a registration storm (a cold start,
 	// a new leader) counts as a heartbeat timeout of lag for it.
 	Registering bool
+	// Late is how late its heartbeats have recently arrived (the recent
+	// worst gap beyond the interval); zero for a punctual node.
+	Late time.Duration
+	// Doubted: its peers recently called it unreachable in error
+	// (DoubtFor), so their word declares nothing.
+	Doubted bool
 }
 
 // Liveness is a verdict with what it was based on.
@@ -87,14 +110,14 @@ type Liveness struct {
 
 // ConfirmAt is when a node last heard at lastSeen is silent long enough for
 // its peers' word to declare it lost (Liveness): a heartbeat overdue by a
-// quarter of an interval.
-func (h Heartbeat) ConfirmAt(lastSeen time.Time) time.Time {
-	return lastSeen.Add(h.Interval + h.Interval/confirmLate)
+// quarter of an interval, or by twice its recent lateness if more.
+func (h Heartbeat) ConfirmAt(lastSeen time.Time, late time.Duration) time.Time {
+	return lastSeen.Add(h.Interval + max(h.Interval/confirmLate, lateFactor*late))
 }
 
 // Liveness judges a node's silence at now. Overdue by a heartbeat (see
 // ConfirmAt) while a peer cannot reach it either, it is gone: no need to
-// wait out the full timeout. Silent past the timeout, it is lost unless
+// wait out the full timeout; unless its peers are Doubted. Silent past the timeout, it is lost unless
 // peers vouch for it, which they can for the vouched timeout.
 //
 // The timeouts are judged on the silence net of the controller's own lag
@@ -115,7 +138,7 @@ func (h Heartbeat) Liveness(now time.Time, s Silence) Liveness {
 	heard := silent - h.LagCredit(lag)
 	l := Liveness{Verdict: Lost, Silent: silent}
 	switch {
-	case s.Peers.Unreachable > 0 && !now.Before(h.ConfirmAt(s.LastSeen)):
+	case s.Peers.Unreachable > 0 && !s.Doubted && !now.Before(h.ConfirmAt(s.LastSeen, s.Late)):
 		l.Confirmed = true
 		return l
 	case now.Before(s.GraceUntil):

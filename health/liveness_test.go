@@ -20,12 +20,20 @@ func TestLiveness(t *testing.T) {
 		grace     bool // in a new leader's start-up grace
 		lag       time.Duration
 		reg       bool // heard only its registration so far
+		late      time.Duration
+		doubted   bool
 		want      Verdict
 		confirmed bool
 	}{
 		{name: "heartbeating", silent: 500 * time.Millisecond, peers: peers(0, 2), want: Alive},
 		{name: "a heartbeat late by jitter is not enough even if a peer agrees", silent: 1200 * time.Millisecond, peers: peers(1, 1), want: Alive},
 		{name: "peers confirm a silent node once a heartbeat is overdue", silent: 1250 * time.Millisecond, peers: peers(1, 1), want: Lost, confirmed: true},
+		{name: "a late node's usual lateness is not enough even if a peer agrees", silent: 1800 * time.Millisecond, late: 450 * time.Millisecond, peers: peers(1, 1), want: Alive},
+		{name: "peers confirm a late node silent past twice its lateness", silent: 1900 * time.Millisecond, late: 450 * time.Millisecond, peers: peers(1, 1), want: Lost, confirmed: true},
+		{name: "a node late by less than an eighth interval keeps the quarter", silent: 1250 * time.Millisecond, late: 100 * time.Millisecond, peers: peers(1, 1), want: Lost, confirmed: true},
+		{name: "lateness never extends the timeout", silent: 6 * time.Second, late: 3 * time.Second, peers: peers(1, 0), want: Lost},
+		{name: "peers who took their word back are not believed", silent: 2 * time.Second, peers: peers(2, 0), doubted: true, want: Alive},
+		{name: "a doubted node is still lost at the timeout", silent: 6 * time.Second, peers: peers(2, 0), doubted: true, want: Lost},
 		{name: "silent within the timeout, nobody objects", silent: 4 * time.Second, want: Alive},
 		{name: "timed out without gossip", silent: 6 * time.Second, want: Lost},
 		{name: "timed out but peers reach it: controller-side trouble", silent: 6 * time.Second, peers: peers(0, 2), want: Suspect},
@@ -50,7 +58,7 @@ func TestLiveness(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			now := t0.Add(time.Hour)
-			s := Silence{LastSeen: now.Add(-tt.silent), Peers: tt.peers, Lag: tt.lag, Registering: tt.reg}
+			s := Silence{LastSeen: now.Add(-tt.silent), Peers: tt.peers, Lag: tt.lag, Registering: tt.reg, Late: tt.late, Doubted: tt.doubted}
 			if tt.held {
 				s.HoldUntil = now.Add(time.Second)
 			}

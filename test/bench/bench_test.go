@@ -211,10 +211,17 @@ func killAll(net *netns.Cluster) {
 	}
 }
 
-func (b *bench) runRdzv(t *testing.T, r *result) {
-	d := b.dirs(t, r)
-	net := netns.NewCluster(t, 1+nodeHosts, filepath.Join(d.root, "proc-logs"))
-	defer killAll(net)
+// rdzvCluster is the controller on h0 and an agent on each of h1..h<hosts>,
+// registered and ready.
+type rdzvCluster struct {
+	ctl      func(args ...string) (string, error) // rdzvctl on h0
+	daemons  []*netns.Proc                        // the controller, then the agents
+	diagnose func()                               // logs status, events and log tails
+}
+
+// startRdzv starts the controller and the agents with mutual TLS as in
+// production and waits until every agent is ready.
+func (b *bench) startRdzv(t *testing.T, net *netns.Cluster, d runDirs, hosts int) (*rdzvCluster, error) {
 	h0 := net.Host(0)
 	addr := h0.IP + ":" + controllerPort
 	// Mutual TLS as in production: certificates from `rdzvctl pki`, one
@@ -223,45 +230,40 @@ func (b *bench) runRdzv(t *testing.T, r *result) {
 	testpki.Run(t, b.ctlBin, "init", "--dir", pkiDir)
 	testpki.Run(t, b.ctlBin, "issue", "controller", "rdzv-controller", "--ip", h0.IP, "--dir", pkiDir)
 	testpki.Run(t, b.ctlBin, "issue", "operator", "bench", "--dir", pkiDir, "--out", filepath.Join(pkiDir, "rdzvctl"))
-	ctlRun := func(args ...string) (string, error) { return ctl(h0, b.ctlBin, addr, pkiDir, ctlTimeout, args...) }
+	c := &rdzvCluster{ctl: func(args ...string) (string, error) { return ctl(h0, b.ctlBin, addr, pkiDir, ctlTimeout, args...) }}
 
 	ctrl := h0.Start(t, "controller", nil, append([]string{b.controllerBin, "--listen", addr,
 		"--heartbeat-interval", heartbeatInterval.String(), "--heartbeat-timeout", heartbeatTimeout.String(),
 		"--data-dir", filepath.Join(d.root, "controller-data")},
 		testpki.DaemonArgs(pkiDir, "controller", "rdzv-controller")...)...)
-	daemons := []*netns.Proc{ctrl}
-	for i := 1; i <= nodeHosts; i++ {
+	c.daemons = []*netns.Proc{ctrl}
+	for i := 1; i <= hosts; i++ {
 		h := net.Host(i)
 		testpki.Run(t, b.ctlBin, "issue", "agent", h.Name, "--dir", pkiDir)
-		daemons = append(daemons, h.Start(t, "agent", nil, append([]string{b.agentBin, "--controller", addr,
+		c.daemons = append(c.daemons, h.Start(t, "agent", nil, append([]string{b.agentBin, "--controller", addr,
 			"--state-dir", filepath.Join(d.root, h.Name), "--stop-grace", agentStopGrace.String(),
 			// train.py writes checkpoints into root-owned directories.
 			"--run-as", "root", "--allow-root"},
 			testpki.DaemonArgs(pkiDir, "agent", h.Name)...)...))
 	}
-	diagnose := func() {
+	c.diagnose = func() {
 		for _, args := range [][]string{{"status", jobName}, {"events", jobName}, {"events"}} {
-			out, err := ctlRun(args...)
+			out, err := c.ctl(args...)
 			t.Logf("bench: rdzvctl %s: %v\n%s", strings.Join(args, " "), err, out)
 		}
-		for i := 1; i <= nodeHosts; i++ {
+		for i := 1; i <= hosts; i++ {
 			h := net.Host(i)
 			t.Logf("bench: last lines of %s's job log:\n%s", h.Name, tail(filepath.Join(d.root, h.Name, "logs", jobName+".log"), 25))
 		}
-		for _, p := range daemons {
+		for _, p := range c.daemons {
 			t.Logf("bench: last lines of %s:\n%s", p.LogPath(), tail(p.LogPath(), 25))
 		}
-	}
-	fail := func(format string, args ...any) {
-		r.failed = fmt.Sprintf(format, args...)
-		t.Errorf("bench: %s", r.failed)
-		diagnose()
 	}
 
 	// Agents registered and ready.
 	deadline := time.Now().Add(readyTimeout)
 	for {
-		out, err := ctlRun("-o", "json", "nodes")
+		out, err := c.ctl("-o", "json", "nodes")
 		var nodes nodesJSON
 		if err == nil && decode(out, &nodes) == nil {
 			ready := 0
@@ -270,19 +272,35 @@ func (b *bench) runRdzv(t *testing.T, r *result) {
 					ready++
 				}
 			}
-			if ready == nodeHosts {
-				break
+			if ready == hosts {
+				return c, nil
 			}
 		}
 		if time.Now().After(deadline) {
-			fail("agents not ready within %s: %v %s", readyTimeout, err, out)
-			return
+			return c, fmt.Errorf("agents not ready within %s: %v %s", readyTimeout, err, out)
 		}
 		time.Sleep(250 * time.Millisecond)
 	}
+}
+
+func (b *bench) runRdzv(t *testing.T, r *result) {
+	d := b.dirs(t, r)
+	net := netns.NewCluster(t, 1+nodeHosts, filepath.Join(d.root, "proc-logs"))
+	defer killAll(net)
+	rc, err := b.startRdzv(t, net, d, nodeHosts)
+	ctlRun, diagnose := rc.ctl, rc.diagnose
+	fail := func(format string, args ...any) {
+		r.failed = fmt.Sprintf(format, args...)
+		t.Errorf("bench: %s", r.failed)
+		diagnose()
+	}
+	if err != nil {
+		fail("%v", err)
+		return
+	}
 
 	jobPath := filepath.Join(d.root, "job.yaml")
-	if err := os.WriteFile(jobPath, b.rdzvJob(d, r.system == "rdzv-warm"), 0o644); err != nil {
+	if err := os.WriteFile(jobPath, b.rdzvJob(d, trainArgs(), r.system == "rdzv-warm"), 0o644); err != nil {
 		t.Fatal(err)
 	}
 	if out, err := ctlRun("start", jobPath); err != nil {
@@ -404,12 +422,12 @@ func (b *bench) runRdzv(t *testing.T, r *result) {
 }
 
 // rdzvJob is the job file: JSON, which is YAML too.
-func (b *bench) rdzvJob(d runDirs, warm bool) []byte {
+func (b *bench) rdzvJob(d runDirs, train []string, warm bool) []byte {
 	spec := map[string]any{
 		"name":           jobName,
 		"nodes":          map[string]any{"min": nodeHosts - 1, "max": nodeHosts},
 		"procs_per_node": 1,
-		"command":        append([]string{filepath.Base(b.script)}, trainArgs()...),
+		"command":        append([]string{filepath.Base(b.script)}, train...),
 		"workdir":        filepath.Dir(b.script),
 		"env": map[string]string{
 			"OMP_NUM_THREADS": "1",

@@ -22,7 +22,23 @@
 //	BENCH_LOG_DIR   keep every run's logs, ticks and checkpoints here instead
 //	                of in temporary directories
 //
-// The benchmark is built only with the bench build tag:
+// TestBenchSoak (`make bench-soak`) measures the failure detector's false
+// positives instead: a long job on three hosts, one of them starved of CPU
+// (every process of it and two busy loops in one cgroup with a CPU quota,
+// optionally with netem delay on its link), no fault injected, counting
+// nodes declared lost, failed attempts, restarts and peers' "unreachable"
+// reports, with the starvation's evidence beside them (step rates,
+// heartbeat ages, a probe's wake-up delay, the cgroup's throttling). Any
+// loss or failed attempt fails it. Its environment:
+//
+//	SOAK_DURATION     how long the host is saturated (default 10m), after 45s unsaturated
+//	SOAK_CPU_PERCENT  the host's quota, percent of one CPU (default 10)
+//	SOAK_NETEM        false: no delay phase; true: require one (unset: where the
+//	                  kernel has sch_netem, the second half adds 100ms ± 50ms delay)
+//	BENCH_OUT, BENCH_LOG_DIR as above
+//
+// The benchmarks are built only with the bench build tag:
 //
 //	go test -tags bench -run TestBenchRecovery -v ./test/bench/
+//	go test -tags bench -run TestBenchSoak -v ./test/bench/
 package bench
