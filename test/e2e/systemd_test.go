@@ -185,6 +185,16 @@ func TestSystemdUnitSandbox(t *testing.T) {
 	}
 	c.heartbeatTimeout = faultHeartbeatTimeout
 	c.agentArgs = []string{"--stop-grace", faultStopGrace}
+	// The daemons run from where an install puts them, outside /tmp: a
+	// checkout under /tmp is hidden by the controller's PrivateTmp.
+	binDir := filepath.Join(base, "bin")
+	require.NoError(t, os.Mkdir(binDir, 0o755))
+	for _, bin := range []*string{&c.controllerBin, &c.agentBin} {
+		data, err := os.ReadFile(*bin)
+		require.NoError(t, err)
+		*bin = filepath.Join(binDir, filepath.Base(*bin))
+		require.NoError(t, os.WriteFile(*bin, data, 0o755))
+	}
 
 	// The controller's files belong to its user, as README "Install with
 	// systemd" sets them up: the data directory (StateDirectory makes it
