@@ -20,7 +20,6 @@ import (
 	"time"
 
 	"go.uber.org/zap"
-	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
@@ -37,54 +36,6 @@ type Source interface {
 	// WatchEvents calls send with each message of a watch until ctx ends,
 	// send fails, or the watch ends (with its error).
 	WatchEvents(ctx context.Context, req *rdzvv1.WatchEventsRequest, send func(*rdzvv1.WatchEventsResponse) error) error
-}
-
-// Clients is the API's generated clients (a client.Client is both).
-type Clients interface {
-	rdzvv1.JobServiceClient
-	rdzvv1.NodeServiceClient
-}
-
-// FromClient reads through the public API: a client.Client with a viewer's
-// certificate, say.
-func FromClient(c Clients) Source { return clientSource{c} }
-
-type clientSource struct{ c Clients }
-
-func (s clientSource) ListNodes(ctx context.Context, req *rdzvv1.ListNodesRequest) (*rdzvv1.ListNodesResponse, error) {
-	return s.c.ListNodes(ctx, req)
-}
-
-func (s clientSource) ListJobs(ctx context.Context, req *rdzvv1.ListJobsRequest) (*rdzvv1.ListJobsResponse, error) {
-	return s.c.ListJobs(ctx, req)
-}
-
-func (s clientSource) GetJob(ctx context.Context, req *rdzvv1.GetJobRequest) (*rdzvv1.GetJobResponse, error) {
-	return s.c.GetJob(ctx, req)
-}
-
-func (s clientSource) ListEvents(ctx context.Context, req *rdzvv1.ListEventsRequest) (*rdzvv1.ListEventsResponse, error) {
-	return s.c.ListEvents(ctx, req)
-}
-
-func (s clientSource) WatchEvents(ctx context.Context, req *rdzvv1.WatchEventsRequest, send func(*rdzvv1.WatchEventsResponse) error) error {
-	stream, err := s.c.WatchEvents(ctx, req)
-	if err != nil {
-		return err
-	}
-	return relay(stream, send)
-}
-
-func relay(stream grpc.ServerStreamingClient[rdzvv1.WatchEventsResponse], send func(*rdzvv1.WatchEventsResponse) error) error {
-	for {
-		m, err := stream.Recv()
-		if err != nil {
-			return err
-		}
-		if err := send(m); err != nil {
-			return err
-		}
-	}
 }
 
 //go:embed assets
