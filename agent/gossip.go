@@ -13,6 +13,7 @@ import (
 	"github.com/hashicorp/memberlist"
 	"go.uber.org/zap"
 
+	"github.com/rdzv/rdzv/health"
 	rdzvv1 "github.com/rdzv/rdzv/proto/rdzv/v1"
 )
 
@@ -35,11 +36,14 @@ type Gossip struct {
 	mu sync.Mutex
 	// unreachable maps a peer to when it was declared dead.
 	unreachable map[string]time.Time
-	// watched are the peers of this node's job it probes itself (Watch).
-	watched map[string]*watchedPeer
-	changed chan struct{}
-	stop    chan struct{}
-	done    chan struct{}
+	// watched are the peers of this node's job it probes itself (Watch),
+	// those of watchJob's generation watchGen.
+	watched  map[string]*watchedPeer
+	watchJob string
+	watchGen uint64
+	changed  chan struct{}
+	stop     chan struct{}
+	done     chan struct{}
 }
 
 // watchedPeer is the probing state of one watched peer.
@@ -57,14 +61,6 @@ const (
 	// the seconds after a failure, and a decommissioned node must not count
 	// against this node's isolation check forever.
 	unreachableTTL = 2 * time.Minute
-	// watchEvery is how often a watched peer is probed. memberlist's own
-	// probing picks one random member per interval, so in a large cluster a
-	// dead node waits long for its first probe, then out a suspicion
-	// timeout; a job's peers cannot wait that long.
-	watchEvery = 150 * time.Millisecond
-	// watchFailures probes in a row must fail for a watched peer to count
-	// as unreachable: one lost UDP packet is not a dead node.
-	watchFailures = 2
 )
 
 // StartGossip binds memberlist on addr:port (port 0 picks a free one).
@@ -76,7 +72,9 @@ func StartGossip(name, addr string, port int, log *zap.Logger) (*Gossip, error) 
 	cfg.BindAddr, cfg.BindPort = addr, port
 	cfg.AdvertiseAddr, cfg.AdvertisePort = addr, port
 	cfg.ProbeInterval = 500 * time.Millisecond
-	cfg.ProbeTimeout = 250 * time.Millisecond
+	// Ping, which probes the watched peers, waits this long; the fencing
+	// bounds count on it (health.IsolationLag).
+	cfg.ProbeTimeout = health.WatchTimeout
 	cfg.SuspicionMult = 2
 	cfg.GossipInterval = 100 * time.Millisecond
 	cfg.TCPTimeout = 2 * time.Second
@@ -93,9 +91,10 @@ func StartGossip(name, addr string, port int, log *zap.Logger) (*Gossip, error) 
 }
 
 // Watch sets the peers this node probes itself, replacing any before: the
-// neighbours of its latest assignment. A peer that does not answer
-// watchFailures probes in a row is reported unreachable at once.
-func (g *Gossip) Watch(peers []*rdzvv1.WatchedPeer) {
+// neighbours of its latest assignment, generation of job. A peer that does
+// not answer health.WatchFailures probes in a row is reported unreachable
+// at once.
+func (g *Gossip) Watch(job string, generation uint64, peers []*rdzvv1.WatchedPeer) {
 	watched := map[string]*watchedPeer{}
 	for _, p := range peers {
 		if p.GetNode() == g.name {
@@ -113,18 +112,19 @@ func (g *Gossip) Watch(peers []*rdzvv1.WatchedPeer) {
 	for _, w := range g.watched {
 		changed = changed || !w.downSince.IsZero()
 	}
-	g.watched = watched
+	g.watched, g.watchJob, g.watchGen = watched, job, generation
 	g.mu.Unlock()
 	if changed {
 		g.signal()
 	}
 }
 
-// watchLoop probes the watched peers every watchEvery, all at once, until
-// Close.
+// watchLoop probes the watched peers every health.WatchEvery, all at once,
+// until Close. The fencing bounds count on these rounds' timing
+// (health.IsolationLag, modelled by its tests).
 func (g *Gossip) watchLoop() {
 	defer close(g.done)
-	ticker := time.NewTicker(watchEvery)
+	ticker := time.NewTicker(health.WatchEvery)
 	defer ticker.Stop()
 	for {
 		select {
@@ -176,7 +176,7 @@ func (g *Gossip) probed(targets map[string]net.Addr, reached map[string]bool) {
 			continue
 		}
 		w.failures++
-		if w.failures >= watchFailures && w.downSince.IsZero() {
+		if w.failures >= health.WatchFailures && w.downSince.IsZero() {
 			w.downSince, changed = now, true
 			g.log.Warn("watched peer unreachable", zap.String("peer", name), zap.Int("failed_probes", w.failures))
 		}
@@ -204,12 +204,17 @@ func (g *Gossip) Join(seeds []string) {
 }
 
 // View is the sorted set of unreachable peers and how many members are
-// alive, this node included.
+// alive, this node included. A watched peer that answers its probes is
+// not unreachable, whatever memberlist says: the probes are fresher, and
+// the controller takes a watcher's word as its own probes' (WatchView).
 func (g *Gossip) View() (unreachable []string, alive int) {
 	g.mu.Lock()
 	for name, since := range g.unreachable {
 		if time.Since(since) > unreachableTTL {
 			delete(g.unreachable, name)
+			continue
+		}
+		if w := g.watched[name]; w != nil && w.downSince.IsZero() {
 			continue
 		}
 		unreachable = append(unreachable, name)
@@ -227,6 +232,21 @@ func (g *Gossip) View() (unreachable []string, alive int) {
 	return unreachable, g.ml.NumMembers()
 }
 
+// WatchView is the job and generation whose peers this node watches, and
+// the sorted watched peers that failed its latest probes.
+func (g *Gossip) WatchView() (job string, generation uint64, down []string) {
+	g.mu.Lock()
+	for name, w := range g.watched {
+		if !w.downSince.IsZero() {
+			down = append(down, name)
+		}
+	}
+	job, generation = g.watchJob, g.watchGen
+	g.mu.Unlock()
+	sort.Strings(down)
+	return job, generation, down
+}
+
 // Changed is signalled whenever the view changes.
 func (g *Gossip) Changed() <-chan struct{} { return g.changed }
 
@@ -237,18 +257,24 @@ func (g *Gossip) Changed() <-chan struct{} { return g.changed }
 // random probe at a time, which a cut-off node in a large cluster takes
 // long to add up.
 func (g *Gossip) Isolated() bool {
-	g.mu.Lock()
-	cutFromWatched := len(g.watched) > 0
-	for _, w := range g.watched {
-		cutFromWatched = cutFromWatched && !w.downSince.IsZero()
-	}
-	g.mu.Unlock()
-	if cutFromWatched {
+	if g.Unwatched() {
 		return true
 	}
 	unreachable, alive := g.View()
 	others := alive - 1
 	return others == 0 || others < len(unreachable)
+}
+
+// Unwatched reports whether this node watches peers and none of them
+// answered its latest probes (health.Cutoff).
+func (g *Gossip) Unwatched() bool {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	cut := len(g.watched) > 0
+	for _, w := range g.watched {
+		cut = cut && !w.downSince.IsZero()
+	}
+	return cut
 }
 
 // Close leaves the cluster gracefully, so peers do not wait out a timeout

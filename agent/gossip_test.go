@@ -69,7 +69,11 @@ func crash(t *testing.T, g *Gossip) {
 func TestGossipWatchReportsDeadPeer(t *testing.T) {
 	a, b, c := startGossip(t, "node-a"), startGossip(t, "node-b"), startGossip(t, "node-c")
 	t.Cleanup(a.Close)
-	a.Watch([]*rdzvv1.WatchedPeer{{Node: "node-b", GossipAddr: b.Addr()}, {Node: "node-c", GossipAddr: c.Addr()}, {Node: "node-a", GossipAddr: a.Addr()}})
+	a.Watch("train", 3, []*rdzvv1.WatchedPeer{{Node: "node-b", GossipAddr: b.Addr()}, {Node: "node-c", GossipAddr: c.Addr()}, {Node: "node-a", GossipAddr: a.Addr()}})
+	job, gen, down := a.WatchView()
+	require.Equal(t, "train", job)
+	require.EqualValues(t, 3, gen)
+	require.Empty(t, down, "not probed yet")
 
 	crash(t, c)
 	require.Eventually(t, func() bool {
@@ -78,6 +82,9 @@ func TestGossipWatchReportsDeadPeer(t *testing.T) {
 	}, 30*time.Second, 20*time.Millisecond)
 	u, _ := a.View()
 	require.Equal(t, []string{"node-c"}, u, "node-b answered every probe that found node-c gone")
+	_, _, down = a.WatchView()
+	require.Equal(t, []string{"node-c"}, down)
+	require.False(t, a.Unwatched(), "node-b answers")
 	<-a.Changed()
 	// Alone in its memberlist, a counts itself isolated whatever the watch
 	// says; what the watch adds shows once a has a memberlist peer.
@@ -89,11 +96,15 @@ func TestGossipWatchReportsDeadPeer(t *testing.T) {
 
 	crash(t, b)
 	require.Eventually(t, a.Isolated, 30*time.Second, 20*time.Millisecond)
+	require.True(t, a.Unwatched(), "no watched peer answers")
 	u, _ = a.View()
 	require.Equal(t, []string{"node-b", "node-c"}, u)
+	_, _, down = a.WatchView()
+	require.Equal(t, []string{"node-b", "node-c"}, down)
 
-	a.Watch(nil)
+	a.Watch("", 0, nil)
 	u, _ = a.View()
 	require.Empty(t, u, "no longer watched, no longer reported")
 	require.False(t, a.Isolated(), "node-d still answers")
+	require.False(t, a.Unwatched(), "watching nobody is not being cut off from them")
 }

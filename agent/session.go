@@ -268,7 +268,7 @@ func (s *agentSession) handle(ctx context.Context, m *rdzvv1.ConnectResponse, ou
 	switch msg := m.GetMsg().(type) {
 	case *rdzvv1.ConnectResponse_Assignment:
 		if s.gossip != nil {
-			s.gossip.Watch(msg.Assignment.GetWatch())
+			s.gossip.Watch(msg.Assignment.GetSpec().GetName(), msg.Assignment.GetGeneration(), msg.Assignment.GetWatch())
 		}
 		s.sup.Assign(msg.Assignment)
 	case *rdzvv1.ConnectResponse_StopWorkers:
@@ -316,8 +316,10 @@ func (s *agentSession) gossipViewMsg() *rdzvv1.ConnectRequest {
 		return nil
 	}
 	unreachable, alive := s.gossip.View()
+	job, generation, down := s.gossip.WatchView()
 	return &rdzvv1.ConnectRequest{Msg: &rdzvv1.ConnectRequest_GossipView{GossipView: &rdzvv1.GossipView{
 		Unreachable: unreachable, AliveMembers: uint32(alive),
+		WatchJob: job, WatchGeneration: generation, WatchedUnreachable: down,
 	}}}
 }
 
@@ -325,7 +327,8 @@ func (s *agentSession) gossipViewMsg() *rdzvv1.ConnectRequest {
 // SelfFence: the controller has not been heard for longer than it waits
 // before declaring the node lost (so it has moved the job on, or will), and
 // gossip cannot reach the peers either (so the controller is not merely
-// restarting). A cut-off node must never keep training or write a
+// restarting); sooner when none of the peers it watches answers, whose
+// word the controller has then had. A cut-off node must never keep training or write a
 // checkpoint after the job moved on; when it is back it registers as a
 // fresh, idle node.
 func (s *agentSession) fenceLoop(ctx context.Context) {
@@ -338,8 +341,11 @@ func (s *agentSession) fenceLoop(ctx context.Context) {
 		case <-ticker.C:
 		}
 		silent := time.Since(time.Unix(0, s.lastHeard.Load()))
-		isolated := s.gossip == nil || s.gossip.Isolated()
-		if !s.sup.Busy() || !s.heartbeat.Load().SelfFence(silent, isolated) || s.fencing.Swap(true) {
+		cutoff := health.Cutoff{Isolated: true}
+		if s.gossip != nil {
+			cutoff = health.Cutoff{Isolated: s.gossip.Isolated(), Unwatched: s.gossip.Unwatched()}
+		}
+		if !s.sup.Busy() || !s.heartbeat.Load().SelfFence(silent, cutoff) || s.fencing.Swap(true) {
 			continue
 		}
 		reason := fmt.Sprintf("self-fenced: controller silent for %s and peers unreachable", silent.Round(100*time.Millisecond))

@@ -2,6 +2,7 @@ package controller
 
 import (
 	"math/rand/v2"
+	"time"
 
 	rdzvv1 "github.com/rdzv/rdzv/proto/rdzv/v1"
 )
@@ -13,6 +14,9 @@ const (
 	// maxViewSize bounds one agent's reported view, keeping the controller's
 	// memory per node bounded.
 	maxViewSize = 1024
+	// maxWatched bounds the watched peers of a view: an agent watches its
+	// two ring neighbours.
+	maxWatched = 2
 )
 
 // gossipView is one agent's latest report of the peers its gossip cannot
@@ -20,11 +24,17 @@ const (
 type gossipView struct {
 	unreachable map[string]bool
 	alive       uint32
+	// watchJob's generation watchGen is the assignment whose peers the
+	// agent watches; watchedDown maps those that fail its own probes to
+	// when it began to say so, without a break since (see watchersCut).
+	watchJob    string
+	watchGen    uint64
+	watchedDown map[string]time.Time
 }
 
 // gossipView records an agent's view.
 func (c *Controller) gossipView(node string, v *rdzvv1.GossipView) {
-	view := &gossipView{unreachable: map[string]bool{}, alive: v.GetAliveMembers()}
+	view := &gossipView{unreachable: map[string]bool{}, alive: v.GetAliveMembers(), watchJob: v.GetWatchJob(), watchGen: v.GetWatchGeneration()}
 	for i, name := range v.GetUnreachable() {
 		if i == maxViewSize {
 			break
@@ -36,6 +46,21 @@ func (c *Controller) gossipView(node string, v *rdzvv1.GossipView) {
 	ns := c.nodes[node]
 	if ns == nil {
 		return
+	}
+	now := c.clock.Now()
+	for i, name := range v.GetWatchedUnreachable() {
+		if i == maxWatched {
+			break
+		}
+		if view.watchedDown == nil {
+			view.watchedDown = map[string]time.Time{}
+		}
+		view.watchedDown[name] = now
+		if old := ns.view; old != nil && old.watchJob == view.watchJob && old.watchGen == view.watchGen {
+			if since, ok := old.watchedDown[name]; ok {
+				view.watchedDown[name] = since
+			}
+		}
 	}
 	news := false
 	for name := range view.unreachable {
@@ -83,6 +108,40 @@ func (c *Controller) unreachableTo(node string) bool {
 		}
 	}
 	return false
+}
+
+// watchersCut is when the last of the peers that watch node (its ring
+// neighbours in its job's current round, which it watches in turn) began
+// to report, from their own probes of that round's assignment, that it
+// does not answer; zero unless every one of them does, so that node, if
+// alive, is cut off from every peer it watches (health.Loss.WatchersCut).
+// Callers hold c.mu.
+func (c *Controller) watchersCut(node string, ns *nodeState) time.Time {
+	js := c.jobs[ns.job]
+	if js == nil || ns.generation == 0 || js.round.GetGeneration() != ns.generation {
+		return time.Time{}
+	}
+	a := js.assignment(node)
+	if a == nil {
+		return time.Time{}
+	}
+	var cut time.Time
+	watchers := c.watchedPeers(js.round, a)
+	for _, p := range watchers {
+		w := c.nodes[p.GetNode()]
+		if w == nil || w.session == nil || w.rec.GetState() == rdzvv1.NodeState_NODE_STATE_LOST || w.view == nil ||
+			w.view.watchJob != ns.job || w.view.watchGen != ns.generation {
+			return time.Time{}
+		}
+		since, ok := w.view.watchedDown[node]
+		if !ok {
+			return time.Time{}
+		}
+		if since.After(cut) {
+			cut = since
+		}
+	}
+	return cut
 }
 
 // reporting is whether the node's view counts: it is connected and its

@@ -7,6 +7,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/rdzv/rdzv/controller"
+	"github.com/rdzv/rdzv/health"
 	rdzvv1 "github.com/rdzv/rdzv/proto/rdzv/v1"
 )
 
@@ -136,4 +137,81 @@ func TestPeersWordIsJudgedAtOnce(t *testing.T) {
 	require.Equal(t, rdzvv1.NodeState_NODE_STATE_READY, nodeState(c, "node-z"), "silent, but nobody says it is gone")
 	a.view(2, "node-z")
 	c.waitNode("node-z", func(n *rdzvv1.Node) bool { return n.GetState() == rdzvv1.NodeState_NODE_STATE_LOST })
+}
+
+// watching reports, as node f's gossip does, that the peers it watches for
+// assignment a (its ring neighbours) fail its own probes.
+func (f *fakeAgent) watching(a *rdzvv1.Assignment, down ...string) {
+	f.t.Helper()
+	f.send(&rdzvv1.ConnectRequest{Msg: &rdzvv1.ConnectRequest_GossipView{GossipView: &rdzvv1.GossipView{
+		Unreachable: down, AliveMembers: 2, WatchJob: a.GetSpec().GetName(), WatchGeneration: a.GetGeneration(), WatchedUnreachable: down,
+	}}})
+}
+
+// A lost node whose watchers (its ring neighbours in the job, which it
+// watches in turn) all say from their own probes that it does not answer
+// cannot reach them either, so it fences itself by the quick rule: the
+// next generation waits for that bound, not for its heartbeat timeout.
+// The word of peers that do not watch it does not shorten the wait.
+func TestWatchersShortenTheFencingWait(t *testing.T) {
+	const timeout = 5 * time.Second
+	for _, watched := range []bool{true, false} {
+		t.Run(map[bool]string{true: "its watchers", false: "gossip only"}[watched], func(t *testing.T) {
+			c := newFakeClockCluster(t, func(cfg *controller.Config) { cfg.Heartbeat.Timeout.Duration = timeout })
+			c.gossip = true
+			a, b, z := c.connectFake("node-a"), c.connectFake("node-b"), c.connectFake("node-z")
+			a.keepAlive()
+			b.keepAlive()
+			z.keepAlive()
+			spec := c.recoverable("elastic", 2, 3)
+			spec.NodesMax = 3
+			c.startJob(spec)
+			a1, b1, z1 := a.run(), b.run(), z.run()
+			require.ElementsMatch(t, []string{"node-a", "node-b"}, peerNames(z1.GetWatch()), "a ring of three: each watches the other two")
+			a.step(a1, 3)
+			c.waitJob("elastic", func(j *rdzvv1.Job) bool { return j.GetStep() == 3 })
+
+			z.crash()
+			if watched {
+				a.watching(a1, "node-z")
+				b.watching(b1, "node-z")
+			} else {
+				a.view(2, "node-z")
+				b.view(2, "node-z")
+			}
+			reported := c.clock.Now()
+			poll(t, func() bool {
+				c.advance(100*time.Millisecond, "node-a", "node-b")
+				return c.getJob("elastic").GetState() == recovering
+			}, func() string { return "node-z never declared lost" })
+			a.expectStop(a1)
+			b.expectStop(b1)
+			poll(t, func() bool {
+				c.advance(100*time.Millisecond, "node-a", "node-b")
+				return c.getJob("elastic").GetGeneration() == 2
+			}, func() string { return "not restarted" })
+			var committed time.Time
+			for _, e := range c.events("elastic") {
+				if e.GetKind() == "rendezvous_committed" && e.GetGeneration() == 2 {
+					committed = e.GetTime().AsTime()
+				}
+			}
+			waited := committed.Sub(reported)
+			if watched {
+				require.GreaterOrEqual(t, waited, health.IsolationLag+health.FenceMargin, "not before it has certainly fenced itself")
+				require.Less(t, waited, timeout, "long before its heartbeat timeout")
+			} else {
+				require.GreaterOrEqual(t, waited, timeout, "its heartbeat timeout from its last heartbeat, no sooner")
+			}
+			require.Equal(t, uint32(2), a.run().GetNnodes())
+		})
+	}
+}
+
+func peerNames(peers []*rdzvv1.WatchedPeer) []string {
+	var names []string
+	for _, p := range peers {
+		names = append(names, p.GetNode())
+	}
+	return names
 }

@@ -107,6 +107,9 @@ type cluster struct {
 	// lag is the controller's own lag as it measures it, set by the test,
 	// on a fake clock (the machine's real scheduling means nothing there).
 	lag atomic.Int64
+	// gossip: fake agents connected from now on say they run gossip, so
+	// that their assignments name peers to watch.
+	gossip bool
 
 	stopController func()
 	// ctl is the running controller.
@@ -676,9 +679,12 @@ func (c *cluster) connectFakeWith(files pki.Files, name string, workers ...*rdzv
 		f.crash()
 		<-received
 	})
-	f.send(&rdzvv1.ConnectRequest{Msg: &rdzvv1.ConnectRequest_Register{Register: &rdzvv1.Register{Node: &rdzvv1.NodeInfo{
-		Name: name, Address: "127.0.0.1", NcclInterface: "lo", AgentVersion: "fake",
-	}, Workers: workers}}})
+	info := &rdzvv1.NodeInfo{Name: name, Address: "127.0.0.1", NcclInterface: "lo", AgentVersion: "fake"}
+	if c.gossip {
+		// Nothing listens there: the controller only hands it to peers.
+		info.GossipAddr = "127.0.0.1:7946"
+	}
+	f.send(&rdzvv1.ConnectRequest{Msg: &rdzvv1.ConnectRequest_Register{Register: &rdzvv1.Register{Node: info, Workers: workers}}})
 	require.NotNil(t, f.next().GetRegistered())
 	return f
 }

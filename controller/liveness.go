@@ -110,7 +110,7 @@ func (c *Controller) markLost(name string, ns *nodeState, now, lastSeen time.Tim
 	c.persist(c.store.PutNode(rec, c.event(ns.job, name, ns.generation, EventNodeLost, "node %s lost: %s", name, reason)), nil)
 	ns.fencedBy = c.cfg.Heartbeat.policy().FencedBy(health.Loss{
 		At: now, LastSeen: lastSeen, Heard: ns.heard, ElectedAt: c.electedAt, HoldUntil: ns.restartHold,
-		Gossips: rec.GetInfo().GetGossipAddr() != "", Unreachable: c.unreachableTo(name),
+		Gossips: rec.GetInfo().GetGossipAddr() != "", Unreachable: c.unreachableTo(name), WatchersCut: c.watchersCut(name, ns),
 	})
 	c.log.Warn("node lost", zap.String("node", name), zap.Duration("silent", now.Sub(lastSeen)))
 	if ns.session != nil {

@@ -331,9 +331,18 @@ func validateGossipView(v *rdzvv1.GossipView) error {
 	if n := len(v.GetUnreachable()); n > maxViewSize {
 		return fmt.Errorf("gossip_view.unreachable: at most %d nodes, got %d", maxViewSize, n)
 	}
+	if n := len(v.GetWatchedUnreachable()); n > maxWatched {
+		return fmt.Errorf("gossip_view.watched_unreachable: at most %d nodes (an agent watches its two ring neighbours), got %d", maxWatched, n)
+	}
 	var errs []error
 	for i, name := range v.GetUnreachable() {
 		errs = append(errs, nameErr(fmt.Sprintf("gossip_view.unreachable[%d]", i), name))
+	}
+	for i, name := range v.GetWatchedUnreachable() {
+		errs = append(errs, nameErr(fmt.Sprintf("gossip_view.watched_unreachable[%d]", i), name))
+	}
+	if v.GetWatchJob() != "" {
+		errs = append(errs, nameErr("gossip_view.watch_job", v.GetWatchJob()))
 	}
 	return errors.Join(errs...)
 }

@@ -24,21 +24,72 @@ const (
 	// FenceMargin is what a self-fencing deadline adds to its rule's
 	// threshold: one check interval and the kill.
 	FenceMargin = FenceCheckEvery + fenceKill
+
+	// WatchEvery is how often an agent probes the peers it watches (its
+	// job's ring neighbours), all at once. memberlist's own probing picks
+	// one random member per interval, so in a large cluster a dead node
+	// waits long for its first probe, then out a suspicion timeout; a job's
+	// peers cannot wait that long.
+	WatchEvery = 150 * time.Millisecond
+	// WatchTimeout is how long one probe waits for its answer.
+	WatchTimeout = 250 * time.Millisecond
+	// WatchFailures probes in a row must fail for a watched peer to count
+	// as unreachable: one lost UDP packet is not a dead node.
+	WatchFailures = 2
+	// IsolationLag bounds how much later a node cut off from a peer that
+	// watches it knows so than that peer does. Both run the same rounds of
+	// probes (a round is a tick or, failing, ends WatchTimeout after it
+	// began): the peer's first failing round begins at the earliest a
+	// round trip before the cut, the node's at the latest a tick after it,
+	// and the node's later rounds may each wait for the next tick. The
+	// peer knows at the end of its WatchFailures-th failing round, the node
+	// at the end of its own, at most two ticks and a probe's answer later.
+	IsolationLag = 2*WatchEvery + WatchTimeout
 )
+
+// Cutoff is what an agent knows of its peers when it asks whether to
+// fence.
+type Cutoff struct {
+	// Isolated: its gossip reaches fewer than half of its peers, or none
+	// of those it watches (always, without gossip).
+	Isolated bool
+	// Unwatched: it watches peers and none of them has answered its
+	// latest WatchFailures probes. Those peers watch it in turn, so the
+	// controller hears of the cut from them (Loss.WatchersCut) and can
+	// count on the quick rule.
+	Unwatched bool
+}
 
 // SelfFence is the agent's rule for a node with workers: fence when cut
 // off from the controller for its heartbeat timeout and from the peers
 // too, or from every controller for the vouched timeout (by then it has
 // moved the job on, whatever our peers say). No controller at all
 // (failover, etcd quorum lost) is survived for the vouched timeout while
-// peers are reachable. silent is how long since the agent's last word from
-// the controller; isolated is whether its gossip reaches fewer than half
-// of its peers (always, without gossip). Without a timeout it never fences.
-func (h Heartbeat) SelfFence(silent time.Duration, isolated bool) bool {
-	if h.Timeout <= 0 || silent <= h.Timeout {
+// peers are reachable. Cut off from every peer it watches, it fences
+// sooner, once the controller is QuickSilence silent: its watchers have
+// told the controller, which declares it lost as soon. silent is how long
+// since the agent's last word from the controller. Without a timeout it
+// never fences.
+func (h Heartbeat) SelfFence(silent time.Duration, c Cutoff) bool {
+	switch {
+	case h.Timeout <= 0:
+		return false
+	case c.Unwatched && silent > h.QuickSilence():
+		return true
+	case silent <= h.Timeout:
 		return false
 	}
-	return isolated || silent > h.Vouched
+	return c.Isolated || silent > h.Vouched
+}
+
+// QuickSilence is the controller's silence after which an agent cut off
+// from every peer it watches fences. Its watchers' word declares it lost
+// once its heartbeat is a quarter interval overdue (ConfirmAt); the agent
+// waits half an interval, which spares a node whose heartbeat was merely
+// slow while its probes failed: a starved host (make bench-soak) is late
+// with both.
+func (h Heartbeat) QuickSilence() time.Duration {
+	return min(h.Interval+h.Interval/2, h.Timeout)
 }
 
 // SelfFenceDeadline is how long after its last word from the controller an
@@ -79,6 +130,11 @@ type Loss struct {
 	// Unreachable is whether a connected node's gossip reports it
 	// unreachable.
 	Unreachable bool
+	// WatchersCut is when the last of the peers that watch it (its ring
+	// neighbours in its job's round, which it watches in turn) began
+	// reporting it unreachable, each without a break since, as the
+	// controller received their word; zero unless all of them do.
+	WatchersCut time.Time
 }
 
 // agentIsolated is whether the lost node's agent, if alive, counts itself
@@ -92,6 +148,12 @@ func (l Loss) agentIsolated() bool { return !l.Gossips || l.Unreachable }
 
 // FencedBy is the latest time by which a lost node's agent, if alive but
 // cut off, has killed its own workers.
+//
+// When every peer that watches it reports it unreachable (WatchersCut), it
+// is cut off from every peer it watches by IsolationLag after the last of
+// them began to say so: a probe that cannot make the round trip one way
+// cannot the other way either. Then the quick rule fences it QuickSilence
+// after its last word, if that is later.
 //
 // Its fencing clock runs from its last word from a controller: no later
 // than LastSeen if it registered with this leader, else from the previous
@@ -108,6 +170,18 @@ func (h Heartbeat) FencedBy(l Loss) time.Time {
 		from = l.ElectedAt
 	}
 	by = later(by, from.Add(h.SelfFenceDeadline(isolated)))
+	if l.Gossips && l.Unreachable {
+		// It counts itself isolated only once its own probes have failed
+		// too, up to IsolationLag after its peers' word, which came no
+		// later than the declaration.
+		by = later(by, l.At.Add(IsolationLag+FenceMargin))
+	}
+	if !l.WatchersCut.IsZero() {
+		quick := later(l.At, later(from.Add(h.QuickSilence()), l.WatchersCut.Add(IsolationLag))).Add(FenceMargin)
+		if quick.Before(by) {
+			by = quick
+		}
+	}
 	if !l.HoldUntil.IsZero() {
 		by = later(by, l.HoldUntil.Add(Unregistered.SelfFenceDeadline(true)))
 	}

@@ -11,25 +11,35 @@ import (
 
 func TestSelfFence(t *testing.T) {
 	h := Heartbeat{Interval: time.Second, Timeout: 5 * time.Second, Vouched: time.Minute}
+	isolated := Cutoff{Isolated: true}
+	unwatched := Cutoff{Isolated: true, Unwatched: true}
 	tests := []struct {
-		name     string
-		silent   time.Duration
-		isolated bool
-		want     bool
+		name   string
+		silent time.Duration
+		cutoff Cutoff
+		want   bool
 	}{
-		{"cut off while training", 6 * time.Second, true, true},
-		{"controller down but peers reachable: keep training", 6 * time.Second, false, false},
-		{"no controller for a while (failover, etcd quorum lost): keep training", 59 * time.Second, false, false},
-		{"the controller gave up on us even though peers vouch", 61 * time.Second, false, true},
-		{"briefly silent controller", 3 * time.Second, true, false},
-		{"exactly the timeout is not past it", 5 * time.Second, true, false},
+		{"cut off while training", 6 * time.Second, isolated, true},
+		{"controller down but peers reachable: keep training", 6 * time.Second, Cutoff{}, false},
+		{"no controller for a while (failover, etcd quorum lost): keep training", 59 * time.Second, Cutoff{}, false},
+		{"the controller gave up on us even though peers vouch", 61 * time.Second, Cutoff{}, true},
+		{"briefly silent controller", 3 * time.Second, isolated, false},
+		{"exactly the timeout is not past it", 5 * time.Second, isolated, false},
+		{"cut off from the watched peers and silent past the quick silence", 1600 * time.Millisecond, unwatched, true},
+		{"cut off from the watched peers, a heartbeat merely late", 1500 * time.Millisecond, unwatched, false},
+		{"silent past the quick silence, watched peers answer", 1600 * time.Millisecond, isolated, false},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			require.Equal(t, tt.want, h.SelfFence(tt.silent, tt.isolated))
+			require.Equal(t, tt.want, h.SelfFence(tt.silent, tt.cutoff))
 		})
 	}
-	require.False(t, Heartbeat{}.SelfFence(time.Hour, true), "no timeout known: never fence")
+	require.False(t, Heartbeat{}.SelfFence(time.Hour, unwatched), "no timeout known: never fence")
+}
+
+func TestQuickSilence(t *testing.T) {
+	require.Equal(t, 1500*time.Millisecond, Heartbeat{Interval: time.Second, Timeout: 5 * time.Second}.QuickSilence())
+	require.Equal(t, 2*time.Second, Heartbeat{Interval: 2 * time.Second, Timeout: 2 * time.Second}.QuickSilence(), "never past the timeout")
 }
 
 func TestSelfFenceDeadline(t *testing.T) {
@@ -78,9 +88,13 @@ func TestFencedBy(t *testing.T) {
 			want: seen.Add(time.Minute + FenceMargin),
 		},
 		{
+			// Found disagreeing (TestQuickFencingAgrees): this was a margin
+			// after the declaration, but the peer's word may have come just
+			// before it, and the node's own probes fail up to IsolationLag
+			// after the peer's.
 			name: "timed out, and its only peer cannot reach it (a peer without peers is no voter)",
 			loss: Loss{At: seen.Add(5100 * time.Millisecond), LastSeen: seen, Heard: true, ElectedAt: elected, Gossips: true, Unreachable: true},
-			want: seen.Add(5100*time.Millisecond + FenceMargin),
+			want: seen.Add(5100*time.Millisecond + IsolationLag + FenceMargin),
 		},
 		{
 			name: "not heard by this leader, confirmed: the heartbeat timeout from the election",
@@ -104,6 +118,30 @@ func TestFencedBy(t *testing.T) {
 			// runs the workers it adopted for Unregistered's timeout.
 			name: "lost after a restart hold: a new agent may have adopted the workers",
 			loss: Loss{At: seen.Add(15 * time.Second), LastSeen: seen, Heard: true, ElectedAt: elected, HoldUntil: seen.Add(15 * time.Second), Gossips: true, Unreachable: true},
+			want: seen.Add(20*time.Second + FenceMargin),
+		},
+		{
+			name: "its watchers report it: the isolation lag after the last of them began",
+			loss: Loss{At: seen.Add(1300 * time.Millisecond), LastSeen: seen, Heard: true, ElectedAt: elected, Gossips: true, Unreachable: true,
+				WatchersCut: seen.Add(1200 * time.Millisecond)},
+			want: seen.Add(1200*time.Millisecond + IsolationLag + FenceMargin),
+		},
+		{
+			name: "its watchers reported it early: the quick silence from its last heartbeat",
+			loss: Loss{At: seen.Add(1300 * time.Millisecond), LastSeen: seen, Heard: true, ElectedAt: elected, Gossips: true, Unreachable: true,
+				WatchersCut: seen.Add(100 * time.Millisecond)},
+			want: seen.Add(1500*time.Millisecond + FenceMargin),
+		},
+		{
+			name: "its watchers reported it after the heartbeat timeout: no sooner than the usual bound",
+			loss: Loss{At: seen.Add(9 * time.Second), LastSeen: seen, Heard: true, ElectedAt: elected, Gossips: true, Unreachable: true,
+				WatchersCut: seen.Add(8 * time.Second)},
+			want: seen.Add(9*time.Second + FenceMargin),
+		},
+		{
+			name: "its watchers report it, but it may be back from a restart hold",
+			loss: Loss{At: seen.Add(15 * time.Second), LastSeen: seen, Heard: true, ElectedAt: elected, HoldUntil: seen.Add(15 * time.Second), Gossips: true, Unreachable: true,
+				WatchersCut: seen.Add(14 * time.Second)},
 			want: seen.Add(20*time.Second + FenceMargin),
 		},
 	}
@@ -131,22 +169,8 @@ func TestFencedBy(t *testing.T) {
 // controller hears on the smaller side, so that their word that a node is
 // unreachable does not make it isolated.
 func TestFencingAgrees(t *testing.T) {
-	var configs []Heartbeat
-	for _, interval := range []time.Duration{10 * time.Millisecond, 100 * time.Millisecond, 250 * time.Millisecond, time.Second, 3 * time.Second} {
-		for _, timeouts := range []int64{2, 3, 5, 10, 30} {
-			for _, vouched := range []float64{1, 1.5, 3, 12} {
-				timeout := time.Duration(timeouts) * interval
-				configs = append(configs, Heartbeat{Interval: interval, Timeout: timeout, Vouched: time.Duration(float64(timeout) * vouched)})
-			}
-		}
-	}
 	rng := rand.New(rand.NewPCG(1, 2))
-	for range 300 {
-		interval := time.Duration(1+rng.IntN(5000)) * time.Millisecond
-		timeout := 2*interval + time.Duration(rng.Int64N(int64(20*interval)))
-		configs = append(configs, Heartbeat{Interval: interval, Timeout: timeout, Vouched: timeout + time.Duration(rng.Int64N(int64(10*timeout)))})
-	}
-	configs = append(configs, Unregistered)
+	configs := fencingConfigs(rng)
 
 	type evidence struct {
 		name        string
@@ -214,6 +238,27 @@ func TestFencingAgrees(t *testing.T) {
 	t.Logf("%d configurations, %d cases", len(configs), checked)
 }
 
+// fencingConfigs is every configuration the controller accepts (interval >
+// 0, timeout >= 2 intervals, vouched >= timeout) on a grid, 300 random
+// ones, and Unregistered.
+func fencingConfigs(rng *rand.Rand) []Heartbeat {
+	var configs []Heartbeat
+	for _, interval := range []time.Duration{10 * time.Millisecond, 100 * time.Millisecond, 250 * time.Millisecond, time.Second, 3 * time.Second} {
+		for _, timeouts := range []int64{2, 3, 5, 10, 30} {
+			for _, vouched := range []float64{1, 1.5, 3, 12} {
+				timeout := time.Duration(timeouts) * interval
+				configs = append(configs, Heartbeat{Interval: interval, Timeout: timeout, Vouched: time.Duration(float64(timeout) * vouched)})
+			}
+		}
+	}
+	for range 300 {
+		interval := time.Duration(1+rng.IntN(5000)) * time.Millisecond
+		timeout := 2*interval + time.Duration(rng.Int64N(int64(20*interval)))
+		configs = append(configs, Heartbeat{Interval: interval, Timeout: timeout, Vouched: timeout + time.Duration(rng.Int64N(int64(10*timeout)))})
+	}
+	return append(configs, Unregistered)
+}
+
 // lostAt runs the controller's liveness ticks from the node's last
 // heartbeat until it is declared lost.
 func lostAt(h Heartbeat, s Silence, tick time.Duration) (time.Time, bool) {
@@ -231,8 +276,98 @@ func lostAt(h Heartbeat, s Silence, tick time.Duration) (time.Time, bool) {
 // phase, where SelfFence says so, plus the kill.
 func killedAt(h Heartbeat, last time.Time, isolated bool, rng *rand.Rand) time.Time {
 	check := last.Add(time.Duration(rng.Int64N(int64(FenceCheckEvery))))
-	for !h.SelfFence(check.Sub(last), isolated) {
+	for !h.SelfFence(check.Sub(last), Cutoff{Isolated: isolated}) {
 		check = check.Add(FenceCheckEvery)
 	}
 	return check.Add(fenceKill)
+}
+
+// TestQuickFencingAgrees: an agent cut off from every peer it watches
+// fences by the controller's bound for a node all of whose watchers report
+// it unreachable, for every configuration the controller accepts and any
+// timing of the cut, of both sides' probe rounds and of the reports'
+// delivery. Each link to a watcher breaks at its own time, possibly before
+// the node's last heartbeat (its peers were cut off first). Both sides
+// probe as the agent does (watchRounds); the watcher as early as it can,
+// the node as late.
+func TestQuickFencingAgrees(t *testing.T) {
+	rng := rand.New(rand.NewPCG(3, 4))
+	worstLag := time.Duration(0)
+	checked := 0
+	for _, h := range fencingConfigs(rng) {
+		tick := max(h.Interval/2, 50*time.Millisecond)
+		for _, watchers := range []int{1, 2} {
+			for _, heard := range []bool{true, false} {
+				for range 10 {
+					elected := t0
+					seen := t0.Add(time.Duration(rng.Int64N(int64(3 * time.Second))))
+					last := seen
+					if !heard {
+						last = elected
+					}
+					var reported, isolated time.Time
+					for range watchers {
+						cut := seen.Add(time.Duration(rng.Int64N(int64(4*h.Interval))) - h.Interval)
+						knows := watchRounds(cut, rng, false).Add(time.Duration(rng.Int64N(int64(300 * time.Millisecond))))
+						reported = later(reported, knows)
+						isolated = later(isolated, watchRounds(cut, rng, true))
+					}
+					worstLag = max(worstLag, isolated.Sub(reported))
+					s := Silence{LastSeen: seen, Peers: Peers{Unreachable: watchers}, Lag: []time.Duration{0, h.Interval}[rng.IntN(2)]}
+					at, ok := lostAt(h, s, tick)
+					require.True(t, ok, "%+v: never lost", h)
+					loss := Loss{At: later(at, reported), LastSeen: seen, Heard: heard, ElectedAt: elected, Gossips: true, Unreachable: true, WatchersCut: reported}
+					bound := h.FencedBy(loss)
+					killed := killedOnceCut(h, last, isolated, rng)
+					require.False(t, killed.After(bound), "%+v, %d watchers, heard %t: the agent fences at %s, after the controller's bound %s (cut off from its watched peers at %s, last reported %s)",
+						h, watchers, heard, killed.Sub(t0), bound.Sub(t0), isolated.Sub(t0), reported.Sub(t0))
+					checked++
+				}
+			}
+		}
+	}
+	require.LessOrEqual(t, worstLag, IsolationLag)
+	t.Logf("%d cases; a node knew it was cut off at worst %s after its watchers' word (IsolationLag %s)", checked, worstLag, IsolationLag)
+}
+
+// watchRounds is when a prober knows that a peer whose link broke at cut
+// is unreachable: at the end of its WatchFailures-th failing round in a
+// row. Rounds begin on ticks WatchEvery apart, from a random phase; a
+// round fails if its answer, a random round trip under a tick after it
+// began, would come after the cut, and then ends WatchTimeout after it
+// began. The next round begins at the next tick, or at once if lazy is
+// false: the ticker keeps the tick that came during the round.
+func watchRounds(cut time.Time, rng *rand.Rand, lazy bool) time.Time {
+	rtt := time.Duration(rng.Int64N(int64(WatchEvery)))
+	start := cut.Add(-WatchEvery - time.Duration(rng.Int64N(int64(WatchEvery))))
+	for !start.Add(rtt).After(cut) {
+		start = start.Add(WatchEvery)
+	}
+	for failed := 1; ; failed++ {
+		end := start.Add(WatchTimeout)
+		if failed == WatchFailures {
+			return end
+		}
+		next := end
+		if lazy {
+			for next = start; !next.After(end); next = next.Add(WatchEvery) {
+			}
+		}
+		start = next
+	}
+}
+
+// killedOnceCut is when an agent that last heard the controller at last,
+// and is cut off from every peer it watches from cut on, has killed its
+// workers: at its first check, from a random phase, where SelfFence says
+// so, plus the kill.
+func killedOnceCut(h Heartbeat, last, cut time.Time, rng *rand.Rand) time.Time {
+	check := last.Add(time.Duration(rng.Int64N(int64(FenceCheckEvery))))
+	for {
+		off := !check.Before(cut)
+		if h.SelfFence(check.Sub(last), Cutoff{Isolated: off, Unwatched: off}) {
+			return check.Add(fenceKill)
+		}
+		check = check.Add(FenceCheckEvery)
+	}
 }

@@ -737,9 +737,17 @@ type GossipView struct {
 	state       protoimpl.MessageState `protogen:"open.v1"`
 	Unreachable []string               `protobuf:"bytes,1,rep,name=unreachable,proto3" json:"unreachable,omitempty"`
 	// Members this agent's gossip sees alive, itself included.
-	AliveMembers  uint32 `protobuf:"varint,2,opt,name=alive_members,json=aliveMembers,proto3" json:"alive_members,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	AliveMembers uint32 `protobuf:"varint,2,opt,name=alive_members,json=aliveMembers,proto3" json:"alive_members,omitempty"`
+	// The job and generation of the assignment whose peers (its ring
+	// neighbours) this agent watches; empty and 0 when it watches none.
+	WatchJob        string `protobuf:"bytes,3,opt,name=watch_job,json=watchJob,proto3" json:"watch_job,omitempty"`
+	WatchGeneration uint64 `protobuf:"varint,4,opt,name=watch_generation,json=watchGeneration,proto3" json:"watch_generation,omitempty"`
+	// The watched peers that failed its own latest probes, by its own
+	// probes alone (not gossip's word). A node all of whose watchers list it
+	// is cut off from them too, which bounds when it fences itself.
+	WatchedUnreachable []string `protobuf:"bytes,5,rep,name=watched_unreachable,json=watchedUnreachable,proto3" json:"watched_unreachable,omitempty"`
+	unknownFields      protoimpl.UnknownFields
+	sizeCache          protoimpl.SizeCache
 }
 
 func (x *GossipView) Reset() {
@@ -784,6 +792,27 @@ func (x *GossipView) GetAliveMembers() uint32 {
 		return x.AliveMembers
 	}
 	return 0
+}
+
+func (x *GossipView) GetWatchJob() string {
+	if x != nil {
+		return x.WatchJob
+	}
+	return ""
+}
+
+func (x *GossipView) GetWatchGeneration() uint64 {
+	if x != nil {
+		return x.WatchGeneration
+	}
+	return 0
+}
+
+func (x *GossipView) GetWatchedUnreachable() []string {
+	if x != nil {
+		return x.WatchedUnreachable
+	}
+	return nil
 }
 
 type Heartbeat struct {
@@ -1605,11 +1634,14 @@ const file_rdzv_v1_agent_service_proto_rawDesc = "" +
 	"\amessage\x18\x05 \x01(\tR\amessage\x12*\n" +
 	"\x02at\x18\x06 \x01(\v2\x1a.google.protobuf.TimestampR\x02at\" \n" +
 	"\fHeartbeatAck\x12\x10\n" +
-	"\x03seq\x18\x01 \x01(\x04R\x03seq\"S\n" +
+	"\x03seq\x18\x01 \x01(\x04R\x03seq\"\xcc\x01\n" +
 	"\n" +
 	"GossipView\x12 \n" +
 	"\vunreachable\x18\x01 \x03(\tR\vunreachable\x12#\n" +
-	"\ralive_members\x18\x02 \x01(\rR\faliveMembers\"\x1d\n" +
+	"\ralive_members\x18\x02 \x01(\rR\faliveMembers\x12\x1b\n" +
+	"\twatch_job\x18\x03 \x01(\tR\bwatchJob\x12)\n" +
+	"\x10watch_generation\x18\x04 \x01(\x04R\x0fwatchGeneration\x12/\n" +
+	"\x13watched_unreachable\x18\x05 \x03(\tR\x12watchedUnreachable\"\x1d\n" +
 	"\tHeartbeat\x12\x10\n" +
 	"\x03seq\x18\x01 \x01(\x04R\x03seq\"\xbd\x02\n" +
 	"\fWorkerStatus\x12\x10\n" +
