@@ -11,6 +11,7 @@ import (
 	"net"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -430,4 +431,35 @@ func TestCertificateExpiryWarning(t *testing.T) {
 		c.checkLiveness()
 	}
 	require.Equal(t, soon, warned(), "once per connection, and only for certificates about to expire")
+}
+
+// A client that reconnects to a restarted controller resumes its TLS
+// session, and its calls are still authenticated by its certificate: the
+// ticket keys derive from the secrets keyring, not from the process.
+func TestTLSSessionsSurviveARestart(t *testing.T) {
+	c := newCluster(t)
+	r, err := pki.NewReloader(c.issue(pki.Identity{Role: pki.RoleOperator, Name: "alice"}), nil, testLogger(t))
+	require.NoError(t, err)
+	call := func() (resumed bool) {
+		t.Helper()
+		conf, err := r.ClientConfig(c.addr)
+		require.NoError(t, err)
+		own := conf.VerifyConnection
+		var did atomic.Bool
+		conf.VerifyConnection = func(cs tls.ConnectionState) error {
+			did.Store(cs.DidResume)
+			return own(cs)
+		}
+		conn, err := grpc.NewClient(c.addr, grpc.WithTransportCredentials(credentials.NewTLS(conf)))
+		require.NoError(t, err)
+		defer conn.Close()
+		_, err = rdzvv1.NewNodeServiceClient(conn).ListNodes(rpcCtx(t), &rdzvv1.ListNodesRequest{})
+		require.NoError(t, err)
+		return did.Load()
+	}
+	require.False(t, call(), "the first connection")
+	require.True(t, call(), "a reconnect resumes")
+	c.stopController()
+	c.startController()
+	require.True(t, call(), "a reconnect to the restarted controller resumes too")
 }

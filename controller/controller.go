@@ -22,6 +22,7 @@ import (
 	"google.golang.org/grpc/keepalive"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
+	"github.com/rdzv/rdzv/controller/keyring"
 	"github.com/rdzv/rdzv/controller/store"
 	"github.com/rdzv/rdzv/health"
 	"github.com/rdzv/rdzv/internal/httpserve"
@@ -303,7 +304,7 @@ func (c *Controller) Run(ctx context.Context) error {
 	srv := grpc.NewServer(append(append([]grpc.ServerOption{
 		grpc.ChainUnaryInterceptor(c.metrics.grpc.UnaryServerInterceptor()),
 		grpc.ChainStreamInterceptor(c.metrics.grpc.StreamServerInterceptor()),
-	}, c.securityOptions()...),
+	}, c.securityOptions(keys)...),
 		grpc.ChainUnaryInterceptor(unaryGuard(c.log.Named("api"))),
 		grpc.ChainStreamInterceptor(streamGuard(c.log.Named("api"))),
 		grpc.MaxRecvMsgSize(wire.MaxMessageBytes),
@@ -358,8 +359,11 @@ func (c *Controller) Run(ctx context.Context) error {
 }
 
 // securityOptions are mutual TLS and per-call authentication and
-// authorization, or nothing at all (and a warning) when insecure.
-func (c *Controller) securityOptions() []grpc.ServerOption {
+// authorization, or nothing at all (and a warning) when insecure. TLS
+// session tickets are sealed with keys derived from the secrets keyring,
+// which every replica shares: agents resume their sessions with a
+// restarted or new leader (pki.Reloader.ServerConfig).
+func (c *Controller) securityOptions(keys *keyring.Keyring) []grpc.ServerOption {
 	if c.tls == nil {
 		c.log.Warn("insecure mode: no tls and no authentication; anyone who reaches the listen address can run commands on every node (use only for local tests)",
 			zap.String("listen", c.cfg.Listen))
@@ -369,7 +373,9 @@ func (c *Controller) securityOptions() []grpc.ServerOption {
 	c.conns = newClientConns(c.clock, c.log.Named("auth"))
 	c.log.Info("mutual tls enabled", zap.Stringer("identity", c.tls.Identity()))
 	return []grpc.ServerOption{
-		grpc.Creds(trackingCreds{TransportCredentials: credentials.NewTLS(c.tls.ServerConfig()), conns: c.conns}),
+		grpc.Creds(trackingCreds{TransportCredentials: credentials.NewTLS(c.tls.ServerConfig(func(epoch int64) [32]byte {
+			return keys.Derive(fmt.Sprintf("tls session ticket key %d", epoch))
+		})), conns: c.conns}),
 		grpc.ChainUnaryInterceptor(c.auth.unary),
 		grpc.ChainStreamInterceptor(c.auth.stream),
 	}

@@ -9,6 +9,7 @@ import (
 	"net"
 	"os"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/jonboulle/clockwork"
@@ -38,6 +39,43 @@ type Reloader struct {
 	// missing is set while a file cannot be read, so that is logged once.
 	missing bool
 	cur     material
+
+	// sessions caches TLS sessions to resume, one per controller host.
+	sessions *sessionCache
+}
+
+// maxSessions bounds the cached sessions: one per controller replica.
+const maxSessions = 16
+
+// sessionCache is a daemon's cache of TLS sessions to resume, emptied
+// whenever its certificates change: a resumed session presents the
+// certificate of its full handshake, which may be the one just replaced
+// (revoked, or of a CA no longer trusted), and refused on every call until
+// the ticket expires. It looks at the files itself, since a resumed
+// handshake asks for no client certificate.
+type sessionCache struct {
+	r  *Reloader
+	mu sync.Mutex
+	// of is the certificate the cached sessions presented.
+	of  *tls.Certificate
+	lru tls.ClientSessionCache
+}
+
+func (c *sessionCache) Get(key string) (*tls.ClientSessionState, bool) {
+	return c.fresh().Get(key)
+}
+
+func (c *sessionCache) Put(key string, cs *tls.ClientSessionState) { c.fresh().Put(key, cs) }
+
+// fresh is the cache of sessions made with the certificate in use.
+func (c *sessionCache) fresh() tls.ClientSessionCache {
+	cert := c.r.current().cert
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.of != cert {
+		c.of, c.lru = cert, tls.NewLRUClientSessionCache(maxSessions)
+	}
+	return c.lru
 }
 
 type material struct {
@@ -72,6 +110,7 @@ func WithReloadHook(hook func(error)) ReloaderOption { return func(r *Reloader) 
 // node name), at start and at every reload.
 func NewReloader(files Files, want func(Identity) error, log *zap.Logger, opts ...ReloaderOption) (*Reloader, error) {
 	r := &Reloader{files: files, want: want, log: log, clock: clockwork.NewRealClock()}
+	r.sessions = &sessionCache{r: r}
 	for _, o := range opts {
 		o(r)
 	}
@@ -244,19 +283,49 @@ func (r *Reloader) VerifyClient(chain []*x509.Certificate) (Identity, error) {
 	return verify(chain, pool, r.clock.Now(), x509.ExtKeyUsageClientAuth, "")
 }
 
+// TicketEpoch is how long one session ticket key seals new tickets; a
+// ticket opens for one more epoch after that.
+const TicketEpoch = 24 * time.Hour
+
 // ServerConfig is the controller's TLS configuration. It asks for a client
 // certificate but lets the handshake finish without a valid one, so that
 // the API can refuse the call with a status that says why
 // (Unauthenticated) instead of a bare connection error; every call is then
 // checked with VerifyClient.
-func (r *Reloader) ServerConfig() *tls.Config {
-	return &tls.Config{
+//
+// ticketKey, if not nil, gives the session ticket key of each TicketEpoch
+// (counted from the Unix epoch). Agents that reconnect then resume their
+// TLS session: no certificates sent, signed or verified in the handshake,
+// which is most of its cost, and what makes every agent reconnecting to a
+// restarted or new leader at once a storm. Keys derived from a secret that
+// every replica shares open each other's tickets and survive restarts. A
+// resumed session still carries the client's certificate chain, and every
+// call verifies it again (VerifyClient), as it does for a full handshake.
+func (r *Reloader) ServerConfig(ticketKey func(epoch int64) [32]byte) *tls.Config {
+	conf := &tls.Config{
 		MinVersion: tls.VersionTLS13,
 		ClientAuth: tls.RequestClientCert,
 		GetCertificate: func(*tls.ClientHelloInfo) (*tls.Certificate, error) {
 			return r.current().cert, nil
 		},
 	}
+	if ticketKey == nil {
+		return conf
+	}
+	var epoch atomic.Int64
+	rotate := func() {
+		e := r.clock.Now().UnixNano() / int64(TicketEpoch)
+		if epoch.Swap(e) != e {
+			// The first key seals, both open.
+			conf.SetSessionTicketKeys([][32]byte{ticketKey(e), ticketKey(e - 1)})
+		}
+	}
+	rotate()
+	conf.GetConfigForClient = func(*tls.ClientHelloInfo) (*tls.Config, error) {
+		rotate()
+		return nil, nil
+	}
+	return conf
 }
 
 // ClientConfig is the TLS configuration for dialing the controller at addr
@@ -271,6 +340,10 @@ func (r *Reloader) ClientConfig(addr string) (*tls.Config, error) {
 	return &tls.Config{
 		MinVersion: tls.VersionTLS13,
 		ServerName: host,
+		// Shared by every connection of this daemon, so that a reconnect
+		// resumes (see ServerConfig). VerifyConnection runs on resumed
+		// sessions too.
+		ClientSessionCache: r.sessions,
 		// The standard verification reads a fixed RootCAs; VerifyConnection
 		// below does the same checks against the reloadable CA.
 		InsecureSkipVerify: true,

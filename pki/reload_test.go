@@ -35,7 +35,7 @@ func writeSet(t *testing.T, dir string, ca *pki.CA, is *pki.Issued) pki.Files {
 // serving is the certificate a server built on r presents now.
 func serving(t *testing.T, r *pki.Reloader) *x509.Certificate {
 	t.Helper()
-	c, err := r.ServerConfig().GetCertificate(nil)
+	c, err := r.ServerConfig(nil).GetCertificate(nil)
 	require.NoError(t, err)
 	return c.Leaf
 }
@@ -305,4 +305,88 @@ func TestCANotAfterDuringRotation(t *testing.T) {
 	r, err := pki.NewReloader(files, nil, zaptest.NewLogger(t), pki.WithClock(clockwork.NewFakeClockAt(now)))
 	require.NoError(t, err)
 	require.Equal(t, later.Cert.NotAfter, r.CANotAfter())
+}
+
+// handshake connects a client of cr to a server of conf over loopback TCP
+// (both sides write at once in TLS 1.3, which an unbuffered pipe
+// deadlocks), reads a byte the server sends (which delivers the session
+// ticket), and reports whether the session was resumed and the client
+// certificate the server holds.
+func handshake(t *testing.T, conf *tls.Config, cr *pki.Reloader) (resumed bool, client *x509.Certificate) {
+	t.Helper()
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	defer lis.Close()
+	cc, err := net.Dial("tcp", lis.Addr().String())
+	require.NoError(t, err)
+	defer cc.Close()
+	sc, err := lis.Accept()
+	require.NoError(t, err)
+	defer sc.Close()
+	clientConf, err := cr.ClientConfig("ctl:7000")
+	require.NoError(t, err)
+	done := make(chan error, 1)
+	var state tls.ConnectionState
+	go func() {
+		s := tls.Server(sc, conf)
+		if err := s.Handshake(); err != nil {
+			done <- err
+			return
+		}
+		state = s.ConnectionState()
+		_, err := s.Write([]byte{1})
+		done <- err
+	}()
+	c := tls.Client(cc, clientConf)
+	require.NoError(t, c.Handshake())
+	_, err = c.Read(make([]byte, 1))
+	require.NoError(t, err)
+	require.NoError(t, <-done)
+	require.Equal(t, state.DidResume, c.ConnectionState().DidResume)
+	require.NotEmpty(t, state.PeerCertificates, "a resumed session still carries the client's certificate")
+	return state.DidResume, state.PeerCertificates[0]
+}
+
+// A reconnecting client resumes its session, with a restarted server or
+// another replica too when their ticket keys derive from the same secret;
+// not with another secret, and not once its own certificate changed.
+func TestSessionResumption(t *testing.T) {
+	clock := clockwork.NewFakeClockAt(now)
+	ca := newCA(t)
+	sr, err := pki.NewReloader(writeSet(t, t.TempDir(), ca, issue(t, ca, pki.RoleController, "ctl")), nil, zaptest.NewLogger(t), pki.WithClock(clock))
+	require.NoError(t, err)
+	clientDir := t.TempDir()
+	first := issue(t, ca, pki.RoleAgent, "gpu-01")
+	cr, err := pki.NewReloader(writeSet(t, clientDir, ca, first), nil, zaptest.NewLogger(t), pki.WithClock(clock))
+	require.NoError(t, err)
+	key := func(secret byte) func(int64) [32]byte {
+		return func(epoch int64) [32]byte { return [32]byte{secret, byte(epoch)} }
+	}
+
+	resumed, client := handshake(t, sr.ServerConfig(key(1)), cr)
+	require.False(t, resumed, "the first connection")
+	require.True(t, client.Equal(first.Cert))
+	resumed, client = handshake(t, sr.ServerConfig(key(1)), cr)
+	require.True(t, resumed, "a restarted controller, or another replica, with the same secret")
+	require.True(t, client.Equal(first.Cert))
+	// Into the next epoch (the certificates are valid for a day).
+	clock.Advance(clock.Now().Truncate(pki.TicketEpoch).Add(pki.TicketEpoch + time.Minute).Sub(clock.Now()))
+	resumed, _ = handshake(t, sr.ServerConfig(key(1)), cr)
+	require.True(t, resumed, "a ticket opens one epoch after it was sealed")
+	resumed, _ = handshake(t, sr.ServerConfig(key(2)), cr)
+	require.False(t, resumed, "another secret")
+	resumed, _ = handshake(t, sr.ServerConfig(nil), cr)
+	require.False(t, resumed, "no ticket keys given: this server's own")
+	resumed, _ = handshake(t, sr.ServerConfig(key(1)), cr)
+	require.False(t, resumed, "the ticket cached last was the previous server's")
+
+	second := issue(t, ca, pki.RoleAgent, "gpu-01")
+	_, _, err = second.Save(filepath.Join(clientDir, "node"), true)
+	require.NoError(t, err)
+	clock.Advance(time.Second)
+	resumed, client = handshake(t, sr.ServerConfig(key(1)), cr)
+	require.False(t, resumed, "a rotated certificate is never hidden behind a session of the old one")
+	require.True(t, client.Equal(second.Cert))
+	resumed, _ = handshake(t, sr.ServerConfig(key(1)), cr)
+	require.True(t, resumed)
 }

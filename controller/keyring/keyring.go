@@ -25,7 +25,9 @@ import (
 	"bytes"
 	"crypto/aes"
 	"crypto/cipher"
+	"crypto/hmac"
 	"crypto/rand"
+	"crypto/sha256"
 	"encoding/base64"
 	"errors"
 	"fmt"
@@ -63,6 +65,8 @@ type Keyring struct {
 	path    string
 	primary string
 	aeads   map[string]cipher.AEAD
+	// derive is keyed by the primary key (Derive).
+	derive []byte
 }
 
 // Load reads the key file at path. It refuses a file that anyone but its
@@ -118,7 +122,7 @@ func parse(path string, data []byte) (*Keyring, error) {
 		}
 		k.aeads[id] = aead
 		if k.primary == "" {
-			k.primary = id
+			k.primary, k.derive = id, key
 		}
 	}
 	if err := sc.Err(); err != nil {
@@ -182,6 +186,17 @@ func (k *Keyring) Path() string { return k.path }
 
 // Primary is the ID of the key new values are sealed with.
 func (k *Keyring) Primary() string { return k.primary }
+
+// Derive is a key for purpose, derived from the primary key with
+// HMAC-SHA256 (HKDF's expand step, the key being uniformly random
+// already): every replica shares the key file, so they derive the same
+// keys, and no other use learns the sealing key. A new primary key derives
+// new keys.
+func (k *Keyring) Derive(purpose string) [KeyBytes]byte {
+	m := hmac.New(sha256.New, k.derive)
+	m.Write([]byte("rdzv keyring derive v1\x00" + purpose))
+	return [KeyBytes]byte(m.Sum(nil))
+}
 
 // Seal encrypts plaintext under the primary key, bound to context.
 func (k *Keyring) Seal(plaintext string, context []byte) (string, error) {

@@ -131,3 +131,21 @@ func TestLoadOrCreate(t *testing.T) {
 
 	require.ErrorIs(t, keyring.Create(p, now), os.ErrExist)
 }
+
+// Replicas with the same key file derive the same keys; a different
+// purpose, or a new primary key, derives another; none is the key itself.
+func TestDerive(t *testing.T) {
+	file := keyLine("new", 'n') + keyLine("old", 'o')
+	a, err := keyring.Load(write(t, file, 0o600))
+	require.NoError(t, err)
+	b, err := keyring.Load(write(t, file, 0o600))
+	require.NoError(t, err)
+	rotated, err := keyring.Load(write(t, keyLine("newer", 'r')+file, 0o600))
+	require.NoError(t, err)
+
+	k := a.Derive("tls tickets 1")
+	require.Equal(t, k, b.Derive("tls tickets 1"), "another replica, the same file")
+	require.NotEqual(t, k, a.Derive("tls tickets 2"))
+	require.NotEqual(t, k, rotated.Derive("tls tickets 1"), "derived from the primary key")
+	require.NotEqual(t, strings.Repeat("n", keyring.KeyBytes), string(k[:]))
+}
