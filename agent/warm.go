@@ -27,9 +27,10 @@ import (
 // environment), running zygoteScript, which imports the job's preload
 // modules and waits on a socket for its assignment. An assignment is handed
 // to the standby instead of starting torchrun: the standby forks the
-// workers with torchrun's environment, and from then on it is the
-// generation's launcher process, supervised, fenced, stopped and adopted
-// as torchrun would be. The next standby starts right after, so starting
+// workers with torchrun's environment (node rank 0's first starts the
+// generation's TCPStore, as node rank 0's torchrun would host it), and from
+// then on it is the generation's launcher process, supervised, fenced,
+// stopped and adopted as torchrun would be. The next standby starts right after, so starting
 // Python and importing torch (seconds, and twice with torchrun: the launcher
 // and each worker) is paid while the job trains, not while it recovers.
 //

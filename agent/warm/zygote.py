@@ -150,7 +150,7 @@ def serve_store(addr, port, inherited):
             os.write(w, ("%s: %s" % (type(e).__name__, e)).encode())
             os._exit(1)
         os.close(w)
-        while store:  # the store's own thread serves; this one keeps it
+        while True:  # the store's own thread serves; this frame keeps it
             signal.pause()
     os.close(w)
     with os.fdopen(r, "rb") as f:
