@@ -30,9 +30,10 @@ import (
 // workers with torchrun's environment (node rank 0's first starts the
 // generation's TCPStore, as node rank 0's torchrun would host it), and from
 // then on it is the generation's launcher process, supervised, fenced,
-// stopped and adopted as torchrun would be. The next standby starts right after, so starting
-// Python and importing torch (seconds, and twice with torchrun: the launcher
-// and each worker) is paid while the job trains, not while it recovers.
+// stopped and adopted as torchrun would be. The next standby starts right
+// after, so starting Python and importing torch (seconds, and twice with
+// torchrun: the launcher and each worker) is paid while the job trains,
+// not while it recovers.
 //
 //go:embed warm/zygote.py
 var zygoteScript []byte
