@@ -27,11 +27,13 @@ import (
 // environment), running zygoteScript, which imports the job's preload
 // modules and waits on a socket for its assignment. An assignment is handed
 // to the standby instead of starting torchrun: the standby forks the
-// workers with torchrun's environment, and from then on it is the
-// generation's launcher process, supervised, fenced, stopped and adopted
-// as torchrun would be. The next standby starts right after, so starting
-// Python and importing torch (seconds, and twice with torchrun: the launcher
-// and each worker) is paid while the job trains, not while it recovers.
+// workers with torchrun's environment (node rank 0's first starts the
+// generation's TCPStore, as node rank 0's torchrun would host it), and from
+// then on it is the generation's launcher process, supervised, fenced,
+// stopped and adopted as torchrun would be. The next standby starts right
+// after, so starting Python and importing torch (seconds, and twice with
+// torchrun: the launcher and each worker) is paid while the job trains,
+// not while it recovers.
 //
 //go:embed warm/zygote.py
 var zygoteScript []byte
@@ -71,6 +73,15 @@ type standby struct {
 type handoff struct {
 	Argv    []string        `json:"argv"`
 	Workers []handoffWorker `json:"workers"`
+	Store   handoffStore    `json:"store"`
+}
+
+// handoffStore is the generation's TCPStore: node rank 0's standby serves
+// it, the others wait for it to listen before forking their workers.
+type handoffStore struct {
+	Addr  string `json:"addr"`
+	Port  int    `json:"port"`
+	Serve bool   `json:"serve"`
 }
 
 type handoffWorker struct {
@@ -81,11 +92,14 @@ type handoffWorker struct {
 // the launcher's environment (env, as torchrun itself would get it) plus
 // what torchrun 1.13's LocalElasticAgent sets for each worker
 // (local_elastic_agent.py, _start_workers). rdzv's generations are
-// torchrun's static rendezvous: one group per node, ranks by node, and
-// rank 0's worker hosts the TCPStore, as there is no agent store
-// (TORCHELASTIC_USE_AGENT_STORE=False). Each generation is a fresh
-// launcher, so its restart count is 0 of 0, and the run id is
-// <job>-<generation>, as the custom launcher's {rdzv_id}.
+// torchrun's static rendezvous: one group per node, ranks by node, and the
+// TCPStore on MASTER_PORT is the agents' (node rank 0's standby serves it),
+// not rank 0's worker's: TORCHELASTIC_USE_AGENT_STORE=True, as torchrun
+// sets it for the static backend, makes every worker's env:// or tcp://
+// rendezvous a client of it. Served before any worker starts, it spares
+// the workers torch's one-second retry of a store not yet listening. Each
+// generation is a fresh launcher, so its restart count is 0 of 0, and the
+// run id is <job>-<generation>, as the custom launcher's {rdzv_id}.
 func warmHandoff(a *rdzvv1.Assignment, env []string, command []string) handoff {
 	base := make(map[string]string, len(env))
 	for _, kv := range env {
@@ -101,7 +115,8 @@ func warmHandoff(a *rdzvv1.Assignment, env []string, command []string) handoff {
 		base["NCCL_ASYNC_ERROR_HANDLING"] = "1"
 	}
 	world := strconv.Itoa(nnodes * nproc)
-	h := handoff{Argv: command, Workers: make([]handoffWorker, nproc)}
+	h := handoff{Argv: command, Workers: make([]handoffWorker, nproc),
+		Store: handoffStore{Addr: a.GetMasterAddr(), Port: int(a.GetMasterPort()), Serve: node == 0}}
 	for local := range nproc {
 		w := make(map[string]string, len(base)+16)
 		for k, v := range base {
@@ -123,7 +138,7 @@ func warmHandoff(a *rdzvv1.Assignment, env []string, command []string) handoff {
 			"TORCHELASTIC_RESTART_COUNT":   "0",
 			"TORCHELASTIC_MAX_RESTARTS":    "0",
 			"TORCHELASTIC_RUN_ID":          fmt.Sprintf("%s-%d", a.GetSpec().GetName(), a.GetGeneration()),
-			"TORCHELASTIC_USE_AGENT_STORE": "False",
+			"TORCHELASTIC_USE_AGENT_STORE": "True",
 		} {
 			w[k] = v
 		}

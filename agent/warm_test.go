@@ -2,6 +2,7 @@ package agent
 
 import (
 	"fmt"
+	"net"
 	"os"
 	"path/filepath"
 	"strings"
@@ -37,7 +38,7 @@ func TestWarmHandoffEnv(t *testing.T) {
 					"RANK": rank, "LOCAL_RANK": fmt.Sprint(local), "WORLD_SIZE": "6", "LOCAL_WORLD_SIZE": "2",
 					"GROUP_RANK": "1", "GROUP_WORLD_SIZE": "3", "ROLE_RANK": rank, "ROLE_WORLD_SIZE": "6", "ROLE_NAME": "default",
 					"MASTER_ADDR": "10.0.0.1", "MASTER_PORT": "29500", "TORCHELASTIC_RESTART_COUNT": "0",
-					"TORCHELASTIC_MAX_RESTARTS": "0", "TORCHELASTIC_RUN_ID": "llm-7", "TORCHELASTIC_USE_AGENT_STORE": "False",
+					"TORCHELASTIC_MAX_RESTARTS": "0", "TORCHELASTIC_RUN_ID": "llm-7", "TORCHELASTIC_USE_AGENT_STORE": "True",
 					"OMP_NUM_THREADS": tt.wantOMP, "NCCL_ASYNC_ERROR_HANDLING": tt.wantNCCL,
 				} {
 					require.Equal(t, v, w.Env[k], "local rank %d: %s", local, k)
@@ -48,6 +49,19 @@ func TestWarmHandoffEnv(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// Node rank 0's standby serves the generation's store; the others wait
+// for it.
+func TestWarmHandoffStore(t *testing.T) {
+	for _, tt := range []struct {
+		node  uint32
+		serve bool
+	}{{0, true}, {1, false}, {2, false}} {
+		a := &rdzvv1.Assignment{Spec: &rdzvv1.JobSpec{Name: "llm"}, Generation: 7, NodeRank: tt.node, Nnodes: 3, ProcsPerNode: 1,
+			MasterAddr: "10.0.0.1", MasterPort: 29500}
+		require.Equal(t, handoffStore{Addr: "10.0.0.1", Port: 29500, Serve: tt.serve}, warmHandoff(a, nil, []string{"train.py"}).Store, "node rank %d", tt.node)
 	}
 }
 
@@ -75,10 +89,12 @@ sys.exit(int(os.environ["EXIT_CODE"]))
 `
 
 // warmHarness runs warm jobs as nobody, whose workers record what they
-// saw in markers.
+// saw in markers. Its assignments are node rank 1's, whose standby forks
+// the workers once node rank 0's store listens: store stands for it.
 type warmHarness struct {
 	*supHarness
 	markers string
+	store   *net.TCPAddr
 }
 
 func newWarmHarness(t *testing.T) *warmHarness {
@@ -101,7 +117,10 @@ func newWarmHarness(t *testing.T) *warmHarness {
 			t.Logf("job log:\n%s", b)
 		}
 	})
-	return &warmHarness{supHarness: h, markers: markers}
+	store, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = store.Close() })
+	return &warmHarness{supHarness: h, markers: markers, store: store.Addr().(*net.TCPAddr)}
 }
 
 const (
@@ -115,6 +134,7 @@ func (h *warmHarness) assign(gen uint64, code int) *rdzvv1.Assignment {
 	a.Spec.LauncherTorchrun = ""
 	a.Spec.LauncherKind, a.Spec.LauncherPython, a.Spec.LauncherPreload = "warm", warmPython, []string{"json"}
 	a.Spec.Env = map[string]string{"MARKERS": h.markers, "EXIT_CODE": fmt.Sprint(code)}
+	a.MasterAddr, a.MasterPort = h.store.IP.String(), uint32(h.store.Port)
 	return a
 }
 
@@ -159,8 +179,8 @@ func TestWarmStandby(t *testing.T) {
 	h.expect("warm", 1, wRunning)
 	h.expect("warm", 1, wFailed)
 	require.ElementsMatch(t, []string{
-		"2: 65534 0 4 False 1 --lr 1",
-		"3: 65534 1 4 False 1 --lr 1",
+		"2: 65534 0 4 True 1 --lr 1",
+		"3: 65534 1 4 True 1 --lr 1",
 	}, h.readMarkers())
 
 	// The next standby is up, importing done, listening: still no code of
@@ -182,8 +202,8 @@ func TestWarmStandby(t *testing.T) {
 	st := h.expect("warm", 2, wSucceeded)
 	require.Equal(t, int32(0), st.GetExitCode())
 	require.ElementsMatch(t, []string{
-		"2: 65534 0 4 False 1 --lr 1", "3: 65534 1 4 False 1 --lr 1",
-		"2: 65534 0 4 False 2 --lr 1", "3: 65534 1 4 False 2 --lr 1",
+		"2: 65534 0 4 True 1 --lr 1", "3: 65534 1 4 True 1 --lr 1",
+		"2: 65534 0 4 True 2 --lr 1", "3: 65534 1 4 True 2 --lr 1",
 	}, h.readMarkers())
 	h.sync()
 	h.sup.mu.Lock()
@@ -209,7 +229,158 @@ func TestWarmStandbyCrashed(t *testing.T) {
 	st := h.expect("warm", 2, wFailed)
 	require.Equal(t, int32(3), st.GetExitCode(), "the workers' code, not a failed start")
 	require.ElementsMatch(t, []string{
-		"2: 65534 0 4 False 1 --lr 1", "3: 65534 1 4 False 1 --lr 1",
-		"2: 65534 0 4 False 2 --lr 1", "3: 65534 1 4 False 2 --lr 1",
+		"2: 65534 0 4 True 1 --lr 1", "3: 65534 1 4 True 1 --lr 1",
+		"2: 65534 0 4 True 2 --lr 1", "3: 65534 1 4 True 2 --lr 1",
 	}, h.readMarkers())
+}
+
+// storeScript is a worker of the store tests. probe: it connects to
+// MASTER_PORT at its start and records the line it reads there, "refused"
+// if nothing listened. env, tcp: it waits for
+// the test's gate, then rendezvouses as an unchanged torchrun script would
+// (init_process_group with env://, or tcp:// from MASTER_ADDR and
+// MASTER_PORT), all-reduces a one, and records its process group, what
+// TORCHELASTIC_USE_AGENT_STORE it saw and the sum. Markers are
+// store-<rank>; the gate is in the workdir.
+const storeScript = `import os, socket, sys, time
+d, rank = os.environ["MARKERS"], os.environ["RANK"]
+addr, port = os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"]
+def record(what):
+    name = os.path.join(d, "store-" + rank)
+    with open(name + ".tmp", "w") as f:
+        f.write(what)
+    os.rename(name + ".tmp", name)
+if sys.argv[1] == "probe":
+    try:
+        with socket.create_connection((addr, int(port)), timeout=5) as c:
+            record(c.makefile().readline().strip())
+    except OSError:
+        record("refused")
+    sys.exit(0)
+while not os.path.exists("gate"):
+    time.sleep(0.01)
+# The agent's interface (the harness's eth9) is not on the test's host.
+os.environ["GLOO_SOCKET_IFNAME"] = "lo"
+import torch, torch.distributed as dist
+if sys.argv[1] == "env":
+    dist.init_process_group("gloo")
+else:
+    dist.init_process_group("gloo", init_method="tcp://%s:%s" % (addr, port), rank=int(rank), world_size=int(os.environ["WORLD_SIZE"]))
+x = torch.ones(1)
+dist.all_reduce(x)
+dist.destroy_process_group()
+record("%d %s %d" % (os.getpgid(0), os.environ["TORCHELASTIC_USE_AGENT_STORE"], x.item()))
+`
+
+// storeJob is a one-generation job of storeScript in mode, with torch
+// preloaded.
+func (h *warmHarness) storeJob(mode string) *rdzvv1.Assignment {
+	require.NoError(h.t, os.WriteFile(filepath.Join(h.workdir, "store.py"), []byte(storeScript), 0o644))
+	a := h.assign(1, 0)
+	a.Spec.Command = []string{"store.py", mode}
+	a.Spec.LauncherPreload = []string{"torch", "torch.distributed"}
+	return a
+}
+
+// Node rank 0's standby serves the generation's TCPStore on MASTER_PORT
+// from the hand-off on, before any worker rendezvouses, and the workers,
+// told TORCHELASTIC_USE_AGENT_STORE=True, all use it as clients, through
+// torch's env:// and tcp:// alike. Nothing of the store outlives the
+// generation, whether it ends or is stopped (the store ignores SIGTERM).
+func TestWarmStoreServed(t *testing.T) {
+	for _, tt := range []struct {
+		name, mode string
+		stop       bool
+	}{
+		{"env:// rendezvous", "env", false},
+		{"tcp:// rendezvous from MASTER_ADDR and MASTER_PORT", "tcp", false},
+		{"stopped before the rendezvous", "env", true},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			h := newWarmHarness(t)
+			a := h.storeJob(tt.mode)
+			a.NodeRank, a.Nnodes, a.MasterAddr, a.MasterPort = 0, 1, "127.0.0.1", freePort(t)
+			addr := net.JoinHostPort(a.MasterAddr, fmt.Sprint(a.MasterPort))
+			h.sup.Assign(a)
+			h.expect("warm", 1, wRunning)
+			h.sup.mu.Lock()
+			pgid := h.sup.cur.proc.Pid()
+			h.sup.mu.Unlock()
+			conn, err := net.Dial("tcp", addr)
+			require.NoError(t, err, "the store listens once the hand-off is answered, while the workers wait at the gate")
+			require.NoError(t, conn.Close())
+			require.Eventually(t, func() bool { return len(groupMembers(pgid)) == 4 }, waitTimeout, 10*time.Millisecond,
+				"the standby's group: the standby, its store and the two workers")
+
+			if tt.stop {
+				h.sup.Stop("warm", 1, "stopped by the test")
+				h.expect("warm", 1, wStopped)
+			} else {
+				require.NoError(t, os.WriteFile(filepath.Join(h.workdir, "gate"), nil, 0o644))
+				h.expect("warm", 1, wSucceeded)
+				for _, rank := range []string{"0", "1"} {
+					b, err := os.ReadFile(filepath.Join(h.markers, "store-"+rank))
+					require.NoError(t, err)
+					var group, sum int
+					var agentStore string
+					_, err = fmt.Sscanf(string(b), "%d %s %d", &group, &agentStore, &sum)
+					require.NoError(t, err, "rank %s recorded %q", rank, b)
+					require.Equal(t, pgid, group, "rank %s is the standby's", rank)
+					require.Equal(t, "True", agentStore, "rank %s is the store's client, not its host", rank)
+					require.Equal(t, 2, sum, "rank %s rendezvoused with the other", rank)
+				}
+			}
+			// Not a refused connection to the port: on a shared host another
+			// process may take it as soon as it is free.
+			require.Empty(t, groupMembers(pgid), "the standby's group, store included, is gone with the generation")
+		})
+	}
+}
+
+// The other nodes' standbys fork their workers only once node rank 0's
+// store accepts connections: torch's client would retry a refused one only
+// a second later. The stand-in store starts listening after the hand-off
+// and numbers the connections it accepts: the standby's own comes first.
+func TestWarmStoreAwaited(t *testing.T) {
+	h := newWarmHarness(t)
+	a := h.storeJob("probe")
+	a.Spec.LauncherPreload = []string{"json"} // no torch: the workers probe, and no store is served here
+	a.MasterAddr, a.MasterPort = "127.0.0.1", freePort(t)
+	h.sup.Assign(a)
+	h.expect("warm", 1, wRunning)
+	store, err := net.Listen("tcp", net.JoinHostPort(a.MasterAddr, fmt.Sprint(a.MasterPort)))
+	require.NoError(t, err)
+	served := make(chan struct{})
+	go func() {
+		defer close(served)
+		for n := 1; ; n++ {
+			conn, err := store.Accept()
+			if err != nil {
+				return
+			}
+			_, _ = fmt.Fprintf(conn, "%d\n", n) // the standby's probe may have gone
+			_ = conn.Close()
+		}
+	}()
+	h.expect("warm", 1, wSucceeded)
+	require.NoError(t, store.Close())
+	<-served
+	var seen []string
+	for _, m := range h.readMarkers() {
+		seen = append(seen, strings.SplitN(m, ": ", 2)[1])
+	}
+	require.ElementsMatch(t, []string{"2", "3"}, seen, "the workers connect after their standby did")
+}
+
+// A store that cannot listen (its port taken since the agent probed it)
+// fails the generation's start, naming the port, as a torchrun whose store
+// cannot listen fails; the next generation gets another port.
+func TestWarmStorePortTaken(t *testing.T) {
+	h := newWarmHarness(t)
+	a := h.storeJob("env")
+	a.NodeRank, a.Nnodes, a.MasterAddr, a.MasterPort = 0, 1, "127.0.0.1", heldPort(t)
+	h.sup.Assign(a)
+	st := h.expect("warm", 1, wFailed)
+	require.Contains(t, st.GetMessage(), fmt.Sprintf("starting the store on port %d", a.MasterPort))
+	require.Empty(t, h.readMarkers(), "no worker was started")
 }

@@ -12,7 +12,20 @@ directory only the job's user and root can enter) and waits. It runs no code
 of the job's and touches no GPU before the agent's one message, a JSON line:
 
     {"argv": [script, args...] or ["-m", module, args...],
-     "workers": [{"env": {...}}, ...]}   # one per local rank
+     "workers": [{"env": {...}}, ...],   # one per local rank
+     "store": {"addr": MASTER_ADDR, "port": MASTER_PORT, "serve": bool}}
+
+As torchrun's agents do, the standbys host the generation's TCPStore, not
+the workers (they get TORCHELASTIC_USE_AGENT_STORE=True): the one of node
+rank 0 ("serve") starts it before answering, in a child process of its own
+that ignores SIGTERM and dies with the standby, so that the store is up
+before any worker anywhere looks for it, and lives exactly as long as the
+generation's launcher. The others fork their workers only once the store
+accepts connections, as torchrun's agents connect to it before starting
+theirs: torch 1.13's store client retries a refused connection only once a
+second, and the assignments reach the nodes within milliseconds of each
+other. A store that cannot start (its port taken since the agent probed it)
+is the answer "error: ...", which fails the generation.
 
 It answers "ok", then forks one child per worker. Each child takes exactly
 the environment given (torchrun's for a worker: the agent computes it) and
@@ -31,11 +44,17 @@ import runpy
 import signal
 import socket
 import sys
+import time
 
 # As torchrun's: how long the other workers get between SIGTERM and SIGKILL
 # once one has failed.
 TERM_GRACE = 30
 MAX_MESSAGE = 64 << 20
+# How long a standby not serving the store waits for it before forking its
+# workers anyway (their store clients then wait on their own): only the
+# skew between the nodes' hand-offs is meant to be covered.
+STORE_WAIT = 10
+PR_SET_PDEATHSIG = 1
 
 
 def main():
@@ -47,6 +66,8 @@ def main():
     for module in preload:
         importlib.import_module(module)
     msg = wait_for_assignment(sock_dir, sock_name)
+    if not msg["store"]["serve"]:
+        wait_for_store(msg["store"]["addr"], msg["store"]["port"])
     children = {}
     for local_rank, worker in enumerate(msg["workers"]):
         pid = os.fork()
@@ -84,13 +105,70 @@ def wait_for_assignment(sock_dir, sock_name):
                 msg = json.loads(data)
                 if not isinstance(msg.get("argv"), list) or not msg["argv"] or not isinstance(msg.get("workers"), list):
                     raise ValueError("argv and workers are required")
-            except ValueError as e:
+                store = msg.get("store")
+                if not isinstance(store, dict) or not isinstance(store.get("addr"), str) or not isinstance(store.get("port"), int):
+                    raise ValueError("store with addr and port is required")
+                if store.get("serve"):
+                    serve_store(store["addr"], store["port"], (ln, conn))
+            except (ValueError, OSError) as e:
                 conn.sendall(("error: %s\n" % e).encode())
                 continue
             ln.close()
             os.unlink(os.path.join(sock_dir, sock_name))
             conn.sendall(b"ok\n")
             return msg
+
+
+def serve_store(addr, port, inherited):
+    """Starts the generation's TCPStore in a child; returns once it listens.
+
+    A child rather than a thread of this process: the workers are forked
+    from this one, and a fork would copy the store's sockets and its
+    destructor (to join a thread the copy does not have), not its thread.
+    inherited are this process's sockets, which the child closes.
+    """
+    parent = os.getpid()
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.close(r)
+        for s in inherited:
+            s.close()
+        try:
+            # torchrun's store lives in torchrun, so its workers keep it
+            # through their SIGTERM grace: this one ends with the standby.
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
+            import ctypes
+            ctypes.CDLL(None).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+            if os.getppid() != parent:
+                os._exit(1)  # the standby died before prctl took
+            import torch.distributed
+            store = torch.distributed.TCPStore(addr, port, None, True, wait_for_workers=False)
+            os.write(w, b"ok")
+        except BaseException as e:  # nothing else runs in this process: the standby reports it
+            os.write(w, ("%s: %s" % (type(e).__name__, e)).encode())
+            os._exit(1)
+        os.close(w)
+        while True:  # the store's own thread serves; this frame keeps it
+            signal.pause()
+    os.close(w)
+    with os.fdopen(r, "rb") as f:
+        answer = f.read().decode(errors="replace")
+    if answer != "ok":
+        os.waitpid(pid, 0)
+        # One line: the agent reads the answer up to its newline.
+        raise OSError("starting the store on port %d: %s" % (port, " ".join(answer.split()) or "its process died"))
+
+
+def wait_for_store(addr, port):
+    deadline = time.monotonic() + STORE_WAIT
+    while time.monotonic() < deadline:
+        try:
+            socket.create_connection((addr, port), timeout=1).close()
+            return
+        except OSError:
+            time.sleep(0.01)
 
 
 def run_worker(argv, env):
