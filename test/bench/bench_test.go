@@ -333,6 +333,20 @@ func (b *bench) runRdzv(t *testing.T, r *result) {
 		fail("%v", err)
 		return
 	}
+	if r.system == "rdzv-warm" {
+		// The standby that replaces the one the job started with imports
+		// torch for seconds after the start: a fault before it is ready
+		// measures a fresh start, not a warm one. In production faults
+		// come hours apart.
+		if err := waitStandbys(d.root, gaveUp); err != nil {
+			fail("%v", err)
+			return
+		}
+		if before, err = waitUnderWay(d.ticks, gaveUp); err != nil {
+			fail("%v", err)
+			return
+		}
+	}
 	t0, what, err := b.inject(net, r.fault, d, before)
 	if err != nil {
 		fail("injecting %s: %v", r.fault, err)
@@ -548,6 +562,33 @@ func waitUnderWay(tickDir string, gaveUp func() string) (map[string]tick, error)
 		}
 		if time.Now().After(deadline) {
 			return nil, fmt.Errorf("training not past step %d on all %d nodes within %s; latest ticks: %+v", injectAtStep, nodeHosts, underWayTimeout, latest)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// waitStandbys waits until every training host has a warm standby ready:
+// its socket, which the standby binds once it has imported the preload
+// modules and removes when it is handed an assignment, is in the agent's
+// state directory (state_dir/warm/JOB/).
+func waitStandbys(root string, gaveUp func() string) error {
+	deadline := time.Now().Add(underWayTimeout)
+	for {
+		ready := 0
+		for i := 1; i <= nodeHosts; i++ {
+			socks, _ := filepath.Glob(filepath.Join(root, fmt.Sprintf("h%d", i), "warm", jobName, "standby-*.sock"))
+			if len(socks) > 0 {
+				ready++
+			}
+		}
+		if ready == nodeHosts {
+			return nil
+		}
+		if why := gaveUp(); why != "" {
+			return fmt.Errorf("before the fault: %s", why)
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("warm standbys ready on %d of %d nodes within %s", ready, nodeHosts, underWayTimeout)
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
