@@ -67,6 +67,7 @@ func newFaultCluster(t *testing.T) *cluster {
 func faultJob(t *testing.T, c *cluster, name string, edit func(spec map[string]any)) jobFile {
 	t.Helper()
 	base := writeJob(t, c.dir)
+	warm := false
 	path := base.variant(t, name, func(spec map[string]any) {
 		spec["nodes"] = map[string]any{"min": 2, "max": agentHosts}
 		spec["command"] = []any{"train.py", "--steps", strconv.Itoa(faultSteps), "--step-time", faultStepTime,
@@ -76,10 +77,12 @@ func faultJob(t *testing.T, c *cluster, name string, edit func(spec map[string]a
 		if edit != nil {
 			edit(spec)
 		}
+		launcher, _ := spec["launcher"].(map[string]any)
+		warm = launcher["kind"] == "warm"
 	})
 	c.job = name
 	c.ctlOK(t, "start", path)
-	return jobFile{Name: name, Path: path, CkptDir: base.CkptDir}
+	return jobFile{Name: name, Path: path, CkptDir: base.CkptDir, warm: warm}
 }
 
 // A training process dies: the generation is fenced on every node and the
@@ -147,8 +150,14 @@ func testFaultKillNode(t *testing.T, edit func(spec map[string]any)) {
 // generation. When its link comes back it rejoins as an idle node without
 // disturbing the job.
 func TestFaultCutLink(t *testing.T) {
+	for _, kind := range launcherKinds {
+		t.Run(kind.name, func(t *testing.T) { testFaultCutLink(t, kind.edit) })
+	}
+}
+
+func testFaultCutLink(t *testing.T, edit func(spec map[string]any)) {
 	c := newFaultCluster(t)
-	job := faultJob(t, c, "fault-cut-link", nil)
+	job := faultJob(t, c, "fault-cut-link", edit)
 	before := c.waitCheckpoint(t, job.Name, checkpointEvery)
 
 	fault := time.Now()
@@ -159,9 +168,10 @@ func TestFaultCutLink(t *testing.T) {
 	gen2 := c.waitJob(t, job.Name, "ran generation 2", func(j jobJSON) bool { return j.Generation >= 2 && j.State == "JOB_STATE_RUNNING" })
 
 	// Cut off, h3 must have killed its own workers: nothing of the job may
-	// run there while generation 2 trains on h1 and h2.
+	// run there while generation 2 trains on h1 and h2, not even a warm
+	// standby (whose command line holds the job's command too).
 	for _, pid := range netnsPids(t, c.agentHost(2)) {
-		require.NotContains(t, procCmdline(pid), "train.py", "a cut-off node still trains alongside generation %d", gen2.Generation)
+		require.NotContains(t, procCmdline(pid), "train.py", "a cut-off node still runs the job alongside generation %d", gen2.Generation)
 	}
 	require.NoError(t, c.net.RestoreLink(3))
 	c.waitNodeState(t, 2, "NODE_STATE_READY")
@@ -176,8 +186,14 @@ func TestFaultCutLink(t *testing.T) {
 // workers train: they run on under their shims, the new agent adopts them,
 // and the job goes on in the same generation with no restart at all.
 func TestFaultAgentRestart(t *testing.T) {
+	for _, kind := range launcherKinds {
+		t.Run(kind.name, func(t *testing.T) { testFaultAgentRestart(t, kind.edit) })
+	}
+}
+
+func testFaultAgentRestart(t *testing.T, edit func(spec map[string]any)) {
 	c := newFaultCluster(t)
-	job := faultJob(t, c, "fault-agent-restart", nil)
+	job := faultJob(t, c, "fault-agent-restart", edit)
 	c.waitCheckpoint(t, job.Name, checkpointEvery)
 	workers := trainingPids(t, c, 1)
 	require.NotEmpty(t, workers)
@@ -224,6 +240,9 @@ func TestFaultAgentRestart(t *testing.T) {
 	last := ticks[len(ticks)-1]
 	require.Equal(t, faultSteps, last.step, "h2 stopped training at step %d", last.step)
 	require.EqualValues(t, 1, last.generation)
+	for i := range agentHosts {
+		requireStartedBy(t, c.agentHost(i).Name, c.nodeLog(t, i, job.Name), job.warm)
+	}
 	c.requireWorkersGone(t, job.Name)
 }
 
@@ -232,8 +251,14 @@ func TestFaultAgentRestart(t *testing.T) {
 // workers' shims, with no agent to adopt them, kill them before the new
 // generation starts.
 func TestFaultAgentCrash(t *testing.T) {
+	for _, kind := range launcherKinds {
+		t.Run(kind.name, func(t *testing.T) { testFaultAgentCrash(t, kind.edit) })
+	}
+}
+
+func testFaultAgentCrash(t *testing.T, edit func(spec map[string]any)) {
 	c := newFaultCluster(t)
-	job := faultJob(t, c, "fault-agent-crash", nil)
+	job := faultJob(t, c, "fault-agent-crash", edit)
 	before := c.waitCheckpoint(t, job.Name, checkpointEvery)
 	workers := trainingPids(t, c, 2)
 	require.NotEmpty(t, workers)
@@ -251,12 +276,14 @@ func TestFaultAgentCrash(t *testing.T) {
 	}
 }
 
-// trainingPids lists torchrun and its workers on agent host i.
+// trainingPids lists the processes of a generation on agent host i (see
+// generationOf): its launcher, torchrun or the warm standby it was handed
+// to, and the workers; not an unused standby.
 func trainingPids(t *testing.T, c *cluster, i int) []int {
 	t.Helper()
 	var pids []int
 	for _, pid := range netnsPids(t, c.agentHost(i)) {
-		if procEnviron(pid)["RDZV_GENERATION"] != "" {
+		if c.generationOf(pid) != "" {
 			pids = append(pids, pid)
 		}
 	}
@@ -275,6 +302,12 @@ func kinds(events []eventJSON) []string {
 // sees no step reported for health.progress_timeout and restarts it from its
 // newest checkpoint.
 func TestFaultHang(t *testing.T) {
+	for _, kind := range launcherKinds {
+		t.Run(kind.name, func(t *testing.T) { testFaultHang(t, kind.edit) })
+	}
+}
+
+func testFaultHang(t *testing.T, edit func(spec map[string]any)) {
 	c := newFaultCluster(t)
 	hang := filepath.Join(c.dir, "hang")
 	job := faultJob(t, c, "fault-hang", func(spec map[string]any) {
@@ -284,6 +317,9 @@ func TestFaultHang(t *testing.T) {
 		// loaded machine, which is silent too: a tighter timeout restarts a
 		// generation that had finished training.
 		spec["health"] = map[string]any{"progress_timeout": "6s"}
+		if edit != nil {
+			edit(spec)
+		}
 	})
 	before := c.waitCheckpoint(t, job.Name, checkpointEvery)
 
@@ -588,6 +624,19 @@ func byGeneration(t *testing.T, log string) map[uint64]string {
 	return parts
 }
 
+// requireStartedBy checks that every generation in a node's job log was
+// started by the job's launcher: from a warm standby exactly when warm, so
+// that a warm variant cannot pass on torchrun's path.
+func requireStartedBy(t *testing.T, node, log string, warm bool) {
+	t.Helper()
+	headers := generationHeader.FindAllStringIndex(log, -1)
+	require.NotEmpty(t, headers, "%s: no generation started", node)
+	for _, m := range headers {
+		line, _, _ := strings.Cut(log[m[0]:], "\n")
+		require.Equal(t, warm, strings.HasSuffix(line, " workers from a warm standby)"), "%s: %s", node, line)
+	}
+}
+
 // tick is one RDZV_TICK line: rank finished step in generation at a time.
 type tick struct {
 	node       string
@@ -715,6 +764,7 @@ func requireRecovered(t *testing.T, c *cluster, job jobFile, fault time.Time, be
 	parts := map[uint64][]string{}
 	for i := range agentHosts {
 		log := c.nodeLog(t, i, job.Name)
+		requireStartedBy(t, c.agentHost(i).Name, log, job.warm)
 		run.ticks = append(run.ticks, parseTicks(t, c.agentHost(i).Name, log)...)
 		for gen, part := range byGeneration(t, log) {
 			parts[gen] = append(parts[gen], part)

@@ -31,6 +31,8 @@ type jobFile struct {
 	Path    string
 	CkptDir string
 	data    []byte
+	// warm is set by faultJob for a job with launcher.kind warm.
+	warm bool
 }
 
 // writeJob derives the job from examples/job.yaml, so that the shipped
