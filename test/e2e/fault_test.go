@@ -243,7 +243,7 @@ func testFaultAgentRestart(t *testing.T, edit func(spec map[string]any)) {
 	for i := range agentHosts {
 		requireStartedBy(t, c.agentHost(i).Name, c.nodeLog(t, i, job.Name), job.warm)
 	}
-	c.requireWorkersGone(t, job.Name)
+	c.requireWorkersGone(t, job.Name, nil)
 }
 
 // The agent alone dies and stays down, its workers still training: the
@@ -339,9 +339,18 @@ func testFaultHang(t *testing.T, edit func(spec map[string]any)) {
 // A job that fails at start every time fails as a crash loop long before its
 // restart budget is spent.
 func TestFaultCrashLoop(t *testing.T) {
+	for _, kind := range launcherKinds {
+		t.Run(kind.name, func(t *testing.T) { testFaultCrashLoop(t, kind.edit) })
+	}
+}
+
+func testFaultCrashLoop(t *testing.T, edit func(spec map[string]any)) {
 	c := newFaultCluster(t)
 	begin := time.Now()
 	job := faultJob(t, c, "fault-crash-loop", func(spec map[string]any) {
+		if edit != nil {
+			edit(spec)
+		}
 		spec["command"] = []any{"train.py", "--fail-at-start"}
 		spec["restart"].(map[string]any)["max_restarts"] = 5
 	})
@@ -359,14 +368,23 @@ func TestFaultCrashLoop(t *testing.T) {
 		failLines += len(taggedLines(c.nodeLog(t, i, job.Name), "RDZV_FAIL"))
 	}
 	require.Positive(t, failLines, "no worker printed RDZV_FAIL: the job failed for another reason")
-	c.requireWorkersGone(t, job.Name)
+	c.requireWorkersGone(t, job.Name, c.lingeringStandby(job))
 }
 
 // A node of a job that needs all three dies: the job waits for nodes, saying
 // so, and fails when its rendezvous timeout passes.
 func TestFaultMinNotMet(t *testing.T) {
+	for _, kind := range launcherKinds {
+		t.Run(kind.name, func(t *testing.T) { testFaultMinNotMet(t, kind.edit) })
+	}
+}
+
+func testFaultMinNotMet(t *testing.T, edit func(spec map[string]any)) {
 	c := newFaultCluster(t)
 	job := faultJob(t, c, "fault-min-not-met", func(spec map[string]any) {
+		if edit != nil {
+			edit(spec)
+		}
 		spec["nodes"] = map[string]any{"min": agentHosts, "max": agentHosts}
 		spec["rendezvous"] = map[string]any{"last_call": "1s", "timeout": "6s"}
 	})
@@ -393,7 +411,7 @@ func TestFaultMinNotMet(t *testing.T) {
 	require.True(t, waiting, "the job never said, while recovering, that it waits for nodes; it showed: %q", seen)
 	c.waitNodeState(t, 2, "NODE_STATE_LOST")
 	requireAttemptsFailed(t, c.jobEvents(t, job.Name), 1)
-	c.requireWorkersGone(t, job.Name)
+	c.requireWorkersGone(t, job.Name, c.lingeringStandby(job))
 }
 
 // finished reports whether a job state is final.
@@ -458,8 +476,9 @@ func (c *cluster) waitNodeState(t *testing.T, i int, state string) {
 
 // requireWorkersGone waits until the controller has every worker of the
 // job's last generation exited, then checks that no process of any
-// generation is left on any host and that the nodes are free again.
-func (c *cluster) requireWorkersGone(t *testing.T, job string) {
+// generation is left on any host, nor any other but those spare names (nil:
+// none), and that the nodes are free again.
+func (c *cluster) requireWorkersGone(t *testing.T, job string, spare func(pid int) bool) {
 	t.Helper()
 	c.waitJob(t, job, "had all workers exited", func(j jobJSON) bool {
 		for _, a := range j.Assignments {
@@ -469,8 +488,28 @@ func (c *cluster) requireWorkersGone(t *testing.T, job string) {
 		}
 		return true
 	})
-	requireOnlyAgents(t, c)
+	requireOnlyAgents(t, c, spare)
 	requireIdle(t, c)
+}
+
+// lingeringStandby is, for a warm job that failed, what may be left of it:
+// its unused standbys and their shims. The agent learns of a job's end only
+// as the absence of its next assignment, so it kills a failed job's standby
+// a minute after its last generation here (a succeeded job's at once).
+// Anything of a generation, a used standby included, is never spared.
+func (c *cluster) lingeringStandby(job jobFile) func(pid int) bool {
+	if !job.warm {
+		return nil
+	}
+	return func(pid int) bool {
+		if c.generationOf(pid) != "" {
+			return false
+		}
+		// The standby's socket directory, or its shim's directory.
+		return slices.ContainsFunc(procCmdline(pid), func(arg string) bool {
+			return strings.HasSuffix(arg, "/warm/"+job.Name) || strings.HasPrefix(filepath.Base(arg), job.Name+".standby-")
+		})
+	}
 }
 
 // killWorker SIGKILLs one training process on agent host i: a python
@@ -841,7 +880,7 @@ func requireRecovered(t *testing.T, c *cluster, job jobFile, fault time.Time, be
 		}
 	}
 	requireSequentialGenerations(t, first, last)
-	requireOnlyAgents(t, c)
+	requireOnlyAgents(t, c, nil)
 	requireIdle(t, c)
 
 	// Figures, not assertions: they depend on the machine.
