@@ -1,6 +1,7 @@
 package e2e
 
 import (
+	"bytes"
 	"fmt"
 	"maps"
 	"math"
@@ -16,6 +17,7 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
+	"golang.org/x/sys/unix"
 	"google.golang.org/protobuf/proto"
 
 	rdzvv1 "github.com/rdzv/rdzv/proto/rdzv/v1"
@@ -520,9 +522,7 @@ func (c *cluster) killWorker(t *testing.T, i int) string {
 	h := c.agentHost(i)
 	// A worker's parent is its launcher: torchrun, or a warm standby's
 	// zygote (whose own parent is the shim, as is an unused standby's).
-	isLauncher := func(arg string) bool {
-		return strings.HasSuffix(arg, "torchrun") || strings.HasSuffix(arg, "rdzv_zygote.py")
-	}
+	isLauncher := func(arg string) bool { return strings.HasSuffix(arg, "torchrun") || isZygote(arg) }
 	for _, pid := range netnsPids(t, h) {
 		argv := procCmdline(pid)
 		if !slices.Contains(argv, "train.py") || !slices.ContainsFunc(procCmdline(ppidOf(pid)), isLauncher) {
@@ -598,6 +598,59 @@ func (c *cluster) generationOf(pid int) string {
 		}
 	}
 	return ""
+}
+
+// isZygote reports whether a command line argument is the warm standby's
+// script.
+func isZygote(arg string) bool { return strings.HasSuffix(arg, "/rdzv_zygote.py") }
+
+// standbyStarts is, per agent host, when the warm standby that runs
+// generation gen there started, as time since boot. Its workers, forked
+// from it, share its command line; it is the one whose parent is not a
+// standby but its shim.
+func (c *cluster) standbyStarts(t *testing.T, gen string) map[string]time.Duration {
+	t.Helper()
+	starts := map[string]time.Duration{}
+	for i := range agentHosts {
+		h := c.agentHost(i)
+		for _, pid := range netnsPids(t, h) {
+			if !slices.ContainsFunc(procCmdline(pid), isZygote) || slices.ContainsFunc(procCmdline(ppidOf(pid)), isZygote) || c.generationOf(pid) != gen {
+				continue
+			}
+			if started, ok := procStart(pid); ok {
+				starts[h.Name] = started
+			}
+		}
+	}
+	return starts
+}
+
+// procStart is when a process started, as time since boot: the starttime
+// field of /proc/PID/stat, in clock ticks of USER_HZ, which is 100 on
+// every Linux. ok is false once it has exited.
+func procStart(pid int) (started time.Duration, ok bool) {
+	data, err := os.ReadFile(filepath.Join("/proc", strconv.Itoa(pid), "stat"))
+	if err != nil {
+		return 0, false
+	}
+	// Fields 3 on follow the command name, which may hold spaces and
+	// parentheses; starttime is field 22.
+	fields := strings.Fields(string(data[bytes.LastIndexByte(data, ')')+1:]))
+	if len(fields) < 20 {
+		return 0, false
+	}
+	ticks, err := strconv.ParseInt(fields[19], 10, 64)
+	if err != nil {
+		return 0, false
+	}
+	return time.Duration(ticks) * time.Second / 100, true
+}
+
+// sinceBoot is the time since boot now, the clock procStart's times are on.
+func sinceBoot() time.Duration {
+	var ts unix.Timespec
+	_ = unix.ClockGettime(unix.CLOCK_BOOTTIME, &ts) // cannot fail for this clock
+	return time.Duration(ts.Nano())
 }
 
 // ppidOf is a process's parent, 0 once it has exited.
@@ -767,9 +820,18 @@ type faultRun struct {
 // detection and recovery took.
 func requireRecovered(t *testing.T, c *cluster, job jobFile, fault time.Time, before jobJSON) faultRun {
 	t.Helper()
+	// Under launcher.kind warm, where generation 2's standby on each node
+	// started relative to the fault, on the boot clock.
+	faultSinceBoot := sinceBoot() - time.Since(fault)
+	standbyBeforeFault := map[string]bool{}
 	j := c.waitJob(t, job.Name, "finished", func(j jobJSON) bool {
 		alive := c.liveGenerations(t)
 		require.LessOrEqual(t, len(alive), 1, "processes of two generations alive at once: %v", alive)
+		if job.warm {
+			for node, started := range c.standbyStarts(t, "2") {
+				standbyBeforeFault[node] = started < faultSinceBoot
+			}
+		}
 		return finished(j.State)
 	})
 	require.Equal(t, "JOB_STATE_SUCCEEDED", j.State, "reason: %s", j.Reason)
@@ -878,6 +940,16 @@ func requireRecovered(t *testing.T, c *cluster, job jobFile, fault time.Time, be
 				require.Equal(t, strconv.Itoa(faultSteps), f["steps"], "rank %d", rank)
 			}
 		}
+	}
+	if job.warm {
+		// Each node of generation 2 had its standby ready when the fault
+		// came: started while generation 1 trained, not when generation 2
+		// was handed to it.
+		want := map[string]bool{}
+		for _, node := range run.rounds[2].nodes {
+			want[node] = true
+		}
+		require.Equal(t, want, standbyBeforeFault, "per node of generation 2, whether its standby started before the fault")
 	}
 	requireSequentialGenerations(t, first, last)
 	requireOnlyAgents(t, c, nil)
