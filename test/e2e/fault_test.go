@@ -945,11 +945,14 @@ func requireRecovered(t *testing.T, c *cluster, job jobFile, fault time.Time, be
 		// Each node of generation 2 had its standby ready when the fault
 		// came: started while generation 1 trained, not when generation 2
 		// was handed to it.
-		want := map[string]bool{}
-		for _, node := range run.rounds[2].nodes {
-			want[node] = true
+		for node, before := range standbyBeforeFault {
+			require.True(t, before, "generation 2 on %s started from a standby started after the fault, not the one kept ready", node)
 		}
-		require.Equal(t, want, standbyBeforeFault, "per node of generation 2, whether its standby started before the fault")
+		// A generation 2 that trained to the end ran long enough to be
+		// seen on every node; one cut short by another failure may not.
+		if j.Generation == 2 {
+			require.ElementsMatch(t, run.rounds[2].nodes, slices.Collect(maps.Keys(standbyBeforeFault)), "nodes where generation 2's standby was seen")
+		}
 	}
 	requireSequentialGenerations(t, first, last)
 	requireOnlyAgents(t, c, nil)
