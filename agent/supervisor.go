@@ -80,7 +80,10 @@ type Supervisor struct {
 	// jobLogs bounds the job logs kept on the node (joblogs.go).
 	jobLogs JobLogsConfig
 
-	// standbySeq numbers warm standbys; used on the command goroutine.
+	// standbySeq numbers warm standbys; used on the command goroutine (and
+	// by Adopt, before it runs). It starts at the clock, not at 0, so that
+	// no standby takes the name, and so the shim directory, of one a
+	// previous agent left running for an adopted generation.
 	standbySeq uint64
 
 	mu      sync.Mutex
@@ -132,6 +135,7 @@ func NewSupervisor(cfg Config, node, iface, reportAddr string, spawner Spawner, 
 		updates:     make(chan *rdzvv1.WorkerStatus, 64),
 		checkpoints: make(chan *rdzvv1.CheckpointReport, checkpointQueueSize),
 		lastGen:     map[string]uint64{},
+		standbySeq:  uint64(time.Now().UnixNano()),
 	}
 	s.SetOrphanTimeout(health.Unregistered.OrphanTimeout())
 	return s
@@ -212,8 +216,13 @@ func (s *Supervisor) OnHandover(announce func(hold time.Duration) bool) { s.anno
 
 // Adopt takes over the workers a previous agent on this node left running,
 // before the first registration reports them. Only one job runs on a node;
-// should several be found, the newest generation is kept.
+// should several be found, the newest generation is kept. For a warm job
+// still running, the next standby is started, as after any start: the
+// previous agent killed its own when it stopped.
 func (s *Supervisor) Adopt(found []Adopted) {
+	// warm is the kept generation's assignment if it runs on under a warm
+	// standby.
+	var warm *rdzvv1.Assignment
 	for _, f := range found {
 		a := &rdzvv1.Assignment{}
 		if err := proto.Unmarshal(f.Meta, a); err != nil || a.GetSpec().GetName() == "" {
@@ -251,6 +260,16 @@ func (s *Supervisor) Adopt(found []Adopted) {
 		// Not announced as started: the registration reports it running,
 		// and it may well have ended while no agent was here.
 		s.supervise(w, a, false)
+		warm = nil
+		if f.Live && jobspec.FromProto(a.GetSpec()).Launcher.Kind == jobspec.KindWarm {
+			warm = a
+		}
+	}
+	if warm != nil {
+		sb := s.spawnStandby(warm)
+		s.mu.Lock()
+		s.standby = sb
+		s.mu.Unlock()
 	}
 }
 

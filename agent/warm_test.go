@@ -75,7 +75,8 @@ func TestStandbyEnvOMP(t *testing.T) {
 // standby that ran the job's code before its assignment would have no
 // RANK.
 // A worker exits only once every worker of its generation on the node
-// has written its marker: the first to fail has the others stopped.
+// has written its marker (the first to fail has the others stopped), and
+// the file HOLD, if set, is gone.
 const warmScript = `import glob, os, sys, time
 d, gen = os.environ["MARKERS"], os.environ.get("RDZV_GENERATION")
 name = os.path.join(d, "%d-%s" % (os.getpid(), os.environ.get("RANK", "none")))
@@ -84,6 +85,8 @@ with open(name + ".tmp", "w") as f:
         os.environ.get("TORCHELASTIC_USE_AGENT_STORE"), gen, " ".join(sys.argv[1:])))
 os.rename(name + ".tmp", name)
 while sum(1 for p in glob.glob(os.path.join(d, "*-*")) if not p.endswith(".tmp") and open(p).read().split()[4] == gen) < int(os.environ["LOCAL_WORLD_SIZE"]):
+    time.sleep(0.01)
+while os.path.exists(os.environ.get("HOLD", "")):
     time.sleep(0.01)
 sys.exit(int(os.environ["EXIT_CODE"]))
 `
@@ -97,12 +100,12 @@ type warmHarness struct {
 	store   *net.TCPAddr
 }
 
-func newWarmHarness(t *testing.T) *warmHarness {
+func newWarmHarness(t *testing.T, edits ...func(*Config)) *warmHarness {
 	t.Helper()
 	if _, err := os.Stat(warmPython); err != nil {
 		t.Skip("needs " + warmPython)
 	}
-	h := newSupervisor(t, func(c *Config) { c.RunAs = fmt.Sprintf("%d:%d", nobodyID, nobodyID) })
+	h := newSupervisor(t, append([]func(*Config){func(c *Config) { c.RunAs = fmt.Sprintf("%d:%d", nobodyID, nobodyID) }}, edits...)...)
 	// The job's user reads the agent's script and the job's.
 	for _, d := range []string{h.stateDir, filepath.Dir(h.stateDir), h.workdir, filepath.Dir(h.workdir)} {
 		require.NoError(t, os.Chmod(d, 0o755))
@@ -383,4 +386,46 @@ func TestWarmStorePortTaken(t *testing.T) {
 	st := h.expect("warm", 1, wFailed)
 	require.Contains(t, st.GetMessage(), fmt.Sprintf("starting the store on port %d", a.MasterPort))
 	require.Empty(t, h.readMarkers(), "no worker was started")
+}
+
+// An agent that restarts while a warm generation trains adopts it and, as
+// after any start, starts the next standby (its predecessor killed its
+// own): the next generation is handed to a standby kept ready, not to a
+// fresh one.
+func TestWarmStandbyAfterAgentRestart(t *testing.T) {
+	h := newWarmHarness(t, withRestartGrace(time.Minute))
+	hold := filepath.Join(h.workdir, "hold")
+	require.NoError(t, os.WriteFile(hold, nil, 0o644))
+	assign := func(gen uint64) *rdzvv1.Assignment {
+		a := h.assign(gen, 0)
+		a.Spec.Env["HOLD"] = hold
+		return a
+	}
+	h.sup.Assign(assign(1))
+	h.expect("warm", 1, wRunning)
+	h.readyStandby()
+	handOver(t, h.supHarness, true)
+
+	next := &warmHarness{supHarness: h.successor(), markers: h.markers}
+	require.True(t, next.sup.Running("warm"), "generation 1 is adopted")
+	sb := next.readyStandby()
+	// Its shim's directory is its own, not the adopted generation's (the
+	// previous agent's standby for it had the same number).
+	shims, err := os.ReadDir(filepath.Join(h.stateDir, "workers"))
+	require.NoError(t, err)
+	require.Len(t, shims, 2, "shim directories: the adopted generation's and the new standby's")
+
+	next.sup.Assign(assign(2))
+	next.expect("warm", 1, wStopped)
+	next.expect("warm", 2, wRunning)
+	next.sup.mu.Lock()
+	launcher := next.sup.cur.proc.Pid()
+	next.sup.mu.Unlock()
+	require.Equal(t, sb.proc.Pid(), launcher, "generation 2 is handed to the standby started after the adoption")
+	require.NoError(t, os.Remove(hold))
+	next.expect("warm", 2, wSucceeded)
+	require.ElementsMatch(t, []string{
+		"2: 65534 0 4 True 1 --lr 1", "3: 65534 1 4 True 1 --lr 1",
+		"2: 65534 0 4 True 2 --lr 1", "3: 65534 1 4 True 2 --lr 1",
+	}, next.readMarkers())
 }

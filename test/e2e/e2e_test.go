@@ -165,9 +165,6 @@ func TestTrainingJobEmbeddedEtcd(t *testing.T) {
 	})
 }
 
-// TestTrainingJobExternalEtcd runs the controller on Debian's etcd
-// secured as README "etcd" asks: TLS with client certificates required,
-// and RBAC letting the controller's certificate use /rdzv/v1/ only.
 // The example job from warm standbys (launcher.kind warm): unchanged
 // train.py, forked from a standby with torchrun's environment, trains to
 // the end as under torchrun.
@@ -182,6 +179,9 @@ func TestTrainingJobWarm(t *testing.T) {
 	}
 }
 
+// TestTrainingJobExternalEtcd runs the controller on Debian's etcd
+// secured as README "etcd" asks: TLS with client certificates required,
+// and RBAC letting the controller's certificate use /rdzv/v1/ only.
 func TestTrainingJobExternalEtcd(t *testing.T) {
 	if _, err := os.Stat(etcdBin); err != nil {
 		netns.SkipOrFail(t, "e2e: %s is missing (apt-get install etcd-server)", etcdBin)

@@ -1,6 +1,7 @@
 package e2e
 
 import (
+	"bytes"
 	"fmt"
 	"maps"
 	"math"
@@ -16,6 +17,7 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
+	"golang.org/x/sys/unix"
 	"google.golang.org/protobuf/proto"
 
 	rdzvv1 "github.com/rdzv/rdzv/proto/rdzv/v1"
@@ -67,6 +69,7 @@ func newFaultCluster(t *testing.T) *cluster {
 func faultJob(t *testing.T, c *cluster, name string, edit func(spec map[string]any)) jobFile {
 	t.Helper()
 	base := writeJob(t, c.dir)
+	warm := false
 	path := base.variant(t, name, func(spec map[string]any) {
 		spec["nodes"] = map[string]any{"min": 2, "max": agentHosts}
 		spec["command"] = []any{"train.py", "--steps", strconv.Itoa(faultSteps), "--step-time", faultStepTime,
@@ -76,10 +79,12 @@ func faultJob(t *testing.T, c *cluster, name string, edit func(spec map[string]a
 		if edit != nil {
 			edit(spec)
 		}
+		launcher, _ := spec["launcher"].(map[string]any)
+		warm = launcher["kind"] == "warm"
 	})
 	c.job = name
 	c.ctlOK(t, "start", path)
-	return jobFile{Name: name, Path: path, CkptDir: base.CkptDir}
+	return jobFile{Name: name, Path: path, CkptDir: base.CkptDir, warm: warm}
 }
 
 // A training process dies: the generation is fenced on every node and the
@@ -147,8 +152,14 @@ func testFaultKillNode(t *testing.T, edit func(spec map[string]any)) {
 // generation. When its link comes back it rejoins as an idle node without
 // disturbing the job.
 func TestFaultCutLink(t *testing.T) {
+	for _, kind := range launcherKinds {
+		t.Run(kind.name, func(t *testing.T) { testFaultCutLink(t, kind.edit) })
+	}
+}
+
+func testFaultCutLink(t *testing.T, edit func(spec map[string]any)) {
 	c := newFaultCluster(t)
-	job := faultJob(t, c, "fault-cut-link", nil)
+	job := faultJob(t, c, "fault-cut-link", edit)
 	before := c.waitCheckpoint(t, job.Name, checkpointEvery)
 
 	fault := time.Now()
@@ -159,9 +170,10 @@ func TestFaultCutLink(t *testing.T) {
 	gen2 := c.waitJob(t, job.Name, "ran generation 2", func(j jobJSON) bool { return j.Generation >= 2 && j.State == "JOB_STATE_RUNNING" })
 
 	// Cut off, h3 must have killed its own workers: nothing of the job may
-	// run there while generation 2 trains on h1 and h2.
+	// run there while generation 2 trains on h1 and h2, not even a warm
+	// standby (whose command line holds the job's command too).
 	for _, pid := range netnsPids(t, c.agentHost(2)) {
-		require.NotContains(t, procCmdline(pid), "train.py", "a cut-off node still trains alongside generation %d", gen2.Generation)
+		require.NotContains(t, procCmdline(pid), "train.py", "a cut-off node still runs the job alongside generation %d", gen2.Generation)
 	}
 	require.NoError(t, c.net.RestoreLink(3))
 	c.waitNodeState(t, 2, "NODE_STATE_READY")
@@ -176,8 +188,14 @@ func TestFaultCutLink(t *testing.T) {
 // workers train: they run on under their shims, the new agent adopts them,
 // and the job goes on in the same generation with no restart at all.
 func TestFaultAgentRestart(t *testing.T) {
+	for _, kind := range launcherKinds {
+		t.Run(kind.name, func(t *testing.T) { testFaultAgentRestart(t, kind.edit) })
+	}
+}
+
+func testFaultAgentRestart(t *testing.T, edit func(spec map[string]any)) {
 	c := newFaultCluster(t)
-	job := faultJob(t, c, "fault-agent-restart", nil)
+	job := faultJob(t, c, "fault-agent-restart", edit)
 	c.waitCheckpoint(t, job.Name, checkpointEvery)
 	workers := trainingPids(t, c, 1)
 	require.NotEmpty(t, workers)
@@ -224,7 +242,10 @@ func TestFaultAgentRestart(t *testing.T) {
 	last := ticks[len(ticks)-1]
 	require.Equal(t, faultSteps, last.step, "h2 stopped training at step %d", last.step)
 	require.EqualValues(t, 1, last.generation)
-	c.requireWorkersGone(t, job.Name)
+	for i := range agentHosts {
+		requireStartedBy(t, c.agentHost(i).Name, c.nodeLog(t, i, job.Name), job.warm)
+	}
+	c.requireWorkersGone(t, job.Name, nil)
 }
 
 // The agent alone dies and stays down, its workers still training: the
@@ -232,8 +253,14 @@ func TestFaultAgentRestart(t *testing.T) {
 // workers' shims, with no agent to adopt them, kill them before the new
 // generation starts.
 func TestFaultAgentCrash(t *testing.T) {
+	for _, kind := range launcherKinds {
+		t.Run(kind.name, func(t *testing.T) { testFaultAgentCrash(t, kind.edit) })
+	}
+}
+
+func testFaultAgentCrash(t *testing.T, edit func(spec map[string]any)) {
 	c := newFaultCluster(t)
-	job := faultJob(t, c, "fault-agent-crash", nil)
+	job := faultJob(t, c, "fault-agent-crash", edit)
 	before := c.waitCheckpoint(t, job.Name, checkpointEvery)
 	workers := trainingPids(t, c, 2)
 	require.NotEmpty(t, workers)
@@ -251,12 +278,14 @@ func TestFaultAgentCrash(t *testing.T) {
 	}
 }
 
-// trainingPids lists torchrun and its workers on agent host i.
+// trainingPids lists the processes of a generation on agent host i (see
+// generationOf): its launcher, torchrun or the warm standby it was handed
+// to, and the workers; not an unused standby.
 func trainingPids(t *testing.T, c *cluster, i int) []int {
 	t.Helper()
 	var pids []int
 	for _, pid := range netnsPids(t, c.agentHost(i)) {
-		if procEnviron(pid)["RDZV_GENERATION"] != "" {
+		if c.generationOf(pid) != "" {
 			pids = append(pids, pid)
 		}
 	}
@@ -275,6 +304,12 @@ func kinds(events []eventJSON) []string {
 // sees no step reported for health.progress_timeout and restarts it from its
 // newest checkpoint.
 func TestFaultHang(t *testing.T) {
+	for _, kind := range launcherKinds {
+		t.Run(kind.name, func(t *testing.T) { testFaultHang(t, kind.edit) })
+	}
+}
+
+func testFaultHang(t *testing.T, edit func(spec map[string]any)) {
 	c := newFaultCluster(t)
 	hang := filepath.Join(c.dir, "hang")
 	job := faultJob(t, c, "fault-hang", func(spec map[string]any) {
@@ -284,6 +319,9 @@ func TestFaultHang(t *testing.T) {
 		// loaded machine, which is silent too: a tighter timeout restarts a
 		// generation that had finished training.
 		spec["health"] = map[string]any{"progress_timeout": "6s"}
+		if edit != nil {
+			edit(spec)
+		}
 	})
 	before := c.waitCheckpoint(t, job.Name, checkpointEvery)
 
@@ -303,9 +341,18 @@ func TestFaultHang(t *testing.T) {
 // A job that fails at start every time fails as a crash loop long before its
 // restart budget is spent.
 func TestFaultCrashLoop(t *testing.T) {
+	for _, kind := range launcherKinds {
+		t.Run(kind.name, func(t *testing.T) { testFaultCrashLoop(t, kind.edit) })
+	}
+}
+
+func testFaultCrashLoop(t *testing.T, edit func(spec map[string]any)) {
 	c := newFaultCluster(t)
 	begin := time.Now()
 	job := faultJob(t, c, "fault-crash-loop", func(spec map[string]any) {
+		if edit != nil {
+			edit(spec)
+		}
 		spec["command"] = []any{"train.py", "--fail-at-start"}
 		spec["restart"].(map[string]any)["max_restarts"] = 5
 	})
@@ -323,14 +370,23 @@ func TestFaultCrashLoop(t *testing.T) {
 		failLines += len(taggedLines(c.nodeLog(t, i, job.Name), "RDZV_FAIL"))
 	}
 	require.Positive(t, failLines, "no worker printed RDZV_FAIL: the job failed for another reason")
-	c.requireWorkersGone(t, job.Name)
+	c.requireWorkersGone(t, job.Name, c.lingeringStandby(job))
 }
 
 // A node of a job that needs all three dies: the job waits for nodes, saying
 // so, and fails when its rendezvous timeout passes.
 func TestFaultMinNotMet(t *testing.T) {
+	for _, kind := range launcherKinds {
+		t.Run(kind.name, func(t *testing.T) { testFaultMinNotMet(t, kind.edit) })
+	}
+}
+
+func testFaultMinNotMet(t *testing.T, edit func(spec map[string]any)) {
 	c := newFaultCluster(t)
 	job := faultJob(t, c, "fault-min-not-met", func(spec map[string]any) {
+		if edit != nil {
+			edit(spec)
+		}
 		spec["nodes"] = map[string]any{"min": agentHosts, "max": agentHosts}
 		spec["rendezvous"] = map[string]any{"last_call": "1s", "timeout": "6s"}
 	})
@@ -357,7 +413,7 @@ func TestFaultMinNotMet(t *testing.T) {
 	require.True(t, waiting, "the job never said, while recovering, that it waits for nodes; it showed: %q", seen)
 	c.waitNodeState(t, 2, "NODE_STATE_LOST")
 	requireAttemptsFailed(t, c.jobEvents(t, job.Name), 1)
-	c.requireWorkersGone(t, job.Name)
+	c.requireWorkersGone(t, job.Name, c.lingeringStandby(job))
 }
 
 // finished reports whether a job state is final.
@@ -422,8 +478,9 @@ func (c *cluster) waitNodeState(t *testing.T, i int, state string) {
 
 // requireWorkersGone waits until the controller has every worker of the
 // job's last generation exited, then checks that no process of any
-// generation is left on any host and that the nodes are free again.
-func (c *cluster) requireWorkersGone(t *testing.T, job string) {
+// generation is left on any host, nor any other but those spare names (nil:
+// none), and that the nodes are free again.
+func (c *cluster) requireWorkersGone(t *testing.T, job string, spare func(pid int) bool) {
 	t.Helper()
 	c.waitJob(t, job, "had all workers exited", func(j jobJSON) bool {
 		for _, a := range j.Assignments {
@@ -433,8 +490,28 @@ func (c *cluster) requireWorkersGone(t *testing.T, job string) {
 		}
 		return true
 	})
-	requireOnlyAgents(t, c)
+	requireOnlyAgents(t, c, spare)
 	requireIdle(t, c)
+}
+
+// lingeringStandby is, for a warm job that failed, what may be left of it:
+// its unused standbys and their shims. The agent learns of a job's end only
+// as the absence of its next assignment, so it kills a failed job's standby
+// a minute after its last generation here (a succeeded job's at once).
+// Anything of a generation, a used standby included, is never spared.
+func (c *cluster) lingeringStandby(job jobFile) func(pid int) bool {
+	if !job.warm {
+		return nil
+	}
+	return func(pid int) bool {
+		if c.generationOf(pid) != "" {
+			return false
+		}
+		// The standby's socket directory, or its shim's directory.
+		return slices.ContainsFunc(procCmdline(pid), func(arg string) bool {
+			return strings.HasSuffix(arg, "/warm/"+job.Name) || strings.HasPrefix(filepath.Base(arg), job.Name+".standby-")
+		})
+	}
 }
 
 // killWorker SIGKILLs one training process on agent host i: a python
@@ -445,9 +522,7 @@ func (c *cluster) killWorker(t *testing.T, i int) string {
 	h := c.agentHost(i)
 	// A worker's parent is its launcher: torchrun, or a warm standby's
 	// zygote (whose own parent is the shim, as is an unused standby's).
-	isLauncher := func(arg string) bool {
-		return strings.HasSuffix(arg, "torchrun") || strings.HasSuffix(arg, "rdzv_zygote.py")
-	}
+	isLauncher := func(arg string) bool { return strings.HasSuffix(arg, "torchrun") || isZygote(arg) }
 	for _, pid := range netnsPids(t, h) {
 		argv := procCmdline(pid)
 		if !slices.Contains(argv, "train.py") || !slices.ContainsFunc(procCmdline(ppidOf(pid)), isLauncher) {
@@ -525,6 +600,59 @@ func (c *cluster) generationOf(pid int) string {
 	return ""
 }
 
+// isZygote reports whether a command line argument is the warm standby's
+// script.
+func isZygote(arg string) bool { return strings.HasSuffix(arg, "/rdzv_zygote.py") }
+
+// standbyStarts is, per agent host, when the warm standby that runs
+// generation gen there started, as time since boot. Its workers, forked
+// from it, share its command line; it is the one whose parent is not a
+// standby but its shim.
+func (c *cluster) standbyStarts(t *testing.T, gen string) map[string]time.Duration {
+	t.Helper()
+	starts := map[string]time.Duration{}
+	for i := range agentHosts {
+		h := c.agentHost(i)
+		for _, pid := range netnsPids(t, h) {
+			if !slices.ContainsFunc(procCmdline(pid), isZygote) || slices.ContainsFunc(procCmdline(ppidOf(pid)), isZygote) || c.generationOf(pid) != gen {
+				continue
+			}
+			if started, ok := procStart(pid); ok {
+				starts[h.Name] = started
+			}
+		}
+	}
+	return starts
+}
+
+// procStart is when a process started, as time since boot: the starttime
+// field of /proc/PID/stat, in clock ticks of USER_HZ, which is 100 on
+// every Linux. ok is false once it has exited.
+func procStart(pid int) (started time.Duration, ok bool) {
+	data, err := os.ReadFile(filepath.Join("/proc", strconv.Itoa(pid), "stat"))
+	if err != nil {
+		return 0, false
+	}
+	// Fields 3 on follow the command name, which may hold spaces and
+	// parentheses; starttime is field 22.
+	fields := strings.Fields(string(data[bytes.LastIndexByte(data, ')')+1:]))
+	if len(fields) < 20 {
+		return 0, false
+	}
+	ticks, err := strconv.ParseInt(fields[19], 10, 64)
+	if err != nil {
+		return 0, false
+	}
+	return time.Duration(ticks) * time.Second / 100, true
+}
+
+// sinceBoot is the time since boot now, the clock procStart's times are on.
+func sinceBoot() time.Duration {
+	var ts unix.Timespec
+	_ = unix.ClockGettime(unix.CLOCK_BOOTTIME, &ts) // cannot fail for this clock
+	return time.Duration(ts.Nano())
+}
+
 // ppidOf is a process's parent, 0 once it has exited.
 func ppidOf(pid int) int {
 	ppid, _ := strconv.Atoi(procStatus(pid, "PPid"))
@@ -586,6 +714,19 @@ func byGeneration(t *testing.T, log string) map[uint64]string {
 		parts[gen] = log[m[0]:end]
 	}
 	return parts
+}
+
+// requireStartedBy checks that every generation in a node's job log was
+// started by the job's launcher: from a warm standby exactly when warm, so
+// that a warm variant cannot pass on torchrun's path.
+func requireStartedBy(t *testing.T, node, log string, warm bool) {
+	t.Helper()
+	headers := generationHeader.FindAllStringIndex(log, -1)
+	require.NotEmpty(t, headers, "%s: no generation started", node)
+	for _, m := range headers {
+		line, _, _ := strings.Cut(log[m[0]:], "\n")
+		require.Equal(t, warm, strings.HasSuffix(line, " workers from a warm standby)"), "%s: %s", node, line)
+	}
 }
 
 // tick is one RDZV_TICK line: rank finished step in generation at a time.
@@ -679,9 +820,18 @@ type faultRun struct {
 // detection and recovery took.
 func requireRecovered(t *testing.T, c *cluster, job jobFile, fault time.Time, before jobJSON) faultRun {
 	t.Helper()
+	// Under launcher.kind warm, where generation 2's standby on each node
+	// started relative to the fault, on the boot clock.
+	faultSinceBoot := sinceBoot() - time.Since(fault)
+	standbyBeforeFault := map[string]bool{}
 	j := c.waitJob(t, job.Name, "finished", func(j jobJSON) bool {
 		alive := c.liveGenerations(t)
 		require.LessOrEqual(t, len(alive), 1, "processes of two generations alive at once: %v", alive)
+		if job.warm {
+			for node, started := range c.standbyStarts(t, "2") {
+				standbyBeforeFault[node] = started < faultSinceBoot
+			}
+		}
 		return finished(j.State)
 	})
 	require.Equal(t, "JOB_STATE_SUCCEEDED", j.State, "reason: %s", j.Reason)
@@ -715,6 +865,7 @@ func requireRecovered(t *testing.T, c *cluster, job jobFile, fault time.Time, be
 	parts := map[uint64][]string{}
 	for i := range agentHosts {
 		log := c.nodeLog(t, i, job.Name)
+		requireStartedBy(t, c.agentHost(i).Name, log, job.warm)
 		run.ticks = append(run.ticks, parseTicks(t, c.agentHost(i).Name, log)...)
 		for gen, part := range byGeneration(t, log) {
 			parts[gen] = append(parts[gen], part)
@@ -790,8 +941,21 @@ func requireRecovered(t *testing.T, c *cluster, job jobFile, fault time.Time, be
 			}
 		}
 	}
+	if job.warm {
+		// Each node of generation 2 had its standby ready when the fault
+		// came: started while generation 1 trained, not when generation 2
+		// was handed to it.
+		for node, before := range standbyBeforeFault {
+			require.True(t, before, "generation 2 on %s started from a standby started after the fault, not the one kept ready", node)
+		}
+		// A generation 2 that trained to the end ran long enough to be
+		// seen on every node; one cut short by another failure may not.
+		if j.Generation == 2 {
+			require.ElementsMatch(t, run.rounds[2].nodes, slices.Collect(maps.Keys(standbyBeforeFault)), "nodes where generation 2's standby was seen")
+		}
+	}
 	requireSequentialGenerations(t, first, last)
-	requireOnlyAgents(t, c)
+	requireOnlyAgents(t, c, nil)
 	requireIdle(t, c)
 
 	// Figures, not assertions: they depend on the machine.

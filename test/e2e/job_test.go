@@ -31,6 +31,8 @@ type jobFile struct {
 	Path    string
 	CkptDir string
 	data    []byte
+	// warm is set by faultJob for a job with launcher.kind warm.
+	warm bool
 }
 
 // writeJob derives the job from examples/job.yaml, so that the shipped
@@ -142,7 +144,7 @@ func trainAndVerify(t *testing.T, c *cluster, edits ...func(spec map[string]any)
 	t.Run("logs", func(t *testing.T) { requireWorkerLogs(t, c, job) })
 	t.Run("events", func(t *testing.T) { events = requireJobEvents(t, c, job) })
 	t.Run("nodes idle after the job", func(t *testing.T) { requireIdle(t, c) })
-	t.Run("no worker left behind", func(t *testing.T) { requireOnlyAgents(t, c) })
+	t.Run("no worker left behind", func(t *testing.T) { requireOnlyAgents(t, c, nil) })
 	t.Run("checkpoints", func(t *testing.T) {
 		for step := checkpointEvery; step <= trainSteps; step += checkpointEvery {
 			require.FileExists(t, filepath.Join(job.CkptDir, fmt.Sprintf("step-%d", step), "COMPLETE"))
@@ -376,8 +378,9 @@ func requireIdle(t *testing.T, c *cluster) {
 // requireOnlyAgents checks that nothing but the agent runs on each agent
 // host: the agent sweeps a job's process group before it reports the
 // workers' exit, so no torchrun or python may outlive the job. On a host
-// whose processes the test killed, nothing may run at all.
-func requireOnlyAgents(t *testing.T, c *cluster) {
+// whose processes the test killed, nothing may run at all. spare, unless
+// nil, names processes that may be left (see lingeringStandby).
+func requireOnlyAgents(t *testing.T, c *cluster, spare func(pid int) bool) {
 	t.Helper()
 	for i, agent := range c.agents {
 		h := c.agentHost(i)
@@ -386,6 +389,9 @@ func requireOnlyAgents(t *testing.T, c *cluster) {
 		for _, pid := range netnsPids(t, h) {
 			if pid == agent.Pid() && !c.killed[i] {
 				agentSeen = true
+				continue
+			}
+			if spare != nil && spare(pid) {
 				continue
 			}
 			others = append(others, fmt.Sprintf("%d: %s", pid, strings.Join(procCmdline(pid), " ")))

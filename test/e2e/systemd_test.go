@@ -286,7 +286,7 @@ func TestSystemdUnitSandbox(t *testing.T) {
 	require.Equal(t, "JOB_STATE_SUCCEEDED", j.State, "reason: %s", j.Reason)
 	require.Zero(t, j.Restarts, "the agent restart did not fail the job")
 	require.DirExists(t, filepath.Join(ckpt, fmt.Sprintf("step-%d", faultSteps)))
-	c.requireWorkersGone(t, job.Name)
+	c.requireWorkersGone(t, job.Name, nil)
 }
 
 // withPaths is u with paths added to directive.
