@@ -125,6 +125,9 @@ type nodeState struct {
 	// fencedBy is when a lost node's agent has certainly killed its own
 	// workers if it is alive but cut off: its self-fencing deadline.
 	fencedBy time.Time
+	// lost is what fencedBy was computed from while its watchers' word
+	// may still shorten it (see tightenFencing); nil otherwise.
+	lost *lostFencing
 	// hiccup is set while the node is silent to the controller yet its
 	// peers still reach it.
 	hiccup bool

@@ -4,6 +4,9 @@ import (
 	"math/rand/v2"
 	"time"
 
+	"go.uber.org/zap"
+
+	"github.com/rdzv/rdzv/health"
 	rdzvv1 "github.com/rdzv/rdzv/proto/rdzv/v1"
 )
 
@@ -70,6 +73,9 @@ func (c *Controller) gossipView(node string, v *rdzvv1.GossipView) {
 		}
 	}
 	ns.view = view
+	for name := range view.watchedDown {
+		c.tightenFencing(name)
+	}
 	if news {
 		// Judged now, not at the next liveness tick: a peer's word is what
 		// declares a dead node lost early.
@@ -110,15 +116,15 @@ func (c *Controller) unreachableTo(node string) bool {
 	return false
 }
 
-// watchersCut is when the last of the peers that watch node (its ring
-// neighbours in its job's current round, which it watches in turn) began
-// to report, from their own probes of that round's assignment, that it
-// does not answer; zero unless every one of them does, so that node, if
-// alive, is cut off from every peer it watches (health.Loss.WatchersCut).
-// Callers hold c.mu.
-func (c *Controller) watchersCut(node string, ns *nodeState) time.Time {
-	js := c.jobs[ns.job]
-	if js == nil || ns.generation == 0 || js.round.GetGeneration() != ns.generation {
+// watchersCut is when the last of the peers that watch node in generation
+// of job (its ring neighbours in that round, which it watches in turn)
+// began to report, from their own probes of that round's assignment, that
+// it does not answer; zero unless every one of them does, so that node, if
+// alive, is cut off from every peer it watches (health.Loss.WatchersCut),
+// and while that round is the job's current one. Callers hold c.mu.
+func (c *Controller) watchersCut(node, job string, generation uint64) time.Time {
+	js := c.jobs[job]
+	if js == nil || generation == 0 || js.round.GetGeneration() != generation {
 		return time.Time{}
 	}
 	a := js.assignment(node)
@@ -130,7 +136,7 @@ func (c *Controller) watchersCut(node string, ns *nodeState) time.Time {
 	for _, p := range watchers {
 		w := c.nodes[p.GetNode()]
 		if w == nil || w.session == nil || w.rec.GetState() == rdzvv1.NodeState_NODE_STATE_LOST || w.view == nil ||
-			w.view.watchJob != ns.job || w.view.watchGen != ns.generation {
+			w.view.watchJob != job || w.view.watchGen != generation {
 			return time.Time{}
 		}
 		since, ok := w.view.watchedDown[node]
@@ -142,6 +148,36 @@ func (c *Controller) watchersCut(node string, ns *nodeState) time.Time {
 		}
 	}
 	return cut
+}
+
+// lostFencing is what a lost node's fencing deadline was computed from,
+// kept while the word of its other watchers may still shorten it.
+type lostFencing struct {
+	loss       health.Loss
+	job        string
+	generation uint64
+}
+
+// tightenFencing applies the quick bound (health.Loss.WatchersCut) to a
+// node declared lost before all of its watchers said they cannot reach
+// it: the first one's word declares it once its heartbeat is overdue, and
+// the others' comes a moment later. Callers hold c.mu.
+func (c *Controller) tightenFencing(node string) {
+	ns := c.nodes[node]
+	if ns == nil || ns.lost == nil || ns.rec.GetState() != rdzvv1.NodeState_NODE_STATE_LOST {
+		return
+	}
+	cut := c.watchersCut(node, ns.lost.job, ns.lost.generation)
+	if cut.IsZero() {
+		return
+	}
+	loss := ns.lost.loss
+	loss.WatchersCut, ns.lost = cut, nil
+	if by := c.cfg.Heartbeat.policy().FencedBy(loss); by.Before(ns.fencedBy) {
+		c.log.Info("lost node's fencing deadline shortened by its watchers' word", zap.String("node", node), zap.Time("fenced_by", by))
+		ns.fencedBy = by
+		c.wake() // the recovery waits for it
+	}
 }
 
 // reporting is whether the node's view counts: it is connected and its

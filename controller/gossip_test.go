@@ -151,12 +151,36 @@ func (f *fakeAgent) watching(a *rdzvv1.Assignment, down ...string) {
 // A lost node whose watchers (its ring neighbours in the job, which it
 // watches in turn) all say from their own probes that it does not answer
 // cannot reach them either, so it fences itself by the quick rule: the
-// next generation waits for that bound, not for its heartbeat timeout.
-// The word of peers that do not watch it does not shorten the wait.
+// next generation waits for that bound, not for its heartbeat timeout,
+// also when the second watcher's word comes after the first one's
+// declared the node lost. The word of peers that do not watch it does not
+// shorten the wait.
 func TestWatchersShortenTheFencingWait(t *testing.T) {
 	const timeout = 5 * time.Second
-	for _, watched := range []bool{true, false} {
-		t.Run(map[bool]string{true: "its watchers", false: "gossip only"}[watched], func(t *testing.T) {
+	for _, tt := range []struct {
+		name string
+		// report has node-a and node-b say what they see of node-z.
+		report func(c *cluster, a, b *fakeAgent, a1, b1 *rdzvv1.Assignment)
+		quick  bool
+	}{
+		{name: "its watchers", quick: true, report: func(_ *cluster, a, b *fakeAgent, a1, b1 *rdzvv1.Assignment) {
+			a.watching(a1, "node-z")
+			b.watching(b1, "node-z")
+		}},
+		{name: "its second watcher after the first declared it lost", quick: true, report: func(c *cluster, a, b *fakeAgent, a1, b1 *rdzvv1.Assignment) {
+			a.watching(a1, "node-z")
+			poll(t, func() bool {
+				c.advance(100*time.Millisecond, "node-a", "node-b")
+				return nodeState(c, "node-z") == rdzvv1.NodeState_NODE_STATE_LOST
+			}, func() string { return "node-z never declared lost" })
+			b.watching(b1, "node-z")
+		}},
+		{name: "gossip only", report: func(_ *cluster, a, b *fakeAgent, _, _ *rdzvv1.Assignment) {
+			a.view(2, "node-z")
+			b.view(2, "node-z")
+		}},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
 			c := newFakeClockCluster(t, func(cfg *controller.Config) { cfg.Heartbeat.Timeout.Duration = timeout })
 			c.gossip = true
 			a, b, z := c.connectFake("node-a"), c.connectFake("node-b"), c.connectFake("node-z")
@@ -172,13 +196,7 @@ func TestWatchersShortenTheFencingWait(t *testing.T) {
 			c.waitJob("elastic", func(j *rdzvv1.Job) bool { return j.GetStep() == 3 })
 
 			z.crash()
-			if watched {
-				a.watching(a1, "node-z")
-				b.watching(b1, "node-z")
-			} else {
-				a.view(2, "node-z")
-				b.view(2, "node-z")
-			}
+			tt.report(c, a, b, a1, b1)
 			reported := c.clock.Now()
 			poll(t, func() bool {
 				c.advance(100*time.Millisecond, "node-a", "node-b")
@@ -197,7 +215,7 @@ func TestWatchersShortenTheFencingWait(t *testing.T) {
 				}
 			}
 			waited := committed.Sub(reported)
-			if watched {
+			if tt.quick {
 				require.GreaterOrEqual(t, waited, health.IsolationLag+health.FenceMargin, "not before it has certainly fenced itself")
 				require.Less(t, waited, timeout, "long before its heartbeat timeout")
 			} else {

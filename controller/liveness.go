@@ -108,10 +108,14 @@ func (c *Controller) markLost(name string, ns *nodeState, now, lastSeen time.Tim
 	ns.accused = false // peers were right: no doubt when it comes back
 	c.metrics.nodesLost.Inc()
 	c.persist(c.store.PutNode(rec, c.event(ns.job, name, ns.generation, EventNodeLost, "node %s lost: %s", name, reason)), nil)
-	ns.fencedBy = c.cfg.Heartbeat.policy().FencedBy(health.Loss{
+	loss := health.Loss{
 		At: now, LastSeen: lastSeen, Heard: ns.heard, ElectedAt: c.electedAt, HoldUntil: ns.restartHold,
-		Gossips: rec.GetInfo().GetGossipAddr() != "", Unreachable: c.unreachableTo(name), WatchersCut: c.watchersCut(name, ns),
-	})
+		Gossips: rec.GetInfo().GetGossipAddr() != "", Unreachable: c.unreachableTo(name), WatchersCut: c.watchersCut(name, ns.job, ns.generation),
+	}
+	ns.fencedBy, ns.lost = c.cfg.Heartbeat.policy().FencedBy(loss), nil
+	if loss.WatchersCut.IsZero() && ns.job != "" && ns.generation != 0 {
+		ns.lost = &lostFencing{loss: loss, job: ns.job, generation: ns.generation}
+	}
 	c.log.Warn("node lost", zap.String("node", name), zap.Duration("silent", now.Sub(lastSeen)))
 	if ns.session != nil {
 		ns.session.cancel()
