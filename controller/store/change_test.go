@@ -19,7 +19,7 @@ func workerReports(s *Store, jobName string, nodes int, withEvents bool) []*Chan
 		node := fmt.Sprintf("node-%04d", i)
 		w := &rdzvv1.WorkerStatus{Job: jobName, Generation: 1, State: rdzvv1.WorkerState_WORKER_STATE_RUNNING}
 		if withEvents {
-			out[i] = s.PutWorker(jobName, node, w, event(jobName, "worker_started", t0))
+			out[i] = s.PutWorker(jobName, node, w, event(jobName, "worker_failed", t0))
 		} else {
 			out[i] = s.PutWorker(jobName, node, w)
 		}
