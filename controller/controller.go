@@ -287,7 +287,7 @@ func (c *Controller) Run(ctx context.Context) error {
 		return err
 	}
 	defer closeEtcd()
-	c.store = store.New(cli, c.cfg.Etcd.RequestTimeout.Duration, keys)
+	c.store = store.New(cli, c.cfg.Etcd.RequestTimeout.Duration, keys, c.cfg.maxTxnOps())
 
 	lis := c.listener
 	if lis == nil {
