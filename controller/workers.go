@@ -108,7 +108,8 @@ func (c *Controller) workerEvents(js *jobState, node string, w *rdzvv1.WorkerSta
 }
 
 // exitSummary counts how the workers of js's round ended, e.g. "9999
-// stopped, 1 failed (listed)", for workers_exited. Callers hold c.mu.
+// stopped, 1 failed (listed in worker_failed events)", for workers_exited.
+// One pass over the round, once per generation. Callers hold c.mu.
 func exitSummary(js *jobState) string {
 	var succeeded, failed, stopped int
 	for _, a := range js.round.GetNodes() {
@@ -227,7 +228,8 @@ type stateCount struct {
 	n  int
 }
 
-// get is the count of js's round in state s.
+// get is the count of js's round in state s, the one state whose entries
+// the caller notes.
 func (sc *stateCount) get(js *jobState, s rdzvv1.WorkerState) int {
 	if sc.of != js.round {
 		sc.n = 0
