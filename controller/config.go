@@ -10,6 +10,7 @@ import (
 
 	"sigs.k8s.io/yaml"
 
+	"github.com/rdzv/rdzv/controller/store"
 	"github.com/rdzv/rdzv/health"
 	"github.com/rdzv/rdzv/internal/httpserve"
 	"github.com/rdzv/rdzv/pki"
@@ -97,7 +98,20 @@ type EtcdConfig struct {
 	// keeping about one interval of it; 0 leaves compaction to the etcd
 	// servers' own --auto-compaction-* flags.
 	CompactionInterval wire.Duration `json:"compaction_interval"`
+	// MaxTxnOps is how many operations an external etcd accepts in one
+	// transaction (its --max-txn-ops): the controller packs writes up to
+	// it, so a burst of N worker reports is N/MaxTxnOps transactions. The
+	// embedded etcd is started with EmbeddedMaxTxnOps instead.
+	MaxTxnOps int `json:"max_txn_ops"`
 }
+
+// Bounds of etcd.max_txn_ops: the controller's largest single change has
+// under ten operations, and a replay of events reads pages of more than
+// one transaction's (store.ReplayEvents), which grow with it.
+const (
+	minMaxTxnOps = 16
+	maxMaxTxnOps = 4096
+)
 
 // LimitsConfig bounds the work the controller takes on, so that no one's
 // submissions, each within the input limits, add up to an etcd, a memory or
@@ -161,7 +175,7 @@ func DefaultConfig() Config {
 		DataDir:        "/var/lib/rdzv/controller",
 		LeaderLeaseTTL: dur(5 * time.Second),
 		Etcd: EtcdConfig{DialTimeout: dur(5 * time.Second), RequestTimeout: dur(5 * time.Second),
-			CompactionInterval: dur(time.Hour)},
+			CompactionInterval: dur(time.Hour), MaxTxnOps: store.DefaultMaxTxnOps},
 		Heartbeat: HeartbeatConfig{Interval: dur(time.Second), Timeout: dur(5 * time.Second),
 			VouchedTimeout: dur(time.Minute)},
 		MasterPortRange: PortRange{Min: 29500, Max: 29999},
@@ -198,6 +212,14 @@ func LoadConfig(path string) (Config, error) {
 		return cfg, fmt.Errorf("parsing controller config %s: %w", path, err)
 	}
 	return cfg, nil
+}
+
+// maxTxnOps is how many operations the etcd in use accepts per transaction.
+func (c Config) maxTxnOps() int {
+	if c.Embedded() {
+		return EmbeddedMaxTxnOps
+	}
+	return c.Etcd.MaxTxnOps
 }
 
 // Embedded reports whether the controller runs its own etcd.
@@ -290,6 +312,14 @@ func (c Config) Validate() error {
 	}
 	if c.Etcd.CompactionInterval.Duration < 0 {
 		errs = append(errs, fmt.Errorf("etcd.compaction_interval: must be 0 (off) or positive, got %s", c.Etcd.CompactionInterval))
+	}
+	switch n := c.Etcd.MaxTxnOps; {
+	case n < minMaxTxnOps || n > maxMaxTxnOps:
+		errs = append(errs, fmt.Errorf("etcd.max_txn_ops: must be between %d and %d (at most the etcd servers' --max-txn-ops, default %d), got %d",
+			minMaxTxnOps, maxMaxTxnOps, store.DefaultMaxTxnOps, n))
+	case c.Embedded() && n != store.DefaultMaxTxnOps:
+		errs = append(errs, fmt.Errorf("etcd.max_txn_ops: applies to an external etcd only (the embedded etcd takes %d); set etcd.endpoints, or leave it at %d, got %d",
+			EmbeddedMaxTxnOps, store.DefaultMaxTxnOps, n))
 	}
 	r := c.Retention
 	if r.Interval.Duration <= 0 {

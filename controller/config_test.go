@@ -51,6 +51,18 @@ func TestConfigValidate(t *testing.T) {
 		{name: "compaction off", edit: func(c *controller.Config) { c.Etcd.CompactionInterval.Duration = 0 }},
 		{name: "negative compaction interval", edit: func(c *controller.Config) { c.Etcd.CompactionInterval.Duration = -time.Second },
 			wantFields: []string{"etcd.compaction_interval"}},
+		{name: "external etcd with a raised transaction limit", edit: func(c *controller.Config) {
+			c.Etcd.Endpoints, c.AdvertiseAddr, c.Etcd.MaxTxnOps = []string{"https://etcd-0:2379"}, "10.0.0.1:7070", 1024
+		}},
+		{name: "transaction limit below what one change needs", edit: func(c *controller.Config) {
+			c.Etcd.Endpoints, c.AdvertiseAddr, c.Etcd.MaxTxnOps = []string{"https://etcd-0:2379"}, "10.0.0.1:7070", 8
+		}, wantFields: []string{"etcd.max_txn_ops"}},
+		{name: "transaction limit unset", edit: func(c *controller.Config) { c.Etcd.MaxTxnOps = 0 }, wantFields: []string{"etcd.max_txn_ops"}},
+		{name: "transaction limit too high", edit: func(c *controller.Config) {
+			c.Etcd.Endpoints, c.AdvertiseAddr, c.Etcd.MaxTxnOps = []string{"https://etcd-0:2379"}, "10.0.0.1:7070", 100000
+		}, wantFields: []string{"etcd.max_txn_ops"}},
+		{name: "transaction limit with embedded etcd", edit: func(c *controller.Config) { c.Etcd.MaxTxnOps = 1024 },
+			wantFields: []string{"etcd.max_txn_ops"}},
 		{name: "retention keeping nothing", edit: func(c *controller.Config) {
 			c.Retention.MaxJobEvents, c.Retention.FinishedJobMaxAge.Duration = 0, 0
 		}, wantFields: []string{"retention.max_job_events", "retention.finished_job_max_age"}},

@@ -177,12 +177,11 @@ type jobState struct {
 	// that it can be kept to catalogSize entries.
 	catalog []uint64
 	// members indexes the nodes of membersOf, the round it was built for
-	// (see assignment); succeeded counts those of succeededOf whose
-	// workers succeeded (see succeededCount).
-	members     map[string]*rdzvv1.NodeAssignment
-	membersOf   *rdzvv1.Round
-	succeeded   int
-	succeededOf *rdzvv1.Round
+	// (see assignment); succeeded and failed count the round's nodes whose
+	// workers succeeded or failed (see stateCount).
+	members           map[string]*rdzvv1.NodeAssignment
+	membersOf         *rdzvv1.Round
+	succeeded, failed stateCount
 	// Where the last scans of the round for a worker not yet running, and
 	// for one not yet stopped, found one (see findInRound).
 	notRunningAt, notStoppedAt int
@@ -292,7 +291,7 @@ func (c *Controller) Run(ctx context.Context) error {
 		return err
 	}
 	defer closeEtcd()
-	c.store = store.New(cli, c.cfg.Etcd.RequestTimeout.Duration, keys)
+	c.store = store.New(cli, c.cfg.Etcd.RequestTimeout.Duration, keys, c.cfg.maxTxnOps())
 
 	lis := c.listener
 	if lis == nil {
@@ -514,8 +513,9 @@ const (
 	EventNodeLost            = "node_lost"
 	EventJobSubmitted        = "job_submitted"
 	EventRendezvousCommitted = "rendezvous_committed"
-	EventWorkerStarted       = "worker_started"
-	EventWorkerExited        = "worker_exited"
+	EventWorkersRunning      = "workers_running"
+	EventWorkersExited       = "workers_exited"
+	EventWorkerFailed        = "worker_failed"
 	EventJobSucceeded        = "job_succeeded"
 	EventJobFailed           = "job_failed"
 	EventJobStopping         = "job_stopping"

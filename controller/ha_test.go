@@ -192,7 +192,19 @@ func TestFailoverKeepsJobRunning(t *testing.T) {
 	h.release("train")
 	j := h.waitJobState("train", succeeded)
 	require.Equal(t, before.GetGeneration(), j.GetGeneration(), "no restart across the failover")
-	require.NotContains(t, eventKinds(h.events("train")), "attempt_failed")
+	kinds := eventKinds(h.events("train"))
+	require.NotContains(t, kinds, "attempt_failed")
+	// The agents report their running workers again to the new leader;
+	// the generation's phases are still written once each.
+	for _, kind := range []string{controller.EventWorkersRunning, controller.EventWorkersExited} {
+		n := 0
+		for _, k := range kinds {
+			if k == kind {
+				n++
+			}
+		}
+		require.Equal(t, 1, n, "%s events: %v", kind, kinds)
+	}
 }
 
 // A leader whose lease is gone (expired, revoked) stops leading at once,

@@ -146,7 +146,8 @@ func TestJobRunsToSuccess(t *testing.T) {
 	require.Equal(t, "job_submitted", kinds[0], kinds)
 	require.Equal(t, "rendezvous_committed", kinds[1], kinds)
 	require.Equal(t, "job_succeeded", kinds[len(kinds)-1], kinds)
-	require.ElementsMatch(t, []string{"worker_started", "worker_started", "worker_exited", "worker_exited"}, kinds[2:len(kinds)-1])
+	// One event per phase of the generation, none per node.
+	require.Equal(t, []string{controller.EventWorkersRunning, controller.EventWorkersExited}, kinds[2:len(kinds)-1])
 }
 
 func TestWorkerFailureFailsJob(t *testing.T) {
@@ -171,6 +172,15 @@ func TestWorkerFailureFailsJob(t *testing.T) {
 	})
 	require.Equal(t, failed, j.GetState(), "the stopped survivor must not change the outcome")
 	c.waitIdle("node-a", "node-b")
+	exited := c.waitEvent("train", controller.EventWorkersExited)
+	require.Equal(t, "generation 1: workers exited on all 2 nodes: 1 stopped, 1 failed (listed in worker_failed events)", exited.GetMessage())
+	var failures []string
+	for _, ev := range c.events("train") {
+		if ev.GetKind() == controller.EventWorkerFailed {
+			failures = append(failures, ev.GetNode()+": "+ev.GetMessage())
+		}
+	}
+	require.Equal(t, []string{"node-b: workers on node-b exited with code 3"}, failures, "the failure alone is listed, not the stopped survivor")
 	require.Contains(t, eventKinds(c.events("train")), "job_failed")
 }
 

@@ -196,7 +196,7 @@ func (c *Controller) advanceJobAfter(js *jobState, exited []*rdzvv1.NodeAssignme
 				return
 			}
 		}
-		if nodes := len(js.round.GetNodes()); js.succeededCount() == nodes {
+		if nodes := len(js.round.GetNodes()); js.succeeded.get(js, rdzvv1.WorkerState_WORKER_STATE_SUCCEEDED) == nodes {
 			c.finish(js, rdzvv1.JobState_JOB_STATE_SUCCEEDED, fmt.Sprintf("all %d nodes finished", nodes))
 		}
 	case rdzvv1.JobState_JOB_STATE_RECOVERING:
@@ -205,7 +205,7 @@ func (c *Controller) advanceJobAfter(js *jobState, exited []*rdzvv1.NodeAssignme
 			c.wake()
 		}
 	case rdzvv1.JobState_JOB_STATE_STOPPING:
-		if findInRound(js.round, &js.notStoppedAt, func(a *rdzvv1.NodeAssignment) bool { return !terminalWorker(js.workers[a.GetNode()].GetState()) }) {
+		if !allExited(js) {
 			return
 		}
 		c.finish(js, rdzvv1.JobState_JOB_STATE_STOPPED, "stopped by operator")

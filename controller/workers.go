@@ -4,6 +4,7 @@ package controller
 
 import (
 	"fmt"
+	"strings"
 	"time"
 
 	"go.uber.org/zap"
@@ -41,17 +42,14 @@ func (c *Controller) applyWorkerStatus(node string, w *rdzvv1.WorkerStatus) {
 	if prev.GetState() == w.GetState() || terminalWorker(prev.GetState()) {
 		return
 	}
-	var ev *rdzvv1.Event
-	if alive {
-		ev = c.event(js.rec.GetSpec().GetName(), node, w.GetGeneration(), EventWorkerStarted, "workers started on %s", node)
-	} else {
-		ev = c.event(js.rec.GetSpec().GetName(), node, w.GetGeneration(), EventWorkerExited, "workers on %s %s", node, describeExit(w))
-	}
 	js.workers[node] = w
-	if w.GetState() == rdzvv1.WorkerState_WORKER_STATE_SUCCEEDED {
-		js.noteSucceeded()
+	switch w.GetState() {
+	case rdzvv1.WorkerState_WORKER_STATE_SUCCEEDED:
+		js.succeeded.note(js)
+	case rdzvv1.WorkerState_WORKER_STATE_FAILED:
+		js.failed.note(js)
 	}
-	c.persist(c.store.PutWorker(w.GetJob(), node, w, ev), nil)
+	c.persist(c.store.PutWorker(w.GetJob(), node, w, c.workerEvents(js, node, w)...), nil)
 	if alive && !js.reportsSteps && allRunning(js) {
 		c.resumeTraining(js)
 	}
@@ -71,6 +69,73 @@ func (c *Controller) applyWorkerStatus(node string, w *rdzvv1.WorkerStatus) {
 		c.preflightExcluded(js, node, w.GetMessage())
 	}
 	c.advanceJobAfter(js, []*rdzvv1.NodeAssignment{js.assignment(node)})
+}
+
+// maxFailureEvents bounds the worker_failed events of one generation: when
+// a collective breaks, every rank's launcher fails within moments, and
+// thousands of events of one failure would be as many etcd writes and
+// would push the job's history (maxJobEvents) out. workers_exited counts
+// the failures not listed.
+const maxFailureEvents = 16
+
+// workerEvents are the events that a worker report, now in js.workers,
+// adds to the job's history: the generation's phases (every worker
+// running, every worker exited), once each, and the failure of this
+// node's workers while fewer than maxFailureEvents of the generation
+// were listed. A report that only moves one node along adds none, so a
+// generation of N nodes costs two events, not 2N. Each phase is reached by
+// exactly one report, as a worker's state only moves forward (see
+// applyWorkerStatus), and the events are written with that report: a
+// controller taking over sees the phase's event exactly when it sees the
+// report. Callers hold c.mu.
+func (c *Controller) workerEvents(js *jobState, node string, w *rdzvv1.WorkerStatus) []*rdzvv1.Event {
+	job, gen := js.rec.GetSpec().GetName(), w.GetGeneration()
+	var evs []*rdzvv1.Event
+	if w.GetState() == rdzvv1.WorkerState_WORKER_STATE_FAILED && js.failed.get(js, rdzvv1.WorkerState_WORKER_STATE_FAILED) <= maxFailureEvents {
+		evs = append(evs, c.event(job, node, gen, EventWorkerFailed, "workers on %s %s", node, describeExit(w)))
+	}
+	switch {
+	case w.GetState() == rdzvv1.WorkerState_WORKER_STATE_RUNNING:
+		if allRunning(js) {
+			evs = append(evs, c.event(job, "", gen, EventWorkersRunning, "generation %d: workers running on all %d nodes", gen, len(js.round.GetNodes())))
+		}
+	case terminalWorker(w.GetState()):
+		if allExited(js) {
+			evs = append(evs, c.event(job, "", gen, EventWorkersExited, "generation %d: workers exited on all %d nodes: %s", gen, len(js.round.GetNodes()), exitSummary(js)))
+		}
+	}
+	return evs
+}
+
+// exitSummary counts how the workers of js's round ended, e.g. "9999
+// stopped, 1 failed (listed in worker_failed events)", for workers_exited.
+// One pass over the round, once per generation. Callers hold c.mu.
+func exitSummary(js *jobState) string {
+	var succeeded, failed, stopped int
+	for _, a := range js.round.GetNodes() {
+		switch js.workers[a.GetNode()].GetState() {
+		case rdzvv1.WorkerState_WORKER_STATE_SUCCEEDED:
+			succeeded++
+		case rdzvv1.WorkerState_WORKER_STATE_FAILED:
+			failed++
+		case rdzvv1.WorkerState_WORKER_STATE_STOPPED:
+			stopped++
+		}
+	}
+	var parts []string
+	if succeeded > 0 {
+		parts = append(parts, fmt.Sprintf("%d succeeded", succeeded))
+	}
+	if stopped > 0 {
+		parts = append(parts, fmt.Sprintf("%d stopped", stopped))
+	}
+	switch {
+	case failed > maxFailureEvents:
+		parts = append(parts, fmt.Sprintf("%d failed (the first %d listed in worker_failed events, %d not)", failed, maxFailureEvents, failed-maxFailureEvents))
+	case failed > 0:
+		parts = append(parts, fmt.Sprintf("%d failed (listed in worker_failed events)", failed))
+	}
+	return strings.Join(parts, ", ")
 }
 
 func describeExit(w *rdzvv1.WorkerStatus) string {
@@ -100,6 +165,14 @@ func (c *Controller) release(node string, js *jobState) {
 func allRunning(js *jobState) bool {
 	return !findInRound(js.round, &js.notRunningAt, func(a *rdzvv1.NodeAssignment) bool {
 		return js.workers[a.GetNode()].GetState() != rdzvv1.WorkerState_WORKER_STATE_RUNNING
+	})
+}
+
+// allExited reports whether the workers of every node of js's round have
+// exited (or their node was lost, which records them failed).
+func allExited(js *jobState) bool {
+	return !findInRound(js.round, &js.notStoppedAt, func(a *rdzvv1.NodeAssignment) bool {
+		return !terminalWorker(js.workers[a.GetNode()].GetState())
 	})
 }
 
@@ -146,28 +219,36 @@ func (js *jobState) assignment(node string) *rdzvv1.NodeAssignment {
 	return js.members[node]
 }
 
-// succeededCount is how many nodes of the current round report their
-// workers succeeded: counted once per round (the round and its workers are
-// replaced together), then kept by noteSucceeded. Callers hold c.mu.
-func (js *jobState) succeededCount() int {
-	if js.succeededOf != js.round {
-		js.succeeded = 0
-		for _, a := range js.round.GetNodes() {
-			if js.workers[a.GetNode()].GetState() == rdzvv1.WorkerState_WORKER_STATE_SUCCEEDED {
-				js.succeeded++
-			}
-		}
-		js.succeededOf = js.round
-	}
-	return js.succeeded
+// stateCount counts the nodes of a round whose workers are in one state:
+// counted once per round (the round and its workers are replaced
+// together), then kept by note, so that a report need not pass over the
+// round (O(N²) under c.mu for a generation's N reports). Callers hold c.mu.
+type stateCount struct {
+	of *rdzvv1.Round
+	n  int
 }
 
-// noteSucceeded counts a member's workers that just succeeded, once
+// get is the count of js's round in state s, the one state whose entries
+// the caller notes.
+func (sc *stateCount) get(js *jobState, s rdzvv1.WorkerState) int {
+	if sc.of != js.round {
+		sc.n = 0
+		for _, a := range js.round.GetNodes() {
+			if js.workers[a.GetNode()].GetState() == s {
+				sc.n++
+			}
+		}
+		sc.of = js.round
+	}
+	return sc.n
+}
+
+// note counts a member's workers that just entered the state, once
 // js.workers holds the report. Until the round is counted, the count will
 // include it.
-func (js *jobState) noteSucceeded() {
-	if js.succeededOf == js.round {
-		js.succeeded++
+func (sc *stateCount) note(js *jobState) {
+	if sc.of == js.round {
+		sc.n++
 	}
 }
 

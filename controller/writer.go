@@ -18,8 +18,9 @@ import (
 //
 // The writer commits what queued while its previous transaction was in
 // flight as one batch (store.Commit packs it into as few transactions as
-// etcd accepts): a burst of 10,000 worker reports is a few hundred
-// transactions, not 10,000 round trips under a lock.
+// etcd accepts): a burst of 10,000 worker reports is about ten
+// transactions at the embedded etcd's EmbeddedMaxTxnOps, not 10,000 round
+// trips under a lock.
 
 // pendingWrite is a queued change (nil: a barrier that only waits for the
 // writes before it), what to do once it is durable, and who waits for it.

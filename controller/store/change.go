@@ -8,14 +8,14 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
-// Limits of one etcd transaction, at etcd's defaults so that an external
-// cluster configured as shipped accepts every transaction: --max-txn-ops
-// (128 comparisons and 128 operations) and --max-request-bytes (1.5 MiB,
-// of which txnBytes leaves room for keys and framing).
-const (
-	txnOps   = 128
-	txnBytes = 1 << 20
-)
+// DefaultMaxTxnOps is etcd's default --max-txn-ops: comparisons and
+// operations one transaction may have each. A Store packs transactions up
+// to the limit it is given (New), this one unless told otherwise.
+const DefaultMaxTxnOps = 128
+
+// txnBytes bounds one transaction's keys and values, at etcd's default
+// --max-request-bytes (1.5 MiB) less room for framing.
+const txnBytes = 1 << 20
 
 // Change is one atomic state change: the keys it writes and what must hold
 // for it to apply. The builders in store.go make one per kind of write;
@@ -96,13 +96,13 @@ type batch struct {
 	size    int
 }
 
-// fits reports whether ch can join b without exceeding etcd's limits or
-// touching a key b already touches.
-func (b *batch) fits(ch *Change, cmps int) bool {
+// fits reports whether ch can join b without exceeding etcd's limits
+// (maxOps operations and comparisons) or touching a key b already touches.
+func (b *batch) fits(ch *Change, cmps, maxOps int) bool {
 	if len(b.ops) == 0 {
 		return true // alone it goes anyway; etcd says if it is too big
 	}
-	if len(b.ops)+len(ch.l.ops) > txnOps || len(b.cmps)+cmps > txnOps-1 || b.size+ch.size > txnBytes {
+	if len(b.ops)+len(ch.l.ops) > maxOps || len(b.cmps)+cmps > maxOps-1 || b.size+ch.size > txnBytes {
 		return false
 	}
 	for _, k := range ch.keys {
@@ -174,7 +174,7 @@ func (s *Store) Commit(ctx context.Context, changes []*Change) (n int, rev int64
 				cmps = append(cmps, revCmp(k, 0))
 			}
 		}
-		if !b.fits(ch, len(cmps)) {
+		if !b.fits(ch, len(cmps), s.maxTxnOps) {
 			break
 		}
 		for _, k := range ch.guard {

@@ -4,10 +4,15 @@ import (
 	"fmt"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.etcd.io/etcd/server/v3/embed"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zaptest"
 
+	"github.com/rdzv/rdzv/internal/testetcd"
 	rdzvv1 "github.com/rdzv/rdzv/proto/rdzv/v1"
 )
 
@@ -19,7 +24,7 @@ func workerReports(s *Store, jobName string, nodes int, withEvents bool) []*Chan
 		node := fmt.Sprintf("node-%04d", i)
 		w := &rdzvv1.WorkerStatus{Job: jobName, Generation: 1, State: rdzvv1.WorkerState_WORKER_STATE_RUNNING}
 		if withEvents {
-			out[i] = s.PutWorker(jobName, node, w, event(jobName, "worker_started", t0))
+			out[i] = s.PutWorker(jobName, node, w, event(jobName, "worker_failed", t0))
 		} else {
 			out[i] = s.PutWorker(jobName, node, w)
 		}
@@ -69,7 +74,7 @@ func TestCommitPacks(t *testing.T) {
 				return workerReports(s, jobName, 300, true)
 			},
 			// Two operations each.
-			wantN: []int{txnOps / 2, txnOps / 2, txnOps / 2, txnOps / 2, 300 - 4*txnOps/2},
+			wantN: []int{DefaultMaxTxnOps / 2, DefaultMaxTxnOps / 2, DefaultMaxTxnOps / 2, DefaultMaxTxnOps / 2, 300 - 4*DefaultMaxTxnOps/2},
 			check: func(t *testing.T, jobName string) {
 				require.Len(t, keys(t, cli, WorkersPrefix(jobName)), 300)
 				require.Len(t, keys(t, cli, EventsPrefix(jobName)), 300)
@@ -79,12 +84,12 @@ func TestCommitPacks(t *testing.T) {
 		{
 			// A full transaction of single-operation changes proves the job
 			// guard is one comparison, not one per change: with one each
-			// the comparisons (and the leader's) would cap it below txnOps.
+			// the comparisons (and the leader's) would cap it below DefaultMaxTxnOps.
 			name: "300 worker reports without events fill whole transactions",
 			changes: func(s *Store, jobName string) []*Change {
 				return workerReports(s, jobName, 300, false)
 			},
-			wantN: []int{txnOps, txnOps, 300 - 2*txnOps},
+			wantN: []int{DefaultMaxTxnOps, DefaultMaxTxnOps, 300 - 2*DefaultMaxTxnOps},
 			check: func(t *testing.T, jobName string) {
 				require.Len(t, keys(t, cli, WorkersPrefix(jobName)), 300)
 				require.Equal(t, 3, modRevisions(t, cli, WorkersPrefix(jobName)))
@@ -225,6 +230,50 @@ func TestCommitPacks(t *testing.T) {
 				tt.check(t, jobName)
 			})
 		}
+	}
+}
+
+// A store packs transactions up to the limit it is given, which etcd
+// accepts when its --max-txn-ops is as high (the embedded etcd's), and
+// refuses, writing nothing, when it is not.
+func TestCommitPacksToTheServersLimit(t *testing.T) {
+	const limit = 1024
+	tests := []struct {
+		name      string
+		serverOps uint
+		wantN     []int
+		wantErr   bool
+	}{
+		{name: "server at the limit", serverOps: limit, wantN: []int{limit, limit, 2500 - 2*limit}},
+		{name: "server at etcd's default", serverOps: DefaultMaxTxnOps, wantErr: true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			endpoint, _ := testetcd.Start(t, "store-test", func(c *embed.Config) { c.MaxTxnOps = tt.serverOps })
+			cli, err := clientv3.New(clientv3.Config{Endpoints: []string{endpoint}, DialTimeout: 5 * time.Second,
+				Logger: zaptest.NewLogger(t, zaptest.Level(zap.WarnLevel))})
+			require.NoError(t, err)
+			t.Cleanup(func() { _ = cli.Close() })
+			s := New(cli, 0, testKeys(t), limit)
+			s.Lead(lead(t, cli, "test"))
+			commit(t, s, s.CreateJob(job("big", rdzvv1.JobState_JOB_STATE_PENDING, 0), false))
+
+			changes := workerReports(s, "big", 2500, false)
+			var got []int
+			for len(changes) > 0 {
+				n, _, err := s.Commit(ctx(t), changes)
+				if tt.wantErr {
+					require.Error(t, err)
+					require.Empty(t, keys(t, cli, WorkersPrefix("big")))
+					return
+				}
+				require.NoError(t, err)
+				got, changes = append(got, n), changes[n:]
+			}
+			require.Equal(t, tt.wantN, got)
+			require.Len(t, keys(t, cli, WorkersPrefix("big")), 2500)
+			require.Equal(t, len(tt.wantN), modRevisions(t, cli, WorkersPrefix("big")))
+		})
 	}
 }
 

@@ -40,7 +40,7 @@ func startEtcd(t *testing.T) *clientv3.Client {
 // client for checking what was (not) written.
 func newStore(t *testing.T) (*Store, *clientv3.Client) {
 	cli := startEtcd(t)
-	s := New(cli, 0, testKeys(t))
+	s := New(cli, 0, testKeys(t), 0)
 	s.Lead(lead(t, cli, "test"))
 	return s, cli
 }
@@ -105,7 +105,7 @@ func commit(t *testing.T, s *Store, changes ...*Change) int64 {
 // none of its records: a controller whose view is stale or empty, which is
 // what the implicit guards protect against.
 func sibling(s *Store) *Store {
-	o := New(s.Client(), 0, s.keys)
+	o := New(s.Client(), 0, s.keys, s.maxTxnOps)
 	o.Lead(*s.lead.Load())
 	return o
 }

@@ -78,16 +78,16 @@ func TestWritesGuardedByLeadership(t *testing.T) {
 		depose func(t *testing.T) *Store
 	}{
 		{"following", func(t *testing.T) *Store {
-			f := New(cli, 0, testKeys(t))
+			f := New(cli, 0, testKeys(t), 0)
 			f.Follow()
 			return f
 		}},
-		{"never told it leads", func(t *testing.T) *Store { return New(cli, 0, testKeys(t)) }},
+		{"never told it leads", func(t *testing.T) *Store { return New(cli, 0, testKeys(t), 0) }},
 		{"leader key deleted (lease expired)", func(t *testing.T) *Store {
 			l := lead(t, cli, "deposed")
 			_, err := cli.Delete(ctx(t), l.Key)
 			require.NoError(t, err)
-			d := New(cli, 0, testKeys(t))
+			d := New(cli, 0, testKeys(t), 0)
 			d.Lead(l)
 			return d
 		}},
@@ -96,7 +96,7 @@ func TestWritesGuardedByLeadership(t *testing.T) {
 			_, err := cli.Delete(ctx(t), l.Key)
 			require.NoError(t, err)
 			lead(t, cli, "recreated")
-			d := New(cli, 0, testKeys(t))
+			d := New(cli, 0, testKeys(t), 0)
 			d.Lead(l)
 			return d
 		}},

@@ -41,7 +41,7 @@ func TestSecretsSealedAtRest(t *testing.T) {
 	const secret = "hf_s3cret-value"
 	cli := startEtcd(t)
 	oldKeys := keyFile(t, keyLine("old", 'o'))
-	s := New(cli, 0, oldKeys)
+	s := New(cli, 0, oldKeys, 0)
 	s.Lead(lead(t, cli, "test"))
 
 	commit(t, s, s.CreateJob(withSecret("sealed", secret), false))
@@ -70,7 +70,7 @@ func TestSecretsSealedAtRest(t *testing.T) {
 	require.NotContains(t, snap.Jobs, "copied")
 
 	// Rotated: a new primary key, the old one still opens.
-	rotated := New(cli, 0, keyFile(t, keyLine("new", 'n'), keyLine("old", 'o')))
+	rotated := New(cli, 0, keyFile(t, keyLine("new", 'n'), keyLine("old", 'o')), 0)
 	snap, err = rotated.Load(ctx(t))
 	require.NoError(t, err)
 	require.Equal(t, secret, snap.Jobs["sealed"].Value.GetSpec().GetSecretEnv()["HF_TOKEN"])
@@ -78,7 +78,7 @@ func TestSecretsSealedAtRest(t *testing.T) {
 
 	// The old key gone: the job cannot be read, and the error says why
 	// without the value.
-	snap, err = New(cli, 0, keyFile(t, keyLine("new", 'n'))).Load(ctx(t))
+	snap, err = New(cli, 0, keyFile(t, keyLine("new", 'n')), 0).Load(ctx(t))
 	require.NoError(t, err)
 	bad := snap.UnreadableJobs["sealed"]
 	require.ErrorIs(t, bad.Err, keyring.ErrUnknownKey)

@@ -55,6 +55,8 @@ type Store struct {
 	revs map[string]int64
 	// keys seals jobs' secret_env values in etcd and opens them on read.
 	keys *keyring.Keyring
+	// maxTxnOps is the etcd servers' --max-txn-ops.
+	maxTxnOps int
 }
 
 // Leadership identifies the leader key a write is guarded on: the key
@@ -66,12 +68,17 @@ type Leadership struct {
 }
 
 // New wraps an etcd client; requestTimeout bounds each request (0: the
-// default); keys seals the jobs' secret_env values at rest.
-func New(cli *clientv3.Client, requestTimeout time.Duration, keys *keyring.Keyring) *Store {
+// default); keys seals the jobs' secret_env values at rest; maxTxnOps is
+// how many operations the etcd servers accept in one transaction (their
+// --max-txn-ops; 0: etcd's default, DefaultMaxTxnOps).
+func New(cli *clientv3.Client, requestTimeout time.Duration, keys *keyring.Keyring, maxTxnOps int) *Store {
 	if requestTimeout <= 0 {
 		requestTimeout = DefaultRequestTimeout
 	}
-	return &Store{cli: cli, timeout: requestTimeout, revs: map[string]int64{}, keys: keys}
+	if maxTxnOps <= 0 {
+		maxTxnOps = DefaultMaxTxnOps
+	}
+	return &Store{cli: cli, timeout: requestTimeout, revs: map[string]int64{}, keys: keys, maxTxnOps: maxTxnOps}
 }
 
 // Lead guards every later write on l.

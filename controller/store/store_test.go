@@ -289,18 +289,18 @@ func TestStore(t *testing.T) {
 		commit(t, s, s.CommitRound(job("pw", rdzvv1.JobState_JOB_STATE_RUNNING, 1), round("pw", 1, "n1")))
 
 		before := revision(t, cli)
-		_, err = stale.CommitAll(ctx(t), stale.PutWorker("pw", "n1", &rdzvv1.WorkerStatus{Job: "pw", Generation: 0}, event("pw", "worker_started", t0)))
+		_, err = stale.CommitAll(ctx(t), stale.PutWorker("pw", "n1", &rdzvv1.WorkerStatus{Job: "pw", Generation: 0}, event("pw", "worker_failed", t0)))
 		require.ErrorIs(t, err, ErrConflict)
 		require.Equal(t, before, revision(t, cli))
 		require.Empty(t, keys(t, cli, WorkersPrefix("pw")))
 
 		w := &rdzvv1.WorkerStatus{Job: "pw", Generation: 1, State: rdzvv1.WorkerState_WORKER_STATE_FAILED, ExitCode: 3, Message: "boom"}
-		commit(t, s, s.PutWorker("pw", "n1", w, event("pw", "worker_exited", t0)))
+		commit(t, s, s.PutWorker("pw", "n1", w, event("pw", "workers_exited", t0)))
 		workers, _, err := s.Workers(ctx(t), "pw")
 		require.NoError(t, err)
 		require.Empty(t, cmpDiff(w, workers["n1"]))
 		events := newest(t, s, "pw", 10)
-		require.Equal(t, []string{"worker_exited"}, kinds(events))
+		require.Equal(t, []string{"workers_exited"}, kinds(events))
 	})
 
 	t.Run("record checkpoint drops steps below the kept one", func(t *testing.T) {

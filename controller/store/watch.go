@@ -66,10 +66,13 @@ func parseEventCursor(job, cursor string) (eventPos, error) {
 	return pos, nil
 }
 
-// replayPage is how many events one read of a replay returns at most; a
-// transaction writes at most txnOps, so a page holds more than one
-// revision.
+// replayPage is how many events one read of a replay returns at most,
+// unless a transaction may write more (see replayLimit).
 const replayPage = 1000
+
+// replayLimit is the page of a replay: more events than one transaction
+// writes, so that a page holds more than one revision.
+func (s *Store) replayLimit() int { return max(replayPage, s.maxTxnOps+1) }
 
 // ReplayEvents calls fn with the stored events of job (every event when
 // job is ""), in the order they were written: those after cursor, or
@@ -140,7 +143,7 @@ func (s *Store) ReplayEvents(ctx context.Context, job, cursor string, tail int, 
 	}
 	for {
 		evs, more, err := read(clientv3.WithMinModRev(after.rev), clientv3.WithSort(clientv3.SortByModRevision, clientv3.SortAscend),
-			clientv3.WithLimit(replayPage))
+			clientv3.WithLimit(int64(s.replayLimit())))
 		if err != nil {
 			return "", err
 		}
@@ -163,7 +166,7 @@ func (s *Store) ReplayEvents(ctx context.Context, job, cursor string, tail int, 
 		if len(evs) == 0 {
 			// A page of one revision only cannot be: a transaction has
 			// fewer writes than a page.
-			return "", fmt.Errorf("replaying events: revision %d has more than %d events", after.rev, replayPage)
+			return "", fmt.Errorf("replaying events: revision %d has more than %d events", after.rev, s.replayLimit())
 		}
 	}
 }

@@ -20,8 +20,9 @@ import (
 const readyTimeout = 60 * time.Second
 
 // Start runs an etcd member named name until the test ends, or until stop
-// is called (an etcd outage), and returns its client endpoint.
-func Start(t *testing.T, name string) (endpoint string, stop func()) {
+// is called (an etcd outage), and returns its client endpoint. opts adjust
+// the member's configuration (a server flag under test).
+func Start(t *testing.T, name string, opts ...func(*embed.Config)) (endpoint string, stop func()) {
 	t.Helper()
 	ec := embed.NewConfig()
 	ec.Name = name
@@ -35,6 +36,9 @@ func Start(t *testing.T, name string) (endpoint string, stop func()) {
 	ec.WarningUnaryRequestDuration = embed.DefaultWarningUnaryRequestDuration
 	// etcd is chatty at info; warnings and errors still reach the test log.
 	ec.ZapLoggerBuilder = embed.NewZapLoggerBuilder(zaptest.NewLogger(t, zaptest.Level(zap.WarnLevel)))
+	for _, o := range opts {
+		o(ec)
+	}
 	e, err := embed.StartEtcd(ec)
 	require.NoError(t, err)
 	stopped := false

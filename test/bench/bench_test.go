@@ -381,11 +381,11 @@ func (b *bench) runRdzv(t *testing.T, r *result) {
 			continue
 		}
 		switch {
-		case ev.Kind == "worker_exited" && ev.Generation == failedGen:
+		case ev.Kind == "workers_exited" && ev.Generation == failedGen:
 			stopped = later(stopped, ev.Time)
 		case ev.Kind == "rendezvous_committed" && committed.IsZero():
 			committed = ev.Time
-		case ev.Kind == "worker_started" && ev.Generation > failedGen:
+		case ev.Kind == "workers_running" && ev.Generation > failedGen:
 			launched = later(launched, ev.Time)
 		}
 	}
@@ -394,7 +394,7 @@ func (b *bench) runRdzv(t *testing.T, r *result) {
 			continue
 		}
 		switch ev.Kind {
-		case "worker_started", "checkpoint_recorded":
+		case "checkpoint_recorded":
 			continue
 		}
 		node := ""
@@ -810,9 +810,9 @@ func (b *bench) report(results []result, took time.Duration) string {
 	fmt.Fprintf(&w, "  agent saw it (not from the worker's death), from the lost node's last heartbeat (up to one heartbeat interval before the\n")
 	fmt.Fprintf(&w, "  fault), or for a hang the time past health.progress_timeout.\n")
 	fmt.Fprintf(&w, "- rdzv fault→attempt_failed: the event's time minus the injection time, i.e. detection as seen from outside.\n")
-	fmt.Fprintf(&w, "- phases (rdzv, from the controller's events): detect = attempt_failed; stopped = the failed generation's last\n")
-	fmt.Fprintf(&w, "  worker_exited (its survivors gone); commit = rendezvous_committed (after fencing, backoff and last call);\n")
-	fmt.Fprintf(&w, "  launched = the new generation's last worker_started (torchrun running on every node). Both systems, from the\n")
+	fmt.Fprintf(&w, "- phases (rdzv, from the controller's events): detect = attempt_failed; stopped = the failed generation's\n")
+	fmt.Fprintf(&w, "  workers_exited (its survivors gone); commit = rendezvous_committed (after fencing, backoff and last call);\n")
+	fmt.Fprintf(&w, "  launched = the new generation's workers_running (torchrun running on every node). Both systems, from the\n")
 	fmt.Fprintf(&w, "  workers' PHASE lines: python = first new worker process up; torch = last one to have imported torch;\n")
 	fmt.Fprintf(&w, "  pg = last one with its process group up (init_process_group returned); step = the first step after recovery.\n")
 

@@ -281,7 +281,8 @@ func atoi(t *testing.T, s string) int {
 }
 
 // requireJobEvents checks the job's event log in both output formats: one
-// submission, one committed round, a start and an exit per node, the two
+// submission, one committed round, one event when every node's workers
+// run and one when every node's have exited (none per node), the two
 // checkpoints train.py saves (steps 20 and 40, reported from node rank 0),
 // success, in time order. It returns the events.
 func requireJobEvents(t *testing.T, c *cluster, job jobFile) []eventJSON {
@@ -290,13 +291,13 @@ func requireJobEvents(t *testing.T, c *cluster, job jobFile) []eventJSON {
 	kinds := eventKinds(events)
 	t.Logf("e2e: events of %s: %v", job.Name, kinds)
 
-	require.Len(t, events, 5+2*agentHosts, "events: %v", kinds)
+	require.Len(t, events, 7, "events: %v", kinds)
 	require.Equal(t, "job_submitted", events[0].Kind)
 	require.Equal(t, "rendezvous_committed", events[1].Kind)
 	require.EqualValues(t, 1, events[1].Generation)
 	require.Contains(t, events[1].Message, c.agentHost(0).IP, "the committed round names its master")
 	require.Equal(t, "job_succeeded", events[len(events)-1].Kind)
-	started, exited := map[string]int{}, map[string]int{}
+	phases := map[string]int{}
 	var checkpoints []string
 	for i, ev := range events {
 		require.Equal(t, job.Name, ev.Job, "event %d", i)
@@ -304,30 +305,27 @@ func requireJobEvents(t *testing.T, c *cluster, job jobFile) []eventJSON {
 			require.False(t, ev.Time.Before(events[i-1].Time), "event %d (%s) is older than the one before it", i, ev.Kind)
 		}
 		switch ev.Kind {
-		case "worker_started":
-			require.NotContains(t, started, ev.Node, "second worker_started for %s", ev.Node)
-			started[ev.Node] = i
+		case "workers_running", "workers_exited":
+			require.NotContains(t, phases, ev.Kind, "second %s", ev.Kind)
+			require.EqualValues(t, 1, ev.Generation, ev.Kind)
+			require.Empty(t, ev.Node, "%s is the generation's, not a node's", ev.Kind)
+			phases[ev.Kind] = i
 		case "checkpoint_recorded":
 			require.Equal(t, c.agentHost(0).Name, ev.Node, "node rank 0 reports checkpoints")
 			checkpoints = append(checkpoints, ev.Message)
-		case "worker_exited":
-			require.NotContains(t, exited, ev.Node, "second worker_exited for %s", ev.Node)
-			require.Contains(t, ev.Message, "succeeded", "node %s", ev.Node)
-			exited[ev.Node] = i
 		}
 	}
 	require.Len(t, checkpoints, 2, "one event per complete checkpoint")
 	require.Contains(t, checkpoints[0], "checkpoint step 20 complete")
 	require.Contains(t, checkpoints[1], "checkpoint step 40 complete")
-	for i := range agentHosts {
-		node := c.agentHost(i).Name
-		require.Contains(t, started, node, "no worker_started for %s", node)
-		require.Contains(t, exited, node, "no worker_exited for %s", node)
-		require.Less(t, started[node], exited[node], "%s exited before it started", node)
-	}
+	require.Contains(t, phases, "workers_running", "events: %v", kinds)
+	require.Contains(t, phases, "workers_exited", "events: %v", kinds)
+	require.Less(t, phases["workers_running"], phases["workers_exited"], "exited before every worker ran")
+	require.Equal(t, fmt.Sprintf("generation 1: workers running on all %d nodes", agentHosts), events[phases["workers_running"]].Message)
+	require.Equal(t, fmt.Sprintf("generation 1: workers exited on all %d nodes: %d succeeded", agentHosts, agentHosts), events[phases["workers_exited"]].Message)
 
 	table := c.ctlOK(t, "events", job.Name)
-	for _, kind := range []string{"job_submitted", "rendezvous_committed", "worker_started", "worker_exited", "job_succeeded"} {
+	for _, kind := range []string{"job_submitted", "rendezvous_committed", "workers_running", "workers_exited", "job_succeeded"} {
 		require.Contains(t, table, kind)
 	}
 

@@ -366,7 +366,11 @@ type durable struct {
 	runAt   map[uint64]time.Time
 	roundAt map[uint64]time.Time // when each generation's round arrived
 	events  []*rdzvv1.Event
-	err     error
+	// keys and txns count every key written or deleted under store.Prefix
+	// and the transactions (distinct revisions) that wrote them.
+	keys, txns int
+	lastRev    int64
+	err        error
 }
 
 func watchDurable(ctx context.Context, dataDir, job string) (*durable, func(), error) {
@@ -394,6 +398,7 @@ func watchDurable(ctx context.Context, dataDir, job string) (*durable, func(), e
 				return
 			}
 			now := time.Now()
+			d.count(resp.Events)
 			for _, ev := range resp.Events {
 				if ev.Type == clientv3.EventTypePut {
 					d.put(string(ev.Kv.Key), ev.Kv.Value, now)
@@ -402,6 +407,26 @@ func watchDurable(ctx context.Context, dataDir, job string) (*durable, func(), e
 		}
 	}()
 	return d, func() { cancel(); <-stopped; cli.Close() }, nil
+}
+
+func (d *durable) count(evs []*clientv3.Event) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	for _, ev := range evs {
+		d.keys++
+		if rev := ev.Kv.ModRevision; rev != d.lastRev {
+			d.txns++
+			d.lastRev = rev
+		}
+	}
+}
+
+// writes is how many keys the controller wrote or deleted so far, and in
+// how many transactions.
+func (d *durable) writes() (keys, txns int) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.keys, d.txns
 }
 
 func (d *durable) put(key string, value []byte, now time.Time) {

@@ -528,6 +528,7 @@ restart: {max_restarts: 3, backoff: {initial: 100ms, max: 1s}}
 	ru.led.takeGap()
 	usage := ru.startUsage()
 	defer func() { ru.r.set("rendezvous-cpu", "%s", usage()) }()
+	keys, txns := ru.store.writes()
 	t0 := time.Now()
 	cctx, ccancel := context.WithTimeout(ctx, 30*time.Second)
 	_, err = ru.op.StartJob(cctx, &rdzvv1.StartJobRequest{Spec: spec.ToProto()})
@@ -552,7 +553,14 @@ restart: {max_restarts: 3, backoff: {initial: 100ms, max: 1s}}
 	ru.r.secs("commit-asg", lastAsg.Sub(committed))
 	ru.r.secs("asg-running", runAt.Sub(lastAsg))
 	ru.r.secs("commit-running", runAt.Sub(committed))
+	ru.setWrites("rendezvous-writes", keys, txns)
 	return nil
+}
+
+// setWrites reports the etcd writes since the counts keys and txns.
+func (ru *run) setWrites(key string, keys, txns int) {
+	k, t := ru.store.writes()
+	ru.r.set(key, "%d / %d", k-keys, t-txns)
 }
 
 // recovery: one node of the running job goes silent.
@@ -562,6 +570,7 @@ func (ru *run) recovery() error {
 	defer cancel()
 	usage := ru.startUsage()
 	defer func() { ru.r.set("recovery-cpu", "%s", usage()) }()
+	keys, txns := ru.store.writes()
 	victim := ru.sims[ru.n-1] // the last rank: never the master
 	victim.silence()
 	lastSent := time.Unix(0, victim.lastSent.Load())
@@ -572,6 +581,7 @@ func (ru *run) recovery() error {
 	if err := ru.waitRunning(ctx, 2, survivors); err != nil {
 		return err
 	}
+	ru.setWrites("recovery-writes", keys, txns)
 	ru.rec.Store(false)
 	lost, err := ru.waitEvent(ctx, controller.EventNodeLost, 1)
 	if err != nil {
@@ -679,6 +689,8 @@ var rows = []struct{ key, label string }{
 	{"lost-commit", "declared lost → next generation committed"},
 	{"commit-durable2", "next generation committed → its round durable"},
 	{"asg-running2", "next generation: last assignment → RUNNING durable"},
+	{"rendezvous-writes", "etcd keys written / transactions: rendezvous (until every worker RUNNING durable)"},
+	{"recovery-writes", "… recovery (silence until the next generation RUNNING durable)"},
 	{"rtt-burst", "heartbeat p99 / max during rendezvous and recovery"},
 	{"listnodes", "ListNodes of every node (all pages)"},
 	{"rss-end", "controller RSS at the end"},
