@@ -325,8 +325,8 @@ type crashRecord struct {
 	life int
 	// down is set while a controller is dead; dropped counts the sessions
 	// of live agents that ended otherwise: the controller dropped them.
-	down    bool
-	dropped map[string]int // by why
+	down        bool
+	dropped     map[string]int // by why
 	acked       map[ackKey]int
 	triggers    map[ackKey][]trigger
 	reports     map[string][]*rdzvv1.WorkerStatus // acknowledged, per node
