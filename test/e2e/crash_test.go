@@ -39,8 +39,8 @@ const (
 // victim unreachable, so the controller must assume its peers vouch for it
 // and that, merely cut off, it trains on for the vouched timeout: its
 // fencing deadline is long after it is declared lost, after the crashed
-// controller's successor leads (leader_lease_ttl 2s), which must still
-// wait for it.
+// controller's successor leads (once the dead one's leader lease of 5s has
+// expired), which must still wait for it.
 var crashHeartbeat = health.Heartbeat{Interval: time.Second, Timeout: 3 * time.Second, Vouched: 20 * time.Second}
 
 // TestControllerCrashMidRecovery runs the real controller (embedded etcd,
@@ -81,15 +81,13 @@ func TestControllerCrashMidRecovery(t *testing.T) {
 	dir := t.TempDir()
 	certs, err := sim.LoadCerts(filepath.Join(dir, "pki"), crashNodes)
 	require.NoError(t, err)
-	ctl, err := sim.StartController(sim.ControllerConfig{Bin: bin, Dir: dir, Certs: certs, Heartbeat: crashHeartbeat,
-		Args: []string{"--leader-lease-ttl", "2s"}})
+	ctl, err := sim.StartController(sim.ControllerConfig{Bin: bin, Dir: dir, Certs: certs, Heartbeat: crashHeartbeat})
 	require.NoError(t, err)
 	t.Cleanup(func() {
 		ctl.Stop()
-		if !t.Failed() {
-			return
+		if t.Failed() {
+			t.Logf("controller log (%s), last lines:\n%s", ctl.LogPath, ctl.Tail(30))
 		}
-		t.Logf("controller log (%s), last lines:\n%s", ctl.LogPath, ctl.Tail(30))
 		if dir := os.Getenv("RDZV_TEST_ARTIFACTS"); dir != "" {
 			if data, err := os.ReadFile(ctl.LogPath); err == nil && os.MkdirAll(dir, 0o755) == nil {
 				path := filepath.Join(dir, "crash-controller.log")
@@ -150,6 +148,7 @@ restart: {max_restarts: 3, backoff: {initial: 100ms, max: 1s}}
 	require.NoError(t, err)
 	require.NoError(t, spec.Validate())
 	sctx, scancel := context.WithTimeout(ctx, 30*time.Second)
+	rec.resetDropped() // a controller that steps down while the nodes register costs the job nothing
 	_, err = op.StartJob(sctx, &rdzvv1.StartJobRequest{Spec: spec.ToProto()})
 	scancel()
 	require.NoError(t, err)
@@ -448,6 +447,12 @@ func (r *crashRecord) waitAcked(ctx context.Context, state rdzvv1.WorkerState, g
 		defer r.mu.Unlock()
 		return fmt.Errorf("%d %s reports of generation %d acknowledged, %d awaited: %w", r.acked[ackKey{state, gen}], state, gen, n, ctx.Err())
 	}
+}
+
+func (r *crashRecord) resetDropped() {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	clear(r.dropped)
 }
 
 // setDown marks a controller dying (true) or its successor leading.

@@ -32,8 +32,6 @@ type ControllerConfig struct {
 	Heartbeat health.Heartbeat
 	// Pprof serves its runtime profiles on PprofSocket.
 	Pprof bool
-	// Args are more flags.
-	Args []string
 }
 
 // Controller is the real rdzv-controller binary, with embedded etcd and
@@ -90,7 +88,6 @@ func (p *Controller) start() error {
 	if p.PprofSocket != "" {
 		args = append(args, "--pprof-socket", p.PprofSocket)
 	}
-	args = append(args, p.cfg.Args...)
 	p.cmd = exec.Command(p.cfg.Bin, args...)
 	p.cmd.Stdout, p.cmd.Stderr = logFile, logFile
 	// The controller inherits this process's raised RLIMIT_NOFILE, and dies
