@@ -41,7 +41,11 @@ const (
 // fencing deadline is long after it is declared lost, after the crashed
 // controller's successor leads (once the dead one's leader lease of 5s has
 // expired), which must still wait for it.
-var crashHeartbeat = health.Heartbeat{Interval: time.Second, Timeout: 3 * time.Second, Vouched: 20 * time.Second}
+//
+// The timeout is 5s, not the benchmark's 3s: this process runs the 1,000
+// agents on a machine shared with other work, and a healthy node declared
+// lost because its simulation was starved moves the job on again.
+var crashHeartbeat = health.Heartbeat{Interval: time.Second, Timeout: 5 * time.Second, Vouched: 20 * time.Second}
 
 // TestControllerCrashMidRecovery runs the real controller (embedded etcd,
 // mutual TLS) with 1,000 simulated agents (package test/sim) and a job
