@@ -49,10 +49,11 @@ var crashHeartbeat = health.Heartbeat{Interval: time.Second, Timeout: 5 * time.S
 
 // TestControllerCrashMidRecovery runs the real controller (embedded etcd,
 // mutual TLS) with 1,000 simulated agents (package test/sim) and a job
-// over all of them, silences one node, and SIGKILLs the controller twice
-// during the recovery: once when the survivors' first STOPPED reports of
-// the failed generation are acknowledged, and once when the first RUNNING
-// reports of the next generation are. Each time it restarts the controller
+// over all of them, silences one node, and SIGKILLs the controller three
+// times during the recovery: when the survivors' first STOPPED reports of
+// the failed generation are acknowledged, as soon as the next
+// generation's round is stored, and when the first RUNNING reports of the
+// next generation are acknowledged. Each time it restarts the controller
 // on the same data directory and, before any agent reconnects, checks
 // that everything the dead controller let out rests on durable state
 // (every assignment on its stored round, every stop order on a stored
@@ -170,7 +171,11 @@ restart: {max_restarts: 3, backoff: {initial: 100ms, max: 1s}}
 	silentFrom := victim.LastSent()
 	crashAndRestart(ctx, t, ctl, op, gate, rec, stopping, "after the first STOPPED reports of generation 1 were acknowledged")
 
-	// Kill 2: the next generation is starting.
+	// Kill 2: the next generation is committed, its assignments about to
+	// leave.
+	crashAndRestart(ctx, t, ctl, op, gate, rec, whenStored(ctx, t, ctl, store.RoundKey(crashJob, 2)), "once the round of generation 2 was stored")
+
+	// Kill 3: the next generation is starting.
 	starting := rec.whenAcked(rdzvv1.WorkerState_WORKER_STATE_RUNNING, 2, size/2)
 	crashAndRestart(ctx, t, ctl, op, gate, rec, starting, "after the first RUNNING reports of generation 2 were acknowledged")
 
@@ -250,6 +255,42 @@ func crashAndRestart(ctx context.Context, t *testing.T, ctl *sim.Controller, op 
 	rec.mu.Unlock()
 	t.Logf("crash %d: the restarted controller leads; what the killed one let out is durable (job %s in generation %d)", life, st.job.GetState(), st.job.GetGeneration())
 	gate.Open()
+}
+
+// whenStored fires once key is in the controller's etcd.
+func whenStored(ctx context.Context, t *testing.T, ctl *sim.Controller, key string) <-chan struct{} {
+	t.Helper()
+	endpoint, err := ctl.EtcdEndpoint()
+	require.NoError(t, err)
+	cli, err := clientv3.New(clientv3.Config{Endpoints: []string{endpoint}, DialTimeout: 5 * time.Second, Logger: zap.NewNop()})
+	require.NoError(t, err)
+	fired := make(chan struct{})
+	wctx, cancel := context.WithCancel(ctx)
+	resp, err := cli.Get(wctx, key)
+	if err != nil || len(resp.Kvs) > 0 {
+		cancel()
+		cli.Close()
+		require.NoError(t, err)
+		close(fired)
+		return fired
+	}
+	wch := cli.Watch(wctx, key, clientv3.WithRev(resp.Header.Revision+1))
+	go func() {
+		defer cli.Close()
+		defer cancel()
+		for wr := range wch {
+			for _, ev := range wr.Events {
+				if ev.Type == clientv3.EventTypePut {
+					close(fired)
+					return
+				}
+			}
+			if wr.Err() != nil {
+				return
+			}
+		}
+	}()
+	return fired
 }
 
 // storedState is what etcd holds of the job and the nodes.
