@@ -446,6 +446,15 @@ func (c *Controller) load(ctx context.Context) error {
 				ns.restartHold = limit
 			}
 		}
+		if v.Value.GetState() == rdzvv1.NodeState_NODE_STATE_LOST {
+			// The leader that declared it lost kept its fencing deadline in
+			// memory only, and this one cannot know when that leader last
+			// heard it (it may even have reconnected, unrecorded): it is a
+			// node this leader never heard, silent since the election.
+			ns.fencedBy = c.cfg.Heartbeat.policy().FencedBy(health.Loss{
+				At: now, LastSeen: now, ElectedAt: now, Gossips: v.Value.GetInfo().GetGossipAddr() != "",
+			})
+		}
 		c.nodes[name] = ns
 	}
 	for name, v := range snap.Jobs {

@@ -21,6 +21,16 @@ func (c *Controller) register(sess *session, reg *rdzvv1.Register) {
 	name := info.GetName()
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	if !c.leading.Load() {
+		// The lead ended while this stream waited for the lock (the gate let
+		// it in before): registered into the view a standby drops, its
+		// reports would be judged against no jobs (stop orders for the
+		// workers of a running generation), and the next lead, which
+		// loads a fresh view, would never see its session while the
+		// stream acknowledged its heartbeats. It reconnects to the leader.
+		sess.cancel()
+		return
+	}
 	// After the lock: in a registration storm the wait for it is long, and
 	// the node's liveness clock must not run while it is spent.
 	now := c.clock.Now()

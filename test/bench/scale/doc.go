@@ -1,10 +1,10 @@
 // Package scale measures the controller at cluster scale: the real
 // rdzv-controller binary (embedded etcd, mutual TLS) and N simulated
-// agents in this process, each with its own gRPC connection, source
-// address on 127.0.0.0/8 and agent certificate, speaking the agent
-// protocol (see sim_test.go for what the simulation shares with the real
-// agent). For each N it times the phases register (a cold controller and
-// all agents connecting at once), steady (heartbeats only: round trips,
+// agents in this process (package test/sim), each with its own gRPC
+// connection, source address on 127.0.0.0/8 and agent certificate,
+// speaking the agent protocol (see test/sim/agent.go for what the
+// simulation shares with the real agent). For each N it times the phases
+// register (a cold controller and all agents connecting at once), steady (heartbeats only: round trips,
 // the controller's CPU, memory, goroutines), rendezvous (one job over all
 // N nodes) and recovery (one node of that job goes silent), and prints the
 // figures. Nothing in it is a timed assertion; each phase has a generous

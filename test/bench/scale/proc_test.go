@@ -5,8 +5,6 @@ package scale
 import (
 	"bufio"
 	"context"
-	"crypto/tls"
-	"crypto/x509"
 	"errors"
 	"fmt"
 	"io"
@@ -14,164 +12,18 @@ import (
 	"net/http"
 	"os"
 	"os/exec"
-	"path/filepath"
-	"runtime"
 	"strconv"
 	"strings"
 	"sync"
-	"syscall"
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
-	"golang.org/x/sync/errgroup"
 	"google.golang.org/protobuf/proto"
 
-	"github.com/rdzv/rdzv/controller"
 	"github.com/rdzv/rdzv/controller/store"
-	"github.com/rdzv/rdzv/health"
-	"github.com/rdzv/rdzv/pki"
 	rdzvv1 "github.com/rdzv/rdzv/proto/rdzv/v1"
-	"github.com/rdzv/rdzv/test/testpki"
+	"github.com/rdzv/rdzv/test/sim"
 )
-
-const controllerName = "rdzv-controller"
-
-// certs is the benchmark's cluster CA and certificates, kept in a cache
-// directory across runs: 10,000 agent certificates take seconds to issue.
-type certs struct {
-	dir      string
-	roots    *tls.Config // verifies the controller (client side)
-	operator tls.Certificate
-	agents   []tls.Certificate
-}
-
-// loadCerts loads or issues the CA, the controller's and an operator's
-// certificate and n agent certificates (sim-00000...), as `rdzvctl pki`
-// lays them out, so that the controller reads them with its usual flags.
-func loadCerts(dir string, n int) (*certs, error) {
-	now := time.Now()
-	ca, err := pki.LoadCA(dir)
-	if err != nil || ca.Cert.NotAfter.Before(now.Add(100*24*time.Hour)) {
-		// A new CA makes every cached certificate useless.
-		if err := os.RemoveAll(dir); err != nil {
-			return nil, err
-		}
-		if err := os.MkdirAll(dir, 0o700); err != nil {
-			return nil, err
-		}
-		if ca, err = pki.NewCA("rdzv-bench-scale", 365*24*time.Hour, now); err != nil {
-			return nil, err
-		}
-		if err := ca.Save(dir, false); err != nil {
-			return nil, err
-		}
-	}
-	pool := x509.NewCertPool()
-	pool.AddCert(ca.Cert)
-	c := &certs{dir: dir, roots: &tls.Config{MinVersion: tls.VersionTLS13, RootCAs: pool}, agents: make([]tls.Certificate, n)}
-	if _, err := issue(ca, pki.Request{Identity: pki.Identity{Role: pki.RoleController, Name: controllerName}, IPs: []net.IP{net.IPv4(127, 0, 0, 1)}}, dir, now); err != nil {
-		return nil, err
-	}
-	if c.operator, err = issue(ca, pki.Request{Identity: pki.Identity{Role: pki.RoleOperator, Name: "bench"}}, dir, now); err != nil {
-		return nil, err
-	}
-	var g errgroup.Group
-	g.SetLimit(runtime.GOMAXPROCS(0))
-	for i := range n {
-		g.Go(func() (err error) {
-			c.agents[i], err = issue(ca, pki.Request{Identity: pki.Identity{Role: pki.RoleAgent, Name: simName(i)}}, dir, now)
-			return err
-		})
-	}
-	return c, g.Wait()
-}
-
-// issue loads the certificate for req from dir, or issues and saves it
-// when it is missing or expires within a day.
-func issue(ca *pki.CA, req pki.Request, dir string, now time.Time) (tls.Certificate, error) {
-	prefix := pki.DefaultOut(dir, req.Identity)
-	if cert, err := tls.LoadX509KeyPair(prefix+".crt", prefix+".key"); err == nil && cert.Leaf.NotAfter.After(now.Add(24*time.Hour)) {
-		return cert, nil
-	}
-	req.Now, req.ValidFor = now, 90*24*time.Hour
-	is, err := ca.Issue(req)
-	if err != nil {
-		return tls.Certificate{}, err
-	}
-	if _, _, err := is.Save(prefix, true); err != nil {
-		return tls.Certificate{}, err
-	}
-	return tls.Certificate{Certificate: [][]byte{is.Cert.Raw}, PrivateKey: is.Key, Leaf: is.Cert}, nil
-}
-
-// controllerProc is the real rdzv-controller binary under test.
-type controllerProc struct {
-	cmd     *exec.Cmd
-	addr    string
-	dataDir string
-	pprof   string // its profile socket
-	logPath string
-	exited  chan struct{}
-	waitErr error
-}
-
-// startController starts the controller with a fresh data directory in dir:
-// embedded etcd, mutual TLS, heartbeat 1s / timeout 3s.
-func startController(bin, dir string, c *certs, hb health.Heartbeat) (*controllerProc, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return nil, err
-	}
-	addr := l.Addr().String()
-	l.Close()
-	p := &controllerProc{addr: addr, dataDir: filepath.Join(dir, "data"), pprof: filepath.Join(dir, "pprof.sock"),
-		logPath: filepath.Join(dir, "controller.log"), exited: make(chan struct{})}
-	if err := os.MkdirAll(p.dataDir, 0o700); err != nil {
-		return nil, err
-	}
-	logFile, err := os.Create(p.logPath)
-	if err != nil {
-		return nil, err
-	}
-	args := append([]string{"--listen", addr, "--data-dir", p.dataDir, "--pprof-socket", p.pprof, "--http-listen", "127.0.0.1:0",
-		"--heartbeat-interval", hb.Interval.String(), "--heartbeat-timeout", hb.Timeout.String(), "--heartbeat-vouched-timeout", hb.Vouched.String(), "--log-level", "info"},
-		testpki.DaemonArgs(c.dir, "controller", controllerName)...)
-	p.cmd = exec.Command(bin, args...)
-	p.cmd.Stdout, p.cmd.Stderr = logFile, logFile
-	// The controller inherits this process's raised RLIMIT_NOFILE, and dies
-	// with it.
-	p.cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-	if err := p.cmd.Start(); err != nil {
-		logFile.Close()
-		return nil, fmt.Errorf("starting %s: %w", bin, err)
-	}
-	go func() {
-		p.waitErr = p.cmd.Wait()
-		logFile.Close()
-		close(p.exited)
-	}()
-	return p, nil
-}
-
-// stop sends SIGTERM, and SIGKILL if the controller is not gone in 20s.
-func (p *controllerProc) stop() {
-	_ = p.cmd.Process.Signal(syscall.SIGTERM)
-	select {
-	case <-p.exited:
-	case <-time.After(20 * time.Second):
-		_ = p.cmd.Process.Kill()
-		<-p.exited
-	}
-}
-
-func (p *controllerProc) running() bool {
-	select {
-	case <-p.exited:
-		return false
-	default:
-		return true
-	}
-}
 
 // procSample is what /proc says of a process.
 type procSample struct {
@@ -373,12 +225,12 @@ type durable struct {
 	err        error
 }
 
-func watchDurable(ctx context.Context, dataDir, job string) (*durable, func(), error) {
-	sock, err := filepath.Abs(controller.Config{DataDir: dataDir}.EmbeddedEtcdSocket())
+func watchDurable(ctx context.Context, ctl *sim.Controller, job string) (*durable, func(), error) {
+	endpoint, err := ctl.EtcdEndpoint()
 	if err != nil {
 		return nil, nil, err
 	}
-	cli, err := clientv3.New(clientv3.Config{Endpoints: []string{"unix://" + sock}, DialTimeout: 5 * time.Second})
+	cli, err := clientv3.New(clientv3.Config{Endpoints: []string{endpoint}, DialTimeout: 5 * time.Second})
 	if err != nil {
 		return nil, nil, fmt.Errorf("connecting to the embedded etcd: %w", err)
 	}
@@ -521,19 +373,4 @@ func (d *durable) event(kind string, gen uint64) *rdzvv1.Event {
 		}
 	}
 	return nil
-}
-
-// waitFor polls cond until it holds or ctx ends.
-func waitFor(ctx context.Context, what string, cond func() (bool, string)) error {
-	for {
-		ok, state := cond()
-		if ok {
-			return nil
-		}
-		select {
-		case <-ctx.Done():
-			return fmt.Errorf("%s: %s: %w", what, state, ctx.Err())
-		case <-time.After(5 * time.Millisecond):
-		}
-	}
 }

@@ -13,8 +13,6 @@ import (
 	"strconv"
 	"strings"
 	"sync"
-	"sync/atomic"
-	"syscall"
 	"testing"
 	"time"
 
@@ -23,6 +21,7 @@ import (
 	"github.com/rdzv/rdzv/health"
 	"github.com/rdzv/rdzv/jobspec"
 	rdzvv1 "github.com/rdzv/rdzv/proto/rdzv/v1"
+	"github.com/rdzv/rdzv/test/sim"
 )
 
 const (
@@ -58,11 +57,11 @@ type config struct {
 func TestBenchScale(t *testing.T) {
 	cfg := setup(t)
 	maxNodes := slices.Max(cfg.nodes)
-	if err := raiseNoFile(uint64(maxNodes) + 4096); err != nil {
-		t.Fatal(err)
+	if err := sim.RaiseNoFile(uint64(maxNodes) + 4096); err != nil {
+		t.Fatal("bench: ", err)
 	}
 	begin := time.Now()
-	certs, err := loadCerts(cfg.pkiDir, maxNodes)
+	certs, err := sim.LoadCerts(cfg.pkiDir, maxNodes)
 	if err != nil {
 		t.Fatalf("certificates in %s: %v", cfg.pkiDir, err)
 	}
@@ -135,25 +134,6 @@ func setup(t *testing.T) config {
 	return cfg
 }
 
-// raiseNoFile lifts this process's open-file limit, which the controller
-// inherits: each simulated agent holds a connection here, and each of
-// them one there.
-func raiseNoFile(need uint64) error {
-	var lim syscall.Rlimit
-	if err := syscall.Getrlimit(syscall.RLIMIT_NOFILE, &lim); err != nil {
-		return err
-	}
-	if lim.Max < need {
-		// Only root may raise the hard limit.
-		if err := syscall.Setrlimit(syscall.RLIMIT_NOFILE, &syscall.Rlimit{Cur: need, Max: need}); err != nil {
-			return fmt.Errorf("bench: RLIMIT_NOFILE hard limit is %d, %d needed, and raising it failed: %w (raise `ulimit -Hn`)", lim.Max, need, err)
-		}
-		return nil
-	}
-	lim.Cur = lim.Max
-	return syscall.Setrlimit(syscall.RLIMIT_NOFILE, &lim)
-}
-
 // result is one cluster size's figures, formatted, by row key.
 type result struct {
 	nodes int
@@ -185,40 +165,42 @@ type run struct {
 	r     *result
 	n     int
 	dir   string
-	ctl   *controllerProc
+	ctl   *sim.Controller
 	op    *client.Client
-	sims  []*sim
+	sims  []*sim.Agent
 	led   *ledger
-	rec   atomic.Bool
 	store *durable
 	ctx   context.Context
 }
 
-func runSize(t *testing.T, cfg config, certs *certs, dir string, r *result) {
+func runSize(t *testing.T, cfg config, certs *sim.Certs, dir string, r *result) {
 	n := r.nodes
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	ru := &run{t: t, cfg: cfg, r: r, n: n, dir: dir, led: newLedger(), ctx: ctx}
 
 	var err error
-	if ru.ctl, err = startController(cfg.controllerBin, dir, certs, heartbeat); err != nil {
+	if ru.ctl, err = sim.StartController(sim.ControllerConfig{Bin: cfg.controllerBin, Dir: dir, Certs: certs, Heartbeat: heartbeat, Pprof: true}); err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() {
-		ru.ctl.stop()
+		ru.ctl.Stop()
 		if t.Failed() {
-			t.Logf("controller log (%s), last lines:\n%s", ru.ctl.logPath, tail(ru.ctl.logPath, 30))
+			t.Logf("controller log (%s), last lines:\n%s", ru.ctl.LogPath, ru.ctl.Tail(30))
 		}
 	})
-	ru.op, err = operatorClient(ru.ctl.addr, certs)
+	ru.op, err = certs.OperatorClient(ru.ctl.Addr)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer ru.op.Close()
-	if err := ru.waitLeading(); err != nil {
+	lctx, lcancel := context.WithTimeout(ctx, startCap)
+	err = ru.ctl.WaitLeading(lctx, ru.op)
+	lcancel()
+	if err != nil {
 		t.Fatal(err)
 	}
-	if limits, err := os.ReadFile(fmt.Sprintf("/proc/%d/limits", ru.ctl.cmd.Process.Pid)); err == nil {
+	if limits, err := os.ReadFile(fmt.Sprintf("/proc/%d/limits", ru.ctl.Pid())); err == nil {
 		for _, l := range strings.Split(string(limits), "\n") {
 			if strings.HasPrefix(l, "Max open files") {
 				t.Logf("bench: controller %s", strings.Join(strings.Fields(l), " "))
@@ -226,14 +208,14 @@ func runSize(t *testing.T, cfg config, certs *certs, dir string, r *result) {
 		}
 	}
 	var stopWatch func()
-	if ru.store, stopWatch, err = watchDurable(ctx, ru.ctl.dataDir, jobName); err != nil {
+	if ru.store, stopWatch, err = watchDurable(ctx, ru.ctl, jobName); err != nil {
 		t.Fatal(err)
 	}
 	defer stopWatch()
 
 	built := time.Now()
 	for i := range n {
-		s, err := newSim(ctx, i, ru.ctl.addr, certs.agents[i], certs.roots, ru.led, &ru.rec)
+		s, err := sim.NewAgent(ctx, sim.AgentConfig{Index: i, Controller: ru.ctl.Addr, Cert: certs.Agents[i], Roots: certs.Roots, Observe: ru.led.observe})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -251,8 +233,8 @@ func runSize(t *testing.T, cfg config, certs *certs, dir string, r *result) {
 		{"rendezvous", ru.rendezvous},
 		{"recovery", ru.recovery},
 	} {
-		if !ru.ctl.running() {
-			t.Errorf("bench: the controller exited before %s: %v", phase.name, ru.ctl.waitErr)
+		if !ru.ctl.Running() {
+			t.Errorf("bench: the controller exited before %s: %v", phase.name, ru.ctl.WaitErr())
 			return
 		}
 		var prof *profile
@@ -261,7 +243,7 @@ func runSize(t *testing.T, cfg config, certs *certs, dir string, r *result) {
 			window = cfg.steady + settle
 		}
 		if cfg.profile {
-			prof = startProfile(ctx, ru.ctl.pprof, window, filepath.Join(dir, phase.name+".pprof"))
+			prof = startProfile(ctx, ru.ctl.PprofSocket, window, filepath.Join(dir, phase.name+".pprof"))
 		}
 		err := phase.run()
 		if prof != nil {
@@ -281,43 +263,13 @@ func runSize(t *testing.T, cfg config, certs *certs, dir string, r *result) {
 	ru.counters()
 }
 
-func operatorClient(addr string, certs *certs) (*client.Client, error) {
-	tc := certs.roots.Clone()
-	tc.Certificates = append(tc.Certificates, certs.operator)
-	cc := client.DefaultConfig()
-	cc.Endpoints, cc.TLS = []string{addr}, &client.TLS{Config: tc}
-	return client.New(cc)
-}
-
-// waitLeading waits until the controller answers the API as leader.
-func (ru *run) waitLeading() error {
-	ctx, cancel := context.WithTimeout(ru.ctx, startCap)
-	defer cancel()
-	for {
-		cctx, ccancel := context.WithTimeout(ctx, 2*time.Second)
-		_, err := ru.op.ListNodes(cctx, &rdzvv1.ListNodesRequest{})
-		ccancel()
-		if err == nil {
-			return nil
-		}
-		if !ru.ctl.running() {
-			return fmt.Errorf("the controller exited: %v", ru.ctl.waitErr)
-		}
-		select {
-		case <-ctx.Done():
-			return fmt.Errorf("the controller did not lead within %s: %w", startCap, err)
-		case <-time.After(100 * time.Millisecond):
-		}
-	}
-}
-
 // stopSims stops every sim, waiting a bounded time: a sim that does not
 // stop must not keep the report of what was measured from being written.
 func (ru *run) stopSims() {
 	var wg sync.WaitGroup
 	for _, s := range ru.sims {
 		wg.Add(1)
-		go func() { defer wg.Done(); s.stop() }()
+		go func() { defer wg.Done(); s.Stop() }()
 	}
 	stopped := make(chan struct{})
 	go func() { wg.Wait(); close(stopped) }()
@@ -337,9 +289,9 @@ func (ru *run) register() error {
 	ru.led.takeGap()
 	t0 := time.Now()
 	for _, s := range ru.sims {
-		s.start(ru.ctx)
+		s.Start(ru.ctx)
 	}
-	err := waitFor(ctx, "agents registered", func() (bool, string) {
+	err := sim.WaitFor(ctx, "agents registered", func() (bool, string) {
 		got, _, _ := ru.led.get(kindRegistered, 0)
 		return got >= ru.n, fmt.Sprintf("%d of %d", got, ru.n)
 	})
@@ -350,7 +302,7 @@ func (ru *run) register() error {
 	}
 	_, _, last := ru.led.get(kindRegistered, 0)
 	ru.r.secs("register", last.Sub(t0))
-	if err := waitFor(ctx, "node records durable", func() (bool, string) {
+	if err := sim.WaitFor(ctx, "node records durable", func() (bool, string) {
 		got, _ := ru.store.readyCount()
 		return got >= ru.n, fmt.Sprintf("%d of %d", got, ru.n)
 	}); err != nil {
@@ -414,7 +366,7 @@ type usage struct {
 
 func (ru *run) sampleUsage() usage {
 	var u usage
-	u.ctl, _ = sampleProc(ru.ctl.cmd.Process.Pid)
+	u.ctl, _ = sampleProc(ru.ctl.Pid())
 	u.self, _ = sampleProc(os.Getpid())
 	u.busy, _ = cpuBusy()
 	return u
@@ -443,13 +395,11 @@ func (ru *run) startUsage() func() string {
 func (ru *run) steady() error {
 	time.Sleep(settle)
 	before := ru.sampleUsage()
-	for _, s := range ru.sims {
-		s.takeRTTs()
-	}
+	ru.led.takeRTTs()
 	ru.led.takeGap()
-	ru.rec.Store(true)
+	ru.led.recording.Store(true)
 	time.Sleep(ru.cfg.steady)
-	ru.rec.Store(false)
+	ru.led.recording.Store(false)
 	after := ru.sampleUsage()
 	ctlCPU, simCPU, others := before.cores(after)
 	ru.r.set("cpu", "%.2f cores", ctlCPU)
@@ -460,18 +410,18 @@ func (ru *run) steady() error {
 	// condemned because the controller (or the sims) fell behind.
 	ru.r.set("healthy-lost", "%d", ru.store.lossCount())
 	ru.r.set("steady-gap", "%s", ms(ru.led.takeGap()))
-	rtts := ru.takeRTTs()
+	rtts := ru.led.takeRTTs()
 	if len(rtts) > 0 {
 		ru.r.set("rtt", "%s / %s (%d samples)", ms(pct(rtts, 50)), ms(pct(rtts, 99)), len(rtts))
 	}
 	cctx, cancel := context.WithTimeout(ru.ctx, 10*time.Second)
 	defer cancel()
-	if g, err := goroutines(cctx, ru.ctl.pprof); err == nil {
+	if g, err := goroutines(cctx, ru.ctl.PprofSocket); err == nil {
 		ru.r.set("goroutines", "%.2f (%d)", float64(g)/float64(ru.n), g)
 	} else {
 		ru.r.note(ru.t, "goroutines: %v", err)
 	}
-	if ms, err := memStats(cctx, ru.ctl.pprof); err == nil {
+	if ms, err := memStats(cctx, ru.ctl.PprofSocket); err == nil {
 		perNode := func(name string) float64 { return float64(ms[name]) / 1024 / float64(ru.n) }
 		ru.r.set("heap", "%.0f / %.0f KiB", perNode("HeapInuse"), perNode("Stack"))
 	} else {
@@ -487,7 +437,7 @@ func (ru *run) steady() error {
 // phase, and prints where the heap goes.
 func (ru *run) saveProfiles(ctx context.Context) {
 	for _, p := range []struct{ path, file string }{{"heap", "heap.pprof"}, {"goroutine?debug=1", "goroutines.txt"}} {
-		data, err := pprofGet(ctx, ru.ctl.pprof, p.path)
+		data, err := pprofGet(ctx, ru.ctl.PprofSocket, p.path)
 		if err == nil {
 			err = os.WriteFile(filepath.Join(ru.dir, p.file), data, 0o644)
 		}
@@ -498,14 +448,6 @@ func (ru *run) saveProfiles(ctx context.Context) {
 	}
 	ru.t.Logf("bench: %d nodes: controller heap in use after steady:\n%s", ru.n,
 		top(ctx, ru.cfg.controllerBin, filepath.Join(ru.dir, "heap.pprof"), 25, "-sample_index=inuse_space"))
-}
-
-func (ru *run) takeRTTs() []time.Duration {
-	var all []time.Duration
-	for _, s := range ru.sims {
-		all = append(all, s.takeRTTs()...)
-	}
-	return all
 }
 
 // rendezvous: one job over every node, all of them idle and ready.
@@ -524,7 +466,7 @@ restart: {max_restarts: 3, backoff: {initial: 100ms, max: 1s}}
 	if err != nil {
 		return err
 	}
-	ru.rec.Store(true) // heartbeats during the bursts
+	ru.led.recording.Store(true) // heartbeats during the bursts
 	ru.led.takeGap()
 	usage := ru.startUsage()
 	defer func() { ru.r.set("rendezvous-cpu", "%s", usage()) }()
@@ -572,8 +514,8 @@ func (ru *run) recovery() error {
 	defer func() { ru.r.set("recovery-cpu", "%s", usage()) }()
 	keys, txns := ru.store.writes()
 	victim := ru.sims[ru.n-1] // the last rank: never the master
-	victim.silence()
-	lastSent := time.Unix(0, victim.lastSent.Load())
+	victim.Silence()
+	lastSent := victim.LastSent()
 	survivors := ru.n - 1
 	if err := ru.waitAssignments(ctx, 2, survivors); err != nil {
 		return err
@@ -582,7 +524,7 @@ func (ru *run) recovery() error {
 		return err
 	}
 	ru.setWrites("recovery-writes", keys, txns)
-	ru.rec.Store(false)
+	ru.led.recording.Store(false)
 	lost, err := ru.waitEvent(ctx, controller.EventNodeLost, 1)
 	if err != nil {
 		return err
@@ -602,25 +544,25 @@ func (ru *run) recovery() error {
 	ru.r.secs("lost-asg", lastAsg.Sub(lost))
 	ru.r.secs("fence-asg", lastAsg.Sub(fencedBy))
 	ru.r.secs("asg-running2", runAt.Sub(lastAsg))
-	if rtts := ru.takeRTTs(); len(rtts) > 0 {
+	if rtts := ru.led.takeRTTs(); len(rtts) > 0 {
 		ru.r.set("rtt-burst", "%s / %s", ms(pct(rtts, 99)), ms(pct(rtts, 100)))
 	}
 	ru.r.set("burst-gap", "%s", ms(ru.led.takeGap()))
-	if s, err := sampleProc(ru.ctl.cmd.Process.Pid); err == nil {
+	if s, err := sampleProc(ru.ctl.Pid()); err == nil {
 		ru.r.set("rss-end", "%.0f MiB", float64(s.rss)/(1<<20))
 	}
 	return nil
 }
 
 func (ru *run) waitAssignments(ctx context.Context, gen uint64, want int) error {
-	return waitFor(ctx, fmt.Sprintf("generation %d assignments delivered", gen), func() (bool, string) {
+	return sim.WaitFor(ctx, fmt.Sprintf("generation %d assignments delivered", gen), func() (bool, string) {
 		got, _, _ := ru.led.get(kindAssignment, gen)
 		return got >= want, fmt.Sprintf("%d of %d", got, want)
 	})
 }
 
 func (ru *run) waitRunning(ctx context.Context, gen uint64, want int) error {
-	return waitFor(ctx, fmt.Sprintf("generation %d RUNNING durable", gen), func() (bool, string) {
+	return sim.WaitFor(ctx, fmt.Sprintf("generation %d RUNNING durable", gen), func() (bool, string) {
 		got, _ := ru.store.runningCount(gen)
 		return got >= want, fmt.Sprintf("%d of %d", got, want)
 	})
@@ -629,7 +571,7 @@ func (ru *run) waitRunning(ctx context.Context, gen uint64, want int) error {
 // waitEvent is when the controller decided what the stored event says.
 func (ru *run) waitEvent(ctx context.Context, kind string, gen uint64) (time.Time, error) {
 	var e *rdzvv1.Event
-	err := waitFor(ctx, "event "+kind, func() (bool, string) {
+	err := sim.WaitFor(ctx, "event "+kind, func() (bool, string) {
 		e = ru.store.event(kind, gen)
 		return e != nil, "not stored"
 	})
@@ -738,17 +680,4 @@ func formatReport(results []*result, cfg config, took time.Duration) string {
 		}
 	}
 	return b.String()
-}
-
-// tail returns the last n lines of a file, for diagnostics.
-func tail(path string, n int) string {
-	data, err := os.ReadFile(path)
-	if err != nil {
-		return fmt.Sprintf("(%v)", err)
-	}
-	lines := strings.Split(strings.TrimRight(string(data), "\n"), "\n")
-	if len(lines) > n {
-		lines = lines[len(lines)-n:]
-	}
-	return strings.Join(lines, "\n")
 }
