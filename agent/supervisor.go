@@ -18,6 +18,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/jonboulle/clockwork"
 	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap"
 	"google.golang.org/protobuf/proto"
@@ -82,6 +83,8 @@ type Supervisor struct {
 
 	// standbySeq numbers warm standbys; used on the command goroutine.
 	standbySeq uint64
+	// clock times a spare's standby (PrepareStandby).
+	clock clockwork.Clock
 
 	mu      sync.Mutex
 	cur     *worker
@@ -132,6 +135,7 @@ func NewSupervisor(cfg Config, node, iface, reportAddr string, spawner Spawner, 
 		updates:     make(chan *rdzvv1.WorkerStatus, 64),
 		checkpoints: make(chan *rdzvv1.CheckpointReport, checkpointQueueSize),
 		lastGen:     map[string]uint64{},
+		clock:       clockwork.NewRealClock(),
 	}
 	s.SetOrphanTimeout(health.Unregistered.OrphanTimeout())
 	return s
