@@ -86,7 +86,9 @@ func TestSpareStandbys(t *testing.T) {
 	plain := c.recoverable("plain", 2, 3)
 	plain.NodesSpares = 1
 	c.startJob(plain)
-	j := c.waitJob("plain", func(j *rdzvv1.Job) bool { return len(j.GetSpares()) == 1 && j.GetState() == rdzvv1.JobState_JOB_STATE_RUNNING })
+	j := c.waitJob("plain", func(j *rdzvv1.Job) bool {
+		return len(j.GetSpares()) == 1 && j.GetState() == rdzvv1.JobState_JOB_STATE_RUNNING
+	})
 	for _, a := range j.GetAssignments() {
 		fakes[a.GetNode()].run()
 	}
