@@ -461,7 +461,12 @@ func (s *Supervisor) expireStandby(sb *standby, after time.Duration) {
 			}
 		}:
 		default:
-			s.expireStandby(sb, time.Second)
+			s.mu.Lock()
+			kept := s.standby == sb
+			s.mu.Unlock()
+			if kept {
+				s.expireStandby(sb, time.Second)
+			}
 		}
 	})
 }
