@@ -2,9 +2,12 @@ package controller_test
 
 import (
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
+	"google.golang.org/protobuf/proto"
 
+	"github.com/rdzv/rdzv/controller"
 	rdzvv1 "github.com/rdzv/rdzv/proto/rdzv/v1"
 )
 
@@ -101,4 +104,47 @@ func TestSpareStandbys(t *testing.T) {
 		require.Failf(t, "a torchrun job's spare was told something", "%v", m)
 	default:
 	}
+}
+
+// A held spare is told again before its standby's keep_for runs out, and
+// an agent that reconnects is told again at once: it may have restarted
+// without its standby.
+func TestSpareStandbyRenewed(t *testing.T) {
+	c := newFakeClockCluster(t)
+	fakes := map[string]*fakeAgent{}
+	for _, n := range []string{"node-a", "node-b", "node-s"} {
+		fakes[n] = c.connectFake(n)
+		fakes[n].keepAlive()
+	}
+	c.startJob(c.warmJob("big", 2, 1))
+	fakes["node-a"].run()
+	fakes["node-b"].run()
+	// Spares are picked on the next scheduling pass.
+	c.advance(time.Second, "node-a", "node-b", "node-s")
+	first := fakes["node-s"].next().GetPrepareStandby()
+	require.NotNil(t, first)
+	require.Greater(t, first.GetKeepFor().AsDuration(), controller.SpareStandbyRenew, "told again before it runs out")
+
+	c.advance(controller.SpareStandbyRenew-time.Second, "node-a", "node-b", "node-s")
+	fakes["node-s"].heartbeat(77) // what was sent before its answer has arrived
+	require.Empty(t, fakes["node-s"].msgs, "not told again before it is due")
+	// The scheduling loop's timer is armed again after each pass: a second
+	// at a time, until a pass runs after the renewal is due.
+	var again *rdzvv1.PrepareStandby
+	for waited := time.Duration(0); again == nil; waited += time.Second {
+		require.Less(t, waited, controller.SpareStandbyRenew, "never told again")
+		c.advance(time.Second, "node-a", "node-b", "node-s")
+		select {
+		case m := <-fakes["node-s"].msgs:
+			again = m.GetPrepareStandby()
+			require.NotNil(t, again, "got %v", m)
+		default:
+		}
+	}
+	require.True(t, proto.Equal(first, again), "the same standby, told again")
+
+	// A new connection replaces the old one.
+	fakes["node-s"] = c.connectFake("node-s")
+	fakes["node-s"].keepAlive()
+	require.True(t, proto.Equal(first, fakes["node-s"].next().GetPrepareStandby()), "the new session is told")
 }
