@@ -277,6 +277,8 @@ func (s *agentSession) handle(ctx context.Context, m *rdzvv1.ConnectResponse, ou
 		} else {
 			s.sup.Stop(stop.GetJob(), stop.GetGeneration(), stop.GetReason())
 		}
+	case *rdzvv1.ConnectResponse_PrepareStandby:
+		s.sup.PrepareStandby(msg.PrepareStandby)
 	case *rdzvv1.ConnectResponse_PortProbe:
 		res := probePort(msg.PortProbe)
 		select {

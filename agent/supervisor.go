@@ -18,6 +18,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/jonboulle/clockwork"
 	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap"
 	"google.golang.org/protobuf/proto"
@@ -85,6 +86,8 @@ type Supervisor struct {
 	// no standby takes the name, and so the shim directory, of one a
 	// previous agent left running for an adopted generation.
 	standbySeq uint64
+	// clock times a spare's standby (PrepareStandby).
+	clock clockwork.Clock
 
 	mu      sync.Mutex
 	cur     *worker
@@ -136,6 +139,7 @@ func NewSupervisor(cfg Config, node, iface, reportAddr string, spawner Spawner, 
 		checkpoints: make(chan *rdzvv1.CheckpointReport, checkpointQueueSize),
 		lastGen:     map[string]uint64{},
 		standbySeq:  uint64(time.Now().UnixNano()),
+		clock:       clockwork.NewRealClock(),
 	}
 	s.SetOrphanTimeout(health.Unregistered.OrphanTimeout())
 	return s

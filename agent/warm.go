@@ -67,6 +67,9 @@ type standby struct {
 	err   error
 	// exited is closed when proc has exited.
 	exited chan struct{}
+	// until is set on a standby kept as an idle spare's (PrepareStandby):
+	// it is dropped then unless told again. Guarded by Supervisor.mu.
+	until time.Time
 }
 
 // handoff is the zygote's one message: see warm/zygote.py.
@@ -245,7 +248,7 @@ func (s *Supervisor) takeStandby(a *rdzvv1.Assignment) *standby {
 		return nil
 	default:
 	}
-	if sb.job != a.GetSpec().GetName() || sb.created != a.GetJobCreatedAt().AsTime().UnixNano() || !proto.Equal(sb.spec, a.GetSpec()) {
+	if !sb.fits(a) {
 		s.discardStandby(sb)
 		return nil
 	}
@@ -287,7 +290,7 @@ func (s *Supervisor) lingerStandby(job string) {
 	time.AfterFunc(standbyLinger, func() {
 		select {
 		case s.cmds <- func() {
-			if !s.Running(job) {
+			if !s.Running(job) && !s.heldFor(job) {
 				s.dropStandby(job)
 			}
 		}:
@@ -366,4 +369,126 @@ func handOff(sb *standby, msg []byte) error {
 		return fmt.Errorf("the warm standby refused its assignment: %s", reply)
 	}
 	return nil
+}
+
+// maxStandbyKeep bounds how long one PrepareStandby keeps a spare's
+// standby: the controller repeats it every half minute or so, and a longer
+// promise would keep a standby of a job that ended just as long.
+const maxStandbyKeep = 10 * time.Minute
+
+// PrepareStandby queues keeping the warm standby p asks for, and only it,
+// while this node is an idle spare (warm standbys on spares, README).
+func (s *Supervisor) PrepareStandby(p *rdzvv1.PrepareStandby) {
+	s.cmds <- func() { s.prepareStandby(p) }
+}
+
+// validPrepare checks what the agent acts on: the spec is validated again
+// as an assignment's is, since the standby runs as its run_as user.
+func validPrepare(p *rdzvv1.PrepareStandby) error {
+	if p.GetSpec() == nil {
+		return nil
+	}
+	spec := jobspec.FromProto(p.GetSpec())
+	if err := spec.Validate(); err != nil {
+		return fmt.Errorf("prepare_standby.spec: %w", err)
+	}
+	if spec.Launcher.Kind != jobspec.KindWarm {
+		return &wire.FieldError{Field: "prepare_standby.spec.launcher.kind", Value: wire.Quote(spec.Launcher.Kind), Reason: "expected " + jobspec.KindWarm}
+	}
+	if !p.GetJobCreatedAt().IsValid() {
+		return &wire.FieldError{Field: "prepare_standby.job_created_at", Value: p.GetJobCreatedAt().String(), Reason: "expected a valid time"}
+	}
+	if keep := p.GetKeepFor().AsDuration(); !p.GetKeepFor().IsValid() || keep <= 0 || keep > maxStandbyKeep {
+		return &wire.FieldError{Field: "prepare_standby.keep_for", Value: keep.String(), Reason: fmt.Sprintf("expected more than 0 and at most %s", maxStandbyKeep)}
+	}
+	return nil
+}
+
+// prepareStandby makes the standby p asks for this node's, replacing any
+// other, or drops the one prepared before when p names no job. A node
+// whose workers run is no spare: its standby is its own job's, which p
+// does not touch (the controller's word may lag behind an assignment).
+func (s *Supervisor) prepareStandby(p *rdzvv1.PrepareStandby) {
+	if err := validPrepare(p); err != nil {
+		s.log.Warn("ignoring an invalid standby request", zap.Error(err))
+		return
+	}
+	s.mu.Lock()
+	busy, sb := s.cur != nil, s.standby
+	s.mu.Unlock()
+	if busy {
+		return
+	}
+	if p.GetSpec() == nil {
+		if sb != nil && !sb.until.IsZero() {
+			s.log.Info("dropping the warm standby of a spare no longer held", zap.String("job", sb.job))
+			s.dropStandby("")
+		}
+		return
+	}
+	// Shaped as the assignment it stands for, for takeStandby.
+	want := &rdzvv1.Assignment{Spec: p.GetSpec(), JobCreatedAt: p.GetJobCreatedAt()}
+	until := s.clock.Now().Add(p.GetKeepFor().AsDuration())
+	if sb != nil && sb.fits(want) && !sb.gone() {
+		s.mu.Lock()
+		sb.until = until
+		s.mu.Unlock()
+	} else {
+		s.dropStandby("")
+		s.log.Info("starting a warm standby on a spare", zap.String("job", want.GetSpec().GetName()))
+		sb = s.spawnStandby(want)
+		s.mu.Lock()
+		sb.until = until
+		s.standby = sb
+		s.mu.Unlock()
+	}
+	s.expireStandby(sb, p.GetKeepFor().AsDuration())
+}
+
+// expireStandby drops sb once its until has passed, unless it was renewed,
+// taken or replaced by then. A busy command queue is tried again shortly:
+// a standby must not outlive its promise for good.
+func (s *Supervisor) expireStandby(sb *standby, after time.Duration) {
+	s.clock.AfterFunc(after, func() {
+		select {
+		case s.cmds <- func() {
+			s.mu.Lock()
+			due := s.standby == sb && !sb.until.IsZero() && !sb.until.After(s.clock.Now())
+			s.mu.Unlock()
+			if due {
+				s.log.Info("dropping the warm standby of a spare not told again", zap.String("job", sb.job))
+				s.dropStandby("")
+			}
+		}:
+		default:
+			s.mu.Lock()
+			kept := s.standby == sb
+			s.mu.Unlock()
+			if kept {
+				s.expireStandby(sb, time.Second)
+			}
+		}
+	})
+}
+
+// heldFor reports whether this node keeps job's standby as a spare's.
+func (s *Supervisor) heldFor(job string) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.standby != nil && s.standby.job == job && s.standby.until.After(s.clock.Now())
+}
+
+// fits reports whether sb was started for a's job, run and spec.
+func (sb *standby) fits(a *rdzvv1.Assignment) bool {
+	return sb.job == a.GetSpec().GetName() && sb.created == a.GetJobCreatedAt().AsTime().UnixNano() && proto.Equal(sb.spec, a.GetSpec())
+}
+
+// gone reports whether sb failed to start or has exited.
+func (sb *standby) gone() bool {
+	select {
+	case <-sb.exited:
+		return true
+	default:
+		return false
+	}
 }

@@ -83,6 +83,9 @@ type Controller struct {
 	mu    sync.Mutex
 	nodes map[string]*nodeState
 	jobs  map[string]*jobState
+	// standbys are what spares' agents were told to keep ready
+	// (standby.go), by node.
+	standbys map[string]*toldStandby
 	// term counts the times this process took the lead, so that work begun
 	// under one lead (a commit in flight) never lands in the next.
 	term uint64

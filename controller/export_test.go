@@ -29,3 +29,6 @@ func WithLag(waited func() time.Duration) Option {
 // NoteLag measures the controller's lag as the liveness loop does before
 // each pass, so that a test knows the next pass credits it.
 func (c *Controller) NoteLag() { c.noteLag() }
+
+// SpareStandbyRenew is how often a held spare is told again (standby.go).
+const SpareStandbyRenew = spareStandbyRenew

@@ -72,6 +72,7 @@ func (c *Controller) schedule(ctx context.Context) time.Time {
 		candidates = c.candidates()
 	}
 	held := holdSpares(holding, candidates)
+	c.tellSpares(held)
 	taken := map[string]bool{}
 	var next time.Time
 

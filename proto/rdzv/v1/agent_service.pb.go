@@ -260,6 +260,7 @@ type ConnectResponse struct {
 	//	*ConnectResponse_LogTail
 	//	*ConnectResponse_LogCancel
 	//	*ConnectResponse_HeartbeatAck
+	//	*ConnectResponse_PrepareStandby
 	Msg           isConnectResponse_Msg `protobuf_oneof:"msg"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -365,6 +366,15 @@ func (x *ConnectResponse) GetHeartbeatAck() *HeartbeatAck {
 	return nil
 }
 
+func (x *ConnectResponse) GetPrepareStandby() *PrepareStandby {
+	if x != nil {
+		if x, ok := x.Msg.(*ConnectResponse_PrepareStandby); ok {
+			return x.PrepareStandby
+		}
+	}
+	return nil
+}
+
 type isConnectResponse_Msg interface {
 	isConnectResponse_Msg()
 }
@@ -397,6 +407,10 @@ type ConnectResponse_HeartbeatAck struct {
 	HeartbeatAck *HeartbeatAck `protobuf:"bytes,7,opt,name=heartbeat_ack,json=heartbeatAck,proto3,oneof"`
 }
 
+type ConnectResponse_PrepareStandby struct {
+	PrepareStandby *PrepareStandby `protobuf:"bytes,8,opt,name=prepare_standby,json=prepareStandby,proto3,oneof"`
+}
+
 func (*ConnectResponse_Registered) isConnectResponse_Msg() {}
 
 func (*ConnectResponse_Assignment) isConnectResponse_Msg() {}
@@ -410,6 +424,8 @@ func (*ConnectResponse_LogTail) isConnectResponse_Msg() {}
 func (*ConnectResponse_LogCancel) isConnectResponse_Msg() {}
 
 func (*ConnectResponse_HeartbeatAck) isConnectResponse_Msg() {}
+
+func (*ConnectResponse_PrepareStandby) isConnectResponse_Msg() {}
 
 type Register struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -1194,6 +1210,76 @@ func (x *StopWorkers) GetGrace() *durationpb.Duration {
 	return nil
 }
 
+// PrepareStandby tells an idle node held as a spare for a running job of
+// launcher.kind warm (nodes.spares) to keep a warm standby of that job
+// ready, so that joining its next generation costs no Python start. It is
+// all the node is to keep: without spec, none. The controller repeats it
+// well within keep_for while it holds the node, and the agent drops the
+// standby when not told again within keep_for, so a message lost with a
+// session or a leader never leaves a standby behind for long.
+type PrepareStandby struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The job as its assignments carry it; unset: keep no standby.
+	Spec *JobSpec `protobuf:"bytes,1,opt,name=spec,proto3" json:"spec,omitempty"`
+	// When the job was created: with its name, which run of it.
+	JobCreatedAt *timestamppb.Timestamp `protobuf:"bytes,2,opt,name=job_created_at,json=jobCreatedAt,proto3" json:"job_created_at,omitempty"`
+	// How long to keep the standby unless told again.
+	KeepFor       *durationpb.Duration `protobuf:"bytes,3,opt,name=keep_for,json=keepFor,proto3" json:"keep_for,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PrepareStandby) Reset() {
+	*x = PrepareStandby{}
+	mi := &file_rdzv_v1_agent_service_proto_msgTypes[13]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PrepareStandby) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PrepareStandby) ProtoMessage() {}
+
+func (x *PrepareStandby) ProtoReflect() protoreflect.Message {
+	mi := &file_rdzv_v1_agent_service_proto_msgTypes[13]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PrepareStandby.ProtoReflect.Descriptor instead.
+func (*PrepareStandby) Descriptor() ([]byte, []int) {
+	return file_rdzv_v1_agent_service_proto_rawDescGZIP(), []int{13}
+}
+
+func (x *PrepareStandby) GetSpec() *JobSpec {
+	if x != nil {
+		return x.Spec
+	}
+	return nil
+}
+
+func (x *PrepareStandby) GetJobCreatedAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.JobCreatedAt
+	}
+	return nil
+}
+
+func (x *PrepareStandby) GetKeepFor() *durationpb.Duration {
+	if x != nil {
+		return x.KeepFor
+	}
+	return nil
+}
+
 // PortProbe asks the agent for a port in [port_min, port_max] that is free on
 // its NCCL interface address, for the rendezvous master.
 type PortProbe struct {
@@ -1207,7 +1293,7 @@ type PortProbe struct {
 
 func (x *PortProbe) Reset() {
 	*x = PortProbe{}
-	mi := &file_rdzv_v1_agent_service_proto_msgTypes[13]
+	mi := &file_rdzv_v1_agent_service_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1219,7 +1305,7 @@ func (x *PortProbe) String() string {
 func (*PortProbe) ProtoMessage() {}
 
 func (x *PortProbe) ProtoReflect() protoreflect.Message {
-	mi := &file_rdzv_v1_agent_service_proto_msgTypes[13]
+	mi := &file_rdzv_v1_agent_service_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1232,7 +1318,7 @@ func (x *PortProbe) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PortProbe.ProtoReflect.Descriptor instead.
 func (*PortProbe) Descriptor() ([]byte, []int) {
-	return file_rdzv_v1_agent_service_proto_rawDescGZIP(), []int{13}
+	return file_rdzv_v1_agent_service_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *PortProbe) GetRequestId() string {
@@ -1268,7 +1354,7 @@ type PortProbeResult struct {
 
 func (x *PortProbeResult) Reset() {
 	*x = PortProbeResult{}
-	mi := &file_rdzv_v1_agent_service_proto_msgTypes[14]
+	mi := &file_rdzv_v1_agent_service_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1280,7 +1366,7 @@ func (x *PortProbeResult) String() string {
 func (*PortProbeResult) ProtoMessage() {}
 
 func (x *PortProbeResult) ProtoReflect() protoreflect.Message {
-	mi := &file_rdzv_v1_agent_service_proto_msgTypes[14]
+	mi := &file_rdzv_v1_agent_service_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1293,7 +1379,7 @@ func (x *PortProbeResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PortProbeResult.ProtoReflect.Descriptor instead.
 func (*PortProbeResult) Descriptor() ([]byte, []int) {
-	return file_rdzv_v1_agent_service_proto_rawDescGZIP(), []int{14}
+	return file_rdzv_v1_agent_service_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *PortProbeResult) GetRequestId() string {
@@ -1337,7 +1423,7 @@ type LogTail struct {
 
 func (x *LogTail) Reset() {
 	*x = LogTail{}
-	mi := &file_rdzv_v1_agent_service_proto_msgTypes[15]
+	mi := &file_rdzv_v1_agent_service_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1349,7 +1435,7 @@ func (x *LogTail) String() string {
 func (*LogTail) ProtoMessage() {}
 
 func (x *LogTail) ProtoReflect() protoreflect.Message {
-	mi := &file_rdzv_v1_agent_service_proto_msgTypes[15]
+	mi := &file_rdzv_v1_agent_service_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1362,7 +1448,7 @@ func (x *LogTail) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LogTail.ProtoReflect.Descriptor instead.
 func (*LogTail) Descriptor() ([]byte, []int) {
-	return file_rdzv_v1_agent_service_proto_rawDescGZIP(), []int{15}
+	return file_rdzv_v1_agent_service_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *LogTail) GetRequestId() string {
@@ -1423,7 +1509,7 @@ type LogCancel struct {
 
 func (x *LogCancel) Reset() {
 	*x = LogCancel{}
-	mi := &file_rdzv_v1_agent_service_proto_msgTypes[16]
+	mi := &file_rdzv_v1_agent_service_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1435,7 +1521,7 @@ func (x *LogCancel) String() string {
 func (*LogCancel) ProtoMessage() {}
 
 func (x *LogCancel) ProtoReflect() protoreflect.Message {
-	mi := &file_rdzv_v1_agent_service_proto_msgTypes[16]
+	mi := &file_rdzv_v1_agent_service_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1448,7 +1534,7 @@ func (x *LogCancel) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LogCancel.ProtoReflect.Descriptor instead.
 func (*LogCancel) Descriptor() ([]byte, []int) {
-	return file_rdzv_v1_agent_service_proto_rawDescGZIP(), []int{16}
+	return file_rdzv_v1_agent_service_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *LogCancel) GetRequestId() string {
@@ -1471,7 +1557,7 @@ type LogChunk struct {
 
 func (x *LogChunk) Reset() {
 	*x = LogChunk{}
-	mi := &file_rdzv_v1_agent_service_proto_msgTypes[17]
+	mi := &file_rdzv_v1_agent_service_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1483,7 +1569,7 @@ func (x *LogChunk) String() string {
 func (*LogChunk) ProtoMessage() {}
 
 func (x *LogChunk) ProtoReflect() protoreflect.Message {
-	mi := &file_rdzv_v1_agent_service_proto_msgTypes[17]
+	mi := &file_rdzv_v1_agent_service_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1496,7 +1582,7 @@ func (x *LogChunk) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LogChunk.ProtoReflect.Descriptor instead.
 func (*LogChunk) Descriptor() ([]byte, []int) {
-	return file_rdzv_v1_agent_service_proto_rawDescGZIP(), []int{17}
+	return file_rdzv_v1_agent_service_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *LogChunk) GetRequestId() string {
@@ -1540,7 +1626,7 @@ type AgentRestarting struct {
 
 func (x *AgentRestarting) Reset() {
 	*x = AgentRestarting{}
-	mi := &file_rdzv_v1_agent_service_proto_msgTypes[18]
+	mi := &file_rdzv_v1_agent_service_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1552,7 +1638,7 @@ func (x *AgentRestarting) String() string {
 func (*AgentRestarting) ProtoMessage() {}
 
 func (x *AgentRestarting) ProtoReflect() protoreflect.Message {
-	mi := &file_rdzv_v1_agent_service_proto_msgTypes[18]
+	mi := &file_rdzv_v1_agent_service_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1565,7 +1651,7 @@ func (x *AgentRestarting) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AgentRestarting.ProtoReflect.Descriptor instead.
 func (*AgentRestarting) Descriptor() ([]byte, []int) {
-	return file_rdzv_v1_agent_service_proto_rawDescGZIP(), []int{18}
+	return file_rdzv_v1_agent_service_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *AgentRestarting) GetHoldMs() uint32 {
@@ -1598,7 +1684,7 @@ const file_rdzv_v1_agent_service_proto_rawDesc = "" +
 	" \x01(\v2\x18.rdzv.v1.AgentRestartingH\x00R\n" +
 	"restarting\x12/\n" +
 	"\x06health\x18\v \x01(\v2\x15.rdzv.v1.HealthReportH\x00R\x06healthB\x05\n" +
-	"\x03msg\"\x98\x03\n" +
+	"\x03msg\"\xdc\x03\n" +
 	"\x0fConnectResponse\x125\n" +
 	"\n" +
 	"registered\x18\x01 \x01(\v2\x13.rdzv.v1.RegisteredH\x00R\n" +
@@ -1612,7 +1698,8 @@ const file_rdzv_v1_agent_service_proto_rawDesc = "" +
 	"\blog_tail\x18\x05 \x01(\v2\x10.rdzv.v1.LogTailH\x00R\alogTail\x123\n" +
 	"\n" +
 	"log_cancel\x18\x06 \x01(\v2\x12.rdzv.v1.LogCancelH\x00R\tlogCancel\x12<\n" +
-	"\rheartbeat_ack\x18\a \x01(\v2\x15.rdzv.v1.HeartbeatAckH\x00R\fheartbeatAckB\x05\n" +
+	"\rheartbeat_ack\x18\a \x01(\v2\x15.rdzv.v1.HeartbeatAckH\x00R\fheartbeatAck\x12B\n" +
+	"\x0fprepare_standby\x18\b \x01(\v2\x17.rdzv.v1.PrepareStandbyH\x00R\x0eprepareStandbyB\x05\n" +
 	"\x03msg\"\x96\x01\n" +
 	"\bRegister\x12%\n" +
 	"\x04node\x18\x01 \x01(\v2\x11.rdzv.v1.NodeInfoR\x04node\x12/\n" +
@@ -1677,7 +1764,11 @@ const file_rdzv_v1_agent_service_proto_rawDesc = "" +
 	"generation\x18\x02 \x01(\x04R\n" +
 	"generation\x12\x16\n" +
 	"\x06reason\x18\x03 \x01(\tR\x06reason\x12/\n" +
-	"\x05grace\x18\x04 \x01(\v2\x19.google.protobuf.DurationR\x05grace\"`\n" +
+	"\x05grace\x18\x04 \x01(\v2\x19.google.protobuf.DurationR\x05grace\"\xae\x01\n" +
+	"\x0ePrepareStandby\x12$\n" +
+	"\x04spec\x18\x01 \x01(\v2\x10.rdzv.v1.JobSpecR\x04spec\x12@\n" +
+	"\x0ejob_created_at\x18\x02 \x01(\v2\x1a.google.protobuf.TimestampR\fjobCreatedAt\x124\n" +
+	"\bkeep_for\x18\x03 \x01(\v2\x19.google.protobuf.DurationR\akeepFor\"`\n" +
 	"\tPortProbe\x12\x1d\n" +
 	"\n" +
 	"request_id\x18\x01 \x01(\tR\trequestId\x12\x19\n" +
@@ -1726,7 +1817,7 @@ func file_rdzv_v1_agent_service_proto_rawDescGZIP() []byte {
 	return file_rdzv_v1_agent_service_proto_rawDescData
 }
 
-var file_rdzv_v1_agent_service_proto_msgTypes = make([]protoimpl.MessageInfo, 19)
+var file_rdzv_v1_agent_service_proto_msgTypes = make([]protoimpl.MessageInfo, 20)
 var file_rdzv_v1_agent_service_proto_goTypes = []any{
 	(*ConnectRequest)(nil),        // 0: rdzv.v1.ConnectRequest
 	(*ConnectResponse)(nil),       // 1: rdzv.v1.ConnectResponse
@@ -1741,56 +1832,62 @@ var file_rdzv_v1_agent_service_proto_goTypes = []any{
 	(*Progress)(nil),              // 10: rdzv.v1.Progress
 	(*CheckpointReport)(nil),      // 11: rdzv.v1.CheckpointReport
 	(*StopWorkers)(nil),           // 12: rdzv.v1.StopWorkers
-	(*PortProbe)(nil),             // 13: rdzv.v1.PortProbe
-	(*PortProbeResult)(nil),       // 14: rdzv.v1.PortProbeResult
-	(*LogTail)(nil),               // 15: rdzv.v1.LogTail
-	(*LogCancel)(nil),             // 16: rdzv.v1.LogCancel
-	(*LogChunk)(nil),              // 17: rdzv.v1.LogChunk
-	(*AgentRestarting)(nil),       // 18: rdzv.v1.AgentRestarting
-	(*Assignment)(nil),            // 19: rdzv.v1.Assignment
-	(*NodeInfo)(nil),              // 20: rdzv.v1.NodeInfo
-	(*HealthCheckResult)(nil),     // 21: rdzv.v1.HealthCheckResult
-	(*timestamppb.Timestamp)(nil), // 22: google.protobuf.Timestamp
-	(WorkerState)(0),              // 23: rdzv.v1.WorkerState
-	(*durationpb.Duration)(nil),   // 24: google.protobuf.Duration
+	(*PrepareStandby)(nil),        // 13: rdzv.v1.PrepareStandby
+	(*PortProbe)(nil),             // 14: rdzv.v1.PortProbe
+	(*PortProbeResult)(nil),       // 15: rdzv.v1.PortProbeResult
+	(*LogTail)(nil),               // 16: rdzv.v1.LogTail
+	(*LogCancel)(nil),             // 17: rdzv.v1.LogCancel
+	(*LogChunk)(nil),              // 18: rdzv.v1.LogChunk
+	(*AgentRestarting)(nil),       // 19: rdzv.v1.AgentRestarting
+	(*Assignment)(nil),            // 20: rdzv.v1.Assignment
+	(*NodeInfo)(nil),              // 21: rdzv.v1.NodeInfo
+	(*HealthCheckResult)(nil),     // 22: rdzv.v1.HealthCheckResult
+	(*timestamppb.Timestamp)(nil), // 23: google.protobuf.Timestamp
+	(WorkerState)(0),              // 24: rdzv.v1.WorkerState
+	(*durationpb.Duration)(nil),   // 25: google.protobuf.Duration
+	(*JobSpec)(nil),               // 26: rdzv.v1.JobSpec
 }
 var file_rdzv_v1_agent_service_proto_depIdxs = []int32{
 	2,  // 0: rdzv.v1.ConnectRequest.register:type_name -> rdzv.v1.Register
 	8,  // 1: rdzv.v1.ConnectRequest.heartbeat:type_name -> rdzv.v1.Heartbeat
 	9,  // 2: rdzv.v1.ConnectRequest.worker_status:type_name -> rdzv.v1.WorkerStatus
-	14, // 3: rdzv.v1.ConnectRequest.port_probe_result:type_name -> rdzv.v1.PortProbeResult
-	17, // 4: rdzv.v1.ConnectRequest.log_chunk:type_name -> rdzv.v1.LogChunk
+	15, // 3: rdzv.v1.ConnectRequest.port_probe_result:type_name -> rdzv.v1.PortProbeResult
+	18, // 4: rdzv.v1.ConnectRequest.log_chunk:type_name -> rdzv.v1.LogChunk
 	10, // 5: rdzv.v1.ConnectRequest.progress:type_name -> rdzv.v1.Progress
 	11, // 6: rdzv.v1.ConnectRequest.checkpoint:type_name -> rdzv.v1.CheckpointReport
 	7,  // 7: rdzv.v1.ConnectRequest.gossip_view:type_name -> rdzv.v1.GossipView
 	5,  // 8: rdzv.v1.ConnectRequest.gpu_fault:type_name -> rdzv.v1.GPUFault
-	18, // 9: rdzv.v1.ConnectRequest.restarting:type_name -> rdzv.v1.AgentRestarting
+	19, // 9: rdzv.v1.ConnectRequest.restarting:type_name -> rdzv.v1.AgentRestarting
 	3,  // 10: rdzv.v1.ConnectRequest.health:type_name -> rdzv.v1.HealthReport
 	4,  // 11: rdzv.v1.ConnectResponse.registered:type_name -> rdzv.v1.Registered
-	19, // 12: rdzv.v1.ConnectResponse.assignment:type_name -> rdzv.v1.Assignment
+	20, // 12: rdzv.v1.ConnectResponse.assignment:type_name -> rdzv.v1.Assignment
 	12, // 13: rdzv.v1.ConnectResponse.stop_workers:type_name -> rdzv.v1.StopWorkers
-	13, // 14: rdzv.v1.ConnectResponse.port_probe:type_name -> rdzv.v1.PortProbe
-	15, // 15: rdzv.v1.ConnectResponse.log_tail:type_name -> rdzv.v1.LogTail
-	16, // 16: rdzv.v1.ConnectResponse.log_cancel:type_name -> rdzv.v1.LogCancel
+	14, // 14: rdzv.v1.ConnectResponse.port_probe:type_name -> rdzv.v1.PortProbe
+	16, // 15: rdzv.v1.ConnectResponse.log_tail:type_name -> rdzv.v1.LogTail
+	17, // 16: rdzv.v1.ConnectResponse.log_cancel:type_name -> rdzv.v1.LogCancel
 	6,  // 17: rdzv.v1.ConnectResponse.heartbeat_ack:type_name -> rdzv.v1.HeartbeatAck
-	20, // 18: rdzv.v1.Register.node:type_name -> rdzv.v1.NodeInfo
-	9,  // 19: rdzv.v1.Register.workers:type_name -> rdzv.v1.WorkerStatus
-	21, // 20: rdzv.v1.Register.health:type_name -> rdzv.v1.HealthCheckResult
-	21, // 21: rdzv.v1.HealthReport.results:type_name -> rdzv.v1.HealthCheckResult
-	22, // 22: rdzv.v1.GPUFault.at:type_name -> google.protobuf.Timestamp
-	23, // 23: rdzv.v1.WorkerStatus.state:type_name -> rdzv.v1.WorkerState
-	22, // 24: rdzv.v1.WorkerStatus.exited_at:type_name -> google.protobuf.Timestamp
-	22, // 25: rdzv.v1.Progress.at:type_name -> google.protobuf.Timestamp
-	24, // 26: rdzv.v1.StopWorkers.grace:type_name -> google.protobuf.Duration
-	22, // 27: rdzv.v1.LogTail.since:type_name -> google.protobuf.Timestamp
-	22, // 28: rdzv.v1.LogTail.run_created_at:type_name -> google.protobuf.Timestamp
-	0,  // 29: rdzv.v1.AgentService.Connect:input_type -> rdzv.v1.ConnectRequest
-	1,  // 30: rdzv.v1.AgentService.Connect:output_type -> rdzv.v1.ConnectResponse
-	30, // [30:31] is the sub-list for method output_type
-	29, // [29:30] is the sub-list for method input_type
-	29, // [29:29] is the sub-list for extension type_name
-	29, // [29:29] is the sub-list for extension extendee
-	0,  // [0:29] is the sub-list for field type_name
+	13, // 18: rdzv.v1.ConnectResponse.prepare_standby:type_name -> rdzv.v1.PrepareStandby
+	21, // 19: rdzv.v1.Register.node:type_name -> rdzv.v1.NodeInfo
+	9,  // 20: rdzv.v1.Register.workers:type_name -> rdzv.v1.WorkerStatus
+	22, // 21: rdzv.v1.Register.health:type_name -> rdzv.v1.HealthCheckResult
+	22, // 22: rdzv.v1.HealthReport.results:type_name -> rdzv.v1.HealthCheckResult
+	23, // 23: rdzv.v1.GPUFault.at:type_name -> google.protobuf.Timestamp
+	24, // 24: rdzv.v1.WorkerStatus.state:type_name -> rdzv.v1.WorkerState
+	23, // 25: rdzv.v1.WorkerStatus.exited_at:type_name -> google.protobuf.Timestamp
+	23, // 26: rdzv.v1.Progress.at:type_name -> google.protobuf.Timestamp
+	25, // 27: rdzv.v1.StopWorkers.grace:type_name -> google.protobuf.Duration
+	26, // 28: rdzv.v1.PrepareStandby.spec:type_name -> rdzv.v1.JobSpec
+	23, // 29: rdzv.v1.PrepareStandby.job_created_at:type_name -> google.protobuf.Timestamp
+	25, // 30: rdzv.v1.PrepareStandby.keep_for:type_name -> google.protobuf.Duration
+	23, // 31: rdzv.v1.LogTail.since:type_name -> google.protobuf.Timestamp
+	23, // 32: rdzv.v1.LogTail.run_created_at:type_name -> google.protobuf.Timestamp
+	0,  // 33: rdzv.v1.AgentService.Connect:input_type -> rdzv.v1.ConnectRequest
+	1,  // 34: rdzv.v1.AgentService.Connect:output_type -> rdzv.v1.ConnectResponse
+	34, // [34:35] is the sub-list for method output_type
+	33, // [33:34] is the sub-list for method input_type
+	33, // [33:33] is the sub-list for extension type_name
+	33, // [33:33] is the sub-list for extension extendee
+	0,  // [0:33] is the sub-list for field type_name
 }
 
 func init() { file_rdzv_v1_agent_service_proto_init() }
@@ -1821,6 +1918,7 @@ func file_rdzv_v1_agent_service_proto_init() {
 		(*ConnectResponse_LogTail)(nil),
 		(*ConnectResponse_LogCancel)(nil),
 		(*ConnectResponse_HeartbeatAck)(nil),
+		(*ConnectResponse_PrepareStandby)(nil),
 	}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
@@ -1828,7 +1926,7 @@ func file_rdzv_v1_agent_service_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_rdzv_v1_agent_service_proto_rawDesc), len(file_rdzv_v1_agent_service_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   19,
+			NumMessages:   20,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -1,0 +1,169 @@
+package agent
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/jonboulle/clockwork"
+	"github.com/stretchr/testify/require"
+	"google.golang.org/protobuf/types/known/durationpb"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	rdzvv1 "github.com/rdzv/rdzv/proto/rdzv/v1"
+)
+
+const spareKeep = 90 * time.Second
+
+// spare makes h's supervisor a spare's on a fake clock; its assignments
+// are of one run of the job.
+func (h *warmHarness) spare() *clockwork.FakeClock {
+	clock := clockwork.NewFakeClock()
+	// Read on the command goroutine only, after the next command is sent.
+	h.sup.clock = clock
+	return clock
+}
+
+// spareAssign is assign with the job's creation time, as the controller
+// sends it.
+func (h *warmHarness) spareAssign(gen uint64, code int) *rdzvv1.Assignment {
+	a := h.assign(gen, code)
+	a.JobCreatedAt = timestamppb.New(time.Unix(1700000000, 0))
+	return a
+}
+
+// hanging is a warm job other than the spare's whose workers run until
+// stopped.
+func (h *warmHarness) hanging(name string) *rdzvv1.Assignment {
+	require.NoError(h.t, os.WriteFile(filepath.Join(h.workdir, "hang.py"), []byte("import time\ntime.sleep(300)\n"), 0o644))
+	a := h.spareAssign(1, 0)
+	a.Spec.Name, a.Spec.Command = name, []string{"hang.py"}
+	return a
+}
+
+func prepareFor(a *rdzvv1.Assignment) *rdzvv1.PrepareStandby {
+	return &rdzvv1.PrepareStandby{Spec: a.GetSpec(), JobCreatedAt: a.GetJobCreatedAt(), KeepFor: durationpb.New(spareKeep)}
+}
+
+func (h *warmHarness) currentStandby() *standby {
+	h.sup.mu.Lock()
+	defer h.sup.mu.Unlock()
+	return h.sup.standby
+}
+
+// An idle spare told to prepare a standby starts one that runs nothing of
+// the job's; told again, it keeps that one; the job's next assignment is
+// handed to it.
+func TestSpareStandbyTaken(t *testing.T) {
+	h := newWarmHarness(t)
+	h.spare()
+	a := h.spareAssign(1, 0)
+	h.sup.PrepareStandby(prepareFor(a))
+	h.sync()
+	sb := h.readyStandby()
+	require.Empty(t, h.readMarkers(), "the standby ran none of the job's code")
+	status, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", sb.proc.Pid()))
+	require.NoError(t, err)
+	require.Regexp(t, fmt.Sprintf(`(?m)^Uid:\s+%d\s`, nobodyID), string(status), "the standby runs as the job's user")
+
+	h.sup.PrepareStandby(prepareFor(a))
+	h.sync()
+	require.Same(t, sb, h.currentStandby(), "told again, the spare keeps its standby")
+
+	h.sup.Assign(a)
+	h.expect("warm", 1, wRunning)
+	h.sup.mu.Lock()
+	pid := h.sup.cur.proc.Pid()
+	h.sup.mu.Unlock()
+	require.Equal(t, sb.proc.Pid(), pid, "the generation is handed to the prepared standby")
+	h.expect("warm", 1, wSucceeded)
+	require.ElementsMatch(t, []string{"2: 65534 0 4 True 1 --lr 1", "3: 65534 1 4 True 1 --lr 1"}, h.readMarkers())
+}
+
+// A spare's standby is dropped when the controller says to keep none, when
+// the node is assigned another job, when another job's standby is asked
+// for, and when it is not told again in time; a request that is not valid,
+// or comes while workers run, changes nothing.
+func TestSpareStandbyDropped(t *testing.T) {
+	for _, tt := range []struct {
+		name string
+		// release does it; it returns whether a standby is left and
+		// whose.
+		release func(h *warmHarness, clock *clockwork.FakeClock) string
+	}{
+		{"told to keep none", func(h *warmHarness, _ *clockwork.FakeClock) string {
+			h.sup.PrepareStandby(&rdzvv1.PrepareStandby{})
+			h.sync()
+			return ""
+		}},
+		{"assigned another job", func(h *warmHarness, _ *clockwork.FakeClock) string {
+			h.sup.Assign(h.hanging("other"))
+			h.expect("other", 1, wRunning)
+			return "other" // its own, for its next generation
+		}},
+		{"asked for another job's", func(h *warmHarness, _ *clockwork.FakeClock) string {
+			b := h.spareAssign(1, 0)
+			b.Spec.Name = "warm-b"
+			h.sup.PrepareStandby(prepareFor(b))
+			h.sync()
+			return "warm-b"
+		}},
+		{"not told again in time", func(h *warmHarness, clock *clockwork.FakeClock) string {
+			clock.Advance(spareKeep)
+			require.Eventually(h.t, func() bool { return h.currentStandby() == nil }, waitTimeout, 10*time.Millisecond)
+			return ""
+		}},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			h := newWarmHarness(t)
+			clock := h.spare()
+			h.sup.PrepareStandby(prepareFor(h.spareAssign(1, 0)))
+			h.sync()
+			sb := h.readyStandby()
+			pid := sb.proc.Pid()
+			left := tt.release(h, clock)
+			<-sb.exited
+			require.Empty(t, groupMembers(pid), "nothing of the dropped standby is left")
+			if left == "" {
+				require.Nil(t, h.currentStandby())
+			} else {
+				require.Equal(t, left, h.currentStandby().job)
+			}
+			require.Empty(t, h.readMarkers(), "no code of the job's ran")
+		})
+	}
+}
+
+func TestSpareStandbyIgnored(t *testing.T) {
+	h := newWarmHarness(t)
+	h.spare()
+	valid := prepareFor(h.spareAssign(1, 0))
+	torchrun := prepareFor(h.assignment("plain", 1))
+	torchrun.JobCreatedAt = valid.GetJobCreatedAt()
+	for _, tt := range []struct {
+		name string
+		p    *rdzvv1.PrepareStandby
+	}{
+		{"no keep_for", &rdzvv1.PrepareStandby{Spec: valid.GetSpec(), JobCreatedAt: valid.GetJobCreatedAt()}},
+		{"keep_for too long", &rdzvv1.PrepareStandby{Spec: valid.GetSpec(), JobCreatedAt: valid.GetJobCreatedAt(), KeepFor: durationpb.New(time.Hour)}},
+		{"no job_created_at", &rdzvv1.PrepareStandby{Spec: valid.GetSpec(), KeepFor: valid.GetKeepFor()}},
+		{"not a warm job", torchrun},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			require.Error(t, validPrepare(tt.p))
+			h.sup.PrepareStandby(tt.p)
+			h.sync()
+			require.Nil(t, h.currentStandby())
+		})
+	}
+	require.NoError(t, validPrepare(valid))
+
+	// A node running workers is no spare: its standby stays its job's.
+	h.sup.Assign(h.hanging("other"))
+	h.expect("other", 1, wRunning)
+	h.sup.PrepareStandby(valid)
+	h.sync()
+	require.Equal(t, "other", h.currentStandby().job)
+}
