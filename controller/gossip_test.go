@@ -204,17 +204,7 @@ func TestWatchersShortenTheFencingWait(t *testing.T) {
 			}, func() string { return "node-z never declared lost" })
 			a.expectStop(a1)
 			b.expectStop(b1)
-			poll(t, func() bool {
-				c.advance(100*time.Millisecond, "node-a", "node-b")
-				return c.getJob("elastic").GetGeneration() == 2
-			}, func() string { return "not restarted" })
-			var committed time.Time
-			for _, e := range c.events("elastic") {
-				if e.GetKind() == "rendezvous_committed" && e.GetGeneration() == 2 {
-					committed = e.GetTime().AsTime()
-				}
-			}
-			waited := committed.Sub(reported)
+			waited := c.advanceToCommit("elastic", 2, "node-a", "node-b").Sub(reported)
 			if tt.quick {
 				require.GreaterOrEqual(t, waited, health.IsolationLag+health.FenceMargin, "not before it has certainly fenced itself")
 				require.Less(t, waited, timeout, "long before its heartbeat timeout")

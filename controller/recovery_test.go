@@ -1,6 +1,7 @@
 package controller_test
 
 import (
+	"fmt"
 	"testing"
 	"time"
 
@@ -346,20 +347,27 @@ func TestRecoveryLastCallRunsFromTheFailure(t *testing.T) {
 	failedAt := c.waitEvent("elastic", "attempt_failed").GetTime().AsTime()
 	a.expectStop(a1)
 	b.expectStop(b1)
-	poll(t, func() bool {
-		c.advance(100*time.Millisecond, "node-a", "node-b")
-		return c.getJob("elastic").GetGeneration() == 2
-	}, func() string { return "not restarted" })
-	var committedAt time.Time
-	for _, e := range c.events("elastic") {
-		if e.GetKind() == "rendezvous_committed" && e.GetGeneration() == 2 {
-			committedAt = e.GetTime().AsTime()
-		}
-	}
-	waited := committedAt.Sub(failedAt)
+	waited := c.advanceToCommit("elastic", 2, "node-a", "node-b").Sub(failedAt)
 	require.GreaterOrEqual(t, waited, window, "the last call is kept")
 	require.Less(t, waited, window+500*time.Millisecond, "and not waited again after the fencing")
 	require.Equal(t, uint32(2), a.run().GetNnodes())
+}
+
+// advanceToCommit moves the fake clock on, alive heartbeating, until job
+// commits generation, and returns when it did.
+func (c *cluster) advanceToCommit(job string, generation uint64, alive ...string) time.Time {
+	c.t.Helper()
+	poll(c.t, func() bool {
+		c.advance(100*time.Millisecond, alive...)
+		return c.getJob(job).GetGeneration() == generation
+	}, func() string { return fmt.Sprintf("%s never committed generation %d", job, generation) })
+	for _, e := range c.events(job) {
+		if e.GetKind() == "rendezvous_committed" && e.GetGeneration() == generation {
+			return e.GetTime().AsTime()
+		}
+	}
+	require.FailNow(c.t, "no rendezvous_committed event", "%s generation %d", job, generation)
+	return time.Time{}
 }
 
 // An operator's stop leaves the workers the agent's whole stop_grace to

@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/rdzv/rdzv/test/netns"
+	"github.com/rdzv/rdzv/test/sim"
 	"github.com/rdzv/rdzv/test/testpki"
 )
 
@@ -253,10 +254,10 @@ func (b *bench) startRdzv(t *testing.T, net *netns.Cluster, d runDirs, hosts int
 		}
 		for i := 1; i <= hosts; i++ {
 			h := net.Host(i)
-			t.Logf("bench: last lines of %s's job log:\n%s", h.Name, tail(filepath.Join(d.root, h.Name, "logs", jobName+".log"), 25))
+			t.Logf("bench: last lines of %s's job log:\n%s", h.Name, sim.TailFile(filepath.Join(d.root, h.Name, "logs", jobName+".log"), 25))
 		}
 		for _, p := range c.daemons {
-			t.Logf("bench: last lines of %s:\n%s", p.LogPath(), tail(p.LogPath(), 25))
+			t.Logf("bench: last lines of %s:\n%s", p.LogPath(), sim.TailFile(p.LogPath(), 25))
 		}
 	}
 
@@ -489,7 +490,7 @@ func (b *bench) runTorchrun(t *testing.T, r *result) {
 	}
 	diagnose := func() {
 		for i := 1; i <= nodeHosts; i++ {
-			t.Logf("bench: last lines of %s:\n%s", procs[i].LogPath(), tail(procs[i].LogPath(), 15))
+			t.Logf("bench: last lines of %s:\n%s", procs[i].LogPath(), sim.TailFile(procs[i].LogPath(), 15))
 		}
 	}
 	// gaveUp reports torchrun exiting on every node it still runs on.

@@ -258,19 +258,6 @@ func cmdline(pid int) string {
 	return strings.TrimSpace(strings.ReplaceAll(string(b), "\x00", " "))
 }
 
-// tail returns the last n lines of a file, for diagnostics.
-func tail(path string, n int) string {
-	data, err := os.ReadFile(path)
-	if err != nil {
-		return fmt.Sprintf("(%v)", err)
-	}
-	lines := strings.Split(strings.TrimRight(string(data), "\n"), "\n")
-	if len(lines) > n {
-		lines = lines[len(lines)-n:]
-	}
-	return strings.Join(lines, "\n")
-}
-
 // ctl runs rdzvctl on h0, the only host that reaches the controller (the
 // test process lives in the root namespace, off the hosts' subnet).
 func ctl(h *netns.Host, bin, addr, tlsDir string, timeout time.Duration, args ...string) (string, error) {

@@ -178,8 +178,11 @@ func (p *Controller) WaitLeading(ctx context.Context, op *client.Client) error {
 }
 
 // Tail is the last n lines of the controller's log, for diagnostics.
-func (p *Controller) Tail(n int) string {
-	data, err := os.ReadFile(p.LogPath)
+func (p *Controller) Tail(n int) string { return TailFile(p.LogPath, n) }
+
+// TailFile is the last n lines of the file at path, for diagnostics.
+func TailFile(path string, n int) string {
+	data, err := os.ReadFile(path)
 	if err != nil {
 		return fmt.Sprintf("(%v)", err)
 	}
