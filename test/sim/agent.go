@@ -80,18 +80,22 @@ const (
 	// SessionEnded: a session ended, with Err, while the agent was not
 	// silenced or stopped.
 	SessionEnded
+	// Handshake: a TLS handshake with the controller finished; Resumed if
+	// it resumed a session (no certificates exchanged).
+	Handshake
 )
 
 // Event is something a simulated agent saw or did. Only the fields its
 // Kind names are set.
 type Event struct {
-	Kind  EventKind
-	Agent *Agent
-	At    time.Time
-	First bool          // Registered
-	Gap   time.Duration // Heartbeat
-	RTT   time.Duration // HeartbeatAcked
-	Taken bool          // Assignment, StopOrder
+	Kind    EventKind
+	Agent   *Agent
+	At      time.Time
+	First   bool          // Registered
+	Gap     time.Duration // Heartbeat
+	RTT     time.Duration // HeartbeatAcked
+	Taken   bool          // Assignment, StopOrder
+	Resumed bool          // Handshake
 	// Job and Gen: Assignment, StopOrder, WorkersEnded, ReportAcked.
 	Job        string
 	Gen        uint64
@@ -266,6 +270,19 @@ func NewAgent(ctx context.Context, cfg AgentConfig) (*Agent, error) {
 	}
 	tc := cfg.Roots.Clone()
 	tc.Certificates = []tls.Certificate{cfg.Cert}
+	// As the agent's own (pki.Reloader.ClientConfig): a reconnect resumes
+	// its TLS session.
+	tc.ClientSessionCache = tls.NewLRUClientSessionCache(1)
+	own := tc.VerifyConnection
+	tc.VerifyConnection = func(cs tls.ConnectionState) error {
+		if own != nil {
+			if err := own(cs); err != nil {
+				return err
+			}
+		}
+		a.observe(Event{Kind: Handshake, Agent: a, At: time.Now(), Resumed: cs.DidResume})
+		return nil
+	}
 	local := &net.TCPAddr{IP: a.addr.AsSlice()}
 	cc := client.DefaultConfig()
 	cc.Endpoints = []string{cfg.Controller}

@@ -6,8 +6,9 @@
 // simulation shares with the real agent). For each N it times the phases
 // register (a cold controller and all agents connecting at once), steady (heartbeats only: round trips,
 // the controller's CPU, memory, goroutines), rendezvous (one job over all
-// N nodes) and recovery (one node of that job goes silent), and prints the
-// figures. Nothing in it is a timed assertion; each phase has a generous
+// N nodes), recovery (one node of that job goes silent) and restart (the
+// controller SIGKILLed and started again on its data directory, every
+// agent reconnecting at once), and prints the figures. Nothing in it is a timed assertion; each phase has a generous
 // cap only so that a hang ends the run. It is not part of `make test`.
 //
 // Run it with `make bench-scale` (root is not needed, but the open-file

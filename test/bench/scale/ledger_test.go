@@ -14,10 +14,13 @@ import (
 type kind int
 
 const (
-	kindRegistered kind = iota // first registration of an agent
-	kindAssignment             // an assignment was taken (by generation)
-	kindStop                   // a stop order ended running workers (by generation)
-	kindReconnect              // a session ended while the agent was not silenced
+	kindRegistered   kind = iota // first registration of an agent
+	kindAssignment               // an assignment was taken (by generation)
+	kindStop                     // a stop order ended running workers (by generation)
+	kindReconnect                // a session ended while the agent was not silenced
+	kindReregistered             // a later registration (by epoch, see ledger.epoch)
+	kindHandshake                // a full TLS handshake (by epoch)
+	kindResumed                  // a resumed TLS handshake (by epoch)
 )
 
 type ledgerKey struct {
@@ -33,9 +36,15 @@ type ledger struct {
 	first   map[ledgerKey]time.Time
 	last    map[ledgerKey]time.Time
 	reasons map[string]int // why sessions ended, for the report
-	rtts    []time.Duration
+	// names holds, for kindReregistered, which agents registered again:
+	// one that registers twice must not stand in for one that has not.
+	names map[ledgerKey]map[string]bool
+	rtts  []time.Duration
 	// recording turns RTT collection on (the steady phase).
 	recording atomic.Bool
+	// epoch buckets later registrations and handshakes: a phase that
+	// restarts the controller counts those after the restart.
+	epoch atomic.Uint64
 	// maxGap is the longest time between two heartbeats of one session
 	// (nanoseconds) since takeGap: how late the agents themselves were, on
 	// a machine they share with the controller.
@@ -43,7 +52,8 @@ type ledger struct {
 }
 
 func newLedger() *ledger {
-	return &ledger{n: map[ledgerKey]int{}, first: map[ledgerKey]time.Time{}, last: map[ledgerKey]time.Time{}, reasons: map[string]int{}}
+	return &ledger{n: map[ledgerKey]int{}, first: map[ledgerKey]time.Time{}, last: map[ledgerKey]time.Time{}, reasons: map[string]int{},
+		names: map[ledgerKey]map[string]bool{}}
 }
 
 // observe is the ledger's sim.Observer.
@@ -52,6 +62,21 @@ func (l *ledger) observe(e sim.Event) {
 	case sim.Registered:
 		if e.First {
 			l.add(kindRegistered, 0, e.At)
+		} else {
+			key := ledgerKey{kindReregistered, l.epoch.Load()}
+			l.add(key.kind, key.gen, e.At)
+			l.mu.Lock()
+			if l.names[key] == nil {
+				l.names[key] = map[string]bool{}
+			}
+			l.names[key][e.Agent.Name()] = true
+			l.mu.Unlock()
+		}
+	case sim.Handshake:
+		if e.Resumed {
+			l.add(kindResumed, l.epoch.Load(), e.At)
+		} else {
+			l.add(kindHandshake, l.epoch.Load(), e.At)
 		}
 	case sim.Heartbeat:
 		l.gap(e.Gap)
@@ -108,6 +133,13 @@ func (l *ledger) add(k kind, gen uint64, at time.Time) {
 		l.last[key] = at
 	}
 	l.n[key]++
+}
+
+// agents is how many distinct agents a kind recorded by name has seen.
+func (l *ledger) agents(k kind, gen uint64) int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return len(l.names[ledgerKey{k, gen}])
 }
 
 // get returns how many, and the first and last time.

@@ -232,6 +232,7 @@ func runSize(t *testing.T, cfg config, certs *sim.Certs, dir string, r *result) 
 		{"steady", ru.steady},
 		{"rendezvous", ru.rendezvous},
 		{"recovery", ru.recovery},
+		{"restart", ru.restart},
 	} {
 		if !ru.ctl.Running() {
 			t.Errorf("bench: the controller exited before %s: %v", phase.name, ru.ctl.WaitErr())
@@ -554,6 +555,42 @@ func (ru *run) recovery() error {
 	return nil
 }
 
+// restart: the controller crashes (SIGKILL) and starts again on its data
+// directory, as after an OOM kill or a host reboot, while every agent runs
+// on: all of them reconnect at once and register again, resuming their
+// TLS sessions (tickets sealed with keys derived from the secrets keyring,
+// which survives the restart). The silenced node stays silent.
+func (ru *run) restart() error {
+	ctx, cancel := context.WithTimeout(ru.ctx, registerCap)
+	defer cancel()
+	ru.led.epoch.Store(1)
+	ru.ctl.Kill()
+	t0 := time.Now()
+	if err := ru.ctl.Restart(); err != nil {
+		return err
+	}
+	usage := ru.startUsage()
+	if err := ru.ctl.WaitLeading(ctx, ru.op); err != nil {
+		return err
+	}
+	ru.r.secs("restart-leading", time.Since(t0))
+	want := ru.n - 1
+	err := sim.WaitFor(ctx, "agents registered again", func() (bool, string) {
+		got := ru.led.agents(kindReregistered, 1)
+		return got >= want, fmt.Sprintf("%d of %d", got, want)
+	})
+	ru.r.set("restart-cpu", "%s", usage())
+	if err != nil {
+		return err
+	}
+	_, _, last := ru.led.get(kindReregistered, 1)
+	ru.r.secs("restart", last.Sub(t0))
+	full, _, _ := ru.led.get(kindHandshake, 1)
+	resumed, _, _ := ru.led.get(kindResumed, 1)
+	ru.r.set("restart-resumed", "%d of %d", resumed, resumed+full)
+	return nil
+}
+
 func (ru *run) waitAssignments(ctx context.Context, gen uint64, want int) error {
 	return sim.WaitFor(ctx, fmt.Sprintf("generation %d assignments delivered", gen), func() (bool, string) {
 		got, _, _ := ru.led.get(kindAssignment, gen)
@@ -635,6 +672,9 @@ var rows = []struct{ key, label string }{
 	{"recovery-writes", "… recovery (silence until the next generation RUNNING durable)"},
 	{"rtt-burst", "heartbeat p99 / max during rendezvous and recovery"},
 	{"listnodes", "ListNodes of every node (all pages)"},
+	{"restart", "controller SIGKILLed and restarted → every live agent registered again"},
+	{"restart-leading", "… → leading again (embedded etcd up, state loaded; agents wait out their reconnect backoff)"},
+	{"restart-resumed", "… TLS handshakes that resumed a session / all"},
 	{"rss-end", "controller RSS at the end"},
 	{"reconnects", "agent sessions dropped"},
 	{"register-gap", "longest gap between a sim's heartbeats (sims' own lateness; 1 s is on time): registering"},
@@ -643,6 +683,7 @@ var rows = []struct{ key, label string }{
 	{"register-cpu", "CPU while registering: controller / simulated agents / everything else"},
 	{"rendezvous-cpu", "CPU during rendezvous: controller / simulated agents / everything else"},
 	{"recovery-cpu", "CPU during recovery: controller / simulated agents / everything else"},
+	{"restart-cpu", "CPU while registering again after the restart: controller / simulated agents / everything else"},
 	{"load", "CPU during steady: controller / simulated agents / everything else"},
 }
 
