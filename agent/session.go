@@ -16,7 +16,12 @@ import (
 
 const (
 	minBackoff = 250 * time.Millisecond
-	maxBackoff = 10 * time.Second
+	// maxBackoff bounds how long a healthy agent takes to come back after a
+	// controller outage (a restart, an upgrade, a failover): every node
+	// registers again within it of the controller's return. A reconnect
+	// resumes its TLS session, so thousands of them at once are cheap, and
+	// a dial to a controller that is down costs a refused SYN.
+	maxBackoff = 4 * time.Second
 	// stableSession is how long a session must last before a disconnect is
 	// treated as new trouble rather than a continuing outage.
 	stableSession = 30 * time.Second

@@ -414,9 +414,11 @@ func stopGRPC(srv *grpc.Server, grace time.Duration) {
 }
 
 // reconnectGrace is added to the heartbeat timeout for nodes loaded at
-// start: agents back off up to 10s between reconnect attempts (agent's
-// maxBackoff), so after a long controller outage a healthy agent may take
-// that long to come back. Declaring it lost sooner would fail healthy jobs.
+// start: agents back off up to 4s between reconnect attempts (agent's
+// maxBackoff; 10s before this release, so an upgrade that starts with the
+// controller still finds older agents), so after a long controller outage
+// a healthy agent may take that long to come back. Declaring it lost
+// sooner would fail healthy jobs.
 const reconnectGrace = 10 * time.Second
 
 // load rebuilds the in-memory view from etcd when this controller takes the

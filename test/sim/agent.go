@@ -40,7 +40,7 @@ import (
 // The agent's reconnect backoff and keepalive (agent/session.go, agent.New).
 const (
 	minBackoff    = 250 * time.Millisecond
-	maxBackoff    = 10 * time.Second
+	maxBackoff    = 4 * time.Second
 	stableSession = 30 * time.Second
 	keepaliveTime = 10 * time.Second
 	keepaliveWait = 5 * time.Second
