@@ -82,6 +82,8 @@ type Controller struct {
 
 	mu    sync.Mutex
 	nodes map[string]*nodeState
+	// seeds are the nodes that registered with gossip last (gossipSeeds).
+	seeds seedRing
 	jobs  map[string]*jobState
 	// standbys are what spares' agents were told to keep ready
 	// (standby.go), by node.

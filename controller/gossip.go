@@ -2,6 +2,7 @@ package controller
 
 import (
 	"math/rand/v2"
+	"slices"
 	"time"
 
 	"go.uber.org/zap"
@@ -195,24 +196,40 @@ func (ns *nodeState) selfReporter() int {
 	return 0
 }
 
-// seedCandidates bounds how many nodes gossipSeeds looks at: a pass over
-// every node per registration made a cold start of 10,000 agents O(N²)
-// (13% of the controller's CPU in make bench-scale). Map iteration starts
-// at a random place, so the first candidates are a fair enough sample.
-const seedCandidates = 8 * maxGossipSeeds
+// seedCandidates bounds how many nodes gossipSeeds considers, and
+// seedScan how many it looks at to find them: a pass over every node per
+// registration made a cold start of 10,000 agents O(N²) (13% of the
+// controller's CPU in make bench-scale), and so did looking until
+// seedCandidates fit when few nodes do (without gossip, none does: 7% at
+// 5,000). So it looks first among the nodes that registered with gossip
+// last (seedRing), which are almost always connected, and scans at most
+// seedScan others only if they fall short. Map iteration starts at a
+// random place, so those are a fair enough sample.
+const (
+	seedCandidates = 8 * maxGossipSeeds
+	seedScan       = 4 * seedCandidates
+)
+
+// seedRing is the names of the last nodes that registered with gossip.
+type seedRing struct {
+	names [seedCandidates]string
+	next  int
+}
+
+func (r *seedRing) add(name string) {
+	r.names[r.next%len(r.names)] = name
+	r.next++
+}
 
 // gossipSeeds picks a few connected nodes' gossip addresses for node to
 // join through. Callers hold c.mu.
 func (c *Controller) gossipSeeds(node string) []string {
 	var seeds []string
 	seen := 0
-	for name, ns := range c.nodes {
-		if seen == seedCandidates {
-			break
-		}
+	consider := func(name string, ns *nodeState) {
 		addr := ns.rec.GetInfo().GetGossipAddr()
-		if name == node || addr == "" || ns.session == nil || ns.rec.GetState() == rdzvv1.NodeState_NODE_STATE_LOST {
-			continue
+		if name == node || addr == "" || ns.session == nil || ns.rec.GetState() == rdzvv1.NodeState_NODE_STATE_LOST || slices.Contains(seeds, addr) {
+			return
 		}
 		// Reservoir sampling: a uniform pick without collecting every node.
 		seen++
@@ -221,6 +238,22 @@ func (c *Controller) gossipSeeds(node string) []string {
 		} else if j := rand.IntN(seen); j < maxGossipSeeds {
 			seeds[j] = addr
 		}
+	}
+	for _, name := range c.seeds.names {
+		if ns := c.nodes[name]; ns != nil {
+			consider(name, ns)
+		}
+	}
+	if len(seeds) == maxGossipSeeds {
+		return seeds
+	}
+	scanned := 0
+	for name, ns := range c.nodes {
+		if seen >= seedCandidates || scanned == seedScan {
+			break
+		}
+		scanned++
+		consider(name, ns)
 	}
 	return seeds
 }

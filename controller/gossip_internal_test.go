@@ -11,16 +11,23 @@ import (
 )
 
 // A registering node is given a few seeds: connected, live nodes with a
-// gossip address, never itself; however many nodes there are.
+// gossip address, never itself; however many nodes there are, and however
+// few of them run gossip, when those registered lately.
 func TestGossipSeeds(t *testing.T) {
 	tests := []struct {
 		name      string
 		connected int
-		want      int
+		// noGossip nodes without gossip; registered: the connected ones
+		// registered after them (seedRing).
+		noGossip   int
+		registered bool
+		want       int
 	}{
-		{"alone", 0, 0},
-		{"fewer nodes than seeds", 3, 3},
-		{"many nodes", 10000, maxGossipSeeds},
+		{name: "alone"},
+		{name: "fewer nodes than seeds", connected: 3, want: 3},
+		{name: "many nodes", connected: 10000, want: maxGossipSeeds},
+		{name: "many nodes, registered", connected: 10000, registered: true, want: maxGossipSeeds},
+		{name: "a few among many without gossip, registered lately", connected: 3, noGossip: 10000, registered: true, want: 3},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -39,11 +46,17 @@ func TestGossipSeeds(t *testing.T) {
 			node("lost", "10.0.0.2:7946", rdzvv1.NodeState_NODE_STATE_LOST, true)
 			node("gone", "10.0.0.3:7946", rdzvv1.NodeState_NODE_STATE_READY, false)
 			node("no-gossip", "", rdzvv1.NodeState_NODE_STATE_READY, true)
+			for i := range tt.noGossip {
+				node(fmt.Sprintf("plain%d", i), "", rdzvv1.NodeState_NODE_STATE_READY, true)
+			}
 			good := map[string]bool{}
 			for i := range tt.connected {
 				addr := fmt.Sprintf("10.1.%d.%d:7946", i/256, i%256)
 				node(fmt.Sprintf("n%d", i), addr, rdzvv1.NodeState_NODE_STATE_READY, true)
 				good[addr] = true
+				if tt.registered {
+					c.seeds.add(fmt.Sprintf("n%d", i))
+				}
 			}
 			for range 20 {
 				seeds := c.gossipSeeds("self")

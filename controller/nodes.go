@@ -67,6 +67,9 @@ func (c *Controller) register(sess *session, reg *rdzvv1.Register) {
 	// Heard from now on: neither a start-up grace nor a restart hold may
 	// delay noticing that it dies later.
 	ns.graceUntil, ns.restartHold, ns.lost = time.Time{}, time.Time{}, nil
+	if info.GetGossipAddr() != "" {
+		c.seeds.add(name)
+	}
 	ns.heard = true
 	sess.send(&rdzvv1.ConnectResponse{Msg: &rdzvv1.ConnectResponse_Registered{Registered: &rdzvv1.Registered{
 		HeartbeatIntervalMs: uint32(c.cfg.Heartbeat.Interval.Milliseconds()),
