@@ -28,19 +28,15 @@ func (c *Controller) applyWorkerStatus(node string, w *rdzvv1.WorkerStatus) {
 	js := c.jobs[w.GetJob()]
 	alive := !terminalWorker(w.GetState())
 	current := js != nil && js.rec.GetGeneration() == w.GetGeneration() && js.member(node)
-	// A stop rests on a decision (a newer generation, the job's end) that
-	// may not be durable yet: it leaves once it is, or a controller that
-	// crashed meanwhile would have killed workers its successor counts on.
 	if !current {
 		if alive {
 			log.Warn("stopping workers of a stale generation")
-			c.afterDurable(func() { c.sendStop(node, w.GetJob(), w.GetGeneration(), "stale generation", failedStopGrace) })
+			c.sendStop(node, w.GetJob(), w.GetGeneration(), "stale generation", failedStopGrace)
 		}
 		return
 	}
 	if alive && js.rec.GetState() != rdzvv1.JobState_JOB_STATE_RUNNING {
-		reason := "job is " + stateName(js.rec.GetState())
-		c.afterDurable(func() { c.sendStop(node, w.GetJob(), w.GetGeneration(), reason, 0) })
+		c.sendStop(node, w.GetJob(), w.GetGeneration(), "job is "+stateName(js.rec.GetState()), 0)
 	}
 	prev := js.workers[node]
 	if prev.GetState() == w.GetState() || terminalWorker(prev.GetState()) {
