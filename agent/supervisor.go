@@ -226,7 +226,10 @@ func (s *Supervisor) OnHandover(announce func(hold time.Duration) bool) { s.anno
 func (s *Supervisor) Adopt(found []Adopted) {
 	// warm is the kept generation's assignment if it runs on under a warm
 	// standby.
-	var warm *rdzvv1.Assignment
+	var (
+		warm *rdzvv1.Assignment
+		kept *worker
+	)
 	for _, f := range found {
 		a := &rdzvv1.Assignment{}
 		if err := proto.Unmarshal(f.Meta, a); err != nil || a.GetSpec().GetName() == "" {
@@ -266,14 +269,11 @@ func (s *Supervisor) Adopt(found []Adopted) {
 		s.supervise(w, a, false)
 		warm = nil
 		if f.Live && jobspec.FromProto(a.GetSpec()).Launcher.Kind == jobspec.KindWarm {
-			warm = a
+			warm, kept = a, w
 		}
 	}
 	if warm != nil {
-		sb := s.spawnStandby(warm)
-		s.mu.Lock()
-		s.standby = sb
-		s.mu.Unlock()
+		s.keepStandby(s.spawnStandby(warm), kept)
 	}
 }
 
@@ -389,10 +389,20 @@ func (s *Supervisor) assign(a *rdzvv1.Assignment) {
 	log.Info("workers started", zap.Int("pid", w.proc.Pid()), zap.String("master_addr", a.GetMasterAddr()), zap.Uint32("master_port", a.GetMasterPort()))
 	s.supervise(w, a, true)
 	if spec.Launcher.Kind == jobspec.KindWarm {
-		sb := s.spawnStandby(a)
-		s.mu.Lock()
-		s.standby = sb
-		s.mu.Unlock()
+		s.keepStandby(s.spawnStandby(a), w)
+	}
+}
+
+// keepStandby makes sb the standby for the generation after w's, unless w
+// has already ended: its exit then found no standby to drop, and a
+// generation that ended that soon is better served by a fresh one.
+func (s *Supervisor) keepStandby(sb *standby, w *worker) {
+	s.mu.Lock()
+	s.standby = sb
+	ended := s.cur != w
+	s.mu.Unlock()
+	if ended {
+		s.dropStandby(sb.job)
 	}
 }
 
@@ -478,14 +488,11 @@ func (s *Supervisor) watch(w *worker) {
 	s.log.Info("workers exited", zap.String("job", w.job), zap.Uint64("generation", w.generation),
 		zap.Int("exit_code", exit.Code), zap.String("signal", exit.Signal), zap.String("state", state.String()))
 	if state == rdzvv1.WorkerState_WORKER_STATE_SUCCEEDED {
-		// The job is done: no generation follows. Queued before the exit
-		// is reported, so anything that follows the report finds it gone;
-		// a full queue leaves it to the next assignment or the linger.
-		select {
-		case s.cmds <- func() { s.dropStandby(w.job) }:
-		default:
-			s.lingerStandby(w.job)
-		}
+		// The job is done: no generation follows. Killed before the exit
+		// is reported, so anything that follows the report (the job's end,
+		// a check that the node is idle) finds it gone. A standby kept
+		// after this (keepStandby) sees the worker ended and drops it.
+		s.dropStandby(w.job)
 	} else {
 		s.lingerStandby(w.job)
 	}

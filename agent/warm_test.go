@@ -176,9 +176,17 @@ func (h *warmHarness) readyStandby() *standby {
 // environment, and the used standby is replaced.
 func TestWarmStandby(t *testing.T) {
 	h := newWarmHarness(t)
+	// Generation 2's workers wait while hold exists; generation 1's find
+	// none.
+	hold := filepath.Join(h.workdir, "hold")
+	assign := func(gen uint64, code int) *rdzvv1.Assignment {
+		a := h.assign(gen, code)
+		a.Spec.Env["HOLD"] = hold
+		return a
+	}
 
 	// Generation 1 finds no standby and starts a fresh one at once.
-	h.sup.Assign(h.assign(1, 3))
+	h.sup.Assign(assign(1, 3))
 	h.expect("warm", 1, wRunning)
 	h.expect("warm", 1, wFailed)
 	require.ElementsMatch(t, []string{
@@ -198,21 +206,25 @@ func TestWarmStandby(t *testing.T) {
 	require.Equal(t, os.FileMode(0o700), info.Mode().Perm(), "only the job's user and root reach the standby's socket")
 
 	// Generation 2 is handed to it, and succeeds: the job's last, so no
-	// standby is left.
+	// standby is left once its exit is reported, not even the one started
+	// for a generation 3.
 	standbyPid := sb.proc.Pid()
-	h.sup.Assign(h.assign(2, 0))
+	require.NoError(t, os.WriteFile(hold, nil, 0o644))
+	h.sup.Assign(assign(2, 0))
 	h.expect("warm", 2, wRunning)
+	nextPid := h.readyStandby().proc.Pid()
+	require.NoError(t, os.Remove(hold))
 	st := h.expect("warm", 2, wSucceeded)
 	require.Equal(t, int32(0), st.GetExitCode())
 	require.ElementsMatch(t, []string{
 		"2: 65534 0 4 True 1 --lr 1", "3: 65534 1 4 True 1 --lr 1",
 		"2: 65534 0 4 True 2 --lr 1", "3: 65534 1 4 True 2 --lr 1",
 	}, h.readMarkers())
-	h.sync()
 	h.sup.mu.Lock()
 	left := h.sup.standby
 	h.sup.mu.Unlock()
-	require.Nil(t, left, "the standby of a finished job is killed")
+	require.Nil(t, left, "the standby of a finished job is killed before its exit is reported")
+	require.Empty(t, groupMembers(nextPid), "nothing of the next standby is left when the exit is reported")
 	require.Empty(t, groupMembers(standbyPid), "nothing of the used standby is left")
 }
 
