@@ -114,15 +114,15 @@ type authenticator struct {
 
 // verify accepts a client certificate chain that verifies against the CA
 // as loaded now and is not on the deny-list, and returns its identity.
-func (a *authenticator) verify(chain []*x509.Certificate) (pki.Identity, error) {
-	id, err := a.tls.VerifyClient(chain)
+func (a *authenticator) verify(chain []*x509.Certificate, prev pki.ClientVerification) (pki.ClientVerification, error) {
+	v, err := a.tls.VerifyClientAgain(chain, prev)
 	if err != nil {
-		return pki.Identity{}, err
+		return pki.ClientVerification{}, err
 	}
-	if err := a.revoked.check(chain[0], id); err != nil {
-		return pki.Identity{}, err
+	if err := a.revoked.check(chain[0], v.ID); err != nil {
+		return pki.ClientVerification{}, err
 	}
-	return id, nil
+	return v, nil
 }
 
 func (a *authenticator) check(ctx context.Context, method string) (context.Context, error) {
@@ -133,13 +133,19 @@ func (a *authenticator) check(ctx context.Context, method string) (context.Conte
 	if p, _ := peer.FromContext(ctx); p != nil && p.Addr != nil {
 		addr = p.Addr.String()
 	}
-	id, err := a.verify(peerChain(ctx))
+	cc := trackedConn(ctx)
+	var prev pki.ClientVerification
+	if cc != nil {
+		prev = cc.lastVerification()
+	}
+	v, err := a.verify(peerChain(ctx), prev)
 	if err != nil {
 		a.log.Warn("unauthenticated call refused", zap.String("method", method), zap.String("peer", addr), zap.Error(err))
 		return nil, status.Error(codes.Unauthenticated, err.Error())
 	}
-	if cc := trackedConn(ctx); cc != nil {
-		cc.accepted()
+	id := v.ID
+	if cc != nil {
+		cc.accepted(v)
 	}
 	if err := authorize(id, method); err != nil {
 		a.log.Warn("unauthorized call refused", zap.String("method", method), zap.String("peer", addr), zap.Stringer("identity", id))

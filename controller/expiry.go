@@ -65,6 +65,9 @@ type clientConn struct {
 	verified, closed atomic.Bool
 
 	mu sync.Mutex
+	// verification is the chain's last accepted verification: checking it
+	// again skips the signatures while the CA stays loaded.
+	verification pki.ClientVerification
 	// ended is why the connection was ended; nil while it is open.
 	ended         error
 	streams       map[uint64]context.CancelCauseFunc
@@ -123,9 +126,19 @@ func (s *clientConns) add(conn net.Conn, chain []*x509.Certificate, peer string)
 	return cc
 }
 
-// accepted records that a call on cc was authenticated: from then on its
-// certificate is verified again with the others'.
-func (cc *clientConn) accepted() {
+// lastVerification is what accepted recorded last.
+func (cc *clientConn) lastVerification() pki.ClientVerification {
+	cc.mu.Lock()
+	defer cc.mu.Unlock()
+	return cc.verification
+}
+
+// accepted records that a call on cc was authenticated, by v: from then on
+// its certificate is verified again with the others'.
+func (cc *clientConn) accepted(v pki.ClientVerification) {
+	cc.mu.Lock()
+	cc.verification = v
+	cc.mu.Unlock()
 	if cc.verified.Load() {
 		return
 	}
@@ -138,8 +151,9 @@ func (cc *clientConn) accepted() {
 }
 
 // reverify checks the certificate of every connection that carried an
-// authenticated call, and ends those check refuses.
-func (s *clientConns) reverify(check func(chain []*x509.Certificate) error) {
+// authenticated call, given its last verification, and ends those check
+// refuses.
+func (s *clientConns) reverify(check func(chain []*x509.Certificate, prev pki.ClientVerification) (pki.ClientVerification, error)) {
 	s.mu.Lock()
 	conns := make([]*clientConn, 0, len(s.conns))
 	for cc := range s.conns {
@@ -147,13 +161,18 @@ func (s *clientConns) reverify(check func(chain []*x509.Certificate) error) {
 	}
 	s.mu.Unlock()
 	for _, cc := range conns {
-		if err := check(cc.chain); err != nil {
-			cc.end(err, func() {
-				leaf := cc.chain[0]
-				s.log.Warn("closing connection: client certificate no longer accepted", zap.String("peer", cc.peer),
-					zap.String("subject", leaf.Subject.CommonName), zap.String("serial", pki.Serial(leaf)), zap.Error(err))
-			})
+		v, err := check(cc.chain, cc.lastVerification())
+		if err == nil {
+			cc.mu.Lock()
+			cc.verification = v
+			cc.mu.Unlock()
+			continue
 		}
+		cc.end(err, func() {
+			leaf := cc.chain[0]
+			s.log.Warn("closing connection: client certificate no longer accepted", zap.String("peer", cc.peer),
+				zap.String("subject", leaf.Subject.CommonName), zap.String("serial", pki.Serial(leaf)), zap.Error(err))
+		})
 	}
 }
 

@@ -360,10 +360,7 @@ func (c *Controller) reverifyLoop(ctx context.Context) {
 		case <-c.reverifyKick:
 		}
 		c.reportRefusedReload()
-		c.conns.reverify(func(chain []*x509.Certificate) error {
-			_, err := c.auth.verify(chain)
-			return err
-		})
+		c.conns.reverify(c.auth.verify)
 	}
 }
 

@@ -264,8 +264,8 @@ func TestConnectionsEndWhenRefused(t *testing.T) {
 	a := conns.add(rawA, []*x509.Certificate{revoked}, "a")
 	b := conns.add(rawB, []*x509.Certificate{kept}, "b")
 	conns.add(rawC, []*x509.Certificate{revoked}, "c") // never authenticated
-	a.accepted()
-	b.accepted()
+	a.accepted(pki.ClientVerification{})
+	b.accepted(pki.ClientVerification{})
 
 	streamA, doneA, err := trackStream(trackedPeer(a))
 	require.NoError(t, err)
@@ -276,12 +276,12 @@ func TestConnectionsEndWhenRefused(t *testing.T) {
 
 	why := errors.New("certificate agent/gpu-01 revoked")
 	checked := 0
-	conns.reverify(func(chain []*x509.Certificate) error {
+	conns.reverify(func(chain []*x509.Certificate, _ pki.ClientVerification) (pki.ClientVerification, error) {
 		checked++
 		if chain[0] == revoked {
-			return why
+			return pki.ClientVerification{}, why
 		}
-		return nil
+		return pki.ClientVerification{}, nil
 	})
 	require.Equal(t, 2, checked, "only authenticated connections are verified again")
 	<-streamA.Done()

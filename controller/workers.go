@@ -49,14 +49,29 @@ func (c *Controller) applyWorkerStatus(node string, w *rdzvv1.WorkerStatus) {
 	case rdzvv1.WorkerState_WORKER_STATE_FAILED:
 		js.failed.note(js)
 	}
-	c.persist(c.store.PutWorker(w.GetJob(), node, w, c.workerEvents(js, node, w)...), nil)
+	ch := c.store.PutWorker(w.GetJob(), node, w, c.workerEvents(js, node, w)...)
+	if !alive && js.rec.GetState() == rdzvv1.JobState_JOB_STATE_RECOVERING {
+		// A survivor of the failed generation has stopped: the next
+		// round's commit deletes the record, and at 10,000 nodes writing
+		// the reports first held that commit back by seconds.
+		c.persistLazy(ch)
+	} else {
+		c.persist(ch, nil)
+	}
 	if alive && !js.reportsSteps && allRunning(js) {
 		c.resumeTraining(js)
 	}
 	if alive {
 		c.noteWorkersStarted(js)
 	}
-	log.Info("worker status", zap.String("state", w.GetState().String()), zap.Int32("exit_code", w.GetExitCode()), zap.String("signal", w.GetSignal()))
+	// One line per node and generation is 10,000 lines per recovery on a
+	// large cluster; the generation's events say how it went (every worker
+	// running, every worker exited), so only failures are worth a line.
+	logAt := log.Debug
+	if w.GetState() == rdzvv1.WorkerState_WORKER_STATE_FAILED {
+		logAt = log.Info
+	}
+	logAt("worker status", zap.String("state", w.GetState().String()), zap.Int32("exit_code", w.GetExitCode()), zap.String("signal", w.GetSignal()))
 	if alive {
 		// Only an exit moves a job on (advanceJob acts on exits alone), and
 		// asking on every start too was a pass over all N nodes per report:

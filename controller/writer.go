@@ -2,7 +2,9 @@ package controller
 
 import (
 	"context"
+	"slices"
 	"sync"
+	"time"
 
 	"github.com/rdzv/rdzv/controller/store"
 )
@@ -29,7 +31,17 @@ type pendingWrite struct {
 	// then runs under c.mu once ch and everything before it is durable.
 	then  func()
 	reply chan error
+	// lazy marks a change no one waits on that a change soon to follow may
+	// make moot (persistLazy); held is when it was queued.
+	lazy bool
+	held time.Time
 }
+
+// lazyWait bounds how long a lazy change waits for company: longer than a
+// 10,000-node recovery takes from its first STOPPED report to its commit,
+// short enough that a recovery waiting on a long fencing deadline still
+// has the reports stored soon.
+const lazyWait = 2 * time.Second
 
 // writer is the queue of one lead; a new lead starts a new one.
 type writer struct {
@@ -89,6 +101,19 @@ func (c *Controller) persist(ch *store.Change, then func()) {
 	c.queueWrite(pendingWrite{ch: ch, then: then})
 }
 
+// persistLazy is persist for a change that no one waits on and that the
+// next round's commit is likely to make moot: a report of the failed
+// generation's workers having stopped, which that commit deletes with the
+// rest of the job's worker keys. Unless something that must be written
+// queues behind it, it waits up to lazyWait, so that the commit finds it
+// still queued and it is never written (elideSuperseded). Written or not,
+// nothing is lost: the agent reports its workers again whenever it
+// registers, and a controller that takes over without the report
+// treats the node's workers as maybe running, as before the report.
+func (c *Controller) persistLazy(ch *store.Change) {
+	c.queueWrite(pendingWrite{ch: ch, lazy: true, held: time.Now()})
+}
+
 // persistWait is persist for an API call, whose answer must wait until the
 // change is durable: the caller waits on the channel after releasing c.mu.
 func (c *Controller) persistWait(ch *store.Change) <-chan error {
@@ -142,17 +167,42 @@ func await(ctx context.Context, reply <-chan error) error {
 	}
 }
 
+// holdUntil is when the oldest of queued, if they are all lazy, stops
+// waiting for company; zero if something is to be written now.
+func holdUntil(queued []pendingWrite) time.Time {
+	if len(queued) == 0 || slices.ContainsFunc(queued, func(p pendingWrite) bool { return !p.lazy }) {
+		return time.Time{}
+	}
+	return queued[0].held.Add(lazyWait)
+}
+
 // writeLoop is the writer of one lead, until ctx ends or a write fails.
+// Lazy changes wait in queued, up to lazyWait, until something else comes.
+// Their wait is the writer's own pacing, not the cluster's time, so it
+// runs on the real clock.
 func (c *Controller) writeLoop(ctx context.Context, w *writer) {
+	var (
+		queued []pendingWrite
+		hold   = time.NewTimer(time.Hour)
+	)
+	hold.Stop()
+	defer hold.Stop()
 	for {
 		select {
 		case <-ctx.Done():
-			w.fail(store.ErrNotLeader, nil)
+			w.fail(store.ErrNotLeader, queued)
 			return
 		case <-w.wake:
+		case <-hold.C:
 		}
-		queued := w.take()
+		queued = elideSuperseded(append(queued, w.take()...))
 		for len(queued) > 0 {
+			if until := holdUntil(queued); !until.IsZero() {
+				if wait := time.Until(until); wait > 0 {
+					hold.Reset(wait)
+					break
+				}
+			}
 			// The changes up to the next barrier (or the end).
 			var changes []*store.Change
 			for _, p := range queued {
@@ -173,19 +223,52 @@ func (c *Controller) writeLoop(ctx context.Context, w *writer) {
 				}
 				done = n
 			}
-			c.mu.Lock()
-			for _, p := range queued[:done] {
-				if p.then != nil {
-					p.then()
+			// c.mu only if something is to run under it: during a
+			// recovery 10,000 reports queue for it, and a writer waiting
+			// its turn behind them after every transaction of theirs was
+			// most of the time to the next round's commit.
+			if slices.ContainsFunc(queued[:done], func(p pendingWrite) bool { return p.then != nil }) {
+				c.mu.Lock()
+				for _, p := range queued[:done] {
+					if p.then != nil {
+						p.then()
+					}
 				}
+				c.mu.Unlock()
 			}
-			c.mu.Unlock()
 			for _, p := range queued[:done] {
 				if p.reply != nil {
 					p.reply <- nil
 				}
 			}
-			queued = queued[done:]
+			// What queued meanwhile joins the rest now, not after it:
+			// a round's commit then elides the reports still waiting
+			// ahead of it.
+			queued = elideSuperseded(append(queued[done:], w.take()...))
 		}
 	}
+}
+
+// elideSuperseded drops the writes of queued that a later change in it
+// deletes before they are stored (store.Elide): during a recovery, the
+// survivors' STOPPED reports that the next round's commit deletes with the
+// job's worker keys. A change someone waits on (an answer, a message that
+// rests on it) pins everything before it. A change left with nothing to
+// write goes from the queue; only unpinned ones, which no one waits on,
+// can be left so.
+func elideSuperseded(queued []pendingWrite) []pendingWrite {
+	changes := make([]*store.Change, len(queued))
+	for i, p := range queued {
+		changes[i] = p.ch
+	}
+	store.Elide(changes, func(i int) bool { return queued[i].then != nil || queued[i].reply != nil })
+	kept := queued[:0]
+	for i, p := range queued {
+		if p.ch != nil && changes[i] == nil {
+			continue
+		}
+		p.ch = changes[i]
+		kept = append(kept, p)
+	}
+	return kept
 }

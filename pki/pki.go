@@ -144,24 +144,46 @@ func Verify(chain []*x509.Certificate, roots *x509.CertPool, now time.Time) (Ide
 }
 
 func verify(chain []*x509.Certificate, roots *x509.CertPool, now time.Time, usage x509.ExtKeyUsage, dnsName string) (Identity, error) {
+	id, _, err := verifyWindow(chain, roots, now, usage, dnsName)
+	return id, err
+}
+
+// window is when every certificate of a verified chain, root included, is
+// valid: the chain verifies against the same roots at any time within it.
+type window struct{ from, until time.Time }
+
+func (w window) holds(now time.Time) bool { return !now.Before(w.from) && !now.After(w.until) }
+
+// verifyWindow is verify, also returning the window of the chain it built.
+func verifyWindow(chain []*x509.Certificate, roots *x509.CertPool, now time.Time, usage x509.ExtKeyUsage, dnsName string) (Identity, window, error) {
 	leaf := chain[0]
 	// Checked first, for a message that says when, not "invalid".
 	if now.Before(leaf.NotBefore) || now.After(leaf.NotAfter) {
-		return Identity{}, &ValidityError{Subject: leaf.Subject.CommonName, NotBefore: leaf.NotBefore, NotAfter: leaf.NotAfter, Now: now}
+		return Identity{}, window{}, &ValidityError{Subject: leaf.Subject.CommonName, NotBefore: leaf.NotBefore, NotAfter: leaf.NotAfter, Now: now}
 	}
 	inter := x509.NewCertPool()
 	for _, c := range chain[1:] {
 		inter.AddCert(c)
 	}
-	_, err := leaf.Verify(x509.VerifyOptions{Roots: roots, Intermediates: inter, CurrentTime: now, KeyUsages: []x509.ExtKeyUsage{usage}, DNSName: dnsName})
+	chains, err := leaf.Verify(x509.VerifyOptions{Roots: roots, Intermediates: inter, CurrentTime: now, KeyUsages: []x509.ExtKeyUsage{usage}, DNSName: dnsName})
 	var unknown x509.UnknownAuthorityError
 	switch {
 	case errors.As(err, &unknown):
-		return Identity{}, fmt.Errorf("%s: %w", leaf.Subject.CommonName, ErrForeignCA)
+		return Identity{}, window{}, fmt.Errorf("%s: %w", leaf.Subject.CommonName, ErrForeignCA)
 	case err != nil:
-		return Identity{}, fmt.Errorf("verifying certificate %s: %w", leaf.Subject.CommonName, err)
+		return Identity{}, window{}, fmt.Errorf("verifying certificate %s: %w", leaf.Subject.CommonName, err)
 	}
-	return IdentityOf(leaf)
+	w := window{from: leaf.NotBefore, until: leaf.NotAfter}
+	for _, c := range chains[0] {
+		if c.NotBefore.After(w.from) {
+			w.from = c.NotBefore
+		}
+		if c.NotAfter.Before(w.until) {
+			w.until = c.NotAfter
+		}
+	}
+	id, err := IdentityOf(leaf)
+	return id, w, err
 }
 
 // CA is a loaded cluster certificate authority.

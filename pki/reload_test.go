@@ -390,3 +390,52 @@ func TestSessionResumption(t *testing.T) {
 	resumed, _ = handshake(t, sr.ServerConfig(key(1)), cr)
 	require.True(t, resumed)
 }
+
+// VerifyClientAgain takes a verification of the same chain as it stands
+// while the CA it checked against stays loaded and every certificate of
+// the chain is valid, without checking signatures again (the connection's
+// chain cannot change); it verifies in full, with the usual refusals, once
+// either changes.
+func TestVerifyClientAgain(t *testing.T) {
+	dir := t.TempDir()
+	clock := clockwork.NewFakeClockAt(now)
+	ca := newCA(t)
+	files := writeSet(t, dir, ca, issue(t, ca, pki.RoleController, "ctl"))
+	r, err := pki.NewReloader(files, nil, zaptest.NewLogger(t), pki.WithClock(clock))
+	require.NoError(t, err)
+	client := issue(t, ca, pki.RoleAgent, "gpu-01").Cert
+	chain := []*x509.Certificate{client}
+	// The same certificate under a broken signature: it only verifies
+	// when the signature is not checked.
+	forged := *client
+	forged.Signature = append([]byte(nil), client.Signature...)
+	forged.Signature[len(forged.Signature)-1] ^= 0xff
+	forgedChain := []*x509.Certificate{&forged}
+
+	first, err := r.VerifyClientAgain(chain, pki.ClientVerification{})
+	require.NoError(t, err)
+	require.Equal(t, "agent/gpu-01", first.ID.String())
+	_, err = r.VerifyClientAgain(forgedChain, pki.ClientVerification{})
+	require.Error(t, err, "with nothing verified before, the signature is checked")
+
+	again, err := r.VerifyClientAgain(forgedChain, first)
+	require.NoError(t, err, "the same CA, within the chain's validity: no signature checked again")
+	require.Equal(t, first, again)
+
+	// A new CA: the chain of the old one no longer verifies.
+	other := newCA(t)
+	writeSet(t, dir, other, issue(t, other, pki.RoleController, "ctl"))
+	clock.Advance(time.Second)
+	_, err = r.VerifyClientAgain(chain, first)
+	require.ErrorIs(t, err, pki.ErrForeignCA, "a reloaded CA verifies every chain again")
+
+	// The old CA back, and the time past the leaf's validity.
+	writeSet(t, dir, ca, issue(t, ca, pki.RoleController, "ctl"))
+	clock.Advance(time.Second)
+	second, err := r.VerifyClientAgain(chain, first)
+	require.NoError(t, err)
+	clock.Advance(client.NotAfter.Sub(clock.Now()) + time.Second)
+	_, err = r.VerifyClientAgain(chain, second)
+	var validity *pki.ValidityError
+	require.ErrorAs(t, err, &validity, "past the leaf's validity it is verified again, and refused")
+}

@@ -3,6 +3,7 @@ package store
 import (
 	"context"
 	"fmt"
+	"slices"
 	"strings"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -84,6 +85,81 @@ func (c *Change) deleteRange(from, to string) {
 
 func (c *Change) deletePrefix(prefix string) {
 	c.deleteRange(prefix, clientv3.GetPrefixRangeEnd(prefix))
+}
+
+// Elide drops from changes the puts that a later change of the slice
+// deletes with a range (a round's commit deletes the job's worker keys, so
+// the 10,000 STOPPED reports queued before it need not be stored first),
+// and sets a change left with no operation to nil. pinned(i) marks a
+// change someone waits on (an answer, a message that rests on it): every
+// change before it keeps all its writes, and so does it, so that whatever
+// learns of a durable change finds everything before it durable too. An
+// unpinned change's elided writes were never promised to anyone; once the
+// deleting change is durable they would be gone anyway, and a crash before
+// that loses only what a crash before their own transaction would have.
+// A put of a key a change guards or tracks is kept: its revision matters.
+// nil entries (barriers) are left as they are.
+func Elide(changes []*Change, pinned func(i int) bool) {
+	var ranges []keyRange // deleted by later changes, back to the last pin
+	for i := len(changes) - 1; i >= 0; i-- {
+		if pinned(i) {
+			ranges = nil
+		}
+		ch := changes[i]
+		if ch == nil {
+			continue
+		}
+		if len(ranges) > 0 && !pinned(i) && ch.l.err == nil {
+			changes[i] = ch.without(ranges)
+		}
+		ranges = append(ranges, ch.ranges...)
+	}
+}
+
+// without is c less its puts of keys in ranges, nil if nothing is left.
+func (c *Change) without(ranges []keyRange) *Change {
+	covered := func(key string) bool {
+		for _, r := range ranges {
+			if r.has(key) {
+				return true
+			}
+		}
+		return false
+	}
+	var drop map[int]bool
+	for i, op := range c.l.ops {
+		if !op.IsPut() {
+			continue
+		}
+		key := string(op.KeyBytes())
+		if covered(key) && !slices.Contains(c.guard, key) && !slices.Contains(c.track, key) {
+			if drop == nil {
+				drop = map[int]bool{}
+			}
+			drop[i] = true
+		}
+	}
+	if drop == nil {
+		return c
+	}
+	if len(drop) == len(c.l.ops) {
+		return nil
+	}
+	out := &Change{what: c.what, guard: c.guard, known: c.known, absent: c.absent, track: c.track, ranges: c.ranges, untrack: c.untrack}
+	for i, op := range c.l.ops {
+		if drop[i] {
+			continue
+		}
+		out.l.ops = append(out.l.ops, op)
+		switch {
+		case op.IsPut():
+			out.keys = append(out.keys, string(op.KeyBytes()))
+			out.size += len(op.KeyBytes()) + len(op.ValueBytes())
+		case op.IsDelete() && len(op.RangeBytes()) == 0:
+			out.keys = append(out.keys, string(op.KeyBytes()))
+		}
+	}
+	return out
 }
 
 // batch is the transaction being packed.

@@ -2,6 +2,7 @@ package store
 
 import (
 	"fmt"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -420,4 +421,134 @@ func TestCommitStopsAtAnEncodingError(t *testing.T) {
 	_, err = s.CommitAll(ctx(t), changes[1:]...)
 	require.Error(t, err)
 	require.Equal(t, before, revision(t, cli), "nothing is written once the bad change is first")
+}
+
+// TestElide checks which writes Elide drops, and that committing what it
+// leaves ends in the same stored state as committing everything, in fewer
+// operations: real etcd, whose watch counts the keys written.
+func TestElide(t *testing.T) {
+	s, cli := newStore(t)
+	stopped := func(s *Store, jobName, node string, events ...*rdzvv1.Event) *Change {
+		return s.PutWorker(jobName, node, &rdzvv1.WorkerStatus{Job: jobName, Generation: 1, State: rdzvv1.WorkerState_WORKER_STATE_STOPPED}, events...)
+	}
+	tests := []struct {
+		name    string
+		changes func(s *Store, jobName string) []*Change
+		pinned  []int
+		// kept is, per change, how many operations are left (-1: dropped).
+		kept []int
+	}{
+		{
+			name: "reports before the round that deletes them are dropped",
+			changes: func(s *Store, jobName string) []*Change {
+				return []*Change{
+					stopped(s, jobName, "n1"),
+					stopped(s, jobName, "n2"),
+					s.CommitRound(job(jobName, rdzvv1.JobState_JOB_STATE_RUNNING, 2), round(jobName, 2, "n1", "n2")),
+				}
+			},
+			kept: []int{-1, -1, 3},
+		},
+		{
+			name: "a report's event stays, its worker key goes",
+			changes: func(s *Store, jobName string) []*Change {
+				return []*Change{
+					stopped(s, jobName, "n1", event(jobName, "workers_exited", t0)),
+					s.CommitRound(job(jobName, rdzvv1.JobState_JOB_STATE_RUNNING, 2), round(jobName, 2, "n1")),
+				}
+			},
+			kept: []int{1, 3},
+		},
+		{
+			name: "a pinned change keeps itself and everything before it whole",
+			changes: func(s *Store, jobName string) []*Change {
+				return []*Change{
+					stopped(s, jobName, "n1"),
+					stopped(s, jobName, "n2"),
+					stopped(s, jobName, "n3"),
+					s.CommitRound(job(jobName, rdzvv1.JobState_JOB_STATE_RUNNING, 2), round(jobName, 2, "n1", "n2", "n3")),
+				}
+			},
+			pinned: []int{1},
+			kept:   []int{1, 1, -1, 3},
+		},
+		{
+			name: "a barrier pins too",
+			changes: func(s *Store, jobName string) []*Change {
+				return []*Change{
+					stopped(s, jobName, "n1"),
+					nil,
+					s.CommitRound(job(jobName, rdzvv1.JobState_JOB_STATE_RUNNING, 2), round(jobName, 2, "n1")),
+				}
+			},
+			pinned: []int{1},
+			kept:   []int{1, 0, 3},
+		},
+		{
+			name: "reports after the round stay",
+			changes: func(s *Store, jobName string) []*Change {
+				return []*Change{
+					s.CommitRound(job(jobName, rdzvv1.JobState_JOB_STATE_RUNNING, 2), round(jobName, 2, "n1")),
+					s.PutWorker(jobName, "n1", &rdzvv1.WorkerStatus{Job: jobName, Generation: 2, State: rdzvv1.WorkerState_WORKER_STATE_RUNNING}),
+				}
+			},
+			kept: []int{3, 1},
+		},
+		{
+			name: "other jobs' reports stay",
+			changes: func(s *Store, jobName string) []*Change {
+				return []*Change{
+					stopped(s, jobName+"-other", "n1"),
+					s.CommitRound(job(jobName, rdzvv1.JobState_JOB_STATE_RUNNING, 2), round(jobName, 2, "n1")),
+				}
+			},
+			kept: []int{1, 3},
+		},
+	}
+	for i, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			// The same changes, committed whole under one name and elided
+			// under another, must leave the same state.
+			var states [2]map[string]string
+			for pass, elide := range []bool{false, true} {
+				jobName := fmt.Sprintf("elide-%d-%d", i, pass) // one length: values hold it
+				commit(t, s, s.CreateJob(job(jobName, rdzvv1.JobState_JOB_STATE_PENDING, 0), false))
+				commit(t, s, s.CreateJob(job(jobName+"-other", rdzvv1.JobState_JOB_STATE_PENDING, 0), false))
+				for _, n := range []string{"n1", "n2", "n3"} {
+					commit(t, s, s.PutWorker(jobName, n, &rdzvv1.WorkerStatus{Job: jobName, Generation: 1, State: rdzvv1.WorkerState_WORKER_STATE_RUNNING}))
+				}
+				changes := tt.changes(s, jobName)
+				if elide {
+					store := slices.Clone(changes)
+					Elide(store, func(i int) bool { return slices.Contains(tt.pinned, i) })
+					kept := make([]int, len(store))
+					for i, ch := range store {
+						switch {
+						case changes[i] == nil:
+						case ch == nil:
+							kept[i] = -1
+						default:
+							kept[i] = len(ch.l.ops)
+						}
+					}
+					require.Equal(t, tt.kept, kept)
+					changes = store
+				}
+				changes = slices.DeleteFunc(changes, func(c *Change) bool { return c == nil })
+				commit(t, s, changes...)
+				states[pass] = map[string]string{}
+				for _, prefix := range []string{WorkersPrefix(jobName), WorkersPrefix(jobName + "-other"), RoundsPrefix(jobName)} {
+					resp, err := cli.Get(ctx(t), prefix, clientv3.WithPrefix())
+					require.NoError(t, err)
+					for _, kv := range resp.Kvs {
+						states[pass][strings.Replace(string(kv.Key), jobName, "JOB", 1)] = strings.ReplaceAll(string(kv.Value), jobName, "JOB")
+					}
+				}
+				events, err := cli.Get(ctx(t), EventsPrefix(jobName), clientv3.WithPrefix(), clientv3.WithCountOnly())
+				require.NoError(t, err)
+				states[pass]["events"] = fmt.Sprint(events.Count)
+			}
+			require.Equal(t, states[0], states[1], "committing what Elide left ends where committing everything does")
+		})
+	}
 }

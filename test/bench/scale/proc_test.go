@@ -222,10 +222,13 @@ type durable struct {
 	// and the transactions (distinct revisions) that wrote them.
 	keys, txns int
 	lastRev    int64
-	err        error
+	// trace, unless nil, gets a line per transaction as it arrives: when,
+	// its revision, how many keys and the first of them.
+	trace io.Writer
+	err   error
 }
 
-func watchDurable(ctx context.Context, ctl *sim.Controller, job string) (*durable, func(), error) {
+func watchDurable(ctx context.Context, ctl *sim.Controller, job string, trace io.Writer) (*durable, func(), error) {
 	endpoint, err := ctl.EtcdEndpoint()
 	if err != nil {
 		return nil, nil, err
@@ -234,7 +237,7 @@ func watchDurable(ctx context.Context, ctl *sim.Controller, job string) (*durabl
 	if err != nil {
 		return nil, nil, fmt.Errorf("connecting to the embedded etcd: %w", err)
 	}
-	d := &durable{job: job, ready: map[string]bool{}, lost: map[string]bool{}, running: map[uint64]map[string]bool{}, runAt: map[uint64]time.Time{}, roundAt: map[uint64]time.Time{}}
+	d := &durable{job: job, trace: trace, ready: map[string]bool{}, lost: map[string]bool{}, running: map[uint64]map[string]bool{}, runAt: map[uint64]time.Time{}, roundAt: map[uint64]time.Time{}}
 	ctx, cancel := context.WithCancel(ctx)
 	// The watch starts at the current revision: everything written from
 	// here on arrives, in order.
@@ -250,7 +253,7 @@ func watchDurable(ctx context.Context, ctl *sim.Controller, job string) (*durabl
 				return
 			}
 			now := time.Now()
-			d.count(resp.Events)
+			d.count(resp.Events, now)
 			for _, ev := range resp.Events {
 				if ev.Type == clientv3.EventTypePut {
 					d.put(string(ev.Kv.Key), ev.Kv.Value, now)
@@ -261,14 +264,24 @@ func watchDurable(ctx context.Context, ctl *sim.Controller, job string) (*durabl
 	return d, func() { cancel(); <-stopped; cli.Close() }, nil
 }
 
-func (d *durable) count(evs []*clientv3.Event) {
+func (d *durable) count(evs []*clientv3.Event, now time.Time) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	for _, ev := range evs {
+	for i, ev := range evs {
 		d.keys++
 		if rev := ev.Kv.ModRevision; rev != d.lastRev {
 			d.txns++
 			d.lastRev = rev
+			if d.trace != nil {
+				n := 1
+				for _, next := range evs[i+1:] {
+					if next.Kv.ModRevision != rev {
+						break
+					}
+					n++
+				}
+				fmt.Fprintf(d.trace, "%s\t%d\t%d\t%s\n", now.Format("15:04:05.000"), rev, n, ev.Kv.Key)
+			}
 		}
 	}
 }

@@ -5,6 +5,7 @@ package scale
 import (
 	"context"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -208,7 +209,16 @@ func runSize(t *testing.T, cfg config, certs *sim.Certs, dir string, r *result) 
 		}
 	}
 	var stopWatch func()
-	if ru.store, stopWatch, err = watchDurable(ctx, ru.ctl, jobName); err != nil {
+	var trace io.Writer
+	if cfg.logDir != "" {
+		f, err := os.Create(filepath.Join(dir, "etcd-txns.tsv"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer f.Close()
+		trace = f
+	}
+	if ru.store, stopWatch, err = watchDurable(ctx, ru.ctl, jobName, trace); err != nil {
 		t.Fatal(err)
 	}
 	defer stopWatch()
