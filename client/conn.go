@@ -111,7 +111,11 @@ func (c *Conn) conn(addr string) (*grpc.ClientConn, error) {
 	if err != nil {
 		return nil, err
 	}
-	cc, err := grpc.NewClient(addr, append([]grpc.DialOption{grpc.WithTransportCredentials(creds)}, c.opts...)...)
+	cc, err := grpc.NewClient(addr, append([]grpc.DialOption{
+		grpc.WithTransportCredentials(creds),
+		grpc.WithInitialWindowSize(wire.FlowWindow),
+		grpc.WithInitialConnWindowSize(wire.FlowWindow),
+	}, c.opts...)...)
 	if err != nil {
 		return nil, fmt.Errorf("controller address %q: %w", addr, err)
 	}

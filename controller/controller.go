@@ -172,6 +172,8 @@ type jobState struct {
 	lastCall     rendezvous.LastCall
 	committing   bool
 	pendingSince time.Time
+	// probe is the next round's master port, probed ahead (probeAhead).
+	probe *masterProbe
 	// progressed is set once the current generation reported a new step or
 	// checkpoint; a failure without it counts toward a crash loop.
 	progressed bool
@@ -326,6 +328,8 @@ func (c *Controller) Run(ctx context.Context) error {
 		// frames are read through TLS's own record buffer.
 		grpc.SharedWriteBuffer(true),
 		grpc.ReadBufferSize(0),
+		grpc.InitialWindowSize(wire.FlowWindow),
+		grpc.InitialConnWindowSize(wire.FlowWindow),
 		grpc.ChainUnaryInterceptor(c.unaryGate),
 		grpc.ChainStreamInterceptor(c.streamGate),
 	)...)

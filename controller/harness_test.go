@@ -612,6 +612,8 @@ type fakeAgent struct {
 	endErr error
 	// acks carries the sequence numbers of heartbeat acknowledgements.
 	acks chan uint64
+	// probes counts the master port probes answered.
+	probes atomic.Int32
 }
 
 // waitEnd waits for the controller to end the stream and returns how. Only
@@ -665,6 +667,7 @@ func (c *cluster) connectFakeWith(files pki.Files, name string, workers ...*rdzv
 			if probe := m.GetPortProbe(); probe != nil {
 				// Answered here, as a real agent does, so scripts only see
 				// what they act on.
+				f.probes.Add(1)
 				f.sendMu.Lock()
 				_ = stream.Send(&rdzvv1.ConnectRequest{Msg: &rdzvv1.ConnectRequest_PortProbeResult{PortProbeResult: &rdzvv1.PortProbeResult{
 					RequestId: probe.GetRequestId(), Port: probe.GetPortMin(),

@@ -189,6 +189,34 @@ func TestRecoveryOnFewerNodes(t *testing.T) {
 	require.Equal(t, running, c.waitJob("elastic", func(j *rdzvv1.Job) bool { return j.GetGeneration() == 2 }).GetState())
 }
 
+// The next round's master port is probed on the failed round's rank 0 as
+// soon as its workers have stopped, while the recovery waits for the rest;
+// the commit uses that answer instead of probing again.
+func TestRecoveryProbesTheMasterAhead(t *testing.T) {
+	c := newCluster(t)
+	a, b, z := c.connectFake("node-a"), c.connectFake("node-b"), c.connectFake("node-z")
+	a.keepAlive()
+	b.keepAlive()
+	z.keepAlive()
+	spec := c.recoverable("ahead", 2, 3)
+	spec.NodesMax = 3
+	c.startJob(spec)
+	a1, b1, _ := a.run(), b.run(), z.run()
+	require.Equal(t, uint32(0), a1.GetNodeRank())
+	require.Equal(t, int32(1), a.probes.Load(), "generation 1's commit probed node-a")
+
+	z.crash()
+	c.waitJobState("ahead", recovering)
+	a.expectStop(a1)
+	require.Eventually(t, func() bool { return a.probes.Load() == 2 }, waitTimeout, 10*time.Millisecond,
+		"node-a is probed once its workers stopped, before node-b's have")
+	b.expectStop(b1)
+	a2, _ := a.run(), b.run()
+	require.Equal(t, uint32(0), a2.GetNodeRank())
+	require.Equal(t, int32(2), a.probes.Load(), "the commit took the answer probed ahead")
+	require.Equal(t, a1.GetMasterPort(), a2.GetMasterPort())
+}
+
 // Fewer healthy nodes than min: the job waits, saying why, then fails when
 // the rendezvous timeout passes.
 func TestRecoveryWaitsForMinThenTimesOut(t *testing.T) {

@@ -276,7 +276,7 @@ func (c *Controller) candidates() []rendezvous.Candidate {
 // generation, then every agent gets its assignment.
 func (c *Controller) commit(ctx context.Context, term uint64, name string, placed []rendezvous.Placed) {
 	log := c.log.With(zap.String("job", name))
-	port, probeErr := c.probeMasterPort(ctx, placed[0].Name)
+	port, probeErr := c.masterPort(ctx, name, placed[0].Name)
 
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -420,6 +420,61 @@ func (c *Controller) probeMasterPort(ctx context.Context, node string) (uint32, 
 	case <-ctx.Done():
 		return 0, ctx.Err()
 	}
+}
+
+// probeAheadFresh is how old a master port probed ahead may be at the
+// commit: the port was free then, and nothing of the job runs on the node
+// meanwhile.
+const probeAheadFresh = 10 * time.Second
+
+// masterProbe is a master port probe made ahead of a commit.
+type masterProbe struct {
+	node string
+	at   time.Time
+	done chan struct{}
+	port uint32
+	err  error
+}
+
+// probeAhead probes node's master port for js's next round while the
+// recovery still waits for the failed generation to stop everywhere or for
+// a lost node's fencing deadline. node is the failed round's rank 0, whose
+// workers just stopped: ranks go by node name, so it is most often the next
+// round's rank 0 too, and its probe's round trip (up to a second on a
+// controller busy with 10,000 agents' stop reports) is then off the path
+// to the commit. Callers hold c.mu.
+func (c *Controller) probeAhead(js *jobState, node string) {
+	p := &masterProbe{node: node, at: c.clock.Now(), done: make(chan struct{})}
+	js.probe = p
+	go func() {
+		// Bounded by portProbeTimeout and by the session, which a lead
+		// that ends ends too.
+		p.port, p.err = c.probeMasterPort(context.Background(), node)
+		close(p.done)
+	}()
+}
+
+// masterPort is the master port of a round of job whose rank 0 is node:
+// the one probed ahead if it was node's, answered and fresh, else a new
+// probe's.
+func (c *Controller) masterPort(ctx context.Context, job, node string) (uint32, error) {
+	c.mu.Lock()
+	var p *masterProbe
+	if js := c.jobs[job]; js != nil {
+		p, js.probe = js.probe, nil
+	}
+	c.mu.Unlock()
+	if p != nil && p.node == node {
+		select {
+		case <-p.done:
+			if p.err == nil && c.clock.Since(p.at) < probeAheadFresh {
+				return p.port, nil
+			}
+		case <-ctx.Done():
+			return 0, ctx.Err()
+		}
+	}
+	return c.probeMasterPort(ctx, node)
 }
 
 func newID() string {

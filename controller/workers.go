@@ -55,6 +55,9 @@ func (c *Controller) applyWorkerStatus(node string, w *rdzvv1.WorkerStatus) {
 		// round's commit deletes the record, and at 10,000 nodes writing
 		// the reports first held that commit back by seconds.
 		c.persistLazy(ch)
+		if nodes := js.round.GetNodes(); len(nodes) > 0 && nodes[0].GetNode() == node {
+			c.probeAhead(js, node)
+		}
 	} else {
 		c.persist(ch, nil)
 	}

@@ -41,7 +41,7 @@ type pendingWrite struct {
 // 10,000-node recovery takes from its first STOPPED report to its commit,
 // short enough that a recovery waiting on a long fencing deadline still
 // has the reports stored soon.
-const lazyWait = 2 * time.Second
+const lazyWait = 5 * time.Second
 
 // writer is the queue of one lead; a new lead starts a new one.
 type writer struct {
