@@ -20,7 +20,8 @@
 //	BENCH_NODES    comma-separated cluster sizes (default 1000), e.g. 1000,5000,10000
 //	BENCH_STEADY   length of the steady window (default 30s)
 //	BENCH_PKI_DIR  certificate cache (default $TMPDIR/rdzv-bench-scale-pki)
-//	BENCH_LOG_DIR  keep each size's controller log, data and profiles here
+//	BENCH_LOG_DIR  keep each size's controller log, data, profiles and etcd-txns.tsv
+//	               (every etcd transaction seen: time, revision, keys, first key) here
 //	BENCH_PROFILE  1: take a CPU profile of the controller in each phase
 //	               (its socket, --pprof-socket) and print its top entries
 //	BENCH_OUT      also write the report to this file
