@@ -160,24 +160,40 @@ func TestNoReportsNoHangDetection(t *testing.T) {
 	require.Equal(t, running, c.getJob("quiet").GetState())
 }
 
+// threeRunning is a job running generation 1 on three scripted agents.
+type threeRunning struct {
+	agents [3]*fakeAgent
+	gen1   [3]*rdzvv1.Assignment
+}
+
+// threeNodes runs job, elastic over 2-3 nodes, on scripted agents node-a,
+// node-b and node-z that heartbeat on their own.
+func (c *cluster) threeNodes(job string) (three threeRunning) {
+	c.t.Helper()
+	for i, name := range []string{"node-a", "node-b", "node-z"} {
+		three.agents[i] = c.connectFake(name)
+		three.agents[i].keepAlive()
+	}
+	spec := c.recoverable(job, 2, 3)
+	spec.NodesMax = 3
+	c.startJob(spec)
+	for i, f := range three.agents {
+		three.gen1[i] = f.run()
+	}
+	return three
+}
+
 // A lost node is fenced out: the job re-rendezvouses on the nodes left
 // (within min..max) and resumes there.
 func TestRecoveryOnFewerNodes(t *testing.T) {
 	c := newCluster(t)
-	a, b, z := c.connectFake("node-a"), c.connectFake("node-b"), c.connectFake("node-z")
-	a.keepAlive()
-	b.keepAlive()
-	z.keepAlive()
-	spec := c.recoverable("elastic", 2, 3)
-	spec.NodesMax = 3
-	c.startJob(spec)
-	a1, b1, z1 := a.run(), b.run(), z.run()
+	three := c.threeNodes("elastic")
+	a, b, z, a1, b1 := three.agents[0], three.agents[1], three.agents[2], three.gen1[0], three.gen1[1]
 	require.Equal(t, uint32(3), a1.GetNnodes())
 	a.checkpoint(a1, 7, "/ckpt/elastic/step-7")
 	c.waitJob("elastic", func(j *rdzvv1.Job) bool { return j.GetLatestCheckpoint().GetStep() == 7 })
 
 	z.crash() // node-z vanishes without a word
-	_ = z1
 	j := c.waitJobState("elastic", recovering)
 	require.Contains(t, j.GetReason(), "node-z")
 	a.expectStop(a1)
@@ -194,14 +210,8 @@ func TestRecoveryOnFewerNodes(t *testing.T) {
 // the commit uses that answer instead of probing again.
 func TestRecoveryProbesTheMasterAhead(t *testing.T) {
 	c := newCluster(t)
-	a, b, z := c.connectFake("node-a"), c.connectFake("node-b"), c.connectFake("node-z")
-	a.keepAlive()
-	b.keepAlive()
-	z.keepAlive()
-	spec := c.recoverable("ahead", 2, 3)
-	spec.NodesMax = 3
-	c.startJob(spec)
-	a1, b1, _ := a.run(), b.run(), z.run()
+	three := c.threeNodes("ahead")
+	a, b, z, a1, b1 := three.agents[0], three.agents[1], three.agents[2], three.gen1[0], three.gen1[1]
 	require.Equal(t, uint32(0), a1.GetNodeRank())
 	require.Equal(t, int32(1), a.probes.Load(), "generation 1's commit probed node-a")
 
