@@ -183,14 +183,8 @@ func TestWatchersShortenTheFencingWait(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			c := newFakeClockCluster(t, func(cfg *controller.Config) { cfg.Heartbeat.Timeout.Duration = timeout })
 			c.gossip = true
-			a, b, z := c.connectFake("node-a"), c.connectFake("node-b"), c.connectFake("node-z")
-			a.keepAlive()
-			b.keepAlive()
-			z.keepAlive()
-			spec := c.recoverable("elastic", 2, 3)
-			spec.NodesMax = 3
-			c.startJob(spec)
-			a1, b1, z1 := a.run(), b.run(), z.run()
+			three := c.threeNodes("elastic")
+			a, b, z, a1, b1, z1 := three.agents[0], three.agents[1], three.agents[2], three.gen1[0], three.gen1[1], three.gen1[2]
 			require.ElementsMatch(t, []string{"node-a", "node-b"}, peerNames(z1.GetWatch()), "a ring of three: each watches the other two")
 			a.step(a1, 3)
 			c.waitJob("elastic", func(j *rdzvv1.Job) bool { return j.GetStep() == 3 })

@@ -166,9 +166,10 @@ type threeRunning struct {
 	gen1   [3]*rdzvv1.Assignment
 }
 
-// threeNodes runs job, elastic over 2-3 nodes, on scripted agents node-a,
-// node-b and node-z that heartbeat on their own.
-func (c *cluster) threeNodes(job string) (three threeRunning) {
+// threeNodes runs job, elastic over 2-3 nodes (edits change its spec
+// first), on scripted agents node-a, node-b and node-z that heartbeat on
+// their own.
+func (c *cluster) threeNodes(job string, edits ...func(*rdzvv1.JobSpec)) (three threeRunning) {
 	c.t.Helper()
 	for i, name := range []string{"node-a", "node-b", "node-z"} {
 		three.agents[i] = c.connectFake(name)
@@ -176,6 +177,9 @@ func (c *cluster) threeNodes(job string) (three threeRunning) {
 	}
 	spec := c.recoverable(job, 2, 3)
 	spec.NodesMax = 3
+	for _, edit := range edits {
+		edit(spec)
+	}
 	c.startJob(spec)
 	for i, f := range three.agents {
 		three.gen1[i] = f.run()
@@ -362,18 +366,11 @@ func TestRestartBackoffOnlyWithoutProgress(t *testing.T) {
 // a second wait after the fencing would only lengthen the outage.
 func TestRecoveryLastCallRunsFromTheFailure(t *testing.T) {
 	c := newFakeClockCluster(t)
-	a, b, z := c.connectFake("node-a"), c.connectFake("node-b"), c.connectFake("node-z")
-	a.keepAlive()
-	b.keepAlive()
-	z.keepAlive()
-	spec := c.recoverable("elastic", 2, 3)
-	spec.NodesMax = 3
 	// Longer than the lost node's fencing takes (its heartbeat timeout and
 	// the fencing margin after its last heartbeat).
 	const window = 3 * time.Second
-	spec.RendezvousLastCall = durationpb.New(window)
-	c.startJob(spec)
-	a1, b1, _ := a.run(), b.run(), z.run()
+	three := c.threeNodes("elastic", func(spec *rdzvv1.JobSpec) { spec.RendezvousLastCall = durationpb.New(window) })
+	a, b, z, a1, b1 := three.agents[0], three.agents[1], three.agents[2], three.gen1[0], three.gen1[1]
 	a.step(a1, 3)
 	c.waitJob("elastic", func(j *rdzvv1.Job) bool { return j.GetStep() == 3 })
 
