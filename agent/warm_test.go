@@ -158,10 +158,14 @@ func (h *warmHarness) readMarkers() []string {
 // listens (its imports done).
 func (h *warmHarness) readyStandby() *standby {
 	h.t.Helper()
-	h.sup.mu.Lock()
-	sb := h.sup.standby
-	h.sup.mu.Unlock()
-	require.NotNil(h.t, sb, "a standby is started for the next generation")
+	// The standby is kept after the generation's RUNNING is reported.
+	var sb *standby
+	require.Eventually(h.t, func() bool {
+		h.sup.mu.Lock()
+		defer h.sup.mu.Unlock()
+		sb = h.sup.standby
+		return sb != nil
+	}, waitTimeout, 10*time.Millisecond, "a standby is started for the next generation")
 	<-sb.ready
 	require.NoError(h.t, sb.err)
 	require.Eventually(h.t, func() bool {
