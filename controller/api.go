@@ -347,6 +347,10 @@ func (s *nodeService) ListNodes(_ context.Context, req *rdzvv1.ListNodesRequest)
 	return resp, nil
 }
 
+func (s *nodeService) SummarizeNodes(_ context.Context, req *rdzvv1.SummarizeNodesRequest) (*rdzvv1.SummarizeNodesResponse, error) {
+	return s.c.summarizeNodes(req), nil
+}
+
 func (s *nodeService) CordonNode(ctx context.Context, req *rdzvv1.CordonNodeRequest) (*rdzvv1.CordonNodeResponse, error) {
 	reason := req.GetReason()
 	if reason == "" {

@@ -40,10 +40,11 @@ var methodRoles = map[string][]pki.Role{
 	rdzvv1.JobService_StopJob_FullMethodName:     operators,
 	rdzvv1.JobService_DeleteJob_FullMethodName:   operators,
 
-	rdzvv1.NodeService_ListNodes_FullMethodName:    readers,
-	rdzvv1.NodeService_CordonNode_FullMethodName:   operators,
-	rdzvv1.NodeService_UncordonNode_FullMethodName: operators,
-	rdzvv1.NodeService_DrainNode_FullMethodName:    operators,
+	rdzvv1.NodeService_ListNodes_FullMethodName:      readers,
+	rdzvv1.NodeService_SummarizeNodes_FullMethodName: readers,
+	rdzvv1.NodeService_CordonNode_FullMethodName:     operators,
+	rdzvv1.NodeService_UncordonNode_FullMethodName:   operators,
+	rdzvv1.NodeService_DrainNode_FullMethodName:      operators,
 
 	rdzvv1.ServerService_GetServerInfo_FullMethodName: readers,
 

@@ -7,10 +7,12 @@ import (
 	"testing"
 	"time"
 
+	"github.com/google/go-cmp/cmp"
 	"github.com/stretchr/testify/require"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/testing/protocmp"
 
 	"github.com/rdzv/rdzv/controller"
 	"github.com/rdzv/rdzv/pki"
@@ -162,7 +164,7 @@ func TestListNodesInPages(t *testing.T) {
 	c := newCluster(t)
 	c.addAgent("node-a", 0, map[string]string{"pool": "train"})
 	c.addAgent("node-b", 0, map[string]string{"pool": "train", "rack": "r1"})
-	c.addAgent("node-c", 0, map[string]string{"pool": "eval"})
+	c.addAgent("node-c", 2, map[string]string{"pool": "eval"})
 	gone := c.connectFake("node-d")
 	c.startJob(c.spec("hold", 1, 1, "hang"))
 	busy := c.waitRunning("hold").GetAssignments()[0].GetNode()
@@ -209,6 +211,52 @@ func TestListNodesInPages(t *testing.T) {
 			if tt.req.GetPageSize() == 1 {
 				require.Equal(t, len(tt.want), pages, "one node a page, and no empty page after the last")
 			}
+		})
+	}
+
+	// The summary of the same nodes, node-c cordoned.
+	_, err := c.nodes.CordonNode(rpcCtx(t), &rdzvv1.CordonNodeRequest{Name: "node-c", Reason: "bad fan"})
+	require.NoError(t, err)
+	count := func(state rdzvv1.NodeState, nodes, gpus int32) *rdzvv1.NodeStateCount {
+		return &rdzvv1.NodeStateCount{State: state, Nodes: nodes, Gpus: gpus}
+	}
+	readyCount, busyCount := count(rdzvv1.NodeState_NODE_STATE_READY, 2, 2), count(rdzvv1.NodeState_NODE_STATE_BUSY, 1, 0)
+	if busy == "node-c" {
+		readyCount, busyCount = count(rdzvv1.NodeState_NODE_STATE_READY, 2, 0), count(rdzvv1.NodeState_NODE_STATE_BUSY, 1, 2)
+	}
+	lost := count(rdzvv1.NodeState_NODE_STATE_LOST, 1, 0)
+	hold := []*rdzvv1.JobNodeCount{{Job: "hold", Nodes: 1}}
+	train := &rdzvv1.SummarizeNodesResponse{Nodes: 2, States: []*rdzvv1.NodeStateCount{count(rdzvv1.NodeState_NODE_STATE_READY, 2, 0)}}
+	if busy != "node-c" {
+		train.States = []*rdzvv1.NodeStateCount{count(rdzvv1.NodeState_NODE_STATE_READY, 1, 0), count(rdzvv1.NodeState_NODE_STATE_BUSY, 1, 0)}
+		train.Jobs = hold
+	}
+	summaries := []struct {
+		name      string
+		req       *rdzvv1.SummarizeNodesRequest
+		want      *rdzvv1.SummarizeNodesResponse
+		attention []string
+	}{
+		{"all", &rdzvv1.SummarizeNodesRequest{}, &rdzvv1.SummarizeNodesResponse{
+			Nodes: 4, Gpus: 2, States: []*rdzvv1.NodeStateCount{readyCount, busyCount, lost}, Cordoned: 1, Jobs: hold, AttentionTotal: 2,
+		}, []string{"node-c", "node-d"}},
+		{"lost", &rdzvv1.SummarizeNodesRequest{States: []rdzvv1.NodeState{rdzvv1.NodeState_NODE_STATE_LOST}}, &rdzvv1.SummarizeNodesResponse{
+			Nodes: 1, States: []*rdzvv1.NodeStateCount{lost}, AttentionTotal: 1,
+		}, []string{"node-d"}},
+		{"selector", &rdzvv1.SummarizeNodesRequest{Selector: map[string]string{"pool": "train"}}, train, nil},
+		{"no match", &rdzvv1.SummarizeNodesRequest{Selector: map[string]string{"pool": "none"}}, &rdzvv1.SummarizeNodesResponse{}, nil},
+	}
+	for _, tt := range summaries {
+		t.Run("summary "+tt.name, func(t *testing.T) {
+			got, err := c.nodes.SummarizeNodes(rpcCtx(t), tt.req)
+			require.NoError(t, err)
+			var names []string
+			for _, n := range got.GetAttention() {
+				names = append(names, n.GetInfo().GetName())
+			}
+			require.Equal(t, tt.attention, names)
+			got.Attention = nil
+			require.Empty(t, cmp.Diff(tt.want, got, protocmp.Transform()))
 		})
 	}
 }

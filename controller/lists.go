@@ -220,6 +220,74 @@ func (c *Controller) listNodes(req *rdzvv1.ListNodesRequest) (*rdzvv1.ListNodesR
 	return &rdzvv1.ListNodesResponse{Nodes: nodes, NextPageToken: next}, nil
 }
 
+// maxAttention is how many of the nodes that need attention a summary
+// names: the rest are a --state away.
+const maxAttention = 20
+
+// summarizeNodes counts the nodes that match req in one pass under the
+// lock (no copy of any node but the few it names), so a summary of 10,000
+// nodes costs what one page of a list does.
+func (c *Controller) summarizeNodes(req *rdzvv1.SummarizeNodesRequest) *rdzvv1.SummarizeNodesResponse {
+	resp := &rdzvv1.SummarizeNodesResponse{}
+	states := map[rdzvv1.NodeState]*rdzvv1.NodeStateCount{}
+	jobs := map[string]int32{}
+	var attention []keyed[*nodeState]
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for name, ns := range c.nodes {
+		state := viewState(ns)
+		if len(req.GetStates()) > 0 && !slices.Contains(req.GetStates(), state) || !rendezvous.Matches(req.GetSelector(), ns.rec.GetInfo().GetLabels()) {
+			continue
+		}
+		gpus := int32(len(ns.rec.GetInfo().GetGpus()))
+		resp.Nodes++
+		resp.Gpus += gpus
+		sc := states[state]
+		if sc == nil {
+			sc = &rdzvv1.NodeStateCount{State: state}
+			states[state] = sc
+		}
+		sc.Nodes++
+		sc.Gpus += gpus
+		if ns.job != "" {
+			jobs[ns.job]++
+		}
+		needs := state == rdzvv1.NodeState_NODE_STATE_LOST || state == rdzvv1.NodeState_NODE_STATE_DRAINED
+		if ns.rec.GetCordoned() {
+			resp.Cordoned++
+			needs = true
+		}
+		if ns.rec.GetDraining() {
+			resp.Draining++
+			needs = true
+		}
+		if slices.ContainsFunc(ns.health, func(r *rdzvv1.HealthCheckResult) bool { return !r.GetOk() }) {
+			resp.Unhealthy++
+			needs = true
+		}
+		if ns.rec.GetRestartHoldUntil() != nil {
+			resp.AgentRestarting++
+			needs = true
+		}
+		if needs {
+			attention = append(attention, keyed[*nodeState]{name, ns})
+		}
+	}
+	resp.AttentionTotal = int32(len(attention))
+	sortKeyed(attention)
+	for _, k := range attention[:min(len(attention), maxAttention)] {
+		resp.Attention = append(resp.Attention, c.nodeView(k.item))
+	}
+	for _, sc := range states {
+		resp.States = append(resp.States, sc)
+	}
+	slices.SortFunc(resp.States, func(a, b *rdzvv1.NodeStateCount) int { return int(a.GetState() - b.GetState()) })
+	for _, job := range slices.Sorted(maps.Keys(jobs)) {
+		resp.Jobs = append(resp.Jobs, &rdzvv1.JobNodeCount{Job: job, Nodes: jobs[job]})
+	}
+	return resp
+}
+
 func (c *Controller) listEvents(ctx context.Context, req *rdzvv1.ListEventsRequest) (*rdzvv1.ListEventsResponse, error) {
 	// Events are read from etcd: first let every decision made so far land
 	// there, so that events agree with the states the API has shown.

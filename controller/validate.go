@@ -58,6 +58,8 @@ func validateRequest(m any) error {
 		err = validateListJobs(r)
 	case *rdzvv1.ListNodesRequest:
 		err = validateListNodes(r)
+	case *rdzvv1.SummarizeNodesRequest:
+		err = nodeFiltersErr(r.GetStates(), r.GetSelector())
 	case *rdzvv1.ListEventsRequest:
 		err = validateListEvents(r)
 	case *rdzvv1.StreamLogsRequest:
@@ -109,11 +111,17 @@ func validateListJobs(r *rdzvv1.ListJobsRequest) error {
 }
 
 func validateListNodes(r *rdzvv1.ListNodesRequest) error {
-	errs := []error{pageSizeErr(r.GetPageSize()), statesErr("states", r.GetStates(), rdzvv1.NodeState_name)}
+	errs := []error{pageSizeErr(r.GetPageSize()), nodeFiltersErr(r.GetStates(), r.GetSelector())}
 	if _, err := decodePageToken(r.GetPageToken(), nodesToken); err != nil {
 		errs = append(errs, err)
 	}
-	for _, fe := range wire.ValidateLabels("selector", r.GetSelector()) {
+	return errors.Join(errs...)
+}
+
+// nodeFiltersErr checks the filters that node lists and summaries share.
+func nodeFiltersErr(states []rdzvv1.NodeState, selector map[string]string) error {
+	errs := []error{statesErr("states", states, rdzvv1.NodeState_name)}
+	for _, fe := range wire.ValidateLabels("selector", selector) {
 		errs = append(errs, fe)
 	}
 	return errors.Join(errs...)

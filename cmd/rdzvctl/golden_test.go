@@ -16,6 +16,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
@@ -188,6 +189,62 @@ func TestOutputGolden(t *testing.T) {
 	_, out, err := runGolden("--insecure", "--controller", addr, "nodes", "-o", `jsonpath=$.nodes[?@.draining==true].info.name`)
 	require.NoError(t, err)
 	require.Equal(t, "gpu-03\n", out)
+}
+
+// A large cluster's nodes and a large job's workers show as summaries.
+func TestSummaryGolden(t *testing.T) {
+	s, addr := startPagedServer(t)
+	fixtures(s)
+	lost := proto.CloneOf(s.nodes[0])
+	lost.Info.Name, lost.State, lost.Job, lost.Generation = "gpu-07", rdzvv1.NodeState_NODE_STATE_LOST, "", 0
+	lost.LastHeartbeat = ts(10 * time.Minute)
+	s.summary = &rdzvv1.SummarizeNodesResponse{
+		Nodes: 10000, Gpus: 80000,
+		States: []*rdzvv1.NodeStateCount{
+			{State: rdzvv1.NodeState_NODE_STATE_READY, Nodes: 14, Gpus: 112},
+			{State: rdzvv1.NodeState_NODE_STATE_BUSY, Nodes: 9984, Gpus: 79872},
+			{State: rdzvv1.NodeState_NODE_STATE_LOST, Nodes: 1, Gpus: 8},
+			{State: rdzvv1.NodeState_NODE_STATE_DRAINED, Nodes: 1, Gpus: 8},
+		},
+		Cordoned: 1, Draining: 1,
+		Jobs:      []*rdzvv1.JobNodeCount{{Job: "eval", Nodes: 16}, {Job: "train", Nodes: 9968}},
+		Attention: []*rdzvv1.Node{s.nodes[2], lost}, AttentionTotal: 2,
+	}
+	big := proto.CloneOf(s.jobs[0])
+	big.Spec.Name, big.Spec.NodesMin, big.Spec.NodesMax = "big", 150, 150
+	big.Assignments = nil
+	for i := range 150 {
+		a := &rdzvv1.NodeAssignment{Node: fmt.Sprintf("gpu-%03d", i), NodeRank: uint32(i), Address: fmt.Sprintf("10.0.1.%d", i), NcclInterface: "ib0",
+			GpuIndices: []uint32{0, 1, 2, 3, 4, 5, 6, 7}, State: rdzvv1.WorkerState_WORKER_STATE_RUNNING}
+		switch i {
+		case 40:
+			a.State, a.ExitCode, a.Message = rdzvv1.WorkerState_WORKER_STATE_FAILED, 1, "CUDA error: an illegal memory access was encountered"
+		case 41, 42:
+			a.State = rdzvv1.WorkerState_WORKER_STATE_ASSIGNED
+		}
+		big.Assignments = append(big.Assignments, a)
+	}
+	s.jobs = append(s.jobs, big)
+	for _, tt := range []struct {
+		name string
+		args []string
+	}{
+		{"nodes-summary-table", []string{"nodes"}},
+		{"nodes-summary-wide", []string{"nodes", "-o", "wide"}},
+		{"status-summary-table", []string{"status", "big"}},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			code, out, err := runGolden(append([]string{"--insecure", "--controller", addr}, tt.args...)...)
+			require.NoError(t, err)
+			require.Equal(t, 0, code)
+			golden(t, filepath.Join("output", tt.name+".golden"), out)
+		})
+	}
+	_, out, err := runGolden("--insecure", "--controller", addr, "status", "big", "--all")
+	require.NoError(t, err)
+	for i := range 150 {
+		require.Contains(t, out, fmt.Sprintf("gpu-%03d", i), "--all lists every node's workers")
+	}
 }
 
 // The messages of command-line mistakes and of refusals name what was

@@ -273,6 +273,9 @@ type listFlags struct {
 	states, selector string
 	limit            int
 	watch            bool
+	// all lists every item where a large list is summarized (nodes, a
+	// job's workers).
+	all bool
 }
 
 func (f *listFlags) register(fs *pflag.FlagSet, states, selectorHelp string) {
@@ -403,12 +406,16 @@ func (c *command) statusCmd() *cobra.Command {
 				}
 				key, err := proto.MarshalOptions{Deterministic: true}.Marshal(resp.GetJob())
 				return key, func(w io.Writer) error {
-					return renderOne(w, o, resp.GetJob(), func(w io.Writer, v view) { printJob(w, resp.GetJob(), v) }, args[0])
+					return renderOne(w, o, resp.GetJob(), func(w io.Writer, v view) {
+						v.all = f.all
+						printJob(w, resp.GetJob(), v)
+					}, args[0])
 				}, err
 			})
 		},
 	}
 	f.register(cmd.Flags(), jobStates, "without JOB: only jobs whose node selector includes all these labels: k=v,k2=v2")
+	cmd.Flags().BoolVar(&f.all, "all", false, fmt.Sprintf("with JOB: list every node's workers (a job on more than %d nodes shows a summary)", summaryAbove))
 	return cmd
 }
 

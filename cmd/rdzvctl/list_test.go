@@ -33,6 +33,10 @@ type pagedServer struct {
 	jobs   []*rdzvv1.Job
 	nodes  []*rdzvv1.Node
 	events []*rdzvv1.Event
+	// summary answers SummarizeNodes; nil counts the nodes alone, and
+	// noSummary answers Unimplemented, as a controller older than it.
+	summary   *rdzvv1.SummarizeNodesResponse
+	noSummary bool
 
 	mu   sync.Mutex
 	reqs []proto.Message
@@ -72,6 +76,19 @@ func (s *pagedServer) ListJobs(_ context.Context, req *rdzvv1.ListJobsRequest) (
 func (s *pagedServer) ListNodes(_ context.Context, req *rdzvv1.ListNodesRequest) (*rdzvv1.ListNodesResponse, error) {
 	nodes, next, err := page(s, req, s.nodes, req.GetPageToken(), req.GetPageSize())
 	return &rdzvv1.ListNodesResponse{Nodes: nodes, NextPageToken: next}, err
+}
+
+func (s *pagedServer) SummarizeNodes(_ context.Context, req *rdzvv1.SummarizeNodesRequest) (*rdzvv1.SummarizeNodesResponse, error) {
+	s.mu.Lock()
+	s.reqs = append(s.reqs, proto.Clone(req))
+	s.mu.Unlock()
+	switch {
+	case s.noSummary:
+		return nil, status.Error(codes.Unimplemented, "unknown method SummarizeNodes")
+	case s.summary != nil:
+		return s.summary, nil
+	}
+	return &rdzvv1.SummarizeNodesResponse{Nodes: int32(len(s.nodes))}, nil
 }
 
 func (s *pagedServer) ListEvents(_ context.Context, req *rdzvv1.ListEventsRequest) (*rdzvv1.ListEventsResponse, error) {
@@ -161,6 +178,8 @@ func TestListsFollowPages(t *testing.T) {
 			&rdzvv1.ListJobsRequest{View: rdzvv1.JobView_JOB_VIEW_SUMMARY, PageSize: 2},
 		}},
 		{"nodes filtered", []string{"nodes", "--state", "lost,BUSY", "--selector", "pool=train,rack=r1"}, names("node", all...), []proto.Message{
+			&rdzvv1.SummarizeNodesRequest{States: []rdzvv1.NodeState{rdzvv1.NodeState_NODE_STATE_LOST, rdzvv1.NodeState_NODE_STATE_BUSY},
+				Selector: map[string]string{"pool": "train", "rack": "r1"}},
 			&rdzvv1.ListNodesRequest{States: []rdzvv1.NodeState{rdzvv1.NodeState_NODE_STATE_LOST, rdzvv1.NodeState_NODE_STATE_BUSY},
 				Selector: map[string]string{"pool": "train", "rack": "r1"}},
 			&rdzvv1.ListNodesRequest{States: []rdzvv1.NodeState{rdzvv1.NodeState_NODE_STATE_LOST, rdzvv1.NodeState_NODE_STATE_BUSY},
@@ -338,4 +357,48 @@ func TestWatchPrintsChanges(t *testing.T) {
 
 	cancel()
 	require.Equal(t, 0, <-done, "interrupting a watch is no failure")
+}
+
+// A table of more than summaryAbove nodes is a summary, from one call;
+// --all, --limit and data formats list every node; a controller without
+// summaries is listed.
+func TestNodesSummarized(t *testing.T) {
+	s, addr := startPagedServer(t)
+	big := &rdzvv1.SummarizeNodesResponse{Nodes: summaryAbove + 1, Attention: []*rdzvv1.Node{s.nodes[5]}, AttentionTotal: 1,
+		States: []*rdzvv1.NodeStateCount{{State: rdzvv1.NodeState_NODE_STATE_READY, Nodes: summaryAbove + 1}}}
+	listAll := []proto.Message{&rdzvv1.ListNodesRequest{}, &rdzvv1.ListNodesRequest{PageToken: "3"}, &rdzvv1.ListNodesRequest{PageToken: "6"}}
+	tests := []struct {
+		name      string
+		args      []string
+		noSummary bool
+		summary   bool // printed a summary, not a list
+		wantReqs  []proto.Message
+	}{
+		{"summary", []string{"nodes"}, false, true, []proto.Message{&rdzvv1.SummarizeNodesRequest{}}},
+		{"wide summary", []string{"nodes", "-o", "wide"}, false, true, []proto.Message{&rdzvv1.SummarizeNodesRequest{}}},
+		{"--all", []string{"nodes", "--all"}, false, false, listAll},
+		{"--limit", []string{"nodes", "--limit", "2"}, false, false, []proto.Message{&rdzvv1.ListNodesRequest{PageSize: 2}}},
+		{"json", []string{"nodes", "-o", "json"}, false, false, listAll},
+		{"name", []string{"nodes", "-o", "name"}, false, false, listAll},
+		{"older controller", []string{"nodes"}, true, false, append([]proto.Message{&rdzvv1.SummarizeNodesRequest{}}, listAll...)},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			s.summary, s.noSummary = big, tt.noSummary
+			out := runOK(t, append([]string{"--insecure", "--controller", addr}, tt.args...)...)
+			reqs := s.requests()
+			require.Len(t, reqs, len(tt.wantReqs))
+			for i := range reqs {
+				require.True(t, proto.Equal(tt.wantReqs[i], reqs[i]), "request %d: got %v, want %v", i, reqs[i], tt.wantReqs[i])
+			}
+			if tt.summary {
+				require.Contains(t, out, fmt.Sprintf("%d nodes, 0 GPUs (a summary", summaryAbove+1))
+				require.Contains(t, out, "node-5", "the node needing attention is listed")
+				require.NotContains(t, out, "node-0")
+			} else {
+				require.NotContains(t, out, "a summary")
+				require.Contains(t, out, "node-0")
+			}
+		})
+	}
 }

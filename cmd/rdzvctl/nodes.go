@@ -5,8 +5,12 @@ import (
 	"fmt"
 	"io"
 	"math"
+	"strings"
 
 	"github.com/spf13/cobra"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
 
 	rdzvv1 "github.com/rdzv/rdzv/proto/rdzv/v1"
 )
@@ -22,8 +26,14 @@ func (c *command) nodesCmd() *cobra.Command {
 		Long: `List the node registry, or the nodes in these states with these labels.
 A node's state is READY (idle), BUSY (holding a job), LOST (silent past the
 controller's timeout) or DRAINED (drained and now idle); CORDONED is shown
-beside it.`,
+beside it.
+
+More than 100 nodes show as a summary: counts by state and condition, the
+nodes each job holds, and the nodes that need a look (lost, cordoned,
+draining, drained, unhealthy, agent restarting). --all, --limit or -o
+json/yaml/name/jsonpath list them one by one.`,
 		Example: `  rdzvctl nodes
+  rdzvctl nodes --state lost
   rdzvctl nodes --state ready --selector pool=train -o wide
   rdzvctl nodes -o jsonpath='{.nodes[?@.state=="NODE_STATE_READY"].info.name}'
   rdzvctl nodes --watch`,
@@ -31,6 +41,7 @@ beside it.`,
 		RunE: func(cmd *cobra.Command, _ []string) error { return c.listNodes(cmd.Context(), &f) },
 	}
 	f.register(cmd.Flags(), nodeStates, "only nodes with all these labels: k=v,k2=v2")
+	cmd.Flags().BoolVar(&f.all, "all", false, fmt.Sprintf("list every node (more than %d show as a summary)", summaryAbove))
 	cmd.AddCommand(c.cordonCmd(true), c.cordonCmd(false), c.drainCmd())
 	return cmd
 }
@@ -45,7 +56,28 @@ func (c *command) listNodes(ctx context.Context, f *listFlags) error {
 		return err
 	}
 	req := &rdzvv1.ListNodesRequest{States: states, Selector: selector, PageSize: int32(min(f.limit, math.MaxInt32))}
+	// Tables of many nodes are summarized; data formats and explicit
+	// limits always list.
+	summarize := (o.kind == "table" || o.kind == "wide") && !f.all && f.limit == 0
 	return c.watch(ctx, f.watch, o, func(ctx context.Context) ([]byte, func(io.Writer) error, error) {
+		if summarize {
+			cctx, cancel := c.call(ctx)
+			s, err := client.SummarizeNodes(cctx, &rdzvv1.SummarizeNodesRequest{States: states, Selector: selector})
+			cancel()
+			switch {
+			case status.Code(err) == codes.Unimplemented:
+				summarize = false // a controller older than summaries
+			case err != nil:
+				return nil, nil, c.rpcErr("summarizing nodes", err)
+			case s.GetNodes() > summaryAbove:
+				quiet := proto.CloneOf(s)
+				for _, n := range quiet.GetAttention() {
+					n.LastHeartbeat = nil
+				}
+				key, err := proto.MarshalOptions{Deterministic: true}.Marshal(quiet)
+				return key, func(w io.Writer) error { return printNodeSummary(w, o, s) }, err
+			}
+		}
 		items, err := collect(ctx, c, f.limit, nil, func(ctx context.Context, token string) ([]*rdzvv1.Node, string, error) {
 			req.PageToken = token
 			resp, err := client.ListNodes(ctx, req)
@@ -162,4 +194,38 @@ drain.`,
 	cmd.Flags().StringVar(&reason, "reason", "", "why (shown in nodes and events)")
 	cmd.Flags().BoolVar(&now, "now", false, "stop the node's workers now; the job recovers on other nodes")
 	return cmd
+}
+
+// printNodeSummary prints a summary of many nodes.
+func printNodeSummary(w io.Writer, o output, s *rdzvv1.SummarizeNodesResponse) error {
+	fmt.Fprintf(w, "%d nodes, %d GPUs (a summary: --all lists every node; --state, --selector or --limit narrow the list)\n\n", s.GetNodes(), s.GetGpus())
+	t := table(w)
+	fmt.Fprintln(t, "STATE\tNODES\tGPUS")
+	for _, sc := range s.GetStates() {
+		fmt.Fprintf(t, "%s\t%d\t%d\n", strings.TrimPrefix(sc.GetState().String(), "NODE_STATE_"), sc.GetNodes(), sc.GetGpus())
+	}
+	if err := t.Flush(); err != nil {
+		return err
+	}
+	fmt.Fprintf(w, "\nCordoned %d, draining %d, unhealthy %d, agent restarting %d\n", s.GetCordoned(), s.GetDraining(), s.GetUnhealthy(), s.GetAgentRestarting())
+	if len(s.GetJobs()) > 0 {
+		fmt.Fprintln(w)
+		t = table(w)
+		fmt.Fprintln(t, "JOB\tNODES")
+		for _, j := range s.GetJobs() {
+			fmt.Fprintf(t, "%s\t%d\n", j.GetJob(), j.GetNodes())
+		}
+		if err := t.Flush(); err != nil {
+			return err
+		}
+	}
+	if s.GetAttentionTotal() == 0 {
+		return nil
+	}
+	if n := len(s.GetAttention()); int32(n) < s.GetAttentionTotal() {
+		fmt.Fprintf(w, "\nNeeding attention: the first %d of %d by name\n", n, s.GetAttentionTotal())
+	} else {
+		fmt.Fprintf(w, "\nNeeding attention: %d\n", n)
+	}
+	return render(w, o, nodes, s.GetAttention())
 }

@@ -3,6 +3,8 @@ package main
 import (
 	"fmt"
 	"io"
+	"maps"
+	"slices"
 	"sort"
 	"strings"
 	"text/tabwriter"
@@ -17,11 +19,21 @@ func stateWord(s rdzvv1.JobState) string { return strings.TrimPrefix(s.String(),
 
 func table(out io.Writer) *tabwriter.Writer { return tabwriter.NewWriter(out, 0, 4, 2, ' ', 0) }
 
-// view is what rows print with: -o wide, and the time ages are counted to.
+// view is what rows print with: -o wide, the time ages are counted to,
+// and --all (every worker of a large job, not a summary).
 type view struct {
 	wide bool
 	now  time.Time
+	all  bool
 }
+
+// summaryAbove is how many nodes, or workers of a job, a table lists one by
+// one; more are summarized unless --all is given. Thousands of rows scroll
+// the one that matters out of sight.
+const summaryAbove = 100
+
+// maxNoted is how many rows a summary lists of those that need a look.
+const maxNoted = 20
 
 func (v view) age(ts *timestamppb.Timestamp) string {
 	if ts == nil {
@@ -74,13 +86,20 @@ func printJob(out io.Writer, j *rdzvv1.Job, v view) {
 	fmt.Fprintf(out, "Started:     %s\n", v.when(j.GetStartedAt()))
 	fmt.Fprintf(out, "Finished:    %s\n", v.when(j.GetFinishedAt()))
 	incidentTable(out, j.GetIncidents())
-	if len(j.GetAssignments()) == 0 {
+	rows := j.GetAssignments()
+	if len(rows) == 0 {
 		return
+	}
+	if len(rows) > summaryAbove && !v.all {
+		rows = workerSummary(out, rows)
+		if len(rows) == 0 {
+			return
+		}
 	}
 	fmt.Fprintln(out)
 	w := table(out)
 	fmt.Fprintln(w, "RANK\tNODE\tADDRESS\tINTERFACE\tGPUS\tWORKERS\tEXIT\tMESSAGE")
-	for _, a := range j.GetAssignments() {
+	for _, a := range rows {
 		exit := "-"
 		if terminal(a.GetState()) {
 			exit = fmt.Sprint(a.GetExitCode())
@@ -92,6 +111,30 @@ func printJob(out io.Writer, j *rdzvv1.Job, v view) {
 			uints(a.GetGpuIndices()), strings.TrimPrefix(a.GetState().String(), "WORKER_STATE_"), exit, a.GetMessage())
 	}
 	_ = w.Flush()
+}
+
+// workerSummary prints how many of a large job's nodes are in each worker
+// state, and returns the rows worth a look: the first maxNoted (by rank)
+// whose workers are neither running nor succeeded.
+func workerSummary(out io.Writer, rows []*rdzvv1.NodeAssignment) []*rdzvv1.NodeAssignment {
+	counts := map[rdzvv1.WorkerState]int{}
+	var noted []*rdzvv1.NodeAssignment
+	for _, a := range rows {
+		counts[a.GetState()]++
+		if s := a.GetState(); s != rdzvv1.WorkerState_WORKER_STATE_RUNNING && s != rdzvv1.WorkerState_WORKER_STATE_SUCCEEDED {
+			noted = append(noted, a)
+		}
+	}
+	var parts []string
+	for _, s := range slices.Sorted(maps.Keys(counts)) {
+		parts = append(parts, fmt.Sprintf("%d %s", counts[s], strings.TrimPrefix(s.String(), "WORKER_STATE_")))
+	}
+	fmt.Fprintf(out, "Workers:     %s (%d nodes; --all lists every one)\n", strings.Join(parts, ", "), len(rows))
+	if len(noted) > maxNoted {
+		fmt.Fprintf(out, "Not running: the first %d of %d by rank\n", maxNoted, len(noted))
+		noted = noted[:maxNoted]
+	}
+	return noted
 }
 
 func terminal(s rdzvv1.WorkerState) bool {

@@ -151,6 +151,294 @@ func (x *ListNodesResponse) GetNextPageToken() string {
 	return ""
 }
 
+// The filters are ListNodes'.
+type SummarizeNodesRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	States        []NodeState            `protobuf:"varint,1,rep,packed,name=states,proto3,enum=rdzv.v1.NodeState" json:"states,omitempty"`
+	Selector      map[string]string      `protobuf:"bytes,2,rep,name=selector,proto3" json:"selector,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SummarizeNodesRequest) Reset() {
+	*x = SummarizeNodesRequest{}
+	mi := &file_rdzv_v1_node_service_proto_msgTypes[2]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SummarizeNodesRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SummarizeNodesRequest) ProtoMessage() {}
+
+func (x *SummarizeNodesRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_rdzv_v1_node_service_proto_msgTypes[2]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SummarizeNodesRequest.ProtoReflect.Descriptor instead.
+func (*SummarizeNodesRequest) Descriptor() ([]byte, []int) {
+	return file_rdzv_v1_node_service_proto_rawDescGZIP(), []int{2}
+}
+
+func (x *SummarizeNodesRequest) GetStates() []NodeState {
+	if x != nil {
+		return x.States
+	}
+	return nil
+}
+
+func (x *SummarizeNodesRequest) GetSelector() map[string]string {
+	if x != nil {
+		return x.Selector
+	}
+	return nil
+}
+
+type SummarizeNodesResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Nodes that match, and their GPUs.
+	Nodes int32 `protobuf:"varint,1,opt,name=nodes,proto3" json:"nodes,omitempty"`
+	Gpus  int32 `protobuf:"varint,2,opt,name=gpus,proto3" json:"gpus,omitempty"`
+	// Per state as listed (READY, BUSY, LOST, DRAINED), those with any.
+	States []*NodeStateCount `protobuf:"bytes,3,rep,name=states,proto3" json:"states,omitempty"`
+	// Conditions shown beside the state; a node may have several.
+	Cordoned        int32 `protobuf:"varint,4,opt,name=cordoned,proto3" json:"cordoned,omitempty"`
+	Draining        int32 `protobuf:"varint,5,opt,name=draining,proto3" json:"draining,omitempty"`
+	Unhealthy       int32 `protobuf:"varint,6,opt,name=unhealthy,proto3" json:"unhealthy,omitempty"`
+	AgentRestarting int32 `protobuf:"varint,7,opt,name=agent_restarting,json=agentRestarting,proto3" json:"agent_restarting,omitempty"`
+	// Per job, the nodes it holds, by name.
+	Jobs []*JobNodeCount `protobuf:"bytes,8,rep,name=jobs,proto3" json:"jobs,omitempty"`
+	// The first nodes by name (at most 20) that need attention: lost,
+	// cordoned, draining, drained, failing a health check or held for an
+	// agent restart; attention_total counts them all.
+	Attention      []*Node `protobuf:"bytes,9,rep,name=attention,proto3" json:"attention,omitempty"`
+	AttentionTotal int32   `protobuf:"varint,10,opt,name=attention_total,json=attentionTotal,proto3" json:"attention_total,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
+}
+
+func (x *SummarizeNodesResponse) Reset() {
+	*x = SummarizeNodesResponse{}
+	mi := &file_rdzv_v1_node_service_proto_msgTypes[3]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SummarizeNodesResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SummarizeNodesResponse) ProtoMessage() {}
+
+func (x *SummarizeNodesResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_rdzv_v1_node_service_proto_msgTypes[3]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SummarizeNodesResponse.ProtoReflect.Descriptor instead.
+func (*SummarizeNodesResponse) Descriptor() ([]byte, []int) {
+	return file_rdzv_v1_node_service_proto_rawDescGZIP(), []int{3}
+}
+
+func (x *SummarizeNodesResponse) GetNodes() int32 {
+	if x != nil {
+		return x.Nodes
+	}
+	return 0
+}
+
+func (x *SummarizeNodesResponse) GetGpus() int32 {
+	if x != nil {
+		return x.Gpus
+	}
+	return 0
+}
+
+func (x *SummarizeNodesResponse) GetStates() []*NodeStateCount {
+	if x != nil {
+		return x.States
+	}
+	return nil
+}
+
+func (x *SummarizeNodesResponse) GetCordoned() int32 {
+	if x != nil {
+		return x.Cordoned
+	}
+	return 0
+}
+
+func (x *SummarizeNodesResponse) GetDraining() int32 {
+	if x != nil {
+		return x.Draining
+	}
+	return 0
+}
+
+func (x *SummarizeNodesResponse) GetUnhealthy() int32 {
+	if x != nil {
+		return x.Unhealthy
+	}
+	return 0
+}
+
+func (x *SummarizeNodesResponse) GetAgentRestarting() int32 {
+	if x != nil {
+		return x.AgentRestarting
+	}
+	return 0
+}
+
+func (x *SummarizeNodesResponse) GetJobs() []*JobNodeCount {
+	if x != nil {
+		return x.Jobs
+	}
+	return nil
+}
+
+func (x *SummarizeNodesResponse) GetAttention() []*Node {
+	if x != nil {
+		return x.Attention
+	}
+	return nil
+}
+
+func (x *SummarizeNodesResponse) GetAttentionTotal() int32 {
+	if x != nil {
+		return x.AttentionTotal
+	}
+	return 0
+}
+
+type NodeStateCount struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	State         NodeState              `protobuf:"varint,1,opt,name=state,proto3,enum=rdzv.v1.NodeState" json:"state,omitempty"`
+	Nodes         int32                  `protobuf:"varint,2,opt,name=nodes,proto3" json:"nodes,omitempty"`
+	Gpus          int32                  `protobuf:"varint,3,opt,name=gpus,proto3" json:"gpus,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *NodeStateCount) Reset() {
+	*x = NodeStateCount{}
+	mi := &file_rdzv_v1_node_service_proto_msgTypes[4]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *NodeStateCount) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*NodeStateCount) ProtoMessage() {}
+
+func (x *NodeStateCount) ProtoReflect() protoreflect.Message {
+	mi := &file_rdzv_v1_node_service_proto_msgTypes[4]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use NodeStateCount.ProtoReflect.Descriptor instead.
+func (*NodeStateCount) Descriptor() ([]byte, []int) {
+	return file_rdzv_v1_node_service_proto_rawDescGZIP(), []int{4}
+}
+
+func (x *NodeStateCount) GetState() NodeState {
+	if x != nil {
+		return x.State
+	}
+	return NodeState_NODE_STATE_UNSPECIFIED
+}
+
+func (x *NodeStateCount) GetNodes() int32 {
+	if x != nil {
+		return x.Nodes
+	}
+	return 0
+}
+
+func (x *NodeStateCount) GetGpus() int32 {
+	if x != nil {
+		return x.Gpus
+	}
+	return 0
+}
+
+type JobNodeCount struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Job           string                 `protobuf:"bytes,1,opt,name=job,proto3" json:"job,omitempty"`
+	Nodes         int32                  `protobuf:"varint,2,opt,name=nodes,proto3" json:"nodes,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *JobNodeCount) Reset() {
+	*x = JobNodeCount{}
+	mi := &file_rdzv_v1_node_service_proto_msgTypes[5]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *JobNodeCount) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*JobNodeCount) ProtoMessage() {}
+
+func (x *JobNodeCount) ProtoReflect() protoreflect.Message {
+	mi := &file_rdzv_v1_node_service_proto_msgTypes[5]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use JobNodeCount.ProtoReflect.Descriptor instead.
+func (*JobNodeCount) Descriptor() ([]byte, []int) {
+	return file_rdzv_v1_node_service_proto_rawDescGZIP(), []int{5}
+}
+
+func (x *JobNodeCount) GetJob() string {
+	if x != nil {
+		return x.Job
+	}
+	return ""
+}
+
+func (x *JobNodeCount) GetNodes() int32 {
+	if x != nil {
+		return x.Nodes
+	}
+	return 0
+}
+
 type CordonNodeRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Name          string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
@@ -161,7 +449,7 @@ type CordonNodeRequest struct {
 
 func (x *CordonNodeRequest) Reset() {
 	*x = CordonNodeRequest{}
-	mi := &file_rdzv_v1_node_service_proto_msgTypes[2]
+	mi := &file_rdzv_v1_node_service_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -173,7 +461,7 @@ func (x *CordonNodeRequest) String() string {
 func (*CordonNodeRequest) ProtoMessage() {}
 
 func (x *CordonNodeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_rdzv_v1_node_service_proto_msgTypes[2]
+	mi := &file_rdzv_v1_node_service_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -186,7 +474,7 @@ func (x *CordonNodeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CordonNodeRequest.ProtoReflect.Descriptor instead.
 func (*CordonNodeRequest) Descriptor() ([]byte, []int) {
-	return file_rdzv_v1_node_service_proto_rawDescGZIP(), []int{2}
+	return file_rdzv_v1_node_service_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *CordonNodeRequest) GetName() string {
@@ -212,7 +500,7 @@ type CordonNodeResponse struct {
 
 func (x *CordonNodeResponse) Reset() {
 	*x = CordonNodeResponse{}
-	mi := &file_rdzv_v1_node_service_proto_msgTypes[3]
+	mi := &file_rdzv_v1_node_service_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -224,7 +512,7 @@ func (x *CordonNodeResponse) String() string {
 func (*CordonNodeResponse) ProtoMessage() {}
 
 func (x *CordonNodeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_rdzv_v1_node_service_proto_msgTypes[3]
+	mi := &file_rdzv_v1_node_service_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -237,7 +525,7 @@ func (x *CordonNodeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CordonNodeResponse.ProtoReflect.Descriptor instead.
 func (*CordonNodeResponse) Descriptor() ([]byte, []int) {
-	return file_rdzv_v1_node_service_proto_rawDescGZIP(), []int{3}
+	return file_rdzv_v1_node_service_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *CordonNodeResponse) GetNode() *Node {
@@ -256,7 +544,7 @@ type UncordonNodeRequest struct {
 
 func (x *UncordonNodeRequest) Reset() {
 	*x = UncordonNodeRequest{}
-	mi := &file_rdzv_v1_node_service_proto_msgTypes[4]
+	mi := &file_rdzv_v1_node_service_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -268,7 +556,7 @@ func (x *UncordonNodeRequest) String() string {
 func (*UncordonNodeRequest) ProtoMessage() {}
 
 func (x *UncordonNodeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_rdzv_v1_node_service_proto_msgTypes[4]
+	mi := &file_rdzv_v1_node_service_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -281,7 +569,7 @@ func (x *UncordonNodeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UncordonNodeRequest.ProtoReflect.Descriptor instead.
 func (*UncordonNodeRequest) Descriptor() ([]byte, []int) {
-	return file_rdzv_v1_node_service_proto_rawDescGZIP(), []int{4}
+	return file_rdzv_v1_node_service_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *UncordonNodeRequest) GetName() string {
@@ -300,7 +588,7 @@ type UncordonNodeResponse struct {
 
 func (x *UncordonNodeResponse) Reset() {
 	*x = UncordonNodeResponse{}
-	mi := &file_rdzv_v1_node_service_proto_msgTypes[5]
+	mi := &file_rdzv_v1_node_service_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -312,7 +600,7 @@ func (x *UncordonNodeResponse) String() string {
 func (*UncordonNodeResponse) ProtoMessage() {}
 
 func (x *UncordonNodeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_rdzv_v1_node_service_proto_msgTypes[5]
+	mi := &file_rdzv_v1_node_service_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -325,7 +613,7 @@ func (x *UncordonNodeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UncordonNodeResponse.ProtoReflect.Descriptor instead.
 func (*UncordonNodeResponse) Descriptor() ([]byte, []int) {
-	return file_rdzv_v1_node_service_proto_rawDescGZIP(), []int{5}
+	return file_rdzv_v1_node_service_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *UncordonNodeResponse) GetNode() *Node {
@@ -347,7 +635,7 @@ type DrainNodeRequest struct {
 
 func (x *DrainNodeRequest) Reset() {
 	*x = DrainNodeRequest{}
-	mi := &file_rdzv_v1_node_service_proto_msgTypes[6]
+	mi := &file_rdzv_v1_node_service_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -359,7 +647,7 @@ func (x *DrainNodeRequest) String() string {
 func (*DrainNodeRequest) ProtoMessage() {}
 
 func (x *DrainNodeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_rdzv_v1_node_service_proto_msgTypes[6]
+	mi := &file_rdzv_v1_node_service_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -372,7 +660,7 @@ func (x *DrainNodeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DrainNodeRequest.ProtoReflect.Descriptor instead.
 func (*DrainNodeRequest) Descriptor() ([]byte, []int) {
-	return file_rdzv_v1_node_service_proto_rawDescGZIP(), []int{6}
+	return file_rdzv_v1_node_service_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *DrainNodeRequest) GetName() string {
@@ -405,7 +693,7 @@ type DrainNodeResponse struct {
 
 func (x *DrainNodeResponse) Reset() {
 	*x = DrainNodeResponse{}
-	mi := &file_rdzv_v1_node_service_proto_msgTypes[7]
+	mi := &file_rdzv_v1_node_service_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -417,7 +705,7 @@ func (x *DrainNodeResponse) String() string {
 func (*DrainNodeResponse) ProtoMessage() {}
 
 func (x *DrainNodeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_rdzv_v1_node_service_proto_msgTypes[7]
+	mi := &file_rdzv_v1_node_service_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -430,7 +718,7 @@ func (x *DrainNodeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DrainNodeResponse.ProtoReflect.Descriptor instead.
 func (*DrainNodeResponse) Descriptor() ([]byte, []int) {
-	return file_rdzv_v1_node_service_proto_rawDescGZIP(), []int{7}
+	return file_rdzv_v1_node_service_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *DrainNodeResponse) GetNode() *Node {
@@ -456,7 +744,32 @@ const file_rdzv_v1_node_service_proto_rawDesc = "" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"`\n" +
 	"\x11ListNodesResponse\x12#\n" +
 	"\x05nodes\x18\x01 \x03(\v2\r.rdzv.v1.NodeR\x05nodes\x12&\n" +
-	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken\"?\n" +
+	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken\"\xca\x01\n" +
+	"\x15SummarizeNodesRequest\x12*\n" +
+	"\x06states\x18\x01 \x03(\x0e2\x12.rdzv.v1.NodeStateR\x06states\x12H\n" +
+	"\bselector\x18\x02 \x03(\v2,.rdzv.v1.SummarizeNodesRequest.SelectorEntryR\bselector\x1a;\n" +
+	"\rSelectorEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xf5\x02\n" +
+	"\x16SummarizeNodesResponse\x12\x14\n" +
+	"\x05nodes\x18\x01 \x01(\x05R\x05nodes\x12\x12\n" +
+	"\x04gpus\x18\x02 \x01(\x05R\x04gpus\x12/\n" +
+	"\x06states\x18\x03 \x03(\v2\x17.rdzv.v1.NodeStateCountR\x06states\x12\x1a\n" +
+	"\bcordoned\x18\x04 \x01(\x05R\bcordoned\x12\x1a\n" +
+	"\bdraining\x18\x05 \x01(\x05R\bdraining\x12\x1c\n" +
+	"\tunhealthy\x18\x06 \x01(\x05R\tunhealthy\x12)\n" +
+	"\x10agent_restarting\x18\a \x01(\x05R\x0fagentRestarting\x12)\n" +
+	"\x04jobs\x18\b \x03(\v2\x15.rdzv.v1.JobNodeCountR\x04jobs\x12+\n" +
+	"\tattention\x18\t \x03(\v2\r.rdzv.v1.NodeR\tattention\x12'\n" +
+	"\x0fattention_total\x18\n" +
+	" \x01(\x05R\x0eattentionTotal\"d\n" +
+	"\x0eNodeStateCount\x12(\n" +
+	"\x05state\x18\x01 \x01(\x0e2\x12.rdzv.v1.NodeStateR\x05state\x12\x14\n" +
+	"\x05nodes\x18\x02 \x01(\x05R\x05nodes\x12\x12\n" +
+	"\x04gpus\x18\x03 \x01(\x05R\x04gpus\"6\n" +
+	"\fJobNodeCount\x12\x10\n" +
+	"\x03job\x18\x01 \x01(\tR\x03job\x12\x14\n" +
+	"\x05nodes\x18\x02 \x01(\x05R\x05nodes\"?\n" +
 	"\x11CordonNodeRequest\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x16\n" +
 	"\x06reason\x18\x02 \x01(\tR\x06reason\"7\n" +
@@ -471,9 +784,10 @@ const file_rdzv_v1_node_service_proto_rawDesc = "" +
 	"\x06reason\x18\x02 \x01(\tR\x06reason\x12\x10\n" +
 	"\x03now\x18\x03 \x01(\bR\x03now\"6\n" +
 	"\x11DrainNodeResponse\x12!\n" +
-	"\x04node\x18\x01 \x01(\v2\r.rdzv.v1.NodeR\x04node2\xa9\x02\n" +
+	"\x04node\x18\x01 \x01(\v2\r.rdzv.v1.NodeR\x04node2\xfc\x02\n" +
 	"\vNodeService\x12B\n" +
-	"\tListNodes\x12\x19.rdzv.v1.ListNodesRequest\x1a\x1a.rdzv.v1.ListNodesResponse\x12E\n" +
+	"\tListNodes\x12\x19.rdzv.v1.ListNodesRequest\x1a\x1a.rdzv.v1.ListNodesResponse\x12Q\n" +
+	"\x0eSummarizeNodes\x12\x1e.rdzv.v1.SummarizeNodesRequest\x1a\x1f.rdzv.v1.SummarizeNodesResponse\x12E\n" +
 	"\n" +
 	"CordonNode\x12\x1a.rdzv.v1.CordonNodeRequest\x1a\x1b.rdzv.v1.CordonNodeResponse\x12K\n" +
 	"\fUncordonNode\x12\x1c.rdzv.v1.UncordonNodeRequest\x1a\x1d.rdzv.v1.UncordonNodeResponse\x12B\n" +
@@ -492,40 +806,53 @@ func file_rdzv_v1_node_service_proto_rawDescGZIP() []byte {
 	return file_rdzv_v1_node_service_proto_rawDescData
 }
 
-var file_rdzv_v1_node_service_proto_msgTypes = make([]protoimpl.MessageInfo, 9)
+var file_rdzv_v1_node_service_proto_msgTypes = make([]protoimpl.MessageInfo, 14)
 var file_rdzv_v1_node_service_proto_goTypes = []any{
-	(*ListNodesRequest)(nil),     // 0: rdzv.v1.ListNodesRequest
-	(*ListNodesResponse)(nil),    // 1: rdzv.v1.ListNodesResponse
-	(*CordonNodeRequest)(nil),    // 2: rdzv.v1.CordonNodeRequest
-	(*CordonNodeResponse)(nil),   // 3: rdzv.v1.CordonNodeResponse
-	(*UncordonNodeRequest)(nil),  // 4: rdzv.v1.UncordonNodeRequest
-	(*UncordonNodeResponse)(nil), // 5: rdzv.v1.UncordonNodeResponse
-	(*DrainNodeRequest)(nil),     // 6: rdzv.v1.DrainNodeRequest
-	(*DrainNodeResponse)(nil),    // 7: rdzv.v1.DrainNodeResponse
-	nil,                          // 8: rdzv.v1.ListNodesRequest.SelectorEntry
-	(NodeState)(0),               // 9: rdzv.v1.NodeState
-	(*Node)(nil),                 // 10: rdzv.v1.Node
+	(*ListNodesRequest)(nil),       // 0: rdzv.v1.ListNodesRequest
+	(*ListNodesResponse)(nil),      // 1: rdzv.v1.ListNodesResponse
+	(*SummarizeNodesRequest)(nil),  // 2: rdzv.v1.SummarizeNodesRequest
+	(*SummarizeNodesResponse)(nil), // 3: rdzv.v1.SummarizeNodesResponse
+	(*NodeStateCount)(nil),         // 4: rdzv.v1.NodeStateCount
+	(*JobNodeCount)(nil),           // 5: rdzv.v1.JobNodeCount
+	(*CordonNodeRequest)(nil),      // 6: rdzv.v1.CordonNodeRequest
+	(*CordonNodeResponse)(nil),     // 7: rdzv.v1.CordonNodeResponse
+	(*UncordonNodeRequest)(nil),    // 8: rdzv.v1.UncordonNodeRequest
+	(*UncordonNodeResponse)(nil),   // 9: rdzv.v1.UncordonNodeResponse
+	(*DrainNodeRequest)(nil),       // 10: rdzv.v1.DrainNodeRequest
+	(*DrainNodeResponse)(nil),      // 11: rdzv.v1.DrainNodeResponse
+	nil,                            // 12: rdzv.v1.ListNodesRequest.SelectorEntry
+	nil,                            // 13: rdzv.v1.SummarizeNodesRequest.SelectorEntry
+	(NodeState)(0),                 // 14: rdzv.v1.NodeState
+	(*Node)(nil),                   // 15: rdzv.v1.Node
 }
 var file_rdzv_v1_node_service_proto_depIdxs = []int32{
-	9,  // 0: rdzv.v1.ListNodesRequest.states:type_name -> rdzv.v1.NodeState
-	8,  // 1: rdzv.v1.ListNodesRequest.selector:type_name -> rdzv.v1.ListNodesRequest.SelectorEntry
-	10, // 2: rdzv.v1.ListNodesResponse.nodes:type_name -> rdzv.v1.Node
-	10, // 3: rdzv.v1.CordonNodeResponse.node:type_name -> rdzv.v1.Node
-	10, // 4: rdzv.v1.UncordonNodeResponse.node:type_name -> rdzv.v1.Node
-	10, // 5: rdzv.v1.DrainNodeResponse.node:type_name -> rdzv.v1.Node
-	0,  // 6: rdzv.v1.NodeService.ListNodes:input_type -> rdzv.v1.ListNodesRequest
-	2,  // 7: rdzv.v1.NodeService.CordonNode:input_type -> rdzv.v1.CordonNodeRequest
-	4,  // 8: rdzv.v1.NodeService.UncordonNode:input_type -> rdzv.v1.UncordonNodeRequest
-	6,  // 9: rdzv.v1.NodeService.DrainNode:input_type -> rdzv.v1.DrainNodeRequest
-	1,  // 10: rdzv.v1.NodeService.ListNodes:output_type -> rdzv.v1.ListNodesResponse
-	3,  // 11: rdzv.v1.NodeService.CordonNode:output_type -> rdzv.v1.CordonNodeResponse
-	5,  // 12: rdzv.v1.NodeService.UncordonNode:output_type -> rdzv.v1.UncordonNodeResponse
-	7,  // 13: rdzv.v1.NodeService.DrainNode:output_type -> rdzv.v1.DrainNodeResponse
-	10, // [10:14] is the sub-list for method output_type
-	6,  // [6:10] is the sub-list for method input_type
-	6,  // [6:6] is the sub-list for extension type_name
-	6,  // [6:6] is the sub-list for extension extendee
-	0,  // [0:6] is the sub-list for field type_name
+	14, // 0: rdzv.v1.ListNodesRequest.states:type_name -> rdzv.v1.NodeState
+	12, // 1: rdzv.v1.ListNodesRequest.selector:type_name -> rdzv.v1.ListNodesRequest.SelectorEntry
+	15, // 2: rdzv.v1.ListNodesResponse.nodes:type_name -> rdzv.v1.Node
+	14, // 3: rdzv.v1.SummarizeNodesRequest.states:type_name -> rdzv.v1.NodeState
+	13, // 4: rdzv.v1.SummarizeNodesRequest.selector:type_name -> rdzv.v1.SummarizeNodesRequest.SelectorEntry
+	4,  // 5: rdzv.v1.SummarizeNodesResponse.states:type_name -> rdzv.v1.NodeStateCount
+	5,  // 6: rdzv.v1.SummarizeNodesResponse.jobs:type_name -> rdzv.v1.JobNodeCount
+	15, // 7: rdzv.v1.SummarizeNodesResponse.attention:type_name -> rdzv.v1.Node
+	14, // 8: rdzv.v1.NodeStateCount.state:type_name -> rdzv.v1.NodeState
+	15, // 9: rdzv.v1.CordonNodeResponse.node:type_name -> rdzv.v1.Node
+	15, // 10: rdzv.v1.UncordonNodeResponse.node:type_name -> rdzv.v1.Node
+	15, // 11: rdzv.v1.DrainNodeResponse.node:type_name -> rdzv.v1.Node
+	0,  // 12: rdzv.v1.NodeService.ListNodes:input_type -> rdzv.v1.ListNodesRequest
+	2,  // 13: rdzv.v1.NodeService.SummarizeNodes:input_type -> rdzv.v1.SummarizeNodesRequest
+	6,  // 14: rdzv.v1.NodeService.CordonNode:input_type -> rdzv.v1.CordonNodeRequest
+	8,  // 15: rdzv.v1.NodeService.UncordonNode:input_type -> rdzv.v1.UncordonNodeRequest
+	10, // 16: rdzv.v1.NodeService.DrainNode:input_type -> rdzv.v1.DrainNodeRequest
+	1,  // 17: rdzv.v1.NodeService.ListNodes:output_type -> rdzv.v1.ListNodesResponse
+	3,  // 18: rdzv.v1.NodeService.SummarizeNodes:output_type -> rdzv.v1.SummarizeNodesResponse
+	7,  // 19: rdzv.v1.NodeService.CordonNode:output_type -> rdzv.v1.CordonNodeResponse
+	9,  // 20: rdzv.v1.NodeService.UncordonNode:output_type -> rdzv.v1.UncordonNodeResponse
+	11, // 21: rdzv.v1.NodeService.DrainNode:output_type -> rdzv.v1.DrainNodeResponse
+	17, // [17:22] is the sub-list for method output_type
+	12, // [12:17] is the sub-list for method input_type
+	12, // [12:12] is the sub-list for extension type_name
+	12, // [12:12] is the sub-list for extension extendee
+	0,  // [0:12] is the sub-list for field type_name
 }
 
 func init() { file_rdzv_v1_node_service_proto_init() }
@@ -540,7 +867,7 @@ func file_rdzv_v1_node_service_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_rdzv_v1_node_service_proto_rawDesc), len(file_rdzv_v1_node_service_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   9,
+			NumMessages:   14,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

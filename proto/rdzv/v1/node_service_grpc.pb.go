@@ -19,10 +19,11 @@ import (
 const _ = grpc.SupportPackageIsVersion9
 
 const (
-	NodeService_ListNodes_FullMethodName    = "/rdzv.v1.NodeService/ListNodes"
-	NodeService_CordonNode_FullMethodName   = "/rdzv.v1.NodeService/CordonNode"
-	NodeService_UncordonNode_FullMethodName = "/rdzv.v1.NodeService/UncordonNode"
-	NodeService_DrainNode_FullMethodName    = "/rdzv.v1.NodeService/DrainNode"
+	NodeService_ListNodes_FullMethodName      = "/rdzv.v1.NodeService/ListNodes"
+	NodeService_SummarizeNodes_FullMethodName = "/rdzv.v1.NodeService/SummarizeNodes"
+	NodeService_CordonNode_FullMethodName     = "/rdzv.v1.NodeService/CordonNode"
+	NodeService_UncordonNode_FullMethodName   = "/rdzv.v1.NodeService/UncordonNode"
+	NodeService_DrainNode_FullMethodName      = "/rdzv.v1.NodeService/DrainNode"
 )
 
 // NodeServiceClient is the client API for NodeService service.
@@ -32,6 +33,10 @@ const (
 // NodeService is the operator's view of the node registry.
 type NodeServiceClient interface {
 	ListNodes(ctx context.Context, in *ListNodesRequest, opts ...grpc.CallOption) (*ListNodesResponse, error)
+	// SummarizeNodes counts nodes by state and condition and names the first
+	// that need an operator: what `rdzvctl nodes` shows of a large cluster,
+	// one call however many nodes there are.
+	SummarizeNodes(ctx context.Context, in *SummarizeNodesRequest, opts ...grpc.CallOption) (*SummarizeNodesResponse, error)
 	// CordonNode keeps new work off a node; running work is not touched.
 	CordonNode(ctx context.Context, in *CordonNodeRequest, opts ...grpc.CallOption) (*CordonNodeResponse, error)
 	// UncordonNode lets a node take work again (also ends a drain).
@@ -54,6 +59,16 @@ func (c *nodeServiceClient) ListNodes(ctx context.Context, in *ListNodesRequest,
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
 	out := new(ListNodesResponse)
 	err := c.cc.Invoke(ctx, NodeService_ListNodes_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *nodeServiceClient) SummarizeNodes(ctx context.Context, in *SummarizeNodesRequest, opts ...grpc.CallOption) (*SummarizeNodesResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(SummarizeNodesResponse)
+	err := c.cc.Invoke(ctx, NodeService_SummarizeNodes_FullMethodName, in, out, cOpts...)
 	if err != nil {
 		return nil, err
 	}
@@ -97,6 +112,10 @@ func (c *nodeServiceClient) DrainNode(ctx context.Context, in *DrainNodeRequest,
 // NodeService is the operator's view of the node registry.
 type NodeServiceServer interface {
 	ListNodes(context.Context, *ListNodesRequest) (*ListNodesResponse, error)
+	// SummarizeNodes counts nodes by state and condition and names the first
+	// that need an operator: what `rdzvctl nodes` shows of a large cluster,
+	// one call however many nodes there are.
+	SummarizeNodes(context.Context, *SummarizeNodesRequest) (*SummarizeNodesResponse, error)
 	// CordonNode keeps new work off a node; running work is not touched.
 	CordonNode(context.Context, *CordonNodeRequest) (*CordonNodeResponse, error)
 	// UncordonNode lets a node take work again (also ends a drain).
@@ -117,6 +136,9 @@ type UnimplementedNodeServiceServer struct{}
 
 func (UnimplementedNodeServiceServer) ListNodes(context.Context, *ListNodesRequest) (*ListNodesResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method ListNodes not implemented")
+}
+func (UnimplementedNodeServiceServer) SummarizeNodes(context.Context, *SummarizeNodesRequest) (*SummarizeNodesResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method SummarizeNodes not implemented")
 }
 func (UnimplementedNodeServiceServer) CordonNode(context.Context, *CordonNodeRequest) (*CordonNodeResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method CordonNode not implemented")
@@ -162,6 +184,24 @@ func _NodeService_ListNodes_Handler(srv interface{}, ctx context.Context, dec fu
 	}
 	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
 		return srv.(NodeServiceServer).ListNodes(ctx, req.(*ListNodesRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _NodeService_SummarizeNodes_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(SummarizeNodesRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(NodeServiceServer).SummarizeNodes(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: NodeService_SummarizeNodes_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(NodeServiceServer).SummarizeNodes(ctx, req.(*SummarizeNodesRequest))
 	}
 	return interceptor(ctx, in, info, handler)
 }
@@ -230,6 +270,10 @@ var NodeService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "ListNodes",
 			Handler:    _NodeService_ListNodes_Handler,
+		},
+		{
+			MethodName: "SummarizeNodes",
+			Handler:    _NodeService_SummarizeNodes_Handler,
 		},
 		{
 			MethodName: "CordonNode",

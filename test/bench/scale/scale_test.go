@@ -3,10 +3,12 @@
 package scale
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"io"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"regexp"
 	"slices"
@@ -21,6 +23,7 @@ import (
 	"github.com/rdzv/rdzv/controller"
 	"github.com/rdzv/rdzv/health"
 	"github.com/rdzv/rdzv/jobspec"
+	"github.com/rdzv/rdzv/pki"
 	rdzvv1 "github.com/rdzv/rdzv/proto/rdzv/v1"
 	"github.com/rdzv/rdzv/test/sim"
 )
@@ -48,6 +51,7 @@ var profileWindow = map[string]time.Duration{"register": 20 * time.Second, "rend
 
 type config struct {
 	controllerBin string
+	ctlBin        string // rdzvctl
 	nodes         []int
 	steady        time.Duration
 	pkiDir        string
@@ -105,14 +109,17 @@ func setup(t *testing.T) config {
 	}
 	cfg := config{
 		controllerBin: filepath.Join(binDir, "rdzv-controller"),
+		ctlBin:        filepath.Join(binDir, "rdzvctl"),
 		nodes:         []int{1000},
 		steady:        30 * time.Second,
 		pkiDir:        filepath.Join(os.TempDir(), "rdzv-bench-scale-pki"),
 		logDir:        os.Getenv("BENCH_LOG_DIR"),
 		profile:       os.Getenv("BENCH_PROFILE") == "1",
 	}
-	if info, err := os.Stat(cfg.controllerBin); err != nil || info.Mode()&0o111 == 0 {
-		t.Fatalf("bench: %s is missing or not executable (run `make build`)", cfg.controllerBin)
+	for _, bin := range []string{cfg.controllerBin, cfg.ctlBin} {
+		if info, err := os.Stat(bin); err != nil || info.Mode()&0o111 == 0 {
+			t.Fatalf("bench: %s is missing or not executable (run `make build`)", bin)
+		}
 	}
 	if s := os.Getenv("BENCH_NODES"); s != "" {
 		cfg.nodes = nil
@@ -168,6 +175,7 @@ type run struct {
 	dir   string
 	ctl   *sim.Controller
 	op    *client.Client
+	certs *sim.Certs
 	sims  []*sim.Agent
 	led   *ledger
 	store *durable
@@ -178,7 +186,7 @@ func runSize(t *testing.T, cfg config, certs *sim.Certs, dir string, r *result) 
 	n := r.nodes
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	ru := &run{t: t, cfg: cfg, r: r, n: n, dir: dir, led: newLedger(), ctx: ctx}
+	ru := &run{t: t, cfg: cfg, r: r, n: n, dir: dir, led: newLedger(), ctx: ctx, certs: certs}
 
 	var err error
 	if ru.ctl, err = sim.StartController(sim.ControllerConfig{Bin: cfg.controllerBin, Dir: dir, Certs: certs, Heartbeat: heartbeat, Pprof: true}); err != nil {
@@ -507,7 +515,41 @@ restart: {max_restarts: 3, backoff: {initial: 100ms, max: 1s}}
 	ru.r.secs("asg-running", runAt.Sub(lastAsg))
 	ru.r.secs("commit-running", runAt.Sub(committed))
 	ru.setWrites("rendezvous-writes", keys, txns)
+	ru.operatorViews(ctx)
 	return nil
+}
+
+// operatorViews times what an operator runs: the real rdzvctl, process
+// start and TLS handshake included, with every node busy in the job.
+func (ru *run) operatorViews(ctx context.Context) {
+	op := pki.DefaultOut(ru.certs.Dir, pki.Identity{Role: pki.RoleOperator, Name: "sim"})
+	for _, v := range []struct {
+		key  string
+		args []string
+		want string // in the output, so a refusal is not timed as an answer
+	}{
+		{"cli-nodes", []string{"nodes"}, fmt.Sprintf("%d nodes", ru.n)},
+		{"cli-status", []string{"status", jobName}, "Workers:"},
+		{"cli-nodes-all", []string{"nodes", "--all"}, sim.Name(ru.n - 1)},
+	} {
+		args := append([]string{"--controller", ru.ctl.Addr, "--tls-cert", op + ".crt", "--tls-key", op + ".key",
+			"--tls-ca", filepath.Join(ru.certs.Dir, pki.CACertFile), "--timeout", "30s"}, v.args...)
+		start := time.Now()
+		out, err := exec.CommandContext(ctx, ru.cfg.ctlBin, args...).CombinedOutput()
+		took := time.Since(start)
+		if err != nil || !bytes.Contains(out, []byte(v.want)) {
+			ru.r.set(v.key, "failed")
+			ru.r.note(ru.t, "rdzvctl %s: %v: %s", strings.Join(v.args, " "), err, firstLines(out, 5))
+			continue
+		}
+		ru.r.set(v.key, "%.0f ms (%d lines)", float64(took.Microseconds())/1000, bytes.Count(out, []byte("\n")))
+	}
+}
+
+// firstLines is the start of a command's output, for a note.
+func firstLines(out []byte, n int) string {
+	lines := strings.SplitN(string(out), "\n", n+1)
+	return strings.Join(lines[:min(n, len(lines))], "\n")
 }
 
 // setWrites reports the etcd writes since the counts keys and txns.
@@ -682,6 +724,9 @@ var rows = []struct{ key, label string }{
 	{"recovery-writes", "… recovery (silence until the next generation RUNNING durable)"},
 	{"rtt-burst", "heartbeat p99 / max during rendezvous and recovery"},
 	{"listnodes", "ListNodes of every node (all pages)"},
+	{"cli-nodes", "`rdzvctl nodes` (a summary), whole command"},
+	{"cli-status", "`rdzvctl status JOB` of the job on every node"},
+	{"cli-nodes-all", "`rdzvctl nodes --all` (every node)"},
 	{"restart", "controller SIGKILLed and restarted → every live agent registered again"},
 	{"restart-leading", "… → leading again (embedded etcd up, state loaded; agents wait out their reconnect backoff)"},
 	{"restart-resumed", "… TLS handshakes that resumed a session / all"},
