@@ -6,12 +6,14 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"os"
 	"path/filepath"
 	"syscall"
 	"time"
 
+	"github.com/jonboulle/clockwork"
 	"go.uber.org/zap"
 )
 
@@ -86,7 +88,14 @@ type Shim struct {
 	Dir string
 	// Ready receives the ready line (the shim's stdout) and is closed after.
 	Ready *os.File
-	Log   *zap.Logger
+	// Spawner is the shim's stdin, whose other end the agent that started
+	// it holds until it attaches: its end says that agent died before it
+	// could attach, and starts the orphan timeout. Until then, the agent is
+	// only slow, and its workers are not orphans.
+	Spawner io.Reader
+	Log     *zap.Logger
+	// Clock times the orphan timeout; nil is the real clock.
+	Clock clockwork.Clock
 }
 
 // Run starts the launcher and serves the agent until the launcher's process
@@ -125,8 +134,19 @@ func (sh Shim) Run(ctx context.Context) error {
 	ready.Close()
 	log = log.With(zap.Int("pid", proc.Pid()))
 	log.Info("launcher started", zap.String("path", spec.Path))
-	s := &shimServer{dir: dir, spec: spec, proc: proc, log: log, conns: make(chan net.Conn), reqs: make(chan connRequest), gone: make(chan net.Conn)}
+	clock := sh.Clock
+	if clock == nil {
+		clock = clockwork.NewRealClock()
+	}
+	s := &shimServer{dir: dir, spec: spec, proc: proc, log: log, clock: clock, conns: make(chan net.Conn), reqs: make(chan connRequest), gone: make(chan net.Conn),
+		spawnerGone: make(chan struct{})}
 	go s.accept(ln)
+	if sh.Spawner != nil {
+		go func() {
+			_, _ = io.Copy(io.Discard, sh.Spawner)
+			close(s.spawnerGone)
+		}()
+	}
 	return s.run(ctx)
 }
 
@@ -135,9 +155,13 @@ type shimServer struct {
 	spec  shimSpec
 	proc  Process
 	log   *zap.Logger
+	clock clockwork.Clock
 	conns chan net.Conn
 	reqs  chan connRequest
 	gone  chan net.Conn
+	// spawnerGone is closed when the agent that started the shim closed
+	// its stdin, or died.
+	spawnerGone chan struct{}
 }
 
 type connRequest struct {
@@ -201,17 +225,23 @@ func (s *shimServer) run(ctx context.Context) error {
 			timeout, hold = hold, 0
 		}
 		s.log.Info("agent detached", zap.Duration("orphan_timeout", timeout))
-		orphan = time.After(timeout)
+		orphan = s.clock.After(timeout)
 	}
-	// Until the agent that started us attaches, we are as good as orphaned.
-	orphaned()
+	// Before its first attach the agent that started the shim is watched
+	// through stdin: orphaned when it dies, not when it is slow.
+	spawnerGone, attached := s.spawnerGone, false
 	for {
 		select {
+		case <-spawnerGone:
+			spawnerGone = nil
+			if !attached {
+				orphaned()
+			}
 		case conn := <-s.conns:
 			if owner != nil {
 				owner.Close()
 			}
-			owner, orphan = conn, nil
+			owner, orphan, attached = conn, nil, true
 			go s.read(conn)
 		case r := <-s.reqs:
 			if r.conn != owner {

@@ -1,12 +1,18 @@
 package agent
 
 import (
+	"bufio"
+	"context"
+	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"testing"
 	"time"
 
+	"github.com/jonboulle/clockwork"
 	"github.com/stretchr/testify/require"
+	"go.uber.org/zap/zaptest"
 )
 
 // handOver stops h as a restarting agent does, with announced reporting
@@ -106,4 +112,51 @@ func TestAgentStopsWorkersWithoutRestartGrace(t *testing.T) {
 	found, err := h.spawner.Adopt()
 	require.NoError(t, err)
 	require.Empty(t, found, "nothing is left for a next agent")
+}
+
+// Until the agent that started it attaches, a shim watches it through its
+// stdin: slow to attach, it is waited for; gone (its end of stdin closed,
+// as when it dies), the workers are orphans and fenced after the orphan
+// timeout.
+func TestShimWatchesItsSpawnerUntilAttached(t *testing.T) {
+	dir := t.TempDir()
+	const orphanTimeout = time.Second
+	require.NoError(t, writeJSON(filepath.Join(dir, shimSpecFile), shimSpec{
+		Path: "/bin/sleep", Args: []string{"60"}, Dir: dir, LogPath: filepath.Join(dir, "job.log"), OrphanTimeout: orphanTimeout,
+	}))
+	readyR, readyW, err := os.Pipe()
+	require.NoError(t, err)
+	defer readyR.Close()
+	spawnerR, spawnerW := io.Pipe()
+	clock := clockwork.NewFakeClock()
+	done := make(chan error, 1)
+	go func() {
+		done <- Shim{Dir: dir, Ready: readyW, Spawner: spawnerR, Log: zaptest.NewLogger(t), Clock: clock}.Run(context.Background())
+	}()
+	line, err := bufio.NewReader(readyR).ReadString('\n')
+	require.NoError(t, err)
+	var pid int
+	_, err = fmt.Sscanf(line, shimReady+" %d", &pid)
+	require.NoError(t, err, "ready line %q", line)
+
+	ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
+	defer cancel()
+	require.Error(t, clock.BlockUntilContext(ctx, 1), "no orphan timeout runs while the agent that started the shim lives")
+	require.NotEmpty(t, groupMembers(pid))
+
+	require.NoError(t, spawnerW.Close())
+	ctx, cancel = context.WithTimeout(context.Background(), waitTimeout)
+	defer cancel()
+	require.NoError(t, clock.BlockUntilContext(ctx, 1), "its end starts the orphan timeout")
+	clock.Advance(orphanTimeout)
+	select {
+	case err := <-done:
+		require.NoError(t, err)
+	case <-time.After(waitTimeout):
+		t.Fatal("the shim did not fence its orphaned launcher")
+	}
+	require.Empty(t, groupMembers(pid))
+	var st shimStatus
+	require.NoError(t, readJSON(filepath.Join(dir, shimExitFile), &st))
+	require.Contains(t, st.Reason, "fenced")
 }

@@ -75,6 +75,13 @@ func (s ShimSpawner) Spawn(spec ProcessSpec) (Process, error) {
 	if err != nil {
 		return nil, err
 	}
+	// Held until attached: if this agent dies first, the shim sees its
+	// stdin end and fences the workers within the orphan timeout.
+	spawner, err := cmd.StdinPipe()
+	if err != nil {
+		return nil, err
+	}
+	defer spawner.Close()
 	if err := cmd.Start(); err != nil {
 		return nil, fmt.Errorf("starting shim: %w", err)
 	}

@@ -35,16 +35,17 @@ func (a *agentService) Connect(stream rdzvv1.AgentService_ConnectServer) error {
 		c.log.Named("agent").Warn("registration refused", zap.String("node", name), zap.Error(err))
 		return err
 	}
-	sess := newSession(stream.Context(), name, c.clock.Now())
+	sess := newSession(stream.Context(), name, stream, c.clock.Now)
 	sess.certNotAfter = clientCertNotAfter(stream.Context())
 	defer sess.cancel()
 	log := c.log.Named("agent").With(zap.String("node", name))
 	c.register(sess, reg)
 	defer c.disconnect(sess)
 
-	// Receiving runs beside this handler, which owns sending. The handler
-	// returns as soon as the session ends from either side; returning is what
-	// makes gRPC tear the stream down, which ends the blocked Recv.
+	// Receiving runs beside this handler, and sending wherever a message is
+	// queued (session.send). The handler returns as soon as the session
+	// ends from either side; returning is what makes gRPC tear the stream
+	// down, which ends the blocked Recv.
 	// invalid carries the reason a message was refused (streamGuard): the
 	// stream ends with it, so the agent sees what it did wrong.
 	invalid := make(chan error, 1)
@@ -65,7 +66,7 @@ func (a *agentService) Connect(stream rdzvv1.AgentService_ConnectServer) error {
 			case *rdzvv1.ConnectRequest_Heartbeat:
 				sess.heartbeated.Store(true)
 				c.metrics.heartbeat(sess.heartbeat(now, c.cfg.Heartbeat.Interval.Duration))
-				sess.send(&rdzvv1.ConnectResponse{Msg: &rdzvv1.ConnectResponse_HeartbeatAck{HeartbeatAck: &rdzvv1.HeartbeatAck{Seq: msg.Heartbeat.GetSeq()}}})
+				sess.sendNow(&rdzvv1.ConnectResponse{Msg: &rdzvv1.ConnectResponse_HeartbeatAck{HeartbeatAck: &rdzvv1.HeartbeatAck{Seq: msg.Heartbeat.GetSeq()}}})
 			case *rdzvv1.ConnectRequest_GpuFault:
 				c.gpuFault(name, msg.GpuFault)
 			case *rdzvv1.ConnectRequest_Health:
@@ -94,32 +95,21 @@ func (a *agentService) Connect(stream rdzvv1.AgentService_ConnectServer) error {
 			c.heldUp.note(time.Since(handling))
 		}
 	}()
-	for {
-		select {
-		case <-sess.ctx.Done():
-			select {
-			case err := <-invalid:
-				log.Warn("ending agent stream: invalid message", zap.Error(err))
-				return err
-			default:
-			}
-			if stream.Context().Err() != nil {
-				return nil
-			}
-			return status.Error(codes.Unavailable, "agent stream ended by the controller (shutting down, node declared lost, replaced by a newer connection of this node, or fell behind); reconnect")
-		case m := <-sess.out:
-			if err := stream.Send(m); err != nil {
-				return fmt.Errorf("sending to agent %s: %w", name, err)
-			}
-			if m.GetRegistered() != nil {
-				// The agent heartbeats only once it has this reply, so its
-				// silence counts from when it could have it: behind a
-				// storm of registrations, sending it may come seconds after
-				// the node was registered.
-				sess.touch(c.clock.Now())
-			}
-		}
+	<-sess.ctx.Done()
+	sess.close()
+	select {
+	case err := <-invalid:
+		log.Warn("ending agent stream: invalid message", zap.Error(err))
+		return err
+	default:
 	}
+	if err := sess.failed(); err != nil {
+		return fmt.Errorf("sending to agent %s: %w", name, err)
+	}
+	if stream.Context().Err() != nil {
+		return nil
+	}
+	return status.Error(codes.Unavailable, "agent stream ended by the controller (shutting down, node declared lost, replaced by a newer connection of this node, or fell behind); reconnect")
 }
 
 func recvWithTimeout(stream rdzvv1.AgentService_ConnectServer, d time.Duration) (*rdzvv1.ConnectRequest, error) {

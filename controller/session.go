@@ -14,10 +14,14 @@ import (
 // reconnects, so a stuck agent never blocks the controller.
 const sendQueue = 256
 
+// sender is the sending half of an agent stream.
+type sender interface {
+	Send(*rdzvv1.ConnectResponse) error
+}
+
 // session is one connected agent stream.
 type session struct {
 	node     string
-	out      chan *rdzvv1.ConnectResponse
 	ctx      context.Context
 	cancel   context.CancelFunc
 	lastSeen atomic.Int64 // unix nanos of the last message from the agent
@@ -41,12 +45,28 @@ type session struct {
 	mu sync.Mutex
 	// pending routes replies (port probe results, log chunks) by request id.
 	pending map[string]chan *rdzvv1.ConnectRequest
+
+	// Sending has no goroutine of its own: whoever queues a message while
+	// nobody sends starts a sender, which ends when the queue is empty;
+	// the stream's receiver sends its heartbeat acks itself when nobody
+	// does. A heartbeat then costs no hand-off between goroutines, and an
+	// idle session keeps no sender's stack.
+	stream  sender
+	clock   func() time.Time
+	sendMu  sync.Mutex
+	queue   []*rdzvv1.ConnectResponse
+	sending bool
+	sendErr error // why sending failed; the session ends with it
+	// closed refuses messages once the handler is returning; drained
+	// tells it the last sender stopped.
+	closed  bool
+	drained chan struct{}
 }
 
-func newSession(parent context.Context, node string, now time.Time) *session {
+func newSession(parent context.Context, node string, stream sender, clock func() time.Time) *session {
 	ctx, cancel := context.WithCancel(parent)
-	s := &session{node: node, out: make(chan *rdzvv1.ConnectResponse, sendQueue), ctx: ctx, cancel: cancel, pending: map[string]chan *rdzvv1.ConnectRequest{}}
-	s.touch(now)
+	s := &session{node: node, ctx: ctx, cancel: cancel, pending: map[string]chan *rdzvv1.ConnectRequest{}, stream: stream, clock: clock}
+	s.touch(clock())
 	return s
 }
 
@@ -77,20 +97,113 @@ func (s *session) heartbeat(now time.Time, interval time.Duration) time.Duration
 // lateness is health.Silence.Late of the session's agent.
 func (s *session) lateness() time.Duration { return time.Duration(s.late.Load()) }
 
-// send queues a message without blocking; a full queue ends the session.
+// send queues a message without blocking, and starts a sender if none
+// runs; a full queue ends the session.
 func (s *session) send(m *rdzvv1.ConnectResponse) bool {
-	select {
-	case <-s.ctx.Done():
-		return false
-	default:
+	start, ok := s.enqueue(m)
+	if start {
+		go s.drain()
 	}
-	select {
-	case s.out <- m:
-		return true
-	default:
+	return ok
+}
+
+// sendNow sends m, and whatever is queued behind it, on the calling
+// goroutine when nobody else is sending (the receiver's heartbeat acks);
+// otherwise it queues m for the sender. It may block on the stream's flow
+// control, as the receiver may.
+func (s *session) sendNow(m *rdzvv1.ConnectResponse) bool {
+	start, ok := s.enqueue(m)
+	if start {
+		s.drain()
+	}
+	return ok
+}
+
+// enqueue queues m; start says the caller is now the sender and must
+// drain (nobody was sending, so the queue was empty).
+func (s *session) enqueue(m *rdzvv1.ConnectResponse) (start, ok bool) {
+	s.sendMu.Lock()
+	defer s.sendMu.Unlock()
+	if s.closed || s.ctx.Err() != nil {
+		return false, false
+	}
+	if len(s.queue) >= sendQueue {
 		s.cancel()
-		return false
+		return false, false
 	}
+	s.queue = append(s.queue, m)
+	if s.sending {
+		return false, true
+	}
+	s.sending = true
+	return true, true
+}
+
+// drain sends what is queued, in order, until the queue is empty or the
+// session ends; only the one sender runs it.
+func (s *session) drain() {
+	for {
+		s.sendMu.Lock()
+		if len(s.queue) == 0 || s.ctx.Err() != nil {
+			s.stopSending()
+			s.sendMu.Unlock()
+			return
+		}
+		m := s.queue[0]
+		s.queue[0] = nil
+		s.queue = s.queue[1:]
+		s.sendMu.Unlock()
+		if err := s.stream.Send(m); err != nil {
+			s.sendMu.Lock()
+			s.sendErr = err
+			s.stopSending()
+			s.sendMu.Unlock()
+			s.cancel()
+			return
+		}
+		if m.GetRegistered() != nil {
+			// The agent heartbeats only once it has this reply, so its
+			// silence counts from when it could have it: behind a storm
+			// of registrations, sending it may come seconds after the
+			// node was registered.
+			s.touch(s.clock())
+		}
+	}
+}
+
+// stopSending ends a sender's turn. Callers hold sendMu.
+func (s *session) stopSending() {
+	s.sending = false
+	s.queue = nil // the backing array of a burst is not kept
+	if s.drained != nil {
+		close(s.drained)
+		s.drained = nil
+	}
+}
+
+// close refuses further messages and waits for a running sender to stop:
+// gRPC forbids sending once the stream's handler has returned. A sender
+// blocked on flow control holds it up, as it held the handler up when the
+// handler sent.
+func (s *session) close() {
+	s.sendMu.Lock()
+	s.closed = true
+	var wait chan struct{}
+	if s.sending {
+		s.drained = make(chan struct{})
+		wait = s.drained
+	}
+	s.sendMu.Unlock()
+	if wait != nil {
+		<-wait
+	}
+}
+
+// failed is why sending ended the session, if it did.
+func (s *session) failed() error {
+	s.sendMu.Lock()
+	defer s.sendMu.Unlock()
+	return s.sendErr
 }
 
 // expect registers a reply channel for request id.

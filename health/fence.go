@@ -104,11 +104,15 @@ func (h Heartbeat) SelfFenceDeadline(isolated bool) time.Duration {
 
 // OrphanTimeout is how long workers outlive an agent that vanished without
 // a word (a crash, an OOM kill): their shims kill them then. The
-// controller last heard the agent up to an interval before it crashed, and
-// gives up on it a heartbeat timeout after that, so the workers must be
-// gone an interval sooner.
+// controller last heard the agent up to an interval before it crashed.
+// Its gossip died with it, so its watchers soon report it unreachable, and
+// the quick rule's bound comes as early as QuickSilence after that last
+// word (FencedBy): the workers must be gone an interval sooner. That is
+// half an interval, well before the heartbeat timeout's bound too; an
+// agent restarted that fast could have adopted them, one that takes longer
+// finds its node declared lost anyway.
 func (h Heartbeat) OrphanTimeout() time.Duration {
-	return max(h.Timeout-h.Interval, h.Interval)
+	return h.QuickSilence() - h.Interval
 }
 
 // Loss is what the controller knows of a node when it declares it lost.

@@ -50,9 +50,9 @@ func TestSelfFenceDeadline(t *testing.T) {
 }
 
 func TestOrphanTimeout(t *testing.T) {
-	require.Equal(t, 4*time.Second, Unregistered.OrphanTimeout())
-	require.Equal(t, 900*time.Millisecond, Heartbeat{Interval: 100 * time.Millisecond, Timeout: time.Second}.OrphanTimeout())
-	require.Equal(t, time.Second, Heartbeat{Interval: time.Second, Timeout: 2 * time.Second}.OrphanTimeout(), "never under an interval")
+	require.Equal(t, 500*time.Millisecond, Unregistered.OrphanTimeout())
+	require.Equal(t, 50*time.Millisecond, Heartbeat{Interval: 100 * time.Millisecond, Timeout: time.Second}.OrphanTimeout())
+	require.Equal(t, 500*time.Millisecond, Heartbeat{Interval: time.Second, Timeout: 2 * time.Second}.OrphanTimeout())
 }
 
 func TestFencedBy(t *testing.T) {
@@ -338,6 +338,24 @@ func TestQuickFencingAgrees(t *testing.T) {
 					require.False(t, killed.After(bound), "%+v, %d watchers, heard %t: the agent fences at %s, after the controller's bound %s (cut off from its watched peers at %s, last reported %s)",
 						h, watchers, heard, killed.Sub(t0), bound.Sub(t0), isolated.Sub(t0), reported.Sub(t0))
 					checked++
+					if heard {
+						// The agent crashed instead, before its next
+						// heartbeat, its gossip with it: its watchers
+						// report it as soon as they can; its shims kill
+						// the workers the orphan timeout after the crash.
+						crash := seen.Add(time.Duration(rng.Int64N(int64(h.Interval))))
+						reported = time.Time{}
+						for range watchers {
+							reported = later(reported, watchRounds(crash, rng, false))
+						}
+						at, ok := lostAt(h, Silence{LastSeen: seen, Peers: Peers{Unreachable: watchers}}, tick)
+						require.True(t, ok)
+						bound := h.FencedBy(Loss{At: later(at, reported), LastSeen: seen, Heard: true, ElectedAt: elected, Gossips: true, Unreachable: true, WatchersCut: reported})
+						gone := crash.Add(h.OrphanTimeout() + fenceKill)
+						require.False(t, gone.After(bound), "%+v, %d watchers: a crashed agent's workers are gone at %s, after the controller's bound %s (last heartbeat %s, crash %s, reported %s)",
+							h, watchers, gone.Sub(t0), bound.Sub(t0), seen.Sub(t0), crash.Sub(t0), reported.Sub(t0))
+						checked++
+					}
 				}
 			}
 		}
