@@ -209,8 +209,7 @@ func (c *Controller) listNodes(req *rdzvv1.ListNodesRequest) (*rdzvv1.ListNodesR
 	defer c.mu.Unlock()
 	var items []keyed[*nodeState]
 	for name, ns := range c.nodes {
-		if name <= tok.After || len(req.GetStates()) > 0 && !slices.Contains(req.GetStates(), viewState(ns)) ||
-			!rendezvous.Matches(req.GetSelector(), ns.rec.GetInfo().GetLabels()) {
+		if name <= tok.After || !nodeMatches(ns, viewState(ns), req.GetStates(), req.GetSelector()) {
 			continue
 		}
 		items = append(items, keyed[*nodeState]{name, ns})
@@ -218,6 +217,12 @@ func (c *Controller) listNodes(req *rdzvv1.ListNodesRequest) (*rdzvv1.ListNodesR
 	sortKeyed(items)
 	nodes, next := fillPage(nodesToken, items, pageSize(req.GetPageSize(), defaultNodePageSize, maxNodePageSize), c.nodeView)
 	return &rdzvv1.ListNodesResponse{Nodes: nodes, NextPageToken: next}, nil
+}
+
+// nodeMatches is the filter of node lists and summaries: one of states
+// (any, if none), and every label of selector.
+func nodeMatches(ns *nodeState, state rdzvv1.NodeState, states []rdzvv1.NodeState, selector map[string]string) bool {
+	return (len(states) == 0 || slices.Contains(states, state)) && rendezvous.Matches(selector, ns.rec.GetInfo().GetLabels())
 }
 
 // maxAttention is how many of the nodes that need attention a summary
@@ -236,7 +241,7 @@ func (c *Controller) summarizeNodes(req *rdzvv1.SummarizeNodesRequest) *rdzvv1.S
 	defer c.mu.Unlock()
 	for name, ns := range c.nodes {
 		state := viewState(ns)
-		if len(req.GetStates()) > 0 && !slices.Contains(req.GetStates(), state) || !rendezvous.Matches(req.GetSelector(), ns.rec.GetInfo().GetLabels()) {
+		if !nodeMatches(ns, state, req.GetStates(), req.GetSelector()) {
 			continue
 		}
 		gpus := int32(len(ns.rec.GetInfo().GetGpus()))
