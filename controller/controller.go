@@ -331,7 +331,7 @@ func (c *Controller) Run(ctx context.Context) error {
 		// (a larger one is flushed in parts) and halved what the pool held
 		// at 10,000 nodes (30 MiB instead of 60).
 		grpc.SharedWriteBuffer(true),
-		grpc.WriteBufferSize(8 << 10),
+		grpc.WriteBufferSize(8<<10),
 		grpc.ReadBufferSize(0),
 		grpc.InitialWindowSize(wire.FlowWindow),
 		grpc.InitialConnWindowSize(wire.FlowWindow),

@@ -36,6 +36,13 @@ func (r ReadOnly) ListNodes(ctx context.Context, req *rdzvv1.ListNodesRequest) (
 	return r.nodes.ListNodes(ctx, req)
 }
 
+func (r ReadOnly) SummarizeNodes(ctx context.Context, req *rdzvv1.SummarizeNodesRequest) (*rdzvv1.SummarizeNodesResponse, error) {
+	if err := r.check(req); err != nil {
+		return nil, err
+	}
+	return r.nodes.SummarizeNodes(ctx, req)
+}
+
 func (r ReadOnly) ListJobs(ctx context.Context, req *rdzvv1.ListJobsRequest) (*rdzvv1.ListJobsResponse, error) {
 	if err := r.check(req); err != nil {
 		return nil, err

@@ -30,6 +30,7 @@ import (
 // Source is what the dashboard reads: the read methods of the rdzv API.
 type Source interface {
 	ListNodes(ctx context.Context, req *rdzvv1.ListNodesRequest) (*rdzvv1.ListNodesResponse, error)
+	SummarizeNodes(ctx context.Context, req *rdzvv1.SummarizeNodesRequest) (*rdzvv1.SummarizeNodesResponse, error)
 	ListJobs(ctx context.Context, req *rdzvv1.ListJobsRequest) (*rdzvv1.ListJobsResponse, error)
 	GetJob(ctx context.Context, req *rdzvv1.GetJobRequest) (*rdzvv1.GetJobResponse, error)
 	ListEvents(ctx context.Context, req *rdzvv1.ListEventsRequest) (*rdzvv1.ListEventsResponse, error)

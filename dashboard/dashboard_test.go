@@ -26,15 +26,22 @@ func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 // fakeSource serves fixed answers; its watch sends events until the
 // request ends.
 type fakeSource struct {
-	nodes  []*rdzvv1.Node
-	jobs   []*rdzvv1.Job
-	events []*rdzvv1.Event
+	nodes []*rdzvv1.Node
+	// summary answers SummarizeNodes: the controller counts every node,
+	// of which ListNodes serves a page.
+	summary *rdzvv1.SummarizeNodesResponse
+	jobs    []*rdzvv1.Job
+	events  []*rdzvv1.Event
 	// watched records each watch's request.
 	watched chan *rdzvv1.WatchEventsRequest
 }
 
 func (f *fakeSource) ListNodes(context.Context, *rdzvv1.ListNodesRequest) (*rdzvv1.ListNodesResponse, error) {
 	return &rdzvv1.ListNodesResponse{Nodes: f.nodes}, nil
+}
+
+func (f *fakeSource) SummarizeNodes(context.Context, *rdzvv1.SummarizeNodesRequest) (*rdzvv1.SummarizeNodesResponse, error) {
+	return f.summary, nil
 }
 
 func (f *fakeSource) ListJobs(context.Context, *rdzvv1.ListJobsRequest) (*rdzvv1.ListJobsResponse, error) {
@@ -75,6 +82,11 @@ func newFake() *fakeSource {
 	ts := func(d time.Duration) *timestamppb.Timestamp { return timestamppb.New(t0.Add(d)) }
 	return &fakeSource{
 		watched: make(chan *rdzvv1.WatchEventsRequest, 10),
+		summary: &rdzvv1.SummarizeNodesResponse{Nodes: 10000, Gpus: 80000, States: []*rdzvv1.NodeStateCount{
+			{State: rdzvv1.NodeState_NODE_STATE_READY, Nodes: 1, Gpus: 8},
+			{State: rdzvv1.NodeState_NODE_STATE_BUSY, Nodes: 9998, Gpus: 79984},
+			{State: rdzvv1.NodeState_NODE_STATE_LOST, Nodes: 1, Gpus: 8},
+		}},
 		nodes: []*rdzvv1.Node{
 			{Info: &rdzvv1.NodeInfo{Name: "node-a", Gpus: []*rdzvv1.GPU{{Index: 0}, {Index: 1}}}, State: rdzvv1.NodeState_NODE_STATE_BUSY, Job: "train"},
 			{Info: &rdzvv1.NodeInfo{Name: "node-b"}, State: rdzvv1.NodeState_NODE_STATE_LOST, Cordoned: true, CordonReason: evil},
@@ -110,7 +122,9 @@ func TestPages(t *testing.T) {
 		path string
 		want []string
 	}{
-		{"/", []string{`data-node="node-a"`, `data-state="busy"`, `data-state="lost"`, `1 lost`, `href="/jobs/train"`}},
+		{"/", []string{`data-node="node-a"`, `data-state="busy"`, `data-state="lost"`, `href="/jobs/train"`,
+			// The cards count the whole cluster, not the table's page.
+			`id="node-count">10000<`, `9998 busy`, `1 lost`, `<div class="big">80000</div>`, `79984 in jobs`}},
 		{"/jobs/train", []string{`data-phase="detect"`, `data-phase="resume"`, `started → first step: 5s`, `generation 1 → 2`, `recovered in 12s`}},
 		{"/nodes/node-a", []string{`id="node-state">busy`, `href="/jobs/train"`}},
 	} {

@@ -59,9 +59,11 @@ func (h *handler) call(r *http.Request) (context.Context, context.CancelFunc) {
 }
 
 type overviewPage struct {
-	Title      string
+	Title string
+	// Nodes is the table's first page; the counts are of every node.
 	Nodes      []*rdzvv1.Node
 	MoreNodes  bool
+	NodeCount  int
 	States     []stateCount
 	GPUs, Busy int
 	Jobs       []*rdzvv1.Job
@@ -94,25 +96,31 @@ func (h *handler) overview(w http.ResponseWriter, r *http.Request) {
 		h.fail(w, err)
 		return
 	}
+	// Counted by the controller: the table shows a page of a large
+	// cluster, the cards all of it.
+	summary, err := h.src.SummarizeNodes(ctx, &rdzvv1.SummarizeNodesRequest{})
+	if err != nil {
+		h.fail(w, err)
+		return
+	}
 	jobs, err := h.src.ListJobs(ctx, &rdzvv1.ListJobsRequest{PageSize: maxJobsShown})
 	if err != nil {
 		h.fail(w, err)
 		return
 	}
 	p := overviewPage{Title: "rdzv cluster", Nodes: nodes.GetNodes(), MoreNodes: nodes.GetNextPageToken() != "",
-		Jobs: jobs.GetJobs(), MoreJobs: jobs.GetNextPageToken() != ""}
-	var states, jobStates []string
-	for _, n := range p.Nodes {
-		states = append(states, nodeState(n.GetState()))
-		p.GPUs += len(n.GetInfo().GetGpus())
-		if n.GetJob() != "" {
-			p.Busy += len(n.GetInfo().GetGpus())
+		NodeCount: int(summary.GetNodes()), GPUs: int(summary.GetGpus()), Jobs: jobs.GetJobs(), MoreJobs: jobs.GetNextPageToken() != ""}
+	for _, sc := range summary.GetStates() {
+		p.States = append(p.States, stateCount{nodeState(sc.GetState()), int(sc.GetNodes())})
+		if sc.GetState() == rdzvv1.NodeState_NODE_STATE_BUSY {
+			p.Busy = int(sc.GetGpus())
 		}
 	}
+	var jobStates []string
 	for _, j := range p.Jobs {
 		jobStates = append(jobStates, jobState(j.GetState()))
 	}
-	p.States, p.JobStates = count(states), count(jobStates)
+	p.JobStates = count(jobStates)
 	h.render(w, "overview.html", p, nil)
 }
 
