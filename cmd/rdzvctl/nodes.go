@@ -68,7 +68,7 @@ func (c *command) listNodes(ctx context.Context, f *listFlags) error {
 			case status.Code(err) == codes.Unimplemented:
 				summarize = false // a controller older than summaries
 			case err != nil:
-				return nil, nil, c.rpcErr("summarizing nodes", err)
+				return nil, nil, c.rpcErr("listing nodes", err)
 			case s.GetNodes() > summaryAbove:
 				quiet := proto.CloneOf(s)
 				for _, n := range quiet.GetAttention() {
