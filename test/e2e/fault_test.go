@@ -823,13 +823,21 @@ func requireRecovered(t *testing.T, c *cluster, job jobFile, fault time.Time, be
 	// Under launcher.kind warm, where generation 2's standby on each node
 	// started relative to the fault, on the boot clock.
 	faultSinceBoot := sinceBoot() - time.Since(fault)
-	standbyBeforeFault := map[string]bool{}
+	// The earliest start seen per node: the standby that took generation
+	// 2 is the oldest process of that generation there. A younger one can
+	// pass for it as it ends: a child of the standby (a worker, the store)
+	// reparented to the shim for the moment between its parent's exit and
+	// its own. CI once saw such a one on rank 0's node, whose agent had
+	// handed generation 2 to its standby 30 ms after the fault.
+	standbyStart := map[string]time.Duration{}
 	j := c.waitJob(t, job.Name, "finished", func(j jobJSON) bool {
 		alive := c.liveGenerations(t)
 		require.LessOrEqual(t, len(alive), 1, "processes of two generations alive at once: %v", alive)
 		if job.warm {
 			for node, started := range c.standbyStarts(t, "2") {
-				standbyBeforeFault[node] = started < faultSinceBoot
+				if prev, seen := standbyStart[node]; !seen || started < prev {
+					standbyStart[node] = started
+				}
 			}
 		}
 		return finished(j.State)
@@ -945,13 +953,13 @@ func requireRecovered(t *testing.T, c *cluster, job jobFile, fault time.Time, be
 		// Each node of generation 2 had its standby ready when the fault
 		// came: started while generation 1 trained, not when generation 2
 		// was handed to it.
-		for node, before := range standbyBeforeFault {
-			require.True(t, before, "generation 2 on %s started from a standby started after the fault, not the one kept ready", node)
+		for node, started := range standbyStart {
+			require.Less(t, started, faultSinceBoot, "generation 2 on %s started from a standby started after the fault, not the one kept ready", node)
 		}
 		// A generation 2 that trained to the end ran long enough to be
 		// seen on every node; one cut short by another failure may not.
 		if j.Generation == 2 {
-			require.ElementsMatch(t, run.rounds[2].nodes, slices.Collect(maps.Keys(standbyBeforeFault)), "nodes where generation 2's standby was seen")
+			require.ElementsMatch(t, run.rounds[2].nodes, slices.Collect(maps.Keys(standbyStart)), "nodes where generation 2's standby was seen")
 		}
 	}
 	requireSequentialGenerations(t, first, last)
