@@ -49,6 +49,10 @@ type Change struct {
 	// earlier one goes into the next transaction.
 	keys   []string
 	ranges []keyRange
+	// supersedes are ranges whose earlier puts this change makes moot
+	// without deleting anything (Elide): a round's commit supersedes the
+	// job's worker records of older generations, which readers ignore.
+	supersedes []keyRange
 	// untrack are records deleted.
 	untrack []string
 	size    int
@@ -87,20 +91,26 @@ func (c *Change) deletePrefix(prefix string) {
 	c.deleteRange(prefix, clientv3.GetPrefixRangeEnd(prefix))
 }
 
+func (c *Change) supersede(prefix string) {
+	c.supersedes = append(c.supersedes, keyRange{prefix, clientv3.GetPrefixRangeEnd(prefix)})
+}
+
 // Elide drops from changes the puts that a later change of the slice
-// deletes with a range (a round's commit deletes the job's worker keys, so
-// the 10,000 STOPPED reports queued before it need not be stored first),
-// and sets a change left with no operation to nil. pinned(i) marks a
+// deletes with a range or supersedes (a round's commit supersedes the
+// job's worker records, so the 10,000 STOPPED reports queued before it
+// need not be stored first), and sets a change left with no operation to
+// nil. pinned(i) marks a
 // change someone waits on (an answer, a message that rests on it): every
 // change before it keeps all its writes, and so does it, so that whatever
 // learns of a durable change finds everything before it durable too. An
 // unpinned change's elided writes were never promised to anyone; once the
-// deleting change is durable they would be gone anyway, and a crash before
-// that loses only what a crash before their own transaction would have.
+// deleting or superseding change is durable they would be gone or ignored
+// anyway, and a crash before that loses only what a crash before their own
+// transaction would have.
 // A put of a key a change guards or tracks is kept: its revision matters.
 // nil entries (barriers) are left as they are.
 func Elide(changes []*Change, pinned func(i int) bool) {
-	var ranges []keyRange // deleted by later changes, back to the last pin
+	var ranges []keyRange // deleted or superseded by later changes, back to the last pin
 	for i := len(changes) - 1; i >= 0; i-- {
 		if pinned(i) {
 			ranges = nil
@@ -112,7 +122,7 @@ func Elide(changes []*Change, pinned func(i int) bool) {
 		if len(ranges) > 0 && !pinned(i) && ch.l.err == nil {
 			changes[i] = ch.without(ranges)
 		}
-		ranges = append(ranges, ch.ranges...)
+		ranges = append(append(ranges, ch.ranges...), ch.supersedes...)
 	}
 }
 
@@ -145,7 +155,7 @@ func (c *Change) without(ranges []keyRange) *Change {
 	if len(drop) == len(c.l.ops) {
 		return nil
 	}
-	out := &Change{what: c.what, guard: c.guard, known: c.known, absent: c.absent, track: c.track, ranges: c.ranges, untrack: c.untrack}
+	out := &Change{what: c.what, guard: c.guard, known: c.known, absent: c.absent, track: c.track, ranges: c.ranges, supersedes: c.supersedes, untrack: c.untrack}
 	for i, op := range c.l.ops {
 		if drop[i] {
 			continue

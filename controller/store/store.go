@@ -121,7 +121,8 @@ type Snapshot struct {
 	Jobs  map[string]Versioned[*rdzvv1.Job]
 	// Rounds holds each job's latest round.
 	Rounds map[string]*rdzvv1.Round
-	// Workers maps job to node to that node's worker status.
+	// Workers maps job to node to that node's worker status in the job's
+	// generation (older ones are superseded: CommitRound).
 	Workers map[string]map[string]*rdzvv1.WorkerStatus
 	// Checkpoints holds each job's catalog steps, oldest first.
 	Checkpoints map[string][]uint64
@@ -246,6 +247,11 @@ func (s *Store) Load(ctx context.Context) (*Snapshot, error) {
 		workers, dropped, err := s.Workers(ctx, name)
 		if err != nil {
 			return nil, err
+		}
+		for node, w := range workers {
+			if w.GetGeneration() < v.Value.GetGeneration() {
+				delete(workers, node) // superseded (CommitRound)
+			}
 		}
 		snap.Workers[name] = workers
 		snap.Dropped = append(snap.Dropped, dropped...)
@@ -402,9 +408,15 @@ func (s *Store) UpdateJob(j *rdzvv1.Job, events ...*rdzvv1.Event) *Change {
 	return ch
 }
 
-// CommitRound moves a job to its new generation: the job record, the
-// round, and a clean slate of worker statuses, guarded by the job as last
-// seen and the round not existing, so two rounds can never both commit.
+// CommitRound moves a job to its new generation: the job record and the
+// round, guarded by the job as last seen and the round not existing, so two
+// rounds can never both commit. It starts a clean slate of worker statuses
+// without deleting the old ones: a worker record of an older generation
+// than its job's is superseded (LoadSnapshot leaves it out), and each node
+// of the new round overwrites its own. Deleting them in the commit was one
+// tombstone per node in its transaction: at 10,000 nodes, 0.9 s of etcd's
+// apply between a recovery's decision and its assignments (make
+// bench-scale).
 func (s *Store) CommitRound(j *rdzvv1.Job, round *rdzvv1.Round, events ...*rdzvv1.Event) *Change {
 	name := j.GetSpec().GetName()
 	ch := newChange(fmt.Sprintf("committing round %d of job %s", round.GetGeneration(), name))
@@ -413,7 +425,7 @@ func (s *Store) CommitRound(j *rdzvv1.Job, round *rdzvv1.Round, events ...*rdzvv
 	ch.absent = []string{RoundKey(name, round.GetGeneration())}
 	s.putJob(ch, j)
 	ch.putMsg(RoundKey(name, round.GetGeneration()), round)
-	ch.deletePrefix(WorkersPrefix(name))
+	ch.supersede(WorkersPrefix(name))
 	s.events(ch, events)
 	return ch
 }

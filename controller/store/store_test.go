@@ -269,11 +269,12 @@ func TestStore(t *testing.T) {
 		_, err = s.Load(ctx(t))
 		require.NoError(t, err)
 
-		// The next generation starts with a clean slate of workers.
+		// The next generation starts with a clean slate of workers: the
+		// old ones stay stored, superseded.
 		commit(t, s, s.CommitRound(job("rnd", rdzvv1.JobState_JOB_STATE_RUNNING, 2), round("rnd", 2, "n3")))
-		workers, _, err = s.Workers(ctx(t), "rnd")
+		snap, err := s.Load(ctx(t))
 		require.NoError(t, err)
-		require.Empty(t, workers)
+		require.Empty(t, snap.Workers["rnd"])
 		latest, err = s.LatestRound(ctx(t), "rnd")
 		require.NoError(t, err)
 		require.Equal(t, uint64(2), latest.GetGeneration())
