@@ -52,8 +52,8 @@ func (c *Controller) applyWorkerStatus(node string, w *rdzvv1.WorkerStatus) {
 	ch := c.store.PutWorker(w.GetJob(), node, w, c.workerEvents(js, node, w)...)
 	if !alive && js.rec.GetState() == rdzvv1.JobState_JOB_STATE_RECOVERING {
 		// A survivor of the failed generation has stopped: the next
-		// round's commit deletes the record, and at 10,000 nodes writing
-		// the reports first held that commit back by seconds.
+		// round's commit supersedes the record, and at 10,000 nodes
+		// writing the reports first held that commit back by seconds.
 		c.persistLazy(ch)
 		if nodes := js.round.GetNodes(); len(nodes) > 0 && nodes[0].GetNode() == node {
 			c.probeAhead(js, node)

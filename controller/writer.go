@@ -103,8 +103,8 @@ func (c *Controller) persist(ch *store.Change, then func()) {
 
 // persistLazy is persist for a change that no one waits on and that the
 // next round's commit is likely to make moot: a report of the failed
-// generation's workers having stopped, which that commit deletes with the
-// rest of the job's worker keys. Unless something that must be written
+// generation's workers having stopped, which that commit supersedes with
+// the rest of the job's worker records (store.CommitRound). Unless something that must be written
 // queues behind it, it waits up to lazyWait, so that the commit finds it
 // still queued and it is never written (elideSuperseded). Written or not,
 // nothing is lost: the agent reports its workers again whenever it
@@ -250,9 +250,9 @@ func (c *Controller) writeLoop(ctx context.Context, w *writer) {
 }
 
 // elideSuperseded drops the writes of queued that a later change in it
-// deletes before they are stored (store.Elide): during a recovery, the
-// survivors' STOPPED reports that the next round's commit deletes with the
-// job's worker keys. A change someone waits on (an answer, a message that
+// deletes or supersedes before they are stored (store.Elide): during a
+// recovery, the survivors' STOPPED reports that the next round's commit
+// supersedes with the job's other worker records. A change someone waits on (an answer, a message that
 // rests on it) pins everything before it. A change left with nothing to
 // write goes from the queue; only unpinned ones, which no one waits on,
 // can be left so.

@@ -23,6 +23,7 @@
 //	                                           digits so keys sort numerically).
 //	/rdzv/v1/workers/<job>/<node>              WorkerStatus: one node's worker state in the current
 //	                                           generation. Per node so a report rewrites one small key.
+//	                                           One of an older generation is superseded (CommitRound).
 //	/rdzv/v1/checkpoints/<job>/<step>          Checkpoint: the job's catalog of complete checkpoints
 //	                                           (step zero-padded to 20 digits), newest kept, bounded.
 //	/rdzv/v1/events/<scope>/<time>-<seq>       Event; scope is a job name or "_cluster". time is
