@@ -87,6 +87,7 @@ func TestConfigValidate(t *testing.T) {
 		{name: "no ca file", edit: func(c *controller.Config) { c.TLS.CA = "" }, wantFields: []string{"tls.ca"}},
 		{name: "insecure needs no tls files", edit: func(c *controller.Config) { c.TLS, c.Insecure = controller.TLSConfig{}, true }},
 		{name: "zero reverify interval", edit: func(c *controller.Config) { c.TLS.ReverifyInterval.Duration = 0 }, wantFields: []string{"tls.reverify_interval"}},
+		{name: "zero max handshakes", edit: func(c *controller.Config) { c.TLS.MaxHandshakes = 0 }, wantFields: []string{"tls.max_handshakes"}},
 		{name: "privileged master ports", edit: func(c *controller.Config) { c.MasterPortRange.Min = 1000 },
 			wantFields: []string{"master_port_range"}},
 		{name: "master ports beyond 65535", edit: func(c *controller.Config) { c.MasterPortRange.Max = 65536 },

@@ -389,9 +389,12 @@ func (c *Controller) securityOptions(keys *keyring.Keyring) []grpc.ServerOption 
 	c.conns = newClientConns(c.clock, c.log.Named("auth"))
 	c.log.Info("mutual tls enabled", zap.Stringer("identity", c.tls.Identity()))
 	return []grpc.ServerOption{
-		grpc.Creds(trackingCreds{TransportCredentials: credentials.NewTLS(c.tls.ServerConfig(func(epoch int64) [32]byte {
-			return keys.Derive(fmt.Sprintf("tls session ticket key %d", epoch))
-		})), conns: c.conns}),
+		grpc.Creds(trackingCreds{TransportCredentials: gatedCreds{
+			TransportCredentials: credentials.NewTLS(c.tls.ServerConfig(func(epoch int64) [32]byte {
+				return keys.Derive(fmt.Sprintf("tls session ticket key %d", epoch))
+			})),
+			gate: newHandshakeGate(c.cfg.TLS.MaxHandshakes, c.clock, c.metrics.handshakesWait, c.metrics.handshakesGone),
+		}, conns: c.conns}),
 		grpc.ChainUnaryInterceptor(c.auth.unary),
 		grpc.ChainStreamInterceptor(c.auth.stream),
 	}

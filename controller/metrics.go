@@ -53,6 +53,8 @@ type metrics struct {
 	heartbeatGap   prometheus.Histogram
 	etcdDuration   *prometheus.HistogramVec
 	etcdErrors     *prometheus.CounterVec
+	handshakesWait prometheus.Gauge
+	handshakesGone prometheus.Counter
 	grpc           *grpcprom.ServerMetrics
 }
 
@@ -91,6 +93,10 @@ func newMetrics() *metrics {
 			Buckets: prometheus.ExponentialBuckets(0.0005, 2, 16)}, []string{"method"}),
 		etcdErrors: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "rdzv_etcd_request_errors_total",
 			Help: "etcd requests of the controller that failed, by gRPC method (the log says why)."}, []string{"method"}),
+		handshakesWait: prometheus.NewGauge(prometheus.GaugeOpts{Name: "rdzv_tls_handshakes_waiting",
+			Help: "Connections waiting for their turn to handshake (tls.max_handshakes are in flight)."}),
+		handshakesGone: prometheus.NewCounter(prometheus.CounterOpts{Name: "rdzv_tls_handshakes_refused_total",
+			Help: "Connections closed after waiting 15 s for a turn to handshake; their clients retry."}),
 		grpc: grpcprom.NewServerMetrics(grpcprom.WithServerHandlingTimeHistogram()),
 	}
 	// Every bounded label value exists from the start, at zero, so that
@@ -108,7 +114,8 @@ func newMetrics() *metrics {
 
 func (m *metrics) collectors() []prometheus.Collector {
 	return []prometheus.Collector{m.rounds, m.attemptsFailed, m.restarts, m.jobsFinished, m.nodesLost, m.checkpoints,
-		m.detection, m.failedToCommit, m.commitToStep, m.recovery, m.heartbeatGap, m.etcdDuration, m.etcdErrors, m.grpc}
+		m.detection, m.failedToCommit, m.commitToStep, m.recovery, m.heartbeatGap, m.etcdDuration, m.etcdErrors,
+		m.handshakesWait, m.handshakesGone, m.grpc}
 }
 
 // etcdInterceptor times every unary etcd request of the client (watches

@@ -32,6 +32,8 @@ type ControllerConfig struct {
 	Heartbeat health.Heartbeat
 	// Pprof serves its runtime profiles on PprofSocket.
 	Pprof bool
+	// ConfigFile, if set, is its --config (the flags above override it).
+	ConfigFile string
 }
 
 // Controller is the real rdzv-controller binary, with embedded etcd and
@@ -87,6 +89,9 @@ func (p *Controller) start() error {
 		testpki.DaemonArgs(p.cfg.Certs.Dir, "controller", ControllerName)...)
 	if p.PprofSocket != "" {
 		args = append(args, "--pprof-socket", p.PprofSocket)
+	}
+	if p.cfg.ConfigFile != "" {
+		args = append(args, "--config", p.cfg.ConfigFile)
 	}
 	p.cmd = exec.Command(p.cfg.Bin, args...)
 	p.cmd.Stdout, p.cmd.Stderr = logFile, logFile

@@ -25,6 +25,8 @@
 //	BENCH_PROFILE  1: take a CPU profile of the controller in each phase
 //	               (its socket, --pprof-socket) and print its top entries
 //	BENCH_OUT      also write the report to this file
+//	BENCH_CONTROLLER_CONFIG  the controller's --config (YAML; the bench's own
+//	               flags override it), e.g. to compare tls.max_handshakes
 //
 // The benchmark is built only with the bench build tag:
 //

@@ -57,6 +57,8 @@ type config struct {
 	pkiDir        string
 	logDir        string
 	profile       bool
+	// ctlConfig is the controller's --config, to compare settings.
+	ctlConfig string
 }
 
 func TestBenchScale(t *testing.T) {
@@ -115,6 +117,7 @@ func setup(t *testing.T) config {
 		pkiDir:        filepath.Join(os.TempDir(), "rdzv-bench-scale-pki"),
 		logDir:        os.Getenv("BENCH_LOG_DIR"),
 		profile:       os.Getenv("BENCH_PROFILE") == "1",
+		ctlConfig:     os.Getenv("BENCH_CONTROLLER_CONFIG"),
 	}
 	for _, bin := range []string{cfg.controllerBin, cfg.ctlBin} {
 		if info, err := os.Stat(bin); err != nil || info.Mode()&0o111 == 0 {
@@ -189,7 +192,7 @@ func runSize(t *testing.T, cfg config, certs *sim.Certs, dir string, r *result) 
 	ru := &run{t: t, cfg: cfg, r: r, n: n, dir: dir, led: newLedger(), ctx: ctx, certs: certs}
 
 	var err error
-	if ru.ctl, err = sim.StartController(sim.ControllerConfig{Bin: cfg.controllerBin, Dir: dir, Certs: certs, Heartbeat: heartbeat, Pprof: true}); err != nil {
+	if ru.ctl, err = sim.StartController(sim.ControllerConfig{Bin: cfg.controllerBin, Dir: dir, Certs: certs, Heartbeat: heartbeat, Pprof: true, ConfigFile: cfg.ctlConfig}); err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() {
@@ -746,6 +749,13 @@ func formatReport(results []*result, cfg config, took time.Duration) string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "rdzv scale benchmark: real rdzv-controller (embedded etcd, mutual TLS), simulated agents; heartbeat %s / timeout %s; steady window %s; took %s\n\n",
 		heartbeat.Interval, heartbeat.Timeout, cfg.steady, took.Round(time.Second))
+	if cfg.ctlConfig != "" {
+		yaml, err := os.ReadFile(cfg.ctlConfig)
+		if err != nil {
+			yaml = []byte(err.Error())
+		}
+		fmt.Fprintf(&b, "controller --config %s:\n\n```yaml\n%s\n```\n\n", cfg.ctlConfig, strings.TrimSpace(string(yaml)))
+	}
 	b.WriteString("| figure |")
 	for _, r := range results {
 		fmt.Fprintf(&b, " %d nodes |", r.nodes)
