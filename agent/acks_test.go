@@ -16,19 +16,19 @@ import (
 )
 
 func TestAcks(t *testing.T) {
-	var a acks
+	var a Acks
 	base := time.Date(2030, 1, 2, 3, 4, 5, 0, time.UTC)
 	for seq := uint64(1); seq <= 100; seq++ {
-		a.sending(seq, base.Add(time.Duration(seq)*time.Second))
+		a.Sending(seq, base.Add(time.Duration(seq)*time.Second))
 	}
-	at, ok := a.acked(100)
+	at, ok := a.Acked(100)
 	require.True(t, ok)
 	require.Equal(t, base.Add(100*time.Second), at, "the latest heartbeat")
-	at, ok = a.acked(100 - ackWindow + 1)
+	at, ok = a.Acked(100 - ackWindow + 1)
 	require.True(t, ok)
 	require.Equal(t, base.Add((100-ackWindow+1)*time.Second), at, "the oldest one remembered")
 	for _, seq := range []uint64{0, 100 - ackWindow, 101, 1 << 40} {
-		_, ok := a.acked(seq)
+		_, ok := a.Acked(seq)
 		require.False(t, ok, "seq %d: never sent, or forgotten", seq)
 	}
 }
@@ -84,5 +84,41 @@ func TestSelfFenceCountsOnlyAcknowledgements(t *testing.T) {
 		case <-timeout:
 			require.FailNow(t, "the agent never fenced its workers")
 		}
+	}
+}
+
+// TestReconnect: the backoff doubles from minBackoff up to maxBackoff,
+// each wait jittered within its upper half, and starts over after a
+// stable session. test/sim's agents come back on the same schedule.
+func TestReconnect(t *testing.T) {
+	tests := []struct {
+		name   string
+		lasted []time.Duration // sessions, one per call
+		bases  []time.Duration // the backoff each wait is drawn from
+		fresh  []bool
+	}{
+		{
+			name:   "doubling to the cap",
+			lasted: []time.Duration{0, time.Second, 0, 0, 0, 0, 0},
+			bases:  []time.Duration{minBackoff, 2 * minBackoff, 4 * minBackoff, 8 * minBackoff, maxBackoff, maxBackoff, maxBackoff},
+			fresh:  []bool{true, false, false, false, false, false, false},
+		},
+		{
+			name:   "a stable session starts over",
+			lasted: []time.Duration{0, 0, 0, stableSession + time.Second, 0},
+			bases:  []time.Duration{minBackoff, 2 * minBackoff, 4 * minBackoff, minBackoff, 2 * minBackoff},
+			fresh:  []bool{true, false, false, true, false},
+		},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			var r Reconnect
+			for i, lasted := range tt.lasted {
+				wait, fresh := r.After(lasted)
+				require.Equal(t, tt.fresh[i], fresh, "call %d", i)
+				require.GreaterOrEqual(t, wait, tt.bases[i]/2, "call %d", i)
+				require.LessOrEqual(t, wait, tt.bases[i], "call %d", i)
+			}
+		})
 	}
 }

@@ -18,7 +18,6 @@ import (
 	"go.uber.org/zap"
 	"golang.org/x/sync/errgroup"
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/keepalive"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/rdzv/rdzv/agent/gpu"
@@ -118,9 +117,7 @@ func New(cfg Config, log *zap.Logger, gpus GPUDiscoverer, net NetworkDetector, s
 	}
 	cc := client.DefaultConfig()
 	cc.Endpoints, cc.Insecure, cc.Logger = addrs, cfg.Insecure, log.Named("client")
-	// The stream lives for weeks: keepalives find a dead connection even
-	// when nothing is sent.
-	cc.DialOptions = []grpc.DialOption{grpc.WithKeepaliveParams(keepalive.ClientParameters{Time: 10 * time.Second, Timeout: 5 * time.Second, PermitWithoutStream: true})}
+	cc.DialOptions = []grpc.DialOption{grpc.WithKeepaliveParams(Keepalive)}
 	if !cfg.Insecure {
 		name, err := cfg.nodeName()
 		if err != nil {

@@ -9,6 +9,7 @@ import (
 
 	"go.uber.org/zap"
 	"golang.org/x/sync/errgroup"
+	"google.golang.org/grpc/keepalive"
 
 	"github.com/rdzv/rdzv/health"
 	rdzvv1 "github.com/rdzv/rdzv/proto/rdzv/v1"
@@ -26,6 +27,30 @@ const (
 	// treated as new trouble rather than a continuing outage.
 	stableSession = 30 * time.Second
 )
+
+// Reconnect is the agent's reconnect backoff: jittered, doubling from
+// minBackoff to maxBackoff, and back to the start after a session that
+// lasted stableSession. Jitter keeps 10,000 agents from reconnecting in
+// lockstep after a controller restart. Exported for test/sim, whose
+// simulated agents must come back as the agent does. The zero value is
+// ready to use.
+type Reconnect struct{ backoff time.Duration }
+
+// After is how long to wait before connecting again after a session that
+// lasted lasted; fresh says the backoff started over (a stable session
+// ended: new trouble, not a continuing outage).
+func (r *Reconnect) After(lasted time.Duration) (wait time.Duration, fresh bool) {
+	if r.backoff == 0 || lasted > stableSession {
+		r.backoff, fresh = minBackoff, true
+	}
+	wait = r.backoff/2 + rand.N(r.backoff/2+1)
+	r.backoff = min(r.backoff*2, maxBackoff)
+	return wait, fresh
+}
+
+// Keepalive is the agent's gRPC keepalive: the stream lives for weeks, and
+// keepalives find a dead connection even when nothing is sent.
+var Keepalive = keepalive.ClientParameters{Time: 10 * time.Second, Timeout: 5 * time.Second, PermitWithoutStream: true}
 
 // agentSession keeps the agent connected to the leading controller,
 // carries the supervisor's reports to it and its orders to the
@@ -49,7 +74,7 @@ type agentSession struct {
 	heartbeat atomic.Pointer[health.Heartbeat]
 	// lastHeard (unix nanoseconds) is when the controller last showed it
 	// hears us: the sending of the latest heartbeat it acknowledged, or of
-	// the registration it answered (see acks).
+	// the registration it answered (see Acks).
 	lastHeard atomic.Int64
 	// connected is set while registered with a controller (readiness).
 	connected atomic.Bool
@@ -97,12 +122,11 @@ func (s *agentSession) announceRestart(hold time.Duration) bool {
 	}
 }
 
-// loop connects, and reconnects with jittered exponential backoff, until
-// ctx ends. Jitter keeps 10,000 agents from reconnecting in lockstep after
-// a controller restart. Finding the leader among the controllers, and
-// following a standby's redirect at once, is the client's part.
+// loop connects, and reconnects with the Reconnect backoff, until ctx
+// ends. Finding the leader among the controllers, and following a
+// standby's redirect at once, is the client's part.
 func (s *agentSession) loop(ctx context.Context) {
-	backoff := minBackoff
+	var backoff Reconnect
 	failures := 0
 	for ctx.Err() == nil {
 		started := time.Now()
@@ -110,11 +134,11 @@ func (s *agentSession) loop(ctx context.Context) {
 		if ctx.Err() != nil {
 			return
 		}
-		if time.Since(started) > stableSession {
-			backoff, failures = minBackoff, 0
+		wait, fresh := backoff.After(time.Since(started))
+		if fresh {
+			failures = 0
 		}
 		failures++
-		wait := backoff/2 + rand.N(backoff/2+1)
 		if failures == 1 || failures%10 == 0 {
 			s.log.Warn("controller connection lost, reconnecting", zap.String("controller", s.controllers), zap.Error(err), zap.Int("attempt", failures), zap.Duration("backoff", wait))
 		}
@@ -123,7 +147,6 @@ func (s *agentSession) loop(ctx context.Context) {
 			return
 		case <-time.After(wait):
 		}
-		backoff = min(backoff*2, maxBackoff)
 	}
 }
 
@@ -169,7 +192,7 @@ func (s *agentSession) connect(ctx context.Context) error {
 
 	// Only the sender goroutine calls stream.Send after registration.
 	out := make(chan *rdzvv1.ConnectRequest, 256)
-	var sent acks
+	var sent Acks
 	logs := newLogTails(s.sup, out, s.log.Named("logs"))
 	defer logs.cancelAll()
 	g, gctx := errgroup.WithContext(ctx)
@@ -192,7 +215,7 @@ func (s *agentSession) connect(ctx context.Context) error {
 				return gctx.Err()
 			case <-ticker.C:
 				seq++
-				sent.sending(seq, time.Now())
+				sent.Sending(seq, time.Now())
 				msgs = append(msgs, &rdzvv1.ConnectRequest{Msg: &rdzvv1.ConnectRequest_Heartbeat{Heartbeat: &rdzvv1.Heartbeat{Seq: seq}}})
 				// Riding on the heartbeat bounds progress messages to one per
 				// interval however often the workers report.
@@ -242,7 +265,7 @@ func (s *agentSession) connect(ctx context.Context) error {
 				return fmt.Errorf("receiving from controller: %w", err)
 			}
 			if ack := m.GetHeartbeatAck(); ack != nil {
-				if at, ok := sent.acked(ack.GetSeq()); ok {
+				if at, ok := sent.Acked(ack.GetSeq()); ok {
 					s.heardAt(at)
 				}
 			}

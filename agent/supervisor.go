@@ -31,9 +31,10 @@ import (
 )
 
 const (
-	// historySize bounds the finished-worker statuses kept for re-reporting
-	// after a reconnect.
-	historySize = 16
+	// HistorySize bounds the finished-worker statuses kept for re-reporting
+	// after a reconnect (exported for test/sim, whose simulated agents
+	// re-report as many).
+	HistorySize = 16
 	// checkpointQueueSize bounds the checkpoint reports waiting for the
 	// controller while the agent is disconnected.
 	checkpointQueueSize = 64
@@ -567,8 +568,8 @@ func (s *Supervisor) finished(job string, gen uint64, state rdzvv1.WorkerState, 
 func (s *Supervisor) record(st *rdzvv1.WorkerStatus) {
 	s.mu.Lock()
 	s.history = append(s.history, st)
-	if len(s.history) > historySize {
-		s.history = s.history[len(s.history)-historySize:]
+	if len(s.history) > HistorySize {
+		s.history = s.history[len(s.history)-HistorySize:]
 	}
 	s.mu.Unlock()
 	if s.exits != nil {

@@ -262,15 +262,15 @@ func TestSupervisorStatuses(t *testing.T) {
 	}, h.sup.Statuses(), "finished history, then what runs now")
 
 	// History is bounded: only the newest outcomes are kept.
-	for gen := uint64(1); gen <= historySize+4; gen++ {
+	for gen := uint64(1); gen <= HistorySize+4; gen++ {
 		h.sup.Stop("noise", gen, "noise")
 		h.expect("noise", gen, wStopped)
 	}
 	got := h.sup.Statuses()
-	require.Len(t, got, historySize+1)
+	require.Len(t, got, HistorySize+1)
 	require.Equal(t, uint64(5), got[0].GetGeneration())
-	require.Equal(t, uint64(historySize+4), got[historySize-1].GetGeneration())
-	require.Equal(t, "train", got[historySize].GetJob())
+	require.Equal(t, uint64(HistorySize+4), got[HistorySize-1].GetGeneration())
+	require.Equal(t, "train", got[HistorySize].GetJob())
 }
 
 func TestSupervisorLogFile(t *testing.T) {

@@ -5,7 +5,6 @@ import (
 	"crypto/tls"
 	"errors"
 	"fmt"
-	"math/rand/v2"
 	"net"
 	"net/netip"
 	"strconv"
@@ -16,7 +15,6 @@ import (
 	"go.uber.org/zap"
 	"golang.org/x/sync/errgroup"
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/keepalive"
 
 	"github.com/rdzv/rdzv/agent"
 	"github.com/rdzv/rdzv/agent/gpu"
@@ -32,24 +30,12 @@ import (
 // controller. What the simulation does share with the agent: the node
 // description (agent.Agent.Describe over a simulated machine: gpu.Fake
 // GPUs and the interfaces of a GPU node), the transport (package client,
-// one connection per node, with the agent's keepalive parameters) and the
-// message types. It answers like the supervisor does: RUNNING on an
+// one connection per node, with the agent's keepalive), its reconnect
+// backoff (agent.Reconnect), its window of heartbeats an acknowledgement
+// may name (agent.Acks), how many finished workers it reports again when
+// it registers (agent.HistorySize) and the message types. It answers like the supervisor does: RUNNING on an
 // assignment, STOPPED on a stop order (at once: there is no torchrun to
 // wait for), its running and recent workers when it registers again.
-
-// The agent's reconnect backoff and keepalive (agent/session.go, agent.New).
-const (
-	minBackoff    = 250 * time.Millisecond
-	maxBackoff    = 4 * time.Second
-	stableSession = 30 * time.Second
-	keepaliveTime = 10 * time.Second
-	keepaliveWait = 5 * time.Second
-	// ackWindow is the agent's ackWindow.
-	ackWindow = 64
-	// historySize is how many finished workers the agent re-sends when it
-	// registers again.
-	historySize = 4
-)
 
 // EventKind says what an Event is.
 type EventKind int
@@ -288,7 +274,7 @@ func NewAgent(ctx context.Context, cfg AgentConfig) (*Agent, error) {
 	cc.Endpoints = []string{cfg.Controller}
 	cc.TLS = &client.TLS{Config: tc}
 	cc.DialOptions = []grpc.DialOption{
-		grpc.WithKeepaliveParams(keepalive.ClientParameters{Time: keepaliveTime, Timeout: keepaliveWait, PermitWithoutStream: true}),
+		grpc.WithKeepaliveParams(agent.Keepalive),
 		// Its own source address, as if from its own host: Linux routes all
 		// of 127.0.0.0/8 to lo.
 		grpc.WithContextDialer(func(ctx context.Context, addr string) (net.Conn, error) {
@@ -349,10 +335,9 @@ func (a *Agent) Stop() {
 	}
 }
 
-// loop is the agent's reconnect loop: jittered exponential backoff,
-// reset after a stable session.
+// loop is the agent's reconnect loop, with the agent's backoff.
 func (a *Agent) loop(ctx context.Context) {
-	backoff := minBackoff
+	var backoff agent.Reconnect
 	for a.gate.wait(ctx) == nil {
 		started := time.Now()
 		err := a.session(ctx)
@@ -360,15 +345,12 @@ func (a *Agent) loop(ctx context.Context) {
 			return
 		}
 		a.observe(Event{Kind: SessionEnded, Agent: a, At: time.Now(), Err: err})
-		if time.Since(started) > stableSession {
-			backoff = minBackoff
-		}
+		wait, _ := backoff.After(time.Since(started))
 		select {
 		case <-ctx.Done():
 			return
-		case <-time.After(backoff/2 + rand.N(backoff/2+1)):
+		case <-time.After(wait):
 		}
-		backoff = min(backoff*2, maxBackoff)
 	}
 }
 
@@ -410,12 +392,9 @@ func (a *Agent) session(ctx context.Context) error {
 	// What the sender sent and the acknowledgements have not covered yet:
 	// the workers the registration reported first.
 	var (
+		sent    agent.Acks
 		ackMu   sync.Mutex
 		lastSeq uint64
-		sent    [ackWindow]struct {
-			seq uint64
-			at  time.Time
-		}
 		reports []unacked
 	)
 	for _, w := range workers {
@@ -437,7 +416,7 @@ func (a *Agent) session(ctx context.Context) error {
 				ackMu.Lock()
 				lastSeq++
 				seq := lastSeq
-				sent[seq%ackWindow].seq, sent[seq%ackWindow].at = seq, time.Now()
+				sent.Sending(seq, time.Now())
 				ackMu.Unlock()
 				m = &rdzvv1.ConnectRequest{Msg: &rdzvv1.ConnectRequest_Heartbeat{Heartbeat: &rdzvv1.Heartbeat{Seq: seq}}}
 			case m = <-out:
@@ -464,16 +443,16 @@ func (a *Agent) session(ctx context.Context) error {
 			switch msg := m.GetMsg().(type) {
 			case *rdzvv1.ConnectResponse_HeartbeatAck:
 				seq := msg.HeartbeatAck.GetSeq()
+				at, known := sent.Acked(seq)
 				ackMu.Lock()
-				e := sent[seq%ackWindow]
 				var acked []*rdzvv1.WorkerStatus
 				for len(reports) > 0 && reports[0].seq <= seq {
 					acked = append(acked, reports[0].report)
 					reports = reports[1:]
 				}
 				ackMu.Unlock()
-				if e.seq == seq {
-					a.observe(Event{Kind: HeartbeatAcked, Agent: a, At: now, RTT: now.Sub(e.at)})
+				if known {
+					a.observe(Event{Kind: HeartbeatAcked, Agent: a, At: now, RTT: now.Sub(at)})
 				}
 				for _, r := range acked {
 					a.observe(Event{Kind: ReportAcked, Agent: a, At: now, Job: r.GetJob(), Gen: r.GetGeneration(), Report: r})
@@ -515,8 +494,8 @@ func (a *Agent) statuses() []*rdzvv1.WorkerStatus {
 // finishedLocked records an outcome as the supervisor does.
 func (a *Agent) finishedLocked(st *rdzvv1.WorkerStatus) {
 	a.history = append(a.history, st)
-	if len(a.history) > historySize {
-		a.history = a.history[len(a.history)-historySize:]
+	if len(a.history) > agent.HistorySize {
+		a.history = a.history[len(a.history)-agent.HistorySize:]
 	}
 }
 
