@@ -69,10 +69,10 @@ type TLSConfig struct {
 	// change that was missed (a CA file edited while no one connected).
 	ReverifyInterval wire.Duration `json:"reverify_interval"`
 	// MaxHandshakes is how many TLS handshakes run at once; more wait
-	// their turn in arrival order (up to 15 s, then the connection is
-	// closed and the client retries). It keeps a cold start of a large
-	// cluster, every agent handshaking at once, from starving the
-	// heartbeats of the agents already registered.
+	// their turn in arrival order (up to 15 s, then they go ahead without
+	// one). It keeps a cold start of a large cluster, every agent
+	// handshaking at once, from starving the heartbeats of the agents
+	// already registered.
 	MaxHandshakes int `json:"max_handshakes"`
 }
 

@@ -393,7 +393,7 @@ func (c *Controller) securityOptions(keys *keyring.Keyring) []grpc.ServerOption 
 			TransportCredentials: credentials.NewTLS(c.tls.ServerConfig(func(epoch int64) [32]byte {
 				return keys.Derive(fmt.Sprintf("tls session ticket key %d", epoch))
 			})),
-			gate: newHandshakeGate(c.cfg.TLS.MaxHandshakes, c.clock, c.metrics.handshakesWait, c.metrics.handshakesGone),
+			gate: newHandshakeGate(c.cfg.TLS.MaxHandshakes, c.clock, c.metrics.handshakesWait, c.metrics.handshakesOver),
 		}, conns: c.conns}),
 		grpc.ChainUnaryInterceptor(c.auth.unary),
 		grpc.ChainStreamInterceptor(c.auth.stream),

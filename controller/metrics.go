@@ -54,7 +54,7 @@ type metrics struct {
 	etcdDuration   *prometheus.HistogramVec
 	etcdErrors     *prometheus.CounterVec
 	handshakesWait prometheus.Gauge
-	handshakesGone prometheus.Counter
+	handshakesOver prometheus.Counter
 	grpc           *grpcprom.ServerMetrics
 }
 
@@ -95,8 +95,8 @@ func newMetrics() *metrics {
 			Help: "etcd requests of the controller that failed, by gRPC method (the log says why)."}, []string{"method"}),
 		handshakesWait: prometheus.NewGauge(prometheus.GaugeOpts{Name: "rdzv_tls_handshakes_waiting",
 			Help: "Connections waiting for their turn to handshake (tls.max_handshakes are in flight)."}),
-		handshakesGone: prometheus.NewCounter(prometheus.CounterOpts{Name: "rdzv_tls_handshakes_refused_total",
-			Help: "Connections closed after waiting 15 s for a turn to handshake; their clients retry."}),
+		handshakesOver: prometheus.NewCounter(prometheus.CounterOpts{Name: "rdzv_tls_handshakes_overflow_total",
+			Help: "Connections that waited 15 s for a turn to handshake and went ahead without one: clients connected faster than the controller handshakes."}),
 		grpc: grpcprom.NewServerMetrics(grpcprom.WithServerHandlingTimeHistogram()),
 	}
 	// Every bounded label value exists from the start, at zero, so that
@@ -115,7 +115,7 @@ func newMetrics() *metrics {
 func (m *metrics) collectors() []prometheus.Collector {
 	return []prometheus.Collector{m.rounds, m.attemptsFailed, m.restarts, m.jobsFinished, m.nodesLost, m.checkpoints,
 		m.detection, m.failedToCommit, m.commitToStep, m.recovery, m.heartbeatGap, m.etcdDuration, m.etcdErrors,
-		m.handshakesWait, m.handshakesGone, m.grpc}
+		m.handshakesWait, m.handshakesOver, m.grpc}
 }
 
 // etcdInterceptor times every unary etcd request of the client (watches
