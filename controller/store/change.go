@@ -99,16 +99,15 @@ func (c *Change) supersede(prefix string) {
 // deletes with a range or supersedes (a round's commit supersedes the
 // job's worker records, so the 10,000 STOPPED reports queued before it
 // need not be stored first), and sets a change left with no operation to
-// nil. pinned(i) marks a
-// change someone waits on (an answer, a message that rests on it): every
-// change before it keeps all its writes, and so does it, so that whatever
-// learns of a durable change finds everything before it durable too. An
-// unpinned change's elided writes were never promised to anyone; once the
-// deleting or superseding change is durable they would be gone or ignored
-// anyway, and a crash before that loses only what a crash before their own
-// transaction would have.
-// A put of a key a change guards or tracks is kept: its revision matters.
-// nil entries (barriers) are left as they are.
+// nil. pinned(i) marks a change someone waits on (an answer, a message
+// that rests on it): every change before it keeps all its writes, and so
+// does it, so that whatever learns of a durable change finds everything
+// before it durable too. An unpinned change's elided writes were never
+// promised to anyone; once the deleting or superseding change is durable
+// they would be gone or ignored anyway, and a crash before that loses only
+// what a crash before their own transaction would have. A put of a key a
+// change guards or tracks is kept: its revision matters. nil entries
+// (barriers) are left as they are.
 func Elide(changes []*Change, pinned func(i int) bool) {
 	var ranges []keyRange // deleted or superseded by later changes, back to the last pin
 	for i := len(changes) - 1; i >= 0; i-- {
