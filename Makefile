@@ -29,6 +29,7 @@ build:
 	CGO_ENABLED=0 $(GO) build -ldflags '$(LDFLAGS)' -o $(BIN)/rdzv-controller ./cmd/rdzv-controller
 	CGO_ENABLED=0 $(GO) build -ldflags '$(LDFLAGS)' -o $(BIN)/rdzvctl ./cmd/rdzvctl
 	CGO_ENABLED=1 $(GO) build -ldflags '$(LDFLAGS)' -o $(BIN)/rdzv-agent ./cmd/rdzv-agent
+	CGO_ENABLED=0 $(GO) build -ldflags '$(LDFLAGS)' -o $(BIN)/rdzv-relay ./cmd/rdzv-relay
 
 $(TOOLS)/buf:
 	GOBIN=$(TOOLS) GOFLAGS= $(GO) install github.com/bufbuild/buf/cmd/buf@$(BUF_VERSION)
@@ -55,9 +56,9 @@ lint: tools
 	$(GO) vet ./...
 	@# The benchmarks are built only with their tag; keep them compiling.
 	$(GO) vet -tags bench ./test/bench/...
-	@# The controller and CLI must not need cgo (only agent/gpu/nvmlgpu imports go-nvml),
+	@# The controller, relay and CLI must not need cgo (only agent/gpu/nvmlgpu imports go-nvml),
 	@# nor must a program built on package client (examples/goclient, built so it cannot rot).
-	CGO_ENABLED=0 $(GO) build -o /dev/null ./cmd/rdzv-controller ./cmd/rdzvctl ./examples/goclient
+	CGO_ENABLED=0 $(GO) build -o /dev/null ./cmd/rdzv-controller ./cmd/rdzvctl ./cmd/rdzv-relay ./examples/goclient
 	@# The alerting rules' syntax, where Debian's prometheus package put promtool;
 	@# controller's TestDeployFilesUseExistingMetrics checks their metric names everywhere.
 	@if command -v promtool >/dev/null; then promtool check rules deploy/prometheus/rdzv-alerts.yml; \
@@ -68,7 +69,7 @@ lint: tools
 # docs/daemons.md from the daemons' --help.
 docs:
 	$(GO) test ./cmd/rdzvctl -run 'TestCLIDocs|Golden' -count=1 -update
-	$(GO) test ./cmd/rdzv-controller ./cmd/rdzv-agent -run TestFlagReference -count=1 -update
+	$(GO) test ./cmd/rdzv-controller ./cmd/rdzv-agent ./cmd/rdzv-relay -run TestFlagReference -count=1 -update
 
 unit:
 	$(GO) test $(GOTEST_FLAGS) -count=1 $$($(GO) list ./... | grep -v /test/e2e)

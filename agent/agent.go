@@ -117,6 +117,9 @@ func New(cfg Config, log *zap.Logger, gpus GPUDiscoverer, net NetworkDetector, s
 	}
 	cc := client.DefaultConfig()
 	cc.Endpoints, cc.Insecure, cc.Logger = addrs, cfg.Insecure, log.Named("client")
+	if cc.Relays, err = cfg.RelayAddrs(); err != nil {
+		return nil, err
+	}
 	cc.DialOptions = []grpc.DialOption{grpc.WithKeepaliveParams(Keepalive)}
 	if !cfg.Insecure {
 		name, err := cfg.nodeName()

@@ -28,6 +28,11 @@ type Config struct {
 	// Controller is the controller's host:port, or a comma-separated list
 	// of replicas' addresses: the agent finds the leader among them.
 	Controller string `json:"controller"`
+	// Relays are rdzv-relay host:port addresses (comma-separated), tried
+	// before the controller: on a large cluster, the relay of the node's
+	// rack carries its stream. An agent whose relay fails reaches the
+	// controller directly. Empty: always directly.
+	Relays string `json:"relays"`
 	// NodeName defaults to the hostname. It names the node; it is never used
 	// to find an address.
 	NodeName string            `json:"node_name"`
@@ -139,11 +144,24 @@ func (c Config) nodeName() (string, error) {
 // Controllers is the list of controller addresses.
 func (c Config) Controllers() ([]string, error) { return client.ParseAddrs("controller", c.Controller) }
 
+// RelayAddrs is the list of relay addresses, empty without relays.
+func (c Config) RelayAddrs() ([]string, error) {
+	if strings.TrimSpace(c.Relays) == "" {
+		return nil, nil
+	}
+	return client.ParseAddrs("relays", c.Relays)
+}
+
 // Validate names each problem with its field.
 func (c Config) Validate() error {
 	var errs []error
 	if _, err := c.Controllers(); err != nil {
 		errs = append(errs, fmt.Errorf("%w (set --controller or RDZV_CONTROLLER to host:port[,host:port...])", err))
+	}
+	if _, err := c.RelayAddrs(); err != nil {
+		errs = append(errs, err)
+	} else if c.Relays != "" && c.Insecure {
+		errs = append(errs, errors.New("relays: a relay vouches for agents by their certificates; it cannot carry an insecure agent"))
 	}
 	if c.NodeName != "" {
 		if fe := wire.ValidateName("node_name", c.NodeName); fe != nil {

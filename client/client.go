@@ -32,6 +32,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"slices"
 	"time"
 
 	"go.uber.org/zap"
@@ -50,6 +51,13 @@ type Config struct {
 	// Endpoints are controller host:port addresses: one controller's, or
 	// every replica's (the client finds the leader). Required.
 	Endpoints []string
+	// Relays are rdzv-relay host:port addresses, tried before Endpoints:
+	// an agent on a large cluster reaches the controller through a relay,
+	// which carries many agents' streams over one connection. A relay that
+	// fails is skipped for the endpoints; the client stays with what
+	// answered until it fails in turn. Only an agent's streams can be
+	// relayed.
+	Relays []string
 	// TLS is this client's certificate and the cluster CA. Required unless
 	// Insecure.
 	TLS *TLS
@@ -102,6 +110,14 @@ func (c Config) Validate() error {
 			errs = append(errs, fmt.Errorf("endpoints[%d]: %q is not host:port: %w", i, e, err))
 		}
 	}
+	for i, r := range c.Relays {
+		if _, _, err := net.SplitHostPort(r); err != nil {
+			errs = append(errs, fmt.Errorf("relays[%d]: %q is not host:port: %w", i, r, err))
+		}
+		if slices.Contains(c.Endpoints, r) {
+			errs = append(errs, fmt.Errorf("relays[%d]: %q is also an endpoint: a relay and a controller cannot share an address", i, r))
+		}
+	}
 	switch {
 	case c.Insecure && c.TLS != nil:
 		errs = append(errs, errors.New("tls: must not be set with insecure"))
@@ -150,7 +166,11 @@ func New(cfg Config) (*Client, error) {
 		grpc.WithConnectParams(grpc.ConnectParams{Backoff: backoff.DefaultConfig, MinConnectTimeout: cfg.DialTimeout}),
 		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(wire.MaxMessageBytes), grpc.MaxCallSendMsgSize(wire.MaxMessageBytes)),
 	}, cfg.DialOptions...)
-	conn := newConn(append([]string(nil), cfg.Endpoints...), creds, log, opts...)
+	conn := newConn(append(slices.Clone(cfg.Relays), cfg.Endpoints...), creds, log, opts...)
+	conn.relays = map[string]bool{}
+	for _, r := range cfg.Relays {
+		conn.relays[r] = true
+	}
 	return &Client{
 		JobServiceClient:         rdzvv1.NewJobServiceClient(conn),
 		NodeServiceClient:        rdzvv1.NewNodeServiceClient(conn),
@@ -168,8 +188,15 @@ func (c *Client) Close() error { return c.conn.Close() }
 func (c *Client) Leader() string { return c.conn.Leader() }
 
 // credentialsFor builds the transport security of one endpoint: TLS checks
-// the controller's certificate against the host dialled.
+// the controller's certificate, or a relay's at a relay's address, against
+// the host dialled.
 func credentialsFor(cfg Config, log *zap.Logger) (credentialsFunc, error) {
+	want := func(addr string) pki.Role {
+		if slices.Contains(cfg.Relays, addr) {
+			return pki.RoleRelay
+		}
+		return pki.RoleController
+	}
 	switch {
 	case cfg.Insecure:
 		return func(string) (credentials.TransportCredentials, error) { return insecure.NewCredentials(), nil }, nil
@@ -191,7 +218,7 @@ func credentialsFor(cfg Config, log *zap.Logger) (credentialsFunc, error) {
 						return err
 					}
 				}
-				return controllerCert(addr, cs)
+				return serverCert(addr, want(addr), cs)
 			}
 			return credentials.NewTLS(conf), nil
 		}, nil
@@ -201,7 +228,11 @@ func credentialsFor(cfg Config, log *zap.Logger) (credentialsFunc, error) {
 		return nil, err
 	}
 	return func(addr string) (credentials.TransportCredentials, error) {
-		conf, err := r.ClientConfig(addr)
+		config := r.ClientConfig
+		if want(addr) == pki.RoleRelay {
+			config = r.RelayClientConfig
+		}
+		conf, err := config(addr)
 		if err != nil {
 			return nil, err
 		}
@@ -209,17 +240,17 @@ func credentialsFor(cfg Config, log *zap.Logger) (credentialsFunc, error) {
 	}, nil
 }
 
-// controllerCert refuses a server whose certificate is not a controller's.
-func controllerCert(addr string, cs tls.ConnectionState) error {
+// serverCert refuses a server whose certificate is not of role want.
+func serverCert(addr string, want pki.Role, cs tls.ConnectionState) error {
 	if len(cs.PeerCertificates) == 0 {
-		return fmt.Errorf("controller at %s sent no certificate", addr)
+		return fmt.Errorf("%s at %s sent no certificate", want, addr)
 	}
 	id, err := pki.IdentityOf(cs.PeerCertificates[0])
 	if err != nil {
-		return fmt.Errorf("controller at %s: %w", addr, err)
+		return fmt.Errorf("%s at %s: %w", want, addr, err)
 	}
-	if id.Role != pki.RoleController {
-		return fmt.Errorf("the server at %s presented the certificate of %s, not of a controller", addr, id)
+	if id.Role != want {
+		return fmt.Errorf("the server at %s presented the certificate of %s, not of a %s", addr, id, want)
 	}
 	return nil
 }

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -37,6 +38,8 @@ type Conn struct {
 	creds credentialsFunc
 	opts  []grpc.DialOption
 	log   *zap.Logger
+	// relays are the addresses in addrs that are relays (Config.Relays).
+	relays map[string]bool
 
 	mu     sync.Mutex
 	conns  map[string]*grpc.ClientConn
@@ -90,7 +93,9 @@ func (c *Conn) served(addr string) {
 // call handshakes anew, with the certificate on disk by then, renewed one
 // hopes. Other errors leave the connection to gRPC's reconnecting.
 func (c *Conn) refused(addr string, cc *grpc.ClientConn, err error) {
-	if status.Code(err) != codes.Unauthenticated {
+	// A relay's connection stays when the controller refuses only one of
+	// the agents it carries.
+	if status.Code(err) != codes.Unauthenticated || wire.IsRelayedRefusal(err) {
 		return
 	}
 	c.mu.Lock()
@@ -166,7 +171,10 @@ func (c *Conn) each(ctx context.Context, call func(ctx context.Context, addr str
 }
 
 // walk tries call against the controllers in turn until one serves it:
-// the last leader first, then redirect hints, then the configured list.
+// the relays first (Config.Relays), then the last leader, then redirect
+// hints, then the configured list. Relays go first every time, so that an
+// agent that went around a failed relay comes back to it when it next
+// reconnects.
 // An answer that is not a controller's refusal or a transport failure
 // (success, NotFound, InvalidArgument...) ends the walk. electing says that
 // none served because an election is under way: a controller said no one
@@ -176,7 +184,9 @@ func (c *Conn) walk(ctx context.Context, call func(ctx context.Context, addr str
 	c.mu.Lock()
 	queue := append([]string{}, c.addrs...)
 	if c.leader != "" {
-		queue = append([]string{c.leader}, queue...)
+		// After the relays, which addrs starts with.
+		n := len(c.relays)
+		queue = slices.Insert(queue, n, c.leader)
 	}
 	c.mu.Unlock()
 	tried, down, named := map[string]bool{}, map[string]bool{}, map[string]bool{}
@@ -194,7 +204,7 @@ func (c *Conn) walk(ctx context.Context, call func(ctx context.Context, addr str
 		if err != nil {
 			return false, err
 		}
-		if !connected(ctx, cc, untried(queue, tried)+1) {
+		if !connected(ctx, cc, untried(queue, tried)+1) || (c.relays[addr] && !connectedWithin(ctx, cc, relayConnectWait)) {
 			unreachable, down[addr] = status.Errorf(codes.Unavailable, "no connection to %s in time", addr), true
 			continue
 		}
@@ -255,6 +265,22 @@ func untried(queue []string, tried map[string]bool) int {
 	return n
 }
 
+// relayConnectWait is how long a call waits for a relay to connect before
+// it goes on to the next address. An agent's stream has no deadline, and
+// a relay cut off the network would otherwise hold it for the whole dial
+// timeout on every attempt. It is short of the vouched timeout (a minute
+// by default), so a relay's agents, still seen by their gossip peers, reach
+// a controller before their nodes are declared lost; and long enough for a
+// relay that a cold start keeps busy with a rack's handshakes.
+const relayConnectWait = 10 * time.Second
+
+// connectedWithin waits up to wait for cc to connect or fail.
+func connectedWithin(ctx context.Context, cc *grpc.ClientConn, wait time.Duration) bool {
+	wctx, cancel := context.WithTimeout(ctx, wait)
+	defer cancel()
+	return settled(wctx, cc)
+}
+
 // connected waits for cc to connect, for its share of the time left among
 // attempts, so that a host gone from the network cannot use up the whole
 // deadline. A refused connection counts as connected: the call then fails
@@ -268,13 +294,20 @@ func connected(ctx context.Context, cc *grpc.ClientConn, attempts int) bool {
 	}
 	wctx, cancel := context.WithTimeout(ctx, time.Until(deadline)/time.Duration(attempts))
 	defer cancel()
+	return settled(wctx, cc)
+}
+
+// settled waits until cc is connected or has failed to (a refused
+// connection fails the call at once, with the reason), and says whether
+// it got there before ctx ended.
+func settled(ctx context.Context, cc *grpc.ClientConn) bool {
 	cc.Connect()
 	for {
 		s := cc.GetState()
 		if s == connectivity.Ready || s == connectivity.TransientFailure {
 			return true
 		}
-		if !cc.WaitForStateChange(wctx, s) {
+		if !cc.WaitForStateChange(ctx, s) {
 			return false
 		}
 	}

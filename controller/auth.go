@@ -12,11 +12,13 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/peer"
 	"google.golang.org/grpc/status"
 
 	"github.com/rdzv/rdzv/pki"
 	rdzvv1 "github.com/rdzv/rdzv/proto/rdzv/v1"
+	"github.com/rdzv/rdzv/wire"
 )
 
 var (
@@ -85,10 +87,14 @@ func peerChain(ctx context.Context) []*x509.Certificate {
 	return nil
 }
 
-// clientCertNotAfter is when the caller's certificate expires; zero
-// without one.
+// clientCertNotAfter is when the caller's certificate expires (through a
+// relay, the agent's the relay forwarded); zero without one.
 func clientCertNotAfter(ctx context.Context) time.Time {
-	if chain := peerChain(ctx); len(chain) > 0 {
+	chain := peerChain(ctx)
+	if r, ok := ctx.Value(relayedKey{}).(*relayed); ok {
+		chain = r.chain
+	}
+	if len(chain) > 0 {
 		return chain[0].NotAfter
 	}
 	return time.Time{}
@@ -148,11 +154,60 @@ func (a *authenticator) check(ctx context.Context, method string) (context.Conte
 	if cc != nil {
 		cc.accepted(v)
 	}
+	if id.Role == pki.RoleRelay && method == rdzvv1.AgentService_Connect_FullMethodName {
+		r, err := a.relayedAgent(ctx, id)
+		if err != nil {
+			a.log.Warn("relayed call refused", zap.String("method", method), zap.String("peer", addr), zap.Stringer("relay", id), zap.Error(err))
+			return nil, err
+		}
+		ctx = context.WithValue(ctx, relayedKey{}, r)
+		id = r.verification.ID
+	}
 	if err := authorize(id, method); err != nil {
 		a.log.Warn("unauthorized call refused", zap.String("method", method), zap.String("peer", addr), zap.Stringer("identity", id))
 		return nil, err
 	}
 	return context.WithValue(ctx, identityKey{}, id), nil
+}
+
+// relayed is an agent stream that a relay carries: the agent's certificate
+// chain, as the relay forwarded it, and its verification here.
+type relayed struct {
+	relay        pki.Identity
+	chain        []*x509.Certificate
+	verification pki.ClientVerification
+}
+
+type relayedKey struct{}
+
+// relayedAgent verifies the agent certificate chain that the relay id
+// forwarded with its call (wire.RelayedChainKey). The relay verified it
+// when the agent connected; verifying it here too applies the controller's
+// CA and deny-list as they are now, so a relay cannot carry a revoked or
+// expired agent, nor vouch for anyone but an agent.
+func (a *authenticator) relayedAgent(ctx context.Context, id pki.Identity) (*relayed, error) {
+	md, _ := metadata.FromIncomingContext(ctx)
+	ders := md.Get(wire.RelayedChainKey)
+	if len(ders) == 0 || len(ders) > wire.MaxRelayedChain {
+		return nil, status.Errorf(codes.PermissionDenied, "%s may call %s only for an agent: metadata %s must hold the agent's certificate chain (1 to %d certificates), got %d",
+			id, rdzvv1.AgentService_Connect_FullMethodName, wire.RelayedChainKey, wire.MaxRelayedChain, len(ders))
+	}
+	chain := make([]*x509.Certificate, len(ders))
+	for i, der := range ders {
+		cert, err := x509.ParseCertificate([]byte(der))
+		if err != nil {
+			return nil, wire.RelayedRefusal(fmt.Sprintf("relayed certificate %d of %s: %v", i, id, err))
+		}
+		chain[i] = cert
+	}
+	v, err := a.verify(chain, pki.ClientVerification{})
+	if err != nil {
+		return nil, wire.RelayedRefusal(fmt.Sprintf("agent certificate relayed by %s: %v", id, err))
+	}
+	if v.ID.Role != pki.RoleAgent {
+		return nil, status.Errorf(codes.PermissionDenied, "%s relayed the certificate of %s: a relay carries agents only", id, v.ID)
+	}
+	return &relayed{relay: id, chain: chain, verification: v}, nil
 }
 
 func (a *authenticator) unary(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
@@ -176,6 +231,16 @@ func (a *authenticator) stream(srv any, ss grpc.ServerStream, info *grpc.StreamS
 		return err
 	}
 	defer done()
+	if r, ok := ctx.Value(relayedKey{}).(*relayed); ok {
+		// The relayed agent's certificate is tracked as if it had a
+		// connection of its own: its expiry, revocation or a CA change
+		// ends this stream only, not the relay's other agents.
+		ctx, done, err = trackRelayed(ctx, r)
+		if err != nil {
+			return err
+		}
+		defer done()
+	}
 	err = handler(srv, &identityStream{ServerStream: ss, ctx: ctx})
 	if refused := streamRefused(ctx); refused != nil {
 		return refused

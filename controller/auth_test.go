@@ -20,6 +20,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 
 	"github.com/rdzv/rdzv/agent"
@@ -49,10 +50,18 @@ func (c *cluster) dialRaw(cert *pki.Issued) *grpc.ClientConn {
 // the controller's answer: the Registered message, or why not.
 func register(t *testing.T, conn *grpc.ClientConn, node string) error {
 	t.Helper()
+	return registerWith(t, conn, node, nil)
+}
+
+// registerWith is register with md as the call's metadata.
+func registerWith(t *testing.T, conn *grpc.ClientConn, node string, md metadata.MD) error {
+	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	stream, err := rdzvv1.NewAgentServiceClient(conn).Connect(ctx)
-	require.NoError(t, err)
+	stream, err := rdzvv1.NewAgentServiceClient(conn).Connect(metadata.NewOutgoingContext(ctx, md))
+	if err != nil {
+		return err
+	}
 	err = stream.Send(&rdzvv1.ConnectRequest{Msg: &rdzvv1.ConnectRequest_Register{Register: &rdzvv1.Register{Node: &rdzvv1.NodeInfo{
 		Name: node, Address: "127.0.0.1", NcclInterface: "lo", AgentVersion: "test",
 	}}}})
@@ -179,6 +188,7 @@ func TestRolesPerMethod(t *testing.T) {
 		{pki.Identity{Role: pki.RoleViewer, Name: "bob"}, reads},
 		{pki.Identity{Role: pki.RoleAgent, Name: "node-a"}, nil},
 		{pki.Identity{Role: pki.RoleController, Name: "other-controller"}, nil},
+		{pki.Identity{Role: pki.RoleRelay, Name: "rack-1"}, nil},
 	}
 	for _, tt := range tests {
 		t.Run(tt.id.String(), func(t *testing.T) {
@@ -199,7 +209,11 @@ func TestRolesPerMethod(t *testing.T) {
 			if tt.id.Role != pki.RoleAgent {
 				err := register(t, conn, tt.id.Name)
 				require.Equal(t, codes.PermissionDenied, status.Code(err), "%v", err)
-				require.ErrorContains(t, err, "it needs a certificate of role agent")
+				want := "it needs a certificate of role agent"
+				if tt.id.Role == pki.RoleRelay {
+					want = "relay/rack-1 may call /rdzv.v1.AgentService/Connect only for an agent"
+				}
+				require.ErrorContains(t, err, want)
 			}
 		})
 	}

@@ -638,9 +638,14 @@ func (c *cluster) connectFake(name string, workers ...*rdzvv1.WorkerStatus) *fak
 
 // connectFakeWith is connectFake presenting the certificate in files.
 func (c *cluster) connectFakeWith(files pki.Files, name string, workers ...*rdzvv1.WorkerStatus) *fakeAgent {
+	c.t.Helper()
+	return c.connectFakeOn(c.dial(files), name, workers...)
+}
+
+// connectFakeOn is connectFake on conn: to the controller, or to a relay.
+func (c *cluster) connectFakeOn(conn *grpc.ClientConn, name string, workers ...*rdzvv1.WorkerStatus) *fakeAgent {
 	t := c.t
 	t.Helper()
-	conn := c.dial(files)
 	ctx, cancel := context.WithCancel(context.Background())
 	stream, err := rdzvv1.NewAgentServiceClient(conn).Connect(ctx)
 	require.NoError(t, err)

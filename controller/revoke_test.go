@@ -122,7 +122,7 @@ func TestRevokeRefusesBadRequests(t *testing.T) {
 		want string
 	}{
 		{"nothing", &rdzvv1.RevokeCertificateRequest{}, "serial, identity: give one"},
-		{"bad role", &rdzvv1.RevokeCertificateRequest{Target: &rdzvv1.RevokeCertificateRequest_Identity{Identity: "root/x"}}, `role: want controller, agent, operator or viewer, got "root"`},
+		{"bad role", &rdzvv1.RevokeCertificateRequest{Target: &rdzvv1.RevokeCertificateRequest_Identity{Identity: "root/x"}}, `role: want controller, agent, operator, viewer or relay, got "root"`},
 		{"bad serial", &rdzvv1.RevokeCertificateRequest{Target: &rdzvv1.RevokeCertificateRequest_Serial{Serial: "g1"}}, "serial: want a certificate serial number in hex"},
 	}
 	for _, tt := range tests {

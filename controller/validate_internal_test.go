@@ -121,7 +121,7 @@ var validationCases = []struct {
 	{"revoke serial huge", revokeSerial(strings.Repeat("f", 1000)), "serial: at most 20 bytes"},
 	{"revoke identity", revokeIdentity("agent/gpu-01"), ""},
 	{"revoke identity without role", revokeIdentity("gpu-01"), "identity: want ROLE/NAME"},
-	{"revoke identity bad role", revokeIdentity("admin/bob"), "role: want controller, agent, operator or viewer"},
+	{"revoke identity bad role", revokeIdentity("admin/bob"), "role: want controller, agent, operator, viewer or relay"},
 	{"revoke identity traversal", revokeIdentity("agent/../x"), "name: must be a DNS-1123 label"},
 	{"revoke identity with not_after", &rdzvv1.RevokeCertificateRequest{Target: &rdzvv1.RevokeCertificateRequest_Identity{Identity: "agent/gpu-01"},
 		NotAfter: timestamppb.Now()}, "not_after: only with a serial"},

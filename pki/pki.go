@@ -37,10 +37,20 @@ const (
 	RoleOperator Role = "operator"
 	// RoleViewer only reads.
 	RoleViewer Role = "viewer"
+	// RoleRelay carries the streams of the agents connected to it to the
+	// controller over one connection (package relay). It verifies each
+	// agent's certificate and forwards it with the stream; the controller
+	// verifies it again and lets the stream speak for that agent's node
+	// only. Like the controller's, its certificate names the hosts agents
+	// dial.
+	RoleRelay Role = "relay"
 )
 
 // Roles lists every role, in the order help texts show them.
-var Roles = []Role{RoleController, RoleAgent, RoleOperator, RoleViewer}
+var Roles = []Role{RoleController, RoleAgent, RoleOperator, RoleViewer, RoleRelay}
+
+// Serves says whether role's certificates name hosts that clients dial.
+func (r Role) Serves() bool { return r == RoleController || r == RoleRelay }
 
 // ParseRole checks a role given by an operator.
 func ParseRole(s string) (Role, error) {
@@ -49,7 +59,7 @@ func ParseRole(s string) (Role, error) {
 			return r, nil
 		}
 	}
-	return "", fmt.Errorf("role: want controller, agent, operator or viewer, got %q", s)
+	return "", fmt.Errorf("role: want controller, agent, operator, viewer or relay, got %q", s)
 }
 
 // uriScheme marks rdzv identities among a certificate's URI SANs.
@@ -258,12 +268,12 @@ func (ca *CA) Issue(req Request) (*Issued, error) {
 	}
 	usage := []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth}
 	dns := req.DNSNames
-	if req.Identity.Role == RoleController {
+	if req.Identity.Role.Serves() {
 		usage = append(usage, x509.ExtKeyUsageServerAuth)
-		// The controller's name is usually its hostname.
+		// A server's name is usually its hostname.
 		dns = append([]string{req.Identity.Name}, dns...)
 	} else if len(dns) > 0 || len(req.IPs) > 0 {
-		return nil, fmt.Errorf("dns/ip: only controller certificates name hosts; a %s certificate cannot", req.Identity.Role)
+		return nil, fmt.Errorf("dns/ip: only controller and relay certificates name hosts; a %s certificate cannot", req.Identity.Role)
 	}
 	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	if err != nil {

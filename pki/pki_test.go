@@ -76,11 +76,11 @@ func TestIssueCarriesIdentity(t *testing.T) {
 			require.NoError(t, err)
 			require.Equal(t, pki.Identity{Role: role, Name: "gpu-01"}, id)
 			_, serverErr := is.Cert.Verify(x509.VerifyOptions{Roots: pool(ca), CurrentTime: now, KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}})
-			if role == pki.RoleController {
-				require.NoError(t, serverErr, "a controller certificate serves")
-				require.Contains(t, is.Cert.DNSNames, "gpu-01", "the controller's name is a DNS SAN")
+			if role == pki.RoleController || role == pki.RoleRelay {
+				require.NoError(t, serverErr, "a controller or relay certificate serves")
+				require.Contains(t, is.Cert.DNSNames, "gpu-01", "the server's name is a DNS SAN")
 			} else {
-				require.Error(t, serverErr, "only a controller certificate may serve")
+				require.Error(t, serverErr, "only a controller or relay certificate may serve")
 			}
 		})
 	}
@@ -93,14 +93,14 @@ func TestIssueRefuses(t *testing.T) {
 		req     pki.Request
 		wantErr string
 	}{
-		{"bad role", pki.Request{Identity: pki.Identity{Role: "admin", Name: "a"}, ValidFor: time.Hour}, `role: want controller, agent, operator or viewer, got "admin"`},
+		{"bad role", pki.Request{Identity: pki.Identity{Role: "admin", Name: "a"}, ValidFor: time.Hour}, `role: want controller, agent, operator, viewer or relay, got "admin"`},
 		{"uppercase name", pki.Request{Identity: pki.Identity{Role: pki.RoleAgent, Name: "GPU01"}, ValidFor: time.Hour}, `name: must be a DNS-1123 label`},
 		{"name with slash", pki.Request{Identity: pki.Identity{Role: pki.RoleOperator, Name: "a/b"}, ValidFor: time.Hour}, `name: must be a DNS-1123 label`},
 		{"empty name", pki.Request{Identity: pki.Identity{Role: pki.RoleViewer}, ValidFor: time.Hour}, `name: must be a DNS-1123 label`},
 		{"zero validity", pki.Request{Identity: pki.Identity{Role: pki.RoleAgent, Name: "a"}}, "valid_for: must be positive"},
 		{"outlives the CA", pki.Request{Identity: pki.Identity{Role: pki.RoleAgent, Name: "a"}, ValidFor: 20 * 365 * 24 * time.Hour}, "would outlive the CA"},
-		{"agent with a host name", pki.Request{Identity: pki.Identity{Role: pki.RoleAgent, Name: "a"}, ValidFor: time.Hour, DNSNames: []string{"a.example"}}, "only controller certificates name hosts"},
-		{"operator with an IP", pki.Request{Identity: pki.Identity{Role: pki.RoleOperator, Name: "a"}, ValidFor: time.Hour, IPs: []net.IP{net.IPv4(10, 0, 0, 1)}}, "only controller certificates name hosts"},
+		{"agent with a host name", pki.Request{Identity: pki.Identity{Role: pki.RoleAgent, Name: "a"}, ValidFor: time.Hour, DNSNames: []string{"a.example"}}, "only controller and relay certificates name hosts"},
+		{"operator with an IP", pki.Request{Identity: pki.Identity{Role: pki.RoleOperator, Name: "a"}, ValidFor: time.Hour, IPs: []net.IP{net.IPv4(10, 0, 0, 1)}}, "only controller and relay certificates name hosts"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -240,7 +240,7 @@ func TestParseIdentity(t *testing.T) {
 		{in: "agent/gpu-01", want: pki.Identity{Role: pki.RoleAgent, Name: "gpu-01"}},
 		{in: "operator/alice", want: pki.Identity{Role: pki.RoleOperator, Name: "alice"}},
 		{in: "gpu-01", wantErr: "identity: want ROLE/NAME"},
-		{in: "admin/bob", wantErr: `role: want controller, agent, operator or viewer, got "admin"`},
+		{in: "admin/bob", wantErr: `role: want controller, agent, operator, viewer or relay, got "admin"`},
 		{in: "agent/gpu/01", wantErr: "name: must be a DNS-1123 label"},
 		{in: "agent/", wantErr: "name: must be a DNS-1123 label"},
 	}

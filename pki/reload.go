@@ -359,9 +359,19 @@ func (r *Reloader) ServerConfig(ticketKey func(epoch int64) [32]byte) *tls.Confi
 // controller certificate, valid for addr's host and signed by the CA as
 // currently loaded.
 func (r *Reloader) ClientConfig(addr string) (*tls.Config, error) {
+	return r.clientConfig(addr, RoleController)
+}
+
+// RelayClientConfig is ClientConfig for dialing the relay at addr: it
+// accepts only a relay certificate.
+func (r *Reloader) RelayClientConfig(addr string) (*tls.Config, error) {
+	return r.clientConfig(addr, RoleRelay)
+}
+
+func (r *Reloader) clientConfig(addr string, want Role) (*tls.Config, error) {
 	host, _, err := net.SplitHostPort(addr)
 	if err != nil {
-		return nil, fmt.Errorf("controller address %q: %w", addr, err)
+		return nil, fmt.Errorf("%s address %q: %w", want, addr, err)
 	}
 	return &tls.Config{
 		MinVersion: tls.VersionTLS13,
@@ -378,14 +388,14 @@ func (r *Reloader) ClientConfig(addr string) (*tls.Config, error) {
 		},
 		VerifyConnection: func(cs tls.ConnectionState) error {
 			if len(cs.PeerCertificates) == 0 {
-				return fmt.Errorf("controller at %s sent no certificate", addr)
+				return fmt.Errorf("%s at %s sent no certificate", want, addr)
 			}
 			id, err := verify(cs.PeerCertificates, r.current().pool, r.clock.Now(), x509.ExtKeyUsageServerAuth, host)
 			if err != nil {
-				return fmt.Errorf("controller at %s: %w", addr, err)
+				return fmt.Errorf("%s at %s: %w", want, addr, err)
 			}
-			if id.Role != RoleController {
-				return fmt.Errorf("the server at %s presented the certificate of %s, not of a controller", addr, id)
+			if id.Role != want {
+				return fmt.Errorf("the server at %s presented the certificate of %s, not of a %s", addr, id, want)
 			}
 			return nil
 		},

@@ -78,6 +78,7 @@ func config(args []string) (agent.Config, error) {
 	def := agent.DefaultConfig()
 	path := fs.String("config", "", "YAML config file (see deploy/config/agent.yaml); flags override it")
 	controllerAddr := fs.String("controller", os.Getenv("RDZV_CONTROLLER"), "controller host:port, or replicas host:port,host:port,... (default $RDZV_CONTROLLER)")
+	relays := fs.String("relays", "", "rdzv-relay host:port,... tried before the controller (default: none)")
 	name := fs.String("node-name", "", "node name (default: the hostname)")
 	labels := fs.String("labels", "", "node labels k=v,k2=v2 (\"topology\" orders ranks)")
 	iface := fs.String("nccl-interface", "", "interface for NCCL/Gloo (default: picked automatically)")
@@ -108,6 +109,7 @@ func config(args []string) (agent.Config, error) {
 	if set["controller"] || cfg.Controller == "" {
 		cfg.Controller = *controllerAddr
 	}
+	override("relays", func() { cfg.Relays = *relays })
 	override("node-name", func() { cfg.NodeName = *name })
 	if set["labels"] {
 		l, err := cli.ParseLabels(*labels)

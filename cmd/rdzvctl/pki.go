@@ -76,20 +76,22 @@ func (c *command) pkiIssueCmd() *cobra.Command {
 	var f issueFlags
 	cmd := &cobra.Command{
 		Use:   "issue ROLE NAME",
-		Short: "Issue a certificate: controller, agent, operator or viewer",
+		Short: "Issue a certificate: controller, agent, operator, viewer or relay",
 		Long: `Issue a certificate from the CA in --dir. ROLE is controller, agent (NAME
-is the node's name), operator (full access) or viewer (read-only).
-Controller certificates name the addresses clients dial (--ip, --dns).`,
+is the node's name), operator (full access), viewer (read-only) or relay
+(rdzv-relay, which carries its agents' streams and speaks for them).
+Controller and relay certificates name the addresses clients dial (--ip, --dns).`,
 		Example: `  rdzvctl pki issue controller ctl-1 --ip 10.0.0.1 --dns ctl.example
   rdzvctl pki issue agent gpu-01
+  rdzvctl pki issue relay rack-12 --ip 10.0.12.1
   rdzvctl pki issue operator alice --out ~/.rdzv/rdzvctl`,
-		Args: exactArgs(2, "pki issue takes ROLE NAME (role: controller, agent, operator or viewer)"),
+		Args: exactArgs(2, "pki issue takes ROLE NAME (role: controller, agent, operator, viewer or relay)"),
 		RunE: func(_ *cobra.Command, args []string) error { return c.pkiIssue(args, &f) },
 	}
 	fs := cmd.Flags()
 	fs.StringVar(&f.dir, "dir", defaultPKIDir, "the CA directory (from pki init)")
-	fs.StringVar(&f.dns, "dns", "", "controller only: comma-separated DNS names clients dial (the NAME is always one)")
-	fs.StringVar(&f.ips, "ip", "", "controller only: comma-separated IP addresses clients dial")
+	fs.StringVar(&f.dns, "dns", "", "controller and relay only: comma-separated DNS names clients dial (the NAME is always one)")
+	fs.StringVar(&f.ips, "ip", "", "controller and relay only: comma-separated IP addresses clients dial")
 	fs.DurationVar(&f.validFor, "valid-for", certValidFor, "how long the certificate is valid")
 	fs.StringVar(&f.out, "out", "", "write OUT.crt and OUT.key (default DIR/ROLE-NAME)")
 	fs.BoolVar(&f.force, "force", false, "replace existing files (rotation)")

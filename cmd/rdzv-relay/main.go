@@ -1,0 +1,70 @@
+// Command rdzv-relay carries many agents' streams to the controller over
+// one connection.
+package main
+
+import (
+	"errors"
+	"flag"
+	"os"
+
+	"github.com/rdzv/rdzv/cmd/internal/cli"
+	"github.com/rdzv/rdzv/relay"
+)
+
+func main() {
+	cfg, err := config(os.Args[1:])
+	if errors.Is(err, cli.ErrExit) {
+		return
+	}
+	if err != nil {
+		cli.Fatal("rdzv-relay", err)
+	}
+	log, err := cli.NewLogger(cfg.LogLevel)
+	if err != nil {
+		cli.Fatal("rdzv-relay", err)
+	}
+	r, err := relay.New(cfg, log.Named("relay"))
+	if err != nil {
+		cli.Fatal("rdzv-relay", err)
+	}
+	cli.RunDaemon("rdzv-relay", log, r)
+}
+
+// about is the start of --help.
+const about = `rdzv-relay carries the streams of the agents that connect to it to the
+rdzv controller, each agent's stream its own, all over one connection:
+on a large cluster, one relay per rack or leaf switch cuts the
+controller's connections, and its CPU and memory, by the rack's size.
+Agents list it in their relays setting and reach the controller directly
+when it fails. Under systemd it runs as deploy/systemd/rdzv-relay.service.`
+
+func config(args []string) (relay.Config, error) {
+	fs := flag.NewFlagSet("rdzv-relay", flag.ContinueOnError)
+	def := relay.DefaultConfig()
+	path := fs.String("config", "", "YAML config file (see deploy/config/relay.yaml); flags override it")
+	listen := fs.String("listen", def.Listen, "gRPC listen address for agents")
+	controllerAddr := fs.String("controller", os.Getenv("RDZV_CONTROLLER"), "controller host:port, or replicas host:port,host:port,... (default $RDZV_CONTROLLER)")
+	level := fs.String("log-level", def.LogLevel, "debug, info, warn or error")
+	tlsFiles := cli.TLSFlags(fs, "relay")
+	httpListen := fs.String("http-listen", def.HTTP.Listen, "metrics (/metrics) and health (/healthz, /readyz) listen address; empty turns it off")
+	if err := cli.Parse(fs, args, about); err != nil {
+		return def, err
+	}
+	cfg := def
+	if *path != "" {
+		var err error
+		if cfg, err = relay.LoadConfig(*path); err != nil {
+			return cfg, err
+		}
+	}
+	set := cli.Set(fs)
+	override := cli.Override(fs)
+	if set["controller"] || cfg.Controller == "" {
+		cfg.Controller = *controllerAddr
+	}
+	override("listen", func() { cfg.Listen = *listen })
+	override("log-level", func() { cfg.LogLevel = *level })
+	override("http-listen", func() { cfg.HTTP.Listen = *httpListen })
+	tlsFiles.Apply(fs, &cfg.TLS)
+	return cfg, cfg.Validate()
+}

@@ -1,0 +1,223 @@
+package controller_test
+
+import (
+	"context"
+	"io"
+	"net"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+	"go.uber.org/zap"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/status"
+
+	"github.com/rdzv/rdzv/agent"
+	"github.com/rdzv/rdzv/internal/testaddr"
+	"github.com/rdzv/rdzv/pki"
+	rdzvv1 "github.com/rdzv/rdzv/proto/rdzv/v1"
+	"github.com/rdzv/rdzv/relay"
+	"github.com/rdzv/rdzv/wire"
+)
+
+// runningRelay is an in-process rdzv-relay in front of the cluster's
+// controller.
+type runningRelay struct {
+	relay *relay.Relay
+	addr  string
+	stop  func()
+}
+
+// startRelay runs a relay named name until the test ends; stop ends it
+// earlier, as SIGTERM would.
+func (c *cluster) startRelay(name string) *runningRelay {
+	t := c.t
+	t.Helper()
+	cfg := relay.DefaultConfig()
+	cfg.Listen = testaddr.Free(t)
+	cfg.Controller = c.addr
+	cfg.HTTP.Listen = "127.0.0.1:0"
+	cfg.TLS = c.issue(pki.Identity{Role: pki.RoleRelay, Name: name}, net.IPv4(127, 0, 0, 1))
+	r, err := relay.New(cfg, c.log.Named(name))
+	require.NoError(t, err)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- r.Run(ctx) }()
+	select {
+	case <-r.Ready():
+	case err := <-done:
+		cancel()
+		require.NoError(t, err, "relay exited before serving")
+	case <-time.After(waitTimeout):
+		cancel()
+		require.FailNow(t, "relay not ready")
+	}
+	stopped := false
+	rr := &runningRelay{relay: r, addr: cfg.Listen, stop: func() {
+		if stopped {
+			return
+		}
+		stopped = true
+		cancel()
+		require.NoError(t, <-done)
+	}}
+	t.Cleanup(rr.stop)
+	return rr
+}
+
+// streams is the relay's rdzv_relay_streams, read from its /metrics.
+func (r *runningRelay) streams(t *testing.T) string {
+	t.Helper()
+	resp, err := http.Get("http://" + r.relay.HTTPAddr().String() + "/metrics")
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	require.NoError(t, err)
+	for _, line := range strings.Split(string(body), "\n") {
+		if v, ok := strings.CutPrefix(line, "rdzv_relay_streams "); ok {
+			return v
+		}
+	}
+	return ""
+}
+
+// dialRelay connects to the relay with files, as an agent whose relays
+// setting names it does.
+func (c *cluster) dialRelay(r *runningRelay, files pki.Files) *grpc.ClientConn {
+	c.t.Helper()
+	rl, err := pki.NewReloader(files, nil, testLogger(c.t))
+	require.NoError(c.t, err)
+	conf, err := rl.RelayClientConfig(r.addr)
+	require.NoError(c.t, err)
+	conn, err := grpc.NewClient(r.addr, grpc.WithTransportCredentials(credentials.NewTLS(conf)))
+	require.NoError(c.t, err)
+	c.t.Cleanup(func() { _ = conn.Close() })
+	return conn
+}
+
+// TestRelayCarriesAgents: agents whose relays setting names a relay reach
+// the controller through it, run a job, and when the relay stops, reach
+// the controller directly with their workers still running: the job goes
+// on in the same generation.
+func TestRelayCarriesAgents(t *testing.T) {
+	c := newCluster(t)
+	r := c.startRelay("rack-1")
+	viaRelay := func(cfg *agent.Config) { cfg.Relays = r.addr }
+	c.addAgent("node-a", 1, nil, viaRelay)
+	c.addAgent("node-b", 1, nil, viaRelay)
+	require.Equal(t, "2", r.streams(t), "both agents' streams go through the relay")
+
+	c.startJob(c.spec("relayed", 2, 2, "hang"))
+	job := c.waitRunning("relayed")
+	gen := job.GetGeneration()
+	// Counted on the agents' side: the controller logs a node's first
+	// registration only.
+	registered := func(node string) int {
+		return c.logs.FilterMessage("registered with controller").FilterField(zap.String("node", node)).Len()
+	}
+	require.Equal(t, 1, registered("node-a"))
+	require.Equal(t, 1, registered("node-b"))
+
+	r.stop()
+	poll(t, func() bool { return registered("node-a") == 2 && registered("node-b") == 2 }, func() string { return "the agents did not reach the controller directly" })
+	c.waitNode("node-a", func(n *rdzvv1.Node) bool { return n.GetState() == rdzvv1.NodeState_NODE_STATE_BUSY })
+	c.waitNode("node-b", func(n *rdzvv1.Node) bool { return n.GetState() == rdzvv1.NodeState_NODE_STATE_BUSY })
+	job = c.getJob("relayed")
+	require.Equal(t, rdzvv1.JobState_JOB_STATE_RUNNING, job.GetState())
+	require.Equal(t, gen, job.GetGeneration(), "the relay's stop did not restart the job")
+	for _, ev := range c.events("relayed") {
+		require.NotEqual(t, "job_restarting", ev.GetKind(), "%v", ev)
+	}
+}
+
+// TestRelayedRefusals: a relay's certificate speaks only for the agents
+// whose verified certificates it forwards, and only as those nodes.
+func TestRelayedRefusals(t *testing.T) {
+	c := newCluster(t)
+	chain := func(id pki.Identity) metadata.MD {
+		files := c.issue(id)
+		cert, err := pki.ReadCert(files.Cert)
+		require.NoError(t, err)
+		return metadata.Pairs(wire.RelayedChainKey, string(cert.Raw))
+	}
+	foreign, err := pki.NewCA("foreign", time.Hour, time.Now())
+	require.NoError(t, err)
+	foreignAgent, err := foreign.Issue(pki.Request{Identity: pki.Identity{Role: pki.RoleAgent, Name: "node-a"}, ValidFor: time.Minute, Now: time.Now()})
+	require.NoError(t, err)
+	relayConn := c.dial(c.issue(pki.Identity{Role: pki.RoleRelay, Name: "rack-1"}))
+	tests := []struct {
+		name string
+		conn *grpc.ClientConn
+		md   metadata.MD
+		node string
+		code codes.Code
+		want string
+	}{
+		{"no chain", relayConn, nil, "node-a", codes.PermissionDenied, "must hold the agent's certificate chain (1 to 4 certificates), got 0"},
+		{"too long a chain", relayConn, metadata.Pairs(wire.RelayedChainKey, "a", wire.RelayedChainKey, "b", wire.RelayedChainKey, "c", wire.RelayedChainKey, "d", wire.RelayedChainKey, "e"),
+			"node-a", codes.PermissionDenied, "got 5"},
+		{"not a certificate", relayConn, metadata.Pairs(wire.RelayedChainKey, "junk"), "node-a", codes.Unauthenticated, "relayed certificate 0 of relay/rack-1"},
+		{"another CA's agent", relayConn, metadata.Pairs(wire.RelayedChainKey, string(foreignAgent.Cert.Raw)), "node-a", codes.Unauthenticated, "agent certificate relayed by relay/rack-1"},
+		{"an operator", relayConn, chain(pki.Identity{Role: pki.RoleOperator, Name: "alice"}), "alice", codes.PermissionDenied, "relay/rack-1 relayed the certificate of operator/alice: a relay carries agents only"},
+		{"another node", relayConn, chain(pki.Identity{Role: pki.RoleAgent, Name: "node-b"}), "node-a", codes.PermissionDenied, `agent/node-b may not register node "node-a"`},
+		{"an agent forwarding", c.dial(c.issue(pki.Identity{Role: pki.RoleAgent, Name: "node-b"})), chain(pki.Identity{Role: pki.RoleAgent, Name: "node-a"}),
+			"node-a", codes.PermissionDenied, `agent/node-b may not register node "node-a"`},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			err := registerWith(t, tt.conn, tt.node, tt.md)
+			require.Equal(t, tt.code, status.Code(err), "%v", err)
+			require.ErrorContains(t, err, tt.want)
+		})
+	}
+	require.Empty(t, c.listNodes(), "no refused call registered a node")
+	require.NoError(t, registerWith(t, relayConn, "node-a", chain(pki.Identity{Role: pki.RoleAgent, Name: "node-a"})), "the agent's own chain, for its own node")
+}
+
+// TestRelayRefusesNonAgents: the relay itself carries agents only, and
+// only with a certificate of the cluster's CA.
+func TestRelayRefusesNonAgents(t *testing.T) {
+	c := newCluster(t)
+	r := c.startRelay("rack-1")
+	err := register(t, c.dialRelay(r, c.issue(pki.Identity{Role: pki.RoleOperator, Name: "alice"})), "alice")
+	require.Equal(t, codes.PermissionDenied, status.Code(err), "%v", err)
+	require.ErrorContains(t, err, "operator/alice may not call /rdzv.v1.AgentService/Connect through a relay: it carries agents only")
+
+	// An agent dialling the relay's address checks that it is a relay's.
+	rl, err := pki.NewReloader(c.issue(pki.Identity{Role: pki.RoleAgent, Name: "node-a"}), nil, testLogger(t))
+	require.NoError(t, err)
+	conf, err := rl.RelayClientConfig(c.addr)
+	require.NoError(t, err)
+	conn, err := grpc.NewClient(c.addr, grpc.WithTransportCredentials(credentials.NewTLS(conf)))
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = conn.Close() })
+	err = register(t, conn, "node-a")
+	require.Equal(t, codes.Unavailable, status.Code(err), "%v", err)
+	require.ErrorContains(t, err, "presented the certificate of controller/controller, not of a relay")
+	require.Empty(t, c.listNodes())
+}
+
+// TestRelayedAgentRevoked: revoking an agent's certificate ends its stream
+// through the relay, and only its: the relay's other agents stay.
+func TestRelayedAgentRevoked(t *testing.T) {
+	c := newCluster(t, withReverify)
+	r := c.startRelay("rack-1")
+	a := c.connectFakeOn(c.dialRelay(r, c.issue(pki.Identity{Role: pki.RoleAgent, Name: "node-a"})), "node-a")
+	a.keepAlive()
+	b := c.connectFakeOn(c.dialRelay(r, c.issue(pki.Identity{Role: pki.RoleAgent, Name: "node-b"})), "node-b")
+	b.keepAlive()
+	_, err := c.certs.RevokeCertificate(rpcCtx(t), &rdzvv1.RevokeCertificateRequest{
+		Target: &rdzvv1.RevokeCertificateRequest_Identity{Identity: "agent/node-a"}, Reason: "stolen"})
+	require.NoError(t, err)
+	err = a.waitEnd()
+	require.Equal(t, codes.Unauthenticated, status.Code(err), "%v", err)
+	require.ErrorContains(t, err, "stolen")
+	c.waitNode("node-a", func(n *rdzvv1.Node) bool { return n.GetState() == rdzvv1.NodeState_NODE_STATE_LOST })
+	b.heartbeat(1)
+	require.False(t, b.closed(), "the relay's other agent is not touched")
+}

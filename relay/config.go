@@ -1,0 +1,84 @@
+// Package relay is rdzv-relay: it carries the streams of many agents to
+// the controller over one connection. At 10,000 nodes the controller's
+// cost is per connection, not per message (a TLS session, HTTP/2
+// transport and a few goroutines each, and a system call or two for every
+// heartbeat); a relay per rack or leaf switch lets the controller hold
+// one connection per relay, with every agent's stream on it, while each
+// agent's stream stays its own.
+//
+// Trust: the relay verifies each agent's certificate and forwards it with
+// the agent's stream (wire.RelayedChainKey); the controller verifies it
+// again against its CA and deny-list and lets the stream speak for that
+// node only. A relay's certificate (role relay) can carry agents and do
+// nothing else.
+package relay
+
+import (
+	"errors"
+	"fmt"
+	"os"
+
+	"sigs.k8s.io/yaml"
+
+	"github.com/rdzv/rdzv/client"
+	"github.com/rdzv/rdzv/internal/httpserve"
+	"github.com/rdzv/rdzv/pki"
+)
+
+// DefaultListen is the relay's gRPC address for agents.
+const DefaultListen = "0.0.0.0:7071"
+
+// DefaultHTTPListen is the relay's metrics and health address.
+const DefaultHTTPListen = "127.0.0.1:9403"
+
+// Config is the relay's configuration (deploy/config/relay.yaml).
+type Config struct {
+	// Listen is where agents connect (their `relays` setting).
+	Listen string `json:"listen"`
+	// Controller is the controller's host:port, or a comma-separated list
+	// of replicas' addresses: the relay finds the leader among them.
+	Controller string `json:"controller"`
+	// TLS is the relay's certificate (rdzvctl pki issue relay NAME --ip
+	// ADDR: agents check it names the address they dial) and the cluster
+	// CA, which agents' and controllers' certificates must chain to.
+	TLS pki.Files `json:"tls"`
+	// HTTP serves /metrics, /healthz and /readyz; loopback by default,
+	// off when its listen is empty.
+	HTTP     httpserve.Config `json:"http"`
+	LogLevel string           `json:"log_level"`
+}
+
+// DefaultConfig is a relay with no controller and no certificate set.
+func DefaultConfig() Config {
+	return Config{Listen: DefaultListen, HTTP: httpserve.Config{Listen: DefaultHTTPListen}, LogLevel: "info"}
+}
+
+// LoadConfig reads a YAML config file over DefaultConfig.
+func LoadConfig(path string) (Config, error) {
+	cfg := DefaultConfig()
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return cfg, fmt.Errorf("reading relay config: %w", err)
+	}
+	if err := yaml.UnmarshalStrict(data, &cfg); err != nil {
+		return cfg, fmt.Errorf("parsing relay config %s: %w", path, err)
+	}
+	return cfg, nil
+}
+
+// Controllers is the list of controller addresses.
+func (c Config) Controllers() ([]string, error) { return client.ParseAddrs("controller", c.Controller) }
+
+// Validate names each problem with its field. A relay has no insecure
+// mode: it exists to vouch for agents, which takes certificates.
+func (c Config) Validate() error {
+	var errs []error
+	if _, err := c.Controllers(); err != nil {
+		errs = append(errs, fmt.Errorf("%w (set --controller to host:port[,host:port...])", err))
+	}
+	if _, err := client.ParseAddrs("listen", c.Listen); err != nil {
+		errs = append(errs, err)
+	}
+	errs = append(errs, c.TLS.Validate("tls"), c.HTTP.Validate("http"))
+	return errors.Join(errs...)
+}

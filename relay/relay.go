@@ -1,0 +1,311 @@
+package relay
+
+import (
+	"context"
+	"crypto/x509"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"time"
+
+	"go.uber.org/zap"
+	"golang.org/x/sync/errgroup"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/keepalive"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/peer"
+	"google.golang.org/grpc/status"
+
+	"github.com/rdzv/rdzv/client"
+	"github.com/rdzv/rdzv/internal/httpserve"
+	"github.com/rdzv/rdzv/pki"
+	rdzvv1 "github.com/rdzv/rdzv/proto/rdzv/v1"
+	"github.com/rdzv/rdzv/wire"
+)
+
+// upstreamKeepalive is the relay's keepalive towards the controller, the
+// agent's own (agent.Keepalive): a controller that vanished from the
+// network is given up within 15 s, and its agents' streams with it.
+var upstreamKeepalive = keepalive.ClientParameters{Time: 10 * time.Second, Timeout: 5 * time.Second, PermitWithoutStream: true}
+
+// registerTimeout bounds the wait for an agent's first message, as the
+// controller's does: a connection that opens a stream and says nothing
+// holds no upstream stream for long.
+const registerTimeout = 30 * time.Second
+
+// Relay is rdzv-relay. Build it with New and run it with Run.
+type Relay struct {
+	cfg     Config
+	log     *zap.Logger
+	tls     *pki.Reloader
+	client  *client.Client
+	metrics *metrics
+	http    *httpserve.Server
+
+	lis   net.Listener
+	ready chan struct{}
+}
+
+// New checks cfg and loads the relay's certificate; nothing listens or
+// dials until Run.
+func New(cfg Config, log *zap.Logger) (*Relay, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, fmt.Errorf("invalid relay config: %w", err)
+	}
+	wantRelay := func(id pki.Identity) error {
+		if id.Role != pki.RoleRelay {
+			return fmt.Errorf("is the certificate of %s; a relay needs one of role relay (rdzvctl pki issue relay NAME --ip ADDR)", id)
+		}
+		return nil
+	}
+	tls, err := pki.NewReloader(cfg.TLS, wantRelay, log.Named("tls"))
+	if err != nil {
+		return nil, fmt.Errorf("loading the relay's tls files: %w", err)
+	}
+	addrs, _ := cfg.Controllers()
+	cc := client.DefaultConfig()
+	cc.Endpoints, cc.Logger = addrs, log.Named("client")
+	cc.TLS = &client.TLS{Files: cfg.TLS, Identity: wantRelay}
+	cc.DialOptions = []grpc.DialOption{grpc.WithKeepaliveParams(upstreamKeepalive)}
+	cl, err := client.New(cc)
+	if err != nil {
+		return nil, fmt.Errorf("loading the relay's tls files: %w", err)
+	}
+	r := &Relay{cfg: cfg, log: log, tls: tls, client: cl, metrics: newMetrics(), ready: make(chan struct{})}
+	if cfg.HTTP.Enabled() {
+		reg := httpserve.NewRegistry()
+		r.metrics.register(reg)
+		if r.http, err = httpserve.New(cfg.HTTP, reg, r.readiness, log.Named("http")); err != nil {
+			_ = cl.Close()
+			return nil, err
+		}
+	}
+	return r, nil
+}
+
+// readiness is /readyz: ready once listening. Whether a controller
+// answers is each stream's to find out, and an agent goes around a relay
+// that cannot reach one.
+func (r *Relay) readiness() error {
+	select {
+	case <-r.ready:
+		return nil
+	default:
+		return errors.New("not listening yet")
+	}
+}
+
+// HTTPAddr is where the relay serves metrics and health, once Ready; nil
+// when http.listen is empty.
+func (r *Relay) HTTPAddr() net.Addr {
+	if r.http == nil {
+		return nil
+	}
+	return r.http.Addr()
+}
+
+// Ready is closed once the relay listens.
+func (r *Relay) Ready() <-chan struct{} { return r.ready }
+
+// Addr is where the relay listens, once Ready.
+func (r *Relay) Addr() net.Addr { return r.lis.Addr() }
+
+// Run serves agents until ctx ends, then ends their streams: each agent
+// reconnects to another relay or to the controller itself.
+func (r *Relay) Run(ctx context.Context) error {
+	defer r.client.Close()
+	lis, err := net.Listen("tcp", r.cfg.Listen)
+	if err != nil {
+		return fmt.Errorf("listening on %s: %w", r.cfg.Listen, err)
+	}
+	r.lis = lis
+	srv := grpc.NewServer(
+		grpc.Creds(credentials.NewTLS(r.tls.ServerConfig(nil))),
+		grpc.MaxRecvMsgSize(wire.MaxMessageBytes),
+		grpc.MaxSendMsgSize(wire.MaxMessageBytes),
+		// Agents ping every 10 s, streams or not (agent.Keepalive).
+		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 5 * time.Second, PermitWithoutStream: true}),
+		grpc.KeepaliveParams(keepalive.ServerParameters{Time: 10 * time.Second, Timeout: 5 * time.Second}),
+		grpc.SharedWriteBuffer(true),
+		grpc.WriteBufferSize(8<<10),
+		grpc.ReadBufferSize(0),
+		grpc.InitialWindowSize(wire.FlowWindow),
+		grpc.InitialConnWindowSize(wire.FlowWindow),
+	)
+	rdzvv1.RegisterAgentServiceServer(srv, &service{r: r})
+	g, gctx := errgroup.WithContext(ctx)
+	if r.http != nil {
+		if err := r.http.Listen(); err != nil {
+			return err
+		}
+		g.Go(func() error { return r.http.Serve(gctx) })
+	}
+	r.log.Info("relay serving", zap.Stringer("addr", lis.Addr()), zap.String("controller", r.cfg.Controller))
+	close(r.ready)
+	g.Go(func() error {
+		if err := srv.Serve(lis); err != nil && !errors.Is(err, grpc.ErrServerStopped) {
+			return fmt.Errorf("serving grpc: %w", err)
+		}
+		return nil
+	})
+	g.Go(func() error {
+		<-gctx.Done()
+		// Not a graceful stop: an agent's stream never ends by itself.
+		srv.Stop()
+		return nil
+	})
+	return g.Wait()
+}
+
+// service is the relay's AgentService: each agent stream is carried to the
+// controller as a stream of its own on the relay's connection.
+type service struct {
+	rdzvv1.UnimplementedAgentServiceServer
+	r *Relay
+}
+
+func (s *service) Connect(down rdzvv1.AgentService_ConnectServer) error {
+	err := s.r.carry(down)
+	s.r.metrics.ended.WithLabelValues(status.Code(err).String()).Inc()
+	return err
+}
+
+// carry verifies the agent and carries its stream to the controller until
+// either side ends it. The agent learns the controller's status as is: a
+// refusal (a standby that leads no one, a revoked certificate) reaches it
+// unchanged, and a controller the relay cannot reach is Unavailable, which
+// sends the agent to its next address.
+func (r *Relay) carry(down rdzvv1.AgentService_ConnectServer) error {
+	ctx := down.Context()
+	var chain []*x509.Certificate
+	if p, _ := peer.FromContext(ctx); p != nil {
+		if info, ok := p.AuthInfo.(credentials.TLSInfo); ok {
+			chain = info.State.PeerCertificates
+		}
+	}
+	id, err := r.tls.VerifyClient(chain)
+	if err != nil {
+		r.log.Warn("unauthenticated agent refused", zap.String("peer", peerAddr(ctx)), zap.Error(err))
+		return status.Error(codes.Unauthenticated, err.Error())
+	}
+	if id.Role != pki.RoleAgent {
+		return status.Errorf(codes.PermissionDenied, "%s may not call %s through a relay: it carries agents only", id, rdzvv1.AgentService_Connect_FullMethodName)
+	}
+	if len(chain) > wire.MaxRelayedChain {
+		return status.Errorf(codes.InvalidArgument, "%s presented %d certificates; a relay forwards at most %d", id, len(chain), wire.MaxRelayedChain)
+	}
+	md := metadata.MD{}
+	for _, c := range chain {
+		md.Append(wire.RelayedChainKey, string(c.Raw))
+	}
+	uctx, cancel := context.WithCancel(metadata.NewOutgoingContext(ctx, md))
+	defer cancel()
+
+	first, err := recvWithin(down, registerTimeout)
+	if err != nil {
+		return err
+	}
+	up, err := r.client.Connect(uctx)
+	if err != nil {
+		return upstreamStatus(err)
+	}
+	if err := up.Send(first); err != nil {
+		return upstreamStatus(err)
+	}
+	// The first receive finds the leading controller (client.Conn).
+	resp, err := up.Recv()
+	if err != nil {
+		return upstreamStatus(err)
+	}
+	if err := down.Send(resp); err != nil {
+		return err
+	}
+	r.metrics.streams.Inc()
+	defer r.metrics.streams.Dec()
+	log := r.log.With(zap.Stringer("agent", id))
+	log.Debug("carrying agent stream", zap.String("controller", r.client.Leader()))
+
+	// Agent to controller beside; controller to agent here. When the agent
+	// goes, canceling ends the upstream stream; when the controller ends
+	// it, returning ends the agent's, which ends the receive beside.
+	go func() {
+		defer cancel()
+		for {
+			m, err := down.Recv()
+			if errors.Is(err, io.EOF) {
+				_ = up.CloseSend()
+				return
+			}
+			if err != nil {
+				return
+			}
+			if err := up.Send(m); err != nil {
+				return
+			}
+		}
+	}()
+	for {
+		m, err := up.Recv()
+		if errors.Is(err, io.EOF) {
+			return nil
+		}
+		if err != nil {
+			if ctx.Err() != nil {
+				return status.FromContextError(ctx.Err()).Err()
+			}
+			log.Debug("controller ended agent stream", zap.Error(err))
+			return upstreamStatus(err)
+		}
+		if err := down.Send(m); err != nil {
+			return err
+		}
+	}
+}
+
+// upstreamStatus is what the agent is told when the controller's side
+// failed: the controller's own status when it gave one, Unavailable
+// otherwise.
+func upstreamStatus(err error) error {
+	if wire.IsRelayedRefusal(err) {
+		// Unmarked, the agent drops its connection to the relay and
+		// handshakes again, presenting its renewed certificate if it has
+		// one.
+		return status.Error(codes.Unauthenticated, status.Convert(err).Message())
+	}
+	if st, ok := status.FromError(err); ok {
+		return st.Err()
+	}
+	return status.Errorf(codes.Unavailable, "relay: controller: %v", err)
+}
+
+// recvWithin receives the agent's first message, which must come within
+// wait.
+func recvWithin(down rdzvv1.AgentService_ConnectServer, wait time.Duration) (*rdzvv1.ConnectRequest, error) {
+	type result struct {
+		m   *rdzvv1.ConnectRequest
+		err error
+	}
+	got := make(chan result, 1)
+	go func() {
+		m, err := down.Recv()
+		got <- result{m, err}
+	}()
+	t := time.NewTimer(wait)
+	defer t.Stop()
+	select {
+	case res := <-got:
+		return res.m, res.err
+	case <-t.C:
+		return nil, status.Errorf(codes.DeadlineExceeded, "no register message within %s", wait)
+	}
+}
+
+func peerAddr(ctx context.Context) string {
+	if p, _ := peer.FromContext(ctx); p != nil && p.Addr != nil {
+		return p.Addr.String()
+	}
+	return ""
+}
