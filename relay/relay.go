@@ -6,12 +6,14 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math/rand/v2"
 	"net"
 	"time"
 
 	"go.uber.org/zap"
 	"golang.org/x/sync/errgroup"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/backoff"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/keepalive"
@@ -30,6 +32,29 @@ import (
 // agent's own (agent.Keepalive): a controller that vanished from the
 // network is given up within 15 s, and its agents' streams with it.
 var upstreamKeepalive = keepalive.ClientParameters{Time: 10 * time.Second, Timeout: 5 * time.Second, PermitWithoutStream: true}
+
+// holdFor is how long the relay holds an agent's new stream while no
+// controller answers it (a controller restart or failover), retrying
+// every holdRetry or so, before it tells the agent Unavailable, which
+// sends the agent around it to the controller directly. Holding keeps
+// the agents of a restarting controller on their relays instead of
+// bringing every one of them to the controller with a handshake of its
+// own, and lets them register the moment it leads instead of after their
+// own reconnect backoff. It stays well short of the vouched timeout (a
+// minute by default), so that the agents of a relay cut off from the
+// controllers only reach it directly before their nodes are lost.
+const (
+	holdFor   = 20 * time.Second
+	holdRetry = time.Second
+)
+
+// upstreamBackoff reconnects to a controller that went away within a
+// second: the relay holds few connections, and its agents wait on them
+// (the default backoff grows to two minutes).
+var upstreamBackoff = grpc.ConnectParams{
+	Backoff:           backoff.Config{BaseDelay: 100 * time.Millisecond, Multiplier: 1.6, Jitter: 0.2, MaxDelay: time.Second},
+	MinConnectTimeout: client.DefaultConfig().DialTimeout,
+}
 
 // registerTimeout bounds the wait for an agent's first message, as the
 // controller's does: a connection that opens a stream and says nothing
@@ -69,7 +94,7 @@ func New(cfg Config, log *zap.Logger) (*Relay, error) {
 	cc := client.DefaultConfig()
 	cc.Endpoints, cc.Logger = addrs, log.Named("client")
 	cc.TLS = &client.TLS{Files: cfg.TLS, Identity: wantRelay}
-	cc.DialOptions = []grpc.DialOption{grpc.WithKeepaliveParams(upstreamKeepalive)}
+	cc.DialOptions = []grpc.DialOption{grpc.WithKeepaliveParams(upstreamKeepalive), grpc.WithConnectParams(upstreamBackoff)}
 	cl, err := client.New(cc)
 	if err != nil {
 		return nil, fmt.Errorf("loading the relay's tls files: %w", err)
@@ -208,15 +233,7 @@ func (r *Relay) carry(down rdzvv1.AgentService_ConnectServer) error {
 	if err != nil {
 		return err
 	}
-	up, err := r.client.Connect(uctx)
-	if err != nil {
-		return upstreamStatus(err)
-	}
-	if err := up.Send(first); err != nil {
-		return upstreamStatus(err)
-	}
-	// The first receive finds the leading controller (client.Conn).
-	resp, err := up.Recv()
+	up, resp, err := r.open(uctx, first)
 	if err != nil {
 		return upstreamStatus(err)
 	}
@@ -261,6 +278,39 @@ func (r *Relay) carry(down rdzvv1.AgentService_ConnectServer) error {
 		}
 		if err := down.Send(m); err != nil {
 			return err
+		}
+	}
+}
+
+// open opens the agent's stream to the leading controller, sends it the
+// agent's first message and returns the controller's answer. While no
+// controller answers, it holds the agent for up to holdFor, trying again
+// every holdRetry (jittered, so that a relay's agents do not all knock at
+// once). A refusal that is an answer (a certificate refused, a bad
+// message) ends it at once.
+func (r *Relay) open(ctx context.Context, first *rdzvv1.ConnectRequest) (rdzvv1.AgentService_ConnectClient, *rdzvv1.ConnectResponse, error) {
+	deadline := time.Now().Add(holdFor)
+	for {
+		up, err := r.client.Connect(ctx)
+		if err == nil {
+			err = up.Send(first)
+		}
+		var resp *rdzvv1.ConnectResponse
+		if err == nil {
+			// The first receive finds the leading controller (client.Conn).
+			resp, err = up.Recv()
+		}
+		if err == nil {
+			return up, resp, nil
+		}
+		if status.Code(err) != codes.Unavailable || ctx.Err() != nil || time.Now().After(deadline) {
+			return nil, nil, err
+		}
+		wait := holdRetry/2 + rand.N(holdRetry)
+		select {
+		case <-ctx.Done():
+			return nil, nil, err
+		case <-time.After(wait):
 		}
 	}
 }

@@ -29,6 +29,7 @@ func TestSecurityExposure(t *testing.T) {
 	}{
 		{"rdzv-controller.service", 4.0},
 		{"rdzv-agent.service", 10},
+		{"rdzv-relay.service", 4.0},
 	} {
 		t.Run(tt.unit, func(t *testing.T) {
 			// --offline reads the file alone: no systemd needs to run.
@@ -50,13 +51,13 @@ func TestVerify(t *testing.T) {
 	if _, err := exec.LookPath("systemd-analyze"); err != nil {
 		t.Skip("systemd-analyze is not installed (apt-get install systemd; .ci/run installs it)")
 	}
-	for _, unit := range []string{"rdzv-controller.service", "rdzv-agent.service"} {
+	for _, unit := range []string{"rdzv-controller.service", "rdzv-agent.service", "rdzv-relay.service"} {
 		// --man=no: the Documentation= URL is not a man page. The binaries
 		// need not be installed here: "not executable" is the only finding
 		// allowed.
 		out, _ := exec.Command("systemd-analyze", "verify", "--man=no", "./"+unit).CombinedOutput()
 		for _, line := range regexp.MustCompile(`(?m)^.+$`).FindAll(out, -1) {
-			require.Regexp(t, `^rdzv-(agent|controller)\.service: Command /usr/local/bin/rdzv-(agent|controller) is not executable: No such file or directory$`, string(line), "systemd-analyze verify %s:\n%s", unit, out)
+			require.Regexp(t, `^rdzv-(agent|controller|relay)\.service: Command /usr/local/bin/rdzv-(agent|controller|relay) is not executable: No such file or directory$`, string(line), "systemd-analyze verify %s:\n%s", unit, out)
 		}
 	}
 }

@@ -200,6 +200,9 @@ type AgentConfig struct {
 	Index int
 	// Controller is the controller's address.
 	Controller string
+	// Relay, if set, is a relay's address, tried before the controller as
+	// the agent's relays setting does.
+	Relay string
 	// Cert is its agent certificate (Certs.Agents[Index]); Roots verifies
 	// the controller.
 	Cert  tls.Certificate
@@ -272,6 +275,9 @@ func NewAgent(ctx context.Context, cfg AgentConfig) (*Agent, error) {
 	local := &net.TCPAddr{IP: a.addr.AsSlice()}
 	cc := client.DefaultConfig()
 	cc.Endpoints = []string{cfg.Controller}
+	if cfg.Relay != "" {
+		cc.Relays = []string{cfg.Relay}
+	}
 	cc.TLS = &client.TLS{Config: tc}
 	cc.DialOptions = []grpc.DialOption{
 		grpc.WithKeepaliveParams(agent.Keepalive),
@@ -287,6 +293,10 @@ func NewAgent(ctx context.Context, cfg AgentConfig) (*Agent, error) {
 	}
 	return a, nil
 }
+
+// Via is the address that last served the agent: its relay's, or the
+// controller's when it went around the relay.
+func (a *Agent) Via() string { return a.cl.Leader() }
 
 // Name is the agent's node name.
 func (a *Agent) Name() string { return a.name }

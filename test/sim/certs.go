@@ -3,6 +3,7 @@ package sim
 import (
 	"crypto/tls"
 	"crypto/x509"
+	"fmt"
 	"net"
 	"os"
 	"runtime"
@@ -21,6 +22,7 @@ const ControllerName = "rdzv-controller"
 // serve as a cache across runs: 10,000 agent certificates take seconds to
 // issue.
 type Certs struct {
+	ca       *pki.CA
 	Dir      string
 	Roots    *tls.Config // verifies the controller (client side)
 	Operator tls.Certificate
@@ -51,7 +53,7 @@ func LoadCerts(dir string, n int) (*Certs, error) {
 	}
 	pool := x509.NewCertPool()
 	pool.AddCert(ca.Cert)
-	c := &Certs{Dir: dir, Roots: &tls.Config{MinVersion: tls.VersionTLS13, RootCAs: pool}, Agents: make([]tls.Certificate, n)}
+	c := &Certs{ca: ca, Dir: dir, Roots: &tls.Config{MinVersion: tls.VersionTLS13, RootCAs: pool}, Agents: make([]tls.Certificate, n)}
 	if _, err := issue(ca, pki.Request{Identity: pki.Identity{Role: pki.RoleController, Name: ControllerName}, IPs: []net.IP{net.IPv4(127, 0, 0, 1)}}, dir, now); err != nil {
 		return nil, err
 	}
@@ -94,4 +96,15 @@ func (c *Certs) OperatorClient(addr string) (*client.Client, error) {
 	cc := client.DefaultConfig()
 	cc.Endpoints, cc.TLS = []string{addr}, &client.TLS{Config: tc}
 	return client.New(cc)
+}
+
+// RelayName is relay i's certificate name.
+func RelayName(i int) string { return fmt.Sprintf("relay-%03d", i) }
+
+// IssueRelay loads or issues relay i's certificate (RelayName, for
+// 127.0.0.1), where rdzv-relay reads it with its usual flags
+// (testpki.DaemonArgs(dir, "relay", RelayName(i))).
+func (c *Certs) IssueRelay(i int) error {
+	_, err := issue(c.ca, pki.Request{Identity: pki.Identity{Role: pki.RoleRelay, Name: RelayName(i)}, IPs: []net.IP{net.IPv4(127, 0, 0, 1)}}, c.Dir, time.Now())
+	return err
 }

@@ -59,12 +59,23 @@ type config struct {
 	profile       bool
 	// ctlConfig is the controller's --config, to compare settings.
 	ctlConfig string
+	// relays is how many rdzv-relay processes carry the agents' streams
+	// (agent i through relay i mod relays); 0: every agent connects to
+	// the controller itself.
+	relays   int
+	relayBin string
 }
 
 func TestBenchScale(t *testing.T) {
 	cfg := setup(t)
 	maxNodes := slices.Max(cfg.nodes)
-	if err := sim.RaiseNoFile(uint64(maxNodes) + 4096); err != nil {
+	// An agent that goes around its relay holds a second connection; half
+	// of them may.
+	need := uint64(maxNodes) + 4096
+	if cfg.relays > 0 {
+		need += uint64(maxNodes) / 2
+	}
+	if err := sim.RaiseNoFile(need); err != nil {
 		t.Fatal("bench: ", err)
 	}
 	begin := time.Now()
@@ -118,6 +129,7 @@ func setup(t *testing.T) config {
 		logDir:        os.Getenv("BENCH_LOG_DIR"),
 		profile:       os.Getenv("BENCH_PROFILE") == "1",
 		ctlConfig:     os.Getenv("BENCH_CONTROLLER_CONFIG"),
+		relayBin:      filepath.Join(binDir, "rdzv-relay"),
 	}
 	for _, bin := range []string{cfg.controllerBin, cfg.ctlBin} {
 		if info, err := os.Stat(bin); err != nil || info.Mode()&0o111 == 0 {
@@ -137,6 +149,14 @@ func setup(t *testing.T) config {
 	if s := os.Getenv("BENCH_STEADY"); s != "" {
 		if cfg.steady, err = time.ParseDuration(s); err != nil || cfg.steady < time.Second {
 			t.Fatalf("bench: BENCH_STEADY=%q: want a duration of at least 1s", s)
+		}
+	}
+	if s := os.Getenv("BENCH_RELAYS"); s != "" {
+		if cfg.relays, err = strconv.Atoi(s); err != nil || cfg.relays < 0 || cfg.relays > 1000 {
+			t.Fatalf("bench: BENCH_RELAYS=%q: want a number of relays between 0 and 1000", s)
+		}
+		if info, err := os.Stat(cfg.relayBin); cfg.relays > 0 && (err != nil || info.Mode()&0o111 == 0) {
+			t.Fatalf("bench: %s is missing or not executable (run `make build`)", cfg.relayBin)
 		}
 	}
 	if s := os.Getenv("BENCH_PKI_DIR"); s != "" {
@@ -180,9 +200,13 @@ type run struct {
 	op    *client.Client
 	certs *sim.Certs
 	sims  []*sim.Agent
-	led   *ledger
-	store *durable
-	ctx   context.Context
+	// relays carry the sims' streams when cfg.relays > 0; relayed is how
+	// many sims they served after registering.
+	relays  []*sim.Relay
+	relayed int
+	led     *ledger
+	store   *durable
+	ctx     context.Context
 }
 
 func runSize(t *testing.T, cfg config, certs *sim.Certs, dir string, r *result) {
@@ -234,9 +258,21 @@ func runSize(t *testing.T, cfg config, certs *sim.Certs, dir string, r *result) 
 	}
 	defer stopWatch()
 
+	for i := range cfg.relays {
+		rl, err := sim.StartRelay(cfg.relayBin, dir, certs, i, ru.ctl.Addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(rl.Stop)
+		ru.relays = append(ru.relays, rl)
+	}
 	built := time.Now()
 	for i := range n {
-		s, err := sim.NewAgent(ctx, sim.AgentConfig{Index: i, Controller: ru.ctl.Addr, Cert: certs.Agents[i], Roots: certs.Roots, Observe: ru.led.observe})
+		relay := ""
+		if len(ru.relays) > 0 {
+			relay = ru.relays[i%len(ru.relays)].Addr
+		}
+		s, err := sim.NewAgent(ctx, sim.AgentConfig{Index: i, Controller: ru.ctl.Addr, Relay: relay, Cert: certs.Agents[i], Roots: certs.Roots, Observe: ru.led.observe})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -319,6 +355,7 @@ func (ru *run) register() error {
 	})
 	ru.r.set("register-cpu", "%s", usage())
 	ru.r.set("register-gap", "%s", ms(ru.led.takeGap()))
+	ru.relayed = ru.countRelayed()
 	if err != nil {
 		return err
 	}
@@ -383,34 +420,48 @@ func (ru *run) readyListed(ctx context.Context) (int, error) {
 // else on the machine used since a start.
 type usage struct {
 	ctl, self procSample
-	busy      time.Duration
+	// relays is the relays' CPU, summed.
+	relays time.Duration
+	busy   time.Duration
 }
 
 func (ru *run) sampleUsage() usage {
 	var u usage
 	u.ctl, _ = sampleProc(ru.ctl.Pid())
 	u.self, _ = sampleProc(os.Getpid())
+	for _, rl := range ru.relays {
+		p, _ := sampleProc(rl.Pid())
+		u.relays += p.cpu
+	}
 	u.busy, _ = cpuBusy()
 	return u
 }
 
-// cores is the controller's, the sims' and everyone else's CPU from u to v.
-func (u usage) cores(v usage) (ctl, sims, others float64) {
+// cores is the controller's, the sims', the relays' and everyone else's
+// CPU from u to v.
+func (u usage) cores(v usage) (ctl, sims, relays, others float64) {
 	wall := v.ctl.at.Sub(u.ctl.at).Seconds()
 	ctl = (v.ctl.cpu - u.ctl.cpu).Seconds() / wall
 	sims = (v.self.cpu - u.self.cpu).Seconds() / wall
-	others = max((v.busy-u.busy).Seconds()/wall-ctl-sims, 0)
-	return ctl, sims, others
+	relays = (v.relays - u.relays).Seconds() / wall
+	others = max((v.busy-u.busy).Seconds()/wall-ctl-sims-relays, 0)
+	return ctl, sims, relays, others
 }
 
 // startUsage starts measuring; the function it returns describes the
 // usage until it is called.
 func (ru *run) startUsage() func() string {
 	u := ru.sampleUsage()
-	return func() string {
-		ctl, sims, others := u.cores(ru.sampleUsage())
-		return fmt.Sprintf("%.2f / %.2f / %.2f cores (load avg %s)", ctl, sims, others, loadAvg())
+	return func() string { return ru.describeUsage(u, ru.sampleUsage()) }
+}
+
+// describeUsage is the CPU used from u to v, as the report shows it.
+func (ru *run) describeUsage(u, v usage) string {
+	ctl, sims, relays, others := u.cores(v)
+	if len(ru.relays) > 0 {
+		return fmt.Sprintf("%.2f / %.2f / %.2f relays / %.2f cores (load avg %s)", ctl, sims, relays, others, loadAvg())
 	}
+	return fmt.Sprintf("%.2f / %.2f / %.2f cores (load avg %s)", ctl, sims, others, loadAvg())
 }
 
 // steady: every agent heartbeating, nothing else happening.
@@ -423,9 +474,9 @@ func (ru *run) steady() error {
 	time.Sleep(ru.cfg.steady)
 	ru.led.recording.Store(false)
 	after := ru.sampleUsage()
-	ctlCPU, simCPU, others := before.cores(after)
+	ctlCPU, _, _, _ := before.cores(after)
 	ru.r.set("cpu", "%.2f cores", ctlCPU)
-	ru.r.set("load", "%.2f / %.2f / %.2f cores (load avg %s)", ctlCPU, simCPU, others, loadAvg())
+	ru.r.set("load", "%s", ru.describeUsage(before, after))
 	ru.r.set("rss", "%.0f KiB (%.0f MiB)", float64(after.ctl.rss)/1024/float64(ru.n), float64(after.ctl.rss)/(1<<20))
 	ru.r.set("threads", "%d", after.ctl.threads)
 	// Every sim heartbeats throughout: any loss so far is a healthy node
@@ -643,7 +694,25 @@ func (ru *run) restart() error {
 	full, _, _ := ru.led.get(kindHandshake, 1)
 	resumed, _, _ := ru.led.get(kindResumed, 1)
 	ru.r.set("restart-resumed", "%d of %d", resumed, resumed+full)
+	if len(ru.relays) > 0 {
+		ru.r.set("relayed", "%d / %d of %d", ru.relayed, ru.countRelayed(), ru.n)
+	}
 	return nil
+}
+
+// countRelayed counts the sims last served through a relay.
+func (ru *run) countRelayed() int {
+	relays := map[string]bool{}
+	for _, rl := range ru.relays {
+		relays[rl.Addr] = true
+	}
+	n := 0
+	for _, s := range ru.sims {
+		if relays[s.Via()] {
+			n++
+		}
+	}
+	return n
 }
 
 func (ru *run) waitAssignments(ctx context.Context, gen uint64, want int) error {
@@ -733,6 +802,7 @@ var rows = []struct{ key, label string }{
 	{"restart", "controller SIGKILLed and restarted → every live agent registered again"},
 	{"restart-leading", "… → leading again (embedded etcd up, state loaded; agents wait out their reconnect backoff)"},
 	{"restart-resumed", "… TLS handshakes that resumed a session / all"},
+	{"relayed", "agents served through a relay: after registering / after the restart"},
 	{"rss-end", "controller RSS at the end"},
 	{"reconnects", "agent sessions dropped"},
 	{"register-gap", "longest gap between a sim's heartbeats (sims' own lateness; 1 s is on time): registering"},
@@ -749,6 +819,9 @@ func formatReport(results []*result, cfg config, took time.Duration) string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "rdzv scale benchmark: real rdzv-controller (embedded etcd, mutual TLS), simulated agents; heartbeat %s / timeout %s; steady window %s; took %s\n\n",
 		heartbeat.Interval, heartbeat.Timeout, cfg.steady, took.Round(time.Second))
+	if cfg.relays > 0 {
+		fmt.Fprintf(&b, "agents through %d real rdzv-relay processes (agent i through relay i mod %d); their CPU is the \"relays\" column\n\n", cfg.relays, cfg.relays)
+	}
 	if cfg.ctlConfig != "" {
 		yaml, err := os.ReadFile(cfg.ctlConfig)
 		if err != nil {
