@@ -308,7 +308,11 @@ func (g *Gossip) set(name string, unreachable bool) {
 	}
 	g.mu.Lock()
 	_, was := g.unreachable[name]
-	changed := was != unreachable
+	// A member that joins changes the view even if it was never
+	// unreachable: the alive count grows. The controller counts a node's
+	// word on its peers only once that count says it has some, and the
+	// first view usually leaves before the join is done.
+	changed := was != unreachable || !unreachable
 	if unreachable {
 		if !was {
 			g.unreachable[name] = time.Now()

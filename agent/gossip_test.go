@@ -51,6 +51,29 @@ func TestGossipDetectsDeadMember(t *testing.T) {
 	}
 }
 
+// A member joining is a view change: the view's alive count is what makes
+// the controller count a node's word on its peers, and the view a session
+// sends first usually leaves before the join is done.
+func TestGossipJoinChangesView(t *testing.T) {
+	a, b := startGossip(t, "node-a"), startGossip(t, "node-b")
+	t.Cleanup(a.Close)
+	t.Cleanup(b.Close)
+	// Drained: what starting signalled is not what is tested.
+	select {
+	case <-a.Changed():
+	default:
+	}
+	_, alive := a.View()
+	require.Equal(t, 1, alive)
+	b.Join([]string{a.Addr()})
+	select {
+	case <-a.Changed():
+	case <-time.After(10 * time.Second):
+		require.FailNow(t, "b joining was not signalled to a")
+	}
+	require.Eventually(t, func() bool { _, alive := a.View(); return alive == 2 }, 10*time.Second, 50*time.Millisecond)
+}
+
 // crash stops a member without a word to its peers, as a killed agent or a
 // cut link does.
 func crash(t *testing.T, g *Gossip) {
