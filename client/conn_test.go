@@ -276,3 +276,62 @@ func TestRefusedCertificateDropsTheConnection(t *testing.T) {
 		})
 	}
 }
+
+// An agent's stream goes through its relay while the relay answers, to the
+// controller when it does not, and through the relay again at the next
+// stream once it is back, though the controller served last.
+func TestRelaysGoFirst(t *testing.T) {
+	// Room for every stream that goes around the relay while it is away.
+	ctl := &agentServer{registers: make(chan string, 512)}
+	ctlAddr, _ := serve(t, func(s *grpc.Server) { rdzvv1.RegisterAgentServiceServer(s, ctl) })
+	relay := &agentServer{registers: make(chan string, 4)}
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	relayAddr := l.Addr().String()
+	serveRelay := func(l net.Listener) (stop func()) {
+		s := grpc.NewServer()
+		rdzvv1.RegisterAgentServiceServer(s, relay)
+		done := make(chan struct{})
+		go func() {
+			defer close(done)
+			_ = s.Serve(l)
+		}()
+		return func() { s.Stop(); <-done }
+	}
+	stopRelay := serveRelay(l)
+	cfg := client.DefaultConfig()
+	cfg.Endpoints, cfg.Relays, cfg.Insecure, cfg.Logger = []string{ctlAddr}, []string{relayAddr}, true, zaptest.NewLogger(t)
+	c, err := client.New(cfg)
+	require.NoError(t, err)
+	t.Cleanup(func() { require.NoError(t, c.Close()) })
+
+	register := func() {
+		t.Helper()
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		stream, err := c.Connect(ctx)
+		require.NoError(t, err)
+		require.NoError(t, stream.Send(&rdzvv1.ConnectRequest{Msg: &rdzvv1.ConnectRequest_Register{Register: &rdzvv1.Register{Node: &rdzvv1.NodeInfo{Name: "node-a"}}}}))
+		_, err = stream.Recv()
+		require.NoError(t, err)
+	}
+	register()
+	require.Equal(t, relayAddr, c.Leader())
+	require.Equal(t, "node-a", <-relay.registers)
+
+	stopRelay()
+	register()
+	require.Equal(t, ctlAddr, c.Leader(), "around the relay that is gone")
+	require.Equal(t, "node-a", <-ctl.registers)
+
+	l, err = net.Listen("tcp", relayAddr)
+	require.NoError(t, err)
+	t.Cleanup(serveRelay(l))
+	// gRPC reconnects to the relay after its backoff: the next streams go
+	// around it until then.
+	require.Eventually(t, func() bool {
+		register()
+		return c.Leader() == relayAddr
+	}, 20*time.Second, 100*time.Millisecond, "back through the relay")
+	require.Equal(t, "node-a", <-relay.registers)
+}

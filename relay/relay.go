@@ -33,19 +33,16 @@ import (
 // network is given up within 15 s, and its agents' streams with it.
 var upstreamKeepalive = keepalive.ClientParameters{Time: 10 * time.Second, Timeout: 5 * time.Second, PermitWithoutStream: true}
 
-// holdFor is how long the relay holds an agent's new stream while no
-// controller answers it (a controller restart or failover), retrying
-// every holdRetry or so, before it tells the agent Unavailable, which
-// sends the agent around it to the controller directly. Holding keeps
-// the agents of a restarting controller on their relays instead of
-// bringing every one of them to the controller with a handshake of its
-// own, and lets them register the moment it leads instead of after their
-// own reconnect backoff. It stays well short of the vouched timeout (a
-// minute by default), so that the agents of a relay cut off from the
-// controllers only reach it directly before their nodes are lost.
+// While no controller serves an agent's new stream (a controller restart
+// or failover) but a controller's host answers (reach), the relay holds
+// the stream, trying again every holdRetry or so, for up to maxHold; then
+// it tells the agent Unavailable, which sends the agent around it to the
+// controller directly. Held agents register the moment a controller
+// leads, through their relay, instead of after their own reconnect
+// backoff and with a handshake each.
 const (
-	holdFor   = 20 * time.Second
 	holdRetry = time.Second
+	maxHold   = 5 * time.Minute
 )
 
 // upstreamBackoff reconnects to a controller that went away within a
@@ -69,6 +66,7 @@ type Relay struct {
 	client  *client.Client
 	metrics *metrics
 	http    *httpserve.Server
+	reach   *reach
 
 	lis   net.Listener
 	ready chan struct{}
@@ -99,7 +97,8 @@ func New(cfg Config, log *zap.Logger) (*Relay, error) {
 	if err != nil {
 		return nil, fmt.Errorf("loading the relay's tls files: %w", err)
 	}
-	r := &Relay{cfg: cfg, log: log, tls: tls, client: cl, metrics: newMetrics(), ready: make(chan struct{})}
+	r := &Relay{cfg: cfg, log: log, tls: tls, client: cl, metrics: newMetrics(), ready: make(chan struct{}),
+		reach: &reach{addrs: addrs, dial: (&net.Dialer{}).DialContext}}
 	if cfg.HTTP.Enabled() {
 		reg := httpserve.NewRegistry()
 		r.metrics.register(reg)
@@ -284,12 +283,12 @@ func (r *Relay) carry(down rdzvv1.AgentService_ConnectServer) error {
 
 // open opens the agent's stream to the leading controller, sends it the
 // agent's first message and returns the controller's answer. While no
-// controller answers, it holds the agent for up to holdFor, trying again
-// every holdRetry (jittered, so that a relay's agents do not all knock at
-// once). A refusal that is an answer (a certificate refused, a bad
-// message) ends it at once.
+// controller serves but one's host answers, it holds the agent (see
+// maxHold), trying again every holdRetry (jittered, so that a relay's
+// agents do not all knock at once). A refusal that is an answer (a
+// certificate refused, a bad message) ends it at once.
 func (r *Relay) open(ctx context.Context, first *rdzvv1.ConnectRequest) (rdzvv1.AgentService_ConnectClient, *rdzvv1.ConnectResponse, error) {
-	deadline := time.Now().Add(holdFor)
+	deadline := time.Now().Add(maxHold)
 	for {
 		up, err := r.client.Connect(ctx)
 		if err == nil {
@@ -303,7 +302,7 @@ func (r *Relay) open(ctx context.Context, first *rdzvv1.ConnectRequest) (rdzvv1.
 		if err == nil {
 			return up, resp, nil
 		}
-		if status.Code(err) != codes.Unavailable || ctx.Err() != nil || time.Now().After(deadline) {
+		if status.Code(err) != codes.Unavailable || ctx.Err() != nil || time.Now().After(deadline) || !r.reach.reachable(ctx) {
 			return nil, nil, err
 		}
 		wait := holdRetry/2 + rand.N(holdRetry)

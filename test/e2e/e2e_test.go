@@ -286,12 +286,17 @@ func (c *cluster) etcdHelper(t *testing.T, mode string, args ...string) {
 // runHelper runs this test binary on h0 in a helper mode (see helperMain),
 // returning its output.
 func (c *cluster) runHelper(mode string, args ...string) (string, error) {
+	return runHelperOn(c.controllerHost(), mode, args...)
+}
+
+// runHelperOn is runHelper on host h.
+func runHelperOn(h *netns.Host, mode string, args ...string) (string, error) {
 	self, err := os.Executable()
 	if err != nil {
 		return "", err
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), commandTimeout)
 	defer cancel()
-	out, _, err := c.controllerHost().Run(ctx, []string{helperEnv + "=" + mode}, append([]string{self}, args...)...)
+	out, _, err := h.Run(ctx, []string{helperEnv + "=" + mode}, append([]string{self}, args...)...)
 	return out, err
 }

@@ -5,7 +5,9 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"net"
+	"net/http"
 	"os"
 	"strings"
 	"syscall"
@@ -50,6 +52,12 @@ func helperMain(mode string, args []string) int {
 			return 1
 		}
 		return 0
+	case mode == "http-get" && len(args) == 1:
+		if err := httpGet(args[0]); err != nil {
+			fmt.Fprintf(os.Stderr, "http-get: %v\n", err)
+			return 1
+		}
+		return 0
 	case mode == "local-attacker" && len(args) >= 1:
 		if err := json.NewEncoder(os.Stdout).Encode(attack(args[0], args[1:])); err != nil {
 			fmt.Fprintf(os.Stderr, "local-attacker: %v\n", err)
@@ -59,6 +67,7 @@ func helperMain(mode string, args []string) int {
 	}
 	fmt.Fprintf(os.Stderr, "usage: %[1]s=etcd-get %[2]s ENDPOINT PREFIX [CA CERT KEY]\n"+
 		"       %[1]s=etcd-rbac %[2]s ENDPOINT CA CERT KEY USER\n"+
+		"       %[1]s=http-get %[2]s URL\n"+
 		"       %[1]s=local-attacker %[2]s SOCKET [PATH...]\n", helperEnv, os.Args[0])
 	return 2
 }
@@ -180,6 +189,26 @@ func attack(socket string, paths []string) attackResult {
 		r.Read[p] = errText(err)
 	}
 	return r
+}
+
+// httpGet prints the body of url, which must answer 200: a daemon's
+// metrics or health, served on its host's loopback.
+func httpGet(url string) error {
+	client := &http.Client{Timeout: 10 * time.Second}
+	resp, err := client.Get(url)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	if err != nil {
+		return err
+	}
+	if resp.StatusCode != http.StatusOK {
+		return fmt.Errorf("GET %s: %s: %s", url, resp.Status, body)
+	}
+	_, err = os.Stdout.Write(body)
+	return err
 }
 
 func etcdGet(endpoint, prefix string, tlsFiles ...string) error {

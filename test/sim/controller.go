@@ -53,6 +53,16 @@ type Controller struct {
 // StartController starts the controller on a free port with a fresh data
 // directory.
 func StartController(cfg ControllerConfig) (*Controller, error) {
+	p, err := NewController(cfg)
+	if err != nil {
+		return nil, err
+	}
+	return p, p.Start()
+}
+
+// NewController prepares the controller (its free port, its fresh data
+// directory) without starting it; Start starts it.
+func NewController(cfg ControllerConfig) (*Controller, error) {
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		return nil, err
@@ -66,8 +76,11 @@ func StartController(cfg ControllerConfig) (*Controller, error) {
 	if err := os.MkdirAll(p.DataDir, 0o700); err != nil {
 		return nil, err
 	}
-	return p, p.start()
+	return p, nil
 }
+
+// Start starts a controller that NewController prepared.
+func (p *Controller) Start() error { return p.start() }
 
 // Restart starts the controller again, after it exited, on the same
 // address and data directory.
@@ -113,11 +126,20 @@ func (p *Controller) start() error {
 	return nil
 }
 
-// Pid is the running controller's process id.
-func (p *Controller) Pid() int { return p.cmd.Process.Pid }
+// Pid is the running controller's process id, 0 before it started.
+func (p *Controller) Pid() int {
+	if p.cmd == nil {
+		return 0
+	}
+	return p.cmd.Process.Pid
+}
 
-// Stop sends SIGTERM, and SIGKILL if the controller is not gone in 20s.
+// Stop sends SIGTERM, and SIGKILL if the controller is not gone in 20s;
+// a controller never started is left as it is.
 func (p *Controller) Stop() {
+	if p.cmd == nil {
+		return
+	}
 	_ = p.cmd.Process.Signal(syscall.SIGTERM)
 	select {
 	case <-p.exited:

@@ -228,7 +228,7 @@ type durable struct {
 	err   error
 }
 
-func watchDurable(ctx context.Context, ctl *sim.Controller, job string, trace io.Writer) (*durable, func(), error) {
+func watchDurable(ctx context.Context, ctl *sim.Controller, job string, trace io.Writer, fromStart bool) (*durable, func(), error) {
 	endpoint, err := ctl.EtcdEndpoint()
 	if err != nil {
 		return nil, nil, err
@@ -239,9 +239,13 @@ func watchDurable(ctx context.Context, ctl *sim.Controller, job string, trace io
 	}
 	d := &durable{job: job, trace: trace, ready: map[string]bool{}, lost: map[string]bool{}, running: map[uint64]map[string]bool{}, runAt: map[uint64]time.Time{}, roundAt: map[uint64]time.Time{}}
 	ctx, cancel := context.WithCancel(ctx)
-	// The watch starts at the current revision: everything written from
-	// here on arrives, in order.
-	wch := cli.Watch(clientv3.WithRequireLeader(ctx), store.Prefix, clientv3.WithPrefix())
+	// The watch starts at the current revision, or the first: everything
+	// written from there on arrives, in order.
+	opts := []clientv3.OpOption{clientv3.WithPrefix()}
+	if fromStart {
+		opts = append(opts, clientv3.WithRev(1))
+	}
+	wch := cli.Watch(clientv3.WithRequireLeader(ctx), store.Prefix, opts...)
 	stopped := make(chan struct{})
 	go func() {
 		defer close(stopped)

@@ -207,6 +207,10 @@ type run struct {
 	led     *ledger
 	store   *durable
 	ctx     context.Context
+	// trace receives every etcd transaction seen (BENCH_LOG_DIR);
+	// stopWatch ends the watch of what is durable.
+	trace     io.Writer
+	stopWatch func()
 }
 
 func runSize(t *testing.T, cfg config, certs *sim.Certs, dir string, r *result) {
@@ -216,7 +220,10 @@ func runSize(t *testing.T, cfg config, certs *sim.Certs, dir string, r *result) 
 	ru := &run{t: t, cfg: cfg, r: r, n: n, dir: dir, led: newLedger(), ctx: ctx, certs: certs}
 
 	var err error
-	if ru.ctl, err = sim.StartController(sim.ControllerConfig{Bin: cfg.controllerBin, Dir: dir, Certs: certs, Heartbeat: heartbeat, Pprof: true, ConfigFile: cfg.ctlConfig}); err != nil {
+	ctlCfg := sim.ControllerConfig{Bin: cfg.controllerBin, Dir: dir, Certs: certs, Heartbeat: heartbeat, Pprof: true, ConfigFile: cfg.ctlConfig}
+	// With relays, the controller starts in the register phase, once the
+	// agents wait on their relays (see register).
+	if ru.ctl, err = sim.NewController(ctlCfg); err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() {
@@ -230,33 +237,24 @@ func runSize(t *testing.T, cfg config, certs *sim.Certs, dir string, r *result) 
 		t.Fatal(err)
 	}
 	defer ru.op.Close()
-	lctx, lcancel := context.WithTimeout(ctx, startCap)
-	err = ru.ctl.WaitLeading(lctx, ru.op)
-	lcancel()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if limits, err := os.ReadFile(fmt.Sprintf("/proc/%d/limits", ru.ctl.Pid())); err == nil {
-		for _, l := range strings.Split(string(limits), "\n") {
-			if strings.HasPrefix(l, "Max open files") {
-				t.Logf("bench: controller %s", strings.Join(strings.Fields(l), " "))
-			}
-		}
-	}
-	var stopWatch func()
-	var trace io.Writer
 	if cfg.logDir != "" {
 		f, err := os.Create(filepath.Join(dir, "etcd-txns.tsv"))
 		if err != nil {
 			t.Fatal(err)
 		}
 		defer f.Close()
-		trace = f
+		ru.trace = f
 	}
-	if ru.store, stopWatch, err = watchDurable(ctx, ru.ctl, jobName, trace); err != nil {
-		t.Fatal(err)
+	defer func() {
+		if ru.stopWatch != nil {
+			ru.stopWatch()
+		}
+	}()
+	if cfg.relays == 0 {
+		if err := ru.startController(); err != nil {
+			t.Fatal(err)
+		}
 	}
-	defer stopWatch()
 
 	for i := range cfg.relays {
 		rl, err := sim.StartRelay(cfg.relayBin, dir, certs, i, ru.ctl.Addr)
@@ -321,6 +319,31 @@ func runSize(t *testing.T, cfg config, certs *sim.Certs, dir string, r *result) 
 	ru.counters()
 }
 
+// startController starts the controller, waits until it leads and starts
+// watching what is durable in its etcd: with relays from its first
+// revision, since agents held by their relays register as soon as it
+// leads.
+func (ru *run) startController() error {
+	if err := ru.ctl.Start(); err != nil {
+		return err
+	}
+	ctx, cancel := context.WithTimeout(ru.ctx, startCap)
+	defer cancel()
+	if err := ru.ctl.WaitLeading(ctx, ru.op); err != nil {
+		return err
+	}
+	if limits, err := os.ReadFile(fmt.Sprintf("/proc/%d/limits", ru.ctl.Pid())); err == nil {
+		for _, l := range strings.Split(string(limits), "\n") {
+			if strings.HasPrefix(l, "Max open files") {
+				ru.t.Logf("bench: controller %s", strings.Join(strings.Fields(l), " "))
+			}
+		}
+	}
+	var err error
+	ru.store, ru.stopWatch, err = watchDurable(ru.ctx, ru.ctl, jobName, ru.trace, len(ru.relays) > 0)
+	return err
+}
+
 // stopSims stops every sim, waiting a bounded time: a sim that does not
 // stop must not keep the report of what was measured from being written.
 func (ru *run) stopSims() {
@@ -339,15 +362,38 @@ func (ru *run) stopSims() {
 }
 
 // register: a cold controller (empty etcd, no connections), and all N
-// agents connecting at once.
+// agents connecting at once. With relays, the relays and the agents are up
+// first, each agent connected to its relay, which holds it while no
+// controller answers: then the controller starts, as on a cluster whose
+// controller is installed or replaced, and is timed from its start.
 func (ru *run) register() error {
 	ctx, cancel := context.WithTimeout(ru.ctx, registerCap)
 	defer cancel()
+	if len(ru.relays) > 0 {
+		t0 := time.Now()
+		for _, s := range ru.sims {
+			s.Start(ru.ctx)
+		}
+		if err := sim.WaitFor(ctx, "agents connected to their relays", func() (bool, string) {
+			got, _, _ := ru.led.get(kindHandshake, 0)
+			return got >= ru.n, fmt.Sprintf("%d of %d", got, ru.n)
+		}); err != nil {
+			return err
+		}
+		_, _, last := ru.led.get(kindHandshake, 0)
+		ru.r.secs("relay-connect", last.Sub(t0))
+	}
 	usage := ru.startUsage()
 	ru.led.takeGap()
 	t0 := time.Now()
-	for _, s := range ru.sims {
-		s.Start(ru.ctx)
+	if len(ru.relays) > 0 {
+		if err := ru.startController(); err != nil {
+			return err
+		}
+	} else {
+		for _, s := range ru.sims {
+			s.Start(ru.ctx)
+		}
 	}
 	err := sim.WaitFor(ctx, "agents registered", func() (bool, string) {
 		got, _, _ := ru.led.get(kindRegistered, 0)
@@ -427,7 +473,11 @@ type usage struct {
 
 func (ru *run) sampleUsage() usage {
 	var u usage
-	u.ctl, _ = sampleProc(ru.ctl.Pid())
+	// Before the controller starts (with relays) it has used nothing yet.
+	u.ctl = procSample{at: time.Now()}
+	if pid := ru.ctl.Pid(); pid != 0 {
+		u.ctl, _ = sampleProc(pid)
+	}
 	u.self, _ = sampleProc(os.Getpid())
 	for _, rl := range ru.relays {
 		p, _ := sampleProc(rl.Pid())
@@ -773,6 +823,7 @@ func ms(d time.Duration) string { return fmt.Sprintf("%.1f ms", float64(d.Micros
 var rows = []struct{ key, label string }{
 	{"register", "all nodes registered (cold start: last `Registered` reply)"},
 	{"register-durable", "… every node record durable in etcd"},
+	{"relay-connect", "with relays: every agent connected to its relay, before the controller starts"},
 	{"commit-asg", "rendezvous commit → last assignment delivered"},
 	{"commit-running", "… → every worker RUNNING durable"},
 	{"lost-asg", "node declared lost → next generation's last assignment"},
