@@ -19,7 +19,6 @@ import (
 	"google.golang.org/grpc/credentials"
 	grpchealth "google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
-	"google.golang.org/grpc/keepalive"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/rdzv/rdzv/controller/keyring"
@@ -310,34 +309,15 @@ func (c *Controller) Run(ctx context.Context) error {
 	// so that an unknown caller learns nothing from validation errors or
 	// leader redirects; then validation; then the standby's redirect.
 	// The gRPC metrics come first, so that refused calls count too.
-	srv := grpc.NewServer(append(append([]grpc.ServerOption{
+	srv := grpc.NewServer(append(append(append([]grpc.ServerOption{
 		grpc.ChainUnaryInterceptor(c.metrics.grpc.UnaryServerInterceptor()),
 		grpc.ChainStreamInterceptor(c.metrics.grpc.StreamServerInterceptor()),
 	}, c.securityOptions(keys)...),
 		grpc.ChainUnaryInterceptor(unaryGuard(c.log.Named("api"))),
 		grpc.ChainStreamInterceptor(streamGuard(c.log.Named("api"))),
-		grpc.MaxRecvMsgSize(wire.MaxMessageBytes),
-		grpc.MaxSendMsgSize(wire.MaxMessageBytes),
-		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 5 * time.Second, PermitWithoutStream: true}),
-		grpc.KeepaliveParams(keepalive.ServerParameters{Time: 10 * time.Second, Timeout: 5 * time.Second}),
-		// Each agent holds a connection for weeks and sends a heartbeat a
-		// second: gRPC's default 32 KiB read and write buffers per
-		// connection were most of the controller's memory at scale (64 KiB
-		// of about 140 KiB per node at 1,000 nodes, make bench-scale). The
-		// write buffer is taken from a pool for each flush instead, and
-		// frames are read through TLS's own record buffer. The pool keeps
-		// what a burst (10,000 assignments) took until two GCs have passed:
-		// 8 KiB buffers, a quarter of the default, hold most messages whole
-		// (a larger one is flushed in parts) and halved what the pool held
-		// at 10,000 nodes (30 MiB instead of 60).
-		grpc.SharedWriteBuffer(true),
-		grpc.WriteBufferSize(8<<10),
-		grpc.ReadBufferSize(0),
-		grpc.InitialWindowSize(wire.FlowWindow),
-		grpc.InitialConnWindowSize(wire.FlowWindow),
 		grpc.ChainUnaryInterceptor(c.unaryGate),
 		grpc.ChainStreamInterceptor(c.streamGate),
-	)...)
+	), wire.StreamServerOptions()...)...)
 	rdzvv1.RegisterAgentServiceServer(srv, &agentService{c: c})
 	rdzvv1.RegisterJobServiceServer(srv, &jobService{c: c})
 	rdzvv1.RegisterNodeServiceServer(srv, &nodeService{c: c})

@@ -35,11 +35,12 @@ var upstreamKeepalive = keepalive.ClientParameters{Time: 10 * time.Second, Timeo
 
 // While no controller serves an agent's new stream (a controller restart
 // or failover) but a controller's host answers (reach), the relay holds
-// the stream, trying again every holdRetry or so, for up to maxHold; then
-// it tells the agent Unavailable, which sends the agent around it to the
-// controller directly. Held agents register the moment a controller
-// leads, through their relay, instead of after their own reconnect
-// backoff and with a handshake each.
+// the stream, for up to maxHold; one attempt per holdRetry tries for all
+// of the relay's held streams (upstream). Then it tells the agent
+// Unavailable, which sends the agent around it to the controller
+// directly. Held agents register the moment a controller leads, through
+// their relay, instead of after their own reconnect backoff and with a
+// handshake each.
 const (
 	holdRetry = time.Second
 	maxHold   = 5 * time.Minute
@@ -67,6 +68,7 @@ type Relay struct {
 	metrics *metrics
 	http    *httpserve.Server
 	reach   *reach
+	up      *upstream
 
 	lis   net.Listener
 	ready chan struct{}
@@ -98,7 +100,7 @@ func New(cfg Config, log *zap.Logger) (*Relay, error) {
 		return nil, fmt.Errorf("loading the relay's tls files: %w", err)
 	}
 	r := &Relay{cfg: cfg, log: log, tls: tls, client: cl, metrics: newMetrics(), ready: make(chan struct{}),
-		reach: &reach{addrs: addrs, dial: (&net.Dialer{}).DialContext}}
+		reach: &reach{addrs: addrs, dial: (&net.Dialer{}).DialContext}, up: newUpstream()}
 	if cfg.HTTP.Enabled() {
 		reg := httpserve.NewRegistry()
 		r.metrics.register(reg)
@@ -146,19 +148,7 @@ func (r *Relay) Run(ctx context.Context) error {
 		return fmt.Errorf("listening on %s: %w", r.cfg.Listen, err)
 	}
 	r.lis = lis
-	srv := grpc.NewServer(
-		grpc.Creds(credentials.NewTLS(r.tls.ServerConfig(nil))),
-		grpc.MaxRecvMsgSize(wire.MaxMessageBytes),
-		grpc.MaxSendMsgSize(wire.MaxMessageBytes),
-		// Agents ping every 10 s, streams or not (agent.Keepalive).
-		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 5 * time.Second, PermitWithoutStream: true}),
-		grpc.KeepaliveParams(keepalive.ServerParameters{Time: 10 * time.Second, Timeout: 5 * time.Second}),
-		grpc.SharedWriteBuffer(true),
-		grpc.WriteBufferSize(8<<10),
-		grpc.ReadBufferSize(0),
-		grpc.InitialWindowSize(wire.FlowWindow),
-		grpc.InitialConnWindowSize(wire.FlowWindow),
-	)
+	srv := grpc.NewServer(append(wire.StreamServerOptions(), grpc.Creds(credentials.NewTLS(r.tls.ServerConfig(nil))))...)
 	rdzvv1.RegisterAgentServiceServer(srv, &service{r: r})
 	g, gctx := errgroup.WithContext(ctx)
 	if r.http != nil {
@@ -284,34 +274,66 @@ func (r *Relay) carry(down rdzvv1.AgentService_ConnectServer) error {
 // open opens the agent's stream to the leading controller, sends it the
 // agent's first message and returns the controller's answer. While no
 // controller serves but one's host answers, it holds the agent (see
-// maxHold), trying again every holdRetry (jittered, so that a relay's
-// agents do not all knock at once). A refusal that is an answer (a
-// certificate refused, a bad message) ends it at once.
+// maxHold and upstream). A refusal that is an answer (a certificate
+// refused, a bad message) ends it at once.
 func (r *Relay) open(ctx context.Context, first *rdzvv1.ConnectRequest) (rdzvv1.AgentService_ConnectClient, *rdzvv1.ConnectResponse, error) {
 	deadline := time.Now().Add(maxHold)
+	var last error
 	for {
-		up, err := r.client.Connect(ctx)
-		if err == nil {
-			err = up.Send(first)
+		down, back := r.up.state()
+		if !down || r.up.pilot(time.Now()) {
+			up, resp, err := r.attempt(ctx, first)
+			if err == nil {
+				r.up.served()
+				return up, resp, nil
+			}
+			if status.Code(err) != codes.Unavailable || ctx.Err() != nil {
+				return nil, nil, err
+			}
+			r.up.failed(time.Now())
+			last = err
 		}
-		var resp *rdzvv1.ConnectResponse
-		if err == nil {
-			// The first receive finds the leading controller (client.Conn).
-			resp, err = up.Recv()
+		if last != nil && (time.Now().After(deadline) || !r.reach.reachable(ctx)) {
+			return nil, nil, last
 		}
-		if err == nil {
-			return up, resp, nil
-		}
-		if status.Code(err) != codes.Unavailable || ctx.Err() != nil || time.Now().After(deadline) || !r.reach.reachable(ctx) {
-			return nil, nil, err
-		}
-		wait := holdRetry/2 + rand.N(holdRetry)
+		// Jittered, so that the held do not all wake together to see
+		// whether they are the pilot.
 		select {
 		case <-ctx.Done():
-			return nil, nil, err
-		case <-time.After(wait):
+			return nil, nil, status.FromContextError(ctx.Err()).Err()
+		case <-back:
+			// Released together, the held would register in one burst:
+			// ten thousand at once kept a cold controller's first node
+			// writes past etcd's request timeout, and it stepped down
+			// (make bench-scale). Spread over a retry interval instead.
+			select {
+			case <-ctx.Done():
+				return nil, nil, status.FromContextError(ctx.Err()).Err()
+			case <-time.After(rand.N(holdRetry)):
+			}
+		case <-time.After(holdRetry/2 + rand.N(holdRetry)):
+		}
+		if last == nil {
+			last = status.Error(codes.Unavailable, "relay: no controller serves")
 		}
 	}
+}
+
+// attempt is one try of open.
+func (r *Relay) attempt(ctx context.Context, first *rdzvv1.ConnectRequest) (rdzvv1.AgentService_ConnectClient, *rdzvv1.ConnectResponse, error) {
+	up, err := r.client.Connect(ctx)
+	if err != nil {
+		return nil, nil, err
+	}
+	if err := up.Send(first); err != nil {
+		return nil, nil, err
+	}
+	// The first receive finds the leading controller (client.Conn).
+	resp, err := up.Recv()
+	if err != nil {
+		return nil, nil, err
+	}
+	return up, resp, nil
 }
 
 // upstreamStatus is what the agent is told when the controller's side
