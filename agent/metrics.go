@@ -122,12 +122,13 @@ var (
 	descContact        = prometheus.NewDesc("rdzv_agent_controller_contact_age_seconds",
 		"Seconds since the controller last acknowledged a heartbeat of this agent (the agent's fencing clock).", nil, nil)
 	descConnected = prometheus.NewDesc("rdzv_agent_connected", "1 while this agent is registered with a controller, else 0.", nil, nil)
+	descViaRelay  = prometheus.NewDesc("rdzv_agent_via_relay", "1 while this agent is registered through one of its relays, else 0 (direct, or not registered).", nil, nil)
 	descGossip    = prometheus.NewDesc("rdzv_agent_gossip_members_alive", "Gossip members this node sees alive, itself included (absent with gossip off).", nil, nil)
 	descShims     = prometheus.NewDesc("rdzv_agent_shims", "Worker shims on this node (directories under state_dir/workers).", nil, nil)
 )
 
 func (c agentCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{descWorkersRunning, descGPUs, descContact, descConnected, descGossip, descShims} {
+	for _, d := range []*prometheus.Desc{descWorkersRunning, descGPUs, descContact, descConnected, descViaRelay, descGossip, descShims} {
 		ch <- d
 	}
 }
@@ -159,6 +160,11 @@ func (c agentCollector) Collect(ch chan<- prometheus.Metric) {
 		connected = 1
 	}
 	ch <- prometheus.MustNewConstMetric(descConnected, prometheus.GaugeValue, connected)
+	viaRelay := 0.0
+	if rs.sess.viaRelay.Load() {
+		viaRelay = 1
+	}
+	ch <- prometheus.MustNewConstMetric(descViaRelay, prometheus.GaugeValue, viaRelay)
 	if rs.gossip != nil {
 		_, alive := rs.gossip.View()
 		ch <- prometheus.MustNewConstMetric(descGossip, prometheus.GaugeValue, float64(alive))

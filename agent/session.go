@@ -76,8 +76,9 @@ type agentSession struct {
 	// hears us: the sending of the latest heartbeat it acknowledged, or of
 	// the registration it answered (see Acks).
 	lastHeard atomic.Int64
-	// connected is set while registered with a controller (readiness).
-	connected atomic.Bool
+	// connected is set while registered with a controller (readiness);
+	// viaRelay while that registration went through a relay.
+	connected, viaRelay atomic.Bool
 	// fencing is set while a self-fencing stop is queued or under way.
 	fencing atomic.Bool
 	// health is the node health checks; nil in tests that need none.
@@ -121,6 +122,10 @@ func (s *agentSession) announceRestart(hold time.Duration) bool {
 		return false
 	}
 }
+
+// relayed is the part of client.Client that says whether a relay carries
+// the stream.
+type relayed interface{ Relayed() bool }
 
 // loop connects, and reconnects with the Reconnect backoff, until ctx
 // ends. Finding the leader among the controllers, and following a
@@ -179,6 +184,10 @@ func (s *agentSession) connect(ctx context.Context) error {
 	s.heardAt(registering)
 	s.connected.Store(true)
 	defer s.connected.Store(false)
+	if r, ok := s.client.(relayed); ok {
+		s.viaRelay.Store(r.Relayed())
+		defer s.viaRelay.Store(false)
+	}
 	s.log.Info("registered with controller", zap.Duration("heartbeat_interval", interval), zap.Duration("heartbeat_timeout", ms(registered.GetHeartbeatTimeoutMs())))
 	var healthChanged <-chan struct{}
 	if s.health != nil {

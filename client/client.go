@@ -187,6 +187,10 @@ func (c *Client) Close() error { return c.conn.Close() }
 // Leader is the endpoint that last served a call, or "" before any did.
 func (c *Client) Leader() string { return c.conn.Leader() }
 
+// Relayed says whether the endpoint that last served a call is one of
+// Config.Relays.
+func (c *Client) Relayed() bool { return c.conn.Relayed() }
+
 // credentialsFor builds the transport security of one endpoint: TLS checks
 // the controller's certificate, or a relay's at a relay's address, against
 // the host dialled.

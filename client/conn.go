@@ -76,6 +76,13 @@ func (c *Conn) Leader() string {
 	return c.leader
 }
 
+// Relayed says whether the address that last served a call is a relay.
+func (c *Conn) Relayed() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.relays[c.leader]
+}
+
 // served records that addr served a call: it leads.
 func (c *Conn) served(addr string) {
 	c.mu.Lock()

@@ -317,11 +317,13 @@ func TestRelaysGoFirst(t *testing.T) {
 	}
 	register()
 	require.Equal(t, relayAddr, c.Leader())
+	require.True(t, c.Relayed())
 	require.Equal(t, "node-a", <-relay.registers)
 
 	stopRelay()
 	register()
 	require.Equal(t, ctlAddr, c.Leader(), "around the relay that is gone")
+	require.False(t, c.Relayed())
 	require.Equal(t, "node-a", <-ctl.registers)
 
 	l, err = net.Listen("tcp", relayAddr)

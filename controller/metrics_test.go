@@ -283,8 +283,11 @@ func TestAgentMetrics(t *testing.T) {
 	c := newCluster(t)
 	ra := c.addAgent("node-a", 2, nil)
 	addr := ra.agent.HTTP().Addr().String()
+	// The controller lists the node ready before the agent has read its
+	// answer.
+	poll(t, func() bool { return scrape(t, addr).gauge(t, "rdzv_agent_connected") == 1 }, func() string { return "the agent never said it was connected" })
 	m := scrape(t, addr)
-	require.Equal(t, 1.0, m.gauge(t, "rdzv_agent_connected"))
+	require.Zero(t, m.gauge(t, "rdzv_agent_via_relay"), "connected directly")
 	require.Equal(t, 2.0, m.gauge(t, "rdzv_agent_gpus"))
 	require.Zero(t, m.gauge(t, "rdzv_agent_workers_running"))
 	require.Zero(t, m.counter(t, "rdzv_agent_gpu_faults_total", "gpu", "1", "critical", "true"), "every GPU's faults are exported from the start")

@@ -108,9 +108,15 @@ func TestRelayCarriesAgents(t *testing.T) {
 	c := newCluster(t)
 	r := c.startRelay("rack-1")
 	viaRelay := func(cfg *agent.Config) { cfg.Relays = r.addr }
-	c.addAgent("node-a", 1, nil, viaRelay)
-	c.addAgent("node-b", 1, nil, viaRelay)
-	require.Equal(t, "2", r.streams(t), "both agents' streams go through the relay")
+	a := c.addAgent("node-a", 1, nil, viaRelay)
+	b := c.addAgent("node-b", 1, nil, viaRelay)
+	poll(t, func() bool { return r.streams(t) == "2" }, func() string { return "the relay carries " + r.streams(t) + " streams, not both agents'" })
+	viaRelayGauge := func(ra *runningAgent) float64 {
+		return scrape(t, ra.agent.HTTP().Addr().String()).gauge(t, "rdzv_agent_via_relay")
+	}
+	// The controller lists a node ready before its agent has read the
+	// answer.
+	poll(t, func() bool { return viaRelayGauge(a) == 1 && viaRelayGauge(b) == 1 }, func() string { return "the agents never said they went through the relay" })
 
 	c.startJob(c.spec("relayed", 2, 2, "hang"))
 	job := c.waitRunning("relayed")
@@ -127,6 +133,8 @@ func TestRelayCarriesAgents(t *testing.T) {
 	poll(t, func() bool { return registered("node-a") == 2 && registered("node-b") == 2 }, func() string { return "the agents did not reach the controller directly" })
 	c.waitNode("node-a", func(n *rdzvv1.Node) bool { return n.GetState() == rdzvv1.NodeState_NODE_STATE_BUSY })
 	c.waitNode("node-b", func(n *rdzvv1.Node) bool { return n.GetState() == rdzvv1.NodeState_NODE_STATE_BUSY })
+	require.Zero(t, viaRelayGauge(a), "direct now")
+	require.Zero(t, viaRelayGauge(b), "direct now")
 	job = c.getJob("relayed")
 	require.Equal(t, rdzvv1.JobState_JOB_STATE_RUNNING, job.GetState())
 	require.Equal(t, gen, job.GetGeneration(), "the relay's stop did not restart the job")
