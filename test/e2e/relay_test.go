@@ -40,8 +40,9 @@ const (
 	// them and restart the job whatever the relay and agents did.
 	relayVouchedTimeout = "1m"
 	// relayJobSteps keeps the job training through the fault and the
-	// agents' way around the relay: a minute at faultStepTime.
-	relayJobSteps = 600
+	// agents' way around the relay (16 s after a cut): 45 s at
+	// faultStepTime.
+	relayJobSteps = 450
 )
 
 // relayedAgents are the agents (by index) that list the relay: those on
