@@ -9,6 +9,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	rdzvv1 "github.com/rdzv/rdzv/proto/rdzv/v1"
+	"github.com/rdzv/rdzv/wire"
 )
 
 // registerTimeout bounds how long a new stream may take to say who it is.
@@ -21,7 +22,7 @@ type agentService struct {
 
 func (a *agentService) Connect(stream rdzvv1.AgentService_ConnectServer) error {
 	c := a.c
-	first, err := recvWithTimeout(stream, registerTimeout)
+	first, err := wire.RecvRegister(stream.Recv, registerTimeout)
 	if err != nil {
 		c.log.Named("agent").Warn("refusing agent stream", zap.Error(err))
 		return err
@@ -110,28 +111,4 @@ func (a *agentService) Connect(stream rdzvv1.AgentService_ConnectServer) error {
 		return nil
 	}
 	return status.Error(codes.Unavailable, "agent stream ended by the controller (shutting down, node declared lost, replaced by a newer connection of this node, or fell behind); reconnect")
-}
-
-func recvWithTimeout(stream rdzvv1.AgentService_ConnectServer, d time.Duration) (*rdzvv1.ConnectRequest, error) {
-	type result struct {
-		m   *rdzvv1.ConnectRequest
-		err error
-	}
-	ch := make(chan result, 1)
-	go func() {
-		m, err := stream.Recv()
-		ch <- result{m, err}
-	}()
-	select {
-	case r := <-ch:
-		if status.Code(r.err) == codes.InvalidArgument {
-			return nil, r.err
-		}
-		if r.err != nil {
-			return nil, status.Errorf(codes.Canceled, "agent stream closed before register: %v", r.err)
-		}
-		return r.m, nil
-	case <-time.After(d):
-		return nil, status.Errorf(codes.DeadlineExceeded, "no register message within %s", d)
-	}
 }

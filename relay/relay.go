@@ -218,7 +218,7 @@ func (r *Relay) carry(down rdzvv1.AgentService_ConnectServer) error {
 	uctx, cancel := context.WithCancel(metadata.NewOutgoingContext(ctx, md))
 	defer cancel()
 
-	first, err := recvWithin(down, registerTimeout)
+	first, err := wire.RecvRegister(down.Recv, registerTimeout)
 	if err != nil {
 		return err
 	}
@@ -350,28 +350,6 @@ func upstreamStatus(err error) error {
 		return st.Err()
 	}
 	return status.Errorf(codes.Unavailable, "relay: controller: %v", err)
-}
-
-// recvWithin receives the agent's first message, which must come within
-// wait.
-func recvWithin(down rdzvv1.AgentService_ConnectServer, wait time.Duration) (*rdzvv1.ConnectRequest, error) {
-	type result struct {
-		m   *rdzvv1.ConnectRequest
-		err error
-	}
-	got := make(chan result, 1)
-	go func() {
-		m, err := down.Recv()
-		got <- result{m, err}
-	}()
-	t := time.NewTimer(wait)
-	defer t.Stop()
-	select {
-	case res := <-got:
-		return res.m, res.err
-	case <-t.C:
-		return nil, status.Errorf(codes.DeadlineExceeded, "no register message within %s", wait)
-	}
 }
 
 func peerAddr(ctx context.Context) string {

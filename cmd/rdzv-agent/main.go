@@ -77,7 +77,7 @@ func config(args []string) (agent.Config, error) {
 	fs := flag.NewFlagSet("rdzv-agent", flag.ContinueOnError)
 	def := agent.DefaultConfig()
 	path := fs.String("config", "", "YAML config file (see deploy/config/agent.yaml); flags override it")
-	controllerAddr := fs.String("controller", os.Getenv("RDZV_CONTROLLER"), "controller host:port, or replicas host:port,host:port,... (default $RDZV_CONTROLLER)")
+	controllerAddr := cli.ControllerFlag(fs)
 	relays := fs.String("relays", "", "rdzv-relay host:port,... tried before the controller (default: none)")
 	name := fs.String("node-name", "", "node name (default: the hostname)")
 	labels := fs.String("labels", "", "node labels k=v,k2=v2 (\"topology\" orders ranks)")
@@ -94,21 +94,13 @@ func config(args []string) (agent.Config, error) {
 	tlsFiles := cli.TLSFlags(fs, "agent")
 	insecure := fs.Bool("insecure", false, "connect without TLS, to a controller started with --insecure (local tests and the demo only)")
 	httpListen := fs.String("http-listen", def.HTTP.Listen, "metrics (/metrics) and health (/healthz, /readyz) listen address; empty turns it off")
-	if err := cli.Parse(fs, args, about); err != nil {
-		return def, err
-	}
-	cfg := def
-	if *path != "" {
-		var err error
-		if cfg, err = agent.LoadConfig(*path); err != nil {
-			return cfg, err
-		}
+	cfg, err := cli.ParseConfig(fs, args, about, path, def, agent.LoadConfig)
+	if err != nil {
+		return cfg, err
 	}
 	set := cli.Set(fs)
 	override := cli.Override(fs)
-	if set["controller"] || cfg.Controller == "" {
-		cfg.Controller = *controllerAddr
-	}
+	cli.ApplyController(fs, controllerAddr, &cfg.Controller)
 	override("relays", func() { cfg.Relays = *relays })
 	override("node-name", func() { cfg.NodeName = *name })
 	if set["labels"] {

@@ -97,14 +97,8 @@ func config(args []string) (cfg controller.Config, pprofSocket string, err error
 	insecure := fs.Bool("insecure", false, "serve without TLS or authentication (local tests and the demo only)")
 	httpListen := fs.String("http-listen", def.HTTP.Listen, "metrics (/metrics) and health (/healthz, /readyz) listen address; empty turns it off")
 	pprofSock := fs.String("pprof-socket", "", "serve Go's runtime profiles (net/http/pprof) on this Unix socket, mode 0600, for profiling (off when empty)")
-	if err := cli.Parse(fs, args, about); err != nil {
-		return def, "", err
-	}
-	cfg = def
-	if *path != "" {
-		if cfg, err = controller.LoadConfig(*path); err != nil {
-			return cfg, "", err
-		}
+	if cfg, err = cli.ParseConfig(fs, args, about, path, def, controller.LoadConfig); err != nil {
+		return cfg, "", err
 	}
 	set := cli.Set(fs)
 	override := cli.Override(fs)

@@ -43,25 +43,16 @@ func config(args []string) (relay.Config, error) {
 	def := relay.DefaultConfig()
 	path := fs.String("config", "", "YAML config file (see deploy/config/relay.yaml); flags override it")
 	listen := fs.String("listen", def.Listen, "gRPC listen address for agents")
-	controllerAddr := fs.String("controller", os.Getenv("RDZV_CONTROLLER"), "controller host:port, or replicas host:port,host:port,... (default $RDZV_CONTROLLER)")
+	controllerAddr := cli.ControllerFlag(fs)
 	level := fs.String("log-level", def.LogLevel, "debug, info, warn or error")
 	tlsFiles := cli.TLSFlags(fs, "relay")
 	httpListen := fs.String("http-listen", def.HTTP.Listen, "metrics (/metrics) and health (/healthz, /readyz) listen address; empty turns it off")
-	if err := cli.Parse(fs, args, about); err != nil {
-		return def, err
+	cfg, err := cli.ParseConfig(fs, args, about, path, def, relay.LoadConfig)
+	if err != nil {
+		return cfg, err
 	}
-	cfg := def
-	if *path != "" {
-		var err error
-		if cfg, err = relay.LoadConfig(*path); err != nil {
-			return cfg, err
-		}
-	}
-	set := cli.Set(fs)
 	override := cli.Override(fs)
-	if set["controller"] || cfg.Controller == "" {
-		cfg.Controller = *controllerAddr
-	}
+	cli.ApplyController(fs, controllerAddr, &cfg.Controller)
 	override("listen", func() { cfg.Listen = *listen })
 	override("log-level", func() { cfg.LogLevel = *level })
 	override("http-listen", func() { cfg.HTTP.Listen = *httpListen })

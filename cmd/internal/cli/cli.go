@@ -196,3 +196,30 @@ func notify(ctx context.Context, log *zap.Logger, d Daemon) {
 	<-ctx.Done()
 	sd(daemon.SdNotifyStopping)
 }
+
+// ParseConfig parses args into fs (see Parse), then loads the config file
+// that path names with load, or returns def without one; the caller applies
+// the flags given over it.
+func ParseConfig[T any](fs *flag.FlagSet, args []string, about string, path *string, def T, load func(string) (T, error)) (T, error) {
+	if err := Parse(fs, args, about); err != nil {
+		return def, err
+	}
+	if *path == "" {
+		return def, nil
+	}
+	return load(*path)
+}
+
+// ControllerFlag registers --controller, the controller address(es) of a
+// daemon that connects to it, $RDZV_CONTROLLER by default.
+func ControllerFlag(fs *flag.FlagSet) *string {
+	return fs.String("controller", os.Getenv("RDZV_CONTROLLER"), "controller host:port, or replicas host:port,host:port,... (default $RDZV_CONTROLLER)")
+}
+
+// ApplyController sets field from --controller when it was given, or when
+// the config file left the field empty (so $RDZV_CONTROLLER fills it).
+func ApplyController(fs *flag.FlagSet, addr, field *string) {
+	if Set(fs)["controller"] || *field == "" {
+		*field = *addr
+	}
+}
