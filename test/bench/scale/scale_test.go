@@ -211,6 +211,9 @@ type run struct {
 	// stopWatch ends the watch of what is durable.
 	trace     io.Writer
 	stopWatch func()
+	// coldProfile is the register phase's CPU profile with relays: the
+	// controller starts inside the phase, so the profile starts there.
+	coldProfile *profile
 }
 
 func runSize(t *testing.T, cfg config, certs *sim.Certs, dir string, r *result) {
@@ -298,10 +301,14 @@ func runSize(t *testing.T, cfg config, certs *sim.Certs, dir string, r *result) 
 		if phase.name == "steady" {
 			window = cfg.steady + settle
 		}
-		if cfg.profile {
+		cold := phase.name == "register" && len(ru.relays) > 0
+		if cfg.profile && !cold {
 			prof = startProfile(ctx, ru.ctl.PprofSocket, window, filepath.Join(dir, phase.name+".pprof"))
 		}
 		err := phase.run()
+		if cold {
+			prof = ru.coldProfile
+		}
 		if prof != nil {
 			if perr := <-prof.done; perr != nil {
 				r.note(t, "%s profile: %v", phase.name, perr)
@@ -389,6 +396,9 @@ func (ru *run) register() error {
 	if len(ru.relays) > 0 {
 		if err := ru.startController(); err != nil {
 			return err
+		}
+		if ru.cfg.profile {
+			ru.coldProfile = startProfile(ru.ctx, ru.ctl.PprofSocket, profileWindow["register"], filepath.Join(ru.dir, "register.pprof"))
 		}
 	} else {
 		for _, s := range ru.sims {
