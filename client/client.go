@@ -144,6 +144,7 @@ type Client struct {
 	rdzvv1.NodeServiceClient
 	rdzvv1.CertificateServiceClient
 	rdzvv1.AgentServiceClient
+	rdzvv1.RelayServiceClient
 	rdzvv1.ServerServiceClient
 	conn *Conn
 }
@@ -176,6 +177,7 @@ func New(cfg Config) (*Client, error) {
 		NodeServiceClient:        rdzvv1.NewNodeServiceClient(conn),
 		CertificateServiceClient: rdzvv1.NewCertificateServiceClient(conn),
 		AgentServiceClient:       rdzvv1.NewAgentServiceClient(conn),
+		RelayServiceClient:       rdzvv1.NewRelayServiceClient(conn),
 		ServerServiceClient:      rdzvv1.NewServerServiceClient(conn),
 		conn:                     conn,
 	}, nil

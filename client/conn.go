@@ -100,9 +100,7 @@ func (c *Conn) served(addr string) {
 // call handshakes anew, with the certificate on disk by then, renewed one
 // hopes. Other errors leave the connection to gRPC's reconnecting.
 func (c *Conn) refused(addr string, cc *grpc.ClientConn, err error) {
-	// A relay's connection stays when the controller refuses only one of
-	// the agents it carries.
-	if status.Code(err) != codes.Unauthenticated || wire.IsRelayedRefusal(err) {
+	if status.Code(err) != codes.Unauthenticated {
 		return
 	}
 	c.mu.Lock()

@@ -22,14 +22,10 @@ type agentService struct {
 
 func (a *agentService) Connect(stream rdzvv1.AgentService_ConnectServer) error {
 	c := a.c
-	first, err := wire.RecvRegister(stream.Recv, registerTimeout)
+	reg, err := wire.RecvRegister(stream.Recv, registerTimeout)
 	if err != nil {
 		c.log.Named("agent").Warn("refusing agent stream", zap.Error(err))
 		return err
-	}
-	reg := first.GetRegister()
-	if reg == nil {
-		return status.Error(codes.InvalidArgument, "the first message on an agent stream must be register")
 	}
 	name := reg.GetNode().GetName()
 	if err := c.checkNodeIdentity(stream.Context(), name); err != nil {
@@ -61,39 +57,7 @@ func (a *agentService) Connect(stream rdzvv1.AgentService_ConnectServer) error {
 			if err != nil {
 				return // the agent went away; it reconnects and re-registers
 			}
-			now, handling := c.clock.Now(), time.Now()
-			sess.touch(now)
-			switch msg := m.GetMsg().(type) {
-			case *rdzvv1.ConnectRequest_Heartbeat:
-				sess.heartbeated.Store(true)
-				c.metrics.heartbeat(sess.heartbeat(now, c.cfg.Heartbeat.Interval.Duration))
-				sess.sendNow(&rdzvv1.ConnectResponse{Msg: &rdzvv1.ConnectResponse_HeartbeatAck{HeartbeatAck: &rdzvv1.HeartbeatAck{Seq: msg.Heartbeat.GetSeq()}}})
-			case *rdzvv1.ConnectRequest_GpuFault:
-				c.gpuFault(name, msg.GpuFault)
-			case *rdzvv1.ConnectRequest_Health:
-				c.nodeHealth(name, sess, msg.Health.GetResults())
-			case *rdzvv1.ConnectRequest_GossipView:
-				c.gossipView(name, msg.GossipView)
-			case *rdzvv1.ConnectRequest_WorkerStatus:
-				c.workerStatus(name, msg.WorkerStatus)
-			case *rdzvv1.ConnectRequest_Progress:
-				c.progress(name, msg.Progress)
-			case *rdzvv1.ConnectRequest_Checkpoint:
-				c.checkpoint(name, msg.Checkpoint)
-			case *rdzvv1.ConnectRequest_PortProbeResult:
-				sess.deliver(msg.PortProbeResult.GetRequestId(), m)
-			case *rdzvv1.ConnectRequest_LogChunk:
-				sess.deliver(msg.LogChunk.GetRequestId(), m)
-			case *rdzvv1.ConnectRequest_Restarting:
-				c.agentRestarting(name, sess, msg.Restarting)
-			case *rdzvv1.ConnectRequest_Register:
-				log.Warn("ignoring repeated register on an open stream")
-			}
-			// This stream's next heartbeat waited while this message was
-			// handled: behind the lock, when thousands of worker reports
-			// queue for it at once. Real time, like the runtime's own
-			// account of waits (lag.go): it measures this host's work.
-			c.heldUp.note(time.Since(handling))
+			c.agentMessage(sess, m)
 		}
 	}()
 	<-sess.ctx.Done()
@@ -110,5 +74,44 @@ func (a *agentService) Connect(stream rdzvv1.AgentService_ConnectServer) error {
 	if stream.Context().Err() != nil {
 		return nil
 	}
-	return status.Error(codes.Unavailable, "agent stream ended by the controller (shutting down, node declared lost, replaced by a newer connection of this node, or fell behind); reconnect")
+	return errSessionEnded
+}
+
+// agentMessage handles one message of an agent's stream, direct or
+// carried by a relay, after the register that opened it.
+func (c *Controller) agentMessage(sess *session, m *rdzvv1.ConnectRequest) {
+	name := sess.node
+	now, handling := c.clock.Now(), time.Now()
+	sess.touch(now)
+	switch msg := m.GetMsg().(type) {
+	case *rdzvv1.ConnectRequest_Heartbeat:
+		sess.heartbeated.Store(true)
+		c.metrics.heartbeat(sess.heartbeat(now, c.cfg.Heartbeat.Interval.Duration))
+		sess.sendNow(&rdzvv1.ConnectResponse{Msg: &rdzvv1.ConnectResponse_HeartbeatAck{HeartbeatAck: &rdzvv1.HeartbeatAck{Seq: msg.Heartbeat.GetSeq()}}})
+	case *rdzvv1.ConnectRequest_GpuFault:
+		c.gpuFault(name, msg.GpuFault)
+	case *rdzvv1.ConnectRequest_Health:
+		c.nodeHealth(name, sess, msg.Health.GetResults())
+	case *rdzvv1.ConnectRequest_GossipView:
+		c.gossipView(name, msg.GossipView)
+	case *rdzvv1.ConnectRequest_WorkerStatus:
+		c.workerStatus(name, msg.WorkerStatus)
+	case *rdzvv1.ConnectRequest_Progress:
+		c.progress(name, msg.Progress)
+	case *rdzvv1.ConnectRequest_Checkpoint:
+		c.checkpoint(name, msg.Checkpoint)
+	case *rdzvv1.ConnectRequest_PortProbeResult:
+		sess.deliver(msg.PortProbeResult.GetRequestId(), m)
+	case *rdzvv1.ConnectRequest_LogChunk:
+		sess.deliver(msg.LogChunk.GetRequestId(), m)
+	case *rdzvv1.ConnectRequest_Restarting:
+		c.agentRestarting(name, sess, msg.Restarting)
+	case *rdzvv1.ConnectRequest_Register:
+		c.log.Named("agent").Warn("ignoring repeated register on an open stream", zap.String("node", name))
+	}
+	// This stream's next heartbeat waited while this message was
+	// handled: behind the lock, when thousands of worker reports
+	// queue for it at once. Real time, like the runtime's own
+	// account of waits (lag.go): it measures this host's work.
+	c.heldUp.note(time.Since(handling))
 }

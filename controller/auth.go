@@ -12,7 +12,6 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials"
-	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/peer"
 	"google.golang.org/grpc/status"
 
@@ -32,6 +31,7 @@ var (
 // publicMethod's (grpc.health.v1) are answered without a certificate.
 var methodRoles = map[string][]pki.Role{
 	rdzvv1.AgentService_Connect_FullMethodName: agents,
+	rdzvv1.RelayService_Carry_FullMethodName:   {pki.RoleRelay},
 
 	rdzvv1.JobService_GetJob_FullMethodName:      readers,
 	rdzvv1.JobService_ListJobs_FullMethodName:    readers,
@@ -87,14 +87,10 @@ func peerChain(ctx context.Context) []*x509.Certificate {
 	return nil
 }
 
-// clientCertNotAfter is when the caller's certificate expires (through a
-// relay, the agent's the relay forwarded); zero without one.
+// clientCertNotAfter is when the caller's certificate expires; zero
+// without one.
 func clientCertNotAfter(ctx context.Context) time.Time {
-	chain := peerChain(ctx)
-	if r, ok := ctx.Value(relayedKey{}).(*relayed); ok {
-		chain = r.chain
-	}
-	if len(chain) > 0 {
+	if chain := peerChain(ctx); len(chain) > 0 {
 		return chain[0].NotAfter
 	}
 	return time.Time{}
@@ -154,15 +150,6 @@ func (a *authenticator) check(ctx context.Context, method string) (context.Conte
 	if cc != nil {
 		cc.accepted(v)
 	}
-	if id.Role == pki.RoleRelay && method == rdzvv1.AgentService_Connect_FullMethodName {
-		r, err := a.relayedAgent(ctx, id)
-		if err != nil {
-			a.log.Warn("relayed call refused", zap.String("method", method), zap.String("peer", addr), zap.Stringer("relay", id), zap.Error(err))
-			return nil, err
-		}
-		ctx = context.WithValue(ctx, relayedKey{}, r)
-		id = r.verification.ID
-	}
 	if err := authorize(id, method); err != nil {
 		a.log.Warn("unauthorized call refused", zap.String("method", method), zap.String("peer", addr), zap.Stringer("identity", id))
 		return nil, err
@@ -178,36 +165,32 @@ type relayed struct {
 	verification pki.ClientVerification
 }
 
-type relayedKey struct{}
-
-// relayedAgent verifies the agent certificate chain that the relay id
-// forwarded with its call (wire.RelayedChainKey). The relay verified it
-// when the agent connected; verifying it here too applies the controller's
-// CA and deny-list as they are now, so a relay cannot carry a revoked or
-// expired agent, nor vouch for anyone but an agent.
-func (a *authenticator) relayedAgent(ctx context.Context, id pki.Identity) (*relayed, error) {
-	md, _ := metadata.FromIncomingContext(ctx)
-	ders := md.Get(wire.RelayedChainKey)
+// relayedAgent verifies the agent certificate chain (DER, leaf first) that
+// relay forwarded to open a carried stream (RelayService.Carry). The relay
+// verified it when the agent connected; verifying it here too applies the
+// controller's CA and deny-list as they are now, so a relay cannot carry a
+// revoked or expired agent, nor vouch for anyone but an agent.
+func (a *authenticator) relayedAgent(relay pki.Identity, ders [][]byte) (*relayed, error) {
 	if len(ders) == 0 || len(ders) > wire.MaxRelayedChain {
-		return nil, status.Errorf(codes.PermissionDenied, "%s may call %s only for an agent: metadata %s must hold the agent's certificate chain (1 to %d certificates), got %d",
-			id, rdzvv1.AgentService_Connect_FullMethodName, wire.RelayedChainKey, wire.MaxRelayedChain, len(ders))
+		return nil, status.Errorf(codes.PermissionDenied, "%s may open a stream only for an agent: its certificate_chain must hold 1 to %d certificates, got %d",
+			relay, wire.MaxRelayedChain, len(ders))
 	}
 	chain := make([]*x509.Certificate, len(ders))
 	for i, der := range ders {
-		cert, err := x509.ParseCertificate([]byte(der))
+		cert, err := x509.ParseCertificate(der)
 		if err != nil {
-			return nil, wire.RelayedRefusal(fmt.Sprintf("relayed certificate %d of %s: %v", i, id, err))
+			return nil, status.Errorf(codes.Unauthenticated, "relayed certificate %d of %s: %v", i, relay, err)
 		}
 		chain[i] = cert
 	}
 	v, err := a.verify(chain, pki.ClientVerification{})
 	if err != nil {
-		return nil, wire.RelayedRefusal(fmt.Sprintf("agent certificate relayed by %s: %v", id, err))
+		return nil, status.Errorf(codes.Unauthenticated, "agent certificate relayed by %s: %v", relay, err)
 	}
 	if v.ID.Role != pki.RoleAgent {
-		return nil, status.Errorf(codes.PermissionDenied, "%s relayed the certificate of %s: a relay carries agents only", id, v.ID)
+		return nil, status.Errorf(codes.PermissionDenied, "%s relayed the certificate of %s: a relay carries agents only", relay, v.ID)
 	}
-	return &relayed{relay: id, chain: chain, verification: v}, nil
+	return &relayed{relay: relay, chain: chain, verification: v}, nil
 }
 
 func (a *authenticator) unary(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
@@ -231,16 +214,6 @@ func (a *authenticator) stream(srv any, ss grpc.ServerStream, info *grpc.StreamS
 		return err
 	}
 	defer done()
-	if r, ok := ctx.Value(relayedKey{}).(*relayed); ok {
-		// The relayed agent's certificate is tracked as if it had a
-		// connection of its own: its expiry, revocation or a CA change
-		// ends this stream only, not the relay's other agents.
-		ctx, done, err = trackRelayed(ctx, r)
-		if err != nil {
-			return err
-		}
-		defer done()
-	}
 	err = handler(srv, &identityStream{ServerStream: ss, ctx: ctx})
 	if refused := streamRefused(ctx); refused != nil {
 		return refused
@@ -263,8 +236,14 @@ func (c *Controller) checkNodeIdentity(ctx context.Context, node string) error {
 	if c.cfg.Insecure {
 		return nil
 	}
-	id, ok := identityFrom(ctx)
-	if !ok || id.Role != pki.RoleAgent || id.Name != node {
+	id, _ := identityFrom(ctx)
+	return nodeIdentity(id, node)
+}
+
+// nodeIdentity refuses id, an agent's verified identity (directly or
+// through a relay), registering as node unless its certificate names it.
+func nodeIdentity(id pki.Identity, node string) error {
+	if id.Role != pki.RoleAgent || id.Name != node {
 		return status.Errorf(codes.PermissionDenied, "%s may not register node %q: an agent registers only as the node named in its certificate", id, node)
 	}
 	return nil

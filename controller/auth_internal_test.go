@@ -16,7 +16,7 @@ import (
 // methods are denied to everyone, which is safe but surely not meant.
 func TestEveryMethodHasRoles(t *testing.T) {
 	var methods []string
-	for _, sd := range []grpc.ServiceDesc{rdzvv1.AgentService_ServiceDesc, rdzvv1.JobService_ServiceDesc, rdzvv1.NodeService_ServiceDesc, rdzvv1.CertificateService_ServiceDesc,
+	for _, sd := range []grpc.ServiceDesc{rdzvv1.AgentService_ServiceDesc, rdzvv1.RelayService_ServiceDesc, rdzvv1.JobService_ServiceDesc, rdzvv1.NodeService_ServiceDesc, rdzvv1.CertificateService_ServiceDesc,
 		rdzvv1.ServerService_ServiceDesc} {
 		for _, m := range sd.Methods {
 			methods = append(methods, "/"+sd.ServiceName+"/"+m.MethodName)

@@ -81,6 +81,8 @@ type Controller struct {
 
 	mu    sync.Mutex
 	nodes map[string]*nodeState
+	// carriers are the relays' Carry calls this lead serves (carry.go).
+	carriers map[*carrier]struct{}
 	// seeds are the nodes that registered with gossip last (gossipSeeds).
 	seeds seedRing
 	jobs  map[string]*jobState
@@ -225,6 +227,7 @@ func New(cfg Config, log *zap.Logger, opts ...Option) (*Controller, error) {
 		peersKick: make(chan struct{}, 1),
 		ready:     make(chan struct{}),
 		nodes:     map[string]*nodeState{},
+		carriers:  map[*carrier]struct{}{},
 		jobs:      map[string]*jobState{},
 
 		lag: health.NewLagWindow(cfg.Heartbeat.Timeout.Duration),
@@ -319,6 +322,7 @@ func (c *Controller) Run(ctx context.Context) error {
 		grpc.ChainStreamInterceptor(c.streamGate),
 	), wire.StreamServerOptions()...)...)
 	rdzvv1.RegisterAgentServiceServer(srv, &agentService{c: c})
+	rdzvv1.RegisterRelayServiceServer(srv, &relayService{c: c})
 	rdzvv1.RegisterJobServiceServer(srv, &jobService{c: c})
 	rdzvv1.RegisterNodeServiceServer(srv, &nodeService{c: c})
 	rdzvv1.RegisterCertificateServiceServer(srv, &certificateService{c: c})
@@ -387,6 +391,9 @@ func (c *Controller) endSessions() {
 }
 
 func (c *Controller) endSessionsLocked() {
+	for ca := range c.carriers {
+		ca.end(errLeadEnded)
+	}
 	for _, ns := range c.nodes {
 		if ns.session != nil {
 			ns.session.cancel()

@@ -18,7 +18,6 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/rdzv/rdzv/pki"
-	"github.com/rdzv/rdzv/wire"
 )
 
 // Every client connection is tracked with the certificate chain it was
@@ -64,8 +63,6 @@ type clientConn struct {
 	// verified is set once a call on the connection was authenticated;
 	// closed once it is closed. Both change under set.mu.
 	verified, closed atomic.Bool
-	// relayed: the connection stands for a relayed agent's (trackRelayed).
-	relayed bool
 
 	mu sync.Mutex
 	// verification is the chain's last accepted verification: checking it
@@ -101,7 +98,7 @@ func (t trackingCreds) ServerHandshake(raw net.Conn) (net.Conn, credentials.Auth
 	if !ok || len(tlsInfo.State.PeerCertificates) == 0 {
 		return conn, info, nil
 	}
-	cc := t.conns.add(conn, tlsInfo.State.PeerCertificates, raw.RemoteAddr().String(), false)
+	cc := t.conns.add(conn, tlsInfo.State.PeerCertificates, raw.RemoteAddr().String())
 	return cc, connInfo{TLSInfo: tlsInfo, conn: cc}, nil
 }
 
@@ -109,8 +106,8 @@ func (t trackingCreds) Clone() credentials.TransportCredentials {
 	return trackingCreds{TransportCredentials: t.TransportCredentials.Clone(), conns: t.conns}
 }
 
-func (s *clientConns) add(conn net.Conn, chain []*x509.Certificate, peer string, relayed bool) *clientConn {
-	cc := &clientConn{Conn: conn, set: s, chain: chain, peer: peer, relayed: relayed, streams: map[uint64]context.CancelCauseFunc{}}
+func (s *clientConns) add(conn net.Conn, chain []*x509.Certificate, peer string) *clientConn {
+	cc := &clientConn{Conn: conn, set: s, chain: chain, peer: peer, streams: map[uint64]context.CancelCauseFunc{}}
 	leaf := chain[0]
 	left := leaf.NotAfter.Sub(s.clock.Now())
 	if left <= 0 {
@@ -191,7 +188,7 @@ func (cc *clientConn) end(reason error, announce func()) {
 	announce()
 	cc.ended = reason
 	for _, cancel := range cc.streams {
-		cancel(&certRefused{reason: reason, relayed: cc.relayed})
+		cancel(&certRefused{reason: reason})
 	}
 	cc.close = cc.set.clock.AfterFunc(connCloseGrace, func() { _ = cc.Close() })
 }
@@ -214,20 +211,12 @@ func (cc *clientConn) Close() error {
 }
 
 // certRefused is why a stream was ended: its connection's certificate is
-// no longer accepted. relayed: the certificate is a relayed agent's.
-type certRefused struct {
-	reason  error
-	relayed bool
-}
+// no longer accepted.
+type certRefused struct{ reason error }
 
 func (e *certRefused) Error() string { return e.reason.Error() }
 
-func (e *certRefused) status() error {
-	if e.relayed {
-		return wire.RelayedRefusal(e.reason.Error())
-	}
-	return status.Error(codes.Unauthenticated, e.reason.Error())
-}
+func (e *certRefused) status() error { return status.Error(codes.Unauthenticated, e.reason.Error()) }
 
 // trackStream ties a stream's context to the connection it came on: the
 // context is canceled, with a certRefused cause, when the connection ends.
@@ -240,17 +229,17 @@ func trackStream(ctx context.Context) (_ context.Context, done func(), _ error) 
 	return cc.track(ctx)
 }
 
-// trackRelayed tracks the agent certificate of a relayed stream (r) as a
-// connection of its own, which only that stream is on. It ends, and the
-// stream with it, as a connection would: when the certificate expires or
-// re-verification refuses it. Ending it closes nothing (relayedConn); done
-// drops it.
+// trackRelayed tracks the agent certificate of a carried stream (r) as a
+// connection of its own, which only that stream is on: ctx, a relay's
+// Carry call, is canceled with a certRefused cause when the certificate
+// expires or re-verification refuses it, and the relay's other agents are
+// not touched. Ending it closes nothing (relayedConn); done drops it.
 func trackRelayed(ctx context.Context, r *relayed) (_ context.Context, done func(), _ error) {
 	relay := trackedConn(ctx)
 	if relay == nil {
 		return ctx, func() {}, nil
 	}
-	vc := relay.set.add(relayedConn{}, r.chain, relay.peer+" ("+r.verification.ID.String()+" through "+r.relay.String()+")", true)
+	vc := relay.set.add(relayedConn{}, r.chain, relay.peer+" ("+r.verification.ID.String()+" through "+r.relay.String()+")")
 	vc.accepted(r.verification)
 	ctx, untrack, err := vc.track(ctx)
 	if err != nil {
@@ -276,7 +265,7 @@ func (cc *clientConn) track(ctx context.Context) (_ context.Context, done func()
 	defer cc.mu.Unlock()
 	if cc.ended != nil {
 		cancel(nil)
-		return nil, nil, (&certRefused{reason: cc.ended, relayed: cc.relayed}).status()
+		return nil, nil, (&certRefused{reason: cc.ended}).status()
 	}
 	id := cc.nextStream
 	cc.nextStream++

@@ -14,7 +14,6 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials"
-	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 
 	"github.com/rdzv/rdzv/agent"
@@ -22,7 +21,6 @@ import (
 	"github.com/rdzv/rdzv/pki"
 	rdzvv1 "github.com/rdzv/rdzv/proto/rdzv/v1"
 	"github.com/rdzv/rdzv/relay"
-	"github.com/rdzv/rdzv/wire"
 )
 
 // runningRelay is an in-process rdzv-relay in front of the cluster's
@@ -143,48 +141,149 @@ func TestRelayCarriesAgents(t *testing.T) {
 	}
 }
 
+// carry opens a Carry call on conn, as a relay does, and returns it once
+// the controller said it serves it.
+func carry(t *testing.T, conn *grpc.ClientConn) (rdzvv1.RelayService_CarryClient, error) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), waitTimeout)
+	t.Cleanup(cancel)
+	stream, err := rdzvv1.NewRelayServiceClient(conn).Carry(ctx)
+	if err != nil {
+		return nil, err
+	}
+	first, err := stream.Recv()
+	if err != nil {
+		return nil, err
+	}
+	require.Empty(t, first.GetFrames(), "the first response only says the call is served")
+	return stream, nil
+}
+
+// frame is a message of one frame.
+func frame(f *rdzvv1.UpFrame) *rdzvv1.CarryRequest {
+	return &rdzvv1.CarryRequest{Frames: []*rdzvv1.UpFrame{f}}
+}
+
+// openCarried opens stream id on a Carry call for chain (DER) registering
+// node.
+func openCarried(t *testing.T, stream rdzvv1.RelayService_CarryClient, id uint64, node string, chain [][]byte) {
+	t.Helper()
+	require.NoError(t, stream.Send(frame(&rdzvv1.UpFrame{StreamId: id, Frame: &rdzvv1.UpFrame_Open{Open: &rdzvv1.OpenStream{CertificateChain: chain,
+		Register: &rdzvv1.Register{Node: &rdzvv1.NodeInfo{Name: node, Address: "127.0.0.1", NcclInterface: "lo", AgentVersion: "test"}}}}})))
+}
+
+// nextFrame is the next frame the controller sends on a Carry call.
+func nextFrame(t *testing.T, stream rdzvv1.RelayService_CarryClient, pending *[]*rdzvv1.DownFrame) *rdzvv1.DownFrame {
+	t.Helper()
+	for len(*pending) == 0 {
+		resp, err := stream.Recv()
+		require.NoError(t, err)
+		*pending = resp.GetFrames()
+	}
+	f := (*pending)[0]
+	*pending = (*pending)[1:]
+	return f
+}
+
+// endStatus is how a carried stream's end frame says it ended.
+func endStatus(f *rdzvv1.DownFrame) error {
+	if end := f.GetEnd(); end != nil {
+		return status.Error(codes.Code(end.GetCode()), end.GetMessage())
+	}
+	return nil
+}
+
 // TestRelayedRefusals: a relay's certificate speaks only for the agents
-// whose verified certificates it forwards, and only as those nodes.
+// whose verified certificates it forwards, and only as those nodes; each
+// refusal ends the agent's stream, never the relay's call.
 func TestRelayedRefusals(t *testing.T) {
 	c := newCluster(t)
-	chain := func(id pki.Identity) metadata.MD {
+	chain := func(id pki.Identity) [][]byte {
 		files := c.issue(id)
 		cert, err := pki.ReadCert(files.Cert)
 		require.NoError(t, err)
-		return metadata.Pairs(wire.RelayedChainKey, string(cert.Raw))
+		return [][]byte{cert.Raw}
 	}
 	foreign, err := pki.NewCA("foreign", time.Hour, time.Now())
 	require.NoError(t, err)
 	foreignAgent, err := foreign.Issue(pki.Request{Identity: pki.Identity{Role: pki.RoleAgent, Name: "node-a"}, ValidFor: time.Minute, Now: time.Now()})
 	require.NoError(t, err)
-	relayConn := c.dial(c.issue(pki.Identity{Role: pki.RoleRelay, Name: "rack-1"}))
+	junk := [][]byte{[]byte("a")}
+	stream, err := carry(t, c.dial(c.issue(pki.Identity{Role: pki.RoleRelay, Name: "rack-1"})))
+	require.NoError(t, err)
+	var pending []*rdzvv1.DownFrame
 	tests := []struct {
-		name string
-		conn *grpc.ClientConn
-		md   metadata.MD
-		node string
-		code codes.Code
-		want string
+		name  string
+		chain [][]byte
+		node  string
+		code  codes.Code
+		want  string
 	}{
-		{"no chain", relayConn, nil, "node-a", codes.PermissionDenied, "must hold the agent's certificate chain (1 to 4 certificates), got 0"},
-		{"too long a chain", relayConn, metadata.Pairs(wire.RelayedChainKey, "a", wire.RelayedChainKey, "b", wire.RelayedChainKey, "c", wire.RelayedChainKey, "d", wire.RelayedChainKey, "e"),
-			"node-a", codes.PermissionDenied, "got 5"},
-		{"not a certificate", relayConn, metadata.Pairs(wire.RelayedChainKey, "junk"), "node-a", codes.Unauthenticated, "relayed certificate 0 of relay/rack-1"},
-		{"another CA's agent", relayConn, metadata.Pairs(wire.RelayedChainKey, string(foreignAgent.Cert.Raw)), "node-a", codes.Unauthenticated, "agent certificate relayed by relay/rack-1"},
-		{"an operator", relayConn, chain(pki.Identity{Role: pki.RoleOperator, Name: "alice"}), "alice", codes.PermissionDenied, "relay/rack-1 relayed the certificate of operator/alice: a relay carries agents only"},
-		{"another node", relayConn, chain(pki.Identity{Role: pki.RoleAgent, Name: "node-b"}), "node-a", codes.PermissionDenied, `agent/node-b may not register node "node-a"`},
-		{"an agent forwarding", c.dial(c.issue(pki.Identity{Role: pki.RoleAgent, Name: "node-b"})), chain(pki.Identity{Role: pki.RoleAgent, Name: "node-a"}),
-			"node-a", codes.PermissionDenied, `agent/node-b may not register node "node-a"`},
+		{"no chain", nil, "node-a", codes.PermissionDenied, "its certificate_chain must hold 1 to 4 certificates, got 0"},
+		{"too long a chain", append(append(append(append(append([][]byte{}, junk...), junk...), junk...), junk...), junk...), "node-a", codes.PermissionDenied, "got 5"},
+		{"not a certificate", junk, "node-a", codes.Unauthenticated, "relayed certificate 0 of relay/rack-1"},
+		{"another CA's agent", [][]byte{foreignAgent.Cert.Raw}, "node-a", codes.Unauthenticated, "agent certificate relayed by relay/rack-1"},
+		{"an operator", chain(pki.Identity{Role: pki.RoleOperator, Name: "alice"}), "alice", codes.PermissionDenied, "relay/rack-1 relayed the certificate of operator/alice: a relay carries agents only"},
+		{"another node", chain(pki.Identity{Role: pki.RoleAgent, Name: "node-b"}), "node-a", codes.PermissionDenied, `agent/node-b may not register node "node-a"`},
+		{"an invalid registration", chain(pki.Identity{Role: pki.RoleAgent, Name: "node-a"}), "", codes.InvalidArgument, "node.name"},
 	}
-	for _, tt := range tests {
+	for i, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			err := registerWith(t, tt.conn, tt.node, tt.md)
+			id := uint64(i + 1)
+			openCarried(t, stream, id, tt.node, tt.chain)
+			f := nextFrame(t, stream, &pending)
+			require.Equal(t, id, f.GetStreamId())
+			err := endStatus(f)
 			require.Equal(t, tt.code, status.Code(err), "%v", err)
 			require.ErrorContains(t, err, tt.want)
 		})
 	}
-	require.Empty(t, c.listNodes(), "no refused call registered a node")
-	require.NoError(t, registerWith(t, relayConn, "node-a", chain(pki.Identity{Role: pki.RoleAgent, Name: "node-a"})), "the agent's own chain, for its own node")
+	require.Empty(t, c.listNodes(), "no refused stream registered a node")
+
+	openCarried(t, stream, 100, "node-a", chain(pki.Identity{Role: pki.RoleAgent, Name: "node-a"}))
+	f := nextFrame(t, stream, &pending)
+	require.Equal(t, uint64(100), f.GetStreamId())
+	require.NotNil(t, f.GetResponse().GetRegistered(), "the agent's own chain, for its own node, on the same call: %v", f)
+
+	// A frame with nothing in it is the relay's fault: the call ends.
+	require.NoError(t, stream.Send(frame(&rdzvv1.UpFrame{StreamId: 101})))
+	for {
+		_, err = stream.Recv()
+		if err != nil {
+			break
+		}
+	}
+	require.Equal(t, codes.InvalidArgument, status.Code(err), "%v", err)
+	require.ErrorContains(t, err, "frame of stream 101: no open, request or close")
+}
+
+// TestCarriedInvalidMessage: an agent's invalid message ends its own
+// carried stream, with the reason, and not its neighbours' on the call.
+func TestCarriedInvalidMessage(t *testing.T) {
+	c := newCluster(t)
+	stream, err := carry(t, c.dial(c.issue(pki.Identity{Role: pki.RoleRelay, Name: "rack-1"})))
+	require.NoError(t, err)
+	var pending []*rdzvv1.DownFrame
+	for i, node := range []string{"node-a", "node-b"} {
+		cert, err := pki.ReadCert(c.issue(pki.Identity{Role: pki.RoleAgent, Name: node}).Cert)
+		require.NoError(t, err)
+		openCarried(t, stream, uint64(i+1), node, [][]byte{cert.Raw})
+		f := nextFrame(t, stream, &pending)
+		require.NotNil(t, f.GetResponse().GetRegistered(), "%v", f)
+	}
+	require.NoError(t, stream.Send(frame(&rdzvv1.UpFrame{StreamId: 1, Frame: &rdzvv1.UpFrame_Request{Request: &rdzvv1.ConnectRequest{
+		Msg: &rdzvv1.ConnectRequest_Progress{Progress: &rdzvv1.Progress{Job: ""}}}}})))
+	f := nextFrame(t, stream, &pending)
+	require.Equal(t, uint64(1), f.GetStreamId())
+	err = endStatus(f)
+	require.Equal(t, codes.InvalidArgument, status.Code(err), "%v", err)
+	require.ErrorContains(t, err, "progress.job")
+
+	require.NoError(t, stream.Send(frame(&rdzvv1.UpFrame{StreamId: 2, Frame: &rdzvv1.UpFrame_Request{Request: &rdzvv1.ConnectRequest{
+		Msg: &rdzvv1.ConnectRequest_Heartbeat{Heartbeat: &rdzvv1.Heartbeat{Seq: 7}}}}})))
+	f = nextFrame(t, stream, &pending)
+	require.Equal(t, uint64(2), f.GetStreamId())
+	require.Equal(t, uint64(7), f.GetResponse().GetHeartbeatAck().GetSeq(), "the neighbour's stream goes on: %v", f)
 }
 
 // TestRelayRefusesNonAgents: the relay itself carries agents only, and
@@ -228,4 +327,33 @@ func TestRelayedAgentRevoked(t *testing.T) {
 	c.waitNode("node-a", func(n *rdzvv1.Node) bool { return n.GetState() == rdzvv1.NodeState_NODE_STATE_LOST })
 	b.heartbeat(1)
 	require.False(t, b.closed(), "the relay's other agent is not touched")
+}
+
+// TestRelayHoldsThroughRestart: while the controller restarts, the relay
+// holds its agents' new streams, and they register again through it once
+// the controller leads: no agent goes around its relay, and the job keeps
+// its generation.
+func TestRelayHoldsThroughRestart(t *testing.T) {
+	c := newCluster(t)
+	r := c.startRelay("rack-1")
+	viaRelay := func(cfg *agent.Config) { cfg.Relays = r.addr }
+	a := c.addAgent("node-a", 1, nil, viaRelay)
+	b := c.addAgent("node-b", 1, nil, viaRelay)
+	c.startJob(c.spec("held", 2, 2, "hang"))
+	gen := c.waitRunning("held").GetGeneration()
+	registered := func(node string) int {
+		return c.logs.FilterMessage("registered with controller").FilterField(zap.String("node", node)).Len()
+	}
+	require.Equal(t, 1, registered("node-a"))
+	require.Equal(t, 1, registered("node-b"))
+
+	c.stopController()
+	c.startController()
+	poll(t, func() bool { return registered("node-a") == 2 && registered("node-b") == 2 }, func() string { return "the agents did not register again" })
+	for _, ra := range []*runningAgent{a, b} {
+		require.Equal(t, float64(1), scrape(t, ra.agent.HTTP().Addr().String()).gauge(t, "rdzv_agent_via_relay"), "still through the relay")
+	}
+	require.Equal(t, "2", r.streams(t))
+	job := c.waitRunning("held")
+	require.Equal(t, gen, job.GetGeneration(), "the restart did not restart the job")
 }

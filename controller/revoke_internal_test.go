@@ -261,9 +261,9 @@ func TestConnectionsEndWhenRefused(t *testing.T) {
 	rawA, closedA := pipeConn(t)
 	rawB, closedB := pipeConn(t)
 	rawC, closedC := pipeConn(t)
-	a := conns.add(rawA, []*x509.Certificate{revoked}, "a", false)
-	b := conns.add(rawB, []*x509.Certificate{kept}, "b", false)
-	conns.add(rawC, []*x509.Certificate{revoked}, "c", false) // never authenticated
+	a := conns.add(rawA, []*x509.Certificate{revoked}, "a")
+	b := conns.add(rawB, []*x509.Certificate{kept}, "b")
+	conns.add(rawC, []*x509.Certificate{revoked}, "c") // never authenticated
 	a.accepted(pki.ClientVerification{})
 	b.accepted(pki.ClientVerification{})
 
@@ -324,7 +324,7 @@ func TestConnectionEndsAtExpiry(t *testing.T) {
 	conns := newClientConns(clock, zaptest.NewLogger(t))
 	cert := issueAt(t, ca, "agent/gpu-01", revokeNow.Add(-23*time.Hour)) // expires in an hour
 	raw, closed := pipeConn(t)
-	cc := conns.add(raw, []*x509.Certificate{cert}, "a", false)
+	cc := conns.add(raw, []*x509.Certificate{cert}, "a")
 	stream, done, err := trackStream(trackedPeer(cc))
 	require.NoError(t, err)
 	defer done()

@@ -75,6 +75,9 @@ func validateRequest(m any) error {
 	case *rdzvv1.GetServerInfoRequest:
 	case *rdzvv1.ConnectRequest:
 		err = validateConnectRequest(r)
+	case *rdzvv1.CarryRequest:
+		// Frame by frame as the carrier handles them (carry.go), so that
+		// one agent's bad message ends its own stream, not the relay's.
 	case *rdzvv1.RevokeCertificateRequest:
 		err = validateRevokeCertificate(r)
 	case *rdzvv1.ListRevocationsRequest:

@@ -1,16 +1,17 @@
 // Package relay is rdzv-relay: it carries the streams of many agents to
-// the controller over one connection. At 10,000 nodes the controller's
-// cost is per connection, not per message (a TLS session, HTTP/2
-// transport and a few goroutines each, and a system call or two for every
-// heartbeat); a relay per rack or leaf switch lets the controller hold
-// one connection per relay, with every agent's stream on it, while each
-// agent's stream stays its own.
+// the controller as frames of one stream (rdzv.v1.RelayService.Carry). At
+// 10,000 nodes the controller's cost was per connection and per stream,
+// not per message (a TLS session, HTTP/2 transport and a few goroutines
+// each, and a system call or two for every heartbeat); a relay per rack or
+// leaf switch lets the controller hold one stream per relay, with every
+// agent's messages batched on it, while each agent's stream stays its own
+// as far as the agent and the controller's logic can tell.
 //
-// Trust: the relay verifies each agent's certificate and forwards it with
-// the agent's stream (wire.RelayedChainKey); the controller verifies it
-// again against its CA and deny-list and lets the stream speak for that
-// node only. A relay's certificate (role relay) can carry agents and do
-// nothing else.
+// Trust: the relay verifies each agent's certificate and forwards it when
+// it opens the agent's stream (rdzv.v1.OpenStream); the controller
+// verifies it again against its CA and deny-list and lets the stream speak
+// for that node only. A relay's certificate (role relay) can carry agents
+// and do nothing else.
 package relay
 
 import (

@@ -5,8 +5,6 @@ import (
 	"crypto/x509"
 	"errors"
 	"fmt"
-	"io"
-	"math/rand/v2"
 	"net"
 	"time"
 
@@ -17,7 +15,6 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/keepalive"
-	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/peer"
 	"google.golang.org/grpc/status"
 
@@ -33,14 +30,13 @@ import (
 // network is given up within 15 s, and its agents' streams with it.
 var upstreamKeepalive = keepalive.ClientParameters{Time: 10 * time.Second, Timeout: 5 * time.Second, PermitWithoutStream: true}
 
-// While no controller serves an agent's new stream (a controller restart
-// or failover) but a controller's host answers (reach), the relay holds
-// the stream, for up to maxHold; one attempt per holdRetry tries for all
-// of the relay's held streams (upstream). Then it tells the agent
-// Unavailable, which sends the agent around it to the controller
-// directly. Held agents register the moment a controller leads, through
-// their relay, instead of after their own reconnect backoff and with a
-// handshake each.
+// While no controller serves the relay (a controller restart or failover)
+// but a controller's host answers (reach), the relay holds its agents' new
+// streams, for up to maxHold, while its carrier tries for a call once per
+// holdRetry; then it tells an agent Unavailable, which sends the agent
+// around it to the controller directly. Held agents register the moment a
+// controller leads, through their relay, instead of after their own
+// reconnect backoff and with a handshake each.
 const (
 	holdRetry = time.Second
 	maxHold   = 5 * time.Minute
@@ -56,7 +52,7 @@ var upstreamBackoff = grpc.ConnectParams{
 
 // registerTimeout bounds the wait for an agent's first message, as the
 // controller's does: a connection that opens a stream and says nothing
-// holds no upstream stream for long.
+// holds no place on the controller for long.
 const registerTimeout = 30 * time.Second
 
 // Relay is rdzv-relay. Build it with New and run it with Run.
@@ -68,7 +64,7 @@ type Relay struct {
 	metrics *metrics
 	http    *httpserve.Server
 	reach   *reach
-	up      *upstream
+	carrier *carrier
 
 	lis   net.Listener
 	ready chan struct{}
@@ -100,7 +96,8 @@ func New(cfg Config, log *zap.Logger) (*Relay, error) {
 		return nil, fmt.Errorf("loading the relay's tls files: %w", err)
 	}
 	r := &Relay{cfg: cfg, log: log, tls: tls, client: cl, metrics: newMetrics(), ready: make(chan struct{}),
-		reach: &reach{addrs: addrs, dial: (&net.Dialer{}).DialContext}, up: newUpstream()}
+		reach: &reach{addrs: addrs, dial: (&net.Dialer{}).DialContext}}
+	r.carrier = newCarrier(r)
 	if cfg.HTTP.Enabled() {
 		reg := httpserve.NewRegistry()
 		r.metrics.register(reg)
@@ -159,6 +156,7 @@ func (r *Relay) Run(ctx context.Context) error {
 	}
 	r.log.Info("relay serving", zap.Stringer("addr", lis.Addr()), zap.String("controller", r.cfg.Controller))
 	close(r.ready)
+	g.Go(func() error { r.carrier.run(gctx); return nil })
 	g.Go(func() error {
 		if err := srv.Serve(lis); err != nil && !errors.Is(err, grpc.ErrServerStopped) {
 			return fmt.Errorf("serving grpc: %w", err)
@@ -175,7 +173,7 @@ func (r *Relay) Run(ctx context.Context) error {
 }
 
 // service is the relay's AgentService: each agent stream is carried to the
-// controller as a stream of its own on the relay's connection.
+// controller as frames of the relay's one call (carrier).
 type service struct {
 	rdzvv1.UnimplementedAgentServiceServer
 	r *Relay
@@ -184,6 +182,7 @@ type service struct {
 func (s *service) Connect(down rdzvv1.AgentService_ConnectServer) error {
 	err := s.r.carry(down)
 	s.r.metrics.ended.WithLabelValues(status.Code(err).String()).Inc()
+	s.r.log.Debug("agent stream ended", zap.String("peer", peerAddr(down.Context())), zap.Error(err))
 	return err
 }
 
@@ -211,145 +210,21 @@ func (r *Relay) carry(down rdzvv1.AgentService_ConnectServer) error {
 	if len(chain) > wire.MaxRelayedChain {
 		return status.Errorf(codes.InvalidArgument, "%s presented %d certificates; a relay forwards at most %d", id, len(chain), wire.MaxRelayedChain)
 	}
-	md := metadata.MD{}
-	for _, c := range chain {
-		md.Append(wire.RelayedChainKey, string(c.Raw))
-	}
-	uctx, cancel := context.WithCancel(metadata.NewOutgoingContext(ctx, md))
-	defer cancel()
-
-	first, err := wire.RecvRegister(down.Recv, registerTimeout)
+	reg, err := wire.RecvRegister(down.Recv, registerTimeout)
 	if err != nil {
 		return err
 	}
-	up, resp, err := r.open(uctx, first)
+	cl, err := r.carrier.await(ctx)
 	if err != nil {
-		return upstreamStatus(err)
+		return err
 	}
-	if err := down.Send(resp); err != nil {
+	as, err := cl.open(chain, reg)
+	if err != nil {
 		return err
 	}
 	r.metrics.streams.Inc()
 	defer r.metrics.streams.Dec()
-	log := r.log.With(zap.Stringer("agent", id))
-	log.Debug("carrying agent stream", zap.String("controller", r.client.Leader()))
-
-	// Agent to controller beside; controller to agent here. When the agent
-	// goes, canceling ends the upstream stream; when the controller ends
-	// it, returning ends the agent's, which ends the receive beside.
-	go func() {
-		defer cancel()
-		for {
-			m, err := down.Recv()
-			if errors.Is(err, io.EOF) {
-				_ = up.CloseSend()
-				return
-			}
-			if err != nil {
-				return
-			}
-			if err := up.Send(m); err != nil {
-				return
-			}
-		}
-	}()
-	for {
-		m, err := up.Recv()
-		if errors.Is(err, io.EOF) {
-			return nil
-		}
-		if err != nil {
-			if ctx.Err() != nil {
-				return status.FromContextError(ctx.Err()).Err()
-			}
-			log.Debug("controller ended agent stream", zap.Error(err))
-			return upstreamStatus(err)
-		}
-		if err := down.Send(m); err != nil {
-			return err
-		}
-	}
-}
-
-// open opens the agent's stream to the leading controller, sends it the
-// agent's first message and returns the controller's answer. While no
-// controller serves but one's host answers, it holds the agent (see
-// maxHold and upstream). A refusal that is an answer (a certificate
-// refused, a bad message) ends it at once.
-func (r *Relay) open(ctx context.Context, first *rdzvv1.ConnectRequest) (rdzvv1.AgentService_ConnectClient, *rdzvv1.ConnectResponse, error) {
-	deadline := time.Now().Add(maxHold)
-	var last error
-	for {
-		down, back := r.up.state()
-		if !down || r.up.pilot(time.Now()) {
-			up, resp, err := r.attempt(ctx, first)
-			if err == nil {
-				r.up.served()
-				return up, resp, nil
-			}
-			if status.Code(err) != codes.Unavailable || ctx.Err() != nil {
-				return nil, nil, err
-			}
-			r.up.failed(time.Now())
-			last = err
-		}
-		if last != nil && (time.Now().After(deadline) || !r.reach.reachable(ctx)) {
-			return nil, nil, last
-		}
-		// Jittered, so that the held do not all wake together to see
-		// whether they are the pilot.
-		select {
-		case <-ctx.Done():
-			return nil, nil, status.FromContextError(ctx.Err()).Err()
-		case <-back:
-			// Released together, the held would register in one burst:
-			// ten thousand at once kept a cold controller's first node
-			// writes past etcd's request timeout, and it stepped down
-			// (make bench-scale). Spread over a retry interval instead.
-			select {
-			case <-ctx.Done():
-				return nil, nil, status.FromContextError(ctx.Err()).Err()
-			case <-time.After(rand.N(holdRetry)):
-			}
-		case <-time.After(holdRetry/2 + rand.N(holdRetry)):
-		}
-		if last == nil {
-			last = status.Error(codes.Unavailable, "relay: no controller serves")
-		}
-	}
-}
-
-// attempt is one try of open.
-func (r *Relay) attempt(ctx context.Context, first *rdzvv1.ConnectRequest) (rdzvv1.AgentService_ConnectClient, *rdzvv1.ConnectResponse, error) {
-	up, err := r.client.Connect(ctx)
-	if err != nil {
-		return nil, nil, err
-	}
-	if err := up.Send(first); err != nil {
-		return nil, nil, err
-	}
-	// The first receive finds the leading controller (client.Conn).
-	resp, err := up.Recv()
-	if err != nil {
-		return nil, nil, err
-	}
-	return up, resp, nil
-}
-
-// upstreamStatus is what the agent is told when the controller's side
-// failed: the controller's own status when it gave one, Unavailable
-// otherwise.
-func upstreamStatus(err error) error {
-	if wire.IsRelayedRefusal(err) {
-		// Unmarked, the agent drops its connection to the relay and
-		// handshakes again, presenting its renewed certificate if it has
-		// one.
-		return status.Error(codes.Unauthenticated, status.Convert(err).Message())
-	}
-	if st, ok := status.FromError(err); ok {
-		return st.Err()
-	}
-	return status.Errorf(codes.Unavailable, "relay: controller: %v", err)
+	return cl.pump(down, as)
 }
 
 func peerAddr(ctx context.Context) string {

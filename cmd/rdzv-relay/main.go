@@ -32,9 +32,10 @@ func main() {
 
 // about is the start of --help.
 const about = `rdzv-relay carries the streams of the agents that connect to it to the
-rdzv controller, each agent's stream its own, all over one connection:
+rdzv controller, all as frames of one stream, their messages batched:
 on a large cluster, one relay per rack or leaf switch cuts the
-controller's connections, and its CPU and memory, by the rack's size.
+controller's connections and streams, and its CPU and memory, by the
+rack's size.
 Agents list it in their relays setting and reach the controller directly
 when it fails. Under systemd it runs as deploy/systemd/rdzv-relay.service.`
 

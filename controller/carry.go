@@ -1,0 +1,318 @@
+package controller
+
+// RelayService.Carry: a relay's agents, many streams on one.
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"time"
+
+	"go.uber.org/zap"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/rdzv/rdzv/pki"
+	rdzvv1 "github.com/rdzv/rdzv/proto/rdzv/v1"
+	"github.com/rdzv/rdzv/wire"
+)
+
+// A relay carries each of its agents' streams as frames of one Carry call,
+// so that the controller holds no gRPC stream, goroutine or TLS state per
+// relayed agent, only its session: at 10,000 agents behind ten relays that
+// is ten streams, and a heartbeat is a frame in a batch, not a TLS record
+// and a system call of its own (make bench-scale, "With relays").
+//
+// A carried stream behaves as a direct one would: the agent's certificate,
+// forwarded by the relay, is verified and tracked here (trackRelayed), the
+// agent may speak only as its node, each message is validated and handled
+// as on a direct stream (agentMessage), and the stream ends with the status
+// a direct stream would end with, which the relay passes on to the agent.
+
+// carryBacklog bounds the messages of frames waiting to be handled in
+// order (everything but heartbeats); beyond it the call is read no further
+// until the backlog shrinks.
+const carryBacklog = 1024
+
+// errSessionEnded is how a stream the controller ended ends, when no more
+// telling reason applies.
+var errSessionEnded = status.Error(codes.Unavailable, "agent stream ended by the controller (shutting down, node declared lost, replaced by a newer connection of this node, or fell behind); reconnect")
+
+type relayService struct {
+	rdzvv1.UnimplementedRelayServiceServer
+	c *Controller
+}
+
+// carrier is one relay's Carry call.
+type carrier struct {
+	c     *Controller
+	relay pki.Identity
+	ctx   context.Context
+	// end ends the call with a cause: the lead ended (errLeadEnded; the
+	// relay is told where the leader is, as by a standby), the relay fell
+	// behind, a frame broke the protocol.
+	end context.CancelCauseFunc
+	log *zap.Logger
+
+	out *wire.Outbox[*rdzvv1.DownFrame]
+
+	mu      sync.Mutex
+	streams map[uint64]*carried
+}
+
+// carried is one agent stream on a carrier.
+type carried struct {
+	id      uint64
+	sess    *session
+	tracked context.Context // the certificate's tracking (trackRelayed)
+	untrack func()
+	// invalid is why a frame of the agent's was refused; the stream ends
+	// with it. Under the carrier's mu.
+	invalid error
+}
+
+func (s *relayService) Carry(stream rdzvv1.RelayService_CarryServer) error {
+	c := s.c
+	if c.cfg.Insecure {
+		return status.Error(codes.FailedPrecondition, "relays need mutual TLS: this controller runs insecure (tls.insecure)")
+	}
+	relay, _ := identityFrom(stream.Context())
+	ctx, end := context.WithCancelCause(stream.Context())
+	defer end(nil)
+	ca := &carrier{c: c, relay: relay, ctx: ctx, end: end, log: c.log.Named("relay").With(zap.Stringer("relay", relay)),
+		streams: map[uint64]*carried{}, out: wire.NewOutbox[*rdzvv1.DownFrame]()}
+	c.mu.Lock()
+	if !c.leading.Load() {
+		c.mu.Unlock()
+		return c.gate()
+	}
+	c.carriers[ca] = struct{}{}
+	c.mu.Unlock()
+	defer func() {
+		c.mu.Lock()
+		delete(c.carriers, ca)
+		c.mu.Unlock()
+	}()
+	// The first response says this controller serves the call (the
+	// relay's client settles on it).
+	if err := stream.Send(&rdzvv1.CarryResponse{}); err != nil {
+		return err
+	}
+	ca.log.Info("relay connected")
+
+	// Receiving and handling run beside; sending here. Returning ends the
+	// call, which ends the blocked receive, and every carried stream with
+	// the call's context.
+	//
+	// Heartbeats are handled as they arrive; every other frame in order
+	// behind the ones before it, by a goroutine of its own. An open
+	// verifies a certificate and takes the lock, and behind a thousand of
+	// them (a relay's agents registering at once), or behind the lock, a
+	// thousand agents' heartbeats went unread past their timeout: their
+	// nodes were declared lost, and registered again through the same
+	// queue (make bench-scale). A heartbeat needs neither.
+	ordered := make(chan []*rdzvv1.UpFrame, carryBacklog)
+	go func() {
+		for {
+			req, err := stream.Recv()
+			if err != nil {
+				end(err)
+				return
+			}
+			received := time.Now()
+			var rest []*rdzvv1.UpFrame
+			for _, f := range req.GetFrames() {
+				if f.GetRequest().GetHeartbeat() != nil {
+					_ = ca.handle(f) // a request ends its stream at worst, never the call
+					continue
+				}
+				rest = append(rest, f)
+			}
+			if len(rest) > 0 {
+				select {
+				case ordered <- rest:
+				case <-ctx.Done():
+					return
+				}
+			}
+			// The heartbeats behind this message waited while it was
+			// handled, or while the ordered frames' backlog was full: the
+			// controller's lag, not their silence (lag.go). Real time, as
+			// there.
+			c.heldUp.note(time.Since(received))
+		}
+	}()
+	go func() {
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case frames := <-ordered:
+				for _, f := range frames {
+					if ctx.Err() != nil {
+						return
+					}
+					if err := ca.handle(f); err != nil {
+						end(err)
+						return
+					}
+				}
+			}
+		}
+	}()
+	err := ca.out.Run(ctx, func(frames []*rdzvv1.DownFrame) error {
+		return stream.Send(&rdzvv1.CarryResponse{Frames: frames})
+	})
+	end(err)
+	err = ca.status()
+	ca.log.Info("relay disconnected", zap.Error(err))
+	return err
+}
+
+// status is what the call ends with, once its context has.
+func (ca *carrier) status() error {
+	if refused := streamRefused(ca.ctx); refused != nil {
+		return refused // the relay's own certificate
+	}
+	cause := context.Cause(ca.ctx)
+	if errors.Is(cause, errLeadEnded) {
+		return ca.c.gate()
+	}
+	if _, ok := status.FromError(cause); ok {
+		return cause
+	}
+	return status.Error(codes.Unavailable, "relay stream ended by the controller: "+cause.Error())
+}
+
+// enqueue queues a frame for the relay; false once the call has ended.
+func (ca *carrier) enqueue(f *rdzvv1.DownFrame) bool {
+	if err := ca.out.Put(f); err != nil {
+		ca.end(err)
+		return false
+	}
+	return true
+}
+
+// handle takes one frame; an error ends the whole call (the relay broke
+// the protocol), while an agent's own fault ends its stream only.
+func (ca *carrier) handle(f *rdzvv1.UpFrame) error {
+	id := f.GetStreamId()
+	switch fr := f.GetFrame().(type) {
+	case *rdzvv1.UpFrame_Open:
+		return ca.open(id, fr.Open)
+	case *rdzvv1.UpFrame_Request:
+		cs := ca.get(id)
+		if cs == nil {
+			return nil // ended here while the relay sent it
+		}
+		if err := validateRequest(fr.Request); err != nil {
+			ca.mu.Lock()
+			cs.invalid = err
+			ca.mu.Unlock()
+			cs.sess.cancel()
+			return nil
+		}
+		ca.c.agentMessage(cs.sess, fr.Request)
+	case *rdzvv1.UpFrame_Close:
+		if cs := ca.get(id); cs != nil {
+			cs.sess.cancel()
+		}
+	default:
+		return status.Errorf(codes.InvalidArgument, "frame of stream %d: no open, request or close", id)
+	}
+	return nil
+}
+
+func (ca *carrier) get(id uint64) *carried {
+	ca.mu.Lock()
+	defer ca.mu.Unlock()
+	return ca.streams[id]
+}
+
+// open starts a carried stream: what a direct stream's handshake and
+// registration do.
+func (ca *carrier) open(id uint64, o *rdzvv1.OpenStream) error {
+	c := ca.c
+	ca.mu.Lock()
+	_, dup := ca.streams[id]
+	ca.mu.Unlock()
+	if dup {
+		return status.Errorf(codes.InvalidArgument, "stream %d opened twice", id)
+	}
+	if err := c.gate(); err != nil {
+		// Not leading any more: the relay is sent to the leader, with all
+		// its agents.
+		return err
+	}
+	reg := o.GetRegister()
+	if err := validateRequest(&rdzvv1.ConnectRequest{Msg: &rdzvv1.ConnectRequest_Register{Register: reg}}); err != nil {
+		ca.refuse(id, err)
+		return nil
+	}
+	name := reg.GetNode().GetName()
+	r, err := c.auth.relayedAgent(ca.relay, o.GetCertificateChain())
+	if err == nil {
+		err = nodeIdentity(r.verification.ID, name)
+	}
+	if err != nil {
+		ca.log.Warn("relayed agent refused", zap.String("node", name), zap.Error(err))
+		ca.refuse(id, err)
+		return nil
+	}
+	tracked, untrack, err := trackRelayed(ca.ctx, r)
+	if err != nil {
+		ca.refuse(id, err)
+		return nil
+	}
+	sess := newSession(tracked, name, carriedSender{ca: ca, id: id}, c.clock.Now)
+	sess.certNotAfter = r.chain[0].NotAfter
+	cs := &carried{id: id, sess: sess, tracked: tracked, untrack: untrack}
+	ca.mu.Lock()
+	ca.streams[id] = cs
+	ca.mu.Unlock()
+	c.register(sess, reg)
+	context.AfterFunc(sess.ctx, func() { ca.ended(cs) })
+	return nil
+}
+
+// refuse ends a stream that never opened.
+func (ca *carrier) refuse(id uint64, err error) {
+	st := status.Convert(err)
+	ca.enqueue(&rdzvv1.DownFrame{StreamId: id, Frame: &rdzvv1.DownFrame_End{End: &rdzvv1.StreamEnd{Code: uint32(st.Code()), Message: st.Message()}}})
+}
+
+// ended cleans up after a carried stream whose session ended, and tells
+// the relay why, unless the whole call ended.
+func (ca *carrier) ended(cs *carried) {
+	cs.sess.close()
+	ca.mu.Lock()
+	delete(ca.streams, cs.id)
+	invalid := cs.invalid
+	ca.mu.Unlock()
+	err := errSessionEnded
+	if refused := streamRefused(cs.tracked); refused != nil {
+		err = refused
+	} else if invalid != nil {
+		err = invalid
+		ca.log.Warn("ending relayed agent stream: invalid message", zap.String("node", cs.sess.node), zap.Error(err))
+	}
+	if ca.ctx.Err() == nil {
+		ca.refuse(cs.id, err)
+	}
+	cs.untrack()
+	ca.c.disconnect(cs.sess)
+}
+
+// carriedSender is a carried stream's sending half: a frame queued for the
+// relay.
+type carriedSender struct {
+	ca *carrier
+	id uint64
+}
+
+func (s carriedSender) Send(m *rdzvv1.ConnectResponse) error {
+	if !s.ca.enqueue(&rdzvv1.DownFrame{StreamId: s.id, Frame: &rdzvv1.DownFrame_Response{Response: m}}) {
+		return context.Cause(s.ca.ctx)
+	}
+	return nil
+}

@@ -1,0 +1,306 @@
+package relay
+
+import (
+	"context"
+	"crypto/x509"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"go.uber.org/zap"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	rdzvv1 "github.com/rdzv/rdzv/proto/rdzv/v1"
+	"github.com/rdzv/rdzv/wire"
+)
+
+// The relay carries all its agents' streams as frames of one Carry call to
+// the leading controller (rdzv.v1.RelayService). The carrier keeps that
+// call up: it opens one, serves it until it breaks (the controller
+// restarted, failed over, or stepped down and named the new leader), and
+// opens the next, one attempt per holdRetry. While none is up, new agent
+// streams wait for one (await): one attempt per relay knocks at a
+// restarting controller, not one per agent, and the held agents register
+// the moment it leads, through their relay.
+
+// agentBuffer bounds the frames waiting for one agent's stream; an agent
+// that does not read them is dropped, so it cannot hold up its neighbours.
+const agentBuffer = 64
+
+// carrier is the relay's Carry call, over its lifetimes.
+type carrier struct {
+	r *Relay
+
+	mu  sync.Mutex
+	cur *call
+	// up is closed when a call is up; a new one is made when it breaks.
+	up chan struct{}
+}
+
+func newCarrier(r *Relay) *carrier { return &carrier{r: r, up: make(chan struct{})} }
+
+// run keeps a call up until ctx ends.
+func (ca *carrier) run(ctx context.Context) {
+	for ctx.Err() == nil {
+		cl, err := ca.dial(ctx)
+		if err != nil {
+			ca.r.log.Debug("no controller serves the relay", zap.Error(err))
+			select {
+			case <-ctx.Done():
+			case <-time.After(holdRetry):
+			}
+			continue
+		}
+		ca.r.log.Info("carrying agents to the controller", zap.String("controller", ca.r.client.Leader()))
+		ca.mu.Lock()
+		ca.cur = cl
+		close(ca.up)
+		ca.mu.Unlock()
+		ca.r.metrics.connected.Set(1)
+		err = cl.serve()
+		ca.r.metrics.connected.Set(0)
+		ca.mu.Lock()
+		ca.cur, ca.up = nil, make(chan struct{})
+		ca.mu.Unlock()
+		cl.endAll(status.Errorf(codes.Unavailable, "relay: its call to the controller ended: %v", status.Convert(err).Message()))
+		ca.r.log.Warn("controller call ended; agents reconnect", zap.Error(err))
+	}
+}
+
+// dial opens a call: the controller's first response says it serves it.
+func (ca *carrier) dial(ctx context.Context) (*call, error) {
+	cctx, cancel := context.WithCancelCause(ctx)
+	stream, err := ca.r.client.Carry(cctx)
+	if err == nil {
+		_, err = stream.Recv()
+	}
+	if err != nil {
+		cancel(err)
+		return nil, err
+	}
+	return &call{stream: stream, ctx: cctx, end: cancel, streams: map[uint64]*agentStream{}, out: wire.NewOutbox[*rdzvv1.UpFrame]()}, nil
+}
+
+// await returns the call up now, waiting for one while a controller's host
+// answers (reach), up to maxHold; an agent is sent around the relay when
+// none does.
+func (ca *carrier) await(ctx context.Context) (*call, error) {
+	deadline := time.Now().Add(maxHold)
+	for {
+		ca.mu.Lock()
+		cl, up := ca.cur, ca.up
+		ca.mu.Unlock()
+		if cl != nil {
+			return cl, nil
+		}
+		if !ca.r.reach.reachable(ctx) {
+			return nil, status.Error(codes.Unavailable, "relay: no controller reachable from the relay")
+		}
+		if time.Now().After(deadline) {
+			return nil, status.Errorf(codes.Unavailable, "relay: no controller served in %s", maxHold)
+		}
+		select {
+		case <-ctx.Done():
+			return nil, status.FromContextError(ctx.Err()).Err()
+		case <-up:
+		case <-time.After(holdRetry):
+		}
+	}
+}
+
+// call is one Carry call and the agent streams on it.
+type call struct {
+	stream rdzvv1.RelayService_CarryClient
+	ctx    context.Context
+	end    context.CancelCauseFunc
+	out    *wire.Outbox[*rdzvv1.UpFrame]
+
+	mu      sync.Mutex
+	next    uint64
+	streams map[uint64]*agentStream
+}
+
+// agentStream is an agent's stream on a call: what the controller sends
+// it, and why it ended.
+type agentStream struct {
+	id   uint64
+	down chan *rdzvv1.ConnectResponse
+	once sync.Once
+	gone chan struct{}
+	why  error
+}
+
+// stop ends the stream with why (the status its agent gets), once.
+func (as *agentStream) stop(why error) {
+	as.once.Do(func() {
+		as.why = why
+		close(as.gone)
+	})
+}
+
+// serve receives until the call breaks, with the sending beside, and
+// returns why it broke.
+func (cl *call) serve() error {
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		cl.end(cl.out.Run(cl.ctx, func(frames []*rdzvv1.UpFrame) error {
+			return cl.stream.Send(&rdzvv1.CarryRequest{Frames: frames})
+		}))
+	}()
+	err := cl.receive()
+	cl.end(err)
+	<-done
+	return err
+}
+
+func (cl *call) receive() error {
+	for {
+		resp, err := cl.stream.Recv()
+		if err != nil {
+			return err
+		}
+		for _, f := range resp.GetFrames() {
+			cl.mu.Lock()
+			as := cl.streams[f.GetStreamId()]
+			end := f.GetEnd()
+			if end != nil {
+				delete(cl.streams, f.GetStreamId())
+			}
+			cl.mu.Unlock()
+			switch {
+			case as == nil:
+				// Ended here first (the agent went); the controller's end
+				// crossed the relay's close.
+			case end != nil:
+				as.stop(status.Error(codes.Code(end.GetCode()), end.GetMessage()))
+			default:
+				select {
+				case as.down <- f.GetResponse():
+				default:
+					cl.close(as, status.Errorf(codes.ResourceExhausted, "relay: the agent fell %d messages behind", agentBuffer))
+				}
+			}
+		}
+	}
+}
+
+// open starts an agent's stream on the call.
+func (cl *call) open(chain []*x509.Certificate, reg *rdzvv1.Register) (*agentStream, error) {
+	ders := make([][]byte, len(chain))
+	for i, c := range chain {
+		ders[i] = c.Raw
+	}
+	cl.mu.Lock()
+	if cl.ctx.Err() != nil {
+		// Broken: endAll has ended, or is about to end, every stream it
+		// holds; this one would never be.
+		cl.mu.Unlock()
+		return nil, status.Errorf(codes.Unavailable, "relay: its call to the controller ended: %v", context.Cause(cl.ctx))
+	}
+	cl.next++
+	as := &agentStream{id: cl.next, down: make(chan *rdzvv1.ConnectResponse, agentBuffer), gone: make(chan struct{})}
+	cl.streams[as.id] = as
+	cl.mu.Unlock()
+	err := cl.put(&rdzvv1.UpFrame{StreamId: as.id, Frame: &rdzvv1.UpFrame_Open{Open: &rdzvv1.OpenStream{CertificateChain: ders, Register: reg}}})
+	if err != nil {
+		cl.mu.Lock()
+		delete(cl.streams, as.id)
+		cl.mu.Unlock()
+		return nil, err
+	}
+	return as, nil
+}
+
+// send passes an agent's message on.
+func (cl *call) send(as *agentStream, m *rdzvv1.ConnectRequest) error {
+	return cl.put(&rdzvv1.UpFrame{StreamId: as.id, Frame: &rdzvv1.UpFrame_Request{Request: m}})
+}
+
+// close ends an agent's stream from the relay's side and tells the
+// controller, unless the controller ended it first.
+func (cl *call) close(as *agentStream, why error) {
+	cl.mu.Lock()
+	_, open := cl.streams[as.id]
+	delete(cl.streams, as.id)
+	cl.mu.Unlock()
+	as.stop(why)
+	if open {
+		_ = cl.put(&rdzvv1.UpFrame{StreamId: as.id, Frame: &rdzvv1.UpFrame_Close{Close: &rdzvv1.CloseStream{}}})
+	}
+}
+
+// put queues a frame; an overflowing outbox breaks the call.
+func (cl *call) put(f *rdzvv1.UpFrame) error {
+	if err := cl.out.Put(f); err != nil {
+		cl.end(err)
+		return status.Errorf(codes.Unavailable, "relay: its call to the controller ended: %v", err)
+	}
+	return nil
+}
+
+// endAll ends every agent stream of a call that broke.
+func (cl *call) endAll(why error) {
+	cl.mu.Lock()
+	streams := cl.streams
+	cl.streams = map[uint64]*agentStream{}
+	cl.mu.Unlock()
+	for _, as := range streams {
+		as.stop(why)
+	}
+}
+
+// errAgentGone ends the stream of an agent that went away.
+var errAgentGone = errors.New("the agent closed its stream")
+
+// pump carries an agent's stream on cl until either side ends it.
+func (cl *call) pump(down rdzvv1.AgentService_ConnectServer, as *agentStream) error {
+	go func() {
+		for {
+			m, err := down.Recv()
+			if err != nil {
+				cl.close(as, fmt.Errorf("%w: %w", errAgentGone, err))
+				return
+			}
+			if err := cl.send(as, m); err != nil {
+				as.stop(err)
+				return
+			}
+		}
+	}()
+	for {
+		select {
+		case m := <-as.down:
+			if err := down.Send(m); err != nil {
+				cl.close(as, err)
+				return err
+			}
+		case <-as.gone:
+			return as.finish(down)
+		case <-cl.ctx.Done():
+			// endAll says why, once the carrier sees the call broke.
+			<-as.gone
+			return as.finish(down)
+		}
+	}
+}
+
+// finish sends the agent what the controller sent before it ended the
+// stream (a stop order, say), and returns the status the stream ends with.
+func (as *agentStream) finish(down rdzvv1.AgentService_ConnectServer) error {
+	if errors.Is(as.why, errAgentGone) {
+		return nil
+	}
+	for {
+		select {
+		case m := <-as.down:
+			if err := down.Send(m); err != nil {
+				return err
+			}
+		default:
+			return as.why
+		}
+	}
+}

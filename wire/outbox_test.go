@@ -1,0 +1,79 @@
+package wire
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+	"go.uber.org/goleak"
+	"google.golang.org/protobuf/types/known/wrapperspb"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+// TestOutboxBatches: what queues while a batch lingers goes in one message,
+// in order, split where CarryBatchBytes would be passed.
+func TestOutboxBatches(t *testing.T) {
+	tests := []struct {
+		name    string
+		frames  []string
+		batches []int
+	}{
+		{"small frames go together", []string{"a", "b", "c"}, []int{3}},
+		{"a batch ends before the byte bound", []string{strings.Repeat("x", CarryBatchBytes/2), strings.Repeat("y", CarryBatchBytes/2), "z"}, []int{1, 2}},
+		{"a frame over the bound goes alone", []string{strings.Repeat("x", CarryBatchBytes+1), "z"}, []int{1, 1}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			o := NewOutbox[*wrapperspb.StringValue]()
+			for _, f := range tt.frames {
+				require.NoError(t, o.Put(wrapperspb.String(f)))
+			}
+			ctx, cancel := context.WithCancelCause(context.Background())
+			var got []int
+			var sent []string
+			done := errors.New("done")
+			err := o.Run(ctx, func(batch []*wrapperspb.StringValue) error {
+				got = append(got, len(batch))
+				for _, f := range batch {
+					sent = append(sent, f.GetValue())
+				}
+				if len(sent) == len(tt.frames) {
+					cancel(done)
+				}
+				return nil
+			})
+			require.ErrorIs(t, err, done)
+			require.Equal(t, tt.batches, got)
+			require.Equal(t, tt.frames, sent, "in order")
+			require.ErrorIs(t, o.Put(wrapperspb.String("late")), done, "refused once Run returned")
+		})
+	}
+}
+
+// TestOutboxOverflow: a peer that does not take frames fails the outbox
+// at CarryQueue, and Run returns why.
+func TestOutboxOverflow(t *testing.T) {
+	o := NewOutbox[*wrapperspb.StringValue]()
+	for range CarryQueue {
+		require.NoError(t, o.Put(wrapperspb.String("f")))
+	}
+	require.ErrorIs(t, o.Put(wrapperspb.String("f")), ErrOutboxFull)
+	err := o.Run(context.Background(), func([]*wrapperspb.StringValue) error {
+		t.Fatal("nothing is sent from a failed outbox")
+		return nil
+	})
+	require.ErrorIs(t, err, ErrOutboxFull)
+}
+
+// TestOutboxSendFails: a failed send ends Run with its error.
+func TestOutboxSendFails(t *testing.T) {
+	o := NewOutbox[*wrapperspb.StringValue]()
+	require.NoError(t, o.Put(wrapperspb.String("f")))
+	broken := errors.New("broken pipe")
+	err := o.Run(context.Background(), func([]*wrapperspb.StringValue) error { return broken })
+	require.ErrorIs(t, err, broken)
+	require.ErrorIs(t, o.Put(wrapperspb.String("g")), broken)
+}
