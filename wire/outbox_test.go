@@ -13,7 +13,7 @@ import (
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
-// TestOutboxBatches: what queues while a batch lingers goes in one message,
+// TestOutboxBatches: what queued before Run took it goes in one message,
 // in order, split where CarryBatchBytes would be passed.
 func TestOutboxBatches(t *testing.T) {
 	tests := []struct {

@@ -8,10 +8,11 @@ import (
 )
 
 // MaxConnectionIdle is how long a server keeps a client connection that
-// carries no call: longer than an agent's reconnect backoff and than an
-// operator's pause between commands, far shorter than an idle connection
-// left behind by an agent that moved stays.
-const MaxConnectionIdle = 2 * time.Minute
+// carries no call: longer than an agent's reconnect backoff (10 s at most),
+// far shorter than an idle connection left behind by an agent that moved
+// would otherwise stay. A client that calls again later dials again,
+// resuming its TLS session.
+const MaxConnectionIdle = 30 * time.Second
 
 // StreamServerOptions are the gRPC server options of whatever serves agent
 // streams, the controller and the relay, so that an agent meets the same

@@ -5,13 +5,8 @@ import (
 	"errors"
 	"flag"
 	"fmt"
-	"net"
-	"net/http"
-	"net/http/pprof"
 	"os"
 	"strings"
-	"syscall"
-	"time"
 
 	"go.uber.org/zap"
 
@@ -34,7 +29,7 @@ func main() {
 		cli.Fatal("rdzv-controller", err)
 	}
 	if pprofSocket != "" {
-		if err := servePprof(pprofSocket, log.Named("pprof")); err != nil {
+		if err := cli.ServePprof(pprofSocket, log.Named("pprof")); err != nil {
 			cli.Fatal("rdzv-controller", err)
 		}
 	}
@@ -96,7 +91,7 @@ func config(args []string) (cfg controller.Config, pprofSocket string, err error
 	tlsFiles := cli.TLSFlags(fs, "controller")
 	insecure := fs.Bool("insecure", false, "serve without TLS or authentication (local tests and the demo only)")
 	httpListen := fs.String("http-listen", def.HTTP.Listen, "metrics (/metrics) and health (/healthz, /readyz) listen address; empty turns it off")
-	pprofSock := fs.String("pprof-socket", "", "serve Go's runtime profiles (net/http/pprof) on this Unix socket, mode 0600, for profiling (off when empty)")
+	pprofSock := cli.PprofFlag(fs)
 	if cfg, err = cli.ParseConfig(fs, args, about, path, def, controller.LoadConfig); err != nil {
 		return cfg, "", err
 	}
@@ -129,40 +124,4 @@ func config(args []string) (cfg controller.Config, pprofSocket string, err error
 		}
 	}
 	return cfg, *pprofSock, cfg.Validate()
-}
-
-// servePprof serves Go's profiles (CPU, heap, goroutines) on a Unix socket
-// that only the controller's user and root can open, never on a TCP port:
-// profiles show the process's stacks and allocation sites. A socket left
-// by a controller that crashed is replaced; any other file is refused.
-func servePprof(path string, log *zap.Logger) error {
-	if info, err := os.Lstat(path); err == nil {
-		if info.Mode()&os.ModeSocket == 0 {
-			return fmt.Errorf("--pprof-socket: %s exists and is not a socket", path)
-		}
-		if err := os.Remove(path); err != nil {
-			return fmt.Errorf("--pprof-socket: removing the stale socket: %w", err)
-		}
-	}
-	// Created 0600 from the start, not chmod-ed after a window.
-	old := syscall.Umask(0o177)
-	ln, err := net.Listen("unix", path)
-	syscall.Umask(old)
-	if err != nil {
-		return fmt.Errorf("--pprof-socket: %w", err)
-	}
-	mux := http.NewServeMux()
-	mux.HandleFunc("/debug/pprof/", pprof.Index)
-	mux.HandleFunc("/debug/pprof/cmdline", pprof.Cmdline)
-	mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
-	mux.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
-	mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
-	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
-	log.Warn("serving runtime profiles", zap.String("socket", path))
-	go func() {
-		if err := srv.Serve(ln); err != nil {
-			log.Error("profile server stopped", zap.Error(err))
-		}
-	}()
-	return nil
 }

@@ -1,5 +1,5 @@
-// Command rdzv-relay carries many agents' streams to the controller over
-// one connection.
+// Command rdzv-relay carries many agents' streams to the controller as
+// frames of one stream.
 package main
 
 import (
@@ -12,7 +12,7 @@ import (
 )
 
 func main() {
-	cfg, err := config(os.Args[1:])
+	cfg, pprofSocket, err := config(os.Args[1:])
 	if errors.Is(err, cli.ErrExit) {
 		return
 	}
@@ -22,6 +22,11 @@ func main() {
 	log, err := cli.NewLogger(cfg.LogLevel)
 	if err != nil {
 		cli.Fatal("rdzv-relay", err)
+	}
+	if pprofSocket != "" {
+		if err := cli.ServePprof(pprofSocket, log.Named("pprof")); err != nil {
+			cli.Fatal("rdzv-relay", err)
+		}
 	}
 	r, err := relay.New(cfg, log.Named("relay"))
 	if err != nil {
@@ -39,7 +44,7 @@ rack's size.
 Agents list it in their relays setting and reach the controller directly
 when it fails. Under systemd it runs as deploy/systemd/rdzv-relay.service.`
 
-func config(args []string) (relay.Config, error) {
+func config(args []string) (cfg relay.Config, pprofSocket string, err error) {
 	fs := flag.NewFlagSet("rdzv-relay", flag.ContinueOnError)
 	def := relay.DefaultConfig()
 	path := fs.String("config", "", "YAML config file (see deploy/config/relay.yaml); flags override it")
@@ -48,9 +53,10 @@ func config(args []string) (relay.Config, error) {
 	level := fs.String("log-level", def.LogLevel, "debug, info, warn or error")
 	tlsFiles := cli.TLSFlags(fs, "relay")
 	httpListen := fs.String("http-listen", def.HTTP.Listen, "metrics (/metrics) and health (/healthz, /readyz) listen address; empty turns it off")
-	cfg, err := cli.ParseConfig(fs, args, about, path, def, relay.LoadConfig)
+	pprofSock := cli.PprofFlag(fs)
+	cfg, err = cli.ParseConfig(fs, args, about, path, def, relay.LoadConfig)
 	if err != nil {
-		return cfg, err
+		return cfg, "", err
 	}
 	override := cli.Override(fs)
 	cli.ApplyController(fs, controllerAddr, &cfg.Controller)
@@ -58,5 +64,5 @@ func config(args []string) (relay.Config, error) {
 	override("log-level", func() { cfg.LogLevel = *level })
 	override("http-listen", func() { cfg.HTTP.Listen = *httpListen })
 	tlsFiles.Apply(fs, &cfg.TLS)
-	return cfg, cfg.Validate()
+	return cfg, *pprofSock, cfg.Validate()
 }

@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/rdzv/rdzv/test/netns"
@@ -163,15 +164,18 @@ func (h *haCluster) leaderAt() (addr string, at time.Time, err error) {
 // returns when it took over.
 func (h *haCluster) waitLeader(t *testing.T, addr string, since time.Time) time.Time {
 	t.Helper()
-	var (
-		got     string
-		at      time.Time
-		lastErr error
-	)
-	require.Eventually(t, func() bool {
-		got, at, lastErr = h.leaderAt()
-		return lastErr == nil && got == addr && at.After(since)
-	}, readyTimeout, pollEvery, "%s never led (last leader %q at %s, error %v)", addr, got, at, lastErr)
+	var at time.Time
+	// EventuallyWithT reports the last poll's failures: the leader seen
+	// last, or why none could be read.
+	require.EventuallyWithT(t, func(c *assert.CollectT) {
+		got, when, err := h.leaderAt()
+		if !assert.NoError(c, err) {
+			return
+		}
+		if assert.Equal(c, addr, got, "leader") && assert.True(c, when.After(since), "%s's election at %s is not after %s", got, when, since) {
+			at = when
+		}
+	}, readyTimeout, pollEvery, "%s never led", addr)
 	return at
 }
 

@@ -17,6 +17,8 @@ import (
 type Relay struct {
 	Addr    string
 	LogPath string
+	// PprofSocket serves the relay's runtime profiles (--pprof-socket).
+	PprofSocket string
 
 	cmd    *exec.Cmd
 	exited chan struct{}
@@ -32,13 +34,14 @@ func StartRelay(bin, dir string, certs *Certs, i int, controller string) (*Relay
 	if err != nil {
 		return nil, err
 	}
-	r := &Relay{Addr: l.Addr().String(), LogPath: filepath.Join(dir, RelayName(i)+".log"), exited: make(chan struct{})}
+	r := &Relay{Addr: l.Addr().String(), LogPath: filepath.Join(dir, RelayName(i)+".log"), PprofSocket: filepath.Join(dir, RelayName(i)+".pprof.sock"),
+		exited: make(chan struct{})}
 	l.Close()
 	logFile, err := os.OpenFile(r.LogPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
 	if err != nil {
 		return nil, err
 	}
-	args := append([]string{"--listen", r.Addr, "--controller", controller, "--http-listen", "", "--log-level", "info"},
+	args := append([]string{"--listen", r.Addr, "--controller", controller, "--http-listen", "", "--log-level", "info", "--pprof-socket", r.PprofSocket},
 		testpki.DaemonArgs(certs.Dir, "relay", RelayName(i))...)
 	r.cmd = exec.Command(bin, args...)
 	r.cmd.Stdout, r.cmd.Stderr = logFile, logFile

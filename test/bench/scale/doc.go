@@ -23,7 +23,8 @@
 //	BENCH_LOG_DIR  keep each size's controller log, data, profiles and etcd-txns.tsv
 //	               (every etcd transaction seen: time, revision, keys, first key) here
 //	BENCH_PROFILE  1: take a CPU profile of the controller in each phase
-//	               (its socket, --pprof-socket) and print its top entries
+//	               (its socket, --pprof-socket), and of relay 0 in the
+//	               steady phase, and print their top entries
 //	BENCH_OUT      also write the report to this file
 //	BENCH_CONTROLLER_CONFIG  the controller's --config (YAML; the bench's own
 //	               flags override it), e.g. to compare tls.max_handshakes

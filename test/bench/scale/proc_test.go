@@ -119,7 +119,8 @@ func pprofClient(sock string) *http.Client {
 	}}}
 }
 
-// pprofGet fetches one of the controller's profiles (path and query).
+// pprofGet fetches one of a daemon's profiles (path and query) from its
+// --pprof-socket.
 func pprofGet(ctx context.Context, sock, path string) ([]byte, error) {
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://controller/debug/pprof/"+path, nil)
 	if err != nil {

@@ -305,9 +305,21 @@ func runSize(t *testing.T, cfg config, certs *sim.Certs, dir string, r *result) 
 		if cfg.profile && !cold {
 			prof = startProfile(ctx, ru.ctl.PprofSocket, window, filepath.Join(dir, phase.name+".pprof"))
 		}
+		var relayProf *profile
+		if cfg.profile && phase.name == "steady" && len(ru.relays) > 0 {
+			relayProf = startProfile(ctx, ru.relays[0].PprofSocket, window, filepath.Join(dir, "relay-steady.pprof"))
+		}
 		err := phase.run()
 		if cold {
 			prof = ru.coldProfile
+		}
+		if relayProf != nil {
+			if perr := <-relayProf.done; perr != nil {
+				r.note(t, "relay steady profile: %v", perr)
+			} else {
+				t.Logf("bench: %d nodes, steady: CPU profile of relay 0 (of %d):\n%s", n, len(ru.relays),
+					top(ctx, cfg.relayBin, filepath.Join(dir, "relay-steady.pprof"), 25))
+			}
 		}
 		if prof != nil {
 			if perr := <-prof.done; perr != nil {
