@@ -29,11 +29,6 @@ import (
 // as on a direct stream (agentMessage), and the stream ends with the status
 // a direct stream would end with, which the relay passes on to the agent.
 
-// carryBacklog bounds the messages of frames waiting to be handled in
-// order (everything but heartbeats); beyond it the call is read no further
-// until the backlog shrinks.
-const carryBacklog = 1024
-
 // errSessionEnded is how a stream the controller ended ends, when no more
 // telling reason applies.
 var errSessionEnded = status.Error(codes.Unavailable, "agent stream ended by the controller (shutting down, node declared lost, replaced by a newer connection of this node, or fell behind); reconnect")
@@ -54,7 +49,7 @@ type carrier struct {
 	end context.CancelCauseFunc
 	log *zap.Logger
 
-	out *wire.Outbox[*rdzvv1.DownFrame]
+	out *wire.FrameQueue[*rdzvv1.DownFrame]
 
 	mu      sync.Mutex
 	streams map[uint64]*carried
@@ -80,7 +75,7 @@ func (s *relayService) Carry(stream rdzvv1.RelayService_CarryServer) error {
 	ctx, end := context.WithCancelCause(stream.Context())
 	defer end(nil)
 	ca := &carrier{c: c, relay: relay, ctx: ctx, end: end, log: c.log.Named("relay").With(zap.Stringer("relay", relay)),
-		streams: map[uint64]*carried{}, out: wire.NewOutbox[*rdzvv1.DownFrame]()}
+		streams: map[uint64]*carried{}, out: wire.NewFrameQueue[*rdzvv1.DownFrame]()}
 	c.mu.Lock()
 	if !c.leading.Load() {
 		c.mu.Unlock()
@@ -111,7 +106,7 @@ func (s *relayService) Carry(stream rdzvv1.RelayService_CarryServer) error {
 	// thousand agents' heartbeats went unread past their timeout: their
 	// nodes were declared lost, and registered again through the same
 	// queue (make bench-scale). A heartbeat needs neither.
-	ordered := make(chan []*rdzvv1.UpFrame, carryBacklog)
+	ordered := wire.NewFrameQueue[*rdzvv1.UpFrame]()
 	go func() {
 		for {
 			req, err := stream.Recv()
@@ -120,45 +115,38 @@ func (s *relayService) Carry(stream rdzvv1.RelayService_CarryServer) error {
 				return
 			}
 			received := time.Now()
-			var rest []*rdzvv1.UpFrame
 			for _, f := range req.GetFrames() {
 				if f.GetRequest().GetHeartbeat() != nil {
 					_ = ca.handle(f) // a request ends its stream at worst, never the call
 					continue
 				}
-				rest = append(rest, f)
-			}
-			if len(rest) > 0 {
-				select {
-				case ordered <- rest:
-				case <-ctx.Done():
+				// Never waits: a receiver blocked behind a full backlog
+				// held its heartbeats up unseen, and a relay's agents were
+				// declared lost (make bench-scale).
+				if err := ordered.Put(f); err != nil {
+					end(err)
 					return
 				}
 			}
 			// The heartbeats behind this message waited while it was
-			// handled, or while the ordered frames' backlog was full: the
-			// controller's lag, not their silence (lag.go). Real time, as
-			// there.
+			// handled: the controller's lag, not their silence (lag.go).
+			// Real time, as there.
 			c.heldUp.note(time.Since(received))
 		}
 	}()
 	go func() {
-		for {
-			select {
-			case <-ctx.Done():
-				return
-			case frames := <-ordered:
-				for _, f := range frames {
-					if ctx.Err() != nil {
-						return
-					}
-					if err := ca.handle(f); err != nil {
-						end(err)
-						return
-					}
+		_ = ordered.Run(ctx, func(frames []*rdzvv1.UpFrame) error {
+			for _, f := range frames {
+				if ctx.Err() != nil {
+					return ctx.Err() // the rest would open sessions on a call that ended
+				}
+				if err := ca.handle(f); err != nil {
+					end(err)
+					return err
 				}
 			}
-		}
+			return nil
+		})
 	}()
 	err := ca.out.Run(ctx, func(frames []*rdzvv1.DownFrame) error {
 		return stream.Send(&rdzvv1.CarryResponse{Frames: frames})

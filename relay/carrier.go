@@ -80,7 +80,7 @@ func (ca *carrier) dial(ctx context.Context) (*call, error) {
 		cancel(err)
 		return nil, err
 	}
-	return &call{stream: stream, ctx: cctx, end: cancel, streams: map[uint64]*agentStream{}, out: wire.NewOutbox[*rdzvv1.UpFrame]()}, nil
+	return &call{stream: stream, ctx: cctx, end: cancel, streams: map[uint64]*agentStream{}, out: wire.NewFrameQueue[*rdzvv1.UpFrame]()}, nil
 }
 
 // await returns the call up now, waiting for one while a controller's host
@@ -115,7 +115,7 @@ type call struct {
 	stream rdzvv1.RelayService_CarryClient
 	ctx    context.Context
 	end    context.CancelCauseFunc
-	out    *wire.Outbox[*rdzvv1.UpFrame]
+	out    *wire.FrameQueue[*rdzvv1.UpFrame]
 
 	mu      sync.Mutex
 	next    uint64
@@ -232,7 +232,7 @@ func (cl *call) close(as *agentStream, why error) {
 	}
 }
 
-// put queues a frame; an overflowing outbox breaks the call.
+// put queues a frame; an overflowing queue breaks the call.
 func (cl *call) put(f *rdzvv1.UpFrame) error {
 	if err := cl.out.Put(f); err != nil {
 		cl.end(err)

@@ -13,9 +13,9 @@ import (
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
-// TestOutboxBatches: what queued before Run took it goes in one message,
+// TestFrameQueueBatches: what queued before Run took it goes in one message,
 // in order, split where CarryBatchBytes would be passed.
-func TestOutboxBatches(t *testing.T) {
+func TestFrameQueueBatches(t *testing.T) {
 	tests := []struct {
 		name    string
 		frames  []string
@@ -27,7 +27,7 @@ func TestOutboxBatches(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			o := NewOutbox[*wrapperspb.StringValue]()
+			o := NewFrameQueue[*wrapperspb.StringValue]()
 			for _, f := range tt.frames {
 				require.NoError(t, o.Put(wrapperspb.String(f)))
 			}
@@ -53,24 +53,24 @@ func TestOutboxBatches(t *testing.T) {
 	}
 }
 
-// TestOutboxOverflow: a peer that does not take frames fails the outbox
+// TestFrameQueueOverflow: a peer that does not take frames fails the queue
 // at CarryQueue, and Run returns why.
-func TestOutboxOverflow(t *testing.T) {
-	o := NewOutbox[*wrapperspb.StringValue]()
+func TestFrameQueueOverflow(t *testing.T) {
+	o := NewFrameQueue[*wrapperspb.StringValue]()
 	for range CarryQueue {
 		require.NoError(t, o.Put(wrapperspb.String("f")))
 	}
-	require.ErrorIs(t, o.Put(wrapperspb.String("f")), ErrOutboxFull)
+	require.ErrorIs(t, o.Put(wrapperspb.String("f")), ErrFramesBacklog)
 	err := o.Run(context.Background(), func([]*wrapperspb.StringValue) error {
-		t.Fatal("nothing is sent from a failed outbox")
+		t.Fatal("nothing is sent from a failed queue")
 		return nil
 	})
-	require.ErrorIs(t, err, ErrOutboxFull)
+	require.ErrorIs(t, err, ErrFramesBacklog)
 }
 
-// TestOutboxSendFails: a failed send ends Run with its error.
-func TestOutboxSendFails(t *testing.T) {
-	o := NewOutbox[*wrapperspb.StringValue]()
+// TestFrameQueueSendFails: a failed send ends Run with its error.
+func TestFrameQueueSendFails(t *testing.T) {
+	o := NewFrameQueue[*wrapperspb.StringValue]()
 	require.NoError(t, o.Put(wrapperspb.String("f")))
 	broken := errors.New("broken pipe")
 	err := o.Run(context.Background(), func([]*wrapperspb.StringValue) error { return broken })
