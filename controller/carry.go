@@ -69,7 +69,7 @@ type carried struct {
 func (s *relayService) Carry(stream rdzvv1.RelayService_CarryServer) error {
 	c := s.c
 	if c.cfg.Insecure {
-		return status.Error(codes.FailedPrecondition, "relays need mutual TLS: this controller runs insecure (tls.insecure)")
+		return status.Error(codes.FailedPrecondition, "relays need mutual TLS: this controller runs insecure (insecure: true)")
 	}
 	relay, _ := identityFrom(stream.Context())
 	ctx, end := context.WithCancelCause(stream.Context())
