@@ -53,7 +53,7 @@ type Config struct {
 	Endpoints []string
 	// Relays are rdzv-relay host:port addresses, tried before Endpoints:
 	// an agent on a large cluster reaches the controller through a relay,
-	// which carries many agents' streams over one connection. A relay that
+	// which carries many agents' streams as frames of one stream. A relay that
 	// fails is skipped for the endpoints; the client stays with what
 	// answered until it fails in turn. Only an agent's streams can be
 	// relayed.
