@@ -83,13 +83,18 @@ func (c *Conn) Relayed() bool {
 	return c.relays[c.leader]
 }
 
-// served records that addr served a call: it leads.
+// served records that addr served a call: it leads, or is a relay that
+// reached the leader.
 func (c *Conn) served(addr string) {
 	c.mu.Lock()
 	prev := c.leader
 	c.leader = addr
 	c.mu.Unlock()
-	if prev != addr {
+	switch {
+	case prev == addr:
+	case c.relays[addr]:
+		c.log.Info("calling through a relay", zap.String("relay", addr), zap.String("previous", prev))
+	default:
 		c.log.Info("calling the leading controller", zap.String("controller", addr), zap.String("previous", prev))
 	}
 }

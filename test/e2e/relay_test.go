@@ -173,18 +173,20 @@ func (r *relayCluster) waitRelayStreams(t *testing.T, n int) {
 type agentLog struct {
 	Msg        string `json:"msg"`
 	Controller string `json:"controller"`
+	Relay      string `json:"relay"`
 	Previous   string `json:"previous"`
 }
 
-// agentLogs decodes agent i's log lines whose message is msg.
-func (r *relayCluster) agentLogs(t *testing.T, i int, msg string) []agentLog {
+// agentLogs decodes agent i's log lines whose message is one of msgs, in
+// order.
+func (r *relayCluster) agentLogs(t *testing.T, i int, msgs ...string) []agentLog {
 	t.Helper()
 	data, err := os.ReadFile(r.agents[i].LogPath())
 	require.NoError(t, err)
 	var out []agentLog
 	for _, line := range strings.Split(string(data), "\n") {
 		var l agentLog
-		if json.Unmarshal([]byte(line), &l) == nil && l.Msg == msg {
+		if json.Unmarshal([]byte(line), &l) == nil && slices.Contains(msgs, l.Msg) {
 			out = append(out, l)
 		}
 	}
@@ -192,15 +194,16 @@ func (r *relayCluster) agentLogs(t *testing.T, i int, msg string) []agentLog {
 }
 
 // leader is the address agent i's calls last went to, as it logged it
-// ("calling the leading controller"): the relay, while its stream goes
-// through it.
+// ("calling through a relay", "calling the leading controller"): the
+// relay, while its stream goes through it.
 func (r *relayCluster) leader(t *testing.T, i int) string {
 	t.Helper()
-	calls := r.agentLogs(t, i, "calling the leading controller")
+	calls := r.agentLogs(t, i, "calling through a relay", "calling the leading controller")
 	if len(calls) == 0 {
 		return ""
 	}
-	return calls[len(calls)-1].Controller
+	last := calls[len(calls)-1]
+	return last.Controller + last.Relay
 }
 
 // registrations counts agent i's registrations with a controller.
