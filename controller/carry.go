@@ -263,7 +263,8 @@ func (ca *carrier) open(id uint64, o *rdzvv1.OpenStream) error {
 	return nil
 }
 
-// refuse ends a stream that never opened.
+// refuse tells the relay that stream id ended, and why: refused at its
+// open, or ended since (ended).
 func (ca *carrier) refuse(id uint64, err error) {
 	st := status.Convert(err)
 	ca.enqueue(&rdzvv1.DownFrame{StreamId: id, Frame: &rdzvv1.DownFrame_End{End: &rdzvv1.StreamEnd{Code: uint32(st.Code()), Message: st.Message()}}})

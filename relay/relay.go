@@ -187,10 +187,12 @@ func (s *service) Connect(down rdzvv1.AgentService_ConnectServer) error {
 }
 
 // carry verifies the agent and carries its stream to the controller until
-// either side ends it. The agent learns the controller's status as is: a
-// refusal (a standby that leads no one, a revoked certificate) reaches it
-// unchanged, and a controller the relay cannot reach is Unavailable, which
-// sends the agent to its next address.
+// either side ends it. A refusal of the agent itself (its certificate, its
+// node name, an invalid message) reaches it with the controller's status;
+// the relay's call ending (a controller that stopped leading, restarted or
+// cannot be reached) reaches it as Unavailable, which makes it reconnect:
+// held by the relay while a controller's host answers, sent to its next
+// address when none does.
 func (r *Relay) carry(down rdzvv1.AgentService_ConnectServer) error {
 	ctx := down.Context()
 	var chain []*x509.Certificate
