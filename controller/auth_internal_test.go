@@ -82,3 +82,16 @@ func TestAuthorize(t *testing.T) {
 		})
 	}
 }
+
+// TestDERChain: a relayed agent's chain, kept as DER, parses back to the
+// same certificates when it must be verified in full; DER that no longer
+// parses gives no chain, which verification refuses (pki.ErrNoCertificate).
+func TestDERChain(t *testing.T) {
+	ca := testCA(t)
+	leaf := issueAt(t, ca, "agent/gpu-01", revokeNow)
+	certs := derChain([][]byte{leaf.Raw, ca.Cert.Raw})()
+	require.Len(t, certs, 2)
+	require.True(t, certs[0].Equal(leaf))
+	require.True(t, certs[1].Equal(ca.Cert))
+	require.Nil(t, derChain([][]byte{leaf.Raw, []byte("junk")})())
+}

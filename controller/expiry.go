@@ -58,7 +58,8 @@ func newClientConns(clock clockwork.Clock, log *zap.Logger) *clientConns {
 type clientConn struct {
 	net.Conn
 	set   *clientConns
-	chain []*x509.Certificate
+	chain pki.Chain
+	leaf  leafInfo
 	peer  string
 	// verified is set once a call on the connection was authenticated;
 	// closed once it is closed. Both change under set.mu.
@@ -98,7 +99,8 @@ func (t trackingCreds) ServerHandshake(raw net.Conn) (net.Conn, credentials.Auth
 	if !ok || len(tlsInfo.State.PeerCertificates) == 0 {
 		return conn, info, nil
 	}
-	cc := t.conns.add(conn, tlsInfo.State.PeerCertificates, raw.RemoteAddr().String())
+	certs := tlsInfo.State.PeerCertificates
+	cc := t.conns.add(conn, pki.ChainOf(certs), leafOf(certs[0]), raw.RemoteAddr().String())
 	return cc, connInfo{TLSInfo: tlsInfo, conn: cc}, nil
 }
 
@@ -106,10 +108,20 @@ func (t trackingCreds) Clone() credentials.TransportCredentials {
 	return trackingCreds{TransportCredentials: t.TransportCredentials.Clone(), conns: t.conns}
 }
 
-func (s *clientConns) add(conn net.Conn, chain []*x509.Certificate, peer string) *clientConn {
-	cc := &clientConn{Conn: conn, set: s, chain: chain, peer: peer, streams: map[uint64]context.CancelCauseFunc{}}
-	leaf := chain[0]
-	left := leaf.NotAfter.Sub(s.clock.Now())
+// leafInfo is what a connection's expiry timer and log lines need of its
+// leaf certificate, kept instead of the certificate (see relayed).
+type leafInfo struct {
+	subject             string
+	notBefore, notAfter time.Time
+}
+
+func leafOf(cert *x509.Certificate) leafInfo {
+	return leafInfo{subject: cert.Subject.CommonName, notBefore: cert.NotBefore, notAfter: cert.NotAfter}
+}
+
+func (s *clientConns) add(conn net.Conn, chain pki.Chain, leaf leafInfo, peer string) *clientConn {
+	cc := &clientConn{Conn: conn, set: s, chain: chain, leaf: leaf, peer: peer, streams: map[uint64]context.CancelCauseFunc{}}
+	left := leaf.notAfter.Sub(s.clock.Now())
 	if left <= 0 {
 		// Every call on it is refused with the reason (Unauthenticated);
 		// closing at once would hide that behind a connection error.
@@ -117,9 +129,9 @@ func (s *clientConns) add(conn net.Conn, chain []*x509.Certificate, peer string)
 	}
 	cc.mu.Lock()
 	cc.expiry = s.clock.AfterFunc(left, func() {
-		cc.end(&pki.ValidityError{Subject: leaf.Subject.CommonName, NotBefore: leaf.NotBefore, NotAfter: leaf.NotAfter, Now: s.clock.Now()}, func() {
+		cc.end(&pki.ValidityError{Subject: leaf.subject, NotBefore: leaf.notBefore, NotAfter: leaf.notAfter, Now: s.clock.Now()}, func() {
 			s.log.Warn("closing connection: client certificate expired", zap.String("peer", peer),
-				zap.String("subject", leaf.Subject.CommonName), zap.Time("not_after", leaf.NotAfter))
+				zap.String("subject", leaf.subject), zap.Time("not_after", leaf.notAfter))
 		})
 	})
 	cc.mu.Unlock()
@@ -153,7 +165,7 @@ func (cc *clientConn) accepted(v pki.ClientVerification) {
 // reverify checks the certificate of every connection that carried an
 // authenticated call, given its last verification, and ends those check
 // refuses.
-func (s *clientConns) reverify(check func(chain []*x509.Certificate, prev pki.ClientVerification) (pki.ClientVerification, error)) {
+func (s *clientConns) reverify(check func(chain pki.Chain, prev pki.ClientVerification) (pki.ClientVerification, error)) {
 	s.mu.Lock()
 	conns := make([]*clientConn, 0, len(s.conns))
 	for cc := range s.conns {
@@ -161,7 +173,8 @@ func (s *clientConns) reverify(check func(chain []*x509.Certificate, prev pki.Cl
 	}
 	s.mu.Unlock()
 	for _, cc := range conns {
-		v, err := check(cc.chain, cc.lastVerification())
+		prev := cc.lastVerification()
+		v, err := check(cc.chain, prev)
 		if err == nil {
 			cc.mu.Lock()
 			cc.verification = v
@@ -169,9 +182,8 @@ func (s *clientConns) reverify(check func(chain []*x509.Certificate, prev pki.Cl
 			continue
 		}
 		cc.end(err, func() {
-			leaf := cc.chain[0]
 			s.log.Warn("closing connection: client certificate no longer accepted", zap.String("peer", cc.peer),
-				zap.String("subject", leaf.Subject.CommonName), zap.String("serial", pki.Serial(leaf)), zap.Error(err))
+				zap.String("subject", cc.leaf.subject), zap.String("serial", prev.Serial), zap.Error(err))
 		})
 	}
 }
@@ -239,7 +251,7 @@ func trackRelayed(ctx context.Context, r *relayed) (_ context.Context, done func
 	if relay == nil {
 		return ctx, func() {}, nil
 	}
-	vc := relay.set.add(relayedConn{}, r.chain, relay.peer+" ("+r.verification.ID.String()+" through "+r.relay.String()+")")
+	vc := relay.set.add(relayedConn{}, derChain(r.ders), r.leaf, relay.peer+" ("+r.verification.ID.String()+" through "+r.relay.String()+")")
 	vc.accepted(r.verification)
 	ctx, untrack, err := vc.track(ctx)
 	if err != nil {

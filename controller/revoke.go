@@ -2,7 +2,6 @@ package controller
 
 import (
 	"context"
-	"crypto/x509"
 	"errors"
 	"fmt"
 	"sort"
@@ -60,16 +59,16 @@ func (e *revokedError) Error() string {
 	return msg
 }
 
-// check refuses leaf, of identity id, if the deny-list has it.
-func (d *denyList) check(leaf *x509.Certificate, id pki.Identity) error {
-	serial := pki.Serial(leaf)
+// check refuses the leaf certificate that v verified if the deny-list has
+// it.
+func (d *denyList) check(v pki.ClientVerification) error {
 	d.mu.RLock()
 	defer d.mu.RUnlock()
-	if r := d.serials[serial]; r != nil {
-		return &revokedError{id: id, serial: serial, entry: r}
+	if r := d.serials[v.Serial]; r != nil {
+		return &revokedError{id: v.ID, serial: v.Serial, entry: r}
 	}
-	if r := d.identities[id]; r != nil && pki.IssuedAt(leaf).Before(r.GetIssuedBefore().AsTime()) {
-		return &revokedError{id: id, serial: serial, entry: r}
+	if r := d.identities[v.ID]; r != nil && v.IssuedAt.Before(r.GetIssuedBefore().AsTime()) {
+		return &revokedError{id: v.ID, serial: v.Serial, entry: r}
 	}
 	return nil
 }

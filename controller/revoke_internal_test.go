@@ -82,9 +82,7 @@ func TestDenyListCheck(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			id, err := pki.IdentityOf(tt.cert)
-			require.NoError(t, err)
-			err = d.check(tt.cert, id)
+			err := d.check(verifiedAs(t, tt.cert))
 			if tt.wantErr == nil {
 				require.NoError(t, err)
 				return
@@ -100,7 +98,7 @@ func TestDenyListCheck(t *testing.T) {
 	// Revoking the identity again, later, covers the reissued certificate
 	// too: the newer entry replaces the older.
 	d.add(byIdentity("agent/gpu-01", revokeNow.Add(time.Hour), revokeNow.Add(2*time.Hour)))
-	require.Error(t, d.check(reissued, pki.Identity{Role: pki.RoleAgent, Name: "gpu-01"}))
+	require.Error(t, d.check(verifiedAs(t, reissued)))
 	require.Len(t, d.list(), 2)
 }
 
@@ -131,7 +129,14 @@ func TestDenyListExpire(t *testing.T) {
 		require.Equal(t, tt.dropped, dropped, "at %s", tt.at)
 		require.Len(t, d.list(), tt.leftKeys)
 	}
-	require.NoError(t, d.check(a, pki.Identity{Role: pki.RoleViewer, Name: "a"}), "a dropped entry no longer refuses")
+	require.NoError(t, d.check(verifiedAs(t, a)), "a dropped entry no longer refuses")
+}
+
+// verifiedAs is what verifying cert gives the deny-list to check.
+func verifiedAs(t *testing.T, cert *x509.Certificate) pki.ClientVerification {
+	id, err := pki.IdentityOf(cert)
+	require.NoError(t, err)
+	return pki.ClientVerification{ID: id, Serial: pki.Serial(cert), IssuedAt: pki.IssuedAt(cert)}
 }
 
 func TestValidateRevocation(t *testing.T) {
@@ -231,7 +236,7 @@ func TestAuthenticatorRefusesRevoked(t *testing.T) {
 func trackedPeer(cc *clientConn) context.Context {
 	return peer.NewContext(context.Background(), &peer.Peer{
 		Addr:     &net.TCPAddr{IP: net.IPv4(10, 0, 0, 9), Port: 5000},
-		AuthInfo: connInfo{TLSInfo: credentials.TLSInfo{State: tls.ConnectionState{PeerCertificates: cc.chain}}, conn: cc},
+		AuthInfo: connInfo{TLSInfo: credentials.TLSInfo{State: tls.ConnectionState{PeerCertificates: cc.chain()}}, conn: cc},
 	})
 }
 
@@ -261,9 +266,9 @@ func TestConnectionsEndWhenRefused(t *testing.T) {
 	rawA, closedA := pipeConn(t)
 	rawB, closedB := pipeConn(t)
 	rawC, closedC := pipeConn(t)
-	a := conns.add(rawA, []*x509.Certificate{revoked}, "a")
-	b := conns.add(rawB, []*x509.Certificate{kept}, "b")
-	conns.add(rawC, []*x509.Certificate{revoked}, "c") // never authenticated
+	a := conns.add(rawA, pki.ChainOf([]*x509.Certificate{revoked}), leafOf(revoked), "a")
+	b := conns.add(rawB, pki.ChainOf([]*x509.Certificate{kept}), leafOf(kept), "b")
+	conns.add(rawC, pki.ChainOf([]*x509.Certificate{revoked}), leafOf(revoked), "c") // never authenticated
 	a.accepted(pki.ClientVerification{})
 	b.accepted(pki.ClientVerification{})
 
@@ -276,9 +281,9 @@ func TestConnectionsEndWhenRefused(t *testing.T) {
 
 	why := errors.New("certificate agent/gpu-01 revoked")
 	checked := 0
-	conns.reverify(func(chain []*x509.Certificate, _ pki.ClientVerification) (pki.ClientVerification, error) {
+	conns.reverify(func(chain pki.Chain, _ pki.ClientVerification) (pki.ClientVerification, error) {
 		checked++
-		if chain[0] == revoked {
+		if chain()[0] == revoked {
 			return pki.ClientVerification{}, why
 		}
 		return pki.ClientVerification{}, nil
@@ -324,7 +329,7 @@ func TestConnectionEndsAtExpiry(t *testing.T) {
 	conns := newClientConns(clock, zaptest.NewLogger(t))
 	cert := issueAt(t, ca, "agent/gpu-01", revokeNow.Add(-23*time.Hour)) // expires in an hour
 	raw, closed := pipeConn(t)
-	cc := conns.add(raw, []*x509.Certificate{cert}, "a")
+	cc := conns.add(raw, pki.ChainOf([]*x509.Certificate{cert}), leafOf(cert), "a")
 	stream, done, err := trackStream(trackedPeer(cc))
 	require.NoError(t, err)
 	defer done()

@@ -7,12 +7,13 @@ import (
 	"time"
 
 	rdzvv1 "github.com/rdzv/rdzv/proto/rdzv/v1"
+	"github.com/rdzv/rdzv/wire"
 )
 
 // sendQueue bounds what may wait for one agent's stream. An agent that
 // falls this far behind is disconnected and re-synchronises when it
 // reconnects, so a stuck agent never blocks the controller.
-const sendQueue = 256
+const sendQueue = wire.AgentBacklog
 
 // sender is the sending half of an agent stream.
 type sender interface {

@@ -276,37 +276,54 @@ func (r *Reloader) Identity() Identity { return r.current().id }
 // VerifyClient verifies a peer's client certificate chain against the CA
 // as currently loaded.
 func (r *Reloader) VerifyClient(chain []*x509.Certificate) (Identity, error) {
-	v, err := r.VerifyClientAgain(chain, ClientVerification{})
+	v, err := r.VerifyClientAgain(ChainOf(chain), ClientVerification{})
 	return v.ID, err
+}
+
+// Chain gives a client's certificate chain, leaf first, when it must be
+// verified in full. A caller may keep a chain it holds for long in a
+// cheaper form than parsed (the controller keeps a relayed agent's as DER)
+// and parse it only then.
+type Chain func() []*x509.Certificate
+
+// ChainOf is the Chain of a chain already parsed.
+func ChainOf(certs []*x509.Certificate) Chain {
+	return func() []*x509.Certificate { return certs }
 }
 
 // ClientVerification is a client chain's verification against the CA as
 // loaded then (VerifyClientAgain).
 type ClientVerification struct {
-	ID   Identity
-	pool *x509.CertPool
-	w    window
+	ID Identity
+	// Serial and IssuedAt are the leaf's (Serial, IssuedAt): what a
+	// deny-list checks, without the certificate.
+	Serial   string
+	IssuedAt time.Time
+	pool     *x509.CertPool
+	w        window
 }
 
 // VerifyClientAgain is VerifyClient for a chain that prev verified (the
 // zero value: never). While the same CA is loaded and every certificate of
 // the chain prev built is within its validity, the chain verifies as it did,
-// so its signatures are not checked again: re-verifying the 10,000 agents'
-// connections every tls.reverify_interval was a second of CPU each time.
-func (r *Reloader) VerifyClientAgain(chain []*x509.Certificate, prev ClientVerification) (ClientVerification, error) {
+// so it is neither asked for nor checked again: re-verifying the 10,000
+// agents' connections every tls.reverify_interval was a second of CPU each
+// time.
+func (r *Reloader) VerifyClientAgain(chain Chain, prev ClientVerification) (ClientVerification, error) {
 	pool := r.current().pool
-	if len(chain) == 0 {
-		return ClientVerification{}, ErrNoCertificate
-	}
 	now := r.clock.Now()
 	if prev.pool != nil && prev.pool == pool && prev.w.holds(now) {
 		return prev, nil
 	}
-	id, w, err := verifyWindow(chain, pool, now, x509.ExtKeyUsageClientAuth, "")
+	certs := chain()
+	if len(certs) == 0 {
+		return ClientVerification{}, ErrNoCertificate
+	}
+	id, w, err := verifyWindow(certs, pool, now, x509.ExtKeyUsageClientAuth, "")
 	if err != nil {
 		return ClientVerification{}, err
 	}
-	return ClientVerification{ID: id, pool: pool, w: w}, nil
+	return ClientVerification{ID: id, Serial: Serial(certs[0]), IssuedAt: IssuedAt(certs[0]), pool: pool, w: w}, nil
 }
 
 // TicketEpoch is how long one session ticket key seals new tickets; a

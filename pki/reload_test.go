@@ -412,30 +412,34 @@ func TestVerifyClientAgain(t *testing.T) {
 	forged.Signature[len(forged.Signature)-1] ^= 0xff
 	forgedChain := []*x509.Certificate{&forged}
 
-	first, err := r.VerifyClientAgain(chain, pki.ClientVerification{})
+	first, err := r.VerifyClientAgain(pki.ChainOf(chain), pki.ClientVerification{})
 	require.NoError(t, err)
 	require.Equal(t, "agent/gpu-01", first.ID.String())
-	_, err = r.VerifyClientAgain(forgedChain, pki.ClientVerification{})
+	require.Equal(t, pki.Serial(client), first.Serial)
+	require.Equal(t, pki.IssuedAt(client), first.IssuedAt)
+	_, err = r.VerifyClientAgain(pki.ChainOf(forgedChain), pki.ClientVerification{})
 	require.Error(t, err, "with nothing verified before, the signature is checked")
 
-	again, err := r.VerifyClientAgain(forgedChain, first)
+	asked := 0
+	again, err := r.VerifyClientAgain(func() []*x509.Certificate { asked++; return forgedChain }, first)
 	require.NoError(t, err, "the same CA, within the chain's validity: no signature checked again")
 	require.Equal(t, first, again)
+	require.Zero(t, asked, "a verification that holds does not ask for the chain")
 
 	// A new CA: the chain of the old one no longer verifies.
 	other := newCA(t)
 	writeSet(t, dir, other, issue(t, other, pki.RoleController, "ctl"))
 	clock.Advance(time.Second)
-	_, err = r.VerifyClientAgain(chain, first)
+	_, err = r.VerifyClientAgain(pki.ChainOf(chain), first)
 	require.ErrorIs(t, err, pki.ErrForeignCA, "a reloaded CA verifies every chain again")
 
 	// The old CA back, and the time past the leaf's validity.
 	writeSet(t, dir, ca, issue(t, ca, pki.RoleController, "ctl"))
 	clock.Advance(time.Second)
-	second, err := r.VerifyClientAgain(chain, first)
+	second, err := r.VerifyClientAgain(pki.ChainOf(chain), first)
 	require.NoError(t, err)
 	clock.Advance(client.NotAfter.Sub(clock.Now()) + time.Second)
-	_, err = r.VerifyClientAgain(chain, second)
+	_, err = r.VerifyClientAgain(pki.ChainOf(chain), second)
 	var validity *pki.ValidityError
 	require.ErrorAs(t, err, &validity, "past the leaf's validity it is verified again, and refused")
 }

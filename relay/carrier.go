@@ -27,7 +27,7 @@ import (
 
 // agentBuffer bounds the frames waiting for one agent's stream; an agent
 // that does not read them is dropped, so it cannot hold up its neighbours.
-const agentBuffer = 64
+const agentBuffer = wire.AgentBacklog
 
 // carrier is the relay's Carry call, over its lifetimes.
 type carrier struct {
@@ -47,9 +47,15 @@ func (ca *carrier) run(ctx context.Context) {
 		cl, err := ca.dial(ctx)
 		if err != nil {
 			ca.r.log.Debug("no controller serves the relay", zap.Error(err))
+			wait := holdRetry
+			if _, _, refused := wire.Parse(err); refused {
+				// A controller answered: one starting, or a standby while
+				// the election ends, and held agents wait on the next try.
+				wait = refusedRetry
+			}
 			select {
 			case <-ctx.Done():
-			case <-time.After(holdRetry):
+			case <-time.After(wait):
 			}
 			continue
 		}
@@ -65,7 +71,9 @@ func (ca *carrier) run(ctx context.Context) {
 		ca.cur, ca.up = nil, make(chan struct{})
 		ca.mu.Unlock()
 		cl.endAll(status.Errorf(codes.Unavailable, "relay: its call to the controller ended: %v", status.Convert(err).Message()))
-		ca.r.log.Warn("controller call ended; agents reconnect", zap.Error(err))
+		if ctx.Err() == nil { // not the relay's own shutdown
+			ca.r.log.Warn("controller call ended; agents reconnect", zap.Error(err))
+		}
 	}
 }
 

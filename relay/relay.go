@@ -37,9 +37,16 @@ var upstreamKeepalive = keepalive.ClientParameters{Time: 10 * time.Second, Timeo
 // around it to the controller directly. Held agents register the moment a
 // controller leads, through their relay, instead of after their own
 // reconnect backoff and with a handshake each.
+//
+// A controller that answers but does not serve (it is starting, or an
+// election is under way) is asked again after refusedRetry: it will lead
+// within moments, or name the one that does, and a relay's cold start
+// spent most of a second waiting out holdRetry after the controller led
+// (make bench-scale).
 const (
-	holdRetry = time.Second
-	maxHold   = 5 * time.Minute
+	holdRetry    = time.Second
+	refusedRetry = 100 * time.Millisecond
+	maxHold      = 5 * time.Minute
 )
 
 // upstreamBackoff reconnects to a controller that went away within a

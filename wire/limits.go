@@ -55,6 +55,12 @@ const (
 	// gRPC's default 4 MiB receive limit, so that a client with default
 	// settings reads every page of items smaller than that.
 	MaxPageBytes = 4<<20 - 64<<10
+	// AgentBacklog bounds the messages waiting to be sent to one agent, at
+	// the controller and at its relay alike: an agent that falls this far
+	// behind is dropped, so it never holds up the others, and reconnects.
+	// The same bound on both paths, so an agent is not dropped through its
+	// relay where directly it would be kept.
+	AgentBacklog = 256
 )
 
 // ItemBytes is what an item of n encoded bytes adds to a message's
