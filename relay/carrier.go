@@ -20,7 +20,7 @@ import (
 // the leading controller (rdzv.v1.RelayService). The carrier keeps that
 // call up: it opens one, serves it until it breaks (the controller
 // restarted, failed over, or stepped down and named the new leader), and
-// opens the next, one attempt per holdRetry. While none is up, new agent
+// opens the next, one attempt per callRetry. While none is up, new agent
 // streams wait for one (await): one attempt per relay knocks at a
 // restarting controller, not one per agent, and the held agents register
 // the moment it leads, through their relay.
@@ -47,15 +47,9 @@ func (ca *carrier) run(ctx context.Context) {
 		cl, err := ca.dial(ctx)
 		if err != nil {
 			ca.r.log.Debug("no controller serves the relay", zap.Error(err))
-			wait := holdRetry
-			if _, _, refused := wire.Parse(err); refused {
-				// A controller answered: one starting, or a standby while
-				// the election ends, and held agents wait on the next try.
-				wait = refusedRetry
-			}
 			select {
 			case <-ctx.Done():
-			case <-time.After(wait):
+			case <-time.After(callRetry):
 			}
 			continue
 		}

@@ -32,28 +32,31 @@ var upstreamKeepalive = keepalive.ClientParameters{Time: 10 * time.Second, Timeo
 
 // While no controller serves the relay (a controller restart or failover)
 // but a controller's host answers (reach), the relay holds its agents' new
-// streams, for up to maxHold, while its carrier tries for a call once per
-// holdRetry; then it tells an agent Unavailable, which sends the agent
-// around it to the controller directly. Held agents register the moment a
-// controller leads, through their relay, instead of after their own
-// reconnect backoff and with a handshake each.
+// streams, for up to maxHold, looking again once per holdRetry; then it
+// tells an agent Unavailable, which sends the agent around it to the
+// controller directly. Held agents register the moment a controller leads,
+// through their relay, instead of after their own reconnect backoff and
+// with a handshake each.
 //
-// A controller that answers but does not serve (it is starting, or an
-// election is under way) is asked again after refusedRetry: it will lead
-// within moments, or name the one that does, and a relay's cold start
-// spent most of a second waiting out holdRetry after the controller led
-// (make bench-scale).
+// Meanwhile the carrier asks for a call once per callRetry. An attempt
+// while the connection is down fails at once, without a packet sent (the
+// connection's own backoff, upstreamBackoff, paces the connection
+// attempts), and a controller that answers but does not serve yet (it is
+// starting, or an election is under way) serves within moments. Asked
+// once per second, relays reached a controller that had started serving
+// most of a second late, with their agents held (make bench-scale).
 const (
-	holdRetry    = time.Second
-	refusedRetry = 100 * time.Millisecond
-	maxHold      = 5 * time.Minute
+	holdRetry = time.Second
+	callRetry = 100 * time.Millisecond
+	maxHold   = 5 * time.Minute
 )
 
 // upstreamBackoff reconnects to a controller that went away within a
-// second: the relay holds few connections, and its agents wait on them
-// (the default backoff grows to two minutes).
+// quarter of a second of its return: the relay holds few connections, a
+// refused attempt costs nothing, and its agents wait on them (the default
+// backoff grows to two minutes).
 var upstreamBackoff = grpc.ConnectParams{
-	Backoff:           backoff.Config{BaseDelay: 100 * time.Millisecond, Multiplier: 1.6, Jitter: 0.2, MaxDelay: time.Second},
+	Backoff:           backoff.Config{BaseDelay: 100 * time.Millisecond, Multiplier: 1.6, Jitter: 0.2, MaxDelay: 250 * time.Millisecond},
 	MinConnectTimeout: client.DefaultConfig().DialTimeout,
 }
 
