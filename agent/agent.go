@@ -227,6 +227,9 @@ func (a *Agent) Run(ctx context.Context) error {
 	}
 	sess := newSession(info, sup, a.client, a.cfg.Controller, a.faults, gossip, log.Named("session"))
 	sess.health = nodeHealth
+	if a.cfg.Relays != "" {
+		sess.relayReturn = a.cfg.RelayReturn.Duration
+	}
 	a.run.Store(&runState{sup: sup, sess: sess, gossip: gossip, gpus: len(info.GetGpus())})
 	a.metrics.gpusFound(info.GetGpus())
 	close(a.ready)

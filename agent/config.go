@@ -33,6 +33,11 @@ type Config struct {
 	// rack carries its stream. An agent whose relay fails reaches the
 	// controller directly. Empty: always directly.
 	Relays string `json:"relays"`
+	// RelayReturn is how often an agent that went around its relays tries
+	// to come back through one: it registers through the relay before it
+	// drops its direct stream, so a failed try leaves it as it was. 0
+	// stays direct until the next reconnect.
+	RelayReturn wire.Duration `json:"relay_return"`
 	// NodeName defaults to the hostname. It names the node; it is never used
 	// to find an address.
 	NodeName string            `json:"node_name"`
@@ -98,6 +103,10 @@ func DefaultConfig() Config {
 		HTTP:       httpserve.Config{Listen: DefaultHTTPListen},
 		GossipPort: 7946,
 		StopGrace:  wire.Duration{Duration: 10 * time.Second},
+		// A relay restarted for an upgrade gets its rack back within a
+		// minute or two: until then each of its agents costs the
+		// controller a connection, its TLS state and goroutines.
+		RelayReturn: wire.Duration{Duration: time.Minute},
 		// Time for systemd to restart the agent and for it to start, with
 		// room to spare; the controller waits this long before moving the
 		// job on if the agent does not come back.
@@ -152,6 +161,10 @@ func (c Config) RelayAddrs() ([]string, error) {
 	return client.ParseAddrs("relays", c.Relays)
 }
 
+// MinRelayReturn bounds relay_return from below: each try holds the
+// agent's heartbeats for up to a second (relayTryTimeout).
+const MinRelayReturn = 10 * time.Second
+
 // Validate names each problem with its field.
 func (c Config) Validate() error {
 	var errs []error
@@ -162,6 +175,9 @@ func (c Config) Validate() error {
 		errs = append(errs, err)
 	} else if c.Relays != "" && c.Insecure {
 		errs = append(errs, errors.New("relays: a relay vouches for agents by their certificates; it cannot carry an insecure agent"))
+	}
+	if d := c.RelayReturn.Duration; d != 0 && d < MinRelayReturn {
+		errs = append(errs, fmt.Errorf("relay_return: must be 0 (stay direct until the next reconnect) or at least %s, got %s", MinRelayReturn, c.RelayReturn))
 	}
 	if c.NodeName != "" {
 		if fe := wire.ValidateName("node_name", c.NodeName); fe != nil {

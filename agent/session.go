@@ -2,6 +2,7 @@ package agent
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"math/rand/v2"
 	"sync/atomic"
@@ -11,6 +12,7 @@ import (
 	"golang.org/x/sync/errgroup"
 	"google.golang.org/grpc/keepalive"
 
+	"github.com/rdzv/rdzv/client"
 	"github.com/rdzv/rdzv/health"
 	rdzvv1 "github.com/rdzv/rdzv/proto/rdzv/v1"
 )
@@ -83,6 +85,10 @@ type agentSession struct {
 	fencing atomic.Bool
 	// health is the node health checks; nil in tests that need none.
 	health *NodeHealth
+	// relayReturn is how often, while direct although relays are
+	// configured, the agent tries to come back through one (relay_return);
+	// 0 never.
+	relayReturn time.Duration
 	// farewells carries the last word of an agent that leaves its workers
 	// running; unbuffered, so a send succeeds only while connected.
 	farewells chan farewell
@@ -133,9 +139,14 @@ type relayed interface{ Relayed() bool }
 func (s *agentSession) loop(ctx context.Context) {
 	var backoff Reconnect
 	failures := 0
+	var next *opened
 	for ctx.Err() == nil {
 		started := time.Now()
-		err := s.connect(ctx)
+		moved, err := s.connect(ctx, next)
+		if next = moved; next != nil {
+			s.log.Info("back through a relay, direct stream dropped")
+			continue
+		}
 		if ctx.Err() != nil {
 			return
 		}
@@ -155,23 +166,89 @@ func (s *agentSession) loop(ctx context.Context) {
 	}
 }
 
-func (s *agentSession) connect(ctx context.Context) error {
+// opened is a stream on which the controller registered this agent.
+type opened struct {
+	stream     rdzvv1.AgentService_ConnectClient
+	registered *rdzvv1.Registered
+	// registering is when the register was sent.
+	registering time.Time
+	viaRelay    bool
+	cancel      context.CancelFunc
+}
+
+// open opens a stream under ctx and registers on it.
+func (s *agentSession) open(ctx context.Context) (_ *opened, err error) {
 	ctx, cancel := context.WithCancel(ctx)
-	defer cancel()
+	defer func() {
+		if err != nil {
+			cancel()
+		}
+	}()
 	stream, err := s.client.Connect(ctx)
 	if err != nil {
-		return fmt.Errorf("opening stream: %w", err)
+		return nil, fmt.Errorf("opening stream: %w", err)
 	}
 	reg := &rdzvv1.Register{Node: s.info, Workers: s.sup.Statuses(), Health: s.healthResults()}
 	registering := time.Now()
 	if err := stream.Send(&rdzvv1.ConnectRequest{Msg: &rdzvv1.ConnectRequest_Register{Register: reg}}); err != nil {
-		return fmt.Errorf("sending register: %w", err)
+		return nil, fmt.Errorf("sending register: %w", err)
 	}
 	first, err := stream.Recv()
 	if err != nil {
-		return fmt.Errorf("registering: %w", err)
+		return nil, fmt.Errorf("registering: %w", err)
 	}
-	registered := first.GetRegistered()
+	o := &opened{stream: stream, registered: first.GetRegistered(), registering: registering, cancel: cancel}
+	if r, ok := s.client.(relayed); ok {
+		o.viaRelay = r.Relayed()
+	}
+	return o, nil
+}
+
+// relayTryTimeout bounds a try to come back through a relay
+// (throughRelay), and so does a quarter of the heartbeat timeout: the
+// heartbeats of the direct stream wait for it, and a relay that serves
+// registers an agent in milliseconds.
+const relayTryTimeout = time.Second
+
+// throughRelay registers this agent through one of its relays, and only
+// a relay (client.RelaysOnly), within timeout. It runs on the
+// sending goroutine of the direct stream, so no report is taken from the
+// supervisor meanwhile: the new registration carries them all, and the
+// controller, which replaces the direct stream with this one, loses none.
+func (s *agentSession) throughRelay(ctx context.Context, timeout time.Duration) (*opened, error) {
+	tctx, cancel := context.WithCancel(client.RelaysOnly(ctx))
+	timer := time.AfterFunc(timeout, cancel)
+	o, err := s.open(tctx)
+	if !timer.Stop() && err == nil {
+		o.cancel()
+		err = fmt.Errorf("no relay registered the agent within %s", timeout)
+	}
+	if err != nil {
+		cancel()
+		return nil, err
+	}
+	stream := o.cancel
+	o.cancel = func() { stream(); cancel() }
+	return o, nil
+}
+
+// jittered is d give or take half: agents that went around the same relay
+// do not all come back at once.
+func jittered(d time.Duration) time.Duration { return d/2 + rand.N(d) }
+
+// connect serves a stream until it ends: next's, or a new one if nil. It
+// returns a stream to go on with at once (moved) when the agent came back
+// through a relay (relayReturn), or why the stream ended.
+func (s *agentSession) connect(ctx context.Context, next *opened) (moved *opened, _ error) {
+	o := next
+	if o == nil {
+		var err error
+		if o, err = s.open(ctx); err != nil {
+			return nil, err
+		}
+	}
+	defer o.cancel()
+	stream, registered := o.stream, o.registered
 	ms := func(v uint32) time.Duration { return time.Duration(v) * time.Millisecond }
 	hb := s.heartbeat.Load().Learn(ms(registered.GetHeartbeatIntervalMs()), ms(registered.GetHeartbeatTimeoutMs()), ms(registered.GetVouchedTimeoutMs()))
 	s.heartbeat.Store(&hb)
@@ -181,13 +258,11 @@ func (s *agentSession) connect(ctx context.Context) error {
 		// up on us.
 		s.sup.SetOrphanTimeout(hb.OrphanTimeout())
 	}
-	s.heardAt(registering)
+	s.heardAt(o.registering)
 	s.connected.Store(true)
 	defer s.connected.Store(false)
-	if r, ok := s.client.(relayed); ok {
-		s.viaRelay.Store(r.Relayed())
-		defer s.viaRelay.Store(false)
-	}
+	s.viaRelay.Store(o.viaRelay)
+	defer s.viaRelay.Store(false)
 	s.log.Info("registered with controller", zap.Duration("heartbeat_interval", interval), zap.Duration("heartbeat_timeout", ms(registered.GetHeartbeatTimeoutMs())))
 	var healthChanged <-chan struct{}
 	if s.health != nil {
@@ -204,6 +279,18 @@ func (s *agentSession) connect(ctx context.Context) error {
 	var sent Acks
 	logs := newLogTails(s.sup, out, s.log.Named("logs"))
 	defer logs.cancelAll()
+	// Only while direct although relays are configured: try to come back
+	// through one, now and then.
+	var relayTry <-chan time.Time
+	tryTimeout := relayTryTimeout
+	if hb.Timeout > 0 {
+		tryTimeout = min(tryTimeout, hb.Timeout/4)
+	}
+	if s.relayReturn > 0 && !o.viaRelay {
+		t := time.NewTimer(jittered(s.relayReturn))
+		defer t.Stop()
+		relayTry = t.C
+	}
 	g, gctx := errgroup.WithContext(ctx)
 	g.Go(func() error {
 		ticker := time.NewTicker(interval)
@@ -259,6 +346,18 @@ func (s *agentSession) connect(ctx context.Context) error {
 					return fmt.Errorf("sending to controller: %w", err)
 				}
 				close(f.sent)
+			case <-relayTry:
+				back, err := s.throughRelay(ctx, tryTimeout)
+				if err != nil {
+					s.log.Debug("no relay serves, staying direct", zap.Error(err))
+					relayTry = time.After(jittered(s.relayReturn))
+					continue
+				}
+				// The controller replaced the direct stream with back
+				// (the newer stream of a node wins); drop it.
+				moved = back
+				o.cancel()
+				return errMoved
 			}
 			for _, m := range msgs {
 				if err := stream.Send(m); err != nil {
@@ -281,8 +380,16 @@ func (s *agentSession) connect(ctx context.Context) error {
 			s.handle(gctx, m, out, logs)
 		}
 	})
-	return g.Wait()
+	err := g.Wait()
+	if moved != nil {
+		return moved, nil
+	}
+	return nil, err
 }
+
+// errMoved ends the serving of a direct stream that a stream through a
+// relay replaced.
+var errMoved = errors.New("moved to a relay")
 
 // pendingCheckpoints takes every checkpoint report queued so far.
 func (s *agentSession) pendingCheckpoints() []*rdzvv1.ConnectRequest {

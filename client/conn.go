@@ -191,14 +191,20 @@ func (c *Conn) each(ctx context.Context, call func(ctx context.Context, addr str
 // leads, or named a leader that could not be reached (the one that just
 // died, which standbys see leading until its lease runs out).
 func (c *Conn) walk(ctx context.Context, call func(ctx context.Context, addr string, cc *grpc.ClientConn) error) (electing bool, err error) {
+	relaysOnly := ctx.Value(relaysOnlyKey{}) != nil
 	c.mu.Lock()
+	// The relays first: addrs starts with them.
 	queue := append([]string{}, c.addrs...)
-	if c.leader != "" {
-		// After the relays, which addrs starts with.
-		n := len(c.relays)
-		queue = slices.Insert(queue, n, c.leader)
+	switch {
+	case relaysOnly:
+		queue = queue[:len(c.relays)]
+	case c.leader != "":
+		queue = slices.Insert(queue, len(c.relays), c.leader)
 	}
 	c.mu.Unlock()
+	if len(queue) == 0 {
+		return false, status.Error(codes.Unavailable, "no relays configured")
+	}
 	tried, down, named := map[string]bool{}, map[string]bool{}, map[string]bool{}
 	var refusal, unreachable error
 	noLeader := false
@@ -232,7 +238,7 @@ func (c *Conn) walk(ctx context.Context, call func(ctx context.Context, addr str
 				refusal = err
 			}
 			noLeader = noLeader || reason == wire.ReasonNoLeader
-			if reason == wire.ReasonNotLeader && hint != "" {
+			if reason == wire.ReasonNotLeader && hint != "" && !relaysOnly {
 				named[hint] = true
 				if !tried[hint] && hops < maxHops {
 					hops++
@@ -260,6 +266,18 @@ func (c *Conn) walk(ctx context.Context, call func(ctx context.Context, addr str
 		return false, unreachable
 	}
 	return false, status.FromContextError(ctx.Err()).Err()
+}
+
+type relaysOnlyKey struct{}
+
+// RelaysOnly makes calls under ctx go to the configured relays only, never
+// to a controller directly: an agent that went around its failed relay
+// uses it to come back through the relay, making its new stream there
+// before it drops the direct one, and without registering with the
+// controller a second time if no relay serves. Without relays, such a
+// call fails with Unavailable.
+func RelaysOnly(ctx context.Context) context.Context {
+	return context.WithValue(ctx, relaysOnlyKey{}, true)
 }
 
 // untried counts the addresses in queue not tried yet.

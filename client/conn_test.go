@@ -305,15 +305,19 @@ func TestRelaysGoFirst(t *testing.T) {
 	require.NoError(t, err)
 	t.Cleanup(func() { require.NoError(t, c.Close()) })
 
-	register := func() {
+	registerUnder := func(ctx context.Context) error {
 		t.Helper()
-		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 		defer cancel()
 		stream, err := c.Connect(ctx)
 		require.NoError(t, err)
 		require.NoError(t, stream.Send(&rdzvv1.ConnectRequest{Msg: &rdzvv1.ConnectRequest_Register{Register: &rdzvv1.Register{Node: &rdzvv1.NodeInfo{Name: "node-a"}}}}))
 		_, err = stream.Recv()
-		require.NoError(t, err)
+		return err
+	}
+	register := func() {
+		t.Helper()
+		require.NoError(t, registerUnder(context.Background()))
 	}
 	register()
 	require.Equal(t, relayAddr, c.Leader())
@@ -326,14 +330,32 @@ func TestRelaysGoFirst(t *testing.T) {
 	require.False(t, c.Relayed())
 	require.Equal(t, "node-a", <-ctl.registers)
 
+	// Relays only: with the relay away the call fails, and the controller
+	// never hears of it.
+	err = registerUnder(client.RelaysOnly(context.Background()))
+	require.Equal(t, codes.Unavailable, status.Code(err), "%v", err)
+	require.Empty(t, ctl.registers)
+	require.Equal(t, ctlAddr, c.Leader())
+
 	l, err = net.Listen("tcp", relayAddr)
 	require.NoError(t, err)
 	t.Cleanup(serveRelay(l))
 	// gRPC reconnects to the relay after its backoff: the next streams go
 	// around it until then.
 	require.Eventually(t, func() bool {
-		register()
-		return c.Leader() == relayAddr
+		return registerUnder(client.RelaysOnly(context.Background())) == nil
 	}, 20*time.Second, 100*time.Millisecond, "back through the relay")
+	require.Equal(t, relayAddr, c.Leader())
+	require.True(t, c.Relayed())
 	require.Equal(t, "node-a", <-relay.registers)
+	require.Empty(t, ctl.registers, "relays only: never around the relay")
+}
+
+// TestRelaysOnlyWithoutRelays: a client without relays fails a call
+// under RelaysOnly rather than make it to a controller.
+func TestRelaysOnlyWithoutRelays(t *testing.T) {
+	c := insecureClient(t, serveJobs(t, &electing{}))
+	_, err := c.ListJobs(client.RelaysOnly(context.Background()), &rdzvv1.ListJobsRequest{})
+	require.Equal(t, codes.Unavailable, status.Code(err), "%v", err)
+	require.ErrorContains(t, err, "no relays configured")
 }

@@ -34,10 +34,16 @@ type runningRelay struct {
 // startRelay runs a relay named name until the test ends; stop ends it
 // earlier, as SIGTERM would.
 func (c *cluster) startRelay(name string) *runningRelay {
+	c.t.Helper()
+	return c.startRelayAt(name, testaddr.Free(c.t))
+}
+
+// startRelayAt is startRelay listening on addr.
+func (c *cluster) startRelayAt(name, addr string) *runningRelay {
 	t := c.t
 	t.Helper()
 	cfg := relay.DefaultConfig()
-	cfg.Listen = testaddr.Free(t)
+	cfg.Listen = addr
 	cfg.Controller = c.addr
 	cfg.HTTP.Listen = "127.0.0.1:0"
 	cfg.TLS = c.issue(pki.Identity{Role: pki.RoleRelay, Name: name}, net.IPv4(127, 0, 0, 1))
@@ -356,4 +362,28 @@ func TestRelayHoldsThroughRestart(t *testing.T) {
 	require.Equal(t, "2", r.streams(t))
 	job := c.waitRunning("held")
 	require.Equal(t, gen, job.GetGeneration(), "the restart did not restart the job")
+}
+
+// TestAgentComesBackThroughItsRelay: an agent whose relay was away when it
+// registered comes back through it once it serves (relay_return),
+// registering there before it drops its direct stream: its node is never
+// lost, and its job keeps its generation.
+func TestAgentComesBackThroughItsRelay(t *testing.T) {
+	c := newCluster(t)
+	addr := testaddr.Free(t)
+	a := c.addAgent("node-a", 1, nil, func(cfg *agent.Config) {
+		cfg.Relays = addr
+		cfg.RelayReturn.Duration = agent.MinRelayReturn
+	})
+	c.startJob(c.spec("back", 1, 1, "hang"))
+	gen := c.waitRunning("back").GetGeneration()
+	viaRelay := func() float64 { return scrape(t, a.agent.HTTP().Addr().String()).gauge(t, "rdzv_agent_via_relay") }
+	require.Equal(t, float64(0), viaRelay(), "around the relay, which is not there")
+
+	r := c.startRelayAt("rack-1", addr)
+	poll(t, func() bool { return viaRelay() == 1 }, func() string { return "the agent did not come back through its relay" })
+	require.Equal(t, "1", r.streams(t))
+	require.Zero(t, c.logs.FilterMessage("node lost").Len(), "the node was never lost")
+	require.Equal(t, 2, c.logs.FilterMessage("registered with controller").FilterField(zap.String("node", "node-a")).Len())
+	require.Equal(t, gen, c.waitRunning("back").GetGeneration(), "coming back did not restart the job")
 }
