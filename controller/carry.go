@@ -253,7 +253,7 @@ func (ca *carrier) open(id uint64, o *rdzvv1.OpenStream) error {
 		return nil
 	}
 	sess := newSession(tracked, name, carriedSender{ca: ca, id: id}, c.clock.Now)
-	sess.certNotAfter = r.leaf.notAfter
+	sess.certNotAfter, sess.relayed = r.leaf.notAfter, true
 	cs := &carried{id: id, sess: sess, tracked: tracked, untrack: untrack}
 	ca.mu.Lock()
 	ca.streams[id] = cs

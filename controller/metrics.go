@@ -156,6 +156,8 @@ var (
 	descPendingAge = prometheus.NewDesc("rdzv_pending_job_oldest_age_seconds", "Age of the oldest pending job (0 when none is pending).", nil, nil)
 	descLeader     = prometheus.NewDesc("rdzv_leader", "1 while this controller leads and serves the API, else 0.", nil, nil)
 	descAgents     = prometheus.NewDesc("rdzv_connected_agents", "Agents with an open stream to this controller.", nil, nil)
+	descRelayed    = prometheus.NewDesc("rdzv_relayed_agents", "Of the connected agents, those whose stream a relay carries.", nil, nil)
+	descRelays     = prometheus.NewDesc("rdzv_connected_relays", "Relays with a call open to this controller, carrying their agents.", nil, nil)
 	descCertExpiry = prometheus.NewDesc("rdzv_certificate_expiry_seconds",
 		"Seconds until a certificate of the controller expires (cert: controller, its own; ca, the last of the cluster CA's).", []string{"cert"}, nil)
 	descJobETTR = prometheus.NewDesc("rdzv_job_effective_training_ratio",
@@ -165,7 +167,7 @@ var (
 )
 
 func (s stateCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{descNodes, descJobs, descPendingAge, descLeader, descAgents, descCertExpiry, descJobETTR, descJobStep, descJobGen} {
+	for _, d := range []*prometheus.Desc{descNodes, descJobs, descPendingAge, descLeader, descAgents, descRelayed, descRelays, descCertExpiry, descJobETTR, descJobStep, descJobGen} {
 		ch <- d
 	}
 }
@@ -186,7 +188,7 @@ func (s stateCollector) Collect(ch chan<- prometheus.Metric) {
 			jobs[jobStateLabel(rdzvv1.JobState(v))] = 0
 		}
 	}
-	var agents int
+	var agents, relayed int
 	var oldest time.Time
 	var perJob []jobGauges
 	c.mu.Lock()
@@ -195,8 +197,12 @@ func (s stateCollector) Collect(ch chan<- prometheus.Metric) {
 		nodes[nodeStateLabel(ns)]++
 		if ns.session != nil {
 			agents++
+			if ns.session.relayed {
+				relayed++
+			}
 		}
 	}
+	relays := len(c.carriers)
 	for name, js := range c.jobs {
 		st := js.rec.GetState()
 		jobs[jobStateLabel(st)]++
@@ -232,6 +238,8 @@ func (s stateCollector) Collect(ch chan<- prometheus.Metric) {
 	}
 	ch <- prometheus.MustNewConstMetric(descLeader, prometheus.GaugeValue, leader)
 	ch <- prometheus.MustNewConstMetric(descAgents, prometheus.GaugeValue, float64(agents))
+	ch <- prometheus.MustNewConstMetric(descRelayed, prometheus.GaugeValue, float64(relayed))
+	ch <- prometheus.MustNewConstMetric(descRelays, prometheus.GaugeValue, float64(relays))
 	if c.tls != nil {
 		ch <- prometheus.MustNewConstMetric(descCertExpiry, prometheus.GaugeValue, c.tls.NotAfter().Sub(now).Seconds(), "controller")
 		ch <- prometheus.MustNewConstMetric(descCertExpiry, prometheus.GaugeValue, c.tls.CANotAfter().Sub(now).Seconds(), "ca")

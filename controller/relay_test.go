@@ -121,6 +121,10 @@ func TestRelayCarriesAgents(t *testing.T) {
 	// The controller lists a node ready before its agent has read the
 	// answer.
 	poll(t, func() bool { return viaRelayGauge(a) == 1 && viaRelayGauge(b) == 1 }, func() string { return "the agents never said they went through the relay" })
+	m := scrape(t, c.httpAddr())
+	require.Equal(t, 2.0, m.gauge(t, "rdzv_connected_agents"))
+	require.Equal(t, 2.0, m.gauge(t, "rdzv_relayed_agents"))
+	require.Equal(t, 1.0, m.gauge(t, "rdzv_connected_relays"))
 
 	c.startJob(c.spec("relayed", 2, 2, "hang"))
 	job := c.waitRunning("relayed")
@@ -139,6 +143,11 @@ func TestRelayCarriesAgents(t *testing.T) {
 	c.waitNode("node-b", func(n *rdzvv1.Node) bool { return n.GetState() == rdzvv1.NodeState_NODE_STATE_BUSY })
 	require.Zero(t, viaRelayGauge(a), "direct now")
 	require.Zero(t, viaRelayGauge(b), "direct now")
+	m = scrape(t, c.httpAddr())
+	require.Equal(t, 2.0, m.gauge(t, "rdzv_connected_agents"))
+	require.Zero(t, m.gauge(t, "rdzv_relayed_agents"), "direct now")
+	// The relay's call ends as the controller notices its connection gone.
+	poll(t, func() bool { return scrape(t, c.httpAddr()).gauge(t, "rdzv_connected_relays") == 0 }, func() string { return "the stopped relay still counts" })
 	job = c.getJob("relayed")
 	require.Equal(t, rdzvv1.JobState_JOB_STATE_RUNNING, job.GetState())
 	require.Equal(t, gen, job.GetGeneration(), "the relay's stop did not restart the job")

@@ -34,6 +34,8 @@ type session struct {
 	// operator has been warned of it.
 	certNotAfter time.Time
 	expiryWarned bool
+	// relayed is set when a relay carries the stream (carry.go).
+	relayed bool
 	// lastHeartbeat is when the previous heartbeat arrived; only the
 	// stream's receiving goroutine uses it.
 	lastHeartbeat time.Time
