@@ -92,6 +92,10 @@ type Controller struct {
 	// term counts the times this process took the lead, so that work begun
 	// under one lead (a commit in flight) never lands in the next.
 	term uint64
+	// revokedGrace is added to the reconnect grace of the first lead after
+	// dropPreviousLead revoked this controller's own lease from a killed
+	// run; only the election goroutine uses it.
+	revokedGrace time.Duration
 	// electedAt is when the current lead began; stepDown ends it, and
 	// stepDownReason says why.
 	electedAt      time.Time
@@ -441,8 +445,11 @@ func (c *Controller) load(ctx context.Context) error {
 	c.loadRevocations(revoked, badRevocations)
 	c.screen(snap, now)
 	c.nodes, c.jobs = map[string]*nodeState{}, map[string]*jobState{}
+	grace := reconnectGrace + c.cfg.Heartbeat.Timeout.Duration + c.revokedGrace
+	c.revokedGrace = 0
 	for name, v := range snap.Nodes {
-		ns := &nodeState{rec: v.Value, lastSeen: now, graceUntil: now.Add(reconnectGrace + c.cfg.Heartbeat.Timeout.Duration)}
+		intern(v.Value.GetInfo())
+		ns := &nodeState{rec: v.Value, lastSeen: now, graceUntil: now.Add(grace)}
 		if hold := v.Value.GetRestartHoldUntil(); hold != nil {
 			// Set by the previous leader from its own clock: controllers'
 			// clocks are assumed to agree to well within a hold (seconds

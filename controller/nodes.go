@@ -5,6 +5,7 @@ package controller
 import (
 	"fmt"
 	"time"
+	"unique"
 
 	"go.uber.org/zap"
 	"google.golang.org/protobuf/proto"
@@ -19,6 +20,7 @@ import (
 func (c *Controller) register(sess *session, reg *rdzvv1.Register) {
 	info := reg.GetNode()
 	name := info.GetName()
+	intern(info)
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if !c.leading.Load() {
@@ -87,6 +89,41 @@ func (c *Controller) register(sess *session, reg *rdzvv1.Register) {
 	c.applyHealth(name, ns, reg.GetHealth())
 	c.wake()
 }
+
+// intern makes the strings of info that most nodes share (GPU models and
+// PCI addresses, interface names, labels, the agent's version) share their
+// bytes with every other node's, in place. At 10,000 nodes of eight GPUs
+// each they would otherwise be 10,000 copies of the same few dozen
+// strings. unique holds its copies weakly, so nothing is kept for nodes
+// that are gone; a value may be copied afresh after a collection, which
+// costs one copy, not one per node. Per-node values (name, addresses, GPU
+// UUIDs) are left alone: sharing them would save nothing.
+func intern(info *rdzvv1.NodeInfo) {
+	if info == nil {
+		return
+	}
+	info.AgentVersion = internString(info.AgentVersion)
+	info.NcclInterface = internString(info.NcclInterface)
+	info.NcclInterfaceReason = internString(info.NcclInterfaceReason)
+	if len(info.Labels) > 0 {
+		labels := make(map[string]string, len(info.Labels))
+		for k, v := range info.Labels {
+			labels[internString(k)] = internString(v)
+		}
+		info.Labels = labels
+	}
+	for _, g := range info.Gpus {
+		g.Name, g.PciBusId = internString(g.Name), internString(g.PciBusId)
+	}
+	for _, nic := range info.Interfaces {
+		nic.Name = internString(nic.Name)
+		for i, d := range nic.RdmaDevices {
+			nic.RdmaDevices[i] = internString(d)
+		}
+	}
+}
+
+func internString(s string) string { return unique.Make(s).Value() }
 
 func fakeSuffix(info *rdzvv1.NodeInfo) string {
 	if info.GetFakeGpus() {

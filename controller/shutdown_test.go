@@ -3,14 +3,18 @@ package controller_test
 import (
 	"context"
 	"fmt"
+	"path/filepath"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
+	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
 	"go.uber.org/zap/zaptest/observer"
 
 	"github.com/rdzv/rdzv/controller"
+	"github.com/rdzv/rdzv/controller/store"
 	"github.com/rdzv/rdzv/internal/testaddr"
 )
 
@@ -46,4 +50,44 @@ func TestCleanShutdownLogsNoError(t *testing.T) {
 		}
 	}
 	require.Empty(t, errs, "error lines logged by a clean shutdown")
+}
+
+// A controller killed while leading leaves its leader key in its embedded
+// etcd, on a lease that etcd renews for a full TTL when it restarts. The
+// next run revokes it and leads at once rather than waiting out its own
+// dead self. The leftover here is a key like the killed run's, on a lease
+// far longer than the wait for the lead.
+func TestRestartRevokesItsKilledRunsLease(t *testing.T) {
+	cfg := controller.DefaultConfig()
+	cfg.Insecure, cfg.DataDir, cfg.Listen = true, t.TempDir(), testaddr.Free(t)
+	cfg.HTTP.Listen = "127.0.0.1:0"
+	start := func(log *zap.Logger) (stop func()) {
+		ctl, err := controller.New(cfg, log)
+		require.NoError(t, err)
+		ctx, cancel := context.WithCancel(context.Background())
+		done := make(chan error, 1)
+		go func() { done <- ctl.Run(ctx) }()
+		poll(t, ctl.Leading, func() string { return "controller never took the lead" })
+		return func() {
+			cancel()
+			require.NoError(t, <-done)
+		}
+	}
+	stop := start(testLogger(t).Named("first"))
+	sock, err := filepath.Abs(cfg.EmbeddedEtcdSocket())
+	require.NoError(t, err)
+	cli, err := clientv3.New(clientv3.Config{Endpoints: []string{"unix://" + sock}, DialTimeout: 5 * time.Second})
+	require.NoError(t, err)
+	lease, err := cli.Grant(rpcCtx(t), int64((4 * waitTimeout).Seconds()))
+	require.NoError(t, err)
+	leftover := fmt.Sprintf("%s/%x", store.ElectionName(), lease.ID)
+	_, err = cli.Put(rpcCtx(t), leftover, cfg.Advertised(), clientv3.WithLease(lease.ID))
+	require.NoError(t, err)
+	require.NoError(t, cli.Close())
+	stop()
+
+	core, logs := observer.New(zapcore.DebugLevel)
+	stop = start(zap.New(zapcore.NewTee(testLogger(t).Core(), core)))
+	defer stop()
+	require.Equal(t, 1, logs.FilterMessage("revoked the previous run's leader lease").FilterField(zap.String("key", leftover)).Len())
 }

@@ -154,7 +154,17 @@ func goroutines(ctx context.Context, sock string) (int, error) {
 // memStats are the controller's runtime.MemStats that the debug form of
 // the heap profile ends with, by name (HeapInuse, StackInuse, ...).
 func memStats(ctx context.Context, sock string) (map[string]uint64, error) {
-	data, err := pprofGet(ctx, sock, "heap?debug=1")
+	return readMemStats(ctx, sock, "heap?debug=1")
+}
+
+// memStatsAfterGC is memStats right after a collection the profile
+// endpoint forces.
+func memStatsAfterGC(ctx context.Context, sock string) (map[string]uint64, error) {
+	return readMemStats(ctx, sock, "heap?debug=1&gc=1")
+}
+
+func readMemStats(ctx context.Context, sock, path string) (map[string]uint64, error) {
+	data, err := pprofGet(ctx, sock, path)
 	if err != nil {
 		return nil, err
 	}

@@ -572,6 +572,13 @@ func (ru *run) steady() error {
 	} else {
 		ru.r.note(ru.t, "heap: %v", err)
 	}
+	// The heap in use above holds garbage the collector has not reached
+	// yet; what a node costs is what survives a collection.
+	if ms, err := memStatsAfterGC(cctx, ru.ctl.PprofSocket); err == nil {
+		ru.r.set("live", "%.1f KiB", float64(ms["HeapAlloc"])/1024/float64(ru.n))
+	} else {
+		ru.r.note(ru.t, "live heap: %v", err)
+	}
 	if ru.cfg.profile {
 		ru.saveProfiles(cctx)
 	}
@@ -742,6 +749,7 @@ func (ru *run) restart() error {
 	ctx, cancel := context.WithTimeout(ru.ctx, registerCap)
 	defer cancel()
 	ru.led.epoch.Store(1)
+	lostBefore := ru.store.lossCount()
 	ru.ctl.Kill()
 	t0 := time.Now()
 	if err := ru.ctl.Restart(); err != nil {
@@ -763,6 +771,9 @@ func (ru *run) restart() error {
 	}
 	_, _, last := ru.led.get(kindReregistered, 1)
 	ru.r.secs("restart", last.Sub(t0))
+	// A node the restarted leader declares lost before its agent got
+	// back is a healthy one: every sim but the silenced one runs on.
+	ru.r.set("restart-lost", "%d", ru.store.lossCount()-lostBefore)
 	full, _, _ := ru.led.get(kindHandshake, 1)
 	resumed, _, _ := ru.led.get(kindResumed, 1)
 	ru.r.set("restart-resumed", "%d of %d", resumed, resumed+full)
@@ -852,6 +863,7 @@ var rows = []struct{ key, label string }{
 	{"fence-asg", "… minus the lost node's fencing deadline"},
 	{"rss", "controller RSS per node (total) after steady"},
 	{"heap", "controller Go heap / goroutine stacks per node"},
+	{"live", "controller live heap per node (after a forced collection)"},
 	{"goroutines", "controller goroutines per node (total)"},
 	{"rtt", "heartbeat round trip p50 / p99 (steady)"},
 	{"cpu", "steady CPU for heartbeats (controller)"},
@@ -875,6 +887,7 @@ var rows = []struct{ key, label string }{
 	{"restart", "controller SIGKILLed and restarted → every live agent registered again"},
 	{"restart-leading", "… → leading again (embedded etcd up, state loaded; agents wait out their reconnect backoff)"},
 	{"restart-resumed", "… TLS handshakes that resumed a session / all"},
+	{"restart-lost", "… healthy nodes declared lost meanwhile"},
 	{"relayed", "agents served through a relay: after registering / after the restart"},
 	{"rss-end", "controller RSS at the end"},
 	{"reconnects", "agent sessions dropped"},
