@@ -18,7 +18,8 @@ func TestGossipSeeds(t *testing.T) {
 		name      string
 		connected int
 		// noGossip nodes without gossip; registered: the connected ones
-		// registered after them (seedRing).
+		// registered after them (seedRing); otherwise they registered long
+		// ago, and nodes gone since have filled the ring.
 		noGossip   int
 		registered bool
 		want       int
@@ -28,6 +29,8 @@ func TestGossipSeeds(t *testing.T) {
 		{name: "many nodes", connected: 10000, want: maxGossipSeeds},
 		{name: "many nodes, registered", connected: 10000, registered: true, want: maxGossipSeeds},
 		{name: "a few among many without gossip, registered lately", connected: 3, noGossip: 10000, registered: true, want: 3},
+		{name: "a few among many without gossip, registered long ago", connected: 3, noGossip: 100, want: 3},
+		{name: "none with gossip among many", noGossip: 10000, registered: true},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -48,6 +51,11 @@ func TestGossipSeeds(t *testing.T) {
 			node("no-gossip", "", rdzvv1.NodeState_NODE_STATE_READY, true)
 			for i := range tt.noGossip {
 				node(fmt.Sprintf("plain%d", i), "", rdzvv1.NodeState_NODE_STATE_READY, true)
+			}
+			if !tt.registered {
+				for range seedCandidates + 1 {
+					c.seeds.add("gone")
+				}
 			}
 			good := map[string]bool{}
 			for i := range tt.connected {

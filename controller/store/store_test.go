@@ -532,3 +532,27 @@ func TestTxnSurfacesEtcdErrors(t *testing.T) {
 }
 
 func cmpDiff(want, got proto.Message) string { return cmp.Diff(want, got, protocmp.Transform()) }
+
+// PutNode stores a node without its in-memory views (liveness, job) and
+// leaves the record it was given as it was: the controller keeps it.
+func TestPutNodeStoresWhatLasts(t *testing.T) {
+	s, _ := newStore(t)
+	n := &rdzvv1.Node{
+		Info:         &rdzvv1.NodeInfo{Name: "node-a", Address: "10.0.0.1", Gpus: []*rdzvv1.GPU{{Uuid: "GPU-a"}}},
+		State:        rdzvv1.NodeState_NODE_STATE_READY,
+		Job:          "train",
+		Generation:   3,
+		RegisteredAt: timestamppb.New(t0), LastHeartbeat: timestamppb.New(t0.Add(time.Second)), StateChangedAt: timestamppb.New(t0),
+		Cordoned: true, CordonReason: "maintenance", Draining: true,
+		HealthChecks: []*rdzvv1.HealthCheckResult{{Name: "xid"}},
+	}
+	given := proto.Clone(n)
+	commit(t, s, s.PutNode(n))
+	require.Empty(t, cmpDiff(given, n), "PutNode changed the record it was given")
+
+	snap, err := sibling(s).Load(ctx(t))
+	require.NoError(t, err)
+	want := proto.Clone(n).(*rdzvv1.Node)
+	want.LastHeartbeat, want.Job, want.Generation = nil, "", 0
+	require.Empty(t, cmpDiff(want, snap.Nodes["node-a"].Value))
+}

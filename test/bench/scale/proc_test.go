@@ -219,6 +219,7 @@ func top(ctx context.Context, bin, path string, nodes int, args ...string) strin
 // events of the benchmark's job.
 type durable struct {
 	job string
+	cli *clientv3.Client
 
 	mu      sync.Mutex
 	ready   map[string]bool // nodes whose stored state is READY
@@ -248,7 +249,7 @@ func watchDurable(ctx context.Context, ctl *sim.Controller, job string, trace io
 	if err != nil {
 		return nil, nil, fmt.Errorf("connecting to the embedded etcd: %w", err)
 	}
-	d := &durable{job: job, trace: trace, ready: map[string]bool{}, lost: map[string]bool{}, running: map[uint64]map[string]bool{}, runAt: map[uint64]time.Time{}, roundAt: map[uint64]time.Time{}}
+	d := &durable{job: job, cli: cli, trace: trace, ready: map[string]bool{}, lost: map[string]bool{}, running: map[uint64]map[string]bool{}, runAt: map[uint64]time.Time{}, roundAt: map[uint64]time.Time{}}
 	ctx, cancel := context.WithCancel(ctx)
 	// The watch starts at the current revision, or the first: everything
 	// written from there on arrives, in order.
@@ -277,6 +278,22 @@ func watchDurable(ctx context.Context, ctl *sim.Controller, job string, trace io
 		}
 	}()
 	return d, func() { cancel(); <-stopped; cli.Close() }, nil
+}
+
+// caughtUp waits until the watch has had every write etcd made so far.
+// Until then the embedded etcd holds the backlog in the controller's
+// heap, which a saturated machine lets grow to megabytes.
+func (d *durable) caughtUp(ctx context.Context) error {
+	resp, err := d.cli.Get(ctx, store.Prefix, clientv3.WithPrefix(), clientv3.WithCountOnly())
+	if err != nil {
+		return err
+	}
+	rev := resp.Header.Revision
+	return sim.WaitFor(ctx, "the benchmark's etcd watch caught up", func() (bool, string) {
+		d.mu.Lock()
+		defer d.mu.Unlock()
+		return d.lastRev >= rev, fmt.Sprintf("at revision %d of %d", d.lastRev, rev)
+	})
 }
 
 func (d *durable) count(evs []*clientv3.Event, now time.Time) {

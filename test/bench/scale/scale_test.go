@@ -573,14 +573,19 @@ func (ru *run) steady() error {
 		ru.r.note(ru.t, "heap: %v", err)
 	}
 	// The heap in use above holds garbage the collector has not reached
-	// yet; what a node costs is what survives a collection.
-	if ms, err := memStatsAfterGC(cctx, ru.ctl.PprofSocket); err == nil {
+	// yet; what a node costs is what survives a collection, once etcd
+	// holds nothing more for this benchmark's own watch.
+	wctx, wcancel := context.WithTimeout(ru.ctx, 30*time.Second)
+	defer wcancel()
+	if err := ru.store.caughtUp(wctx); err != nil {
+		ru.r.note(ru.t, "live heap: %v", err)
+	} else if ms, err := memStatsAfterGC(wctx, ru.ctl.PprofSocket); err == nil {
 		ru.r.set("live", "%.1f KiB", float64(ms["HeapAlloc"])/1024/float64(ru.n))
 	} else {
 		ru.r.note(ru.t, "live heap: %v", err)
 	}
 	if ru.cfg.profile {
-		ru.saveProfiles(cctx)
+		ru.saveProfiles(wctx)
 	}
 	return nil
 }
