@@ -25,23 +25,11 @@ import (
 // is only the set-up: etcd itself may log a harmless error while it
 // bootstraps ("failed to update storage version", etcd-io/etcd#18978).
 func TestCleanShutdownLogsNoError(t *testing.T) {
-	cfg := controller.DefaultConfig()
-	cfg.Insecure, cfg.DataDir, cfg.Listen = true, t.TempDir(), testaddr.Free(t)
-	cfg.HTTP.Listen = "127.0.0.1:0"
-	run := func(log *zap.Logger) {
-		ctl, err := controller.New(cfg, log)
-		require.NoError(t, err)
-		ctx, cancel := context.WithCancel(context.Background())
-		done := make(chan error, 1)
-		go func() { done <- ctl.Run(ctx) }()
-		poll(t, ctl.Leading, func() string { return "controller never took the lead" })
-		cancel()
-		require.NoError(t, <-done)
-	}
-	run(testLogger(t).Named("first"))
+	cfg := embeddedConfig(t)
+	leadEmbedded(t, cfg, testLogger(t).Named("first"))()
 
 	core, logs := observer.New(zapcore.DebugLevel)
-	run(zap.New(zapcore.NewTee(testLogger(t).Core(), core)))
+	leadEmbedded(t, cfg, zap.New(zapcore.NewTee(testLogger(t).Core(), core)))()
 	require.NotZero(t, logs.FilterMessage("controller stopped").Len(), "the shutdown ran to its end")
 	var errs []string
 	for _, e := range logs.All() {
@@ -58,22 +46,8 @@ func TestCleanShutdownLogsNoError(t *testing.T) {
 // dead self. The leftover here is a key like the killed run's, on a lease
 // far longer than the wait for the lead.
 func TestRestartRevokesItsKilledRunsLease(t *testing.T) {
-	cfg := controller.DefaultConfig()
-	cfg.Insecure, cfg.DataDir, cfg.Listen = true, t.TempDir(), testaddr.Free(t)
-	cfg.HTTP.Listen = "127.0.0.1:0"
-	start := func(log *zap.Logger) (stop func()) {
-		ctl, err := controller.New(cfg, log)
-		require.NoError(t, err)
-		ctx, cancel := context.WithCancel(context.Background())
-		done := make(chan error, 1)
-		go func() { done <- ctl.Run(ctx) }()
-		poll(t, ctl.Leading, func() string { return "controller never took the lead" })
-		return func() {
-			cancel()
-			require.NoError(t, <-done)
-		}
-	}
-	stop := start(testLogger(t).Named("first"))
+	cfg := embeddedConfig(t)
+	stop := leadEmbedded(t, cfg, testLogger(t).Named("first"))
 	sock, err := filepath.Abs(cfg.EmbeddedEtcdSocket())
 	require.NoError(t, err)
 	cli, err := clientv3.New(clientv3.Config{Endpoints: []string{"unix://" + sock}, DialTimeout: 5 * time.Second})
@@ -87,7 +61,32 @@ func TestRestartRevokesItsKilledRunsLease(t *testing.T) {
 	stop()
 
 	core, logs := observer.New(zapcore.DebugLevel)
-	stop = start(zap.New(zapcore.NewTee(testLogger(t).Core(), core)))
+	stop = leadEmbedded(t, cfg, zap.New(zapcore.NewTee(testLogger(t).Core(), core)))
 	defer stop()
 	require.Equal(t, 1, logs.FilterMessage("revoked the previous run's leader lease").FilterField(zap.String("key", leftover)).Len())
+}
+
+// embeddedConfig is an insecure controller's on an embedded etcd of its
+// own.
+func embeddedConfig(t *testing.T) controller.Config {
+	cfg := controller.DefaultConfig()
+	cfg.Insecure, cfg.DataDir, cfg.Listen = true, t.TempDir(), testaddr.Free(t)
+	cfg.HTTP.Listen = "127.0.0.1:0"
+	return cfg
+}
+
+// leadEmbedded runs a controller until it leads; stop stops it as SIGTERM
+// does and checks that it returned no error.
+func leadEmbedded(t *testing.T, cfg controller.Config, log *zap.Logger) (stop func()) {
+	t.Helper()
+	ctl, err := controller.New(cfg, log)
+	require.NoError(t, err)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- ctl.Run(ctx) }()
+	poll(t, ctl.Leading, func() string { return "controller never took the lead" })
+	return func() {
+		cancel()
+		require.NoError(t, <-done)
+	}
 }
