@@ -890,7 +890,7 @@ var rows = []struct{ key, label string }{
 	{"cli-status", "`rdzvctl status JOB` of the job on every node"},
 	{"cli-nodes-all", "`rdzvctl nodes --all` (every node)"},
 	{"restart", "controller SIGKILLed and restarted → every live agent registered again"},
-	{"restart-leading", "… → leading again (embedded etcd up, state loaded; agents wait out their reconnect backoff)"},
+	{"restart-leading", "… → leading again, as an operator's call sees it (embedded etcd up, state loaded)"},
 	{"restart-resumed", "… TLS handshakes that resumed a session / all"},
 	{"restart-lost", "… healthy nodes declared lost meanwhile"},
 	{"relayed", "agents served through a relay: after registering / after the restart"},
