@@ -1,6 +1,7 @@
 package controller
 
 import (
+	"fmt"
 	"testing"
 	"time"
 
@@ -58,4 +59,33 @@ func TestNodeViewKeepsEveryField(t *testing.T) {
 		return n
 	}
 	require.True(t, proto.Equal(fromMemory(rec), fromMemory(view)), "view %v of record %v", view, rec)
+}
+
+// BenchmarkNodeView is one node of a listing as the API builds it, against
+// the deep copy of its record that nodeView made before (the baseline, in
+// the same run): an 8-GPU node as the agent's discovery describes it.
+func BenchmarkNodeView(b *testing.B) {
+	info := &rdzvv1.NodeInfo{Name: "node-0001", Address: "10.0.0.1", AgentVersion: "rdzv 1.0", NcclInterface: "ib0",
+		NcclInterfaceReason: "fastest interface with an address", Labels: map[string]string{"rack": "r1", "pool": "train"}}
+	for i := range 8 {
+		info.Gpus = append(info.Gpus, &rdzvv1.GPU{Index: uint32(i), Uuid: fmt.Sprintf("GPU-%08x-0000-0000-0000-000000000000", i),
+			Name: "NVIDIA H100 80GB HBM3", MemoryBytes: 80 << 30, PciBusId: fmt.Sprintf("00000000:%02x:00.0", 0x18+i)})
+	}
+	info.Interfaces = []*rdzvv1.NetworkInterface{{Name: "ib0", Addresses: []string{"10.0.0.1/24"}, Mtu: 4092, Up: true, SpeedMbps: 400000, RdmaDevices: []string{"mlx5_0"}}}
+	now := timestamppb.Now()
+	ns := &nodeState{rec: &rdzvv1.Node{Info: info, State: rdzvv1.NodeState_NODE_STATE_READY, RegisteredAt: now, StateChangedAt: now}, lastSeen: time.Now()}
+	c := &Controller{}
+	b.Run("deep copy (before)", func(b *testing.B) {
+		b.ReportAllocs()
+		for b.Loop() {
+			n := proto.Clone(ns.rec).(*rdzvv1.Node)
+			n.LastHeartbeat, n.State = timestamppb.New(ns.lastSeen), viewState(ns)
+		}
+	})
+	b.Run("shared", func(b *testing.B) {
+		b.ReportAllocs()
+		for b.Loop() {
+			c.nodeView(ns)
+		}
+	})
 }
