@@ -362,8 +362,8 @@ func (s *Store) rangeAll(ctx context.Context, prefix string, fn func(key string,
 
 // shallow is a copy of m that shares m's fields' values (messages, lists,
 // maps): the controller never changes a record in place, only replaces it,
-// so a deep copy to clear a few fields only costs (half of a registration's
-// time in the store at 10,000 nodes, make bench-scale).
+// so a deep copy to clear a few fields only costs (half of PutNode's CPU
+// in a 10,000-node cold start, make bench-scale).
 func shallow[M proto.Message](m M) M {
 	src := m.ProtoReflect()
 	dst := src.New()
