@@ -34,6 +34,9 @@ type ControllerConfig struct {
 	Pprof bool
 	// ConfigFile, if set, is its --config (the flags above override it).
 	ConfigFile string
+	// Env is added to the environment it inherits (KEY=VALUE), e.g. to
+	// set the Go runtime's GOGC or GOMEMLIMIT for it alone.
+	Env []string
 }
 
 // Controller is the real rdzv-controller binary, with embedded etcd and
@@ -108,6 +111,9 @@ func (p *Controller) start() error {
 	}
 	p.cmd = exec.Command(p.cfg.Bin, args...)
 	p.cmd.Stdout, p.cmd.Stderr = logFile, logFile
+	if len(p.cfg.Env) > 0 {
+		p.cmd.Env = append(os.Environ(), p.cfg.Env...)
+	}
 	// The controller inherits this process's raised RLIMIT_NOFILE, and dies
 	// with it.
 	p.cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}

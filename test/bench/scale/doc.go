@@ -28,6 +28,8 @@
 //	BENCH_OUT      also write the report to this file
 //	BENCH_CONTROLLER_CONFIG  the controller's --config (YAML; the bench's own
 //	               flags override it), e.g. to compare tls.max_handshakes
+//	BENCH_CONTROLLER_ENV  KEY=VALUE pairs, space-separated, added to the
+//	               controller's environment alone, e.g. GOGC=50
 //	BENCH_RELAYS   run this many real rdzv-relay processes (default 0: none),
 //	               agent i connecting through relay i mod BENCH_RELAYS, as
 //	               racks would; their CPU is reported apart

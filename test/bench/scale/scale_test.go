@@ -57,8 +57,10 @@ type config struct {
 	pkiDir        string
 	logDir        string
 	profile       bool
-	// ctlConfig is the controller's --config, to compare settings.
+	// ctlConfig is the controller's --config, to compare settings; ctlEnv
+	// is added to its environment (the Go runtime's settings).
 	ctlConfig string
+	ctlEnv    []string
 	// relays is how many rdzv-relay processes carry the agents' streams
 	// (agent i through relay i mod relays); 0: every agent connects to
 	// the controller itself.
@@ -129,6 +131,7 @@ func setup(t *testing.T) config {
 		logDir:        os.Getenv("BENCH_LOG_DIR"),
 		profile:       os.Getenv("BENCH_PROFILE") == "1",
 		ctlConfig:     os.Getenv("BENCH_CONTROLLER_CONFIG"),
+		ctlEnv:        strings.Fields(os.Getenv("BENCH_CONTROLLER_ENV")),
 		relayBin:      filepath.Join(binDir, "rdzv-relay"),
 	}
 	for _, bin := range []string{cfg.controllerBin, cfg.ctlBin} {
@@ -223,7 +226,7 @@ func runSize(t *testing.T, cfg config, certs *sim.Certs, dir string, r *result) 
 	ru := &run{t: t, cfg: cfg, r: r, n: n, dir: dir, led: newLedger(), ctx: ctx, certs: certs}
 
 	var err error
-	ctlCfg := sim.ControllerConfig{Bin: cfg.controllerBin, Dir: dir, Certs: certs, Heartbeat: heartbeat, Pprof: true, ConfigFile: cfg.ctlConfig}
+	ctlCfg := sim.ControllerConfig{Bin: cfg.controllerBin, Dir: dir, Certs: certs, Heartbeat: heartbeat, Pprof: true, ConfigFile: cfg.ctlConfig, Env: cfg.ctlEnv}
 	// With relays, the controller starts in the register phase, once the
 	// agents wait on their relays (see register).
 	if ru.ctl, err = sim.NewController(ctlCfg); err != nil {
@@ -919,6 +922,9 @@ func formatReport(results []*result, cfg config, took time.Duration) string {
 			yaml = []byte(err.Error())
 		}
 		fmt.Fprintf(&b, "controller --config %s:\n\n```yaml\n%s\n```\n\n", cfg.ctlConfig, strings.TrimSpace(string(yaml)))
+	}
+	if len(cfg.ctlEnv) > 0 {
+		fmt.Fprintf(&b, "controller environment: %s\n\n", strings.Join(cfg.ctlEnv, " "))
 	}
 	b.WriteString("| figure |")
 	for _, r := range results {
