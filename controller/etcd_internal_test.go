@@ -11,6 +11,9 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap/zaptest"
 	"golang.org/x/sync/errgroup"
+
+	"github.com/rdzv/rdzv/controller/store"
+	rdzvv1 "github.com/rdzv/rdzv/proto/rdzv/v1"
 )
 
 // The embedded etcd snapshots its raft log to disk every
@@ -46,4 +49,52 @@ func TestEmbeddedEtcdSnapshotsItsLog(t *testing.T) {
 	require.NoError(t, g.Wait())
 	require.Eventually(t, func() bool { return len(snaps()) > 0 }, 30*time.Second, 50*time.Millisecond,
 		"no snapshot after %d entries", embeddedSnapshotCount+embeddedCatchUpEntries)
+}
+
+// The first lead after revoking a killed run's lease grants the nodes it
+// loads the lease's TTL on top of the reconnect grace, the time their
+// agents used to have while it waited; a lead after a clean stop grants
+// the plain grace.
+func TestRevokedLeaseLengthensTheFirstGrace(t *testing.T) {
+	cfg := DefaultConfig()
+	cfg.Insecure, cfg.DataDir, cfg.Listen, cfg.HTTP.Listen = true, t.TempDir(), "127.0.0.1:0", "127.0.0.1:0"
+	plain := reconnectGrace + cfg.Heartbeat.Timeout.Duration
+	ctx := context.Background()
+	// lead runs a controller until it leads, lets check look at it, and
+	// stops it as SIGTERM does.
+	lead := func(check func(c *Controller)) {
+		c, err := New(cfg, zaptest.NewLogger(t))
+		require.NoError(t, err)
+		rctx, cancel := context.WithCancel(ctx)
+		done := make(chan error, 1)
+		go func() { done <- c.Run(rctx) }()
+		require.Eventually(t, c.Leading, 30*time.Second, 20*time.Millisecond, "never took the lead")
+		c.mu.Lock()
+		check(c)
+		c.mu.Unlock()
+		cancel()
+		require.NoError(t, <-done)
+	}
+	grace := func(c *Controller) time.Duration { return c.nodes["n1"].graceUntil.Sub(c.electedAt) }
+
+	lead(func(c *Controller) {
+		node := &rdzvv1.Node{Info: &rdzvv1.NodeInfo{Name: "n1", Address: "10.0.0.1"}, State: rdzvv1.NodeState_NODE_STATE_READY}
+		_, err := c.store.CommitAll(ctx, c.store.PutNode(node))
+		require.NoError(t, err)
+		// What a killed run leaves: its key, on a lease far longer than
+		// the test waits for the lead.
+		cli := c.store.Client()
+		lease, err := cli.Grant(ctx, 120)
+		require.NoError(t, err)
+		_, err = cli.Put(ctx, fmt.Sprintf("%s/%x", store.ElectionName(), lease.ID), "killed", clientv3.WithLease(lease.ID))
+		require.NoError(t, err)
+	})
+	lead(func(c *Controller) {
+		require.GreaterOrEqual(t, grace(c), plain+cfg.LeaderLeaseTTL.Duration, "after a revocation")
+		require.Zero(t, c.revokedGrace, "granted once")
+	})
+	lead(func(c *Controller) {
+		require.Less(t, grace(c), plain+cfg.LeaderLeaseTTL.Duration, "after a clean stop")
+		require.GreaterOrEqual(t, grace(c), plain)
+	})
 }
