@@ -30,6 +30,8 @@ type procSample struct {
 	at      time.Time
 	cpu     time.Duration // user + system
 	rss     uint64        // bytes
+	rssAnon uint64        // bytes: the heap, stacks, the runtime's own
+	rssFile uint64        // bytes: the binary's pages, etcd's mapped database
 	threads int
 }
 
@@ -71,6 +73,12 @@ func sampleProc(pid int) (procSample, error) {
 		case "VmRSS":
 			kb, _ := strconv.ParseUint(fields[0], 10, 64)
 			s.rss = kb << 10
+		case "RssAnon":
+			kb, _ := strconv.ParseUint(fields[0], 10, 64)
+			s.rssAnon = kb << 10
+		case "RssFile":
+			kb, _ := strconv.ParseUint(fields[0], 10, 64)
+			s.rssFile = kb << 10
 		case "Threads":
 			s.threads, _ = strconv.Atoi(fields[0])
 		}

@@ -553,6 +553,7 @@ func (ru *run) steady() error {
 	ru.r.set("cpu", "%.2f cores", ctlCPU)
 	ru.r.set("load", "%s", ru.describeUsage(before, after))
 	ru.r.set("rss", "%.0f KiB (%.0f MiB)", float64(after.ctl.rss)/1024/float64(ru.n), float64(after.ctl.rss)/(1<<20))
+	ru.r.set("rss-parts", "%.0f / %.0f MiB", float64(after.ctl.rssAnon)/(1<<20), float64(after.ctl.rssFile)/(1<<20))
 	ru.r.set("threads", "%d", after.ctl.threads)
 	// Every sim heartbeats throughout: any loss so far is a healthy node
 	// condemned because the controller (or the sims) fell behind.
@@ -572,6 +573,9 @@ func (ru *run) steady() error {
 	if ms, err := memStats(cctx, ru.ctl.PprofSocket); err == nil {
 		perNode := func(name string) float64 { return float64(ms[name]) / 1024 / float64(ru.n) }
 		ru.r.set("heap", "%.0f / %.0f KiB", perNode("HeapInuse"), perNode("Stack"))
+		mib := func(v uint64) float64 { return float64(v) / (1 << 20) }
+		ru.r.set("heap-parts", "%.0f / %.0f / %.0f / %.0f MiB", mib(ms["HeapInuse"]), mib(ms["HeapIdle"]-ms["HeapReleased"]),
+			mib(ms["NextGC"]), mib(ms["GCSys"]+ms["MSpan"]+ms["MCache"]+ms["BuckHashSys"]+ms["OtherSys"]))
 	} else {
 		ru.r.note(ru.t, "heap: %v", err)
 	}
@@ -870,7 +874,9 @@ var rows = []struct{ key, label string }{
 	{"lost-asg", "node declared lost → next generation's last assignment"},
 	{"fence-asg", "… minus the lost node's fencing deadline"},
 	{"rss", "controller RSS per node (total) after steady"},
+	{"rss-parts", "… anonymous / file-backed (the binary, etcd's mapped database)"},
 	{"heap", "controller Go heap / goroutine stacks per node"},
+	{"heap-parts", "… heap in use / free but not returned to the OS / next collection's target / the runtime's own"},
 	{"live", "controller live heap per node (after a forced collection)"},
 	{"goroutines", "controller goroutines per node (total)"},
 	{"rtt", "heartbeat round trip p50 / p99 (steady)"},
