@@ -359,3 +359,39 @@ func TestRelaysOnlyWithoutRelays(t *testing.T) {
 	require.Equal(t, codes.Unavailable, status.Code(err), "%v", err)
 	require.ErrorContains(t, err, "no relays configured")
 }
+
+// A client with relays that went around them to a controller it could not
+// reach holds no connection to that controller afterwards, which gRPC
+// would dial again and again in the background; it keeps its relay's, and
+// a client without relays keeps the controller's.
+func TestUnreachableControllerForgottenAroundRelays(t *testing.T) {
+	closedPort := func() string {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		require.NoError(t, err)
+		require.NoError(t, l.Close())
+		return l.Addr().String()
+	}
+	relay, ctl := closedPort(), closedPort()
+	tests := []struct {
+		name   string
+		relays []string
+		want   []string
+	}{
+		{name: "with a relay", relays: []string{relay}, want: []string{relay}},
+		{name: "without relays", want: []string{ctl}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			cfg := client.DefaultConfig()
+			cfg.Endpoints, cfg.Relays, cfg.Insecure, cfg.Logger = []string{ctl}, tt.relays, true, zaptest.NewLogger(t)
+			c, err := client.New(cfg)
+			require.NoError(t, err)
+			defer func() { require.NoError(t, c.Close()) }()
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			_, err = c.ListJobs(ctx, &rdzvv1.ListJobsRequest{})
+			require.Equal(t, codes.Unavailable, status.Code(err), "%v", err)
+			require.ElementsMatch(t, tt.want, client.Dialled(c))
+		})
+	}
+}
