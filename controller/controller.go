@@ -125,7 +125,9 @@ type Controller struct {
 }
 
 type nodeState struct {
+	// rec is the node's record without its registration, info.
 	rec     *rdzvv1.Node
+	info    nodeInfo
 	session *session
 	// lastSeen is kept for nodes without a session (just loaded, or
 	// disconnected) so the liveness clock keeps running for them.
@@ -448,8 +450,15 @@ func (c *Controller) load(ctx context.Context) error {
 	grace := reconnectGrace + c.cfg.Heartbeat.Timeout.Duration + c.revokedGrace
 	c.revokedGrace = 0
 	for name, v := range snap.Nodes {
-		intern(v.Value.GetInfo())
-		ns := &nodeState{rec: v.Value, lastSeen: now, graceUntil: now.Add(grace)}
+		ni, err := newNodeInfo(v.Value.GetInfo())
+		if err != nil {
+			// Unreachable, as a record that decoded re-encodes: were it
+			// not, the node is unknown until it registers again.
+			c.log.Error("node record ignored", zap.String("node", name), zap.Error(err))
+			continue
+		}
+		v.Value.Info = nil
+		ns := &nodeState{rec: v.Value, info: ni, lastSeen: now, graceUntil: now.Add(grace)}
 		if hold := v.Value.GetRestartHoldUntil(); hold != nil {
 			// Set by the previous leader from its own clock: controllers'
 			// clocks are assumed to agree to well within a hold (seconds
@@ -465,7 +474,7 @@ func (c *Controller) load(ctx context.Context) error {
 			// heard it (it may even have reconnected, unrecorded): it is a
 			// node this leader never heard, silent since the election.
 			ns.fencedBy = c.cfg.Heartbeat.policy().FencedBy(health.Loss{
-				At: now, LastSeen: now, ElectedAt: now, Gossips: v.Value.GetInfo().GetGossipAddr() != "",
+				At: now, LastSeen: now, ElectedAt: now, Gossips: ni.gossipAddr != "",
 			})
 		}
 		c.nodes[name] = ns

@@ -43,8 +43,7 @@ func (c *Controller) setCordon(name string, cordoned bool, reason string) {
 		// Uncordoning ends a drain too.
 		kind, what, rec.CordonReason, rec.Draining = EventNodeUncordoned, "uncordoned", "", false
 	}
-	ns.rec = rec
-	c.persist(c.store.PutNode(rec, c.event("", name, 0, kind, "node %s %s", name, what)), nil)
+	c.persist(putNode(c.store, ns, rec, ns.info.decode(), c.event("", name, 0, kind, "node %s %s", name, what)), nil)
 	c.log.Info("node cordon changed", zap.String("node", name), zap.Bool("cordoned", cordoned), zap.String("reason", reason))
 	c.wake()
 }

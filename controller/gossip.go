@@ -227,7 +227,7 @@ func (c *Controller) gossipSeeds(node string) []string {
 	var seeds []string
 	seen := 0
 	consider := func(name string, ns *nodeState) {
-		addr := ns.rec.GetInfo().GetGossipAddr()
+		addr := ns.info.gossipAddr
 		if name == node || addr == "" || ns.session == nil || ns.rec.GetState() == rdzvv1.NodeState_NODE_STATE_LOST || slices.Contains(seeds, addr) {
 			return
 		}

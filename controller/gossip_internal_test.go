@@ -39,7 +39,7 @@ func TestGossipSeeds(t *testing.T) {
 			c, err := New(cfg, zaptest.NewLogger(t))
 			require.NoError(t, err)
 			node := func(name, gossip string, state rdzvv1.NodeState, connected bool) {
-				ns := &nodeState{rec: &rdzvv1.Node{Info: &rdzvv1.NodeInfo{Name: name, GossipAddr: gossip}, State: state}}
+				ns := testNode(t, &rdzvv1.Node{Info: &rdzvv1.NodeInfo{Name: name, GossipAddr: gossip}, State: state})
 				if connected {
 					ns.session = &session{node: name}
 				}

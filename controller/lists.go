@@ -222,7 +222,7 @@ func (c *Controller) listNodes(req *rdzvv1.ListNodesRequest) (*rdzvv1.ListNodesR
 // nodeMatches is the filter of node lists and summaries: one of states
 // (any, if none), and every label of selector.
 func nodeMatches(ns *nodeState, state rdzvv1.NodeState, states []rdzvv1.NodeState, selector map[string]string) bool {
-	return (len(states) == 0 || slices.Contains(states, state)) && rendezvous.Matches(selector, ns.rec.GetInfo().GetLabels())
+	return (len(states) == 0 || slices.Contains(states, state)) && rendezvous.Matches(selector, ns.info.labels)
 }
 
 // maxAttention is how many of the nodes that need attention a summary
@@ -244,7 +244,7 @@ func (c *Controller) summarizeNodes(req *rdzvv1.SummarizeNodesRequest) *rdzvv1.S
 		if !nodeMatches(ns, state, req.GetStates(), req.GetSelector()) {
 			continue
 		}
-		gpus := int32(len(ns.rec.GetInfo().GetGpus()))
+		gpus := int32(len(ns.info.gpuIndices))
 		resp.Nodes++
 		resp.Gpus += gpus
 		sc := states[state]

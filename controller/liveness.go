@@ -104,13 +104,12 @@ func (c *Controller) markLost(name string, ns *nodeState, now, lastSeen time.Tim
 	rec := proto.Clone(ns.rec).(*rdzvv1.Node)
 	rec.State, rec.StateChangedAt = rdzvv1.NodeState_NODE_STATE_LOST, timestamppb.New(c.clock.Now())
 	rec.RestartHoldUntil = nil
-	ns.rec = rec
 	ns.accused = false // peers were right: no doubt when it comes back
 	c.metrics.nodesLost.Inc()
-	c.persist(c.store.PutNode(rec, c.event(ns.job, name, ns.generation, EventNodeLost, "node %s lost: %s", name, reason)), nil)
+	c.persist(putNode(c.store, ns, rec, ns.info.decode(), c.event(ns.job, name, ns.generation, EventNodeLost, "node %s lost: %s", name, reason)), nil)
 	loss := health.Loss{
 		At: now, LastSeen: lastSeen, Heard: ns.heard, ElectedAt: c.electedAt, HoldUntil: ns.restartHold,
-		Gossips: rec.GetInfo().GetGossipAddr() != "", Unreachable: c.unreachableTo(name), WatchersCut: c.watchersCut(name, ns.job, ns.generation),
+		Gossips: ns.info.gossipAddr != "", Unreachable: c.unreachableTo(name), WatchersCut: c.watchersCut(name, ns.job, ns.generation),
 	}
 	ns.fencedBy, ns.lost = c.cfg.Heartbeat.policy().FencedBy(loss), nil
 	if loss.WatchersCut.IsZero() && ns.job != "" && ns.generation != 0 {

@@ -5,7 +5,6 @@ package controller
 import (
 	"fmt"
 	"time"
-	"unique"
 
 	"go.uber.org/zap"
 	"google.golang.org/protobuf/proto"
@@ -20,7 +19,12 @@ import (
 func (c *Controller) register(sess *session, reg *rdzvv1.Register) {
 	info := reg.GetNode()
 	name := info.GetName()
-	intern(info)
+	ni, err := newNodeInfo(info)
+	if err != nil {
+		c.log.Error("refusing registration", zap.String("node", name), zap.Error(err))
+		sess.cancel()
+		return
+	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if !c.leading.Load() {
@@ -40,8 +44,8 @@ func (c *Controller) register(sess *session, reg *rdzvv1.Register) {
 
 	ns := c.nodes[name]
 	wasLost := ns != nil && ns.rec.GetState() == rdzvv1.NodeState_NODE_STATE_LOST
-	if ns == nil || wasLost || ns.rec.GetRestartHoldUntil() != nil || !proto.Equal(ns.rec.GetInfo(), info) {
-		rec := &rdzvv1.Node{Info: info, State: rdzvv1.NodeState_NODE_STATE_READY, RegisteredAt: timestamppb.New(now), StateChangedAt: timestamppb.New(now)}
+	if ns == nil || wasLost || ns.rec.GetRestartHoldUntil() != nil || !ns.info.same(ni.encoded) {
+		rec := &rdzvv1.Node{State: rdzvv1.NodeState_NODE_STATE_READY, RegisteredAt: timestamppb.New(now), StateChangedAt: timestamppb.New(now)}
 		if ns != nil && !wasLost {
 			rec.StateChangedAt = ns.rec.GetStateChangedAt()
 		}
@@ -56,8 +60,8 @@ func (c *Controller) register(sess *session, reg *rdzvv1.Register) {
 			ns = &nodeState{}
 			c.nodes[name] = ns
 		}
-		ns.rec = rec
-		c.persist(c.store.PutNode(rec, ev), nil)
+		ns.info = ni
+		c.persist(putNode(c.store, ns, rec, info, ev), nil)
 		c.log.Info("node registered", zap.String("node", name), zap.Int("gpus", len(info.GetGpus())),
 			zap.String("interface", info.GetNcclInterface()), zap.String("address", info.GetAddress()))
 	}
@@ -90,41 +94,6 @@ func (c *Controller) register(sess *session, reg *rdzvv1.Register) {
 	c.wake()
 }
 
-// intern makes the strings of info that most nodes share (GPU models and
-// PCI addresses, interface names, labels, the agent's version) share their
-// bytes with every other node's, in place. At 10,000 nodes of eight GPUs
-// each they would otherwise be 10,000 copies of the same few dozen
-// strings. unique holds its copies weakly, so nothing is kept for nodes
-// that are gone; a value may be copied afresh after a collection, which
-// costs one copy, not one per node. Per-node values (name, addresses, GPU
-// UUIDs) are left alone: sharing them would save nothing.
-func intern(info *rdzvv1.NodeInfo) {
-	if info == nil {
-		return
-	}
-	info.AgentVersion = internString(info.AgentVersion)
-	info.NcclInterface = internString(info.NcclInterface)
-	info.NcclInterfaceReason = internString(info.NcclInterfaceReason)
-	if len(info.Labels) > 0 {
-		labels := make(map[string]string, len(info.Labels))
-		for k, v := range info.Labels {
-			labels[internString(k)] = internString(v)
-		}
-		info.Labels = labels
-	}
-	for _, g := range info.Gpus {
-		g.Name, g.PciBusId = internString(g.Name), internString(g.PciBusId)
-	}
-	for _, nic := range info.Interfaces {
-		nic.Name = internString(nic.Name)
-		for i, d := range nic.RdmaDevices {
-			nic.RdmaDevices[i] = internString(d)
-		}
-	}
-}
-
-func internString(s string) string { return unique.Make(s).Value() }
-
 func fakeSuffix(info *rdzvv1.NodeInfo) string {
 	if info.GetFakeGpus() {
 		return " (fake)"
@@ -143,7 +112,7 @@ func (c *Controller) resumeAssignment(ns *nodeState, reported map[string]bool) {
 	if js == nil || js.rec.GetGeneration() != ns.generation || js.round == nil {
 		return
 	}
-	name := ns.rec.GetInfo().GetName()
+	name := ns.info.name
 	if js.rec.GetState() != rdzvv1.JobState_JOB_STATE_RUNNING {
 		// The job is ending or ended while the agent was away, and nothing of
 		// it runs there any more: record that, which frees the node and lets
@@ -197,8 +166,7 @@ func (c *Controller) agentRestarting(node string, sess *session, r *rdzvv1.Agent
 	rec := proto.Clone(ns.rec).(*rdzvv1.Node)
 	rec.RestartHoldUntil = timestamppb.New(ns.restartHold)
 	ev := c.event(ns.job, node, ns.generation, EventAgentRestarting, "agent on %s restarting; its workers run on for up to %s", node, hold)
-	ns.rec = rec
-	c.persist(c.store.PutNode(rec, ev), nil)
+	c.persist(putNode(c.store, ns, rec, ns.info.decode(), ev), nil)
 }
 
 // disconnect forgets a stream unless a newer one replaced it. The node stays

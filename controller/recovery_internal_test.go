@@ -67,8 +67,9 @@ func TestScheduleWakesWhenRecoveryMayStart(t *testing.T) {
 			require.NoError(t, err)
 			lost := &rdzvv1.Node{Info: &rdzvv1.NodeInfo{Name: "node-b"}, State: rdzvv1.NodeState_NODE_STATE_LOST}
 			ready := &rdzvv1.Node{Info: &rdzvv1.NodeInfo{Name: "node-a"}, State: rdzvv1.NodeState_NODE_STATE_READY}
-			c.nodes["node-a"] = &nodeState{rec: ready}
-			c.nodes["node-b"] = &nodeState{rec: lost, fencedBy: tt.fencedBy}
+			c.nodes["node-a"] = testNode(t, ready)
+			c.nodes["node-b"] = testNode(t, lost)
+			c.nodes["node-b"].fencedBy = tt.fencedBy
 			peer := rdzvv1.WorkerState_WORKER_STATE_STOPPED
 			if tt.peerRunning {
 				peer = rdzvv1.WorkerState_WORKER_STATE_RUNNING

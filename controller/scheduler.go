@@ -255,14 +255,10 @@ func sortOldestFirst(jobs []*jobState) {
 func (c *Controller) candidates() []rendezvous.Candidate {
 	out := make([]rendezvous.Candidate, 0, len(c.nodes))
 	for name, ns := range c.nodes {
-		info := ns.rec.GetInfo()
-		gpus := make([]uint32, len(info.GetGpus()))
-		for i, g := range info.GetGpus() {
-			gpus[i] = g.GetIndex()
-		}
+		info := &ns.info
 		out = append(out, rendezvous.Candidate{
-			Name: name, Labels: info.GetLabels(), GPUs: gpus,
-			Address: info.GetAddress(), Interface: info.GetNcclInterface(),
+			Name: name, Labels: info.labels, GPUs: info.gpuIndices,
+			Address: info.address, Interface: info.ncclInterface,
 			Free:      ns.rec.GetState() == rdzvv1.NodeState_NODE_STATE_READY && ns.session != nil && ns.job == "" && !ns.rec.GetCordoned(),
 			Cordoned:  ns.rec.GetCordoned(),
 			Unhealthy: ns.unhealthy,
@@ -509,8 +505,8 @@ func (c *Controller) watchedPeers(round *rdzvv1.Round, a *rdzvv1.NodeAssignment)
 		if peer == a.GetNode() || (len(out) == 1 && out[0].GetNode() == peer) {
 			continue
 		}
-		if ns := c.nodes[peer]; ns != nil && ns.rec.GetInfo().GetGossipAddr() != "" {
-			out = append(out, &rdzvv1.WatchedPeer{Node: peer, GossipAddr: ns.rec.GetInfo().GetGossipAddr()})
+		if ns := c.nodes[peer]; ns != nil && ns.info.gossipAddr != "" {
+			out = append(out, &rdzvv1.WatchedPeer{Node: peer, GossipAddr: ns.info.gossipAddr})
 		}
 	}
 	return out

@@ -39,8 +39,9 @@ func (c *Controller) jobView(js *jobState) *rdzvv1.Job {
 // It shares the record's messages rather than copying them: a node record
 // is never changed in place, only replaced (as ns.health is), and a deep
 // copy of every node listed was most of a 10,000-node listing's time and
-// garbage under c.mu (make bench-scale). TestNodeViewKeepsEveryField
-// makes a field added to Node come here too.
+// garbage under c.mu (make bench-scale). The registration, kept encoded
+// (nodeInfo), is decoded afresh. TestNodeViewKeepsEveryField makes a field
+// added to Node come here too.
 func (c *Controller) nodeView(ns *nodeState) *rdzvv1.Node {
 	r := ns.rec
 	seen := ns.lastSeen
@@ -48,7 +49,7 @@ func (c *Controller) nodeView(ns *nodeState) *rdzvv1.Node {
 		seen = ns.session.seen()
 	}
 	return &rdzvv1.Node{
-		Info:             r.GetInfo(),
+		Info:             ns.info.decode(),
 		State:            viewState(ns),
 		Job:              ns.job,
 		Generation:       ns.generation,

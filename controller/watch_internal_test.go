@@ -35,13 +35,13 @@ func TestWatchedPeers(t *testing.T) {
 				if !tt.noGossip[r] {
 					info.GossipAddr = fmt.Sprintf("10.0.0.%d:7946", r)
 				}
-				c.nodes[name] = &nodeState{rec: &rdzvv1.Node{Info: info}}
+				c.nodes[name] = testNode(t, &rdzvv1.Node{Info: info})
 				round.Nodes = append(round.Nodes, &rdzvv1.NodeAssignment{Node: name, NodeRank: uint32(r)})
 			}
 			for r, want := range tt.want {
 				var got []string
 				for _, p := range c.watchedPeers(round, round.GetNodes()[r]) {
-					require.Equal(t, c.nodes[p.GetNode()].rec.GetInfo().GetGossipAddr(), p.GetGossipAddr())
+					require.Equal(t, c.nodes[p.GetNode()].info.gossipAddr, p.GetGossipAddr())
 					got = append(got, p.GetNode())
 				}
 				var wantNames []string

@@ -374,7 +374,8 @@ func shallow[M proto.Message](m M) M {
 	return dst.Interface().(M)
 }
 
-// PutNode writes a node record, guarded on the node as last seen.
+// PutNode writes a node record, guarded on the node as last seen. It
+// keeps n's fields' values, not n itself.
 func (s *Store) PutNode(n *rdzvv1.Node, events ...*rdzvv1.Event) *Change {
 	key := NodeKey(n.GetInfo().GetName())
 	stored := shallow(n)
