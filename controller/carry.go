@@ -252,7 +252,10 @@ func (ca *carrier) open(id uint64, o *rdzvv1.OpenStream) error {
 		ca.refuse(id, err)
 		return nil
 	}
-	sess := newSession(tracked, name, carriedSender{ca: ca, id: id}, c.clock.Now)
+	// The tracking context is the stream's alone: the session ends with
+	// it, and ending the session ends the tracking (untrack, which ended
+	// runs again).
+	sess := sessionOn(tracked, untrack, name, carriedSender{ca: ca, id: id}, c.clock.Now)
 	sess.certNotAfter, sess.relayed = r.leaf.notAfter, true
 	cs := &carried{id: id, sess: sess, tracked: tracked, untrack: untrack}
 	ca.mu.Lock()

@@ -68,6 +68,14 @@ type session struct {
 
 func newSession(parent context.Context, node string, stream sender, clock func() time.Time) *session {
 	ctx, cancel := context.WithCancel(parent)
+	return sessionOn(ctx, cancel, node, stream, clock)
+}
+
+// sessionOn is a session that ends when ctx does, and ends ctx with
+// cancel: for a context that is the session's alone already (a relayed
+// stream's, carry.go), which spares a context and its parent's record of
+// it per agent.
+func sessionOn(ctx context.Context, cancel context.CancelFunc, node string, stream sender, clock func() time.Time) *session {
 	s := &session{node: node, ctx: ctx, cancel: cancel, pending: map[string]chan *rdzvv1.ConnectRequest{}, stream: stream, clock: clock}
 	s.touch(clock())
 	return s
