@@ -105,14 +105,8 @@ func (c *Conn) served(addr string) {
 // call handshakes anew, with the certificate on disk by then, renewed one
 // hopes. Other errors leave the connection to gRPC's reconnecting.
 func (c *Conn) refused(addr string, cc *grpc.ClientConn, err error) {
-	if status.Code(err) != codes.Unauthenticated {
-		return
-	}
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if c.conns[addr] == cc {
-		delete(c.conns, addr)
-		_ = cc.Close()
+	if status.Code(err) == codes.Unauthenticated {
+		c.drop(addr, cc)
 	}
 }
 
@@ -127,9 +121,14 @@ func (c *Conn) refused(addr string, cc *grpc.ClientConn, err error) {
 // first, and a client without relays, which has nothing else, keep theirs
 // reconnecting.
 func (c *Conn) forget(addr string, cc *grpc.ClientConn) {
-	if len(c.relays) == 0 || c.relays[addr] || cc.GetState() == connectivity.Ready {
-		return
+	if len(c.relays) > 0 && !c.relays[addr] && cc.GetState() != connectivity.Ready {
+		c.drop(addr, cc)
 	}
+}
+
+// drop closes cc and forgets it as the connection to addr, unless a newer
+// one replaced it: the next call to addr dials afresh.
+func (c *Conn) drop(addr string, cc *grpc.ClientConn) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.conns[addr] == cc {
