@@ -47,6 +47,28 @@ func TestElideSuperseded(t *testing.T) {
 	require.Equal(t, []string{"assignments", "after"}, ran)
 }
 
+// Reports taken behind queued reports elide nothing; the round's commit,
+// taken behind them, elides them all, as eliding the whole queue does.
+func TestAppendElided(t *testing.T) {
+	s := store.New(nil, 0, nil, 0)
+	report := func(node string) pendingWrite {
+		return pendingWrite{ch: s.PutWorker("job", node, &rdzvv1.WorkerStatus{Job: "job", Generation: 1, State: rdzvv1.WorkerState_WORKER_STATE_STOPPED}), lazy: true}
+	}
+	round := s.CommitRound(&rdzvv1.Job{Spec: &rdzvv1.JobSpec{Name: "job"}, Generation: 2},
+		&rdzvv1.Round{Job: "job", Generation: 2, Nodes: []*rdzvv1.NodeAssignment{{Node: "n1"}}})
+	require.True(t, round.Elides())
+	require.False(t, report("n1").ch.Elides())
+	require.False(t, (*store.Change)(nil).Elides(), "a barrier")
+
+	queued := appendElided(nil, []pendingWrite{report("n1"), report("n2")})
+	queued = appendElided(queued, []pendingWrite{report("n3"), {}})
+	require.Len(t, queued, 4, "nothing elided without a change that deletes or supersedes")
+	queued = appendElided(queued, []pendingWrite{report("n4"), {ch: round}})
+	require.Len(t, queued, 2, "the reports are elided")
+	require.Nil(t, queued[0].ch, "the barrier stays")
+	require.Same(t, round, queued[1].ch)
+}
+
 // Lazy changes wait for company, up to lazyWait from the oldest; anything
 // else queued writes them at once, in order.
 func TestHoldUntil(t *testing.T) {

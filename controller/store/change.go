@@ -95,6 +95,10 @@ func (c *Change) supersede(prefix string) {
 	c.supersedes = append(c.supersedes, keyRange{prefix, clientv3.GetPrefixRangeEnd(prefix)})
 }
 
+// Elides says whether c can make an earlier change's puts moot (Elide):
+// whether it deletes a range or supersedes one. nil (a barrier) cannot.
+func (c *Change) Elides() bool { return c != nil && (len(c.ranges) > 0 || len(c.supersedes) > 0) }
+
 // Elide drops from changes the puts that a later change of the slice
 // deletes with a range or supersedes (a round's commit supersedes the
 // job's worker records, so the 10,000 STOPPED reports queued before it
