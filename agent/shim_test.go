@@ -3,8 +3,10 @@ package agent
 import (
 	"bufio"
 	"context"
+	"encoding/json"
 	"fmt"
 	"io"
+	"net"
 	"os"
 	"path/filepath"
 	"testing"
@@ -159,4 +161,33 @@ func TestShimWatchesItsSpawnerUntilAttached(t *testing.T) {
 	var st shimStatus
 	require.NoError(t, readJSON(filepath.Join(dir, shimExitFile), &st))
 	require.Contains(t, st.Reason, "fenced")
+}
+
+// A shim whose launcher ends as an agent attaches may send its exit status
+// and close before reading the attach request, which then fails to write:
+// the status sent is still how the workers ended.
+func TestAttachTakesAnExitSentBeforeTheRequest(t *testing.T) {
+	for i := range 50 {
+		dir := t.TempDir()
+		var ln net.Listener
+		require.NoError(t, viaDirFD(dir, shimSocket, func(path string) (err error) {
+			ln, err = net.Listen("unix", path)
+			return err
+		}))
+		served := make(chan error, 1)
+		go func() {
+			conn, err := ln.Accept()
+			if err == nil {
+				b, _ := json.Marshal(shimStatus{Pid: 42, Exited: true, Exit: Exit{Code: 3}})
+				_, err = conn.Write(append(b, '\n'))
+				conn.Close()
+			}
+			served <- err
+		}()
+		p, err := attachShim(dir, nil, zaptest.NewLogger(t))
+		require.NoError(t, err)
+		require.NoError(t, <-served)
+		require.Equal(t, 3, p.Wait().Code, "attempt %d", i)
+		ln.Close()
+	}
 }

@@ -219,7 +219,9 @@ type shimProcess struct {
 }
 
 // attachShim connects to the shim in dir; reaped is closed when it exits,
-// if this agent started it, and nil otherwise.
+// if this agent started it, and nil otherwise. It fails only when there is
+// no shim to connect to: once connected, a shim that ends or falls silent
+// is a process that ended, with the status it left.
 func attachShim(dir string, reaped chan struct{}, log *zap.Logger) (*shimProcess, error) {
 	var conn net.Conn
 	err := viaDirFD(dir, shimSocket, func(path string) (err error) {
@@ -232,19 +234,24 @@ func attachShim(dir string, reaped chan struct{}, log *zap.Logger) (*shimProcess
 	p := &shimProcess{dir: dir, log: log, conn: conn, reaped: reaped, done: make(chan struct{}), replies: make(chan shimStatus, 1)}
 	statuses := make(chan shimStatus, 4)
 	go p.read(statuses)
-	if err := p.request(shimRequest{Op: "attach"}); err != nil {
-		conn.Close()
-		return nil, err
-	}
+	// A shim whose launcher just ended may have sent its exit status and
+	// closed before reading the request: the status is still to be read,
+	// so a failed request waits for the reader as an unanswered one does.
+	reqErr := p.request(shimRequest{Op: "attach"})
 	select {
 	case st := <-statuses:
 		p.pid = st.Pid
-	case <-time.After(shimRequestTimeout):
-		conn.Close()
-		return nil, errors.New("shim did not answer attach")
+		go p.forward(statuses)
+		return p, nil
 	case <-p.done:
+		return p, nil
+	case <-time.After(shimRequestTimeout):
 	}
-	go p.forward(statuses)
+	// Closing our end ends the reader, which takes the exit file's status
+	// or, without one, kills what is left of the workers.
+	log.Warn("shim did not answer attach", zap.String("dir", dir), zap.NamedError("request_error", reqErr))
+	conn.Close()
+	<-p.done
 	return p, nil
 }
 
