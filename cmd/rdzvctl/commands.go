@@ -173,3 +173,20 @@ func (c *command) certExpired() string {
 func (c *command) call(ctx context.Context) (context.Context, context.CancelFunc) {
 	return context.WithTimeout(ctx, c.timeout)
 }
+
+// unary makes one request of the controller under --timeout; what says
+// what failed.
+func unary[R any](ctx context.Context, c *command, what string, call func(context.Context, *client.Client) (R, error)) (R, error) {
+	var none R
+	cl, err := c.dial()
+	if err != nil {
+		return none, err
+	}
+	cctx, cancel := c.call(ctx)
+	defer cancel()
+	resp, err := call(cctx, cl)
+	if err != nil {
+		return none, c.rpcErr(what, err)
+	}
+	return resp, nil
+}

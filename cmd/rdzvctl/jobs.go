@@ -74,15 +74,11 @@ it would wait; nothing is stored.`,
 			if err != nil {
 				return err
 			}
-			client, err := c.dial()
+			resp, err := unary(cmd.Context(), c, "starting job", func(ctx context.Context, cl *client.Client) (*rdzvv1.StartJobResponse, error) {
+				return cl.StartJob(ctx, &rdzvv1.StartJobRequest{Spec: spec.ToProto(), DryRun: dryRun})
+			})
 			if err != nil {
 				return err
-			}
-			cctx, cancel := c.call(cmd.Context())
-			resp, err := client.StartJob(cctx, &rdzvv1.StartJobRequest{Spec: spec.ToProto(), DryRun: dryRun})
-			cancel()
-			if err != nil {
-				return c.rpcErr("starting job", err)
 			}
 			switch {
 			case dryRun:
@@ -91,7 +87,7 @@ it would wait; nothing is stored.`,
 				return renderOne(c.out, o, resp.GetJob(), func(w io.Writer, v view) { fmt.Fprintln(w, spec.Name) }, spec.Name)
 			}
 			fmt.Fprintf(c.out, "job %s submitted\n", spec.Name)
-			return c.wait(cmd.Context(), client, spec.Name)
+			return c.wait(cmd.Context(), c.client, spec.Name)
 		},
 	}
 	cmd.Flags().BoolVar(&wait, "wait", false, "follow the job until it ends; exit non-zero unless it succeeds")
@@ -130,15 +126,11 @@ without a controller.`,
 				return err
 			}
 			if !local {
-				client, err := c.dial()
+				_, err := unary(cmd.Context(), c, args[0], func(ctx context.Context, cl *client.Client) (*rdzvv1.StartJobResponse, error) {
+					return cl.StartJob(ctx, &rdzvv1.StartJobRequest{Spec: spec.ToProto(), DryRun: true})
+				})
 				if err != nil {
 					return err
-				}
-				cctx, cancel := c.call(cmd.Context())
-				_, err = client.StartJob(cctx, &rdzvv1.StartJobRequest{Spec: spec.ToProto(), DryRun: true})
-				cancel()
-				if err != nil {
-					return c.rpcErr(args[0], err)
 				}
 			}
 			fmt.Fprintf(c.out, "%s: job %s is valid\n", args[0], spec.Name)
@@ -586,15 +578,11 @@ under their retention.`,
 			if err != nil {
 				return err
 			}
-			client, err := c.dial()
+			resp, err := unary(cmd.Context(), c, "deleting job", func(ctx context.Context, cl *client.Client) (*rdzvv1.DeleteJobResponse, error) {
+				return cl.DeleteJob(ctx, &rdzvv1.DeleteJobRequest{Name: args[0]})
+			})
 			if err != nil {
 				return err
-			}
-			cctx, cancel := c.call(cmd.Context())
-			defer cancel()
-			resp, err := client.DeleteJob(cctx, &rdzvv1.DeleteJobRequest{Name: args[0]})
-			if err != nil {
-				return c.rpcErr("deleting job", err)
 			}
 			return renderOne(c.out, o, resp, func(w io.Writer, v view) { fmt.Fprintf(w, "job %s deleted\n", args[0]) }, args[0])
 		},
@@ -615,19 +603,15 @@ func (c *command) stopCmd() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			client, err := c.dial()
+			resp, err := unary(cmd.Context(), c, "stopping job", func(ctx context.Context, cl *client.Client) (*rdzvv1.StopJobResponse, error) {
+				return cl.StopJob(ctx, &rdzvv1.StopJobRequest{Name: args[0]})
+			})
 			if err != nil {
 				return err
 			}
-			cctx, cancel := c.call(cmd.Context())
-			resp, err := client.StopJob(cctx, &rdzvv1.StopJobRequest{Name: args[0]})
-			cancel()
-			if err != nil {
-				return c.rpcErr("stopping job", err)
-			}
 			if wait {
 				var failed *jobFailedError
-				if err := c.wait(cmd.Context(), client, args[0]); err != nil && !errors.As(err, &failed) {
+				if err := c.wait(cmd.Context(), c.client, args[0]); err != nil && !errors.As(err, &failed) {
 					return err
 				}
 			}
@@ -672,13 +656,7 @@ func (c *command) completeNodes(cmd *cobra.Command, args []string, prefix string
 }
 
 func (c *command) complete(ctx context.Context, prefix string, list func(context.Context, *client.Client) ([]string, error)) ([]string, cobra.ShellCompDirective) {
-	client, err := c.dial()
-	if err != nil {
-		return nil, cobra.ShellCompDirectiveNoFileComp
-	}
-	cctx, cancel := c.call(ctx)
-	defer cancel()
-	names, err := list(cctx, client)
+	names, err := unary(ctx, c, "completing", list)
 	if err != nil {
 		return nil, cobra.ShellCompDirectiveNoFileComp
 	}

@@ -12,6 +12,7 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/rdzv/rdzv/client"
 	rdzvv1 "github.com/rdzv/rdzv/proto/rdzv/v1"
 )
 
@@ -114,25 +115,19 @@ func (c *command) cordonCmd(cordon bool) *cobra.Command {
 		if err != nil {
 			return err
 		}
-		client, err := c.dial()
+		what, call := "uncordoning node", func(ctx context.Context, cl *client.Client) (*rdzvv1.Node, error) {
+			resp, err := cl.UncordonNode(ctx, &rdzvv1.UncordonNodeRequest{Name: args[0]})
+			return resp.GetNode(), err
+		}
+		if cordon {
+			what, call = "cordoning node", func(ctx context.Context, cl *client.Client) (*rdzvv1.Node, error) {
+				resp, err := cl.CordonNode(ctx, &rdzvv1.CordonNodeRequest{Name: args[0], Reason: reason})
+				return resp.GetNode(), err
+			}
+		}
+		node, err := unary(cmd.Context(), c, what, call)
 		if err != nil {
 			return err
-		}
-		cctx, cancel := c.call(cmd.Context())
-		defer cancel()
-		var node *rdzvv1.Node
-		if cordon {
-			resp, err := client.CordonNode(cctx, &rdzvv1.CordonNodeRequest{Name: args[0], Reason: reason})
-			if err != nil {
-				return c.rpcErr("cordoning node", err)
-			}
-			node = resp.GetNode()
-		} else {
-			resp, err := client.UncordonNode(cctx, &rdzvv1.UncordonNodeRequest{Name: args[0]})
-			if err != nil {
-				return c.rpcErr("uncordoning node", err)
-			}
-			node = resp.GetNode()
 		}
 		return renderOne(c.out, o, node, func(w io.Writer, v view) {
 			if node.GetCordoned() {
@@ -166,17 +161,13 @@ drain.`,
 			if err != nil {
 				return err
 			}
-			client, err := c.dial()
+			n, err := unary(cmd.Context(), c, "draining node", func(ctx context.Context, cl *client.Client) (*rdzvv1.Node, error) {
+				resp, err := cl.DrainNode(ctx, &rdzvv1.DrainNodeRequest{Name: args[0], Reason: reason, Now: now})
+				return resp.GetNode(), err
+			})
 			if err != nil {
 				return err
 			}
-			cctx, cancel := c.call(cmd.Context())
-			defer cancel()
-			resp, err := client.DrainNode(cctx, &rdzvv1.DrainNodeRequest{Name: args[0], Reason: reason, Now: now})
-			if err != nil {
-				return c.rpcErr("draining node", err)
-			}
-			n := resp.GetNode()
 			return renderOne(c.out, o, n, func(w io.Writer, v view) {
 				switch {
 				case n.GetState() == rdzvv1.NodeState_NODE_STATE_DRAINED:

@@ -11,6 +11,7 @@ import (
 	"github.com/spf13/cobra"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
+	"github.com/rdzv/rdzv/client"
 	"github.com/rdzv/rdzv/pki"
 	rdzvv1 "github.com/rdzv/rdzv/proto/rdzv/v1"
 )
@@ -248,15 +249,11 @@ func (c *command) pkiRevoke(ctx context.Context, pos []string, serial, certFile,
 		req.Target = &rdzvv1.RevokeCertificateRequest_Serial{Serial: pki.Serial(cert)}
 		req.NotAfter = timestamppb.New(cert.NotAfter)
 	}
-	client, err := c.dial()
+	resp, err := unary(ctx, c, "revoking", func(ctx context.Context, cl *client.Client) (*rdzvv1.RevokeCertificateResponse, error) {
+		return cl.RevokeCertificate(ctx, req)
+	})
 	if err != nil {
 		return err
-	}
-	cctx, cancel := c.call(ctx)
-	defer cancel()
-	resp, err := client.RevokeCertificate(cctx, req)
-	if err != nil {
-		return c.rpcErr("revoking", err)
 	}
 	r := resp.GetRevocation()
 	what := "certificate serial " + r.GetSerial()
@@ -285,15 +282,11 @@ func (c *command) pkiRevocations(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	client, err := c.dial()
+	resp, err := unary(ctx, c, "listing revocations", func(ctx context.Context, cl *client.Client) (*rdzvv1.ListRevocationsResponse, error) {
+		return cl.ListRevocations(ctx, &rdzvv1.ListRevocationsRequest{})
+	})
 	if err != nil {
 		return err
-	}
-	cctx, cancel := c.call(ctx)
-	defer cancel()
-	resp, err := client.ListRevocations(cctx, &rdzvv1.ListRevocationsRequest{})
-	if err != nil {
-		return c.rpcErr("listing revocations", err)
 	}
 	return render(c.out, o, revocations, resp.GetRevocations())
 }
