@@ -2,10 +2,11 @@
 // the controller as frames of one stream (rdzv.v1.RelayService.Carry). At
 // 10,000 nodes the controller's cost was per connection and per stream,
 // not per message (a TLS session, HTTP/2 transport and a few goroutines
-// each, and a system call or two for every heartbeat); a relay per rack or
-// leaf switch lets the controller hold one stream per relay, with every
-// agent's messages batched on it, while each agent's stream stays its own
-// as far as the agent and the controller's logic can tell.
+// each, and a system call or two for every heartbeat); a few relays, each
+// carrying thousands of agents, let the controller hold one stream per
+// relay, with every agent's messages batched on it, while each agent's
+// stream stays its own as far as the agent and the controller's logic can
+// tell.
 //
 // Trust: the relay verifies each agent's certificate and forwards it when
 // it opens the agent's stream (rdzv.v1.OpenStream); the controller

@@ -38,9 +38,9 @@ func main() {
 // about is the start of --help.
 const about = `rdzv-relay carries the streams of the agents that connect to it to the
 rdzv controller, all as frames of one stream, their messages batched:
-on a large cluster, one relay per rack or leaf switch cuts the
-controller's connections and streams, and its CPU and memory, by the
-rack's size.
+on a large cluster, a few relays, each carrying thousands of agents,
+cut the controller's connections and streams to one per relay, and its
+CPU and memory with them (README "Relays", "How many").
 Agents list it in their relays setting and reach the controller directly
 when it fails. Under systemd it runs as deploy/systemd/rdzv-relay.service.`
 
