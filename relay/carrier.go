@@ -128,10 +128,44 @@ type call struct {
 // it, and why it ended.
 type agentStream struct {
 	id   uint64
-	down chan *rdzvv1.ConnectResponse
 	once sync.Once
 	gone chan struct{}
 	why  error
+
+	// down queues what the controller sent the agent, up to agentBuffer
+	// messages; ready holds a token while it is not empty. A queue that
+	// grows as needed, rather than a channel of agentBuffer slots: at
+	// 10,000 agents those slots were 20 MB of the relay's heap, all of it
+	// scanned by every collection, to hold one message at a time.
+	mu    sync.Mutex
+	down  []*rdzvv1.ConnectResponse
+	ready chan struct{}
+}
+
+// push queues m for the agent; false when agentBuffer messages wait.
+func (as *agentStream) push(m *rdzvv1.ConnectResponse) bool {
+	as.mu.Lock()
+	full := len(as.down) >= agentBuffer
+	if !full {
+		as.down = append(as.down, m)
+	}
+	as.mu.Unlock()
+	if !full {
+		select {
+		case as.ready <- struct{}{}:
+		default:
+		}
+	}
+	return !full
+}
+
+// take empties the queue.
+func (as *agentStream) take() []*rdzvv1.ConnectResponse {
+	as.mu.Lock()
+	defer as.mu.Unlock()
+	q := as.down
+	as.down = nil
+	return q
 }
 
 // stop ends the stream with why (the status its agent gets), once.
@@ -179,9 +213,7 @@ func (cl *call) receive() error {
 			case end != nil:
 				as.stop(status.Error(codes.Code(end.GetCode()), end.GetMessage()))
 			default:
-				select {
-				case as.down <- f.GetResponse():
-				default:
+				if !as.push(f.GetResponse()) {
 					cl.close(as, status.Errorf(codes.ResourceExhausted, "relay: the agent fell %d messages behind", agentBuffer))
 				}
 			}
@@ -203,7 +235,7 @@ func (cl *call) open(chain []*x509.Certificate, reg *rdzvv1.Register) (*agentStr
 		return nil, status.Errorf(codes.Unavailable, "relay: its call to the controller ended: %v", context.Cause(cl.ctx))
 	}
 	cl.next++
-	as := &agentStream{id: cl.next, down: make(chan *rdzvv1.ConnectResponse, agentBuffer), gone: make(chan struct{})}
+	as := &agentStream{id: cl.next, gone: make(chan struct{}), ready: make(chan struct{}, 1)}
 	cl.streams[as.id] = as
 	cl.mu.Unlock()
 	err := cl.put(&rdzvv1.UpFrame{StreamId: as.id, Frame: &rdzvv1.UpFrame_Open{Open: &rdzvv1.OpenStream{CertificateChain: ders, Register: reg}}})
@@ -274,10 +306,12 @@ func (cl *call) pump(down rdzvv1.AgentService_ConnectServer, as *agentStream) er
 	}()
 	for {
 		select {
-		case m := <-as.down:
-			if err := down.Send(m); err != nil {
-				cl.close(as, err)
-				return err
+		case <-as.ready:
+			for _, m := range as.take() {
+				if err := down.Send(m); err != nil {
+					cl.close(as, err)
+					return err
+				}
 			}
 		case <-as.gone:
 			return as.finish(down)
@@ -295,14 +329,10 @@ func (as *agentStream) finish(down rdzvv1.AgentService_ConnectServer) error {
 	if errors.Is(as.why, errAgentGone) {
 		return nil
 	}
-	for {
-		select {
-		case m := <-as.down:
-			if err := down.Send(m); err != nil {
-				return err
-			}
-		default:
-			return as.why
+	for _, m := range as.take() {
+		if err := down.Send(m); err != nil {
+			return err
 		}
 	}
+	return as.why
 }
