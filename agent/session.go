@@ -293,8 +293,8 @@ func (s *agentSession) connect(ctx context.Context, next *opened) (moved *opened
 	}
 	g, gctx := errgroup.WithContext(ctx)
 	g.Go(func() error {
-		ticker := time.NewTicker(interval)
-		defer ticker.Stop()
+		beat := NewBeat(interval)
+		defer beat.Stop()
 		var seq uint64
 		// Per session: a controller that restarted learns the current
 		// progress on the first tick.
@@ -309,7 +309,8 @@ func (s *agentSession) connect(ctx context.Context, next *opened) (moved *opened
 			select {
 			case <-gctx.Done():
 				return gctx.Err()
-			case <-ticker.C:
+			case <-beat.C():
+				beat.Next()
 				seq++
 				sent.Sending(seq, time.Now())
 				msgs = append(msgs, &rdzvv1.ConnectRequest{Msg: &rdzvv1.ConnectRequest_Heartbeat{Heartbeat: &rdzvv1.Heartbeat{Seq: seq}}})

@@ -412,15 +412,16 @@ func (a *Agent) session(ctx context.Context) error {
 	}
 	g, gctx := errgroup.WithContext(ctx)
 	g.Go(func() error {
-		ticker := time.NewTicker(interval)
-		defer ticker.Stop()
+		beat := agent.NewBeat(interval)
+		defer beat.Stop()
 		last := time.Now()
 		for {
 			var m *rdzvv1.ConnectRequest
 			select {
 			case <-gctx.Done():
 				return gctx.Err()
-			case now := <-ticker.C:
+			case now := <-beat.C():
+				beat.Next()
 				a.observe(Event{Kind: Heartbeat, Agent: a, At: now, Gap: time.Since(last)})
 				last = now
 				ackMu.Lock()
