@@ -44,7 +44,7 @@ func NewBeat(interval time.Duration) *Beat {
 	slots := max(int64(interval/beatSlot), 1)
 	b := &Beat{interval: interval, slot: time.Duration(rand.Int64N(slots)) * (interval / time.Duration(slots))}
 	now := time.Now()
-	b.next = nextBeat(now, interval, b.slot)
+	b.next = nextBeat(time.Time{}, now, interval, b.slot)
 	b.t = time.NewTimer(b.next.Sub(now))
 	return b
 }
@@ -55,18 +55,25 @@ func (b *Beat) C() <-chan time.Time { return b.t.C }
 // Next schedules the heartbeat after the one C delivered.
 func (b *Beat) Next() {
 	now := time.Now()
-	b.next = nextBeat(now, b.interval, b.slot)
+	b.next = nextBeat(b.next, now, b.interval, b.slot)
 	b.t.Reset(b.next.Sub(now))
 }
 
 // Stop stops the schedule.
 func (b *Beat) Stop() { b.t.Stop() }
 
-// nextBeat is the first time after now that is slot past a multiple of
-// interval by the wall clock: within one interval of now. Heartbeats a
+// nextBeat is the heartbeat after the one due at last (zero for the
+// first): the first time after now that is slot past a multiple of
+// interval by the wall clock, within one interval of now. Heartbeats a
 // stalled process missed are not made up (a burst helps nobody), like a
-// ticker's, and a clock stepped by NTP moves the schedule with it.
-func nextBeat(now time.Time, interval, slot time.Duration) time.Time {
+// ticker's, and a clock stepped by NTP moves the schedule with it. The
+// timer runs on the monotonic clock: while NTP slews the wall clock it
+// can fire a hair before last by the wall clock, which must not make the
+// same slot due twice.
+func nextBeat(last, now time.Time, interval, slot time.Duration) time.Time {
+	if early := last.Sub(now); early > 0 && early < beatSlot {
+		now = last
+	}
 	next := now.Truncate(interval).Add(slot)
 	if !next.After(now) {
 		next = next.Add(interval)

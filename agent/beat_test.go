@@ -26,10 +26,35 @@ func TestNextBeatIsTheAgentsSlotWithinOneInterval(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			now := second.Add(tc.now)
-			got := nextBeat(now, tc.interval, tc.slot)
+			got := nextBeat(time.Time{}, now, tc.interval, tc.slot)
 			require.Equal(t, second.Add(tc.want), got)
 			require.True(t, got.After(now))
 			require.LessOrEqual(t, got.Sub(now), tc.interval)
+		})
+	}
+}
+
+func TestNextBeatAfterTheOneDue(t *testing.T) {
+	due := time.Date(2030, 1, 2, 3, 4, 5, 300_000_000, time.UTC)
+	for _, tc := range []struct {
+		name string
+		now  time.Duration // relative to due
+		want time.Duration // relative to due
+	}{
+		{"fired on time", 0, time.Second},
+		{"fired late", 40 * time.Millisecond, time.Second},
+		{"fired a hair early by a slewed wall clock: not the same slot again", -50 * time.Microsecond, time.Second},
+		{"wall clock stepped back: within an interval of now", -10 * time.Second, -9 * time.Second},
+		{"wall clock stepped forward", 10*time.Second + 500*time.Millisecond, 11 * time.Second},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			now := due.Add(tc.now)
+			got := nextBeat(due, now, time.Second, 300*time.Millisecond)
+			require.Equal(t, due.Add(tc.want), got)
+			require.True(t, got.After(now))
+			// An interval after now, or after the heartbeat just due when
+			// the timer fired a hair early.
+			require.LessOrEqual(t, got.Sub(now), time.Second+beatSlot)
 		})
 	}
 }
