@@ -11,6 +11,7 @@ import (
 	"go.uber.org/zap"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
 
 	"github.com/rdzv/rdzv/pki"
 	rdzvv1 "github.com/rdzv/rdzv/proto/rdzv/v1"
@@ -106,7 +107,7 @@ func (s *relayService) Carry(stream rdzvv1.RelayService_CarryServer) error {
 	// thousand agents' heartbeats went unread past their timeout: their
 	// nodes were declared lost, and registered again through the same
 	// queue (make bench-scale). A heartbeat needs neither.
-	ordered := wire.NewFrameQueue[*rdzvv1.UpFrame]()
+	ordered := wire.NewHandleQueue[upFrame]()
 	go func() {
 		for {
 			req, err := stream.Recv()
@@ -116,14 +117,15 @@ func (s *relayService) Carry(stream rdzvv1.RelayService_CarryServer) error {
 			}
 			received := time.Now()
 			for _, f := range req.GetFrames() {
-				if f.GetRequest().GetHeartbeat() != nil {
-					_ = ca.handle(f) // a request ends its stream at worst, never the call
+				u := decodeFrame(f)
+				if u.req.GetHeartbeat() != nil {
+					_ = ca.handle(u) // a request ends its stream at worst, never the call
 					continue
 				}
 				// Never waits: a receiver blocked behind a full backlog
 				// held its heartbeats up unseen, and a relay's agents were
 				// declared lost (make bench-scale).
-				if err := ordered.Put(f); err != nil {
+				if err := ordered.Put(u); err != nil {
 					end(err)
 					return
 				}
@@ -135,12 +137,12 @@ func (s *relayService) Carry(stream rdzvv1.RelayService_CarryServer) error {
 		}
 	}()
 	go func() {
-		_ = ordered.Run(ctx, func(frames []*rdzvv1.UpFrame) error {
-			for _, f := range frames {
+		_ = ordered.Run(ctx, func(frames []upFrame) error {
+			for _, u := range frames {
 				if ctx.Err() != nil {
 					return ctx.Err() // the rest would open sessions on a call that ended
 				}
-				if err := ca.handle(f); err != nil {
+				if err := ca.handle(u); err != nil {
 					end(err)
 					return err
 				}
@@ -181,11 +183,35 @@ func (ca *carrier) enqueue(f *rdzvv1.DownFrame) bool {
 	return true
 }
 
+// upFrame is a frame as received, with its agent's message decoded.
+type upFrame struct {
+	f *rdzvv1.UpFrame
+	// req is the request frame's message; nil when it did not decode (bad
+	// says why) and for the other frames.
+	req *rdzvv1.ConnectRequest
+	bad error
+}
+
+// decodeFrame decodes a request frame's message: the relay passed it on as
+// its agent encoded it.
+func decodeFrame(f *rdzvv1.UpFrame) upFrame {
+	u := upFrame{f: f}
+	if raw, ok := f.GetFrame().(*rdzvv1.UpFrame_Request); ok {
+		req := &rdzvv1.ConnectRequest{}
+		if err := proto.Unmarshal(raw.Request, req); err != nil {
+			u.bad = status.Errorf(codes.InvalidArgument, "a message of the agent's does not decode as a ConnectRequest: %v", err)
+		} else {
+			u.req = req
+		}
+	}
+	return u
+}
+
 // handle takes one frame; an error ends the whole call (the relay broke
 // the protocol), while an agent's own fault ends its stream only.
-func (ca *carrier) handle(f *rdzvv1.UpFrame) error {
-	id := f.GetStreamId()
-	switch fr := f.GetFrame().(type) {
+func (ca *carrier) handle(u upFrame) error {
+	id := u.f.GetStreamId()
+	switch fr := u.f.GetFrame().(type) {
 	case *rdzvv1.UpFrame_Open:
 		return ca.open(id, fr.Open)
 	case *rdzvv1.UpFrame_Request:
@@ -193,14 +219,18 @@ func (ca *carrier) handle(f *rdzvv1.UpFrame) error {
 		if cs == nil {
 			return nil // ended here while the relay sent it
 		}
-		if err := validateRequest(fr.Request); err != nil {
+		err := u.bad
+		if err == nil {
+			err = validateRequest(u.req)
+		}
+		if err != nil {
 			ca.mu.Lock()
 			cs.invalid = err
 			ca.mu.Unlock()
 			cs.sess.cancel()
 			return nil
 		}
-		ca.c.agentMessage(cs.sess, fr.Request)
+		ca.c.agentMessage(cs.sess, u.req)
 	case *rdzvv1.UpFrame_Close:
 		if cs := ca.get(id); cs != nil {
 			cs.sess.cancel()
@@ -302,8 +332,15 @@ type carriedSender struct {
 	id uint64
 }
 
+// Send encodes m here, on the session's sending goroutine, as gRPC would
+// for a direct stream: the relay passes the bytes on as they are, and the
+// carrier's one sending goroutine only copies them into its batch.
 func (s carriedSender) Send(m *rdzvv1.ConnectResponse) error {
-	if !s.ca.enqueue(&rdzvv1.DownFrame{StreamId: s.id, Frame: &rdzvv1.DownFrame_Response{Response: m}}) {
+	b, err := proto.Marshal(m)
+	if err != nil {
+		return status.Errorf(codes.Internal, "encoding a message for the agent: %v", err)
+	}
+	if !s.ca.enqueue(&rdzvv1.DownFrame{StreamId: s.id, Frame: &rdzvv1.DownFrame_Response{Response: b}}) {
 		return context.Cause(s.ca.ctx)
 	}
 	return nil

@@ -2,6 +2,7 @@ package controller_test
 
 import (
 	"context"
+	"fmt"
 	"io"
 	"net"
 	"net/http"
@@ -15,6 +16,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
 
 	"github.com/rdzv/rdzv/agent"
 	"github.com/rdzv/rdzv/internal/testaddr"
@@ -187,6 +189,24 @@ func openCarried(t *testing.T, stream rdzvv1.RelayService_CarryClient, id uint64
 		Register: &rdzvv1.Register{Node: &rdzvv1.NodeInfo{Name: node, Address: "127.0.0.1", NcclInterface: "lo", AgentVersion: "test"}}}}})))
 }
 
+// requestFrame is an agent's message on carried stream id, encoded as the
+// relay passes it on.
+func requestFrame(t *testing.T, id uint64, m *rdzvv1.ConnectRequest) *rdzvv1.CarryRequest {
+	t.Helper()
+	b, err := proto.Marshal(m)
+	require.NoError(t, err)
+	return frame(&rdzvv1.UpFrame{StreamId: id, Frame: &rdzvv1.UpFrame_Request{Request: b}})
+}
+
+// response is the message a frame carries to its agent, decoded as the
+// agent decodes it.
+func response(t *testing.T, f *rdzvv1.DownFrame) *rdzvv1.ConnectResponse {
+	t.Helper()
+	m := &rdzvv1.ConnectResponse{}
+	require.NoError(t, proto.Unmarshal(f.GetResponse(), m), "%v", f)
+	return m
+}
+
 // nextFrame is the next frame the controller sends on a Carry call.
 func nextFrame(t *testing.T, stream rdzvv1.RelayService_CarryClient, pending *[]*rdzvv1.DownFrame) *rdzvv1.DownFrame {
 	t.Helper()
@@ -258,7 +278,7 @@ func TestRelayedRefusals(t *testing.T) {
 	openCarried(t, stream, 100, "node-a", chain(pki.Identity{Role: pki.RoleAgent, Name: "node-a"}))
 	f := nextFrame(t, stream, &pending)
 	require.Equal(t, uint64(100), f.GetStreamId())
-	require.NotNil(t, f.GetResponse().GetRegistered(), "the agent's own chain, for its own node, on the same call: %v", f)
+	require.NotNil(t, response(t, f).GetRegistered(), "the agent's own chain, for its own node, on the same call: %v", f)
 
 	// A frame with nothing in it is the relay's fault: the call ends.
 	require.NoError(t, stream.Send(frame(&rdzvv1.UpFrame{StreamId: 101})))
@@ -272,33 +292,53 @@ func TestRelayedRefusals(t *testing.T) {
 	require.ErrorContains(t, err, "frame of stream 101: no open, request or close")
 }
 
-// TestCarriedInvalidMessage: an agent's invalid message ends its own
-// carried stream, with the reason, and not its neighbours' on the call.
+// TestCarriedInvalidMessage: an agent's invalid message, or one that does
+// not decode, ends its own carried stream, with the reason, and not its
+// neighbours' on the call.
 func TestCarriedInvalidMessage(t *testing.T) {
+	emptyJob, err := proto.Marshal(&rdzvv1.ConnectRequest{Msg: &rdzvv1.ConnectRequest_Progress{Progress: &rdzvv1.Progress{Job: ""}}})
+	require.NoError(t, err)
+	tests := []struct {
+		name    string
+		request []byte
+		want    string
+	}{
+		{"a field's value refused", emptyJob, "progress.job"},
+		{"not a ConnectRequest", []byte{0xff, 0xff}, "does not decode as a ConnectRequest"},
+		// Field 1 (register), length 3, of which one byte is there.
+		{"cut short", []byte{0x0a, 0x03, 0x0a}, "does not decode as a ConnectRequest"},
+	}
 	c := newCluster(t)
 	stream, err := carry(t, c.dial(c.issue(pki.Identity{Role: pki.RoleRelay, Name: "rack-1"})))
 	require.NoError(t, err)
 	var pending []*rdzvv1.DownFrame
-	for i, node := range []string{"node-a", "node-b"} {
+	open := func(id uint64, node string) {
 		cert, err := pki.ReadCert(c.issue(pki.Identity{Role: pki.RoleAgent, Name: node}).Cert)
 		require.NoError(t, err)
-		openCarried(t, stream, uint64(i+1), node, [][]byte{cert.Raw})
+		openCarried(t, stream, id, node, [][]byte{cert.Raw})
 		f := nextFrame(t, stream, &pending)
-		require.NotNil(t, f.GetResponse().GetRegistered(), "%v", f)
+		require.NotNil(t, response(t, f).GetRegistered(), "%v", f)
 	}
-	require.NoError(t, stream.Send(frame(&rdzvv1.UpFrame{StreamId: 1, Frame: &rdzvv1.UpFrame_Request{Request: &rdzvv1.ConnectRequest{
-		Msg: &rdzvv1.ConnectRequest_Progress{Progress: &rdzvv1.Progress{Job: ""}}}}})))
-	f := nextFrame(t, stream, &pending)
-	require.Equal(t, uint64(1), f.GetStreamId())
-	err = endStatus(f)
-	require.Equal(t, codes.InvalidArgument, status.Code(err), "%v", err)
-	require.ErrorContains(t, err, "progress.job")
+	neighbour := uint64(len(tests) + 1)
+	open(neighbour, "node-n")
+	for i, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			id := uint64(i + 1)
+			open(id, fmt.Sprintf("node-%d", i))
+			require.NoError(t, stream.Send(frame(&rdzvv1.UpFrame{StreamId: id, Frame: &rdzvv1.UpFrame_Request{Request: tt.request}})))
+			f := nextFrame(t, stream, &pending)
+			require.Equal(t, id, f.GetStreamId())
+			err := endStatus(f)
+			require.Equal(t, codes.InvalidArgument, status.Code(err), "%v", err)
+			require.ErrorContains(t, err, tt.want)
 
-	require.NoError(t, stream.Send(frame(&rdzvv1.UpFrame{StreamId: 2, Frame: &rdzvv1.UpFrame_Request{Request: &rdzvv1.ConnectRequest{
-		Msg: &rdzvv1.ConnectRequest_Heartbeat{Heartbeat: &rdzvv1.Heartbeat{Seq: 7}}}}})))
-	f = nextFrame(t, stream, &pending)
-	require.Equal(t, uint64(2), f.GetStreamId())
-	require.Equal(t, uint64(7), f.GetResponse().GetHeartbeatAck().GetSeq(), "the neighbour's stream goes on: %v", f)
+			require.NoError(t, stream.Send(requestFrame(t, neighbour, &rdzvv1.ConnectRequest{
+				Msg: &rdzvv1.ConnectRequest_Heartbeat{Heartbeat: &rdzvv1.Heartbeat{Seq: id}}})))
+			f = nextFrame(t, stream, &pending)
+			require.Equal(t, neighbour, f.GetStreamId())
+			require.Equal(t, id, response(t, f).GetHeartbeatAck().GetSeq(), "the neighbour's stream goes on: %v", f)
+		})
+	}
 }
 
 // TestRelayRefusesNonAgents: the relay itself carries agents only, and

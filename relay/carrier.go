@@ -138,12 +138,12 @@ type agentStream struct {
 	// 10,000 agents those slots were 20 MB of the relay's heap, all of it
 	// scanned by every collection, to hold one message at a time.
 	mu    sync.Mutex
-	down  []*rdzvv1.ConnectResponse
+	down  []encoded
 	ready chan struct{}
 }
 
 // push queues m for the agent; false when agentBuffer messages wait.
-func (as *agentStream) push(m *rdzvv1.ConnectResponse) bool {
+func (as *agentStream) push(m encoded) bool {
 	as.mu.Lock()
 	full := len(as.down) >= agentBuffer
 	if !full {
@@ -160,7 +160,7 @@ func (as *agentStream) push(m *rdzvv1.ConnectResponse) bool {
 }
 
 // take empties the queue.
-func (as *agentStream) take() []*rdzvv1.ConnectResponse {
+func (as *agentStream) take() []encoded {
 	as.mu.Lock()
 	defer as.mu.Unlock()
 	q := as.down
@@ -249,7 +249,7 @@ func (cl *call) open(chain []*x509.Certificate, reg *rdzvv1.Register) (*agentStr
 }
 
 // send passes an agent's message on.
-func (cl *call) send(as *agentStream, m *rdzvv1.ConnectRequest) error {
+func (cl *call) send(as *agentStream, m encoded) error {
 	return cl.put(&rdzvv1.UpFrame{StreamId: as.id, Frame: &rdzvv1.UpFrame_Request{Request: m}})
 }
 
@@ -293,8 +293,8 @@ var errAgentGone = errors.New("the agent closed its stream")
 func (cl *call) pump(down rdzvv1.AgentService_ConnectServer, as *agentStream) error {
 	go func() {
 		for {
-			m, err := down.Recv()
-			if err != nil {
+			var m encoded
+			if err := down.RecvMsg(&m); err != nil {
 				cl.close(as, fmt.Errorf("%w: %w", errAgentGone, err))
 				return
 			}
@@ -308,7 +308,7 @@ func (cl *call) pump(down rdzvv1.AgentService_ConnectServer, as *agentStream) er
 		select {
 		case <-as.ready:
 			for _, m := range as.take() {
-				if err := down.Send(m); err != nil {
+				if err := down.SendMsg(&m); err != nil {
 					cl.close(as, err)
 					return err
 				}
@@ -330,7 +330,7 @@ func (as *agentStream) finish(down rdzvv1.AgentService_ConnectServer) error {
 		return nil
 	}
 	for _, m := range as.take() {
-		if err := down.Send(m); err != nil {
+		if err := down.SendMsg(&m); err != nil {
 			return err
 		}
 	}

@@ -155,7 +155,7 @@ func (r *Relay) Run(ctx context.Context) error {
 		return fmt.Errorf("listening on %s: %w", r.cfg.Listen, err)
 	}
 	r.lis = lis
-	srv := grpc.NewServer(append(wire.StreamServerOptions(), grpc.Creds(credentials.NewTLS(r.tls.ServerConfig(nil))))...)
+	srv := grpc.NewServer(append(wire.StreamServerOptions(), grpc.Creds(credentials.NewTLS(r.tls.ServerConfig(nil))), grpc.ForceServerCodecV2(newPassThrough()))...)
 	rdzvv1.RegisterAgentServiceServer(srv, &service{r: r})
 	g, gctx := errgroup.WithContext(ctx)
 	if r.http != nil {

@@ -41,15 +41,24 @@ const CarryPace = 2 * time.Millisecond
 // FrameQueue queues frames without blocking and hands them on in batches
 // (Run): whatever queued while the previous batch was taken care of, and
 // at least CarryPace after it started, goes in the next one.
-type FrameQueue[F proto.Message] struct {
+type FrameQueue[F any] struct {
+	// size is a frame's encoded size, for CarryBatchBytes; nil when the
+	// batches are not sent but handled in this process, whole.
+	size   func(F) int
 	mu     sync.Mutex
 	queue  []F
 	failed error
 	wake   chan struct{}
 }
 
-// NewFrameQueue makes an empty queue.
+// NewFrameQueue makes an empty queue of frames to send.
 func NewFrameQueue[F proto.Message]() *FrameQueue[F] {
+	return &FrameQueue[F]{wake: make(chan struct{}, 1), size: func(f F) int { return proto.Size(f) }}
+}
+
+// NewHandleQueue makes an empty queue of frames to handle in this process:
+// Run hands on all that queued in one batch.
+func NewHandleQueue[F any]() *FrameQueue[F] {
 	return &FrameQueue[F]{wake: make(chan struct{}, 1)}
 }
 
@@ -80,7 +89,8 @@ func (o *FrameQueue[F]) signal() {
 }
 
 // Run hands what is queued to send, in order, in batches of at most
-// CarryBatchBytes of frames (a message's worth), until ctx ends, send
+// CarryBatchBytes of frames (a message's worth; any size for a handle
+// queue), until ctx ends, send
 // fails or the queue overflows; it returns why, and refuses frames from
 // then on.
 func (o *FrameQueue[F]) Run(ctx context.Context, send func([]F) error) error {
@@ -121,12 +131,9 @@ func (o *FrameQueue[F]) run(ctx context.Context, send func([]F) error) error {
 			return failed
 		}
 		for len(frames) > 0 {
-			n, size := 1, proto.Size(frames[0])
-			for n < len(frames) {
-				if size += proto.Size(frames[n]); size > CarryBatchBytes {
-					break
-				}
-				n++
+			n := len(frames)
+			if o.size != nil {
+				n = o.batch(frames)
 			}
 			if err := send(frames[:n]); err != nil {
 				return fmt.Errorf("sending: %w", err)
@@ -134,4 +141,16 @@ func (o *FrameQueue[F]) run(ctx context.Context, send func([]F) error) error {
 			frames = frames[n:]
 		}
 	}
+}
+
+// batch is how many of frames (at least one) fit in a message.
+func (o *FrameQueue[F]) batch(frames []F) int {
+	n, size := 1, o.size(frames[0])
+	for n < len(frames) {
+		if size += o.size(frames[n]); size > CarryBatchBytes {
+			break
+		}
+		n++
+	}
+	return n
 }

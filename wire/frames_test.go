@@ -16,18 +16,21 @@ func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 // TestFrameQueueBatches: what queued before Run took it goes in one message,
 // in order, split where CarryBatchBytes would be passed.
 func TestFrameQueueBatches(t *testing.T) {
+	half, over := strings.Repeat("x", CarryBatchBytes/2), strings.Repeat("x", CarryBatchBytes+1)
 	tests := []struct {
 		name    string
+		queue   func() *FrameQueue[*wrapperspb.StringValue]
 		frames  []string
 		batches []int
 	}{
-		{"small frames go together", []string{"a", "b", "c"}, []int{3}},
-		{"a batch ends before the byte bound", []string{strings.Repeat("x", CarryBatchBytes/2), strings.Repeat("y", CarryBatchBytes/2), "z"}, []int{1, 2}},
-		{"a frame over the bound goes alone", []string{strings.Repeat("x", CarryBatchBytes+1), "z"}, []int{1, 1}},
+		{"small frames go together", NewFrameQueue[*wrapperspb.StringValue], []string{"a", "b", "c"}, []int{3}},
+		{"a batch ends before the byte bound", NewFrameQueue[*wrapperspb.StringValue], []string{half, half, "z"}, []int{1, 2}},
+		{"a frame over the bound goes alone", NewFrameQueue[*wrapperspb.StringValue], []string{over, "z"}, []int{1, 1}},
+		{"a handle queue has no byte bound", NewHandleQueue[*wrapperspb.StringValue], []string{half, half, over, "z"}, []int{4}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			o := NewFrameQueue[*wrapperspb.StringValue]()
+			o := tt.queue()
 			for _, f := range tt.frames {
 				require.NoError(t, o.Put(wrapperspb.String(f)))
 			}

@@ -135,7 +135,7 @@ func (x *UpFrame) GetOpen() *OpenStream {
 	return nil
 }
 
-func (x *UpFrame) GetRequest() *ConnectRequest {
+func (x *UpFrame) GetRequest() []byte {
 	if x != nil {
 		if x, ok := x.Frame.(*UpFrame_Request); ok {
 			return x.Request
@@ -162,7 +162,13 @@ type UpFrame_Open struct {
 }
 
 type UpFrame_Request struct {
-	Request *ConnectRequest `protobuf:"bytes,3,opt,name=request,proto3,oneof"`
+	// An encoded ConnectRequest, as the agent sent it. Bytes, not the
+	// message, so that the relay passes it on without decoding and
+	// encoding it again, and the controller decodes each frame's apart: one
+	// that does not decode ends its agent's stream, not the call. A bytes
+	// field and a message field of one number are encoded alike, so relays
+	// and controllers of the releases before read it all the same.
+	Request []byte `protobuf:"bytes,3,opt,name=request,proto3,oneof"`
 }
 
 type UpFrame_Close struct {
@@ -370,7 +376,7 @@ func (x *DownFrame) GetFrame() isDownFrame_Frame {
 	return nil
 }
 
-func (x *DownFrame) GetResponse() *ConnectResponse {
+func (x *DownFrame) GetResponse() []byte {
 	if x != nil {
 		if x, ok := x.Frame.(*DownFrame_Response); ok {
 			return x.Response
@@ -393,7 +399,9 @@ type isDownFrame_Frame interface {
 }
 
 type DownFrame_Response struct {
-	Response *ConnectResponse `protobuf:"bytes,2,opt,name=response,proto3,oneof"`
+	// An encoded ConnectResponse, which the relay sends its agent as it is
+	// (see UpFrame.request).
+	Response []byte `protobuf:"bytes,2,opt,name=response,proto3,oneof"`
 }
 
 type DownFrame_End struct {
@@ -465,11 +473,11 @@ const file_rdzv_v1_relay_service_proto_rawDesc = "" +
 	"\n" +
 	"\x1brdzv/v1/relay_service.proto\x12\ardzv.v1\x1a\x1brdzv/v1/agent_service.proto\"8\n" +
 	"\fCarryRequest\x12(\n" +
-	"\x06frames\x18\x01 \x03(\v2\x10.rdzv.v1.UpFrameR\x06frames\"\xbd\x01\n" +
+	"\x06frames\x18\x01 \x03(\v2\x10.rdzv.v1.UpFrameR\x06frames\"\xa4\x01\n" +
 	"\aUpFrame\x12\x1b\n" +
 	"\tstream_id\x18\x01 \x01(\x04R\bstreamId\x12)\n" +
-	"\x04open\x18\x02 \x01(\v2\x13.rdzv.v1.OpenStreamH\x00R\x04open\x123\n" +
-	"\arequest\x18\x03 \x01(\v2\x17.rdzv.v1.ConnectRequestH\x00R\arequest\x12,\n" +
+	"\x04open\x18\x02 \x01(\v2\x13.rdzv.v1.OpenStreamH\x00R\x04open\x12\x1a\n" +
+	"\arequest\x18\x03 \x01(\fH\x00R\arequest\x12,\n" +
 	"\x05close\x18\x04 \x01(\v2\x14.rdzv.v1.CloseStreamH\x00R\x05closeB\a\n" +
 	"\x05frame\"h\n" +
 	"\n" +
@@ -478,10 +486,10 @@ const file_rdzv_v1_relay_service_proto_rawDesc = "" +
 	"\bregister\x18\x02 \x01(\v2\x11.rdzv.v1.RegisterR\bregister\"\r\n" +
 	"\vCloseStream\";\n" +
 	"\rCarryResponse\x12*\n" +
-	"\x06frames\x18\x01 \x03(\v2\x12.rdzv.v1.DownFrameR\x06frames\"\x91\x01\n" +
+	"\x06frames\x18\x01 \x03(\v2\x12.rdzv.v1.DownFrameR\x06frames\"w\n" +
 	"\tDownFrame\x12\x1b\n" +
-	"\tstream_id\x18\x01 \x01(\x04R\bstreamId\x126\n" +
-	"\bresponse\x18\x02 \x01(\v2\x18.rdzv.v1.ConnectResponseH\x00R\bresponse\x12&\n" +
+	"\tstream_id\x18\x01 \x01(\x04R\bstreamId\x12\x1c\n" +
+	"\bresponse\x18\x02 \x01(\fH\x00R\bresponse\x12&\n" +
 	"\x03end\x18\x03 \x01(\v2\x12.rdzv.v1.StreamEndH\x00R\x03endB\a\n" +
 	"\x05frame\"9\n" +
 	"\tStreamEnd\x12\x12\n" +
@@ -505,33 +513,29 @@ func file_rdzv_v1_relay_service_proto_rawDescGZIP() []byte {
 
 var file_rdzv_v1_relay_service_proto_msgTypes = make([]protoimpl.MessageInfo, 7)
 var file_rdzv_v1_relay_service_proto_goTypes = []any{
-	(*CarryRequest)(nil),    // 0: rdzv.v1.CarryRequest
-	(*UpFrame)(nil),         // 1: rdzv.v1.UpFrame
-	(*OpenStream)(nil),      // 2: rdzv.v1.OpenStream
-	(*CloseStream)(nil),     // 3: rdzv.v1.CloseStream
-	(*CarryResponse)(nil),   // 4: rdzv.v1.CarryResponse
-	(*DownFrame)(nil),       // 5: rdzv.v1.DownFrame
-	(*StreamEnd)(nil),       // 6: rdzv.v1.StreamEnd
-	(*ConnectRequest)(nil),  // 7: rdzv.v1.ConnectRequest
-	(*Register)(nil),        // 8: rdzv.v1.Register
-	(*ConnectResponse)(nil), // 9: rdzv.v1.ConnectResponse
+	(*CarryRequest)(nil),  // 0: rdzv.v1.CarryRequest
+	(*UpFrame)(nil),       // 1: rdzv.v1.UpFrame
+	(*OpenStream)(nil),    // 2: rdzv.v1.OpenStream
+	(*CloseStream)(nil),   // 3: rdzv.v1.CloseStream
+	(*CarryResponse)(nil), // 4: rdzv.v1.CarryResponse
+	(*DownFrame)(nil),     // 5: rdzv.v1.DownFrame
+	(*StreamEnd)(nil),     // 6: rdzv.v1.StreamEnd
+	(*Register)(nil),      // 7: rdzv.v1.Register
 }
 var file_rdzv_v1_relay_service_proto_depIdxs = []int32{
 	1, // 0: rdzv.v1.CarryRequest.frames:type_name -> rdzv.v1.UpFrame
 	2, // 1: rdzv.v1.UpFrame.open:type_name -> rdzv.v1.OpenStream
-	7, // 2: rdzv.v1.UpFrame.request:type_name -> rdzv.v1.ConnectRequest
-	3, // 3: rdzv.v1.UpFrame.close:type_name -> rdzv.v1.CloseStream
-	8, // 4: rdzv.v1.OpenStream.register:type_name -> rdzv.v1.Register
-	5, // 5: rdzv.v1.CarryResponse.frames:type_name -> rdzv.v1.DownFrame
-	9, // 6: rdzv.v1.DownFrame.response:type_name -> rdzv.v1.ConnectResponse
-	6, // 7: rdzv.v1.DownFrame.end:type_name -> rdzv.v1.StreamEnd
-	0, // 8: rdzv.v1.RelayService.Carry:input_type -> rdzv.v1.CarryRequest
-	4, // 9: rdzv.v1.RelayService.Carry:output_type -> rdzv.v1.CarryResponse
-	9, // [9:10] is the sub-list for method output_type
-	8, // [8:9] is the sub-list for method input_type
-	8, // [8:8] is the sub-list for extension type_name
-	8, // [8:8] is the sub-list for extension extendee
-	0, // [0:8] is the sub-list for field type_name
+	3, // 2: rdzv.v1.UpFrame.close:type_name -> rdzv.v1.CloseStream
+	7, // 3: rdzv.v1.OpenStream.register:type_name -> rdzv.v1.Register
+	5, // 4: rdzv.v1.CarryResponse.frames:type_name -> rdzv.v1.DownFrame
+	6, // 5: rdzv.v1.DownFrame.end:type_name -> rdzv.v1.StreamEnd
+	0, // 6: rdzv.v1.RelayService.Carry:input_type -> rdzv.v1.CarryRequest
+	4, // 7: rdzv.v1.RelayService.Carry:output_type -> rdzv.v1.CarryResponse
+	7, // [7:8] is the sub-list for method output_type
+	6, // [6:7] is the sub-list for method input_type
+	6, // [6:6] is the sub-list for extension type_name
+	6, // [6:6] is the sub-list for extension extendee
+	0, // [0:6] is the sub-list for field type_name
 }
 
 func init() { file_rdzv_v1_relay_service_proto_init() }

@@ -34,8 +34,9 @@ type RelayServiceClient interface {
 	// The relay opens each agent's stream with `open` (the agent's
 	// certificate chain, which the controller verifies itself against its CA
 	// and deny-list, and the agent's register message), then passes on the
-	// agent's messages; the controller answers on the same stream id and ends
-	// a stream with `end`. The controller's first response carries no frames:
+	// agent's messages as the agent encoded them; the controller answers on
+	// the same stream id, each message encoded for the agent, and ends a
+	// stream with `end`. The controller's first response carries no frames:
 	// it says that this controller serves the call. Frames batch: one message
 	// carries whatever queued while the previous one was sent, so the
 	// controller has no gRPC stream, goroutine or TLS record per agent.
@@ -75,8 +76,9 @@ type RelayServiceServer interface {
 	// The relay opens each agent's stream with `open` (the agent's
 	// certificate chain, which the controller verifies itself against its CA
 	// and deny-list, and the agent's register message), then passes on the
-	// agent's messages; the controller answers on the same stream id and ends
-	// a stream with `end`. The controller's first response carries no frames:
+	// agent's messages as the agent encoded them; the controller answers on
+	// the same stream id, each message encoded for the agent, and ends a
+	// stream with `end`. The controller's first response carries no frames:
 	// it says that this controller serves the call. Frames batch: one message
 	// carries whatever queued while the previous one was sent, so the
 	// controller has no gRPC stream, goroutine or TLS record per agent.
