@@ -30,6 +30,11 @@
 //	               flags override it), e.g. to compare tls.max_handshakes
 //	BENCH_CONTROLLER_ENV  KEY=VALUE pairs, space-separated, added to the
 //	               controller's environment alone, e.g. GOGC=50
+//	BENCH_SIM_GC   phases (default): this process, which carries every
+//	               simulated agent, collects its garbage before the steady
+//	               window and not again until the size's phases end, as
+//	               no real cluster stalls all its agents at once; go: Go's
+//	               default (see gc_test.go)
 //	BENCH_RELAYS   run this many real rdzv-relay processes (default 0: none),
 //	               agent i connecting through relay i mod BENCH_RELAYS, as
 //	               racks would; their CPU is reported apart

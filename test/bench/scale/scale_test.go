@@ -11,6 +11,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"runtime"
 	"slices"
 	"sort"
 	"strconv"
@@ -66,6 +67,8 @@ type config struct {
 	// the controller itself.
 	relays   int
 	relayBin string
+	// simGC is this process's collection policy (gc_test.go).
+	simGC simGC
 }
 
 func TestBenchScale(t *testing.T) {
@@ -133,6 +136,9 @@ func setup(t *testing.T) config {
 		ctlConfig:     os.Getenv("BENCH_CONTROLLER_CONFIG"),
 		ctlEnv:        strings.Fields(os.Getenv("BENCH_CONTROLLER_ENV")),
 		relayBin:      filepath.Join(binDir, "rdzv-relay"),
+	}
+	if cfg.simGC, err = parseSimGC(os.Getenv("BENCH_SIM_GC")); err != nil {
+		t.Fatalf("bench: %v", err)
 	}
 	for _, bin := range []string{cfg.controllerBin, cfg.ctlBin} {
 		if info, err := os.Stat(bin); err != nil || info.Mode()&0o111 == 0 {
@@ -284,6 +290,9 @@ func runSize(t *testing.T, cfg config, certs *sim.Certs, dir string, r *result) 
 	}
 	t.Logf("bench: %d simulated agents built in %s", n, time.Since(built).Round(time.Millisecond))
 	defer ru.stopSims()
+	if cfg.simGC == simGCPhases {
+		defer holdCollections()()
+	}
 
 	for _, phase := range []struct {
 		name string
@@ -312,7 +321,11 @@ func runSize(t *testing.T, cfg config, certs *sim.Certs, dir string, r *result) 
 		if cfg.profile && phase.name == "steady" && len(ru.relays) > 0 {
 			relayProf = startProfile(ctx, ru.relays[0].PprofSocket, window, filepath.Join(dir, "relay-steady.pprof"))
 		}
+		gcBefore := ru.countGC()
 		err := phase.run()
+		if phase.name != "steady" { // steady counts its window's own
+			r.set("gc-"+phase.name, "%s", describeGC(gcBefore, ru.countGC()))
+		}
 		if cold {
 			prof = ru.coldProfile
 		}
@@ -541,14 +554,20 @@ func (ru *run) describeUsage(u, v usage) string {
 
 // steady: every agent heartbeating, nothing else happening.
 func (ru *run) steady() error {
+	if ru.cfg.simGC == simGCPhases {
+		// The registrations' garbage, before the window (see gc_test.go).
+		runtime.GC()
+	}
 	time.Sleep(settle)
 	before := ru.sampleUsage()
 	ru.led.takeRTTs()
 	ru.led.takeGap()
+	gcBefore := ru.countGC()
 	ru.led.recording.Store(true)
 	time.Sleep(ru.cfg.steady)
 	ru.led.recording.Store(false)
 	after := ru.sampleUsage()
+	ru.r.set("gc-steady", "%s", describeGC(gcBefore, ru.countGC()))
 	ctlCPU, _, _, _ := before.cores(after)
 	ru.r.set("cpu", "%.2f cores", ctlCPU)
 	ru.r.set("load", "%s", ru.describeUsage(before, after))
@@ -917,12 +936,20 @@ var rows = []struct{ key, label string }{
 	{"recovery-cpu", "CPU during recovery: controller / simulated agents / everything else"},
 	{"restart-cpu", "CPU while registering again after the restart: controller / simulated agents / everything else"},
 	{"load", "CPU during steady: controller / simulated agents / everything else"},
+	{"gc-register", "collections while registering: the benchmark's own process (simulated agents) / each relay"},
+	{"gc-steady", "… the steady window"},
+	{"gc-rendezvous", "… rendezvous"},
+	{"gc-recovery", "… recovery"},
+	{"gc-restart", "… restart"},
 }
 
 func formatReport(results []*result, cfg config, took time.Duration) string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "rdzv scale benchmark: real rdzv-controller (embedded etcd, mutual TLS), simulated agents; heartbeat %s / timeout %s; steady window %s; took %s\n\n",
 		heartbeat.Interval, heartbeat.Timeout, cfg.steady, took.Round(time.Second))
+	if cfg.simGC == simGCPhases {
+		b.WriteString("the benchmark's own process (the simulated agents) collects its garbage before the steady window and not again until the size's phases end (BENCH_SIM_GC=go: Go's default)\n\n")
+	}
 	if cfg.relays > 0 {
 		fmt.Fprintf(&b, "agents through %d real rdzv-relay processes (agent i through relay i mod %d); their CPU is the \"relays\" column\n\n", cfg.relays, cfg.relays)
 	}
