@@ -151,15 +151,12 @@ func (a *Agent) Run(ctx context.Context) error {
 	// Metrics and health answer from the start: /readyz says why the
 	// agent is not ready until it registers.
 	if a.http != nil {
-		if err := a.http.Listen(); err != nil {
+		stopHTTP, err := a.http.Start(ctx)
+		if err != nil {
 			return err
 		}
-		hctx, stopHTTP := context.WithCancel(ctx)
-		httpDone := make(chan error, 1)
-		go func() { httpDone <- a.http.Serve(hctx) }()
 		defer func() {
-			stopHTTP()
-			if err := <-httpDone; err != nil {
+			if err := stopHTTP(); err != nil {
 				a.log.Warn("http listener failed", zap.Error(err))
 			}
 		}()

@@ -288,15 +288,12 @@ func (c *Controller) Run(ctx context.Context) error {
 	// Metrics and health answer from the start: /readyz says why the
 	// controller is not ready while etcd starts.
 	if c.http != nil {
-		if err := c.http.Listen(); err != nil {
+		stopHTTP, err := c.http.Start(ctx)
+		if err != nil {
 			return err
 		}
-		hctx, stopHTTP := context.WithCancel(ctx)
-		httpDone := make(chan error, 1)
-		go func() { httpDone <- c.http.Serve(hctx) }()
 		defer func() {
-			stopHTTP()
-			if err := <-httpDone; err != nil {
+			if err := stopHTTP(); err != nil {
 				c.log.Warn("http listener failed", zap.Error(err))
 			}
 		}()

@@ -191,6 +191,22 @@ func (s *Server) Addr() net.Addr {
 	return s.lis.Addr()
 }
 
+// Start listens, then serves in the background until stop, which ends
+// the server and returns how it failed, if it did: for a daemon whose
+// metrics and health answer before its other parts start.
+func (s *Server) Start(ctx context.Context) (stop func() error, err error) {
+	if err := s.Listen(); err != nil {
+		return nil, err
+	}
+	sctx, cancel := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- s.Serve(sctx) }()
+	return func() error {
+		cancel()
+		return <-done
+	}, nil
+}
+
 // shutdownGrace bounds how long requests in flight may finish once the
 // daemon stops.
 const shutdownGrace = 5 * time.Second

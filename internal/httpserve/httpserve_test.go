@@ -56,14 +56,9 @@ func TestValidate(t *testing.T) {
 // serve runs s until the test ends and returns its base URL.
 func serve(t *testing.T, s *httpserve.Server, scheme string) string {
 	t.Helper()
-	require.NoError(t, s.Listen())
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- s.Serve(ctx) }()
-	t.Cleanup(func() {
-		cancel()
-		require.NoError(t, <-done)
-	})
+	stop, err := s.Start(context.Background())
+	require.NoError(t, err)
+	t.Cleanup(func() { require.NoError(t, stop()) })
 	return scheme + "://" + s.Addr().String()
 }
 
@@ -162,6 +157,8 @@ func TestPortTaken(t *testing.T) {
 	s, err := httpserve.New(httpserve.Config{Listen: l.Addr().String()}, prometheus.NewRegistry(), func() error { return nil }, zaptest.NewLogger(t))
 	require.NoError(t, err)
 	require.ErrorContains(t, s.Listen(), "http.listen")
+	_, err = s.Start(context.Background())
+	require.ErrorContains(t, err, "http.listen", "Start stops at the taken port too")
 }
 
 // A certificate renewed in place is served from a later handshake on,
