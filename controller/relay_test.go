@@ -15,6 +15,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/mem"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 
@@ -435,4 +436,57 @@ func TestAgentComesBackThroughItsRelay(t *testing.T) {
 	require.Zero(t, c.logs.FilterMessage("node lost").Len(), "the node was never lost")
 	require.Equal(t, 2, c.logs.FilterMessage("registered with controller").FilterField(zap.String("node", "node-a")).Len())
 	require.Equal(t, gen, c.waitRunning("back").GetGeneration(), "coming back did not restart the job")
+}
+
+// rawCodec sends a []byte as the encoded message it stands for, and
+// everything else as proto does: an agent whose message does not decode.
+type rawCodec struct{}
+
+func (rawCodec) Marshal(v any) (mem.BufferSlice, error) {
+	if b, ok := v.([]byte); ok {
+		return mem.BufferSlice{mem.SliceBuffer(b)}, nil
+	}
+	b, err := proto.Marshal(v.(proto.Message))
+	return mem.BufferSlice{mem.SliceBuffer(b)}, err
+}
+
+func (rawCodec) Unmarshal(data mem.BufferSlice, v any) error {
+	return proto.Unmarshal(data.Materialize(), v.(proto.Message))
+}
+
+func (rawCodec) Name() string { return "proto" }
+
+// TestRelayPassesMessagesEncoded: the relay passes an agent's messages on
+// without decoding them, so one that does not decode reaches the
+// controller, which ends that agent's stream with the reason; the relay's
+// call, and its other agents, go on.
+func TestRelayPassesMessagesEncoded(t *testing.T) {
+	c := newCluster(t)
+	r := c.startRelay("rack-1")
+	open := func(node string) grpc.ClientStream {
+		conn := c.dialRelay(r, c.issue(pki.Identity{Role: pki.RoleAgent, Name: node}))
+		ctx, cancel := context.WithTimeout(context.Background(), waitTimeout)
+		t.Cleanup(cancel)
+		stream, err := conn.NewStream(ctx, &rdzvv1.AgentService_ServiceDesc.Streams[0], rdzvv1.AgentService_Connect_FullMethodName, grpc.ForceCodecV2(rawCodec{}))
+		require.NoError(t, err)
+		require.NoError(t, stream.SendMsg(&rdzvv1.ConnectRequest{Msg: &rdzvv1.ConnectRequest_Register{Register: &rdzvv1.Register{Node: &rdzvv1.NodeInfo{
+			Name: node, Address: "127.0.0.1", NcclInterface: "lo", AgentVersion: "test"}}}}))
+		var m rdzvv1.ConnectResponse
+		require.NoError(t, stream.RecvMsg(&m))
+		require.NotNil(t, m.GetRegistered(), "%v", &m)
+		return stream
+	}
+	bad, good := open("node-a"), open("node-b")
+	poll(t, func() bool { return r.streams(t) == "2" }, func() string { return "the relay carries " + r.streams(t) + " streams" })
+
+	require.NoError(t, bad.SendMsg([]byte{0xff, 0xff}))
+	var m rdzvv1.ConnectResponse
+	err := bad.RecvMsg(&m)
+	require.Equal(t, codes.InvalidArgument, status.Code(err), "%v", err)
+	require.ErrorContains(t, err, "does not decode as a ConnectRequest")
+
+	require.NoError(t, good.SendMsg(&rdzvv1.ConnectRequest{Msg: &rdzvv1.ConnectRequest_Heartbeat{Heartbeat: &rdzvv1.Heartbeat{Seq: 1}}}))
+	require.NoError(t, good.RecvMsg(&m))
+	require.Equal(t, uint64(1), m.GetHeartbeatAck().GetSeq(), "the neighbour's stream goes on: %v", &m)
+	poll(t, func() bool { return r.streams(t) == "1" }, func() string { return "the relay carries " + r.streams(t) + " streams" })
 }
