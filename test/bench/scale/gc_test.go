@@ -25,9 +25,10 @@ import (
 // (about 1 GB live at 10,000), and one of its collections stalled every
 // simulated agent at once for 0.5-0.7 s, mostly in mark assists, which no
 // real cluster does: each agent is a process of its own with a small heap.
-// So by default (BENCH_SIM_GC=phases) it collects once before the steady
-// window and not again until the size's phases are over, within a memory
-// limit of half the machine's memory; BENCH_SIM_GC=go keeps Go's default.
+// So by default (BENCH_SIM_GC=phases), from the simulated agents' start
+// until the size's phases are over, it collects only once, just before the
+// steady window (and at its memory limit, half the machine's memory);
+// BENCH_SIM_GC=go keeps Go's default.
 
 // simGC is the benchmark process's collection policy (BENCH_SIM_GC).
 type simGC string
