@@ -188,6 +188,7 @@ func TestAttachTakesAnExitSentBeforeTheRequest(t *testing.T) {
 		require.NoError(t, err)
 		require.NoError(t, <-served)
 		require.Equal(t, 3, p.Wait().Code, "attempt %d", i)
+		require.Equal(t, 42, p.Pid(), "attempt %d: the pid of the exit that answered attach", i)
 		ln.Close()
 	}
 }

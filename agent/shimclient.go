@@ -215,7 +215,10 @@ type shimProcess struct {
 	exit     Exit
 	reason   string
 	detached bool
-	replies  chan shimStatus
+	// exitPid is the pid the exit status names: the launcher's, for a
+	// shim whose first answer to attach was its exit.
+	exitPid int
+	replies chan shimStatus
 }
 
 // attachShim connects to the shim in dir; reaped is closed when it exits,
@@ -239,19 +242,22 @@ func attachShim(dir string, reaped chan struct{}, log *zap.Logger) (*shimProcess
 	// so a failed request waits for the reader as an unanswered one does.
 	reqErr := p.request(shimRequest{Op: "attach"})
 	select {
-	case st := <-statuses:
-		p.pid = st.Pid
-		go p.forward(statuses)
-		return p, nil
+	case st, ok := <-statuses:
+		if ok {
+			p.pid = st.Pid
+			go p.forward(statuses)
+			return p, nil
+		}
+		// Closed: the reader ended, with the exit status or without one.
 	case <-p.done:
-		return p, nil
 	case <-time.After(shimRequestTimeout):
+		// Closing our end ends the reader, which takes the exit file's
+		// status or, without one, kills what is left of the workers.
+		log.Warn("shim did not answer attach", zap.String("dir", dir), zap.NamedError("request_error", reqErr))
+		conn.Close()
 	}
-	// Closing our end ends the reader, which takes the exit file's status
-	// or, without one, kills what is left of the workers.
-	log.Warn("shim did not answer attach", zap.String("dir", dir), zap.NamedError("request_error", reqErr))
-	conn.Close()
 	<-p.done
+	p.pid = p.exitPid
 	return p, nil
 }
 
@@ -343,7 +349,7 @@ func (p *shimProcess) finish(st shimStatus) {
 		return
 	default:
 	}
-	p.exit, p.reason = st.Exit, st.Reason
+	p.exit, p.reason, p.exitPid = st.Exit, st.Reason, st.Pid
 	if p.conn != nil {
 		p.conn.Close()
 	}
