@@ -417,11 +417,7 @@ func (s *agentSession) handle(ctx context.Context, m *rdzvv1.ConnectResponse, ou
 		}
 		s.sup.Assign(msg.Assignment)
 	case *rdzvv1.ConnectResponse_StopWorkers:
-		if stop := msg.StopWorkers; stop.GetGrace() != nil {
-			s.sup.StopWithin(stop.GetJob(), stop.GetGeneration(), stop.GetReason(), stop.GetGrace().AsDuration())
-		} else {
-			s.sup.Stop(stop.GetJob(), stop.GetGeneration(), stop.GetReason())
-		}
+		s.sup.Ordered(msg.StopWorkers)
 	case *rdzvv1.ConnectResponse_PrepareStandby:
 		s.sup.PrepareStandby(msg.PrepareStandby)
 	case *rdzvv1.ConnectResponse_PortProbe:

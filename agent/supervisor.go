@@ -293,16 +293,29 @@ func (s *Supervisor) Assign(a *rdzvv1.Assignment) {
 	s.cmds <- func() { s.assign(a) }
 }
 
-// Stop queues stopping a job's workers of one generation.
+// Stop queues stopping a job's workers of one generation, within the
+// configured stop_grace.
 func (s *Supervisor) Stop(job string, generation uint64, reason string) {
-	s.StopWithin(job, generation, reason, s.stopGrace)
+	s.Ordered(&rdzvv1.StopWorkers{Job: job, Generation: generation, Reason: reason})
 }
 
-// StopWithin is Stop with at most grace between SIGTERM and SIGKILL, never
-// more than the configured stop_grace.
-func (s *Supervisor) StopWithin(job string, generation uint64, reason string, grace time.Duration) {
-	grace = min(grace, s.stopGrace)
-	s.cmds <- func() { s.stop(job, generation, reason, grace) }
+// Ordered carries out the controller's stop order: Stop, with at most the
+// order's grace between SIGTERM and SIGKILL, if it gives one (never more
+// than the configured stop_grace). For a job that runs no further generation (job_ended),
+// what is kept for the next one, its warm standby, goes too, at once
+// rather than after standbyLinger.
+func (s *Supervisor) Ordered(stop *rdzvv1.StopWorkers) {
+	grace := s.stopGrace
+	if g := stop.GetGrace(); g != nil {
+		grace = min(g.AsDuration(), s.stopGrace)
+	}
+	job, generation, reason, ended := stop.GetJob(), stop.GetGeneration(), stop.GetReason(), stop.GetJobEnded()
+	s.cmds <- func() {
+		s.stop(job, generation, reason, grace)
+		if ended {
+			s.dropIdleStandby(job)
+		}
+	}
 }
 
 // Busy reports whether any workers run here.

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
+	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/rdzv/rdzv/agent/launchertest"
 	"github.com/rdzv/rdzv/jobspec"
@@ -176,7 +177,7 @@ func TestSupervisorStopsCurrentGeneration(t *testing.T) {
 // A stop with a grace shorter than stop_grace is done within it: a worker
 // that ignores SIGTERM is killed then, not after the agent's stop_grace
 // (an hour here, so a stop that waited it out would never be reported).
-func TestSupervisorStopWithin(t *testing.T) {
+func TestSupervisorStopOrderedWithin(t *testing.T) {
 	needPython(t)
 	h := newSupervisor(t, func(cfg *Config) { cfg.StopGrace.Duration = time.Hour })
 	ready := filepath.Join(h.workdir, "ignoring")
@@ -186,7 +187,7 @@ func TestSupervisorStopWithin(t *testing.T) {
 	// Stopped only once it ignores SIGTERM, so the kill is what ends it.
 	require.Eventually(t, func() bool { _, err := os.Stat(ready); return err == nil }, 30*time.Second, 20*time.Millisecond)
 
-	h.sup.StopWithin("train", 1, "generation 1 failed", 100*time.Millisecond)
+	h.sup.Ordered(&rdzvv1.StopWorkers{Job: "train", Generation: 1, Reason: "generation 1 failed", Grace: durationpb.New(100 * time.Millisecond)})
 	st := h.expect("train", 1, wStopped)
 	require.Equal(t, "SIGKILL", st.GetSignal(), "SIGTERM was ignored; the short grace ended in SIGKILL")
 	require.Equal(t, "generation 1 failed", st.GetMessage())

@@ -289,14 +289,19 @@ func (s *Supervisor) discardStandby(sb *standby) {
 func (s *Supervisor) lingerStandby(job string) {
 	time.AfterFunc(standbyLinger, func() {
 		select {
-		case s.cmds <- func() {
-			if !s.Running(job) && !s.heldFor(job) {
-				s.dropStandby(job)
-			}
-		}:
+		case s.cmds <- func() { s.dropIdleStandby(job) }:
 		default: // a busy agent drops it on the next assignment instead
 		}
 	})
+}
+
+// dropIdleStandby drops job's standby unless the job's workers run here
+// (a newer generation, or a new run of the same name) or the controller
+// holds this node as the job's spare.
+func (s *Supervisor) dropIdleStandby(job string) {
+	if !s.Running(job) && !s.heldFor(job) {
+		s.dropStandby(job)
+	}
 }
 
 // warmStart hands a to a standby (a fresh one if none is ready) and

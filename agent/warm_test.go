@@ -232,6 +232,43 @@ func TestWarmStandby(t *testing.T) {
 	require.Empty(t, groupMembers(standbyPid), "nothing of the used standby is left")
 }
 
+// A failed generation leaves a standby for the next one. The stop that
+// says the job ended takes it at once; a stop of the generation alone
+// leaves it for the restart.
+func TestWarmStandbyEndsWithTheJob(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		ended bool
+	}{
+		{name: "the job ended", ended: true},
+		{name: "the generation stopped", ended: false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			h := newWarmHarness(t)
+			h.sup.Assign(h.assign(1, 3))
+			h.expect("warm", 1, wRunning)
+			h.expect("warm", 1, wFailed)
+			sb := h.readyStandby()
+
+			h.sup.Ordered(&rdzvv1.StopWorkers{Job: "warm", Generation: 1, Reason: "restart limit reached", JobEnded: tc.ended})
+			// Nothing of generation 1 runs: the stop is answered with its
+			// status again.
+			h.expect("warm", 1, wFailed)
+			h.sync()
+			h.sup.mu.Lock()
+			left := h.sup.standby
+			h.sup.mu.Unlock()
+			if tc.ended {
+				require.Nil(t, left, "no standby is kept for a job that ended")
+				require.Empty(t, groupMembers(sb.proc.Pid()), "nothing of the standby is left")
+				return
+			}
+			require.Same(t, sb, left, "the standby waits for the next generation")
+			require.NotEmpty(t, groupMembers(sb.proc.Pid()))
+		})
+	}
+}
+
 // A standby that died waiting never fails a generation: a fresh one takes
 // the assignment.
 func TestWarmStandbyCrashed(t *testing.T) {

@@ -228,7 +228,7 @@ func (c *Controller) finish(js *jobState, state rdzvv1.JobState, reason string) 
 	c.metrics.finished(state)
 	c.persist(c.store.UpdateJob(rec, c.event(name, "", rec.GetGeneration(), kind, "%s", reason)), func() {
 		c.log.Info("job finished", zap.String("job", name), zap.String("state", stateName(state)), zap.String("reason", reason))
-		c.stopWorkers(js, reason, 0)
+		c.endWorkers(js, reason)
 	})
 	c.wake()
 }
@@ -239,7 +239,23 @@ func (c *Controller) finish(js *jobState, state rdzvv1.JobState, reason string) 
 func (c *Controller) stopWorkers(js *jobState, reason string, grace time.Duration) {
 	for _, a := range js.round.GetNodes() {
 		if !terminalWorker(js.workers[a.GetNode()].GetState()) {
-			c.sendStop(a.GetNode(), js.rec.GetSpec().GetName(), js.rec.GetGeneration(), reason, grace)
+			c.sendStop(a.GetNode(), &rdzvv1.StopWorkers{Job: js.rec.GetSpec().GetName(), Generation: js.rec.GetGeneration(), Reason: reason}, grace)
+		}
+	}
+}
+
+// endWorkers is stopWorkers for a job that finished, saying so: an agent
+// then drops the job's warm standby at once. A warm job's nodes are told
+// even where its workers have exited: a standby outlives the generation
+// it was started beside, waiting for the next one, and without word of
+// the end it held the job's preloaded Python for a minute (standbyLinger
+// in agent/warm.go) after every job that failed or was stopped. Callers
+// hold c.mu.
+func (c *Controller) endWorkers(js *jobState, reason string) {
+	warm := c.warm(js.rec.GetSpec().GetName())
+	for _, a := range js.round.GetNodes() {
+		if warm || !terminalWorker(js.workers[a.GetNode()].GetState()) {
+			c.sendStop(a.GetNode(), &rdzvv1.StopWorkers{Job: js.rec.GetSpec().GetName(), Generation: js.rec.GetGeneration(), Reason: reason, JobEnded: true}, 0)
 		}
 	}
 }

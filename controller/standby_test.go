@@ -20,21 +20,27 @@ func (c *cluster) warmJob(name string, nodes, spares uint32) *rdzvv1.JobSpec {
 	return spec
 }
 
-// nextAssignment is the next assignment for f, past any standby requests
-// (a node of a recovering job is held for it, as a spare is, until its
-// next round).
-func (f *fakeAgent) nextAssignment() *rdzvv1.Assignment {
+// nextPastStandby is f's next message other than a standby request (a
+// node of a recovering job is held for it, as a spare is, until its next
+// round).
+func (f *fakeAgent) nextPastStandby() *rdzvv1.ConnectResponse {
 	f.t.Helper()
 	for {
-		m := f.next()
-		if m.GetPrepareStandby() != nil {
-			continue
+		if m := f.next(); m.GetPrepareStandby() == nil {
+			return m
 		}
-		a := m.GetAssignment()
-		require.NotNil(f.t, a, "expected an assignment for %s, got %v", f.name, m)
-		f.report(a, rdzvv1.WorkerState_WORKER_STATE_RUNNING, 0)
-		return a
 	}
+}
+
+// nextAssignment is the next assignment for f, past any standby requests,
+// answered RUNNING.
+func (f *fakeAgent) nextAssignment() *rdzvv1.Assignment {
+	f.t.Helper()
+	m := f.nextPastStandby()
+	a := m.GetAssignment()
+	require.NotNil(f.t, a, "expected an assignment for %s, got %v", f.name, m)
+	f.report(a, rdzvv1.WorkerState_WORKER_STATE_RUNNING, 0)
+	return a
 }
 
 // A spare held for a warm job is told to keep a standby of that job's
@@ -80,6 +86,9 @@ func TestSpareStandbys(t *testing.T) {
 	fakes["node-a"].expectStop(a2)
 	fakes["node-s"].expectStop(s2)
 	c.waitJobState("big", rdzvv1.JobState_JOB_STATE_STOPPED)
+	// Its last round's nodes drop the standbys kept for generation 3.
+	fakes["node-a"].expectJobEnd(a2)
+	fakes["node-s"].expectJobEnd(s2)
 	drop := fakes["node-t"].next().GetPrepareStandby()
 	require.NotNil(t, drop, "the released spare is told")
 	require.Nil(t, drop.GetSpec(), "to keep no standby")
@@ -147,4 +156,58 @@ func TestSpareStandbyRenewed(t *testing.T) {
 	fakes["node-s"] = c.connectFake("node-s")
 	fakes["node-s"].keepAlive()
 	require.True(t, proto.Equal(first, fakes["node-s"].next().GetPrepareStandby()), "the new session is told")
+}
+
+// A job's end comes with its stop orders (job_ended), so that agents drop
+// the standbys they keep for a next generation: for a warm job, to every
+// node of its last round, the one whose workers failed too; for a
+// torchrun job, only to the nodes whose workers still run.
+func TestJobEndTold(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		warm bool
+	}{
+		{name: "warm", warm: true},
+		{name: "torchrun", warm: false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c := newCluster(t)
+			a, b := c.connectFake("node-a"), c.connectFake("node-b")
+			a.keepAlive()
+			b.keepAlive()
+			spec := c.recoverable("once", 2, 0)
+			if tc.warm {
+				spec = c.warmJob("once", 2, 0)
+				spec.RestartMaxRestarts = 0
+			}
+			c.startJob(spec)
+			a1, b1 := a.nextAssignment(), b.nextAssignment()
+			c.waitRunning("once")
+
+			a.report(a1, rdzvv1.WorkerState_WORKER_STATE_FAILED, 1)
+			c.waitJobState("once", rdzvv1.JobState_JOB_STATE_FAILED)
+			require.True(t, b.expectStop(b1).GetJobEnded(), "the running node's stop says the job ended")
+			if !tc.warm {
+				a.heartbeat(99)
+				select {
+				case m := <-a.msgs:
+					require.Failf(t, "the node whose workers exited was told something", "%v", m)
+				default:
+				}
+				return
+			}
+			a.expectJobEnd(a1)
+		})
+	}
+}
+
+// expectJobEnd waits for the stop order that says a's job ended, past any
+// standby requests.
+func (f *fakeAgent) expectJobEnd(a *rdzvv1.Assignment) {
+	f.t.Helper()
+	m := f.nextPastStandby()
+	end := m.GetStopWorkers()
+	require.NotNil(f.t, end, "expected %s to be told the job ended, got %v", f.name, m)
+	require.True(f.t, end.GetJobEnded(), "%s: %v", f.name, end)
+	require.Equal(f.t, a.GetGeneration(), end.GetGeneration())
 }

@@ -31,12 +31,12 @@ func (c *Controller) applyWorkerStatus(node string, w *rdzvv1.WorkerStatus) {
 	if !current {
 		if alive {
 			log.Warn("stopping workers of a stale generation")
-			c.sendStop(node, w.GetJob(), w.GetGeneration(), "stale generation", failedStopGrace)
+			c.sendStop(node, &rdzvv1.StopWorkers{Job: w.GetJob(), Generation: w.GetGeneration(), Reason: "stale generation"}, failedStopGrace)
 		}
 		return
 	}
 	if alive && js.rec.GetState() != rdzvv1.JobState_JOB_STATE_RUNNING {
-		c.sendStop(node, w.GetJob(), w.GetGeneration(), "job is "+stateName(js.rec.GetState()), 0)
+		c.sendStop(node, &rdzvv1.StopWorkers{Job: w.GetJob(), Generation: w.GetGeneration(), Reason: "job is " + stateName(js.rec.GetState())}, 0)
 	}
 	prev := js.workers[node]
 	if prev.GetState() == w.GetState() || terminalWorker(prev.GetState()) {
@@ -270,12 +270,13 @@ func (sc *stateCount) note(js *jobState) {
 	}
 }
 
-func (c *Controller) sendStop(node, job string, generation uint64, reason string, grace time.Duration) {
+// sendStop sends stop to node's agent, within grace if positive (else the
+// agent's stop_grace). Callers hold c.mu.
+func (c *Controller) sendStop(node string, stop *rdzvv1.StopWorkers, grace time.Duration) {
 	ns := c.nodes[node]
 	if ns == nil || ns.session == nil {
 		return
 	}
-	stop := &rdzvv1.StopWorkers{Job: job, Generation: generation, Reason: reason}
 	if grace > 0 {
 		stop.Grace = durationpb.New(grace)
 	}

@@ -371,6 +371,7 @@ func testFaultCrashLoop(t *testing.T, edit func(spec map[string]any)) {
 	}
 	require.Positive(t, failLines, "no worker printed RDZV_FAIL: the job failed for another reason")
 	c.requireWorkersGone(t, job.Name, c.lingeringStandby(job))
+	c.waitStandbysGone(t, job)
 }
 
 // A node of a job that needs all three dies: the job waits for nodes, saying
@@ -414,6 +415,7 @@ func testFaultMinNotMet(t *testing.T, edit func(spec map[string]any)) {
 	c.waitNodeState(t, 2, "NODE_STATE_LOST")
 	requireAttemptsFailed(t, c.jobEvents(t, job.Name), 1)
 	c.requireWorkersGone(t, job.Name, c.lingeringStandby(job))
+	c.waitStandbysGone(t, job)
 }
 
 // finished reports whether a job state is final.
@@ -494,11 +496,11 @@ func (c *cluster) requireWorkersGone(t *testing.T, job string, spare func(pid in
 	requireIdle(t, c)
 }
 
-// lingeringStandby is, for a warm job that failed, what may be left of it:
-// its unused standbys and their shims. The agent learns of a job's end only
-// as the absence of its next assignment, so it kills a failed job's standby
-// a minute after its last generation here (a succeeded job's at once).
-// Anything of a generation, a used standby included, is never spared.
+// lingeringStandby is, for a warm job that failed, what may be left of it
+// when its workers' exits are reported: its unused standbys and their
+// shims, kept for a next generation until the agent is told the job ended
+// (see waitStandbysGone). Anything of a generation, a used standby
+// included, is never spared.
 func (c *cluster) lingeringStandby(job jobFile) func(pid int) bool {
 	if !job.warm {
 		return nil
@@ -512,6 +514,30 @@ func (c *cluster) lingeringStandby(job jobFile) func(pid int) bool {
 			return strings.HasSuffix(arg, "/warm/"+job.Name) || strings.HasPrefix(filepath.Base(arg), job.Name+".standby-")
 		})
 	}
+}
+
+// waitStandbysGone waits for what lingeringStandby spared of a warm job
+// that failed to go too: each agent drops the job's standby when the stop
+// order that says the job ended reaches it. Without that word an agent
+// kept it for a minute (standbyLinger), longer than this waits.
+func (c *cluster) waitStandbysGone(t *testing.T, job jobFile) {
+	t.Helper()
+	spared := c.lingeringStandby(job)
+	if spared == nil {
+		return
+	}
+	var left []string
+	require.Eventually(t, func() bool {
+		left = nil
+		for i := range c.agents {
+			for _, pid := range netnsPids(t, c.agentHost(i)) {
+				if spared(pid) {
+					left = append(left, fmt.Sprintf("%s %d: %s", c.agentHost(i).Name, pid, strings.Join(procCmdline(pid), " ")))
+				}
+			}
+		}
+		return len(left) == 0
+	}, 20*time.Second, 100*time.Millisecond, "standbys of the ended job left: %q", &left)
 }
 
 // killWorker SIGKILLs one training process on agent host i: a python

@@ -1147,7 +1147,14 @@ type StopWorkers struct {
 	// agent's stop_grace; unset: stop_grace. A failed generation's workers
 	// get a short one: their collectives are broken, there is nothing left
 	// for them to save, and the restart waits for them.
-	Grace         *durationpb.Duration `protobuf:"bytes,4,opt,name=grace,proto3" json:"grace,omitempty"`
+	Grace *durationpb.Duration `protobuf:"bytes,4,opt,name=grace,proto3" json:"grace,omitempty"`
+	// The job runs no further generation: it succeeded, failed for good or
+	// was stopped. The agent also drops what it keeps for the job's next
+	// generation (its warm standby) at once, instead of when no assignment
+	// has come for a while. Sent at the job's end to every node of its last
+	// round whose workers may still run, and, for a job of launcher.kind
+	// warm, to those whose workers have exited too.
+	JobEnded      bool `protobuf:"varint,5,opt,name=job_ended,json=jobEnded,proto3" json:"job_ended,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1208,6 +1215,13 @@ func (x *StopWorkers) GetGrace() *durationpb.Duration {
 		return x.Grace
 	}
 	return nil
+}
+
+func (x *StopWorkers) GetJobEnded() bool {
+	if x != nil {
+		return x.JobEnded
+	}
+	return false
 }
 
 // PrepareStandby tells an idle node held as a spare for a running job of
@@ -1757,14 +1771,15 @@ const file_rdzv_v1_agent_service_proto_rawDesc = "" +
 	"generation\x12\x12\n" +
 	"\x04step\x18\x03 \x01(\x04R\x04step\x12\x12\n" +
 	"\x04path\x18\x04 \x01(\tR\x04path\x12\x16\n" +
-	"\x06source\x18\x05 \x01(\tR\x06source\"\x88\x01\n" +
+	"\x06source\x18\x05 \x01(\tR\x06source\"\xa5\x01\n" +
 	"\vStopWorkers\x12\x10\n" +
 	"\x03job\x18\x01 \x01(\tR\x03job\x12\x1e\n" +
 	"\n" +
 	"generation\x18\x02 \x01(\x04R\n" +
 	"generation\x12\x16\n" +
 	"\x06reason\x18\x03 \x01(\tR\x06reason\x12/\n" +
-	"\x05grace\x18\x04 \x01(\v2\x19.google.protobuf.DurationR\x05grace\"\xae\x01\n" +
+	"\x05grace\x18\x04 \x01(\v2\x19.google.protobuf.DurationR\x05grace\x12\x1b\n" +
+	"\tjob_ended\x18\x05 \x01(\bR\bjobEnded\"\xae\x01\n" +
 	"\x0ePrepareStandby\x12$\n" +
 	"\x04spec\x18\x01 \x01(\v2\x10.rdzv.v1.JobSpecR\x04spec\x12@\n" +
 	"\x0ejob_created_at\x18\x02 \x01(\v2\x1a.google.protobuf.TimestampR\fjobCreatedAt\x124\n" +
