@@ -47,10 +47,5 @@ func (c *Controller) preflightExcluded(js *jobState, node, verdict string) {
 	rec.Reason = "re-planning the round without " + node + ", left out by the preflight test"
 	js.rec = rec
 	js.pendingSince, js.lastCall = time.Time{}, rendezvous.LastCall{}
-	c.persist(c.store.UpdateJob(rec, ev), func() {
-		if js.rec.GetGeneration() == gen {
-			c.stopWorkers(js, "generation re-planned: node "+node+" left out by the preflight test", failedStopGrace)
-		}
-	})
-	c.wake()
+	c.stopGeneration(js, ev, "generation re-planned: node "+node+" left out by the preflight test")
 }

@@ -145,13 +145,21 @@ func (c *Controller) attemptFailed(js *jobState, cause, reason string, latency t
 	js.lastCall.OpenAt(now)
 	c.log.Warn("attempt failed, recovering", zap.String("job", name), zap.Uint64("generation", gen),
 		zap.String("reason", reason), zap.Duration("detection_latency", latency), zap.Duration("backoff", backoff))
-	c.persist(c.store.UpdateJob(rec, ev), func() {
+	c.stopGeneration(js, ev, fmt.Sprintf("generation %d failed: %s", gen, reason))
+}
+
+// stopGeneration writes js.rec, the job now recovering from its current
+// generation, with ev, and once that is durable tells the generation's
+// workers to stop within failedStopGrace, saying why. Callers hold c.mu.
+func (c *Controller) stopGeneration(js *jobState, ev *rdzvv1.Event, why string) {
+	gen := js.rec.GetGeneration()
+	c.persist(c.store.UpdateJob(js.rec, ev), func() {
 		// The next generation may have been decided before this was
 		// durable (backoff over, every worker exited): none of this
 		// generation's workers can still run then, and the next one's are
-		// not this failure's to stop.
+		// not this one's to stop.
 		if js.rec.GetGeneration() == gen {
-			c.stopWorkers(js, fmt.Sprintf("generation %d failed: %s", gen, reason), failedStopGrace)
+			c.stopWorkers(js, why, failedStopGrace)
 		}
 	})
 	c.wake()
