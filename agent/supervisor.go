@@ -301,9 +301,9 @@ func (s *Supervisor) Stop(job string, generation uint64, reason string) {
 
 // Ordered carries out the controller's stop order: Stop, with at most the
 // order's grace between SIGTERM and SIGKILL, if it gives one (never more
-// than the configured stop_grace). For a job that runs no further generation (job_ended),
-// what is kept for the next one, its warm standby, goes too, at once
-// rather than after standbyLinger.
+// than the configured stop_grace). For a job that runs no further
+// generation (job_ended), what is kept for the next one, its warm
+// standby, goes too, at once rather than after standbyLinger.
 func (s *Supervisor) Ordered(stop *rdzvv1.StopWorkers) {
 	grace := s.stopGrace
 	if g := stop.GetGrace(); g != nil {
