@@ -90,8 +90,11 @@ type Supervisor struct {
 	// clock times a spare's standby (PrepareStandby).
 	clock clockwork.Clock
 
-	mu      sync.Mutex
-	cur     *worker
+	mu  sync.Mutex
+	cur *worker
+	// ending is the worker whose exit is being handled: no longer cur,
+	// its status not yet in history. Statuses reports it running.
+	ending  *worker
 	lastGen map[string]uint64
 	history []*rdzvv1.WorkerStatus
 	// standby is the warm standby (warm.go) for the next generation.
@@ -341,8 +344,15 @@ func (s *Supervisor) Statuses() []*rdzvv1.WorkerStatus {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	out := append([]*rdzvv1.WorkerStatus(nil), s.history...)
-	if s.cur != nil {
-		out = append(out, &rdzvv1.WorkerStatus{Job: s.cur.job, Generation: s.cur.generation, State: rdzvv1.WorkerState_WORKER_STATE_RUNNING})
+	// A worker whose exit is being handled still counts as running: left
+	// out of a registration, its node would be taken for one whose
+	// agent lost its workers ("agent reconnected without its workers"),
+	// failing a generation that may have succeeded. The exit follows on
+	// the stream once recorded.
+	for _, w := range []*worker{s.ending, s.cur} {
+		if w != nil {
+			out = append(out, &rdzvv1.WorkerStatus{Job: w.job, Generation: w.generation, State: rdzvv1.WorkerState_WORKER_STATE_RUNNING})
+		}
 	}
 	return out
 }
@@ -496,7 +506,7 @@ func (s *Supervisor) watch(w *worker) {
 	appendLog(w.logPath, fmt.Sprintf("=== rdzv: generation %d ended: %s exit_code=%d signal=%q %s\n", w.generation, state, exit.Code, exit.Signal, msg))
 	s.mu.Lock()
 	if s.cur == w {
-		s.cur = nil
+		s.cur, s.ending = nil, w
 	}
 	s.mu.Unlock()
 	s.log.Info("workers exited", zap.String("job", w.job), zap.Uint64("generation", w.generation),
@@ -510,8 +520,15 @@ func (s *Supervisor) watch(w *worker) {
 	} else {
 		s.lingerStandby(w.job)
 	}
-	s.record(&rdzvv1.WorkerStatus{Job: w.job, Generation: w.generation, State: state, ExitCode: int32(exit.Code), Signal: exit.Signal,
-		Message: wire.ClipText(msg), ExitedAt: exitedAt, PreflightExcluded: excluded})
+	st := &rdzvv1.WorkerStatus{Job: w.job, Generation: w.generation, State: state, ExitCode: int32(exit.Code), Signal: exit.Signal,
+		Message: wire.ClipText(msg), ExitedAt: exitedAt, PreflightExcluded: excluded}
+	s.mu.Lock()
+	s.keep(st)
+	if s.ending == w {
+		s.ending = nil
+	}
+	s.mu.Unlock()
+	s.report(st)
 	close(w.done)
 	// The log just stopped growing: it counts toward the cap from now on.
 	s.pruneJobLogs()
@@ -580,11 +597,21 @@ func (s *Supervisor) finished(job string, gen uint64, state rdzvv1.WorkerState, 
 // record keeps an outcome in the history and reports it.
 func (s *Supervisor) record(st *rdzvv1.WorkerStatus) {
 	s.mu.Lock()
+	s.keep(st)
+	s.mu.Unlock()
+	s.report(st)
+}
+
+// keep puts an outcome in the history. Callers hold s.mu.
+func (s *Supervisor) keep(st *rdzvv1.WorkerStatus) {
 	s.history = append(s.history, st)
 	if len(s.history) > HistorySize {
 		s.history = s.history[len(s.history)-HistorySize:]
 	}
-	s.mu.Unlock()
+}
+
+// report counts an outcome and sends it to the controller.
+func (s *Supervisor) report(st *rdzvv1.WorkerStatus) {
 	if s.exits != nil {
 		s.exits.WithLabelValues(exitCause(st)).Inc()
 	}

@@ -193,6 +193,37 @@ func TestSupervisorStopOrderedWithin(t *testing.T) {
 	require.Equal(t, "generation 1 failed", st.GetMessage())
 }
 
+// Workers whose exit is being handled count as running until the exit is
+// recorded: a registration in between (Statuses) that left them out made
+// the controller take the node for one whose agent lost its workers, and
+// fail a job whose workers had just succeeded (seen in a failover test).
+func TestStatusesWhileWorkersExit(t *testing.T) {
+	h := newSupervisor(t)
+	// A standby still starting holds the exit's handling open: a job's
+	// success waits for its standby, to kill it before the exit is told.
+	ready := make(chan struct{})
+	h.sup.mu.Lock()
+	h.sup.standby = &standby{job: "train", ready: ready}
+	h.sup.mu.Unlock()
+
+	h.sup.Assign(h.assignment("train", 1, "ok"))
+	h.expect("train", 1, wRunning)
+	require.Eventually(t, func() bool { return !h.sup.Busy() }, waitTimeout, 10*time.Millisecond, "the workers exit")
+	status := func() rdzvv1.WorkerState {
+		for _, st := range h.sup.Statuses() {
+			if st.GetJob() == "train" && st.GetGeneration() == 1 {
+				return st.GetState()
+			}
+		}
+		return rdzvv1.WorkerState_WORKER_STATE_UNSPECIFIED
+	}
+	require.Equal(t, wRunning, status(), "exiting, not yet recorded: still running for a registration")
+
+	close(ready)
+	h.expect("train", 1, wSucceeded)
+	require.Equal(t, wSucceeded, status())
+}
+
 func TestSupervisorStopOfUnknownGeneration(t *testing.T) {
 	h := newSupervisor(t)
 	h.sup.Stop("train", 3, "freeing the node")
