@@ -28,6 +28,7 @@
 package client
 
 import (
+	"context"
 	"crypto/tls"
 	"errors"
 	"fmt"
@@ -71,9 +72,13 @@ type Config struct {
 	// Logger receives the client's log lines (a new leader, certificates
 	// reloaded); nil logs nothing.
 	Logger *zap.Logger
-	// DialOptions are added to every connection (keepalive parameters,
-	// interceptors).
+	// DialOptions are added to every gRPC connection (keepalive
+	// parameters, interceptors).
 	DialOptions []grpc.DialOption
+	// Dialer, if not nil, makes every connection's TCP connection, gRPC's
+	// and an agent stream's to a relay alike (a source address of its
+	// own, say).
+	Dialer func(ctx context.Context, addr string) (net.Conn, error)
 }
 
 // TLS is a client's TLS material: files (the usual), or a tls.Config.
@@ -159,15 +164,32 @@ func New(cfg Config) (*Client, error) {
 	if log == nil {
 		log = zap.NewNop()
 	}
-	creds, err := credentialsFor(cfg, log)
+	tlsFor, err := tlsConfigFor(cfg, log)
 	if err != nil {
 		return nil, err
 	}
-	opts := append([]grpc.DialOption{
+	creds := func(string) (credentials.TransportCredentials, error) { return insecure.NewCredentials(), nil }
+	if tlsFor != nil {
+		creds = func(addr string) (credentials.TransportCredentials, error) {
+			conf, err := tlsFor(addr)
+			if err != nil {
+				return nil, err
+			}
+			return credentials.NewTLS(conf), nil
+		}
+	}
+	opts := []grpc.DialOption{
 		grpc.WithConnectParams(grpc.ConnectParams{Backoff: backoff.DefaultConfig, MinConnectTimeout: cfg.DialTimeout}),
 		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(wire.MaxMessageBytes), grpc.MaxCallSendMsgSize(wire.MaxMessageBytes)),
-	}, cfg.DialOptions...)
-	conn := newConn(append(slices.Clone(cfg.Relays), cfg.Endpoints...), creds, log, opts...)
+	}
+	if cfg.Dialer != nil {
+		opts = append(opts, grpc.WithContextDialer(cfg.Dialer))
+	}
+	conn := newConn(append(slices.Clone(cfg.Relays), cfg.Endpoints...), creds, log, append(opts, cfg.DialOptions...)...)
+	conn.tlsFor = tlsFor
+	if cfg.Dialer != nil {
+		conn.dial = cfg.Dialer
+	}
 	conn.relays = map[string]bool{}
 	for _, r := range cfg.Relays {
 		conn.relays[r] = true
@@ -193,10 +215,10 @@ func (c *Client) Leader() string { return c.conn.Leader() }
 // Config.Relays.
 func (c *Client) Relayed() bool { return c.conn.Relayed() }
 
-// credentialsFor builds the transport security of one endpoint: TLS checks
-// the controller's certificate, or a relay's at a relay's address, against
-// the host dialled.
-func credentialsFor(cfg Config, log *zap.Logger) (credentialsFunc, error) {
+// tlsConfigFor builds the TLS configuration of one endpoint, nil when
+// Insecure: TLS checks the controller's certificate, or a relay's at a
+// relay's address, against the host dialled.
+func tlsConfigFor(cfg Config, log *zap.Logger) (func(addr string) (*tls.Config, error), error) {
 	want := func(addr string) pki.Role {
 		if slices.Contains(cfg.Relays, addr) {
 			return pki.RoleRelay
@@ -205,10 +227,10 @@ func credentialsFor(cfg Config, log *zap.Logger) (credentialsFunc, error) {
 	}
 	switch {
 	case cfg.Insecure:
-		return func(string) (credentials.TransportCredentials, error) { return insecure.NewCredentials(), nil }, nil
+		return nil, nil
 	case cfg.TLS.Config != nil:
 		base := cfg.TLS.Config
-		return func(addr string) (credentials.TransportCredentials, error) {
+		return func(addr string) (*tls.Config, error) {
 			host, _, err := net.SplitHostPort(addr)
 			if err != nil {
 				return nil, fmt.Errorf("controller address %q: %w", addr, err)
@@ -226,23 +248,18 @@ func credentialsFor(cfg Config, log *zap.Logger) (credentialsFunc, error) {
 				}
 				return serverCert(addr, want(addr), cs)
 			}
-			return credentials.NewTLS(conf), nil
+			return conf, nil
 		}, nil
 	}
 	r, err := pki.NewReloader(cfg.TLS.Files, cfg.TLS.Identity, log.Named("tls"))
 	if err != nil {
 		return nil, err
 	}
-	return func(addr string) (credentials.TransportCredentials, error) {
-		config := r.ClientConfig
+	return func(addr string) (*tls.Config, error) {
 		if want(addr) == pki.RoleRelay {
-			config = r.RelayClientConfig
+			return r.RelayClientConfig(addr)
 		}
-		conf, err := config(addr)
-		if err != nil {
-			return nil, err
-		}
-		return credentials.NewTLS(conf), nil
+		return r.ClientConfig(addr)
 	}, nil
 }
 

@@ -2,6 +2,7 @@ package client
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"io"
@@ -19,6 +20,7 @@ import (
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 
+	rdzvv1 "github.com/rdzv/rdzv/proto/rdzv/v1"
 	"github.com/rdzv/rdzv/wire"
 )
 
@@ -40,10 +42,17 @@ type Conn struct {
 	log   *zap.Logger
 	// relays are the addresses in addrs that are relays (Config.Relays).
 	relays map[string]bool
+	// tlsFor is the TLS configuration for an address, nil without TLS; an
+	// agent's stream to a relay goes in frames over a connection of its
+	// own (dialFramed), dialled with dial.
+	tlsFor func(addr string) (*tls.Config, error)
+	dial   func(ctx context.Context, addr string) (net.Conn, error)
 
 	mu     sync.Mutex
 	conns  map[string]*grpc.ClientConn
 	leader string
+	// grpcRelays are the relays that chose gRPC over frames.
+	grpcRelays map[string]bool
 }
 
 var _ grpc.ClientConnInterface = (*Conn)(nil)
@@ -54,7 +63,25 @@ type credentialsFunc func(addr string) (credentials.TransportCredentials, error)
 // newConn prepares connections to addrs (at least one); nothing is
 // dialled until a call.
 func newConn(addrs []string, creds credentialsFunc, log *zap.Logger, opts ...grpc.DialOption) *Conn {
-	return &Conn{addrs: addrs, creds: creds, log: log, opts: opts, conns: map[string]*grpc.ClientConn{}}
+	return &Conn{addrs: addrs, creds: creds, log: log, opts: opts, dial: defaultDial, conns: map[string]*grpc.ClientConn{}, grpcRelays: map[string]bool{}}
+}
+
+// framedTo says whether an agent's stream to addr goes in frames: addr is a
+// relay, the client has TLS, and the relay did not choose gRPC.
+func (c *Conn) framedTo(addr string) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.relays[addr] && c.tlsFor != nil && !c.grpcRelays[addr]
+}
+
+// speaksGRPC records that the relay at addr chose gRPC over frames.
+func (c *Conn) speaksGRPC(addr string) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if !c.grpcRelays[addr] {
+		c.grpcRelays[addr] = true
+		c.log.Info("relay speaks grpc only: agent stream goes as a grpc call", zap.String("relay", addr))
+	}
 }
 
 // Close closes every connection.
@@ -105,7 +132,8 @@ func (c *Conn) served(addr string) {
 // call handshakes anew, with the certificate on disk by then, renewed one
 // hopes. Other errors leave the connection to gRPC's reconnecting.
 func (c *Conn) refused(addr string, cc *grpc.ClientConn, err error) {
-	if status.Code(err) == codes.Unauthenticated {
+	// A framed stream (cc nil) had its connection to itself.
+	if cc != nil && status.Code(err) == codes.Unauthenticated {
 		c.drop(addr, cc)
 	}
 }
@@ -161,7 +189,7 @@ func (c *Conn) conn(addr string) (*grpc.ClientConn, error) {
 
 // Invoke implements grpc.ClientConnInterface.
 func (c *Conn) Invoke(ctx context.Context, method string, args, reply any, opts ...grpc.CallOption) error {
-	return c.each(ctx, func(ctx context.Context, _ string, cc *grpc.ClientConn) error {
+	return c.each(ctx, false, func(ctx context.Context, _ string, cc *grpc.ClientConn) error {
 		return cc.Invoke(ctx, method, args, reply, opts...)
 	})
 }
@@ -183,12 +211,13 @@ const (
 // controller leads (an election: it ends within the leader lease), it walks
 // them again until the caller's deadline, so a failover is invisible to a
 // caller willing to wait: a refused call changed nothing, so repeating it
-// is safe. Without a deadline it does not wait.
-func (c *Conn) each(ctx context.Context, call func(ctx context.Context, addr string, cc *grpc.ClientConn) error) error {
+// is safe. Without a deadline it does not wait. A framed call goes to a
+// relay that speaks frames with cc nil (framedTo).
+func (c *Conn) each(ctx context.Context, framed bool, call func(ctx context.Context, addr string, cc *grpc.ClientConn) error) error {
 	_, hasDeadline := ctx.Deadline()
 	wait := electionRetryMin
 	for {
-		electing, err := c.walk(ctx, call)
+		electing, err := c.walk(ctx, framed, call)
 		if !electing || !hasDeadline {
 			return err
 		}
@@ -211,7 +240,7 @@ func (c *Conn) each(ctx context.Context, call func(ctx context.Context, addr str
 // none served because an election is under way: a controller said no one
 // leads, or named a leader that could not be reached (the one that just
 // died, which standbys see leading until its lease runs out).
-func (c *Conn) walk(ctx context.Context, call func(ctx context.Context, addr string, cc *grpc.ClientConn) error) (electing bool, err error) {
+func (c *Conn) walk(ctx context.Context, framed bool, call func(ctx context.Context, addr string, cc *grpc.ClientConn) error) (electing bool, err error) {
 	relaysOnly := ctx.Value(relaysOnlyKey{}) != nil
 	c.mu.Lock()
 	// The relays first: addrs starts with them.
@@ -237,16 +266,24 @@ func (c *Conn) walk(ctx context.Context, call func(ctx context.Context, addr str
 			continue
 		}
 		tried[addr] = true
-		cc, err := c.conn(addr)
-		if err != nil {
-			return false, err
-		}
-		if !connected(ctx, cc, untried(queue, tried)+1) || (c.relays[addr] && !connectedWithin(ctx, cc, relayConnectWait)) {
-			unreachable, down[addr] = status.Errorf(codes.Unavailable, "no connection to %s in time", addr), true
-			c.forget(addr, cc)
-			continue
+		var cc *grpc.ClientConn
+		if !framed || !c.framedTo(addr) {
+			if cc, err = c.conn(addr); err != nil {
+				return false, err
+			}
+			if !connected(ctx, cc, untried(queue, tried)+1) || (c.relays[addr] && !connectedWithin(ctx, cc, relayConnectWait)) {
+				unreachable, down[addr] = status.Errorf(codes.Unavailable, "no connection to %s in time", addr), true
+				c.forget(addr, cc)
+				continue
+			}
 		}
 		err = call(ctx, addr, cc)
+		if errors.Is(err, errRelaySpeaksGRPC) {
+			c.speaksGRPC(addr)
+			tried[addr] = false
+			queue = append([]string{addr}, queue...)
+			continue
+		}
 		if err == nil {
 			c.served(addr)
 			return false, nil
@@ -417,9 +454,16 @@ func (s *stream) RecvMsg(m any) error {
 	var first error
 	// The stream lives on after the walk, so it hangs off the caller's
 	// context rather than the attempt's.
-	err := s.c.each(s.ctx, func(_ context.Context, addr string, cc *grpc.ClientConn) error {
+	framed := s.method == rdzvv1.AgentService_Connect_FullMethodName
+	err := s.c.each(s.ctx, framed, func(_ context.Context, addr string, cc *grpc.ClientConn) error {
 		sctx, cancel := context.WithCancel(s.ctx)
-		cs, err := cc.NewStream(sctx, s.desc, s.method, s.opts...)
+		var cs grpc.ClientStream
+		var err error
+		if cc == nil {
+			cs, err = s.c.dialFramed(sctx, addr)
+		} else {
+			cs, err = cc.NewStream(sctx, s.desc, s.method, s.opts...)
+		}
 		if err == nil {
 			err = s.replay(cs)
 		}

@@ -365,13 +365,7 @@ func TestRelaysOnlyWithoutRelays(t *testing.T) {
 // would dial again and again in the background; it keeps its relay's, and
 // a client without relays keeps the controller's.
 func TestUnreachableControllerForgottenAroundRelays(t *testing.T) {
-	closedPort := func() string {
-		l, err := net.Listen("tcp", "127.0.0.1:0")
-		require.NoError(t, err)
-		require.NoError(t, l.Close())
-		return l.Addr().String()
-	}
-	relay, ctl := closedPort(), closedPort()
+	relay, ctl := closedPort(t), closedPort(t)
 	tests := []struct {
 		name   string
 		relays []string
@@ -394,4 +388,13 @@ func TestUnreachableControllerForgottenAroundRelays(t *testing.T) {
 			require.ElementsMatch(t, tt.want, client.Dialled(c))
 		})
 	}
+}
+
+// closedPort is a loopback address nothing listens on.
+func closedPort(t *testing.T) string {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	require.NoError(t, l.Close())
+	return l.Addr().String()
 }

@@ -133,13 +133,18 @@ type agentStream struct {
 	why  error
 
 	// down queues what the controller sent the agent, up to agentBuffer
-	// messages; ready holds a token while it is not empty. A queue that
-	// grows as needed, rather than a channel of agentBuffer slots: at
-	// 10,000 agents those slots were 20 MB of the relay's heap, all of it
-	// scanned by every collection, to hold one message at a time.
-	mu    sync.Mutex
-	down  []encoded
-	ready chan struct{}
+	// messages; wake is called when it may have grown, and when the
+	// stream ends. A queue that grows as needed, rather than a channel of
+	// agentBuffer slots: at 10,000 agents those slots were 20 MB of the
+	// relay's heap, all of it scanned by every collection, to hold one
+	// message at a time.
+	mu   sync.Mutex
+	down []encoded
+	wake func()
+}
+
+func newAgentStream(wake func()) *agentStream {
+	return &agentStream{gone: make(chan struct{}), wake: wake}
 }
 
 // push queues m for the agent; false when agentBuffer messages wait.
@@ -151,10 +156,7 @@ func (as *agentStream) push(m encoded) bool {
 	}
 	as.mu.Unlock()
 	if !full {
-		select {
-		case as.ready <- struct{}{}:
-		default:
-		}
+		as.wake()
 	}
 	return !full
 }
@@ -173,6 +175,7 @@ func (as *agentStream) stop(why error) {
 	as.once.Do(func() {
 		as.why = why
 		close(as.gone)
+		as.wake()
 	})
 }
 
@@ -221,8 +224,8 @@ func (cl *call) receive() error {
 	}
 }
 
-// open starts an agent's stream on the call.
-func (cl *call) open(chain []*x509.Certificate, reg *rdzvv1.Register) (*agentStream, error) {
+// open starts an agent's stream, as, on the call.
+func (cl *call) open(as *agentStream, chain []*x509.Certificate, reg *rdzvv1.Register) error {
 	ders := make([][]byte, len(chain))
 	for i, c := range chain {
 		ders[i] = c.Raw
@@ -232,10 +235,10 @@ func (cl *call) open(chain []*x509.Certificate, reg *rdzvv1.Register) (*agentStr
 		// Broken: endAll has ended, or is about to end, every stream it
 		// holds; this one would never be.
 		cl.mu.Unlock()
-		return nil, status.Errorf(codes.Unavailable, "relay: its call to the controller ended: %v", context.Cause(cl.ctx))
+		return status.Errorf(codes.Unavailable, "relay: its call to the controller ended: %v", context.Cause(cl.ctx))
 	}
 	cl.next++
-	as := &agentStream{id: cl.next, gone: make(chan struct{}), ready: make(chan struct{}, 1)}
+	as.id = cl.next
 	cl.streams[as.id] = as
 	cl.mu.Unlock()
 	err := cl.put(&rdzvv1.UpFrame{StreamId: as.id, Frame: &rdzvv1.UpFrame_Open{Open: &rdzvv1.OpenStream{CertificateChain: ders, Register: reg}}})
@@ -243,9 +246,9 @@ func (cl *call) open(chain []*x509.Certificate, reg *rdzvv1.Register) (*agentStr
 		cl.mu.Lock()
 		delete(cl.streams, as.id)
 		cl.mu.Unlock()
-		return nil, err
+		return err
 	}
-	return as, nil
+	return nil
 }
 
 // send passes an agent's message on.
@@ -289,8 +292,9 @@ func (cl *call) endAll(why error) {
 // errAgentGone ends the stream of an agent that went away.
 var errAgentGone = errors.New("the agent closed its stream")
 
-// pump carries an agent's stream on cl until either side ends it.
-func (cl *call) pump(down rdzvv1.AgentService_ConnectServer, as *agentStream) error {
+// pump carries an agent's gRPC stream on cl until either side ends it; as
+// wakes it through ready.
+func (cl *call) pump(down rdzvv1.AgentService_ConnectServer, as *agentStream, ready <-chan struct{}) error {
 	go func() {
 		for {
 			var m encoded
@@ -306,7 +310,7 @@ func (cl *call) pump(down rdzvv1.AgentService_ConnectServer, as *agentStream) er
 	}()
 	for {
 		select {
-		case <-as.ready:
+		case <-ready:
 			for _, m := range as.take() {
 				if err := down.SendMsg(&m); err != nil {
 					cl.close(as, err)

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"sync"
 	"time"
 
 	"go.uber.org/zap"
@@ -78,6 +79,9 @@ type Relay struct {
 
 	lis   net.Listener
 	ready chan struct{}
+	// conns counts the goroutines of the connections accepted, and of
+	// framed agents' streams: Run waits for them.
+	conns sync.WaitGroup
 }
 
 // New checks cfg and loads the relay's certificate; nothing listens or
@@ -155,8 +159,15 @@ func (r *Relay) Run(ctx context.Context) error {
 		return fmt.Errorf("listening on %s: %w", r.cfg.Listen, err)
 	}
 	r.lis = lis
-	srv := grpc.NewServer(append(wire.StreamServerOptions(), grpc.Creds(credentials.NewTLS(r.tls.ServerConfig(nil))), grpc.ForceServerCodecV2(newPassThrough()))...)
+	// The relay makes the TLS handshake; ALPN says whether the agent's
+	// stream goes as frames (wire.AgentProtocol) or as a gRPC call, on
+	// gRPC's server, which is handed the connection (grpcConns).
+	conf := r.tls.ServerConfig(nil)
+	conf.NextProtos = []string{wire.AgentProtocol, "h2"}
+	h2 := newGRPCConns(lis.Addr())
+	srv := grpc.NewServer(append(wire.StreamServerOptions(), grpc.Creds(handshaked{}), grpc.ForceServerCodecV2(newPassThrough()))...)
 	rdzvv1.RegisterAgentServiceServer(srv, &service{r: r})
+	defer r.conns.Wait()
 	g, gctx := errgroup.WithContext(ctx)
 	if r.http != nil {
 		if err := r.http.Listen(); err != nil {
@@ -167,16 +178,19 @@ func (r *Relay) Run(ctx context.Context) error {
 	r.log.Info("relay serving", zap.Stringer("addr", lis.Addr()), zap.String("controller", r.cfg.Controller))
 	close(r.ready)
 	g.Go(func() error { r.carrier.run(gctx); return nil })
+	g.Go(func() error { return r.accept(gctx, conf, h2) })
 	g.Go(func() error {
-		if err := srv.Serve(lis); err != nil && !errors.Is(err, grpc.ErrServerStopped) {
+		if err := srv.Serve(h2); err != nil && !errors.Is(err, grpc.ErrServerStopped) {
 			return fmt.Errorf("serving grpc: %w", err)
 		}
 		return nil
 	})
 	g.Go(func() error {
 		<-gctx.Done()
+		_ = lis.Close()
 		// Not a graceful stop: an agent's stream never ends by itself.
 		srv.Stop()
+		h2.Close()
 		return nil
 	})
 	return g.Wait()
@@ -211,16 +225,8 @@ func (r *Relay) carry(down rdzvv1.AgentService_ConnectServer) error {
 			chain = info.State.PeerCertificates
 		}
 	}
-	id, err := r.tls.VerifyClient(chain)
-	if err != nil {
-		r.log.Warn("unauthenticated agent refused", zap.String("peer", peerAddr(ctx)), zap.Error(err))
-		return status.Error(codes.Unauthenticated, err.Error())
-	}
-	if id.Role != pki.RoleAgent {
-		return status.Errorf(codes.PermissionDenied, "%s may not call %s through a relay: it carries agents only", id, rdzvv1.AgentService_Connect_FullMethodName)
-	}
-	if len(chain) > wire.MaxRelayedChain {
-		return status.Errorf(codes.InvalidArgument, "%s presented %d certificates; a relay forwards at most %d", id, len(chain), wire.MaxRelayedChain)
+	if err := r.admit(peerAddr(ctx), chain); err != nil {
+		return err
 	}
 	reg, err := wire.RecvRegister(down.Recv, registerTimeout)
 	if err != nil {
@@ -230,13 +236,36 @@ func (r *Relay) carry(down rdzvv1.AgentService_ConnectServer) error {
 	if err != nil {
 		return err
 	}
-	as, err := cl.open(chain, reg)
-	if err != nil {
+	ready := make(chan struct{}, 1)
+	as := newAgentStream(func() {
+		select {
+		case ready <- struct{}{}:
+		default:
+		}
+	})
+	if err := cl.open(as, chain, reg); err != nil {
 		return err
 	}
 	r.metrics.streams.Inc()
 	defer r.metrics.streams.Dec()
-	return cl.pump(down, as)
+	return cl.pump(down, as, ready)
+}
+
+// admit checks the certificate chain an agent presented: the relay
+// carries agents only, each with a short chain.
+func (r *Relay) admit(peer string, chain []*x509.Certificate) error {
+	id, err := r.tls.VerifyClient(chain)
+	if err != nil {
+		r.log.Warn("unauthenticated agent refused", zap.String("peer", peer), zap.Error(err))
+		return status.Error(codes.Unauthenticated, err.Error())
+	}
+	if id.Role != pki.RoleAgent {
+		return status.Errorf(codes.PermissionDenied, "%s may not call %s through a relay: it carries agents only", id, rdzvv1.AgentService_Connect_FullMethodName)
+	}
+	if len(chain) > wire.MaxRelayedChain {
+		return status.Errorf(codes.InvalidArgument, "%s presented %d certificates; a relay forwards at most %d", id, len(chain), wire.MaxRelayedChain)
+	}
+	return nil
 }
 
 func peerAddr(ctx context.Context) string {

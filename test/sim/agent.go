@@ -279,14 +279,12 @@ func NewAgent(ctx context.Context, cfg AgentConfig) (*Agent, error) {
 		cc.Relays = []string{cfg.Relay}
 	}
 	cc.TLS = &client.TLS{Config: tc}
-	cc.DialOptions = []grpc.DialOption{
-		grpc.WithKeepaliveParams(agent.Keepalive),
-		// Its own source address, as if from its own host: Linux routes all
-		// of 127.0.0.0/8 to lo.
-		grpc.WithContextDialer(func(ctx context.Context, addr string) (net.Conn, error) {
-			d := net.Dialer{LocalAddr: local}
-			return d.DialContext(ctx, "tcp", addr)
-		}),
+	cc.DialOptions = []grpc.DialOption{grpc.WithKeepaliveParams(agent.Keepalive)}
+	// Its own source address, as if from its own host: Linux routes all of
+	// 127.0.0.0/8 to lo.
+	cc.Dialer = func(ctx context.Context, addr string) (net.Conn, error) {
+		d := net.Dialer{LocalAddr: local}
+		return d.DialContext(ctx, "tcp", addr)
 	}
 	if a.cl, err = client.New(cc); err != nil {
 		return nil, fmt.Errorf("client of %s: %w", a.name, err)

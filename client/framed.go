@@ -1,0 +1,215 @@
+package client
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
+
+	"github.com/rdzv/rdzv/wire"
+)
+
+// errRelaySpeaksGRPC is why a relay was not asked for a framed stream: its
+// handshake chose gRPC (a relay older than wire.AgentProtocol). The client
+// calls it with gRPC from then on.
+var errRelaySpeaksGRPC = errors.New("the relay speaks gRPC only")
+
+// The keepalive of a framed stream: wire's, shortened by tests.
+var keepaliveTime, keepaliveTimeout = wire.AgentKeepaliveTime, wire.AgentKeepaliveTimeout
+
+// dialFramed opens an agent stream in frames (wire.AgentProtocol) to the
+// relay at addr, connected within relayConnectWait, as a relay's gRPC
+// connection must be.
+func (c *Conn) dialFramed(ctx context.Context, addr string) (*framedStream, error) {
+	conf, err := c.tlsFor(addr)
+	if err != nil {
+		return nil, err
+	}
+	conf.NextProtos = []string{wire.AgentProtocol, "h2"}
+	dctx, cancel := context.WithTimeout(ctx, relayConnectWait)
+	defer cancel()
+	raw, err := c.dial(dctx, addr)
+	if err != nil {
+		return nil, status.Errorf(codes.Unavailable, "no connection to relay %s: %v", addr, err)
+	}
+	tc := tls.Client(raw, conf)
+	if err := tc.HandshakeContext(dctx); err != nil {
+		_ = raw.Close()
+		return nil, status.Errorf(codes.Unavailable, "tls handshake with relay %s: %v", addr, err)
+	}
+	if tc.ConnectionState().NegotiatedProtocol != wire.AgentProtocol {
+		_ = tc.Close()
+		return nil, errRelaySpeaksGRPC
+	}
+	return newFramedStream(ctx, tc), nil
+}
+
+// framedStream is an agent stream in frames, as grpc.ClientStream: the
+// agent's session code runs on it unchanged. Like a gRPC stream, one
+// goroutine may send while another receives.
+type framedStream struct {
+	ctx  context.Context
+	conn *tls.Conn
+	// unwatch undoes the close of conn when ctx ends.
+	unwatch func() bool
+
+	// wmu orders writes; buf is the frame being written.
+	wmu sync.Mutex
+	buf []byte
+
+	// heard is when a frame last arrived (Unix nanoseconds); lapsed says
+	// the keepalive gave the connection up.
+	heard     atomic.Int64
+	lapsed    atomic.Bool
+	keepalive *time.Timer
+	// every and timeout are the keepalive's.
+	every, timeout time.Duration
+	// over says the stream ended: the keepalive stops.
+	over atomic.Bool
+
+	// ended is why the stream ended, once it did (receiving side only).
+	ended error
+}
+
+func newFramedStream(ctx context.Context, tc *tls.Conn) *framedStream {
+	s := &framedStream{ctx: ctx, conn: tc, every: keepaliveTime, timeout: keepaliveTimeout}
+	s.heard.Store(time.Now().UnixNano())
+	s.unwatch = context.AfterFunc(ctx, func() { _ = tc.Close() })
+	s.keepalive = time.AfterFunc(s.every, s.checkAlive)
+	return s
+}
+
+// checkAlive is the keepalive: a connection silent for every is pinged,
+// and closed if it is still silent timeout later.
+func (s *framedStream) checkAlive() {
+	if s.over.Load() {
+		return
+	}
+	heard := time.Unix(0, s.heard.Load())
+	silent := time.Since(heard)
+	if silent < s.every {
+		s.keepalive.Reset(s.every - silent)
+		return
+	}
+	// A write under way, stuck on a peer that does not read, is ended by
+	// the close below; a ping behind it would wait with it.
+	if s.wmu.TryLock() {
+		_, _ = s.conn.Write(wire.AppendFrame(nil, wire.FramePing, nil))
+		s.wmu.Unlock()
+	}
+	time.AfterFunc(s.timeout, func() {
+		if s.heard.Load() == heard.UnixNano() {
+			s.lapsed.Store(true)
+			_ = s.conn.Close()
+			return
+		}
+		s.checkAlive()
+	})
+}
+
+func (s *framedStream) SendMsg(m any) error {
+	pm, ok := m.(proto.Message)
+	if !ok {
+		return status.Errorf(codes.Internal, "a %T is not a protobuf message", m)
+	}
+	s.wmu.Lock()
+	defer s.wmu.Unlock()
+	var err error
+	if s.buf, err = wire.AppendMessage(s.buf[:0], pm); err != nil {
+		return err
+	}
+	if _, err := s.conn.Write(s.buf); err != nil {
+		// As gRPC's: the stream is over, and the receive says why.
+		return io.EOF
+	}
+	return nil
+}
+
+func (s *framedStream) RecvMsg(m any) error {
+	if s.ended != nil {
+		return s.ended
+	}
+	for {
+		kind, p, err := wire.ReadFrame(s.conn)
+		if err != nil {
+			return s.end(s.readError(err))
+		}
+		s.heard.Store(time.Now().UnixNano())
+		switch kind {
+		case wire.FrameMessage:
+			pm, ok := m.(proto.Message)
+			if !ok {
+				return s.end(status.Errorf(codes.Internal, "a %T is not a protobuf message", m))
+			}
+			if err := proto.Unmarshal(p, pm); err != nil {
+				return s.end(status.Errorf(codes.Internal, "decoding a message from the relay: %v", err))
+			}
+			return nil
+		case wire.FrameEnd:
+			st, err := wire.EndStatus(p)
+			if err != nil {
+				return s.end(status.Error(codes.Internal, err.Error()))
+			}
+			if st.Code() == codes.OK {
+				return s.end(io.EOF)
+			}
+			return s.end(st.Err())
+		case wire.FramePong:
+		default:
+			return s.end(status.Errorf(codes.Internal, "a frame of unknown kind %d from the relay", kind))
+		}
+	}
+}
+
+// readError is the status of a connection that failed under a receive.
+func (s *framedStream) readError(err error) error {
+	switch {
+	case s.ctx.Err() != nil:
+		return status.FromContextError(s.ctx.Err()).Err()
+	case s.lapsed.Load():
+		return status.Errorf(codes.Unavailable, "relay %s silent for %s", s.conn.RemoteAddr(), s.every+s.timeout)
+	case errors.Is(err, io.EOF):
+		return status.Errorf(codes.Unavailable, "relay %s closed the connection", s.conn.RemoteAddr())
+	}
+	return status.Errorf(codes.Unavailable, "relay %s: %v", s.conn.RemoteAddr(), err)
+}
+
+// end records why the stream ended and releases its connection.
+func (s *framedStream) end(why error) error {
+	s.ended = why
+	s.over.Store(true)
+	s.keepalive.Stop()
+	s.unwatch()
+	_ = s.conn.Close()
+	return why
+}
+
+// CloseSend tells the relay that the agent sends no more.
+func (s *framedStream) CloseSend() error {
+	s.wmu.Lock()
+	defer s.wmu.Unlock()
+	if err := s.conn.CloseWrite(); err != nil {
+		return fmt.Errorf("closing the stream to the relay: %w", err)
+	}
+	return nil
+}
+
+func (s *framedStream) Header() (metadata.MD, error) { return nil, nil }
+func (s *framedStream) Trailer() metadata.MD         { return nil }
+func (s *framedStream) Context() context.Context     { return s.ctx }
+
+// defaultDial dials addr over TCP.
+func defaultDial(ctx context.Context, addr string) (net.Conn, error) {
+	var d net.Dialer
+	return d.DialContext(ctx, "tcp", addr)
+}
