@@ -2,6 +2,7 @@ package controller_test
 
 import (
 	"context"
+	"crypto/tls"
 	"fmt"
 	"io"
 	"net"
@@ -24,6 +25,7 @@ import (
 	"github.com/rdzv/rdzv/pki"
 	rdzvv1 "github.com/rdzv/rdzv/proto/rdzv/v1"
 	"github.com/rdzv/rdzv/relay"
+	"github.com/rdzv/rdzv/wire"
 )
 
 // runningRelay is an in-process rdzv-relay in front of the cluster's
@@ -487,6 +489,93 @@ func TestRelayPassesMessagesEncoded(t *testing.T) {
 
 	require.NoError(t, good.SendMsg(&rdzvv1.ConnectRequest{Msg: &rdzvv1.ConnectRequest_Heartbeat{Heartbeat: &rdzvv1.Heartbeat{Seq: 1}}}))
 	require.NoError(t, good.RecvMsg(&m))
+	require.Equal(t, uint64(1), m.GetHeartbeatAck().GetSeq(), "the neighbour's stream goes on: %v", &m)
+	poll(t, func() bool { return r.streams(t) == "1" }, func() string { return "the relay carries " + r.streams(t) + " streams" })
+}
+
+// dialFramed opens an agent's stream in frames to the relay with files,
+// as an agent that speaks wire.AgentProtocol does, and registers node.
+func (c *cluster) dialFramed(r *runningRelay, files pki.Files, node string) *tls.Conn {
+	t := c.t
+	t.Helper()
+	conn := c.sendFramedRegister(r, files, node)
+	kind, p, err := wire.ReadFrame(conn)
+	require.NoError(t, err)
+	require.Equal(t, wire.FrameMessage, kind)
+	var m rdzvv1.ConnectResponse
+	require.NoError(t, proto.Unmarshal(p, &m))
+	require.NotNil(t, m.GetRegistered(), "%v", &m)
+	return conn
+}
+
+// sendFramedRegister connects to the relay in frames with files and sends
+// the register of node.
+func (c *cluster) sendFramedRegister(r *runningRelay, files pki.Files, node string) *tls.Conn {
+	t := c.t
+	t.Helper()
+	rl, err := pki.NewReloader(files, nil, testLogger(t))
+	require.NoError(t, err)
+	conf, err := rl.RelayClientConfig(r.addr)
+	require.NoError(t, err)
+	conf.NextProtos = []string{wire.AgentProtocol}
+	conn, err := tls.Dial("tcp", r.addr, conf)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = conn.Close() })
+	require.Equal(t, wire.AgentProtocol, conn.ConnectionState().NegotiatedProtocol)
+	b, err := wire.AppendMessage(nil, &rdzvv1.ConnectRequest{Msg: &rdzvv1.ConnectRequest_Register{Register: &rdzvv1.Register{Node: &rdzvv1.NodeInfo{
+		Name: node, Address: "127.0.0.1", NcclInterface: "lo", AgentVersion: "test"}}}})
+	require.NoError(t, err)
+	_, err = conn.Write(b)
+	require.NoError(t, err)
+	return conn
+}
+
+// TestFramedAgentStreams: over frames as over gRPC, the relay carries
+// agents only; an agent's message that does not decode ends its own
+// stream, with the reason, and the relay closes its connection; its
+// neighbour's stream goes on, pings answered.
+func TestFramedAgentStreams(t *testing.T) {
+	c := newCluster(t)
+	r := c.startRelay("rack-1")
+	operator := c.sendFramedRegister(r, c.issue(pki.Identity{Role: pki.RoleOperator, Name: "alice"}), "alice")
+	kind, p, err := wire.ReadFrame(operator)
+	require.NoError(t, err)
+	require.Equal(t, wire.FrameEnd, kind)
+	st, err := wire.EndStatus(p)
+	require.NoError(t, err)
+	require.Equal(t, codes.PermissionDenied, st.Code(), "%v", st)
+	require.Contains(t, st.Message(), "operator/alice may not call /rdzv.v1.AgentService/Connect through a relay")
+	require.Empty(t, c.listNodes())
+
+	bad := c.dialFramed(r, c.issue(pki.Identity{Role: pki.RoleAgent, Name: "node-a"}), "node-a")
+	good := c.dialFramed(r, c.issue(pki.Identity{Role: pki.RoleAgent, Name: "node-b"}), "node-b")
+	poll(t, func() bool { return r.streams(t) == "2" }, func() string { return "the relay carries " + r.streams(t) + " streams" })
+
+	_, err = bad.Write(wire.AppendFrame(nil, wire.FrameMessage, []byte{0xff, 0xff}))
+	require.NoError(t, err)
+	kind, p, err = wire.ReadFrame(bad)
+	require.NoError(t, err)
+	require.Equal(t, wire.FrameEnd, kind)
+	st, err = wire.EndStatus(p)
+	require.NoError(t, err)
+	require.Equal(t, codes.InvalidArgument, st.Code(), "%v", st)
+	require.Contains(t, st.Message(), "does not decode as a ConnectRequest")
+	_, _, err = wire.ReadFrame(bad)
+	require.ErrorIs(t, err, io.EOF, "the relay closed the connection")
+
+	b := wire.AppendFrame(nil, wire.FramePing, nil)
+	b, err = wire.AppendMessage(b, &rdzvv1.ConnectRequest{Msg: &rdzvv1.ConnectRequest_Heartbeat{Heartbeat: &rdzvv1.Heartbeat{Seq: 1}}})
+	require.NoError(t, err)
+	_, err = good.Write(b)
+	require.NoError(t, err)
+	kind, _, err = wire.ReadFrame(good)
+	require.NoError(t, err)
+	require.Equal(t, wire.FramePong, kind)
+	kind, p, err = wire.ReadFrame(good)
+	require.NoError(t, err)
+	require.Equal(t, wire.FrameMessage, kind)
+	var m rdzvv1.ConnectResponse
+	require.NoError(t, proto.Unmarshal(p, &m))
 	require.Equal(t, uint64(1), m.GetHeartbeatAck().GetSeq(), "the neighbour's stream goes on: %v", &m)
 	poll(t, func() bool { return r.streams(t) == "1" }, func() string { return "the relay carries " + r.streams(t) + " streams" })
 }

@@ -150,13 +150,15 @@ type agentConn struct {
 	conn   *tls.Conn
 	as     *agentStream
 	cancel context.CancelFunc
-	// unwatch undoes the close of conn at the relay's shutdown.
+	// unwatch undoes the close of conn at the relay's shutdown (close).
 	unwatch func() bool
 
 	// opened is closed once the stream is on a call, cl, or was refused,
 	// with cl nil.
 	opened chan struct{}
 	cl     *call
+	// reading says that read runs, set before opened is closed.
+	reading bool
 
 	mu sync.Mutex
 	// writing says that a writer runs; woken, that it was woken since it
@@ -173,17 +175,19 @@ func (r *Relay) serveFramed(ctx context.Context, tc *tls.Conn) {
 	ac.as = newAgentStream(ac.wake)
 	ac.unwatch = context.AfterFunc(ctx, func() { _ = tc.Close() })
 	chain := tc.ConnectionState().PeerCertificates
-	peer := tc.RemoteAddr().String()
-	err := r.admit(peer, chain)
-	var reg *rdzvv1.Register
+	// The register first: refused, the connection is closed after the
+	// refusal is written, and a close with the register unread would
+	// reset it, the refusal with it.
+	reg, err := wire.RecvRegister(ac.recvRegister, registerTimeout)
 	if err == nil {
-		reg, err = wire.RecvRegister(ac.recvRegister, registerTimeout)
+		err = r.admit(tc.RemoteAddr().String(), chain)
 	}
 	if err != nil {
 		ac.as.stop(err)
 		close(ac.opened)
 		return
 	}
+	ac.reading = true
 	r.conns.Add(1)
 	go func() {
 		defer r.conns.Done()
@@ -219,12 +223,17 @@ func (ac *agentConn) recvRegister() (*rdzvv1.ConnectRequest, error) {
 }
 
 // read passes the agent's messages on until its connection ends, and
-// answers its pings.
+// answers its pings. Once the stream ended, it reads what the agent sent
+// meanwhile, until the agent closes the connection (finish), and closes
+// it: a connection closed with data unread is reset, and the agent would
+// lose the status the stream ended with.
 func (ac *agentConn) read() {
+	defer ac.close()
 	var extended time.Time
 	for {
-		// The deadline moves once a second, not once a message.
-		if now := time.Now(); now.Sub(extended) > time.Second {
+		// The deadline moves once a second, not once a message, and not
+		// once the stream ended.
+		if now := time.Now(); now.Sub(extended) > time.Second && !ac.ended() {
 			extended = now
 			_ = ac.conn.SetReadDeadline(now.Add(wire.AgentIdleTimeout))
 		}
@@ -247,17 +256,33 @@ func (ac *agentConn) read() {
 			// The agent sends nothing but its register until it is
 			// registered; this waits only for a misbehaving one.
 			<-ac.opened
-			if ac.cl == nil {
-				return // refused: the writer ends the connection
+			if ac.cl == nil || ac.ended() {
+				continue // sent before the agent learnt of the end
 			}
 			if err := ac.cl.send(ac.as, p); err != nil {
 				ac.as.stop(err)
-				return
 			}
 		default:
 			ac.end(status.Errorf(codes.InvalidArgument, "relay: a frame of unknown kind %d", kind))
 			return
 		}
+	}
+}
+
+// close closes the connection, and undoes its close at the relay's
+// shutdown.
+func (ac *agentConn) close() {
+	ac.unwatch()
+	_ = ac.conn.Close()
+}
+
+// ended says whether the stream ended.
+func (ac *agentConn) ended() bool {
+	select {
+	case <-ac.as.gone:
+		return true
+	default:
+		return false
 	}
 }
 
@@ -308,7 +333,7 @@ func (ac *agentConn) write() {
 		if len(buf) > 0 {
 			_ = ac.conn.SetWriteDeadline(time.Now().Add(writeTimeout))
 			if _, err := ac.conn.Write(buf); err != nil {
-				_ = ac.conn.Close()
+				ac.close()
 				ac.end(status.Errorf(codes.Unavailable, "relay: writing to the agent: %v", err))
 			}
 			continue
@@ -318,9 +343,7 @@ func (ac *agentConn) write() {
 			ac.mu.Unlock()
 			continue
 		}
-		select {
-		case <-ac.as.gone:
-		default:
+		if !ac.ended() {
 			ac.writing = false
 			ac.mu.Unlock()
 			return
@@ -331,20 +354,25 @@ func (ac *agentConn) write() {
 	}
 }
 
-// finish sends the agent the status its stream ended with, and closes its
-// connection.
+// finish sends the agent the status its stream ended with; the
+// connection is closed once the agent closed it (read), within
+// writeTimeout, or at once when nothing reads it.
 func (ac *agentConn) finish() {
+	<-ac.opened
 	why := ac.as.why
 	code := codes.OK
-	if !errors.Is(why, errAgentGone) {
+	gone := errors.Is(why, errAgentGone)
+	if !gone {
 		code = status.Code(why)
 		_ = ac.conn.SetWriteDeadline(time.Now().Add(writeTimeout))
 		_, _ = ac.conn.Write(wire.AppendEnd(nil, why))
 	}
-	_ = ac.conn.Close()
-	ac.unwatch()
+	if ac.reading && !gone {
+		_ = ac.conn.SetReadDeadline(time.Now().Add(writeTimeout))
+	} else {
+		ac.close()
+	}
 	ac.cancel()
-	<-ac.opened
 	if ac.cl != nil {
 		ac.r.metrics.streams.Dec()
 	}
