@@ -53,6 +53,8 @@ type Conn struct {
 	leader string
 	// grpcRelays are the relays that chose gRPC over frames.
 	grpcRelays map[string]bool
+	// parked are connections to relays between streams (park).
+	parked map[string]*parked
 }
 
 var _ grpc.ClientConnInterface = (*Conn)(nil)
@@ -63,7 +65,7 @@ type credentialsFunc func(addr string) (credentials.TransportCredentials, error)
 // newConn prepares connections to addrs (at least one); nothing is
 // dialled until a call.
 func newConn(addrs []string, creds credentialsFunc, log *zap.Logger, opts ...grpc.DialOption) *Conn {
-	return &Conn{addrs: addrs, creds: creds, log: log, opts: opts, dial: defaultDial, conns: map[string]*grpc.ClientConn{}, grpcRelays: map[string]bool{}}
+	return &Conn{addrs: addrs, creds: creds, log: log, opts: opts, dial: defaultDial, conns: map[string]*grpc.ClientConn{}, grpcRelays: map[string]bool{}, parked: map[string]*parked{}}
 }
 
 // framedTo says whether an agent's stream to addr goes in frames: addr is a
@@ -93,6 +95,7 @@ func (c *Conn) Close() error {
 		errs = append(errs, cc.Close())
 	}
 	c.conns = map[string]*grpc.ClientConn{}
+	c.closeParked()
 	return errors.Join(errs...)
 }
 
@@ -457,20 +460,13 @@ func (s *stream) RecvMsg(m any) error {
 	framed := s.method == rdzvv1.AgentService_Connect_FullMethodName
 	err := s.c.each(s.ctx, framed, func(_ context.Context, addr string, cc *grpc.ClientConn) error {
 		sctx, cancel := context.WithCancel(s.ctx)
-		var cs grpc.ClientStream
-		var err error
+		open := func(bool) (grpc.ClientStream, error) { return cc.NewStream(sctx, s.desc, s.method, s.opts...) }
 		if cc == nil {
-			cs, err = s.c.dialFramed(sctx, addr)
-		} else {
-			cs, err = cc.NewStream(sctx, s.desc, s.method, s.opts...)
+			open = func(fresh bool) (grpc.ClientStream, error) { return s.c.dialFramed(sctx, addr, fresh) }
 		}
-		if err == nil {
-			err = s.replay(cs)
-		}
-		// A send fails with io.EOF when the controller has ended the
-		// stream (a standby's refusal, say): the receive says why.
-		if err == nil || errors.Is(err, io.EOF) {
-			err = cs.RecvMsg(m)
+		cs, err := s.attempt(m, func() (grpc.ClientStream, error) { return open(false) })
+		if stale(cs, err) {
+			cs, err = s.attempt(m, func() (grpc.ClientStream, error) { return open(true) })
 		}
 		if err != nil && !errors.Is(err, io.EOF) {
 			cancel()
@@ -487,6 +483,21 @@ func (s *stream) RecvMsg(m any) error {
 	}
 	s.sent = nil
 	return first
+}
+
+// attempt opens a stream, sends it what was sent before the stream found
+// its controller, and receives the first response into m.
+func (s *stream) attempt(m any, open func() (grpc.ClientStream, error)) (grpc.ClientStream, error) {
+	cs, err := open()
+	if err == nil {
+		err = s.replay(cs)
+	}
+	// A send fails with io.EOF when the controller has ended the stream (a
+	// standby's refusal, say): the receive says why.
+	if err == nil || errors.Is(err, io.EOF) {
+		err = cs.RecvMsg(m)
+	}
+	return cs, err
 }
 
 // replay sends cs what was sent before the stream found its controller.

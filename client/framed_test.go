@@ -23,9 +23,9 @@ import (
 	"github.com/rdzv/rdzv/wire"
 )
 
-// framedRelay serves one agent stream in frames (wire.AgentProtocol) with
-// serve, on loopback.
-func framedRelay(t *testing.T, conf *tls.Config, serve func(c *tls.Conn)) string {
+// framedRelay serves agent connections in frames (wire.AgentProtocol) on
+// loopback, the i-th accepted with serve[i], one after the other.
+func framedRelay(t *testing.T, conf *tls.Config, serve ...func(c *tls.Conn)) string {
 	t.Helper()
 	conf = conf.Clone()
 	conf.NextProtos = []string{wire.AgentProtocol}
@@ -34,12 +34,14 @@ func framedRelay(t *testing.T, conf *tls.Config, serve func(c *tls.Conn)) string
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		c, err := l.Accept()
-		if err != nil {
-			return
+		for _, serve := range serve {
+			c, err := l.Accept()
+			if err != nil {
+				return
+			}
+			serve(c.(*tls.Conn))
+			_ = c.Close()
 		}
-		defer c.Close()
-		serve(c.(*tls.Conn))
 	}()
 	t.Cleanup(func() {
 		_ = l.Close()
@@ -215,5 +217,56 @@ func TestRelayStreamTransports(t *testing.T) {
 			require.Equal(t, tt.code, status.Code(err), "%v", err)
 			require.ErrorContains(t, err, tt.wantErr)
 		})
+	}
+}
+
+// A stream that its relay ended as Unavailable (its call to the
+// controller ended) leaves its connection for the agent's next stream
+// there; a connection the relay closed meanwhile is replaced by a new one,
+// without going around the relay.
+func TestRelayConnectionKept(t *testing.T) {
+	ca := newTestCA(t)
+	relayCert := ca.issue(t, pki.Identity{Role: pki.RoleRelay, Name: "rack-1"}, net.IPv4(127, 0, 0, 1))
+	srvConf := &tls.Config{
+		MinVersion:   tls.VersionTLS13,
+		Certificates: []tls.Certificate{{Certificate: [][]byte{relayCert.Cert.Raw}, PrivateKey: relayCert.Key, Leaf: relayCert.Cert}},
+		ClientAuth:   tls.RequireAndVerifyClientCert,
+		ClientCAs:    ca.pool(),
+	}
+	agentFiles := ca.files(t, ca.issue(t, pki.Identity{Role: pki.RoleAgent, Name: "node-a"}))
+	unavailable := status.Error(codes.Unavailable, "relay: its call to the controller ended")
+	// register serves one stream: a register, then the end.
+	register := func(c *tls.Conn, end error) bool {
+		var m rdzvv1.ConnectRequest
+		if readMessage(c, &m, true) != nil || m.GetRegister() == nil || writeMessage(c, registered) != nil {
+			return false
+		}
+		_, err := c.Write(wire.AppendEnd(nil, end))
+		return err == nil
+	}
+	relay := framedRelay(t, srvConf,
+		// Two streams on the first connection, the relay closes it after
+		// the second's end, and the third stream gets a connection of its
+		// own.
+		func(c *tls.Conn) { _ = register(c, unavailable) && register(c, unavailable) },
+		func(c *tls.Conn) { _ = register(c, status.Error(codes.PermissionDenied, "the last")) },
+	)
+	cfg := client.DefaultConfig()
+	cfg.Endpoints, cfg.Relays, cfg.TLS, cfg.Logger = []string{closedPort(t)}, []string{relay}, &client.TLS{Files: agentFiles}, zaptest.NewLogger(t)
+	c, err := client.New(cfg)
+	require.NoError(t, err)
+	defer c.Close()
+	for i, want := range []codes.Code{codes.Unavailable, codes.Unavailable, codes.PermissionDenied} {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		stream, err := c.Connect(ctx)
+		require.NoError(t, err)
+		require.NoError(t, stream.Send(&rdzvv1.ConnectRequest{Msg: &rdzvv1.ConnectRequest_Register{Register: &rdzvv1.Register{Node: &rdzvv1.NodeInfo{Name: "node-a"}}}}))
+		m, err := stream.Recv()
+		require.NoError(t, err, "stream %d", i)
+		require.NotNil(t, m.GetRegistered(), "stream %d: %v", i, m)
+		require.Equal(t, relay, c.Leader(), "stream %d went through the relay", i)
+		_, err = stream.Recv()
+		require.Equal(t, want, status.Code(err), "stream %d: %v", i, err)
+		cancel()
 	}
 }

@@ -3,6 +3,7 @@ package relay
 import (
 	"context"
 	"crypto/tls"
+	"crypto/x509"
 	"errors"
 	"fmt"
 	"net"
@@ -141,109 +142,77 @@ func (h handshaked) Clone() credentials.TransportCredentials { return h }
 
 func (handshaked) OverrideServerName(string) error { return nil }
 
-// agentConn is an agent's stream in frames (wire.AgentProtocol). One
-// goroutine reads it (read); what goes to the agent is written by a
-// goroutine started when something waits (wake) and gone when nothing
-// does, which also ends the connection once the stream ended.
+// agentConn is an agent's connection in frames (wire.AgentProtocol): its
+// streams, one after the other. One goroutine reads it (read); what goes
+// to the agent is written by a goroutine started when something waits
+// (wake) and gone when nothing does. A stream's end leaves the connection
+// open for the agent's next register: when the controller restarts, every
+// agent's stream ends at once, and a new connection each, with its
+// handshake, made 10,000 agents slow the controller's own start (make
+// bench-scale). The connection is closed when the agent closes it, falls
+// silent for wire.AgentIdleTimeout, or breaks the framing.
 type agentConn struct {
-	r      *Relay
-	conn   *tls.Conn
-	as     *agentStream
-	cancel context.CancelFunc
+	r     *Relay
+	ctx   context.Context
+	conn  *tls.Conn
+	chain []*x509.Certificate
 	// unwatch undoes the close of conn at the relay's shutdown (close).
 	unwatch func() bool
 
-	// opened is closed once the stream is on a call, cl, or was refused,
-	// with cl nil.
-	opened chan struct{}
-	cl     *call
-	// reading says that read runs, set before opened is closed.
-	reading bool
+	// opened says that a stream was opened on the connection (read only).
+	opened bool
 
 	mu sync.Mutex
+	// cur is the stream under way, nil between streams.
+	cur *framedStream
 	// writing says that a writer runs; woken, that it was woken since it
 	// last looked.
 	writing, woken bool
 	pongs          int
 }
 
-// serveFramed admits the agent on tc and opens its stream on the
-// controller's call.
+// framedStream is one stream of an agentConn.
+type framedStream struct {
+	as *agentStream
+	// cancel ends the wait for a call (await).
+	cancel context.CancelFunc
+	// opened is closed once the stream is on a call, cl, or was refused,
+	// with cl nil.
+	opened chan struct{}
+	cl     *call
+}
+
+// serveFramed serves an agent's connection until it ends.
 func (r *Relay) serveFramed(ctx context.Context, tc *tls.Conn) {
-	ctx, cancel := context.WithCancel(ctx)
-	ac := &agentConn{r: r, conn: tc, cancel: cancel, opened: make(chan struct{})}
-	ac.as = newAgentStream(ac.wake)
+	ac := &agentConn{r: r, ctx: ctx, conn: tc, chain: tc.ConnectionState().PeerCertificates}
 	ac.unwatch = context.AfterFunc(ctx, func() { _ = tc.Close() })
-	chain := tc.ConnectionState().PeerCertificates
-	// The register first: refused, the connection is closed after the
-	// refusal is written, and a close with the register unread would
-	// reset it, the refusal with it.
-	reg, err := wire.RecvRegister(ac.recvRegister, registerTimeout)
-	if err == nil {
-		err = r.admit(tc.RemoteAddr().String(), chain)
-	}
-	if err != nil {
-		ac.as.stop(err)
-		close(ac.opened)
-		return
-	}
-	ac.reading = true
-	r.conns.Add(1)
-	go func() {
-		defer r.conns.Done()
-		ac.read()
-	}()
-	cl, err := r.carrier.await(ctx)
-	if err == nil {
-		err = cl.open(ac.as, chain, reg)
-	}
-	if err != nil {
-		ac.as.stop(err)
-	} else {
-		ac.cl = cl
-		r.metrics.streams.Inc()
-	}
-	close(ac.opened)
+	ac.read()
 }
 
-// recvRegister reads the agent's first message.
-func (ac *agentConn) recvRegister() (*rdzvv1.ConnectRequest, error) {
-	kind, p, err := wire.ReadFrame(ac.conn)
-	if err != nil {
-		return nil, err
-	}
-	if kind != wire.FrameMessage {
-		return nil, status.Errorf(codes.InvalidArgument, "the first frame on an agent stream must be a message, not of kind %d", kind)
-	}
-	var m rdzvv1.ConnectRequest
-	if err := proto.Unmarshal(p, &m); err != nil {
-		return nil, status.Errorf(codes.InvalidArgument, "decoding the agent's first message: %v", err)
-	}
-	return &m, nil
-}
-
-// read passes the agent's messages on until its connection ends, and
-// answers its pings. Once the stream ended, it reads what the agent sent
-// meanwhile, until the agent closes the connection (finish), and closes
-// it: a connection closed with data unread is reset, and the agent would
-// lose the status the stream ended with.
+// read serves the agent's frames until its connection ends: a register
+// between streams opens the next, a message is the stream's, a ping is
+// answered. It then ends the stream under way and closes the connection.
 func (ac *agentConn) read() {
 	defer ac.close()
 	var extended time.Time
 	for {
-		// The deadline moves once a second, not once a message, and not
-		// once the stream ended.
-		if now := time.Now(); now.Sub(extended) > time.Second && !ac.ended() {
+		// The deadline moves once a second, not once a frame. The first
+		// one bounds the wait for the first register too (registerTimeout
+		// on a gRPC stream).
+		if now := time.Now(); now.Sub(extended) > time.Second {
 			extended = now
 			_ = ac.conn.SetReadDeadline(now.Add(wire.AgentIdleTimeout))
 		}
 		kind, p, err := wire.ReadFrame(ac.conn)
-		switch {
-		case errors.Is(err, wire.ErrFrameTooLarge):
-			ac.end(status.Errorf(codes.ResourceExhausted, "relay: %v", err))
-			return
-		case err != nil:
-			ac.end(fmt.Errorf("%w: %w", errAgentGone, err))
+		if err != nil {
+			why := fmt.Errorf("%w: %w", errAgentGone, err)
+			if errors.Is(err, wire.ErrFrameTooLarge) {
+				// The framing is lost; the agent learns why if it reads.
+				why = status.Errorf(codes.ResourceExhausted, "relay: %v", err)
+			}
+			if st := ac.current(); st != nil {
+				ac.end(st, why)
+			}
 			return
 		}
 		switch kind {
@@ -253,20 +222,89 @@ func (ac *agentConn) read() {
 			ac.mu.Unlock()
 			ac.wake()
 		case wire.FrameMessage:
-			// The agent sends nothing but its register until it is
-			// registered; this waits only for a misbehaving one.
-			<-ac.opened
-			if ac.cl == nil || ac.ended() {
-				continue // sent before the agent learnt of the end
-			}
-			if err := ac.cl.send(ac.as, p); err != nil {
-				ac.as.stop(err)
-			}
+			ac.message(p)
 		default:
-			ac.end(status.Errorf(codes.InvalidArgument, "relay: a frame of unknown kind %d", kind))
-			return
+			if st := ac.current(); st != nil {
+				ac.end(st, status.Errorf(codes.InvalidArgument, "relay: a frame of unknown kind %d", kind))
+			}
 		}
 	}
+}
+
+func (ac *agentConn) current() *framedStream {
+	ac.mu.Lock()
+	defer ac.mu.Unlock()
+	return ac.cur
+}
+
+// message passes a message on to the stream under way, or opens the next
+// stream with it, a register.
+func (ac *agentConn) message(p []byte) {
+	if st := ac.current(); st != nil {
+		// The agent sends nothing but its register until it is
+		// registered; this waits only for a misbehaving one.
+		<-st.opened
+		if st.cl == nil || st.ended() {
+			return // sent before the agent learnt of the end
+		}
+		if err := st.cl.send(st.as, p); err != nil {
+			st.as.stop(err)
+		}
+		return
+	}
+	var m rdzvv1.ConnectRequest
+	err := proto.Unmarshal(p, &m)
+	switch {
+	case err != nil:
+		err = status.Errorf(codes.InvalidArgument, "decoding the agent's register: %v", err)
+	case m.GetRegister() == nil && !ac.opened:
+		err = status.Error(codes.InvalidArgument, "the first message on an agent stream must be register")
+	case m.GetRegister() == nil:
+		// A message of the stream that ended, sent before the agent read
+		// its end.
+		return
+	}
+	ac.opened = true
+	ctx, cancel := context.WithCancel(ac.ctx)
+	st := &framedStream{as: newAgentStream(ac.wake), cancel: cancel, opened: make(chan struct{})}
+	ac.mu.Lock()
+	ac.cur = st
+	ac.mu.Unlock()
+	if err != nil {
+		ac.refuse(st, err)
+		return
+	}
+	ac.r.conns.Add(1)
+	go func() {
+		defer ac.r.conns.Done()
+		ac.open(ctx, st, m.GetRegister())
+	}()
+}
+
+// open checks the agent's certificate, as for each gRPC stream, and opens
+// st on the controller's call, waiting for one if need be.
+func (ac *agentConn) open(ctx context.Context, st *framedStream, reg *rdzvv1.Register) {
+	err := ac.r.admit(ac.conn.RemoteAddr().String(), ac.chain)
+	var cl *call
+	if err == nil {
+		cl, err = ac.r.carrier.await(ctx)
+	}
+	if err == nil {
+		err = cl.open(st.as, ac.chain, reg)
+	}
+	if err != nil {
+		ac.refuse(st, err)
+		return
+	}
+	st.cl = cl
+	ac.r.metrics.streams.Inc()
+	close(st.opened)
+}
+
+// refuse ends st, which is on no call, with why.
+func (ac *agentConn) refuse(st *framedStream, why error) {
+	st.as.stop(why)
+	close(st.opened)
 }
 
 // close closes the connection, and undoes its close at the relay's
@@ -277,23 +315,23 @@ func (ac *agentConn) close() {
 }
 
 // ended says whether the stream ended.
-func (ac *agentConn) ended() bool {
+func (st *framedStream) ended() bool {
 	select {
-	case <-ac.as.gone:
+	case <-st.as.gone:
 		return true
 	default:
 		return false
 	}
 }
 
-// end ends the stream from the relay's side, with why.
-func (ac *agentConn) end(why error) {
-	ac.cancel() // a stream still waiting for a call waits no more
-	<-ac.opened
-	if ac.cl != nil {
-		ac.cl.close(ac.as, why)
+// end ends st from the relay's side, with why.
+func (ac *agentConn) end(st *framedStream, why error) {
+	st.cancel() // a stream still waiting for a call waits no more
+	<-st.opened
+	if st.cl != nil {
+		st.cl.close(st.as, why)
 	} else {
-		ac.as.stop(why)
+		st.as.stop(why)
 	}
 }
 
@@ -314,28 +352,26 @@ func (ac *agentConn) wake() {
 	}()
 }
 
-// write sends what waits, in one TLS record, until nothing does; then,
-// if the stream ended, its end.
+// write sends what waits, in one TLS record, until nothing does; a stream
+// that ended gets its end.
 func (ac *agentConn) write() {
 	var buf []byte
 	for {
 		ac.mu.Lock()
-		pongs := ac.pongs
+		pongs, st := ac.pongs, ac.cur
 		ac.pongs, ac.woken = 0, false
 		ac.mu.Unlock()
 		buf = buf[:0]
-		for _, m := range ac.as.take() {
-			buf = wire.AppendFrame(buf, wire.FrameMessage, m)
+		if st != nil {
+			for _, m := range st.as.take() {
+				buf = wire.AppendFrame(buf, wire.FrameMessage, m)
+			}
 		}
 		for range pongs {
 			buf = wire.AppendFrame(buf, wire.FramePong, nil)
 		}
 		if len(buf) > 0 {
-			_ = ac.conn.SetWriteDeadline(time.Now().Add(writeTimeout))
-			if _, err := ac.conn.Write(buf); err != nil {
-				ac.close()
-				ac.end(status.Errorf(codes.Unavailable, "relay: writing to the agent: %v", err))
-			}
+			ac.send(buf)
 			continue
 		}
 		ac.mu.Lock()
@@ -343,37 +379,48 @@ func (ac *agentConn) write() {
 			ac.mu.Unlock()
 			continue
 		}
-		if !ac.ended() {
-			ac.writing = false
+		if st != nil && st.ended() && ac.cur == st {
+			// Between streams from now: the agent's next register, which
+			// it sends once it read the end, opens the next.
+			ac.cur = nil
 			ac.mu.Unlock()
-			return
+			ac.finish(st)
+			continue
 		}
+		ac.writing = false
 		ac.mu.Unlock()
-		ac.finish()
 		return
 	}
 }
 
-// finish sends the agent the status its stream ended with; the
-// connection is closed once the agent closed it (read), within
-// writeTimeout, or at once when nothing reads it.
-func (ac *agentConn) finish() {
-	<-ac.opened
-	why := ac.as.why
-	code := codes.OK
-	gone := errors.Is(why, errAgentGone)
-	if !gone {
-		code = status.Code(why)
-		_ = ac.conn.SetWriteDeadline(time.Now().Add(writeTimeout))
-		_, _ = ac.conn.Write(wire.AppendEnd(nil, why))
-	}
-	if ac.reading && !gone {
-		_ = ac.conn.SetReadDeadline(time.Now().Add(writeTimeout))
-	} else {
+// send writes b; a connection that cannot be written to is closed, which
+// ends its reading too.
+func (ac *agentConn) send(b []byte) {
+	_ = ac.conn.SetWriteDeadline(time.Now().Add(writeTimeout))
+	if _, err := ac.conn.Write(b); err != nil {
 		ac.close()
+		if st := ac.current(); st != nil {
+			ac.end(st, status.Errorf(codes.Unavailable, "relay: writing to the agent: %v", err))
+		}
 	}
-	ac.cancel()
-	if ac.cl != nil {
+}
+
+// finish sends the agent what the controller sent before st ended (a stop
+// order, say) and the status st ended with.
+func (ac *agentConn) finish(st *framedStream) {
+	<-st.opened
+	why := st.as.why
+	code := codes.OK
+	if !errors.Is(why, errAgentGone) {
+		code = status.Code(why)
+		var b []byte
+		for _, m := range st.as.take() {
+			b = wire.AppendFrame(b, wire.FrameMessage, m)
+		}
+		ac.send(wire.AppendEnd(b, why))
+	}
+	st.cancel()
+	if st.cl != nil {
 		ac.r.metrics.streams.Dec()
 	}
 	ac.r.metrics.ended.WithLabelValues(code.String()).Inc()
