@@ -50,6 +50,20 @@ func framedRelay(t *testing.T, conf *tls.Config, serve ...func(c *tls.Conn)) str
 	return l.Addr().String()
 }
 
+// relayTLS is a relay's server TLS configuration on loopback, and the
+// files of agent node-a, of one CA.
+func relayTLS(t *testing.T) (*tls.Config, pki.Files) {
+	t.Helper()
+	ca := newTestCA(t)
+	relayCert := ca.issue(t, pki.Identity{Role: pki.RoleRelay, Name: "rack-1"}, net.IPv4(127, 0, 0, 1))
+	return &tls.Config{
+		MinVersion:   tls.VersionTLS13,
+		Certificates: []tls.Certificate{{Certificate: [][]byte{relayCert.Cert.Raw}, PrivateKey: relayCert.Key, Leaf: relayCert.Cert}},
+		ClientAuth:   tls.RequireAndVerifyClientCert,
+		ClientCAs:    ca.pool(),
+	}, ca.files(t, ca.issue(t, pki.Identity{Role: pki.RoleAgent, Name: "node-a"}))
+}
+
 // readMessage reads the next message frame into m, answering pings if
 // pong.
 func readMessage(c *tls.Conn, m proto.Message, pong bool) error {
@@ -92,15 +106,7 @@ var (
 // stream is the same either way, its end included. A relay that falls
 // silent is given up by the keepalive; one that answers its pings is kept.
 func TestRelayStreamTransports(t *testing.T) {
-	ca := newTestCA(t)
-	relayCert := ca.issue(t, pki.Identity{Role: pki.RoleRelay, Name: "rack-1"}, net.IPv4(127, 0, 0, 1))
-	srvConf := &tls.Config{
-		MinVersion:   tls.VersionTLS13,
-		Certificates: []tls.Certificate{{Certificate: [][]byte{relayCert.Cert.Raw}, PrivateKey: relayCert.Key, Leaf: relayCert.Cert}},
-		ClientAuth:   tls.RequireAndVerifyClientCert,
-		ClientCAs:    ca.pool(),
-	}
-	agentFiles := ca.files(t, ca.issue(t, pki.Identity{Role: pki.RoleAgent, Name: "node-a"}))
+	srvConf, agentFiles := relayTLS(t)
 	client.ShortKeepalive(t, 100*time.Millisecond, 200*time.Millisecond)
 
 	tests := []struct {
@@ -225,15 +231,7 @@ func TestRelayStreamTransports(t *testing.T) {
 // there; a connection the relay closed meanwhile is replaced by a new one,
 // without going around the relay.
 func TestRelayConnectionKept(t *testing.T) {
-	ca := newTestCA(t)
-	relayCert := ca.issue(t, pki.Identity{Role: pki.RoleRelay, Name: "rack-1"}, net.IPv4(127, 0, 0, 1))
-	srvConf := &tls.Config{
-		MinVersion:   tls.VersionTLS13,
-		Certificates: []tls.Certificate{{Certificate: [][]byte{relayCert.Cert.Raw}, PrivateKey: relayCert.Key, Leaf: relayCert.Cert}},
-		ClientAuth:   tls.RequireAndVerifyClientCert,
-		ClientCAs:    ca.pool(),
-	}
-	agentFiles := ca.files(t, ca.issue(t, pki.Identity{Role: pki.RoleAgent, Name: "node-a"}))
+	srvConf, agentFiles := relayTLS(t)
 	unavailable := status.Error(codes.Unavailable, "relay: its call to the controller ended")
 	// register serves one stream: a register, then the end.
 	register := func(c *tls.Conn, end error) bool {

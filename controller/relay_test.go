@@ -522,12 +522,18 @@ func (c *cluster) sendFramedRegister(r *runningRelay, files pki.Files, node stri
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = conn.Close() })
 	require.Equal(t, wire.AgentProtocol, conn.ConnectionState().NegotiatedProtocol)
+	writeFramedRegister(t, conn, node)
+	return conn
+}
+
+// writeFramedRegister sends the register of node on conn, in frames.
+func writeFramedRegister(t *testing.T, conn *tls.Conn, node string) {
+	t.Helper()
 	b, err := wire.AppendMessage(nil, &rdzvv1.ConnectRequest{Msg: &rdzvv1.ConnectRequest_Register{Register: &rdzvv1.Register{Node: &rdzvv1.NodeInfo{
 		Name: node, Address: "127.0.0.1", NcclInterface: "lo", AgentVersion: "test"}}}})
 	require.NoError(t, err)
 	_, err = conn.Write(b)
 	require.NoError(t, err)
-	return conn
 }
 
 // TestFramedAgentStreams: over frames as over gRPC, the relay carries
@@ -561,11 +567,7 @@ func TestFramedAgentStreams(t *testing.T) {
 	require.Equal(t, codes.InvalidArgument, st.Code(), "%v", st)
 	require.Contains(t, st.Message(), "does not decode as a ConnectRequest")
 	poll(t, func() bool { return r.streams(t) == "1" }, func() string { return "the relay carries " + r.streams(t) + " streams" })
-	b, err := wire.AppendMessage(nil, &rdzvv1.ConnectRequest{Msg: &rdzvv1.ConnectRequest_Register{Register: &rdzvv1.Register{Node: &rdzvv1.NodeInfo{
-		Name: "node-a", Address: "127.0.0.1", NcclInterface: "lo", AgentVersion: "test"}}}})
-	require.NoError(t, err)
-	_, err = bad.Write(b)
-	require.NoError(t, err)
+	writeFramedRegister(t, bad, "node-a")
 	kind, p, err = wire.ReadFrame(bad)
 	require.NoError(t, err)
 	require.Equal(t, wire.FrameMessage, kind)
@@ -575,7 +577,7 @@ func TestFramedAgentStreams(t *testing.T) {
 	poll(t, func() bool { return r.streams(t) == "2" }, func() string { return "the relay carries " + r.streams(t) + " streams" })
 	require.NoError(t, bad.Close())
 
-	b = wire.AppendFrame(nil, wire.FramePing, nil)
+	b := wire.AppendFrame(nil, wire.FramePing, nil)
 	b, err = wire.AppendMessage(b, &rdzvv1.ConnectRequest{Msg: &rdzvv1.ConnectRequest_Heartbeat{Heartbeat: &rdzvv1.Heartbeat{Seq: 1}}})
 	require.NoError(t, err)
 	_, err = good.Write(b)
