@@ -20,7 +20,17 @@ LDFLAGS := -X github.com/rdzv/rdzv/buildinfo.Version=$(VERSION) -X github.com/rd
 # Extra flags for go test, e.g. GOTEST_FLAGS=-race (CI sets it).
 GOTEST_FLAGS ?=
 
-.PHONY: all build test unit fuzz e2e lint proto tools demo clean bench docs
+.PHONY: all build test unit fuzz e2e lint proto tools demo clean bench docs venv venv-oldest
+
+# Python virtualenvs with the torch stacks rdzv supports (see
+# docs/versions.md): .venv has the newest torch 2.x with DeepSpeed,
+# Accelerate, Transformers and Lightning; .venv-oldest the oldest torch 2.x
+# supported. Both install from the pinned files in python/requirements and are
+# remade only when those change. PYTHON is the interpreter they are made from.
+PYTHON ?= /usr/bin/python3
+VENV := $(CURDIR)/.venv
+VENV_OLDEST := $(CURDIR)/.venv-oldest
+PIP_QUIET ?= -q
 
 all: build
 
@@ -97,8 +107,24 @@ fuzz:
 	  $(GO) test -run '^$$' -fuzz "^$$name\$$" -fuzztime $(FUZZTIME) $$pkg; \
 	done
 
-e2e: build
-	RDZV_BIN_DIR=$(BIN) $(GO) test -count=1 -v -timeout 30m ./test/e2e/...
+venv: $(VENV)/.installed
+venv-oldest: $(VENV_OLDEST)/.installed
+
+$(VENV)/.installed: python/requirements/ci.txt python/requirements/deepspeed.txt
+	rm -rf $(VENV)
+	$(PYTHON) -m venv $(VENV)
+	$(VENV)/bin/pip install $(PIP_QUIET) --no-deps -r python/requirements/ci.txt
+	DS_BUILD_OPS=0 $(VENV)/bin/pip install $(PIP_QUIET) --no-deps --no-build-isolation -r python/requirements/deepspeed.txt
+	touch $@
+
+$(VENV_OLDEST)/.installed: python/requirements/oldest.txt
+	rm -rf $(VENV_OLDEST)
+	$(PYTHON) -m venv $(VENV_OLDEST)
+	$(VENV_OLDEST)/bin/pip install $(PIP_QUIET) --no-deps -r python/requirements/oldest.txt
+	touch $@
+
+e2e: build venv venv-oldest
+	RDZV_VENV=$(VENV) RDZV_VENV_OLDEST=$(VENV_OLDEST) RDZV_BIN_DIR=$(BIN) $(GO) test -count=1 -v -timeout 30m ./test/e2e/...
 
 test: lint unit fuzz e2e
 
@@ -133,4 +159,4 @@ bench-scale: build
 	BENCH_NODES=$(BENCH_NODES) RDZV_BIN_DIR=$(BIN) $(GO) test -tags bench -count=1 -v -timeout 60m ./test/bench/scale/ -run TestBenchScale
 
 clean:
-	rm -rf $(BIN) .demo
+	rm -rf $(BIN) .demo $(VENV) $(VENV_OLDEST)
