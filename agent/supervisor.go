@@ -670,8 +670,8 @@ type launchPrep struct {
 	// releaseUser gives back the hold on a dynamic user this launch took:
 	// once what it started has exited, or at once if nothing started.
 	releaseUser func()
-	workdir string
-	jobEnv  map[string]string
+	workdir     string
+	jobEnv      map[string]string
 	// path is PATH in the workers' environment.
 	path    string
 	logPath string
