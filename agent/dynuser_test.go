@@ -2,8 +2,13 @@ package agent
 
 import (
 	"encoding/json"
+	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -195,5 +200,142 @@ func TestDynamicUsersValidate(t *testing.T) {
 			continue
 		}
 		require.ErrorContains(t, err, tt.wantErr)
+	}
+}
+
+// dynamicRange is where the isolation tests' jobs get their users.
+var dynamicRange = DefaultDynamicUsers()
+
+// runAsDynamic has jobs without run_as run as dynamic users, the default.
+func runAsDynamic(c *Config) {
+	c.RunAs, c.AllowRoot, c.DynamicUsers = "", false, dynamicRange
+}
+
+// procIDs is the real uid and gid of pid, from /proc.
+func procIDs(t *testing.T, pid int) (uid, gid uint32) {
+	t.Helper()
+	status, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	require.NoError(t, err)
+	for _, line := range strings.Split(string(status), "\n") {
+		key, rest, _ := strings.Cut(line, ":")
+		if f := strings.Fields(rest); (key == "Uid" || key == "Gid") && len(f) > 0 {
+			n, err := strconv.ParseUint(f[0], 10, 32)
+			require.NoError(t, err)
+			if key == "Uid" {
+				uid = uint32(n)
+			} else {
+				gid = uint32(n)
+			}
+		}
+	}
+	return uid, gid
+}
+
+// asNobody runs python code as nobody, a local user of the node, and
+// returns what it printed.
+func asNobody(t *testing.T, code string, args ...string) string {
+	t.Helper()
+	cmd := exec.Command(python, append([]string{"-c", code}, args...)...)
+	cmd.Env = []string{"PATH=" + os.Getenv("PATH"), "PYTHONDONTWRITEBYTECODE=1"}
+	cmd.Dir = "/"
+	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: nobody}
+	out, err := cmd.CombinedOutput()
+	require.NoError(t, err, "%s", out)
+	return string(out)
+}
+
+// A job without run_as runs as a uid of its own, which nobody, a local
+// user, is not: it cannot read the workers' environment. The uid is
+// released when the workers are gone.
+func TestDynamicUserIsolatesWorkers(t *testing.T) {
+	needRoot(t)
+	needPython(t)
+	h := newSupervisor(t, runAsDynamic)
+	// The dynamic user runs the launcher and writes its record in the
+	// workdir.
+	openToAll(t, h.workdir)
+	require.NoError(t, os.Chmod(h.workdir, 0o777))
+	openToAll(t, filepath.Dir(h.torchrun))
+
+	t.Cleanup(func() {
+		if t.Failed() {
+			b, _ := os.ReadFile(filepath.Join(h.stateDir, "logs", "train.log"))
+			t.Logf("job log:\n%s", b)
+		}
+	})
+	h.sup.Assign(h.assignment("train", 1, "hang"))
+	h.expect("train", 1, wRunning)
+	pid := h.record("train", 1).PID
+	uid, gid := procIDs(t, pid)
+	require.True(t, dynamicRange.contains(uid), "uid %d is a dynamic user's", uid)
+	require.Equal(t, uid, gid, "its group is its own")
+	require.Equal(t, map[string]uint32{"train": uid}, savedUsers(t, h.stateDir))
+	scratch := filepath.Join(h.stateDir, "jobs", "train")
+	info, err := os.Stat(scratch)
+	require.NoError(t, err)
+	require.EqualValues(t, uid, info.Sys().(*syscall.Stat_t).Uid, "its HOME, the scratch directory, is its own")
+
+	out := asNobody(t, `
+import sys
+try:
+    open("/proc/%s/environ" % sys.argv[1], "rb").read()
+    print("environ: read")
+except OSError as e:
+    print("environ:", e.strerror)
+`, strconv.Itoa(pid))
+	require.Equal(t, "environ: Permission denied\n", out)
+
+	h.sup.Assign(h.assignment("train", 2, "hang"))
+	h.expect("train", 1, wStopped)
+	h.expect("train", 2, wRunning)
+	next, _ := procIDs(t, h.record("train", 2).PID)
+	require.Equal(t, uid, next, "the next generation gets the same user")
+
+	h.sup.Stop("train", 2, "done")
+	h.expect("train", 2, wStopped)
+	require.Empty(t, savedUsers(t, h.stateDir), "released with the workers")
+}
+
+// A warm standby runs as the job's dynamic user, in a socket directory
+// nobody else may enter; and were the directory open, the standby would
+// still take no message from another user.
+func TestDynamicUserStandbySocket(t *testing.T) {
+	needRoot(t)
+	h := newWarmHarness(t, runAsDynamic)
+	h.spare()
+	a := h.spareAssign(1, 0)
+	h.sup.PrepareStandby(prepareFor(a))
+	h.sync()
+	sb := h.readyStandby()
+	uid, _ := procIDs(t, sb.proc.Pid())
+	require.True(t, dynamicRange.contains(uid), "uid %d is a dynamic user's", uid)
+	openToAll(t, filepath.Dir(sb.dir))
+
+	const connect = `
+import socket, sys
+s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+try:
+    s.connect(sys.argv[1])
+except OSError as e:
+    print("connect:", e.strerror)
+    sys.exit()
+try:
+    s.sendall(b'{"argv": ["x.py"], "workers": [], "store": {"addr": "127.0.0.1", "port": 1}}\n')
+except OSError:
+    pass  # the standby may have answered and closed already
+print(s.makefile().readline().strip())
+`
+	sock := filepath.Join(sb.dir, sb.sock)
+	require.Equal(t, "connect: Permission denied\n", asNobody(t, connect, sock), "the directory is the job user's")
+
+	require.NoError(t, os.Chmod(sb.dir, 0o755))
+	require.NoError(t, os.Chmod(sock, 0o777))
+	require.Equal(t, "error: uid 65534 may not hand this standby its assignment\n", asNobody(t, connect, sock))
+
+	h.sup.Assign(a)
+	h.expect("warm", 1, wRunning)
+	h.expect("warm", 1, wSucceeded)
+	for _, m := range h.readMarkers() {
+		require.True(t, strings.HasPrefix(m[strings.Index(m, " ")+1:], fmt.Sprint(uid)+" "), "the workers ran as the standby's user: %s", m)
 	}
 }
