@@ -10,6 +10,7 @@ import (
 	"strings"
 	"syscall"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 	"go.uber.org/zap/zaptest"
@@ -338,4 +339,32 @@ print(s.makefile().readline().strip())
 	for _, m := range h.readMarkers() {
 		require.True(t, strings.HasPrefix(m[strings.Index(m, " ")+1:], fmt.Sprint(uid)+" "), "the workers ran as the standby's user: %s", m)
 	}
+}
+
+// The next agent adopts the workers with their dynamic user: the job's
+// next generation runs as the same uid, and the uid is released once the
+// adopted workers and that generation are gone.
+func TestDynamicUserKeptAcrossAgentRestart(t *testing.T) {
+	needRoot(t)
+	h := newSupervisor(t, runAsDynamic, withRestartGrace(time.Minute))
+	openToAll(t, h.workdir)
+	require.NoError(t, os.Chmod(h.workdir, 0o777))
+	openToAll(t, filepath.Dir(h.torchrun))
+	h.sup.Assign(h.assignment("train", 1, "hang"))
+	h.expect("train", 1, wRunning)
+	uid, _ := procIDs(t, h.record("train", 1).PID)
+	handOver(t, h, true)
+	require.Equal(t, map[string]uint32{"train": uid}, savedUsers(t, h.stateDir), "kept for the next agent")
+
+	next := h.successor()
+	require.True(t, next.sup.Running("train"))
+	require.Equal(t, map[string]uint32{"train": uid}, savedUsers(t, h.stateDir))
+	next.sup.Assign(next.assignment("train", 2, "hang"))
+	next.expect("train", 1, wStopped)
+	next.expect("train", 2, wRunning)
+	again, _ := procIDs(t, next.record("train", 2).PID)
+	require.Equal(t, uid, again, "the adopted workers' uid, though their processes may still hold it")
+	next.sup.Stop("train", 2, "done")
+	next.expect("train", 2, wStopped)
+	require.Empty(t, savedUsers(t, h.stateDir))
 }
