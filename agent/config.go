@@ -69,8 +69,11 @@ type Config struct {
 	// reads them as root, so a job must not be able to name any other file.
 	SecretsDir string `json:"secrets_dir"`
 	// RunAs is the user workers run as when the job names none (a user
-	// name or uid[:gid]).
+	// name or uid[:gid]); empty (the default) gives each such job a
+	// dynamic user of its own from DynamicUsers (dynuser.go).
 	RunAs string `json:"run_as"`
+	// DynamicUsers is the uid range of jobs' dynamic users.
+	DynamicUsers DynamicUsers `json:"dynamic_users"`
 	// AllowRoot lets workers run as root (uid 0, or with group 0), by
 	// default or because a job asks to.
 	AllowRoot bool `json:"allow_root"`
@@ -113,7 +116,7 @@ func DefaultConfig() Config {
 		RestartGrace: wire.Duration{Duration: 15 * time.Second},
 		LogLevel:     "info",
 		SecretsDir:   "/etc/rdzv/secrets",
-		RunAs:        "nobody",
+		DynamicUsers: DefaultDynamicUsers(),
 		RunAsPolicy:  DefaultRunAsPolicy(),
 		WorkerPath:   DefaultWorkerPath,
 		HealthChecks: DefaultHealthChecks(),
@@ -199,7 +202,11 @@ func (c Config) Validate() error {
 	if fe := wire.CheckPath("secrets_dir", c.SecretsDir, ""); fe != nil {
 		errs = append(errs, fe)
 	}
-	if fe := wire.ValidateRunAs("run_as", c.RunAs); fe != nil {
+	if c.RunAs == "" {
+		if err := c.DynamicUsers.Validate("dynamic_users"); err != nil {
+			errs = append(errs, err)
+		}
+	} else if fe := wire.ValidateRunAs("run_as", c.RunAs); fe != nil {
 		errs = append(errs, fe)
 	}
 	if err := c.RunAsPolicy.Validate("run_as_policy"); err != nil {

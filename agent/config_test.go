@@ -56,7 +56,12 @@ func TestConfigValidate(t *testing.T) {
 		{name: "metrics key without certificate", edit: func(c *Config) { c.HTTP.KeyFile = "/etc/rdzv/pki/m.key" }, wantFields: []string{"http.key_file"}},
 		{name: "relative secrets dir", edit: func(c *Config) { c.SecretsDir = "secrets" }, wantFields: []string{"secrets_dir"}},
 		{name: "unclean secrets dir", edit: func(c *Config) { c.SecretsDir = "/etc/rdzv/../secrets" }, wantFields: []string{"secrets_dir"}},
-		{name: "empty run_as", edit: func(c *Config) { c.RunAs = "" }, wantFields: []string{"run_as"}},
+		{name: "empty run_as: dynamic users", edit: func(c *Config) { c.RunAs = "" }},
+		{name: "dynamic users from root", edit: func(c *Config) { c.DynamicUsers.First = 0 }, wantFields: []string{"dynamic_users.first"}},
+		{name: "dynamic users backwards", edit: func(c *Config) { c.DynamicUsers = DynamicUsers{First: 61184, Last: 61183} }, wantFields: []string{"dynamic_users.last"}},
+		{name: "dynamic users up to the invalid uid", edit: func(c *Config) { c.DynamicUsers.Last = 4294967295 }, wantFields: []string{"dynamic_users.last"}},
+		{name: "too many dynamic users", edit: func(c *Config) { c.DynamicUsers = DynamicUsers{First: 100000, Last: 200000} }, wantFields: []string{"dynamic_users"}},
+		{name: "named run_as needs no dynamic users", edit: func(c *Config) { c.RunAs, c.DynamicUsers = "nobody", DynamicUsers{} }},
 		{name: "bad run_as", edit: func(c *Config) { c.RunAs = "no body" }, wantFields: []string{"run_as"}},
 		{name: "bad run_as_policy entries", edit: func(c *Config) {
 			c.RunAsPolicy.AllowedUsers = []string{"alice", "a b"}
@@ -153,6 +158,8 @@ func TestShippedConfigDefaults(t *testing.T) {
 	require.Empty(t, cfg.RunAsPolicy.AllowedGroups)
 	require.ElementsMatch(t, def.PrivilegedGroups, cfg.RunAsPolicy.PrivilegedGroups)
 	require.Equal(t, DefaultWorkerPath, cfg.WorkerPath)
+	require.Empty(t, cfg.RunAs, "jobs without run_as get dynamic users")
+	require.Equal(t, DefaultDynamicUsers(), cfg.DynamicUsers)
 	hc := cfg.HealthChecks
 	require.Empty(t, hc.Storage.Paths)
 	require.Empty(t, hc.Commands)

@@ -10,6 +10,9 @@ import (
 	"strings"
 	"syscall"
 
+	"go.uber.org/zap"
+
+	rdzvv1 "github.com/rdzv/rdzv/proto/rdzv/v1"
 	"github.com/rdzv/rdzv/wire"
 )
 
@@ -275,4 +278,29 @@ func isDigits(s string) bool {
 func parseID(s string) uint32 {
 	n, _ := strconv.ParseUint(s, 10, 32)
 	return uint32(n)
+}
+
+// resolveRunAs is whom a job's processes run as on this node: the job's
+// run_as, else the agent's, else (both empty) the job's dynamic user, whose
+// HOME is scratch. The returned function gives back the hold on a dynamic
+// user once what runs as it has exited; it does nothing for a named user.
+func (s *Supervisor) resolveRunAs(spec *rdzvv1.JobSpec, scratch string) (*RunAs, func(), error) {
+	if spec.GetRunAs() != "" || s.dynUsers == nil {
+		r, err := ResolveRunAs(spec.GetRunAs(), s.runAs, s.allowRoot, s.policy)
+		if err == nil && r.Env["USER"] == "nobody" {
+			s.log.Warn("workers run as nobody, a user other processes on the node share: they can read the workers' environment",
+				zap.String("job", spec.GetName()))
+		}
+		return r, func() {}, err
+	}
+	uid, release, err := s.dynUsers.acquire(spec.GetName())
+	if err != nil {
+		return nil, nil, err
+	}
+	r, err := dynamicRunAs(uid, scratch, s.policy)
+	if err != nil {
+		release()
+		return nil, nil, err
+	}
+	return r, release, nil
 }

@@ -7,7 +7,9 @@ import (
 	"os"
 	"os/user"
 	"path/filepath"
+	"regexp"
 	"slices"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -220,8 +222,9 @@ func TestRunAsPolicyValidate(t *testing.T) {
 	require.NotContains(t, err.Error(), "privileged_groups")
 }
 
-// TestWorkersRunConfined runs a real worker as nobody: it can write in its
-// workdir and checkpoint directory, not in the agent's log directory or
+// TestWorkersRunConfined runs a real worker as the default user, a dynamic
+// user of the job's own: it can write in its workdir and checkpoint
+// directory, not in the agent's log directory or
 // /etc; it gets its secrets, which appear in no agent log line.
 func TestWorkersRunConfined(t *testing.T) {
 	requireRootAndNobody(t)
@@ -233,9 +236,10 @@ func TestWorkersRunConfined(t *testing.T) {
 	for _, d := range []string{stateDir, ckpt} {
 		require.NoError(t, os.Mkdir(d, 0o755))
 	}
-	// The operator makes the checkpoint directory the job user's; secrets
-	// stay root's, read by the agent for the worker.
-	require.NoError(t, os.Chown(ckpt, 65534, 65534))
+	// The operator lets jobs' dynamic users write in the checkpoint
+	// directory (sticky, as /tmp); secrets stay root's, read by the agent
+	// for the worker.
+	require.NoError(t, os.Chmod(ckpt, 0o777|os.ModeSticky))
 	require.NoError(t, os.Mkdir(secrets, 0o700))
 	const secret, fileSecret = "s3cret-from-job", "s3cret-from-file"
 	require.NoError(t, os.WriteFile(filepath.Join(secrets, "token"), []byte(fileSecret+"\n"), 0o600))
@@ -257,7 +261,7 @@ printf %s "$JOB_FILE" >"$PWD/file-secret"
 	log := zap.New(zapcore.NewTee(zaptest.NewLogger(t).Core(), core))
 	cfg := DefaultConfig()
 	cfg.Controller, cfg.StateDir, cfg.SecretsDir = "127.0.0.1:7070", stateDir, secrets
-	require.Equal(t, "nobody", cfg.RunAs, "workers run as nobody unless configured otherwise")
+	require.Empty(t, cfg.RunAs, "workers run as dynamic users unless configured otherwise")
 	sup := NewSupervisor(cfg, "node-a", "lo", "127.0.0.1:1", ExecSpawner{}, log)
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
@@ -287,8 +291,14 @@ printf %s "$JOB_FILE" >"$PWD/file-secret"
 	workdir := filepath.Join(stateDir, "jobs", "confined")
 	out, err := os.ReadFile(filepath.Join(logsDir, "confined.log"))
 	require.NoError(t, err)
+	uid := regexp.MustCompile(`(?m)^uid=(\d+) gid=(\d+) home=(.*)$`).FindStringSubmatch(string(out))
+	require.NotNil(t, uid, "%s", out)
+	n, err := strconv.ParseUint(uid[1], 10, 32)
+	require.NoError(t, err)
+	require.True(t, cfg.DynamicUsers.contains(uint32(n)), "uid %d is a dynamic user's", n)
+	require.Equal(t, uid[1], uid[2], "its group is its own")
+	require.Equal(t, workdir, uid[3], "its HOME is the scratch workdir")
 	for _, want := range []string{
-		"uid=65534 gid=65534 home=/nonexistent",
 		"wrote " + workdir + "/out",
 		"wrote " + ckpt + "/out",
 		"denied " + logsDir + "/evil.log",

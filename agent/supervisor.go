@@ -51,6 +51,9 @@ type Supervisor struct {
 	runAs      string
 	allowRoot  bool
 	policy     RunAsPolicy
+	// dynUsers gives jobs without run_as their users; nil when the
+	// agent's run_as names one.
+	dynUsers *dynamicUsers
 	// workerPath is PATH in the workers' environment.
 	workerPath string
 	stopGrace  time.Duration
@@ -115,6 +118,9 @@ type worker struct {
 	done    chan struct{}
 	// preflight is set when the round smoke test runs before the launcher.
 	preflight bool
+	// releaseUser gives back the workers' hold on their dynamic user once
+	// they have exited (a no-op for a named user).
+	releaseUser func()
 	// scanStop and scanDone are set when this node scans checkpointDir.
 	scanStop chan struct{}
 	scanDone chan struct{}
@@ -144,6 +150,9 @@ func NewSupervisor(cfg Config, node, iface, reportAddr string, spawner Spawner, 
 		lastGen:     map[string]uint64{},
 		standbySeq:  uint64(time.Now().UnixNano()),
 		clock:       clockwork.NewRealClock(),
+	}
+	if cfg.RunAs == "" {
+		s.dynUsers = newDynamicUsers(cfg.DynamicUsers, cfg.StateDir, log.Named("dynamic_users"))
 	}
 	s.SetOrphanTimeout(health.Unregistered.OrphanTimeout())
 	return s
@@ -267,6 +276,9 @@ func (s *Supervisor) Adopt(found []Adopted) {
 				zap.String("job", job), zap.Uint64("generation", gen))
 		}
 		w := newWorker(a, f.Proc, logPath, f.ReportToken, f.Credential)
+		if s.dynUsers != nil && f.Credential != nil {
+			w.releaseUser = s.dynUsers.adopt(job, f.Credential.Uid)
+		}
 		s.log.Info("adopted running workers", zap.String("job", job), zap.Uint64("generation", gen), zap.Int("pid", f.Proc.Pid()))
 		// Not announced as started: the registration reports it running,
 		// and it may well have ended while no agent was here.
@@ -275,6 +287,9 @@ func (s *Supervisor) Adopt(found []Adopted) {
 		if f.Live && jobspec.FromProto(a.GetSpec()).Launcher.Kind == jobspec.KindWarm {
 			warm, kept = a, w
 		}
+	}
+	if s.dynUsers != nil {
+		s.dynUsers.prune()
 	}
 	if warm != nil {
 		s.keepStandby(s.spawnStandby(warm), kept)
@@ -453,7 +468,7 @@ func (s *Supervisor) supervise(w *worker, a *rdzvv1.Assignment, announce bool) {
 
 func newWorker(a *rdzvv1.Assignment, proc Process, logPath string, token []byte, cred *syscall.Credential) *worker {
 	return &worker{job: a.GetSpec().GetName(), generation: a.GetGeneration(), checkpointDir: a.GetSpec().GetCheckpointDir(), proc: proc, logPath: logPath,
-		token: token, cred: cred, done: make(chan struct{}), reported: map[uint64]bool{}}
+		token: token, cred: cred, done: make(chan struct{}), reported: map[uint64]bool{}, releaseUser: func() {}}
 }
 
 func (s *Supervisor) watch(w *worker) {
@@ -475,6 +490,7 @@ func (s *Supervisor) watch(w *worker) {
 	if err := w.proc.Kill(0); err != nil {
 		s.log.Error("workers left behind", zap.String("job", w.job), zap.Error(err))
 	}
+	w.releaseUser()
 	// The last scan is queued before the exit is reported, so the
 	// controller has it when it picks the checkpoint to resume from.
 	if w.scanStop != nil {
@@ -650,37 +666,53 @@ func (s *Supervisor) jobPath(job string, elem ...string) (string, error) {
 // launchPrep is what starting anything of a job's on this node needs:
 // whom it runs as, where, with what environment, and where its output goes.
 type launchPrep struct {
-	runAs   *RunAs
-	workdir string
-	jobEnv  map[string]string
+	runAs *RunAs
+	// releaseUser gives back the hold on a dynamic user this launch took:
+	// once what it started has exited, or at once if nothing started.
+	releaseUser func()
+	workdir     string
+	jobEnv      map[string]string
 	// path is PATH in the workers' environment.
 	path    string
 	logPath string
 }
 
-func (s *Supervisor) prepare(spec *rdzvv1.JobSpec) (*launchPrep, error) {
+// prepare takes a hold on the job's dynamic user if it runs as one: the
+// caller gives it back (launchPrep.releaseUser) when what it started has
+// exited, and prepare itself when it fails.
+func (s *Supervisor) prepare(spec *rdzvv1.JobSpec) (p *launchPrep, err error) {
 	job := spec.GetName()
-	runAs, err := ResolveRunAs(spec.GetRunAs(), s.runAs, s.allowRoot, s.policy)
+	scratch, err := s.jobPath(job, "jobs", job)
 	if err != nil {
 		return nil, err
 	}
+	runAs, release, err := s.resolveRunAs(spec, scratch)
+	if err != nil {
+		return nil, err
+	}
+	defer func() {
+		if err != nil {
+			release()
+		}
+	}()
 	if err := s.preflight(spec); err != nil {
 		return nil, err
 	}
 	workdir := spec.GetWorkdir()
-	if workdir == "" {
-		if workdir, err = s.jobPath(job, "jobs", job); err != nil {
-			return nil, err
-		}
-		if err := os.MkdirAll(workdir, 0o755); err != nil {
+	// A dynamic user's HOME is the scratch directory.
+	if workdir == "" || runAs.Env["HOME"] == scratch {
+		if err := os.MkdirAll(scratch, 0o755); err != nil {
 			return nil, fmt.Errorf("creating scratch workdir: %w", err)
 		}
 		// The scratch workdir is the workers' own to write in.
 		if c := runAs.Credential; c != nil {
-			if err := os.Chown(workdir, int(c.Uid), int(c.Gid)); err != nil {
+			if err := os.Chown(scratch, int(c.Uid), int(c.Gid)); err != nil {
 				return nil, fmt.Errorf("handing the scratch workdir to the run_as user: %w", err)
 			}
 		}
+	}
+	if workdir == "" {
+		workdir = scratch
 	}
 	jobEnv, err := s.jobEnv(spec)
 	if err != nil {
@@ -702,16 +734,23 @@ func (s *Supervisor) prepare(spec *rdzvv1.JobSpec) (*launchPrep, error) {
 	if err := os.MkdirAll(filepath.Dir(logPath), 0o755); err != nil {
 		return nil, fmt.Errorf("creating log directory: %w", err)
 	}
-	return &launchPrep{runAs: runAs, workdir: workdir, jobEnv: jobEnv, path: path, logPath: logPath}, nil
+	return &launchPrep{runAs: runAs, releaseUser: release, workdir: workdir, jobEnv: jobEnv, path: path, logPath: logPath}, nil
 }
 
-func (s *Supervisor) start(a *rdzvv1.Assignment) (*worker, error) {
+func (s *Supervisor) start(a *rdzvv1.Assignment) (w *worker, err error) {
 	spec := a.GetSpec()
 	job := spec.GetName()
 	p, err := s.prepare(spec)
 	if err != nil {
 		return nil, err
 	}
+	defer func() {
+		if err != nil {
+			p.releaseUser()
+		} else {
+			w.releaseUser = p.releaseUser
+		}
+	}()
 	assigned := assignedFor(a)
 	kind := jobspec.FromProto(spec).Launcher.Kind
 	if kind == jobspec.KindDeepSpeed {
@@ -770,7 +809,7 @@ func (s *Supervisor) start(a *rdzvv1.Assignment) (*worker, error) {
 	if err != nil {
 		return nil, err
 	}
-	w := newWorker(a, proc, p.logPath, token, p.runAs.Credential)
+	w = newWorker(a, proc, p.logPath, token, p.runAs.Credential)
 	w.preflight = path != launcher
 	return w, nil
 }

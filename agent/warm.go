@@ -175,7 +175,8 @@ func (s *Supervisor) spawnStandby(a *rdzvv1.Assignment) *standby {
 	sb.sock = fmt.Sprintf("standby-%d.sock", s.standbySeq)
 	go func() {
 		defer close(sb.ready)
-		sb.proc, sb.err = s.startStandby(sb)
+		var release func()
+		sb.proc, release, sb.err = s.startStandby(sb)
 		if sb.err != nil {
 			s.log.Warn("starting a warm standby failed; the next generation starts a fresh one", zap.String("job", sb.job), zap.Error(sb.err))
 			close(sb.exited)
@@ -183,51 +184,63 @@ func (s *Supervisor) spawnStandby(a *rdzvv1.Assignment) *standby {
 		}
 		go func() {
 			sb.proc.Wait()
+			release()
 			close(sb.exited)
 		}()
 	}()
 	return sb
 }
 
-func (s *Supervisor) startStandby(sb *standby) (Process, error) {
+// startStandby also returns what gives back the standby's hold on its
+// dynamic user, once it has exited.
+func (s *Supervisor) startStandby(sb *standby) (_ Process, release func(), err error) {
 	p, err := s.prepare(sb.spec)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
+	defer func() {
+		if err != nil {
+			p.releaseUser()
+		}
+	}()
 	l := jobspec.FromProto(sb.spec).Launcher
 	python, err := lookPath(l.Python, p.path)
 	if err != nil {
-		return nil, &preflightError{failure: wire.FailureLauncherMissing, err: fmt.Errorf("launcher.python %q not found on node %s: %w", l.Python, s.node, err)}
+		return nil, nil, &preflightError{failure: wire.FailureLauncherMissing, err: fmt.Errorf("launcher.python %q not found on node %s: %w", l.Python, s.node, err)}
 	}
 	script, err := writeScript(s.stateDir, zygoteFile, zygoteScript)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	if sb.dir, err = s.jobPath(sb.job, "warm", sb.job); err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	// The socket's directory is the job user's alone: whoever can connect
 	// can have the standby run the job's script with an environment of
 	// their choosing.
 	if err := os.MkdirAll(filepath.Dir(sb.dir), 0o755); err != nil {
-		return nil, fmt.Errorf("creating the standbys' directory: %w", err)
+		return nil, nil, fmt.Errorf("creating the standbys' directory: %w", err)
 	}
 	if err := os.Mkdir(sb.dir, 0o700); err != nil && !errors.Is(err, os.ErrExist) {
-		return nil, fmt.Errorf("creating the standby's directory: %w", err)
+		return nil, nil, fmt.Errorf("creating the standby's directory: %w", err)
 	}
 	if c := p.runAs.Credential; c != nil {
 		if err := os.Chown(sb.dir, int(c.Uid), int(c.Gid)); err != nil {
-			return nil, fmt.Errorf("handing the standby's directory to the run_as user: %w", err)
+			return nil, nil, fmt.Errorf("handing the standby's directory to the run_as user: %w", err)
 		}
 	}
 	out, err := openJobLog(p.logPath)
 	if err != nil {
-		return nil, fmt.Errorf("opening job log: %w", err)
+		return nil, nil, fmt.Errorf("opening job log: %w", err)
 	}
 	defer out.Close()
 	args := append(append(append([]string{"-u", script, sb.dir, sb.sock}, l.Preload...), "--"), sb.spec.GetCommand()...)
-	return s.spawner.Spawn(ProcessSpec{Path: python, Args: args, Dir: p.workdir, Env: standbyEnv(sb.spec, s.baseEnv(p.jobEnv)), Output: out, LogPath: p.logPath,
+	proc, err := s.spawner.Spawn(ProcessSpec{Path: python, Args: args, Dir: p.workdir, Env: standbyEnv(sb.spec, s.baseEnv(p.jobEnv)), Output: out, LogPath: p.logPath,
 		Credential: p.runAs.Credential, ID: sb.job + "." + strings.TrimSuffix(sb.sock, ".sock"), OrphanTimeout: time.Duration(s.orphanTimeout.Load())})
+	if err != nil {
+		return nil, nil, err
+	}
+	return proc, p.releaseUser, nil
 }
 
 // takeStandby returns the standby started for a's job and run, waiting

@@ -92,7 +92,7 @@ for n in 1 2; do
 	# stop with their agent instead of waiting restart_grace for one.
 	# Workers run as whoever runs the demo (root allowed for that): the job
 	# writes its checkpoints under examples/. A real node keeps the default,
-	# nobody, or a dedicated training user.
+	# a dynamic user of each job's own, or a dedicated training user.
 	bin/rdzv-agent --controller "$CONTROLLER" --node-name "demo-node-$n" --state-dir "$DEMO/node-$n" --gossip-port 0 --restart-grace 0 \
 		--http-listen "127.0.0.1:$((9401 + n))" \
 		--run-as "$(id -u):$(id -g)" --allow-root \

@@ -56,7 +56,8 @@ type Spec struct {
 	// starts the workers, so the values never pass through the controller.
 	EnvFiles map[string]string `json:"env_files"`
 	// RunAs is the user the workers run as (name or uid[:gid]); empty uses
-	// the agent's run_as.
+	// the agent's run_as, by default a dynamic user of the job's own on
+	// each node (agent/dynuser.go).
 	RunAs string `json:"run_as"`
 
 	// pos is where each field was in the job file, for Validate's errors;

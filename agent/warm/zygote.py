@@ -6,10 +6,14 @@ its workdir with the job's environment, before any assignment:
     python3 zygote.py SOCKET_DIR SOCKET_NAME MODULE... -- COMMAND...
 
 COMMAND is the job's command, there for ps and the like to show what the
-standby is for; what it runs is the assignment's. It imports the preload MODULEs (torch, torch.distributed: the seconds every
-torchrun worker spends at its start), listens on SOCKET_DIR/SOCKET_NAME (a
-directory only the job's user and root can enter) and waits. It runs no code
-of the job's and touches no GPU before the agent's one message, a JSON line:
+standby is for; what it runs is the assignment's. It imports the preload
+MODULEs (torch, torch.distributed: the seconds every torchrun worker spends
+at its start), listens on SOCKET_DIR/SOCKET_NAME (a directory only the job's
+user and root can enter) and waits. It takes a message only from a peer
+(SO_PEERCRED) that is root (the agent) or its own user, who can do anything
+it does anyway; anyone else is answered "error: ..." and the standby waits
+on. It runs no code of the job's and touches no GPU before the agent's one
+message, a JSON line:
 
     {"argv": [script, args...] or ["-m", module, args...],
      "workers": [{"env": {...}}, ...],   # one per local rank
@@ -43,6 +47,7 @@ import os
 import runpy
 import signal
 import socket
+import struct
 import sys
 import time
 
@@ -95,6 +100,10 @@ def wait_for_assignment(sock_dir, sock_name):
     while True:
         conn, _ = ln.accept()
         with conn:
+            _, uid, _ = struct.unpack("i2I", conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("i2I")))
+            if uid not in (0, os.getuid()):
+                conn.sendall(b"error: uid %d may not hand this standby its assignment\n" % uid)
+                continue
             data = b""
             while not data.endswith(b"\n") and len(data) < MAX_MESSAGE:
                 chunk = conn.recv(1 << 16)

@@ -89,7 +89,7 @@ func config(args []string) (agent.Config, error) {
 	restartGrace := fs.Duration("restart-grace", def.RestartGrace.Duration, "how long workers run on after the agent stops, for the next agent to adopt them (0: stop them with the agent)")
 	level := fs.String("log-level", def.LogLevel, "debug, info, warn or error")
 	secretsDir := fs.String("secrets-dir", def.SecretsDir, "directory holding the files jobs may name in env_files")
-	runAs := fs.String("run-as", def.RunAs, "user workers run as unless the job names one (name or uid[:gid])")
+	runAs := fs.String("run-as", def.RunAs, "user workers run as unless the job names one (name or uid[:gid]; empty: a dynamic user of the job's own, from dynamic_users)")
 	allowRoot := fs.Bool("allow-root", def.AllowRoot, "let workers run as root")
 	tlsFiles := cli.TLSFlags(fs, "agent")
 	insecure := fs.Bool("insecure", false, "connect without TLS, to a controller started with --insecure (local tests and the demo only)")
