@@ -88,7 +88,10 @@ FUZZ_TARGETS := \
 	./controller:FuzzStartJobRequest \
 	./controller:FuzzRequests \
 	./controller:FuzzConnectRequest \
-	./agent:FuzzReportEndpoint
+	./agent:FuzzReportEndpoint \
+	./wire:FuzzReadFrame \
+	./relay:FuzzFramedReader \
+	./client:FuzzFramedReader
 
 fuzz:
 	@set -e; for t in $(FUZZ_TARGETS); do \

@@ -153,8 +153,10 @@ func (handshaked) OverrideServerName(string) error { return nil }
 // silent for wire.AgentIdleTimeout, or breaks the framing.
 type agentConn struct {
 	r     *Relay
-	ctx   context.Context
-	conn  *tls.Conn
+	ctx context.Context
+	// conn is the agent's TLS connection, chain the certificates its
+	// handshake verified.
+	conn  net.Conn
 	chain []*x509.Certificate
 	// unwatch undoes the close of conn at the relay's shutdown (close).
 	unwatch func() bool
