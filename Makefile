@@ -111,6 +111,7 @@ demo: build
 # Benchmarks print figures; they never gate a build.
 bench:
 	$(GO) test -run '^$$' -bench . -benchmem ./rendezvous/
+	$(GO) test -run '^$$' -bench HeaderFlood -benchtime 1x ./relay/
 
 # Recovery time after faults, rdzv beside torchrun's elastic mode, on netns
 # hosts (root, python3-torch). Figures only; see test/bench/doc.go.
