@@ -8,10 +8,12 @@
 // stream stays its own as far as the agent and the controller's logic can
 // tell.
 //
-// Trust: the relay verifies each agent's certificate and forwards it when
-// it opens the agent's stream (rdzv.v1.OpenStream); the controller
-// verifies it again against its CA and deny-list and lets the stream speak
-// for that node only. A relay's certificate (role relay) can carry agents
+// Trust: the relay's TLS handshake admits only a certificate that
+// verifies against the cluster CA and is off the leader's deny-list
+// (docs/security.md, "Relay"); the relay forwards it when it opens the
+// agent's stream (rdzv.v1.OpenStream), and the controller verifies it
+// again against its CA and deny-list and lets the stream speak for that
+// node only. A relay's certificate (role relay) can carry agents
 // and do nothing else.
 package relay
 
