@@ -14,6 +14,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/rdzv/rdzv/controller"
 	"github.com/rdzv/rdzv/pki"
 	rdzvv1 "github.com/rdzv/rdzv/proto/rdzv/v1"
 	"github.com/rdzv/rdzv/wire"
@@ -178,7 +179,10 @@ func mustMessage(t *testing.T, m proto.Message) []byte {
 // agent's stream with ResourceExhausted; the call, and a neighbour's
 // heartbeats on it, go on.
 func TestRelayRefusesOversizeMessage(t *testing.T) {
-	c := newCluster(t)
+	// The agents here send no heartbeats but the neighbour's few, and a
+	// 16 MiB message is slow to write under -race: no node is declared
+	// lost meanwhile.
+	c := newCluster(t, func(cfg *controller.Config) { cfg.Heartbeat.Timeout.Duration = time.Hour })
 	r := c.startRelay("rack-1")
 	big := c.dialFramed(r, c.issue(pki.Identity{Role: pki.RoleAgent, Name: "node-a"}), "node-a")
 	good := c.dialFramed(r, c.issue(pki.Identity{Role: pki.RoleAgent, Name: "node-b"}), "node-b")
