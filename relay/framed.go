@@ -152,7 +152,7 @@ func (handshaked) OverrideServerName(string) error { return nil }
 // bench-scale). The connection is closed when the agent closes it, falls
 // silent for wire.AgentIdleTimeout, or breaks the framing.
 type agentConn struct {
-	r     *Relay
+	r   *Relay
 	ctx context.Context
 	// conn is the agent's TLS connection, chain the certificates its
 	// handshake verified.

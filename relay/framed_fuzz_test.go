@@ -8,8 +8,11 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/stretchr/testify/require"
 	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
+	"go.uber.org/zap/zaptest/observer"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
@@ -24,17 +27,10 @@ import (
 // certificate, so every register it sends is refused at its open, and no
 // call to a controller is needed.
 func FuzzFramedReader(f *testing.F) {
-	dir := f.TempDir()
-	ca, err := pki.NewCA("fuzz", time.Hour, time.Now())
+	cfg := DefaultConfig()
+	cfg.Controller, cfg.HTTP.Listen, cfg.TLS = "127.0.0.1:1", "", relayFiles(f)
+	r, err := New(cfg, zap.NewNop())
 	require.NoError(f, err)
-	require.NoError(f, ca.Save(dir, false))
-	own, err := ca.Issue(pki.Request{Identity: pki.Identity{Role: pki.RoleRelay, Name: "rack-1"}, ValidFor: time.Minute, Now: time.Now()})
-	require.NoError(f, err)
-	cert, key, err := own.Save(filepath.Join(dir, "relay"), false)
-	require.NoError(f, err)
-	rl, err := pki.NewReloader(pki.Files{Cert: cert, Key: key, CA: filepath.Join(dir, "ca.crt")}, nil, zap.NewNop())
-	require.NoError(f, err)
-	r := &Relay{log: zap.NewNop(), refusals: zap.NewNop(), tls: rl, metrics: newMetrics(), revoked: pki.NewDenyList()}
 
 	reg, err := wire.AppendMessage(nil, &rdzvv1.ConnectRequest{Msg: &rdzvv1.ConnectRequest_Register{Register: &rdzvv1.Register{Node: &rdzvv1.NodeInfo{Name: "node-a"}}}})
 	require.NoError(f, err)
@@ -56,4 +52,31 @@ func FuzzFramedReader(f *testing.F) {
 		ac.read()
 		r.conns.Wait()
 	})
+}
+
+// relayFiles are a relay's TLS files, of a CA of their own.
+func relayFiles(tb testing.TB) pki.Files {
+	dir := tb.TempDir()
+	ca, err := pki.NewCA("test", time.Hour, time.Now())
+	require.NoError(tb, err)
+	require.NoError(tb, ca.Save(dir, false))
+	own, err := ca.Issue(pki.Request{Identity: pki.Identity{Role: pki.RoleRelay, Name: "rack-1"}, ValidFor: time.Minute, Now: time.Now()})
+	require.NoError(tb, err)
+	cert, key, err := own.Save(filepath.Join(dir, "relay"), false)
+	require.NoError(tb, err)
+	return pki.Files{Cert: cert, Key: key, CA: filepath.Join(dir, pki.CACertFile)}
+}
+
+// Refusals are all counted, and logged a few lines a second at most.
+func TestRefusalsRateLimited(t *testing.T) {
+	core, logs := observer.New(zapcore.InfoLevel)
+	cfg := DefaultConfig()
+	cfg.Controller, cfg.HTTP.Listen, cfg.TLS = "127.0.0.1:1", "", relayFiles(t)
+	r, err := New(cfg, zap.New(core))
+	require.NoError(t, err)
+	for range 2000 {
+		r.refused(refusedHandshake, "127.0.0.1:1", pki.ErrNoCertificate)
+	}
+	require.Equal(t, float64(2000), testutil.ToFloat64(r.metrics.refused.WithLabelValues(refusedHandshake)))
+	require.LessOrEqual(t, logs.FilterMessage("agent refused").Len(), 2*refusalLines, "a second or two of lines")
 }
