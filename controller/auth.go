@@ -123,7 +123,7 @@ func (a *authenticator) verify(chain pki.Chain, prev pki.ClientVerification) (pk
 	if err != nil {
 		return pki.ClientVerification{}, err
 	}
-	if err := a.revoked.check(v); err != nil {
+	if err := a.revoked.Check(v); err != nil {
 		return pki.ClientVerification{}, err
 	}
 	return v, nil

@@ -32,14 +32,6 @@ type denyList struct{ *pki.DenyList }
 
 func newDenyList() *denyList { return &denyList{pki.NewDenyList()} }
 
-// revokedError refuses a certificate on the deny-list.
-type revokedError = pki.RevokedError
-
-func (d *denyList) check(v pki.ClientVerification) error      { return d.Check(v) }
-func (d *denyList) add(r *rdzvv1.Revocation)                  { d.Add(r) }
-func (d *denyList) replace(entries []*rdzvv1.Revocation)      { d.Replace(entries) }
-func (d *denyList) expire(now time.Time) []*rdzvv1.Revocation { return d.Expire(now) }
-
 // list is every entry, oldest revocation first.
 func (d *denyList) list() []*rdzvv1.Revocation {
 	out := d.Entries()
@@ -177,7 +169,7 @@ func (c *Controller) revoke(ctx context.Context, req *rdzvv1.RevokeCertificateRe
 	reply := make(chan error, 1)
 	c.mu.Lock()
 	c.queueWrite(pendingWrite{ch: c.store.PutRevocation(r, ev), reply: reply, then: func() {
-		c.revoked.add(r)
+		c.revoked.Add(r)
 		c.kickReverify()
 	}})
 	c.mu.Unlock()
@@ -207,7 +199,7 @@ func (c *Controller) loadRevocations(entries map[string]*rdzvv1.Revocation, drop
 		}
 		valid = append(valid, r)
 	}
-	c.revoked.replace(valid)
+	c.revoked.Replace(valid)
 	if len(valid) > 0 {
 		c.log.Info("certificate deny-list loaded", zap.Int("entries", len(valid)))
 	}
@@ -216,7 +208,7 @@ func (c *Controller) loadRevocations(entries map[string]*rdzvv1.Revocation, drop
 // expireRevocations deletes the entries whose certificates have all
 // expired. Callers hold c.mu.
 func (c *Controller) expireRevocations(now time.Time) {
-	for _, r := range c.revoked.expire(now) {
+	for _, r := range c.revoked.Expire(now) {
 		c.persist(c.store.DeleteRevocation(r), nil)
 		c.log.Info("revocation dropped: every certificate it revokes has expired", zap.String("target", revocationTarget(r)),
 			zap.Time("not_after", r.GetNotAfter().AsTime()))
