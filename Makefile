@@ -98,7 +98,10 @@ FUZZ_TARGETS := \
 	./controller:FuzzStartJobRequest \
 	./controller:FuzzRequests \
 	./controller:FuzzConnectRequest \
-	./agent:FuzzReportEndpoint
+	./agent:FuzzReportEndpoint \
+	./wire:FuzzReadFrame \
+	./relay:FuzzFramedReader \
+	./client:FuzzFramedReader
 
 fuzz:
 	@set -e; for t in $(FUZZ_TARGETS); do \
@@ -134,6 +137,7 @@ demo: build
 # Benchmarks print figures; they never gate a build.
 bench:
 	$(GO) test -run '^$$' -bench . -benchmem ./rendezvous/
+	$(GO) test -run '^$$' -bench HeaderFlood -benchtime 1x ./relay/
 
 # Recovery time after faults, rdzv beside torchrun's elastic mode, on netns
 # hosts (root, python3-torch). Figures only; see test/bench/doc.go.

@@ -51,7 +51,8 @@ var methodRoles = map[string][]pki.Role{
 	rdzvv1.ServerService_GetServerInfo_FullMethodName: readers,
 
 	rdzvv1.CertificateService_RevokeCertificate_FullMethodName: operators,
-	rdzvv1.CertificateService_ListRevocations_FullMethodName:   operators,
+	// Relays refuse what the deny-list holds at their agents' handshake.
+	rdzvv1.CertificateService_ListRevocations_FullMethodName: {pki.RoleOperator, pki.RoleRelay},
 }
 
 // authorize says whether id may call method.
@@ -122,7 +123,7 @@ func (a *authenticator) verify(chain pki.Chain, prev pki.ClientVerification) (pk
 	if err != nil {
 		return pki.ClientVerification{}, err
 	}
-	if err := a.revoked.check(v); err != nil {
+	if err := a.revoked.Check(v); err != nil {
 		return pki.ClientVerification{}, err
 	}
 	return v, nil

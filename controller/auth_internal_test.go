@@ -67,6 +67,8 @@ func TestAuthorize(t *testing.T) {
 		{pki.RoleAgent, revoke, "it needs a certificate of role operator"},
 		{pki.RoleViewer, revocations, "it needs a certificate of role operator"},
 		{pki.RoleOperator, revocations, ""},
+		{pki.RoleRelay, revocations, ""},
+		{pki.RoleRelay, revoke, "it needs a certificate of role operator"},
 		{pki.RoleOperator, "/rdzv.v1.JobService/DeleteEverything", "no role may call it"},
 		{pki.RoleOperator, "/grpc.reflection.v1.ServerReflection/ServerReflectionInfo", "no role may call it"},
 	}

@@ -51,6 +51,7 @@ func (c *cluster) startRelayAt(name, addr string) *runningRelay {
 	cfg.Listen = addr
 	cfg.Controller = c.addr
 	cfg.HTTP.Listen = "127.0.0.1:0"
+	cfg.RevocationsRefresh.Duration = time.Second
 	cfg.TLS = c.issue(pki.Identity{Role: pki.RoleRelay, Name: name}, net.IPv4(127, 0, 0, 1))
 	r, err := relay.New(cfg, c.log.Named(name))
 	require.NoError(t, err)

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"sort"
-	"sync"
 	"time"
 
 	"go.uber.org/zap"
@@ -27,111 +26,15 @@ import (
 // entry is dropped once every certificate it revokes has expired, so the
 // list stays as small as the certificates still alive.
 
-// denyList is the deny-list in memory. It has its own lock, not c.mu: the
-// authenticator consults it on every call.
-type denyList struct {
-	mu         sync.RWMutex
-	serials    map[string]*rdzvv1.Revocation
-	identities map[pki.Identity]*rdzvv1.Revocation
-}
+// denyList is the deny-list in memory (pki.DenyList, which relays keep a
+// copy of), listed oldest first.
+type denyList struct{ *pki.DenyList }
 
-func newDenyList() *denyList {
-	return &denyList{serials: map[string]*rdzvv1.Revocation{}, identities: map[pki.Identity]*rdzvv1.Revocation{}}
-}
-
-// revokedError refuses a certificate on the deny-list.
-type revokedError struct {
-	id     pki.Identity
-	serial string
-	entry  *rdzvv1.Revocation
-}
-
-func (e *revokedError) Error() string {
-	msg := fmt.Sprintf("certificate %s (serial %s) revoked at %s by %s", e.id, e.serial,
-		e.entry.GetRevokedAt().AsTime().UTC().Format(time.RFC3339), e.entry.GetRevokedBy())
-	if e.entry.GetIdentity() != "" {
-		msg += fmt.Sprintf(" (every certificate of %s issued before %s; a newer one is accepted)", e.id,
-			e.entry.GetIssuedBefore().AsTime().UTC().Format(time.RFC3339))
-	}
-	if e.entry.GetReason() != "" {
-		msg += ": " + e.entry.GetReason()
-	}
-	return msg
-}
-
-// check refuses the leaf certificate that v verified if the deny-list has
-// it.
-func (d *denyList) check(v pki.ClientVerification) error {
-	d.mu.RLock()
-	defer d.mu.RUnlock()
-	if r := d.serials[v.Serial]; r != nil {
-		return &revokedError{id: v.ID, serial: v.Serial, entry: r}
-	}
-	if r := d.identities[v.ID]; r != nil && v.IssuedAt.Before(r.GetIssuedBefore().AsTime()) {
-		return &revokedError{id: v.ID, serial: v.Serial, entry: r}
-	}
-	return nil
-}
-
-// add puts a valid entry on the list, replacing one of the same target.
-func (d *denyList) add(r *rdzvv1.Revocation) {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	d.addLocked(r)
-}
-
-func (d *denyList) addLocked(r *rdzvv1.Revocation) {
-	if s := r.GetSerial(); s != "" {
-		d.serials[s] = r
-		return
-	}
-	if id, err := pki.ParseIdentity(r.GetIdentity()); err == nil {
-		d.identities[id] = r
-	}
-}
-
-// replace makes the list hold entries only.
-func (d *denyList) replace(entries []*rdzvv1.Revocation) {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	d.serials, d.identities = map[string]*rdzvv1.Revocation{}, map[pki.Identity]*rdzvv1.Revocation{}
-	for _, r := range entries {
-		d.addLocked(r)
-	}
-}
-
-// expire drops and returns the entries whose not_after has passed: every
-// certificate they revoke has expired, and is refused as such.
-func (d *denyList) expire(now time.Time) []*rdzvv1.Revocation {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	var out []*rdzvv1.Revocation
-	for s, r := range d.serials {
-		if now.After(r.GetNotAfter().AsTime()) {
-			delete(d.serials, s)
-			out = append(out, r)
-		}
-	}
-	for id, r := range d.identities {
-		if now.After(r.GetNotAfter().AsTime()) {
-			delete(d.identities, id)
-			out = append(out, r)
-		}
-	}
-	return out
-}
+func newDenyList() *denyList { return &denyList{pki.NewDenyList()} }
 
 // list is every entry, oldest revocation first.
 func (d *denyList) list() []*rdzvv1.Revocation {
-	d.mu.RLock()
-	out := make([]*rdzvv1.Revocation, 0, len(d.serials)+len(d.identities))
-	for _, r := range d.serials {
-		out = append(out, r)
-	}
-	for _, r := range d.identities {
-		out = append(out, r)
-	}
-	d.mu.RUnlock()
+	out := d.Entries()
 	sort.Slice(out, func(i, j int) bool {
 		ti, tj := out[i].GetRevokedAt().AsTime(), out[j].GetRevokedAt().AsTime()
 		if !ti.Equal(tj) {
@@ -266,7 +169,7 @@ func (c *Controller) revoke(ctx context.Context, req *rdzvv1.RevokeCertificateRe
 	reply := make(chan error, 1)
 	c.mu.Lock()
 	c.queueWrite(pendingWrite{ch: c.store.PutRevocation(r, ev), reply: reply, then: func() {
-		c.revoked.add(r)
+		c.revoked.Add(r)
 		c.kickReverify()
 	}})
 	c.mu.Unlock()
@@ -296,7 +199,7 @@ func (c *Controller) loadRevocations(entries map[string]*rdzvv1.Revocation, drop
 		}
 		valid = append(valid, r)
 	}
-	c.revoked.replace(valid)
+	c.revoked.Replace(valid)
 	if len(valid) > 0 {
 		c.log.Info("certificate deny-list loaded", zap.Int("entries", len(valid)))
 	}
@@ -305,7 +208,7 @@ func (c *Controller) loadRevocations(entries map[string]*rdzvv1.Revocation, drop
 // expireRevocations deletes the entries whose certificates have all
 // expired. Callers hold c.mu.
 func (c *Controller) expireRevocations(now time.Time) {
-	for _, r := range c.revoked.expire(now) {
+	for _, r := range c.revoked.Expire(now) {
 		c.persist(c.store.DeleteRevocation(r), nil)
 		c.log.Info("revocation dropped: every certificate it revokes has expired", zap.String("target", revocationTarget(r)),
 			zap.Time("not_after", r.GetNotAfter().AsTime()))

@@ -64,7 +64,7 @@ func TestDenyListCheck(t *testing.T) {
 	sameNameOtherRole := issueAt(t, ca, "operator/gpu-01", revokeNow.Add(-2*time.Hour))
 
 	d := newDenyList()
-	d.replace([]*rdzvv1.Revocation{
+	d.Replace([]*rdzvv1.Revocation{
 		bySerial(stolen, revokeNow.Add(time.Hour)),
 		byIdentity("agent/gpu-01", revokeNow, revokeNow.Add(time.Hour)),
 	})
@@ -82,12 +82,12 @@ func TestDenyListCheck(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			err := d.check(verifiedAs(t, tt.cert))
+			err := d.Check(verifiedAs(t, tt.cert))
 			if tt.wantErr == nil {
 				require.NoError(t, err)
 				return
 			}
-			var revoked *revokedError
+			var revoked *pki.RevokedError
 			require.ErrorAs(t, err, &revoked)
 			for _, want := range tt.wantErr {
 				require.ErrorContains(t, err, want)
@@ -97,8 +97,8 @@ func TestDenyListCheck(t *testing.T) {
 
 	// Revoking the identity again, later, covers the reissued certificate
 	// too: the newer entry replaces the older.
-	d.add(byIdentity("agent/gpu-01", revokeNow.Add(time.Hour), revokeNow.Add(2*time.Hour)))
-	require.Error(t, d.check(verifiedAs(t, reissued)))
+	d.Add(byIdentity("agent/gpu-01", revokeNow.Add(time.Hour), revokeNow.Add(2*time.Hour)))
+	require.Error(t, d.Check(verifiedAs(t, reissued)))
 	require.Len(t, d.list(), 2)
 }
 
@@ -106,7 +106,7 @@ func TestDenyListExpire(t *testing.T) {
 	ca := testCA(t)
 	a, b := issueAt(t, ca, "viewer/a", revokeNow), issueAt(t, ca, "viewer/b", revokeNow)
 	d := newDenyList()
-	d.replace([]*rdzvv1.Revocation{
+	d.Replace([]*rdzvv1.Revocation{
 		bySerial(a, revokeNow.Add(time.Hour)),
 		bySerial(b, revokeNow.Add(3*time.Hour)),
 		byIdentity("agent/gpu-01", revokeNow, revokeNow.Add(2*time.Hour)),
@@ -123,13 +123,13 @@ func TestDenyListExpire(t *testing.T) {
 	}
 	for _, tt := range tests {
 		var dropped []string
-		for _, r := range d.expire(tt.at) {
+		for _, r := range d.Expire(tt.at) {
 			dropped = append(dropped, revocationTarget(r))
 		}
 		require.Equal(t, tt.dropped, dropped, "at %s", tt.at)
 		require.Len(t, d.list(), tt.leftKeys)
 	}
-	require.NoError(t, d.check(verifiedAs(t, a)), "a dropped entry no longer refuses")
+	require.NoError(t, d.Check(verifiedAs(t, a)), "a dropped entry no longer refuses")
 }
 
 // verifiedAs is what verifying cert gives the deny-list to check.
@@ -197,7 +197,7 @@ func TestAuthenticatorRefusesRevoked(t *testing.T) {
 	byID := issueAt(t, ca, "operator/bob", revokeNow.Add(-time.Hour))
 	fine := issueAt(t, ca, "agent/gpu-02", revokeNow.Add(-time.Hour))
 	foreign := issueAt(t, testCA(t), "agent/gpu-03", revokeNow.Add(-time.Hour))
-	a.revoked.replace([]*rdzvv1.Revocation{
+	a.revoked.Replace([]*rdzvv1.Revocation{
 		bySerial(revoked, revokeNow.Add(time.Hour)),
 		byIdentity("operator/bob", revokeNow, revokeNow.Add(time.Hour)),
 	})

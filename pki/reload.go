@@ -371,6 +371,33 @@ func (r *Reloader) ServerConfig(ticketKey func(epoch int64) [32]byte) *tls.Confi
 	return conf
 }
 
+// VerifyingServerConfig is the TLS configuration of a server that serves
+// no peer without a valid client certificate (the relay's agent port):
+// the handshake requires one, and fails unless its chain verifies against
+// the CA as loaded now and accept, if not nil, accepts the verification
+// (a deny-list's check, a role). VerifyConnection runs on resumed
+// sessions too, with the chain of their full handshake, so a certificate
+// revoked since is refused there as well. Before it is verified, a peer
+// can make the server read no more than crypto/tls takes of a handshake
+// message (64 KiB; 256 KiB for its certificates), within the caller's
+// handshake deadline; a refusal fails the handshake with a TLS alert and
+// nothing past it is read.
+func (r *Reloader) VerifyingServerConfig(accept func(ClientVerification) error) *tls.Config {
+	conf := r.ServerConfig(nil)
+	conf.ClientAuth = tls.RequireAnyClientCert
+	conf.VerifyConnection = func(cs tls.ConnectionState) error {
+		v, err := r.VerifyClientAgain(ChainOf(cs.PeerCertificates), ClientVerification{})
+		if err != nil {
+			return err
+		}
+		if accept != nil {
+			return accept(v)
+		}
+		return nil
+	}
+	return conf
+}
+
 // ClientConfig is the TLS configuration for dialing the controller at addr
 // (host:port): it presents this daemon's certificate and accepts only a
 // controller certificate, valid for addr's host and signed by the CA as

@@ -11,6 +11,7 @@ import (
 	"go.uber.org/zap"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
 
 	rdzvv1 "github.com/rdzv/rdzv/proto/rdzv/v1"
 	"github.com/rdzv/rdzv/wire"
@@ -127,10 +128,16 @@ type call struct {
 // agentStream is an agent's stream on a call: what the controller sends
 // it, and why it ended.
 type agentStream struct {
-	id   uint64
-	once sync.Once
-	gone chan struct{}
-	why  error
+	id uint64
+	// unsent holds a token for each of the agent's messages queued for the
+	// controller and not sent yet: an agent that sends faster than the
+	// call takes its messages waits once agentBuffer are queued (its own
+	// reader, no neighbour's), rather than overflow the call's queue,
+	// which would end the call and every agent's stream on it.
+	unsent chan struct{}
+	once   sync.Once
+	gone   chan struct{}
+	why    error
 
 	// down queues what the controller sent the agent, up to agentBuffer
 	// messages; wake is called when it may have grown, and when the
@@ -144,7 +151,7 @@ type agentStream struct {
 }
 
 func newAgentStream(wake func()) *agentStream {
-	return &agentStream{gone: make(chan struct{}), wake: wake}
+	return &agentStream{gone: make(chan struct{}), wake: wake, unsent: make(chan struct{}, agentBuffer)}
 }
 
 // push queues m for the agent; false when agentBuffer messages wait.
@@ -186,7 +193,11 @@ func (cl *call) serve() error {
 	go func() {
 		defer close(done)
 		cl.end(cl.out.Run(cl.ctx, func(frames []*rdzvv1.UpFrame) error {
-			return cl.stream.Send(&rdzvv1.CarryRequest{Frames: frames})
+			if err := cl.stream.Send(&rdzvv1.CarryRequest{Frames: frames}); err != nil {
+				return err
+			}
+			cl.sent(frames)
+			return nil
 		}))
 	}()
 	err := cl.receive()
@@ -251,9 +262,38 @@ func (cl *call) open(as *agentStream, chain []*x509.Certificate, reg *rdzvv1.Reg
 	return nil
 }
 
-// send passes an agent's message on.
+// send passes an agent's message on, once fewer than agentBuffer of its
+// messages wait to be sent.
 func (cl *call) send(as *agentStream, m encoded) error {
-	return cl.put(&rdzvv1.UpFrame{StreamId: as.id, Frame: &rdzvv1.UpFrame_Request{Request: m}})
+	select {
+	case as.unsent <- struct{}{}:
+	case <-as.gone:
+		return as.why
+	case <-cl.ctx.Done():
+		return status.Errorf(codes.Unavailable, "relay: its call to the controller ended: %v", context.Cause(cl.ctx))
+	}
+	err := cl.put(&rdzvv1.UpFrame{StreamId: as.id, Frame: &rdzvv1.UpFrame_Request{Request: m}})
+	if err != nil {
+		<-as.unsent
+	}
+	return err
+}
+
+// sent returns the tokens of the agents' messages in frames, sent.
+func (cl *call) sent(frames []*rdzvv1.UpFrame) {
+	cl.mu.Lock()
+	defer cl.mu.Unlock()
+	for _, f := range frames {
+		if _, ok := f.GetFrame().(*rdzvv1.UpFrame_Request); !ok {
+			continue
+		}
+		if as := cl.streams[f.GetStreamId()]; as != nil {
+			select {
+			case <-as.unsent:
+			default:
+			}
+		}
+	}
 }
 
 // close ends an agent's stream from the relay's side and tells the
@@ -269,8 +309,15 @@ func (cl *call) close(as *agentStream, why error) {
 	}
 }
 
-// put queues a frame; an overflowing queue breaks the call.
+// put queues a frame; an overflowing queue breaks the call. A frame that
+// would not fit the call's message limit alone (an agent's message near
+// wire.MaxMessageBytes, with its stream's framing) is refused, with
+// ResourceExhausted for its agent's stream only: sent, it would fail the
+// call's send, which ends the call and every stream on it.
 func (cl *call) put(f *rdzvv1.UpFrame) error {
+	if n := wire.ItemBytes(proto.Size(f)); n > wire.MaxMessageBytes {
+		return status.Errorf(codes.ResourceExhausted, "relay: the agent's message, framed for the relay's call to the controller, is %d bytes, over the call's limit of %d", n, wire.MaxMessageBytes)
+	}
 	if err := cl.out.Put(f); err != nil {
 		cl.end(err)
 		return status.Errorf(codes.Unavailable, "relay: its call to the controller ended: %v", err)
@@ -303,7 +350,7 @@ func (cl *call) pump(down rdzvv1.AgentService_ConnectServer, as *agentStream, re
 				return
 			}
 			if err := cl.send(as, m); err != nil {
-				as.stop(err)
+				cl.close(as, err)
 				return
 			}
 		}

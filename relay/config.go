@@ -8,10 +8,12 @@
 // stream stays its own as far as the agent and the controller's logic can
 // tell.
 //
-// Trust: the relay verifies each agent's certificate and forwards it when
-// it opens the agent's stream (rdzv.v1.OpenStream); the controller
-// verifies it again against its CA and deny-list and lets the stream speak
-// for that node only. A relay's certificate (role relay) can carry agents
+// Trust: the relay's TLS handshake admits only a certificate that
+// verifies against the cluster CA and is off the leader's deny-list
+// (docs/security.md, "Relay"); the relay forwards it when it opens the
+// agent's stream (rdzv.v1.OpenStream), and the controller verifies it
+// again against its CA and deny-list and lets the stream speak for that
+// node only. A relay's certificate (role relay) can carry agents
 // and do nothing else.
 package relay
 
@@ -19,12 +21,14 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"time"
 
 	"sigs.k8s.io/yaml"
 
 	"github.com/rdzv/rdzv/client"
 	"github.com/rdzv/rdzv/internal/httpserve"
 	"github.com/rdzv/rdzv/pki"
+	"github.com/rdzv/rdzv/wire"
 )
 
 // DefaultListen is the relay's gRPC address for agents.
@@ -48,11 +52,18 @@ type Config struct {
 	// off when its listen is empty.
 	HTTP     httpserve.Config `json:"http"`
 	LogLevel string           `json:"log_level"`
+	// RevocationsRefresh is how often the relay reads the leader's
+	// certificate deny-list (CertificateService.ListRevocations), which
+	// its agent port refuses at the TLS handshake, as the controller
+	// does. A certificate revoked since is refused by the controller when
+	// the relay forwards it, and its streams ended, either way.
+	RevocationsRefresh wire.Duration `json:"revocations_refresh"`
 }
 
 // DefaultConfig is a relay with no controller and no certificate set.
 func DefaultConfig() Config {
-	return Config{Listen: DefaultListen, HTTP: httpserve.Config{Listen: DefaultHTTPListen}, LogLevel: "info"}
+	return Config{Listen: DefaultListen, HTTP: httpserve.Config{Listen: DefaultHTTPListen}, LogLevel: "info",
+		RevocationsRefresh: wire.Duration{Duration: 10 * time.Second}}
 }
 
 // LoadConfig reads a YAML config file over DefaultConfig.
@@ -80,6 +91,9 @@ func (c Config) Validate() error {
 	}
 	if _, err := client.ParseAddrs("listen", c.Listen); err != nil {
 		errs = append(errs, err)
+	}
+	if c.RevocationsRefresh.Duration < time.Second {
+		errs = append(errs, fmt.Errorf("revocations_refresh: must be at least 1s, got %s", c.RevocationsRefresh))
 	}
 	errs = append(errs, c.TLS.Validate("tls"), c.HTTP.Validate("http"))
 	return errors.Join(errs...)

@@ -4,6 +4,7 @@ import (
 	"os"
 	"path/filepath"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 
@@ -25,6 +26,7 @@ func TestValidate(t *testing.T) {
 		{"bad listen", func(c *Config) { c.Listen = "7071" }, `listen: "7071" is not host:port`},
 		{"no certificate", func(c *Config) { c.TLS = pki.Files{} }, "tls.cert: required"},
 		{"bad http", func(c *Config) { c.HTTP.Listen = "nowhere" }, `http.listen: "nowhere" is not host:port`},
+		{"revocations read too often", func(c *Config) { c.RevocationsRefresh.Duration = time.Millisecond }, "revocations_refresh: must be at least 1s, got 1ms"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -46,6 +48,7 @@ func TestShippedConfig(t *testing.T) {
 	require.Equal(t, DefaultListen, cfg.Listen)
 	require.Equal(t, DefaultHTTPListen, cfg.HTTP.Listen)
 	require.Equal(t, "/etc/rdzv/pki/relay.crt", cfg.TLS.Cert)
+	require.Equal(t, DefaultConfig().RevocationsRefresh, cfg.RevocationsRefresh)
 }
 
 func TestLoadConfigRefusesUnknownFields(t *testing.T) {

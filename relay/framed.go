@@ -67,7 +67,7 @@ func (r *Relay) handshake(ctx context.Context, c net.Conn, conf *tls.Config, h2 
 	err := tc.HandshakeContext(hctx)
 	cancel()
 	if err != nil {
-		r.log.Debug("tls handshake failed", zap.Stringer("peer", c.RemoteAddr()), zap.Error(err))
+		r.refused(refusedHandshake, c.RemoteAddr().String(), err)
 		_ = c.Close()
 		return
 	}
@@ -152,9 +152,11 @@ func (handshaked) OverrideServerName(string) error { return nil }
 // bench-scale). The connection is closed when the agent closes it, falls
 // silent for wire.AgentIdleTimeout, or breaks the framing.
 type agentConn struct {
-	r     *Relay
-	ctx   context.Context
-	conn  *tls.Conn
+	r   *Relay
+	ctx context.Context
+	// conn is the agent's TLS connection, chain the certificates its
+	// handshake verified.
+	conn  net.Conn
 	chain []*x509.Certificate
 	// unwatch undoes the close of conn at the relay's shutdown (close).
 	unwatch func() bool
@@ -192,26 +194,43 @@ func (r *Relay) serveFramed(ctx context.Context, tc *tls.Conn) {
 // read serves the agent's frames until its connection ends: a register
 // between streams opens the next, a message is the stream's, a ping is
 // answered. It then ends the stream under way and closes the connection.
+//
+// While no stream is under way (before the first register, and between
+// streams) the agent is not admitted: its frames are bounded by
+// wire.MaxRegisterFrameBytes, and nothing it sends, pings included, moves
+// the read deadline, so it is closed AgentIdleTimeout after it went
+// between streams (or connected) unless it registers. A stream's frames
+// move the deadline, once a second at most.
 func (ac *agentConn) read() {
 	defer ac.close()
 	var extended time.Time
+	idle := false
 	for {
-		// The deadline moves once a second, not once a frame. The first
-		// one bounds the wait for the first register too (registerTimeout
-		// on a gRPC stream).
-		if now := time.Now(); now.Sub(extended) > time.Second {
-			extended = now
+		st := ac.current()
+		limit := wire.MaxFrameBytes
+		switch now := time.Now(); {
+		case st == nil:
+			limit = wire.MaxRegisterFrameBytes
+			if !idle {
+				idle, extended = true, time.Time{}
+				_ = ac.conn.SetReadDeadline(now.Add(wire.AgentIdleTimeout))
+			}
+		case now.Sub(extended) > time.Second:
+			idle, extended = false, now
 			_ = ac.conn.SetReadDeadline(now.Add(wire.AgentIdleTimeout))
 		}
-		kind, p, err := wire.ReadFrame(ac.conn)
+		kind, p, err := wire.ReadFrameUpTo(ac.conn, limit)
 		if err != nil {
 			why := fmt.Errorf("%w: %w", errAgentGone, err)
 			if errors.Is(err, wire.ErrFrameTooLarge) {
 				// The framing is lost; the agent learns why if it reads.
 				why = status.Errorf(codes.ResourceExhausted, "relay: %v", err)
+				ac.r.refused(refusedFrame, ac.conn.RemoteAddr().String(), err)
 			}
 			if st := ac.current(); st != nil {
 				ac.end(st, why)
+			} else if status.Code(why) == codes.ResourceExhausted {
+				ac.goodbye(why)
 			}
 			return
 		}
@@ -231,6 +250,18 @@ func (ac *agentConn) read() {
 	}
 }
 
+// goodbye tells an agent with no stream under way why its connection
+// closes, in one write that gives up at once on a peer that does not read.
+func (ac *agentConn) goodbye(why error) {
+	ac.mu.Lock()
+	defer ac.mu.Unlock()
+	if ac.writing {
+		return // the writer's frames would interleave; the close says enough
+	}
+	_ = ac.conn.SetWriteDeadline(time.Now().Add(time.Second))
+	_, _ = ac.conn.Write(wire.AppendEnd(nil, why))
+}
+
 func (ac *agentConn) current() *framedStream {
 	ac.mu.Lock()
 	defer ac.mu.Unlock()
@@ -248,7 +279,7 @@ func (ac *agentConn) message(p []byte) {
 			return // sent before the agent learnt of the end
 		}
 		if err := st.cl.send(st.as, p); err != nil {
-			st.as.stop(err)
+			st.cl.close(st.as, err)
 		}
 		return
 	}
@@ -422,6 +453,11 @@ func (ac *agentConn) finish(st *framedStream) {
 	st.cancel()
 	if st.cl != nil {
 		ac.r.metrics.streams.Dec()
+	} else if code != codes.OK && code != codes.Unavailable {
+		// Refused at its open (its certificate, its register): the
+		// connection goes too. Unavailable (no controller served) keeps
+		// it for the agent's next try, as the agent does.
+		ac.close()
 	}
 	ac.r.metrics.ended.WithLabelValues(code.String()).Inc()
 	ac.r.log.Debug("agent stream ended", zap.Stringer("peer", ac.conn.RemoteAddr()), zap.Error(why))

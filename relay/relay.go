@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
 	"golang.org/x/sync/errgroup"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/backoff"
@@ -61,6 +62,10 @@ var upstreamBackoff = grpc.ConnectParams{
 	MinConnectTimeout: client.DefaultConfig().DialTimeout,
 }
 
+// refusalLines bounds the log lines of each kind of refusal a second
+// (Relay.refusals); rdzv_relay_refused_total counts them all.
+const refusalLines = 5
+
 // registerTimeout bounds the wait for an agent's first message, as the
 // controller's does: a connection that opens a stream and says nothing
 // holds no place on the controller for long.
@@ -76,6 +81,12 @@ type Relay struct {
 	http    *httpserve.Server
 	reach   *reach
 	carrier *carrier
+	// revoked is the leader's deny-list as last read (syncRevocations).
+	revoked *pki.DenyList
+	// refusals logs the refusals of peers, a few lines a second at most:
+	// a peer that is refused costs the relay no more than it takes to
+	// refuse it, and no flood of log lines either.
+	refusals *zap.Logger
 
 	lis   net.Listener
 	ready chan struct{}
@@ -110,7 +121,10 @@ func New(cfg Config, log *zap.Logger) (*Relay, error) {
 		return nil, fmt.Errorf("loading the relay's tls files: %w", err)
 	}
 	r := &Relay{cfg: cfg, log: log, tls: tls, client: cl, metrics: newMetrics(), ready: make(chan struct{}),
-		reach: &reach{addrs: addrs, dial: (&net.Dialer{}).DialContext}}
+		reach: &reach{addrs: addrs, dial: (&net.Dialer{}).DialContext}, revoked: pki.NewDenyList(),
+		refusals: log.WithOptions(zap.WrapCore(func(c zapcore.Core) zapcore.Core {
+			return zapcore.NewSamplerWithOptions(c, time.Second, refusalLines, 0)
+		}))}
 	r.carrier = newCarrier(r)
 	if cfg.HTTP.Enabled() {
 		reg := httpserve.NewRegistry()
@@ -159,10 +173,13 @@ func (r *Relay) Run(ctx context.Context) error {
 		return fmt.Errorf("listening on %s: %w", r.cfg.Listen, err)
 	}
 	r.lis = lis
-	// The relay makes the TLS handshake; ALPN says whether the agent's
-	// stream goes as frames (wire.AgentProtocol) or as a gRPC call, on
-	// gRPC's server, which is handed the connection (grpcConns).
-	conf := r.tls.ServerConfig(nil)
+	// The relay makes the TLS handshake, which admits only a client
+	// certificate that verifies and is not on the deny-list: nothing a
+	// peer sends past the handshake is read before that. ALPN then says
+	// whether the agent's stream goes as frames (wire.AgentProtocol) or
+	// as a gRPC call, on gRPC's server, which is handed the connection
+	// (grpcConns).
+	conf := r.tls.VerifyingServerConfig(r.revoked.Check)
 	conf.NextProtos = []string{wire.AgentProtocol, "h2"}
 	h2 := newGRPCConns(lis.Addr())
 	srv := grpc.NewServer(append(wire.StreamServerOptions(), grpc.Creds(handshaked{}), grpc.ForceServerCodecV2(newPassThrough()))...)
@@ -178,6 +195,7 @@ func (r *Relay) Run(ctx context.Context) error {
 	r.log.Info("relay serving", zap.Stringer("addr", lis.Addr()), zap.String("controller", r.cfg.Controller))
 	close(r.ready)
 	g.Go(func() error { r.carrier.run(gctx); return nil })
+	g.Go(func() error { r.syncRevocations(gctx); return nil })
 	g.Go(func() error { return r.accept(gctx, conf, h2) })
 	g.Go(func() error {
 		if err := srv.Serve(h2); err != nil && !errors.Is(err, grpc.ErrServerStopped) {
@@ -251,14 +269,19 @@ func (r *Relay) carry(down rdzvv1.AgentService_ConnectServer) error {
 	return cl.pump(down, as, ready)
 }
 
-// admit checks the certificate chain an agent presented: the relay
-// carries agents only, each with a short chain.
+// admit checks the certificate chain an agent presented, at each stream
+// it opens (the handshake checked it, perhaps long ago): the relay carries
+// agents only, each with a short chain.
 func (r *Relay) admit(peer string, chain []*x509.Certificate) error {
-	id, err := r.tls.VerifyClient(chain)
+	v, err := r.tls.VerifyClientAgain(pki.ChainOf(chain), pki.ClientVerification{})
+	if err == nil {
+		err = r.revoked.Check(v)
+	}
 	if err != nil {
-		r.log.Warn("unauthenticated agent refused", zap.String("peer", peer), zap.Error(err))
+		r.refused(refusedStream, peer, err)
 		return status.Error(codes.Unauthenticated, err.Error())
 	}
+	id := v.ID
 	if id.Role != pki.RoleAgent {
 		return status.Errorf(codes.PermissionDenied, "%s may not call %s through a relay: it carries agents only", id, rdzvv1.AgentService_Connect_FullMethodName)
 	}
@@ -266,6 +289,44 @@ func (r *Relay) admit(peer string, chain []*x509.Certificate) error {
 		return status.Errorf(codes.InvalidArgument, "%s presented %d certificates; a relay forwards at most %d", id, len(chain), wire.MaxRelayedChain)
 	}
 	return nil
+}
+
+// What a refusal refused, for rdzv_relay_refused_total.
+const (
+	refusedHandshake = "handshake"
+	refusedStream    = "stream"
+	refusedFrame     = "frame"
+)
+
+// refused counts and logs (a few lines a second: refusals) a peer's
+// refusal.
+func (r *Relay) refused(what, peer string, err error) {
+	r.metrics.refused.WithLabelValues(what).Inc()
+	r.refusals.Warn("agent refused", zap.String("at", what), zap.String("peer", peer), zap.Error(err))
+}
+
+// syncRevocations keeps revoked the leader's deny-list, read once per
+// revocations_refresh. Until the first read succeeds (a relay that starts
+// while no controller serves) it refuses nothing revoked: the controller
+// refuses what the relay forwards.
+func (r *Relay) syncRevocations(ctx context.Context) {
+	t := time.NewTicker(r.cfg.RevocationsRefresh.Duration)
+	defer t.Stop()
+	for {
+		cctx, cancel := context.WithTimeout(ctx, r.cfg.RevocationsRefresh.Duration)
+		resp, err := r.client.ListRevocations(cctx, &rdzvv1.ListRevocationsRequest{})
+		cancel()
+		if err == nil {
+			r.revoked.Replace(resp.GetRevocations())
+		} else if ctx.Err() == nil {
+			r.log.Debug("reading the deny-list failed", zap.Error(err))
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
 }
 
 func peerAddr(ctx context.Context) string {

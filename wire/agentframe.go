@@ -2,6 +2,7 @@ package wire
 
 import (
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"io"
 	"time"
@@ -53,12 +54,25 @@ const (
 	AgentIdleTimeout      = 2 * (AgentKeepaliveTime + AgentKeepaliveTimeout)
 )
 
-// maxFrame bounds a frame: a kind and one message.
-const maxFrame = 1 + MaxMessageBytes
+// MaxFrameBytes bounds a frame: a kind and one message.
+const MaxFrameBytes = 1 + MaxMessageBytes
 
-// ErrFrameTooLarge is why a frame is refused: its length is over
-// MaxMessageBytes.
-var ErrFrameTooLarge = fmt.Errorf("a frame of over %d bytes", maxFrame)
+// MaxRegisterFrameBytes bounds a frame that a relay reads from an agent it
+// has not admitted yet: one that has opened no stream on its connection,
+// or is between two. What it sends then is a register, which validates
+// (controller: validateRegister) only with its lists and texts bounded
+// (64 workers, 64 GPUs, texts of MaxTextBytes at most): far below this. An
+// admitted agent's frames may be MaxFrameBytes.
+const MaxRegisterFrameBytes = 1 << 20
+
+// frameChunk is what a frame's buffer starts at: it grows, doubling, as
+// the frame's bytes arrive, so a length announced but not sent costs the
+// reader no more than this.
+const frameChunk = 64 << 10
+
+// ErrFrameTooLarge is why a frame is refused: its length is over the
+// reader's limit.
+var ErrFrameTooLarge = errors.New("a frame over the limit")
 
 // AppendFrame appends a frame of kind with payload to b.
 func AppendFrame(b []byte, kind byte, payload []byte) []byte {
@@ -85,27 +99,42 @@ func AppendEnd(b []byte, err error) []byte {
 	return AppendFrame(b, FrameEnd, p)
 }
 
-// ReadFrame reads one frame from r: its kind and payload, in a new slice.
-func ReadFrame(r io.Reader) (byte, []byte, error) {
+// ReadFrame reads one frame of at most MaxFrameBytes from r (ReadFrameUpTo).
+func ReadFrame(r io.Reader) (byte, []byte, error) { return ReadFrameUpTo(r, MaxFrameBytes) }
+
+// ReadFrameUpTo reads one frame from r: its kind and payload, in a new
+// slice. A frame longer than limit is refused (ErrFrameTooLarge) before
+// any of it is read. The length is the peer's word, not trusted for an
+// allocation: the buffer grows as the bytes arrive, so it stays within
+// twice what the peer sent, and frameChunk.
+func ReadFrameUpTo(r io.Reader, limit int) (byte, []byte, error) {
 	var head [4]byte
 	if _, err := io.ReadFull(r, head[:]); err != nil {
 		return 0, nil, err
 	}
-	n := binary.BigEndian.Uint32(head[:])
+	n := int64(binary.BigEndian.Uint32(head[:]))
 	switch {
 	case n == 0:
 		return 0, nil, io.ErrUnexpectedEOF
-	case n > maxFrame:
-		return 0, nil, fmt.Errorf("%w: %d bytes", ErrFrameTooLarge, n)
+	case n > int64(limit):
+		return 0, nil, fmt.Errorf("%w: %d bytes, over the limit of %d", ErrFrameTooLarge, n, limit)
 	}
-	b := make([]byte, n)
-	if _, err := io.ReadFull(r, b); err != nil {
-		if err == io.EOF {
-			err = io.ErrUnexpectedEOF
+	size := int(n)
+	b := make([]byte, min(size, frameChunk))
+	for got := 0; ; {
+		k, err := io.ReadFull(r, b[got:])
+		got += k
+		if err != nil {
+			if err == io.EOF {
+				err = io.ErrUnexpectedEOF
+			}
+			return 0, nil, err
 		}
-		return 0, nil, err
+		if got == size {
+			return b[0], b[1:], nil
+		}
+		b = append(b, make([]byte, min(len(b), size-len(b)))...)
 	}
-	return b[0], b[1:], nil
 }
 
 // EndStatus is the status a FrameEnd's payload carries.
