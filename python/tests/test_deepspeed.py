@@ -25,7 +25,7 @@ def test_save_marks_complete_and_load_resumes(agent: Agent, tmp_path: Path) -> N
 
     out = run_worker("deepspeed_worker.py", [str(ckpt), "6"],
                      {"RDZV_CHECKPOINT_DIR": str(ckpt), "RDZV_RESUME_FROM": str(ckpt / "global_step4")})
-    assert "RESUMED %s 4\n" % (ckpt / "global_step4") in out
+    assert "RESUMED %s 4\n" % (ckpt / "global_step4" / "mp_rank_00_model_states.pt") in out  # load_path: the model states
     assert [c["step"] for c in agent.checkpoints()] == [2, 4, 6]
 
 
