@@ -14,7 +14,7 @@ pl = pytest.importorskip("lightning.pytorch")
 from rdzv.integrations.lightning import RdzvCallback, RdzvCheckpointIO, resume_checkpoint  # noqa: E402
 
 
-class Tiny(pl.LightningModule):  # type: ignore[misc]
+class Tiny(pl.LightningModule):  # type: ignore[misc,name-defined]
     def __init__(self) -> None:
         super().__init__()
         self.layer = torch.nn.Linear(4, 1)

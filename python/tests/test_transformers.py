@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -13,7 +14,7 @@ transformers = pytest.importorskip("transformers")
 from rdzv.integrations.transformers import RdzvCallback, resume_checkpoint  # noqa: E402
 
 
-class RandomTokens(torch.utils.data.Dataset):  # type: ignore[misc]
+class RandomTokens(torch.utils.data.Dataset):  # type: ignore[misc,name-defined]
     def __init__(self, n: int, length: int, vocab: int) -> None:
         g = torch.Generator().manual_seed(0)
         self.ids = torch.randint(0, vocab, (n, length), generator=g)
@@ -21,7 +22,7 @@ class RandomTokens(torch.utils.data.Dataset):  # type: ignore[misc]
     def __len__(self) -> int:
         return len(self.ids)
 
-    def __getitem__(self, i: int) -> "dict[str, torch.Tensor]":
+    def __getitem__(self, i: int) -> "dict[str, Any]":
         return {"input_ids": self.ids[i], "labels": self.ids[i]}
 
 

@@ -32,8 +32,8 @@ try:
     from lightning.pytorch import Callback, LightningModule, Trainer
     from lightning.pytorch.plugins.io import AsyncCheckpointIO, CheckpointIO
 except ImportError:  # the older package name
-    from pytorch_lightning import Callback, LightningModule, Trainer  # type: ignore[no-redef]
-    from pytorch_lightning.plugins.io import AsyncCheckpointIO, CheckpointIO  # type: ignore[no-redef]
+    from pytorch_lightning import Callback, LightningModule, Trainer
+    from pytorch_lightning.plugins.io import AsyncCheckpointIO, CheckpointIO
 
 import rdzv
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import math
 import os
-from typing import Any, Dict, Optional
+from typing import Any, Optional
 
 from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
 
@@ -41,7 +41,7 @@ class RdzvCallback(TrainerCallback):  # type: ignore[misc]
 
     def on_step_end(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
                     **kwargs: Any) -> None:
-        rdzv.report_step(state.global_step, **_latest_loss(state))
+        _report(state, force=False)
 
     def on_save(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
                 **kwargs: Any) -> None:
@@ -53,14 +53,15 @@ class RdzvCallback(TrainerCallback):  # type: ignore[misc]
 
     def on_train_end(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
                      **kwargs: Any) -> None:
-        rdzv.report_step(state.global_step, force=True, **_latest_loss(state))
+        _report(state, force=True)
 
 
-def _latest_loss(state: TrainerState) -> Dict[str, float]:
-    """The loss Trainer last logged, already a float: reading it costs no
-    device synchronisation."""
+def _report(state: TrainerState, force: bool) -> None:
+    """Reports the step with the loss Trainer last logged, if any: already a
+    float, so reading it costs no device synchronisation."""
     for entry in reversed(state.log_history[-4:]):
         loss = entry.get("loss")
         if isinstance(loss, (int, float)) and not isinstance(loss, bool) and math.isfinite(loss):
-            return {"loss": float(loss)}
-    return {}
+            rdzv.report_step(state.global_step, force=force, loss=float(loss))
+            return
+    rdzv.report_step(state.global_step, force=force)
