@@ -20,7 +20,7 @@ LDFLAGS := -X github.com/rdzv/rdzv/buildinfo.Version=$(VERSION) -X github.com/rd
 # Extra flags for go test, e.g. GOTEST_FLAGS=-race (CI sets it).
 GOTEST_FLAGS ?=
 
-.PHONY: all build test unit fuzz e2e lint proto tools demo clean bench docs venv venv-oldest
+.PHONY: all build test unit fuzz e2e lint proto tools demo clean bench docs venv venv-oldest python-test
 
 # Python virtualenvs with the torch stacks rdzv supports (see
 # docs/versions.md): .venv has the newest torch 2.x with DeepSpeed,
@@ -126,10 +126,19 @@ $(VENV_OLDEST)/.installed: python/requirements/oldest.txt
 	$(VENV_OLDEST)/bin/pip install $(PIP_QUIET) --no-deps -r python/requirements/oldest.txt
 	touch $@
 
+# The rdzv Python package (python/, docs/python.md), installed into .venv the
+# way users install it and tested there against real Transformers, Lightning,
+# DeepSpeed and torch.distributed.checkpoint (-m 'not frameworks' skips
+# those: PYTEST_FLAGS="-m 'not frameworks'").
+PYTEST_FLAGS ?=
+python-test: venv
+	$(VENV)/bin/pip install $(PIP_QUIET) --no-deps --no-build-isolation --force-reinstall ./python
+	cd python && $(VENV)/bin/python -m pytest -q -p no:cacheprovider $(PYTEST_FLAGS) tests
+
 e2e: build venv venv-oldest
 	RDZV_VENV=$(VENV) RDZV_VENV_OLDEST=$(VENV_OLDEST) RDZV_BIN_DIR=$(BIN) $(GO) test -count=1 -v -timeout 30m ./test/e2e/...
 
-test: lint unit fuzz e2e
+test: lint unit python-test fuzz e2e
 
 demo: build
 	./examples/demo.sh

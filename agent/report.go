@@ -61,7 +61,7 @@ const (
 )
 
 // reportServer is the endpoint on 127.0.0.1 where workers report training
-// steps and saved checkpoints (examples/rdzv_report.py is the client). The
+// steps and saved checkpoints (the rdzv Python package, python/, is the client). The
 // agent runs one for its lifetime; workers find it in RDZV_AGENT_ADDR.
 // Any local user can connect, so every report must carry the running
 // workers' token. TCP rather than a Unix socket with peer credentials:
@@ -185,7 +185,7 @@ func (h *reportHandler) authenticate(w http.ResponseWriter, r *http.Request) ([]
 func parseReportToken(values []string) ([]byte, error) {
 	switch len(values) {
 	case 0:
-		return nil, fmt.Errorf("report token missing: send the worker's %s as \"Authorization: Bearer <token>\" (examples/rdzv_report.py does)", reportTokenEnv)
+		return nil, fmt.Errorf("report token missing: send the worker's %s as \"Authorization: Bearer <token>\" (the rdzv Python package does)", reportTokenEnv)
 	case 1:
 	default:
 		return nil, fmt.Errorf("report token malformed: %d Authorization headers, expected one", len(values))

@@ -10,15 +10,17 @@ It prints machine-readable lines the e2e tests look for:
   RDZV_FAIL rank=<r> reason=fail-at-start  with --fail-at-start, which exits 3
 
 With RDZV_CHECKPOINT_DIR set, rank 0 saves <dir>/step-<N>/model.pt every
---checkpoint-every steps. A step directory is complete once it holds the
-COMPLETE marker; it is built under a temporary name and renamed into place, so
-a killed worker never leaves a partial step-<N>. RDZV_RESUME_FROM names the
-step directory to continue from. The directory must be shared by all nodes,
-since every rank reads the checkpoint it resumes from.
+--checkpoint-every steps. A step directory is built under a temporary name and
+renamed into place, so a killed worker never leaves a partial step-<N>; it is
+complete once rdzv.checkpoint_complete has written its COMPLETE marker.
+RDZV_RESUME_FROM (rdzv.resume_from()) names the step directory to continue
+from. The directory must be shared by all nodes, since every rank reads the
+checkpoint it resumes from.
 
-Every rank reports its step to the rdzv agent with rdzv_report (beside this
-file), which is what rdzv's hang detection watches; rank 0 also reports each
-checkpoint once it is complete. Run without rdzv, the reports do nothing.
+Every rank reports its step to the rdzv agent with the rdzv Python package
+(python/ in this repository), which is what rdzv's hang detection watches;
+rank 0 also reports each checkpoint once it is complete. Run without rdzv,
+the reports do nothing.
 """
 
 import argparse
@@ -31,12 +33,15 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
-import rdzv_report
+try:
+    import rdzv
+except ImportError:  # not installed (e.g. Debian's python3): this checkout's copy
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python", "src"))
+    import rdzv
 
 FEATURES = 8
 SAMPLES = 1024
 BATCH = 32
-MARKER = "COMPLETE"
 
 
 def log(*fields):
@@ -52,10 +57,6 @@ def save_checkpoint(ckpt_dir, step, model, opt):
     os.makedirs(tmp)
     torch.save({"step": step, "model": model.state_dict(), "opt": opt.state_dict()},
                os.path.join(tmp, "model.pt"))
-    # Written only after torch.save has returned, so the marker vouches for
-    # a whole model.pt.
-    with open(os.path.join(tmp, MARKER), "w") as f:
-        f.write(f"{step}\n")
     # An earlier generation may have reached the same step before failing.
     shutil.rmtree(final, ignore_errors=True)
     os.rename(tmp, final)
@@ -99,7 +100,7 @@ def main():
     opt = torch.optim.SGD(model.parameters(), lr=0.05)
 
     start = 1
-    resume_from = os.environ.get("RDZV_RESUME_FROM", "")
+    resume_from = rdzv.resume_from()
     if resume_from:
         ckpt = torch.load(os.path.join(resume_from, "model.pt"))
         model.load_state_dict(ckpt["model"])
@@ -108,7 +109,7 @@ def main():
         log("RDZV_RESUMED", f"rank={rank}", f"step={ckpt['step']}")
 
     ddp = DistributedDataParallel(model)
-    ckpt_dir = os.environ.get("RDZV_CHECKPOINT_DIR", "")
+    ckpt_dir = rdzv.checkpoint_dir()
     if rank == 0 and ckpt_dir:
         os.makedirs(ckpt_dir, exist_ok=True)
 
@@ -130,8 +131,9 @@ def main():
         if step % 10 == 0:
             log("RDZV_STEP", f"rank={rank}", f"step={step}", f"loss={loss.item():.6f}")
         if rank == 0 and ckpt_dir and step % args.checkpoint_every == 0:
-            rdzv_report.report_checkpoint(step, save_checkpoint(ckpt_dir, step, model, opt))
-        rdzv_report.report_step(step, force=step == args.steps)
+            # After torch.save returned: the marker vouches for a whole model.pt.
+            rdzv.checkpoint_complete(save_checkpoint(ckpt_dir, step, model, opt), step)
+        rdzv.report_step(step, force=step == args.steps)
         time.sleep(args.step_time)
 
     final_loss = loss.item() if loss is not None else float("nan")

@@ -1,7 +1,7 @@
 """Benchmark wrapper around examples/train.py (run by torchrun, under rdzv or
 under torchrun's own elastic mode). It adds no training logic of its own:
 it runs train.main() unchanged and hooks the per-step call train.py already
-makes, rdzv_report.report_step, to
+makes, rdzv.report_step, to
 
   - append one line per step to $BENCH_TICK_DIR/<hostname>.ticks:
       TICK host=<h> pid=<pid> started=<unix s> gen=<g> rank=<r> step=<s> t=<unix s>
@@ -30,8 +30,9 @@ STARTED = time.time()
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "..", "examples"))
+sys.path.insert(0, os.path.join(HERE, "..", "..", "python", "src"))
 
-import rdzv_report  # noqa: E402  (examples/rdzv_report.py)
+import rdzv  # noqa: E402  (python/src/rdzv)
 
 HOST = socket.gethostname()
 GEN = os.environ.get("RDZV_GENERATION") or "r" + os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
@@ -61,10 +62,10 @@ def _phase(name):
     _write("PHASE host=%s pid=%d started=%.6f gen=%s phase=%s t=%.6f\n" % (HOST, os.getpid(), STARTED, GEN, name, time.time()))
 
 
-_report_step = rdzv_report.report_step
+_report_step = rdzv.report_step
 
 
-def report_step(step, force=False):
+def report_step(step, force=False, **metrics):
     _tick(step)
     if os.path.exists(HANG_FILE):
         try:
@@ -74,12 +75,12 @@ def report_step(step, force=False):
         _tick(step, " hang=1")
         while True:  # stop stepping without exiting
             time.sleep(3600)
-    _report_step(step, force=force)
+    _report_step(step, force=force, **metrics)
 
 
-rdzv_report.report_step = report_step
+rdzv.report_step = report_step
 
-import train  # noqa: E402  (examples/train.py; it calls rdzv_report.report_step every step)
+import train  # noqa: E402  (examples/train.py; it calls rdzv.report_step every step)
 
 _phase("imported")
 _init_process_group = train.dist.init_process_group
