@@ -18,6 +18,7 @@ import (
 	"os"
 	"os/exec"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -45,6 +46,15 @@ type Result struct {
 	// Env is what torchrun adds to a worker's environment (a one-node,
 	// two-worker run with the static rendezvous, seen by local rank 1).
 	Env map[string]string `json:"env"`
+}
+
+// PythonVersion is the interpreter's version, as "3.11.2".
+func (r *Result) PythonVersion() string {
+	parts := make([]string, len(r.Python))
+	for i, n := range r.Python {
+		parts[i] = strconv.Itoa(n)
+	}
+	return strings.Join(parts, ".")
 }
 
 // Option is one of torchrun's options: its dest and every spelling.
