@@ -2,11 +2,14 @@ package jobspec
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
 	"path/filepath"
 	"regexp"
 	"strconv"
 	"strings"
+	"unicode"
+	"unicode/utf8"
 
 	"github.com/rdzv/rdzv/wire"
 )
@@ -29,6 +32,8 @@ type Translation struct {
 	ProcsPerNode int
 	Launcher     Launcher
 	Command      []string
+	// Env are the line's leading NAME=value assignments.
+	Env map[string]string
 	// Dropped are the line's options rdzv assigns itself, with why.
 	Dropped []Dropped
 }
@@ -261,7 +266,7 @@ func flowList(items []string) string {
 
 // plainScalar reads back as the same string in YAML (no number, no
 // indicator); YAML's other words are quoted by flowScalar.
-var plainScalar = regexp.MustCompile(`^-{0,2}[A-Za-z_/.][A-Za-z0-9_./=-]*$`)
+var plainScalar = regexp.MustCompile(`^(-{0,2}[A-Za-z_/]|\.{1,2}/)[A-Za-z0-9_./=-]*$`)
 
 func flowScalar(s string) string {
 	switch strings.ToLower(s) {
@@ -301,6 +306,12 @@ func (t *Translation) YAML(name, line string) string {
 		b.WriteString("launcher:\n")
 		for _, f := range l {
 			fmt.Fprintf(&b, "  %s\n", f)
+		}
+	}
+	if len(t.Env) > 0 {
+		b.WriteString("env:\n")
+		for _, k := range wire.SortedKeys(t.Env) {
+			fmt.Fprintf(&b, "  %s: %s\n", k, flowScalar(t.Env[k]))
 		}
 	}
 	if len(t.Command) == 0 {
@@ -367,4 +378,115 @@ func (s *Spec) validateCommandLauncher() *wire.FieldError {
 	}
 	reason += fmt.Sprintf(" (rdzvctl init --from '%s' writes a whole job.yaml)", strings.Join(s.Command, " "))
 	return &wire.FieldError{Field: "command", Value: wire.Quote(s.Command[0]), Reason: reason}
+}
+
+// ErrNotALaunchLine is a line FromShellLine cannot read as a launcher's.
+var ErrNotALaunchLine = errors.New("not a launch line")
+
+// maxLineBytes bounds a launch line.
+const maxLineBytes = 64 << 10
+
+// FromShellLine reads a launch line as a shell would split it (SplitLine),
+// with any leading NAME=value assignments as the job's env (those rdzv
+// sets itself are dropped).
+func FromShellLine(line string) (*Translation, error) {
+	argv, err := SplitLine(line)
+	if err != nil {
+		return nil, err
+	}
+	env := map[string]string{}
+	var dropped []Dropped
+	for len(argv) > 0 {
+		k, v, ok := strings.Cut(argv[0], "=")
+		if !ok || !envName.MatchString(k) {
+			break
+		}
+		if why := reservedEnvReason(k); why != "" {
+			dropped = append(dropped, Dropped{Arg: argv[0], Why: k + " " + why})
+		} else {
+			env[k] = v
+		}
+		argv = argv[1:]
+	}
+	t, ok := FromLaunchLine(argv)
+	if !ok {
+		first := ""
+		if len(argv) > 0 {
+			first = argv[0]
+		}
+		return nil, fmt.Errorf("%w: it starts with %q, not torchrun, python -m torch.distributed.run, deepspeed, accelerate launch or python", ErrNotALaunchLine, first)
+	}
+	if len(env) > 0 {
+		t.Env = env
+	}
+	t.Dropped = append(dropped, t.Dropped...)
+	return t, nil
+}
+
+// SplitLine splits a command line as a POSIX shell does, without
+// expanding anything: words separated by blanks, '...' literal, "..."
+// with \" \\ \$ \` escaped, a backslash outside quotes escaping the next
+// character, and a backslash-newline joining lines (a pasted multi-line
+// command).
+func SplitLine(line string) ([]string, error) {
+	if len(line) > maxLineBytes {
+		return nil, fmt.Errorf("%w: the line is %d bytes, more than %d", ErrNotALaunchLine, len(line), maxLineBytes)
+	}
+	if !utf8.ValidString(line) || strings.IndexFunc(line, func(r rune) bool { return unicode.IsControl(r) && !strings.ContainsRune("\t\n\r", r) }) >= 0 {
+		return nil, fmt.Errorf("%w: the line must be UTF-8 text without control characters", ErrNotALaunchLine)
+	}
+	var (
+		words []string
+		cur   strings.Builder
+		word  bool // cur is a word, maybe an empty one ('')
+	)
+	for i := 0; i < len(line); i++ {
+		c := line[i]
+		switch {
+		case c == '\\':
+			if i+1 < len(line) {
+				i++
+				if line[i] != '\n' {
+					cur.WriteByte(line[i])
+					word = true
+				}
+			}
+		case c == '\'':
+			end := strings.IndexByte(line[i+1:], '\'')
+			if end < 0 {
+				return nil, fmt.Errorf("%w: an unterminated ' quote", ErrNotALaunchLine)
+			}
+			cur.WriteString(line[i+1 : i+1+end])
+			i += end + 1
+			word = true
+		case c == '"':
+			i++
+			for ; i < len(line) && line[i] != '"'; i++ {
+				if line[i] == '\\' && i+1 < len(line) && strings.IndexByte("\"\\$`\n", line[i+1]) >= 0 {
+					i++
+					if line[i] == '\n' {
+						continue
+					}
+				}
+				cur.WriteByte(line[i])
+			}
+			if i >= len(line) {
+				return nil, fmt.Errorf("%w: an unterminated \" quote", ErrNotALaunchLine)
+			}
+			word = true
+		case c == ' ' || c == '\t' || c == '\n' || c == '\r':
+			if word {
+				words = append(words, cur.String())
+				cur.Reset()
+				word = false
+			}
+		default:
+			cur.WriteByte(c)
+			word = true
+		}
+	}
+	if word {
+		words = append(words, cur.String())
+	}
+	return words, nil
 }

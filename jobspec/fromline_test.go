@@ -121,3 +121,43 @@ func TestValidateCommandLauncher(t *testing.T) {
 		})
 	}
 }
+
+func TestSplitLine(t *testing.T) {
+	for _, tt := range []struct {
+		line string
+		want []string
+		err  bool
+	}{
+		{"torchrun  --nproc_per_node=4 train.py", []string{"torchrun", "--nproc_per_node=4", "train.py"}, false},
+		{`python train.py --name 'a b' --msg "say \"hi\" \$x" ''`, []string{"python", "train.py", "--name", "a b", "--msg", `say "hi" $x`, ""}, false},
+		{"torchrun \\\n  --nnodes 2 \\\n  train.py", []string{"torchrun", "--nnodes", "2", "train.py"}, false},
+		{`a\ b c`, []string{"a b", "c"}, false},
+		{"", nil, false},
+		{`python 'open`, nil, true},
+		{`python "open`, nil, true},
+	} {
+		got, err := SplitLine(tt.line)
+		if tt.err {
+			require.ErrorIs(t, err, ErrNotALaunchLine, tt.line)
+			continue
+		}
+		require.NoError(t, err, tt.line)
+		require.Equal(t, tt.want, got, tt.line)
+	}
+}
+
+func TestFromShellLine(t *testing.T) {
+	tr, err := FromShellLine("NCCL_DEBUG=INFO CUDA_VISIBLE_DEVICES=0,1 torchrun --nproc_per_node 2 train.py")
+	require.NoError(t, err)
+	require.Equal(t, map[string]string{"NCCL_DEBUG": "INFO"}, tr.Env)
+	require.Equal(t, "CUDA_VISIBLE_DEVICES=0,1", tr.Dropped[0].Arg)
+	spec, err := Parse([]byte(tr.YAML(tr.NameFor(), "line")))
+	require.NoError(t, err)
+	require.NoError(t, spec.Validate())
+	require.Equal(t, map[string]string{"NCCL_DEBUG": "INFO"}, spec.Env)
+
+	for _, line := range []string{"./train.sh", "A=1", "", "torchrun 'x"} {
+		_, err := FromShellLine(line)
+		require.ErrorIs(t, err, ErrNotALaunchLine, line)
+	}
+}
