@@ -1,13 +1,19 @@
 package main
 
 import (
+	"bytes"
+	"context"
+	"net"
 	"os"
 	"path/filepath"
 	"testing"
 
+	"github.com/jonboulle/clockwork"
 	"github.com/stretchr/testify/require"
+	"google.golang.org/grpc"
 
 	"github.com/rdzv/rdzv/jobspec"
+	rdzvv1 "github.com/rdzv/rdzv/proto/rdzv/v1"
 )
 
 // init writes what each launcher's line meant, as a job.yaml that
@@ -54,4 +60,34 @@ func TestInitFile(t *testing.T) {
 	code, _, err = runGolden("init", "--from", "python x.py", "--name", "Bad_Name")
 	require.Error(t, err)
 	require.Equal(t, 2, code)
+}
+
+// warningServer answers StartJob with a warning.
+type warningServer struct {
+	rdzvv1.UnimplementedJobServiceServer
+}
+
+func (warningServer) StartJob(_ context.Context, req *rdzvv1.StartJobRequest) (*rdzvv1.StartJobResponse, error) {
+	return &rdzvv1.StartJobResponse{Job: &rdzvv1.Job{Spec: req.GetSpec()}, Placement: &rdzvv1.PlacementPreview{Reason: "would wait"},
+		Warnings: []string{"gpus_per_node is not set"}}, nil
+}
+
+// The controller's warnings go to stderr, after start and validate alike.
+func TestStartPrintsWarnings(t *testing.T) {
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	srv := grpc.NewServer()
+	rdzvv1.RegisterJobServiceServer(srv, warningServer{})
+	go func() { _ = srv.Serve(lis) }()
+	t.Cleanup(srv.Stop)
+	job := writeJob(t, "name: cpu\nnodes: 1\ncommand: [train.py]\n")
+	for _, args := range [][]string{{"start", job}, {"start", job, "--dry-run"}, {"validate", job}} {
+		var out, errOut bytes.Buffer
+		c := &command{globals: defaultGlobals(), out: &out, errOut: &errOut, clock: clockwork.NewFakeClockAt(goldenNow)}
+		code, err := runWith(context.Background(), c, append([]string{"--insecure", "--controller", lis.Addr().String()}, args...))
+		require.NoError(t, err, args)
+		require.Equal(t, 0, code)
+		require.Equal(t, "warning: "+job+": gpus_per_node is not set\n", errOut.String(), args)
+		require.NotContains(t, out.String(), "warning", args)
+	}
 }
