@@ -20,15 +20,15 @@ std_bug is torch 1.x's Std.from_str on Python >= 3.11, which reads "0" and
 starting its workers. env is what torchrun itself adds to a worker's
 environment: the probe runs a real one-node, two-worker torchrun with
 rdzv's static rendezvous on a free loopback port and a worker that only
-dumps its environment (it imports nothing), and reports what the second
-worker got that the launcher was not given.
+dumps its environment (it imports nothing), in this process (torch is
+imported once), and reports what the second worker got that the probe was
+not given.
 """
 
 import json
 import os
 import shutil
 import socket
-import subprocess
 import sys
 import tempfile
 
@@ -37,8 +37,6 @@ WORKER = """import json, os
 with open(os.path.join(os.environ["RDZV_PROBE_OUT"], os.environ["LOCAL_RANK"]), "w") as f:
     json.dump(dict(os.environ), f)
 """
-# Bounds the probe's torchrun (a loaded node imports torch slowly).
-TIMEOUT = 120
 
 
 def options():
@@ -73,17 +71,30 @@ def worker_env(needs_std):
         with open(script, "w") as f:
             f.write(WORKER)
         given = dict(os.environ)
-        given["RDZV_PROBE_OUT"] = d
-        argv = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--node_rank", "0",
-                "--nproc_per_node", "2", "--master_addr", "127.0.0.1", "--master_port", str(free_port())]
+        os.environ["RDZV_PROBE_OUT"] = d
+        argv = ["--nnodes", "1", "--node_rank", "0", "--nproc_per_node", "2",
+                "--master_addr", "127.0.0.1", "--master_port", str(free_port())]
         if needs_std:
             argv += ["--redirects", "2", "--tee", "2"]
-        done = subprocess.run(argv + [script], env=given, cwd=d, stdin=subprocess.DEVNULL,
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=TIMEOUT)
+        # In this process, which has imported torch already: a torchrun of
+        # its own would import it again. Its output goes to stderr, away
+        # from the answer.
+        from torch.distributed.run import get_args_parser, run
+
+        out = os.dup(1)
+        os.dup2(2, 1)
+        try:
+            run(get_args_parser().parse_args(argv + [script]))
+        except BaseException as e:  # ChildFailedError, SystemExit: reported below
+            raise RuntimeError("torchrun failed: %s: %s" % (type(e).__name__, e)) from None
+        finally:
+            sys.stdout.flush()
+            os.dup2(out, 1)
+            os.close(out)
+        given["RDZV_PROBE_OUT"] = d
         path = os.path.join(d, "1")
-        if done.returncode != 0 or not os.path.exists(path):
-            tail = done.stdout.decode(errors="replace")[-2000:]
-            raise RuntimeError("torchrun exited with %d: %s" % (done.returncode, tail))
+        if not os.path.exists(path):
+            raise RuntimeError("torchrun's worker left no environment")
         with open(path) as f:
             got = json.load(f)
         return {k: v for k, v in got.items() if given.get(k) != v}

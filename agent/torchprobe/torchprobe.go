@@ -28,8 +28,8 @@ import (
 //go:embed probe.py
 var script []byte
 
-// Timeout bounds one probe: the interpreter imports torch twice (the probe
-// and its torchrun) on a node that may be busy.
+// Timeout bounds one probe: it imports torch and runs a two-worker
+// torchrun, on a node that may be busy.
 const Timeout = 3 * time.Minute
 
 // maxOutput bounds what is read of a probe's output: its JSON is a few KiB.
