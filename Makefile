@@ -95,6 +95,7 @@ FUZZTIME ?= 10000x
 FUZZ_TARGETS := \
 	./jobspec:FuzzParse \
 	./jobspec:FuzzLauncherArgs \
+	./jobspec:FuzzFromShellLine \
 	./controller:FuzzStartJobRequest \
 	./controller:FuzzRequests \
 	./controller:FuzzConnectRequest \

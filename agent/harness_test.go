@@ -22,6 +22,7 @@ import (
 	"google.golang.org/protobuf/testing/protocmp"
 
 	"github.com/rdzv/rdzv/agent/launchertest"
+	"github.com/rdzv/rdzv/agent/torchprobe"
 	rdzvv1 "github.com/rdzv/rdzv/proto/rdzv/v1"
 )
 
@@ -88,6 +89,10 @@ py) shift; exec /usr/bin/python3 "$@" ;;
 esac
 `
 
+// sharedTorch is every test supervisor's: a real torch is asked once per
+// interpreter and user for the whole run.
+var sharedTorch = torchprobe.NewCache(torchprobe.Run)
+
 // supHarness is a running Supervisor for node-a, whose NCCL interface is
 // eth9, launching fakeTorchrun.
 type supHarness struct {
@@ -123,6 +128,7 @@ func newSupervisor(t *testing.T, edits ...func(*Config)) *supHarness {
 	h.cfg = cfg
 	h.spawner = testShims(t, filepath.Join(cfg.StateDir, "workers"))
 	h.sup = NewSupervisor(cfg, "node-a", "eth9", "127.0.0.1:7071", h.spawner, zaptest.NewLogger(t))
+	h.sup.torch = sharedTorch
 	// Tests wait on the scanner; one may set it again before its first
 	// Assign, which orders the write before the scanner reads it.
 	h.sup.scanEvery = 20 * time.Millisecond
@@ -137,6 +143,7 @@ func (h *supHarness) successor() *supHarness {
 	next := *h
 	next.sup = NewSupervisor(h.cfg, "node-a", "eth9", "127.0.0.1:7071", h.spawner, zaptest.NewLogger(h.t))
 	next.sup.scanEvery = h.sup.scanEvery
+	next.sup.torch = sharedTorch
 	found, err := h.spawner.Adopt()
 	require.NoError(h.t, err)
 	next.sup.Adopt(found)

@@ -24,6 +24,7 @@ import (
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
+	"github.com/rdzv/rdzv/agent/torchprobe"
 	"github.com/rdzv/rdzv/health"
 	"github.com/rdzv/rdzv/jobspec"
 	rdzvv1 "github.com/rdzv/rdzv/proto/rdzv/v1"
@@ -102,6 +103,9 @@ type Supervisor struct {
 	history []*rdzvv1.WorkerStatus
 	// standby is the warm standby (warm.go) for the next generation.
 	standby *standby
+
+	// torch is what the node's torch says of its torchrun (torch.go).
+	torch *torchprobe.Cache
 }
 
 type worker struct {
@@ -150,6 +154,7 @@ func NewSupervisor(cfg Config, node, iface, reportAddr string, spawner Spawner, 
 		lastGen:     map[string]uint64{},
 		standbySeq:  uint64(time.Now().UnixNano()),
 		clock:       clockwork.NewRealClock(),
+		torch:       torchprobe.NewCache(torchprobe.Run),
 	}
 	if cfg.RunAs == "" {
 		s.dynUsers = newDynamicUsers(cfg.DynamicUsers, cfg.StateDir, log.Named("dynamic_users"))
@@ -752,17 +757,26 @@ func (s *Supervisor) start(a *rdzvv1.Assignment) (w *worker, err error) {
 		}
 	}()
 	assigned := assignedFor(a)
-	kind := jobspec.FromProto(spec).Launcher.Kind
+	js := jobspec.FromProto(spec)
+	kind := js.Launcher.Kind
 	if kind == jobspec.KindDeepSpeed {
 		if assigned.Hostfile, err = s.writeHostfile(assigned); err != nil {
 			return nil, err
 		}
 	}
-	program, args := jobspec.FromProto(spec).Launch(assigned)
+	program, args := js.Launch(assigned)
 	launcher, err := lookPath(program, p.path)
 	if err != nil {
 		return nil, &preflightError{failure: wire.FailureLauncherMissing,
 			err: fmt.Errorf("launcher %q not found on node %s: %w", program, s.node, err)}
+	}
+	if py := torchrunPython(js.Launcher, launcher, p.path); py != "" {
+		if r := s.probeTorch(py, p); r != nil {
+			if assigned.TorchrunOptions, err = torchrunOptions(r, s.node, js.Launcher.ExtraArgs, js.Command); err != nil {
+				return nil, err
+			}
+			_, args = js.Launch(assigned)
+		}
 	}
 	if created := a.GetJobCreatedAt(); created != nil {
 		if err := startRunLog(p.logPath, created.AsTime()); err != nil {

@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"net"
 	"os"
 	"path/filepath"
@@ -16,6 +17,7 @@ import (
 	"go.uber.org/zap"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/rdzv/rdzv/agent/torchprobe"
 	"github.com/rdzv/rdzv/jobspec"
 	rdzvv1 "github.com/rdzv/rdzv/proto/rdzv/v1"
 	"github.com/rdzv/rdzv/wire"
@@ -67,6 +69,9 @@ type standby struct {
 	err   error
 	// exited is closed when proc has exited.
 	exited chan struct{}
+	// torch is what the node's torch says of its torchrun, for the
+	// workers' environment; nil when it could not be asked. Set with proc.
+	torch *torchprobe.Result
 	// until is set on a standby kept as an idle spare's (PrepareStandby):
 	// it is dropped then unless told again. Guarded by Supervisor.mu.
 	until time.Time
@@ -77,6 +82,9 @@ type handoff struct {
 	Argv    []string        `json:"argv"`
 	Workers []handoffWorker `json:"workers"`
 	Store   handoffStore    `json:"store"`
+	// ErrorDir holds the workers' TORCHELASTIC_ERROR_FILEs, one directory
+	// per local rank; the standby reports a failed worker's and removes it.
+	ErrorDir string `json:"error_dir"`
 }
 
 // handoffStore is the generation's TCPStore: node rank 0's standby serves
@@ -93,37 +101,51 @@ type handoffWorker struct {
 
 // warmHandoff is an assignment as the zygote gets it: for each local rank,
 // the launcher's environment (env, as torchrun itself would get it) plus
-// what torchrun 1.13's LocalElasticAgent sets for each worker
-// (local_elastic_agent.py, _start_workers). rdzv's generations are
-// torchrun's static rendezvous: one group per node, ranks by node, and the
-// TCPStore on MASTER_PORT is the agents' (node rank 0's standby serves it),
-// not rank 0's worker's: TORCHELASTIC_USE_AGENT_STORE=True, as torchrun
-// sets it for the static backend, makes every worker's env:// or tcp://
+// what the node's torchrun sets for each worker, as its torch (torch, from
+// torchprobe) showed it: the ranks and sizes rdzv assigned, the per-worker
+// TORCHELASTIC_ERROR_FILE under errDir, and every other variable that
+// torchrun added (TORCHELASTIC_USE_AGENT_STORE, [TORCH_]NCCL_ASYNC_ERROR_HANDLING,
+// TORCHELASTIC_SIGNALS_TO_HANDLE...) with torchrun's value, unless the job
+// gave its own. Without an answer from the node's torch it is torch
+// 1.13's set (legacyTorchrunEnv). rdzv's generations are torchrun's static
+// rendezvous: one group per node, ranks by node, and the TCPStore on
+// MASTER_PORT is the agents' (node rank 0's standby serves it), not rank
+// 0's worker's: TORCHELASTIC_USE_AGENT_STORE=True, as every torchrun sets
+// it for the static backend, makes every worker's env:// or tcp://
 // rendezvous a client of it. Served before any worker starts, it spares
 // the workers torch's one-second retry of a store not yet listening. Each
 // generation is a fresh launcher, so its restart count is 0 of 0, and the
 // run id is <job>-<generation>, as the custom launcher's {rdzv_id}.
-func warmHandoff(a *rdzvv1.Assignment, env []string, command []string) handoff {
+func warmHandoff(a *rdzvv1.Assignment, env []string, command []string, torch *torchprobe.Result, errDir string) handoff {
 	base := make(map[string]string, len(env))
 	for _, kv := range env {
 		k, v, _ := strings.Cut(kv, "=")
 		base[k] = v
 	}
 	nproc, nnodes, node := int(a.GetProcsPerNode()), int(a.GetNnodes()), int(a.GetNodeRank())
-	// torchrun's own default, which its workers inherit.
-	if _, set := base["OMP_NUM_THREADS"]; !set && nproc > 1 {
-		base["OMP_NUM_THREADS"] = "1"
-	}
-	if _, set := base["NCCL_ASYNC_ERROR_HANDLING"]; !set {
-		base["NCCL_ASYNC_ERROR_HANDLING"] = "1"
+	added := legacyTorchrunEnv
+	if torch != nil {
+		added = torch.Env
 	}
 	world := strconv.Itoa(nnodes * nproc)
-	h := handoff{Argv: command, Workers: make([]handoffWorker, nproc),
+	h := handoff{Argv: command, Workers: make([]handoffWorker, nproc), ErrorDir: errDir,
 		Store: handoffStore{Addr: a.GetMasterAddr(), Port: int(a.GetMasterPort()), Serve: node == 0}}
 	for local := range nproc {
-		w := make(map[string]string, len(base)+16)
-		for k, v := range base {
-			w[k] = v
+		w := make(map[string]string, len(base)+len(added)+16)
+		maps.Copy(w, base)
+		for k, v := range added {
+			_, set := base[k]
+			switch {
+			case k == "TORCHELASTIC_ERROR_FILE":
+				w[k] = filepath.Join(errDir, strconv.Itoa(local), "error.json")
+			case k == "OMP_NUM_THREADS":
+				// torchrun's default for more than one worker.
+				if !set && nproc > 1 {
+					w[k] = v
+				}
+			case !set:
+				w[k] = v
+			}
 		}
 		rank := strconv.Itoa(node*nproc + local)
 		for k, v := range map[string]string{
@@ -148,6 +170,16 @@ func warmHandoff(a *rdzvv1.Assignment, env []string, command []string) handoff {
 		h.Workers[local] = handoffWorker{Env: w}
 	}
 	return h
+}
+
+// legacyTorchrunEnv is what torch 1.13's torchrun adds for its workers
+// beyond the ranks and sizes (local_elastic_agent.py, _start_workers), for
+// a node whose torch could not be asked.
+var legacyTorchrunEnv = map[string]string{
+	"OMP_NUM_THREADS":              "1",
+	"NCCL_ASYNC_ERROR_HANDLING":    "1",
+	"TORCHELASTIC_USE_AGENT_STORE": "True",
+	"TORCHELASTIC_ERROR_FILE":      "",
 }
 
 // standbyEnv is a standby's environment before its assignment: the job's,
@@ -240,6 +272,9 @@ func (s *Supervisor) startStandby(sb *standby) (_ Process, release func(), err e
 	if err != nil {
 		return nil, nil, err
 	}
+	// Asked while the standby imports: what the node's torchrun gives its
+	// workers.
+	sb.torch = s.probeTorch(python, p)
 	return proc, p.releaseUser, nil
 }
 
@@ -328,7 +363,8 @@ func (s *Supervisor) warmStart(a *rdzvv1.Assignment, env []string, meta, token [
 	if sb.err != nil {
 		return nil, sb.err
 	}
-	msg, err := json.Marshal(warmHandoff(a, env, a.GetSpec().GetCommand()))
+	errDir := filepath.Join(sb.dir, strings.TrimSuffix(sb.sock, ".sock"))
+	msg, err := json.Marshal(warmHandoff(a, env, a.GetSpec().GetCommand(), sb.torch, errDir))
 	if err != nil {
 		return nil, fmt.Errorf("encoding the hand-off: %w", err)
 	}

@@ -29,7 +29,7 @@ func TestWarmHandoffEnv(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			h := warmHandoff(a, tt.env, []string{"-m", "pkg.train", "--lr", "1"})
+			h := warmHandoff(a, tt.env, []string{"-m", "pkg.train", "--lr", "1"}, nil, "/errs")
 			require.Equal(t, []string{"-m", "pkg.train", "--lr", "1"}, h.Argv)
 			require.Len(t, h.Workers, 2)
 			for local, w := range h.Workers {
@@ -43,12 +43,34 @@ func TestWarmHandoffEnv(t *testing.T) {
 				} {
 					require.Equal(t, v, w.Env[k], "local rank %d: %s", local, k)
 				}
+				require.Equal(t, fmt.Sprintf("/errs/%d/error.json", local), w.Env["TORCHELASTIC_ERROR_FILE"])
 				for _, kv := range tt.env {
 					k, v, _ := strings.Cut(kv, "=")
 					require.Equal(t, v, w.Env[k], "the launcher's environment is the worker's too")
 				}
 			}
 		})
+	}
+}
+
+// With an answer from the node's torch, the workers get what that
+// torchrun adds, no more (no 1.13 NCCL_ASYNC_ERROR_HANDLING on 2.x), with
+// rdzv's assignment in place of the probe's own run.
+func TestWarmHandoffProbedEnv(t *testing.T) {
+	a := &rdzvv1.Assignment{Spec: &rdzvv1.JobSpec{Name: "llm"}, Generation: 7, NodeRank: 1, Nnodes: 3, ProcsPerNode: 2,
+		MasterAddr: "10.0.0.1", MasterPort: 29500}
+	h := warmHandoff(a, []string{"PATH=/usr/bin", "TORCH_NCCL_ASYNC_ERROR_HANDLING=3"}, []string{"train.py"}, torch215, "/errs")
+	require.Equal(t, "/errs", h.ErrorDir)
+	for local, w := range h.Workers {
+		require.Equal(t, map[string]string{
+			"PATH": "/usr/bin", "TORCH_NCCL_ASYNC_ERROR_HANDLING": "3", "OMP_NUM_THREADS": "1",
+			"TORCHELASTIC_SIGNALS_TO_HANDLE": "SIGTERM,SIGINT,SIGHUP,SIGQUIT",
+			"TORCHELASTIC_ERROR_FILE":        fmt.Sprintf("/errs/%d/error.json", local),
+			"RANK":                           fmt.Sprint(2 + local), "LOCAL_RANK": fmt.Sprint(local), "WORLD_SIZE": "6", "LOCAL_WORLD_SIZE": "2",
+			"GROUP_RANK": "1", "GROUP_WORLD_SIZE": "3", "ROLE_RANK": fmt.Sprint(2 + local), "ROLE_WORLD_SIZE": "6", "ROLE_NAME": "default",
+			"MASTER_ADDR": "10.0.0.1", "MASTER_PORT": "29500", "TORCHELASTIC_RESTART_COUNT": "0",
+			"TORCHELASTIC_MAX_RESTARTS": "0", "TORCHELASTIC_RUN_ID": "llm-7", "TORCHELASTIC_USE_AGENT_STORE": "True",
+		}, w.Env, "local rank %d", local)
 	}
 }
 
@@ -61,7 +83,7 @@ func TestWarmHandoffStore(t *testing.T) {
 	}{{0, true}, {1, false}, {2, false}} {
 		a := &rdzvv1.Assignment{Spec: &rdzvv1.JobSpec{Name: "llm"}, Generation: 7, NodeRank: tt.node, Nnodes: 3, ProcsPerNode: 1,
 			MasterAddr: "10.0.0.1", MasterPort: 29500}
-		require.Equal(t, handoffStore{Addr: "10.0.0.1", Port: 29500, Serve: tt.serve}, warmHandoff(a, nil, []string{"train.py"}).Store, "node rank %d", tt.node)
+		require.Equal(t, handoffStore{Addr: "10.0.0.1", Port: 29500, Serve: tt.serve}, warmHandoff(a, nil, []string{"train.py"}, nil, "/errs").Store, "node rank %d", tt.node)
 	}
 }
 

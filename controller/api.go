@@ -149,13 +149,13 @@ func (s *jobService) StartJob(ctx context.Context, req *rdzvv1.StartJobRequest) 
 		if err != nil {
 			return nil, toStatus(err)
 		}
-		return &rdzvv1.StartJobResponse{Job: job, Placement: preview}, nil
+		return &rdzvv1.StartJobResponse{Job: job, Placement: preview, Warnings: s.c.submitWarnings(req.GetSpec())}, nil
 	}
 	job, err := s.c.startJob(ctx, req.GetSpec())
 	if err != nil {
 		return nil, toStatus(err)
 	}
-	return &rdzvv1.StartJobResponse{Job: job}, nil
+	return &rdzvv1.StartJobResponse{Job: job, Warnings: s.c.submitWarnings(req.GetSpec())}, nil
 }
 
 func (s *jobService) GetJob(_ context.Context, req *rdzvv1.GetJobRequest) (*rdzvv1.GetJobResponse, error) {

@@ -1,6 +1,7 @@
 package controller_test
 
 import (
+	"fmt"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -129,10 +130,31 @@ func TestStartDryRun(t *testing.T) {
 	_, err = c.jobs.GetJob(rpcCtx(t), &rdzvv1.GetJobRequest{Name: "train"})
 	require.Equal(t, codes.NotFound, status.Code(err))
 
+	require.Empty(t, resp.GetWarnings(), "the nodes have no GPUs")
+
 	// What StartJob would refuse, a dry run refuses.
 	c.startJob(c.spec("dup", 1, 1, "hang"))
 	_, err = c.jobs.StartJob(rpcCtx(t), &rdzvv1.StartJobRequest{Spec: c.spec("dup", 1, 1), DryRun: true})
 	require.Equal(t, codes.AlreadyExists, status.Code(err))
+}
+
+// A job that leaves out gpus_per_node while its nodes have GPUs is taken,
+// with a warning: its workers would see none.
+func TestStartWarnsGPUsLeftOut(t *testing.T) {
+	c := newCluster(t)
+	c.fakeGPUs = 4
+	c.connectFake("node-a").keepAlive()
+	for _, dry := range []bool{true, false} {
+		resp, err := c.jobs.StartJob(rpcCtx(t), &rdzvv1.StartJobRequest{Spec: c.spec(fmt.Sprintf("cpu-%v", dry), 1, 1, "hang"), DryRun: dry})
+		require.NoError(t, err)
+		require.Len(t, resp.GetWarnings(), 1)
+		require.Contains(t, resp.GetWarnings()[0], "gpus_per_node is not set, but 1 of the 1 nodes the job may run on have GPUs (up to 4 each)")
+	}
+	spec := c.spec("gpu", 1, 1)
+	spec.GpusPerNode = 4
+	resp, err := c.jobs.StartJob(rpcCtx(t), &rdzvv1.StartJobRequest{Spec: spec, DryRun: true})
+	require.NoError(t, err)
+	require.Empty(t, resp.GetWarnings())
 }
 
 // events of a job the controller does not know are NotFound, as GetJob.

@@ -92,7 +92,10 @@ esac
 // cluster is one controller with embedded etcd, a set of in-process agents
 // and API clients, all torn down with the test.
 type cluster struct {
-	t        *testing.T
+	t *testing.T
+	// fakeGPUs is how many GPUs the fake agents connected from now on
+	// have.
+	fakeGPUs int
 	cfg      controller.Config
 	addr     string
 	torchrun string
@@ -688,6 +691,9 @@ func (c *cluster) connectFakeOn(conn *grpc.ClientConn, name string, workers ...*
 		<-received
 	})
 	info := &rdzvv1.NodeInfo{Name: name, Address: "127.0.0.1", NcclInterface: "lo", AgentVersion: "fake"}
+	for i := range c.fakeGPUs {
+		info.Gpus = append(info.Gpus, &rdzvv1.GPU{Index: uint32(i)})
+	}
 	if c.gossip {
 		// Nothing listens there: the controller only hands it to peers.
 		info.GossipAddr = "127.0.0.1:7946"

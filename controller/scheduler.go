@@ -250,6 +250,18 @@ func sortOldestFirst(jobs []*jobState) {
 	})
 }
 
+// submitWarnings are what rdzvctl shows of a submitted spec that is valid
+// but likely not meant, judged against the nodes registered now.
+func (c *Controller) submitWarnings(spec *rdzvv1.JobSpec) []string {
+	c.mu.Lock()
+	candidates := c.candidates()
+	c.mu.Unlock()
+	if w := rendezvous.GPUWarning(requirements(spec), candidates); w != "" {
+		return []string{w}
+	}
+	return nil
+}
+
 // candidates lists every known node; Free only for nodes that are ready,
 // connected and idle.
 func (c *Controller) candidates() []rendezvous.Candidate {

@@ -3,6 +3,7 @@ package jobspec
 import (
 	"os"
 	"regexp"
+	"slices"
 	"strings"
 	"testing"
 
@@ -264,4 +265,32 @@ func argparseModel(v2 bool, args []string) []string {
 		set = append(set, m.a.dest)
 	}
 	return set
+}
+
+// FuzzFromShellLine feeds arbitrary lines to `rdzvctl init --from`'s
+// reader: it may not panic, and whatever it reads as a launch line becomes
+// a job.yaml that parses back with the same command.
+func FuzzFromShellLine(f *testing.F) {
+	for _, s := range []string{
+		"torchrun --nnodes 1:4 --nproc-per-node=8 -m pkg.train --lr 1e-4",
+		`A=1 python -u train.py 'a b' "c\"d"`,
+		"deepspeed --num_gpus 8 train.py --deepspeed ds.json",
+		"accelerate launch --num_processes 16 --num_machines 2 train.py",
+		"python -m torch.distributed.run --nproc_per_node 2 train.py",
+	} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, line string) {
+		tr, err := FromShellLine(line)
+		if err != nil {
+			return
+		}
+		spec, err := Parse([]byte(tr.YAML(tr.NameFor(), line)))
+		if err != nil {
+			t.Fatalf("init's job.yaml does not parse: %v\n%s", err, tr.YAML(tr.NameFor(), line))
+		}
+		if len(tr.Command) > 0 && !slices.Equal(spec.Command, tr.Command) {
+			t.Fatalf("command %q read back as %q", tr.Command, spec.Command)
+		}
+	})
 }

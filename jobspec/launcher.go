@@ -37,7 +37,10 @@ const rdzvRendezvous = "rdzv runs the rendezvous itself (torchrun's static backe
 // torchrunOptions are every option of torchrun's parser
 // (torch.distributed.run.get_args_parser), from torch 1.13.1 (Debian's
 // python3-torch, /usr/lib/python3/dist-packages/torch/distributed/run.py)
-// and torch 2.x up to pytorch main of late 2025 (since2). The reserved ones
+// and torch 2.x up to 2.15 (since2), the ones each accepts in both '-' and
+// '_' spellings. agent/torchprobe's tests check it against every torch they
+// can run, and each node's agent checks a job's options against its own
+// torchrun's parser at launch. The reserved ones
 // are refused in every spelling whether or not the list is complete; the
 // list only tells which other options take a value, and lets a job give an
 // option whose exact name is a prefix of a reserved one.
@@ -61,6 +64,7 @@ var torchrunOptions = []launcherOption{
 	{name: "log_dir"},
 	{name: "redirects", short: 'r'},
 	{name: "tee", short: 't'},
+	{name: "log_line_prefix_template", since2: true},
 	{name: "local_ranks_filter", since2: true},
 	{name: "duplicate_stdout_filters", since2: true},
 	{name: "duplicate_stderr_filters", since2: true},
@@ -73,6 +77,29 @@ var torchrunOptions = []launcherOption{
 	{name: "signals_to_handle", since2: true},
 	{name: "shutdown_timeout", since2: true},
 	{name: "virtual_local_rank", flag: true, since2: true},
+	{name: "print_completion", since2: true},
+}
+
+// TorchrunOption is what rdzv knows of one of torchrun's options.
+type TorchrunOption struct {
+	// Flag options take no value.
+	Flag bool
+	// Since2 options are not in torch 1.13.
+	Since2 bool
+	// SetBy says what rdzv sets instead; empty when a job may give it.
+	SetBy string
+}
+
+// LookupTorchrunOption is rdzv's entry for the torchrun option whose dest
+// is dest, for the agent, which checks a node's own torchrun against it,
+// and for the tests that keep the table complete against real torch.
+func LookupTorchrunOption(dest string) (TorchrunOption, bool) {
+	for _, o := range torchrunOptions {
+		if o.name == dest {
+			return TorchrunOption{Flag: o.flag, Since2: o.since2, SetBy: o.setBy}, true
+		}
+	}
+	return TorchrunOption{}, false
 }
 
 // workerEnv are the variables rdzv sets for each worker, directly or

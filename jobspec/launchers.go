@@ -44,6 +44,10 @@ type Assigned struct {
 	// Hostfile is the deepspeed hostfile the agent wrote for the
 	// assignment (DeepSpeedHostfile); deepspeed only.
 	Hostfile string
+	// TorchrunOptions are options the node's agent adds after rdzv's own
+	// for what its torchrun needs to start workers at all (torch 1.x on
+	// Python 3.11: --redirects and --tee); torchrun kinds only.
+	TorchrunOptions []string
 }
 
 // WorldSize is the number of workers in the assignment.
@@ -89,13 +93,13 @@ func KindNames() []string {
 }
 
 func torchrunArgs(a Assigned) []string {
-	return []string{
+	return append([]string{
 		"--nnodes", strconv.Itoa(a.NNodes),
 		"--node_rank", strconv.Itoa(a.NodeRank),
 		"--nproc_per_node", strconv.Itoa(a.ProcsPerNode),
 		"--master_addr", a.MasterAddr,
 		"--master_port", strconv.Itoa(a.MasterPort),
-	}
+	}, a.TorchrunOptions...)
 }
 
 // accelerate launch counts processes over all machines, and runs them with

@@ -91,6 +91,10 @@ func (s *Spec) Validate() error {
 		add("command", fmt.Sprint(len(s.Command)), fmt.Sprintf("at most %d arguments are allowed", maxArgs))
 	case strings.TrimSpace(s.Command[0]) == "":
 		add("command[0]", wire.Quote(s.Command[0]), "must name the training script")
+	default:
+		if fe := s.validateCommandLauncher(); fe != nil {
+			errs = append(errs, fe)
+		}
 	}
 	errs = append(errs, validateArgs("command", s.Command)...)
 

@@ -285,3 +285,31 @@ func (l *LastCall) Observe(now time.Time, eligible int, req Requirements, window
 		Reason:    fmt.Sprintf("last call: %d of at most %d nodes eligible, waiting %s for more", eligible, req.Max, deadline.Sub(now).Round(time.Second)),
 	}
 }
+
+// GPUWarning says why a job that asks for no GPUs may not mean it: nodes
+// its selector matches have GPUs, and its workers will see none of them
+// (CUDA_VISIBLE_DEVICES=""). It is "" for a job that asks for GPUs or
+// whose nodes have none. A CPU-only job on GPU nodes is legitimate, so
+// this is a warning at submission, not a refusal.
+func GPUWarning(req Requirements, candidates []Candidate) string {
+	if req.GPUsPerNode > 0 {
+		return ""
+	}
+	matching, withGPUs, most := 0, 0, 0
+	for _, c := range candidates {
+		if !Matches(req.Selector, c.Labels) {
+			continue
+		}
+		matching++
+		if len(c.GPUs) > 0 {
+			withGPUs++
+			most = max(most, len(c.GPUs))
+		}
+	}
+	if withGPUs == 0 {
+		return ""
+	}
+	return fmt.Sprintf("gpus_per_node is not set, but %d of the %d nodes the job may run on have GPUs (up to %d each): "+
+		"its workers will see none (CUDA_VISIBLE_DEVICES is empty); set gpus_per_node (and procs_per_node, one worker per GPU) "+
+		"for a GPU job, or ignore this for a CPU-only one", withGPUs, matching, most)
+}

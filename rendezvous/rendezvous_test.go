@@ -239,3 +239,35 @@ func BenchmarkPlan(b *testing.B) {
 		})
 	}
 }
+
+func TestGPUWarning(t *testing.T) {
+	gpu := func(name string, n int, labels map[string]string) Candidate {
+		c := Candidate{Name: name, Labels: labels}
+		for i := range n {
+			c.GPUs = append(c.GPUs, uint32(i))
+		}
+		return c
+	}
+	nodes := []Candidate{gpu("a", 8, map[string]string{"pool": "gpu"}), gpu("b", 4, map[string]string{"pool": "gpu"}), gpu("c", 0, map[string]string{"pool": "cpu"})}
+	for _, tt := range []struct {
+		name string
+		req  Requirements
+		want string // in the warning; "" for none
+	}{
+		{"left out on GPU nodes", Requirements{Min: 1}, "2 of the 3 nodes the job may run on have GPUs (up to 8 each)"},
+		{"asked for", Requirements{Min: 1, GPUsPerNode: 4}, ""},
+		{"CPU pool", Requirements{Min: 1, Selector: map[string]string{"pool": "cpu"}}, ""},
+		{"GPU pool", Requirements{Min: 1, Selector: map[string]string{"pool": "gpu"}}, "2 of the 2 nodes"},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			got := GPUWarning(tt.req, nodes)
+			if tt.want == "" {
+				require.Empty(t, got)
+				return
+			}
+			require.Contains(t, got, tt.want)
+			require.Contains(t, got, "gpus_per_node")
+		})
+	}
+	require.Empty(t, GPUWarning(Requirements{Min: 1}, nil))
+}

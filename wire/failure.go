@@ -13,3 +13,8 @@ const (
 	// FailureLauncherMissing: the launcher is not on the workers' PATH.
 	FailureLauncherMissing = "launcher_missing"
 )
+
+// FailureLauncherOption: the node's own launcher reads one of the job's
+// launcher.extra_args as an option rdzv sets, or cannot start the
+// workers with one the job gave.
+const FailureLauncherOption = "launcher_option"

@@ -17,7 +17,8 @@ message, a JSON line:
 
     {"argv": [script, args...] or ["-m", module, args...],
      "workers": [{"env": {...}}, ...],   # one per local rank
-     "store": {"addr": MASTER_ADDR, "port": MASTER_PORT, "serve": bool}}
+     "store": {"addr": MASTER_ADDR, "port": MASTER_PORT, "serve": bool},
+     "error_dir": DIR}                    # the workers' TORCHELASTIC_ERROR_FILEs
 
 As torchrun's agents do, the standbys host the generation's TCPStore, not
 the workers (they get TORCHELASTIC_USE_AGENT_STORE=True): the one of node
@@ -38,13 +39,16 @@ then behaves as torchrun does towards its workers: when one fails, the
 others get SIGTERM and, after a grace, SIGKILL; it exits with the first
 failure's code (128+signal for a signal), or 0 when all succeeded. SIGTERM
 and SIGINT to it are passed on to the workers. To the agent this process is
-the generation's launcher, as torchrun would be.
+the generation's launcher, as torchrun would be. As torchrun does, it
+reports the first failed worker's error file (what torch's @record wrote)
+on its stderr, and it removes the error files' directory when it exits.
 """
 
 import importlib
 import json
 import os
 import runpy
+import shutil
 import signal
 import socket
 import struct
@@ -79,7 +83,12 @@ def main():
         if pid == 0:
             run_worker(msg["argv"], worker["env"])  # never returns
         children[pid] = local_rank
-    code = supervise(children)
+    code, failed = supervise(children)
+    error_dir = msg.get("error_dir") or ""
+    if failed is not None:
+        report_error(failed, msg["workers"][failed]["env"])
+    if error_dir:
+        shutil.rmtree(error_dir, ignore_errors=True)
     # Nothing of the job's ran in this process: skip the interpreter's
     # teardown (torch's modules take a while to finalise), so that the
     # agent learns of a failed worker at once.
@@ -180,11 +189,27 @@ def wait_for_store(addr, port):
             time.sleep(0.01)
 
 
+def report_error(local_rank, env):
+    """Prints what torch's @record wrote for the failed worker, if it did."""
+    path = env.get("TORCHELASTIC_ERROR_FILE", "")
+    try:
+        with open(path) as f:
+            err = json.load(f)["message"]
+        message = err["message"] if isinstance(err, dict) else err
+    except (OSError, ValueError, KeyError, TypeError):
+        return
+    sys.stderr.write("rdzv warm standby: local rank %d (rank %s) failed: %s\n" % (local_rank, env.get("RANK"), message))
+
+
 def run_worker(argv, env):
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     signal.signal(signal.SIGINT, signal.default_int_handler)
     os.environ.clear()
     os.environ.update(env)
+    error_file = env.get("TORCHELASTIC_ERROR_FILE")
+    if error_file:
+        # torch's @record writes it, but does not create its directory.
+        os.makedirs(os.path.dirname(error_file), exist_ok=True)
     omp = env.get("OMP_NUM_THREADS", "")
     if omp.isdigit() and int(omp) > 0 and "torch" in sys.modules:
         # The OpenMP runtime read the variable when torch was imported, in
@@ -211,8 +236,12 @@ def exit_code(status):
 
 
 def supervise(children):
-    """Waits for the workers as torchrun does; returns the exit code."""
-    state = {"failed": None}
+    """Waits for the workers as torchrun does.
+
+    Returns the exit code, and the local rank of the first worker that
+    failed (None when none did, or the standby was told to stop).
+    """
+    state = {"failed": None, "rank": None}
 
     def signal_all(sig):
         for pid in children:
@@ -237,13 +266,13 @@ def supervise(children):
         pid, status = os.wait()
         if pid not in children:
             continue
-        del children[pid]
+        local_rank = children.pop(pid)
         code = exit_code(status)
         if code != 0 and state["failed"] is None:
-            state["failed"] = code
+            state["failed"], state["rank"] = code, local_rank
             signal_all(signal.SIGTERM)
             signal.alarm(TERM_GRACE)
-    return state["failed"] or 0
+    return state["failed"] or 0, state["rank"]
 
 
 if __name__ == "__main__":

@@ -271,6 +271,8 @@ func TestErrorsGolden(t *testing.T) {
 		{"start-wait-and-dry-run", []string{"start", badJob, "--wait", "--dry-run"}, 2},
 		{"logs-two-jobs", []string{"logs", "a", "b"}, 2},
 		{"drain-without-node", []string{"nodes", "drain"}, 2},
+		{"init-not-a-launcher", []string{"init", "--from", "bash run.sh"}, 2},
+		{"init-without-from", []string{"init"}, 2},
 		{"status-not-found", []string{"--insecure", "--controller", addr, "status", "nosuchjob"}, 1},
 	}
 	for _, tt := range tests {

@@ -80,6 +80,7 @@ it would wait; nothing is stored.`,
 			if err != nil {
 				return err
 			}
+			c.printWarnings(args[0], resp.GetWarnings())
 			switch {
 			case dryRun:
 				return renderOne(c.out, o, resp, func(w io.Writer, v view) { printPreview(w, args[0], resp.GetPlacement()) }, spec.Name)
@@ -93,6 +94,14 @@ it would wait; nothing is stored.`,
 	cmd.Flags().BoolVar(&wait, "wait", false, "follow the job until it ends; exit non-zero unless it succeeds")
 	cmd.Flags().BoolVar(&dryRun, "dry-run", false, "validate on the controller and preview the placement; store nothing")
 	return cmd
+}
+
+// printWarnings prints the controller's warnings about a job file on
+// stderr, where they do not mix with -o json or yaml.
+func (c *command) printWarnings(file string, warnings []string) {
+	for _, w := range warnings {
+		fmt.Fprintf(c.errOut, "warning: %s: %s\n", file, w)
+	}
 }
 
 // printPreview prints a dry run's placement.
@@ -126,12 +135,13 @@ without a controller.`,
 				return err
 			}
 			if !local {
-				_, err := unary(cmd.Context(), c, args[0], func(ctx context.Context, cl *client.Client) (*rdzvv1.StartJobResponse, error) {
+				resp, err := unary(cmd.Context(), c, args[0], func(ctx context.Context, cl *client.Client) (*rdzvv1.StartJobResponse, error) {
 					return cl.StartJob(ctx, &rdzvv1.StartJobRequest{Spec: spec.ToProto(), DryRun: true})
 				})
 				if err != nil {
 					return err
 				}
+				c.printWarnings(args[0], resp.GetWarnings())
 			}
 			fmt.Fprintf(c.out, "%s: job %s is valid\n", args[0], spec.Name)
 			return nil

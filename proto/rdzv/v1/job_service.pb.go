@@ -137,7 +137,12 @@ type StartJobResponse struct {
 	// The job as stored; with dry_run, as it would be stored.
 	Job *Job `protobuf:"bytes,1,opt,name=job,proto3" json:"job,omitempty"`
 	// Set with dry_run only.
-	Placement     *PlacementPreview `protobuf:"bytes,2,opt,name=placement,proto3" json:"placement,omitempty"`
+	Placement *PlacementPreview `protobuf:"bytes,2,opt,name=placement,proto3" json:"placement,omitempty"`
+	// What in the spec is valid but likely not what was meant (gpus_per_node
+	// left out while the nodes the job may run on have GPUs); rdzvctl
+	// prints them. The job is stored (or, with dry_run, would be) all the
+	// same.
+	Warnings      []string `protobuf:"bytes,3,rep,name=warnings,proto3" json:"warnings,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -182,6 +187,13 @@ func (x *StartJobResponse) GetJob() *Job {
 func (x *StartJobResponse) GetPlacement() *PlacementPreview {
 	if x != nil {
 		return x.Placement
+	}
+	return nil
+}
+
+func (x *StartJobResponse) GetWarnings() []string {
+	if x != nil {
+		return x.Warnings
 	}
 	return nil
 }
@@ -1054,10 +1066,11 @@ const file_rdzv_v1_job_service_proto_rawDesc = "" +
 	"\x19rdzv/v1/job_service.proto\x12\ardzv.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x11rdzv/v1/job.proto\"P\n" +
 	"\x0fStartJobRequest\x12$\n" +
 	"\x04spec\x18\x01 \x01(\v2\x10.rdzv.v1.JobSpecR\x04spec\x12\x17\n" +
-	"\adry_run\x18\x02 \x01(\bR\x06dryRun\"k\n" +
+	"\adry_run\x18\x02 \x01(\bR\x06dryRun\"\x87\x01\n" +
 	"\x10StartJobResponse\x12\x1e\n" +
 	"\x03job\x18\x01 \x01(\v2\f.rdzv.v1.JobR\x03job\x127\n" +
-	"\tplacement\x18\x02 \x01(\v2\x19.rdzv.v1.PlacementPreviewR\tplacement\"Y\n" +
+	"\tplacement\x18\x02 \x01(\v2\x19.rdzv.v1.PlacementPreviewR\tplacement\x12\x1a\n" +
+	"\bwarnings\x18\x03 \x03(\tR\bwarnings\"Y\n" +
 	"\x10PlacementPreview\x12-\n" +
 	"\x05nodes\x18\x01 \x03(\v2\x17.rdzv.v1.NodeAssignmentR\x05nodes\x12\x16\n" +
 	"\x06reason\x18\x02 \x01(\tR\x06reason\"#\n" +
