@@ -206,7 +206,7 @@ func (c *Cluster) Attacks() []Attack {
 		{"no certificate", func(ctx context.Context) string { return c.refusedCalls(ctx, nil) }},
 		{"foreign CA", func(ctx context.Context) string { return c.refusedCalls(ctx, &c.foreign) }},
 		{"revoked agent", func(ctx context.Context) string { return c.refusedCalls(ctx, &c.revoked) }},
-		{"16 MB frame header", c.bigFrameHeader},
+		{"16 MB header (framed and HTTP/2)", c.bigFrameHeader},
 		{"one byte a second", c.slowloris},
 		{"ping flood", c.pingFlood},
 		{fmt.Sprintf("%d unauthenticated connections", c.cfg.Conns), c.manyConns},
@@ -463,9 +463,19 @@ func (c *Cluster) framedRegister(ctx context.Context, cert *tls.Certificate, pad
 
 // bigFrameHeader opens framed connections to the relay without a
 // certificate, each announcing a frame of 16 MiB and sending it as fast
-// as the relay reads.
+// as the relay reads; and HTTP/2 connections to both daemons, each
+// sending a header of 16 MiB.
 func (c *Cluster) bigFrameHeader(ctx context.Context) string {
 	var t tally
+	var wg sync.WaitGroup
+	for _, addr := range []string{c.ctl.Addr, c.relay.Addr} {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			workers(ctx, 4, func(ctx context.Context) { t.add(bigHeader(ctx, addr)) })
+		}()
+	}
+	defer wg.Wait()
 	workers(ctx, 8, func(ctx context.Context) {
 		d := tls.Dialer{Config: tlsConfig(nil, wire.AgentProtocol)}
 		conn, err := d.DialContext(ctx, "tcp", c.relay.Addr)
@@ -489,6 +499,54 @@ func (c *Cluster) bigFrameHeader(ctx context.Context) string {
 		}
 	})
 	return t.String()
+}
+
+// bigHeader sends, without a certificate, an HTTP/2 HEADERS frame and
+// CONTINUATION frames holding one header of 16 MiB, as fast as addr
+// reads them, and says how far it got.
+func bigHeader(ctx context.Context, addr string) string {
+	d := tls.Dialer{Config: tlsConfig(nil, "h2")}
+	conn, err := d.DialContext(ctx, "tcp", addr)
+	if err != nil {
+		return "dial refused"
+	}
+	defer conn.Close()
+	stop := context.AfterFunc(ctx, func() { _ = conn.Close() })
+	defer stop()
+	go func() { _, _ = io.Copy(io.Discard, conn) }()
+	const size = 16 << 20
+	// HPACK: a literal header field without indexing, a new name "x-pad",
+	// a value of size bytes (its length an integer of 7-bit prefix).
+	block := []byte{0, 5, 'x', '-', 'p', 'a', 'd', 127}
+	for n := size - 127; ; n >>= 7 {
+		if n < 128 {
+			block = append(block, byte(n))
+			break
+		}
+		block = append(block, byte(n&127)|128)
+	}
+	if _, err := conn.Write(h2Preface); err != nil {
+		return "closed at once"
+	}
+	const chunk = 16 << 10 // HTTP/2's default largest frame
+	value := make([]byte, chunk)
+	sent := 0
+	for kind := byte(1); sent < size; kind = 9 { // HEADERS, then CONTINUATION
+		payload := value
+		if kind == 1 {
+			payload = append(block, value[:chunk-len(block)]...)
+		}
+		var flags byte
+		if sent+len(payload) >= size {
+			flags = 4 // END_HEADERS
+		}
+		frame := append([]byte{byte(len(payload) >> 16), byte(len(payload) >> 8), byte(len(payload)), kind, flags, 0, 0, 0, 1}, payload...)
+		if _, err := conn.Write(frame); err != nil {
+			return "header cut off"
+		}
+		sent += len(payload)
+	}
+	return "all 16 MiB of header sent"
 }
 
 // slowloris holds connections to both daemons, sending a byte a second.
