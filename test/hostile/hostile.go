@@ -25,6 +25,7 @@ import (
 	"time"
 
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/status"
 
@@ -182,12 +183,17 @@ func (c *Cluster) Logs() string {
 // what it saw (status codes, errors), for the figures.
 type Attack struct {
 	Name string
-	Run  func(ctx context.Context) string
+	// Authenticated: the attacker holds a valid certificate, and what it
+	// sends is bounded by the API's limits, not the pre-authentication
+	// ones.
+	Authenticated bool
+	Run           func(ctx context.Context) string
 }
 
 // Figures are what one attack cost.
 type Figures struct {
-	Attack string
+	Attack        string
+	Authenticated bool
 	// Memory in bytes (RSS): before the attack, its peak during it, and a
 	// second after it.
 	CtlBefore, CtlPeak, CtlAfter       uint64
@@ -203,21 +209,21 @@ type Figures struct {
 // Attacks are the attacks, in the order they run.
 func (c *Cluster) Attacks() []Attack {
 	return []Attack{
-		{"no certificate", func(ctx context.Context) string { return c.refusedCalls(ctx, nil) }},
-		{"foreign CA", func(ctx context.Context) string { return c.refusedCalls(ctx, &c.foreign) }},
-		{"revoked agent", func(ctx context.Context) string { return c.refusedCalls(ctx, &c.revoked) }},
-		{"16 MB header (framed and HTTP/2)", c.bigFrameHeader},
-		{"one byte a second", c.slowloris},
-		{"ping flood", c.pingFlood},
-		{fmt.Sprintf("%d unauthenticated connections", c.cfg.Conns), c.manyConns},
-		{"oversized register from a valid agent", c.oversizedRegister},
-		{fmt.Sprintf("%d concurrent 15 MB StartJob without certificate", c.cfg.Calls), c.bigStartJobs},
+		{"no certificate", false, func(ctx context.Context) string { return c.refusedCalls(ctx, nil) }},
+		{"foreign CA", false, func(ctx context.Context) string { return c.refusedCalls(ctx, &c.foreign) }},
+		{"revoked agent", false, func(ctx context.Context) string { return c.refusedCalls(ctx, &c.revoked) }},
+		{"16 MB header (framed and HTTP/2)", false, c.bigFrameHeader},
+		{"one byte a second", false, c.slowloris},
+		{"ping flood", false, c.pingFlood},
+		{fmt.Sprintf("%d unauthenticated connections", c.cfg.Conns), false, c.manyConns},
+		{"oversized register from a valid agent", true, c.oversizedRegister},
+		{fmt.Sprintf("%d concurrent 15 MB StartJob without certificate", c.cfg.Calls), false, c.bigStartJobs},
 	}
 }
 
 // Run runs a for the configured duration and measures it.
 func (c *Cluster) Run(ctx context.Context, a Attack) (Figures, error) {
-	f := Figures{Attack: a.Name}
+	f := Figures{Attack: a.Name, Authenticated: a.Authenticated}
 	var err error
 	if f.CtlBefore, err = rss(c.ctl.Pid()); err != nil {
 		return f, err
@@ -277,10 +283,10 @@ wait:
 func Table(figs []Figures) string {
 	var b strings.Builder
 	mib := func(v uint64) string { return strconv.FormatFloat(float64(v)/(1<<20), 'f', 0, 64) }
-	fmt.Fprintf(&b, "%-48s %-18s %-18s %-22s %s\n", "attack", "controller MiB", "relay MiB", "heartbeat RTT", "attacker saw")
-	fmt.Fprintf(&b, "%-48s %-18s %-18s %-22s\n", "", "before/peak/after", "before/peak/after", "p50 / p99 (n)")
+	fmt.Fprintf(&b, "%-48s %-18s %-18s %s\n", "attack", "controller MiB", "relay MiB", "agents' heartbeat RTT")
+	fmt.Fprintf(&b, "%-48s %-18s %-18s %s\n", "", "before/peak/after", "before/peak/after", "p50 / p99 (n)")
 	for _, f := range figs {
-		fmt.Fprintf(&b, "%-48s %-18s %-18s %-22s %s\n", f.Attack,
+		fmt.Fprintf(&b, "%-48s %-18s %-18s %s\n    attacker saw: %s\n", f.Attack,
 			mib(f.CtlBefore)+"/"+mib(f.CtlPeak)+"/"+mib(f.CtlAfter),
 			mib(f.RelayBefore)+"/"+mib(f.RelayPeak)+"/"+mib(f.RelayAfter),
 			fmt.Sprintf("%v / %v (%d)", f.HeartbeatP50.Round(100*time.Microsecond), f.HeartbeatP99.Round(100*time.Microsecond), f.Heartbeats),
@@ -321,15 +327,24 @@ func (t *tally) add(what string) {
 	t.counts[what]++
 }
 
-func (t *tally) addErr(err error) {
+// addErr counts how a call at where ended.
+func (t *tally) addErr(where string, err error) {
 	switch {
 	case err == nil:
-		t.add("ok")
-	case status.Code(err) != 0 && status.Code(err).String() != "Unknown":
-		t.add(status.Code(err).String())
+		t.add(where + ": ok")
+	case status.Code(err) != codes.Unknown:
+		t.add(where + ": " + status.Code(err).String())
 	default:
-		t.add("error")
+		t.add(where + ": error")
 	}
+}
+
+// where names the daemon at addr.
+func (c *Cluster) where(addr string) string {
+	if addr == c.ctl.Addr {
+		return "controller"
+	}
+	return "relay"
 }
 
 func (t *tally) String() string {
@@ -407,14 +422,14 @@ func (c *Cluster) refusedCalls(ctx context.Context, cert *tls.Certificate) strin
 			cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 			_, err := rdzvv1.NewNodeServiceClient(conn).ListNodes(cctx, &rdzvv1.ListNodesRequest{})
 			cancel()
-			t.addErr(err)
+			t.addErr("controller", err)
 			_ = conn.Close()
 		}
 		if conn, err := grpcConn(c.relay.Addr, cert); err == nil {
-			t.addErr(register(ctx, conn, sim.Name(0), 0))
+			t.addErr("relay gRPC", register(ctx, conn, sim.Name(0), 0))
 			_ = conn.Close()
 		}
-		t.addErr(c.framedRegister(ctx, cert, 0))
+		t.addErr("relay framed", c.framedRegister(ctx, cert, 0))
 	})
 	return t.String()
 }
@@ -472,7 +487,7 @@ func (c *Cluster) bigFrameHeader(ctx context.Context) string {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			workers(ctx, 4, func(ctx context.Context) { t.add(bigHeader(ctx, addr)) })
+			workers(ctx, 4, func(ctx context.Context) { t.add(c.where(addr) + " h2: " + bigHeader(ctx, addr)) })
 		}()
 	}
 	defer wg.Wait()
@@ -480,7 +495,7 @@ func (c *Cluster) bigFrameHeader(ctx context.Context) string {
 		d := tls.Dialer{Config: tlsConfig(nil, wire.AgentProtocol)}
 		conn, err := d.DialContext(ctx, "tcp", c.relay.Addr)
 		if err != nil {
-			t.add("dial refused")
+			t.add("relay framed: dial refused")
 			return
 		}
 		defer conn.Close()
@@ -488,14 +503,14 @@ func (c *Cluster) bigFrameHeader(ctx context.Context) string {
 		defer stop()
 		head := []byte{1, 0, 0, 1, wire.FrameMessage} // 16 MiB + 1
 		if _, err := conn.Write(head); err != nil {
-			t.add("write refused")
+			t.add("relay framed: write refused")
 			return
 		}
 		n, _ := io.Copy(conn, io.LimitReader(zeroReader{}, 16<<20))
 		if n < 16<<20 {
-			t.add("cut off")
+			t.add("relay framed: cut off")
 		} else {
-			t.add("all 16 MiB sent")
+			t.add("relay framed: all 16 MiB sent")
 		}
 	})
 	return t.String()
@@ -560,7 +575,7 @@ func (c *Cluster) slowloris(ctx context.Context) string {
 				defer wg.Done()
 				conn, err := (&net.Dialer{}).DialContext(ctx, "tcp", addr)
 				if err != nil {
-					t.add("dial refused")
+					t.add(c.where(addr) + ": dial refused")
 					return
 				}
 				defer conn.Close()
@@ -569,12 +584,12 @@ func (c *Cluster) slowloris(ctx context.Context) string {
 				// A TLS record header, byte by byte.
 				for i := 0; ; i++ {
 					if _, err := conn.Write([]byte{0x16}); err != nil {
-						t.add(fmt.Sprintf("closed after %d bytes", i/10*10))
+						t.add(fmt.Sprintf("%s: closed after %d bytes", c.where(addr), i/10*10))
 						return
 					}
 					select {
 					case <-ctx.Done():
-						t.add("held")
+						t.add(c.where(addr) + ": held")
 						return
 					case <-tick.C:
 					}
@@ -596,12 +611,12 @@ var h2Ping = []byte{0, 0, 8, 6, 0, 0, 0, 0, 0, 1, 2, 3, 4, 5, 6, 7, 8}
 // framed pings to the relay, as fast as they are read.
 func (c *Cluster) pingFlood(ctx context.Context) string {
 	var t tally
-	flood := func(addr string, alpn string, preface, ping []byte) func(ctx context.Context) {
+	flood := func(label, addr string, alpn string, preface, ping []byte) func(ctx context.Context) {
 		return func(ctx context.Context) {
 			d := tls.Dialer{Config: tlsConfig(nil, alpn)}
 			conn, err := d.DialContext(ctx, "tcp", addr)
 			if err != nil {
-				t.add("dial refused")
+				t.add(label + ": dial refused")
 				return
 			}
 			defer conn.Close()
@@ -610,25 +625,25 @@ func (c *Cluster) pingFlood(ctx context.Context) string {
 			go func() { _, _ = io.Copy(io.Discard, conn) }()
 			burst := slices.Concat(slices.Repeat([][]byte{ping}, 64)...)
 			if _, err := conn.Write(preface); err != nil {
-				t.add("closed")
+				t.add(label + ": closed")
 				return
 			}
 			for ctx.Err() == nil {
 				if _, err := conn.Write(burst); err != nil {
 					if ctx.Err() == nil {
-						t.add("closed")
+						t.add(label + ": closed")
 					}
 					return
 				}
 			}
-			t.add("held")
+			t.add(label + ": held")
 		}
 	}
 	var wg sync.WaitGroup
 	for _, f := range []func(context.Context){
-		flood(c.ctl.Addr, "h2", h2Preface, h2Ping),
-		flood(c.relay.Addr, "h2", h2Preface, h2Ping),
-		flood(c.relay.Addr, wire.AgentProtocol, nil, wire.AppendFrame(nil, wire.FramePing, nil)),
+		flood("controller h2", c.ctl.Addr, "h2", h2Preface, h2Ping),
+		flood("relay h2", c.relay.Addr, "h2", h2Preface, h2Ping),
+		flood("relay framed", c.relay.Addr, wire.AgentProtocol, nil, wire.AppendFrame(nil, wire.FramePing, nil)),
 	} {
 		wg.Add(1)
 		go func() { defer wg.Done(); workers(ctx, 4, f) }()
@@ -657,21 +672,21 @@ func (c *Cluster) manyConns(ctx context.Context) string {
 				conn, err := d.DialContext(ctx, "tcp", addr)
 				<-sem
 				if err != nil {
-					t.add("dial refused")
+					t.add(c.where(addr) + ": dial refused")
 					return
 				}
 				defer conn.Close()
 				if _, err := conn.Write(h2Preface); err != nil {
-					t.add("closed")
+					t.add(c.where(addr) + ": closed")
 					return
 				}
 				done := make(chan struct{})
 				go func() { _, _ = io.Copy(io.Discard, conn); close(done) }()
 				select {
 				case <-done:
-					t.add("closed by the server")
+					t.add(c.where(addr) + ": closed by the server")
 				case <-ctx.Done():
-					t.add("held")
+					t.add(c.where(addr) + ": held")
 				}
 			}()
 		}
@@ -688,11 +703,11 @@ func (c *Cluster) oversizedRegister(ctx context.Context) string {
 	workers(ctx, 2, func(ctx context.Context) {
 		for _, addr := range []string{c.relay.Addr, c.ctl.Addr} {
 			if conn, err := grpcConn(addr, &c.spare); err == nil {
-				t.addErr(register(ctx, conn, sim.Name(realAgents), bigBytes))
+				t.addErr(c.where(addr)+" gRPC", register(ctx, conn, sim.Name(realAgents), bigBytes))
 				_ = conn.Close()
 			}
 		}
-		t.addErr(c.framedRegister(ctx, &c.spare, bigBytes))
+		t.addErr("relay framed", c.framedRegister(ctx, &c.spare, bigBytes))
 	})
 	return t.String()
 }
@@ -706,7 +721,7 @@ func (c *Cluster) bigStartJobs(ctx context.Context) string {
 	workers(ctx, c.cfg.Calls, func(ctx context.Context) {
 		conn, err := grpcConn(c.ctl.Addr, nil)
 		if err != nil {
-			t.add("error")
+			t.add("controller: error")
 			return
 		}
 		defer conn.Close()
@@ -714,7 +729,7 @@ func (c *Cluster) bigStartJobs(ctx context.Context) string {
 		defer cancel()
 		_, err = rdzvv1.NewJobServiceClient(conn).StartJob(cctx, &rdzvv1.StartJobRequest{Spec: spec})
 		if ctx.Err() == nil {
-			t.addErr(err)
+			t.addErr("controller", err)
 		}
 	})
 	return t.String()
