@@ -632,6 +632,8 @@ func (c *Cluster) pingFlood(ctx context.Context) string {
 				if _, err := conn.Write(burst); err != nil {
 					if ctx.Err() == nil {
 						t.add(label + ": closed")
+					} else {
+						t.add(label + ": held")
 					}
 					return
 				}
@@ -658,8 +660,8 @@ func (c *Cluster) manyConns(ctx context.Context) string {
 	var t tally
 	var wg sync.WaitGroup
 	sem := make(chan struct{}, 64)
-	for _, addr := range []string{c.ctl.Addr, c.relay.Addr} {
-		for range c.cfg.Conns {
+	for range c.cfg.Conns {
+		for _, addr := range []string{c.ctl.Addr, c.relay.Addr} {
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
