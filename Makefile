@@ -172,5 +172,16 @@ BENCH_NODES ?= 1000
 bench-scale: build
 	BENCH_NODES=$(BENCH_NODES) RDZV_BIN_DIR=$(BIN) $(GO) test -tags bench -count=1 -v -timeout 60m ./test/bench/scale/ -run TestBenchScale
 
+# Hostile peers against the real controller and relay on loopback (no
+# certificate, foreign CA, revoked agent, a 16 MB frame header, a byte a
+# second, ping flood, 1,000 unauthenticated connections, an oversized
+# register, 50 concurrent 15 MB StartJob calls): each daemon's memory and
+# the real agents' heartbeat latency during each. Figures only; make e2e
+# runs a short version that checks the memory bounds (TestHostilePeers).
+HOSTILE_DURATION ?= 30s
+.PHONY: bench-hostile
+bench-hostile: build
+	HOSTILE_DURATION=$(HOSTILE_DURATION) RDZV_BIN_DIR=$(BIN) $(GO) test -tags bench -count=1 -v -timeout 30m ./test/bench/ -run TestBenchHostile
+
 clean:
 	rm -rf $(BIN) .demo $(VENV) $(VENV_OLDEST)

@@ -28,6 +28,9 @@ import (
 const (
 	// maxReportBytes bounds a report's body; real ones are under 200 bytes.
 	maxReportBytes = 4 << 10
+	// maxReportHeaderBytes bounds a report's request line and headers,
+	// read before its token is checked (net/http allows 4 KiB more).
+	maxReportHeaderBytes = 4 << 10
 	// reportShutdown bounds how long the endpoint waits for requests in
 	// flight once the workers are gone.
 	reportShutdown = time.Second
@@ -78,6 +81,7 @@ func newReportServer(sup *Supervisor, requests *prometheus.CounterVec, log *zap.
 		ReadHeaderTimeout: 5 * time.Second,
 		ReadTimeout:       10 * time.Second,
 		WriteTimeout:      10 * time.Second,
+		MaxHeaderBytes:    maxReportHeaderBytes,
 		ErrorLog:          zap.NewStdLog(log),
 	}}
 }
@@ -166,14 +170,20 @@ func (h *reportHandler) checkpoint(w http.ResponseWriter, r *http.Request) {
 // authenticate reads the report token and checks it is the running
 // workers', answering the request itself when not. It comes before the body
 // is even read: a request from anyone else gets nowhere.
+//
+// A refusal closes the connection: otherwise net/http reads up to 256 KiB
+// of the unread body after the answer, to keep the connection for a next
+// request.
 func (h *reportHandler) authenticate(w http.ResponseWriter, r *http.Request) ([]byte, bool) {
 	token, err := parseReportToken(r.Header.Values("Authorization"))
 	if err != nil {
+		w.Header().Set("Connection", "close")
 		w.Header().Set("WWW-Authenticate", `Bearer realm="rdzv worker reports"`)
 		h.reject(w, http.StatusUnauthorized, err.Error())
 		return nil, false
 	}
 	if !h.sup.tokenAccepted(token) {
+		w.Header().Set("Connection", "close")
 		h.reject(w, http.StatusForbidden, errTokenRefused.Error())
 		return nil, false
 	}

@@ -107,9 +107,9 @@ func identityFrom(ctx context.Context) (pki.Identity, bool) {
 }
 
 // authenticator verifies the caller's certificate on every call and
-// authorizes the call by role. The TLS handshake only asks for a
-// certificate; verifying here lets a refusal carry a status code and a
-// reason the caller can act on.
+// authorizes the call by role. Only connections whose certificate verified
+// as their handshake ended reach these calls (preauth.go); verifying again
+// applies revocations, CA reloads and expiry since.
 type authenticator struct {
 	tls     *pki.Reloader
 	revoked *denyList

@@ -81,27 +81,28 @@ func TestUnauthenticatedCallsAreRefused(t *testing.T) {
 		return is
 	}
 	expired := issueRaw(c.ca, pki.RoleOperator, time.Now().Add(-2*time.Hour))
+	// A refusal closes its connection: each call dials anew.
 	tests := []struct {
 		name     string
-		conn     *grpc.ClientConn
+		cert     *pki.Issued
 		wantCode codes.Code
 		wantMsg  string
 	}{
-		{"no certificate", c.dialRaw(nil), codes.Unauthenticated, "no client certificate"},
-		{"expired certificate", c.dialRaw(expired), codes.Unauthenticated, "certificate operator/mallory expired at " + expired.Cert.NotAfter.UTC().Format(time.RFC3339)},
-		{"another CA's operator", c.dialRaw(issueRaw(foreignCA, pki.RoleOperator, time.Now())), codes.Unauthenticated, "certificate not signed by the cluster CA"},
-		{"another CA's agent", c.dialRaw(issueRaw(foreignCA, pki.RoleAgent, time.Now())), codes.Unauthenticated, "certificate not signed by the cluster CA"},
+		{"no certificate", nil, codes.Unauthenticated, "no client certificate"},
+		{"expired certificate", expired, codes.Unauthenticated, "certificate operator/mallory expired at " + expired.Cert.NotAfter.UTC().Format(time.RFC3339)},
+		{"another CA's operator", issueRaw(foreignCA, pki.RoleOperator, time.Now()), codes.Unauthenticated, "certificate not signed by the cluster CA"},
+		{"another CA's agent", issueRaw(foreignCA, pki.RoleAgent, time.Now()), codes.Unauthenticated, "certificate not signed by the cluster CA"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			_, err := rdzvv1.NewNodeServiceClient(tt.conn).ListNodes(rpcCtx(t), &rdzvv1.ListNodesRequest{})
+			_, err := rdzvv1.NewNodeServiceClient(c.dialRaw(tt.cert)).ListNodes(rpcCtx(t), &rdzvv1.ListNodesRequest{})
 			require.Equal(t, tt.wantCode, status.Code(err), "%v", err)
 			require.ErrorContains(t, err, tt.wantMsg)
 
-			_, err = rdzvv1.NewJobServiceClient(tt.conn).StartJob(rpcCtx(t), &rdzvv1.StartJobRequest{Spec: c.spec("evil", 1, 1, "ok")})
+			_, err = rdzvv1.NewJobServiceClient(c.dialRaw(tt.cert)).StartJob(rpcCtx(t), &rdzvv1.StartJobRequest{Spec: c.spec("evil", 1, 1, "ok")})
 			require.Equal(t, tt.wantCode, status.Code(err), "%v", err)
 
-			err = register(t, tt.conn, "mallory")
+			err = register(t, c.dialRaw(tt.cert), "mallory")
 			require.Equal(t, tt.wantCode, status.Code(err), "%v", err)
 			require.ErrorContains(t, err, tt.wantMsg)
 		})

@@ -337,12 +337,33 @@ func (c *Controller) Run(ctx context.Context) error {
 	close(c.ready)
 
 	g, gctx := errgroup.WithContext(ctx)
-	g.Go(func() error {
-		if err := srv.Serve(lis); err != nil && !errors.Is(err, grpc.ErrServerStopped) {
-			return fmt.Errorf("serving grpc: %w", err)
+	serve := func(srv *grpc.Server, lis net.Listener) func() error {
+		return func() error {
+			if err := srv.Serve(lis); err != nil && !errors.Is(err, grpc.ErrServerStopped) {
+				return fmt.Errorf("serving grpc: %w", err)
+			}
+			return nil
 		}
-		return nil
-	})
+	}
+	// With TLS, the splitter makes the handshakes and hands unverified
+	// clients to a server of their own (preauth.go).
+	var pre *grpc.Server
+	if c.tls == nil {
+		g.Go(serve(srv, lis))
+	} else {
+		sp := newSplitter(lis, c.handshakeCreds(keys), func(chain pki.Chain) error {
+			_, err := c.auth.verify(chain, pki.ClientVerification{})
+			return err
+		}, c.conns, c.clock, c.log.Named("auth"))
+		pre = grpc.NewServer(append(preauthServerOptions(),
+			grpc.ChainUnaryInterceptor(c.metrics.grpc.UnaryServerInterceptor()),
+			grpc.ChainStreamInterceptor(c.metrics.grpc.StreamServerInterceptor()),
+			grpc.UnknownServiceHandler(sp.refuse))...)
+		healthpb.RegisterHealthServer(pre, c.grpcHealth)
+		g.Go(func() error { return sp.run(gctx) })
+		g.Go(serve(srv, sp.api))
+		g.Go(serve(pre, sp.pre))
+	}
 	g.Go(func() error { c.watchLeader(gctx); return nil })
 	g.Go(func() error { c.elect(gctx); return nil })
 	g.Go(func() error { c.probeEtcd(gctx); return nil })
@@ -353,7 +374,7 @@ func (c *Controller) Run(ctx context.Context) error {
 		// Agent streams never end by themselves; end them so the graceful
 		// stop only waits for operator calls in flight.
 		c.endSessions()
-		stopGRPC(srv, 5*time.Second)
+		stopGRPC(5*time.Second, srv, pre)
 		return nil
 	})
 	err = g.Wait()
@@ -372,18 +393,24 @@ func (c *Controller) securityOptions(keys *keyring.Keyring) []grpc.ServerOption 
 			zap.String("listen", c.cfg.Listen))
 		return nil
 	}
-	c.auth = &authenticator{tls: c.tls, revoked: c.revoked, log: c.log.Named("auth")}
+	c.auth = &authenticator{tls: c.tls, revoked: c.revoked, log: refusalLogger(c.log.Named("auth"))}
 	c.conns = newClientConns(c.clock, c.log.Named("auth"))
 	c.log.Info("mutual tls enabled", zap.Stringer("identity", c.tls.Identity()))
 	return []grpc.ServerOption{
-		grpc.Creds(trackingCreds{TransportCredentials: gatedCreds{
-			TransportCredentials: credentials.NewTLS(c.tls.ServerConfig(func(epoch int64) [32]byte {
-				return keys.Derive(fmt.Sprintf("tls session ticket key %d", epoch))
-			})),
-			gate: newHandshakeGate(c.cfg.TLS.MaxHandshakes, c.clock, c.metrics.handshakesWait, c.metrics.handshakesOver),
-		}, conns: c.conns}),
+		grpc.Creds(handedCreds{}),
 		grpc.ChainUnaryInterceptor(c.auth.unary),
 		grpc.ChainStreamInterceptor(c.auth.stream),
+	}
+}
+
+// handshakeCreds make the TLS handshakes of a controller with TLS (see
+// splitter), in turns of the handshake gate.
+func (c *Controller) handshakeCreds(keys *keyring.Keyring) credentials.TransportCredentials {
+	return gatedCreds{
+		TransportCredentials: credentials.NewTLS(c.tls.ServerConfig(func(epoch int64) [32]byte {
+			return keys.Derive(fmt.Sprintf("tls session ticket key %d", epoch))
+		})),
+		gate: newHandshakeGate(c.cfg.TLS.MaxHandshakes, c.clock, c.metrics.handshakesWait, c.metrics.handshakesOver),
 	}
 }
 
@@ -404,17 +431,29 @@ func (c *Controller) endSessionsLocked() {
 	}
 }
 
-// stopGRPC drains in-flight calls but never waits on streams (agents keep
-// theirs open forever) for longer than grace.
-func stopGRPC(srv *grpc.Server, grace time.Duration) {
-	done := make(chan struct{})
-	go func() { srv.GracefulStop(); close(done) }()
-	select {
-	case <-done:
-	case <-time.After(grace):
-		srv.Stop()
-		<-done
+// stopGRPC drains in-flight calls of each server (nil ones skipped) but
+// never waits on streams (agents keep theirs open forever, probers their
+// health watches) for longer than grace.
+func stopGRPC(grace time.Duration, servers ...*grpc.Server) {
+	var wg sync.WaitGroup
+	for _, srv := range servers {
+		if srv == nil {
+			continue
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			done := make(chan struct{})
+			go func() { srv.GracefulStop(); close(done) }()
+			select {
+			case <-done:
+			case <-time.After(grace):
+				srv.Stop()
+				<-done
+			}
+		}()
 	}
+	wg.Wait()
 }
 
 // reconnectGrace is added to the heartbeat timeout for nodes loaded at

@@ -80,36 +80,11 @@ type clientConn struct {
 	expiry, close clockwork.Timer
 }
 
-// trackingCreds wraps every connection that presents a certificate in a
-// clientConn of conns, which ends it when the certificate expires.
-type trackingCreds struct {
-	credentials.TransportCredentials
-	conns *clientConns
-}
-
 // connInfo is a tracked connection's AuthInfo: the TLS state, as for any
 // TLS connection, and the connection, for the streams opened on it.
 type connInfo struct {
 	credentials.TLSInfo
 	conn *clientConn
-}
-
-func (t trackingCreds) ServerHandshake(raw net.Conn) (net.Conn, credentials.AuthInfo, error) {
-	conn, info, err := t.TransportCredentials.ServerHandshake(raw)
-	if err != nil {
-		return conn, info, err
-	}
-	tlsInfo, ok := info.(credentials.TLSInfo)
-	if !ok || len(tlsInfo.State.PeerCertificates) == 0 {
-		return conn, info, nil
-	}
-	certs := tlsInfo.State.PeerCertificates
-	cc := t.conns.add(conn, pki.ChainOf(certs), leafOf(certs[0]), raw.RemoteAddr().String())
-	return cc, connInfo{TLSInfo: tlsInfo, conn: cc}, nil
-}
-
-func (t trackingCreds) Clone() credentials.TransportCredentials {
-	return trackingCreds{TransportCredentials: t.TransportCredentials.Clone(), conns: t.conns}
 }
 
 // leafInfo is what a connection's expiry timer and log lines need of its

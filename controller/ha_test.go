@@ -92,7 +92,7 @@ func (h *haCluster) startReplica(addr string) *replica {
 	cfg.MasterPortRange = controller.PortRange{Min: masterPortMin, Max: masterPortMax}
 	cfg.TLS.Files = h.issue(pki.Identity{Role: pki.RoleController, Name: "controller-" + strings.ReplaceAll(strings.ReplaceAll(addr, ".", "-"), ":", "-")}, net.IPv4(127, 0, 0, 1))
 	h.cfg = cfg
-	ctl, stop := runController(t, cfg, addr, testLogger(t).Named("controller-"+addr))
+	ctl, stop := runController(t, cfg, addr, nil, testLogger(t).Named("controller-"+addr))
 	return &replica{ctl: ctl, addr: addr, stop: stop}
 }
 

@@ -114,6 +114,9 @@ type cluster struct {
 	// that their assignments name peers to watch.
 	gossip bool
 
+	// wrapListener, if not nil, wraps the controller's listener.
+	wrapListener func(net.Listener) net.Listener
+
 	stopController func()
 	// ctl is the running controller.
 	ctl *controller.Controller
@@ -143,7 +146,7 @@ type runningAgent struct {
 // newCluster starts a controller; edits adjust its config first.
 func newCluster(t *testing.T, edits ...func(*controller.Config)) *cluster {
 	t.Helper()
-	return startCluster(t, nil, edits)
+	return startCluster(t, nil, nil, edits)
 }
 
 // newFakeClockCluster is newCluster with the controller on a fake clock
@@ -154,12 +157,14 @@ func newCluster(t *testing.T, edits ...func(*controller.Config)) *cluster {
 // judges their expiry by its own.
 func newFakeClockCluster(t *testing.T, edits ...func(*controller.Config)) *cluster {
 	t.Helper()
-	return startCluster(t, clockwork.NewFakeClockAt(time.Now()), edits)
+	return startCluster(t, clockwork.NewFakeClockAt(time.Now()), nil, edits)
 }
 
-func startCluster(t *testing.T, clock *clockwork.FakeClock, edits []func(*controller.Config)) *cluster {
+// startCluster starts a cluster; wrap, if not nil, wraps the controller's
+// listener.
+func startCluster(t *testing.T, clock *clockwork.FakeClock, wrap func(net.Listener) net.Listener, edits []func(*controller.Config)) *cluster {
 	t.Helper()
-	c := &cluster{t: t, workdir: t.TempDir(), clock: clock}
+	c := &cluster{t: t, workdir: t.TempDir(), clock: clock, wrapListener: wrap}
 	var observed zapcore.Core
 	observed, c.logs = observer.New(zapcore.DebugLevel)
 	c.log = zap.New(zapcore.NewTee(testLogger(t).Core(), observed))
@@ -248,19 +253,23 @@ func (c *cluster) startController() {
 	if c.clock != nil {
 		opts = append(opts, controller.WithClock(c.clock), controller.WithLag(func() time.Duration { return time.Duration(c.lag.Load()) }))
 	}
-	ctl, stop := runController(t, c.cfg, c.addr, c.log.Named("controller"), opts...)
+	ctl, stop := runController(t, c.cfg, c.addr, c.wrapListener, c.log.Named("controller"), opts...)
 	// Alone on its etcd it wins the election at once; the API serves only
 	// from then on.
 	poll(t, ctl.Leading, func() string { return "controller never took the lead" })
 	c.ctl, c.stopController = ctl, stop
 }
 
-// runController runs a controller with cfg on addr until the test ends,
-// and returns once it serves; stop ends it earlier.
-func runController(t *testing.T, cfg controller.Config, addr string, log *zap.Logger, opts ...controller.Option) (ctl *controller.Controller, stop func()) {
+// runController runs a controller with cfg on addr, its listener wrapped
+// by wrap unless nil, until the test ends, and returns once it serves;
+// stop ends it earlier.
+func runController(t *testing.T, cfg controller.Config, addr string, wrap func(net.Listener) net.Listener, log *zap.Logger, opts ...controller.Option) (ctl *controller.Controller, stop func()) {
 	t.Helper()
 	lis, err := net.Listen("tcp", addr)
 	require.NoError(t, err)
+	if wrap != nil {
+		lis = wrap(lis)
+	}
 	ctl, err = controller.New(cfg, log, append(opts, controller.WithListener(lis))...)
 	require.NoError(t, err)
 	ctx, cancel := context.WithCancel(context.Background())

@@ -207,6 +207,9 @@ func (s *Server) Start(ctx context.Context) (stop func() error, err error) {
 	}, nil
 }
 
+// maxHeaderBytes bounds a request's headers (net/http allows 4 KiB more).
+const maxHeaderBytes = 64 << 10
+
 // shutdownGrace bounds how long requests in flight may finish once the
 // daemon stops.
 const shutdownGrace = 5 * time.Second
@@ -214,7 +217,12 @@ const shutdownGrace = 5 * time.Second
 // Serve serves on the listener opened by Listen until ctx ends, then lets
 // requests in flight finish for up to shutdownGrace.
 func (s *Server) Serve(ctx context.Context) error {
+	// Every handler answers GET and reads no body. Headers are bounded
+	// (net/http's default is 1 MiB), and so is how long an idle
+	// connection stays; no ReadTimeout, which would end the dashboard's
+	// event streams.
 	srv := &http.Server{Handler: s.mux, ReadHeaderTimeout: 10 * time.Second,
+		MaxHeaderBytes: maxHeaderBytes, IdleTimeout: 2 * time.Minute,
 		ErrorLog: zap.NewStdLog(s.log.WithOptions(zap.IncreaseLevel(zap.WarnLevel)))}
 	s.mu.Lock()
 	lis := s.lis

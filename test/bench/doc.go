@@ -37,8 +37,15 @@
 //	                  kernel has sch_netem, the second half adds 100ms ± 50ms delay)
 //	BENCH_OUT, BENCH_LOG_DIR as above
 //
+// TestBenchHostile (`make bench-hostile`) runs hostile peers (package
+// test/hostile) against the real controller and relay on loopback, each for
+// HOSTILE_DURATION (default 30s; HOSTILE_CONNS sets the connection attack's
+// count, default 1,000), and prints each daemon's memory and the real
+// agents' heartbeat latency during each. It needs neither root nor torch.
+//
 // The benchmarks are built only with the bench build tag:
 //
 //	go test -tags bench -run TestBenchRecovery -v ./test/bench/
 //	go test -tags bench -run TestBenchSoak -v ./test/bench/
+//	go test -tags bench -run TestBenchHostile -v ./test/bench/
 package bench
