@@ -191,3 +191,54 @@ func (h Heartbeat) FencedBy(l Loss) time.Time {
 	}
 	return by
 }
+
+// Leases. An agent that is alive but not running (stopped by a signal, a
+// frozen cgroup, a long stall) neither fences itself nor looks dead to its
+// shims, so SelfFence alone does not make the bound above hold: nothing
+// that needs the agent to be scheduled enforces it. Each shim therefore
+// runs its workers under a lease, a deadline on the node's boot clock that
+// the agent renews every FenceCheckEvery and the shim enforces on its own,
+// checking every LeaseCheckEvery. A lease the agent grants must hold
+// however long it then stops running, so LeaseUntil is never later than the
+// earliest bound FencedBy can give, for any way the node may be declared
+// lost after its last word; TestLeaseAgrees checks that, with stalls of
+// any length starting at any point, and shows the stall that today's
+// SelfFence alone fails.
+const (
+	// LeaseCheckEvery is how often a shim checks its lease.
+	LeaseCheckEvery = 50 * time.Millisecond
+)
+
+// LeaseUntil is how long the workers of an agent may run if it stops now
+// and never runs again: heard is its last word from the controller (as for
+// SelfFence), answered the latest time by which every peer it watches had
+// answered its probe, zero if one has not or it watches none (watching
+// false).
+//
+// FencedBy is at least from+Timeout+FenceMargin, where from (LastSeen, or
+// the election for a node a new leader has not heard) is no earlier than
+// heard; with WatchersCut, at least max(from+QuickSilence,
+// WatchersCut+IsolationLag)+FenceMargin, and only a node with watchers
+// gets a WatchersCut. A watcher reports the node unreachable only at the
+// end of WatchFailures failing rounds, which begin no earlier than a round
+// trip before the node (or the link) stopped, after answered: so
+// WatchersCut is later than answered. The shim's kill comes at most
+// LeaseCheckEvery past the lease and is over fenceKill later, within the
+// FenceMargin the bound adds.
+func (h Heartbeat) LeaseUntil(heard, answered time.Time, watching bool) time.Time {
+	if h.Timeout <= 0 {
+		// No timeout known, no bound: nothing to hold the workers to.
+		return time.Time{}
+	}
+	until := heard.Add(h.Timeout)
+	if watching {
+		quick := heard.Add(h.QuickSilence())
+		if !answered.IsZero() {
+			quick = later(quick, answered.Add(IsolationLag))
+		}
+		if quick.Before(until) {
+			until = quick
+		}
+	}
+	return until.Add(FenceMargin - LeaseCheckEvery - fenceKill)
+}
