@@ -10,6 +10,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"strconv"
 	"syscall"
 	"time"
 
@@ -147,6 +148,7 @@ func (sh Shim) Run(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	yieldCPU(proc.Pid(), log)
 	if err := writeJSON(filepath.Join(dir, shimStateFile), shimStatus{Pid: proc.Pid()}); err != nil {
 		_ = proc.Kill(0)
 		return err
@@ -412,6 +414,27 @@ func viaDirFD(dir, name string, f func(path string) error) error {
 }
 
 var errShimGone = errors.New("shim vanished without an exit status")
+
+// workerNice is the job's processes' nice value. They yield the CPU to the
+// agent and the shims, whose heartbeats, probe answers and lease renewals
+// must not wait behind a job's start (every rank importing torch at once
+// on a node with few cores) for the node to stay alive to its peers and
+// the controller; the agent takes little of it.
+const workerNice = 10
+
+// yieldCPU lowers the priority of the launcher just started, before it
+// forks workers, which inherit it, and of its session's autogroup (the
+// shim's own session), which is what the scheduler weighs against the
+// agent's where autogroups are on (a shell, not a systemd unit). Failing
+// either only costs the agent its lead.
+func yieldCPU(pid int, log *zap.Logger) {
+	if err := unix.Setpriority(unix.PRIO_PROCESS, pid, workerNice); err != nil {
+		log.Warn("lowering the launcher's priority failed", zap.Error(err))
+	}
+	if err := os.WriteFile("/proc/self/autogroup", []byte(strconv.Itoa(workerNice)), 0); err != nil && !errors.Is(err, os.ErrNotExist) {
+		log.Debug("lowering the session's autogroup priority failed", zap.Error(err))
+	}
+}
 
 // bootTime reads CLOCK_BOOTTIME, the clock leases are on: shared by every
 // process of the node, unmoved by changes to the wall clock, and running

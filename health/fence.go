@@ -207,24 +207,32 @@ func (h Heartbeat) FencedBy(l Loss) time.Time {
 const (
 	// LeaseCheckEvery is how often a shim checks its lease.
 	LeaseCheckEvery = 50 * time.Millisecond
+	// reportLag is how long after a node stopped answering its watchers
+	// can say so, at the earliest.
+	reportLag = WatchFailures*WatchTimeout - WatchEvery
 )
 
 // LeaseUntil is how long the workers of an agent may run if it stops now
 // and never runs again: heard is its last word from the controller (as for
 // SelfFence), answered the latest time by which every peer it watches had
-// answered its probe, zero if one has not or it watches none (watching
-// false).
+// answered its probe, zero if one has not; watching is false when it
+// watches none.
 //
-// FencedBy is at least from+Timeout+FenceMargin, where from (LastSeen, or
-// the election for a node a new leader has not heard) is no earlier than
-// heard; with WatchersCut, at least max(from+QuickSilence,
-// WatchersCut+IsolationLag)+FenceMargin, and only a node with watchers
-// gets a WatchersCut. A watcher reports the node unreachable only at the
-// end of WatchFailures failing rounds, which begin no earlier than a round
-// trip before the node (or the link) stopped, after answered: so
-// WatchersCut is later than answered. The shim's kill comes at most
-// LeaseCheckEvery past the lease and is over fenceKill later, within the
-// FenceMargin the bound adds.
+// FencedBy's bound comes from when (from, no earlier than heard) and how
+// the node is declared lost. Peers vouching for it, no sooner than
+// from+Vouched. Reported unreachable, no sooner than from+Timeout (its
+// rule for an isolated agent) and At+IsolationLag, At being no earlier than
+// the report. By its watchers, the quick rule, no sooner than
+// max(from+QuickSilence, WatchersCut+IsolationLag). A report, a watcher's
+// or gossip's, follows the failed probes of a node that stopped (or whose
+// link did), which was running and reachable at answered. A watcher's
+// comes at the end of its WatchFailures-th failing round in a row, the
+// first of which began at most a round trip (under WatchEvery) before the
+// stop, and each lasting WatchTimeout: reportLag after answered at the
+// earliest (TestLeaseAgrees runs the rounds).
+// A node that watches no peer has no such word on its side: it goes by
+// the heartbeat timeout. Each bound adds FenceMargin, which covers the
+// shim's check, at most LeaseCheckEvery past the lease, and the kill.
 func (h Heartbeat) LeaseUntil(heard, answered time.Time, watching bool) time.Time {
 	if h.Timeout <= 0 {
 		// No timeout known, no bound: nothing to hold the workers to.
@@ -232,12 +240,12 @@ func (h Heartbeat) LeaseUntil(heard, answered time.Time, watching bool) time.Tim
 	}
 	until := heard.Add(h.Timeout)
 	if watching {
-		quick := heard.Add(h.QuickSilence())
+		until = heard.Add(h.QuickSilence())
 		if !answered.IsZero() {
-			quick = later(quick, answered.Add(IsolationLag))
+			until = later(until, answered.Add(reportLag+IsolationLag))
 		}
-		if quick.Before(until) {
-			until = quick
+		if vouched := heard.Add(max(h.Vouched, h.Timeout)); vouched.Before(until) {
+			until = vouched
 		}
 	}
 	return until.Add(FenceMargin - LeaseCheckEvery - fenceKill)

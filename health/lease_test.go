@@ -37,23 +37,25 @@ func TestLeaseAgrees(t *testing.T) {
 		for _, watchers := range []int{0, 1, 2} {
 			for _, heard := range []bool{true, false} {
 				for phase := range 8 {
-					for _, stall := range stalls(h) {
-						name := fmt.Sprintf("%+v, %d watchers, heard %t, stall %s", h, watchers, heard, stall)
-						c := stallCase(h, watchers, heard, time.Duration(phase)*h.Interval/8, stall, tick, rng)
-						if !c.lost {
-							continue
-						}
-						require.False(t, c.leaseGone.After(c.bound), "%s: workers gone at %s under the lease, after the controller's bound %s (stall from %s, last heard %s)",
-							name, c.leaseGone.Sub(t0), c.bound.Sub(t0), c.stalled.Sub(t0), c.heard.Sub(t0))
-						checked++
-						if c.oldGone.After(c.bound) {
-							// The first, or the issue's: a {2,3} job, heartbeat every
-							// second, timeout 3s, stalled for 2 timeouts.
-							if oldFails == 0 || (h.Interval == time.Second && h.Timeout == 3*time.Second && watchers == 2 && heard && stall == 2*h.Timeout && phase == 4) {
-								counterexample = fmt.Sprintf("%s: stalled at %s, declared lost at %s, the controller may commit at %s; SelfFence alone kills the workers at %s, %s after it; the lease at %s",
-									name, c.stalled.Sub(t0), c.at.Sub(t0), c.bound.Sub(t0), c.oldGone.Sub(t0), c.oldGone.Sub(c.bound), c.leaseGone.Sub(t0))
+					for _, outage := range []time.Duration{0, 2 * h.Interval, h.Timeout, max(h.Vouched, h.Timeout) / 2} {
+						for _, stall := range stalls(h) {
+							name := fmt.Sprintf("%+v, %d watchers, heard %t, controller out for %s before, stall %s", h, watchers, heard, outage, stall)
+							c := stallCase(h, watchers, heard, time.Duration(phase)*h.Interval/8, outage, stall, tick, rng)
+							if !c.lost {
+								continue
 							}
-							oldFails++
+							require.False(t, c.leaseGone.After(c.bound), "%s: workers gone at %s under the lease, after the controller's bound %s (stall from %s, last heard %s)",
+								name, c.leaseGone.Sub(t0), c.bound.Sub(t0), c.stalled.Sub(t0), c.heard.Sub(t0))
+							checked++
+							if c.oldGone.After(c.bound) {
+								// The first, or the issue's: a {2,3} job, heartbeat every
+								// second, timeout 3s, stalled for 2 timeouts.
+								if oldFails == 0 || (h.Interval == time.Second && h.Timeout == 3*time.Second && watchers == 2 && heard && outage == 0 && stall == 2*h.Timeout && phase == 4) {
+									counterexample = fmt.Sprintf("%s: stalled at %s, declared lost at %s, the controller may commit at %s; SelfFence alone kills the workers at %s, %s after it; the lease at %s",
+										name, c.stalled.Sub(t0), c.at.Sub(t0), c.bound.Sub(t0), c.oldGone.Sub(t0), c.oldGone.Sub(c.bound), c.leaseGone.Sub(t0))
+								}
+								oldFails++
+							}
 						}
 					}
 				}
@@ -79,16 +81,19 @@ type stalled struct {
 }
 
 // stallCase runs the agent's timeline until it stops at phase into a
-// heartbeat interval, a few intervals in, for stall.
-func stallCase(h Heartbeat, watchers int, heard bool, phase, stall, tick time.Duration, rng *rand.Rand) stalled {
+// heartbeat interval, a few intervals in, for stall; no controller has
+// heard it for outage by then (a failover, a relay cut), while its
+// watchers still reach it.
+func stallCase(h Heartbeat, watchers int, heard bool, phase, outage, stall, tick time.Duration, rng *rand.Rand) stalled {
 	rtt := time.Duration(rng.Int64N(int64(min(h.Interval, WatchEvery))))
 	start := t0
-	stop := start.Add(3*h.Interval + phase)
-	// The agent's last heartbeat before the stall, and the latest acked.
+	stop := start.Add(3*h.Interval + outage + phase)
+	// The agent's last heartbeat a controller received before the stall,
+	// and the latest acked.
 	var lastSent, lastHeard time.Time
-	for beat := start; beat.Before(stop); beat = beat.Add(h.Interval) {
+	for beat := start; beat.Before(stop.Add(-outage)); beat = beat.Add(h.Interval) {
 		lastSent = beat
-		if !beat.Add(rtt).After(stop) {
+		if !beat.Add(rtt).After(stop.Add(-outage)) {
 			lastHeard = beat
 		}
 	}
@@ -107,9 +112,11 @@ func stallCase(h Heartbeat, watchers int, heard bool, phase, stall, tick time.Du
 	seen := lastSent.Add(rtt / 2)
 	elected := t0
 	if !heard {
-		elected = seen.Add(time.Duration(rng.Int64N(int64(h.Interval))))
+		elected = seen.Add(time.Duration(rng.Int64N(int64(h.Interval + outage))))
 	}
-	var reported time.Time
+	// No peer reports it unreachable before it stops: gossip's own word
+	// comes later still than its watchers'.
+	reported := stop
 	for range watchers {
 		reported = later(reported, watchRounds(stop, rng, false).Add(time.Duration(rng.Int64N(int64(300*time.Millisecond)))))
 	}
@@ -169,9 +176,10 @@ func TestLeaseUntil(t *testing.T) {
 	}{
 		{"no watchers: no quick rule, the heartbeat timeout", time.Time{}, false, heard.Add(3*time.Second + margin)},
 		{"watchers, none answered yet: the quick silence", time.Time{}, true, heard.Add(1500*time.Millisecond + margin)},
-		{"watchers answered lately: the isolation lag after that", heard.Add(1200 * time.Millisecond), true, heard.Add(1200*time.Millisecond + IsolationLag + margin)},
+		{"watchers answered lately: the isolation lag after that", heard.Add(1200 * time.Millisecond), true, heard.Add(1200*time.Millisecond + reportLag + IsolationLag + margin)},
 		{"watchers answered long ago: the quick silence", heard.Add(-time.Second), true, heard.Add(1500*time.Millisecond + margin)},
-		{"never past the heartbeat timeout", heard.Add(10 * time.Second), true, heard.Add(3*time.Second + margin)},
+		{"watchers answer through a controller outage: up to the vouched timeout", heard.Add(8 * time.Second), true, heard.Add(8*time.Second + reportLag + IsolationLag + margin)},
+		{"never past the vouched timeout", heard.Add(10 * time.Second), true, heard.Add(9*time.Second + margin)},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

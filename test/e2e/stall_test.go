@@ -17,7 +17,9 @@ import (
 // stdin close: only the lease it renews to each shim (docs/fencing.md)
 // stops them. The controller declares the node lost and commits the next
 // generation on the other two; by that commit no process of the old
-// generation may be alive on the stalled node, nor its warm standby. Once
+// generation may be alive on the stalled node, nor its warm standby (their
+// shims, which run nothing of the job's and exit once their group is gone,
+// are only required gone once the node is back). Once
 // resumed, the node rejoins idle, keeps nothing of the job, and the job
 // ends with nothing of it left anywhere.
 func TestFaultAgentStall(t *testing.T) {
@@ -96,18 +98,23 @@ func testFaultAgentStall(t *testing.T, edit func(spec map[string]any)) {
 		time.Since(fault).Round(time.Millisecond), committed.Sub(fault).Seconds())
 
 	// Figure and check: how long after the commit the old generation's
-	// processes on h3 lived on.
+	// processes on h3 lived on (negative: how long before it the last
+	// one was gone).
 	var late []string
-	var worst time.Duration
+	worst := -time.Since(fault)
 	for pid, at := range lastAlive {
-		if d := at.Sub(committed); d > 0 {
+		if strings.Contains(old[pid], "rdzv-agent shim") {
+			continue
+		}
+		d := at.Sub(committed)
+		worst = max(worst, d)
+		if d > 0 {
 			late = append(late, fmt.Sprintf("pid %d alive +%.3fs after the commit: %s", pid, d.Seconds(), old[pid]))
-			worst = max(worst, d)
 		}
 	}
 	sort.Strings(late)
-	t.Logf("e2e: figure: %d of %d old processes on h3 outlived the commit of generation 2, the last by %s (sampled every %s)",
-		len(late), len(old), worst.Round(time.Millisecond), stallSample)
+	t.Logf("e2e: figure: %d of the old generation's processes on h3 outlived the commit of generation 2; the last one seen alive %+.3fs from the commit (sampled every %s)",
+		len(late), worst.Seconds(), stallSample)
 	require.Empty(t, late, "processes of generation 1 on the stalled node alive after generation 2 was committed")
 
 	// Back, the node rejoins idle: nothing of the job there, not even a
