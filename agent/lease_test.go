@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
 	"net"
 	"os"
 	"path/filepath"
@@ -33,6 +34,12 @@ type leasedShim struct {
 
 func startLeasedShim(t *testing.T, lease time.Duration) *leasedShim {
 	t.Helper()
+	return startLeasedShimFrom(t, lease, nil)
+}
+
+// startLeasedShimFrom starts it with spawner as its stdin.
+func startLeasedShimFrom(t *testing.T, lease time.Duration, spawner io.Reader) *leasedShim {
+	t.Helper()
 	dir := t.TempDir()
 	require.NoError(t, writeJSON(filepath.Join(dir, shimSpecFile), shimSpec{
 		Path: "/bin/sleep", Args: []string{"60"}, Dir: dir, LogPath: filepath.Join(dir, "job.log"), OrphanTimeout: time.Hour, Lease: int64(lease),
@@ -42,7 +49,7 @@ func startLeasedShim(t *testing.T, lease time.Duration) *leasedShim {
 	defer readyR.Close()
 	s := &leasedShim{dir: dir, clock: clockwork.NewFakeClock(), boot: &atomic.Int64{}, done: make(chan error, 1)}
 	go func() {
-		s.done <- Shim{Dir: dir, Ready: readyW, Log: zaptest.NewLogger(t), Clock: s.clock,
+		s.done <- Shim{Dir: dir, Ready: readyW, Spawner: spawner, Log: zaptest.NewLogger(t), Clock: s.clock,
 			Boot: func() time.Duration { return time.Duration(s.boot.Load()) }}.Run(context.Background())
 	}()
 	line, err := bufio.NewReader(readyR).ReadString('\n')
@@ -133,6 +140,37 @@ func TestShimHoldExtendsTheLease(t *testing.T) {
 	s.check(t)
 	require.NotEmpty(t, groupMembers(s.pid), "held")
 	s.boot.Store(int64(70 * time.Second))
+	s.check(t)
+	s.fenced(t)
+}
+
+// The next agent's first grant replaces the lease of a hold, however much
+// shorter: the controller's bound goes by its heartbeats again.
+func TestShimLeaseAfterAHoldIsTheNextAgents(t *testing.T) {
+	s := startLeasedShim(t, 10*time.Second)
+	s.request(t, shimRequest{Op: "hold", Hold: time.Minute, Lease: int64(70 * time.Second)})
+	s.request(t, shimRequest{Op: "lease", Lease: int64(12 * time.Second)})
+	s.request(t, shimRequest{Op: "lease", Lease: int64(11 * time.Second)})
+	s.boot.Store(int64(11 * time.Second))
+	s.check(t)
+	require.NotEmpty(t, groupMembers(s.pid), "the latest deadline granted counts")
+	s.boot.Store(int64(12 * time.Second))
+	s.check(t)
+	s.fenced(t)
+}
+
+// A shim slow to start (a loaded node) finds the lease it was started with
+// lapsed, but the renewals its agent wrote to its stdin meanwhile count.
+func TestShimTakesRenewalsThroughStdinWhileStarting(t *testing.T) {
+	r, w := io.Pipe()
+	t.Cleanup(func() { w.Close() })
+	boot := int64(20 * time.Second)
+	go func() { _, _ = fmt.Fprintf(w, "%d\n", 30*time.Second) }()
+	s := startLeasedShimFrom(t, 10*time.Second, r)
+	s.boot.Store(boot)
+	s.check(t)
+	require.NotEmpty(t, groupMembers(s.pid), "renewed through stdin")
+	s.boot.Store(int64(30 * time.Second))
 	s.check(t)
 	s.fenced(t)
 }

@@ -144,6 +144,13 @@ func (sh Shim) Run(ctx context.Context) error {
 		return fmt.Errorf("listening on %s: %w", sock, err)
 	}
 	defer ln.Close()
+	// The agent that started the shim renews the lease through stdin until
+	// it attaches: read from the start, so that renewals sent while this
+	// shim was starting count at its first check.
+	spawnerGone, stdinLeases := make(chan struct{}), make(chan int64, 1)
+	if sh.Spawner != nil {
+		go readLeases(sh.Spawner, stdinLeases, spawnerGone)
+	}
 	proc, err := ExecSpawner{}.Spawn(ProcessSpec{Path: spec.Path, Args: spec.Args, Dir: spec.Dir, Env: spec.Env, Output: out, Credential: spec.Credential})
 	if err != nil {
 		return err
@@ -166,15 +173,27 @@ func (sh Shim) Run(ctx context.Context) error {
 		boot = bootTime
 	}
 	s := &shimServer{dir: dir, spec: spec, proc: proc, log: log, clock: clock, boot: boot, conns: make(chan net.Conn), reqs: make(chan connRequest), gone: make(chan net.Conn),
-		spawnerGone: make(chan struct{}), quit: make(chan struct{})}
+		spawnerGone: spawnerGone, stdinLeases: stdinLeases, quit: make(chan struct{})}
 	go s.accept(ln)
-	if sh.Spawner != nil {
-		go func() {
-			_, _ = io.Copy(io.Discard, sh.Spawner)
-			close(s.spawnerGone)
-		}()
-	}
 	return s.run(ctx)
+}
+
+// readLeases passes on the leases the spawning agent writes to stdin, one
+// a line, the latest only, and closes gone at its end.
+func readLeases(r io.Reader, leases chan int64, gone chan<- struct{}) {
+	defer close(gone)
+	sc := bufio.NewScanner(r)
+	for sc.Scan() {
+		l, err := strconv.ParseInt(sc.Text(), 10, 64)
+		if err != nil {
+			continue
+		}
+		select {
+		case <-leases:
+		default:
+		}
+		leases <- l
+	}
 }
 
 type shimServer struct {
@@ -188,8 +207,9 @@ type shimServer struct {
 	reqs  chan connRequest
 	gone  chan net.Conn
 	// spawnerGone is closed when the agent that started the shim closed
-	// its stdin, or died.
+	// its stdin, or died; stdinLeases has the latest lease it wrote there.
 	spawnerGone chan struct{}
+	stdinLeases chan int64
 	// quit is closed when run returns: no one serves connections after.
 	quit chan struct{}
 }
@@ -292,6 +312,22 @@ func (s *shimServer) run(ctx context.Context) error {
 		}
 	}()
 	setLease(s.spec.Lease)
+	// Each lease the agent grants holds for a loss of the node declared
+	// any time after (health.LeaseUntil), so the latest deadline counts,
+	// not the latest grant: except a hold's, which holds only until the
+	// next agent is heard, and which its first grant replaces.
+	held := false
+	grant := func(l int64) {
+		if held || l > lease {
+			held = false
+			setLease(l)
+		}
+	}
+	select {
+	case l := <-s.stdinLeases:
+		grant(l)
+	default:
+	}
 	lapsed()
 	orphaned := func() {
 		timeout := s.spec.OrphanTimeout
@@ -319,6 +355,10 @@ func (s *shimServer) run(ctx context.Context) error {
 			go s.read(conn)
 		case <-leaseCheck:
 			lapsed()
+		case l := <-s.stdinLeases:
+			if !lapsed() {
+				grant(l)
+			}
 		case r := <-s.reqs:
 			if r.conn != owner {
 				continue
@@ -334,9 +374,10 @@ func (s *shimServer) run(ctx context.Context) error {
 				hold = r.req.Hold
 				if lease != 0 && r.req.Lease > lease {
 					setLease(r.req.Lease)
+					held = true
 				}
 			case "lease":
-				setLease(r.req.Lease)
+				grant(r.req.Lease)
 			}
 			s.send(owner, shimStatus{Pid: s.proc.Pid()})
 		case conn := <-s.gone:

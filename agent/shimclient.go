@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"os"
 	"os/exec"
@@ -51,6 +52,9 @@ type Leases struct {
 	mu    sync.Mutex
 	until time.Duration
 	shims map[*shimProcess]bool
+	// starting are the stdins of shims not attached yet, which take
+	// their renewals there.
+	starting map[io.Writer]bool
 }
 
 // leaseWrite bounds a renewal's write to one shim: a shim that does not
@@ -66,7 +70,16 @@ func (l *Leases) Renew(until time.Duration) {
 	for p := range l.shims {
 		shims = append(shims, p)
 	}
+	starting := make([]io.Writer, 0, len(l.starting))
+	for w := range l.starting {
+		starting = append(starting, w)
+	}
 	l.mu.Unlock()
+	for _, w := range starting {
+		// A pipe's buffer takes far more renewals than a shim's start
+		// lasts; one that ended already says so here, harmlessly.
+		_, _ = fmt.Fprintf(w, "%d\n", int64(until))
+	}
 	for _, p := range shims {
 		if err := p.requestWithin(shimRequest{Op: "lease", Lease: int64(until)}, leaseWrite); err != nil {
 			p.log.Debug("renewing a shim's lease failed", zap.String("dir", p.dir), zap.Error(err))
@@ -83,6 +96,29 @@ func (l *Leases) current() time.Duration {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	return l.until
+}
+
+// starts renews the lease through w, a starting shim's stdin, until the
+// returned func is called; it writes the current lease there at once.
+func (l *Leases) starts(w io.Writer) (stop func()) {
+	if l == nil {
+		return func() {}
+	}
+	l.mu.Lock()
+	if l.starting == nil {
+		l.starting = map[io.Writer]bool{}
+	}
+	l.starting[w] = true
+	until := l.until
+	l.mu.Unlock()
+	if until != 0 {
+		_, _ = fmt.Fprintf(w, "%d\n", int64(until))
+	}
+	return func() {
+		l.mu.Lock()
+		defer l.mu.Unlock()
+		delete(l.starting, w)
+	}
 }
 
 // add renews p's lease from now on, unless it was removed already (a shim
@@ -163,6 +199,9 @@ func (s ShimSpawner) Spawn(spec ProcessSpec) (Process, error) {
 	if err := cmd.Start(); err != nil {
 		return nil, fmt.Errorf("starting shim: %w", err)
 	}
+	// Until attached, renewals go through stdin: a shim slow to start on a
+	// loaded node must not find the lease it was started with lapsed.
+	defer s.Leases.starts(spawner)()
 	line := make(chan string, 1)
 	go func() {
 		l, _ := bufio.NewReader(stdout).ReadString('\n')
