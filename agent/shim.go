@@ -85,10 +85,11 @@ type shimRequest struct {
 	// Hold replaces the orphan timeout for the coming disconnect: the agent
 	// is about to exit on purpose and its successor adopts the workers.
 	Hold time.Duration `json:"hold,omitempty"`
-	// Lease replaces the lease (op "lease"), or extends it for the hold
+	// Lease is a deadline granted (op "lease"), or the end of the hold
 	// (op "hold"), in nanoseconds on the boot clock; an absolute time, so
 	// that a request read late, by a shim that was stopped, grants no more
-	// than it did when sent.
+	// than it did when sent. The agent also writes it, a line of decimal
+	// digits, to the shim's stdin until it attaches.
 	Lease int64 `json:"lease,omitempty"`
 }
 
