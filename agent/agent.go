@@ -224,6 +224,9 @@ func (a *Agent) Run(ctx context.Context) error {
 	}
 	sess := newSession(info, sup, a.client, a.cfg.Controller, a.faults, gossip, log.Named("session"))
 	sess.health = nodeHealth
+	if l, ok := a.spawner.(leased); ok {
+		sess.leases = l.LeaseHolder()
+	}
 	if a.cfg.Relays != "" {
 		sess.relayReturn = a.cfg.RelayReturn.Duration
 	}

@@ -52,6 +52,9 @@ type watchedPeer struct {
 	failures int
 	// downSince is when it became unreachable; zero while reachable.
 	downSince time.Time
+	// answered is when its latest answer to a probe came; zero if none
+	// since it was watched.
+	answered time.Time
 }
 
 const (
@@ -143,7 +146,8 @@ func (g *Gossip) watchLoop() {
 		}
 		var wg sync.WaitGroup
 		var resMu sync.Mutex
-		reached := make(map[string]bool, len(targets))
+		// When each answer came, zero for none.
+		reached := make(map[string]time.Time, len(targets))
 		for name, addr := range targets {
 			wg.Add(1)
 			go func() {
@@ -151,7 +155,9 @@ func (g *Gossip) watchLoop() {
 				// Waits at most memberlist's probe timeout.
 				_, err := g.ml.Ping(name, addr)
 				resMu.Lock()
-				reached[name] = err == nil
+				if err == nil {
+					reached[name] = time.Now()
+				}
 				resMu.Unlock()
 			}()
 		}
@@ -160,8 +166,9 @@ func (g *Gossip) watchLoop() {
 	}
 }
 
-// probed records one round of probes of the peers in targets.
-func (g *Gossip) probed(targets map[string]net.Addr, reached map[string]bool) {
+// probed records one round of probes of the peers in targets, with when
+// each answered (zero: it did not).
+func (g *Gossip) probed(targets map[string]net.Addr, reached map[string]time.Time) {
 	now := time.Now()
 	changed := false
 	g.mu.Lock()
@@ -170,9 +177,9 @@ func (g *Gossip) probed(targets map[string]net.Addr, reached map[string]bool) {
 		if w == nil || w.addr != addr {
 			continue // no longer watched, or watched anew meanwhile
 		}
-		if reached[name] {
+		if at := reached[name]; !at.IsZero() {
 			changed = changed || !w.downSince.IsZero()
-			w.failures, w.downSince = 0, time.Time{}
+			w.failures, w.downSince, w.answered = 0, time.Time{}, at
 			continue
 		}
 		w.failures++
@@ -275,6 +282,25 @@ func (g *Gossip) Unwatched() bool {
 		cut = cut && !w.downSince.IsZero()
 	}
 	return cut
+}
+
+// Answered is when every watched peer had answered a probe of this node's
+// (the earliest of their latest answers), zero if one has not since it is
+// watched; watching is false when this node watches no peer. Its watchers
+// cannot have begun to report it unreachable before then
+// (health.LeaseUntil).
+func (g *Gossip) Answered() (at time.Time, watching bool) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	for _, w := range g.watched {
+		if w.answered.IsZero() {
+			return time.Time{}, true
+		}
+		if at.IsZero() || w.answered.Before(at) {
+			at = w.answered
+		}
+	}
+	return at, len(g.watched) > 0
 }
 
 // Close leaves the cluster gracefully, so peers do not wait out a timeout

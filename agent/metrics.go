@@ -154,7 +154,7 @@ func (c agentCollector) Collect(ch chan<- prometheus.Metric) {
 	}
 	ch <- prometheus.MustNewConstMetric(descWorkersRunning, prometheus.GaugeValue, running)
 	ch <- prometheus.MustNewConstMetric(descGPUs, prometheus.GaugeValue, float64(rs.gpus))
-	ch <- prometheus.MustNewConstMetric(descContact, prometheus.GaugeValue, time.Since(time.Unix(0, rs.sess.lastHeard.Load())).Seconds())
+	ch <- prometheus.MustNewConstMetric(descContact, prometheus.GaugeValue, rs.sess.silent().Seconds())
 	connected := 0.0
 	if rs.sess.connected.Load() {
 		connected = 1
@@ -180,7 +180,7 @@ func (a *Agent) readiness() error {
 		return errors.New("starting")
 	case !rs.sess.connected.Load():
 		return fmt.Errorf("not connected to a controller (last heard from one %s ago)",
-			time.Since(time.Unix(0, rs.sess.lastHeard.Load())).Round(time.Second))
+			rs.sess.silent().Round(time.Second))
 	}
 	return nil
 }

@@ -74,10 +74,17 @@ type agentSession struct {
 	// registration (health.Unregistered before the first): what
 	// self-fencing goes by.
 	heartbeat atomic.Pointer[health.Heartbeat]
-	// lastHeard (unix nanoseconds) is when the controller last showed it
-	// hears us: the sending of the latest heartbeat it acknowledged, or of
-	// the registration it answered (see Acks).
+	// lastHeard (nanoseconds on the boot clock, which wall clock changes
+	// do not move) is when the controller last showed it hears us: the
+	// sending of the latest heartbeat it acknowledged, or of the
+	// registration it answered (see Acks).
 	lastHeard atomic.Int64
+	// leases, if the workers run under leases (ShimSpawner), is renewed by
+	// fenceLoop once a controller has been heard (registered), and at once
+	// whenever lastHeard moves (renew).
+	leases     *Leases
+	registered atomic.Bool
+	renew      chan struct{}
 	// connected is set while registered with a controller (readiness);
 	// viaRelay while that registration went through a relay.
 	connected, viaRelay atomic.Bool
@@ -95,7 +102,8 @@ type agentSession struct {
 }
 
 func newSession(info *rdzvv1.NodeInfo, sup *Supervisor, client rdzvv1.AgentServiceClient, controllers string, faults <-chan *rdzvv1.GPUFault, gossip *Gossip, log *zap.Logger) *agentSession {
-	s := &agentSession{info: info, sup: sup, client: client, controllers: controllers, faults: faults, gossip: gossip, log: log, farewells: make(chan farewell)}
+	s := &agentSession{info: info, sup: sup, client: client, controllers: controllers, faults: faults, gossip: gossip, log: log, farewells: make(chan farewell),
+		renew: make(chan struct{}, 1)}
 	sup.OnHandover(s.announceRestart)
 	s.heardAt(time.Now())
 	unregistered := health.Unregistered
@@ -259,6 +267,7 @@ func (s *agentSession) connect(ctx context.Context, next *opened) (moved *opened
 		s.sup.SetOrphanTimeout(hb.OrphanTimeout())
 	}
 	s.heardAt(o.registering)
+	s.registered.Store(true)
 	s.connected.Store(true)
 	defer s.connected.Store(false)
 	s.viaRelay.Store(o.viaRelay)
@@ -439,7 +448,20 @@ func (s *agentSession) handle(ctx context.Context, m *rdzvv1.ConnectResponse, ou
 	}
 }
 
-func (s *agentSession) heardAt(at time.Time) { s.lastHeard.Store(at.UnixNano()) }
+// heardAt records at (a time.Now reading) as the last word from the
+// controller, on the boot clock, and has the lease renewed from it.
+func (s *agentSession) heardAt(at time.Time) {
+	s.lastHeard.Store(int64(bootTime() - time.Since(at)))
+	select {
+	case s.renew <- struct{}{}:
+	default:
+	}
+}
+
+// silent is how long since the last word from the controller.
+func (s *agentSession) silent() time.Duration {
+	return bootTime() - time.Duration(s.lastHeard.Load())
+}
 
 // healthResults is the health verdicts to register with.
 func (s *agentSession) healthResults() []*rdzvv1.HealthCheckResult {
@@ -473,7 +495,9 @@ func (s *agentSession) gossipViewMsg() *rdzvv1.ConnectRequest {
 // restarting); sooner when none of the peers it watches answers, whose
 // word the controller has then had. A cut-off node must never keep training or write a
 // checkpoint after the job moved on; when it is back it registers as a
-// fresh, idle node.
+// fresh, idle node. On the same ticks, and whenever the controller is
+// heard, it renews the workers' lease, which holds them to the same bound
+// when this agent stops running.
 func (s *agentSession) fenceLoop(ctx context.Context) {
 	ticker := time.NewTicker(health.FenceCheckEvery)
 	defer ticker.Stop()
@@ -481,9 +505,13 @@ func (s *agentSession) fenceLoop(ctx context.Context) {
 		select {
 		case <-ctx.Done():
 			return
+		case <-s.renew:
+			s.renewLease()
+			continue
 		case <-ticker.C:
 		}
-		silent := time.Since(time.Unix(0, s.lastHeard.Load()))
+		s.renewLease()
+		silent := s.silent()
 		cutoff := health.Cutoff{Isolated: true}
 		if s.gossip != nil {
 			cutoff = health.Cutoff{Isolated: s.gossip.Isolated(), Unwatched: s.gossip.Unwatched()}
@@ -495,4 +523,29 @@ func (s *agentSession) fenceLoop(ctx context.Context) {
 		s.log.Warn("fencing own workers", zap.Duration("controller_silent", silent), zap.Bool("gossip", s.gossip != nil))
 		s.sup.Fence(reason, func() { s.fencing.Store(false) })
 	}
+}
+
+// renewLease grants the shims the lease health.LeaseUntil allows as of
+// now: from the last word of a controller and, if this node watches peers,
+// their latest answers, all on the boot clock. Before any controller has
+// been heard there is no such word: the workers a previous agent left keep
+// the lease it granted them.
+func (s *agentSession) renewLease() {
+	if s.leases == nil || !s.registered.Load() {
+		return
+	}
+	heard := time.Unix(0, s.lastHeard.Load())
+	var answered time.Time
+	watching := false
+	if s.gossip != nil {
+		var at time.Time
+		if at, watching = s.gossip.Answered(); !at.IsZero() {
+			answered = time.Unix(0, int64(bootTime()-time.Since(at)))
+		}
+	}
+	until := s.heartbeat.Load().LeaseUntil(heard, answered, watching)
+	if until.IsZero() {
+		return
+	}
+	s.leases.Renew(time.Duration(until.UnixNano()))
 }

@@ -10,11 +10,15 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"strconv"
 	"syscall"
 	"time"
 
 	"github.com/jonboulle/clockwork"
 	"go.uber.org/zap"
+	"golang.org/x/sys/unix"
+
+	"github.com/rdzv/rdzv/health"
 )
 
 // A shim is a small process (`rdzv-agent shim --dir DIR`) between the agent
@@ -24,6 +28,13 @@ import (
 // While no agent is attached the shim counts down; if none attaches in time
 // it SIGKILLs the group, so workers never outlive their supervision for
 // longer than the controller waits before moving the job on.
+//
+// A shim also holds its workers to a lease (docs/fencing.md): a deadline on
+// the node's boot clock that the agent renews while it runs and that the
+// shim enforces on its own, so that an agent that stops running (a stop
+// signal, a frozen cgroup, a stall) cannot keep its workers past the
+// controller's bound for the node. A lease that has lapsed is never
+// renewed: the group is killed at once, before any request is served.
 //
 // Files in DIR: spec.json (the agent's, what to run), meta and
 // report.token (the agent's, opaque to the shim: the assignment and the
@@ -60,17 +71,26 @@ type shimSpec struct {
 	OrphanTimeout time.Duration `json:"orphan_timeout"`
 	// Credential is the job's run_as user; nil runs as the shim's own.
 	Credential *syscall.Credential `json:"credential,omitempty"`
+	// Lease is the workers' first lease, in nanoseconds on the boot clock
+	// (CLOCK_BOOTTIME); 0 holds them to none.
+	Lease int64 `json:"lease,omitempty"`
 }
 
 // shimRequest is a line from the agent.
 type shimRequest struct {
-	// Op is "attach", "kill" or "hold".
+	// Op is "attach", "kill", "hold" or "lease".
 	Op string `json:"op"`
 	// Grace is the SIGTERM grace of a kill.
 	Grace time.Duration `json:"grace,omitempty"`
 	// Hold replaces the orphan timeout for the coming disconnect: the agent
 	// is about to exit on purpose and its successor adopts the workers.
 	Hold time.Duration `json:"hold,omitempty"`
+	// Lease is a deadline granted (op "lease"), or the end of the hold
+	// (op "hold"), in nanoseconds on the boot clock; an absolute time, so
+	// that a request read late, by a shim that was stopped, grants no more
+	// than it did when sent. The agent also writes it, a line of decimal
+	// digits, to the shim's stdin until it attaches.
+	Lease int64 `json:"lease,omitempty"`
 }
 
 // shimStatus is a line from the shim: the answer to every request, and
@@ -94,8 +114,11 @@ type Shim struct {
 	// only slow, and its workers are not orphans.
 	Spawner io.Reader
 	Log     *zap.Logger
-	// Clock times the orphan timeout; nil is the real clock.
+	// Clock times the orphan timeout and the lease checks; nil is the
+	// real clock.
 	Clock clockwork.Clock
+	// Boot reads the boot clock the lease is on; nil is CLOCK_BOOTTIME.
+	Boot func() time.Duration
 }
 
 // Run starts the launcher and serves the agent until the launcher's process
@@ -122,10 +145,18 @@ func (sh Shim) Run(ctx context.Context) error {
 		return fmt.Errorf("listening on %s: %w", sock, err)
 	}
 	defer ln.Close()
+	// The agent that started the shim renews the lease through stdin until
+	// it attaches: read from the start, so that renewals sent while this
+	// shim was starting count at its first check.
+	spawnerGone, stdinLeases := make(chan struct{}), make(chan int64, 1)
+	if sh.Spawner != nil {
+		go readLeases(sh.Spawner, stdinLeases, spawnerGone)
+	}
 	proc, err := ExecSpawner{}.Spawn(ProcessSpec{Path: spec.Path, Args: spec.Args, Dir: spec.Dir, Env: spec.Env, Output: out, Credential: spec.Credential})
 	if err != nil {
 		return err
 	}
+	yieldCPU(proc.Pid(), log)
 	if err := writeJSON(filepath.Join(dir, shimStateFile), shimStatus{Pid: proc.Pid()}); err != nil {
 		_ = proc.Kill(0)
 		return err
@@ -138,16 +169,32 @@ func (sh Shim) Run(ctx context.Context) error {
 	if clock == nil {
 		clock = clockwork.NewRealClock()
 	}
-	s := &shimServer{dir: dir, spec: spec, proc: proc, log: log, clock: clock, conns: make(chan net.Conn), reqs: make(chan connRequest), gone: make(chan net.Conn),
-		spawnerGone: make(chan struct{})}
-	go s.accept(ln)
-	if sh.Spawner != nil {
-		go func() {
-			_, _ = io.Copy(io.Discard, sh.Spawner)
-			close(s.spawnerGone)
-		}()
+	boot := sh.Boot
+	if boot == nil {
+		boot = bootTime
 	}
+	s := &shimServer{dir: dir, spec: spec, proc: proc, log: log, clock: clock, boot: boot, conns: make(chan net.Conn), reqs: make(chan connRequest), gone: make(chan net.Conn),
+		spawnerGone: spawnerGone, stdinLeases: stdinLeases, quit: make(chan struct{})}
+	go s.accept(ln)
 	return s.run(ctx)
+}
+
+// readLeases passes on the leases the spawning agent writes to stdin, one
+// a line, the latest only, and closes gone at its end.
+func readLeases(r io.Reader, leases chan int64, gone chan<- struct{}) {
+	defer close(gone)
+	sc := bufio.NewScanner(r)
+	for sc.Scan() {
+		l, err := strconv.ParseInt(sc.Text(), 10, 64)
+		if err != nil {
+			continue
+		}
+		select {
+		case <-leases:
+		default:
+		}
+		leases <- l
+	}
 }
 
 type shimServer struct {
@@ -156,12 +203,16 @@ type shimServer struct {
 	proc  Process
 	log   *zap.Logger
 	clock clockwork.Clock
+	boot  func() time.Duration
 	conns chan net.Conn
 	reqs  chan connRequest
 	gone  chan net.Conn
 	// spawnerGone is closed when the agent that started the shim closed
-	// its stdin, or died.
+	// its stdin, or died; stdinLeases has the latest lease it wrote there.
 	spawnerGone chan struct{}
+	stdinLeases chan int64
+	// quit is closed when run returns: no one serves connections after.
+	quit chan struct{}
 }
 
 type connRequest struct {
@@ -175,7 +226,12 @@ func (s *shimServer) accept(ln net.Listener) {
 		if err != nil {
 			return // closed when the shim ends
 		}
-		s.conns <- conn
+		select {
+		case s.conns <- conn:
+		case <-s.quit:
+			conn.Close()
+			return
+		}
 	}
 }
 
@@ -187,14 +243,22 @@ func (s *shimServer) read(conn net.Conn) {
 			s.log.Warn("ignoring malformed request", zap.Error(err))
 			continue
 		}
-		s.reqs <- connRequest{conn, req}
+		select {
+		case s.reqs <- connRequest{conn, req}:
+		case <-s.quit:
+			return
+		}
 	}
-	s.gone <- conn
+	select {
+	case s.gone <- conn:
+	case <-s.quit:
+	}
 }
 
 // run serves the agent until the launcher's group is gone. One agent is
 // attached at a time; a newer one replaces the older.
 func (s *shimServer) run(ctx context.Context) error {
+	defer close(s.quit)
 	exited := make(chan shimStatus, 1)
 	go func() {
 		exit := s.proc.Wait()
@@ -211,6 +275,7 @@ func (s *shimServer) run(ctx context.Context) error {
 		reason  string
 		orphan  <-chan time.Time
 		killing bool
+		lease   int64
 	)
 	kill := func(grace time.Duration, why string) {
 		if killing {
@@ -219,6 +284,52 @@ func (s *shimServer) run(ctx context.Context) error {
 		killing, reason = true, why
 		go func() { _ = s.proc.Kill(grace) }()
 	}
+	// lapsed kills the group once its lease has lapsed; checked on every
+	// tick and before any request is served, so that a shim stopped with
+	// its agent kills its workers first thing when it runs again.
+	lapsed := func() bool {
+		if lease == 0 || killing || time.Duration(lease) > s.boot() {
+			return killing
+		}
+		s.log.Warn("lease lapsed, fencing workers", zap.Duration("lapsed_for", s.boot()-time.Duration(lease)))
+		kill(0, "fenced: lease lapsed (agent not running)")
+		return true
+	}
+	// Checked only while there is a lease to check.
+	var (
+		leaseTicker clockwork.Ticker
+		leaseCheck  <-chan time.Time
+	)
+	setLease := func(l int64) {
+		lease = l
+		if l != 0 && leaseTicker == nil {
+			leaseTicker = s.clock.NewTicker(health.LeaseCheckEvery)
+			leaseCheck = leaseTicker.Chan()
+		}
+	}
+	defer func() {
+		if leaseTicker != nil {
+			leaseTicker.Stop()
+		}
+	}()
+	setLease(s.spec.Lease)
+	// Each lease the agent grants holds for a loss of the node declared
+	// any time after (health.LeaseUntil), so the latest deadline counts,
+	// not the latest grant: except a hold's, which holds only until the
+	// next agent is heard, and which its first grant replaces.
+	held := false
+	grant := func(l int64) {
+		if held || l > lease {
+			held = false
+			setLease(l)
+		}
+	}
+	select {
+	case l := <-s.stdinLeases:
+		grant(l)
+	default:
+	}
+	lapsed()
 	orphaned := func() {
 		timeout := s.spec.OrphanTimeout
 		if hold > 0 {
@@ -243,8 +354,18 @@ func (s *shimServer) run(ctx context.Context) error {
 			}
 			owner, orphan, attached = conn, nil, true
 			go s.read(conn)
+		case <-leaseCheck:
+			lapsed()
+		case l := <-s.stdinLeases:
+			if !lapsed() {
+				grant(l)
+			}
 		case r := <-s.reqs:
 			if r.conn != owner {
+				continue
+			}
+			if lapsed() {
+				s.send(owner, shimStatus{Pid: s.proc.Pid()})
 				continue
 			}
 			switch r.req.Op {
@@ -252,6 +373,12 @@ func (s *shimServer) run(ctx context.Context) error {
 				kill(r.req.Grace, "")
 			case "hold":
 				hold = r.req.Hold
+				if lease != 0 && r.req.Lease > lease {
+					setLease(r.req.Lease)
+					held = true
+				}
+			case "lease":
+				grant(r.req.Lease)
 			}
 			s.send(owner, shimStatus{Pid: s.proc.Pid()})
 		case conn := <-s.gone:
@@ -329,3 +456,33 @@ func viaDirFD(dir, name string, f func(path string) error) error {
 }
 
 var errShimGone = errors.New("shim vanished without an exit status")
+
+// workerNice is the job's processes' nice value. They yield the CPU to the
+// agent and the shims, whose heartbeats, probe answers and lease renewals
+// must not wait behind a job's start (every rank importing torch at once
+// on a node with few cores) for the node to stay alive to its peers and
+// the controller; the agent takes little of it.
+const workerNice = 10
+
+// yieldCPU lowers the priority of the launcher just started, before it
+// forks workers, which inherit it, and of its session's autogroup (the
+// shim's own session), which is what the scheduler weighs against the
+// agent's where autogroups are on (a shell, not a systemd unit). Failing
+// either only costs the agent its lead.
+func yieldCPU(pid int, log *zap.Logger) {
+	if err := unix.Setpriority(unix.PRIO_PROCESS, pid, workerNice); err != nil {
+		log.Warn("lowering the launcher's priority failed", zap.Error(err))
+	}
+	if err := os.WriteFile("/proc/self/autogroup", []byte(strconv.Itoa(workerNice)), 0); err != nil && !errors.Is(err, os.ErrNotExist) {
+		log.Debug("lowering the session's autogroup priority failed", zap.Error(err))
+	}
+}
+
+// bootTime reads CLOCK_BOOTTIME, the clock leases are on: shared by every
+// process of the node, unmoved by changes to the wall clock, and running
+// through a suspend, as the controller's clock does.
+func bootTime() time.Duration {
+	var ts unix.Timespec
+	_ = unix.ClockGettime(unix.CLOCK_BOOTTIME, &ts) // cannot fail for this clock
+	return time.Duration(ts.Nano())
+}

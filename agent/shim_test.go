@@ -184,7 +184,7 @@ func TestAttachTakesAnExitSentBeforeTheRequest(t *testing.T) {
 			}
 			served <- err
 		}()
-		p, err := attachShim(dir, nil, zaptest.NewLogger(t))
+		p, err := attachShim(dir, nil, nil, zaptest.NewLogger(t))
 		require.NoError(t, err)
 		require.NoError(t, <-served)
 		require.Equal(t, 3, p.Wait().Code, "attempt %d", i)

@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"os"
 	"os/exec"
@@ -34,6 +35,118 @@ type ShimSpawner struct {
 	// the agent's own binary with the "shim" subcommand.
 	Command []string
 	Log     *zap.Logger
+	// Leases is what holds every shim to the agent's lease; nil holds
+	// them to none.
+	Leases *Leases
+}
+
+// leased is a Spawner whose workers run under the agent's lease.
+type leased interface{ LeaseHolder() *Leases }
+
+// LeaseHolder is what renews the shims' lease; nil if they have none.
+func (s ShimSpawner) LeaseHolder() *Leases { return s.Leases }
+
+// Leases is the lease the agent grants its shims (health.LeaseUntil), as
+// a time on the boot clock, and the shims it renews it to. One lock.
+type Leases struct {
+	mu    sync.Mutex
+	until time.Duration
+	shims map[*shimProcess]bool
+	// starting are the stdins of shims not attached yet, which take
+	// their renewals there.
+	starting map[io.Writer]bool
+}
+
+// leaseWrite bounds a renewal's write to one shim: a shim that does not
+// read for that long is no reason to delay the others'.
+const leaseWrite = 50 * time.Millisecond
+
+// Renew grants every shim the lease until (boot clock), shortening it too:
+// each lease is the bound as of its grant.
+func (l *Leases) Renew(until time.Duration) {
+	l.mu.Lock()
+	l.until = until
+	shims := make([]*shimProcess, 0, len(l.shims))
+	for p := range l.shims {
+		shims = append(shims, p)
+	}
+	starting := make([]io.Writer, 0, len(l.starting))
+	for w := range l.starting {
+		starting = append(starting, w)
+	}
+	l.mu.Unlock()
+	for _, w := range starting {
+		// A pipe's buffer takes far more renewals than a shim's start
+		// lasts; one that ended already says so here, harmlessly.
+		_, _ = fmt.Fprintf(w, "%d\n", int64(until))
+	}
+	for _, p := range shims {
+		if err := p.requestWithin(shimRequest{Op: "lease", Lease: int64(until)}, leaseWrite); err != nil {
+			p.log.Debug("renewing a shim's lease failed", zap.String("dir", p.dir), zap.Error(err))
+		}
+	}
+}
+
+// current is the lease a new shim starts with: none until the agent has
+// granted one.
+func (l *Leases) current() time.Duration {
+	if l == nil {
+		return 0
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.until
+}
+
+// starts renews the lease through w, a starting shim's stdin, until the
+// returned func is called; it writes the current lease there at once.
+func (l *Leases) starts(w io.Writer) (stop func()) {
+	if l == nil {
+		return func() {}
+	}
+	l.mu.Lock()
+	if l.starting == nil {
+		l.starting = map[io.Writer]bool{}
+	}
+	l.starting[w] = true
+	until := l.until
+	l.mu.Unlock()
+	if until != 0 {
+		_, _ = fmt.Fprintf(w, "%d\n", int64(until))
+	}
+	return func() {
+		l.mu.Lock()
+		defer l.mu.Unlock()
+		delete(l.starting, w)
+	}
+}
+
+// add renews p's lease from now on, unless it was removed already (a shim
+// that ended before it was added).
+func (l *Leases) add(p *shimProcess) {
+	if l == nil {
+		return
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if p.unleased {
+		return
+	}
+	if l.shims == nil {
+		l.shims = map[*shimProcess]bool{}
+	}
+	l.shims[p] = true
+}
+
+// remove stops renewing p's lease: it ended, or was handed over.
+func (l *Leases) remove(p *shimProcess) {
+	if l == nil {
+		return
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	p.unleased = true
+	delete(l.shims, p)
 }
 
 // Spawn starts a shim for spec, which starts the launcher, and attaches to it.
@@ -51,7 +164,8 @@ func (s ShimSpawner) Spawn(spec ProcessSpec) (Process, error) {
 	if spec.LogPath == "" {
 		return nil, errors.New("a shim needs the path of its worker's log")
 	}
-	ss := shimSpec{Path: spec.Path, Args: spec.Args, Dir: spec.Dir, Env: spec.Env, LogPath: spec.LogPath, OrphanTimeout: spec.OrphanTimeout, Credential: spec.Credential}
+	ss := shimSpec{Path: spec.Path, Args: spec.Args, Dir: spec.Dir, Env: spec.Env, LogPath: spec.LogPath, OrphanTimeout: spec.OrphanTimeout, Credential: spec.Credential,
+		Lease: int64(s.Leases.current())}
 	if err := writeJSON(filepath.Join(dir, shimSpecFile), ss); err != nil {
 		return nil, err
 	}
@@ -85,6 +199,9 @@ func (s ShimSpawner) Spawn(spec ProcessSpec) (Process, error) {
 	if err := cmd.Start(); err != nil {
 		return nil, fmt.Errorf("starting shim: %w", err)
 	}
+	// Until attached, renewals go through stdin: a shim slow to start on a
+	// loaded node must not find the lease it was started with lapsed.
+	defer s.Leases.starts(spawner)()
 	line := make(chan string, 1)
 	go func() {
 		l, _ := bufio.NewReader(stdout).ReadString('\n')
@@ -113,7 +230,10 @@ func (s ShimSpawner) Spawn(spec ProcessSpec) (Process, error) {
 		_ = cmd.Process.Kill()
 		return nil, fmt.Errorf("shim failed to start the launcher: %s", lastLine(filepath.Join(dir, shimLogFile)))
 	}
-	p, err := attachShim(dir, reaped, s.Log)
+	p, err := attachShim(dir, reaped, s.Leases, s.Log)
+	if err == nil {
+		s.Leases.add(p)
+	}
 	if err != nil {
 		// A launcher that ends at once can take its shim with it before we
 		// attach; the shim leaves the exit status behind, as for an agent
@@ -179,8 +299,13 @@ func (s ShimSpawner) Adopt() ([]Adopted, error) {
 		// Missing from a shim of an agent before report tokens.
 		token, _ := os.ReadFile(filepath.Join(dir, shimTokenFile))
 		token, _ = hex.DecodeString(string(token))
-		p, err := attachShim(dir, nil, s.Log)
+		p, err := attachShim(dir, nil, s.Leases, s.Log)
 		live := err == nil
+		if live {
+			// Renewed once this agent has heard a controller; until then
+			// the shim keeps what the agent before granted it.
+			s.Leases.add(p)
+		}
 		if !live {
 			// The shim is gone: its exit file says how the workers ended,
 			// or, if it died first, sweep its launcher's group ourselves.
@@ -210,6 +335,11 @@ type shimProcess struct {
 	// reaped, for a shim this agent started, is closed once it has exited.
 	reaped chan struct{}
 
+	// leases renews this shim's lease, nil for none; unleased, guarded by
+	// its lock, is set once it no longer does.
+	leases   *Leases
+	unleased bool
+
 	mu       sync.Mutex
 	conn     net.Conn
 	exit     Exit
@@ -225,7 +355,7 @@ type shimProcess struct {
 // if this agent started it, and nil otherwise. It fails only when there is
 // no shim to connect to: once connected, a shim that ends or falls silent
 // is a process that ended, with the status it left.
-func attachShim(dir string, reaped chan struct{}, log *zap.Logger) (*shimProcess, error) {
+func attachShim(dir string, reaped chan struct{}, leases *Leases, log *zap.Logger) (*shimProcess, error) {
 	var conn net.Conn
 	err := viaDirFD(dir, shimSocket, func(path string) (err error) {
 		conn, err = net.DialTimeout("unix", path, shimRequestTimeout)
@@ -234,7 +364,7 @@ func attachShim(dir string, reaped chan struct{}, log *zap.Logger) (*shimProcess
 	if err != nil {
 		return nil, fmt.Errorf("connecting to shim: %w", err)
 	}
-	p := &shimProcess{dir: dir, log: log, conn: conn, reaped: reaped, done: make(chan struct{}), replies: make(chan shimStatus, 1)}
+	p := &shimProcess{dir: dir, log: log, conn: conn, reaped: reaped, leases: leases, done: make(chan struct{}), replies: make(chan shimStatus, 1)}
 	statuses := make(chan shimStatus, 4)
 	go p.read(statuses)
 	// A shim whose launcher just ended may have sent its exit status and
@@ -334,6 +464,7 @@ func (p *shimProcess) lost() {
 const shimExitWait = 5 * time.Second
 
 func (p *shimProcess) finish(st shimStatus) {
+	p.leases.remove(p)
 	// The shim exits right after reporting; once it has, nothing of this
 	// worker is left on the node.
 	if p.reaped != nil {
@@ -362,6 +493,10 @@ func (p *shimProcess) finish(st shimStatus) {
 }
 
 func (p *shimProcess) request(req shimRequest) error {
+	return p.requestWithin(req, shimRequestTimeout)
+}
+
+func (p *shimProcess) requestWithin(req shimRequest, timeout time.Duration) error {
 	b, _ := json.Marshal(req)
 	p.mu.Lock()
 	conn := p.conn
@@ -369,7 +504,7 @@ func (p *shimProcess) request(req shimRequest) error {
 	if conn == nil {
 		return errShimGone
 	}
-	_ = conn.SetWriteDeadline(time.Now().Add(shimRequestTimeout))
+	_ = conn.SetWriteDeadline(time.Now().Add(timeout))
 	if _, err := conn.Write(append(b, '\n')); err != nil {
 		return fmt.Errorf("writing to shim: %w", err)
 	}
@@ -424,11 +559,18 @@ func (p *shimProcess) Kill(grace time.Duration) error {
 
 // Detach lets go of the workers without stopping them: the shim keeps them
 // running for hold, and kills them unless an agent adopts them by then.
+// Their lease is extended to the end of the hold, which the controller was
+// told of (it waits for it), and no longer renewed by this agent.
 func (p *shimProcess) Detach(hold time.Duration) error {
+	p.leases.remove(p)
 	p.mu.Lock()
 	p.detached = true
 	p.mu.Unlock()
-	err := p.request(shimRequest{Op: "hold", Hold: hold})
+	req := shimRequest{Op: "hold", Hold: hold}
+	if hold > 0 {
+		req.Lease = int64(bootTime() + hold)
+	}
+	err := p.request(req)
 	if err == nil {
 		select {
 		case <-p.replies:

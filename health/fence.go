@@ -191,3 +191,62 @@ func (h Heartbeat) FencedBy(l Loss) time.Time {
 	}
 	return by
 }
+
+// Leases. An agent that is alive but not running (stopped by a signal, a
+// frozen cgroup, a long stall) neither fences itself nor looks dead to its
+// shims, so SelfFence alone does not make the bound above hold: nothing
+// that needs the agent to be scheduled enforces it. Each shim therefore
+// runs its workers under a lease, a deadline on the node's boot clock that
+// the agent renews every FenceCheckEvery and the shim enforces on its own,
+// checking every LeaseCheckEvery. A lease the agent grants must hold
+// however long it then stops running, so LeaseUntil is never later than the
+// earliest bound FencedBy can give, for any way the node may be declared
+// lost after its last word; TestLeaseAgrees checks that, with stalls of
+// any length starting at any point, and shows the stall that today's
+// SelfFence alone fails.
+const (
+	// LeaseCheckEvery is how often a shim checks its lease.
+	LeaseCheckEvery = 50 * time.Millisecond
+	// reportLag is how long after a node stopped answering its watchers
+	// can say so, at the earliest.
+	reportLag = WatchFailures*WatchTimeout - WatchEvery
+)
+
+// LeaseUntil is how long the workers of an agent may run if it stops now
+// and never runs again: heard is its last word from the controller (as for
+// SelfFence), answered the latest time by which every peer it watches had
+// answered its probe, zero if one has not; watching is false when it
+// watches none.
+//
+// FencedBy's bound comes from when (from, no earlier than heard) and how
+// the node is declared lost. Peers vouching for it, no sooner than
+// from+Vouched. Reported unreachable, no sooner than from+Timeout (its
+// rule for an isolated agent) and At+IsolationLag, At being no earlier than
+// the report. By its watchers, the quick rule, no sooner than
+// max(from+QuickSilence, WatchersCut+IsolationLag). A report, a watcher's
+// or gossip's, follows the failed probes of a node that stopped (or whose
+// link did), which was running and reachable at answered. A watcher's
+// comes at the end of its WatchFailures-th failing round in a row, the
+// first of which began at most a round trip (under WatchEvery) before the
+// stop, and each lasting WatchTimeout: reportLag after answered at the
+// earliest (TestLeaseAgrees runs the rounds).
+// A node that watches no peer has no such word on its side: it goes by
+// the heartbeat timeout. Each bound adds FenceMargin, which covers the
+// shim's check, at most LeaseCheckEvery past the lease, and the kill.
+func (h Heartbeat) LeaseUntil(heard, answered time.Time, watching bool) time.Time {
+	if h.Timeout <= 0 {
+		// No timeout known, no bound: nothing to hold the workers to.
+		return time.Time{}
+	}
+	until := heard.Add(h.Timeout)
+	if watching {
+		until = heard.Add(h.QuickSilence())
+		if !answered.IsZero() {
+			until = later(until, answered.Add(reportLag+IsolationLag))
+		}
+		if vouched := heard.Add(max(h.Vouched, h.Timeout)); vouched.Before(until) {
+			until = vouched
+		}
+	}
+	return until.Add(FenceMargin - LeaseCheckEvery - fenceKill)
+}

@@ -42,7 +42,8 @@ func main() {
 	if err != nil {
 		cli.Fatal("rdzv-agent", fmt.Errorf("finding the agent binary, which runs the worker shims: %w", err))
 	}
-	spawner := agent.ShimSpawner{Dir: agent.ShimsDir(cfg.StateDir), Command: []string{exe, "shim"}, Log: log.Named("shim")}
+	spawner := agent.ShimSpawner{Dir: agent.ShimsDir(cfg.StateDir), Command: []string{exe, "shim"}, Log: log.Named("shim"),
+		Leases: &agent.Leases{}}
 	a, err := agent.New(cfg, log.Named("agent"), gpus, &netif.SystemDetector{}, spawner, opts...)
 	if err != nil {
 		cli.Fatal("rdzv-agent", err)

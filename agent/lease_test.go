@@ -1,0 +1,176 @@
+package agent
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"path/filepath"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jonboulle/clockwork"
+	"github.com/stretchr/testify/require"
+	"go.uber.org/zap/zaptest"
+
+	"github.com/rdzv/rdzv/health"
+)
+
+// leasedShim runs a shim over `sleep 60` under lease (boot clock), with a
+// fake clock for its checks and boot, the boot clock, set by the test.
+type leasedShim struct {
+	dir   string
+	pid   int
+	clock *clockwork.FakeClock
+	boot  *atomic.Int64
+	done  chan error
+	conn  net.Conn
+	lines *bufio.Scanner
+}
+
+func startLeasedShim(t *testing.T, lease time.Duration) *leasedShim {
+	t.Helper()
+	return startLeasedShimFrom(t, lease, nil)
+}
+
+// startLeasedShimFrom starts it with spawner as its stdin.
+func startLeasedShimFrom(t *testing.T, lease time.Duration, spawner io.Reader) *leasedShim {
+	t.Helper()
+	dir := t.TempDir()
+	require.NoError(t, writeJSON(filepath.Join(dir, shimSpecFile), shimSpec{
+		Path: "/bin/sleep", Args: []string{"60"}, Dir: dir, LogPath: filepath.Join(dir, "job.log"), OrphanTimeout: time.Hour, Lease: int64(lease),
+	}))
+	readyR, readyW, err := os.Pipe()
+	require.NoError(t, err)
+	defer readyR.Close()
+	s := &leasedShim{dir: dir, clock: clockwork.NewFakeClock(), boot: &atomic.Int64{}, done: make(chan error, 1)}
+	go func() {
+		s.done <- Shim{Dir: dir, Ready: readyW, Spawner: spawner, Log: zaptest.NewLogger(t), Clock: s.clock,
+			Boot: func() time.Duration { return time.Duration(s.boot.Load()) }}.Run(context.Background())
+	}()
+	line, err := bufio.NewReader(readyR).ReadString('\n')
+	require.NoError(t, err)
+	_, err = fmt.Sscanf(line, shimReady+" %d", &s.pid)
+	require.NoError(t, err, "ready line %q", line)
+	require.NoError(t, viaDirFD(dir, shimSocket, func(path string) (err error) {
+		s.conn, err = net.Dial("unix", path)
+		return err
+	}))
+	t.Cleanup(func() { s.conn.Close() })
+	s.lines = bufio.NewScanner(s.conn)
+	s.request(t, shimRequest{Op: "attach"})
+	return s
+}
+
+// request sends req and waits for the shim's answer.
+func (s *leasedShim) request(t *testing.T, req shimRequest) {
+	t.Helper()
+	b, _ := json.Marshal(req)
+	_, err := s.conn.Write(append(b, '\n'))
+	require.NoError(t, err)
+	require.True(t, s.lines.Scan(), "the shim answers %+v", req)
+}
+
+// check runs the shim's next lease check.
+func (s *leasedShim) check(t *testing.T) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), waitTimeout)
+	defer cancel()
+	require.NoError(t, s.clock.BlockUntilContext(ctx, 1))
+	s.clock.Advance(health.LeaseCheckEvery)
+}
+
+// fenced waits for the shim to end with the lease's reason.
+func (s *leasedShim) fenced(t *testing.T) {
+	t.Helper()
+	select {
+	case err := <-s.done:
+		require.NoError(t, err)
+	case <-time.After(waitTimeout):
+		t.Fatal("the shim did not fence its workers")
+	}
+	require.Empty(t, groupMembers(s.pid))
+	var st shimStatus
+	require.NoError(t, readJSON(filepath.Join(s.dir, shimExitFile), &st))
+	require.Contains(t, st.Reason, "lease lapsed")
+	require.Equal(t, "SIGKILL", st.Exit.Signal)
+}
+
+// The shim holds the workers to their lease on its own, whatever its agent
+// does: renewed, they run on; lapsed, they are killed at the next check.
+func TestShimKillsWorkersOnceTheLeaseLapses(t *testing.T) {
+	s := startLeasedShim(t, 10*time.Second)
+	s.boot.Store(int64(9 * time.Second))
+	s.check(t)
+	require.NotEmpty(t, groupMembers(s.pid), "within the first lease")
+
+	s.request(t, shimRequest{Op: "lease", Lease: int64(20 * time.Second)})
+	s.boot.Store(int64(15 * time.Second))
+	s.check(t)
+	require.NotEmpty(t, groupMembers(s.pid), "renewed")
+
+	s.boot.Store(int64(20 * time.Second))
+	s.check(t)
+	s.fenced(t)
+}
+
+// A shim that was stopped with its agent (a frozen cgroup) may find a
+// renewal waiting when it runs again, sent before the stop: the lease
+// lapsed meanwhile, and the workers die before anything is served.
+func TestShimChecksTheLeaseBeforeARenewal(t *testing.T) {
+	s := startLeasedShim(t, 10*time.Second)
+	s.boot.Store(int64(11 * time.Second))
+	b, _ := json.Marshal(shimRequest{Op: "lease", Lease: int64(time.Minute)})
+	_, err := s.conn.Write(append(b, '\n'))
+	require.NoError(t, err)
+	s.fenced(t)
+}
+
+// Handed over for a restart the controller was told of, the workers' lease
+// runs to the end of the hold; a hold without a lease grants none.
+func TestShimHoldExtendsTheLease(t *testing.T) {
+	s := startLeasedShim(t, 10*time.Second)
+	s.request(t, shimRequest{Op: "hold", Hold: time.Minute, Lease: int64(70 * time.Second)})
+	s.request(t, shimRequest{Op: "hold", Hold: time.Minute})
+	s.boot.Store(int64(30 * time.Second))
+	s.check(t)
+	require.NotEmpty(t, groupMembers(s.pid), "held")
+	s.boot.Store(int64(70 * time.Second))
+	s.check(t)
+	s.fenced(t)
+}
+
+// The next agent's first grant replaces the lease of a hold, however much
+// shorter: the controller's bound goes by its heartbeats again.
+func TestShimLeaseAfterAHoldIsTheNextAgents(t *testing.T) {
+	s := startLeasedShim(t, 10*time.Second)
+	s.request(t, shimRequest{Op: "hold", Hold: time.Minute, Lease: int64(70 * time.Second)})
+	s.request(t, shimRequest{Op: "lease", Lease: int64(12 * time.Second)})
+	s.request(t, shimRequest{Op: "lease", Lease: int64(11 * time.Second)})
+	s.boot.Store(int64(11 * time.Second))
+	s.check(t)
+	require.NotEmpty(t, groupMembers(s.pid), "the latest deadline granted counts")
+	s.boot.Store(int64(12 * time.Second))
+	s.check(t)
+	s.fenced(t)
+}
+
+// A shim slow to start (a loaded node) finds the lease it was started with
+// lapsed, but the renewals its agent wrote to its stdin meanwhile count.
+func TestShimTakesRenewalsThroughStdinWhileStarting(t *testing.T) {
+	r, w := io.Pipe()
+	t.Cleanup(func() { w.Close() })
+	boot := int64(20 * time.Second)
+	go func() { _, _ = fmt.Fprintf(w, "%d\n", 30*time.Second) }()
+	s := startLeasedShimFrom(t, 10*time.Second, r)
+	s.boot.Store(boot)
+	s.check(t)
+	require.NotEmpty(t, groupMembers(s.pid), "renewed through stdin")
+	s.boot.Store(int64(30 * time.Second))
+	s.check(t)
+	s.fenced(t)
+}
