@@ -27,6 +27,10 @@ const (
 	workloadSteps           = 60
 	workloadCheckpointEvery = 10
 	workloadStepTime        = "0.25"
+	// workloadTimeout bounds a generation's start and run: importing
+	// DeepSpeed or Transformers on every worker of two busy cores takes
+	// minutes. It only keeps a hang from stalling the run.
+	workloadTimeout = 10 * time.Minute
 	// workloadsEnv selects the workloads beyond the default set: "all", or
 	// names separated by commas (make e2e-workloads sets "all").
 	workloadsEnv = "RDZV_WORKLOADS"
@@ -112,7 +116,7 @@ func testWorkload(t *testing.T, w workload, venv string) {
 	path, ckptDir := workloadJob(t, c, w, venv)
 	c.job = w.name
 	c.ctlOK(t, "start", path)
-	before := c.waitCheckpoint(t, w.name, 2*workloadCheckpointEvery)
+	before := c.waitCheckpointWithin(t, w.name, 2*workloadCheckpointEvery, workloadTimeout)
 	started := time.Now()
 
 	// The node killed is never rank 0's (h1), whose log has the losses of
@@ -126,7 +130,7 @@ func testWorkload(t *testing.T, w workload, venv string) {
 		c.agentHost(killed).Name, started.Sub(begin).Round(time.Second), before.LatestCheckpoint.Step, before.LatestCheckpoint.Path)
 	c.waitNodeState(t, killed, "NODE_STATE_LOST")
 
-	j := c.waitJob(t, w.name, "finished", func(j jobJSON) bool { return finished(j.State) })
+	j := c.waitJobWithin(t, w.name, "finished", workloadTimeout, func(j jobJSON) bool { return finished(j.State) })
 	require.Equal(t, "JOB_STATE_SUCCEEDED", j.State, "reason: %s", j.Reason)
 	require.EqualValues(t, 2, j.Generation, "one restart, after the fault")
 	events := c.jobEvents(t, w.name)
