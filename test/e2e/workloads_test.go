@@ -45,9 +45,8 @@ type workload struct {
 	// take make test past its budget on two cores.
 	heavy bool
 	// sameWorld keeps the world size across the fault: two nodes of the
-	// three, the third taking the killed one's place. DeepSpeed's ZeRO-3
-	// checkpoint holds one file of parameters per rank and loads only into
-	// as many ranks as saved it (no elastic resharding as for ZeRO-2).
+	// three, the third taking the killed one's place. DeepSpeed loads a
+	// ZeRO checkpoint only into as many ranks as saved it.
 	sameWorld bool
 	edit      func(spec map[string]any, venv string)
 }
@@ -81,9 +80,9 @@ var workloads = []workload{
 	{name: "ddp-mingpt-warm", dir: "ddp_mingpt", heavy: true, edit: warmWorkload()},
 	{name: "fsdp", dir: "fsdp"},
 	{name: "fsdp-warm", dir: "fsdp", heavy: true, edit: warmWorkload()},
-	{name: "deepspeed-zero2", dir: "deepspeed"},
+	{name: "deepspeed-zero2", dir: "deepspeed", sameWorld: true},
 	{name: "deepspeed-zero3", dir: "deepspeed", heavy: true, sameWorld: true, edit: zero3},
-	{name: "deepspeed-zero2-warm", dir: "deepspeed", heavy: true, edit: warmWorkload("deepspeed")},
+	{name: "deepspeed-zero2-warm", dir: "deepspeed", heavy: true, sameWorld: true, edit: warmWorkload("deepspeed")},
 	{name: "hf-gpt2", dir: "hf_gpt2", heavy: true},
 	{name: "hf-gpt2-warm", dir: "hf_gpt2", heavy: true, edit: warmWorkload("transformers")},
 }

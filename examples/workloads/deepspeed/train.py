@@ -6,17 +6,18 @@ GPUs DeepSpeed picks its CPU accelerator, and the workers talk over gloo.
 Checkpoints are DeepSpeed's own: rdzv.integrations.deepspeed.save_checkpoint
 has every rank write its partition of <RDZV_CHECKPOINT_DIR>/global_step<N>/
 and marks it complete; a restarted generation, on any number of nodes,
-loads rdzv's choice with rdzv.integrations.deepspeed.load_checkpoint
-(ZeRO's elastic checkpoint merges and re-partitions the optimizer state).
+loads rdzv's choice with rdzv.integrations.deepspeed.load_checkpoint.
+DeepSpeed loads a ZeRO checkpoint only into as many ranks as saved it, so
+the job keeps its size (see job.yaml).
 """
 
 import argparse
+import importlib
 import os
 import sys
 import time
 
 import deepspeed
-import deepspeed.comm.torch
 import torch
 from deepspeed.accelerator import get_accelerator
 
@@ -42,7 +43,9 @@ def main() -> None:
         # The CPU accelerator compiles a C++ extension (its shared-memory
         # all-reduce between ranks of one node) when the communicator starts:
         # minutes on a small machine, for nothing across nodes over gloo.
-        deepspeed.comm.torch.build_shm_op = lambda: None
+        # (deepspeed.comm.torch as an attribute is torch itself, which
+        # deepspeed.comm imports by that name.)
+        importlib.import_module("deepspeed.comm.torch").build_shm_op = lambda: None
     # The CPU accelerator's own backend is oneCCL, which needs Intel's
     # extension; gloo comes with torch.
     deepspeed.init_distributed(dist_backend="gloo" if accel.device_name() == "cpu" else accel.communication_backend_name())
