@@ -141,6 +141,13 @@ e2e: build venv venv-oldest
 
 test: lint unit python-test fuzz e2e
 
+# Every seed workload of examples/workloads (docs/workloads.md) killed
+# mid-run and resumed, with the variants make e2e leaves out: ZeRO-3, the
+# Hugging Face Trainer under accelerate, and each under launcher.kind warm.
+.PHONY: e2e-workloads
+e2e-workloads: build venv
+	RDZV_WORKLOADS=all RDZV_VENV=$(VENV) RDZV_BIN_DIR=$(BIN) $(GO) test -count=1 -v -timeout 60m -run TestWorkloads ./test/e2e/
+
 demo: build
 	./examples/demo.sh
 

@@ -446,7 +446,13 @@ func (c *cluster) status(t *testing.T, job string) jobJSON {
 // waitJob polls the job's status until ok accepts it, within jobTimeout.
 func (c *cluster) waitJob(t *testing.T, job, what string, ok func(jobJSON) bool) jobJSON {
 	t.Helper()
-	deadline := time.Now().Add(jobTimeout)
+	return c.waitJobWithin(t, job, what, jobTimeout, ok)
+}
+
+// waitJobWithin is waitJob with its own bound, for jobs slower to start.
+func (c *cluster) waitJobWithin(t *testing.T, job, what string, timeout time.Duration, ok func(jobJSON) bool) jobJSON {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
 	for {
 		c.requireRunning(t)
 		j := c.status(t, job)
@@ -454,7 +460,7 @@ func (c *cluster) waitJob(t *testing.T, job, what string, ok func(jobJSON) bool)
 			return j
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("job %s never %s within %s; last status: %+v", job, what, jobTimeout, j)
+			t.Fatalf("job %s never %s within %s; last status: %+v", job, what, timeout, j)
 		}
 		time.Sleep(pollEvery)
 	}
@@ -465,7 +471,13 @@ func (c *cluster) waitJob(t *testing.T, job, what string, ok func(jobJSON) bool)
 // the job stops or restarts before: no fault has been injected yet.
 func (c *cluster) waitCheckpoint(t *testing.T, job string, step uint64) jobJSON {
 	t.Helper()
-	return c.waitJob(t, job, fmt.Sprintf("recorded a checkpoint of step %d in generation 1", step), func(j jobJSON) bool {
+	return c.waitCheckpointWithin(t, job, step, jobTimeout)
+}
+
+// waitCheckpointWithin is waitCheckpoint with its own bound.
+func (c *cluster) waitCheckpointWithin(t *testing.T, job string, step uint64, timeout time.Duration) jobJSON {
+	t.Helper()
+	return c.waitJobWithin(t, job, fmt.Sprintf("recorded a checkpoint of step %d in generation 1", step), timeout, func(j jobJSON) bool {
 		require.Contains(t, []string{"JOB_STATE_PENDING", "JOB_STATE_RUNNING"}, j.State, "before any fault: %s", j.Reason)
 		require.LessOrEqual(t, j.Generation, uint64(1), "restarted before any fault: %s", j.Reason)
 		return j.State == "JOB_STATE_RUNNING" && j.LatestCheckpoint != nil && j.LatestCheckpoint.Step >= step
