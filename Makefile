@@ -81,8 +81,10 @@ docs:
 	$(GO) test ./cmd/rdzvctl -run 'TestCLIDocs|Golden' -count=1 -update
 	$(GO) test ./cmd/rdzv-controller ./cmd/rdzv-agent ./cmd/rdzv-relay -run TestFlagReference -count=1 -update
 
-unit:
-	$(GO) test $(GOTEST_FLAGS) -count=1 $$($(GO) list ./... | grep -v /test/e2e)
+# agent/torchprobe's tests read the torchrun of every supported torch: the
+# venvs' and Debian's.
+unit: venv venv-oldest
+	RDZV_VENV=$(VENV) RDZV_VENV_OLDEST=$(VENV_OLDEST) $(GO) test $(GOTEST_FLAGS) -count=1 $$($(GO) list ./... | grep -v /test/e2e)
 
 # Each fuzz target runs for FUZZTIME; go fuzzes one target per invocation.
 # Inputs that made a target fail are saved under the package's
@@ -137,7 +139,7 @@ python-test: venv
 	cd python && $(VENV)/bin/python -m pytest -q -p no:cacheprovider $(PYTEST_FLAGS) tests
 
 e2e: build venv venv-oldest
-	RDZV_VENV=$(VENV) RDZV_VENV_OLDEST=$(VENV_OLDEST) RDZV_BIN_DIR=$(BIN) $(GO) test -count=1 -v -timeout 30m ./test/e2e/...
+	RDZV_VENV=$(VENV) RDZV_VENV_OLDEST=$(VENV_OLDEST) RDZV_BIN_DIR=$(BIN) $(GO) test -count=1 -v -timeout 50m ./test/e2e/...
 
 test: lint unit python-test fuzz e2e
 
