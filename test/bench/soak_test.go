@@ -26,7 +26,7 @@ const (
 	// soakBaseline is trained unsaturated first, so the starvation shows
 	// as a change on the same hosts in the same run.
 	soakBaseline       = 45 * time.Second
-	defaultSoakPercent = 10 // of one CPU, for everything on h3: see README (soak benchmark)
+	defaultSoakPercent = 10 // of one CPU, for everything on h3: see docs/benchmarks.md (soak benchmark)
 	// soakHogs busy loops share h3's quota with its agent and workers at
 	// the same priority: the agent competes for each slice of it.
 	soakHogs = 2
