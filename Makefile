@@ -1,4 +1,4 @@
-# rdzv build, test and demo entry points. See README.md.
+# rdzv build, test and demo entry points. See docs/development.md.
 SHELL := /bin/bash
 GO ?= go
 TOOLS := $(CURDIR)/.tools
@@ -64,6 +64,8 @@ lint: tools
 	@unformatted=$$(gofmt -l $$(git ls-files '*.go' | grep -v '\.pb\.go$$')); \
 	  if [ -n "$$unformatted" ]; then echo "gofmt needed:"; echo "$$unformatted"; exit 1; fi
 	$(GO) vet ./...
+	@# Every relative link and #anchor in README.md and docs/ resolves (test/doccheck).
+	$(GO) test -count=1 -run 'TestDocLinks|TestReadmeIsShort' ./test/doccheck
 	@# The benchmarks are built only with their tag; keep them compiling.
 	$(GO) vet -tags bench ./test/bench/...
 	@# The controller, relay and CLI must not need cgo (only agent/gpu/nvmlgpu imports go-nvml),
@@ -175,7 +177,7 @@ bench-soak: build
 # The controller at 1,000 to 10,000 simulated agents: registration,
 # heartbeats, rendezvous, recovery from a lost node, CPU and memory.
 # Figures only; see test/bench/scale/doc.go. BENCH_NODES=1000,5000,10000
-# for the README's table.
+# for docs/benchmarks.md's table.
 BENCH_NODES ?= 1000
 .PHONY: bench-scale
 bench-scale: build

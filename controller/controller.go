@@ -589,7 +589,6 @@ const (
 	EventJobStopped          = "job_stopped"
 	EventAttemptFailed       = "attempt_failed"
 	EventCheckpoint          = "checkpoint_recorded"
-	EventHang                = "hang_detected"
 	EventNodeCordoned        = "node_cordoned"
 	EventNodeUncordoned      = "node_uncordoned"
 	EventGPUFault            = "gpu_fault"

@@ -1,0 +1,66 @@
+package doccheck
+
+import (
+	"os"
+	"path/filepath"
+	"regexp"
+	"sort"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+)
+
+// TestTroubleshootingExplainsEveryReason fails when the controller can
+// record an event kind, or fail an attempt or a job with a reason, that
+// docs/troubleshooting.md does not explain in one of its tables. The kinds
+// and reasons are read from where the code declares them:
+//   - event kinds: controller's Event* constants (rdzvv1.Event.kind);
+//   - failure reasons: controller's cause* constants, the reason label of
+//     rdzv_attempts_failed_total and the cause in attempt_failed;
+//   - failure classes: wire's Failure* constants, which an agent reports
+//     and the controller fails the job with.
+func TestTroubleshootingExplainsEveryReason(t *testing.T) {
+	doc, err := os.ReadFile(filepath.Join(root, "docs", "troubleshooting.md"))
+	require.NoError(t, err)
+	documented := TableKeys(string(doc))
+
+	for _, tc := range []struct {
+		what, dir, pattern string
+		// atLeast guards against the declarations moving or being renamed,
+		// which would make this test check nothing.
+		atLeast int
+	}{
+		{"event kind", "controller", `^Event[A-Z]`, 25},
+		{"failure reason", "controller", `^cause[A-Z]`, 6},
+		{"failure class", "wire", `^Failure[A-Z]`, 4},
+	} {
+		t.Run(tc.what, func(t *testing.T) {
+			consts, err := StringConsts(filepath.Join(root, tc.dir), regexp.MustCompile(tc.pattern))
+			require.NoError(t, err)
+			require.GreaterOrEqual(t, len(consts), tc.atLeast, "%s constants matching %s in %s/", tc.what, tc.pattern, tc.dir)
+			var missing []string
+			for value, name := range consts {
+				if !documented[value] {
+					missing = append(missing, value+" ("+tc.dir+"."+name+")")
+				}
+			}
+			sort.Strings(missing)
+			require.Empty(t, missing, "each %s needs a row `| `kind` | what it means | what to do |` in docs/troubleshooting.md", tc.what)
+		})
+	}
+}
+
+func TestStringConsts(t *testing.T) {
+	dir := t.TempDir()
+	src := "package p\n\nconst (\n\tEventA = \"a\"\n\tEventB, other = \"b\", \"x\"\n\tnotEvent = \"c\"\n\tEventN = 3\n)\n\nconst EventD = `d`\n"
+	require.NoError(t, os.WriteFile(filepath.Join(dir, "p.go"), []byte(src), 0o644))
+	require.NoError(t, os.WriteFile(filepath.Join(dir, "p_test.go"), []byte("package p\n\nconst EventT = \"t\"\n"), 0o644))
+	got, err := StringConsts(dir, regexp.MustCompile(`^Event[A-Z]`))
+	require.NoError(t, err)
+	require.Equal(t, map[string]string{"a": "EventA", "b": "EventB", "d": "EventD"}, got)
+}
+
+func TestTableKeys(t *testing.T) {
+	doc := "| kind | meaning |\n| --- | --- |\n| `node_lost` | a node was lost |\n|`job_failed`| failed |\nprose `worker_exit` |\n| plain | no code |\n"
+	require.Equal(t, map[string]bool{"node_lost": true, "job_failed": true}, TableKeys(doc))
+}
