@@ -91,7 +91,7 @@ type Config struct {
 	Insecure bool `json:"insecure"`
 	// JobLogs caps the job logs kept on the node (joblogs.go).
 	JobLogs JobLogsConfig `json:"job_logs"`
-	// HTTP serves /metrics, /healthz and /readyz (README "Monitoring");
+	// HTTP serves /metrics, /healthz and /readyz (docs/monitoring.md);
 	// loopback by default, off when its listen is empty.
 	HTTP httpserve.Config `json:"http"`
 }

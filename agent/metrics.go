@@ -16,7 +16,7 @@ import (
 	rdzvv1 "github.com/rdzv/rdzv/proto/rdzv/v1"
 )
 
-// Metrics (README "Monitoring"): counters move where things happen, gauges
+// Metrics (docs/monitoring.md): counters move where things happen, gauges
 // are read when Prometheus scrapes.
 
 // ShimsDir is where the worker shims keep their state under the agent's

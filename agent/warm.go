@@ -431,7 +431,7 @@ func handOff(sb *standby, msg []byte) error {
 const maxStandbyKeep = 10 * time.Minute
 
 // PrepareStandby queues keeping the warm standby p asks for, and only it,
-// while this node is an idle spare (warm standbys on spares, README).
+// while this node is an idle spare (docs/jobs.md#warm-standby-workers, "Standbys on spares").
 func (s *Supervisor) PrepareStandby(p *rdzvv1.PrepareStandby) {
 	s.cmds <- func() { s.prepareStandby(p) }
 }

@@ -53,7 +53,7 @@ type Config struct {
 	// Insecure serves without TLS and without authentication: anyone who
 	// reaches Listen can run commands on every node. Local tests only.
 	Insecure bool `json:"insecure"`
-	// HTTP serves /metrics, /healthz and /readyz (README "Monitoring");
+	// HTTP serves /metrics, /healthz and /readyz (docs/monitoring.md);
 	// loopback by default, off when its listen is empty.
 	HTTP httpserve.Config `json:"http"`
 }

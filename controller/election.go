@@ -74,7 +74,7 @@ func (c *Controller) elect(ctx context.Context) {
 // The first lead then grants its loaded nodes the lease's TTL on top of
 // the reconnect grace: their agents used to spend that wait handshaking
 // with the standing-by controller, and 10,000 direct agents' handshakes
-// at once take longer than the grace alone on a small machine (README,
+// at once take longer than the grace alone on a small machine (docs/benchmarks.md,
 // "leading at once after a restart"). A node that died meanwhile is
 // declared lost no later than it was with the wait.
 func (c *Controller) dropPreviousLead(ctx context.Context) {

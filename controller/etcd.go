@@ -174,7 +174,7 @@ func (c *Controller) openKeyring() (*keyring.Keyring, error) {
 	}
 	keys, created, err := keyring.LoadOrCreate(path, create, c.clock.Now())
 	if errors.Is(err, fs.ErrNotExist) {
-		return nil, fmt.Errorf("secrets_key_file: %s does not exist; with external etcd or an explicit secrets_key_file it is not created: make one (README \"Secrets\") and give every controller replica the same file: %w", path, err)
+		return nil, fmt.Errorf("secrets_key_file: %s does not exist; with external etcd or an explicit secrets_key_file it is not created: make one (docs/jobs.md#secrets) and give every controller replica the same file: %w", path, err)
 	}
 	if err != nil {
 		return nil, fmt.Errorf("secrets_key_file: %w", err)

@@ -12,7 +12,7 @@ import (
 	rdzvv1 "github.com/rdzv/rdzv/proto/rdzv/v1"
 )
 
-// Metrics (README "Monitoring"). Counters and histograms move where the
+// Metrics (docs/monitoring.md). Counters and histograms move where the
 // controller decides, under c.mu, at the cost of an atomic add; gauges are
 // computed when Prometheus scrapes, from a snapshot taken under c.mu, so
 // that nothing on the hot paths keeps them up to date. No series is per

@@ -275,7 +275,7 @@ func (c *Controller) reportRefusedReload() {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	ev := c.event("", "", 0, EventTLSReloadRefused,
-		"controller %s refused its changed TLS files and keeps its previous certificate and CA: %v. Replace a CA in steps (README: Certificates): old and new CA together in %s, every certificate reissued from the new CA, then the old CA removed",
+		"controller %s refused its changed TLS files and keeps its previous certificate and CA: %v. Replace a CA in steps (docs/operating.md#replacing-the-ca): old and new CA together in %s, every certificate reissued from the new CA, then the old CA removed",
 		c.cfg.Advertised(), *p, c.cfg.TLS.CA)
 	c.persist(c.store.AppendEvent(ev), nil)
 }

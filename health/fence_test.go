@@ -164,8 +164,8 @@ func TestFencedBy(t *testing.T) {
 // previous leader acknowledged it last); the end of the hold for an agent
 // back from a restart that has not reached a controller yet.
 //
-// Not covered, because the controller cannot know it (see the README's
-// "Failures and recovery"): a gossip partition that leaves the peers the
+// Not covered, because the controller cannot know it (see
+// docs/recovery.md, "What rdzv detects"): a gossip partition that leaves the peers the
 // controller hears on the smaller side, so that their word that a node is
 // unreachable does not make it isolated.
 func TestFencingAgrees(t *testing.T) {
@@ -294,7 +294,7 @@ func killedAt(h Heartbeat, last time.Time, isolated bool, rng *rand.Rand) time.T
 // the links break at once (one fault, which each watcher sees at its own
 // pace): a node cut off from one watcher and not yet from the other, and
 // declared lost then, counts itself isolated only by gossip's word, which
-// README "Failures and recovery" says is assumed, not known.
+// docs/recovery.md ("What rdzv detects") says is assumed, not known.
 func TestQuickFencingAgrees(t *testing.T) {
 	rng := rand.New(rand.NewPCG(3, 4))
 	worstLag := time.Duration(0)

@@ -2,7 +2,7 @@ package relay
 
 import "github.com/prometheus/client_golang/prometheus"
 
-// metrics are the relay's own series (README "Monitoring").
+// metrics are the relay's own series (docs/monitoring.md).
 type metrics struct {
 	connected prometheus.Gauge
 	streams   prometheus.Gauge

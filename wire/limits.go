@@ -7,7 +7,7 @@ import (
 )
 
 // Wire limits shared by rdzvctl, the controller and the agent, so that what
-// one side may send the other accepts. README.md lists them.
+// one side may send the other accepts. docs/jobs.md#input-limits lists them.
 const (
 	// MaxNodes bounds a job's nodes.max; a round of this many fits in
 	// MaxMessageBytes.

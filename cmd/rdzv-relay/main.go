@@ -40,7 +40,7 @@ const about = `rdzv-relay carries the streams of the agents that connect to it t
 rdzv controller, all as frames of one stream, their messages batched:
 on a large cluster, a few relays, each carrying thousands of agents,
 cut the controller's connections and streams to one per relay, and its
-CPU and memory with them (README "Relays", "How many").
+CPU and memory with them (docs/install.md#relays, "How many").
 Agents list it in their relays setting and reach the controller directly
 when it fails. Under systemd it runs as deploy/systemd/rdzv-relay.service.`
 

@@ -31,7 +31,7 @@ func (c *command) pkiCmd() *cobra.Command {
 		Short: "The cluster CA and certificates; the controller's deny-list",
 		Long: `The cluster CA and its certificates (init, issue, show: files only, run on
 the CA host), and the controller's deny-list of certificates (revoke,
-revocations). See README "Certificates".`,
+revocations). See docs/install.md#certificates.`,
 		Example: `  rdzvctl pki init --dir /etc/rdzv/pki
   rdzvctl pki issue agent gpu-01 --dir /etc/rdzv/pki
   rdzvctl pki revoke agent/gpu-01 --reason decommissioned`,

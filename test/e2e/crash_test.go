@@ -536,7 +536,7 @@ func (r *crashRecord) summary() string {
 }
 
 // checkDurable: whatever a controller let out rests on state that is
-// durable (README "Design notes"): every assignment on its generation's
+// durable (docs/design.md, "Design notes"): every assignment on its generation's
 // stored round, every stop order on a stored decision that its generation
 // is over. Callers hold r.mu.
 func (r *crashRecord) checkDurable(t *testing.T, st *storedState) {

@@ -180,7 +180,7 @@ func TestTrainingJobWarm(t *testing.T) {
 }
 
 // TestTrainingJobExternalEtcd runs the controller on Debian's etcd
-// secured as README "etcd" asks: TLS with client certificates required,
+// secured as docs/security.md#etcd asks: TLS with client certificates required,
 // and RBAC letting the controller's certificate use /rdzv/v1/ only.
 func TestTrainingJobExternalEtcd(t *testing.T) {
 	if _, err := os.Stat(etcdBin); err != nil {

@@ -86,7 +86,7 @@ func etcdClient(endpoint string, tlsFiles ...string) (*clientv3.Client, error) {
 	return clientv3.New(cfg)
 }
 
-// etcdRBAC sets up what README "etcd" asks of an external cluster: a root
+// etcdRBAC sets up what docs/security.md#etcd asks of an external cluster: a root
 // user, a role that may use /rdzv/v1/ only, user (a client certificate's
 // common name) with that role, and authentication on. It connects with
 // the certificate of tlsFiles, which may do anything until then.

@@ -196,8 +196,8 @@ func TestSystemdUnitSandbox(t *testing.T) {
 		require.NoError(t, os.WriteFile(*bin, data, 0o755))
 	}
 
-	// The controller's files belong to its user, as README "Install with
-	// systemd" sets them up: the data directory (StateDirectory makes it
+	// The controller's files belong to its user, as docs/install.md
+	// ("Install with systemd") sets them up: the data directory (StateDirectory makes it
 	// rdzv's), its certificate and key readable through the group.
 	const rdzvUID = 64999 // no such user here: what matters is that it is not root
 	require.NoError(t, os.MkdirAll(c.controllerDataDir(), 0o700))

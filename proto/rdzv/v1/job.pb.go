@@ -151,7 +151,7 @@ func (WorkerState) EnumDescriptor() ([]byte, []int) {
 	return file_rdzv_v1_job_proto_rawDescGZIP(), []int{1}
 }
 
-// JobSpec mirrors job.yaml; README.md documents every field.
+// JobSpec mirrors job.yaml; docs/jobs.md documents every field.
 type JobSpec struct {
 	state              protoimpl.MessageState `protogen:"open.v1"`
 	Name               string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
