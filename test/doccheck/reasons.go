@@ -72,4 +72,25 @@ func TableKeys(text string) map[string]bool {
 	return keys
 }
 
+// Section returns the text under the heading with this text, up to the
+// next heading (a subsection ends it too); empty when there is none.
+func Section(text, heading string) string {
+	ls, inCode := lines(text)
+	var out []string
+	in := false
+	for i, l := range ls {
+		if !inCode[i] && headingRe.MatchString(l) {
+			if in {
+				break
+			}
+			in = headingRe.FindStringSubmatch(l)[2] == heading
+			continue
+		}
+		if in {
+			out = append(out, l)
+		}
+	}
+	return strings.Join(out, "\n")
+}
+
 var tableKeyRe = regexp.MustCompile("^\\|\\s*`([^`]+)`\\s*\\|")

@@ -26,13 +26,16 @@ func TestTroubleshootingExplainsEveryReason(t *testing.T) {
 
 	for _, tc := range []struct {
 		what, dir, pattern string
+		// section is the heading of docs/troubleshooting.md whose table
+		// lists them, and nothing else.
+		section string
 		// atLeast guards against the declarations moving or being renamed,
 		// which would make this test check nothing.
 		atLeast int
 	}{
-		{"event kind", "controller", `^Event[A-Z]`, 25},
-		{"failure reason", "controller", `^cause[A-Z]`, 6},
-		{"failure class", "wire", `^Failure[A-Z]`, 4},
+		{"event kind", "controller", `^Event[A-Z]`, "Event kinds", 25},
+		{"failure reason", "controller", `^cause[A-Z]`, "Failure reasons", 6},
+		{"failure class", "wire", `^Failure[A-Z]`, "Failure classes: a job that cannot start on a node", 4},
 	} {
 		t.Run(tc.what, func(t *testing.T) {
 			consts, err := StringConsts(filepath.Join(root, tc.dir), regexp.MustCompile(tc.pattern))
@@ -46,6 +49,17 @@ func TestTroubleshootingExplainsEveryReason(t *testing.T) {
 			}
 			sort.Strings(missing)
 			require.Empty(t, missing, "each %s needs a row `| `kind` | what it means | what to do |` in docs/troubleshooting.md", tc.what)
+
+			// The other way round: the section's table lists only what the
+			// code records, so a removed kind leaves no stale row behind.
+			var stale []string
+			for key := range TableKeys(Section(string(doc), tc.section)) {
+				if _, ok := consts[key]; !ok {
+					stale = append(stale, key)
+				}
+			}
+			sort.Strings(stale)
+			require.Empty(t, stale, "docs/troubleshooting.md, %q, lists what no %s constant in %s/ declares", tc.section, tc.what, tc.dir)
 		})
 	}
 }
@@ -58,6 +72,14 @@ func TestStringConsts(t *testing.T) {
 	got, err := StringConsts(dir, regexp.MustCompile(`^Event[A-Z]`))
 	require.NoError(t, err)
 	require.Equal(t, map[string]string{"a": "EventA", "b": "EventB", "d": "EventD"}, got)
+}
+
+func TestSection(t *testing.T) {
+	doc := "# T\n## A\na1\n### A.1\na2\n```\n## code\n```\n## B\nb\n"
+	require.Equal(t, "a1", Section(doc, "A"))
+	require.Equal(t, "a2\n```\n## code\n```", Section(doc, "A.1"))
+	require.Equal(t, "b\n", Section(doc, "B"))
+	require.Empty(t, Section(doc, "C"))
 }
 
 func TestTableKeys(t *testing.T) {
