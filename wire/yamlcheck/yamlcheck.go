@@ -51,24 +51,44 @@ func (p Positions) Locate(fe *wire.FieldError) {
 	}
 }
 
-// LocateAll places every *wire.FieldError in err's tree (errors.Join, %w),
-// whose messages then say where in the file the field is.
-func (p Positions) LocateAll(err error) {
+// Place returns err with each of its joined errors (errors.Join) that
+// is or wraps a *wire.FieldError of a field the file holds prefixed with
+// the field's line and column, as Check's errors are; nil stays nil. The
+// errors are not changed: a wrapping error's message is fixed when made.
+func (p Positions) Place(err error) error {
 	if err == nil {
-		return
+		return nil
 	}
-	if fe, ok := err.(*wire.FieldError); ok {
-		p.Locate(fe)
-	}
-	switch u := err.(type) {
-	case interface{ Unwrap() []error }:
-		for _, e := range u.Unwrap() {
-			p.LocateAll(e)
+	if j, ok := err.(interface{ Unwrap() []error }); ok {
+		errs := j.Unwrap()
+		placed := make([]error, len(errs))
+		for i, e := range errs {
+			placed[i] = p.Place(e)
 		}
-	case interface{ Unwrap() error }:
-		p.LocateAll(u.Unwrap())
+		return errors.Join(placed...)
 	}
+	var fe *wire.FieldError
+	if !errors.As(err, &fe) || fe.Line > 0 {
+		return err
+	}
+	at := wire.FieldError{Field: fe.Field}
+	if p.Locate(&at); at.Line == 0 {
+		return err
+	}
+	return &placedError{at: at, err: err}
 }
+
+// placedError is an error of Validate's placed in the file.
+type placedError struct {
+	at  wire.FieldError
+	err error
+}
+
+func (e *placedError) Error() string {
+	return fmt.Sprintf("line %d, column %d: %s", e.at.Line, e.at.Column, e.err.Error())
+}
+
+func (e *placedError) Unwrap() error { return e.err }
 
 // Without drops the positions of field and of everything under it: a
 // value given elsewhere (a flag) is not where the file has it.

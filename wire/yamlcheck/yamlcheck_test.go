@@ -91,8 +91,10 @@ func TestUnmarshalKeepsDefaultsAndPositions(t *testing.T) {
 	entry := &wire.FieldError{Field: "entries[0]", Reason: "bad entry"}
 	missing := &wire.FieldError{Field: "controller", Reason: "is required"}
 	err = errors.Join(fmt.Errorf("%w (see the docs)", port), entry, missing, errors.New("other"))
-	pos.LocateAll(err)
-	require.Equal(t, "line 2, column 3: inner.port: must be a port (see the docs)\nline 3, column 11: entries[0]: bad entry\ncontroller: is required\nother", err.Error())
+	placed := pos.Place(err)
+	require.ErrorIs(t, placed, port)
+	require.Equal(t, "line 2, column 3: inner.port: must be a port (see the docs)\nline 3, column 11: entries[0]: bad entry\ncontroller: is required\nother", placed.Error())
+	require.NoError(t, pos.Place(nil))
 
 	// A value a flag gave is not in the file.
 	pos.Without("inner")
