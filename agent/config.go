@@ -10,13 +10,12 @@ import (
 	"strings"
 	"time"
 
-	"sigs.k8s.io/yaml"
-
 	"github.com/rdzv/rdzv/client"
 	"github.com/rdzv/rdzv/health"
 	"github.com/rdzv/rdzv/internal/httpserve"
 	"github.com/rdzv/rdzv/pki"
 	"github.com/rdzv/rdzv/wire"
+	"github.com/rdzv/rdzv/wire/yamlcheck"
 )
 
 // Version is reported to the controller; set at build time with
@@ -128,17 +127,12 @@ func DefaultConfig() Config {
 // directory where an administrator installs torchrun and Python.
 const DefaultWorkerPath = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
-// LoadConfig reads a YAML config file over DefaultConfig.
-func LoadConfig(path string) (Config, error) {
-	cfg := DefaultConfig()
-	data, err := os.ReadFile(path)
-	if err != nil {
-		return cfg, fmt.Errorf("reading agent config: %w", err)
-	}
-	if err := yaml.UnmarshalStrict(data, &cfg); err != nil {
-		return cfg, fmt.Errorf("parsing agent config %s: %w", path, err)
-	}
-	return cfg, nil
+// LoadConfig reads a YAML config file over DefaultConfig, strictly: an
+// unknown field or a value of the wrong kind is an error at its line and
+// column (wire/yamlcheck), so a typo never silently falls back to a
+// default. It returns where each field is, for Validate's errors.
+func LoadConfig(path string) (Config, yamlcheck.Positions, error) {
+	return yamlcheck.LoadFile(path, DefaultConfig())
 }
 
 // nodeName is the configured node name, or the hostname.

@@ -4,17 +4,15 @@ import (
 	"errors"
 	"fmt"
 	"net"
-	"os"
 	"path/filepath"
 	"time"
-
-	"sigs.k8s.io/yaml"
 
 	"github.com/rdzv/rdzv/controller/store"
 	"github.com/rdzv/rdzv/health"
 	"github.com/rdzv/rdzv/internal/httpserve"
 	"github.com/rdzv/rdzv/pki"
 	"github.com/rdzv/rdzv/wire"
+	"github.com/rdzv/rdzv/wire/yamlcheck"
 )
 
 // Config is the controller's configuration (deploy/config/controller.yaml).
@@ -211,18 +209,12 @@ func DefaultConfig() Config {
 
 func dur(d time.Duration) wire.Duration { return wire.Duration{Duration: d} }
 
-// LoadConfig reads a YAML config file over DefaultConfig; unknown fields are
-// errors so a typo never silently falls back to a default.
-func LoadConfig(path string) (Config, error) {
-	cfg := DefaultConfig()
-	data, err := os.ReadFile(path)
-	if err != nil {
-		return cfg, fmt.Errorf("reading controller config: %w", err)
-	}
-	if err := yaml.UnmarshalStrict(data, &cfg); err != nil {
-		return cfg, fmt.Errorf("parsing controller config %s: %w", path, err)
-	}
-	return cfg, nil
+// LoadConfig reads a YAML config file over DefaultConfig, strictly: an
+// unknown field or a value of the wrong kind is an error at its line and
+// column (wire/yamlcheck), so a typo never silently falls back to a
+// default. It returns where each field is, for Validate's errors.
+func LoadConfig(path string) (Config, yamlcheck.Positions, error) {
+	return yamlcheck.LoadFile(path, DefaultConfig())
 }
 
 // maxTxnOps is how many operations the etcd in use accepts per transaction.

@@ -17,6 +17,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"os"
 	"reflect"
 	"strings"
 	"time"
@@ -262,26 +263,44 @@ func (c *Checker) Struct(n *yaml.Node, t reflect.Type, field string) {
 	}
 }
 
-// FieldNames are t's fields as the YAML file spells them (their json tags).
+// FieldNames are t's fields as the YAML file spells them (their json
+// tags), with those of embedded structs, which JSON inlines.
 func FieldNames(t reflect.Type) []string {
 	var names []string
-	for i := 0; i < t.NumField(); i++ {
-		if name := jsonName(t.Field(i)); name != "" {
-			names = append(names, name)
-		}
+	for _, f := range fields(t) {
+		names = append(names, jsonName(f))
 	}
 	return names
 }
 
 func fieldByName(t reflect.Type, name string) (reflect.StructField, bool) {
-	for i := 0; i < t.NumField(); i++ {
-		if f := t.Field(i); jsonName(f) == name {
+	for _, f := range fields(t) {
+		if jsonName(f) == name {
 			return f, true
 		}
 	}
 	return reflect.StructField{}, false
 }
 
+// fields are t's fields that JSON decodes, embedded structs' inlined.
+func fields(t reflect.Type) []reflect.StructField {
+	var fs []reflect.StructField
+	for i := 0; i < t.NumField(); i++ {
+		f := t.Field(i)
+		if f.Anonymous && f.Tag.Get("json") == "" && f.Type.Kind() == reflect.Struct {
+			fs = append(fs, fields(f.Type)...)
+			continue
+		}
+		if jsonName(f) != "" {
+			fs = append(fs, f)
+		}
+	}
+	return fs
+}
+
+// jsonName is f's name in the file. Every field a file sets has a json
+// tag: encoding/json's fallback to the Go name, matched in any case, is
+// not a name to document.
 func jsonName(f reflect.StructField) string {
 	if !f.IsExported() {
 		return ""
@@ -387,4 +406,18 @@ func Unmarshal(data []byte, v any) (Positions, error) {
 		return nil, err
 	}
 	return pos, nil
+}
+
+// LoadFile reads the YAML file at path over def, which holds the
+// defaults, as Unmarshal does; its errors name the file.
+func LoadFile[T any](path string, def T) (T, Positions, error) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return def, nil, err // an *fs.PathError names path
+	}
+	pos, err := Unmarshal(data, &def)
+	if err != nil {
+		return def, nil, fmt.Errorf("%s: %w", path, err)
+	}
+	return def, pos, nil
 }

@@ -36,7 +36,12 @@ type inner struct {
 	Wait    wire.Duration `json:"wait"`
 }
 
+type Files struct {
+	Cert string `json:"cert"`
+}
+
 type config struct {
+	Files
 	Controller string            `json:"controller"`
 	Inner      inner             `json:"inner"`
 	Entries    []entry           `json:"entries"`
@@ -52,7 +57,8 @@ func TestUnmarshal(t *testing.T) {
 	}{
 		{"misspelt field", "controler: x\n", "line 1, column 1: controler: unknown field; did you mean controller?"},
 		{"misspelt nested field", "inner:\n  prt: 1\n", "line 2, column 3: inner.prt: unknown field; did you mean port?"},
-		{"nothing near", "zzzzzzzz: 1\n", "line 1, column 1: zzzzzzzz: unknown field; known fields here: controller, inner, entries, labels"},
+		{"nothing near", "zzzzzzzz: 1\n", "line 1, column 1: zzzzzzzz: unknown field; known fields here: cert, controller, inner, entries, labels"},
+		{"embedded struct's field", "cert: [a]\n", "line 1, column 7: cert: expected text, got a list"},
 		{"duration as a number", "inner: {wait: 5}\n", "line 1, column 15: inner.wait: expected a duration like 30s, 5m or 1h30m, got number 5"},
 		{"bool as text", "inner:\n  enabled: yes please\n", `line 2, column 12: inner.enabled: expected true or false, got string "yes please"`},
 		{"int as text", "inner: {port: http}\n", `line 1, column 15: inner.port: expected a whole number, got string "http"`},
