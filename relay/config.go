@@ -86,7 +86,7 @@ func (c Config) Validate() error {
 		errs = append(errs, err)
 	}
 	if c.RevocationsRefresh.Duration < time.Second {
-		errs = append(errs, fmt.Errorf("revocations_refresh: must be at least 1s, got %s", c.RevocationsRefresh))
+		errs = append(errs, wire.Fieldf("revocations_refresh", "must be at least 1s, got %s", c.RevocationsRefresh))
 	}
 	errs = append(errs, c.TLS.Validate("tls"), c.HTTP.Validate("http"))
 	return errors.Join(errs...)

@@ -31,6 +31,12 @@ type FieldError struct {
 	Line, Column int
 }
 
+// Fieldf is a FieldError for field whose reason, formatted, says what is
+// wrong and what is expected.
+func Fieldf(field, format string, args ...any) *FieldError {
+	return &FieldError{Field: field, Reason: fmt.Sprintf(format, args...)}
+}
+
 func (e *FieldError) Error() string {
 	at := ""
 	if e.Line > 0 {

@@ -54,15 +54,14 @@ func config(args []string) (cfg relay.Config, pprofSocket string, err error) {
 	tlsFiles := cli.TLSFlags(fs, "relay")
 	httpListen := fs.String("http-listen", def.HTTP.Listen, "metrics (/metrics) and health (/healthz, /readyz) listen address; empty turns it off")
 	pprofSock := cli.PprofFlag(fs)
-	cfg, err = cli.ParseConfig(fs, args, about, path, def, relay.LoadConfig)
+	cfg, f, err := cli.ParseConfig(fs, args, about, path, def, relay.LoadConfig)
 	if err != nil {
 		return cfg, "", err
 	}
-	override := cli.Override(fs)
-	cli.ApplyController(fs, controllerAddr, &cfg.Controller)
-	override("listen", func() { cfg.Listen = *listen })
-	override("log-level", func() { cfg.LogLevel = *level })
-	override("http-listen", func() { cfg.HTTP.Listen = *httpListen })
-	tlsFiles.Apply(fs, &cfg.TLS)
-	return cfg, *pprofSock, cfg.Validate()
+	cli.ApplyController(f, controllerAddr, &cfg.Controller)
+	f.Override("listen", "listen", func() { cfg.Listen = *listen })
+	f.Override("log-level", "log_level", func() { cfg.LogLevel = *level })
+	f.Override("http-listen", "http.listen", func() { cfg.HTTP.Listen = *httpListen })
+	tlsFiles.Apply(f, "tls", &cfg.TLS)
+	return cfg, *pprofSock, f.Done(errors.Join(cfg.Validate(), cli.CheckLogLevel(cfg.LogLevel)))
 }
