@@ -91,6 +91,12 @@ func (e *placedError) Error() string {
 
 func (e *placedError) Unwrap() error { return e.err }
 
+// Placed reports whether Place placed any of err's errors in the file.
+func Placed(err error) bool {
+	var p *placedError
+	return errors.As(err, &p)
+}
+
 // Without drops the positions of field and of everything under it: a
 // value given elsewhere (a flag) is not where the file has it.
 func (p Positions) Without(field string) {
@@ -413,7 +419,7 @@ func Unmarshal(data []byte, v any) (Positions, error) {
 func LoadFile[T any](path string, def T) (T, Positions, error) {
 	data, err := os.ReadFile(path)
 	if err != nil {
-		return def, nil, err // an *fs.PathError names path
+		return def, nil, fmt.Errorf("reading the config file: %w", err) // an *fs.PathError names path
 	}
 	pos, err := Unmarshal(data, &def)
 	if err != nil {

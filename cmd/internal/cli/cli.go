@@ -267,7 +267,13 @@ func (f *File) Given(flag string) bool { return f.set[flag] }
 // ErrExit (exit 0), or returns the error (exit ExitConfig).
 func (f *File) Done(err error) error {
 	if err = f.pos.Place(err); err != nil {
-		err = badConfig(describe(f.path, err))
+		// The file is named when the errors are in it, not when they are
+		// all the flags' or the hostname's.
+		in := ""
+		if yamlcheck.Placed(err) {
+			in = f.path
+		}
+		err = badConfig(describe(in, err))
 	}
 	if f.check && err == nil {
 		fmt.Println("ok")
