@@ -38,6 +38,8 @@ import (
 
 // DynamicUsers is the range dynamic uids come from, both ends included.
 type DynamicUsers struct {
+	// First and Last are the range's ends (uids, which are also the
+	// gids): systemd's DynamicUser= range is 61184-65519.
 	First uint32 `json:"first"`
 	Last  uint32 `json:"last"`
 }

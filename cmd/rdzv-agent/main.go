@@ -21,7 +21,7 @@ func main() {
 		shim(os.Args[2:])
 		return
 	}
-	cfg, err := config(os.Args[1:])
+	cfg, _, err := config(os.Args[1:])
 	if errors.Is(err, cli.ErrExit) {
 		return
 	}
@@ -74,7 +74,9 @@ rdzv controller, starts and supervises the workers of the jobs the
 controller assigns to the node, and reports their state, progress and
 checkpoints. Under systemd it runs as deploy/systemd/rdzv-agent.service.`
 
-func config(args []string) (agent.Config, error) {
+// config is the agent's configuration from args, and what read it (for
+// the reference of the config file's fields).
+func config(args []string) (agent.Config, *cli.File, error) {
 	fs := flag.NewFlagSet("rdzv-agent", flag.ContinueOnError)
 	def := agent.DefaultConfig()
 	path := fs.String("config", "", "YAML config file (see deploy/config/agent.yaml); flags override it")
@@ -97,7 +99,7 @@ func config(args []string) (agent.Config, error) {
 	httpListen := fs.String("http-listen", def.HTTP.Listen, "metrics (/metrics) and health (/healthz, /readyz) listen address; empty turns it off")
 	cfg, f, err := cli.ParseConfig(fs, args, about, path, def, agent.LoadConfig)
 	if err != nil {
-		return cfg, err
+		return cfg, f, err
 	}
 	override := f.Override
 	cli.ApplyController(f, controllerAddr, &cfg.Controller)
@@ -116,10 +118,10 @@ func config(args []string) (agent.Config, error) {
 		// The hostname names the node; addresses always come from interfaces.
 		host, err := os.Hostname()
 		if err != nil {
-			return cfg, f.Done(fmt.Errorf("reading hostname for the node name (set --node-name): %w", err))
+			return cfg, f, f.Done(fmt.Errorf("reading hostname for the node name (set --node-name): %w", err))
 		}
 		if wire.ValidateName("node_name", host) != nil {
-			return cfg, f.Done(fmt.Errorf("the hostname %q is not a valid node name (lowercase letters, digits and '-', at most 63); set --node-name or node_name", host))
+			return cfg, f, f.Done(fmt.Errorf("the hostname %q is not a valid node name (lowercase letters, digits and '-', at most 63); set --node-name or node_name", host))
 		}
 		cfg.NodeName = host
 	}
@@ -132,5 +134,5 @@ func config(args []string) (agent.Config, error) {
 	override("insecure", "insecure", func() { cfg.Insecure = *insecure })
 	override("http-listen", "http.listen", func() { cfg.HTTP.Listen = *httpListen })
 	tlsFiles.Apply(f, "tls", &cfg.TLS)
-	return cfg, f.Done(errors.Join(labelsErr, cfg.Validate(), cli.CheckLogLevel(cfg.LogLevel)))
+	return cfg, f, f.Done(errors.Join(labelsErr, cfg.Validate(), cli.CheckLogLevel(cfg.LogLevel)))
 }

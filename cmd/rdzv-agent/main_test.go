@@ -3,6 +3,9 @@ package main
 import (
 	"testing"
 
+	"github.com/stretchr/testify/require"
+
+	"github.com/rdzv/rdzv/agent"
 	"github.com/rdzv/rdzv/cmd/internal/cli/clitest"
 )
 
@@ -18,13 +21,21 @@ func TestFlagReference(t *testing.T) { clitest.FlagReference(t, "rdzv-agent") }
 // systemd does not restart (cli.ExitConfig); a good config is "ok".
 func TestCheckConfig(t *testing.T) {
 	clitest.CheckConfig(t, []clitest.ConfigCase{
-		{"good", "--check-config --config testdata/good.yaml"},
-		{"misspelt", "--check-config --config testdata/misspelt.yaml"},
-		{"types", "--check-config --config testdata/types.yaml"},
-		{"invalid", "--check-config --config testdata/invalid.yaml"},
-		{"missing-file", "--check-config --config testdata/no-such.yaml"},
-		{"bad-flag", "--check-config --config testdata/good.yaml --log-level=loud"},
-		{"flag-over-file", "--check-config --config testdata/invalid.yaml --restart-grace=1m --stop-grace=-1s"},
-		{"without-check-config", "--config testdata/misspelt.yaml"},
+		{Name: "good", Args: "--check-config --config testdata/good.yaml"},
+		{Name: "misspelt", Args: "--check-config --config testdata/misspelt.yaml"},
+		{Name: "types", Args: "--check-config --config testdata/types.yaml"},
+		{Name: "invalid", Args: "--check-config --config testdata/invalid.yaml"},
+		{Name: "missing-file", Args: "--check-config --config testdata/no-such.yaml"},
+		{Name: "bad-flag", Args: "--check-config --config testdata/good.yaml --log-level=loud"},
+		{Name: "flag-over-file", Args: "--check-config --config testdata/invalid.yaml --restart-grace=1m --stop-grace=-1s"},
+		{Name: "without-check-config", Args: "--config testdata/misspelt.yaml"},
 	})
+}
+
+// docs/daemons.md has a row for every field of the config file: its flag
+// or "file only", its default and meaning; make docs rewrites it.
+func TestConfigReference(t *testing.T) {
+	_, f, err := config([]string{"--node-name", "n1", "--insecure", "--controller", "10.0.0.1:7070"})
+	require.NoError(t, err)
+	clitest.ConfigReference(t, "rdzv-agent", agent.DefaultConfig(), f)
 }

@@ -17,7 +17,7 @@ import (
 )
 
 func main() {
-	cfg, pprofSocket, err := config(os.Args[1:])
+	cfg, pprofSocket, _, err := config(os.Args[1:])
 	if errors.Is(err, cli.ErrExit) {
 		return
 	}
@@ -65,7 +65,9 @@ its replicas, admits jobs, runs their rendezvous on the agents' nodes and
 recovers them from failures. Under systemd it runs as
 deploy/systemd/rdzv-controller.service.`
 
-func config(args []string) (cfg controller.Config, pprofSocket string, err error) {
+// config is the controller's configuration from args, and what read it (for the
+// reference of the config file's fields).
+func config(args []string) (cfg controller.Config, pprofSocket string, f *cli.File, err error) {
 	fs := flag.NewFlagSet("rdzv-controller", flag.ContinueOnError)
 	def := controller.DefaultConfig()
 	path := fs.String("config", "", "YAML config file (see deploy/config/controller.yaml); flags override it")
@@ -92,9 +94,9 @@ func config(args []string) (cfg controller.Config, pprofSocket string, err error
 	insecure := fs.Bool("insecure", false, "serve without TLS or authentication (local tests and the demo only)")
 	httpListen := fs.String("http-listen", def.HTTP.Listen, "metrics (/metrics) and health (/healthz, /readyz) listen address; empty turns it off")
 	pprofSock := cli.PprofFlag(fs)
-	cfg, f, err := cli.ParseConfig(fs, args, about, path, def, controller.LoadConfig)
+	cfg, f, err = cli.ParseConfig(fs, args, about, path, def, controller.LoadConfig)
 	if err != nil {
-		return cfg, "", err
+		return cfg, "", f, err
 	}
 	override := f.Override
 	override("listen", "listen", func() { cfg.Listen = *listen })
@@ -124,5 +126,5 @@ func config(args []string) (cfg controller.Config, pprofSocket string, err error
 			portsErr = fmt.Errorf("--master-port-range: %q is not MIN-MAX", *ports)
 		}
 	})
-	return cfg, *pprofSock, f.Done(errors.Join(portsErr, cfg.Validate(), cli.CheckLogLevel(cfg.LogLevel)))
+	return cfg, *pprofSock, f, f.Done(errors.Join(portsErr, cfg.Validate(), cli.CheckLogLevel(cfg.LogLevel)))
 }

@@ -257,8 +257,13 @@ func (f *File) Override(flag, field string, apply func()) {
 // Flags are the config fields the flags set, by flag name.
 func (f *File) Flags() map[string]string { return f.fields }
 
-// Given reports whether the flag was given on the command line.
-func (f *File) Given(flag string) bool { return f.set[flag] }
+// Usage is a flag's help text.
+func (f *File) Usage(flag string) string {
+	if fl := f.fs.Lookup(flag); fl != nil {
+		return fl.Usage
+	}
+	return ""
+}
 
 // Done ends the configuration with err, Validate's verdict and any other
 // problem found, joined: it returns it as the configuration's error, each

@@ -85,7 +85,7 @@ func FlagReference(t *testing.T, name string) {
 	cmd, stdout, stderr, err := run("--help")
 	require.NoError(t, err, "stderr %q", stderr.String())
 	require.Zero(t, cmd.ProcessState.ExitCode())
-	require.NoError(t, cli.CheckDoc(filepath.Join("..", "..", cli.DaemonsDoc), name, stdout.String(), *update))
+	require.NoError(t, cli.CheckDoc(filepath.Join("..", "..", cli.DaemonsDoc), name, "```\n"+stdout.String()+"```\n", *update))
 }
 
 // ConfigCase runs a daemon with Args (in its package directory, whose
