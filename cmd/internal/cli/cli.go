@@ -228,7 +228,7 @@ type File struct {
 // without one. The caller applies the flags given over it (File.Override)
 // and ends with File.Done.
 func ParseConfig[T any](fs *flag.FlagSet, args []string, about string, path *string, def T, load func(string) (T, yamlcheck.Positions, error)) (T, *File, error) {
-	check := fs.Bool("check-config", false, "read and validate the config file and flags, print \"ok\" or each problem, and exit (0, or 78 for a bad configuration) without starting anything")
+	check := fs.Bool("check-config", false, fmt.Sprintf("read and validate the config file and flags, print \"ok\" or each problem, and exit (0, or %d for a bad configuration) without starting anything", ExitConfig))
 	f := &File{fs: fs, fields: map[string]string{}}
 	if err := Parse(fs, args, about); err != nil {
 		return def, f, err
