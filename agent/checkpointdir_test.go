@@ -46,7 +46,7 @@ func rootOnlyDir(t *testing.T) string {
 	return dir
 }
 
-func TestProbeWritable(t *testing.T) {
+func TestProbeWrite(t *testing.T) {
 	nobody := &syscall.Credential{Uid: 65534, Gid: 65534, Groups: []uint32{65534}}
 	tests := []struct {
 		name string
@@ -63,7 +63,7 @@ func TestProbeWritable(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			dir := tt.dir(t)
-			err := probeWritable(dir, tt.cred)
+			err := probeWrite(dir, tt.cred)
 			if tt.want == nil {
 				require.NoError(t, err)
 			} else {

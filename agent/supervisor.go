@@ -889,22 +889,24 @@ func (s *Supervisor) preflight(spec *rdzvv1.JobSpec, cred *syscall.Credential) e
 				err: fmt.Errorf("checkpoint.dir %s is not a directory on node %s, nor is its parent %s", dir, s.node, target)}
 		}
 	}
-	if err := probeWritable(target, cred); err != nil {
+	if err := probeWrite(target, cred); err != nil {
 		return &preflightError{failure: wire.FailureCheckpointDirNotWritable, err: notWritable(dir, target, s.node, cred, err)}
 	}
 	return nil
 }
 
-// probeWritable creates and removes a file in dir as cred's user would,
-// which is the only way to learn what the kernel lets the workers do
-// there: a read-only mount or sandbox, permissions, ACLs, quotas.
-func probeWritable(dir string, cred *syscall.Credential) error {
+// probeWrite creates, writes and removes a small file in dir as cred's
+// user would (nil: the agent's own), which is the only way to learn what
+// the kernel lets that user do there: a read-only mount or sandbox,
+// permissions, ACLs, quotas or a full disk fail it.
+func probeWrite(dir string, cred *syscall.Credential) error {
 	return asUser(cred, func() error {
 		f, err := os.CreateTemp(dir, ".rdzv-write-probe-*")
 		if err != nil {
 			return err
 		}
-		return errors.Join(f.Close(), os.Remove(f.Name()))
+		_, werr := f.Write([]byte("rdzv write probe\n"))
+		return errors.Join(werr, f.Close(), os.Remove(f.Name()))
 	})
 }
 
@@ -924,13 +926,24 @@ func notWritable(dir, target, node string, cred *syscall.Credential, err error) 
 	errors.As(err, &errno)
 	switch errno {
 	case syscall.EROFS:
-		return fmt.Errorf("%s is read-only on node %s (EROFS: %w); under systemd, list it in the agent unit's ReadWritePaths= (ProtectSystem=strict makes every path not listed read-only to the agent and its workers: "+
-			"systemctl edit rdzv-agent, add ReadWritePaths=%s, restart the agent), otherwise mount it read-write", where, node, err, target)
+		return fmt.Errorf("%s is read-only on node %s (EROFS: %w)%s", where, node, err, writeFix(target, err))
 	case syscall.EACCES, syscall.EPERM:
 		return fmt.Errorf("%s is not writable by %s on node %s (%s: %w); give that user write access (chown, chmod or an ACL), or run the job as a user who has it (run_as)",
 			where, who, node, unix.ErrnoName(errno), err)
 	}
 	return fmt.Errorf("%s: %s cannot create a file in it on node %s: %w", where, who, node, err)
+}
+
+// writeFix is what lets the agent and its workers write in dir, after
+// err from writing there, starting "; ": for a read-only dir, most often
+// the agent unit's sandbox. Empty for any other error, whose fix depends
+// on who wrote.
+func writeFix(dir string, err error) string {
+	if !errors.Is(err, syscall.EROFS) {
+		return ""
+	}
+	return "; under systemd, list it in the agent unit's ReadWritePaths= (ProtectSystem=strict makes every path not listed read-only to the agent and its workers: " +
+		"systemctl edit rdzv-agent, add ReadWritePaths=" + dir + ", restart the agent), otherwise mount it read-write"
 }
 
 func isDir(p string) bool {
