@@ -81,7 +81,7 @@ lint: tools
 # docs/daemons.md from the daemons' --help.
 docs:
 	$(GO) test ./cmd/rdzvctl -run 'TestCLIDocs|Golden' -count=1 -update
-	$(GO) test ./cmd/rdzv-controller ./cmd/rdzv-agent ./cmd/rdzv-relay -run TestFlagReference -count=1 -update
+	$(GO) test ./cmd/rdzv-controller ./cmd/rdzv-agent ./cmd/rdzv-relay -run 'TestFlagReference|TestConfigReference|TestCheckConfig' -count=1 -update
 
 # agent/torchprobe's tests read the torchrun of every supported torch: the
 # venvs' and Debian's.

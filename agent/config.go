@@ -10,13 +10,12 @@ import (
 	"strings"
 	"time"
 
-	"sigs.k8s.io/yaml"
-
 	"github.com/rdzv/rdzv/client"
 	"github.com/rdzv/rdzv/health"
 	"github.com/rdzv/rdzv/internal/httpserve"
 	"github.com/rdzv/rdzv/pki"
 	"github.com/rdzv/rdzv/wire"
+	"github.com/rdzv/rdzv/wire/yamlcheck"
 )
 
 // Version is reported to the controller; set at build time with
@@ -128,17 +127,12 @@ func DefaultConfig() Config {
 // directory where an administrator installs torchrun and Python.
 const DefaultWorkerPath = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
-// LoadConfig reads a YAML config file over DefaultConfig.
-func LoadConfig(path string) (Config, error) {
-	cfg := DefaultConfig()
-	data, err := os.ReadFile(path)
-	if err != nil {
-		return cfg, fmt.Errorf("reading agent config: %w", err)
-	}
-	if err := yaml.UnmarshalStrict(data, &cfg); err != nil {
-		return cfg, fmt.Errorf("parsing agent config %s: %w", path, err)
-	}
-	return cfg, nil
+// LoadConfig reads a YAML config file over DefaultConfig, strictly: an
+// unknown field or a value of the wrong kind is an error at its line and
+// column (wire/yamlcheck), so a typo never silently falls back to a
+// default. It returns where each field is, for Validate's errors.
+func LoadConfig(path string) (Config, yamlcheck.Positions, error) {
+	return yamlcheck.LoadFile(path, DefaultConfig())
 }
 
 // nodeName is the configured node name, or the hostname.
@@ -177,10 +171,10 @@ func (c Config) Validate() error {
 	if _, err := c.RelayAddrs(); err != nil {
 		errs = append(errs, err)
 	} else if c.Relays != "" && c.Insecure {
-		errs = append(errs, errors.New("relays: a relay vouches for agents by their certificates; it cannot carry an insecure agent"))
+		errs = append(errs, wire.Fieldf("relays", "a relay vouches for agents by their certificates; it cannot carry an insecure agent"))
 	}
 	if d := c.RelayReturn.Duration; d != 0 && d < MinRelayReturn {
-		errs = append(errs, fmt.Errorf("relay_return: must be 0 (stay direct until the next reconnect) or at least %s, got %s", MinRelayReturn, c.RelayReturn))
+		errs = append(errs, wire.Fieldf("relay_return", "must be 0 (stay direct until the next reconnect) or at least %s, got %s", MinRelayReturn, c.RelayReturn))
 	}
 	if c.NodeName != "" {
 		if fe := wire.ValidateName("node_name", c.NodeName); fe != nil {
@@ -191,13 +185,13 @@ func (c Config) Validate() error {
 		errs = append(errs, fe)
 	}
 	if c.FakeGPUs < 0 || c.FakeGPUs > wire.MaxGPUsPerNode {
-		errs = append(errs, fmt.Errorf("fake_gpus: must be between 0 and %d, got %d", wire.MaxGPUsPerNode, c.FakeGPUs))
+		errs = append(errs, wire.Fieldf("fake_gpus", "must be between 0 and %d, got %d", wire.MaxGPUsPerNode, c.FakeGPUs))
 	}
 	if fe := wire.CheckPath("state_dir", c.StateDir, ""); fe != nil {
 		errs = append(errs, fe)
 	}
 	if c.GossipPort < -1 || c.GossipPort > 65535 {
-		errs = append(errs, fmt.Errorf("gossip_port: must be -1 (off), 0 (any) or a port, got %d", c.GossipPort))
+		errs = append(errs, wire.Fieldf("gossip_port", "must be -1 (off), 0 (any) or a port, got %d", c.GossipPort))
 	}
 	if fe := wire.CheckPath("secrets_dir", c.SecretsDir, ""); fe != nil {
 		errs = append(errs, fe)
@@ -216,7 +210,7 @@ func (c Config) Validate() error {
 		errs = append(errs, err)
 	}
 	if c.StopGrace.Duration <= 0 {
-		errs = append(errs, fmt.Errorf("stop_grace: must be positive, got %s", c.StopGrace))
+		errs = append(errs, wire.Fieldf("stop_grace", "must be positive, got %s", c.StopGrace))
 	}
 	if _, err := c.GPUHealth.Policy("gpu_health"); err != nil {
 		errs = append(errs, err)
@@ -225,7 +219,7 @@ func (c Config) Validate() error {
 		errs = append(errs, err)
 	}
 	if c.RestartGrace.Duration < 0 || c.RestartGrace.Duration > MaxRestartGrace {
-		errs = append(errs, fmt.Errorf("restart_grace: must be between 0 (stop workers with the agent) and %s, got %s", MaxRestartGrace, c.RestartGrace))
+		errs = append(errs, wire.Fieldf("restart_grace", "must be between 0 (stop workers with the agent) and %s, got %s", MaxRestartGrace, c.RestartGrace))
 	}
 	if err := c.JobLogs.Validate("job_logs"); err != nil {
 		errs = append(errs, err)
@@ -246,7 +240,7 @@ func (c Config) Validate() error {
 // directory, which the job chooses.
 func validateWorkerPath(path string) error {
 	if path == "" || strings.ContainsRune(path, 0) {
-		return errors.New("worker_path: must list the directories workers find commands in, e.g. " + DefaultWorkerPath)
+		return wire.Fieldf("worker_path", "must list the directories workers find commands in, e.g. %s", DefaultWorkerPath)
 	}
 	for _, dir := range strings.Split(path, ":") {
 		if fe := wire.CheckPath("worker_path", dir, ""); fe != nil {

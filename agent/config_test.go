@@ -106,7 +106,7 @@ func TestLoadConfig(t *testing.T) {
 		return p
 	}
 
-	cfg, err := LoadConfig(write("agent.yaml", "controller: 10.0.0.1:7070\nnode_name: gpu-01\nstop_grace: 30s\nlabels: {pool: train}\n"+
+	cfg, _, err := LoadConfig(write("agent.yaml", "controller: 10.0.0.1:7070\nnode_name: gpu-01\nstop_grace: 30s\nlabels: {pool: train}\n"+
 		"tls: {cert: /etc/rdzv/pki/agent.crt, key: /etc/rdzv/pki/agent.key, ca: /etc/rdzv/pki/ca.crt}\n"))
 	require.NoError(t, err)
 	require.NoError(t, cfg.Validate())
@@ -116,31 +116,31 @@ func TestLoadConfig(t *testing.T) {
 	require.Equal(t, map[string]string{"pool": "train"}, cfg.Labels)
 	require.Equal(t, DefaultConfig().StateDir, cfg.StateDir, "unset fields keep their defaults")
 
-	cfg, err = LoadConfig(write("xids.yaml", "gpu_health: {ignored_xids: [48, all], critical_xids: [\"79\"]}\n"))
+	cfg, _, err = LoadConfig(write("xids.yaml", "gpu_health: {ignored_xids: [48, all], critical_xids: [\"79\"]}\n"))
 	require.NoError(t, err)
 	require.Equal(t, health.GPUConfig{IgnoredXIDs: []health.XIDEntry{"48", "all"}, CriticalXIDs: []health.XIDEntry{"79"}}, cfg.GPUHealth)
 
-	cfg, err = LoadConfig(write("runas.yaml", "run_as_policy: {allowed_users: [alice, 2000-2999], privileged_groups: [docker]}\nworker_path: /opt/conda/bin:/usr/bin:/bin\n"))
+	cfg, _, err = LoadConfig(write("runas.yaml", "run_as_policy: {allowed_users: [alice, 2000-2999], privileged_groups: [docker]}\nworker_path: /opt/conda/bin:/usr/bin:/bin\n"))
 	require.NoError(t, err)
 	require.Equal(t, RunAsPolicy{AllowedUsers: []string{"alice", "2000-2999"}, PrivilegedGroups: []string{"docker"}}, cfg.RunAsPolicy,
 		"a list given replaces the default one; one not given keeps it")
 	require.Equal(t, "/opt/conda/bin:/usr/bin:/bin", cfg.WorkerPath)
-	cfg, err = LoadConfig(write("groups.yaml", "run_as_policy: {allowed_groups: [ml]}\n"))
+	cfg, _, err = LoadConfig(write("groups.yaml", "run_as_policy: {allowed_groups: [ml]}\n"))
 	require.NoError(t, err)
 	require.Equal(t, DefaultRunAsPolicy().PrivilegedGroups, cfg.RunAsPolicy.PrivilegedGroups)
 
-	_, err = LoadConfig(write("typo.yaml", "controler: 10.0.0.1:7070\n"))
+	_, _, err = LoadConfig(write("typo.yaml", "controler: 10.0.0.1:7070\n"))
 	require.ErrorContains(t, err, "controler", "an unknown field is an error, not a silent default")
-	_, err = LoadConfig(write("baddur.yaml", "stop_grace: soon\n"))
+	_, _, err = LoadConfig(write("baddur.yaml", "stop_grace: soon\n"))
 	require.ErrorContains(t, err, "soon")
-	_, err = LoadConfig(filepath.Join(dir, "missing.yaml"))
+	_, _, err = LoadConfig(filepath.Join(dir, "missing.yaml"))
 	require.ErrorIs(t, err, os.ErrNotExist)
 }
 
 // TestShippedConfig keeps deploy/config/agent.yaml loadable: secure, with
 // its TLS files set.
 func TestShippedConfig(t *testing.T) {
-	cfg, err := LoadConfig(filepath.Join("..", "deploy", "config", "agent.yaml"))
+	cfg, _, err := LoadConfig(filepath.Join("..", "deploy", "config", "agent.yaml"))
 	require.NoError(t, err)
 	require.NoError(t, cfg.Validate())
 	require.False(t, cfg.Insecure)
@@ -151,7 +151,7 @@ func TestShippedConfig(t *testing.T) {
 // TestShippedConfigDefaults keeps the run_as policy and worker PATH written
 // out in deploy/config/agent.yaml the same as the defaults.
 func TestShippedConfigDefaults(t *testing.T) {
-	cfg, err := LoadConfig(filepath.Join("..", "deploy", "config", "agent.yaml"))
+	cfg, _, err := LoadConfig(filepath.Join("..", "deploy", "config", "agent.yaml"))
 	require.NoError(t, err)
 	def := DefaultRunAsPolicy()
 	require.Equal(t, def.AllowedUsers, cfg.RunAsPolicy.AllowedUsers)

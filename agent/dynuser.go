@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"github.com/rdzv/rdzv/wire"
 	"hash/fnv"
 	"os"
 	"os/user"
@@ -37,6 +38,8 @@ import (
 
 // DynamicUsers is the range dynamic uids come from, both ends included.
 type DynamicUsers struct {
+	// First and Last are the range's ends (uids, which are also the
+	// gids): systemd's DynamicUser= range is 61184-65519.
 	First uint32 `json:"first"`
 	Last  uint32 `json:"last"`
 }
@@ -54,13 +57,13 @@ func DefaultDynamicUsers() DynamicUsers { return DynamicUsers{First: 61184, Last
 func (d DynamicUsers) Validate(field string) error {
 	switch {
 	case d.First == 0:
-		return fmt.Errorf("%s.first: must be above 0 (root), got 0; systemd's range is 61184-65519", field)
+		return wire.Fieldf(field+".first", "must be above 0 (root), got 0; systemd's range is 61184-65519")
 	case d.Last < d.First:
-		return fmt.Errorf("%s.last: must be at least first (%d), got %d", field, d.First, d.Last)
+		return wire.Fieldf(field+".last", "must be at least first (%d), got %d", d.First, d.Last)
 	case d.Last == ^uint32(0):
-		return fmt.Errorf("%s.last: must be below 4294967295 (the invalid uid), got %d", field, d.Last)
+		return wire.Fieldf(field+".last", "must be below 4294967295 (the invalid uid), got %d", d.Last)
 	case uint64(d.Last)-uint64(d.First)+1 > maxDynamicUsers:
-		return fmt.Errorf("%s: at most %d uids, got %d-%d (%d)", field, maxDynamicUsers, d.First, d.Last, uint64(d.Last)-uint64(d.First)+1)
+		return wire.Fieldf(field, "at most %d uids, got %d-%d (%d)", maxDynamicUsers, d.First, d.Last, uint64(d.Last)-uint64(d.First)+1)
 	}
 	return nil
 }
@@ -330,7 +333,7 @@ func dynamicRunAs(uid uint32, home string, policy RunAsPolicy) (*RunAs, error) {
 		return nil, err
 	}
 	if os.Geteuid() != 0 {
-		return nil, fmt.Errorf("%s: this agent runs as uid %d and cannot start workers as uid %d; run it as root, or set its run_as", field, os.Geteuid(), uid)
+		return nil, wire.Fieldf(field, "this agent runs as uid %d and cannot start workers as uid %d; run it as root, or set its run_as", os.Geteuid(), uid)
 	}
 	return &RunAs{
 		Credential: &syscall.Credential{Uid: uid, Gid: uid, Groups: []uint32{}},

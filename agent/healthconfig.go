@@ -102,19 +102,19 @@ func DefaultHealthChecks() HealthChecksConfig {
 func (h HealthChecksConfig) Validate(prefix string) error {
 	var errs []error
 	if h.Interval.Duration <= 0 {
-		errs = append(errs, fmt.Errorf("%s.interval: must be positive, got %s", prefix, h.Interval))
+		errs = append(errs, wire.Fieldf(prefix+".interval", "must be positive, got %s", h.Interval))
 	}
 	if h.Timeout.Duration <= 0 {
-		errs = append(errs, fmt.Errorf("%s.timeout: must be positive, got %s", prefix, h.Timeout))
+		errs = append(errs, wire.Fieldf(prefix+".timeout", "must be positive, got %s", h.Timeout))
 	}
 	if n := h.GPU.ExpectedCount; n < 0 || n > wire.MaxGPUsPerNode {
-		errs = append(errs, fmt.Errorf("%s.gpu.expected_count: must be between 0 (as found at start) and %d, got %d", prefix, wire.MaxGPUsPerNode, n))
+		errs = append(errs, wire.Fieldf(prefix+".gpu.expected_count", "must be between 0 (as found at start) and %d, got %d", wire.MaxGPUsPerNode, n))
 	}
 	if h.Network.SpeedMbps < 0 {
-		errs = append(errs, fmt.Errorf("%s.network.speed_mbps: must be 0 (not checked) or more, got %d", prefix, h.Network.SpeedMbps))
+		errs = append(errs, wire.Fieldf(prefix+".network.speed_mbps", "must be 0 (not checked) or more, got %d", h.Network.SpeedMbps))
 	}
 	if h.Network.MTU < 0 || h.Network.MTU > 65536 {
-		errs = append(errs, fmt.Errorf("%s.network.mtu: must be 0 (not checked) or an MTU up to 65536, got %d", prefix, h.Network.MTU))
+		errs = append(errs, wire.Fieldf(prefix+".network.mtu", "must be 0 (not checked) or an MTU up to 65536, got %d", h.Network.MTU))
 	}
 	for i, p := range h.Storage.Paths {
 		if fe := wire.CheckPath(fmt.Sprintf("%s.storage.paths[%d]", prefix, i), p, ""); fe != nil {
@@ -122,10 +122,10 @@ func (h HealthChecksConfig) Validate(prefix string) error {
 		}
 	}
 	if p := h.Storage.MinFreePercent; p < 0 || p >= 100 {
-		errs = append(errs, fmt.Errorf("%s.storage.min_free_percent: must be at least 0 and below 100, got %g", prefix, p))
+		errs = append(errs, wire.Fieldf(prefix+".storage.min_free_percent", "must be at least 0 and below 100, got %g", p))
 	}
 	if len(h.Commands) > maxCommandChecks {
-		errs = append(errs, fmt.Errorf("%s.commands: at most %d, got %d", prefix, maxCommandChecks, len(h.Commands)))
+		errs = append(errs, wire.Fieldf(prefix+".commands", "at most %d, got %d", maxCommandChecks, len(h.Commands)))
 	}
 	names := map[string]bool{checkGPU: true, checkGPUPerformance: true, checkNetwork: true, checkStorage: true}
 	for i, c := range h.Commands {
@@ -133,14 +133,14 @@ func (h HealthChecksConfig) Validate(prefix string) error {
 		if fe := wire.ValidateName(field+".name", c.Name); fe != nil {
 			errs = append(errs, fe)
 		} else if names[c.Name] {
-			errs = append(errs, fmt.Errorf("%s.name: %q is taken by a built-in or an earlier command", field, c.Name))
+			errs = append(errs, wire.Fieldf(field+".name", "%q is taken by a built-in or an earlier command", c.Name))
 		}
 		names[c.Name] = true
 		if fe := wire.CheckPath(field+".path", c.Path, ""); fe != nil {
 			errs = append(errs, fe)
 		}
 		if c.Timeout.Duration < 0 {
-			errs = append(errs, fmt.Errorf("%s.timeout: must be 0 (health_checks.timeout) or positive, got %s", field, c.Timeout))
+			errs = append(errs, wire.Fieldf(field+".timeout", "must be 0 (health_checks.timeout) or positive, got %s", c.Timeout))
 		}
 	}
 	if h.RunAs != "" {

@@ -49,13 +49,13 @@ func DefaultJobLogs() JobLogsConfig {
 func (c JobLogsConfig) Validate(field string) error {
 	var errs []error
 	if c.MaxBytes < 1<<20 {
-		errs = append(errs, fmt.Errorf("%s.max_bytes: must be at least 1 MiB (%d bytes), got %d", field, 1<<20, c.MaxBytes))
+		errs = append(errs, wire.Fieldf(field+".max_bytes", "must be at least 1 MiB (%d bytes), got %d", 1<<20, c.MaxBytes))
 	}
 	if c.MaxAge.Duration < time.Hour {
-		errs = append(errs, fmt.Errorf("%s.max_age: must be at least 1h, got %s", field, c.MaxAge))
+		errs = append(errs, wire.Fieldf(field+".max_age", "must be at least 1h, got %s", c.MaxAge))
 	}
 	if c.PruneInterval.Duration < time.Second {
-		errs = append(errs, fmt.Errorf("%s.prune_interval: must be at least 1s, got %s", field, c.PruneInterval))
+		errs = append(errs, wire.Fieldf(field+".prune_interval", "must be at least 1s, got %s", c.PruneInterval))
 	}
 	return errors.Join(errs...)
 }

@@ -379,24 +379,11 @@ func storageCheck(fs FSInfo, cfg StorageCheckConfig) string {
 		} else if pct := 100 * float64(free) / float64(max(total, 1)); cfg.MinFreePercent > 0 && pct < cfg.MinFreePercent {
 			problems = append(problems, fmt.Sprintf("%s: %.1f%% free (%s of %s), below min_free_percent %g", p, pct, bytesText(free), bytesText(total), cfg.MinFreePercent))
 		}
-		if err := probeWrite(p); err != nil {
-			problems = append(problems, fmt.Sprintf("%s: not writable: %v", p, err))
+		if err := probeWrite(p, nil); err != nil {
+			problems = append(problems, fmt.Sprintf("%s: not writable: %v%s", p, err, writeFix(p, err)))
 		}
 	}
 	return strings.Join(problems, "; ")
-}
-
-// probeWrite creates and removes a small file in dir: a read-only remount
-// or a full disk fails it.
-func probeWrite(dir string) error {
-	f, err := os.CreateTemp(dir, ".rdzv-health-*")
-	if err != nil {
-		return err
-	}
-	_, werr := f.Write([]byte("rdzv health check\n"))
-	cerr := f.Close()
-	rerr := os.Remove(f.Name())
-	return errors.Join(werr, cerr, rerr)
 }
 
 func bytesText(n uint64) string {

@@ -110,6 +110,16 @@ func (f fakeFS) Device(p string) (uint64, error) {
 	return d, nil
 }
 
+// A checkpoint root the agent unit's sandbox keeps read-only fails the
+// storage check with the fix.
+func TestStorageCheckReadOnly(t *testing.T) {
+	ro := readOnlyDir(t)
+	got := storageCheck(fakeFS{usage: map[string][2]uint64{ro: {10 << 30, 100 << 30}}}, StorageCheckConfig{Paths: []string{ro}})
+	require.Contains(t, got, ro+": not writable: open ")
+	require.Contains(t, got, "read-only file system; under systemd, list it in the agent unit's ReadWritePaths=")
+	require.Contains(t, got, "add ReadWritePaths="+ro+", restart the agent")
+}
+
 func TestStorageCheck(t *testing.T) {
 	ckpt, other := t.TempDir(), t.TempDir()
 	missing := filepath.Join(ckpt, "missing")

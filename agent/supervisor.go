@@ -21,6 +21,7 @@ import (
 	"github.com/jonboulle/clockwork"
 	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap"
+	"golang.org/x/sys/unix"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
@@ -700,7 +701,7 @@ func (s *Supervisor) prepare(spec *rdzvv1.JobSpec) (p *launchPrep, err error) {
 			release()
 		}
 	}()
-	if err := s.preflight(spec); err != nil {
+	if err := s.preflight(spec, runAs.Credential); err != nil {
 		return nil, err
 	}
 	workdir := spec.GetWorkdir()
@@ -865,21 +866,84 @@ func (e *preflightError) Error() string { return e.failure + ": " + e.err.Error(
 func (e *preflightError) Unwrap() error { return e.err }
 
 // preflight checks, before anything starts, that the job's directories are
-// on this node: otherwise the launcher would fail with a misleading
-// "fork/exec ...: no such file or directory" (the working directory), or
-// the workers crash at their first checkpoint.
-func (s *Supervisor) preflight(spec *rdzvv1.JobSpec) error {
+// on this node, and that its workers (cred, nil for the agent's own user)
+// can write its checkpoints: otherwise the launcher would fail with a
+// misleading "fork/exec ...: no such file or directory" (the working
+// directory), or the workers crash at their first checkpoint, on every
+// restart, with EROFS or EACCES in the job's log.
+func (s *Supervisor) preflight(spec *rdzvv1.JobSpec, cred *syscall.Credential) error {
 	if dir := spec.GetWorkdir(); dir != "" && !isDir(dir) {
 		return &preflightError{failure: wire.FailureWorkdirMissing,
 			err: fmt.Errorf("workdir %s is not a directory on node %s", dir, s.node)}
 	}
+	dir := spec.GetCheckpointDir()
+	if dir == "" {
+		return nil
+	}
 	// The job may create checkpoint.dir itself (torch.distributed.checkpoint
 	// and Hugging Face's Trainer do), so its parent is enough.
-	if dir := spec.GetCheckpointDir(); dir != "" && !isDir(dir) && !isDir(filepath.Dir(dir)) {
-		return &preflightError{failure: wire.FailureCheckpointDirMissing,
-			err: fmt.Errorf("checkpoint.dir %s is not a directory on node %s, nor is its parent %s", dir, s.node, filepath.Dir(dir))}
+	target := dir
+	if !isDir(dir) {
+		if target = filepath.Dir(dir); !isDir(target) {
+			return &preflightError{failure: wire.FailureCheckpointDirMissing,
+				err: fmt.Errorf("checkpoint.dir %s is not a directory on node %s, nor is its parent %s", dir, s.node, target)}
+		}
+	}
+	if err := probeWrite(target, cred); err != nil {
+		return &preflightError{failure: wire.FailureCheckpointDirNotWritable, err: notWritable(dir, target, s.node, cred, err)}
 	}
 	return nil
+}
+
+// probeWrite creates, writes and removes a small file in dir as cred's
+// user would (nil: the agent's own), which is the only way to learn what
+// the kernel lets that user do there: a read-only mount or sandbox,
+// permissions, ACLs, quotas or a full disk fail it.
+func probeWrite(dir string, cred *syscall.Credential) error {
+	return asUser(cred, func() error {
+		f, err := os.CreateTemp(dir, ".rdzv-write-probe-*")
+		if err != nil {
+			return err
+		}
+		_, werr := f.Write([]byte("rdzv write probe\n"))
+		return errors.Join(werr, f.Close(), os.Remove(f.Name()))
+	})
+}
+
+// notWritable says why the workers (cred) cannot write in target
+// (checkpoint.dir, or its parent when it does not exist yet), with the
+// error's errno, and what fixes it.
+func notWritable(dir, target, node string, cred *syscall.Credential, err error) error {
+	who := "the agent's user"
+	if cred != nil {
+		who = fmt.Sprintf("the job's user %d:%d", cred.Uid, cred.Gid)
+	}
+	where := "checkpoint.dir " + dir
+	if target != dir {
+		where = fmt.Sprintf("the parent %s of checkpoint.dir %s (which the job would create)", target, dir)
+	}
+	var errno syscall.Errno
+	errors.As(err, &errno)
+	switch errno {
+	case syscall.EROFS:
+		return fmt.Errorf("%s is read-only on node %s (EROFS: %w)%s", where, node, err, writeFix(target, err))
+	case syscall.EACCES, syscall.EPERM:
+		return fmt.Errorf("%s is not writable by %s on node %s (%s: %w); give that user write access (chown, chmod or an ACL), or run the job as a user who has it (run_as)",
+			where, who, node, unix.ErrnoName(errno), err)
+	}
+	return fmt.Errorf("%s: %s cannot create a file in it on node %s: %w", where, who, node, err)
+}
+
+// writeFix is what lets the agent and its workers write in dir, after
+// err from writing there, starting "; ": for a read-only dir, most often
+// the agent unit's sandbox. Empty for any other error, whose fix depends
+// on who wrote.
+func writeFix(dir string, err error) string {
+	if !errors.Is(err, syscall.EROFS) {
+		return ""
+	}
+	return "; under systemd, list it in the agent unit's ReadWritePaths= (ProtectSystem=strict makes every path not listed read-only to the agent and its workers: " +
+		"systemctl edit rdzv-agent, add ReadWritePaths=" + dir + ", restart the agent), otherwise mount it read-write"
 }
 
 func isDir(p string) bool {

@@ -4,17 +4,15 @@ import (
 	"errors"
 	"fmt"
 	"net"
-	"os"
 	"path/filepath"
 	"time"
-
-	"sigs.k8s.io/yaml"
 
 	"github.com/rdzv/rdzv/controller/store"
 	"github.com/rdzv/rdzv/health"
 	"github.com/rdzv/rdzv/internal/httpserve"
 	"github.com/rdzv/rdzv/pki"
 	"github.com/rdzv/rdzv/wire"
+	"github.com/rdzv/rdzv/wire/yamlcheck"
 )
 
 // Config is the controller's configuration (deploy/config/controller.yaml).
@@ -211,18 +209,12 @@ func DefaultConfig() Config {
 
 func dur(d time.Duration) wire.Duration { return wire.Duration{Duration: d} }
 
-// LoadConfig reads a YAML config file over DefaultConfig; unknown fields are
-// errors so a typo never silently falls back to a default.
-func LoadConfig(path string) (Config, error) {
-	cfg := DefaultConfig()
-	data, err := os.ReadFile(path)
-	if err != nil {
-		return cfg, fmt.Errorf("reading controller config: %w", err)
-	}
-	if err := yaml.UnmarshalStrict(data, &cfg); err != nil {
-		return cfg, fmt.Errorf("parsing controller config %s: %w", path, err)
-	}
-	return cfg, nil
+// LoadConfig reads a YAML config file over DefaultConfig, strictly: an
+// unknown field or a value of the wrong kind is an error at its line and
+// column (wire/yamlcheck), so a typo never silently falls back to a
+// default. It returns where each field is, for Validate's errors.
+func LoadConfig(path string) (Config, yamlcheck.Positions, error) {
+	return yamlcheck.LoadFile(path, DefaultConfig())
 }
 
 // maxTxnOps is how many operations the etcd in use accepts per transaction.
@@ -286,34 +278,34 @@ func (c Config) Validate() error {
 	}
 	if c.AdvertiseAddr != "" {
 		if host, _, err := net.SplitHostPort(c.AdvertiseAddr); err != nil || wildcardHost(host) {
-			errs = append(errs, fmt.Errorf("advertise_addr: %q is not a host:port that clients can dial", c.AdvertiseAddr))
+			errs = append(errs, wire.Fieldf("advertise_addr", "%q is not a host:port that clients can dial", c.AdvertiseAddr))
 		}
 	} else if host, _, err := net.SplitHostPort(c.Listen); err == nil && wildcardHost(host) && !c.Embedded() {
 		// With replicas, followers send clients to the leader's advertised
 		// address; a wildcard cannot be dialled and a hostname guess may be
 		// wrong, so it must be given.
-		errs = append(errs, fmt.Errorf("advertise_addr: required with external etcd when listen (%s) is a wildcard address: set the host:port agents and rdzvctl reach this controller at", c.Listen))
+		errs = append(errs, wire.Fieldf("advertise_addr", "required with external etcd when listen (%s) is a wildcard address: set the host:port agents and rdzvctl reach this controller at", c.Listen))
 	}
 	if c.LeaderLeaseTTL.Duration < 2*time.Second {
-		errs = append(errs, fmt.Errorf("leader_lease_ttl: must be at least 2s, got %s", c.LeaderLeaseTTL))
+		errs = append(errs, wire.Fieldf("leader_lease_ttl", "must be at least 2s, got %s", c.LeaderLeaseTTL))
 	}
 	if c.Embedded() {
 		if c.DataDir == "" {
-			errs = append(errs, errors.New("data_dir: required with embedded etcd"))
+			errs = append(errs, wire.Fieldf("data_dir", "required with embedded etcd"))
 		}
 		if sock, err := filepath.Abs(c.EmbeddedEtcdSocket()); err == nil && c.DataDir != "" && len(sock) > maxSocketPath {
-			errs = append(errs, fmt.Errorf("data_dir: %q is too long: the embedded etcd's socket %s must be at most %d bytes, got %d",
+			errs = append(errs, wire.Fieldf("data_dir", "%q is too long: the embedded etcd's socket %s must be at most %d bytes, got %d",
 				c.DataDir, sock, maxSocketPath, len(sock)))
 		}
 	}
 	if !c.Embedded() && c.SecretsKeyFile == "" && c.DataDir == "" {
-		errs = append(errs, errors.New("secrets_key_file: required with external etcd when data_dir is empty (the default is data_dir/secrets.key)"))
+		errs = append(errs, wire.Fieldf("secrets_key_file", "required with external etcd when data_dir is empty (the default is data_dir/secrets.key)"))
 	}
 	if c.Etcd.DialTimeout.Duration <= 0 {
-		errs = append(errs, fmt.Errorf("etcd.dial_timeout: must be positive, got %s", c.Etcd.DialTimeout))
+		errs = append(errs, wire.Fieldf("etcd.dial_timeout", "must be positive, got %s", c.Etcd.DialTimeout))
 	}
 	if c.Etcd.RequestTimeout.Duration <= 0 {
-		errs = append(errs, fmt.Errorf("etcd.request_timeout: must be positive, got %s", c.Etcd.RequestTimeout))
+		errs = append(errs, wire.Fieldf("etcd.request_timeout", "must be positive, got %s", c.Etcd.RequestTimeout))
 	}
 	if (c.Etcd.CertFile == "") != (c.Etcd.KeyFile == "") {
 		errs = append(errs, fmt.Errorf("etcd.cert_file, etcd.key_file: give both or neither, got cert %q and key %q", c.Etcd.CertFile, c.Etcd.KeyFile))
@@ -322,65 +314,65 @@ func (c Config) Validate() error {
 		errs = append(errs, errors.New("etcd.ca_file, etcd.cert_file: client TLS applies to an external etcd only; set etcd.endpoints"))
 	}
 	if c.Etcd.CompactionInterval.Duration < 0 {
-		errs = append(errs, fmt.Errorf("etcd.compaction_interval: must be 0 (off) or positive, got %s", c.Etcd.CompactionInterval))
+		errs = append(errs, wire.Fieldf("etcd.compaction_interval", "must be 0 (off) or positive, got %s", c.Etcd.CompactionInterval))
 	}
 	switch n := c.Etcd.MaxTxnOps; {
 	case n < minMaxTxnOps || n > maxMaxTxnOps:
-		errs = append(errs, fmt.Errorf("etcd.max_txn_ops: must be between %d and %d (at most the etcd servers' --max-txn-ops, default %d), got %d",
+		errs = append(errs, wire.Fieldf("etcd.max_txn_ops", "must be between %d and %d (at most the etcd servers' --max-txn-ops, default %d), got %d",
 			minMaxTxnOps, maxMaxTxnOps, store.DefaultMaxTxnOps, n))
 	case c.Embedded() && n != store.DefaultMaxTxnOps:
-		errs = append(errs, fmt.Errorf("etcd.max_txn_ops: applies to an external etcd only (the embedded etcd takes %d); set etcd.endpoints, or leave it at %d, got %d",
+		errs = append(errs, wire.Fieldf("etcd.max_txn_ops", "applies to an external etcd only (the embedded etcd takes %d); set etcd.endpoints, or leave it at %d, got %d",
 			EmbeddedMaxTxnOps, store.DefaultMaxTxnOps, n))
 	}
 	r := c.Retention
 	if r.Interval.Duration <= 0 {
-		errs = append(errs, fmt.Errorf("retention.interval: must be positive, got %s", r.Interval))
+		errs = append(errs, wire.Fieldf("retention.interval", "must be positive, got %s", r.Interval))
 	}
 	for field, d := range map[string]wire.Duration{"retention.event_max_age": r.EventMaxAge, "retention.finished_job_max_age": r.FinishedJobMaxAge,
 		"retention.lost_node_max_age": r.LostNodeMaxAge} {
 		if d.Duration <= 0 {
-			errs = append(errs, fmt.Errorf("%s: must be positive, got %s", field, d))
+			errs = append(errs, wire.Fieldf(field, "must be positive, got %s", d))
 		}
 	}
 	for field, n := range map[string]int{"retention.max_job_events": r.MaxJobEvents, "retention.max_cluster_events": r.MaxClusterEvents, "retention.max_finished_jobs": r.MaxFinishedJobs} {
 		if n < 1 {
-			errs = append(errs, fmt.Errorf("%s: must be at least 1, got %d", field, n))
+			errs = append(errs, wire.Fieldf(field, "must be at least 1, got %d", n))
 		}
 	}
 	if c.Limits.MaxActiveJobs < 1 {
-		errs = append(errs, fmt.Errorf("limits.max_active_jobs: must be at least 1, got %d", c.Limits.MaxActiveJobs))
+		errs = append(errs, wire.Fieldf("limits.max_active_jobs", "must be at least 1, got %d", c.Limits.MaxActiveJobs))
 	}
 	if c.Heartbeat.Interval.Duration <= 0 {
-		errs = append(errs, fmt.Errorf("heartbeat.interval: must be positive, got %s", c.Heartbeat.Interval))
+		errs = append(errs, wire.Fieldf("heartbeat.interval", "must be positive, got %s", c.Heartbeat.Interval))
 	}
 	if c.Heartbeat.Timeout.Duration < 2*c.Heartbeat.Interval.Duration {
-		errs = append(errs, fmt.Errorf("heartbeat.timeout: must be at least twice heartbeat.interval (%s), got %s", c.Heartbeat.Interval, c.Heartbeat.Timeout))
+		errs = append(errs, wire.Fieldf("heartbeat.timeout", "must be at least twice heartbeat.interval (%s), got %s", c.Heartbeat.Interval, c.Heartbeat.Timeout))
 	}
 	if !c.Insecure {
 		if err := c.TLS.Validate("tls"); err != nil {
 			errs = append(errs, err)
 		}
 		if c.TLS.ReverifyInterval.Duration <= 0 {
-			errs = append(errs, fmt.Errorf("tls.reverify_interval: must be positive, got %s", c.TLS.ReverifyInterval))
+			errs = append(errs, wire.Fieldf("tls.reverify_interval", "must be positive, got %s", c.TLS.ReverifyInterval))
 		}
 		if c.TLS.MaxHandshakes < 1 {
-			errs = append(errs, fmt.Errorf("tls.max_handshakes: must be at least 1, got %d", c.TLS.MaxHandshakes))
+			errs = append(errs, wire.Fieldf("tls.max_handshakes", "must be at least 1, got %d", c.TLS.MaxHandshakes))
 		}
 	}
 	if c.Heartbeat.VouchedTimeout.Duration < c.Heartbeat.Timeout.Duration {
-		errs = append(errs, fmt.Errorf("heartbeat.vouched_timeout: must be at least heartbeat.timeout (%s), got %s", c.Heartbeat.Timeout, c.Heartbeat.VouchedTimeout))
+		errs = append(errs, wire.Fieldf("heartbeat.vouched_timeout", "must be at least heartbeat.timeout (%s), got %s", c.Heartbeat.Timeout, c.Heartbeat.VouchedTimeout))
 	}
 	if r := c.MasterPortRange; r.Min < 1024 || r.Max > 65535 || r.Min > r.Max {
-		errs = append(errs, fmt.Errorf("master_port_range: want 1024 <= min <= max <= 65535, got %d-%d", r.Min, r.Max))
+		errs = append(errs, wire.Fieldf("master_port_range", "want 1024 <= min <= max <= 65535, got %d-%d", r.Min, r.Max))
 	}
 	if err := c.HTTP.Validate("http"); err != nil {
 		errs = append(errs, err)
 	}
 	if c.FlakyNodes.Losses < 0 {
-		errs = append(errs, fmt.Errorf("flaky_nodes.losses: must be 0 (off) or more, got %d", c.FlakyNodes.Losses))
+		errs = append(errs, wire.Fieldf("flaky_nodes.losses", "must be 0 (off) or more, got %d", c.FlakyNodes.Losses))
 	}
 	if c.FlakyNodes.Losses > 0 && c.FlakyNodes.Window.Duration <= 0 {
-		errs = append(errs, fmt.Errorf("flaky_nodes.window: must be positive, got %s", c.FlakyNodes.Window))
+		errs = append(errs, wire.Fieldf("flaky_nodes.window", "must be positive, got %s", c.FlakyNodes.Window))
 	}
 	return errors.Join(errs...)
 }

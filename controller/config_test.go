@@ -137,7 +137,7 @@ func TestLoadConfig(t *testing.T) {
 		return p
 	}
 
-	cfg, err := controller.LoadConfig(write("controller.yaml", `
+	cfg, _, err := controller.LoadConfig(write("controller.yaml", `
 listen: 10.0.0.1:7070
 heartbeat: {interval: 250ms, timeout: 3s}
 etcd: {endpoints: ["http://etcd-0:2379"]}
@@ -155,18 +155,18 @@ tls: {cert: /etc/rdzv/pki/controller.crt, key: /etc/rdzv/pki/controller.key, ca:
 	require.Equal(t, controller.PortRange{Min: 40000, Max: 40100}, cfg.MasterPortRange)
 	require.Equal(t, controller.DefaultConfig().Etcd.DialTimeout, cfg.Etcd.DialTimeout, "unset fields keep their defaults")
 
-	_, err = controller.LoadConfig(write("typo.yaml", "heartbeat: {intervall: 1s}\n"))
-	require.ErrorContains(t, err, "intervall", "an unknown field is an error, not a silent default")
-	_, err = controller.LoadConfig(write("number.yaml", "heartbeat: {interval: 5}\n"))
-	require.ErrorContains(t, err, "duration must be a string")
-	_, err = controller.LoadConfig(filepath.Join(dir, "missing.yaml"))
+	_, _, err = controller.LoadConfig(write("typo.yaml", "heartbeat: {intervall: 1s}\n"))
+	require.ErrorContains(t, err, "line 1, column 13: heartbeat.intervall: unknown field; did you mean interval?", "an unknown field is an error, not a silent default")
+	_, _, err = controller.LoadConfig(write("number.yaml", "heartbeat: {interval: 5}\n"))
+	require.ErrorContains(t, err, "line 1, column 23: heartbeat.interval: expected a duration like 30s, 5m or 1h30m, got number 5")
+	_, _, err = controller.LoadConfig(filepath.Join(dir, "missing.yaml"))
 	require.ErrorIs(t, err, os.ErrNotExist)
 }
 
 // TestShippedConfig keeps deploy/config/controller.yaml loadable: secure,
 // with its TLS files set.
 func TestShippedConfig(t *testing.T) {
-	cfg, err := controller.LoadConfig(filepath.Join("..", "deploy", "config", "controller.yaml"))
+	cfg, _, err := controller.LoadConfig(filepath.Join("..", "deploy", "config", "controller.yaml"))
 	require.NoError(t, err)
 	require.NoError(t, cfg.Validate())
 	require.False(t, cfg.Insecure)

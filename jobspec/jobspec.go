@@ -13,6 +13,7 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/rdzv/rdzv/wire"
+	"github.com/rdzv/rdzv/wire/yamlcheck"
 )
 
 // MaxFileBytes bounds a job file.
@@ -62,7 +63,7 @@ type Spec struct {
 
 	// pos is where each field was in the job file, for Validate's errors;
 	// nil for a spec that did not come from one.
-	pos map[string]position
+	pos yamlcheck.Positions
 }
 
 // NodeRange is nodes: a number, a range "2-4" or {min: 2, max: 4}.

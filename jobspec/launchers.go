@@ -8,6 +8,7 @@ import (
 	"strings"
 
 	"github.com/rdzv/rdzv/wire"
+	"github.com/rdzv/rdzv/wire/yamlcheck"
 )
 
 // Launcher kinds: the program each node's agent runs to start the workers.
@@ -307,7 +308,7 @@ func (s *Spec) validateLauncher() []*wire.FieldError {
 	k, ok := launcherKinds[l.Kind]
 	if !ok {
 		reason := "must be one of " + strings.Join(KindNames(), ", ")
-		if s := suggest(l.Kind, KindNames()); s != "" {
+		if s := yamlcheck.Suggest(l.Kind, KindNames()); s != "" {
 			reason += "; did you mean " + s + "?"
 		}
 		add("launcher.kind", wire.Quote(l.Kind), reason)
@@ -416,7 +417,7 @@ func validateArgv(argv []string) []*wire.FieldError {
 				continue
 			}
 			reason := "unknown placeholder {" + m[1] + "}; known: " + braced(placeholderNames())
-			if s := suggest(m[1], placeholderNames()); s != "" {
+			if s := yamlcheck.Suggest(m[1], placeholderNames()); s != "" {
 				reason = "unknown placeholder {" + m[1] + "}; did you mean {" + s + "}?"
 			}
 			errs = append(errs, &wire.FieldError{Field: fmt.Sprintf("launcher.argv[%d]", i), Value: wire.Quote(arg), Reason: reason})

@@ -161,25 +161,9 @@ func (s *Spec) Validate() error {
 		return nil
 	}
 	for _, fe := range errs {
-		s.locate(fe)
+		s.pos.Locate(fe)
 	}
 	return &ValidationError{Errors: errs}
-}
-
-// locate places fe at its field in the job file, or at the nearest
-// enclosing field that is there (a defaulted nodes.max is at nodes).
-func (s *Spec) locate(fe *wire.FieldError) {
-	for field := fe.Field; field != ""; {
-		if p, ok := s.pos[field]; ok {
-			fe.Line, fe.Column = p.line, p.column
-			return
-		}
-		i := strings.LastIndexAny(field, ".[")
-		if i < 0 {
-			return
-		}
-		field = field[:i]
-	}
 }
 
 // validateEnv checks env, secret_env and env_files together: they end up in

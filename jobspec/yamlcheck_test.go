@@ -78,11 +78,3 @@ func TestParseNodesForms(t *testing.T) {
 		require.Equal(t, want, spec.Nodes, in)
 	}
 }
-
-func TestSuggest(t *testing.T) {
-	known := []string{"gpus_per_node", "procs_per_node", "nodes", "name"}
-	require.Equal(t, "gpus_per_node", suggest("gpu_per_node", known))
-	require.Equal(t, "gpus_per_node", suggest("GPUS_PER_NODE", known))
-	require.Equal(t, "nodes", suggest("node", known))
-	require.Empty(t, suggest("selector", known), "nothing near enough")
-}

@@ -6,6 +6,7 @@ import (
 	"encoding/pem"
 	"errors"
 	"fmt"
+	"github.com/rdzv/rdzv/wire"
 	"io/fs"
 	"os"
 	"path/filepath"
@@ -25,7 +26,7 @@ func (f Files) Validate(field string) error {
 	var errs []error
 	for _, p := range []struct{ name, path string }{{"cert", f.Cert}, {"key", f.Key}, {"ca", f.CA}} {
 		if p.path == "" {
-			errs = append(errs, fmt.Errorf("%s.%s: required (issue certificates with `rdzvctl pki`; set --insecure only for local tests)", field, p.name))
+			errs = append(errs, wire.Fieldf(field+"."+p.name, "required (issue certificates with `rdzvctl pki`; set --insecure only for local tests)"))
 		}
 	}
 	return errors.Join(errs...)

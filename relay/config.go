@@ -20,15 +20,13 @@ package relay
 import (
 	"errors"
 	"fmt"
-	"os"
 	"time"
-
-	"sigs.k8s.io/yaml"
 
 	"github.com/rdzv/rdzv/client"
 	"github.com/rdzv/rdzv/internal/httpserve"
 	"github.com/rdzv/rdzv/pki"
 	"github.com/rdzv/rdzv/wire"
+	"github.com/rdzv/rdzv/wire/yamlcheck"
 )
 
 // DefaultListen is the relay's gRPC address for agents.
@@ -66,17 +64,12 @@ func DefaultConfig() Config {
 		RevocationsRefresh: wire.Duration{Duration: 10 * time.Second}}
 }
 
-// LoadConfig reads a YAML config file over DefaultConfig.
-func LoadConfig(path string) (Config, error) {
-	cfg := DefaultConfig()
-	data, err := os.ReadFile(path)
-	if err != nil {
-		return cfg, fmt.Errorf("reading relay config: %w", err)
-	}
-	if err := yaml.UnmarshalStrict(data, &cfg); err != nil {
-		return cfg, fmt.Errorf("parsing relay config %s: %w", path, err)
-	}
-	return cfg, nil
+// LoadConfig reads a YAML config file over DefaultConfig, strictly: an
+// unknown field or a value of the wrong kind is an error at its line and
+// column (wire/yamlcheck), so a typo never silently falls back to a
+// default. It returns where each field is, for Validate's errors.
+func LoadConfig(path string) (Config, yamlcheck.Positions, error) {
+	return yamlcheck.LoadFile(path, DefaultConfig())
 }
 
 // Controllers is the list of controller addresses.
@@ -93,7 +86,7 @@ func (c Config) Validate() error {
 		errs = append(errs, err)
 	}
 	if c.RevocationsRefresh.Duration < time.Second {
-		errs = append(errs, fmt.Errorf("revocations_refresh: must be at least 1s, got %s", c.RevocationsRefresh))
+		errs = append(errs, wire.Fieldf("revocations_refresh", "must be at least 1s, got %s", c.RevocationsRefresh))
 	}
 	errs = append(errs, c.TLS.Validate("tls"), c.HTTP.Validate("http"))
 	return errors.Join(errs...)

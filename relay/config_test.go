@@ -42,7 +42,7 @@ func TestValidate(t *testing.T) {
 // TestShippedConfig keeps deploy/config/relay.yaml loadable and at the
 // defaults it states.
 func TestShippedConfig(t *testing.T) {
-	cfg, err := LoadConfig(filepath.Join("..", "deploy", "config", "relay.yaml"))
+	cfg, _, err := LoadConfig(filepath.Join("..", "deploy", "config", "relay.yaml"))
 	require.NoError(t, err)
 	require.NoError(t, cfg.Validate())
 	require.Equal(t, DefaultListen, cfg.Listen)
@@ -54,6 +54,6 @@ func TestShippedConfig(t *testing.T) {
 func TestLoadConfigRefusesUnknownFields(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "relay.yaml")
 	require.NoError(t, os.WriteFile(path, []byte("controler: 10.0.0.1:7070\n"), 0o600))
-	_, err := LoadConfig(path)
-	require.ErrorContains(t, err, `unknown field "controler"`)
+	_, _, err := LoadConfig(path)
+	require.ErrorContains(t, err, path+": line 1, column 1: controler: unknown field; did you mean controller?")
 }

@@ -10,6 +10,11 @@ const (
 	// FailureCheckpointDirMissing: neither checkpoint.dir nor its parent
 	// (the job may create the directory itself) is a directory on the node.
 	FailureCheckpointDirMissing = "checkpoint_dir_missing"
+	// FailureCheckpointDirNotWritable: the job's user cannot create a file
+	// in checkpoint.dir (or, if it does not exist yet, in its parent): a
+	// read-only mount, the agent unit's sandbox (ProtectSystem=strict
+	// without the directory in ReadWritePaths=) or permissions.
+	FailureCheckpointDirNotWritable = "checkpoint_dir_not_writable"
 	// FailureLauncherMissing: the launcher is not on the workers' PATH.
 	FailureLauncherMissing = "launcher_missing"
 )

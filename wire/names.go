@@ -20,15 +20,22 @@ const (
 	MaxLabels = 64
 )
 
-// FieldError names one problem: the field's path in job.yaml, the offending
-// value and what was expected.
+// FieldError names one problem: the field's path in job.yaml or a daemon's
+// config file, the offending value and what was expected.
 type FieldError struct {
 	Field  string
 	Value  string
 	Reason string
-	// Line and Column locate the field in the job file it came from (from
-	// 1); 0 when the spec did not come from a file (the API, an agent).
+	// Line and Column locate the field in the file it came from (from 1);
+	// 0 when the value did not come from a file (the API, an agent, a
+	// flag).
 	Line, Column int
+}
+
+// Fieldf is a FieldError for field whose reason, formatted, says what is
+// wrong and what is expected.
+func Fieldf(field, format string, args ...any) *FieldError {
+	return &FieldError{Field: field, Reason: fmt.Sprintf(format, args...)}
 }
 
 func (e *FieldError) Error() string {

@@ -21,7 +21,7 @@ func main() {
 		shim(os.Args[2:])
 		return
 	}
-	cfg, err := config(os.Args[1:])
+	cfg, _, err := config(os.Args[1:])
 	if errors.Is(err, cli.ErrExit) {
 		return
 	}
@@ -74,7 +74,9 @@ rdzv controller, starts and supervises the workers of the jobs the
 controller assigns to the node, and reports their state, progress and
 checkpoints. Under systemd it runs as deploy/systemd/rdzv-agent.service.`
 
-func config(args []string) (agent.Config, error) {
+// config is the agent's configuration from args, and what read it (for
+// the reference of the config file's fields).
+func config(args []string) (agent.Config, *cli.File, error) {
 	fs := flag.NewFlagSet("rdzv-agent", flag.ContinueOnError)
 	def := agent.DefaultConfig()
 	path := fs.String("config", "", "YAML config file (see deploy/config/agent.yaml); flags override it")
@@ -95,26 +97,20 @@ func config(args []string) (agent.Config, error) {
 	tlsFiles := cli.TLSFlags(fs, "agent")
 	insecure := fs.Bool("insecure", false, "connect without TLS, to a controller started with --insecure (local tests and the demo only)")
 	httpListen := fs.String("http-listen", def.HTTP.Listen, "metrics (/metrics) and health (/healthz, /readyz) listen address; empty turns it off")
-	cfg, err := cli.ParseConfig(fs, args, about, path, def, agent.LoadConfig)
+	cfg, f, err := cli.ParseConfig(fs, args, about, path, def, agent.LoadConfig)
 	if err != nil {
-		return cfg, err
+		return cfg, f, err
 	}
-	set := cli.Set(fs)
-	override := cli.Override(fs)
-	cli.ApplyController(fs, controllerAddr, &cfg.Controller)
-	override("relays", func() { cfg.Relays = *relays })
-	override("node-name", func() { cfg.NodeName = *name })
-	if set["labels"] {
-		l, err := cli.ParseLabels(*labels)
-		if err != nil {
-			return cfg, err
-		}
-		cfg.Labels = l
-	}
-	override("nccl-interface", func() { cfg.NCCLInterface = *iface })
-	override("gossip-port", func() { cfg.GossipPort = *gossipPort })
-	override("fake-gpus", func() { cfg.FakeGPUs = *fake })
-	override("state-dir", func() { cfg.StateDir = *stateDir })
+	override := f.Override
+	cli.ApplyController(f, controllerAddr, &cfg.Controller)
+	override("relays", "relays", func() { cfg.Relays = *relays })
+	override("node-name", "node_name", func() { cfg.NodeName = *name })
+	var labelsErr error
+	override("labels", "labels", func() { cfg.Labels, labelsErr = cli.ParseLabels(*labels) })
+	override("nccl-interface", "nccl_interface", func() { cfg.NCCLInterface = *iface })
+	override("gossip-port", "gossip_port", func() { cfg.GossipPort = *gossipPort })
+	override("fake-gpus", "fake_gpus", func() { cfg.FakeGPUs = *fake })
+	override("state-dir", "state_dir", func() { cfg.StateDir = *stateDir })
 	if abs, err := filepath.Abs(cfg.StateDir); err == nil {
 		cfg.StateDir = abs
 	}
@@ -122,21 +118,21 @@ func config(args []string) (agent.Config, error) {
 		// The hostname names the node; addresses always come from interfaces.
 		host, err := os.Hostname()
 		if err != nil {
-			return cfg, fmt.Errorf("reading hostname for the node name (set --node-name): %w", err)
+			return cfg, f, f.Done(fmt.Errorf("reading hostname for the node name (set --node-name): %w", err))
 		}
 		if wire.ValidateName("node_name", host) != nil {
-			return cfg, fmt.Errorf("the hostname %q is not a valid node name (lowercase letters, digits and '-', at most 63); set --node-name or node_name", host)
+			return cfg, f, f.Done(fmt.Errorf("the hostname %q is not a valid node name (lowercase letters, digits and '-', at most 63); set --node-name or node_name", host))
 		}
 		cfg.NodeName = host
 	}
-	override("stop-grace", func() { cfg.StopGrace.Duration = *grace })
-	override("restart-grace", func() { cfg.RestartGrace.Duration = *restartGrace })
-	override("log-level", func() { cfg.LogLevel = *level })
-	override("secrets-dir", func() { cfg.SecretsDir = *secretsDir })
-	override("run-as", func() { cfg.RunAs = *runAs })
-	override("allow-root", func() { cfg.AllowRoot = *allowRoot })
-	override("insecure", func() { cfg.Insecure = *insecure })
-	override("http-listen", func() { cfg.HTTP.Listen = *httpListen })
-	tlsFiles.Apply(fs, &cfg.TLS)
-	return cfg, cfg.Validate()
+	override("stop-grace", "stop_grace", func() { cfg.StopGrace.Duration = *grace })
+	override("restart-grace", "restart_grace", func() { cfg.RestartGrace.Duration = *restartGrace })
+	override("log-level", "log_level", func() { cfg.LogLevel = *level })
+	override("secrets-dir", "secrets_dir", func() { cfg.SecretsDir = *secretsDir })
+	override("run-as", "run_as", func() { cfg.RunAs = *runAs })
+	override("allow-root", "allow_root", func() { cfg.AllowRoot = *allowRoot })
+	override("insecure", "insecure", func() { cfg.Insecure = *insecure })
+	override("http-listen", "http.listen", func() { cfg.HTTP.Listen = *httpListen })
+	tlsFiles.Apply(f, "tls", &cfg.TLS)
+	return cfg, f, f.Done(errors.Join(labelsErr, cfg.Validate(), cli.CheckLogLevel(cfg.LogLevel)))
 }

@@ -17,7 +17,7 @@ import (
 )
 
 func main() {
-	cfg, pprofSocket, err := config(os.Args[1:])
+	cfg, pprofSocket, _, err := config(os.Args[1:])
 	if errors.Is(err, cli.ErrExit) {
 		return
 	}
@@ -65,7 +65,9 @@ its replicas, admits jobs, runs their rendezvous on the agents' nodes and
 recovers them from failures. Under systemd it runs as
 deploy/systemd/rdzv-controller.service.`
 
-func config(args []string) (cfg controller.Config, pprofSocket string, err error) {
+// config is the controller's configuration from args, and what read it (for the
+// reference of the config file's fields).
+func config(args []string) (cfg controller.Config, pprofSocket string, f *cli.File, err error) {
 	fs := flag.NewFlagSet("rdzv-controller", flag.ContinueOnError)
 	def := controller.DefaultConfig()
 	path := fs.String("config", "", "YAML config file (see deploy/config/controller.yaml); flags override it")
@@ -92,36 +94,37 @@ func config(args []string) (cfg controller.Config, pprofSocket string, err error
 	insecure := fs.Bool("insecure", false, "serve without TLS or authentication (local tests and the demo only)")
 	httpListen := fs.String("http-listen", def.HTTP.Listen, "metrics (/metrics) and health (/healthz, /readyz) listen address; empty turns it off")
 	pprofSock := cli.PprofFlag(fs)
-	if cfg, err = cli.ParseConfig(fs, args, about, path, def, controller.LoadConfig); err != nil {
-		return cfg, "", err
+	cfg, f, err = cli.ParseConfig(fs, args, about, path, def, controller.LoadConfig)
+	if err != nil {
+		return cfg, "", f, err
 	}
-	set := cli.Set(fs)
-	override := cli.Override(fs)
-	override("listen", func() { cfg.Listen = *listen })
-	override("advertise-addr", func() { cfg.AdvertiseAddr = *advertise })
-	override("leader-lease-ttl", func() { cfg.LeaderLeaseTTL.Duration = *leaseTTL })
-	override("etcd-request-timeout", func() { cfg.Etcd.RequestTimeout.Duration = *reqTimeout })
-	override("etcd-cacert", func() { cfg.Etcd.CAFile = *caFile })
-	override("etcd-cert", func() { cfg.Etcd.CertFile = *certFile })
-	override("etcd-key", func() { cfg.Etcd.KeyFile = *keyFile })
-	override("etcd-compaction-interval", func() { cfg.Etcd.CompactionInterval.Duration = *compaction })
-	override("heartbeat-vouched-timeout", func() { cfg.Heartbeat.VouchedTimeout.Duration = *vouched })
-	override("data-dir", func() { cfg.DataDir = *dataDir })
-	override("secrets-key-file", func() { cfg.SecretsKeyFile = *secretsKey })
-	override("etcd-endpoints", func() { cfg.Etcd.Endpoints = strings.Split(*endpoints, ",") })
-	override("etcd-dial-timeout", func() { cfg.Etcd.DialTimeout.Duration = *dial })
-	override("heartbeat-interval", func() { cfg.Heartbeat.Interval.Duration = *hbInterval })
-	override("heartbeat-timeout", func() { cfg.Heartbeat.Timeout.Duration = *hbTimeout })
-	override("flaky-node-losses", func() { cfg.FlakyNodes.Losses = *flakyLosses })
-	override("flaky-node-window", func() { cfg.FlakyNodes.Window.Duration = *flakyWindow })
-	override("log-level", func() { cfg.LogLevel = *level })
-	override("insecure", func() { cfg.Insecure = *insecure })
-	override("http-listen", func() { cfg.HTTP.Listen = *httpListen })
-	tlsFiles.Apply(fs, &cfg.TLS.Files)
-	if set["master-port-range"] {
+	override := f.Override
+	override("listen", "listen", func() { cfg.Listen = *listen })
+	override("advertise-addr", "advertise_addr", func() { cfg.AdvertiseAddr = *advertise })
+	override("leader-lease-ttl", "leader_lease_ttl", func() { cfg.LeaderLeaseTTL.Duration = *leaseTTL })
+	override("etcd-request-timeout", "etcd.request_timeout", func() { cfg.Etcd.RequestTimeout.Duration = *reqTimeout })
+	override("etcd-cacert", "etcd.ca_file", func() { cfg.Etcd.CAFile = *caFile })
+	override("etcd-cert", "etcd.cert_file", func() { cfg.Etcd.CertFile = *certFile })
+	override("etcd-key", "etcd.key_file", func() { cfg.Etcd.KeyFile = *keyFile })
+	override("etcd-compaction-interval", "etcd.compaction_interval", func() { cfg.Etcd.CompactionInterval.Duration = *compaction })
+	override("heartbeat-vouched-timeout", "heartbeat.vouched_timeout", func() { cfg.Heartbeat.VouchedTimeout.Duration = *vouched })
+	override("data-dir", "data_dir", func() { cfg.DataDir = *dataDir })
+	override("secrets-key-file", "secrets_key_file", func() { cfg.SecretsKeyFile = *secretsKey })
+	override("etcd-endpoints", "etcd.endpoints", func() { cfg.Etcd.Endpoints = strings.Split(*endpoints, ",") })
+	override("etcd-dial-timeout", "etcd.dial_timeout", func() { cfg.Etcd.DialTimeout.Duration = *dial })
+	override("heartbeat-interval", "heartbeat.interval", func() { cfg.Heartbeat.Interval.Duration = *hbInterval })
+	override("heartbeat-timeout", "heartbeat.timeout", func() { cfg.Heartbeat.Timeout.Duration = *hbTimeout })
+	override("flaky-node-losses", "flaky_nodes.losses", func() { cfg.FlakyNodes.Losses = *flakyLosses })
+	override("flaky-node-window", "flaky_nodes.window", func() { cfg.FlakyNodes.Window.Duration = *flakyWindow })
+	override("log-level", "log_level", func() { cfg.LogLevel = *level })
+	override("insecure", "insecure", func() { cfg.Insecure = *insecure })
+	override("http-listen", "http.listen", func() { cfg.HTTP.Listen = *httpListen })
+	tlsFiles.Apply(f, "tls", &cfg.TLS.Files)
+	var portsErr error
+	override("master-port-range", "master_port_range", func() {
 		if _, err := fmt.Sscanf(*ports, "%d-%d", &cfg.MasterPortRange.Min, &cfg.MasterPortRange.Max); err != nil {
-			return cfg, "", fmt.Errorf("--master-port-range: %q is not MIN-MAX", *ports)
+			portsErr = fmt.Errorf("--master-port-range: %q is not MIN-MAX", *ports)
 		}
-	}
-	return cfg, *pprofSock, cfg.Validate()
+	})
+	return cfg, *pprofSock, f, f.Done(errors.Join(portsErr, cfg.Validate(), cli.CheckLogLevel(cfg.LogLevel)))
 }

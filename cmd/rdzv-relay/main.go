@@ -12,7 +12,7 @@ import (
 )
 
 func main() {
-	cfg, pprofSocket, err := config(os.Args[1:])
+	cfg, pprofSocket, _, err := config(os.Args[1:])
 	if errors.Is(err, cli.ErrExit) {
 		return
 	}
@@ -44,7 +44,9 @@ CPU and memory with them (docs/install.md#relays, "How many").
 Agents list it in their relays setting and reach the controller directly
 when it fails. Under systemd it runs as deploy/systemd/rdzv-relay.service.`
 
-func config(args []string) (cfg relay.Config, pprofSocket string, err error) {
+// config is the relay's configuration from args, and what read it (for the
+// reference of the config file's fields).
+func config(args []string) (cfg relay.Config, pprofSocket string, f *cli.File, err error) {
 	fs := flag.NewFlagSet("rdzv-relay", flag.ContinueOnError)
 	def := relay.DefaultConfig()
 	path := fs.String("config", "", "YAML config file (see deploy/config/relay.yaml); flags override it")
@@ -54,15 +56,14 @@ func config(args []string) (cfg relay.Config, pprofSocket string, err error) {
 	tlsFiles := cli.TLSFlags(fs, "relay")
 	httpListen := fs.String("http-listen", def.HTTP.Listen, "metrics (/metrics) and health (/healthz, /readyz) listen address; empty turns it off")
 	pprofSock := cli.PprofFlag(fs)
-	cfg, err = cli.ParseConfig(fs, args, about, path, def, relay.LoadConfig)
+	cfg, f, err = cli.ParseConfig(fs, args, about, path, def, relay.LoadConfig)
 	if err != nil {
-		return cfg, "", err
+		return cfg, "", f, err
 	}
-	override := cli.Override(fs)
-	cli.ApplyController(fs, controllerAddr, &cfg.Controller)
-	override("listen", func() { cfg.Listen = *listen })
-	override("log-level", func() { cfg.LogLevel = *level })
-	override("http-listen", func() { cfg.HTTP.Listen = *httpListen })
-	tlsFiles.Apply(fs, &cfg.TLS)
-	return cfg, *pprofSock, cfg.Validate()
+	cli.ApplyController(f, controllerAddr, &cfg.Controller)
+	f.Override("listen", "listen", func() { cfg.Listen = *listen })
+	f.Override("log-level", "log_level", func() { cfg.LogLevel = *level })
+	f.Override("http-listen", "http.listen", func() { cfg.HTTP.Listen = *httpListen })
+	tlsFiles.Apply(f, "tls", &cfg.TLS)
+	return cfg, *pprofSock, f, f.Done(errors.Join(cfg.Validate(), cli.CheckLogLevel(cfg.LogLevel)))
 }

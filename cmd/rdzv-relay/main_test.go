@@ -3,7 +3,10 @@ package main
 import (
 	"testing"
 
+	"github.com/stretchr/testify/require"
+
 	"github.com/rdzv/rdzv/cmd/internal/cli/clitest"
+	"github.com/rdzv/rdzv/relay"
 )
 
 func TestMain(m *testing.M) { clitest.Main(m, main) }
@@ -12,3 +15,26 @@ func TestHelpAndVersion(t *testing.T) { clitest.HelpAndVersion(t, "rdzv-relay") 
 
 // docs/daemons.md is this daemon's --help; make docs rewrites it.
 func TestFlagReference(t *testing.T) { clitest.FlagReference(t, "rdzv-relay") }
+
+// A misspelt field, a value of the wrong kind and one Validate refuses
+// are each reported at their line and column, with the exit status
+// systemd does not restart (cli.ExitConfig); a good config is "ok".
+func TestCheckConfig(t *testing.T) {
+	clitest.CheckConfig(t, []clitest.ConfigCase{
+		{Name: "good", Args: "--check-config --config testdata/good.yaml"},
+		{Name: "misspelt", Args: "--check-config --config testdata/misspelt.yaml"},
+		{Name: "types", Args: "--check-config --config testdata/types.yaml"},
+		{Name: "invalid", Args: "--check-config --config testdata/invalid.yaml"},
+		{Name: "missing-file", Args: "--check-config --config testdata/no-such.yaml"},
+		{Name: "bad-flag", Args: "--check-config --config testdata/good.yaml --log-level=loud"},
+		{Name: "without-check-config", Args: "--config testdata/misspelt.yaml"},
+	})
+}
+
+// docs/daemons.md has a row for every field of the config file: its flag
+// or "file only", its default and meaning; make docs rewrites it.
+func TestConfigReference(t *testing.T) {
+	_, _, f, err := config([]string{"--controller", "10.0.0.1:7070", "--tls-cert", "a", "--tls-key", "b", "--tls-ca", "c"})
+	require.NoError(t, err)
+	clitest.ConfigReference(t, "rdzv-relay", relay.DefaultConfig(), f)
+}

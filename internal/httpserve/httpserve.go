@@ -12,6 +12,7 @@ import (
 	"crypto/x509"
 	"errors"
 	"fmt"
+	"github.com/rdzv/rdzv/wire"
 	"net"
 	"net/http"
 	"os"
@@ -48,16 +49,16 @@ func (c Config) Validate(field string) error {
 		if err != nil {
 			errs = append(errs, fmt.Errorf("%s.listen: %q is not host:port (empty turns the listener off): %w", field, c.Listen, err))
 		} else if _, perr := strconv.ParseUint(port, 10, 16); perr != nil {
-			errs = append(errs, fmt.Errorf("%s.listen: %q has port %q, want a number 0-65535", field, c.Listen, port))
+			errs = append(errs, wire.Fieldf(field+".listen", "%q has port %q, want a number 0-65535", c.Listen, port))
 		} else if host != "" && net.ParseIP(host) == nil && !validHostname(host) {
-			errs = append(errs, fmt.Errorf("%s.listen: %q has host %q, want an IP address or a host name", field, c.Listen, host))
+			errs = append(errs, wire.Fieldf(field+".listen", "%q has host %q, want an IP address or a host name", c.Listen, host))
 		}
 	}
 	if (c.CertFile == "") != (c.KeyFile == "") {
 		errs = append(errs, fmt.Errorf("%s.cert_file, %s.key_file: give both or neither, got cert %q and key %q", field, field, c.CertFile, c.KeyFile))
 	}
 	if c.ClientCAFile != "" && c.CertFile == "" {
-		errs = append(errs, fmt.Errorf("%s.client_ca_file: %q needs %s.cert_file and %s.key_file (client certificates are verified over HTTPS only)", field, c.ClientCAFile, field, field))
+		errs = append(errs, wire.Fieldf(field+".client_ca_file", "%q needs %s.cert_file and %s.key_file (client certificates are verified over HTTPS only)", c.ClientCAFile, field, field))
 	}
 	return errors.Join(errs...)
 }
@@ -161,7 +162,7 @@ func (s *Server) tlsConfig() (*tls.Config, error) {
 		}
 		pool := x509.NewCertPool()
 		if !pool.AppendCertsFromPEM(pem) {
-			return nil, fmt.Errorf("http.client_ca_file: %s holds no PEM certificate", s.cfg.ClientCAFile)
+			return nil, wire.Fieldf("http.client_ca_file", "%s holds no PEM certificate", s.cfg.ClientCAFile)
 		}
 		conf.ClientCAs, conf.ClientAuth = pool, tls.RequireAndVerifyClientCert
 	}

@@ -13,6 +13,8 @@ import (
 	"testing"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/rdzv/rdzv/wire"
 )
 
 // systemd cannot run as PID 1 here, so the units' sandboxes are rebuilt
@@ -256,6 +258,24 @@ func TestSystemdUnitSandbox(t *testing.T) {
 		}
 		old["ReadWritePaths"] = nil
 		require.Error(t, probe(sandbox{u: old, stateDir: c.stateDir(0)}, filepath.Join(tmp, "x")), "without ReadWritePaths=/tmp")
+	})
+
+	t.Run("a checkpoint.dir the sandbox keeps read-only fails the job at once", func(t *testing.T) {
+		// Left out of ReadWritePaths: read-only to the agent and its
+		// workers under ProtectSystem=strict, though root may write it
+		// outside the sandbox.
+		unlisted := filepath.Join(c.dir, "ckpt-unlisted")
+		require.NoError(t, os.MkdirAll(unlisted, 0o777))
+		job := faultJob(t, c, "systemd-unlisted-ckpt", func(spec map[string]any) {
+			spec["checkpoint"] = map[string]any{"dir": unlisted}
+		})
+		j := c.waitJob(t, job.Name, "failed", func(j jobJSON) bool { return finished(j.State) })
+		require.Equal(t, "JOB_STATE_FAILED", j.State, "reason: %s", j.Reason)
+		require.Contains(t, j.Reason, wire.FailureCheckpointDirNotWritable+": node ")
+		require.Contains(t, j.Reason, "checkpoint.dir "+unlisted+" is read-only on node ")
+		require.Contains(t, j.Reason, "(EROFS: ")
+		require.Contains(t, j.Reason, "ReadWritePaths="+unlisted)
+		require.Zero(t, j.Restarts, "not restarted into the same failure")
 	})
 
 	// faultJob's job, with the example's own --log_dir under /tmp (a fresh

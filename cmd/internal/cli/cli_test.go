@@ -2,8 +2,11 @@ package cli
 
 import (
 	"context"
+	"fmt"
 	"net"
+	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -77,5 +80,17 @@ func TestNotifyNeverReady(t *testing.T) {
 		conn := listenNotify(t)
 		runNotify(t, d)()
 		require.Equal(t, "STOPPING=1", readNotification(t, conn))
+	}
+}
+
+// Each systemd unit stops restarting its daemon at a bad configuration,
+// which every restart would meet again.
+func TestUnitsPreventRestartOnBadConfig(t *testing.T) {
+	for _, unit := range []string{"rdzv-agent.service", "rdzv-controller.service", "rdzv-relay.service"} {
+		t.Run(unit, func(t *testing.T) {
+			data, err := os.ReadFile(filepath.Join("..", "..", "..", "deploy", "systemd", unit))
+			require.NoError(t, err)
+			require.Contains(t, strings.Split(string(data), "\n"), fmt.Sprintf("RestartPreventExitStatus=%d", ExitConfig))
+		})
 	}
 }

@@ -1,11 +1,13 @@
 // Package clitest checks what the daemons' command lines promise: --help
 // and --version on stdout with exit 0, a wrong flag or argument on stderr
-// with exit 1, and docs/daemons.md equal to --help. The test binary runs
+// with exit 78 (cli.ExitConfig), --check-config's answers, and
+// docs/daemons.md equal to --help. The test binary runs
 // itself as the daemon, so the checks see real exit statuses and streams.
 package clitest
 
 import (
 	"flag"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -44,7 +46,8 @@ func run(args string) (*exec.Cmd, *strings.Builder, *strings.Builder, error) {
 }
 
 // HelpAndVersion: --help and --version answer on stdout and exit 0; a
-// wrong flag or a stray argument exits 1 on stderr, pointing to --help.
+// wrong flag or a stray argument exits cli.ExitConfig on stderr, pointing
+// to --help.
 func HelpAndVersion(t *testing.T, name string) {
 	tests := []struct {
 		args   string
@@ -55,8 +58,8 @@ func HelpAndVersion(t *testing.T, name string) {
 		{"--help", 0, "Usage: " + name + " [flags]\n\n" + name + " ", ""},
 		{"-h", 0, "Usage: " + name + " [flags]", ""},
 		{"--version", 0, name + " dev (commit ", ""},
-		{"--no-such-flag", 1, "", name + ": flag provided but not defined: -no-such-flag (see " + name + " --help)\n"},
-		{"stray", 1, "", name + ": unexpected argument \"stray\": " + name + " takes flags only"},
+		{"--no-such-flag", cli.ExitConfig, "", name + ": flag provided but not defined: -no-such-flag (see " + name + " --help)\n"},
+		{"stray", cli.ExitConfig, "", name + ": unexpected argument \"stray\": " + name + " takes flags only"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.args, func(t *testing.T) {
@@ -82,5 +85,33 @@ func FlagReference(t *testing.T, name string) {
 	cmd, stdout, stderr, err := run("--help")
 	require.NoError(t, err, "stderr %q", stderr.String())
 	require.Zero(t, cmd.ProcessState.ExitCode())
-	require.NoError(t, cli.CheckDoc(filepath.Join("..", "..", cli.DaemonsDoc), name, stdout.String(), *update))
+	require.NoError(t, cli.CheckDoc(filepath.Join("..", "..", cli.DaemonsDoc), name, "```\n"+stdout.String()+"```\n", *update))
+}
+
+// ConfigCase runs a daemon with Args (in its package directory, whose
+// testdata holds the config files) and compares its exit status, stdout
+// and stderr with testdata/check-config/Name.golden.
+type ConfigCase struct {
+	Name string
+	Args string
+}
+
+// CheckConfig runs each case and compares what it answers with its golden
+// file (with -update, it is rewritten to). A case without --check-config
+// must fail before the daemon starts anything.
+func CheckConfig(t *testing.T, cases []ConfigCase) {
+	for _, tt := range cases {
+		t.Run(tt.Name, func(t *testing.T) {
+			cmd, stdout, stderr, _ := run(tt.Args)
+			got := fmt.Sprintf("$ %s\nexit status %d\n--- stdout\n%s--- stderr\n%s", tt.Args, cmd.ProcessState.ExitCode(), stdout, stderr)
+			golden := filepath.Join("testdata", "check-config", tt.Name+".golden")
+			if *update {
+				require.NoError(t, os.MkdirAll(filepath.Dir(golden), 0o755))
+				require.NoError(t, os.WriteFile(golden, []byte(got), 0o644))
+			}
+			want, err := os.ReadFile(golden)
+			require.NoError(t, err, "run go test -update to write it")
+			require.Equal(t, string(want), got)
+		})
+	}
 }
