@@ -8,6 +8,7 @@ import (
 	"io"
 	"os"
 	"os/signal"
+	"strings"
 	"syscall"
 
 	"github.com/jonboulle/clockwork"
@@ -56,6 +57,27 @@ func runWith(ctx context.Context, c *command, args []string) (int, error) {
 	}
 }
 
+// commandArgs is the Args of a command that only groups others: an
+// argument is a command it does not have, named with the nearest ones
+// (cobra's own suggestions are made only for a root without Args).
+func commandArgs(cmd *cobra.Command, args []string) error {
+	if len(args) == 0 {
+		return nil
+	}
+	msg := fmt.Sprintf("unknown command %q for %q", args[0], cmd.CommandPath())
+	if cmd.SuggestionsMinimumDistance <= 0 {
+		cmd.SuggestionsMinimumDistance = suggestionDistance
+	}
+	if s := cmd.SuggestionsFor(args[0]); len(s) > 0 {
+		msg += "\n\nDid you mean this?\n\t" + strings.Join(s, "\n\t")
+	}
+	return fmt.Errorf("%s\n\nSee '%s --help' for usage", msg, cmd.CommandPath())
+}
+
+// suggestionDistance is how many edits from a command a mistyped name may
+// be to be suggested (cobra's default).
+const suggestionDistance = 2
+
 // root is rdzvctl's command tree.
 func (c *command) root() *cobra.Command {
 	root := &cobra.Command{
@@ -73,7 +95,7 @@ and make those certificates.`,
   rdzvctl nodes drain gpu-07`,
 		SilenceErrors: true,
 		SilenceUsage:  true,
-		Args:          cobra.NoArgs,
+		Args:          commandArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			// No command: the usage, as a mistake (scripts that forgot one
 			// get a non-zero exit).

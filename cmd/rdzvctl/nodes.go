@@ -38,7 +38,7 @@ json/yaml/name/jsonpath list them one by one.`,
   rdzvctl nodes --state ready --selector pool=train -o wide
   rdzvctl nodes -o jsonpath='{.nodes[?@.state=="NODE_STATE_READY"].info.name}'
   rdzvctl nodes --watch`,
-		Args: cobra.NoArgs,
+		Args: commandArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error { return c.listNodes(cmd.Context(), &f) },
 	}
 	f.register(cmd.Flags(), nodeStates, "only nodes with all these labels: k=v,k2=v2")

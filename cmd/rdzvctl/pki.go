@@ -35,7 +35,7 @@ revocations). See README "Certificates".`,
 		Example: `  rdzvctl pki init --dir /etc/rdzv/pki
   rdzvctl pki issue agent gpu-01 --dir /etc/rdzv/pki
   rdzvctl pki revoke agent/gpu-01 --reason decommissioned`,
-		Args: cobra.NoArgs,
+		Args: commandArgs,
 		RunE: func(*cobra.Command, []string) error {
 			return fmt.Errorf("%w: pki takes init, issue, show, revoke or revocations", errUsage)
 		},
