@@ -48,7 +48,7 @@ func defaultGlobals() *globals {
 
 func (g *globals) register(fs *pflag.FlagSet) {
 	fs.StringVar(&g.controller, "controller", g.controller, "controller host:port, or every replica's host:port,host:port,... (env RDZV_CONTROLLER)")
-	fs.StringVarP(&g.output, "output", "o", g.output, "output format: "+outputFormats)
+	fs.StringVarP(&g.output, "output", "o", g.output, "output format: "+outputFormats+" (each command's help says which it prints; text-only commands take table alone)")
 	fs.DurationVar(&g.timeout, "timeout", g.timeout, "per-request timeout")
 	fs.StringVar(&g.tlsDir, "tls-dir", g.tlsDir, "directory with ca.crt, rdzvctl.crt and rdzvctl.key (env RDZV_TLS_DIR)")
 	fs.StringVar(&g.tlsCert, "tls-cert", g.tlsCert, "client certificate (default TLS_DIR/rdzvctl.crt)")

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -191,6 +192,33 @@ func TestOutputGolden(t *testing.T) {
 	require.Equal(t, "gpu-03\n", out)
 }
 
+// Each command says which -o formats it prints (the rest it refuses):
+// testdata/output/formats.golden lists them.
+func TestOutputFormatsGolden(t *testing.T) {
+	stableEnv(t)
+	c := &command{globals: defaultGlobals()}
+	var b strings.Builder
+	var walk func(cmd *cobra.Command)
+	walk = func(cmd *cobra.Command) {
+		if cmd.Runnable() && !cmd.Hidden {
+			fmt.Fprintf(&b, "%s: %s\n", cmd.CommandPath(), strings.Join(outputsOf(cmd), ", "))
+			for _, kind := range allOutputs {
+				value := kind
+				if kind == "jsonpath" {
+					value = "jsonpath={.x}"
+				}
+				err := checkOutput(cmd, value, clockwork.NewFakeClockAt(goldenNow))
+				require.Equal(t, slices.Contains(outputsOf(cmd), kind), err == nil, "%s -o %s: %v", cmd.CommandPath(), value, err)
+			}
+		}
+		for _, sub := range cmd.Commands() {
+			walk(sub)
+		}
+	}
+	walk(c.root())
+	golden(t, filepath.Join("output", "formats.golden"), b.String())
+}
+
 // A large cluster's nodes and a large job's workers show as summaries.
 func TestSummaryGolden(t *testing.T) {
 	s, addr := startPagedServer(t)
@@ -276,6 +304,10 @@ func TestErrorsGolden(t *testing.T) {
 		{"drain-without-node", []string{"nodes", "drain"}, 2},
 		{"init-not-a-launcher", []string{"init", "--from", "bash run.sh"}, 2},
 		{"init-without-from", []string{"init"}, 2},
+		{"text-only-output", []string{"logs", "train", "-o", "json"}, 2},
+		{"version-output-name", []string{"version", "--client", "-o", "name"}, 2},
+		{"start-wait-output-json", []string{"start", badJob, "--wait", "-o", "json"}, 2},
+		{"pki-show-output-yaml", []string{"pki", "show", "ca.crt", "-o", "yaml"}, 2},
 		{"status-not-found", []string{"--insecure", "--controller", addr, "status", "nosuchjob"}, 1},
 	}
 	for _, tt := range tests {

@@ -70,6 +70,9 @@ it would wait; nothing is stored.`,
 			if wait && dryRun {
 				return fmt.Errorf("%w: --wait and --dry-run exclude each other", errUsage)
 			}
+			if wait && o.kind != "table" {
+				return fmt.Errorf("%w: -o %s: start --wait prints the job's events as text; with --wait -o takes table (the default)", errUsage, c.output)
+			}
 			spec, err := loadJob(args[0])
 			if err != nil {
 				return err
@@ -88,12 +91,12 @@ it would wait; nothing is stored.`,
 				return renderOne(c.out, o, resp.GetJob(), func(w io.Writer, v view) { fmt.Fprintln(w, spec.Name) }, spec.Name)
 			}
 			fmt.Fprintf(c.out, "job %s submitted\n", spec.Name)
-			return c.wait(cmd.Context(), c.client, spec.Name)
+			return c.wait(cmd.Context(), c.client, spec.Name, c.out)
 		},
 	}
 	cmd.Flags().BoolVar(&wait, "wait", false, "follow the job until it ends; exit non-zero unless it succeeds")
 	cmd.Flags().BoolVar(&dryRun, "dry-run", false, "validate on the controller and preview the placement; store nothing")
-	return cmd
+	return prints(cmd, allOutputs...)
 }
 
 // printWarnings prints the controller's warnings about a job file on
@@ -151,24 +154,24 @@ without a controller.`,
 	return cmd
 }
 
-// wait follows a job until it ends, printing its events as they are
+// wait follows a job until it ends, printing its events on w as they are
 // written (see waitForJob). It rides out a controller failover or restart:
 // errors are retried until the job ends or the operator interrupts.
-func (c *command) wait(ctx context.Context, client rdzvv1.JobServiceClient, name string) error {
+func (c *command) wait(ctx context.Context, client rdzvv1.JobServiceClient, name string, w io.Writer) error {
 	get := func(ctx context.Context) (*rdzvv1.Job, error) {
 		cctx, cancel := c.call(ctx)
 		defer cancel()
 		resp, err := client.GetJob(cctx, &rdzvv1.GetJobRequest{Name: name})
 		return resp.GetJob(), err
 	}
-	job, err := waitForJob(ctx, client, name, get, c.out, c.retrying("following job"))
+	job, err := waitForJob(ctx, client, name, get, w, c.retrying("following job"))
 	switch {
 	case ctx.Err() != nil:
 		return fmt.Errorf("stopped following job %s (it keeps running): %w", name, ctx.Err())
 	case err != nil:
 		return c.rpcErr("following job", err)
 	case job.GetState() == rdzvv1.JobState_JOB_STATE_SUCCEEDED:
-		fmt.Fprintf(c.out, "job %s succeeded: %s\n", name, job.GetReason())
+		fmt.Fprintf(w, "job %s succeeded: %s\n", name, job.GetReason())
 		return nil
 	}
 	return &jobFailedError{job: job}
@@ -418,7 +421,7 @@ func (c *command) statusCmd() *cobra.Command {
 	}
 	f.register(cmd.Flags(), jobStates, "without JOB: only jobs whose node selector includes all these labels: k=v,k2=v2")
 	cmd.Flags().BoolVar(&f.all, "all", false, fmt.Sprintf("with JOB: list every node's workers (a job on more than %d nodes shows a summary)", summaryAbove))
-	return cmd
+	return prints(cmd, allOutputs...)
 }
 
 func (c *command) listCmd() *cobra.Command {
@@ -435,7 +438,7 @@ func (c *command) listCmd() *cobra.Command {
 		RunE: func(cmd *cobra.Command, _ []string) error { return c.listJobs(cmd.Context(), &f) },
 	}
 	f.register(cmd.Flags(), jobStates, "only jobs whose node selector includes all these labels: k=v,k2=v2")
-	return cmd
+	return prints(cmd, allOutputs...)
 }
 
 // listJobs prints the jobs: a summary of each in a table, whole jobs in
@@ -550,7 +553,7 @@ func (c *command) eventsCmd() *cobra.Command {
 	cmd.Flags().UintVar(&limit, "limit", 0, "newest N events (default: the controller's, 1000; with --follow, 20)")
 	cmd.Flags().BoolVarP(&follow, "follow", "f", false, "keep printing events as they are written, across controller failovers (-o table, wide or json: one object a line)")
 	cmd.ValidArgsFunction = c.completeJobs
-	return cmd
+	return prints(cmd, allOutputs...)
 }
 
 // followEvents prints events from the WatchEvents stream until the
@@ -573,7 +576,7 @@ func (c *command) followEvents(ctx context.Context, client rdzvv1.JobServiceClie
 }
 
 func (c *command) deleteCmd() *cobra.Command {
-	return &cobra.Command{
+	return prints(&cobra.Command{
 		Use:   "delete JOB",
 		Short: "Remove a finished job and all kept for it (events too)",
 		Long: `Remove a finished job and everything the controller keeps for it: its
@@ -596,7 +599,7 @@ under their retention.`,
 			}
 			return renderOne(c.out, o, resp, func(w io.Writer, v view) { fmt.Fprintf(w, "job %s deleted\n", args[0]) }, args[0])
 		},
-	}
+	}, allOutputs...)
 }
 
 func (c *command) stopCmd() *cobra.Command {
@@ -620,8 +623,13 @@ func (c *command) stopCmd() *cobra.Command {
 				return err
 			}
 			if wait {
+				// The events go where they do not mix with data.
+				events := c.out
+				if o.kind != "table" && o.kind != "wide" {
+					events = c.errOut
+				}
 				var failed *jobFailedError
-				if err := c.wait(cmd.Context(), c.client, args[0]); err != nil && !errors.As(err, &failed) {
+				if err := c.wait(cmd.Context(), c.client, args[0], events); err != nil && !errors.As(err, &failed) {
 					return err
 				}
 			}
@@ -631,7 +639,7 @@ func (c *command) stopCmd() *cobra.Command {
 		},
 	}
 	cmd.Flags().BoolVar(&wait, "wait", false, "wait until every worker has exited")
-	return cmd
+	return prints(cmd, allOutputs...)
 }
 
 // completeJobs completes a job name from the controller's first page of

@@ -105,7 +105,7 @@ and make those certificates.`,
 		},
 		PersistentPreRunE: func(cmd *cobra.Command, _ []string) error {
 			c.ran = true
-			return nil
+			return checkOutput(cmd, c.output, c.clock)
 		},
 	}
 	root.SetFlagErrorFunc(func(cmd *cobra.Command, err error) error {
@@ -127,5 +127,6 @@ and make those certificates.`,
 	// include them.
 	root.InitDefaultCompletionCmd()
 	root.InitDefaultHelpCmd()
+	describeOutputs(root)
 	return root
 }
