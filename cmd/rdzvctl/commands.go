@@ -95,7 +95,9 @@ func (g *globals) newClient() (*client.Client, error) {
 type command struct {
 	*globals
 	out, errOut io.Writer
-	client      *client.Client
+	// in is stdin when it is a pipe or file; nil when it is a terminal.
+	in     io.Reader
+	client *client.Client
 	// ran is set once a command's own code runs: errors before that are
 	// cobra's refusals of the command line.
 	ran bool

@@ -5,6 +5,7 @@ import (
 	"context"
 	"flag"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"slices"
@@ -31,9 +32,18 @@ var update = flag.Bool("update", false, "rewrite golden files and docs/cli")
 // goldenNow is the fixed time of golden output: ages are counted to it.
 var goldenNow = time.Date(2026, 3, 4, 12, 0, 0, 0, time.UTC)
 
+// testdata is the absolute path of testdata/, which tests that change
+// directory still find.
+var testdata string
+
 func TestMain(m *testing.M) {
 	// Times print in local time; goldens must not depend on the machine's.
 	time.Local = time.UTC
+	wd, err := os.Getwd()
+	if err != nil {
+		panic(err)
+	}
+	testdata = filepath.Join(wd, "testdata")
 	os.Exit(m.Run())
 }
 
@@ -48,7 +58,7 @@ func stableEnv(t *testing.T) {
 // golden compares got with testdata/name, or writes it with -update.
 func golden(t *testing.T, name, got string) {
 	t.Helper()
-	path := filepath.Join("testdata", name)
+	path := filepath.Join(testdata, name)
 	if *update {
 		require.NoError(t, os.MkdirAll(filepath.Dir(path), 0o755))
 		require.NoError(t, os.WriteFile(path, []byte(got), 0o644))
@@ -316,6 +326,53 @@ func TestErrorsGolden(t *testing.T) {
 			require.Equal(t, tt.wantCode, code, "err: %v", err)
 			require.Error(t, err)
 			golden(t, filepath.Join("errors", tt.name+".golden"), err.Error()+"\n")
+		})
+	}
+}
+
+// runGoldenIO runs rdzvctl at goldenNow with stdin (nil: a terminal) and
+// returns the whole exchange as golden text: exit code, stdout, stderr and
+// the error main prints.
+func runGoldenIO(stdin io.Reader, args ...string) string {
+	var out, errOut bytes.Buffer
+	c := &command{globals: defaultGlobals(), out: &out, errOut: &errOut, in: stdin, clock: clockwork.NewFakeClockAt(goldenNow)}
+	code, err := runWith(context.Background(), c, args)
+	msg := ""
+	if err != nil {
+		msg = "rdzvctl: " + err.Error() + "\n"
+	}
+	return fmt.Sprintf("$ rdzvctl %s\nexit %d\n--- stdout\n%s--- stderr\n%s%s", strings.Join(args, " "), code, out.String(), errOut.String(), msg)
+}
+
+// validate checks several files and stdin, each file's errors led by its
+// name, and fails if any is invalid.
+func TestValidateGolden(t *testing.T) {
+	stableEnv(t)
+	t.Chdir(t.TempDir())
+	good := "name: train\nnodes: 2\ncommand: [train.py]\n"
+	files := map[string]string{
+		"good.yaml":    good,
+		"typo.yaml":    "name: x\nnodez: 2\ncommand: [train.py]\n",
+		"invalid.yaml": "name: x\nnodes: {min: 3, max: 1}\ncommand: [train.py]\n",
+	}
+	for name, body := range files {
+		require.NoError(t, os.WriteFile(name, []byte(body), 0o644))
+	}
+	for _, tt := range []struct {
+		name  string
+		stdin io.Reader
+		args  []string
+	}{
+		{"several", nil, []string{"validate", "--local", "good.yaml", "typo.yaml", "invalid.yaml", "missing.yaml"}},
+		{"all-valid", nil, []string{"validate", "--local", "good.yaml", "good.yaml"}},
+		{"stdin-piped", strings.NewReader(good), []string{"validate", "--local"}},
+		{"stdin-dash", strings.NewReader(files["typo.yaml"]), []string{"validate", "--local", "good.yaml", "-"}},
+		{"stdin-twice", strings.NewReader(good), []string{"validate", "--local", "-", "-"}},
+		{"no-file-no-pipe", nil, []string{"validate", "--local"}},
+		{"dash-from-terminal", nil, []string{"validate", "--local", "-"}},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			golden(t, filepath.Join("validate", tt.name+".golden"), runGoldenIO(tt.stdin, tt.args...))
 		})
 	}
 }

@@ -7,12 +7,15 @@ import (
 	"fmt"
 	"io"
 	"math"
+	"slices"
 	"sort"
 	"strings"
 	"time"
 
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 
 	"github.com/rdzv/rdzv/client"
@@ -36,15 +39,43 @@ func (e *jobFailedError) Error() string {
 // format parses -o.
 func (c *command) format() (output, error) { return parseOutput(c.output, c.clock) }
 
-// loadJob reads and checks a job file on this side: the same rules the
-// controller applies (jobspec).
-func loadJob(path string) (*jobspec.Spec, error) {
-	spec, err := jobspec.LoadFile(path)
+// stdinName names the job read from stdin in messages.
+const stdinName = "<stdin>"
+
+// loadJob reads and checks a job file, or stdin for "-", on this side: the
+// same rules the controller applies (jobspec). It returns the name to
+// report the job by; its errors start with that name.
+func (c *command) loadJob(path string) (string, *jobspec.Spec, error) {
+	name, spec, err := path, (*jobspec.Spec)(nil), error(nil)
+	if path == "-" {
+		name = stdinName
+		spec, err = c.readStdinJob()
+	} else if spec, err = jobspec.LoadFile(path); err != nil && !errors.Is(err, jobspec.ErrInvalid) {
+		err = fmt.Errorf("%s: %w", name, err) // the file's own errors start with its name
+	}
 	if err != nil {
-		return nil, err
+		return name, nil, err
 	}
 	if err := spec.Validate(); err != nil {
-		return nil, fmt.Errorf("%s: %w", path, err)
+		return name, nil, fmt.Errorf("%s: %w", name, err)
+	}
+	return name, spec, nil
+}
+
+// readStdinJob parses the job on stdin, its relative paths resolved
+// against the working directory.
+func (c *command) readStdinJob() (*jobspec.Spec, error) {
+	if c.in == nil {
+		return nil, fmt.Errorf("%w: - reads the job from stdin, which is a terminal or closed: pipe the job in", errUsage)
+	}
+	// One byte more than allowed, so that Parse says it is too long.
+	data, err := io.ReadAll(io.LimitReader(c.in, jobspec.MaxFileBytes+1))
+	if err != nil {
+		return nil, fmt.Errorf("%s: reading the job: %w", stdinName, err)
+	}
+	spec, err := jobspec.ParseIn(data, ".")
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", stdinName, err)
 	}
 	return spec, nil
 }
@@ -52,15 +83,16 @@ func loadJob(path string) (*jobspec.Spec, error) {
 func (c *command) startCmd() *cobra.Command {
 	var wait, dryRun bool
 	cmd := &cobra.Command{
-		Use:   "start JOB.yaml",
+		Use:   "start JOB.yaml|-",
 		Short: "Validate and submit a job",
 		Long: `Validate a job file and submit it. With --wait, follow the job to its end
 and exit non-zero unless it succeeds. With --dry-run, the controller
 validates the job and says which nodes it would be placed on now, or why
-it would wait; nothing is stored.`,
+it would wait; nothing is stored. - reads the job from stdin.`,
 		Example: `  rdzvctl start job.yaml
   rdzvctl start job.yaml --wait
-  rdzvctl start job.yaml --dry-run`,
+  rdzvctl start job.yaml --dry-run
+  rdzvctl get job train | sed 's/^name: train$/name: train-2/' | rdzvctl start -`,
 		Args: exactArgs(1, "start takes one job file"),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			o, err := c.format()
@@ -73,7 +105,7 @@ it would wait; nothing is stored.`,
 			if wait && o.kind != "table" {
 				return fmt.Errorf("%w: -o %s: start --wait prints the job's events as text; with --wait -o takes table (the default)", errUsage, c.output)
 			}
-			spec, err := loadJob(args[0])
+			file, spec, err := c.loadJob(args[0])
 			if err != nil {
 				return err
 			}
@@ -83,10 +115,10 @@ it would wait; nothing is stored.`,
 			if err != nil {
 				return err
 			}
-			c.printWarnings(args[0], resp.GetWarnings())
+			c.printWarnings(file, resp.GetWarnings())
 			switch {
 			case dryRun:
-				return renderOne(c.out, o, resp, func(w io.Writer, v view) { printPreview(w, args[0], resp.GetPlacement()) }, spec.Name)
+				return renderOne(c.out, o, resp, func(w io.Writer, v view) { printPreview(w, file, resp.GetPlacement()) }, spec.Name)
 			case !wait:
 				return renderOne(c.out, o, resp.GetJob(), func(w io.Writer, v view) { fmt.Fprintln(w, spec.Name) }, spec.Name)
 			}
@@ -124,34 +156,87 @@ func printPreview(w io.Writer, file string, p *rdzvv1.PlacementPreview) {
 func (c *command) validateCmd() *cobra.Command {
 	var local bool
 	cmd := &cobra.Command{
-		Use:   "validate JOB.yaml",
-		Short: "Check a job file here and on the controller, without starting it",
-		Long: `Check a job file: parsed and validated here, then by the controller (as
-start --dry-run, without printing the placement). With --local, only here,
-without a controller.`,
+		Use:   "validate [JOB.yaml|-]...",
+		Short: "Check job files here and on the controller, without starting them",
+		Long: `Check job files: each parsed and validated here, then by the controller
+(as start --dry-run, without printing the placement). With --local, only
+here, without a controller. - (or no file, with stdin a pipe) reads a job
+from stdin.
+
+Each file's verdict is printed, its errors on stderr led by its name; the
+exit status is 1 if any file is invalid.`,
 		Example: `  rdzvctl validate job.yaml
-  rdzvctl validate --local job.yaml`,
-		Args: exactArgs(1, "validate takes one job file"),
+  rdzvctl validate --local jobs/*.yaml
+  rdzvctl init --from 'torchrun --nproc_per_node 8 train.py' | rdzvctl validate --local`,
+		Args: cobra.ArbitraryArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
-			spec, err := loadJob(args[0])
-			if err != nil {
-				return err
+			files := args
+			if len(files) == 0 {
+				if c.in == nil {
+					return fmt.Errorf("%w: validate takes job files, or - (or a pipe) for a job on stdin", errUsage)
+				}
+				files = []string{"-"}
 			}
-			if !local {
-				resp, err := unary(cmd.Context(), c, args[0], func(ctx context.Context, cl *client.Client) (*rdzvv1.StartJobResponse, error) {
-					return cl.StartJob(ctx, &rdzvv1.StartJobRequest{Spec: spec.ToProto(), DryRun: true})
-				})
-				if err != nil {
+			if stdin := slices.DeleteFunc(slices.Clone(files), func(f string) bool { return f != "-" }); len(stdin) > 1 {
+				return fmt.Errorf("%w: - (stdin) given more than once", errUsage)
+			}
+			var invalid []string
+			for _, file := range files {
+				name, err := c.validateOne(cmd.Context(), file, local)
+				var bad *invalidJobError
+				switch {
+				case errors.As(err, &bad):
+					fmt.Fprintln(c.errOut, bad.err)
+					invalid = append(invalid, name)
+				case err != nil:
 					return err
 				}
-				c.printWarnings(args[0], resp.GetWarnings())
 			}
-			fmt.Fprintf(c.out, "%s: job %s is valid\n", args[0], spec.Name)
+			if len(invalid) > 0 {
+				return fmt.Errorf("%d of %d job files invalid: %s", len(invalid), len(files), strings.Join(invalid, ", "))
+			}
 			return nil
 		},
 	}
 	cmd.Flags().BoolVar(&local, "local", false, "check here only, without asking the controller")
 	return cmd
+}
+
+// invalidJobError is a job file found invalid, here or by the controller.
+type invalidJobError struct{ err error }
+
+func (e *invalidJobError) Error() string { return e.err.Error() }
+func (e *invalidJobError) Unwrap() error { return e.err }
+
+// validateOne checks one job file, or stdin for "-"; it returns the name
+// the job is reported by, and an *invalidJobError for an invalid job (any
+// other error ends validate: the controller did not answer).
+func (c *command) validateOne(ctx context.Context, file string, local bool) (string, error) {
+	name, spec, err := c.loadJob(file)
+	if errors.Is(err, errUsage) {
+		return name, err
+	}
+	if err != nil {
+		return name, &invalidJobError{err: err}
+	}
+	if !local {
+		cl, err := c.dial()
+		if err != nil {
+			return name, err
+		}
+		cctx, cancel := c.call(ctx)
+		resp, err := cl.StartJob(cctx, &rdzvv1.StartJobRequest{Spec: spec.ToProto(), DryRun: true})
+		cancel()
+		switch {
+		case status.Code(err) == codes.InvalidArgument:
+			return name, &invalidJobError{err: c.rpcErr(name, err)}
+		case err != nil:
+			return name, c.rpcErr(name, err)
+		}
+		c.printWarnings(name, resp.GetWarnings())
+	}
+	fmt.Fprintf(c.out, "%s: job %s is valid\n", name, spec.Name)
+	return name, nil
 }
 
 // wait follows a job until it ends, printing its events on w as they are

@@ -32,7 +32,11 @@ var errUsage = errors.New("usage")
 // when the command failed, 2 for a command-line mistake (a bad flag,
 // argument or format), with the usage on errOut.
 func run(ctx context.Context, args []string, out, errOut io.Writer) (int, error) {
-	return runWith(ctx, &command{globals: defaultGlobals(), out: out, errOut: errOut, clock: clockwork.NewRealClock()}, args)
+	c := &command{globals: defaultGlobals(), out: out, errOut: errOut, clock: clockwork.NewRealClock()}
+	if fi, err := os.Stdin.Stat(); err == nil && fi.Mode()&os.ModeCharDevice == 0 {
+		c.in = os.Stdin // piped or redirected, not a terminal
+	}
+	return runWith(ctx, c, args)
 }
 
 // runWith runs a command line with c's streams and clock.
