@@ -22,6 +22,7 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
+	"github.com/rdzv/rdzv/jobspec"
 	rdzvv1 "github.com/rdzv/rdzv/proto/rdzv/v1"
 )
 
@@ -374,5 +375,61 @@ func TestValidateGolden(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			golden(t, filepath.Join("validate", tt.name+".golden"), runGoldenIO(tt.stdin, tt.args...))
 		})
+	}
+}
+
+// get job NAME -o yaml prints a job.yaml that validate and start take
+// (export → edit → start); secret values stay withheld.
+func TestGetJobGolden(t *testing.T) {
+	stableEnv(t)
+	s, addr := startPagedServer(t)
+	fixtures(s)
+	s.jobs = append(s.jobs, &rdzvv1.Job{Spec: &rdzvv1.JobSpec{Name: "secret", NodesMin: 1, NodesMax: 1, Command: []string{"train.py"},
+		Env: map[string]string{"MODE": "fast"}, SecretEnv: map[string]string{"TOKEN": jobspec.Redacted}}, State: rdzvv1.JobState_JOB_STATE_SUCCEEDED})
+	// A job as start submits it: every kind of field set.
+	full, err := jobspec.Parse([]byte(`name: full
+nodes: {min: 2, max: 4, spares: 1}
+gpus_per_node: 8
+command: [train.py, --lr, "3e-4"]
+workdir: /shared/llama
+env: {OMP_NUM_THREADS: "4"}
+env_files: {HF_TOKEN: /etc/rdzv/hf-token}
+selector: {pool: train}
+checkpoint: {dir: /shared/ckpt}
+rendezvous: {last_call: 5s, timeout: 2m}
+launcher: {kind: torchrun, extra_args: [--redirects, "2"]}
+restart: {max_restarts: 5, backoff: {initial: 2s, max: 20s}}
+health: {progress_timeout: 2m, preflight: {min_bandwidth_mbps: 1000}}
+`))
+	require.NoError(t, err)
+	require.NoError(t, full.Validate())
+	s.jobs = append(s.jobs, &rdzvv1.Job{Spec: full.ToProto(), State: rdzvv1.JobState_JOB_STATE_RUNNING})
+	flags := []string{"--insecure", "--controller", addr}
+	for _, tt := range []struct {
+		name string
+		args []string
+	}{
+		{"table", []string{"get", "job", "train"}},
+		{"wide", []string{"get", "job", "train", "-o", "wide"}},
+		{"name", []string{"get", "job", "train", "-o", "name"}},
+		{"yaml", []string{"get", "job", "train", "-o", "yaml"}},
+		{"json", []string{"get", "job", "train", "-o", "json"}},
+		{"jsonpath", []string{"get", "job", "train", "-o", "jsonpath={.nodes.max}"}},
+		{"secret-yaml", []string{"get", "job", "secret", "-o", "yaml"}},
+		{"full-yaml", []string{"get", "job", "full", "-o", "yaml"}},
+		{"not-found", []string{"get", "job", "nosuchjob", "-o", "yaml"}},
+		{"no-kind", []string{"get"}},
+		{"mistyped-kind", []string{"get", "jbo", "train"}},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			golden(t, filepath.Join("get", tt.name+".golden"), strings.ReplaceAll(runGoldenIO(nil, append(flags, tt.args...)...), addr, "ADDR"))
+		})
+	}
+	// The export validates as it is, and after an edit.
+	for _, job := range []string{"full", "secret"} {
+		_, y, err := runGolden(append(flags, "get", "job", job, "-o", "yaml")...)
+		require.NoError(t, err)
+		edited := strings.Replace(y, "name: "+job+"\n", "name: "+job+"-2\n", 1)
+		golden(t, filepath.Join("get", job+"-roundtrip.golden"), runGoldenIO(strings.NewReader(edited), "validate", "--local", "-"))
 	}
 }

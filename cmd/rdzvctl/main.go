@@ -117,7 +117,7 @@ and make those certificates.`,
 	})
 	c.register(root.PersistentFlags())
 	root.AddGroup(&cobra.Group{ID: "jobs", Title: "Jobs:"}, &cobra.Group{ID: "cluster", Title: "Cluster:"})
-	for _, sub := range []*cobra.Command{c.initCmd(), c.startCmd(), c.validateCmd(), c.statusCmd(), c.listCmd(), c.logsCmd(), c.eventsCmd(), c.stopCmd(), c.deleteCmd()} {
+	for _, sub := range []*cobra.Command{c.initCmd(), c.startCmd(), c.validateCmd(), c.statusCmd(), c.listCmd(), c.getCmd(), c.logsCmd(), c.eventsCmd(), c.stopCmd(), c.deleteCmd()} {
 		sub.GroupID = "jobs"
 		root.AddCommand(sub)
 	}
