@@ -433,3 +433,49 @@ health: {progress_timeout: 2m, preflight: {min_bandwidth_mbps: 1000}}
 		golden(t, filepath.Join("get", job+"-roundtrip.golden"), runGoldenIO(strings.NewReader(edited), "validate", "--local", "-"))
 	}
 }
+
+// events --kind, --node and --since filter here, over as many events as
+// the controller lists; --watch follows new ones, filtered the same.
+func TestEventsFilterGolden(t *testing.T) {
+	stableEnv(t)
+	s, addr := startPagedServer(t)
+	fixtures(s)
+	s.events = append(s.events,
+		&rdzvv1.Event{Time: ts(20 * time.Minute), Node: "gpu-04", Kind: "node_lost", Message: "node gpu-04 lost: no heartbeat for 10s"},
+		&rdzvv1.Event{Time: ts(10 * time.Minute), Job: "train", Node: "gpu-01", Kind: "checkpoint_recorded", Message: "checkpoint step 1000"})
+	s.live = []*rdzvv1.Event{
+		{Time: ts(time.Minute), Job: "train", Node: "gpu-02", Generation: 2, Kind: "attempt_failed", Message: "generation 2 failed: worker on gpu-02 exited 1"},
+		{Time: ts(time.Minute), Job: "train", Generation: 3, Kind: "rendezvous_committed", Message: "generation 3 on 2 nodes"},
+	}
+	flags := []string{"--insecure", "--controller", addr}
+	for _, tt := range []struct {
+		name string
+		args []string
+		// want is the request made of the controller.
+		want proto.Message
+	}{
+		{"kind", []string{"events", "--kind", "attempt_failed,node_lost"}, &rdzvv1.ListEventsRequest{Limit: eventsMax}},
+		{"node", []string{"events", "--node", "gpu-04", "-o", "wide"}, &rdzvv1.ListEventsRequest{Limit: eventsMax}},
+		{"since-duration", []string{"events", "--since", "35m"}, &rdzvv1.ListEventsRequest{Limit: eventsMax}},
+		{"since-time", []string{"events", "--since", "2026-03-04T11:45:00Z", "-o", "name"}, &rdzvv1.ListEventsRequest{Limit: eventsMax}},
+		{"all-filters-limit", []string{"events", "--kind", "node_lost,checkpoint_recorded,attempt_failed", "--since", "1h", "--limit", "1"}, &rdzvv1.ListEventsRequest{Limit: eventsMax}},
+		{"unfiltered-limit", []string{"events", "--limit", "2"}, &rdzvv1.ListEventsRequest{Limit: 2}},
+		{"watch", []string{"events", "train", "--watch", "--limit", "2"}, &rdzvv1.WatchEventsRequest{Job: "train", Tail: 2}},
+		{"watch-kind", []string{"events", "train", "-w", "--kind", "attempt_failed"}, &rdzvv1.WatchEventsRequest{Job: "train", Tail: eventsMax}},
+		{"watch-json-node", []string{"events", "--follow", "--node", "gpu-02", "-o", "json"}, &rdzvv1.WatchEventsRequest{Tail: eventsMax}},
+		{"watch-yaml", []string{"events", "--watch", "-o", "yaml"}, nil},
+		{"bad-kind", []string{"events", "--kind", "Attempt Failed"}, nil},
+		{"bad-since", []string{"events", "--since", "last week"}, nil},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			golden(t, filepath.Join("events", tt.name+".golden"), strings.ReplaceAll(runGoldenIO(nil, append(flags, tt.args...)...), addr, "ADDR"))
+			reqs := s.requests()
+			if tt.want == nil {
+				require.Empty(t, reqs)
+				return
+			}
+			require.NotEmpty(t, reqs)
+			require.True(t, proto.Equal(tt.want, reqs[0]), "asked %v", reqs[0])
+		})
+	}
+}

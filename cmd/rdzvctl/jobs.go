@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"math"
+	"regexp"
 	"slices"
 	"sort"
 	"strings"
@@ -595,19 +596,89 @@ func listKey[M proto.Message](items []M, volatile func(M)) ([]byte, error) {
 	return key, nil
 }
 
+// eventsMax is the most events the controller lists or replays at once
+// (ListEventsRequest.limit, WatchEventsRequest.tail).
+const eventsMax = 10000
+
+// eventFilter is events' --kind, --node and --since, applied here: the
+// controller lists and watches by job only.
+type eventFilter struct {
+	kinds map[string]bool
+	node  string
+	since time.Time
+}
+
+// any reports whether the filter drops anything.
+func (f eventFilter) any() bool { return len(f.kinds) > 0 || f.node != "" || !f.since.IsZero() }
+
+func (f eventFilter) keep(ev *rdzvv1.Event) bool {
+	return (len(f.kinds) == 0 || f.kinds[ev.GetKind()]) && (f.node == "" || ev.GetNode() == f.node) &&
+		(f.since.IsZero() || !ev.GetTime().AsTime().Before(f.since))
+}
+
+// eventKind is what an event kind looks like (job_submitted).
+var eventKind = regexp.MustCompile(`^[a-z][a-z0-9_]*$`)
+
+// parseEventFilter reads --kind, --node and --since.
+func parseEventFilter(kinds, node, since string, now time.Time) (eventFilter, error) {
+	f := eventFilter{node: node}
+	for _, k := range strings.Split(kinds, ",") {
+		if k = strings.TrimSpace(k); k == "" {
+			continue
+		}
+		if !eventKind.MatchString(k) {
+			return f, fmt.Errorf("%w: --kind: %q is not an event kind; want names such as job_failed,node_lost (rdzvctl events -o jsonpath='{.events[*].kind}' lists those recorded)", errUsage, k)
+		}
+		if f.kinds == nil {
+			f.kinds = map[string]bool{}
+		}
+		f.kinds[k] = true
+	}
+	if since != "" {
+		t, err := parseSince(since, now)
+		if err != nil {
+			return f, err
+		}
+		f.since = t
+	}
+	return f, nil
+}
+
+// newest keeps the last n of items (n 0: all).
+func newest[T any](items []T, n uint) []T {
+	if n > 0 && uint(len(items)) > n {
+		return items[uint(len(items))-n:]
+	}
+	return items
+}
+
 func (c *command) eventsCmd() *cobra.Command {
 	var limit uint
 	var follow bool
+	var kinds, node, since string
 	cmd := &cobra.Command{
 		Use:   "events [JOB]",
 		Short: "List a job's events, or cluster events without JOB",
+		Long: `List a job's events, or every event of the cluster without JOB, oldest
+first. --kind, --node and --since keep only the events that match all of
+them; --limit keeps the newest N of those. Filtered, the newest 10000 events
+are read (the most the controller lists at once) and matched here.
+
+--watch (or --follow) prints the newest events first (20, or --limit), then
+each new one as it is written, across controller failovers, until Ctrl-C.`,
 		Example: `  rdzvctl events train
   rdzvctl events --limit 20 -o wide
+  rdzvctl events train --kind attempt_failed,recovered --since 2h
+  rdzvctl events --node gpu-07 --since 2026-03-04T08:00:00Z
   rdzvctl events train -o jsonpath='{.events[*].kind}'
-  rdzvctl events -f            # every job's events as they are written`,
+  rdzvctl events --watch --kind node_lost   # cluster-wide, as they are written`,
 		Args: maxArgs(1, "events takes at most one job name"),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			o, err := c.format()
+			if err != nil {
+				return err
+			}
+			filter, err := parseEventFilter(kinds, node, since, c.clock.Now())
 			if err != nil {
 				return err
 			}
@@ -620,10 +691,17 @@ func (c *command) eventsCmd() *cobra.Command {
 				return err
 			}
 			if follow {
-				return c.followEvents(cmd.Context(), client, job, limit, o)
+				return c.followEvents(cmd.Context(), client, job, limit, filter, o)
 			}
-			items, err := collect(cmd.Context(), c, 0, nil, func(ctx context.Context, token string) ([]*rdzvv1.Event, string, error) {
-				resp, err := client.ListEvents(ctx, &rdzvv1.ListEventsRequest{Job: job, Limit: uint32(limit), PageToken: token})
+			req := &rdzvv1.ListEventsRequest{Job: job, Limit: uint32(min(limit, eventsMax))}
+			if filter.any() {
+				req.Limit = eventsMax // matched here: read as many as may be
+			}
+			// At most eventsMax come back: the controller's bound is
+			// this list's.
+			items, err := collect(cmd.Context(), c, 0, filter.keep, func(ctx context.Context, token string) ([]*rdzvv1.Event, string, error) {
+				req.PageToken = token
+				resp, err := client.ListEvents(ctx, req)
 				if err != nil {
 					return nil, "", c.rpcErr("listing events", err)
 				}
@@ -632,28 +710,62 @@ func (c *command) eventsCmd() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			return render(c.out, o, events, items)
+			return render(c.out, o, events, newest(items, limit))
 		},
 	}
-	cmd.Flags().UintVar(&limit, "limit", 0, "newest N events (default: the controller's, 1000; with --follow, 20)")
-	cmd.Flags().BoolVarP(&follow, "follow", "f", false, "keep printing events as they are written, across controller failovers (-o table, wide or json: one object a line)")
+	cmd.Flags().UintVar(&limit, "limit", 0, "newest N events (default: the controller's, 1000, or all that match a filter; with --watch, 20)")
+	cmd.Flags().BoolVarP(&follow, "watch", "w", false, "keep printing events as they are written, across controller failovers (-o table, wide or json: one object a line); Ctrl-C ends")
+	cmd.Flags().BoolVarP(&follow, "follow", "f", false, "the same as --watch")
+	cmd.Flags().StringVar(&kinds, "kind", "", "only events of these kinds, comma-separated (job_failed,node_lost)")
+	cmd.Flags().StringVar(&node, "node", "", "only events about this node")
+	cmd.Flags().StringVar(&since, "since", "", "only events since this time: a duration back from now (10m) or RFC 3339")
 	cmd.ValidArgsFunction = c.completeJobs
 	return prints(cmd, allOutputs...)
 }
 
 // followEvents prints events from the WatchEvents stream until the
-// operator interrupts: an unknown job or a refused request ends it.
-func (c *command) followEvents(ctx context.Context, client rdzvv1.JobServiceClient, job string, limit uint, o output) error {
+// operator interrupts: an unknown job or a refused request ends it. The
+// replay (the newest events first) is matched here and its newest limit
+// (default followTail) printed once it is over; then each new event that
+// matches as it comes.
+func (c *command) followEvents(ctx context.Context, client rdzvv1.JobServiceClient, job string, limit uint, filter eventFilter, o output) error {
 	switch o.kind {
 	case "table", "wide", "json":
 	default:
-		return fmt.Errorf("%w: -o %s: --follow prints table or json lines", errUsage, o.kind)
+		return fmt.Errorf("%w: -o %s: events --watch prints table, wide or json (one object a line); -o takes those with --watch", errUsage, c.output)
 	}
-	tail := uint32(min(limit, math.MaxUint32))
-	if tail == 0 {
-		tail = followTail
+	if limit == 0 {
+		limit = followTail
 	}
-	err := followEvents(ctx, client, &rdzvv1.WatchEventsRequest{Job: job, Tail: tail}, printEvents(c.out, o.kind == "json"), c.retrying("following events"))
+	limit = min(limit, eventsMax)
+	tail := uint32(limit)
+	if filter.any() {
+		tail = eventsMax // matched here: replay as many as may be
+	}
+	print := printEvents(c.out, o.kind == "json")
+	// replay holds the replay's matching events, at most limit of them,
+	// until it is over.
+	var replay []*rdzvv1.WatchEventsResponse
+	caughtUp := false
+	handle := func(m *rdzvv1.WatchEventsResponse) (bool, error) {
+		switch {
+		case m.GetCaughtUp() && !caughtUp:
+			caughtUp = true
+			for _, r := range replay {
+				if _, err := print(r); err != nil {
+					return false, err
+				}
+			}
+			replay = nil
+		case m.GetEvent() == nil || !filter.keep(m.GetEvent()):
+		case caughtUp:
+			return print(m)
+		default:
+			replay = newest(append(replay, m), limit)
+		}
+		return false, nil
+	}
+	err := followEvents(ctx, client, &rdzvv1.WatchEventsRequest{Job: job, Tail: tail}, handle, c.retrying("following events"))
 	if err != nil && ctx.Err() == nil {
 		return c.rpcErr("following events", err)
 	}
