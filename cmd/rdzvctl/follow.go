@@ -149,9 +149,10 @@ func waitForJob(ctx context.Context, jobs rdzvv1.JobServiceClient, name string, 
 			return nil, false, nil
 		}
 		created = job.GetCreatedAt().AsTime()
-		switch st := job.GetState(); st {
-		case rdzvv1.JobState_JOB_STATE_SUCCEEDED, rdzvv1.JobState_JOB_STATE_FAILED, rdzvv1.JobState_JOB_STATE_STOPPED:
+		if terminalJob(job.GetState()) {
 			return job, true, nil
+		}
+		switch st := job.GetState(); st {
 		case rdzvv1.JobState_JOB_STATE_PENDING, rdzvv1.JobState_JOB_STATE_RECOVERING:
 			// Why it waits is said after its history.
 			if job.GetReason() != lastReason && caughtUp {
@@ -226,6 +227,11 @@ func waitForJob(ctx context.Context, jobs rdzvv1.JobServiceClient, name string, 
 			return ended, nil
 		}
 	}
+}
+
+// terminalJob reports whether a job in state st has ended.
+func terminalJob(st rdzvv1.JobState) bool {
+	return st == rdzvv1.JobState_JOB_STATE_SUCCEEDED || st == rdzvv1.JobState_JOB_STATE_FAILED || st == rdzvv1.JobState_JOB_STATE_STOPPED
 }
 
 // endsJob reports whether an event of kind ends a job.

@@ -1,0 +1,167 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"net"
+	"strings"
+	"sync"
+	"testing"
+
+	"github.com/jonboulle/clockwork"
+	"github.com/stretchr/testify/require"
+	"google.golang.org/grpc"
+	"google.golang.org/protobuf/proto"
+
+	rdzvv1 "github.com/rdzv/rdzv/proto/rdzv/v1"
+	"github.com/rdzv/rdzv/wire"
+)
+
+// logServer answers GetJob and StreamLogs from scripts, one step a call,
+// recording the StreamLogs requests.
+type logServer struct {
+	rdzvv1.UnimplementedJobServiceServer
+	mu      sync.Mutex
+	jobs    []*rdzvv1.Job
+	streams []logScript
+	reqs    []*rdzvv1.StreamLogsRequest
+}
+
+// logScript is one StreamLogs call: chunks, then err (nil: the end).
+type logScript struct {
+	chunks []*rdzvv1.StreamLogsResponse
+	err    error
+}
+
+func (s *logServer) GetJob(context.Context, *rdzvv1.GetJobRequest) (*rdzvv1.GetJobResponse, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	job := s.jobs[0]
+	if len(s.jobs) > 1 {
+		s.jobs = s.jobs[1:]
+	}
+	return &rdzvv1.GetJobResponse{Job: job}, nil
+}
+
+func (s *logServer) StreamLogs(req *rdzvv1.StreamLogsRequest, stream rdzvv1.JobService_StreamLogsServer) error {
+	s.mu.Lock()
+	s.reqs = append(s.reqs, proto.CloneOf(req))
+	script := s.streams[0]
+	s.streams = s.streams[1:]
+	s.mu.Unlock()
+	for _, c := range script.chunks {
+		if req.GetNode() != "" && c.GetNode() != req.GetNode() {
+			continue
+		}
+		if err := stream.Send(c); err != nil {
+			return err
+		}
+	}
+	return script.err
+}
+
+// chunk is a piece of a node's log.
+func chunk(node string, rank uint32, lines ...string) *rdzvv1.StreamLogsResponse {
+	return &rdzvv1.StreamLogsResponse{Node: node, NodeRank: rank, Data: []byte(strings.Join(lines, ""))}
+}
+
+func marker(node string, gen, rank, nodes int) string {
+	return fmt.Sprintf("=== rdzv: job train generation %d node %s rank %d/%d started 2026-03-04T11:0%d:00Z: torchrun train.py\n", gen, node, rank, nodes, gen)
+}
+
+func ended(gen int, state string) string {
+	return fmt.Sprintf("=== rdzv: generation %d ended: WORKER_STATE_%s exit_code=1 signal=\"\" \n", gen, state)
+}
+
+// A job that fails and recovers: its generations' logs, a stream dropped
+// midway and opened again, a node whose stream starts at the generation
+// already printed.
+func followScript() *logServer {
+	running := func(gen uint64, restarts uint32, nodes ...string) *rdzvv1.Job {
+		j := &rdzvv1.Job{Spec: &rdzvv1.JobSpec{Name: "train"}, State: rdzvv1.JobState_JOB_STATE_RUNNING, Generation: gen, Restarts: restarts}
+		for i, n := range nodes {
+			j.Assignments = append(j.Assignments, &rdzvv1.NodeAssignment{Node: n, NodeRank: uint32(i)})
+		}
+		return j
+	}
+	gen1 := []*rdzvv1.StreamLogsResponse{
+		chunk("gpu-01", 0, marker("gpu-01", 1, 0, 2), "step 1\n", "step 2 (no newline yet"),
+		chunk("gpu-02", 1, marker("gpu-02", 1, 1, 2), "loss 0.9\n"),
+	}
+	return &logServer{
+		jobs: []*rdzvv1.Job{
+			running(1, 0, "gpu-01", "gpu-02"),
+			running(1, 0, "gpu-01", "gpu-02"),
+			{Spec: &rdzvv1.JobSpec{Name: "train"}, State: rdzvv1.JobState_JOB_STATE_RECOVERING, Generation: 1,
+				Reason: "generation 1 failed: worker on gpu-02 exited 1; restarting"},
+			running(2, 1, "gpu-01", "gpu-03"),
+			{Spec: &rdzvv1.JobSpec{Name: "train"}, State: rdzvv1.JobState_JOB_STATE_SUCCEEDED, Generation: 2, Reason: "all workers exited 0"},
+		},
+		streams: []logScript{
+			// Generation 1, dropped by a failover.
+			{chunks: gen1, err: wire.Error(wire.ReasonNoLeader, "", "stopped leading")},
+			// Generation 1 again, to its end.
+			{chunks: append(gen1,
+				chunk("gpu-01", 0, ")\nstep 3\n", ended(1, "STOPPED")),
+				chunk("gpu-02", 1, "CUDA error\n", ended(1, "FAILED")))},
+			// Generation 2; gpu-01's log read from generation 1's start.
+			{chunks: append(gen1,
+				chunk("gpu-01", 0, ")\nstep 3\n", ended(1, "STOPPED"), marker("gpu-01", 2, 0, 2), "resumed from step 3\n"),
+				chunk("gpu-03", 1, marker("gpu-03", 2, 1, 2), "resumed from step 3\n", ended(2, "SUCCEEDED")),
+				chunk("gpu-01", 0, "step 4\n", ended(2, "SUCCEEDED")))},
+		},
+	}
+}
+
+// runFollow runs logs -f against s with a fake clock that the test moves
+// on whenever rdzvctl waits.
+func runFollow(t *testing.T, s *logServer, args ...string) (string, []*rdzvv1.StreamLogsRequest) {
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	srv := grpc.NewServer()
+	rdzvv1.RegisterJobServiceServer(srv, s)
+	go func() { _ = srv.Serve(lis) }()
+	t.Cleanup(srv.Stop)
+
+	clock := clockwork.NewFakeClockAt(goldenNow)
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		for clock.BlockUntilContext(ctx, 1) == nil {
+			clock.Advance(watchEvery)
+		}
+	}()
+	var out, errOut bytes.Buffer
+	c := &command{globals: defaultGlobals(), out: &out, errOut: &errOut, clock: clock}
+	code, err := runWith(context.Background(), c, append([]string{"--insecure", "--controller", lis.Addr().String()}, args...))
+	cancel()
+	wg.Wait()
+	require.NoError(t, err)
+	require.Equal(t, 0, code)
+	return fmt.Sprintf("$ rdzvctl %s\n--- stdout\n%s--- stderr\n%s", strings.Join(args, " "), out.String(),
+		strings.ReplaceAll(errOut.String(), lis.Addr().String(), "ADDR")), s.reqs
+}
+
+// logs -f follows the job across its generations until it ends, marking
+// each change, and prints each line once though streams are opened again.
+func TestLogsFollowGolden(t *testing.T) {
+	stableEnv(t)
+	got, reqs := runFollow(t, followScript(), "logs", "train", "-f")
+	golden(t, "logs/follow.golden", got)
+	require.Len(t, reqs, 3)
+	require.True(t, proto.Equal(&rdzvv1.StreamLogsRequest{Job: "train", Follow: true, AllNodes: true}, reqs[0]), "%v", reqs[0])
+	for _, r := range reqs[1:] {
+		require.True(t, r.GetSince().AsTime().After(goldenNow), "since: when the stream was opened, %v", r.GetSince())
+		require.True(t, r.GetFollow() && r.GetAllNodes())
+	}
+
+	got, reqs = runFollow(t, followScript(), "logs", "train", "-f", "--node", "gpu-01")
+	golden(t, "logs/follow-node.golden", got)
+	require.Len(t, reqs, 3)
+	for _, r := range reqs {
+		require.Equal(t, "gpu-01", r.GetNode())
+	}
+}
