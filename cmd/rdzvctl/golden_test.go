@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -45,6 +46,11 @@ func TestMain(m *testing.M) {
 		panic(err)
 	}
 	testdata = filepath.Join(wd, "testdata")
+	// No operator's config file or context reaches a test; tests of
+	// contexts set their own.
+	if err := errors.Join(os.Setenv("RDZV_CONFIG", filepath.Join(os.TempDir(), "rdzvctl-test-no-config.yaml")), os.Unsetenv("RDZV_CONTEXT")); err != nil {
+		panic(err)
+	}
 	os.Exit(m.Run())
 }
 

@@ -116,12 +116,13 @@ and make those certificates.`,
 		return fmt.Errorf("%w: %w (see %s --help)", errUsage, err, cmd.CommandPath())
 	})
 	c.register(root.PersistentFlags())
+	c.flags = root.PersistentFlags()
 	root.AddGroup(&cobra.Group{ID: "jobs", Title: "Jobs:"}, &cobra.Group{ID: "cluster", Title: "Cluster:"})
 	for _, sub := range []*cobra.Command{c.initCmd(), c.startCmd(), c.validateCmd(), c.statusCmd(), c.listCmd(), c.getCmd(), c.logsCmd(), c.eventsCmd(), c.stopCmd(), c.deleteCmd()} {
 		sub.GroupID = "jobs"
 		root.AddCommand(sub)
 	}
-	for _, sub := range []*cobra.Command{c.nodesCmd(), c.pkiCmd(), c.versionCmd()} {
+	for _, sub := range []*cobra.Command{c.nodesCmd(), c.pkiCmd(), c.configCmd(), c.versionCmd()} {
 		sub.GroupID = "cluster"
 		root.AddCommand(sub)
 	}
