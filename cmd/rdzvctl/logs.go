@@ -120,10 +120,7 @@ func (c *command) followLogs(ctx context.Context, client rdzvv1.JobServiceClient
 	var streamed uint64
 	first, waiting := true, ""
 	for {
-		cctx, cancel := c.call(ctx)
-		resp, err := client.GetJob(cctx, &rdzvv1.GetJobRequest{Name: name})
-		cancel()
-		job := resp.GetJob()
+		job, err := c.getJob(ctx, client, name)
 		gen, st := job.GetGeneration(), job.GetState()
 		state := fmt.Sprintf("job %s %s: %s", name, strings.ToLower(stateWord(st)), job.GetReason())
 		switch {
@@ -149,10 +146,12 @@ func (c *command) followLogs(ctx context.Context, client rdzvv1.JobServiceClient
 				out.resync()
 			}
 			first, streamed, waiting = false, gen, ""
-			err := c.streamLogs(ctx, client, req, out)
+			newer, err := c.streamGeneration(ctx, client, req, out, gen)
 			switch {
 			case ctx.Err() != nil:
 				return nil
+			case newer:
+				continue // read the new generation now
 			case err != nil && permanent(err) && status.Code(err) != codes.NotFound:
 				return c.rpcErr("following logs", err)
 			case err != nil:
@@ -178,6 +177,38 @@ func (c *command) followLogs(ctx context.Context, client rdzvv1.JobServiceClient
 		case <-ctx.Done():
 			return nil
 		case <-c.clock.After(watchEvery):
+		}
+	}
+}
+
+// getJob asks for a job under --timeout.
+func (c *command) getJob(ctx context.Context, client rdzvv1.JobServiceClient, name string) (*rdzvv1.Job, error) {
+	cctx, cancel := c.call(ctx)
+	defer cancel()
+	resp, err := client.GetJob(cctx, &rdzvv1.GetJobRequest{Name: name})
+	return resp.GetJob(), err
+}
+
+// streamGeneration runs one StreamLogs call of generation gen until it
+// ends, or until the job runs a newer generation (asked every watchEvery),
+// which ends it (newer): a node whose workers run on into the next
+// generation keeps the call open, and the other nodes' new output would
+// wait for it. A failure to ask is left to the stream to show.
+func (c *command) streamGeneration(ctx context.Context, client rdzvv1.JobServiceClient, req *rdzvv1.StreamLogsRequest, out *logWriter, gen uint64) (newer bool, err error) {
+	sctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	done := make(chan error, 1)
+	go func() { done <- c.streamLogs(sctx, client, req, out) }()
+	for {
+		select {
+		case err := <-done:
+			return false, err
+		case <-c.clock.After(watchEvery):
+		}
+		if job, err := c.getJob(ctx, client, req.GetJob()); err == nil && job.GetGeneration() > gen {
+			cancel()
+			<-done // out is written by the stream alone until it returns
+			return true, nil
 		}
 	}
 }

@@ -18,30 +18,39 @@ import (
 	"github.com/rdzv/rdzv/wire"
 )
 
-// logServer answers GetJob and StreamLogs from scripts, one step a call,
-// recording the StreamLogs requests.
+// logServer plays a job for logs -f: GetJob answers the job as it is
+// now, which only the streams change (at points of their scripts), so that
+// however often rdzvctl asks, it sees the same; StreamLogs plays the next
+// script and records its request.
 type logServer struct {
 	rdzvv1.UnimplementedJobServiceServer
-	mu      sync.Mutex
-	jobs    []*rdzvv1.Job
+	mu sync.Mutex
+	// before are answered first, one a call; then job.
+	before  []*rdzvv1.Job
+	job     *rdzvv1.Job
 	streams []logScript
 	reqs    []*rdzvv1.StreamLogsRequest
 }
 
-// logScript is one StreamLogs call: chunks, then err (nil: the end).
+// logScript is one StreamLogs call: chunks; then the job becomes then (if
+// set) and more is sent; then the call ends with err, or with hold stays
+// open until rdzvctl ends it.
 type logScript struct {
-	chunks []*rdzvv1.StreamLogsResponse
-	err    error
+	chunks, more []*rdzvv1.StreamLogsResponse
+	then         *rdzvv1.Job
+	hold         bool
+	err          error
 }
 
 func (s *logServer) GetJob(context.Context, *rdzvv1.GetJobRequest) (*rdzvv1.GetJobResponse, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	job := s.jobs[0]
-	if len(s.jobs) > 1 {
-		s.jobs = s.jobs[1:]
+	if len(s.before) > 0 {
+		job := s.before[0]
+		s.before = s.before[1:]
+		return &rdzvv1.GetJobResponse{Job: job}, nil
 	}
-	return &rdzvv1.GetJobResponse{Job: job}, nil
+	return &rdzvv1.GetJobResponse{Job: s.job}, nil
 }
 
 func (s *logServer) StreamLogs(req *rdzvv1.StreamLogsRequest, stream rdzvv1.JobService_StreamLogsServer) error {
@@ -50,13 +59,31 @@ func (s *logServer) StreamLogs(req *rdzvv1.StreamLogsRequest, stream rdzvv1.JobS
 	script := s.streams[0]
 	s.streams = s.streams[1:]
 	s.mu.Unlock()
-	for _, c := range script.chunks {
-		if req.GetNode() != "" && c.GetNode() != req.GetNode() {
-			continue
+	send := func(chunks []*rdzvv1.StreamLogsResponse) error {
+		for _, c := range chunks {
+			if req.GetNode() != "" && c.GetNode() != req.GetNode() {
+				continue
+			}
+			if err := stream.Send(c); err != nil {
+				return err
+			}
 		}
-		if err := stream.Send(c); err != nil {
-			return err
-		}
+		return nil
+	}
+	if err := send(script.chunks); err != nil {
+		return err
+	}
+	if script.then != nil {
+		s.mu.Lock()
+		s.job = script.then
+		s.mu.Unlock()
+	}
+	if err := send(script.more); err != nil {
+		return err
+	}
+	if script.hold {
+		<-stream.Context().Done()
+		return nil
 	}
 	return script.err
 }
@@ -74,43 +101,55 @@ func ended(gen int, state string) string {
 	return fmt.Sprintf("=== rdzv: generation %d ended: WORKER_STATE_%s exit_code=1 signal=\"\" \n", gen, state)
 }
 
-// A job that fails and recovers: its generations' logs, a stream dropped
-// midway and opened again, a node whose stream starts at the generation
-// already printed.
-func followScript() *logServer {
-	running := func(gen uint64, restarts uint32, nodes ...string) *rdzvv1.Job {
-		j := &rdzvv1.Job{Spec: &rdzvv1.JobSpec{Name: "train"}, State: rdzvv1.JobState_JOB_STATE_RUNNING, Generation: gen, Restarts: restarts}
-		for i, n := range nodes {
-			j.Assignments = append(j.Assignments, &rdzvv1.NodeAssignment{Node: n, NodeRank: uint32(i)})
-		}
-		return j
+func running(gen uint64, restarts uint32, nodes ...string) *rdzvv1.Job {
+	j := &rdzvv1.Job{Spec: &rdzvv1.JobSpec{Name: "train"}, State: rdzvv1.JobState_JOB_STATE_RUNNING, Generation: gen, Restarts: restarts}
+	for i, n := range nodes {
+		j.Assignments = append(j.Assignments, &rdzvv1.NodeAssignment{Node: n, NodeRank: uint32(i)})
 	}
+	return j
+}
+
+var succeeded = &rdzvv1.Job{Spec: &rdzvv1.JobSpec{Name: "train"}, State: rdzvv1.JobState_JOB_STATE_SUCCEEDED, Generation: 2, Reason: "all workers exited 0"}
+
+// A job that fails and recovers: a stream dropped midway and opened again,
+// a node whose workers run on into the next generation (which keeps the
+// stream open), a node whose next stream starts at the generation already
+// printed.
+func followScript() *logServer {
 	gen1 := []*rdzvv1.StreamLogsResponse{
 		chunk("gpu-01", 0, marker("gpu-01", 1, 0, 2), "step 1\n", "step 2 (no newline yet"),
 		chunk("gpu-02", 1, marker("gpu-02", 1, 1, 2), "loss 0.9\n"),
 	}
+	gen1End := append(gen1,
+		chunk("gpu-01", 0, ")\nstep 3\n", ended(1, "STOPPED")),
+		chunk("gpu-02", 1, "CUDA error\n", ended(1, "FAILED")))
 	return &logServer{
-		jobs: []*rdzvv1.Job{
-			running(1, 0, "gpu-01", "gpu-02"),
-			running(1, 0, "gpu-01", "gpu-02"),
-			{Spec: &rdzvv1.JobSpec{Name: "train"}, State: rdzvv1.JobState_JOB_STATE_RECOVERING, Generation: 1,
-				Reason: "generation 1 failed: worker on gpu-02 exited 1; restarting"},
-			running(2, 1, "gpu-01", "gpu-03"),
-			{Spec: &rdzvv1.JobSpec{Name: "train"}, State: rdzvv1.JobState_JOB_STATE_SUCCEEDED, Generation: 2, Reason: "all workers exited 0"},
-		},
+		job: running(1, 0, "gpu-01", "gpu-02"),
 		streams: []logScript{
 			// Generation 1, dropped by a failover.
 			{chunks: gen1, err: wire.Error(wire.ReasonNoLeader, "", "stopped leading")},
-			// Generation 1 again, to its end.
-			{chunks: append(gen1,
-				chunk("gpu-01", 0, ")\nstep 3\n", ended(1, "STOPPED")),
-				chunk("gpu-02", 1, "CUDA error\n", ended(1, "FAILED")))},
+			// Generation 1 again, to its end; gpu-01 runs on into
+			// generation 2, its stream open.
+			{chunks: gen1End, then: running(2, 1, "gpu-01", "gpu-03"),
+				more: []*rdzvv1.StreamLogsResponse{chunk("gpu-01", 0, marker("gpu-01", 2, 0, 2), "resumed from step 3\n")}, hold: true},
 			// Generation 2; gpu-01's log read from generation 1's start.
-			{chunks: append(gen1,
-				chunk("gpu-01", 0, ")\nstep 3\n", ended(1, "STOPPED"), marker("gpu-01", 2, 0, 2), "resumed from step 3\n"),
+			{chunks: append(gen1End,
+				chunk("gpu-01", 0, marker("gpu-01", 2, 0, 2), "resumed from step 3\n"),
 				chunk("gpu-03", 1, marker("gpu-03", 2, 1, 2), "resumed from step 3\n", ended(2, "SUCCEEDED")),
-				chunk("gpu-01", 0, "step 4\n", ended(2, "SUCCEEDED")))},
+				chunk("gpu-01", 0, "step 4\n", ended(2, "SUCCEEDED"))), then: succeeded},
 		},
+	}
+}
+
+// A job that waits for nodes, then runs once.
+func pendingScript() *logServer {
+	pending := &rdzvv1.Job{Spec: &rdzvv1.JobSpec{Name: "train"}, State: rdzvv1.JobState_JOB_STATE_PENDING, Reason: "waiting for nodes: 1 of 2 eligible"}
+	done := proto.CloneOf(succeeded)
+	done.Generation = 1
+	return &logServer{
+		before: []*rdzvv1.Job{pending, pending},
+		job:    running(1, 0, "gpu-01"),
+		streams: []logScript{{chunks: []*rdzvv1.StreamLogsResponse{chunk("gpu-01", 0, marker("gpu-01", 1, 0, 1), "done\n", ended(1, "SUCCEEDED"))}, then: done}},
 	}
 }
 
@@ -164,4 +203,7 @@ func TestLogsFollowGolden(t *testing.T) {
 	for _, r := range reqs {
 		require.Equal(t, "gpu-01", r.GetNode())
 	}
+
+	got, _ = runFollow(t, pendingScript(), "logs", "train", "-f")
+	golden(t, "logs/follow-pending.golden", got)
 }
