@@ -147,8 +147,8 @@ func pendingScript() *logServer {
 	done := proto.CloneOf(succeeded)
 	done.Generation = 1
 	return &logServer{
-		before: []*rdzvv1.Job{pending, pending},
-		job:    running(1, 0, "gpu-01"),
+		before:  []*rdzvv1.Job{pending, pending},
+		job:     running(1, 0, "gpu-01"),
 		streams: []logScript{{chunks: []*rdzvv1.StreamLogsResponse{chunk("gpu-01", 0, marker("gpu-01", 1, 0, 1), "done\n", ended(1, "SUCCEEDED"))}, then: done}},
 	}
 }
