@@ -11,6 +11,7 @@ import (
 
 	"github.com/jonboulle/clockwork"
 	"github.com/stretchr/testify/require"
+	"go.uber.org/goleak"
 	"google.golang.org/grpc"
 	"google.golang.org/protobuf/proto"
 
@@ -187,6 +188,9 @@ func runFollow(t *testing.T, s *logServer, args ...string) (string, []*rdzvv1.St
 // logs -f follows the job across its generations until it ends, marking
 // each change, and prints each line once though streams are opened again.
 func TestLogsFollowGolden(t *testing.T) {
+	// Registered first, run last: after the servers have stopped.
+	before := goleak.IgnoreCurrent()
+	t.Cleanup(func() { goleak.VerifyNone(t, before) })
 	stableEnv(t)
 	got, reqs := runFollow(t, followScript(), "logs", "train", "-f")
 	golden(t, "logs/follow.golden", got)
