@@ -47,7 +47,9 @@ const stdinName = "<stdin>"
 // same rules the controller applies (jobspec). It returns the name to
 // report the job by; its errors start with that name.
 func (c *command) loadJob(path string) (string, *jobspec.Spec, error) {
-	name, spec, err := path, (*jobspec.Spec)(nil), error(nil)
+	name := path
+	var spec *jobspec.Spec
+	var err error
 	if path == "-" {
 		name = stdinName
 		spec, err = c.readStdinJob()
@@ -93,7 +95,7 @@ it would wait; nothing is stored. - reads the job from stdin.`,
 		Example: `  rdzvctl start job.yaml
   rdzvctl start job.yaml --wait
   rdzvctl start job.yaml --dry-run
-  rdzvctl get job train | sed 's/^name: train$/name: train-2/' | rdzvctl start -`,
+  rdzvctl get job train -o yaml | sed 's/^name: train$/name: train-2/' | rdzvctl start -`,
 		Args: exactArgs(1, "start takes one job file"),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			o, err := c.format()
