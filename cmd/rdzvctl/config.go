@@ -422,9 +422,21 @@ created if need be; its comments are kept).`,
 			return c.editConfig(func(cfg *cliConfig, root *yaml.Node) error {
 				ctx := contextNode(root, args[0])
 				for _, f := range contextFlags {
-					if fl := c.flags.Lookup(f.flag); fl.Changed {
-						setKey(ctx, f.key, fl.Value.String())
+					fl := c.flags.Lookup(f.flag)
+					if !fl.Changed {
+						continue
 					}
+					value := fl.Value.String()
+					if f.flag == "tls-dir" && !filepath.IsAbs(value) && !strings.HasPrefix(value, "~/") {
+						// Given here relative to the working directory; the
+						// file's are relative to its own.
+						abs, err := filepath.Abs(value)
+						if err != nil {
+							return fmt.Errorf("--tls-dir: %w", err)
+						}
+						value = abs
+					}
+					setKey(ctx, f.key, value)
 				}
 				verb := "changed"
 				if _, ok := cfg.find(args[0]); !ok {

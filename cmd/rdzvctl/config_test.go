@@ -33,14 +33,14 @@ func TestConfigGolden(t *testing.T) {
 		t.Helper()
 		data, err := os.ReadFile(path)
 		require.NoError(t, err)
-		golden(t, filepath.Join("config", name+".golden"), strings.ReplaceAll(strings.ReplaceAll(string(data), addr, "ADDR"), down, "DOWN"))
+		golden(t, filepath.Join("config", name+".golden"), strings.NewReplacer(dir, "CONFIG_DIR", addr, "ADDR", down, "DOWN").Replace(string(data)))
 	}
 
 	step("no-file-get-contexts", "config", "get-contexts")
 	step("no-file-current-context", "config", "current-context")
 	step("set-context-nothing", "config", "set-context", "lab")
 	step("set-context-lab", "config", "set-context", "lab", "--controller", "127.0.0.1:7070", "--insecure", "--timeout", "30s")
-	step("set-context-prod", "config", "set-context", "prod", "--controller", "ctl-1.example:7070,ctl-2.example:7070", "--tls-dir", "certs/prod")
+	step("set-context-prod", "config", "set-context", "prod", "--controller", "ctl-1.example:7070,ctl-2.example:7070", "--tls-dir", "~/.rdzv/prod")
 	step("use-context-unknown", "config", "use-context", "staging")
 	step("use-context-lab", "config", "use-context", "lab")
 	file("file-after-set")
@@ -64,6 +64,14 @@ func TestConfigGolden(t *testing.T) {
 		step("context-env", "config", "current-context")
 	})
 	step("context-unknown", "--context", "staging", "list")
+
+	// A relative --tls-dir is made absolute: the file's own relative paths
+	// are relative to the file.
+	t.Chdir(dir)
+	step("set-context-relative-tls-dir", "config", "set-context", "prod", "--tls-dir", "certs/prod2")
+	data, err := os.ReadFile(path)
+	require.NoError(t, err)
+	require.Contains(t, string(data), "tls_dir: "+filepath.Join(dir, "certs", "prod2")+"\n")
 
 	// use-context keeps the file's comments.
 	require.NoError(t, os.WriteFile(path, []byte("# my clusters\ncurrent_context: lab # the lab\ncontexts:\n  # the lab box\n  - name: lab\n    controller: "+addr+"\n    insecure: true\n  - name: prod\n    controller: "+down+"\n"), 0o600))
