@@ -211,3 +211,41 @@ func TestLogsFollowGolden(t *testing.T) {
 	got, _ = runFollow(t, pendingScript(), "logs", "train", "-f")
 	golden(t, "logs/follow-pending.golden", got)
 }
+
+// A job's output is arbitrary bytes, its own lines may look like the
+// agent's generation lines: logWriter never panics, prints one node's log
+// as it is, and prints nothing twice when a stream of the same log is
+// opened again (cut into other chunks).
+func FuzzLogWriter(f *testing.F) {
+	f.Add([]byte(marker("n", 1, 0, 1)+"step 1\nstep 2"), uint8(3), uint8(5))
+	f.Add([]byte("x\n"+marker("n", 2, 0, 1)+marker("n", 1, 0, 1)+"=== rdzv: job a generation 99999999999999999999 node\n"), uint8(1), uint8(7))
+	f.Fuzz(func(t *testing.T, data []byte, cut1, cut2 uint8) {
+		var out bytes.Buffer
+		w := &logWriter{out: &out, nodes: map[string]*nodeLog{}}
+		send := func(cut uint8) {
+			step := int(cut)%64 + 1
+			for i := 0; i < len(data); i += step {
+				require.NoError(t, w.write(&rdzvv1.StreamLogsResponse{Node: "n", Data: data[i:min(i+step, len(data))]}))
+			}
+			require.NoError(t, w.flush())
+		}
+		send(cut1)
+		require.Equal(t, string(data), out.String(), "one node's log, unprefixed, as it is")
+		w.resync()
+		send(cut2)
+		require.Equal(t, string(data), out.String(), "the same log again: nothing printed twice")
+
+		// Prefixed, two nodes: whole lines, each led by its node.
+		out.Reset()
+		p := &logWriter{out: &out, prefix: true, nodes: map[string]*nodeLog{}}
+		for i, b := range data {
+			require.NoError(t, p.write(&rdzvv1.StreamLogsResponse{Node: []string{"a", "b"}[i%2], Data: []byte{b}}))
+		}
+		require.NoError(t, p.flush())
+		for _, line := range strings.SplitAfter(out.String(), "\n") {
+			if line != "" {
+				require.True(t, strings.HasPrefix(line, "a/0 ") || strings.HasPrefix(line, "b/0 "), "%q", line)
+			}
+		}
+	})
+}
