@@ -106,7 +106,8 @@ FUZZ_TARGETS := \
 	./agent:FuzzReportEndpoint \
 	./wire:FuzzReadFrame \
 	./relay:FuzzFramedReader \
-	./client:FuzzFramedReader
+	./client:FuzzFramedReader \
+	./cmd/rdzvctl:FuzzLogWriter
 
 fuzz:
 	@set -e; for t in $(FUZZ_TARGETS); do \

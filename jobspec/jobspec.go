@@ -169,11 +169,22 @@ func LoadFile(path string) (*Spec, error) {
 	if err != nil {
 		return nil, fmt.Errorf("reading job file: %w", err)
 	}
-	spec, err := Parse(data)
+	spec, err := ParseIn(data, filepath.Dir(path))
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", path, err)
 	}
-	base, err := filepath.Abs(filepath.Dir(path))
+	return spec, nil
+}
+
+// ParseIn parses a job file's content (Parse) and resolves its relative
+// workdir and checkpoint.dir against dir: the file's directory, or the
+// working directory for a job read from stdin.
+func ParseIn(data []byte, dir string) (*Spec, error) {
+	spec, err := Parse(data)
+	if err != nil {
+		return nil, err
+	}
+	base, err := filepath.Abs(dir)
 	if err != nil {
 		return nil, fmt.Errorf("resolving job file directory: %w", err)
 	}

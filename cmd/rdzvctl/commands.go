@@ -26,6 +26,8 @@ type globals struct {
 	// override single files.
 	tlsDir, tlsCert, tlsKey, tlsCA string
 	insecure                       bool
+	// configFile and context choose the context (config.go).
+	configFile, context string
 }
 
 // Files rdzvctl looks for in its TLS directory.
@@ -48,13 +50,15 @@ func defaultGlobals() *globals {
 
 func (g *globals) register(fs *pflag.FlagSet) {
 	fs.StringVar(&g.controller, "controller", g.controller, "controller host:port, or every replica's host:port,host:port,... (env RDZV_CONTROLLER)")
-	fs.StringVarP(&g.output, "output", "o", g.output, "output format: "+outputFormats)
+	fs.StringVarP(&g.output, "output", "o", g.output, "output format: "+outputFormats+" (each command's help says which it prints; text-only commands take table alone)")
 	fs.DurationVar(&g.timeout, "timeout", g.timeout, "per-request timeout")
 	fs.StringVar(&g.tlsDir, "tls-dir", g.tlsDir, "directory with ca.crt, rdzvctl.crt and rdzvctl.key (env RDZV_TLS_DIR)")
 	fs.StringVar(&g.tlsCert, "tls-cert", g.tlsCert, "client certificate (default TLS_DIR/rdzvctl.crt)")
 	fs.StringVar(&g.tlsKey, "tls-key", g.tlsKey, "client key (default TLS_DIR/rdzvctl.key)")
 	fs.StringVar(&g.tlsCA, "tls-ca", g.tlsCA, "cluster CA certificate (default TLS_DIR/ca.crt)")
 	fs.BoolVar(&g.insecure, "insecure", g.insecure, "no TLS, for a controller started with --insecure")
+	fs.StringVar(&g.configFile, "config", "", "config file of named contexts (env RDZV_CONFIG; default ~/.config/rdzv/config.yaml)")
+	fs.StringVar(&g.context, "context", "", "the context to use (env RDZV_CONTEXT; default the config file's current_context): its controller, TLS directory, insecure and timeout stand where these flags and their environment are not given")
 }
 
 func (g *globals) tlsFiles() pki.Files {
@@ -95,19 +99,31 @@ func (g *globals) newClient() (*client.Client, error) {
 type command struct {
 	*globals
 	out, errOut io.Writer
-	client      *client.Client
+	// in is stdin when it is a pipe or file; nil when it is a terminal.
+	in     io.Reader
+	client *client.Client
 	// ran is set once a command's own code runs: errors before that are
 	// cobra's refusals of the command line.
 	ran bool
 	// noCommand is set when rdzvctl was given no command.
 	noCommand bool
 	clock     clockwork.Clock
+	// flags are the global flags, to tell those given from defaults;
+	// contextDone is set once the context has been applied.
+	flags       *pflag.FlagSet
+	contextDone bool
+	// controllerContext names the context --controller came from, for
+	// messages; empty when it did not come from one.
+	controllerContext string
 }
 
 // dial prepares calls to the controllers; each call finds the leader among
 // them (see package client).
 func (c *command) dial() (*client.Client, error) {
 	if c.client == nil {
+		if err := c.applyContext(); err != nil {
+			return nil, err
+		}
 		cl, err := c.newClient()
 		if err != nil {
 			return nil, err
@@ -147,7 +163,11 @@ func (c *command) rpcErr(what string, err error) error {
 			// A TLS controller just drops a plaintext connection.
 			hint = " (is the controller using TLS? --insecure works only with a controller started with --insecure)"
 		}
-		return fmt.Errorf("%s: cannot reach the controller at %s (set --controller or RDZV_CONTROLLER)%s: %s", what, c.controller, hint, st.Message())
+		set := "set --controller or RDZV_CONTROLLER"
+		if c.controllerContext != "" {
+			set = fmt.Sprintf("from context %s; set the context's controller, or --controller or RDZV_CONTROLLER", c.controllerContext)
+		}
+		return fmt.Errorf("%s: cannot reach the controller at %s (%s)%s: %s", what, c.controller, set, hint, st.Message())
 	case codes.DeadlineExceeded:
 		return fmt.Errorf("%s: the controller at %s did not answer within %s", what, c.controller, c.timeout)
 	}

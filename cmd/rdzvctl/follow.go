@@ -5,7 +5,9 @@ package main
 // client, so that any command front end can call them.
 
 import (
+	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -106,18 +108,24 @@ func eventLine(ev *rdzvv1.Event) string {
 
 // printEvents is a handle for followEvents that prints each event, one
 // line of text or one JSON object a line.
-func printEvents(w io.Writer, json bool) func(*rdzvv1.WatchEventsResponse) (bool, error) {
+func printEvents(w io.Writer, asJSON bool) func(*rdzvv1.WatchEventsResponse) (bool, error) {
 	return func(m *rdzvv1.WatchEventsResponse) (bool, error) {
 		ev := m.GetEvent()
 		if ev == nil {
 			return false, nil
 		}
-		if json {
+		if asJSON {
 			b, err := protojson.MarshalOptions{UseProtoNames: true}.Marshal(ev)
 			if err != nil {
 				return false, err
 			}
-			_, err = fmt.Fprintln(w, string(b))
+			// protojson varies its spacing on purpose; a line is compact.
+			var line bytes.Buffer
+			if err := json.Compact(&line, b); err != nil {
+				return false, err
+			}
+			line.WriteByte('\n')
+			_, err = w.Write(line.Bytes())
 			return false, err
 		}
 		_, err := fmt.Fprintln(w, eventLine(ev))
@@ -149,9 +157,10 @@ func waitForJob(ctx context.Context, jobs rdzvv1.JobServiceClient, name string, 
 			return nil, false, nil
 		}
 		created = job.GetCreatedAt().AsTime()
-		switch st := job.GetState(); st {
-		case rdzvv1.JobState_JOB_STATE_SUCCEEDED, rdzvv1.JobState_JOB_STATE_FAILED, rdzvv1.JobState_JOB_STATE_STOPPED:
+		if terminalJob(job.GetState()) {
 			return job, true, nil
+		}
+		switch st := job.GetState(); st {
 		case rdzvv1.JobState_JOB_STATE_PENDING, rdzvv1.JobState_JOB_STATE_RECOVERING:
 			// Why it waits is said after its history.
 			if job.GetReason() != lastReason && caughtUp {
@@ -226,6 +235,11 @@ func waitForJob(ctx context.Context, jobs rdzvv1.JobServiceClient, name string, 
 			return ended, nil
 		}
 	}
+}
+
+// terminalJob reports whether a job in state st has ended.
+func terminalJob(st rdzvv1.JobState) bool {
+	return st == rdzvv1.JobState_JOB_STATE_SUCCEEDED || st == rdzvv1.JobState_JOB_STATE_FAILED || st == rdzvv1.JobState_JOB_STATE_STOPPED
 }
 
 // endsJob reports whether an event of kind ends a job.

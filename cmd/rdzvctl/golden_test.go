@@ -3,10 +3,13 @@ package main
 import (
 	"bytes"
 	"context"
+	"errors"
 	"flag"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -20,6 +23,7 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
+	"github.com/rdzv/rdzv/jobspec"
 	rdzvv1 "github.com/rdzv/rdzv/proto/rdzv/v1"
 )
 
@@ -30,9 +34,23 @@ var update = flag.Bool("update", false, "rewrite golden files and docs/cli")
 // goldenNow is the fixed time of golden output: ages are counted to it.
 var goldenNow = time.Date(2026, 3, 4, 12, 0, 0, 0, time.UTC)
 
+// testdata is the absolute path of testdata/, which tests that change
+// directory still find.
+var testdata string
+
 func TestMain(m *testing.M) {
 	// Times print in local time; goldens must not depend on the machine's.
 	time.Local = time.UTC
+	wd, err := os.Getwd()
+	if err != nil {
+		panic(err)
+	}
+	testdata = filepath.Join(wd, "testdata")
+	// No operator's config file or context reaches a test; tests of
+	// contexts set their own.
+	if err := errors.Join(os.Setenv("RDZV_CONFIG", filepath.Join(os.TempDir(), "rdzvctl-test-no-config.yaml")), os.Unsetenv("RDZV_CONTEXT")); err != nil {
+		panic(err)
+	}
 	os.Exit(m.Run())
 }
 
@@ -47,7 +65,7 @@ func stableEnv(t *testing.T) {
 // golden compares got with testdata/name, or writes it with -update.
 func golden(t *testing.T, name, got string) {
 	t.Helper()
-	path := filepath.Join("testdata", name)
+	path := filepath.Join(testdata, name)
 	if *update {
 		require.NoError(t, os.MkdirAll(filepath.Dir(path), 0o755))
 		require.NoError(t, os.WriteFile(path, []byte(got), 0o644))
@@ -191,6 +209,33 @@ func TestOutputGolden(t *testing.T) {
 	require.Equal(t, "gpu-03\n", out)
 }
 
+// Each command says which -o formats it prints (the rest it refuses):
+// testdata/output/formats.golden lists them.
+func TestOutputFormatsGolden(t *testing.T) {
+	stableEnv(t)
+	c := &command{globals: defaultGlobals()}
+	var b strings.Builder
+	var walk func(cmd *cobra.Command)
+	walk = func(cmd *cobra.Command) {
+		if cmd.Runnable() && !cmd.Hidden {
+			fmt.Fprintf(&b, "%s: %s\n", cmd.CommandPath(), strings.Join(outputsOf(cmd), ", "))
+			for _, kind := range allOutputs {
+				value := kind
+				if kind == "jsonpath" {
+					value = "jsonpath={.x}"
+				}
+				err := checkOutput(cmd, value, clockwork.NewFakeClockAt(goldenNow))
+				require.Equal(t, slices.Contains(outputsOf(cmd), kind), err == nil, "%s -o %s: %v", cmd.CommandPath(), value, err)
+			}
+		}
+		for _, sub := range cmd.Commands() {
+			walk(sub)
+		}
+	}
+	walk(c.root())
+	golden(t, filepath.Join("output", "formats.golden"), b.String())
+}
+
 // A large cluster's nodes and a large job's workers show as summaries.
 func TestSummaryGolden(t *testing.T) {
 	s, addr := startPagedServer(t)
@@ -261,6 +306,9 @@ func TestErrorsGolden(t *testing.T) {
 		{"unknown-command", []string{"frobnicate"}, 2},
 		{"unknown-flag", []string{"nodes", "--bogus"}, 2},
 		{"unknown-subcommand", []string{"nodes", "evict", "gpu-01"}, 2},
+		{"mistyped-command", []string{"stauts"}, 2},
+		{"mistyped-subcommand", []string{"nodes", "drian", "gpu-01"}, 2},
+		{"mistyped-pki-command", []string{"pki", "isue", "agent", "gpu-01"}, 2},
 		{"bad-output", []string{"list", "-o", "xml"}, 2},
 		{"bad-jsonpath", []string{"list", "-o", "jsonpath={.jobs[}"}, 2},
 		{"bad-state", []string{"list", "--state", "runing"}, 2},
@@ -273,6 +321,10 @@ func TestErrorsGolden(t *testing.T) {
 		{"drain-without-node", []string{"nodes", "drain"}, 2},
 		{"init-not-a-launcher", []string{"init", "--from", "bash run.sh"}, 2},
 		{"init-without-from", []string{"init"}, 2},
+		{"text-only-output", []string{"logs", "train", "-o", "json"}, 2},
+		{"version-output-name", []string{"version", "--client", "-o", "name"}, 2},
+		{"start-wait-output-json", []string{"start", badJob, "--wait", "-o", "json"}, 2},
+		{"pki-show-output-yaml", []string{"pki", "show", "ca.crt", "-o", "yaml"}, 2},
 		{"status-not-found", []string{"--insecure", "--controller", addr, "status", "nosuchjob"}, 1},
 	}
 	for _, tt := range tests {
@@ -281,6 +333,155 @@ func TestErrorsGolden(t *testing.T) {
 			require.Equal(t, tt.wantCode, code, "err: %v", err)
 			require.Error(t, err)
 			golden(t, filepath.Join("errors", tt.name+".golden"), err.Error()+"\n")
+		})
+	}
+}
+
+// runGoldenIO runs rdzvctl at goldenNow with stdin (nil: a terminal) and
+// returns the whole exchange as golden text: exit code, stdout, stderr and
+// the error main prints.
+func runGoldenIO(stdin io.Reader, args ...string) string {
+	var out, errOut bytes.Buffer
+	c := &command{globals: defaultGlobals(), out: &out, errOut: &errOut, in: stdin, clock: clockwork.NewFakeClockAt(goldenNow)}
+	code, err := runWith(context.Background(), c, args)
+	msg := ""
+	if err != nil {
+		msg = "rdzvctl: " + err.Error() + "\n"
+	}
+	return fmt.Sprintf("$ rdzvctl %s\nexit %d\n--- stdout\n%s--- stderr\n%s%s", strings.Join(args, " "), code, out.String(), errOut.String(), msg)
+}
+
+// validate checks several files and stdin, each file's errors led by its
+// name, and fails if any is invalid.
+func TestValidateGolden(t *testing.T) {
+	stableEnv(t)
+	t.Chdir(t.TempDir())
+	good := "name: train\nnodes: 2\ncommand: [train.py]\n"
+	files := map[string]string{
+		"good.yaml":    good,
+		"typo.yaml":    "name: x\nnodez: 2\ncommand: [train.py]\n",
+		"invalid.yaml": "name: x\nnodes: {min: 3, max: 1}\ncommand: [train.py]\n",
+	}
+	for name, body := range files {
+		require.NoError(t, os.WriteFile(name, []byte(body), 0o644))
+	}
+	for _, tt := range []struct {
+		name  string
+		stdin io.Reader
+		args  []string
+	}{
+		{"several", nil, []string{"validate", "--local", "good.yaml", "typo.yaml", "invalid.yaml", "missing.yaml"}},
+		{"all-valid", nil, []string{"validate", "--local", "good.yaml", "good.yaml"}},
+		{"stdin-piped", strings.NewReader(good), []string{"validate", "--local"}},
+		{"stdin-dash", strings.NewReader(files["typo.yaml"]), []string{"validate", "--local", "good.yaml", "-"}},
+		{"stdin-twice", strings.NewReader(good), []string{"validate", "--local", "-", "-"}},
+		{"no-file-no-pipe", nil, []string{"validate", "--local"}},
+		{"dash-from-terminal", nil, []string{"validate", "--local", "-"}},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			golden(t, filepath.Join("validate", tt.name+".golden"), runGoldenIO(tt.stdin, tt.args...))
+		})
+	}
+}
+
+// get job NAME -o yaml prints a job.yaml that validate and start take
+// (export → edit → start); secret values stay withheld.
+func TestGetJobGolden(t *testing.T) {
+	stableEnv(t)
+	s, addr := startPagedServer(t)
+	fixtures(s)
+	s.jobs = append(s.jobs, &rdzvv1.Job{Spec: &rdzvv1.JobSpec{Name: "secret", NodesMin: 1, NodesMax: 1, Command: []string{"train.py"},
+		Env: map[string]string{"MODE": "fast"}, SecretEnv: map[string]string{"TOKEN": jobspec.Redacted}}, State: rdzvv1.JobState_JOB_STATE_SUCCEEDED})
+	// A job as start submits it: every kind of field set.
+	full, err := jobspec.Parse([]byte(`name: full
+nodes: {min: 2, max: 4, spares: 1}
+gpus_per_node: 8
+command: [train.py, --lr, "3e-4"]
+workdir: /shared/llama
+env: {OMP_NUM_THREADS: "4"}
+env_files: {HF_TOKEN: /etc/rdzv/hf-token}
+selector: {pool: train}
+checkpoint: {dir: /shared/ckpt}
+rendezvous: {last_call: 5s, timeout: 2m}
+launcher: {kind: torchrun, extra_args: [--redirects, "2"]}
+restart: {max_restarts: 5, backoff: {initial: 2s, max: 20s}}
+health: {progress_timeout: 2m, preflight: {min_bandwidth_mbps: 1000}}
+`))
+	require.NoError(t, err)
+	require.NoError(t, full.Validate())
+	s.jobs = append(s.jobs, &rdzvv1.Job{Spec: full.ToProto(), State: rdzvv1.JobState_JOB_STATE_RUNNING})
+	flags := []string{"--insecure", "--controller", addr}
+	for _, tt := range []struct {
+		name string
+		args []string
+	}{
+		{"table", []string{"get", "job", "train"}},
+		{"wide", []string{"get", "job", "train", "-o", "wide"}},
+		{"name", []string{"get", "job", "train", "-o", "name"}},
+		{"yaml", []string{"get", "job", "train", "-o", "yaml"}},
+		{"json", []string{"get", "job", "train", "-o", "json"}},
+		{"jsonpath", []string{"get", "job", "train", "-o", "jsonpath={.nodes.max}"}},
+		{"secret-yaml", []string{"get", "job", "secret", "-o", "yaml"}},
+		{"full-yaml", []string{"get", "job", "full", "-o", "yaml"}},
+		{"not-found", []string{"get", "job", "nosuchjob", "-o", "yaml"}},
+		{"no-kind", []string{"get"}},
+		{"mistyped-kind", []string{"get", "jbo", "train"}},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			golden(t, filepath.Join("get", tt.name+".golden"), strings.ReplaceAll(runGoldenIO(nil, append(flags, tt.args...)...), addr, "ADDR"))
+		})
+	}
+	// The export validates as it is, and after an edit.
+	for _, job := range []string{"full", "secret"} {
+		_, y, err := runGolden(append(flags, "get", "job", job, "-o", "yaml")...)
+		require.NoError(t, err)
+		edited := strings.Replace(y, "name: "+job+"\n", "name: "+job+"-2\n", 1)
+		golden(t, filepath.Join("get", job+"-roundtrip.golden"), runGoldenIO(strings.NewReader(edited), "validate", "--local", "-"))
+	}
+}
+
+// events --kind, --node and --since filter here, over as many events as
+// the controller lists; --watch follows new ones, filtered the same.
+func TestEventsFilterGolden(t *testing.T) {
+	stableEnv(t)
+	s, addr := startPagedServer(t)
+	fixtures(s)
+	s.events = append(s.events,
+		&rdzvv1.Event{Time: ts(20 * time.Minute), Node: "gpu-04", Kind: "node_lost", Message: "node gpu-04 lost: no heartbeat for 10s"},
+		&rdzvv1.Event{Time: ts(10 * time.Minute), Job: "train", Node: "gpu-01", Kind: "checkpoint_recorded", Message: "checkpoint step 1000"})
+	s.live = []*rdzvv1.Event{
+		{Time: ts(time.Minute), Job: "train", Node: "gpu-02", Generation: 2, Kind: "attempt_failed", Message: "generation 2 failed: worker on gpu-02 exited 1"},
+		{Time: ts(time.Minute), Job: "train", Generation: 3, Kind: "rendezvous_committed", Message: "generation 3 on 2 nodes"},
+	}
+	flags := []string{"--insecure", "--controller", addr}
+	for _, tt := range []struct {
+		name string
+		args []string
+		// want is the request made of the controller.
+		want proto.Message
+	}{
+		{"kind", []string{"events", "--kind", "attempt_failed,node_lost"}, &rdzvv1.ListEventsRequest{Limit: eventsMax}},
+		{"node", []string{"events", "--node", "gpu-04", "-o", "wide"}, &rdzvv1.ListEventsRequest{Limit: eventsMax}},
+		{"since-duration", []string{"events", "--since", "35m"}, &rdzvv1.ListEventsRequest{Limit: eventsMax}},
+		{"since-time", []string{"events", "--since", "2026-03-04T11:45:00Z", "-o", "name"}, &rdzvv1.ListEventsRequest{Limit: eventsMax}},
+		{"all-filters-limit", []string{"events", "--kind", "node_lost,checkpoint_recorded,attempt_failed", "--since", "1h", "--limit", "1"}, &rdzvv1.ListEventsRequest{Limit: eventsMax}},
+		{"unfiltered-limit", []string{"events", "--limit", "2"}, &rdzvv1.ListEventsRequest{Limit: 2}},
+		{"watch", []string{"events", "train", "--watch", "--limit", "2"}, &rdzvv1.WatchEventsRequest{Job: "train", Tail: 2}},
+		{"watch-kind", []string{"events", "train", "-w", "--kind", "attempt_failed"}, &rdzvv1.WatchEventsRequest{Job: "train", Tail: eventsMax}},
+		{"watch-json-node", []string{"events", "--follow", "--node", "gpu-02", "-o", "json"}, &rdzvv1.WatchEventsRequest{Tail: eventsMax}},
+		{"watch-yaml", []string{"events", "--watch", "-o", "yaml"}, nil},
+		{"bad-kind", []string{"events", "--kind", "Attempt Failed"}, nil},
+		{"bad-since", []string{"events", "--since", "last week"}, nil},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			golden(t, filepath.Join("events", tt.name+".golden"), strings.ReplaceAll(runGoldenIO(nil, append(flags, tt.args...)...), addr, "ADDR"))
+			reqs := s.requests()
+			if tt.want == nil {
+				require.Empty(t, reqs)
+				return
+			}
+			require.NotEmpty(t, reqs)
+			require.True(t, proto.Equal(tt.want, reqs[0]), "asked %v", reqs[0])
 		})
 	}
 }

@@ -7,12 +7,16 @@ import (
 	"fmt"
 	"io"
 	"math"
+	"regexp"
+	"slices"
 	"sort"
 	"strings"
 	"time"
 
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 
 	"github.com/rdzv/rdzv/client"
@@ -36,15 +40,45 @@ func (e *jobFailedError) Error() string {
 // format parses -o.
 func (c *command) format() (output, error) { return parseOutput(c.output, c.clock) }
 
-// loadJob reads and checks a job file on this side: the same rules the
-// controller applies (jobspec).
-func loadJob(path string) (*jobspec.Spec, error) {
-	spec, err := jobspec.LoadFile(path)
+// stdinName names the job read from stdin in messages.
+const stdinName = "<stdin>"
+
+// loadJob reads and checks a job file, or stdin for "-", on this side: the
+// same rules the controller applies (jobspec). It returns the name to
+// report the job by; its errors start with that name.
+func (c *command) loadJob(path string) (string, *jobspec.Spec, error) {
+	name := path
+	var spec *jobspec.Spec
+	var err error
+	if path == "-" {
+		name = stdinName
+		spec, err = c.readStdinJob()
+	} else if spec, err = jobspec.LoadFile(path); err != nil && !errors.Is(err, jobspec.ErrInvalid) {
+		err = fmt.Errorf("%s: %w", name, err) // the file's own errors start with its name
+	}
 	if err != nil {
-		return nil, err
+		return name, nil, err
 	}
 	if err := spec.Validate(); err != nil {
-		return nil, fmt.Errorf("%s: %w", path, err)
+		return name, nil, fmt.Errorf("%s: %w", name, err)
+	}
+	return name, spec, nil
+}
+
+// readStdinJob parses the job on stdin, its relative paths resolved
+// against the working directory.
+func (c *command) readStdinJob() (*jobspec.Spec, error) {
+	if c.in == nil {
+		return nil, fmt.Errorf("%w: - reads the job from stdin, which is a terminal or closed: pipe the job in", errUsage)
+	}
+	// One byte more than allowed, so that Parse says it is too long.
+	data, err := io.ReadAll(io.LimitReader(c.in, jobspec.MaxFileBytes+1))
+	if err != nil {
+		return nil, fmt.Errorf("%s: reading the job: %w", stdinName, err)
+	}
+	spec, err := jobspec.ParseIn(data, ".")
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", stdinName, err)
 	}
 	return spec, nil
 }
@@ -52,15 +86,16 @@ func loadJob(path string) (*jobspec.Spec, error) {
 func (c *command) startCmd() *cobra.Command {
 	var wait, dryRun bool
 	cmd := &cobra.Command{
-		Use:   "start JOB.yaml",
+		Use:   "start JOB.yaml|-",
 		Short: "Validate and submit a job",
 		Long: `Validate a job file and submit it. With --wait, follow the job to its end
 and exit non-zero unless it succeeds. With --dry-run, the controller
 validates the job and says which nodes it would be placed on now, or why
-it would wait; nothing is stored.`,
+it would wait; nothing is stored. - reads the job from stdin.`,
 		Example: `  rdzvctl start job.yaml
   rdzvctl start job.yaml --wait
-  rdzvctl start job.yaml --dry-run`,
+  rdzvctl start job.yaml --dry-run
+  rdzvctl get job train -o yaml | sed 's/^name: train$/name: train-2/' | rdzvctl start -`,
 		Args: exactArgs(1, "start takes one job file"),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			o, err := c.format()
@@ -70,7 +105,10 @@ it would wait; nothing is stored.`,
 			if wait && dryRun {
 				return fmt.Errorf("%w: --wait and --dry-run exclude each other", errUsage)
 			}
-			spec, err := loadJob(args[0])
+			if wait && o.kind != "table" {
+				return fmt.Errorf("%w: -o %s: start --wait prints the job's events as text; with --wait -o takes table (the default)", errUsage, c.output)
+			}
+			file, spec, err := c.loadJob(args[0])
 			if err != nil {
 				return err
 			}
@@ -80,20 +118,20 @@ it would wait; nothing is stored.`,
 			if err != nil {
 				return err
 			}
-			c.printWarnings(args[0], resp.GetWarnings())
+			c.printWarnings(file, resp.GetWarnings())
 			switch {
 			case dryRun:
-				return renderOne(c.out, o, resp, func(w io.Writer, v view) { printPreview(w, args[0], resp.GetPlacement()) }, spec.Name)
+				return renderOne(c.out, o, resp, func(w io.Writer, v view) { printPreview(w, file, resp.GetPlacement()) }, spec.Name)
 			case !wait:
 				return renderOne(c.out, o, resp.GetJob(), func(w io.Writer, v view) { fmt.Fprintln(w, spec.Name) }, spec.Name)
 			}
 			fmt.Fprintf(c.out, "job %s submitted\n", spec.Name)
-			return c.wait(cmd.Context(), c.client, spec.Name)
+			return c.wait(cmd.Context(), c.client, spec.Name, c.out)
 		},
 	}
 	cmd.Flags().BoolVar(&wait, "wait", false, "follow the job until it ends; exit non-zero unless it succeeds")
 	cmd.Flags().BoolVar(&dryRun, "dry-run", false, "validate on the controller and preview the placement; store nothing")
-	return cmd
+	return prints(cmd, allOutputs...)
 }
 
 // printWarnings prints the controller's warnings about a job file on
@@ -121,29 +159,45 @@ func printPreview(w io.Writer, file string, p *rdzvv1.PlacementPreview) {
 func (c *command) validateCmd() *cobra.Command {
 	var local bool
 	cmd := &cobra.Command{
-		Use:   "validate JOB.yaml",
-		Short: "Check a job file here and on the controller, without starting it",
-		Long: `Check a job file: parsed and validated here, then by the controller (as
-start --dry-run, without printing the placement). With --local, only here,
-without a controller.`,
+		Use:   "validate [JOB.yaml|-]...",
+		Short: "Check job files here and on the controller, without starting them",
+		Long: `Check job files: each parsed and validated here, then by the controller
+(as start --dry-run, without printing the placement). With --local, only
+here, without a controller. - (or no file, with stdin a pipe) reads a job
+from stdin.
+
+Each file's verdict is printed, its errors on stderr led by its name; the
+exit status is 1 if any file is invalid.`,
 		Example: `  rdzvctl validate job.yaml
-  rdzvctl validate --local job.yaml`,
-		Args: exactArgs(1, "validate takes one job file"),
+  rdzvctl validate --local jobs/*.yaml
+  rdzvctl init --from 'torchrun --nproc_per_node 8 train.py' | rdzvctl validate --local`,
+		Args: cobra.ArbitraryArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
-			spec, err := loadJob(args[0])
-			if err != nil {
-				return err
+			files := args
+			if len(files) == 0 {
+				if c.in == nil {
+					return fmt.Errorf("%w: validate takes job files, or - (or a pipe) for a job on stdin", errUsage)
+				}
+				files = []string{"-"}
 			}
-			if !local {
-				resp, err := unary(cmd.Context(), c, args[0], func(ctx context.Context, cl *client.Client) (*rdzvv1.StartJobResponse, error) {
-					return cl.StartJob(ctx, &rdzvv1.StartJobRequest{Spec: spec.ToProto(), DryRun: true})
-				})
-				if err != nil {
+			if stdin := slices.DeleteFunc(slices.Clone(files), func(f string) bool { return f != "-" }); len(stdin) > 1 {
+				return fmt.Errorf("%w: - (stdin) given more than once", errUsage)
+			}
+			var invalid []string
+			for _, file := range files {
+				name, err := c.validateOne(cmd.Context(), file, local)
+				var bad *invalidJobError
+				switch {
+				case errors.As(err, &bad):
+					fmt.Fprintln(c.errOut, bad.err)
+					invalid = append(invalid, name)
+				case err != nil:
 					return err
 				}
-				c.printWarnings(args[0], resp.GetWarnings())
 			}
-			fmt.Fprintf(c.out, "%s: job %s is valid\n", args[0], spec.Name)
+			if len(invalid) > 0 {
+				return fmt.Errorf("%d of %d job files invalid: %s", len(invalid), len(files), strings.Join(invalid, ", "))
+			}
 			return nil
 		},
 	}
@@ -151,24 +205,61 @@ without a controller.`,
 	return cmd
 }
 
-// wait follows a job until it ends, printing its events as they are
+// invalidJobError is a job file found invalid, here or by the controller.
+type invalidJobError struct{ err error }
+
+func (e *invalidJobError) Error() string { return e.err.Error() }
+func (e *invalidJobError) Unwrap() error { return e.err }
+
+// validateOne checks one job file, or stdin for "-"; it returns the name
+// the job is reported by, and an *invalidJobError for an invalid job (any
+// other error ends validate: the controller did not answer).
+func (c *command) validateOne(ctx context.Context, file string, local bool) (string, error) {
+	name, spec, err := c.loadJob(file)
+	if errors.Is(err, errUsage) {
+		return name, err
+	}
+	if err != nil {
+		return name, &invalidJobError{err: err}
+	}
+	if !local {
+		cl, err := c.dial()
+		if err != nil {
+			return name, err
+		}
+		cctx, cancel := c.call(ctx)
+		resp, err := cl.StartJob(cctx, &rdzvv1.StartJobRequest{Spec: spec.ToProto(), DryRun: true})
+		cancel()
+		switch {
+		case status.Code(err) == codes.InvalidArgument:
+			return name, &invalidJobError{err: c.rpcErr(name, err)}
+		case err != nil:
+			return name, c.rpcErr(name, err)
+		}
+		c.printWarnings(name, resp.GetWarnings())
+	}
+	fmt.Fprintf(c.out, "%s: job %s is valid\n", name, spec.Name)
+	return name, nil
+}
+
+// wait follows a job until it ends, printing its events on w as they are
 // written (see waitForJob). It rides out a controller failover or restart:
 // errors are retried until the job ends or the operator interrupts.
-func (c *command) wait(ctx context.Context, client rdzvv1.JobServiceClient, name string) error {
+func (c *command) wait(ctx context.Context, client rdzvv1.JobServiceClient, name string, w io.Writer) error {
 	get := func(ctx context.Context) (*rdzvv1.Job, error) {
 		cctx, cancel := c.call(ctx)
 		defer cancel()
 		resp, err := client.GetJob(cctx, &rdzvv1.GetJobRequest{Name: name})
 		return resp.GetJob(), err
 	}
-	job, err := waitForJob(ctx, client, name, get, c.out, c.retrying("following job"))
+	job, err := waitForJob(ctx, client, name, get, w, c.retrying("following job"))
 	switch {
 	case ctx.Err() != nil:
 		return fmt.Errorf("stopped following job %s (it keeps running): %w", name, ctx.Err())
 	case err != nil:
 		return c.rpcErr("following job", err)
 	case job.GetState() == rdzvv1.JobState_JOB_STATE_SUCCEEDED:
-		fmt.Fprintf(c.out, "job %s succeeded: %s\n", name, job.GetReason())
+		fmt.Fprintf(w, "job %s succeeded: %s\n", name, job.GetReason())
 		return nil
 	}
 	return &jobFailedError{job: job}
@@ -418,7 +509,7 @@ func (c *command) statusCmd() *cobra.Command {
 	}
 	f.register(cmd.Flags(), jobStates, "without JOB: only jobs whose node selector includes all these labels: k=v,k2=v2")
 	cmd.Flags().BoolVar(&f.all, "all", false, fmt.Sprintf("with JOB: list every node's workers (a job on more than %d nodes shows a summary)", summaryAbove))
-	return cmd
+	return prints(cmd, allOutputs...)
 }
 
 func (c *command) listCmd() *cobra.Command {
@@ -435,7 +526,7 @@ func (c *command) listCmd() *cobra.Command {
 		RunE: func(cmd *cobra.Command, _ []string) error { return c.listJobs(cmd.Context(), &f) },
 	}
 	f.register(cmd.Flags(), jobStates, "only jobs whose node selector includes all these labels: k=v,k2=v2")
-	return cmd
+	return prints(cmd, allOutputs...)
 }
 
 // listJobs prints the jobs: a summary of each in a table, whole jobs in
@@ -507,19 +598,89 @@ func listKey[M proto.Message](items []M, volatile func(M)) ([]byte, error) {
 	return key, nil
 }
 
+// eventsMax is the most events the controller lists or replays at once
+// (ListEventsRequest.limit, WatchEventsRequest.tail).
+const eventsMax = 10000
+
+// eventFilter is events' --kind, --node and --since, applied here: the
+// controller lists and watches by job only.
+type eventFilter struct {
+	kinds map[string]bool
+	node  string
+	since time.Time
+}
+
+// any reports whether the filter drops anything.
+func (f eventFilter) any() bool { return len(f.kinds) > 0 || f.node != "" || !f.since.IsZero() }
+
+func (f eventFilter) keep(ev *rdzvv1.Event) bool {
+	return (len(f.kinds) == 0 || f.kinds[ev.GetKind()]) && (f.node == "" || ev.GetNode() == f.node) &&
+		(f.since.IsZero() || !ev.GetTime().AsTime().Before(f.since))
+}
+
+// eventKind is what an event kind looks like (job_submitted).
+var eventKind = regexp.MustCompile(`^[a-z][a-z0-9_]*$`)
+
+// parseEventFilter reads --kind, --node and --since.
+func parseEventFilter(kinds, node, since string, now time.Time) (eventFilter, error) {
+	f := eventFilter{node: node}
+	for _, k := range strings.Split(kinds, ",") {
+		if k = strings.TrimSpace(k); k == "" {
+			continue
+		}
+		if !eventKind.MatchString(k) {
+			return f, fmt.Errorf("%w: --kind: %q is not an event kind; want names such as job_failed,node_lost (rdzvctl events -o jsonpath='{.events[*].kind}' lists those recorded)", errUsage, k)
+		}
+		if f.kinds == nil {
+			f.kinds = map[string]bool{}
+		}
+		f.kinds[k] = true
+	}
+	if since != "" {
+		t, err := parseSince(since, now)
+		if err != nil {
+			return f, err
+		}
+		f.since = t
+	}
+	return f, nil
+}
+
+// newest keeps the last n of items (n 0: all).
+func newest[T any](items []T, n uint) []T {
+	if n > 0 && uint(len(items)) > n {
+		return items[uint(len(items))-n:]
+	}
+	return items
+}
+
 func (c *command) eventsCmd() *cobra.Command {
 	var limit uint
 	var follow bool
+	var kinds, node, since string
 	cmd := &cobra.Command{
 		Use:   "events [JOB]",
 		Short: "List a job's events, or cluster events without JOB",
+		Long: `List a job's events, or every event of the cluster without JOB, oldest
+first. --kind, --node and --since keep only the events that match all of
+them; --limit keeps the newest N of those. Filtered, the newest 10000 events
+are read (the most the controller lists at once) and matched here.
+
+--watch (or --follow) prints the newest events first (20, or --limit), then
+each new one as it is written, across controller failovers, until Ctrl-C.`,
 		Example: `  rdzvctl events train
   rdzvctl events --limit 20 -o wide
+  rdzvctl events train --kind attempt_failed,recovered --since 2h
+  rdzvctl events --node gpu-07 --since 2026-03-04T08:00:00Z
   rdzvctl events train -o jsonpath='{.events[*].kind}'
-  rdzvctl events -f            # every job's events as they are written`,
+  rdzvctl events --watch --kind node_lost   # cluster-wide, as they are written`,
 		Args: maxArgs(1, "events takes at most one job name"),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			o, err := c.format()
+			if err != nil {
+				return err
+			}
+			filter, err := parseEventFilter(kinds, node, since, c.clock.Now())
 			if err != nil {
 				return err
 			}
@@ -532,10 +693,17 @@ func (c *command) eventsCmd() *cobra.Command {
 				return err
 			}
 			if follow {
-				return c.followEvents(cmd.Context(), client, job, limit, o)
+				return c.followEvents(cmd.Context(), client, job, limit, filter, o)
 			}
-			items, err := collect(cmd.Context(), c, 0, nil, func(ctx context.Context, token string) ([]*rdzvv1.Event, string, error) {
-				resp, err := client.ListEvents(ctx, &rdzvv1.ListEventsRequest{Job: job, Limit: uint32(limit), PageToken: token})
+			req := &rdzvv1.ListEventsRequest{Job: job, Limit: uint32(min(limit, eventsMax))}
+			if filter.any() {
+				req.Limit = eventsMax // matched here: read as many as may be
+			}
+			// At most eventsMax come back: the controller's bound is
+			// this list's.
+			items, err := collect(cmd.Context(), c, 0, filter.keep, func(ctx context.Context, token string) ([]*rdzvv1.Event, string, error) {
+				req.PageToken = token
+				resp, err := client.ListEvents(ctx, req)
 				if err != nil {
 					return nil, "", c.rpcErr("listing events", err)
 				}
@@ -544,28 +712,62 @@ func (c *command) eventsCmd() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			return render(c.out, o, events, items)
+			return render(c.out, o, events, newest(items, limit))
 		},
 	}
-	cmd.Flags().UintVar(&limit, "limit", 0, "newest N events (default: the controller's, 1000; with --follow, 20)")
-	cmd.Flags().BoolVarP(&follow, "follow", "f", false, "keep printing events as they are written, across controller failovers (-o table, wide or json: one object a line)")
+	cmd.Flags().UintVar(&limit, "limit", 0, "newest N events (default: the controller's, 1000, or all that match a filter; with --watch, 20)")
+	cmd.Flags().BoolVarP(&follow, "watch", "w", false, "keep printing events as they are written, across controller failovers (-o table, wide or json: one object a line); Ctrl-C ends")
+	cmd.Flags().BoolVarP(&follow, "follow", "f", false, "the same as --watch")
+	cmd.Flags().StringVar(&kinds, "kind", "", "only events of these kinds, comma-separated (job_failed,node_lost)")
+	cmd.Flags().StringVar(&node, "node", "", "only events about this node")
+	cmd.Flags().StringVar(&since, "since", "", "only events since this time: a duration back from now (10m) or RFC 3339")
 	cmd.ValidArgsFunction = c.completeJobs
-	return cmd
+	return prints(cmd, allOutputs...)
 }
 
 // followEvents prints events from the WatchEvents stream until the
-// operator interrupts: an unknown job or a refused request ends it.
-func (c *command) followEvents(ctx context.Context, client rdzvv1.JobServiceClient, job string, limit uint, o output) error {
+// operator interrupts: an unknown job or a refused request ends it. The
+// replay (the newest events first) is matched here and its newest limit
+// (default followTail) printed once it is over; then each new event that
+// matches as it comes.
+func (c *command) followEvents(ctx context.Context, client rdzvv1.JobServiceClient, job string, limit uint, filter eventFilter, o output) error {
 	switch o.kind {
 	case "table", "wide", "json":
 	default:
-		return fmt.Errorf("%w: -o %s: --follow prints table or json lines", errUsage, o.kind)
+		return fmt.Errorf("%w: -o %s: events --watch prints table, wide or json (one object a line); -o takes those with --watch", errUsage, c.output)
 	}
-	tail := uint32(min(limit, math.MaxUint32))
-	if tail == 0 {
-		tail = followTail
+	if limit == 0 {
+		limit = followTail
 	}
-	err := followEvents(ctx, client, &rdzvv1.WatchEventsRequest{Job: job, Tail: tail}, printEvents(c.out, o.kind == "json"), c.retrying("following events"))
+	limit = min(limit, eventsMax)
+	tail := uint32(limit)
+	if filter.any() {
+		tail = eventsMax // matched here: replay as many as may be
+	}
+	print := printEvents(c.out, o.kind == "json")
+	// replay holds the replay's matching events, at most limit of them,
+	// until it is over.
+	var replay []*rdzvv1.WatchEventsResponse
+	caughtUp := false
+	handle := func(m *rdzvv1.WatchEventsResponse) (bool, error) {
+		switch {
+		case m.GetCaughtUp() && !caughtUp:
+			caughtUp = true
+			for _, r := range replay {
+				if _, err := print(r); err != nil {
+					return false, err
+				}
+			}
+			replay = nil
+		case m.GetEvent() == nil || !filter.keep(m.GetEvent()):
+		case caughtUp:
+			return print(m)
+		default:
+			replay = newest(append(replay, m), limit)
+		}
+		return false, nil
+	}
+	err := followEvents(ctx, client, &rdzvv1.WatchEventsRequest{Job: job, Tail: tail}, handle, c.retrying("following events"))
 	if err != nil && ctx.Err() == nil {
 		return c.rpcErr("following events", err)
 	}
@@ -573,7 +775,7 @@ func (c *command) followEvents(ctx context.Context, client rdzvv1.JobServiceClie
 }
 
 func (c *command) deleteCmd() *cobra.Command {
-	return &cobra.Command{
+	return prints(&cobra.Command{
 		Use:   "delete JOB",
 		Short: "Remove a finished job and all kept for it (events too)",
 		Long: `Remove a finished job and everything the controller keeps for it: its
@@ -596,7 +798,7 @@ under their retention.`,
 			}
 			return renderOne(c.out, o, resp, func(w io.Writer, v view) { fmt.Fprintf(w, "job %s deleted\n", args[0]) }, args[0])
 		},
-	}
+	}, allOutputs...)
 }
 
 func (c *command) stopCmd() *cobra.Command {
@@ -620,8 +822,13 @@ func (c *command) stopCmd() *cobra.Command {
 				return err
 			}
 			if wait {
+				// The events go where they do not mix with data.
+				events := c.out
+				if o.kind != "table" && o.kind != "wide" {
+					events = c.errOut
+				}
 				var failed *jobFailedError
-				if err := c.wait(cmd.Context(), c.client, args[0]); err != nil && !errors.As(err, &failed) {
+				if err := c.wait(cmd.Context(), c.client, args[0], events); err != nil && !errors.As(err, &failed) {
 					return err
 				}
 			}
@@ -631,7 +838,7 @@ func (c *command) stopCmd() *cobra.Command {
 		},
 	}
 	cmd.Flags().BoolVar(&wait, "wait", false, "wait until every worker has exited")
-	return cmd
+	return prints(cmd, allOutputs...)
 }
 
 // completeJobs completes a job name from the controller's first page of

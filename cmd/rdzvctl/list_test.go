@@ -33,6 +33,9 @@ type pagedServer struct {
 	jobs   []*rdzvv1.Job
 	nodes  []*rdzvv1.Node
 	events []*rdzvv1.Event
+	// live are the events WatchEvents sends after its replay of events;
+	// then it ends the watch as for a deleted job.
+	live []*rdzvv1.Event
 	// summary answers SummarizeNodes; nil counts the nodes alone, and
 	// noSummary answers Unimplemented, as a controller older than it.
 	summary   *rdzvv1.SummarizeNodesResponse
@@ -94,6 +97,27 @@ func (s *pagedServer) SummarizeNodes(_ context.Context, req *rdzvv1.SummarizeNod
 func (s *pagedServer) ListEvents(_ context.Context, req *rdzvv1.ListEventsRequest) (*rdzvv1.ListEventsResponse, error) {
 	events, next, err := page(s, req, s.events, req.GetPageToken(), req.GetPageSize())
 	return &rdzvv1.ListEventsResponse{Events: events, NextPageToken: next}, err
+}
+
+func (s *pagedServer) WatchEvents(req *rdzvv1.WatchEventsRequest, stream rdzvv1.JobService_WatchEventsServer) error {
+	s.mu.Lock()
+	s.reqs = append(s.reqs, proto.Clone(req))
+	s.mu.Unlock()
+	replay := s.events[max(0, len(s.events)-int(req.GetTail())):]
+	for i, ev := range replay {
+		if err := stream.Send(&rdzvv1.WatchEventsResponse{Event: ev, Cursor: strconv.Itoa(i)}); err != nil {
+			return err
+		}
+	}
+	if err := stream.Send(&rdzvv1.WatchEventsResponse{CaughtUp: true, Cursor: "caught-up"}); err != nil {
+		return err
+	}
+	for i, ev := range s.live {
+		if err := stream.Send(&rdzvv1.WatchEventsResponse{Event: ev, Cursor: fmt.Sprintf("live-%d", i)}); err != nil {
+			return err
+		}
+	}
+	return status.Error(codes.NotFound, "the job was deleted")
 }
 
 func (s *pagedServer) DeleteJob(_ context.Context, req *rdzvv1.DeleteJobRequest) (*rdzvv1.DeleteJobResponse, error) {

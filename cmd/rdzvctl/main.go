@@ -8,6 +8,7 @@ import (
 	"io"
 	"os"
 	"os/signal"
+	"strings"
 	"syscall"
 
 	"github.com/jonboulle/clockwork"
@@ -31,7 +32,11 @@ var errUsage = errors.New("usage")
 // when the command failed, 2 for a command-line mistake (a bad flag,
 // argument or format), with the usage on errOut.
 func run(ctx context.Context, args []string, out, errOut io.Writer) (int, error) {
-	return runWith(ctx, &command{globals: defaultGlobals(), out: out, errOut: errOut, clock: clockwork.NewRealClock()}, args)
+	c := &command{globals: defaultGlobals(), out: out, errOut: errOut, clock: clockwork.NewRealClock()}
+	if fi, err := os.Stdin.Stat(); err == nil && fi.Mode()&os.ModeCharDevice == 0 {
+		c.in = os.Stdin // piped or redirected, not a terminal
+	}
+	return runWith(ctx, c, args)
 }
 
 // runWith runs a command line with c's streams and clock.
@@ -56,6 +61,27 @@ func runWith(ctx context.Context, c *command, args []string) (int, error) {
 	}
 }
 
+// commandArgs is the Args of a command that only groups others: an
+// argument is a command it does not have, named with the nearest ones
+// (cobra's own suggestions are made only for a root without Args).
+func commandArgs(cmd *cobra.Command, args []string) error {
+	if len(args) == 0 {
+		return nil
+	}
+	msg := fmt.Sprintf("unknown command %q for %q", args[0], cmd.CommandPath())
+	if cmd.SuggestionsMinimumDistance <= 0 {
+		cmd.SuggestionsMinimumDistance = suggestionDistance
+	}
+	if s := cmd.SuggestionsFor(args[0]); len(s) > 0 {
+		msg += "\n\nDid you mean this?\n\t" + strings.Join(s, "\n\t")
+	}
+	return fmt.Errorf("%s\n\nSee '%s --help' for usage", msg, cmd.CommandPath())
+}
+
+// suggestionDistance is how many edits from a command a mistyped name may
+// be to be suggested (cobra's default).
+const suggestionDistance = 2
+
 // root is rdzvctl's command tree.
 func (c *command) root() *cobra.Command {
 	root := &cobra.Command{
@@ -73,7 +99,7 @@ and make those certificates.`,
   rdzvctl nodes drain gpu-07`,
 		SilenceErrors: true,
 		SilenceUsage:  true,
-		Args:          cobra.NoArgs,
+		Args:          commandArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			// No command: the usage, as a mistake (scripts that forgot one
 			// get a non-zero exit).
@@ -83,19 +109,20 @@ and make those certificates.`,
 		},
 		PersistentPreRunE: func(cmd *cobra.Command, _ []string) error {
 			c.ran = true
-			return nil
+			return checkOutput(cmd, c.output, c.clock)
 		},
 	}
 	root.SetFlagErrorFunc(func(cmd *cobra.Command, err error) error {
 		return fmt.Errorf("%w: %w (see %s --help)", errUsage, err, cmd.CommandPath())
 	})
 	c.register(root.PersistentFlags())
+	c.flags = root.PersistentFlags()
 	root.AddGroup(&cobra.Group{ID: "jobs", Title: "Jobs:"}, &cobra.Group{ID: "cluster", Title: "Cluster:"})
-	for _, sub := range []*cobra.Command{c.initCmd(), c.startCmd(), c.validateCmd(), c.statusCmd(), c.listCmd(), c.logsCmd(), c.eventsCmd(), c.stopCmd(), c.deleteCmd()} {
+	for _, sub := range []*cobra.Command{c.initCmd(), c.startCmd(), c.validateCmd(), c.statusCmd(), c.listCmd(), c.getCmd(), c.logsCmd(), c.eventsCmd(), c.stopCmd(), c.deleteCmd()} {
 		sub.GroupID = "jobs"
 		root.AddCommand(sub)
 	}
-	for _, sub := range []*cobra.Command{c.nodesCmd(), c.pkiCmd(), c.versionCmd()} {
+	for _, sub := range []*cobra.Command{c.nodesCmd(), c.pkiCmd(), c.configCmd(), c.versionCmd()} {
 		sub.GroupID = "cluster"
 		root.AddCommand(sub)
 	}
@@ -105,5 +132,6 @@ and make those certificates.`,
 	// include them.
 	root.InitDefaultCompletionCmd()
 	root.InitDefaultHelpCmd()
+	describeOutputs(root)
 	return root
 }

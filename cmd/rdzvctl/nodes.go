@@ -38,13 +38,13 @@ json/yaml/name/jsonpath list them one by one.`,
   rdzvctl nodes --state ready --selector pool=train -o wide
   rdzvctl nodes -o jsonpath='{.nodes[?@.state=="NODE_STATE_READY"].info.name}'
   rdzvctl nodes --watch`,
-		Args: cobra.NoArgs,
+		Args: commandArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error { return c.listNodes(cmd.Context(), &f) },
 	}
 	f.register(cmd.Flags(), nodeStates, "only nodes with all these labels: k=v,k2=v2")
 	cmd.Flags().BoolVar(&f.all, "all", false, fmt.Sprintf("list every node (more than %d show as a summary)", summaryAbove))
 	cmd.AddCommand(c.cordonCmd(true), c.cordonCmd(false), c.drainCmd())
-	return cmd
+	return prints(cmd, allOutputs...)
 }
 
 func (c *command) listNodes(ctx context.Context, f *listFlags) error {
@@ -137,7 +137,7 @@ func (c *command) cordonCmd(cordon bool) *cobra.Command {
 			}
 		}, args[0])
 	}
-	return cmd
+	return prints(cmd, allOutputs...)
 }
 
 func (c *command) drainCmd() *cobra.Command {
@@ -184,7 +184,7 @@ drain.`,
 	}
 	cmd.Flags().StringVar(&reason, "reason", "", "why (shown in nodes and events)")
 	cmd.Flags().BoolVar(&now, "now", false, "stop the node's workers now; the job recovers on other nodes")
-	return cmd
+	return prints(cmd, allOutputs...)
 }
 
 // printNodeSummary prints a summary of many nodes.

@@ -5,9 +5,11 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"slices"
 	"strings"
 
 	"github.com/jonboulle/clockwork"
+	"github.com/spf13/cobra"
 	"github.com/theory/jsonpath"
 	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/proto"
@@ -168,4 +170,84 @@ func printStructured(w io.Writer, o output, doc []byte) error {
 		}
 	}
 	return nil
+}
+
+// outputsKey annotates a command with the -o formats it prints, by kind
+// (jsonpath for jsonpath=EXPR); a command without it prints text only and
+// takes the default, table, alone.
+const outputsKey = "rdzv/outputs"
+
+// Sets of -o kinds commands print.
+var (
+	// allOutputs: what render and renderOne print.
+	allOutputs = []string{"table", "wide", "json", "yaml", "name", "jsonpath"}
+	// dataOutputs: text or a document, without names or columns.
+	dataOutputs = []string{"table", "json", "yaml", "jsonpath"}
+)
+
+// prints annotates cmd with the -o kinds it prints.
+func prints(cmd *cobra.Command, kinds ...string) *cobra.Command {
+	if cmd.Annotations == nil {
+		cmd.Annotations = map[string]string{}
+	}
+	cmd.Annotations[outputsKey] = strings.Join(kinds, ",")
+	return cmd
+}
+
+// outputsOf are the -o kinds cmd prints.
+func outputsOf(cmd *cobra.Command) []string {
+	if k, ok := cmd.Annotations[outputsKey]; ok {
+		return strings.Split(k, ",")
+	}
+	return []string{"table"}
+}
+
+// outputsText says what -o takes for these kinds, for help and errors.
+func outputsText(kinds []string) string {
+	words := make([]string, len(kinds))
+	for i, k := range kinds {
+		switch k {
+		case "table":
+			words[i] = "table (the default)"
+		case "jsonpath":
+			words[i] = "jsonpath=EXPR"
+		default:
+			words[i] = k
+		}
+	}
+	if len(words) == 1 {
+		return words[0]
+	}
+	return strings.Join(words[:len(words)-1], ", ") + " or " + words[len(words)-1]
+}
+
+// checkOutput refuses an -o that cmd cannot print, rather than ignoring it.
+func checkOutput(cmd *cobra.Command, value string, clock clockwork.Clock) error {
+	o, err := parseOutput(value, clock)
+	if err != nil {
+		return err
+	}
+	kinds := outputsOf(cmd)
+	switch {
+	case len(kinds) == 1 && o.kind != kinds[0]:
+		return fmt.Errorf("%w: -o %s: %s prints text only; -o takes only %s", errUsage, value, cmd.CommandPath(), outputsText(kinds))
+	case !slices.Contains(kinds, o.kind):
+		return fmt.Errorf("%w: -o %s: %s does not print %s; its -o takes %s", errUsage, value, cmd.CommandPath(), o.kind, outputsText(kinds))
+	}
+	return nil
+}
+
+// describeOutputs adds to the help of each command that prints data what
+// -o it takes.
+func describeOutputs(cmd *cobra.Command) {
+	if _, ok := cmd.Annotations[outputsKey]; ok {
+		line := "Output: -o " + outputsText(outputsOf(cmd)) + "."
+		if cmd.Long == "" {
+			cmd.Long = cmd.Short + "."
+		}
+		cmd.Long += "\n\n" + line
+	}
+	for _, sub := range cmd.Commands() {
+		describeOutputs(sub)
+	}
 }

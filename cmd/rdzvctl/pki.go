@@ -35,7 +35,7 @@ revocations). See docs/install.md#certificates.`,
 		Example: `  rdzvctl pki init --dir /etc/rdzv/pki
   rdzvctl pki issue agent gpu-01 --dir /etc/rdzv/pki
   rdzvctl pki revoke agent/gpu-01 --reason decommissioned`,
-		Args: cobra.NoArgs,
+		Args: commandArgs,
 		RunE: func(*cobra.Command, []string) error {
 			return fmt.Errorf("%w: pki takes init, issue, show, revoke or revocations", errUsage)
 		},
@@ -210,7 +210,7 @@ issued until now; --serial or --cert one certificate.`,
 	cmd.Flags().StringVar(&serial, "serial", "", "revoke one certificate by serial number (hex, as pki show prints it)")
 	cmd.Flags().StringVar(&certFile, "cert", "", "revoke the certificate in this file (by its serial, kept on the deny-list until it expires)")
 	cmd.Flags().StringVar(&reason, "reason", "", "why (shown in pki revocations and events)")
-	return cmd
+	return prints(cmd, allOutputs...)
 }
 
 func (c *command) pkiRevoke(ctx context.Context, pos []string, serial, certFile, reason string) error {
@@ -268,13 +268,13 @@ func (c *command) pkiRevoke(ctx context.Context, pos []string, serial, certFile,
 
 // pkiRevocations lists the controller's deny-list.
 func (c *command) pkiRevocationsCmd() *cobra.Command {
-	return &cobra.Command{
+	return prints(&cobra.Command{
 		Use:     "revocations",
 		Short:   "List the controller's deny-list",
 		Example: "  rdzvctl pki revocations -o yaml",
 		Args:    exactArgs(0, "pki revocations takes no arguments"),
 		RunE:    func(cmd *cobra.Command, _ []string) error { return c.pkiRevocations(cmd.Context()) },
-	}
+	}, allOutputs...)
 }
 
 func (c *command) pkiRevocations(ctx context.Context) error {

@@ -57,7 +57,7 @@ func (c *command) versionCmd() *cobra.Command {
 		},
 	}
 	cmd.Flags().BoolVar(&clientOnly, "client", false, "rdzvctl's version only, without asking the controller")
-	return cmd
+	return prints(cmd, dataOutputs...)
 }
 
 // serverVersion asks the leader for its build. A controller that predates

@@ -105,6 +105,11 @@ var launcherKinds = []struct {
 func testFaultKillWorker(t *testing.T, edit func(spec map[string]any)) {
 	c := newFaultCluster(t)
 	job := faultJob(t, c, "fault-kill-worker", edit)
+	// logs -f follows the job through the restart to its end.
+	followed := make(chan ctlResult, 1)
+	go func() {
+		followed <- c.ctlWith(10*time.Minute, "--controller", c.controllerAddr, "logs", job.Name, "-f")
+	}()
 	before := c.waitCheckpoint(t, job.Name, checkpointEvery)
 
 	// h2 is node rank 1: the killed process is neither rank 0 nor torchrun.
@@ -114,6 +119,33 @@ func testFaultKillWorker(t *testing.T, edit func(spec map[string]any)) {
 
 	run := requireRecovered(t, c, job, fault, before)
 	require.Equal(t, agentNames(c), run.rounds[2].nodes, "every node is healthy, so generation 2 runs on all of them")
+	requireFollowedLogs(t, <-followed, job.Name, run.status.Generation)
+}
+
+// requireFollowedLogs checks what `rdzvctl logs -f` printed of a job that
+// restarted: it ended with the job, said where each generation began, and
+// printed each generation's start line of each node once.
+func requireFollowedLogs(t *testing.T, r ctlResult, job string, generations uint64) {
+	t.Helper()
+	require.NoError(t, r.err, "%s", r)
+	require.Contains(t, r.stdout, "=== rdzvctl: job "+job+" succeeded", "%s", r)
+	for g := uint64(2); g <= generations; g++ {
+		require.Contains(t, r.stdout, fmt.Sprintf("=== rdzvctl: job %s generation %d running", job, g), "%s", r)
+	}
+	// starts counts the start lines by "GEN node NODE"; gens are the
+	// generations seen.
+	starts, gens := map[string]int{}, map[string]bool{}
+	for _, line := range strings.Split(r.stdout, "\n") {
+		if _, rest, ok := strings.Cut(line, " === rdzv: job "+job+" generation "); ok {
+			key, _, _ := strings.Cut(rest, " rank ")
+			starts[key]++
+			gens[strings.Fields(key)[0]] = true
+		}
+	}
+	for key, n := range starts {
+		require.Equal(t, 1, n, "generation %s's start line printed %d times\n%s", key, n, r)
+	}
+	require.Len(t, gens, int(generations), "each generation's start lines: %v\n%s", starts, r)
 }
 
 // A node dies with its agent and workers: it is declared lost and the job
