@@ -231,7 +231,9 @@ lc_descendants() {
 # lc_workers JOB NODE: pids of the job's training processes on NODE: the
 # children of its launcher (torchrun, or the warm standby that forked them),
 # which is the child of the agent's shim for the job's generation
-# (rdzv-agent shim --dir STATE_DIR/workers/JOB.GENERATION).
+# (rdzv-agent shim --dir STATE_DIR/workers/JOB.GENERATION). Under
+# launcher.kind warm, node rank 0's standby also forks the job's TCPStore,
+# which this cannot tell from a worker.
 lc_workers() {
 	local dir shims
 	dir="$(cd "$LC_DIR" && pwd)/$2/workers/$1."

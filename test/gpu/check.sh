@@ -111,7 +111,11 @@ trap on_exit EXIT
 echo "== gpu-check: $( ((CPU)) && echo 'CPU mode (GPU_CHECK_CPU=1)' || echo 'GPU mode')"
 echo "== binaries: $("$LC_BIN/rdzv-agent" --version 2>&1 | head -1)"
 "$PY" -c 'import sys, torch, torch.distributed as d
-nccl = ".".join(map(str, torch.cuda.nccl.version())) if torch.cuda.is_available() else "-"
+try:
+    v = torch.cuda.nccl.version() if torch.cuda.is_available() else "-"
+    nccl = ".".join(map(str, v)) if isinstance(v, tuple) else str(v)
+except Exception as e:
+    nccl = "unknown (%s)" % e
 print("== python", sys.executable, sys.version.split()[0], "torch", torch.__version__,
       "cuda", torch.version.cuda, "devices", torch.cuda.device_count(), "nccl", nccl)'
 
@@ -132,39 +136,39 @@ pass "controller and agent up (mutual TLS on loopback, embedded etcd)"
 
 # 1. NVML inventory and health.
 nodes=$(lc_ctl nodes -o json)
-node_expr='[n for n in j["nodes"] if n["info"]["name"] == "'$NODE'"][0]'
-gpus=$(lc_py_json "$node_expr[\"info\"].get(\"gpus\", [])" <<<"$nodes")
-ngpus=$(lc_py_json "len($gpus)" <<<"{}")
-fake=$(lc_py_json "$node_expr[\"info\"].get(\"fake_gpus\", False)" <<<"$nodes")
+# The node's record; the expressions below read it as j.
+node=$(lc_py_json '[n for n in j["nodes"] if n["info"]["name"] == "'$NODE'"][0]' <<<"$nodes")
+on_node() { lc_py_json "$1" <<<"$node"; }
+ngpus=$(on_node 'len(j["info"]["gpus"] or [])')
 echo "== health verdicts of $NODE:"
-lc_py_json "\"\n\".join(\"  %s ok=%s critical=%s: %s\" % (c[\"name\"], c.get(\"ok\", False), c.get(\"critical\", False), c.get(\"message\", \"\")) for c in $node_expr.get(\"health_checks\", []))" <<<"$nodes"
+on_node '"\n".join("  %s ok=%s critical=%s: %s" % (c["name"], c["ok"], c["critical"], c["message"]) for c in j["health_checks"] or [])'
 if ((CPU)); then
 	skip "NVML inventory and health (CPU mode; the agent found $ngpus GPUs)"
 	GPUS_PER_NODE=0
 	PROCS=2
 else
-	gpu_ok=$(lc_py_json "[c.get(\"ok\", False) for c in $node_expr.get(\"health_checks\", []) if c[\"name\"] == \"gpu\"]" <<<"$nodes")
 	smi=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU ' || true)
-	names=$(lc_py_json "\", \".join(sorted(set(g.get(\"name\", \"?\") for g in $gpus)))" <<<"{}")
-	complete=$(lc_py_json "all(g.get(\"name\") and g.get(\"uuid\") and int(g.get(\"memory_bytes\", g.get(\"memoryBytes\", 0))) > 0 for g in $gpus)" <<<"{}")
-	echo "== NVML inventory: $gpus"
+	names=$(on_node '", ".join(sorted(set(g["name"] for g in j["info"]["gpus"] or [])))')
+	echo "== NVML inventory: $(on_node 'j["info"]["gpus"]')"
 	if ((ngpus < 1)); then
 		fail "NVML inventory: the agent found no GPU"
-	elif [[ $fake != false ]]; then
+	elif [[ $(on_node 'j["info"]["fake_gpus"]') != false ]]; then
 		fail "NVML inventory: the GPUs are fake"
-	elif [[ $complete != true ]]; then
+	elif [[ $(on_node 'all(g["name"] and g["uuid"] and int(g["memory_bytes"]) > 0 for g in j["info"]["gpus"])') != true ]]; then
 		fail "NVML inventory: a GPU without name, UUID or memory"
-	elif [[ -n $smi && $smi != 0 && $smi != "$ngpus" ]]; then
+	elif [[ $smi != 0 && $smi != "$ngpus" ]]; then
 		fail "NVML inventory: $ngpus GPUs, nvidia-smi -L lists $smi"
 	else
 		pass "NVML inventory: $ngpus GPUs ($names)"
 	fi
 	figure "GPUs: $ngpus x $names"
+	gpu_ok=$(on_node '[c["ok"] for c in j["health_checks"] or [] if c["name"] == "gpu"]')
 	if [[ $gpu_ok == "[true]" ]]; then
-		pass "NVML health: the gpu check passes"
+		pass "NVML health: the agent's gpu check passes"
 	else
-		fail "NVML health: the gpu check is $gpu_ok (expected one passing verdict)"
+		fail "NVML health: the agent's gpu check is $gpu_ok (expected one passing verdict)"
 	fi
+	((ngpus >= 1)) || exit 1 # no job can run
 	GPUS_PER_NODE=$ngpus
 	PROCS=$ngpus
 fi
@@ -219,7 +223,7 @@ run_variant() {
 	lc_ctl start "$LC_DIR/$name.yaml" >/dev/null
 	if ! (lc_wait "$WAIT" "$name's checkpoint of step $KILL_AFTER" \
 		lc_job_is "$name" 'int((j["latest_checkpoint"] or {}).get("step", 0)) >= '$KILL_AFTER' or j["state"] != "JOB_STATE_RUNNING" and j["state"] != "JOB_STATE_PENDING"'); then
-		fail "$name: no checkpoint of step $KILL_AFTER"
+		fail "$name: no checkpoint of step $KILL_AFTER: $(lc_job '"%s: %s" % (j["state"], j["reason"])' "$name")"
 		return
 	fi
 	if ! lc_job_is "$name" 'j["state"] == "JOB_STATE_RUNNING" and int(j["generation"]) == 1'; then
@@ -231,7 +235,7 @@ run_variant() {
 		fail "$name: generation 1 has workers '$workers' running, expected $PROCS"
 		return
 	fi
-	pid=${workers##* }
+	pid=$(tail -n 1 <<<"$workers")
 	kill -KILL "$pid"
 	latest=$(lc_job 'int(j["latest_checkpoint"]["step"])' "$name")
 	echo "== $name: SIGKILLed worker pid $pid (newest complete checkpoint: step $latest)"
