@@ -268,6 +268,8 @@ lc_kill_node() {
 	for j in "${!LC_NAMES[@]}"; do
 		[[ ${LC_NAMES[j]} == "$name" ]] || continue
 		pids="${LC_PIDS[j]} $(lc_descendants "${LC_PIDS[j]}")"
+		# No "Killed" notice from bash about the agent it started.
+		disown "${LC_PIDS[j]}" 2>/dev/null || true
 		lc_kill_pids STOP "$pids"
 		lc_kill_pids KILL "$pids"
 		LC_NAMES[j]="killed:$name"
