@@ -25,11 +25,12 @@
 #   GPU_CHECK_KEEP=1     keep .gpu-check/ (logs, job files) afterwards
 set -euo pipefail
 
-cd "$(dirname "$0")/../.."
+SELF=$(cd "$(dirname "$0")" && pwd)/$(basename "$0")
+cd "$(dirname "$SELF")/../.."
 # The whole check is bounded: past GPU_CHECK_TIMEOUT it gets SIGTERM (its
 # cleanup runs), and SIGKILL 30s later.
 if [[ -z ${GPU_CHECK_BOUNDED:-} ]]; then
-	GPU_CHECK_BOUNDED=1 exec timeout -k 30 "${GPU_CHECK_TIMEOUT:-450}" bash "$0" "$@"
+	GPU_CHECK_BOUNDED=1 exec timeout -k 30 "${GPU_CHECK_TIMEOUT:-450}" bash "$SELF" "$@"
 fi
 ROOT=$PWD
 CPU=${GPU_CHECK_CPU:-0}
