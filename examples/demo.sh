@@ -28,7 +28,7 @@ VENV=$(cd "$VENV" 2>/dev/null && pwd) || {
 }
 JOB=example-ddp
 NODES=(demo-node-1 demo-node-2 demo-node-3)
-STEPS=300
+STEPS=200
 WAIT=90 # bound on each wait, in seconds
 
 LC_DIR=.demo
@@ -89,7 +89,7 @@ lc_log "the first failure the controller hears of may be a peer's: rank 0's gloo
 lc_log "generation 2 resumed from step $ckpt on all three nodes (rdzvctl logs $JOB):"
 show_log "RDZV_WORKER .*generation=2 |RDZV_RESUMED .*step=$ckpt\$" 6
 
-lc_wait "$WAIT" "generation 2's checkpoint of step $((ckpt + 60))" checkpoint_in 2 $((ckpt + 60))
+lc_wait "$WAIT" "generation 2's checkpoint of step $((ckpt + 40))" checkpoint_in 2 $((ckpt + 40))
 node=${NODES[2]}
 lc_kill_node "$node"
 ckpt=$(latest_checkpoint)
