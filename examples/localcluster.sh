@@ -7,7 +7,8 @@
 # read its record). It needs bash, the binaries in $LC_BIN and a python3 (it
 # parses rdzvctl's JSON with it); no network, no Go, no jq.
 #
-# Before sourcing, a script may set (defaults in brackets):
+# Before sourcing, a script may set, or leave to its environment (defaults
+# in brackets):
 #   LC_DIR         run directory, removed at the end [.localcluster]
 #   LC_BIN         rdzv-controller, rdzv-agent, rdzvctl [bin]
 #   LC_PORT        controller gRPC port [7070]; the controller's metrics and
