@@ -16,6 +16,8 @@ PROTOC_GEN_GO_GRPC_VERSION := v1.6.2
 VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
 COMMIT ?= $(shell git rev-parse HEAD 2>/dev/null || echo unknown)
 LDFLAGS := -X github.com/rdzv/rdzv/buildinfo.Version=$(VERSION) -X github.com/rdzv/rdzv/buildinfo.Commit=$(COMMIT)
+# Extra linker flags: make gpu-bundle sets -s -w (stripped binaries).
+STRIP_LDFLAGS ?=
 
 # Extra flags for go test, e.g. GOTEST_FLAGS=-race (CI sets it).
 GOTEST_FLAGS ?=
@@ -36,10 +38,10 @@ all: build
 
 build:
 	@mkdir -p $(BIN)
-	CGO_ENABLED=0 $(GO) build -ldflags '$(LDFLAGS)' -o $(BIN)/rdzv-controller ./cmd/rdzv-controller
-	CGO_ENABLED=0 $(GO) build -ldflags '$(LDFLAGS)' -o $(BIN)/rdzvctl ./cmd/rdzvctl
-	CGO_ENABLED=1 $(GO) build -ldflags '$(LDFLAGS)' -o $(BIN)/rdzv-agent ./cmd/rdzv-agent
-	CGO_ENABLED=0 $(GO) build -ldflags '$(LDFLAGS)' -o $(BIN)/rdzv-relay ./cmd/rdzv-relay
+	CGO_ENABLED=0 $(GO) build -ldflags '$(STRIP_LDFLAGS) $(LDFLAGS)' -o $(BIN)/rdzv-controller ./cmd/rdzv-controller
+	CGO_ENABLED=0 $(GO) build -ldflags '$(STRIP_LDFLAGS) $(LDFLAGS)' -o $(BIN)/rdzvctl ./cmd/rdzvctl
+	CGO_ENABLED=1 $(GO) build -ldflags '$(STRIP_LDFLAGS) $(LDFLAGS)' -o $(BIN)/rdzv-agent ./cmd/rdzv-agent
+	CGO_ENABLED=0 $(GO) build -ldflags '$(STRIP_LDFLAGS) $(LDFLAGS)' -o $(BIN)/rdzv-relay ./cmd/rdzv-relay
 
 $(TOOLS)/buf:
 	GOBIN=$(TOOLS) GOFLAGS= $(GO) install github.com/bufbuild/buf/cmd/buf@$(BUF_VERSION)
@@ -153,8 +155,33 @@ test: lint unit python-test fuzz e2e
 e2e-workloads: build venv
 	RDZV_WORKLOADS=all RDZV_VENV=$(VENV) RDZV_BIN_DIR=$(BIN) $(GO) test -count=1 -v -timeout 60m -run TestWorkloads ./test/e2e/
 
-demo: build
-	./examples/demo.sh
+# A controller and three agents on this machine train examples/train.py
+# with the venv's torch; a worker, then a node, is killed and the job
+# recovers (docs/demo.md). Making the venv needs python3-venv, installed
+# here when missing if we are root on Debian or Ubuntu.
+demo: build python3-venv venv
+	RDZV_VENV=$(VENV) ./examples/demo.sh
+
+.PHONY: python3-venv
+python3-venv:
+	@$(PYTHON) -c 'import ensurepip' 2>/dev/null || \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	    echo "== installing python3-venv"; apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y python3-venv; \
+	  else echo "$(PYTHON) cannot make a venv: install python3-venv (sudo apt-get install python3-venv)" >&2; exit 1; fi
+
+# The GPU check (docs/gpu-check.md) runs on a GPU machine that may have no
+# Go, make or network: make gpu-bundle here builds stripped binaries into
+# bin/ (without the relay, which the check does not use: the three left
+# are 59 MiB); copy the tree with bin/ there and run make gpu-check, or
+# bash test/gpu/check.sh, which builds nothing.
+.PHONY: gpu-bundle gpu-check
+gpu-bundle:
+	$(MAKE) build STRIP_LDFLAGS='-s -w'
+	rm -f $(BIN)/rdzv-relay
+	@du -ch $(BIN)/* | tail -1
+
+gpu-check:
+	bash test/gpu/check.sh
 
 # Benchmarks print figures; they never gate a build.
 bench:
@@ -196,4 +223,4 @@ bench-hostile: build
 	HOSTILE_DURATION=$(HOSTILE_DURATION) RDZV_BIN_DIR=$(BIN) $(GO) test -tags bench -count=1 -v -timeout 30m ./test/bench/ -run TestBenchHostile
 
 clean:
-	rm -rf $(BIN) .demo $(VENV) $(VENV_OLDEST)
+	rm -rf $(BIN) .demo .gpu-check $(VENV) $(VENV_OLDEST)

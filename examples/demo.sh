@@ -1,142 +1,119 @@
 #!/usr/bin/env bash
-# Runs examples/job.yaml on this machine alone: a controller with embedded etcd
-# and two agents standing in for two nodes (the job needs at least two).
-# `make demo` builds bin/ first. Exits with the job's result.
+# What rdzv is for, on this machine alone (docs/demo.md): a controller with
+# embedded etcd and three agents standing in for three nodes run
+# examples/train.py (DDP over gloo, torch 2.x from the venv `make venv`
+# makes), and the demo breaks it twice:
+#   1. one worker process is SIGKILLed: the job restarts on the same nodes
+#      as generation 2, resuming from its newest complete checkpoint;
+#   2. a whole node (its agent and workers) is SIGKILLed: the controller
+#      declares it lost and the job goes on as generation 3 on the two left.
+# It shows each recovery in the job's log, the incident timeline, the
+# events, and the dashboard's address, and exits with the job's result.
+# `make demo` builds bin/ and the venv first. Every wait is bounded.
+#
+# Environment: RDZV_VENV, the venv whose torchrun runs the workers (default
+# .venv); RDZV_DEMO_KEEP=1 keeps .demo/ (logs, checkpoints) afterwards.
 set -euo pipefail
 
 cd "$(dirname "$0")/.."
-DEMO=.demo
-CONTROLLER=127.0.0.1:7070
-# Everything speaks mutual TLS, with certificates made below.
-PKI=$DEMO/pki
-CTL=(bin/rdzvctl --controller "$CONTROLLER" --tls-dir "$PKI")
-
-for b in rdzv-controller rdzv-agent rdzvctl; do
-	if [[ ! -x bin/$b ]]; then
-		echo "bin/$b is missing: run 'make demo' (or 'make build' first)" >&2
-		exit 1
-	fi
-done
-
-if [[ ! -x /usr/bin/torchrun ]]; then
-	if [[ $EUID -eq 0 ]] && command -v apt-get >/dev/null; then
-		echo "== installing python3-torch (provides torchrun)"
-		apt-get update
-		DEBIAN_FRONTEND=noninteractive apt-get install -y python3-torch
-	else
-		echo "torchrun not found. Install PyTorch, e.g. on Debian or Ubuntu:" >&2
-		echo "  sudo apt-get install python3-torch" >&2
-		exit 1
-	fi
-fi
-
-pids=() names=()
-cleanup() {
-	local rc=$?
-	if ((${#pids[@]})); then
-		# SIGTERM lets each agent stop its workers before it exits.
-		kill -TERM "${pids[@]}" 2>/dev/null || true
-		for _ in $(seq 150); do
-			local alive=0 p
-			for p in "${pids[@]}"; do
-				if kill -0 "$p" 2>/dev/null; then alive=1; fi
-			done
-			((alive)) || break
-			sleep 0.1
-		done
-		kill -KILL "${pids[@]}" 2>/dev/null || true
-		wait || true
-	fi
-	if ((rc != 0)) && [[ -d $DEMO ]]; then
-		for f in "$DEMO"/*.log; do
-			echo "== last lines of $f"
-			tail -n 20 "$f"
-		done >&2
-	fi
-	rm -rf "$DEMO"
-	exit "$rc"
+ROOT=$PWD
+VENV=${RDZV_VENV:-.venv}
+VENV=$(cd "$VENV" 2>/dev/null && pwd) || {
+	echo "${RDZV_VENV:-.venv} is missing: run 'make demo' (it makes the venv), or set RDZV_VENV" >&2
+	exit 1
 }
-trap cleanup EXIT
-# Turn signals into a plain exit so that cleanup runs with a meaningful status.
-trap 'exit 130' INT
-trap 'exit 143' TERM
+[[ -x $VENV/bin/torchrun ]] || {
+	echo "$VENV/bin/torchrun is missing: run 'make venv'" >&2
+	exit 1
+}
+JOB=example-ddp
+NODES=(demo-node-1 demo-node-2 demo-node-3)
+STEPS=200
+WAIT=90 # bound on each wait, in seconds
 
-rm -rf "$DEMO"
-mkdir -p "$DEMO"
-if [[ -d examples/checkpoints ]]; then
-	echo "== removing examples/checkpoints from an earlier run"
-	rm -rf examples/checkpoints
-fi
+LC_DIR=.demo
+LC_PY=$VENV/bin/python
+LC_KEEP=${RDZV_DEMO_KEEP:-0}
+# shellcheck source=localcluster.sh
+source examples/localcluster.sh
+lc_init
 
-echo "== creating a cluster CA and certificates in $PKI (rdzvctl pki)"
-bin/rdzvctl pki init --dir "$PKI" >/dev/null
-bin/rdzvctl pki issue controller demo-controller --ip 127.0.0.1 --dir "$PKI" >/dev/null
-bin/rdzvctl pki issue agent demo-node-1 --dir "$PKI" >/dev/null
-bin/rdzvctl pki issue agent demo-node-2 --dir "$PKI" >/dev/null
-# rdzvctl finds ca.crt, rdzvctl.crt and rdzvctl.key in --tls-dir.
-bin/rdzvctl pki issue operator demo --dir "$PKI" --out "$PKI/rdzvctl" >/dev/null
-
-echo "== starting controller on $CONTROLLER (logs: $DEMO/controller.log)"
-# Its embedded etcd listens only on $DEMO/controller/etcd.sock (no TCP port).
-bin/rdzv-controller --listen "$CONTROLLER" --data-dir "$DEMO/controller" \
-	--tls-cert "$PKI/controller-demo-controller.crt" --tls-key "$PKI/controller-demo-controller.key" --tls-ca "$PKI/ca.crt" \
-	>"$DEMO/controller.log" 2>&1 &
-pids+=($!)
-names+=(controller)
-
-for n in 1 2; do
-	echo "== starting agent demo-node-$n (logs: $DEMO/node-$n.log)"
-	# Two agents share this machine, so each takes any free gossip port and
-	# its own metrics port (9402, 9403; the controller's is 9401). When
-	# the demo ends (or is interrupted) no agent comes back, so the workers
-	# stop with their agent instead of waiting restart_grace for one.
-	# Workers run as whoever runs the demo (root allowed for that): the job
-	# writes its checkpoints under examples/. A real node keeps the default,
-	# a dynamic user of each job's own, or a dedicated training user.
-	bin/rdzv-agent --controller "$CONTROLLER" --node-name "demo-node-$n" --state-dir "$DEMO/node-$n" --gossip-port 0 --restart-grace 0 \
-		--http-listen "127.0.0.1:$((9401 + n))" \
-		--run-as "$(id -u):$(id -g)" --allow-root \
-		--tls-cert "$PKI/agent-demo-node-$n.crt" --tls-key "$PKI/agent-demo-node-$n.key" --tls-ca "$PKI/ca.crt" \
-		>"$DEMO/node-$n.log" 2>&1 &
-	pids+=($!)
-	names+=("demo-node-$n")
+lc_log "creating a cluster CA and certificates in $LC_PKI (rdzvctl pki)"
+lc_pki "${NODES[@]}"
+lc_log "starting the controller on $LC_CONTROLLER (logs: $LC_DIR/controller.log)"
+lc_start_controller
+for i in "${!NODES[@]}"; do
+	lc_log "starting agent ${NODES[i]} (logs: $LC_DIR/${NODES[i]}.log)"
+	lc_start_agent "${NODES[i]}" $((i + 1))
 done
+lc_wait 60 "the agents to register" lc_nodes_registered "${NODES[@]}"
+lc_ctl nodes
 
-echo "== waiting for both agents to register"
-for i in $(seq 60); do
-	nodes=$("${CTL[@]}" nodes -o json 2>/dev/null || true)
-	if grep -q '"demo-node-1"' <<<"$nodes" && grep -q '"demo-node-2"' <<<"$nodes"; then
-		break
-	fi
-	for j in "${!pids[@]}"; do
-		if ! kill -0 "${pids[j]}" 2>/dev/null; then
-			echo "${names[j]} exited early" >&2
-			exit 1
-		fi
-	done
-	if ((i == 60)); then
-		echo "agents did not register within 30s" >&2
-		exit 1
-	fi
-	sleep 0.5
-done
+# examples/job.yaml with this venv's torchrun, a longer run, and a
+# checkpoint directory of the demo's own.
+cat >"$LC_DIR/job.yaml" <<EOF
+name: $JOB
+nodes: {min: 2, max: 3}
+procs_per_node: 1
+command: ["train.py", "--steps", "$STEPS", "--checkpoint-every", "20"]
+workdir: $ROOT/examples
+env: {OMP_NUM_THREADS: "1", PYTHONDONTWRITEBYTECODE: "1"}
+checkpoint: {dir: $ROOT/$LC_DIR/checkpoints}
+restart: {max_restarts: 3, backoff: {initial: 500ms, max: 5s}}
+rendezvous: {last_call: 1s, timeout: 2m}
+launcher: {torchrun: $VENV/bin/torchrun}
+EOF
+lc_log "the job ($LC_DIR/job.yaml):"
+sed 's/^/    /' "$LC_DIR/job.yaml"
+lc_log "the dashboard: http://127.0.0.1:$LC_HTTP_PORT/ (this job: http://127.0.0.1:$LC_HTTP_PORT/jobs/$JOB)"
+lc_ctl start "$LC_DIR/job.yaml" >/dev/null
+lc_log "started job $JOB (rdzvctl start $LC_DIR/job.yaml)"
 
-echo "== running examples/job.yaml"
-set +e
-"${CTL[@]}" start --wait examples/job.yaml
-job_rc=$?
-set -e
+# checkpoint_in GEN STEP: generation GEN has recorded a checkpoint of STEP
+# or later.
+checkpoint_in() {
+	lc_job_is "$JOB" "int(j['generation']) == $1 and int((j['latest_checkpoint'] or {}).get('step', 0)) >= $2 and int(j['latest_checkpoint']['generation']) == $1"
+}
+latest_checkpoint() { lc_job 'int(j["latest_checkpoint"]["step"])' "$JOB"; }
+show_log() { lc_ctl logs "$JOB" 2>/dev/null | grep -E "$1" | tail -n "$2" | sed 's/^/    /' || true; }
 
-echo "== rdzvctl status example-ddp"
-"${CTL[@]}" status example-ddp || true
-echo "== rdzvctl logs example-ddp | tail -20"
-"${CTL[@]}" logs example-ddp | tail -20 || true
-echo "== rdzvctl events example-ddp"
-"${CTL[@]}" events example-ddp || true
+lc_wait "$WAIT" "generation 1's checkpoint of step 40" checkpoint_in 1 40
+lc_ctl status "$JOB"
 
-if ((job_rc == 0)); then
-	echo "== job succeeded"
+node=${NODES[1]}
+pid=$(lc_kill_worker "$JOB" "$node")
+ckpt=$(latest_checkpoint)
+lc_log "FAULT 1: SIGKILLed the training process on $node (pid $pid); newest complete checkpoint: step $ckpt"
+lc_wait "$WAIT" "generation 2 to train" lc_resumed "$JOB" 2
+lc_log "the first failure the controller hears of may be a peer's: rank 0's gloo connection to the killed worker broke"
+lc_log "generation 2 resumed from step $ckpt on all three nodes (rdzvctl logs $JOB):"
+show_log "RDZV_WORKER .*generation=2 |RDZV_RESUMED .*step=$ckpt\$" 6
+
+lc_wait "$WAIT" "generation 2's checkpoint of step $((ckpt + 40))" checkpoint_in 2 $((ckpt + 40))
+node=${NODES[2]}
+lc_kill_node "$node"
+ckpt=$(latest_checkpoint)
+lc_log "FAULT 2: SIGKILLed node $node (its agent and workers); newest complete checkpoint: step $ckpt"
+lc_log "the controller declares $node lost once its heartbeats stop and its gossip peers cannot reach it either"
+lc_wait "$WAIT" "generation 3 to train" lc_resumed "$JOB" 3
+lc_log "generation 3 resumed from step $ckpt on the two nodes left:"
+show_log "RDZV_WORKER .*generation=3 |RDZV_RESUMED .*step=$ckpt\$" 4
+lc_ctl nodes
+
+finished() { lc_job_is "$JOB" 'j["state"] in ("JOB_STATE_SUCCEEDED", "JOB_STATE_FAILED", "JOB_STATE_STOPPED")'; }
+lc_wait "$WAIT" "the job to finish" finished
+
+lc_log "rank 0's training across the three generations, every 50 steps (rdzvctl logs $JOB):"
+show_log "RDZV_WORKER rank=0|RDZV_RESUMED rank=0|RDZV_STEP rank=0 step=[0-9]*[05]0 |RDZV_DONE rank=0" 30
+lc_log "the job and its incident timeline (rdzvctl status $JOB):"
+lc_ctl status "$JOB"
+lc_log "its events, without checkpoint_recorded (rdzvctl events $JOB):"
+lc_ctl events "$JOB" | grep -v checkpoint_recorded
+lc_log "the dashboard was at http://127.0.0.1:$LC_HTTP_PORT/jobs/$JOB (it stops with the demo)"
+
+if lc_job_is "$JOB" 'j["state"] == "JOB_STATE_SUCCEEDED"'; then
+	lc_log "job $JOB succeeded after 2 faults, in $SECONDS s"
 else
-	echo "== job failed (rdzvctl exit status $job_rc)" >&2
+	lc_log "job $JOB did not succeed: $(lc_job '"%s: %s" % (j["state"], j["reason"])' "$JOB")" >&2
+	exit 1
 fi
-exit "$job_rc"
