@@ -204,7 +204,7 @@ bench-soak: build
 
 # The controller at 1,000 to 10,000 simulated agents: registration,
 # heartbeats, rendezvous, recovery from a lost node, CPU and memory.
-# Figures only; see test/bench/scale/doc.go. BENCH_NODES=1000,5000,10000
+# Figures only; see test/bench/scale/doc.go. BENCH_NODES=10000 BENCH_RELAYS=1 (or 2)
 # for docs/benchmarks.md's table.
 BENCH_NODES ?= 1000
 .PHONY: bench-scale
