@@ -218,6 +218,7 @@ func TestReportEndpoint(t *testing.T) {
 		{Job: "train", Generation: 2, Step: 12, Path: dir + "/step-12", Source: "helper"},
 	}, h.queuedCheckpoints())
 }
+
 // manyMetrics is n metrics as JSON object members.
 func manyMetrics(n int) string {
 	m := make([]string, n)

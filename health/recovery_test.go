@@ -10,11 +10,11 @@ import (
 func TestHang(t *testing.T) {
 	now := t0.Add(time.Hour)
 	tests := []struct {
-		name     string
-		since    time.Time
-		timeout  time.Duration
-		stalled  time.Duration
-		hung     bool
+		name    string
+		since   time.Time
+		timeout time.Duration
+		stalled time.Duration
+		hung    bool
 	}{
 		{name: "stepping", since: now.Add(-time.Second), timeout: 5 * time.Second, stalled: time.Second},
 		{name: "exactly the timeout is not a hang", since: now.Add(-5 * time.Second), timeout: 5 * time.Second, stalled: 5 * time.Second},
