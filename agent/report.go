@@ -14,7 +14,6 @@ import (
 	"net"
 	"net/http"
 	"path/filepath"
-	"regexp"
 	"slices"
 	"strings"
 	"syscall"
@@ -106,17 +105,6 @@ func (r *reportServer) shutdown() {
 	}
 }
 
-// Bounds on a step report's metrics: what an operator reads at a glance
-// (loss, learning rate, throughput), not a metrics pipeline.
-const (
-	maxMetrics          = 16
-	maxMetricNameLength = 64
-)
-
-// metricName is what a metric may be called: a Python identifier, or
-// dotted/slashed names as loggers write them (train/loss).
-var metricName = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_./-]*$`)
-
 // nonFinite are the spellings a metric that is not a finite number takes
 // (JSON has no NaN): a loss gone NaN is what an operator most needs to see.
 var nonFinite = map[string]float64{"NaN": math.NaN(), "Infinity": math.Inf(1), "-Infinity": math.Inf(-1)}
@@ -148,15 +136,11 @@ func parseStepExtras(req reportRequest) (rdzvv1.TrainingPhase, map[string]float6
 	if !ok {
 		return 0, nil, fmt.Errorf("phase: must be \"saving\", \"done\" or left out, got %s", wire.Quote(req.Phase))
 	}
-	if len(req.Metrics) > maxMetrics {
-		return 0, nil, fmt.Errorf("metrics: at most %d are allowed, got %d", maxMetrics, len(req.Metrics))
+	if err := wire.CheckMetrics("metrics", req.Metrics); err != nil {
+		return 0, nil, err
 	}
 	var metrics map[string]float64
 	for _, name := range slices.Sorted(maps.Keys(req.Metrics)) {
-		if len(name) > maxMetricNameLength || !metricName.MatchString(name) {
-			return 0, nil, fmt.Errorf("metrics: name %s must be at most %d characters, a letter or _ then letters, digits, _ . / or -",
-				wire.Quote(name), maxMetricNameLength)
-		}
 		v, err := parseMetric(req.Metrics[name])
 		if err != nil {
 			return 0, nil, fmt.Errorf("metrics[%s]: %w", wire.Quote(name), err)

@@ -12,6 +12,8 @@ import (
 	"time"
 
 	"go.uber.org/zap"
+
+	"github.com/rdzv/rdzv/wire"
 )
 
 // FuzzReportEndpoint posts arbitrary bodies with arbitrary Authorization
@@ -77,7 +79,7 @@ func FuzzReportEndpoint(f *testing.F) {
 		if refused := rec.Code == http.StatusUnauthorized || rec.Code == http.StatusForbidden; refused == authorized {
 			t.Fatalf("status %d for Authorization %q (the token's: %v): %s", rec.Code, auth, authorized, rec.Body)
 		}
-		if p := sup.Progress(); p != nil && len(p.GetMetrics()) > maxMetrics {
+		if p := sup.Progress(); p != nil && len(p.GetMetrics()) > wire.MaxMetrics {
 			t.Fatalf("%d metrics kept from %q", len(p.GetMetrics()), body)
 		}
 		// Drain what a checkpoint report queued, as the session would.
