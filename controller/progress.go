@@ -128,11 +128,11 @@ func hangReason(js *jobState, phase health.Phase, stalled, timeout time.Duration
 	case health.PhaseSaving:
 		return fmt.Sprintf("hang: checkpoint save not complete after %s (last step %d, health.checkpoint_timeout %s)", stalled.Round(time.Second), step, timeout)
 	}
-	setting := "health.progress_timeout"
+	setting := fmt.Sprintf("health.progress_timeout %s", timeout)
 	if js.rec.GetSpec().GetHealthProgressTimeout() == nil {
-		setting = "derived from the step time"
+		setting = fmt.Sprintf("timeout %s derived from the step time", timeout)
 	}
-	return fmt.Sprintf("hang: no training progress for %s (last step %d, timeout %s %s)", stalled.Round(time.Second), step, timeout, setting)
+	return fmt.Sprintf("hang: no training progress for %s (last step %d, %s)", stalled.Round(time.Second), step, setting)
 }
 
 // viewTraining fills j, the API view of js, with its phase, the hang
