@@ -613,12 +613,23 @@ func TestPythonHelper(t *testing.T) {
 		wantStep   uint64 // 0: no progress
 		wantCkpt   bool
 		wantStderr string // with REPORTED for the generation reported
+		// wantPhase and wantMetrics are the progress's, when wantStep is set.
+		wantPhase   rdzvv1.TrainingPhase
+		wantMetrics map[string]float64
 	}{
 		{name: "reports the step", code: `import rdzv; rdzv.report_step(1)`, addr: live, wantStep: 1},
 		{name: "rate limited", code: `import rdzv; rdzv.report_step(2); rdzv.report_step(9)`, addr: live, wantStep: 2},
 		{name: "force sends anyway", code: `import rdzv; rdzv.report_step(2); rdzv.report_step(9, force=True)`, addr: live, wantStep: 9},
 		{name: "reports a checkpoint", code: fmt.Sprintf(`import rdzv; rdzv.checkpoint_complete(%q, 8)`, ckpt+"/step-8"),
 			addr: live, wantStep: 8, wantCkpt: true},
+		{name: "metrics", code: `import rdzv; rdzv.report_step(4, loss=2.5, **{"train/lr": 1e-4}, g=float("nan"), h=float("-inf"))`,
+			addr: live, wantStep: 4, wantMetrics: map[string]float64{"loss": 2.5, "train/lr": 1e-4, "g": math.NaN(), "h": math.Inf(-1)}},
+		{name: "saving", code: `import rdzv; rdzv.report_step(7)` + "\nwith rdzv.saving(8): pass", addr: live, wantStep: 8, wantPhase: savingPhase},
+		{name: "a save ends with its checkpoint", code: fmt.Sprintf(`import rdzv; rdzv.checkpoint_begin(8); rdzv.checkpoint_complete(%q, 8)`, ckpt+"/step-8"),
+			addr: live, wantStep: 8, wantCkpt: true},
+		{name: "final", code: `import rdzv; rdzv.report_step(11); rdzv.report_step(12, final=True, loss=0.5)`, addr: live,
+			wantStep: 12, wantPhase: donePhase, wantMetrics: map[string]float64{"loss": 0.5}},
+		{name: "done", code: `import rdzv; rdzv.report_step(13); rdzv.report_done()`, addr: live, wantStep: 13, wantPhase: donePhase},
 		{name: "without the token, refused", code: `import rdzv; rdzv.report_step(3); print("still training")`, addr: live, token: "-",
 			wantStderr: warning + "agent answered 401: report token missing: send the worker's RDZV_REPORT_TOKEN as \"Authorization: Bearer <token>\" (the rdzv Python package does)\n"},
 		{name: "with another token, refused", code: `import rdzv; rdzv.report_step(3); print("still training")`, addr: live,
@@ -671,7 +682,17 @@ func TestPythonHelper(t *testing.T) {
 			if tt.wantStep == 0 {
 				require.Nil(t, h.sup.Progress())
 			} else {
-				require.Equal(t, tt.wantStep, h.sup.Progress().GetStep())
+				p := h.sup.Progress()
+				require.Equal(t, tt.wantStep, p.GetStep())
+				phase := tt.wantPhase
+				if phase == rdzvv1.TrainingPhase_TRAINING_PHASE_UNSPECIFIED {
+					phase = stepsPhase
+				}
+				require.Equal(t, phase, p.GetPhase())
+				require.Len(t, p.GetMetrics(), len(tt.wantMetrics))
+				for name, want := range tt.wantMetrics {
+					require.True(t, sameMetric(want, p.GetMetrics()[name]), "%s: %v, want %v", name, p.GetMetrics()[name], want)
+				}
 			}
 			var want []*rdzvv1.CheckpointReport
 			if tt.wantCkpt {
