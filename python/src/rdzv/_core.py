@@ -126,7 +126,7 @@ def report_step(step: int, *, force: bool = False, final: bool = False, **metric
     metrics (e.g. loss=2.31, lr=3e-4) must be real numbers, at most
     MAX_METRICS of them, named like Python identifiers (also with . / -) of
     at most MAX_METRIC_NAME characters; NaN and infinities are sent too.
-    The latest show in `rdzvctl get job` and the dashboard. `force` and
+    The latest show in `rdzvctl status NAME` and the dashboard. `force` and
     `final` cannot be metric names.
     """
     s = _check_step(step)
