@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"google.golang.org/protobuf/types/known/durationpb"
+	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/rdzv/rdzv/health"
 	rdzvv1 "github.com/rdzv/rdzv/proto/rdzv/v1"
@@ -36,6 +37,21 @@ type training struct {
 	// metrics are the latest metrics reported, with the step metricsStep.
 	metrics     map[string]float64
 	metricsStep uint64
+}
+
+// noteProgress records p, node's report, at now: the job's step when it
+// advanced (advanced; first when it is the generation's first step), the
+// node's phase and the metrics.
+func (js *jobState) noteProgress(node string, p *rdzvv1.Progress, now time.Time) (advanced, first bool) {
+	first = js.rec.GetProgressAt() == nil
+	if first || p.GetStep() > js.rec.GetStep() {
+		js.rec.Step, js.rec.ProgressAt = p.GetStep(), timestamppb.New(now)
+		js.progressed, js.reportsSteps = true, true
+		js.training.advanced(now)
+		advanced = true
+	}
+	js.training.report(node, p, now)
+	return advanced, first
 }
 
 // newGeneration forgets what the previous generation reported, but for

@@ -195,17 +195,13 @@ func (c *Controller) progress(node string, p *rdzvv1.Progress) {
 		return
 	}
 	now := c.clock.Now()
-	if js.rec.GetProgressAt() == nil || p.GetStep() > js.rec.GetStep() {
-		if js.rec.GetProgressAt() == nil {
+	if advanced, first := js.noteProgress(node, p, now); advanced {
+		if first {
 			c.metrics.firstStep(js, now)
 		}
-		js.rec.Step, js.rec.ProgressAt = p.GetStep(), timestamppb.New(now)
-		js.progressed, js.reportsSteps = true, true
-		js.training.advanced(now)
 		c.resumeTraining(js)
 		c.noteFirstStep(js)
 	}
-	js.training.report(node, p, now)
 }
 
 // checkpoint adds a complete checkpoint to the job's catalog. Only the
