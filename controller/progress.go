@@ -125,9 +125,16 @@ func (js *jobState) hangTimeout() (health.Phase, time.Time, time.Duration) {
 	var since time.Time
 	switch phase {
 	case health.PhaseStartup:
-		since = js.rec.GetStartedAt().AsTime()
+		if at := js.rec.GetStartedAt(); at != nil {
+			since = at.AsTime()
+		}
 	case health.PhaseSteps:
 		since = js.training.clock
+		if since.IsZero() {
+			// A record loaded by a controller that took over may carry the
+			// step time its predecessor wrote with another change.
+			since = js.rec.GetProgressAt().AsTime()
+		}
 	case health.PhaseSaving:
 		since = js.training.savingSince
 	}
