@@ -9,9 +9,12 @@ import (
 	"fmt"
 	"io"
 	"io/fs"
+	"maps"
+	"math"
 	"net"
 	"net/http"
 	"path/filepath"
+	"slices"
 	"strings"
 	"syscall"
 	"time"
@@ -102,14 +105,71 @@ func (r *reportServer) shutdown() {
 	}
 }
 
+// nonFinite are the spellings a metric that is not a finite number takes
+// (JSON has no NaN): a loss gone NaN is what an operator most needs to see.
+var nonFinite = map[string]float64{"NaN": math.NaN(), "Infinity": math.Inf(1), "-Infinity": math.Inf(-1)}
+
 // reportRequest is the body of POST /v1/step and POST /v1/checkpoint. Step
 // is signed and a pointer so that a negative or missing step is named as
-// such rather than read as 0.
+// such rather than read as 0. Phase and Metrics are for /v1/step only.
 type reportRequest struct {
 	Job        string `json:"job"`
 	Generation uint64 `json:"generation"`
 	Step       *int64 `json:"step"`
 	Path       string `json:"path"`
+	// Phase is "" (training steps), "saving" (a checkpoint of step is being
+	// saved) or "done" (step was the last).
+	Phase   string                     `json:"phase"`
+	Metrics map[string]json.RawMessage `json:"metrics"`
+}
+
+// stepPhases are the phases a step report may announce.
+var stepPhases = map[string]rdzvv1.TrainingPhase{
+	"":       rdzvv1.TrainingPhase_TRAINING_PHASE_STEPS,
+	"saving": rdzvv1.TrainingPhase_TRAINING_PHASE_SAVING,
+	"done":   rdzvv1.TrainingPhase_TRAINING_PHASE_DONE,
+}
+
+// parseStepExtras reads a step report's phase and metrics.
+func parseStepExtras(req reportRequest) (rdzvv1.TrainingPhase, map[string]float64, error) {
+	phase, ok := stepPhases[req.Phase]
+	if !ok {
+		return 0, nil, fmt.Errorf("phase: must be \"saving\", \"done\" or left out, got %s", wire.Quote(req.Phase))
+	}
+	if err := wire.CheckMetrics("metrics", req.Metrics); err != nil {
+		return 0, nil, err
+	}
+	var metrics map[string]float64
+	for _, name := range slices.Sorted(maps.Keys(req.Metrics)) {
+		v, err := parseMetric(req.Metrics[name])
+		if err != nil {
+			return 0, nil, fmt.Errorf("metrics[%s]: %w", wire.Quote(name), err)
+		}
+		if metrics == nil {
+			metrics = make(map[string]float64, len(req.Metrics))
+		}
+		metrics[name] = v
+	}
+	return phase, metrics, nil
+}
+
+func parseMetric(raw json.RawMessage) (float64, error) {
+	var v float64
+	if err := json.Unmarshal(raw, &v); err == nil {
+		return v, nil
+	}
+	var s string
+	if err := json.Unmarshal(raw, &s); err == nil {
+		if v, ok := nonFinite[s]; ok {
+			return v, nil
+		}
+	}
+	const show = 32
+	got := string(raw)
+	if len(got) > show {
+		got = got[:show] + "..."
+	}
+	return 0, fmt.Errorf(`must be a number, "NaN", "Infinity" or "-Infinity", got %s`, got)
 }
 
 type reportHandler struct {
@@ -135,7 +195,12 @@ func (h *reportHandler) step(w http.ResponseWriter, r *http.Request) {
 	if !ok {
 		return
 	}
-	if err := h.sup.reportStep(token, req.Job, req.Generation, step, h.now()); err != nil {
+	phase, metrics, err := parseStepExtras(req)
+	if err != nil {
+		h.reject(w, http.StatusBadRequest, err.Error())
+		return
+	}
+	if err := h.sup.reportStep(token, req.Job, req.Generation, step, phase, metrics, h.now()); err != nil {
 		h.refuse(w, err)
 		return
 	}
@@ -149,6 +214,10 @@ func (h *reportHandler) checkpoint(w http.ResponseWriter, r *http.Request) {
 	}
 	req, step, ok := h.decode(w, r)
 	if !ok {
+		return
+	}
+	if req.Phase != "" || req.Metrics != nil {
+		h.reject(w, http.StatusBadRequest, "phase and metrics belong in a step report (POST /v1/step), not a checkpoint report")
 		return
 	}
 	dir, cred, err := h.sup.checkpointTarget(token, req.Job, req.Generation)
@@ -320,8 +389,8 @@ func (s *Supervisor) runningLocked(token []byte, job string, gen uint64) (*worke
 }
 
 // reportStep records that job's generation gen, whose workers hold token,
-// reached step at at.
-func (s *Supervisor) reportStep(token []byte, job string, gen, step uint64, at time.Time) error {
+// reached step at at, in phase, with metrics (nil: none).
+func (s *Supervisor) reportStep(token []byte, job string, gen, step uint64, phase rdzvv1.TrainingPhase, metrics map[string]float64, at time.Time) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	w, err := s.runningLocked(token, job, gen)
@@ -329,14 +398,53 @@ func (s *Supervisor) reportStep(token []byte, job string, gen, step uint64, at t
 		return err
 	}
 	w.advance(step, at)
+	w.enter(phase, step)
+	if metrics != nil && (w.metrics == nil || step >= w.metricsStep) {
+		w.metrics, w.metricsStep = metrics, step
+	}
 	return nil
 }
 
 // advance keeps the highest step: ranks report independently, and a slower
-// rank's older step must not look like the job going backwards.
+// rank's older step must not look like the job going backwards. A step
+// past the checkpoint being saved ends the save: training went on (after a
+// rank's quicker save, or a save that failed and was never completed).
 func (w *worker) advance(step uint64, at time.Time) {
 	if !w.hasStep || step > w.step {
 		w.step, w.stepAt, w.hasStep = step, at, true
+	}
+	switch w.phase {
+	case rdzvv1.TrainingPhase_TRAINING_PHASE_UNSPECIFIED:
+		w.phase = rdzvv1.TrainingPhase_TRAINING_PHASE_STEPS
+	case rdzvv1.TrainingPhase_TRAINING_PHASE_SAVING:
+		if step > w.savingStep {
+			w.phase = rdzvv1.TrainingPhase_TRAINING_PHASE_STEPS
+		}
+	}
+}
+
+// enter records a phase a report announced at step. Done is final for the
+// generation: ranks report it independently, and one rank's last steps or
+// saves after another's must not look like training resuming. The ranks
+// of a node share one phase, so a save lasts until its checkpoint is
+// complete (saved) or a later step is reported, whichever rank says so.
+func (w *worker) enter(phase rdzvv1.TrainingPhase, step uint64) {
+	switch {
+	case w.phase == rdzvv1.TrainingPhase_TRAINING_PHASE_DONE:
+	case phase == rdzvv1.TrainingPhase_TRAINING_PHASE_DONE:
+		w.phase = phase
+	case phase == rdzvv1.TrainingPhase_TRAINING_PHASE_SAVING:
+		if w.phase != phase || step > w.savingStep {
+			w.savingStep = step
+		}
+		w.phase = phase
+	}
+}
+
+// saved ends a save of step or an earlier one: its checkpoint is complete.
+func (w *worker) saved(step uint64) {
+	if w.phase == rdzvv1.TrainingPhase_TRAINING_PHASE_SAVING && step >= w.savingStep {
+		w.phase = rdzvv1.TrainingPhase_TRAINING_PHASE_STEPS
 	}
 }
 
@@ -359,6 +467,7 @@ func (s *Supervisor) reportCheckpoint(token []byte, job string, gen, step uint64
 	w, err := s.runningLocked(token, job, gen)
 	if err == nil {
 		w.advance(step, at)
+		w.saved(step)
 		w.reported[step] = true
 	}
 	s.mu.Unlock()
@@ -369,8 +478,8 @@ func (s *Supervisor) reportCheckpoint(token []byte, job string, gen, step uint64
 	return nil
 }
 
-// Progress is the newest step the running workers reported, nil before
-// their first report.
+// Progress is the newest step the running workers reported, their phase
+// and latest metrics, nil before their first report.
 func (s *Supervisor) Progress() *rdzvv1.Progress {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -378,7 +487,9 @@ func (s *Supervisor) Progress() *rdzvv1.Progress {
 	if w == nil || !w.hasStep {
 		return nil
 	}
-	return &rdzvv1.Progress{Job: w.job, Generation: w.generation, Step: w.step, At: timestamppb.New(w.stepAt)}
+	// The map is replaced, never changed in place, so it can be shared.
+	return &rdzvv1.Progress{Job: w.job, Generation: w.generation, Step: w.step, At: timestamppb.New(w.stepAt),
+		Phase: w.phase, Metrics: w.metrics}
 }
 
 // markReported records step as queued for w, and reports whether it was not
@@ -428,7 +539,8 @@ func (s *Supervisor) queueCheckpoint(r *rdzvv1.CheckpointReport, dropOldest bool
 }
 
 // progressFilter passes a worker's progress on only when it differs from the
-// last it passed, so idle or slow workers cost the controller nothing.
+// last it passed (step, phase or metrics, not the time), so idle or slow
+// workers cost the controller nothing.
 type progressFilter struct {
 	last *rdzvv1.Progress
 }
@@ -438,9 +550,16 @@ func (f *progressFilter) changed(p *rdzvv1.Progress) bool {
 	if p == nil {
 		return false
 	}
-	if l := f.last; l != nil && l.GetJob() == p.GetJob() && l.GetGeneration() == p.GetGeneration() && l.GetStep() == p.GetStep() {
+	if l := f.last; l != nil && l.GetJob() == p.GetJob() && l.GetGeneration() == p.GetGeneration() && l.GetStep() == p.GetStep() &&
+		l.GetPhase() == p.GetPhase() && maps.EqualFunc(l.GetMetrics(), p.GetMetrics(), sameMetric) {
 		return false
 	}
 	f.last = p
 	return true
+}
+
+// sameMetric is == with NaN equal to itself: a NaN loss is no news at every
+// heartbeat.
+func sameMetric(a, b float64) bool {
+	return a == b || (math.IsNaN(a) && math.IsNaN(b))
 }

@@ -12,12 +12,15 @@ import (
 	"time"
 
 	"go.uber.org/zap"
+
+	"github.com/rdzv/rdzv/wire"
 )
 
 // FuzzReportEndpoint posts arbitrary bodies with arbitrary Authorization
 // headers to the worker report endpoint: whatever arrives, the answer is a
 // 2xx or 4xx naming the problem, never a panic or a 5xx, and nothing but
-// the running workers' token gets past 401 or 403.
+// the running workers' token gets past 401 or 403. Whatever a step report
+// leaves for the controller stays within the metrics' bounds.
 func FuzzReportEndpoint(f *testing.F) {
 	dir := f.TempDir()
 	ckpt := filepath.Join(dir, "ckpt")
@@ -31,6 +34,10 @@ func FuzzReportEndpoint(f *testing.F) {
 	valid := "Bearer " + hex.EncodeToString(token)
 	for _, seed := range []string{
 		`{"job":"train","generation":2,"step":40}`,
+		`{"job":"train","generation":2,"step":40,"phase":"saving","metrics":{"loss":2.5,"lr":"NaN","x/y":-1e308}}`,
+		`{"job":"train","generation":2,"step":41,"phase":"done","metrics":{"loss":"Infinity"}}`,
+		`{"job":"train","generation":2,"step":41,"phase":"eval","metrics":{"":1,"a b":{},"c":[1],"d":null,"e":1e999}}`,
+		`{"job":"train","generation":2,"step":10,"phase":"saving","path":"` + filepath.Join(ckpt, "step-10") + `"}`,
 		`{"job":"train","generation":2,"step":10,"path":"` + filepath.Join(ckpt, "step-10") + `"}`,
 		`{"job":"train","generation":2,"step":11,"path":"` + filepath.Join(ckpt, "step-11") + `"}`,
 		`{"job":"train","generation":2,"step":10,"path":"` + ckpt + `/../etc"}`,
@@ -71,6 +78,9 @@ func FuzzReportEndpoint(f *testing.F) {
 		authorized := len(auth) == len(valid) && strings.EqualFold(auth, valid)
 		if refused := rec.Code == http.StatusUnauthorized || rec.Code == http.StatusForbidden; refused == authorized {
 			t.Fatalf("status %d for Authorization %q (the token's: %v): %s", rec.Code, auth, authorized, rec.Body)
+		}
+		if p := sup.Progress(); p != nil && len(p.GetMetrics()) > wire.MaxMetrics {
+			t.Fatalf("%d metrics kept from %q", len(p.GetMetrics()), body)
 		}
 		// Drain what a checkpoint report queued, as the session would.
 		for len(sup.checkpoints) > 0 {

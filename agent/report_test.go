@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"io/fs"
+	"math"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -32,6 +33,12 @@ import (
 
 // reportAt is the time the endpoint's clock gives every report.
 var reportAt = time.Date(2030, 1, 2, 3, 4, 5, 0, time.UTC)
+
+const (
+	stepsPhase  = rdzvv1.TrainingPhase_TRAINING_PHASE_STEPS
+	savingPhase = rdzvv1.TrainingPhase_TRAINING_PHASE_SAVING
+	donePhase   = rdzvv1.TrainingPhase_TRAINING_PHASE_DONE
+)
 
 // reportEndpoint serves the report endpoint for h's supervisor.
 func reportEndpoint(t *testing.T, h *supHarness) *httptest.Server {
@@ -111,6 +118,25 @@ func TestReportEndpoint(t *testing.T) {
 		{"step", "POST", "/v1/step", auth, `{"job":"train","generation":2,"step":40}`, http.StatusNoContent, ""},
 		{"step zero", "POST", "/v1/step", auth, `{"job":"train","generation":2,"step":0}`, http.StatusNoContent, ""},
 		{"unknown fields are ignored", "POST", "/v1/step", auth, `{"job":"train","generation":2,"step":41,"rank":3}`, http.StatusNoContent, ""},
+		{"metrics", "POST", "/v1/step", auth, `{"job":"train","generation":2,"step":41,"metrics":{"loss":2.5,"train/lr":1e-4,"grad_norm":"Infinity"}}`, http.StatusNoContent, ""},
+		{"older metrics are ignored", "POST", "/v1/step", auth, `{"job":"train","generation":2,"step":40,"metrics":{"loss":9}}`, http.StatusNoContent, ""},
+		{"saving", "POST", "/v1/step", auth, `{"job":"train","generation":2,"step":41,"phase":"saving"}`, http.StatusNoContent, ""},
+		{"done", "POST", "/v1/step", auth, `{"job":"train","generation":2,"step":41,"phase":"done"}`, http.StatusNoContent, ""},
+		{"unknown phase", "POST", "/v1/step", auth, `{"job":"train","generation":2,"step":41,"phase":"eval"}`, http.StatusBadRequest,
+			`phase: must be "saving", "done" or left out, got "eval"`},
+		{"too many metrics", "POST", "/v1/step", auth, `{"job":"train","generation":2,"step":41,"metrics":{` + manyMetrics(wire.MaxMetrics+1) + `}}`,
+			http.StatusBadRequest, "metrics: at most 16 are allowed, got 17"},
+		{"long metric name", "POST", "/v1/step", auth, `{"job":"train","generation":2,"step":41,"metrics":{"` + strings.Repeat("l", wire.MaxMetricNameLength+1) + `":1}}`,
+			http.StatusBadRequest, "must be at most 64 characters"},
+		{"metric name with a space", "POST", "/v1/step", auth, `{"job":"train","generation":2,"step":41,"metrics":{"a b":1}}`,
+			http.StatusBadRequest, `metrics: name "a b" must be`},
+		{"metric not a number", "POST", "/v1/step", auth, `{"job":"train","generation":2,"step":41,"metrics":{"loss":"low"}}`,
+			http.StatusBadRequest, `metrics["loss"]: must be a number, "NaN", "Infinity" or "-Infinity", got "low"`},
+		{"metric out of range", "POST", "/v1/step", auth, `{"job":"train","generation":2,"step":41,"metrics":{"loss":1e400}}`,
+			http.StatusBadRequest, `metrics["loss"]: must be a number`},
+		{"metrics not an object", "POST", "/v1/step", auth, `{"job":"train","generation":2,"step":41,"metrics":[1]}`, http.StatusBadRequest, "not valid JSON"},
+		{"phase on a checkpoint", "POST", "/v1/checkpoint", auth, `{"job":"train","generation":2,"step":10,"phase":"saving","path":"` + dir + `/step-10"}`,
+			http.StatusBadRequest, "phase and metrics belong in a step report"},
 		{"scheme in any case", "POST", "/v1/step", "bearer " + strings.ToUpper(hex.EncodeToString(h.token())), `{"job":"train","generation":2,"step":0}`, http.StatusNoContent, ""},
 
 		{"no token", "POST", "/v1/step", "", `{"job":"train","generation":2,"step":900}`, http.StatusUnauthorized, missing},
@@ -184,13 +210,65 @@ func TestReportEndpoint(t *testing.T) {
 	require.Equal(t, `Bearer realm="rdzv worker reports"`, resp.Header.Get("WWW-Authenticate"))
 
 	// Only the accepted reports had an effect.
-	requireProto(t, &rdzvv1.Progress{Job: "train", Generation: 2, Step: 41, At: timestamppb.New(reportAt)}, h.sup.Progress())
+	requireProto(t, &rdzvv1.Progress{Job: "train", Generation: 2, Step: 41, At: timestamppb.New(reportAt), Phase: donePhase,
+		Metrics: map[string]float64{"loss": 2.5, "train/lr": 1e-4, "grad_norm": math.Inf(1)}}, h.sup.Progress())
 	requireProto(t, []*rdzvv1.CheckpointReport{
 		{Job: "train", Generation: 2, Step: 10, Path: dir + "/step-10", Source: "helper"},
 		{Job: "train", Generation: 2, Step: 11, Path: dir + "/step-11", Source: "helper"},
 		{Job: "train", Generation: 2, Step: 12, Path: dir + "/step-12", Source: "helper"},
 	}, h.queuedCheckpoints())
 }
+
+// manyMetrics is n metrics as JSON object members.
+func manyMetrics(n int) string {
+	m := make([]string, n)
+	for i := range m {
+		m[i] = fmt.Sprintf(`"m%d":%d`, i, i)
+	}
+	return strings.Join(m, ",")
+}
+
+// A node's phase: a save lasts until its checkpoint is complete or training
+// goes past it, whichever rank says so; done is final.
+func TestReportedPhases(t *testing.T) {
+	type report struct {
+		checkpoint bool
+		step       uint64
+		phase      rdzvv1.TrainingPhase
+	}
+	tests := []struct {
+		name    string
+		reports []report
+		want    rdzvv1.TrainingPhase
+	}{
+		{"steps", []report{{step: 1, phase: stepsPhase}}, stepsPhase},
+		{"saving", []report{{step: 1, phase: stepsPhase}, {step: 2, phase: savingPhase}}, savingPhase},
+		{"another rank at the same step keeps saving", []report{{step: 2, phase: savingPhase}, {step: 2, phase: stepsPhase}}, savingPhase},
+		{"another rank behind keeps saving", []report{{step: 2, phase: savingPhase}, {step: 1, phase: stepsPhase}}, savingPhase},
+		{"the checkpoint's completion ends it", []report{{step: 2, phase: savingPhase}, {checkpoint: true, step: 2}}, stepsPhase},
+		{"an older checkpoint does not", []report{{step: 2, phase: savingPhase}, {checkpoint: true, step: 1}}, savingPhase},
+		{"a later step ends it", []report{{step: 2, phase: savingPhase}, {step: 3, phase: stepsPhase}}, stepsPhase},
+		{"a later save moves it", []report{{step: 2, phase: savingPhase}, {step: 4, phase: savingPhase}, {checkpoint: true, step: 2}}, savingPhase},
+		{"done", []report{{step: 2, phase: stepsPhase}, {step: 3, phase: donePhase}}, donePhase},
+		{"done is final", []report{{step: 3, phase: donePhase}, {step: 3, phase: savingPhase}, {step: 4, phase: stepsPhase}}, donePhase},
+		{"done while saving", []report{{step: 3, phase: savingPhase}, {step: 3, phase: donePhase}, {checkpoint: true, step: 3}}, donePhase},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			w := &worker{}
+			for _, r := range tt.reports {
+				w.advance(r.step, reportAt)
+				if r.checkpoint {
+					w.saved(r.step)
+				} else {
+					w.enter(r.phase, r.step)
+				}
+			}
+			require.Equal(t, tt.want, w.phase)
+		})
+	}
+}
+
 func TestReportWithoutCheckpointDir(t *testing.T) {
 	h := newSupervisor(t)
 	h.sup.Assign(h.assignment("train", 1, "hang"))
@@ -232,7 +310,7 @@ func TestTokenIsPerGeneration(t *testing.T) {
 	srv := reportEndpoint(t, h)
 	status, body := post(t, srv, "POST", "/v1/step", bearer(first), `{"job":"train","generation":2,"step":1}`)
 	require.Equal(t, http.StatusForbidden, status, body)
-	require.ErrorIs(t, h.sup.reportStep(first, "train", 2, 1, reportAt), errTokenRefused)
+	require.ErrorIs(t, h.sup.reportStep(first, "train", 2, 1, stepsPhase, nil, reportAt), errTokenRefused)
 	require.Nil(t, h.sup.Progress())
 	status, body = post(t, srv, "POST", "/v1/step", bearer(second), `{"job":"train","generation":2,"step":1}`)
 	require.Equal(t, http.StatusNoContent, status, body)
@@ -254,13 +332,13 @@ func TestAdoptedWorkersKeepTheirToken(t *testing.T) {
 			}
 			next := h.successor()
 			require.True(t, next.sup.Running("train"))
-			err := next.sup.reportStep(token, "train", 1, 7, reportAt)
+			err := next.sup.reportStep(token, "train", 1, 7, stepsPhase, nil, reportAt)
 			if tokenKept {
 				require.NoError(t, err)
 				require.EqualValues(t, 7, next.sup.Progress().GetStep())
 			} else {
 				require.ErrorIs(t, err, errTokenRefused)
-				require.ErrorIs(t, next.sup.reportStep(nil, "train", 1, 7, reportAt), errTokenRefused)
+				require.ErrorIs(t, next.sup.reportStep(nil, "train", 1, 7, stepsPhase, nil, reportAt), errTokenRefused)
 				require.Nil(t, next.sup.Progress())
 			}
 			next.sup.Stop("train", 1, "done")
@@ -414,21 +492,21 @@ func TestProgressFollowsCurrentWorker(t *testing.T) {
 
 	t0 := time.Now()
 	tok := h.token()
-	require.NoError(t, h.sup.reportStep(tok, "train", 1, 50, t0))
-	require.NoError(t, h.sup.reportStep(tok, "train", 1, 49, t0.Add(time.Second)), "a slower rank's step is accepted")
-	requireProto(t, &rdzvv1.Progress{Job: "train", Generation: 1, Step: 50, At: timestamppb.New(t0)}, h.sup.Progress(),
+	require.NoError(t, h.sup.reportStep(tok, "train", 1, 50, stepsPhase, nil, t0))
+	require.NoError(t, h.sup.reportStep(tok, "train", 1, 49, stepsPhase, nil, t0.Add(time.Second)), "a slower rank's step is accepted")
+	requireProto(t, &rdzvv1.Progress{Job: "train", Generation: 1, Step: 50, At: timestamppb.New(t0), Phase: stepsPhase}, h.sup.Progress(),
 		"the highest step is kept, with the time it was reached")
 	require.NoError(t, h.sup.reportCheckpoint(tok, "train", 1, 60, "/ckpt/step-60", t0.Add(2*time.Second)))
-	requireProto(t, &rdzvv1.Progress{Job: "train", Generation: 1, Step: 60, At: timestamppb.New(t0.Add(2 * time.Second))}, h.sup.Progress(),
+	requireProto(t, &rdzvv1.Progress{Job: "train", Generation: 1, Step: 60, At: timestamppb.New(t0.Add(2 * time.Second)), Phase: stepsPhase}, h.sup.Progress(),
 		"a saved checkpoint is progress too")
 
 	h.sup.Assign(h.assignment("train", 2, "hang"))
 	h.expect("train", 1, wStopped)
 	h.expect("train", 2, wRunning)
 	require.Nil(t, h.sup.Progress(), "a new generation starts without progress")
-	require.ErrorIs(t, h.sup.reportStep(tok, "train", 1, 70, t0), errTokenRefused)
-	require.ErrorIs(t, h.sup.reportStep(h.token(), "train", 1, 70, t0), errNotRunning)
-	require.NoError(t, h.sup.reportStep(h.token(), "train", 2, 3, t0))
+	require.ErrorIs(t, h.sup.reportStep(tok, "train", 1, 70, stepsPhase, nil, t0), errTokenRefused)
+	require.ErrorIs(t, h.sup.reportStep(h.token(), "train", 1, 70, stepsPhase, nil, t0), errNotRunning)
+	require.NoError(t, h.sup.reportStep(h.token(), "train", 2, 3, stepsPhase, nil, t0))
 	require.EqualValues(t, 3, h.sup.Progress().GetStep())
 
 	h.sup.Stop("train", 2, "done")
@@ -460,7 +538,11 @@ func TestCheckpointQueueDropsOldest(t *testing.T) {
 
 func TestProgressFilter(t *testing.T) {
 	p := func(job string, gen, step uint64, at int64) *rdzvv1.Progress {
-		return &rdzvv1.Progress{Job: job, Generation: gen, Step: step, At: timestamppb.New(time.Unix(at, 0))}
+		return &rdzvv1.Progress{Job: job, Generation: gen, Step: step, At: timestamppb.New(time.Unix(at, 0)), Phase: stepsPhase}
+	}
+	with := func(p *rdzvv1.Progress, phase rdzvv1.TrainingPhase, metrics map[string]float64) *rdzvv1.Progress {
+		p.Phase, p.Metrics = phase, metrics
+		return p
 	}
 	var f progressFilter
 	for i, tt := range []struct {
@@ -476,6 +558,12 @@ func TestProgressFilter(t *testing.T) {
 		{p("train", 2, 11, 4), true},
 		{p("eval", 2, 11, 5), true},
 		{p("eval", 2, 11, 5), false},
+		{with(p("eval", 2, 11, 5), savingPhase, nil), true},
+		{with(p("eval", 2, 11, 6), savingPhase, nil), false},
+		{with(p("eval", 2, 11, 6), savingPhase, map[string]float64{"loss": math.NaN()}), true},
+		{with(p("eval", 2, 11, 7), savingPhase, map[string]float64{"loss": math.NaN()}), false}, // NaN is no news
+		{with(p("eval", 2, 11, 7), savingPhase, map[string]float64{"loss": 1}), true},
+		{with(p("eval", 2, 11, 7), donePhase, map[string]float64{"loss": 1}), true},
 	} {
 		require.Equal(t, tt.want, f.changed(tt.p), "input %d: %v", i, tt.p)
 	}
@@ -525,12 +613,23 @@ func TestPythonHelper(t *testing.T) {
 		wantStep   uint64 // 0: no progress
 		wantCkpt   bool
 		wantStderr string // with REPORTED for the generation reported
+		// wantPhase and wantMetrics are the progress's, when wantStep is set.
+		wantPhase   rdzvv1.TrainingPhase
+		wantMetrics map[string]float64
 	}{
 		{name: "reports the step", code: `import rdzv; rdzv.report_step(1)`, addr: live, wantStep: 1},
 		{name: "rate limited", code: `import rdzv; rdzv.report_step(2); rdzv.report_step(9)`, addr: live, wantStep: 2},
 		{name: "force sends anyway", code: `import rdzv; rdzv.report_step(2); rdzv.report_step(9, force=True)`, addr: live, wantStep: 9},
 		{name: "reports a checkpoint", code: fmt.Sprintf(`import rdzv; rdzv.checkpoint_complete(%q, 8)`, ckpt+"/step-8"),
 			addr: live, wantStep: 8, wantCkpt: true},
+		{name: "metrics", code: `import rdzv; rdzv.report_step(4, loss=2.5, **{"train/lr": 1e-4}, g=float("nan"), h=float("-inf"))`,
+			addr: live, wantStep: 4, wantMetrics: map[string]float64{"loss": 2.5, "train/lr": 1e-4, "g": math.NaN(), "h": math.Inf(-1)}},
+		{name: "saving", code: `import rdzv; rdzv.report_step(7)` + "\nwith rdzv.saving(8): pass", addr: live, wantStep: 8, wantPhase: savingPhase},
+		{name: "a save ends with its checkpoint", code: fmt.Sprintf(`import rdzv; rdzv.checkpoint_begin(8); rdzv.checkpoint_complete(%q, 8)`, ckpt+"/step-8"),
+			addr: live, wantStep: 8, wantCkpt: true},
+		{name: "final", code: `import rdzv; rdzv.report_step(11); rdzv.report_step(12, final=True, loss=0.5)`, addr: live,
+			wantStep: 12, wantPhase: donePhase, wantMetrics: map[string]float64{"loss": 0.5}},
+		{name: "done", code: `import rdzv; rdzv.report_step(13); rdzv.report_done()`, addr: live, wantStep: 13, wantPhase: donePhase},
 		{name: "without the token, refused", code: `import rdzv; rdzv.report_step(3); print("still training")`, addr: live, token: "-",
 			wantStderr: warning + "agent answered 401: report token missing: send the worker's RDZV_REPORT_TOKEN as \"Authorization: Bearer <token>\" (the rdzv Python package does)\n"},
 		{name: "with another token, refused", code: `import rdzv; rdzv.report_step(3); print("still training")`, addr: live,
@@ -583,7 +682,17 @@ func TestPythonHelper(t *testing.T) {
 			if tt.wantStep == 0 {
 				require.Nil(t, h.sup.Progress())
 			} else {
-				require.Equal(t, tt.wantStep, h.sup.Progress().GetStep())
+				p := h.sup.Progress()
+				require.Equal(t, tt.wantStep, p.GetStep())
+				phase := tt.wantPhase
+				if phase == rdzvv1.TrainingPhase_TRAINING_PHASE_UNSPECIFIED {
+					phase = stepsPhase
+				}
+				require.Equal(t, phase, p.GetPhase())
+				require.Len(t, p.GetMetrics(), len(tt.wantMetrics))
+				for name, want := range tt.wantMetrics {
+					require.True(t, sameMetric(want, p.GetMetrics()[name]), "%s: %v, want %v", name, p.GetMetrics()[name], want)
+				}
 			}
 			var want []*rdzvv1.CheckpointReport
 			if tt.wantCkpt {

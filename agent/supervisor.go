@@ -138,6 +138,13 @@ type worker struct {
 	step    uint64
 	stepAt  time.Time
 	hasStep bool
+	// phase is what the workers said they are doing (see report.go);
+	// savingStep is the checkpoint's step while phase is saving.
+	phase      rdzvv1.TrainingPhase
+	savingStep uint64
+	// metrics are the latest a report carried, with step metricsStep.
+	metrics     map[string]float64
+	metricsStep uint64
 	// reported holds the checkpoint steps queued in this generation.
 	reported map[uint64]bool
 }

@@ -209,6 +209,9 @@ type jobState struct {
 	// commits; recommittedAt is when a restarted generation committed,
 	// until its first step. In memory, for the recovery histograms.
 	failedAt, recommittedAt time.Time
+	// training is the current generation's phase, step times and metrics
+	// (progress.go).
+	training training
 }
 
 // Option adjusts a Controller for tests.

@@ -184,8 +184,9 @@ func restartBackoff(spec *rdzvv1.JobSpec, consecutive uint32) time.Duration {
 	return min(d, limit)
 }
 
-// progress records a training step report. Steps live in memory only: at
-// one report per node per heartbeat they would be the bulk of etcd's writes.
+// progress records a training step report: the step, the node's phase and
+// the metrics. It lives in memory only: at one report per node per
+// heartbeat it would be the bulk of etcd's writes.
 func (c *Controller) progress(node string, p *rdzvv1.Progress) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -193,12 +194,11 @@ func (c *Controller) progress(node string, p *rdzvv1.Progress) {
 	if js == nil || js.rec.GetGeneration() != p.GetGeneration() || js.rec.GetState() != rdzvv1.JobState_JOB_STATE_RUNNING || !js.member(node) {
 		return
 	}
-	if js.rec.GetProgressAt() == nil || p.GetStep() > js.rec.GetStep() {
-		if js.rec.GetProgressAt() == nil {
-			c.metrics.firstStep(js, c.clock.Now())
+	now := c.clock.Now()
+	if advanced, first := js.noteProgress(node, p, now); advanced {
+		if first {
+			c.metrics.firstStep(js, now)
 		}
-		js.rec.Step, js.rec.ProgressAt = p.GetStep(), timestamppb.New(c.clock.Now())
-		js.progressed, js.reportsSteps = true, true
 		c.resumeTraining(js)
 		c.noteFirstStep(js)
 	}
@@ -257,16 +257,16 @@ func checkpointPathOK(dir, path string) error {
 	return nil
 }
 
-// checkHangs restarts running jobs whose training stopped advancing. Jobs
-// that never reported a step have hang detection off. Callers hold c.mu.
+// checkHangs restarts running jobs whose training stopped advancing, each
+// by the timeout of the phase it is in (hangTimeout). Callers hold c.mu.
 func (c *Controller) checkHangs(now time.Time) {
 	for _, js := range c.jobs {
-		if js.rec.GetState() != rdzvv1.JobState_JOB_STATE_RUNNING || js.rec.GetProgressAt() == nil {
+		if js.rec.GetState() != rdzvv1.JobState_JOB_STATE_RUNNING {
 			continue
 		}
-		timeout := js.rec.GetSpec().GetHealthProgressTimeout().AsDuration()
-		if stalled, hung := health.Hang(now, js.rec.GetProgressAt().AsTime(), timeout); hung {
-			c.attemptFailed(js, causeHang, fmt.Sprintf("hang: no training progress for %s (last step %d)", stalled.Round(time.Second), js.rec.GetStep()), stalled-timeout)
+		phase, since, timeout := js.hangTimeout()
+		if stalled, hung := health.Hang(now, since, timeout); hung {
+			c.attemptFailed(js, causeHang, hangReason(js, phase, stalled, timeout), stalled-timeout)
 		}
 	}
 }

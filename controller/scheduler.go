@@ -352,6 +352,7 @@ func (c *Controller) commit(ctx context.Context, term uint64, name string, place
 	js.workers = map[string]*rdzvv1.WorkerStatus{}
 	js.lastCall = rendezvous.LastCall{}
 	js.progressed = false
+	js.training.newGeneration()
 	for _, p := range placed {
 		c.nodes[p.Name].generation = gen
 	}

@@ -189,7 +189,7 @@ func validateConnectRequest(m *rdzvv1.ConnectRequest) error {
 	case *rdzvv1.ConnectRequest_WorkerStatus:
 		return validateWorkerStatus("worker_status", msg.WorkerStatus)
 	case *rdzvv1.ConnectRequest_Progress:
-		return nameErr("progress.job", msg.Progress.GetJob())
+		return errors.Join(nameErr("progress.job", msg.Progress.GetJob()), wire.CheckMetrics("progress.metrics", msg.Progress.GetMetrics()))
 	case *rdzvv1.ConnectRequest_Checkpoint:
 		return validateCheckpointReport(msg.Checkpoint)
 	case *rdzvv1.ConnectRequest_PortProbeResult:

@@ -2,6 +2,7 @@ package controller
 
 import (
 	"context"
+	"fmt"
 	"strings"
 	"testing"
 
@@ -154,6 +155,9 @@ var validationCases = []struct {
 	{"worker status unspecified state", connect(&rdzvv1.WorkerStatus{Job: "train"}), "worker_status.state"},
 	{"worker status long message", connect(&rdzvv1.WorkerStatus{Job: "train", State: 4, Message: strings.Repeat("x", wire.MaxTextBytes+1)}), "worker_status.message: at most 4096"},
 	{"progress bad job", connect(&rdzvv1.Progress{Job: ""}), "progress.job:"},
+	{"progress metrics", connect(&rdzvv1.Progress{Job: "train", Metrics: map[string]float64{"loss": 1, "train/lr": 0.1}}), ""},
+	{"progress too many metrics", connect(&rdzvv1.Progress{Job: "train", Metrics: manyMetrics(wire.MaxMetrics + 1)}), "progress.metrics: at most 16 are allowed, got 17"},
+	{"progress bad metric name", connect(&rdzvv1.Progress{Job: "train", Metrics: map[string]float64{"a\nb": 1}}), `progress.metrics: name "a\nb" must be`},
 	{"checkpoint", connect(&rdzvv1.CheckpointReport{Job: "train", Path: "/ckpt/step-10", Source: "scan"}), ""},
 	{"checkpoint relative", connect(&rdzvv1.CheckpointReport{Job: "train", Path: "step-10", Source: "scan"}), "checkpoint.path:"},
 	{"checkpoint traversal", connect(&rdzvv1.CheckpointReport{Job: "train", Path: "/ckpt/../etc", Source: "scan"}), "checkpoint.path:"},
@@ -284,4 +288,12 @@ func TestLogStreamLimit(t *testing.T) {
 			require.Empty(t, l.perJob)
 		})
 	}
+}
+
+func manyMetrics(n int) map[string]float64 {
+	m := make(map[string]float64, n)
+	for i := range n {
+		m[fmt.Sprintf("m%d", i)] = float64(i)
+	}
+	return m
 }

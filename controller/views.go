@@ -21,6 +21,7 @@ func (c *Controller) jobView(js *jobState) *rdzvv1.Job {
 	c.closeInterval(j)
 	j.RecoveryStartedAt, j.TrainingSince = js.rec.GetRecoveryStartedAt(), js.rec.GetTrainingSince()
 	j.Spares = slices.Clone(js.spares)
+	viewTraining(j, js)
 	if js.round == nil || js.round.GetGeneration() != js.rec.GetGeneration() {
 		return j
 	}

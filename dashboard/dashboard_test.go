@@ -15,6 +15,7 @@ import (
 	"go.uber.org/zap/zaptest"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/rdzv/rdzv/dashboard"
@@ -93,6 +94,8 @@ func newFake() *fakeSource {
 		},
 		jobs: []*rdzvv1.Job{{
 			Spec: &rdzvv1.JobSpec{Name: "train"}, State: rdzvv1.JobState_JOB_STATE_RUNNING, Reason: evil, Generation: 2, CreatedAt: ts(0),
+			Step: 120, ProgressAt: ts(20 * time.Second), Phase: rdzvv1.TrainingPhase_TRAINING_PHASE_SAVING, HangTimeout: durationpb.New(time.Hour),
+			Metrics:     map[string]float64{"loss": 2.3125, "lr": 3e-4},
 			Assignments: []*rdzvv1.NodeAssignment{{Node: "node-a", State: rdzvv1.WorkerState_WORKER_STATE_RUNNING}},
 			Incidents: []*rdzvv1.Incident{{
 				Generation: 1, NextGeneration: 2, Reason: evil, FaultAt: ts(time.Second), DetectedAt: ts(2 * time.Second),
@@ -125,7 +128,8 @@ func TestPages(t *testing.T) {
 		{"/", []string{`data-node="node-a"`, `data-state="busy"`, `data-state="lost"`, `href="/jobs/train"`,
 			// The cards count the whole cluster, not the table's page.
 			`id="node-count">10000<`, `9998 busy`, `1 lost`, `<div class="big">80000</div>`, `79984 in jobs`}},
-		{"/jobs/train", []string{`data-phase="detect"`, `data-phase="resume"`, `started → first step: 5s`, `generation 1 → 2`, `recovered in 12s`}},
+		{"/jobs/train", []string{`data-phase="detect"`, `data-phase="resume"`, `started → first step: 5s`, `generation 1 → 2`, `recovered in 12s`,
+			`, saving, hang after 1h0m0s`, `<code>loss=2.3125</code> <code>lr=0.0003</code>`}},
 		{"/nodes/node-a", []string{`id="node-state">busy`, `href="/jobs/train"`}},
 	} {
 		code, body := get(t, srv, tc.path)

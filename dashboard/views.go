@@ -13,6 +13,7 @@ import (
 
 	"go.uber.org/zap"
 	"google.golang.org/protobuf/encoding/protojson"
+	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	rdzvv1 "github.com/rdzv/rdzv/proto/rdzv/v1"
@@ -28,8 +29,16 @@ var funcs = template.FuncMap{
 		return strings.ToLower(strings.TrimPrefix(k.String(), "INTERFACE_KIND_"))
 	},
 	"when": when,
-	"gib":  func(b uint64) string { return fmt.Sprintf("%.0f GiB", float64(b)/(1<<30)) },
-	"join": strings.Join,
+	// trainingPhase is empty when the job's phase is unknown.
+	"trainingPhase": func(p rdzvv1.TrainingPhase) string {
+		if p == rdzvv1.TrainingPhase_TRAINING_PHASE_UNSPECIFIED {
+			return ""
+		}
+		return strings.ToLower(strings.TrimPrefix(p.String(), "TRAINING_PHASE_"))
+	},
+	"duration": func(d *durationpb.Duration) string { return d.AsDuration().String() },
+	"gib":      func(b uint64) string { return fmt.Sprintf("%.0f GiB", float64(b)/(1<<30)) },
+	"join":     strings.Join,
 	"uints": func(v []uint32) string {
 		s := make([]string, len(v))
 		for i, x := range v {

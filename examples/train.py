@@ -17,10 +17,11 @@ RDZV_RESUME_FROM (rdzv.resume_from()) names the step directory to continue
 from. The directory must be shared by all nodes, since every rank reads the
 checkpoint it resumes from.
 
-Every rank reports its step to the rdzv agent with the rdzv Python package
-(python/ in this repository), which is what rdzv's hang detection watches;
-rank 0 also reports each checkpoint once it is complete. Run without rdzv,
-the reports do nothing.
+Every rank reports its step and loss to the rdzv agent with the rdzv Python
+package (python/ in this repository), which is what rdzv's hang detection
+watches, and the last step as final; rank 0 also reports each checkpoint's
+save and, once it is complete, the checkpoint. Run without rdzv, the reports
+do nothing.
 """
 
 import argparse
@@ -74,6 +75,8 @@ def main():
                    help="exit with status 3 before training: a job that crash loops")
     p.add_argument("--hang-file", default="",
                    help="stop making progress, without exiting, while PATH.<generation> exists: a hung job")
+    p.add_argument("--final-save-time", type=float, default=0.0,
+                   help="seconds to spend after the last step, as a long final save would")
     args = p.parse_args()
 
     rank = int(os.environ["RANK"])
@@ -131,10 +134,17 @@ def main():
         if step % 10 == 0:
             log("RDZV_STEP", f"rank={rank}", f"step={step}", f"loss={loss.item():.6f}")
         if rank == 0 and ckpt_dir and step % args.checkpoint_every == 0:
+            with rdzv.saving(step):  # a slow save is bounded by health.checkpoint_timeout
+                path = save_checkpoint(ckpt_dir, step, model, opt)
             # After torch.save returned: the marker vouches for a whole model.pt.
-            rdzv.checkpoint_complete(save_checkpoint(ckpt_dir, step, model, opt), step)
-        rdzv.report_step(step, force=step == args.steps)
+            rdzv.checkpoint_complete(path, step)
+        # The last step is final: what follows (the final save, the exit) is
+        # never taken for a hang.
+        rdzv.report_step(step, final=step == args.steps, loss=loss.item())
         time.sleep(args.step_time)
+
+    if args.final_save_time > 0:
+        time.sleep(args.final_save_time)
 
     final_loss = loss.item() if loss is not None else float("nan")
     if first_loss is None:  # resumed at or past the last step

@@ -2,15 +2,14 @@ package health
 
 import "time"
 
-// Hang reports whether a job's training has stalled: no step reported for
-// longer than timeout since the last one at lastStep. Detection is off
-// when timeout is zero or less, and until the job's first step report
-// (zero lastStep): a job that does not report steps cannot be judged.
-func Hang(now, lastStep time.Time, timeout time.Duration) (stalled time.Duration, hung bool) {
-	if timeout <= 0 || lastStep.IsZero() {
+// Hang reports whether a job's training has stalled: nothing for longer
+// than timeout since its phase's clock started at since (see HangTimeout).
+// Detection is off when timeout is zero or less, and with a zero since.
+func Hang(now, since time.Time, timeout time.Duration) (stalled time.Duration, hung bool) {
+	if timeout <= 0 || since.IsZero() {
 		return 0, false
 	}
-	stalled = now.Sub(lastStep)
+	stalled = now.Sub(since)
 	return stalled, stalled > timeout
 }
 

@@ -10,22 +10,22 @@ import (
 func TestHang(t *testing.T) {
 	now := t0.Add(time.Hour)
 	tests := []struct {
-		name     string
-		lastStep time.Time
-		timeout  time.Duration
-		stalled  time.Duration
-		hung     bool
+		name    string
+		since   time.Time
+		timeout time.Duration
+		stalled time.Duration
+		hung    bool
 	}{
-		{name: "stepping", lastStep: now.Add(-time.Second), timeout: 5 * time.Second, stalled: time.Second},
-		{name: "exactly the timeout is not a hang", lastStep: now.Add(-5 * time.Second), timeout: 5 * time.Second, stalled: 5 * time.Second},
-		{name: "stalled past the timeout", lastStep: now.Add(-7 * time.Second), timeout: 5 * time.Second, stalled: 7 * time.Second, hung: true},
-		{name: "off with no timeout", lastStep: now.Add(-time.Hour), timeout: 0},
-		{name: "off with a negative timeout", lastStep: now.Add(-time.Hour), timeout: -time.Second},
-		{name: "off until the first step", timeout: 5 * time.Second},
+		{name: "stepping", since: now.Add(-time.Second), timeout: 5 * time.Second, stalled: time.Second},
+		{name: "exactly the timeout is not a hang", since: now.Add(-5 * time.Second), timeout: 5 * time.Second, stalled: 5 * time.Second},
+		{name: "stalled past the timeout", since: now.Add(-7 * time.Second), timeout: 5 * time.Second, stalled: 7 * time.Second, hung: true},
+		{name: "off with no timeout", since: now.Add(-time.Hour), timeout: 0},
+		{name: "off with a negative timeout", since: now.Add(-time.Hour), timeout: -time.Second},
+		{name: "off without a start", timeout: 5 * time.Second},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			stalled, hung := Hang(now, tt.lastStep, tt.timeout)
+			stalled, hung := Hang(now, tt.since, tt.timeout)
 			require.Equal(t, tt.hung, hung)
 			require.Equal(t, tt.stalled, stalled)
 		})

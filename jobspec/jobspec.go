@@ -27,6 +27,13 @@ const (
 	DefaultRestarts   = 3
 	DefaultBackoff    = time.Second
 	DefaultBackoffMax = time.Minute
+	// DefaultCheckpointTimeout bounds a checkpoint save (health.checkpoint_timeout):
+	// saving a large model to shared storage takes minutes, never an hour.
+	DefaultCheckpointTimeout = time.Hour
+	// DefaultStartupTimeout bounds the start of a generation of a job that
+	// reported steps before (health.startup_timeout): imports, process group
+	// set-up and loading the checkpoint.
+	DefaultStartupTimeout = 30 * time.Minute
 )
 
 // DefaultMarkers recognise torch.distributed.checkpoint (.metadata, written
@@ -98,8 +105,16 @@ type Backoff struct {
 
 type Health struct {
 	// ProgressTimeout: no training step reported for this long is a hang
-	// and restarts the job. 0s turns hang detection off.
+	// and restarts the job. Unset derives it from the observed step time
+	// (health.StepTimeout); 0s turns hang detection off in every phase.
 	ProgressTimeout *wire.Duration `json:"progress_timeout"`
+	// CheckpointTimeout bounds a checkpoint save the workers announced
+	// (rdzv.checkpoint_begin); 0s never takes a save for a hang.
+	CheckpointTimeout *wire.Duration `json:"checkpoint_timeout"`
+	// StartupTimeout bounds a generation's start, up to its first step
+	// report, for a job that reported steps in an earlier generation; 0s
+	// is off.
+	StartupTimeout *wire.Duration `json:"startup_timeout"`
 	// Preflight is the round smoke test; nil is off.
 	Preflight *Preflight `json:"preflight"`
 }
@@ -252,8 +267,12 @@ func (s *Spec) Default() {
 	if len(s.Checkpoint.Markers) == 0 {
 		s.Checkpoint.Markers = append([]string(nil), DefaultMarkers...)
 	}
-	if s.Health.ProgressTimeout == nil {
-		s.Health.ProgressTimeout = wire.Dur(0)
+	// ProgressTimeout stays unset: the controller derives it.
+	if s.Health.CheckpointTimeout == nil {
+		s.Health.CheckpointTimeout = wire.Dur(DefaultCheckpointTimeout)
+	}
+	if s.Health.StartupTimeout == nil {
+		s.Health.StartupTimeout = wire.Dur(DefaultStartupTimeout)
 	}
 	if pf := s.Health.Preflight; pf != nil {
 		if pf.Bytes == 0 {

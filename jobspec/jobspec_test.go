@@ -58,7 +58,10 @@ func TestDefaults(t *testing.T) {
 	require.Equal(t, DefaultBackoff, spec.Restart.Backoff.Initial.Duration)
 	require.Equal(t, DefaultBackoffMax, spec.Restart.Backoff.Max.Duration)
 	require.Equal(t, DefaultMarkers, spec.Checkpoint.Markers)
-	require.Zero(t, spec.Health.ProgressTimeout.Duration, "hang detection is off unless asked for")
+	require.Nil(t, spec.Health.ProgressTimeout, "the step timeout is derived unless set")
+	require.Equal(t, DefaultCheckpointTimeout, spec.Health.CheckpointTimeout.Duration)
+	require.Equal(t, DefaultStartupTimeout, spec.Health.StartupTimeout.Duration)
+	require.Nil(t, FromProto(spec.ToProto()).Health.ProgressTimeout, "unset survives the proto")
 }
 
 func TestExplicitZeroRestartsIsKept(t *testing.T) {
@@ -135,6 +138,8 @@ func TestValidateRejects(t *testing.T) {
 		{"marker with a slash", func(s *Spec) { s.Checkpoint.Markers = []string{"../x"} }, "checkpoint.markers[0]: must be a plain file name"},
 		{"empty marker", func(s *Spec) { s.Checkpoint.Markers = []string{"COMPLETE", ""} }, "checkpoint.markers[1]"},
 		{"negative progress timeout", func(s *Spec) { s.Health.ProgressTimeout = wire.Dur(-time.Second) }, "health.progress_timeout"},
+		{"negative checkpoint timeout", func(s *Spec) { s.Health.CheckpointTimeout = wire.Dur(-time.Second) }, "health.checkpoint_timeout: must be 0s (off) or a positive duration (got -1s)"},
+		{"negative startup timeout", func(s *Spec) { s.Health.StartupTimeout = wire.Dur(-time.Second) }, "health.startup_timeout"},
 		{"negative preflight bandwidth", func(s *Spec) { s.Health.Preflight.MinBandwidthMbps = -1 }, "health.preflight.min_bandwidth_mbps: must be 0 (only failures exclude) or a bandwidth in Mbit/s (got -1)"},
 		{"tiny preflight", func(s *Spec) { s.Health.Preflight.Bytes = 10 }, "health.preflight.bytes: must be between 4096 and 268435456 (got 10)"},
 		{"long preflight", func(s *Spec) { s.Health.Preflight.Timeout = wire.Dur(time.Hour) }, "health.preflight.timeout: must be positive and at most 10m0s (got 1h0m0s)"},

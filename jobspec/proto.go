@@ -48,6 +48,12 @@ func (s *Spec) ToProto() *rdzvv1.JobSpec {
 	if t := s.Health.ProgressTimeout; t != nil {
 		p.HealthProgressTimeout = durationpb.New(t.Duration)
 	}
+	if t := s.Health.CheckpointTimeout; t != nil {
+		p.HealthCheckpointTimeout = durationpb.New(t.Duration)
+	}
+	if t := s.Health.StartupTimeout; t != nil {
+		p.HealthStartupTimeout = durationpb.New(t.Duration)
+	}
 	if pf := s.Health.Preflight; pf != nil {
 		p.HealthPreflight = &rdzvv1.PreflightSpec{MinBandwidthMbps: pf.MinBandwidthMbps, Bytes: uint64(max(pf.Bytes, 0))}
 		if pf.Timeout != nil {
@@ -101,6 +107,12 @@ func FromProto(p *rdzvv1.JobSpec) *Spec {
 	}
 	if p.HealthProgressTimeout != nil {
 		s.Health.ProgressTimeout = wire.Dur(p.HealthProgressTimeout.AsDuration())
+	}
+	if p.HealthCheckpointTimeout != nil {
+		s.Health.CheckpointTimeout = wire.Dur(p.HealthCheckpointTimeout.AsDuration())
+	}
+	if p.HealthStartupTimeout != nil {
+		s.Health.StartupTimeout = wire.Dur(p.HealthStartupTimeout.AsDuration())
 	}
 	if pf := p.GetHealthPreflight(); pf != nil {
 		// Beyond MaxInt64 is invalid either way; clamped, Validate says so.

@@ -135,8 +135,14 @@ func (s *Spec) Validate() error {
 			add(fmt.Sprintf("checkpoint.markers[%d]", i), wire.Quote(m), "must be a plain file name")
 		}
 	}
-	if p := s.Health.ProgressTimeout; p == nil || p.Duration < 0 {
-		add("health.progress_timeout", durString(p), "must be 0s (off) or a positive duration")
+	if p := s.Health.ProgressTimeout; p != nil && p.Duration < 0 {
+		add("health.progress_timeout", durString(p), "must be unset (derived from the step time), 0s (off) or a positive duration")
+	}
+	if p := s.Health.CheckpointTimeout; p == nil || p.Duration < 0 {
+		add("health.checkpoint_timeout", durString(p), "must be 0s (off) or a positive duration")
+	}
+	if p := s.Health.StartupTimeout; p == nil || p.Duration < 0 {
+		add("health.startup_timeout", durString(p), "must be 0s (off) or a positive duration")
 	}
 	if pf := s.Health.Preflight; pf != nil {
 		if pf.MinBandwidthMbps < 0 || math.IsNaN(pf.MinBandwidthMbps) || math.IsInf(pf.MinBandwidthMbps, 0) {

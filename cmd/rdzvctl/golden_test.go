@@ -7,6 +7,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"math"
 	"os"
 	"path/filepath"
 	"slices"
@@ -129,6 +130,8 @@ func fixtures(s *pagedServer) {
 			{Node: "gpu-02", NodeRank: 1, Address: "10.0.0.2", NcclInterface: "ib0", GpuIndices: []uint32{0, 1, 2, 3, 4, 5, 6, 7}, State: rdzvv1.WorkerState_WORKER_STATE_RUNNING},
 		},
 		CreatedAt: ts(2 * time.Hour), StartedAt: ts(30 * time.Minute), Restarts: 1, Step: 1200, ProgressAt: ts(5 * time.Second),
+		Phase: rdzvv1.TrainingPhase_TRAINING_PHASE_STEPS, HangTimeout: durationpb.New(10 * time.Minute),
+		Metrics:          map[string]float64{"loss": 2.3125, "train/lr": 3e-4, "grad_norm": math.NaN()},
 		LatestCheckpoint: &rdzvv1.Checkpoint{Step: 1000, Path: "/ckpt/step-1000", Generation: 2, Source: "helper", ReportedAt: ts(3 * time.Minute)},
 		TrainingTime:     durationpb.New(110 * time.Minute), RecoveryTime: durationpb.New(2 * time.Minute),
 	}, {

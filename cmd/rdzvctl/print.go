@@ -81,6 +81,9 @@ func printJob(out io.Writer, j *rdzvv1.Job, v view) {
 	fmt.Fprintf(out, "Restarts:    %d of %d\n", j.GetRestarts(), spec.GetRestartMaxRestarts())
 	fmt.Fprintf(out, "Checkpoint:  %s\n", checkpointLine(j.GetLatestCheckpoint(), v))
 	fmt.Fprintf(out, "Progress:    %s\n", progressLine(j, v))
+	if m := j.GetMetrics(); len(m) > 0 {
+		fmt.Fprintf(out, "Metrics:     %s\n", metricsLine(m))
+	}
 	fmt.Fprintf(out, "Training:    %s\n", trainingLine(j))
 	fmt.Fprintf(out, "Created:     %s\n", v.when(j.GetCreatedAt()))
 	fmt.Fprintf(out, "Started:     %s\n", v.when(j.GetStartedAt()))
@@ -264,16 +267,37 @@ func checkpointLine(cp *rdzvv1.Checkpoint, v view) string {
 }
 
 func progressLine(j *rdzvv1.Job, v view) string {
-	timeout := j.GetSpec().GetHealthProgressTimeout().AsDuration()
-	switch {
-	case j.GetProgressAt() == nil && timeout > 0:
-		return "no steps reported yet (hang detection starts with the first report)"
-	case j.GetProgressAt() == nil:
-		return "no steps reported; hang detection off"
-	case timeout == 0:
-		return fmt.Sprintf("step %d, %s ago; hang detection off (health.progress_timeout)", j.GetStep(), v.age(j.GetProgressAt()))
+	s := "no steps reported yet"
+	if j.GetProgressAt() != nil {
+		s = fmt.Sprintf("step %d, %s ago", j.GetStep(), v.age(j.GetProgressAt()))
 	}
-	return fmt.Sprintf("step %d, %s ago; hang after %s without progress", j.GetStep(), v.age(j.GetProgressAt()), timeout)
+	phase := j.GetPhase()
+	switch phase {
+	case rdzvv1.TrainingPhase_TRAINING_PHASE_UNSPECIFIED:
+		if j.GetState() == rdzvv1.JobState_JOB_STATE_RUNNING && j.GetProgressAt() == nil {
+			return s + "; hang detection starts with the first step report"
+		}
+		return s
+	case rdzvv1.TrainingPhase_TRAINING_PHASE_STARTUP:
+		s += "; starting"
+	case rdzvv1.TrainingPhase_TRAINING_PHASE_SAVING:
+		s += "; saving a checkpoint"
+	case rdzvv1.TrainingPhase_TRAINING_PHASE_DONE:
+		return s + "; past the last step (never a hang: the workers' exit decides)"
+	}
+	if t := j.GetHangTimeout(); t != nil {
+		return s + fmt.Sprintf("; hang after %s without progress", t.AsDuration())
+	}
+	return s + "; hang detection off"
+}
+
+// metricsLine is the latest metrics, sorted by name.
+func metricsLine(m map[string]float64) string {
+	parts := make([]string, 0, len(m))
+	for _, name := range slices.Sorted(maps.Keys(m)) {
+		parts = append(parts, fmt.Sprintf("%s=%.6g", name, m[name]))
+	}
+	return strings.Join(parts, " ")
 }
 
 // trainingLine is the effective training time ratio: time spent training

@@ -34,8 +34,68 @@ def test_report_step(agent: Agent, clock: FakeClock) -> None:
     assert r.path == "/v1/step"
     assert r.headers["authorization"] == "Bearer " + TOKEN
     assert r.headers["content-type"] == "application/json"
-    # Metrics are checked but not sent: the agent does not take them yet.
-    assert r.body == {"step": 5, "job": "train", "generation": 3}
+    assert r.body == {"step": 5, "job": "train", "generation": 3, "metrics": {"loss": 1.5}}
+
+
+def test_report_step_without_metrics(agent: Agent, clock: FakeClock) -> None:
+    rdzv.report_step(5)
+    assert agent.bodies() == [{"step": 5, "job": "train", "generation": 3}]
+
+
+def test_metrics(agent: Agent, clock: FakeClock) -> None:
+    rdzv.report_step(1, force=True, loss=2, **{"train/lr": 3e-4}, grad_norm=float("nan"),
+                     up=float("inf"), down=float("-inf"))
+    assert agent.bodies()[0]["metrics"] == {"loss": 2.0, "train/lr": 3e-4, "grad_norm": "NaN",
+                                            "up": "Infinity", "down": "-Infinity"}
+    many = {"m%d" % i: i for i in range(rdzv.MAX_METRICS)}
+    rdzv.report_step(2, force=True, **many)
+    assert len(agent.bodies()[1]["metrics"]) == rdzv.MAX_METRICS
+
+
+def test_final_step(agent: Agent, clock: FakeClock) -> None:
+    rdzv.report_step(1)
+    rdzv.report_step(2, final=True, loss=0.5)  # within the rate limit: sent anyway
+    assert agent.bodies("/v1/step")[1] == {"step": 2, "phase": "done", "metrics": {"loss": 0.5},
+                                           "job": "train", "generation": 3}
+
+
+def test_report_done(agent: Agent, clock: FakeClock) -> None:
+    rdzv.report_step(7)
+    rdzv.report_step(9)  # rate limited, still the last step seen
+    rdzv.report_done()
+    rdzv.report_done(12)
+    assert [(b["step"], b.get("phase")) for b in agent.bodies()] == [(7, None), (9, "done"), (12, "done")]
+
+
+def test_report_done_before_any_step(agent: Agent) -> None:
+    rdzv.report_done()
+    assert agent.bodies() == [{"step": 0, "phase": "done", "job": "train", "generation": 3}]
+
+
+def test_checkpoint_phases(agent: Agent, clock: FakeClock, tmp_path: Path) -> None:
+    rdzv.report_step(39)
+    rdzv.checkpoint_begin(40)  # always sent, whatever the rate limit
+    with rdzv.saving(41):
+        pass
+    rdzv.checkpoint_complete(str(tmp_path), 41)
+    assert [(r.path, r.body["step"], r.body.get("phase")) for r in agent.requests] == [
+        ("/v1/step", 39, None), ("/v1/step", 40, "saving"), ("/v1/step", 41, "saving"), ("/v1/checkpoint", 41, None)]
+
+
+def test_saving_reraises(agent: Agent) -> None:
+    with pytest.raises(OSError, match="disk full"):
+        with rdzv.saving(5):
+            raise OSError("disk full")
+    assert agent.bodies() == [{"step": 5, "phase": "saving", "job": "train", "generation": 3}]
+
+
+def test_phases_outside_rdzv_send_nothing(capsys: pytest.CaptureFixture[str]) -> None:
+    rdzv.checkpoint_begin(1)
+    with rdzv.saving(2):
+        pass
+    rdzv.report_step(3, final=True)
+    rdzv.report_done()
+    assert capsys.readouterr().err == ""
 
 
 def test_rate_limit(agent: Agent, clock: FakeClock) -> None:
@@ -134,6 +194,24 @@ def test_bad_step(agent: Agent, tmp_path: Path, step: object) -> None:
 def test_bad_metric(agent: Agent) -> None:
     with pytest.raises(ValueError, match=r"metric loss must be a real number, got 'low'"):
         rdzv.report_step(1, loss="low")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match=r"metric ok must be a real number, got True"):
+        rdzv.report_step(1, ok=True)
+    with pytest.raises(ValueError, match=r"at most 16 metrics are allowed, got 17"):
+        rdzv.report_step(1, **{"m%d" % i: i for i in range(17)})
+    with pytest.raises(ValueError, match=r"metric name 'l{65}' must be at most 64 characters"):
+        rdzv.report_step(1, **{"l" * 65: 1})
+    with pytest.raises(ValueError, match=r"metric name 'a b' must be"):
+        rdzv.report_step(1, **{"a b": 1})
+    assert agent.requests == []
+
+
+@pytest.mark.parametrize("step", [-1, "7", 1.5, True])
+def test_bad_phase_step(agent: Agent, step: object) -> None:
+    with pytest.raises(ValueError, match=r"step must be an integer >= 0, got "):
+        rdzv.checkpoint_begin(step)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match=r"step must be an integer >= 0, got "):
+        rdzv.report_done(step)  # type: ignore[arg-type]
+    assert agent.requests == []
 
 
 @pytest.mark.parametrize("path", ["", None, b"/x"])

@@ -22,6 +22,9 @@ def test_save_marks_complete_and_load_resumes(agent: Agent, tmp_path: Path) -> N
     files = sorted(os.listdir(tmp_path / "step-3"))
     assert ".metadata" in files and "COMPLETE" in files and "junk" not in files
     assert agent.checkpoints() == [{"step": 3, "path": str(tmp_path / "step-3"), "job": "train", "generation": 3}]
+    # The save began before it completed: a long one is not a hang.
+    assert [r.path for r in agent.requests] == ["/v1/step", "/v1/checkpoint"]
+    assert agent.bodies("/v1/step") == [{"step": 3, "phase": "saving", "job": "train", "generation": 3}]
 
     out = run_worker("dcp_worker.py", [str(tmp_path), "5"],
                      {"RDZV_CHECKPOINT_DIR": str(tmp_path), "RDZV_RESUME_FROM": str(tmp_path / "step-3")})

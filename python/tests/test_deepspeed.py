@@ -18,6 +18,7 @@ def test_save_marks_complete_and_load_resumes(agent: Agent, tmp_path: Path) -> N
     assert [(c["step"], c["path"]) for c in agent.checkpoints()] == [
         (2, str(ckpt / "global_step2")), (4, str(ckpt / "global_step4"))]
     assert (ckpt / "latest").read_text() == "global_step4"
+    assert [(b["step"], b.get("phase")) for b in agent.bodies("/v1/step") if b.get("phase")] == [(2, "saving"), (4, "saving")]
     for step in (2, 4):
         d = ckpt / ("global_step%d" % step)
         assert (d / "COMPLETE").read_text() == "%d\n" % step

@@ -51,6 +51,9 @@ def test_trainer_reports_steps_and_checkpoints(agent: Agent, tmp_path: Path, mon
         assert (tmp_path / ("step-%d" % step) / "COMPLETE").read_text() == "%d\n" % step
         assert (tmp_path / ("step-%d" % step) / "model.ckpt").is_file()
     assert agent.steps()[0] == 1 and agent.steps()[-1] == 4
+    phases = [(b["step"], b["phase"]) for b in agent.bodies("/v1/step") if "phase" in b]
+    assert (2, "saving") in phases and (4, "saving") in phases
+    assert phases[-1] == (4, "done"), "the end of training is the last step, final"
 
     # The next generation resumes from what rdzv chose, and save_top_k=1
     # removes older checkpoints marker first: no directory left looks complete.

@@ -46,6 +46,10 @@ def test_trainer_reports_steps_and_checkpoints(agent: Agent, tmp_path: Path, mon
         assert (tmp_path / ("checkpoint-%d" % step) / "COMPLETE").read_text() == "%d\n" % step
     steps = agent.steps()
     assert steps[0] == 1 and steps[-1] == 4  # the first step, then the last, forced at the end
+    # Each save began after its step, and the end is the last step, final.
+    assert [(b["step"], b["phase"]) for b in agent.bodies("/v1/step") if "phase" in b] == [
+        (2, "saving"), (4, "saving"), (4, "done")]
+    assert "loss" in agent.bodies("/v1/step")[-1]["metrics"]
 
     # The next generation resumes from what rdzv chose.
     monkeypatch.setenv("RDZV_RESUME_FROM", str(tmp_path / "checkpoint-4"))

@@ -65,7 +65,7 @@ def _phase(name):
 _report_step = rdzv.report_step
 
 
-def report_step(step, force=False, **metrics):
+def report_step(step, force=False, final=False, **metrics):
     _tick(step)
     if os.path.exists(HANG_FILE):
         try:
@@ -75,7 +75,7 @@ def report_step(step, force=False, **metrics):
         _tick(step, " hang=1")
         while True:  # stop stepping without exiting
             time.sleep(3600)
-    _report_step(step, force=force, **metrics)
+    _report_step(step, force=force, final=final, **metrics)
 
 
 rdzv.report_step = report_step

@@ -370,6 +370,33 @@ func testFaultHang(t *testing.T, edit func(spec map[string]any)) {
 	require.Contains(t, reasons[0], "hang: no training progress")
 }
 
+// A job whose final save, after its last step, takes longer than
+// progress_timeout is not hung: it succeeds in its first generation.
+func TestFaultSlowFinalSave(t *testing.T) {
+	for _, kind := range launcherKinds {
+		t.Run(kind.name, func(t *testing.T) { testFaultSlowFinalSave(t, kind.edit) })
+	}
+}
+
+func testFaultSlowFinalSave(t *testing.T, edit func(spec map[string]any)) {
+	c := newFaultCluster(t)
+	job := faultJob(t, c, "fault-final-save", func(spec map[string]any) {
+		spec["command"] = append(spec["command"].([]any), "--final-save-time", "10")
+		spec["health"] = map[string]any{"progress_timeout": "3s"}
+		if edit != nil {
+			edit(spec)
+		}
+	})
+	done := c.waitJob(t, job.Name, "past its last step", func(j jobJSON) bool { return j.Phase == "TRAINING_PHASE_DONE" })
+	require.EqualValues(t, faultSteps, done.Step)
+	require.Contains(t, done.Metrics, "loss", "the workers' latest loss shows in the job")
+	j := c.waitJob(t, job.Name, "finished", func(j jobJSON) bool { return finished(j.State) })
+	require.Equal(t, "JOB_STATE_SUCCEEDED", j.State, "reason: %s", j.Reason)
+	require.Zero(t, j.Restarts)
+	require.EqualValues(t, 1, j.Generation)
+	requireAttemptsFailed(t, c.jobEvents(t, job.Name), 0)
+}
+
 // A job that fails at start every time fails as a crash loop long before its
 // restart budget is spent.
 func TestFaultCrashLoop(t *testing.T) {

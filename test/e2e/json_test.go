@@ -45,6 +45,11 @@ type jobJSON struct {
 	// Durations as protojson writes them ("1.5s"), nil when unset.
 	TrainingTime *string `json:"training_time"`
 	RecoveryTime *string `json:"recovery_time"`
+	// The highest step reported, the training phase and the latest
+	// metrics, numbers or "NaN".
+	Step    uint64         `json:"step,string"`
+	Phase   string         `json:"phase"`
+	Metrics map[string]any `json:"metrics"`
 }
 
 type checkpointJSON struct {

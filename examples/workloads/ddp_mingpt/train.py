@@ -23,6 +23,7 @@ import rdzv  # noqa: E402
 
 
 def save(ckpt_dir: str, step: int, model: torch.nn.Module, opt: torch.optim.Optimizer) -> str:
+    rdzv.checkpoint_begin(step)  # until complete, bounded by health.checkpoint_timeout
     final = os.path.join(ckpt_dir, "step-%d" % step)
     tmp = os.path.join(ckpt_dir, ".step-%d.tmp-%d" % (step, os.getpid()))
     os.makedirs(tmp)
@@ -82,7 +83,7 @@ def main() -> None:
             charlm.log("RDZV_LOSS", step=step, loss=loss_value, generation=charlm.generation(), world=world)
             if ckpt_dir and step % args.checkpoint_every == 0:
                 save(ckpt_dir, step, model, opt)
-        rdzv.report_step(step, force=step == args.steps, loss=loss_value)
+        rdzv.report_step(step, final=step == args.steps, loss=loss_value)
         time.sleep(args.step_time)
 
     if rank == 0:

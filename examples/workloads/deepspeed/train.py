@@ -90,7 +90,7 @@ def main() -> None:
             charlm.log("RDZV_LOSS", step=step, loss=loss_value, generation=charlm.generation(), world=world)
         if ckpt_dir and step % args.checkpoint_every == 0:
             rdzv_ds.save_checkpoint(engine, ckpt_dir, step, client_state={"step": step})  # every rank
-        rdzv.report_step(step, force=step == args.steps, loss=loss_value)
+        rdzv.report_step(step, final=step == args.steps, loss=loss_value)
         time.sleep(args.step_time)
 
     if rank == 0:

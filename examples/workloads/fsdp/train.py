@@ -75,7 +75,7 @@ def main() -> None:
         if ckpt_dir and step % args.checkpoint_every == 0:
             model_sd, opt_sd = get_state_dict(model, opt)
             dcp.save({"model": model_sd, "optim": opt_sd}, ckpt_dir, step)  # every rank
-        rdzv.report_step(step, force=step == args.steps, loss=loss_value)
+        rdzv.report_step(step, final=step == args.steps, loss=loss_value)
         time.sleep(args.step_time)
 
     if rank == 0:

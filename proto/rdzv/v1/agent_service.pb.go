@@ -993,11 +993,18 @@ func (x *WorkerStatus) GetFailure() string {
 // Progress is the newest training step the workers reported; the agent sends
 // it at most once per heartbeat interval, and only when it changed.
 type Progress struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Job           string                 `protobuf:"bytes,1,opt,name=job,proto3" json:"job,omitempty"`
-	Generation    uint64                 `protobuf:"varint,2,opt,name=generation,proto3" json:"generation,omitempty"`
-	Step          uint64                 `protobuf:"varint,3,opt,name=step,proto3" json:"step,omitempty"`
-	At            *timestamppb.Timestamp `protobuf:"bytes,4,opt,name=at,proto3" json:"at,omitempty"`
+	state      protoimpl.MessageState `protogen:"open.v1"`
+	Job        string                 `protobuf:"bytes,1,opt,name=job,proto3" json:"job,omitempty"`
+	Generation uint64                 `protobuf:"varint,2,opt,name=generation,proto3" json:"generation,omitempty"`
+	Step       uint64                 `protobuf:"varint,3,opt,name=step,proto3" json:"step,omitempty"`
+	At         *timestamppb.Timestamp `protobuf:"bytes,4,opt,name=at,proto3" json:"at,omitempty"`
+	// What the node's workers are doing (steps, saving a checkpoint, done
+	// after their last step); unspecified from an agent that predates phases,
+	// read as steps. Never STARTUP: a node reports once it has stepped.
+	Phase TrainingPhase `protobuf:"varint,5,opt,name=phase,proto3,enum=rdzv.v1.TrainingPhase" json:"phase,omitempty"`
+	// The latest numeric metrics the workers reported with a step (e.g.
+	// loss), at most 16, names at most 64 characters; validated by the agent.
+	Metrics       map[string]float64 `protobuf:"bytes,6,rep,name=metrics,proto3" json:"metrics,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"fixed64,2,opt,name=value"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1056,6 +1063,20 @@ func (x *Progress) GetStep() uint64 {
 func (x *Progress) GetAt() *timestamppb.Timestamp {
 	if x != nil {
 		return x.At
+	}
+	return nil
+}
+
+func (x *Progress) GetPhase() TrainingPhase {
+	if x != nil {
+		return x.Phase
+	}
+	return TrainingPhase_TRAINING_PHASE_UNSPECIFIED
+}
+
+func (x *Progress) GetMetrics() map[string]float64 {
+	if x != nil {
+		return x.Metrics
 	}
 	return nil
 }
@@ -1756,14 +1777,19 @@ const file_rdzv_v1_agent_service_proto_rawDesc = "" +
 	"\amessage\x18\x06 \x01(\tR\amessage\x127\n" +
 	"\texited_at\x18\a \x01(\v2\x1a.google.protobuf.TimestampR\bexitedAt\x12-\n" +
 	"\x12preflight_excluded\x18\b \x01(\bR\x11preflightExcluded\x12\x18\n" +
-	"\afailure\x18\t \x01(\tR\afailure\"|\n" +
+	"\afailure\x18\t \x01(\tR\afailure\"\xa0\x02\n" +
 	"\bProgress\x12\x10\n" +
 	"\x03job\x18\x01 \x01(\tR\x03job\x12\x1e\n" +
 	"\n" +
 	"generation\x18\x02 \x01(\x04R\n" +
 	"generation\x12\x12\n" +
 	"\x04step\x18\x03 \x01(\x04R\x04step\x12*\n" +
-	"\x02at\x18\x04 \x01(\v2\x1a.google.protobuf.TimestampR\x02at\"\x84\x01\n" +
+	"\x02at\x18\x04 \x01(\v2\x1a.google.protobuf.TimestampR\x02at\x12,\n" +
+	"\x05phase\x18\x05 \x01(\x0e2\x16.rdzv.v1.TrainingPhaseR\x05phase\x128\n" +
+	"\ametrics\x18\x06 \x03(\v2\x1e.rdzv.v1.Progress.MetricsEntryR\ametrics\x1a:\n" +
+	"\fMetricsEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\x01R\x05value:\x028\x01\"\x84\x01\n" +
 	"\x10CheckpointReport\x12\x10\n" +
 	"\x03job\x18\x01 \x01(\tR\x03job\x12\x1e\n" +
 	"\n" +
@@ -1832,7 +1858,7 @@ func file_rdzv_v1_agent_service_proto_rawDescGZIP() []byte {
 	return file_rdzv_v1_agent_service_proto_rawDescData
 }
 
-var file_rdzv_v1_agent_service_proto_msgTypes = make([]protoimpl.MessageInfo, 20)
+var file_rdzv_v1_agent_service_proto_msgTypes = make([]protoimpl.MessageInfo, 21)
 var file_rdzv_v1_agent_service_proto_goTypes = []any{
 	(*ConnectRequest)(nil),        // 0: rdzv.v1.ConnectRequest
 	(*ConnectResponse)(nil),       // 1: rdzv.v1.ConnectResponse
@@ -1854,13 +1880,15 @@ var file_rdzv_v1_agent_service_proto_goTypes = []any{
 	(*LogCancel)(nil),             // 17: rdzv.v1.LogCancel
 	(*LogChunk)(nil),              // 18: rdzv.v1.LogChunk
 	(*AgentRestarting)(nil),       // 19: rdzv.v1.AgentRestarting
-	(*Assignment)(nil),            // 20: rdzv.v1.Assignment
-	(*NodeInfo)(nil),              // 21: rdzv.v1.NodeInfo
-	(*HealthCheckResult)(nil),     // 22: rdzv.v1.HealthCheckResult
-	(*timestamppb.Timestamp)(nil), // 23: google.protobuf.Timestamp
-	(WorkerState)(0),              // 24: rdzv.v1.WorkerState
-	(*durationpb.Duration)(nil),   // 25: google.protobuf.Duration
-	(*JobSpec)(nil),               // 26: rdzv.v1.JobSpec
+	nil,                           // 20: rdzv.v1.Progress.MetricsEntry
+	(*Assignment)(nil),            // 21: rdzv.v1.Assignment
+	(*NodeInfo)(nil),              // 22: rdzv.v1.NodeInfo
+	(*HealthCheckResult)(nil),     // 23: rdzv.v1.HealthCheckResult
+	(*timestamppb.Timestamp)(nil), // 24: google.protobuf.Timestamp
+	(WorkerState)(0),              // 25: rdzv.v1.WorkerState
+	(TrainingPhase)(0),            // 26: rdzv.v1.TrainingPhase
+	(*durationpb.Duration)(nil),   // 27: google.protobuf.Duration
+	(*JobSpec)(nil),               // 28: rdzv.v1.JobSpec
 }
 var file_rdzv_v1_agent_service_proto_depIdxs = []int32{
 	2,  // 0: rdzv.v1.ConnectRequest.register:type_name -> rdzv.v1.Register
@@ -1875,34 +1903,36 @@ var file_rdzv_v1_agent_service_proto_depIdxs = []int32{
 	19, // 9: rdzv.v1.ConnectRequest.restarting:type_name -> rdzv.v1.AgentRestarting
 	3,  // 10: rdzv.v1.ConnectRequest.health:type_name -> rdzv.v1.HealthReport
 	4,  // 11: rdzv.v1.ConnectResponse.registered:type_name -> rdzv.v1.Registered
-	20, // 12: rdzv.v1.ConnectResponse.assignment:type_name -> rdzv.v1.Assignment
+	21, // 12: rdzv.v1.ConnectResponse.assignment:type_name -> rdzv.v1.Assignment
 	12, // 13: rdzv.v1.ConnectResponse.stop_workers:type_name -> rdzv.v1.StopWorkers
 	14, // 14: rdzv.v1.ConnectResponse.port_probe:type_name -> rdzv.v1.PortProbe
 	16, // 15: rdzv.v1.ConnectResponse.log_tail:type_name -> rdzv.v1.LogTail
 	17, // 16: rdzv.v1.ConnectResponse.log_cancel:type_name -> rdzv.v1.LogCancel
 	6,  // 17: rdzv.v1.ConnectResponse.heartbeat_ack:type_name -> rdzv.v1.HeartbeatAck
 	13, // 18: rdzv.v1.ConnectResponse.prepare_standby:type_name -> rdzv.v1.PrepareStandby
-	21, // 19: rdzv.v1.Register.node:type_name -> rdzv.v1.NodeInfo
+	22, // 19: rdzv.v1.Register.node:type_name -> rdzv.v1.NodeInfo
 	9,  // 20: rdzv.v1.Register.workers:type_name -> rdzv.v1.WorkerStatus
-	22, // 21: rdzv.v1.Register.health:type_name -> rdzv.v1.HealthCheckResult
-	22, // 22: rdzv.v1.HealthReport.results:type_name -> rdzv.v1.HealthCheckResult
-	23, // 23: rdzv.v1.GPUFault.at:type_name -> google.protobuf.Timestamp
-	24, // 24: rdzv.v1.WorkerStatus.state:type_name -> rdzv.v1.WorkerState
-	23, // 25: rdzv.v1.WorkerStatus.exited_at:type_name -> google.protobuf.Timestamp
-	23, // 26: rdzv.v1.Progress.at:type_name -> google.protobuf.Timestamp
-	25, // 27: rdzv.v1.StopWorkers.grace:type_name -> google.protobuf.Duration
-	26, // 28: rdzv.v1.PrepareStandby.spec:type_name -> rdzv.v1.JobSpec
-	23, // 29: rdzv.v1.PrepareStandby.job_created_at:type_name -> google.protobuf.Timestamp
-	25, // 30: rdzv.v1.PrepareStandby.keep_for:type_name -> google.protobuf.Duration
-	23, // 31: rdzv.v1.LogTail.since:type_name -> google.protobuf.Timestamp
-	23, // 32: rdzv.v1.LogTail.run_created_at:type_name -> google.protobuf.Timestamp
-	0,  // 33: rdzv.v1.AgentService.Connect:input_type -> rdzv.v1.ConnectRequest
-	1,  // 34: rdzv.v1.AgentService.Connect:output_type -> rdzv.v1.ConnectResponse
-	34, // [34:35] is the sub-list for method output_type
-	33, // [33:34] is the sub-list for method input_type
-	33, // [33:33] is the sub-list for extension type_name
-	33, // [33:33] is the sub-list for extension extendee
-	0,  // [0:33] is the sub-list for field type_name
+	23, // 21: rdzv.v1.Register.health:type_name -> rdzv.v1.HealthCheckResult
+	23, // 22: rdzv.v1.HealthReport.results:type_name -> rdzv.v1.HealthCheckResult
+	24, // 23: rdzv.v1.GPUFault.at:type_name -> google.protobuf.Timestamp
+	25, // 24: rdzv.v1.WorkerStatus.state:type_name -> rdzv.v1.WorkerState
+	24, // 25: rdzv.v1.WorkerStatus.exited_at:type_name -> google.protobuf.Timestamp
+	24, // 26: rdzv.v1.Progress.at:type_name -> google.protobuf.Timestamp
+	26, // 27: rdzv.v1.Progress.phase:type_name -> rdzv.v1.TrainingPhase
+	20, // 28: rdzv.v1.Progress.metrics:type_name -> rdzv.v1.Progress.MetricsEntry
+	27, // 29: rdzv.v1.StopWorkers.grace:type_name -> google.protobuf.Duration
+	28, // 30: rdzv.v1.PrepareStandby.spec:type_name -> rdzv.v1.JobSpec
+	24, // 31: rdzv.v1.PrepareStandby.job_created_at:type_name -> google.protobuf.Timestamp
+	27, // 32: rdzv.v1.PrepareStandby.keep_for:type_name -> google.protobuf.Duration
+	24, // 33: rdzv.v1.LogTail.since:type_name -> google.protobuf.Timestamp
+	24, // 34: rdzv.v1.LogTail.run_created_at:type_name -> google.protobuf.Timestamp
+	0,  // 35: rdzv.v1.AgentService.Connect:input_type -> rdzv.v1.ConnectRequest
+	1,  // 36: rdzv.v1.AgentService.Connect:output_type -> rdzv.v1.ConnectResponse
+	36, // [36:37] is the sub-list for method output_type
+	35, // [35:36] is the sub-list for method input_type
+	35, // [35:35] is the sub-list for extension type_name
+	35, // [35:35] is the sub-list for extension extendee
+	0,  // [0:35] is the sub-list for field type_name
 }
 
 func init() { file_rdzv_v1_agent_service_proto_init() }
@@ -1941,7 +1971,7 @@ func file_rdzv_v1_agent_service_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_rdzv_v1_agent_service_proto_rawDesc), len(file_rdzv_v1_agent_service_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   20,
+			NumMessages:   21,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

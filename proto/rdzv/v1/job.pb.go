@@ -23,6 +23,68 @@ const (
 	_ = protoimpl.EnforceVersion(protoimpl.MaxVersion - 20)
 )
 
+// TrainingPhase is what a running generation's workers are doing, as the
+// rdzv Python package reports it; hang detection picks its timeout by it.
+type TrainingPhase int32
+
+const (
+	TrainingPhase_TRAINING_PHASE_UNSPECIFIED TrainingPhase = 0
+	// Started, no step reported yet.
+	TrainingPhase_TRAINING_PHASE_STARTUP TrainingPhase = 1
+	// Reporting training steps.
+	TrainingPhase_TRAINING_PHASE_STEPS TrainingPhase = 2
+	// Saving a checkpoint.
+	TrainingPhase_TRAINING_PHASE_SAVING TrainingPhase = 3
+	// Past the last step: saving, evaluating or exiting. Never a hang: the
+	// workers' exit decides.
+	TrainingPhase_TRAINING_PHASE_DONE TrainingPhase = 4
+)
+
+// Enum value maps for TrainingPhase.
+var (
+	TrainingPhase_name = map[int32]string{
+		0: "TRAINING_PHASE_UNSPECIFIED",
+		1: "TRAINING_PHASE_STARTUP",
+		2: "TRAINING_PHASE_STEPS",
+		3: "TRAINING_PHASE_SAVING",
+		4: "TRAINING_PHASE_DONE",
+	}
+	TrainingPhase_value = map[string]int32{
+		"TRAINING_PHASE_UNSPECIFIED": 0,
+		"TRAINING_PHASE_STARTUP":     1,
+		"TRAINING_PHASE_STEPS":       2,
+		"TRAINING_PHASE_SAVING":      3,
+		"TRAINING_PHASE_DONE":        4,
+	}
+)
+
+func (x TrainingPhase) Enum() *TrainingPhase {
+	p := new(TrainingPhase)
+	*p = x
+	return p
+}
+
+func (x TrainingPhase) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (TrainingPhase) Descriptor() protoreflect.EnumDescriptor {
+	return file_rdzv_v1_job_proto_enumTypes[0].Descriptor()
+}
+
+func (TrainingPhase) Type() protoreflect.EnumType {
+	return &file_rdzv_v1_job_proto_enumTypes[0]
+}
+
+func (x TrainingPhase) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use TrainingPhase.Descriptor instead.
+func (TrainingPhase) EnumDescriptor() ([]byte, []int) {
+	return file_rdzv_v1_job_proto_rawDescGZIP(), []int{0}
+}
+
 type JobState int32
 
 const (
@@ -75,11 +137,11 @@ func (x JobState) String() string {
 }
 
 func (JobState) Descriptor() protoreflect.EnumDescriptor {
-	return file_rdzv_v1_job_proto_enumTypes[0].Descriptor()
+	return file_rdzv_v1_job_proto_enumTypes[1].Descriptor()
 }
 
 func (JobState) Type() protoreflect.EnumType {
-	return &file_rdzv_v1_job_proto_enumTypes[0]
+	return &file_rdzv_v1_job_proto_enumTypes[1]
 }
 
 func (x JobState) Number() protoreflect.EnumNumber {
@@ -88,7 +150,7 @@ func (x JobState) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use JobState.Descriptor instead.
 func (JobState) EnumDescriptor() ([]byte, []int) {
-	return file_rdzv_v1_job_proto_rawDescGZIP(), []int{0}
+	return file_rdzv_v1_job_proto_rawDescGZIP(), []int{1}
 }
 
 type WorkerState int32
@@ -135,11 +197,11 @@ func (x WorkerState) String() string {
 }
 
 func (WorkerState) Descriptor() protoreflect.EnumDescriptor {
-	return file_rdzv_v1_job_proto_enumTypes[1].Descriptor()
+	return file_rdzv_v1_job_proto_enumTypes[2].Descriptor()
 }
 
 func (WorkerState) Type() protoreflect.EnumType {
-	return &file_rdzv_v1_job_proto_enumTypes[1]
+	return &file_rdzv_v1_job_proto_enumTypes[2]
 }
 
 func (x WorkerState) Number() protoreflect.EnumNumber {
@@ -148,7 +210,7 @@ func (x WorkerState) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use WorkerState.Descriptor instead.
 func (WorkerState) EnumDescriptor() ([]byte, []int) {
-	return file_rdzv_v1_job_proto_rawDescGZIP(), []int{1}
+	return file_rdzv_v1_job_proto_rawDescGZIP(), []int{2}
 }
 
 // JobSpec mirrors job.yaml; docs/jobs.md documents every field.
@@ -175,7 +237,8 @@ type JobSpec struct {
 	RestartBackoffMax     *durationpb.Duration `protobuf:"bytes,17,opt,name=restart_backoff_max,json=restartBackoffMax,proto3" json:"restart_backoff_max,omitempty"`
 	// File names whose presence in a step directory marks it complete.
 	CheckpointMarkers []string `protobuf:"bytes,18,rep,name=checkpoint_markers,json=checkpointMarkers,proto3" json:"checkpoint_markers,omitempty"`
-	// No reported training step for this long counts as a hang; zero is off.
+	// No reported training step for this long counts as a hang; zero is off;
+	// unset derives it from the observed step time (health.StepTimeout).
 	HealthProgressTimeout *durationpb.Duration `protobuf:"bytes,19,opt,name=health_progress_timeout,json=healthProgressTimeout,proto3" json:"health_progress_timeout,omitempty"`
 	// Environment whose values are secrets: given to the workers like env,
 	// stored in etcd, and shown as "<redacted>" in every API response, event
@@ -207,8 +270,14 @@ type JobSpec struct {
 	HealthPreflight *PreflightSpec `protobuf:"bytes,29,opt,name=health_preflight,json=healthPreflight,proto3" json:"health_preflight,omitempty"`
 	// warm: the modules each standby imports before its assignment.
 	LauncherPreload []string `protobuf:"bytes,30,rep,name=launcher_preload,json=launcherPreload,proto3" json:"launcher_preload,omitempty"`
-	unknownFields   protoimpl.UnknownFields
-	sizeCache       protoimpl.SizeCache
+	// A checkpoint save (between the workers' checkpoint_begin and its
+	// completion) lasting longer than this is a hang; zero is off.
+	HealthCheckpointTimeout *durationpb.Duration `protobuf:"bytes,31,opt,name=health_checkpoint_timeout,json=healthCheckpointTimeout,proto3" json:"health_checkpoint_timeout,omitempty"`
+	// A generation of a job that reported steps before, reporting none this
+	// long after its round committed, is hung; zero is off.
+	HealthStartupTimeout *durationpb.Duration `protobuf:"bytes,32,opt,name=health_startup_timeout,json=healthStartupTimeout,proto3" json:"health_startup_timeout,omitempty"`
+	unknownFields        protoimpl.UnknownFields
+	sizeCache            protoimpl.SizeCache
 }
 
 func (x *JobSpec) Reset() {
@@ -451,6 +520,20 @@ func (x *JobSpec) GetLauncherPreload() []string {
 	return nil
 }
 
+func (x *JobSpec) GetHealthCheckpointTimeout() *durationpb.Duration {
+	if x != nil {
+		return x.HealthCheckpointTimeout
+	}
+	return nil
+}
+
+func (x *JobSpec) GetHealthStartupTimeout() *durationpb.Duration {
+	if x != nil {
+		return x.HealthStartupTimeout
+	}
+	return nil
+}
+
 // PreflightSpec is the round smoke test: before the training command, the
 // round's nodes run a short gloo all-reduce and timed transfers between
 // neighbours; a node whose links are slower than min_bandwidth_mbps is left
@@ -669,7 +752,15 @@ type Job struct {
 	Spares []string `protobuf:"bytes,21,rep,name=spares,proto3" json:"spares,omitempty"`
 	// The job's latest failures while running (at most 20, oldest first),
 	// each with the timeline of its recovery.
-	Incidents     []*Incident `protobuf:"bytes,22,rep,name=incidents,proto3" json:"incidents,omitempty"`
+	Incidents []*Incident `protobuf:"bytes,22,rep,name=incidents,proto3" json:"incidents,omitempty"`
+	// The current generation's training phase (unspecified for a job that has
+	// reported nothing and is not known to report), the hang timeout that
+	// applies to it now (unset: none), and the latest metrics its workers
+	// reported with a step. Kept in memory like step: lost on a controller
+	// failover until the next report.
+	Phase         TrainingPhase        `protobuf:"varint,23,opt,name=phase,proto3,enum=rdzv.v1.TrainingPhase" json:"phase,omitempty"`
+	HangTimeout   *durationpb.Duration `protobuf:"bytes,24,opt,name=hang_timeout,json=hangTimeout,proto3" json:"hang_timeout,omitempty"`
+	Metrics       map[string]float64   `protobuf:"bytes,25,rep,name=metrics,proto3" json:"metrics,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"fixed64,2,opt,name=value"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -854,6 +945,27 @@ func (x *Job) GetSpares() []string {
 func (x *Job) GetIncidents() []*Incident {
 	if x != nil {
 		return x.Incidents
+	}
+	return nil
+}
+
+func (x *Job) GetPhase() TrainingPhase {
+	if x != nil {
+		return x.Phase
+	}
+	return TrainingPhase_TRAINING_PHASE_UNSPECIFIED
+}
+
+func (x *Job) GetHangTimeout() *durationpb.Duration {
+	if x != nil {
+		return x.HangTimeout
+	}
+	return nil
+}
+
+func (x *Job) GetMetrics() map[string]float64 {
+	if x != nil {
+		return x.Metrics
 	}
 	return nil
 }
@@ -1447,7 +1559,7 @@ var File_rdzv_v1_job_proto protoreflect.FileDescriptor
 
 const file_rdzv_v1_job_proto_rawDesc = "" +
 	"\n" +
-	"\x11rdzv/v1/job.proto\x12\ardzv.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\x8d\r\n" +
+	"\x11rdzv/v1/job.proto\x12\ardzv.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xb5\x0e\n" +
 	"\aJobSpec\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x1b\n" +
 	"\tnodes_min\x18\x02 \x01(\rR\bnodesMin\x12\x1b\n" +
@@ -1480,7 +1592,9 @@ const file_rdzv_v1_job_proto_rawDesc = "" +
 	"\rlauncher_argv\x18\x1b \x03(\tR\flauncherArgv\x12!\n" +
 	"\fnodes_spares\x18\x1c \x01(\rR\vnodesSpares\x12A\n" +
 	"\x10health_preflight\x18\x1d \x01(\v2\x16.rdzv.v1.PreflightSpecR\x0fhealthPreflight\x12)\n" +
-	"\x10launcher_preload\x18\x1e \x03(\tR\x0flauncherPreload\x1a6\n" +
+	"\x10launcher_preload\x18\x1e \x03(\tR\x0flauncherPreload\x12U\n" +
+	"\x19health_checkpoint_timeout\x18\x1f \x01(\v2\x19.google.protobuf.DurationR\x17healthCheckpointTimeout\x12O\n" +
+	"\x16health_startup_timeout\x18  \x01(\v2\x19.google.protobuf.DurationR\x14healthStartupTimeout\x1a6\n" +
 	"\bEnvEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\x1a;\n" +
@@ -1507,7 +1621,8 @@ const file_rdzv_v1_job_proto_rawDesc = "" +
 	"\x05state\x18\x06 \x01(\x0e2\x14.rdzv.v1.WorkerStateR\x05state\x12\x1b\n" +
 	"\texit_code\x18\a \x01(\x05R\bexitCode\x12\x16\n" +
 	"\x06signal\x18\b \x01(\tR\x06signal\x12\x18\n" +
-	"\amessage\x18\t \x01(\tR\amessage\"\xc9\b\n" +
+	"\amessage\x18\t \x01(\tR\amessage\"\xa6\n" +
+	"\n" +
 	"\x03Job\x12$\n" +
 	"\x04spec\x18\x01 \x01(\v2\x10.rdzv.v1.JobSpecR\x04spec\x12'\n" +
 	"\x05state\x18\x02 \x01(\x0e2\x11.rdzv.v1.JobStateR\x05state\x12\x16\n" +
@@ -1539,7 +1654,13 @@ const file_rdzv_v1_job_proto_rawDesc = "" +
 	"\x12restart_not_before\x18\x13 \x01(\v2\x1a.google.protobuf.TimestampR\x10restartNotBefore\x12A\n" +
 	"\x0etraining_since\x18\x14 \x01(\v2\x1a.google.protobuf.TimestampR\rtrainingSince\x12\x16\n" +
 	"\x06spares\x18\x15 \x03(\tR\x06spares\x12/\n" +
-	"\tincidents\x18\x16 \x03(\v2\x11.rdzv.v1.IncidentR\tincidents\"\xd2\x03\n" +
+	"\tincidents\x18\x16 \x03(\v2\x11.rdzv.v1.IncidentR\tincidents\x12,\n" +
+	"\x05phase\x18\x17 \x01(\x0e2\x16.rdzv.v1.TrainingPhaseR\x05phase\x12<\n" +
+	"\fhang_timeout\x18\x18 \x01(\v2\x19.google.protobuf.DurationR\vhangTimeout\x123\n" +
+	"\ametrics\x18\x19 \x03(\v2\x19.rdzv.v1.Job.MetricsEntryR\ametrics\x1a:\n" +
+	"\fMetricsEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\x01R\x05value:\x028\x01\"\xd2\x03\n" +
 	"\bIncident\x12\x1e\n" +
 	"\n" +
 	"generation\x18\x01 \x01(\x04R\n" +
@@ -1610,7 +1731,13 @@ const file_rdzv_v1_job_proto_rawDesc = "" +
 	"\vmaster_port\x18\x04 \x01(\rR\n" +
 	"masterPort\x12-\n" +
 	"\x05nodes\x18\x05 \x03(\v2\x17.rdzv.v1.NodeAssignmentR\x05nodes\x12=\n" +
-	"\fcommitted_at\x18\x06 \x01(\v2\x1a.google.protobuf.TimestampR\vcommittedAt*\xcb\x01\n" +
+	"\fcommitted_at\x18\x06 \x01(\v2\x1a.google.protobuf.TimestampR\vcommittedAt*\x99\x01\n" +
+	"\rTrainingPhase\x12\x1e\n" +
+	"\x1aTRAINING_PHASE_UNSPECIFIED\x10\x00\x12\x1a\n" +
+	"\x16TRAINING_PHASE_STARTUP\x10\x01\x12\x18\n" +
+	"\x14TRAINING_PHASE_STEPS\x10\x02\x12\x19\n" +
+	"\x15TRAINING_PHASE_SAVING\x10\x03\x12\x17\n" +
+	"\x13TRAINING_PHASE_DONE\x10\x04*\xcb\x01\n" +
 	"\bJobState\x12\x19\n" +
 	"\x15JOB_STATE_UNSPECIFIED\x10\x00\x12\x15\n" +
 	"\x11JOB_STATE_PENDING\x10\x01\x12\x15\n" +
@@ -1641,75 +1768,82 @@ func file_rdzv_v1_job_proto_rawDescGZIP() []byte {
 	return file_rdzv_v1_job_proto_rawDescData
 }
 
-var file_rdzv_v1_job_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
-var file_rdzv_v1_job_proto_msgTypes = make([]protoimpl.MessageInfo, 14)
+var file_rdzv_v1_job_proto_enumTypes = make([]protoimpl.EnumInfo, 3)
+var file_rdzv_v1_job_proto_msgTypes = make([]protoimpl.MessageInfo, 15)
 var file_rdzv_v1_job_proto_goTypes = []any{
-	(JobState)(0),                 // 0: rdzv.v1.JobState
-	(WorkerState)(0),              // 1: rdzv.v1.WorkerState
-	(*JobSpec)(nil),               // 2: rdzv.v1.JobSpec
-	(*PreflightSpec)(nil),         // 3: rdzv.v1.PreflightSpec
-	(*NodeAssignment)(nil),        // 4: rdzv.v1.NodeAssignment
-	(*Job)(nil),                   // 5: rdzv.v1.Job
-	(*Incident)(nil),              // 6: rdzv.v1.Incident
-	(*Checkpoint)(nil),            // 7: rdzv.v1.Checkpoint
-	(*Assignment)(nil),            // 8: rdzv.v1.Assignment
-	(*WatchedPeer)(nil),           // 9: rdzv.v1.WatchedPeer
-	(*Event)(nil),                 // 10: rdzv.v1.Event
-	(*Round)(nil),                 // 11: rdzv.v1.Round
-	nil,                           // 12: rdzv.v1.JobSpec.EnvEntry
-	nil,                           // 13: rdzv.v1.JobSpec.SelectorEntry
-	nil,                           // 14: rdzv.v1.JobSpec.SecretEnvEntry
-	nil,                           // 15: rdzv.v1.JobSpec.EnvFilesEntry
-	(*durationpb.Duration)(nil),   // 16: google.protobuf.Duration
-	(*timestamppb.Timestamp)(nil), // 17: google.protobuf.Timestamp
+	(TrainingPhase)(0),            // 0: rdzv.v1.TrainingPhase
+	(JobState)(0),                 // 1: rdzv.v1.JobState
+	(WorkerState)(0),              // 2: rdzv.v1.WorkerState
+	(*JobSpec)(nil),               // 3: rdzv.v1.JobSpec
+	(*PreflightSpec)(nil),         // 4: rdzv.v1.PreflightSpec
+	(*NodeAssignment)(nil),        // 5: rdzv.v1.NodeAssignment
+	(*Job)(nil),                   // 6: rdzv.v1.Job
+	(*Incident)(nil),              // 7: rdzv.v1.Incident
+	(*Checkpoint)(nil),            // 8: rdzv.v1.Checkpoint
+	(*Assignment)(nil),            // 9: rdzv.v1.Assignment
+	(*WatchedPeer)(nil),           // 10: rdzv.v1.WatchedPeer
+	(*Event)(nil),                 // 11: rdzv.v1.Event
+	(*Round)(nil),                 // 12: rdzv.v1.Round
+	nil,                           // 13: rdzv.v1.JobSpec.EnvEntry
+	nil,                           // 14: rdzv.v1.JobSpec.SelectorEntry
+	nil,                           // 15: rdzv.v1.JobSpec.SecretEnvEntry
+	nil,                           // 16: rdzv.v1.JobSpec.EnvFilesEntry
+	nil,                           // 17: rdzv.v1.Job.MetricsEntry
+	(*durationpb.Duration)(nil),   // 18: google.protobuf.Duration
+	(*timestamppb.Timestamp)(nil), // 19: google.protobuf.Timestamp
 }
 var file_rdzv_v1_job_proto_depIdxs = []int32{
-	12, // 0: rdzv.v1.JobSpec.env:type_name -> rdzv.v1.JobSpec.EnvEntry
-	13, // 1: rdzv.v1.JobSpec.selector:type_name -> rdzv.v1.JobSpec.SelectorEntry
-	16, // 2: rdzv.v1.JobSpec.rendezvous_last_call:type_name -> google.protobuf.Duration
-	16, // 3: rdzv.v1.JobSpec.rendezvous_timeout:type_name -> google.protobuf.Duration
-	16, // 4: rdzv.v1.JobSpec.restart_backoff_initial:type_name -> google.protobuf.Duration
-	16, // 5: rdzv.v1.JobSpec.restart_backoff_max:type_name -> google.protobuf.Duration
-	16, // 6: rdzv.v1.JobSpec.health_progress_timeout:type_name -> google.protobuf.Duration
-	14, // 7: rdzv.v1.JobSpec.secret_env:type_name -> rdzv.v1.JobSpec.SecretEnvEntry
-	15, // 8: rdzv.v1.JobSpec.env_files:type_name -> rdzv.v1.JobSpec.EnvFilesEntry
-	3,  // 9: rdzv.v1.JobSpec.health_preflight:type_name -> rdzv.v1.PreflightSpec
-	16, // 10: rdzv.v1.PreflightSpec.timeout:type_name -> google.protobuf.Duration
-	1,  // 11: rdzv.v1.NodeAssignment.state:type_name -> rdzv.v1.WorkerState
-	2,  // 12: rdzv.v1.Job.spec:type_name -> rdzv.v1.JobSpec
-	0,  // 13: rdzv.v1.Job.state:type_name -> rdzv.v1.JobState
-	4,  // 14: rdzv.v1.Job.assignments:type_name -> rdzv.v1.NodeAssignment
-	17, // 15: rdzv.v1.Job.created_at:type_name -> google.protobuf.Timestamp
-	17, // 16: rdzv.v1.Job.started_at:type_name -> google.protobuf.Timestamp
-	17, // 17: rdzv.v1.Job.finished_at:type_name -> google.protobuf.Timestamp
-	7,  // 18: rdzv.v1.Job.latest_checkpoint:type_name -> rdzv.v1.Checkpoint
-	17, // 19: rdzv.v1.Job.progress_at:type_name -> google.protobuf.Timestamp
-	16, // 20: rdzv.v1.Job.training_time:type_name -> google.protobuf.Duration
-	16, // 21: rdzv.v1.Job.recovery_time:type_name -> google.protobuf.Duration
-	17, // 22: rdzv.v1.Job.recovery_started_at:type_name -> google.protobuf.Timestamp
-	17, // 23: rdzv.v1.Job.restart_not_before:type_name -> google.protobuf.Timestamp
-	17, // 24: rdzv.v1.Job.training_since:type_name -> google.protobuf.Timestamp
-	6,  // 25: rdzv.v1.Job.incidents:type_name -> rdzv.v1.Incident
-	17, // 26: rdzv.v1.Incident.fault_at:type_name -> google.protobuf.Timestamp
-	17, // 27: rdzv.v1.Incident.detected_at:type_name -> google.protobuf.Timestamp
-	17, // 28: rdzv.v1.Incident.fenced_at:type_name -> google.protobuf.Timestamp
-	17, // 29: rdzv.v1.Incident.committed_at:type_name -> google.protobuf.Timestamp
-	17, // 30: rdzv.v1.Incident.started_at:type_name -> google.protobuf.Timestamp
-	17, // 31: rdzv.v1.Incident.first_step_at:type_name -> google.protobuf.Timestamp
-	17, // 32: rdzv.v1.Checkpoint.reported_at:type_name -> google.protobuf.Timestamp
-	2,  // 33: rdzv.v1.Assignment.spec:type_name -> rdzv.v1.JobSpec
-	17, // 34: rdzv.v1.Assignment.job_created_at:type_name -> google.protobuf.Timestamp
-	9,  // 35: rdzv.v1.Assignment.watch:type_name -> rdzv.v1.WatchedPeer
-	17, // 36: rdzv.v1.Event.time:type_name -> google.protobuf.Timestamp
-	16, // 37: rdzv.v1.Event.detection_latency:type_name -> google.protobuf.Duration
-	6,  // 38: rdzv.v1.Event.incident:type_name -> rdzv.v1.Incident
-	4,  // 39: rdzv.v1.Round.nodes:type_name -> rdzv.v1.NodeAssignment
-	17, // 40: rdzv.v1.Round.committed_at:type_name -> google.protobuf.Timestamp
-	41, // [41:41] is the sub-list for method output_type
-	41, // [41:41] is the sub-list for method input_type
-	41, // [41:41] is the sub-list for extension type_name
-	41, // [41:41] is the sub-list for extension extendee
-	0,  // [0:41] is the sub-list for field type_name
+	13, // 0: rdzv.v1.JobSpec.env:type_name -> rdzv.v1.JobSpec.EnvEntry
+	14, // 1: rdzv.v1.JobSpec.selector:type_name -> rdzv.v1.JobSpec.SelectorEntry
+	18, // 2: rdzv.v1.JobSpec.rendezvous_last_call:type_name -> google.protobuf.Duration
+	18, // 3: rdzv.v1.JobSpec.rendezvous_timeout:type_name -> google.protobuf.Duration
+	18, // 4: rdzv.v1.JobSpec.restart_backoff_initial:type_name -> google.protobuf.Duration
+	18, // 5: rdzv.v1.JobSpec.restart_backoff_max:type_name -> google.protobuf.Duration
+	18, // 6: rdzv.v1.JobSpec.health_progress_timeout:type_name -> google.protobuf.Duration
+	15, // 7: rdzv.v1.JobSpec.secret_env:type_name -> rdzv.v1.JobSpec.SecretEnvEntry
+	16, // 8: rdzv.v1.JobSpec.env_files:type_name -> rdzv.v1.JobSpec.EnvFilesEntry
+	4,  // 9: rdzv.v1.JobSpec.health_preflight:type_name -> rdzv.v1.PreflightSpec
+	18, // 10: rdzv.v1.JobSpec.health_checkpoint_timeout:type_name -> google.protobuf.Duration
+	18, // 11: rdzv.v1.JobSpec.health_startup_timeout:type_name -> google.protobuf.Duration
+	18, // 12: rdzv.v1.PreflightSpec.timeout:type_name -> google.protobuf.Duration
+	2,  // 13: rdzv.v1.NodeAssignment.state:type_name -> rdzv.v1.WorkerState
+	3,  // 14: rdzv.v1.Job.spec:type_name -> rdzv.v1.JobSpec
+	1,  // 15: rdzv.v1.Job.state:type_name -> rdzv.v1.JobState
+	5,  // 16: rdzv.v1.Job.assignments:type_name -> rdzv.v1.NodeAssignment
+	19, // 17: rdzv.v1.Job.created_at:type_name -> google.protobuf.Timestamp
+	19, // 18: rdzv.v1.Job.started_at:type_name -> google.protobuf.Timestamp
+	19, // 19: rdzv.v1.Job.finished_at:type_name -> google.protobuf.Timestamp
+	8,  // 20: rdzv.v1.Job.latest_checkpoint:type_name -> rdzv.v1.Checkpoint
+	19, // 21: rdzv.v1.Job.progress_at:type_name -> google.protobuf.Timestamp
+	18, // 22: rdzv.v1.Job.training_time:type_name -> google.protobuf.Duration
+	18, // 23: rdzv.v1.Job.recovery_time:type_name -> google.protobuf.Duration
+	19, // 24: rdzv.v1.Job.recovery_started_at:type_name -> google.protobuf.Timestamp
+	19, // 25: rdzv.v1.Job.restart_not_before:type_name -> google.protobuf.Timestamp
+	19, // 26: rdzv.v1.Job.training_since:type_name -> google.protobuf.Timestamp
+	7,  // 27: rdzv.v1.Job.incidents:type_name -> rdzv.v1.Incident
+	0,  // 28: rdzv.v1.Job.phase:type_name -> rdzv.v1.TrainingPhase
+	18, // 29: rdzv.v1.Job.hang_timeout:type_name -> google.protobuf.Duration
+	17, // 30: rdzv.v1.Job.metrics:type_name -> rdzv.v1.Job.MetricsEntry
+	19, // 31: rdzv.v1.Incident.fault_at:type_name -> google.protobuf.Timestamp
+	19, // 32: rdzv.v1.Incident.detected_at:type_name -> google.protobuf.Timestamp
+	19, // 33: rdzv.v1.Incident.fenced_at:type_name -> google.protobuf.Timestamp
+	19, // 34: rdzv.v1.Incident.committed_at:type_name -> google.protobuf.Timestamp
+	19, // 35: rdzv.v1.Incident.started_at:type_name -> google.protobuf.Timestamp
+	19, // 36: rdzv.v1.Incident.first_step_at:type_name -> google.protobuf.Timestamp
+	19, // 37: rdzv.v1.Checkpoint.reported_at:type_name -> google.protobuf.Timestamp
+	3,  // 38: rdzv.v1.Assignment.spec:type_name -> rdzv.v1.JobSpec
+	19, // 39: rdzv.v1.Assignment.job_created_at:type_name -> google.protobuf.Timestamp
+	10, // 40: rdzv.v1.Assignment.watch:type_name -> rdzv.v1.WatchedPeer
+	19, // 41: rdzv.v1.Event.time:type_name -> google.protobuf.Timestamp
+	18, // 42: rdzv.v1.Event.detection_latency:type_name -> google.protobuf.Duration
+	7,  // 43: rdzv.v1.Event.incident:type_name -> rdzv.v1.Incident
+	5,  // 44: rdzv.v1.Round.nodes:type_name -> rdzv.v1.NodeAssignment
+	19, // 45: rdzv.v1.Round.committed_at:type_name -> google.protobuf.Timestamp
+	46, // [46:46] is the sub-list for method output_type
+	46, // [46:46] is the sub-list for method input_type
+	46, // [46:46] is the sub-list for extension type_name
+	46, // [46:46] is the sub-list for extension extendee
+	0,  // [0:46] is the sub-list for field type_name
 }
 
 func init() { file_rdzv_v1_job_proto_init() }
@@ -1722,8 +1856,8 @@ func file_rdzv_v1_job_proto_init() {
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_rdzv_v1_job_proto_rawDesc), len(file_rdzv_v1_job_proto_rawDesc)),
-			NumEnums:      2,
-			NumMessages:   14,
+			NumEnums:      3,
+			NumMessages:   15,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

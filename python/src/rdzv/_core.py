@@ -15,22 +15,30 @@ bugs in the caller rather than trouble with the agent.
 
 from __future__ import annotations
 
+import contextlib
 import http.client
 import json
+import math
 import numbers
 import os
+import re
 import sys
 import threading
 import time
-from typing import Dict, Optional, Set, Union
+from typing import Dict, Iterator, Optional, Set, Union
 
 __all__ = [
     "MARKER",
+    "MAX_METRICS",
+    "MAX_METRIC_NAME",
+    "checkpoint_begin",
     "checkpoint_complete",
     "checkpoint_dir",
     "generation",
+    "report_done",
     "report_step",
     "resume_from",
+    "saving",
     "under_rdzv",
 ]
 
@@ -47,6 +55,11 @@ _STEP_INTERVAL = 0.5
 # that stopped answering does not cost every step a timeout.
 _STEP_RETRY = 10.0
 
+# The agent's bounds on a step report's metrics (wire/metrics.go).
+MAX_METRICS = 16
+MAX_METRIC_NAME = 64
+_METRIC_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_./-]*\Z")
+
 # The clock report_step rate limits by; tests replace it.
 _monotonic = time.monotonic
 
@@ -59,6 +72,8 @@ class _State:
     def __init__(self) -> None:
         self.lock = threading.Lock()
         self.next_step_at = 0.0
+        # The highest step seen, sent or not, for report_done.
+        self.last_step = 0
         self.warned: Set[str] = set()
 
 
@@ -99,32 +114,112 @@ def _check_step(step: object) -> int:
     return int(step)
 
 
-def report_step(step: int, *, force: bool = False, **metrics: float) -> None:
+def report_step(step: int, *, force: bool = False, final: bool = False, **metrics: float) -> None:
     """Report that training reached step, an integer >= 0.
 
     Cheap enough to call every step: it sends at most every 0.5 s and other
-    calls return at once; force=True always sends, e.g. for the last step.
+    calls return at once; force=True always sends. final=True says step is
+    the last one (as report_done does) and always sends: whatever follows,
+    a final save or evaluation however long, is then never taken for a hang.
     rdzv's hang detection (health.progress_timeout) watches these reports.
 
-    metrics (e.g. loss=2.31) must be real numbers. The agent does not take
-    metrics yet, so they are checked and then not sent: passing them now
-    costs nothing and keeps the call unchanged when it does.
+    metrics (e.g. loss=2.31, lr=3e-4) must be real numbers, at most
+    MAX_METRICS of them, named like Python identifiers (also with . / -) of
+    at most MAX_METRIC_NAME characters; NaN and infinities are sent too.
+    The latest show in `rdzvctl status NAME` and the dashboard. `force` and
+    `final` cannot be metric names.
     """
     s = _check_step(step)
-    for name, value in metrics.items():
-        if isinstance(value, bool) or not isinstance(value, numbers.Real):
-            raise ValueError("metric %s must be a real number, got %r" % (name, value))
+    fields = _metric_fields(metrics)
+    _note_step(s)
     try:
         now = _monotonic()
         with _state.lock:
-            if not force and now < _state.next_step_at:
+            if not force and not final and now < _state.next_step_at:
                 return
             _state.next_step_at = now + _STEP_INTERVAL
-        if not _post("step", {"step": s}):
+        if final:
+            fields["phase"] = "done"
+        if not _post("step", dict(fields, step=s)):
             with _state.lock:
                 _state.next_step_at = _monotonic() + _STEP_RETRY
     except Exception as e:  # never let reporting break training
         _warn("step", e)
+
+
+def report_done(step: Optional[int] = None) -> None:
+    """Report that training is over: step (by default the highest step
+    reported so far) was the last. Call it after the last step, before the
+    final save, evaluation and exit: rdzv then never takes them for a hang,
+    and the workers' exit alone decides how the job ends."""
+    s = _check_step(step) if step is not None else None
+    with _state.lock:
+        if s is None:
+            s = _state.last_step
+    _note_step(s)
+    try:
+        _post("step", {"step": s, "phase": "done"})
+    except Exception as e:
+        _warn("step", e)
+
+
+def checkpoint_begin(step: int) -> None:
+    """Report that saving the checkpoint of step begins, on every rank that
+    saves (calling it on all ranks is fine). Until the save ends, rdzv's
+    hang detection allows health.checkpoint_timeout rather than
+    health.progress_timeout. The save ends with checkpoint_complete of this
+    step (or a later one), or at the first step reported after it (a save
+    that failed): no call is needed to end it."""
+    s = _check_step(step)
+    _note_step(s)
+    try:
+        _post("step", {"step": s, "phase": "saving"})
+    except Exception as e:
+        _warn("step", e)
+
+
+@contextlib.contextmanager
+def saving(step: int) -> Iterator[None]:
+    """checkpoint_begin(step) for the block that saves the checkpoint:
+
+        with rdzv.saving(step):
+            path = save(step)
+        if rank == 0:
+            rdzv.checkpoint_complete(path, step)
+
+    Leaving the block sends nothing: checkpoint_complete, or the next step
+    reported, ends the save (see checkpoint_begin)."""
+    checkpoint_begin(step)
+    yield
+
+
+def _note_step(step: int) -> None:
+    with _state.lock:
+        _state.last_step = max(_state.last_step, step)
+
+
+def _metric_fields(metrics: Dict[str, object]) -> Dict[str, object]:
+    """The step report's "metrics" member for metrics (none when empty).
+    Non-finite values are spelled as strings, since JSON has no NaN."""
+    if not metrics:
+        return {}
+    if len(metrics) > MAX_METRICS:
+        raise ValueError("at most %d metrics are allowed, got %d" % (MAX_METRICS, len(metrics)))
+    out: Dict[str, object] = {}
+    for name, value in metrics.items():
+        if len(name) > MAX_METRIC_NAME or not _METRIC_NAME.match(name):
+            raise ValueError("metric name %r must be at most %d characters, a letter or _ then letters, digits, _ . / or -"
+                             % (name, MAX_METRIC_NAME))
+        if isinstance(value, bool) or not isinstance(value, numbers.Real):
+            raise ValueError("metric %s must be a real number, got %r" % (name, value))
+        v = float(value)
+        if math.isnan(v):
+            out[name] = "NaN"
+        elif math.isinf(v):
+            out[name] = "Infinity" if v > 0 else "-Infinity"
+        else:
+            out[name] = v
+    return {"metrics": out}
 
 
 def checkpoint_complete(path: Union[str, "os.PathLike[str]"], step: int) -> None:

@@ -49,6 +49,9 @@ def save(state_dict: Dict[str, Any], checkpoint_dir: str, step: int, **kwargs: A
         raise ValueError("checkpoint_dir must be a directory, got %r" % (checkpoint_dir,))
     if "checkpoint_id" in kwargs:
         raise ValueError("checkpoint_id is chosen by rdzv.integrations.dcp.save, got %r" % (kwargs["checkpoint_id"],))
+    # From here until it is complete (or training goes past it), a long
+    # save is bounded by health.checkpoint_timeout, not progress_timeout.
+    rdzv.checkpoint_begin(step)
     final = os.path.join(checkpoint_dir, "step-%d" % step)
     # One name all ranks agree on without talking; the leading dot keeps the
     # agent's scanner off it.

@@ -39,6 +39,9 @@ def save_checkpoint(engine: Any, save_dir: str, step: int, tag: Optional[str] = 
     if not save_dir:
         raise ValueError("save_dir must be a directory, got %r" % (save_dir,))
     tag = "global_step%d" % step if tag is None else str(tag)
+    # A long save is bounded by health.checkpoint_timeout until it is
+    # complete (or, with a decoupled engine, until the next step report).
+    rdzv.checkpoint_begin(step)
     engine.save_checkpoint(save_dir, tag=tag, client_state=client_state if client_state is not None else {})
     path = os.path.join(save_dir, tag)
     ckpt_engine = getattr(engine, "checkpoint_engine", None)

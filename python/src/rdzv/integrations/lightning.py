@@ -64,10 +64,14 @@ class RdzvCheckpointIO(CheckpointIO):  # type: ignore[misc]
         self.inner = inner
 
     def save_checkpoint(self, checkpoint: "dict[str, Any]", path: Any, storage_options: Optional[Any] = None) -> None:
+        step = int(checkpoint.get("global_step", 0))
+        # A long save is bounded by health.checkpoint_timeout, not
+        # progress_timeout, until it is complete or training goes on.
+        rdzv.checkpoint_begin(step)
         self.inner.save_checkpoint(checkpoint, path, storage_options=storage_options)
         directory = _step_dir(path)
         if directory is not None:
-            rdzv.checkpoint_complete(directory, int(checkpoint.get("global_step", 0)))
+            rdzv.checkpoint_complete(directory, step)
 
     def load_checkpoint(self, path: Any, map_location: Optional[Any] = None, **kwargs: Any) -> "dict[str, Any]":
         return self.inner.load_checkpoint(path, map_location=map_location, **kwargs)  # type: ignore[no-any-return]
@@ -100,8 +104,10 @@ def _step_dir(path: Any) -> Optional[str]:
 
 
 class RdzvCallback(Callback):  # type: ignore[misc]
-    """Reports trainer.global_step after every training batch and installs
-    RdzvCheckpointIO on the trainer's strategy."""
+    """Reports trainer.global_step after every training batch, and the end
+    of training (rdzv.report_done) so that the final save and the exit are
+    never taken for a hang, and installs RdzvCheckpointIO on the trainer's
+    strategy."""
 
     def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
         strategy = trainer.strategy
@@ -118,4 +124,4 @@ class RdzvCallback(Callback):  # type: ignore[misc]
         rdzv.report_step(trainer.global_step)
 
     def on_train_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        rdzv.report_step(trainer.global_step, force=True)
+        rdzv.report_step(trainer.global_step, final=True)

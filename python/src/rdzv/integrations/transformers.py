@@ -37,11 +37,19 @@ class RdzvCallback(TrainerCallback):  # type: ignore[misc]
     """Reports each optimizer step, with the latest logged loss, and marks
     output_dir/checkpoint-N complete once Trainer has written it (on_save
     runs after Trainer's save returned). Checkpoints are marked only by the
-    world's process zero, which is the one that wrote trainer_state.json."""
+    world's process zero, which is the one that wrote trainer_state.json.
+    A step after which Trainer saves reports the save's beginning
+    (rdzv.checkpoint_begin), and the end of training reports the last step
+    (final), so that neither a long save nor the work after the last step
+    is taken for a hang."""
 
     def on_step_end(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
                     **kwargs: Any) -> None:
-        _report(state, force=False)
+        _report(state)
+        # Trainer's flow callback, which runs before user callbacks, has
+        # decided by now whether this step saves; the save follows this hook.
+        if control.should_save:
+            rdzv.checkpoint_begin(state.global_step)
 
     def on_save(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
                 **kwargs: Any) -> None:
@@ -53,15 +61,15 @@ class RdzvCallback(TrainerCallback):  # type: ignore[misc]
 
     def on_train_end(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
                      **kwargs: Any) -> None:
-        _report(state, force=True)
+        _report(state, final=True)
 
 
-def _report(state: TrainerState, force: bool) -> None:
+def _report(state: TrainerState, final: bool = False) -> None:
     """Reports the step with the loss Trainer last logged, if any: already a
     float, so reading it costs no device synchronisation."""
     for entry in reversed(state.log_history[-4:]):
         loss = entry.get("loss")
         if isinstance(loss, (int, float)) and not isinstance(loss, bool) and math.isfinite(loss):
-            rdzv.report_step(state.global_step, force=force, loss=float(loss))
+            rdzv.report_step(state.global_step, final=final, loss=float(loss))
             return
-    rdzv.report_step(state.global_step, force=force)
+    rdzv.report_step(state.global_step, final=final)
