@@ -126,6 +126,16 @@ func (c *command) configPath() (string, error) {
 	return filepath.Join(dir, "rdzv", "config.yaml"), nil
 }
 
+// readConfig is the config file rdzvctl uses (configPath), read with
+// loadConfig.
+func (c *command) readConfig() (path string, cfg *cliConfig, doc *yaml.Node, err error) {
+	if path, err = c.configPath(); err != nil {
+		return "", nil, nil, err
+	}
+	cfg, doc, err = loadConfig(path)
+	return path, cfg, doc, err
+}
+
 // loadConfig reads the config file strictly: an unknown field, a value of
 // the wrong kind or a bad one is an error at its line and column. A
 // missing file is the default config; doc is nil then.
@@ -235,11 +245,7 @@ func (c *command) applyContext() error {
 		return nil
 	}
 	c.contextDone = true
-	path, err := c.configPath()
-	if err != nil {
-		return err
-	}
-	cfg, _, err := loadConfig(path)
+	path, cfg, _, err := c.readConfig()
 	if err != nil {
 		return err
 	}
@@ -331,11 +337,7 @@ func (c *command) getContextsCmd() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			path, err := c.configPath()
-			if err != nil {
-				return err
-			}
-			cfg, _, err := loadConfig(path)
+			_, cfg, _, err := c.readConfig()
 			if err != nil {
 				return err
 			}
@@ -351,11 +353,7 @@ func (c *command) currentContextCmd() *cobra.Command {
 		Short: "Print the context in use (--context, $RDZV_CONTEXT or the file's current_context)",
 		Args:  exactArgs(0, "config current-context takes no arguments"),
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			path, err := c.configPath()
-			if err != nil {
-				return err
-			}
-			cfg, _, err := loadConfig(path)
+			path, cfg, _, err := c.readConfig()
 			if err != nil {
 				return err
 			}
@@ -453,11 +451,7 @@ created if need be; its comments are kept).`,
 // comments are kept), checks the result as loadConfig would, and writes
 // it back atomically; the file is created if it is missing.
 func (c *command) editConfig(edit func(cfg *cliConfig, root *yaml.Node) error) error {
-	path, err := c.configPath()
-	if err != nil {
-		return err
-	}
-	cfg, doc, err := loadConfig(path)
+	path, cfg, doc, err := c.readConfig()
 	if err != nil {
 		return err
 	}

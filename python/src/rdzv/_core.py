@@ -27,20 +27,6 @@ import threading
 import time
 from typing import Dict, Iterator, Optional, Set, Union
 
-__all__ = [
-    "MARKER",
-    "MAX_METRICS",
-    "MAX_METRIC_NAME",
-    "checkpoint_begin",
-    "checkpoint_complete",
-    "checkpoint_dir",
-    "generation",
-    "report_done",
-    "report_step",
-    "resume_from",
-    "saving",
-    "under_rdzv",
-]
 
 # MARKER is the file checkpoint_complete writes into a checkpoint directory:
 # one of the agent's default checkpoint.markers, so its scan of
