@@ -20,15 +20,7 @@ func TestFlagReference(t *testing.T) { clitest.FlagReference(t, "rdzv-controller
 // are each reported at their line and column, with the exit status
 // systemd does not restart (cli.ExitConfig); a good config is "ok".
 func TestCheckConfig(t *testing.T) {
-	clitest.CheckConfig(t, []clitest.ConfigCase{
-		{Name: "good", Args: "--check-config --config testdata/good.yaml"},
-		{Name: "misspelt", Args: "--check-config --config testdata/misspelt.yaml"},
-		{Name: "types", Args: "--check-config --config testdata/types.yaml"},
-		{Name: "invalid", Args: "--check-config --config testdata/invalid.yaml"},
-		{Name: "missing-file", Args: "--check-config --config testdata/no-such.yaml"},
-		{Name: "bad-flag", Args: "--check-config --config testdata/good.yaml --log-level=loud"},
-		{Name: "without-check-config", Args: "--config testdata/misspelt.yaml"},
-	})
+	clitest.CheckConfig(t)
 }
 
 // docs/daemons.md has a row for every field of the config file: its flag

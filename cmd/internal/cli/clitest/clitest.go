@@ -11,6 +11,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
@@ -96,11 +97,26 @@ type ConfigCase struct {
 	Args string
 }
 
-// CheckConfig runs each case and compares what it answers with its golden
-// file (with -update, it is rewritten to). A case without --check-config
-// must fail before the daemon starts anything.
-func CheckConfig(t *testing.T, cases []ConfigCase) {
-	for _, tt := range cases {
+// configCases are the cases every daemon's --check-config answers, each
+// reading the daemon's own testdata/<name>.yaml: a good config, a misspelt
+// field, values of the wrong kind, one Validate refuses, a missing file, a
+// bad flag, and a config read without --check-config (which must fail
+// before the daemon starts anything).
+var configCases = []ConfigCase{
+	{Name: "good", Args: "--check-config --config testdata/good.yaml"},
+	{Name: "misspelt", Args: "--check-config --config testdata/misspelt.yaml"},
+	{Name: "types", Args: "--check-config --config testdata/types.yaml"},
+	{Name: "invalid", Args: "--check-config --config testdata/invalid.yaml"},
+	{Name: "missing-file", Args: "--check-config --config testdata/no-such.yaml"},
+	{Name: "bad-flag", Args: "--check-config --config testdata/good.yaml --log-level=loud"},
+	{Name: "without-check-config", Args: "--config testdata/misspelt.yaml"},
+}
+
+// CheckConfig runs the cases every daemon shares, then the daemon's own
+// extra ones, and compares what each answers with its golden file (with
+// -update, it is rewritten to).
+func CheckConfig(t *testing.T, extra ...ConfigCase) {
+	for _, tt := range append(slices.Clone(configCases), extra...) {
 		t.Run(tt.Name, func(t *testing.T) {
 			cmd, stdout, stderr, _ := run(tt.Args)
 			got := fmt.Sprintf("$ %s\nexit status %d\n--- stdout\n%s--- stderr\n%s", tt.Args, cmd.ProcessState.ExitCode(), stdout, stderr)
