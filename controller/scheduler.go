@@ -64,15 +64,18 @@ func (c *Controller) schedule(ctx context.Context) time.Time {
 	now := c.clock.Now()
 	pending := c.pendingJobs(now)
 	holding := c.holdingSpares()
+	warm := c.warmJobs()
 	var candidates []rendezvous.Candidate
-	if len(pending) > 0 || len(holding) > 0 {
-		// Only pending jobs and spares need them, and building them is a
-		// pass over every node: the scheduler is woken by every worker exit,
-		// N of them in a recovery.
+	if len(pending) > 0 || len(holding) > 0 || len(warm) > 0 {
+		// Only pending jobs, spares and idle standbys need them, and
+		// building them is a pass over every node: the scheduler is woken
+		// by every worker exit, N of them in a recovery.
 		candidates = c.candidates()
 	}
 	held := holdSpares(holding, candidates)
-	c.tellSpares(held)
+	idle := placeIdleStandbys(warm, candidates, held, c.toldJobs())
+	c.tellSpares(held, idle)
+	prefer := c.standbyNodes()
 	taken := map[string]bool{}
 	var next time.Time
 
@@ -80,6 +83,9 @@ func (c *Controller) schedule(ctx context.Context) time.Time {
 		spec := js.rec.GetSpec()
 		name := spec.GetName()
 		req := requirements(spec)
+		if c.warm(name) {
+			req.Prefer = preferStandbys(prefer[name], js.round)
+		}
 		avail := make([]rendezvous.Candidate, 0, len(candidates))
 		heldElsewhere := 0
 		for _, cand := range candidates {
