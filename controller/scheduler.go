@@ -75,7 +75,10 @@ func (c *Controller) schedule(ctx context.Context) time.Time {
 	held := holdSpares(holding, candidates)
 	idle := placeIdleStandbys(warm, candidates, held, c.toldJobs())
 	c.tellSpares(held, idle)
-	prefer := c.standbyNodes()
+	var prefer map[string]map[string]bool
+	if len(pending) > 0 {
+		prefer = c.standbyNodes()
+	}
 	taken := map[string]bool{}
 	var next time.Time
 
