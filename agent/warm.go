@@ -360,6 +360,21 @@ func (s *Supervisor) warmStart(a *rdzvv1.Assignment, env []string, meta, token [
 	if sb == nil {
 		sb = s.spawnStandby(a)
 	}
+	proc, err := s.handOffTo(sb, a, env, meta, token)
+	if errors.Is(err, errStandbyExited) {
+		// Killed before it took the assignment, as its shim does when the
+		// agent's lease lapses on a starved node: it ran nothing of the
+		// job's, so a fresh one takes the assignment rather than the
+		// generation failing. Once: a standby that cannot start fails.
+		s.log.Warn("the warm standby exited before its hand-off; starting a fresh one", zap.String("job", sb.job))
+		proc, err = s.handOffTo(s.spawnStandby(a), a, env, meta, token)
+	}
+	return proc, err
+}
+
+// handOffTo hands a to sb once it is ready and returns it as the
+// generation's launcher process.
+func (s *Supervisor) handOffTo(sb *standby, a *rdzvv1.Assignment, env []string, meta, token []byte) (Process, error) {
 	<-sb.ready
 	if sb.err != nil {
 		return nil, sb.err
