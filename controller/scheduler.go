@@ -65,16 +65,22 @@ func (c *Controller) schedule(ctx context.Context) time.Time {
 	pending := c.pendingJobs(now)
 	holding := c.holdingSpares()
 	warm := c.warmJobs()
+	placeIdle := len(warm) > 0 && !now.Before(c.idleAt.Add(idleStandbyEvery))
 	var candidates []rendezvous.Candidate
-	if len(pending) > 0 || len(holding) > 0 || len(warm) > 0 {
+	if len(pending) > 0 || len(holding) > 0 || placeIdle {
 		// Only pending jobs, spares and idle standbys need them, and
 		// building them is a pass over every node: the scheduler is woken
 		// by every worker exit, N of them in a recovery.
 		candidates = c.candidates()
 	}
 	held := holdSpares(holding, candidates)
-	idle := placeIdleStandbys(warm, candidates, held, c.toldJobs())
-	c.tellSpares(held, idle)
+	switch {
+	case len(warm) == 0:
+		c.idle = nil
+	case candidates != nil:
+		c.idle, c.idleAt = placeIdleStandbys(warm, candidates, held, c.toldJobs()), now
+	}
+	c.tellSpares(held, c.idle)
 	var prefer map[string]map[string]bool
 	if len(pending) > 0 {
 		prefer = c.standbyNodes()

@@ -25,6 +25,11 @@ const (
 	// spareStandbyRenew is how often a held spare is told again, well
 	// within spareStandbyKeep.
 	spareStandbyRenew = spareStandbyKeep / 3
+	// idleStandbyEvery bounds how often idle nodes' standbys are placed
+	// again on passes that need no other pass over the nodes: a node that
+	// went idle waits at most this long (and the scheduler's periodic
+	// pass) to be told.
+	idleStandbyEvery = time.Second
 )
 
 // toldStandby is the standby a node's agent was told to keep, on which
