@@ -333,18 +333,22 @@ while not os.path.exists(os.path.join(d, "go")):
 	a.Spec.Env["STARTS"] = starts
 	a.Spec.Env["PYTHONPATH"] = h.workdir
 	h.sup.Assign(a)
-	var first int
-	require.Eventually(t, func() bool {
-		entries, err := os.ReadDir(starts)
-		require.NoError(t, err)
-		if len(entries) == 0 {
-			return false
-		}
-		first, err = strconv.Atoi(entries[0].Name())
-		require.NoError(t, err)
-		return true
-	}, waitTimeout, 10*time.Millisecond, "the first standby imports its preload")
+	started := func(n int) []os.DirEntry {
+		var entries []os.DirEntry
+		require.Eventually(t, func() bool {
+			var err error
+			entries, err = os.ReadDir(starts)
+			require.NoError(t, err)
+			return len(entries) >= n
+		}, waitTimeout, 10*time.Millisecond, "standby %d imports its preload", n)
+		return entries
+	}
+	first, err := strconv.Atoi(started(1)[0].Name())
+	require.NoError(t, err)
 	require.NoError(t, syscall.Kill(first, syscall.SIGKILL))
+	// Each wait bounded on its own: the agent sees the death once the
+	// node's torch has been probed, then starts the fresh standby.
+	started(2)
 	require.NoError(t, os.WriteFile(filepath.Join(starts, "go"), nil, 0o644))
 	h.expect("warm", 1, wRunning)
 	h.expect("warm", 1, wSucceeded)
