@@ -78,7 +78,7 @@ func (c *Controller) schedule(ctx context.Context) time.Time {
 	case len(warm) == 0:
 		c.idle = nil
 	case candidates != nil:
-		c.idle, c.idleAt = placeIdleStandbys(warm, candidates, held, c.toldJobs()), now
+		c.idle, c.idleAt = placeIdleStandbys(warm, candidates, c.withRounds(held, warm), c.toldJobs()), now
 	}
 	c.tellSpares(held, c.idle)
 	var prefer map[string]map[string]bool

@@ -118,6 +118,24 @@ func (c *Controller) warmJobs() []standbyJob {
 	return out
 }
 
+// withRounds is held (spares, node to job) plus the nodes of the warm
+// jobs' current rounds, for placeIdleStandbys: such a node keeps its own
+// job's standby (the agent starts one as each generation starts, and
+// drops it when told the job ended), so one whose workers finished before
+// the others' is no idle node to tell. Callers hold c.mu.
+func (c *Controller) withRounds(held map[string]string, jobs []standbyJob) map[string]string {
+	out := make(map[string]string, len(held))
+	maps.Copy(out, held)
+	for _, j := range jobs {
+		for _, a := range c.jobs[j.name].round.GetNodes() {
+			if out[a.GetNode()] == "" {
+				out[a.GetNode()] = j.name
+			}
+		}
+	}
+	return out
+}
+
 // toldJobs is the job each node's agent was last told to keep a standby
 // for, in this session. Callers hold c.mu.
 func (c *Controller) toldJobs() map[string]string {
@@ -176,8 +194,8 @@ type standbyJob struct {
 // without nodes.spares. jobs are the running warm jobs, oldest first. A
 // node qualifies when it is eligible for a job as a round would take it
 // (free, healthy, not cordoned or draining, enough GPUs, matching the
-// selector) and is not held as a spare (held: node to job; a spare's
-// standby is its holder's). Each node keeps at most one standby, for one
+// selector) and is not held (held: node to job; a spare's standby is its
+// holder's, and so is that of a node of the job's current round). Each node keeps at most one standby, for one
 // job: the one it kept before (kept: node to job) while still eligible,
 // so that standbys do not move between jobs as others come and go; else
 // the job with the fewest standbys so far (spares' included), the oldest
