@@ -90,6 +90,12 @@ type Config struct {
 	Insecure bool `json:"insecure"`
 	// JobLogs caps the job logs kept on the node (joblogs.go).
 	JobLogs JobLogsConfig `json:"job_logs"`
+	// StandbyMinAvailableBytes is the least MemAvailable (/proc/meminfo)
+	// with which the node keeps a warm standby for a job it does not run
+	// (a spare's, or an idle node's): below it, checked each time the
+	// controller tells the node again (every 30 s), the standby is dropped
+	// and none is started. 0 keeps them whatever the memory.
+	StandbyMinAvailableBytes uint64 `json:"standby_min_available_bytes"`
 	// HTTP serves /metrics, /healthz and /readyz (docs/monitoring.md);
 	// loopback by default, off when its listen is empty.
 	HTTP httpserve.Config `json:"http"`
@@ -120,8 +126,15 @@ func DefaultConfig() Config {
 		WorkerPath:   DefaultWorkerPath,
 		HealthChecks: DefaultHealthChecks(),
 		JobLogs:      DefaultJobLogs(),
+		// A standby with torch imported holds a few hundred MB; keeping
+		// one must never be what pushes a node into swapping or the OOM
+		// killer.
+		StandbyMinAvailableBytes: DefaultStandbyMinAvailable,
 	}
 }
+
+// DefaultStandbyMinAvailable is the default StandbyMinAvailableBytes.
+const DefaultStandbyMinAvailable = 4 << 30
 
 // DefaultWorkerPath is Debian's PATH for root, which holds every system
 // directory where an administrator installs torchrun and Python.

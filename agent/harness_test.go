@@ -91,7 +91,7 @@ esac
 
 // sharedTorch is every test supervisor's: a real torch is asked once per
 // interpreter and user for the whole run.
-var sharedTorch = torchprobe.NewCache(torchprobe.Run)
+var sharedTorch = torchprobe.NewCache(torchprobe.Run, "")
 
 // supHarness is a running Supervisor for node-a, whose NCCL interface is
 // eth9, launching fakeTorchrun.

@@ -113,6 +113,13 @@ func TestSpareStandbyDropped(t *testing.T) {
 			h.sync()
 			return "warm-b"
 		}},
+		{"memory runs low", func(h *warmHarness, _ *clockwork.FakeClock) string {
+			// Read on the command goroutine, after the command is sent.
+			h.sup.meminfo = func() ([]byte, error) { return []byte("MemTotal: 8000000 kB\nMemAvailable: 1024 kB\n"), nil }
+			h.sup.PrepareStandby(prepareFor(h.spareAssign(1, 0)))
+			h.sync()
+			return ""
+		}},
 		{"not told again in time", func(h *warmHarness, clock *clockwork.FakeClock) string {
 			clock.Advance(spareKeep)
 			require.Eventually(h.t, func() bool { return h.currentStandby() == nil }, waitTimeout, 10*time.Millisecond)
@@ -171,4 +178,35 @@ func TestSpareStandbyIgnored(t *testing.T) {
 	h.sup.PrepareStandby(valid)
 	h.sync()
 	require.Equal(t, "other", h.currentStandby().job)
+}
+
+// The memory policy: MemAvailable read from /proc/meminfo, in bytes, held
+// against the floor; a floor of 0, or a MemAvailable the agent cannot
+// read, never counts as pressure.
+func TestStandbyMemoryPolicy(t *testing.T) {
+	const gib = 1 << 30
+	for _, tt := range []struct {
+		name    string
+		meminfo string
+		floor   uint64
+		avail   uint64
+		found   bool
+		ok      bool
+	}{
+		{"above the floor", "MemTotal: 16000000 kB\nMemFree: 100 kB\nMemAvailable: 8388608 kB\n", 4 * gib, 8 * gib, true, true},
+		{"at the floor", "MemAvailable: 4194304 kB\n", 4 * gib, 4 * gib, true, true},
+		{"below the floor", "MemAvailable: 4194303 kB\n", 4 * gib, 4*gib - 1024, true, false},
+		{"no floor", "MemAvailable: 1 kB\n", 0, 1024, true, true},
+		{"no MemAvailable line", "MemTotal: 1 kB\nMemFree: 1 kB\n", 4 * gib, 0, false, true},
+		{"malformed", "MemAvailable: lots\n", 4 * gib, 0, false, true},
+		{"another unit", "MemAvailable: 4 MB\n", 4 * gib, 0, false, true},
+		{"overflows", "MemAvailable: 18446744073709551615 kB\n", 4 * gib, 0, false, true},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			avail, found := memAvailable([]byte(tt.meminfo))
+			require.Equal(t, tt.avail, avail)
+			require.Equal(t, tt.found, found)
+			require.Equal(t, tt.ok, standbyMemoryOK(avail, found, tt.floor))
+		})
+	}
 }

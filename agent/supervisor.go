@@ -58,7 +58,11 @@ type Supervisor struct {
 	dynUsers *dynamicUsers
 	// workerPath is PATH in the workers' environment.
 	workerPath string
-	stopGrace  time.Duration
+	// standbyFloor is the config's standby_min_available_bytes; meminfo
+	// reads /proc/meminfo (a test's own in tests).
+	standbyFloor uint64
+	meminfo      func() ([]byte, error)
+	stopGrace    time.Duration
 	// restartGrace is how long workers are left running for the next agent
 	// when this one stops; 0 stops them with the agent.
 	restartGrace time.Duration
@@ -156,13 +160,15 @@ func NewSupervisor(cfg Config, node, iface, reportAddr string, spawner Spawner, 
 		stateDir: cfg.StateDir, secretsDir: cfg.SecretsDir, runAs: cfg.RunAs, allowRoot: cfg.AllowRoot, policy: cfg.RunAsPolicy, workerPath: cfg.WorkerPath, stopGrace: cfg.StopGrace.Duration,
 		restartGrace: cfg.RestartGrace.Duration, node: node, iface: iface,
 		reportAddr: reportAddr, scanEvery: scanEvery, log: log, spawner: spawner, jobLogs: cfg.JobLogs,
-		cmds:        make(chan func(), 64),
-		updates:     make(chan *rdzvv1.WorkerStatus, 64),
-		checkpoints: make(chan *rdzvv1.CheckpointReport, checkpointQueueSize),
-		lastGen:     map[string]uint64{},
-		standbySeq:  uint64(time.Now().UnixNano()),
-		clock:       clockwork.NewRealClock(),
-		torch:       torchprobe.NewCache(torchprobe.Run),
+		cmds:         make(chan func(), 64),
+		updates:      make(chan *rdzvv1.WorkerStatus, 64),
+		checkpoints:  make(chan *rdzvv1.CheckpointReport, checkpointQueueSize),
+		lastGen:      map[string]uint64{},
+		standbySeq:   uint64(time.Now().UnixNano()),
+		clock:        clockwork.NewRealClock(),
+		torch:        torchprobe.NewCache(torchprobe.Run, filepath.Join(cfg.StateDir, torchProbeDir)),
+		standbyFloor: cfg.StandbyMinAvailableBytes,
+		meminfo:      func() ([]byte, error) { return os.ReadFile("/proc/meminfo") },
 	}
 	if cfg.RunAs == "" {
 		s.dynUsers = newDynamicUsers(cfg.DynamicUsers, cfg.StateDir, log.Named("dynamic_users"))

@@ -23,6 +23,11 @@ import (
 // options and the --redirects/--tee a 1.x torch on Python 3.11 needs) and
 // for warm standbys (the workers' environment).
 
+// torchProbeDir, under the agent's state_dir, keeps the probes' answers
+// across agent restarts (torchprobe.Cache), so that a node joining a
+// recovery does not import torch to ask it again.
+const torchProbeDir = "torchprobe"
+
 // probeTorch is the answer of python's torch for a job whose prepared
 // launch is p, or nil when it has none (no torch, a stand-in launcher):
 // the launch then goes ahead as the job gave it.

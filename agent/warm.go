@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"maps"
+	"math"
 	"net"
 	"os"
 	"path/filepath"
@@ -359,6 +360,21 @@ func (s *Supervisor) warmStart(a *rdzvv1.Assignment, env []string, meta, token [
 	if sb == nil {
 		sb = s.spawnStandby(a)
 	}
+	proc, err := s.handOffTo(sb, a, env, meta, token)
+	if errors.Is(err, errStandbyExited) {
+		// Killed before it took the assignment, as its shim does when the
+		// agent's lease lapses on a starved node: it ran nothing of the
+		// job's, so a fresh one takes the assignment rather than the
+		// generation failing. Once: a standby that cannot start fails.
+		s.log.Warn("the warm standby exited before its hand-off; starting a fresh one", zap.String("job", sb.job))
+		proc, err = s.handOffTo(s.spawnStandby(a), a, env, meta, token)
+	}
+	return proc, err
+}
+
+// handOffTo hands a to sb once it is ready and returns it as the
+// generation's launcher process.
+func (s *Supervisor) handOffTo(sb *standby, a *rdzvv1.Assignment, env []string, meta, token []byte) (Process, error) {
 	<-sb.ready
 	if sb.err != nil {
 		return nil, sb.err
@@ -480,6 +496,14 @@ func (s *Supervisor) prepareStandby(p *rdzvv1.PrepareStandby) {
 		}
 		return
 	}
+	if ok, avail := s.standbyMemory(); !ok {
+		s.log.Warn("keeping no warm standby for another job: too little memory available",
+			zap.String("job", p.GetSpec().GetName()), zap.Uint64("mem_available_bytes", avail), zap.Uint64("floor_bytes", s.standbyFloor))
+		if sb != nil && !sb.until.IsZero() {
+			s.dropStandby("")
+		}
+		return
+	}
 	// Shaped as the assignment it stands for, for takeStandby.
 	want := &rdzvv1.Assignment{Spec: p.GetSpec(), JobCreatedAt: p.GetJobCreatedAt()}
 	until := s.clock.Now().Add(p.GetKeepFor().AsDuration())
@@ -497,6 +521,49 @@ func (s *Supervisor) prepareStandby(p *rdzvv1.PrepareStandby) {
 		s.mu.Unlock()
 	}
 	s.expireStandby(sb, p.GetKeepFor().AsDuration())
+}
+
+// standbyMemory says whether the node may keep a standby for a job it
+// does not run, and the MemAvailable it read. A meminfo it cannot read
+// or parse does not stop standbys: the floor protects nodes that can tell.
+func (s *Supervisor) standbyMemory() (ok bool, avail uint64) {
+	if s.standbyFloor == 0 {
+		return true, 0
+	}
+	data, err := s.meminfo()
+	if err != nil {
+		return true, 0
+	}
+	avail, found := memAvailable(data)
+	return standbyMemoryOK(avail, found, s.standbyFloor), avail
+}
+
+// memAvailable is MemAvailable from /proc/meminfo ("MemAvailable: 123 kB"),
+// in bytes; found is false when the line is missing or malformed.
+func memAvailable(meminfo []byte) (bytes uint64, found bool) {
+	for line := range strings.Lines(string(meminfo)) {
+		rest, ok := strings.CutPrefix(line, "MemAvailable:")
+		if !ok {
+			continue
+		}
+		fields := strings.Fields(rest)
+		if len(fields) != 2 || fields[1] != "kB" {
+			return 0, false
+		}
+		kb, err := strconv.ParseUint(fields[0], 10, 64)
+		if err != nil || kb > math.MaxUint64/1024 {
+			return 0, false
+		}
+		return kb * 1024, true
+	}
+	return 0, false
+}
+
+// standbyMemoryOK is the policy: a standby for a job the node does not
+// run is kept while MemAvailable is at least floor; 0 is no floor, and an
+// unknown MemAvailable (found false) does not count as pressure.
+func standbyMemoryOK(avail uint64, found bool, floor uint64) bool {
+	return floor == 0 || !found || avail >= floor
 }
 
 // expireStandby drops sb once its until has passed, unless it was renewed,

@@ -5,6 +5,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -310,6 +311,48 @@ func TestWarmStandbyCrashed(t *testing.T) {
 		"2: 65534 0 4 True 1 --lr 1", "3: 65534 1 4 True 1 --lr 1",
 		"2: 65534 0 4 True 2 --lr 1", "3: 65534 1 4 True 2 --lr 1",
 	}, h.readMarkers())
+}
+
+// A standby killed before its hand-off (its shim fences it when the
+// agent's lease lapses on a starved node) does not fail the generation: a
+// fresh one takes the assignment.
+func TestWarmStandbyKilledBeforeHandoff(t *testing.T) {
+	h := newWarmHarness(t)
+	// Each standby's preload records its pid in starts, then waits there
+	// for "go": the test kills the first before it can listen.
+	starts := t.TempDir()
+	require.NoError(t, os.Chmod(starts, 0o777))
+	require.NoError(t, os.WriteFile(filepath.Join(h.workdir, "gated.py"), []byte(`import os, time
+d = os.environ["STARTS"]
+open(os.path.join(d, str(os.getpid())), "w").close()
+while not os.path.exists(os.path.join(d, "go")):
+    time.sleep(0.01)
+`), 0o644))
+	a := h.assign(1, 0)
+	a.Spec.LauncherPreload = []string{"gated"}
+	a.Spec.Env["STARTS"] = starts
+	a.Spec.Env["PYTHONPATH"] = h.workdir
+	h.sup.Assign(a)
+	started := func(n int) []os.DirEntry {
+		var entries []os.DirEntry
+		require.Eventually(t, func() bool {
+			var err error
+			entries, err = os.ReadDir(starts)
+			require.NoError(t, err)
+			return len(entries) >= n
+		}, waitTimeout, 10*time.Millisecond, "standby %d imports its preload", n)
+		return entries
+	}
+	first, err := strconv.Atoi(started(1)[0].Name())
+	require.NoError(t, err)
+	require.NoError(t, syscall.Kill(first, syscall.SIGKILL))
+	// Each wait bounded on its own: the agent sees the death once the
+	// node's torch has been probed, then starts the fresh standby.
+	started(2)
+	require.NoError(t, os.WriteFile(filepath.Join(starts, "go"), nil, 0o644))
+	h.expect("warm", 1, wRunning)
+	h.expect("warm", 1, wSucceeded)
+	require.ElementsMatch(t, []string{"2: 65534 0 4 True 1 --lr 1", "3: 65534 1 4 True 1 --lr 1"}, h.readMarkers())
 }
 
 // storeScript is a worker of the store tests. probe: it connects to

@@ -89,6 +89,11 @@ type Controller struct {
 	// standbys are what spares' agents were told to keep ready
 	// (standby.go), by node.
 	standbys map[string]*toldStandby
+	// idle is where idle nodes keep standbys (placeIdleStandbys), placed
+	// at idleAt: at most every idleStandbyEvery unless a pass builds the
+	// candidates anyway (standby.go).
+	idle   map[string]string
+	idleAt time.Time
 	// term counts the times this process took the lead, so that work begun
 	// under one lead (a commit in flight) never lands in the next.
 	term uint64

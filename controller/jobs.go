@@ -45,8 +45,12 @@ func (c *Controller) startJob(ctx context.Context, specProto *rdzvv1.JobSpec) (*
 	now := c.clock.Now()
 	rec := &rdzvv1.Job{Spec: spec.ToProto(), State: rdzvv1.JobState_JOB_STATE_PENDING, Reason: "waiting for rendezvous",
 		Generation: generation, CreatedAt: timestamppb.New(now)}
-	ev := c.event(name, "", generation, EventJobSubmitted, "job submitted: %d-%d nodes, %d GPUs and %d processes per node",
-		spec.Nodes.Min, spec.Nodes.Max, spec.GPUsPerNode, spec.ProcsPerNode)
+	launcher := "launcher " + spec.Launcher.Kind
+	if r := spec.Launcher.KindReason; r != "" {
+		launcher += " (auto: " + r + ")"
+	}
+	ev := c.event(name, "", generation, EventJobSubmitted, "job submitted: %d-%d nodes, %d GPUs and %d processes per node, %s",
+		spec.Nodes.Min, spec.Nodes.Max, spec.GPUsPerNode, spec.ProcsPerNode, launcher)
 	js := &jobState{rec: rec, workers: map[string]*rdzvv1.WorkerStatus{}, pendingSince: now}
 	c.jobs[name] = js
 	view := c.jobView(js)

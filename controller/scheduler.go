@@ -64,15 +64,27 @@ func (c *Controller) schedule(ctx context.Context) time.Time {
 	now := c.clock.Now()
 	pending := c.pendingJobs(now)
 	holding := c.holdingSpares()
+	warm := c.warmJobs()
+	placeIdle := len(warm) > 0 && !now.Before(c.idleAt.Add(idleStandbyEvery))
 	var candidates []rendezvous.Candidate
-	if len(pending) > 0 || len(holding) > 0 {
-		// Only pending jobs and spares need them, and building them is a
-		// pass over every node: the scheduler is woken by every worker exit,
-		// N of them in a recovery.
+	if len(pending) > 0 || len(holding) > 0 || placeIdle {
+		// Only pending jobs, spares and idle standbys need them, and
+		// building them is a pass over every node: the scheduler is woken
+		// by every worker exit, N of them in a recovery.
 		candidates = c.candidates()
 	}
 	held := holdSpares(holding, candidates)
-	c.tellSpares(held)
+	switch {
+	case len(warm) == 0:
+		c.idle = nil
+	case candidates != nil:
+		c.idle, c.idleAt = placeIdleStandbys(warm, candidates, c.withRounds(held, warm), c.toldJobs()), now
+	}
+	c.tellSpares(held, c.idle)
+	var prefer map[string]map[string]bool
+	if len(pending) > 0 {
+		prefer = c.standbyNodes()
+	}
 	taken := map[string]bool{}
 	var next time.Time
 
@@ -80,6 +92,9 @@ func (c *Controller) schedule(ctx context.Context) time.Time {
 		spec := js.rec.GetSpec()
 		name := spec.GetName()
 		req := requirements(spec)
+		if c.warm(name) {
+			req.Prefer = preferStandbys(prefer[name], js.round)
+		}
 		avail := make([]rendezvous.Candidate, 0, len(candidates))
 		heldElsewhere := 0
 		for _, cand := range candidates {

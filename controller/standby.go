@@ -5,6 +5,8 @@ package controller
 // generation costs no Python start (agent/warm.go).
 
 import (
+	"maps"
+	"sort"
 	"time"
 
 	"go.uber.org/zap"
@@ -12,6 +14,7 @@ import (
 
 	"github.com/rdzv/rdzv/jobspec"
 	rdzvv1 "github.com/rdzv/rdzv/proto/rdzv/v1"
+	"github.com/rdzv/rdzv/rendezvous"
 )
 
 const (
@@ -22,6 +25,11 @@ const (
 	// spareStandbyRenew is how often a held spare is told again, well
 	// within spareStandbyKeep.
 	spareStandbyRenew = spareStandbyKeep / 3
+	// idleStandbyEvery bounds how often idle nodes' standbys are placed
+	// again on passes that need no other pass over the nodes: a node that
+	// went idle waits at most this long (and the scheduler's periodic
+	// pass) to be told.
+	idleStandbyEvery = time.Second
 )
 
 // toldStandby is the standby a node's agent was told to keep, on which
@@ -33,14 +41,21 @@ type toldStandby struct {
 	at      time.Time
 }
 
-// tellSpares tells the agent of every spare held for a warm job to keep
-// its standby (again when due), and every agent told before whose node is
-// no longer held to drop it. Only in memory: a new session or a new leader
-// starts with nothing told and tells again, and what an agent is never
-// told again it drops after spareStandbyKeep. Callers hold c.mu.
-func (c *Controller) tellSpares(held map[string]string) {
+// tellSpares tells the agent of every spare held for a warm job, and of
+// every idle node placed to keep one (placeIdleStandbys: node to job), to
+// keep its standby (again when due), and every agent told before whose
+// node is neither to drop it. Only in memory: a new session or a new
+// leader starts with nothing told and tells again, and what an agent is
+// never told again it drops after spareStandbyKeep. Callers hold c.mu.
+func (c *Controller) tellSpares(spares, idle map[string]string) {
 	if c.standbys == nil {
 		c.standbys = map[string]*toldStandby{}
+	}
+	held := spares
+	if len(idle) > 0 {
+		held = make(map[string]string, len(spares)+len(idle))
+		maps.Copy(held, idle)
+		maps.Copy(held, spares)
 	}
 	now := c.clock.Now()
 	for node, told := range c.standbys {
@@ -71,7 +86,11 @@ func (c *Controller) tellSpares(held map[string]string) {
 			continue
 		}
 		if told == nil || told.job != job {
-			c.log.Info("spare keeps a warm standby", zap.String("node", node), zap.String("job", job))
+			msg := "spare keeps a warm standby"
+			if spares[node] == "" {
+				msg = "idle node keeps a warm standby"
+			}
+			c.log.Info(msg, zap.String("node", node), zap.String("job", job))
 		}
 		ns.session.send(&rdzvv1.ConnectResponse{Msg: &rdzvv1.ConnectResponse_PrepareStandby{PrepareStandby: &rdzvv1.PrepareStandby{
 			Spec: js.rec.GetSpec(), JobCreatedAt: js.rec.GetCreatedAt(), KeepFor: durationpb.New(spareStandbyKeep),
@@ -80,9 +99,152 @@ func (c *Controller) tellSpares(held map[string]string) {
 	}
 }
 
+// warmJobs are the running (or recovering) jobs of launcher.kind warm,
+// oldest first, for placeIdleStandbys. Callers hold c.mu.
+func (c *Controller) warmJobs() []standbyJob {
+	var warm []*jobState
+	for _, js := range c.jobs {
+		st := js.rec.GetState()
+		if (st == rdzvv1.JobState_JOB_STATE_RUNNING || st == rdzvv1.JobState_JOB_STATE_RECOVERING) && c.warm(js.rec.GetSpec().GetName()) {
+			warm = append(warm, js)
+		}
+	}
+	sortOldestFirst(warm)
+	out := make([]standbyJob, len(warm))
+	for i, js := range warm {
+		req := requirements(js.rec.GetSpec())
+		out[i] = standbyJob{name: js.rec.GetSpec().GetName(), req: req}
+	}
+	return out
+}
+
+// withRounds is held (spares, node to job) plus the nodes of the warm
+// jobs' current rounds, for placeIdleStandbys: such a node keeps its own
+// job's standby (the agent starts one as each generation starts, and
+// drops it when told the job ended), so one whose workers finished before
+// the others' is no idle node to tell. Callers hold c.mu.
+func (c *Controller) withRounds(held map[string]string, jobs []standbyJob) map[string]string {
+	out := make(map[string]string, len(held))
+	maps.Copy(out, held)
+	for _, j := range jobs {
+		for _, a := range c.jobs[j.name].round.GetNodes() {
+			if out[a.GetNode()] == "" {
+				out[a.GetNode()] = j.name
+			}
+		}
+	}
+	return out
+}
+
+// toldJobs is the job each node's agent was last told to keep a standby
+// for, in this session. Callers hold c.mu.
+func (c *Controller) toldJobs() map[string]string {
+	out := make(map[string]string, len(c.standbys))
+	for node, told := range c.standbys {
+		out[node] = told.job
+	}
+	return out
+}
+
+// standbyNodes are, per job, the nodes told to keep its standby: a round
+// of the job prefers them (rendezvous.Requirements.Prefer). Callers hold
+// c.mu.
+func (c *Controller) standbyNodes() map[string]map[string]bool {
+	out := map[string]map[string]bool{}
+	for node, told := range c.standbys {
+		if out[told.job] == nil {
+			out[told.job] = map[string]bool{}
+		}
+		out[told.job][node] = true
+	}
+	return out
+}
+
+// preferStandbys adds to told (the nodes told to keep the job's standby,
+// may be nil) the nodes of the job's last round, which keep its standby
+// of their own (the agent starts the next one as a generation starts).
+func preferStandbys(told map[string]bool, round *rdzvv1.Round) map[string]bool {
+	if len(round.GetNodes()) == 0 {
+		return told
+	}
+	prefer := make(map[string]bool, len(told)+len(round.GetNodes()))
+	maps.Copy(prefer, told)
+	for _, a := range round.GetNodes() {
+		prefer[a.GetNode()] = true
+	}
+	return prefer
+}
+
 // warm reports whether job exists and is of launcher.kind warm. Callers
 // hold c.mu.
 func (c *Controller) warm(job string) bool {
 	js := c.jobs[job]
 	return js != nil && js.rec.GetSpec().GetLauncherKind() == jobspec.KindWarm
+}
+
+// standbyJob is a running job of launcher.kind warm that idle nodes
+// matching it may keep a standby for.
+type standbyJob struct {
+	name string
+	req  rendezvous.Requirements
+}
+
+// placeIdleStandbys says which job each idle node keeps a warm standby
+// for, so that a node replacing a lost one pays no Python start even
+// without nodes.spares. jobs are the running warm jobs, oldest first. A
+// node qualifies when it is eligible for a job as a round would take it
+// (free, healthy, not cordoned or draining, enough GPUs, matching the
+// selector) and is not held (held: node to job; a spare's standby is its
+// holder's, and so is that of a node of the job's current round). Each node keeps at most one standby, for one
+// job: the one it kept before (kept: node to job) while still eligible,
+// so that standbys do not move between jobs as others come and go; else
+// the job with the fewest standbys so far (spares' included), the oldest
+// on a tie, nodes taken in name order. O(nodes × jobs), sorting only the
+// nodes that need a new choice. A node that gets work leaves the answer
+// (it is no longer free), which drops its standby.
+func placeIdleStandbys(jobs []standbyJob, candidates []rendezvous.Candidate, held, kept map[string]string) map[string]string {
+	out := map[string]string{}
+	if len(jobs) == 0 {
+		return out
+	}
+	index := make(map[string]int, len(jobs))
+	count := make([]int, len(jobs))
+	for i, j := range jobs {
+		index[j.name] = i
+	}
+	for _, job := range held {
+		if i, ok := index[job]; ok {
+			count[i]++
+		}
+	}
+	var fresh []rendezvous.Candidate
+	for _, c := range candidates {
+		if held[c.Name] != "" {
+			continue
+		}
+		if i, ok := index[kept[c.Name]]; ok {
+			if eligible, _ := rendezvous.Eligible(jobs[i].req, c); eligible {
+				out[c.Name] = jobs[i].name
+				count[i]++
+				continue
+			}
+		}
+		if c.Free && !c.Cordoned && c.Unhealthy == "" {
+			fresh = append(fresh, c)
+		}
+	}
+	sort.Slice(fresh, func(a, b int) bool { return fresh[a].Name < fresh[b].Name })
+	for _, c := range fresh {
+		best := -1
+		for i, j := range jobs {
+			if eligible, _ := rendezvous.Eligible(j.req, c); eligible && (best < 0 || count[i] < count[best]) {
+				best = i
+			}
+		}
+		if best >= 0 {
+			out[c.Name] = jobs[best].name
+			count[best]++
+		}
+	}
+	return out
 }

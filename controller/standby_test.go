@@ -211,3 +211,35 @@ func (f *fakeAgent) expectJobEnd(a *rdzvv1.Assignment) {
 	require.True(f.t, end.GetJobEnded(), "%s: %v", f.name, end)
 	require.Equal(f.t, a.GetGeneration(), end.GetGeneration())
 }
+
+// An idle node matching a running warm job is told to keep a standby of
+// it, as a spare is, though the job reserves no spares; a job that needs
+// the node takes it as any idle node (its assignment comes, past the
+// standby requests), and the node is no longer told to keep one.
+func TestIdleNodeStandbys(t *testing.T) {
+	c := newCluster(t)
+	fakes := map[string]*fakeAgent{}
+	for _, n := range []string{"node-a", "node-b", "node-c"} {
+		fakes[n] = c.connectFake(n)
+		fakes[n].keepAlive()
+	}
+	spec := c.warmJob("big", 2, 0)
+	spec.NodesMax = 2
+	job := c.startJob(spec)
+	fakes["node-a"].run()
+	fakes["node-b"].run()
+	c.waitRunning("big")
+
+	p := fakes["node-c"].next().GetPrepareStandby()
+	require.NotNil(t, p, "the idle node is told to keep a standby")
+	require.Equal(t, "big", p.GetSpec().GetName())
+	require.True(t, job.GetCreatedAt().AsTime().Equal(p.GetJobCreatedAt().AsTime()), "the job's run")
+	j := c.waitJob("big", func(*rdzvv1.Job) bool { return true })
+	require.Empty(t, j.GetSpares(), "not held: any job may take it")
+
+	plain := c.recoverable("plain", 1, 0)
+	c.startJob(plain)
+	a := fakes["node-c"].nextAssignment()
+	require.Equal(t, "plain", a.GetSpec().GetName(), "another job takes the idle node")
+	c.waitRunning("plain")
+}

@@ -54,6 +54,15 @@ func Export(p *rdzvv1.JobSpec) (*Exported, error) {
 		return nil, fmt.Errorf("exporting job %s: %w", s.Name, err)
 	}
 	doc = prune(doc)
+	// A kind auto chose is written as auto, with what it chose and why: a
+	// job started from the export resolves it again, to the same kind
+	// unless the edit changed what decides it.
+	if r := s.Launcher.KindReason; r != "" {
+		if kind := mapValue(mapValue(doc, "launcher"), "kind"); kind != nil {
+			kind.Value = KindAuto
+			kind.LineComment = "resolved to " + s.Launcher.Kind + ": " + r
+		}
+	}
 	var b bytes.Buffer
 	writeJSON(&b, doc)
 	return &Exported{JSON: b.Bytes(), Withheld: withheld, doc: doc}, nil
@@ -77,6 +86,19 @@ func (e *Exported) YAML() ([]byte, error) {
 		return nil, err
 	}
 	return b.Bytes(), nil
+}
+
+// mapValue is the value of key in the mapping n, or nil.
+func mapValue(n *yaml.Node, key string) *yaml.Node {
+	if n == nil || n.Kind != yaml.MappingNode {
+		return nil
+	}
+	for i := 0; i+1 < len(n.Content); i += 2 {
+		if n.Content[i].Value == key {
+			return n.Content[i+1]
+		}
+	}
+	return nil
 }
 
 // jsonNode reads one JSON value into a YAML node, keeping the order of

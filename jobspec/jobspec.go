@@ -150,9 +150,13 @@ type Rendezvous struct {
 
 // Launcher is what starts the workers on each node (see launchers.go).
 type Launcher struct {
-	// Kind is torchrun (the default), python-module, accelerate,
-	// deepspeed, custom or warm.
+	// Kind is auto (the default), torchrun, python-module, accelerate,
+	// deepspeed, custom or warm; auto is resolved by Default (AutoKind).
 	Kind string `json:"kind"`
+	// KindReason says why auto resolved to Kind; empty for a kind the job
+	// named. Not job.yaml's: the proto carries it, and Export shows it as
+	// a comment on kind.
+	KindReason string `json:"-"`
 	// Torchrun is the torchrun executable (kind torchrun).
 	Torchrun string `json:"torchrun"`
 	// Python and Module run `<python> -m <module>` with torchrun's options
@@ -253,7 +257,7 @@ func (s *Spec) Default() {
 	if s.Rendezvous.Timeout == nil {
 		s.Rendezvous.Timeout = wire.Dur(DefaultTimeout)
 	}
-	s.Launcher.defaultLauncher()
+	s.defaultLauncher()
 	if s.Restart.MaxRestarts == nil {
 		n := DefaultRestarts
 		s.Restart.MaxRestarts = &n

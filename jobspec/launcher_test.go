@@ -72,6 +72,7 @@ func TestLauncherArgsEverySpelling(t *testing.T) {
 			s, err := Parse([]byte(goodJob))
 			require.NoError(t, err)
 			s.Launcher.ExtraArgs = tt.extra
+			s.Launcher.KindReason = "" // torchrun's rule, as if named
 			if tt.command != nil {
 				s.Command = tt.command
 			}

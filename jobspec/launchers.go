@@ -22,6 +22,9 @@ const (
 	// preload modules imported; an assignment forks the workers from it,
 	// with torchrun's environment, instead of starting torchrun.
 	KindWarm = "warm"
+	// KindAuto, and a job that names no kind, is resolved when the job is
+	// read (Default) to warm or torchrun by AutoKind.
+	KindAuto = "auto"
 )
 
 // Defaults of the launcher fields, by kind.
@@ -83,12 +86,13 @@ var DefaultPreload = []string{"torch", "torch.distributed"}
 // maxPreload bounds launcher.preload.
 const maxPreload = 64
 
-// KindNames lists the launcher kinds, for errors and help.
+// KindNames lists the launcher kinds a job may name, for errors and help.
 func KindNames() []string {
-	names := make([]string, 0, len(launcherKinds))
+	names := make([]string, 0, len(launcherKinds)+1)
 	for k := range launcherKinds {
 		names = append(names, k)
 	}
+	names = append(names, KindAuto)
 	slices.Sort(names)
 	return names
 }
@@ -262,10 +266,53 @@ func (s *Spec) Launch(a Assigned) (program string, args []string) {
 	return program, append(args, s.Command...)
 }
 
-// defaultLauncher fills in the kind and the fields it uses.
-func (l *Launcher) defaultLauncher() {
-	if l.Kind == "" {
-		l.Kind = KindTorchrun
+// Why AutoKind chose a kind: the first rule that applies, in this order.
+const (
+	autoExtraArgs = "launcher.extra_args are options of torchrun's, which launcher.kind warm does not run"
+	autoPreflight = "health.preflight wraps torchrun in a shell, which launcher.kind warm does not run"
+	autoCommand   = "command is not a Python script (*.py) or -m <module>, which launcher.kind warm runs"
+	autoTorchrun  = "launcher.torchrun is set"
+	autoWarm      = "command is a Python script or -m <module> and nothing launcher.kind warm refuses is set"
+)
+
+// AutoKind is the kind a job that names none (or auto) runs with, and why:
+// warm, whose standbys spare a restart torchrun's start and each worker's
+// import torch, wherever the job is one warm runs exactly as torchrun
+// would; torchrun otherwise. It reads only fields Default fills in for
+// neither answer (launcher.torchrun only after what decides for warm), so
+// the answer for a spec once resolved is the same: Validate relies on it
+// to check a launcher.kind_reason carried in the proto.
+func AutoKind(s *Spec) (kind, reason string) {
+	l := s.Launcher
+	switch c := s.Command; {
+	case len(l.ExtraArgs) > 0:
+		return KindTorchrun, autoExtraArgs
+	case s.Health.Preflight != nil:
+		return KindTorchrun, autoPreflight
+	case len(c) == 0, !pythonCommand(c):
+		return KindTorchrun, autoCommand
+	case l.Torchrun != "":
+		return KindTorchrun, autoTorchrun
+	}
+	return KindWarm, autoWarm
+}
+
+// pythonCommand reports whether command is what both torchrun and a warm
+// standby run as Python: a script named *.py, or -m and a module name.
+func pythonCommand(c []string) bool {
+	if c[0] == "-m" {
+		return len(c) > 1 && pythonModule.MatchString(c[1]) && len(c[1]) <= maxModuleLen
+	}
+	return !strings.HasPrefix(c[0], "-") && strings.HasSuffix(c[0], ".py") && len(c[0]) > len(".py")
+}
+
+// defaultLauncher fills in the kind (resolving auto) and the fields it
+// uses. A kind given explicitly keeps any KindReason it came with, which
+// validateLauncher checks.
+func (s *Spec) defaultLauncher() {
+	l := &s.Launcher
+	if l.Kind == "" || l.Kind == KindAuto {
+		l.Kind, l.KindReason = AutoKind(s)
 	}
 	switch l.Kind {
 	case KindTorchrun:
@@ -304,6 +351,11 @@ func (s *Spec) validateLauncher() []*wire.FieldError {
 	var errs []*wire.FieldError
 	add := func(field, value, reason string) {
 		errs = append(errs, &wire.FieldError{Field: field, Value: value, Reason: reason})
+	}
+	if l.KindReason != "" {
+		if k, r := AutoKind(s); k != l.Kind || r != l.KindReason {
+			add("launcher.kind_reason", wire.Quote(l.KindReason), "is rdzv's account of how it resolved launcher.kind auto, and does not match this job")
+		}
 	}
 	k, ok := launcherKinds[l.Kind]
 	if !ok {

@@ -60,10 +60,10 @@ func TestValidateLauncherRejects(t *testing.T) {
 		command  string
 		want     string
 	}{
-		{"unknown kind", "{kind: acelerate}", "[x.py]", `launcher.kind: must be one of accelerate, custom, deepspeed, python-module, torchrun, warm; did you mean accelerate? (got "acelerate")`},
+		{"unknown kind", "{kind: acelerate}", "[x.py]", `launcher.kind: must be one of accelerate, auto, custom, deepspeed, python-module, torchrun, warm; did you mean accelerate? (got "acelerate")`},
 		{"field of another kind", "{kind: accelerate, torchrun: /usr/bin/torchrun}", "[x.py]", "launcher.torchrun: applies only to launcher.kind torchrun, not accelerate"},
-		{"python for torchrun", "{python: python3.11}", "[x.py]", "launcher.python: applies only to launcher.kind python-module or warm, not torchrun"},
-		{"preload for torchrun", "{preload: [torch]}", "[x.py]", "launcher.preload: applies only to launcher.kind warm, not torchrun"},
+		{"python for torchrun", "{kind: torchrun, python: python3.11}", "[x.py]", "launcher.python: applies only to launcher.kind python-module or warm, not torchrun"},
+		{"preload for torchrun", "{kind: torchrun, preload: [torch]}", "[x.py]", "launcher.preload: applies only to launcher.kind warm, not torchrun"},
 		{"warm extra args", "{kind: warm, extra_args: [--nnodes=3]}", "[x.py]", `launcher.extra_args: does not apply to launcher.kind warm: there is no launcher to take options; the workers get torchrun's environment (got "--nnodes=3")`},
 		{"warm bad preload", "{kind: warm, preload: [torch, \"torch/nn\"]}", "[x.py]", `launcher.preload[1]: must be a dotted Python module name like torch.distributed`},
 		{"warm launcher option in command", "{kind: warm}", "[--nproc_per_node=8, x.py]", `command[0]: must be the training script or -m <module>: launcher.kind warm takes no launcher options`},
@@ -125,8 +125,63 @@ func TestLauncherExamples(t *testing.T) {
 		require.NoError(t, err, p)
 		require.NoError(t, spec.Validate(), p)
 		kinds[spec.Launcher.Kind] = true
+		kinds[KindAuto] = kinds[KindAuto] || spec.Launcher.KindReason != ""
 	}
 	for _, k := range KindNames() {
 		require.True(t, kinds[k], "no example job for launcher.kind %s", k)
+	}
+}
+
+// A job that names no kind (or auto) runs warm exactly where warm runs it
+// as torchrun would, and torchrun otherwise; the resolved kind and why
+// survive the wire and the export, and a forged reason is refused.
+func TestAutoKind(t *testing.T) {
+	tests := []struct {
+		name     string
+		launcher string
+		command  string
+		kind     string
+		reason   string
+	}{
+		{"script", "{}", "[train.py, --lr, \"1\"]", KindWarm, autoWarm},
+		{"auto named", "{kind: auto}", "[train.py]", KindWarm, autoWarm},
+		{"module", "{}", "[-m, pkg.train, --steps, \"3\"]", KindWarm, autoWarm},
+		{"own python", "{python: /opt/venv/bin/python}", "[train.py]", KindWarm, autoWarm},
+		{"own preload", "{preload: [torch, numpy]}", "[train.py]", KindWarm, autoWarm},
+		{"torchrun options", "{extra_args: [--tee, \"2\"]}", "[train.py]", KindTorchrun, autoExtraArgs},
+		{"launcher option in command", "{}", "[--max_restarts=2, train.py]", KindTorchrun, autoCommand},
+		{"not a .py script", "{}", "[./train.sh]", KindTorchrun, autoCommand},
+		{"-m without a module", "{}", "[-m]", KindTorchrun, autoCommand},
+		{"own torchrun", "{torchrun: /opt/venv/bin/torchrun}", "[train.py]", KindTorchrun, autoTorchrun},
+		{"preflight", "{}", "[train.py]\nhealth: {preflight: {}}", KindTorchrun, autoPreflight},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			spec, err := Parse([]byte("name: llm\nnodes: 2\ncommand: " + tt.command + "\nlauncher: " + tt.launcher + "\n"))
+			require.NoError(t, err)
+			require.Equal(t, tt.kind, spec.Launcher.Kind)
+			require.Equal(t, tt.reason, spec.Launcher.KindReason)
+			if tt.command != "[-m]" {
+				require.NoError(t, spec.Validate())
+			}
+			again := FromProto(spec.ToProto())
+			require.Equal(t, spec.Launcher, again.Launcher, "the resolution survives the wire")
+			e, err := Export(spec.ToProto())
+			require.NoError(t, err)
+			y, err := e.YAML()
+			require.NoError(t, err)
+			require.Contains(t, string(y), "kind: auto # resolved to "+tt.kind+": "+tt.reason)
+		})
+	}
+	for _, kind := range []string{KindTorchrun, KindWarm} {
+		spec, err := Parse([]byte("name: llm\nnodes: 2\ncommand: [train.py]\nlauncher: {kind: " + kind + "}\n"))
+		require.NoError(t, err)
+		require.Empty(t, spec.Launcher.KindReason, "a kind the job names has no reason")
+		p := spec.ToProto()
+		p.LauncherKindReason = autoWarm
+		if kind == KindWarm {
+			p.LauncherKindReason = autoExtraArgs
+		}
+		require.ErrorContains(t, FromProto(p).Validate(), "launcher.kind_reason: is rdzv's account")
 	}
 }

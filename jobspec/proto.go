@@ -29,6 +29,7 @@ func (s *Spec) ToProto() *rdzvv1.JobSpec {
 		LauncherTorchrun:   s.Launcher.Torchrun,
 		LauncherExtraArgs:  s.Launcher.ExtraArgs,
 		LauncherKind:       s.Launcher.Kind,
+		LauncherKindReason: s.Launcher.KindReason,
 		LauncherPython:     s.Launcher.Python,
 		LauncherModule:     s.Launcher.Module,
 		LauncherExecutable: s.Launcher.Executable,
@@ -85,7 +86,7 @@ func FromProto(p *rdzvv1.JobSpec) *Spec {
 		RunAs:        p.GetRunAs(),
 		Selector:     p.GetSelector(),
 		Checkpoint:   Checkpoint{Dir: p.GetCheckpointDir(), Markers: p.GetCheckpointMarkers()},
-		Launcher: Launcher{Kind: p.GetLauncherKind(), Torchrun: p.GetLauncherTorchrun(), Python: p.GetLauncherPython(), Module: p.GetLauncherModule(),
+		Launcher: Launcher{Kind: p.GetLauncherKind(), KindReason: p.GetLauncherKindReason(), Torchrun: p.GetLauncherTorchrun(), Python: p.GetLauncherPython(), Module: p.GetLauncherModule(),
 			Executable: p.GetLauncherExecutable(), Argv: p.GetLauncherArgv(), ExtraArgs: p.GetLauncherExtraArgs(),
 			Preload: p.GetLauncherPreload()},
 	}

@@ -25,6 +25,10 @@ type Requirements struct {
 	Min, Max    int
 	GPUsPerNode int
 	Selector    map[string]string
+	// Prefer are nodes Plan takes first when more qualify than Max: those
+	// that already keep a warm standby of the job, whose workers start
+	// without a Python start. Ranks are still by topology and name.
+	Prefer map[string]bool
 }
 
 // Candidate is a node as the controller sees it at decision time.
@@ -112,6 +116,15 @@ func Plan(req Requirements, candidates []Candidate) ([]Placed, error) {
 	}
 	if len(eligible) < req.Min {
 		return nil, fmt.Errorf("%w: %s", ErrNotEnoughNodes, Explain(req, candidates))
+	}
+	if len(eligible) > req.Max && len(req.Prefer) > 0 {
+		sort.Slice(eligible, func(i, j int) bool {
+			if pi, pj := req.Prefer[eligible[i].Name], req.Prefer[eligible[j].Name]; pi != pj {
+				return pi
+			}
+			return less(eligible[i], eligible[j])
+		})
+		eligible = eligible[:req.Max]
 	}
 	sort.Slice(eligible, func(i, j int) bool { return less(eligible[i], eligible[j]) })
 	if len(eligible) > req.Max {

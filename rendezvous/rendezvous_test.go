@@ -61,6 +61,18 @@ func TestPlan(t *testing.T) {
 			want:       []string{"a", "b"},
 		},
 		{
+			name:       "preferred nodes first when capped, ranked by name",
+			req:        Requirements{Min: 1, Max: 2, Prefer: map[string]bool{"c": true, "d": true}},
+			candidates: []Candidate{node("c", 0, nil), node("a", 0, nil), node("b", 0, nil)},
+			want:       []string{"a", "c"},
+		},
+		{
+			name:       "preference moot when all fit",
+			req:        Requirements{Min: 1, Max: 3, Prefer: map[string]bool{"c": true}},
+			candidates: []Candidate{node("c", 0, nil), node("a", 0, nil), node("b", 0, nil)},
+			want:       []string{"a", "b", "c"},
+		},
+		{
 			name:       "busy nodes skipped",
 			req:        Requirements{Min: 2, Max: 3},
 			candidates: []Candidate{busy(node("a", 0, nil)), node("b", 0, nil), node("c", 0, nil)},

@@ -11,6 +11,7 @@ It prints one JSON object on stdout:
      "python": [major, minor, micro],
      "options": [{"dest": ..., "strings": ["--opt", ...], "flag": bool}, ...],
      "std_bug": bool,
+     "module": torch.__file__,
      "env": {NAME: value, ...}}
 
 options are torchrun's parser's (torch.distributed.run.get_args_parser),
@@ -107,7 +108,7 @@ def main():
 
     bug = std_bug()
     json.dump({"torch": torch.__version__, "python": list(sys.version_info[:3]), "options": options(),
-               "std_bug": bug, "env": worker_env(bug)}, sys.stdout)
+               "std_bug": bug, "module": torch.__file__, "env": worker_env(bug)}, sys.stdout)
     sys.stdout.write("\n")
 
 

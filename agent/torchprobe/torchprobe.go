@@ -12,11 +12,14 @@ import (
 	"context"
 	"crypto/sha256"
 	_ "embed"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
@@ -46,6 +49,9 @@ type Result struct {
 	// Env is what torchrun adds to a worker's environment (a one-node,
 	// two-worker run with the static rendezvous, seen by local rank 1).
 	Env map[string]string `json:"env"`
+	// Module is torch's __init__.py: a cached answer is kept while it is
+	// unchanged.
+	Module string `json:"module"`
 }
 
 // PythonVersion is the interpreter's version, as "3.11.2".
@@ -127,6 +133,57 @@ func Run(ctx context.Context, python string, env []string, cred *syscall.Credent
 	return &r, nil
 }
 
+// load is the answer kept on disk for key, or nil (none, unreadable, or
+// its torch changed since).
+func (c *Cache) load(key [sha256.Size]byte) *Result {
+	if c.dir == "" {
+		return nil
+	}
+	f, err := os.Open(c.path(key))
+	if err != nil {
+		return nil
+	}
+	defer f.Close()
+	var st stored
+	if err := json.NewDecoder(io.LimitReader(f, maxOutput)).Decode(&st); err != nil || st.Result == nil || st.Result.Module == "" {
+		return nil
+	}
+	info, err := os.Stat(st.Result.Module)
+	if err != nil || info.ModTime().UnixNano() != st.ModuleMtime {
+		return nil
+	}
+	return st.Result
+}
+
+// store keeps r on disk for key, replacing the file whole; an answer that
+// names no module of torch's is not kept (it could not be checked).
+// Failing to write only costs a probe later.
+func (c *Cache) store(key [sha256.Size]byte, r *Result) {
+	if c.dir == "" || r.Module == "" {
+		return
+	}
+	info, err := os.Stat(r.Module)
+	if err != nil {
+		return
+	}
+	data, err := json.Marshal(stored{Result: r, ModuleMtime: info.ModTime().UnixNano()})
+	if err != nil || os.MkdirAll(c.dir, 0o700) != nil {
+		return
+	}
+	tmp, err := os.CreateTemp(c.dir, ".probe-*")
+	if err != nil {
+		return
+	}
+	_, werr := tmp.Write(data)
+	if cerr := tmp.Close(); werr != nil || cerr != nil || os.Rename(tmp.Name(), c.path(key)) != nil {
+		os.Remove(tmp.Name())
+	}
+}
+
+func (c *Cache) path(key [sha256.Size]byte) string {
+	return filepath.Join(c.dir, hex.EncodeToString(key[:])+".json")
+}
+
 var errEmpty = errors.New("the answer names no torch version or no options")
 
 func lastLine(s string) string {
@@ -149,13 +206,18 @@ type Prober func(ctx context.Context, python string, env []string, cred *syscall
 
 // Cache probes each interpreter once per its path and mtime (after
 // symlinks), the user and the environment (PYTHONPATH and the like choose
-// the torch). A torch upgraded in place under an unchanged interpreter is
-// seen after the agent restarts. Concurrent
-// asks for one key wait for one probe. Failures are cached too: a probe
-// that failed once fails again until the interpreter changes. One lock
-// guards the map; probes run outside it.
+// the torch). Concurrent asks for one key wait for one probe. Failures are
+// cached too, in memory only: a probe that failed once fails again until
+// the interpreter changes or the agent restarts. With a directory, answers
+// are also kept on disk, one file per key, so that an agent's first job
+// after a restart (or a node's first recovery) does not pay the probe's
+// import torch again; a file is used only while torch's own __init__.py
+// has the mtime it had when probed, so a torch upgraded in place under an
+// unchanged interpreter is probed again. One lock guards the map; probes
+// and file I/O run outside it.
 type Cache struct {
 	probe Prober
+	dir   string
 	mu    sync.Mutex
 	m     map[[sha256.Size]byte]*entry
 }
@@ -166,9 +228,16 @@ type entry struct {
 	err  error
 }
 
-// NewCache is a cache over probe.
-func NewCache(probe Prober) *Cache {
-	return &Cache{probe: probe, m: map[[sha256.Size]byte]*entry{}}
+// stored is one answer on disk, with the mtime of its torch's module.
+type stored struct {
+	Result      *Result `json:"result"`
+	ModuleMtime int64   `json:"module_mtime"`
+}
+
+// NewCache is a cache over probe that keeps its answers in dir too, or
+// only in memory when dir is "". dir is created (0700) when first written.
+func NewCache(probe Prober, dir string) *Cache {
+	return &Cache{probe: probe, dir: dir, m: map[[sha256.Size]byte]*entry{}}
 }
 
 // Get probes python (an absolute path) or returns the cached answer.
@@ -195,7 +264,12 @@ func (c *Cache) Get(ctx context.Context, python string, env []string, cred *sysc
 	}
 	c.mu.Unlock()
 	if !ok {
-		e.r, e.err = c.probe(context.WithoutCancel(ctx), python, env, cred)
+		if e.r = c.load(key); e.r == nil {
+			e.r, e.err = c.probe(context.WithoutCancel(ctx), python, env, cred)
+			if e.err == nil {
+				c.store(key, e.r)
+			}
+		}
 		close(e.done)
 	}
 	select {

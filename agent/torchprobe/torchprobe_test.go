@@ -9,6 +9,7 @@ import (
 	"sync/atomic"
 	"syscall"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 
@@ -78,6 +79,7 @@ func TestProbeRealTorch(t *testing.T) {
 				require.Contains(t, r.Env, k)
 			}
 			require.Equal(t, "1", r.Env["LOCAL_RANK"])
+			require.FileExists(t, r.Module, "the answer names torch's module, which keeps it on disk")
 			require.Equal(t, "True", r.Env["TORCHELASTIC_USE_AGENT_STORE"], "the static rendezvous's agent hosts the store")
 		})
 	}
@@ -127,7 +129,7 @@ func TestCacheProbesOnce(t *testing.T) {
 			return nil, fail
 		}
 		return &Result{Torch: "2.15.0"}, nil
-	})
+	}, "")
 	python := filepath.Join(t.TempDir(), "python")
 	require.NoError(t, os.WriteFile(python, nil, 0o755))
 	for range 3 {
@@ -143,4 +145,49 @@ func TestCacheProbesOnce(t *testing.T) {
 	require.EqualValues(t, 2, calls.Load(), "another environment is another probe; a failure is kept")
 	_, err := c.Get(context.Background(), filepath.Join(t.TempDir(), "missing"), nil, nil)
 	require.Error(t, err)
+}
+
+// An answer kept on disk spares a new cache (an agent restarted) the probe
+// while torch's module is unchanged; a changed module, or an answer that
+// names none, is probed again.
+func TestCacheKeepsAnswersOnDisk(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "torchprobe")
+	module := filepath.Join(t.TempDir(), "__init__.py")
+	require.NoError(t, os.WriteFile(module, nil, 0o644))
+	python := filepath.Join(t.TempDir(), "python")
+	require.NoError(t, os.WriteFile(python, nil, 0o755))
+	var calls atomic.Int32
+	probe := func(_ context.Context, _ string, env []string, _ *syscall.Credential) (*Result, error) {
+		calls.Add(1)
+		if len(env) > 0 {
+			return &Result{Torch: "2.15.0"}, nil // names no module: not kept
+		}
+		return &Result{Torch: "2.15.0", Module: module, Options: []Option{{Dest: "nnodes", Strings: []string{"--nnodes"}}}}, nil
+	}
+	tests := []struct {
+		name  string
+		env   []string
+		touch bool
+		calls int32
+	}{
+		{"first probe", nil, false, 1},
+		{"kept on disk", nil, false, 1},
+		{"torch changed", nil, true, 2},
+		{"kept again", nil, false, 2},
+		{"no module named", []string{"PYTHONPATH=/x"}, false, 3},
+		{"not kept without a module", []string{"PYTHONPATH=/x"}, false, 4},
+	}
+	for i, tt := range tests {
+		if tt.touch {
+			at := time.Now().Add(time.Duration(i) * time.Hour)
+			require.NoError(t, os.Chtimes(module, at, at))
+		}
+		r, err := NewCache(probe, dir).Get(context.Background(), python, tt.env, nil)
+		require.NoError(t, err, tt.name)
+		require.Equal(t, "2.15.0", r.Torch, tt.name)
+		require.Equal(t, tt.calls, calls.Load(), tt.name)
+	}
+	info, err := os.Stat(dir)
+	require.NoError(t, err)
+	require.Equal(t, os.FileMode(0o700), info.Mode().Perm())
 }

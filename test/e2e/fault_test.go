@@ -80,7 +80,8 @@ func faultJob(t *testing.T, c *cluster, name string, edit func(spec map[string]a
 			edit(spec)
 		}
 		launcher, _ := spec["launcher"].(map[string]any)
-		warm = launcher["kind"] == "warm"
+		// No launcher section is auto, which runs train.py warm.
+		warm = launcher == nil || launcher["kind"] == "warm"
 	})
 	c.job = name
 	c.ctlOK(t, "start", path)
@@ -95,12 +96,17 @@ func TestFaultKillWorker(t *testing.T) {
 	}
 }
 
-// launcherKinds are the launchers the fault tests run under: torchrun, and
-// warm standbys, whose workers are forked rather than started by torchrun.
+// launcherKinds are the launchers the fault tests run under: torchrun,
+// warm standbys, whose workers are forked rather than started by torchrun,
+// and the default (a job.yaml with no launcher section: auto, which runs
+// this Python script warm), whose figures are what a new user gets.
 var launcherKinds = []struct {
 	name string
 	edit func(spec map[string]any)
-}{{"torchrun", nil}, {"warm", warmLauncher}}
+}{{"torchrun", nil}, {"warm", warmLauncher}, {"default", defaultLauncher}}
+
+// defaultLauncher leaves the launcher to rdzv (launcher.kind auto).
+func defaultLauncher(spec map[string]any) { delete(spec, "launcher") }
 
 func testFaultKillWorker(t *testing.T, edit func(spec map[string]any)) {
 	c := newFaultCluster(t)

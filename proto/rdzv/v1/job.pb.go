@@ -251,9 +251,10 @@ type JobSpec struct {
 	// User the workers run as: a user name, or uid[:gid]. Empty uses the
 	// agent's run_as.
 	RunAs string `protobuf:"bytes,22,opt,name=run_as,json=runAs,proto3" json:"run_as,omitempty"`
-	// Which launcher starts the workers on each node: "torchrun" (empty is
-	// torchrun too), "python-module", "accelerate", "deepspeed", "custom" or
-	// "warm".
+	// Which launcher starts the workers on each node: "torchrun",
+	// "python-module", "accelerate", "deepspeed", "custom" or "warm"; "auto"
+	// and empty are resolved to warm or torchrun when the spec is read
+	// (jobspec.AutoKind), so a stored spec names the kind it runs.
 	LauncherKind string `protobuf:"bytes,23,opt,name=launcher_kind,json=launcherKind,proto3" json:"launcher_kind,omitempty"`
 	// python-module: the interpreter and the module run with -m; warm: the
 	// interpreter of the standbys.
@@ -276,8 +277,11 @@ type JobSpec struct {
 	// A generation of a job that reported steps before, reporting none this
 	// long after its round committed, is hung; zero is off.
 	HealthStartupTimeout *durationpb.Duration `protobuf:"bytes,32,opt,name=health_startup_timeout,json=healthStartupTimeout,proto3" json:"health_startup_timeout,omitempty"`
-	unknownFields        protoimpl.UnknownFields
-	sizeCache            protoimpl.SizeCache
+	// Why "auto" (or no kind) resolved to launcher_kind; empty for a kind
+	// the job named. Checked against jobspec.AutoKind, so never a job's own.
+	LauncherKindReason string `protobuf:"bytes,40,opt,name=launcher_kind_reason,json=launcherKindReason,proto3" json:"launcher_kind_reason,omitempty"`
+	unknownFields      protoimpl.UnknownFields
+	sizeCache          protoimpl.SizeCache
 }
 
 func (x *JobSpec) Reset() {
@@ -532,6 +536,13 @@ func (x *JobSpec) GetHealthStartupTimeout() *durationpb.Duration {
 		return x.HealthStartupTimeout
 	}
 	return nil
+}
+
+func (x *JobSpec) GetLauncherKindReason() string {
+	if x != nil {
+		return x.LauncherKindReason
+	}
+	return ""
 }
 
 // PreflightSpec is the round smoke test: before the training command, the
@@ -1559,7 +1570,7 @@ var File_rdzv_v1_job_proto protoreflect.FileDescriptor
 
 const file_rdzv_v1_job_proto_rawDesc = "" +
 	"\n" +
-	"\x11rdzv/v1/job.proto\x12\ardzv.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xb5\x0e\n" +
+	"\x11rdzv/v1/job.proto\x12\ardzv.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xe7\x0e\n" +
 	"\aJobSpec\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x1b\n" +
 	"\tnodes_min\x18\x02 \x01(\rR\bnodesMin\x12\x1b\n" +
@@ -1594,7 +1605,8 @@ const file_rdzv_v1_job_proto_rawDesc = "" +
 	"\x10health_preflight\x18\x1d \x01(\v2\x16.rdzv.v1.PreflightSpecR\x0fhealthPreflight\x12)\n" +
 	"\x10launcher_preload\x18\x1e \x03(\tR\x0flauncherPreload\x12U\n" +
 	"\x19health_checkpoint_timeout\x18\x1f \x01(\v2\x19.google.protobuf.DurationR\x17healthCheckpointTimeout\x12O\n" +
-	"\x16health_startup_timeout\x18  \x01(\v2\x19.google.protobuf.DurationR\x14healthStartupTimeout\x1a6\n" +
+	"\x16health_startup_timeout\x18  \x01(\v2\x19.google.protobuf.DurationR\x14healthStartupTimeout\x120\n" +
+	"\x14launcher_kind_reason\x18( \x01(\tR\x12launcherKindReason\x1a6\n" +
 	"\bEnvEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\x1a;\n" +
