@@ -123,6 +123,9 @@ func (c Config) Validate() error {
 			errs = append(errs, fmt.Errorf("relays[%d]: %q is also an endpoint: a relay and a controller cannot share an address", i, r))
 		}
 	}
+	if len(c.Relays) > 0 && c.TLS == nil {
+		errs = append(errs, errors.New("relays: need tls (an agent's certificate): a relay admits agents by their certificate"))
+	}
 	switch {
 	case c.Insecure && c.TLS != nil:
 		errs = append(errs, errors.New("tls: must not be set with insecure"))

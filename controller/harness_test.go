@@ -651,15 +651,16 @@ func (c *cluster) connectFake(name string, workers ...*rdzvv1.WorkerStatus) *fak
 // connectFakeWith is connectFake presenting the certificate in files.
 func (c *cluster) connectFakeWith(files pki.Files, name string, workers ...*rdzvv1.WorkerStatus) *fakeAgent {
 	c.t.Helper()
-	return c.connectFakeOn(c.dial(files), name, workers...)
+	return c.connectFakeOn(rdzvv1.NewAgentServiceClient(c.dial(files)), name, workers...)
 }
 
-// connectFakeOn is connectFake on conn: to the controller, or to a relay.
-func (c *cluster) connectFakeOn(conn *grpc.ClientConn, name string, workers ...*rdzvv1.WorkerStatus) *fakeAgent {
+// connectFakeOn is connectFake on an agent service: the controller's, or
+// a relay's (dialRelay).
+func (c *cluster) connectFakeOn(agents rdzvv1.AgentServiceClient, name string, workers ...*rdzvv1.WorkerStatus) *fakeAgent {
 	t := c.t
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
-	stream, err := rdzvv1.NewAgentServiceClient(conn).Connect(ctx)
+	stream, err := agents.Connect(ctx)
 	require.NoError(t, err)
 	f := &fakeAgent{t: t, name: name, stream: stream, cancel: cancel, msgs: make(chan *rdzvv1.ConnectResponse, 64), acks: make(chan uint64, 64)}
 	f.ctx = ctx
