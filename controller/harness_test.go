@@ -664,6 +664,18 @@ func (c *cluster) connectFakeOn(agents rdzvv1.AgentServiceClient, name string, w
 	require.NoError(t, err)
 	f := &fakeAgent{t: t, name: name, stream: stream, cancel: cancel, msgs: make(chan *rdzvv1.ConnectResponse, 64), acks: make(chan uint64, 64)}
 	f.ctx = ctx
+	// The register goes before the first receive: a stream through
+	// package client (a relay's, dialRelay) finds its server on that
+	// receive, with what was sent before it.
+	info := &rdzvv1.NodeInfo{Name: name, Address: "127.0.0.1", NcclInterface: "lo", AgentVersion: "fake"}
+	for i := range c.fakeGPUs {
+		info.Gpus = append(info.Gpus, &rdzvv1.GPU{Index: uint32(i)})
+	}
+	if c.gossip {
+		// Nothing listens there: the controller only hands it to peers.
+		info.GossipAddr = "127.0.0.1:7946"
+	}
+	f.send(&rdzvv1.ConnectRequest{Msg: &rdzvv1.ConnectRequest_Register{Register: &rdzvv1.Register{Node: info, Workers: workers}}})
 	received := make(chan struct{})
 	f.ended = received
 	go func() {
@@ -700,15 +712,6 @@ func (c *cluster) connectFakeOn(agents rdzvv1.AgentServiceClient, name string, w
 		f.crash()
 		<-received
 	})
-	info := &rdzvv1.NodeInfo{Name: name, Address: "127.0.0.1", NcclInterface: "lo", AgentVersion: "fake"}
-	for i := range c.fakeGPUs {
-		info.Gpus = append(info.Gpus, &rdzvv1.GPU{Index: uint32(i)})
-	}
-	if c.gossip {
-		// Nothing listens there: the controller only hands it to peers.
-		info.GossipAddr = "127.0.0.1:7946"
-	}
-	f.send(&rdzvv1.ConnectRequest{Msg: &rdzvv1.ConnectRequest_Register{Register: &rdzvv1.Register{Node: info, Workers: workers}}})
 	require.NotNil(t, f.next().GetRegistered())
 	return f
 }

@@ -84,8 +84,8 @@ func (r *Relay) handshake(ctx context.Context, c net.Conn, conf *tls.Config) {
 // (wake) and gone when nothing does. A stream's end leaves the connection
 // open for the agent's next register: when the controller restarts, every
 // agent's stream ends at once, and a new connection each, with its
-// handshake, made 10,000 agents slow the controller's own start (make
-// bench-scale). The connection is closed when the agent closes it, falls
+// handshake, would slow the controller's own start. The connection is
+// closed when the agent closes it, falls
 // silent for wire.AgentIdleTimeout, or breaks the framing.
 type agentConn struct {
 	r   *Relay
@@ -100,13 +100,16 @@ type agentConn struct {
 	// opened says that a stream was opened on the connection (read only).
 	opened bool
 
+	// mu guards cur and pongs.
 	mu sync.Mutex
 	// cur is the stream under way, nil between streams.
 	cur *connStream
-	// writing says that a writer runs; woken, that it was woken since it
-	// last looked.
-	writing, woken bool
-	pongs          int
+	// pongs is how many pings wait for their answer.
+	pongs int
+	// out is the writer's turn (write, started on demand by wake): an item
+	// waiting says that something may be there to write, so one is
+	// enough, and a wake that finds it full has been heard already.
+	out *wire.Queue[struct{}]
 }
 
 // connStream is one stream of an agentConn.
@@ -122,9 +125,13 @@ type connStream struct {
 
 // serveAgent serves an agent's connection until it ends.
 func (r *Relay) serveAgent(ctx context.Context, tc *tls.Conn) {
-	ac := &agentConn{r: r, ctx: ctx, conn: tc, chain: tc.ConnectionState().PeerCertificates}
+	ac := newAgentConn(ctx, r, tc, tc.ConnectionState().PeerCertificates)
 	ac.unwatch = context.AfterFunc(ctx, func() { _ = tc.Close() })
 	ac.read()
+}
+
+func newAgentConn(ctx context.Context, r *Relay, conn net.Conn, chain []*x509.Certificate) *agentConn {
+	return &agentConn{r: r, ctx: ctx, conn: conn, chain: chain, out: wire.NewQueue[struct{}](1)}
 }
 
 // read serves the agent's frames until its connection ends: a register
@@ -188,11 +195,10 @@ func (ac *agentConn) read() {
 
 // goodbye tells an agent with no stream under way why its connection
 // closes, in one write that gives up at once on a peer that does not read.
+// It takes the writer's turn, and keeps it: the connection closes next.
 func (ac *agentConn) goodbye(why error) {
-	ac.mu.Lock()
-	defer ac.mu.Unlock()
-	if ac.writing {
-		return // the writer's frames would interleave; the close says enough
+	if start, err := ac.out.Put(struct{}{}); err != nil || !start {
+		return // a writer runs: its frames would interleave; the close says enough
 	}
 	_ = ac.conn.SetWriteDeadline(time.Now().Add(time.Second))
 	_, _ = ac.conn.Write(wire.AppendEnd(nil, why))
@@ -304,14 +310,10 @@ func (ac *agentConn) end(st *connStream, why error) {
 
 // wake makes sure a writer runs.
 func (ac *agentConn) wake() {
-	ac.mu.Lock()
-	if ac.writing {
-		ac.woken = true
-		ac.mu.Unlock()
+	// ErrQueueFull: a wake waits for the running writer already.
+	if start, _ := ac.out.Put(struct{}{}); !start {
 		return
 	}
-	ac.writing = true
-	ac.mu.Unlock()
 	ac.r.conns.Add(1)
 	go func() {
 		defer ac.r.conns.Done()
@@ -319,14 +321,14 @@ func (ac *agentConn) wake() {
 	}()
 }
 
-// write sends what waits, in one TLS record, until nothing does; a stream
-// that ended gets its end.
+// write sends what waits, in one TLS record, as long as it is woken; a
+// stream that ended, once all it was sent is written, gets its end.
 func (ac *agentConn) write() {
 	var buf []byte
-	for {
+	for ac.out.TakeAll() != nil {
 		ac.mu.Lock()
 		pongs, st := ac.pongs, ac.cur
-		ac.pongs, ac.woken = 0, false
+		ac.pongs = 0
 		ac.mu.Unlock()
 		buf = buf[:0]
 		if st != nil {
@@ -339,24 +341,21 @@ func (ac *agentConn) write() {
 		}
 		if len(buf) > 0 {
 			ac.send(buf)
+		}
+		if st == nil || !st.ended() {
 			continue
 		}
 		ac.mu.Lock()
-		if ac.woken {
-			ac.mu.Unlock()
-			continue
-		}
-		if st != nil && st.ended() && ac.cur == st {
+		last := ac.cur == st
+		if last {
 			// Between streams from now: the agent's next register, which
 			// it sends once it read the end, opens the next.
 			ac.cur = nil
-			ac.mu.Unlock()
-			ac.finish(st)
-			continue
 		}
-		ac.writing = false
 		ac.mu.Unlock()
-		return
+		if last {
+			ac.finish(st)
+		}
 	}
 }
 
