@@ -131,11 +131,10 @@ func (c *Conn) refused(addr string, cc *grpc.ClientConn, err error) {
 // forget drops the connection to addr, a controller that a client with
 // relays could not reach. Left alone, gRPC would dial it again in the
 // background until it answered, and then hold it idle: the client is back
-// through its relay by then. In a 10,000-node cold start through ten
-// relays, the 3,305 agents that went around a relay while the controller
-// started made as many handshakes, and held as many idle connections, at
-// the controller while it registered the others (make bench-scale). The
-// next walk that needs the controller dials it afresh. Relays, which go
+// through its relay by then. In a cold start through relays, every agent
+// that went around its relay while the controller started would make a
+// handshake, and hold an idle connection, at the controller while it
+// registers the others. The next walk that needs the controller dials it afresh. Relays, which go
 // first, and a client without relays, which has nothing else, keep theirs
 // reconnecting.
 func (c *Conn) forget(addr string, cc *grpc.ClientConn) {

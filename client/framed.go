@@ -36,8 +36,8 @@ type parked struct {
 
 // park keeps tc, whose stream the relay at addr ended, for the next
 // stream there: when a controller restarts, every relayed agent's stream
-// ends at once, and a new connection each, with its handshake, slowed the
-// controller's own start (make bench-scale).
+// ends at once, and a new connection each, with its handshake, would slow
+// the controller's own start.
 func (c *Conn) park(addr string, tc *tls.Conn) {
 	p := &parked{conn: tc}
 	c.mu.Lock()

@@ -63,19 +63,18 @@ func (c *Controller) elect(ctx context.Context) {
 
 // dropPreviousLead revokes the leader lease a killed run of this
 // controller left in its embedded etcd. etcd renews every lease for a full
-// TTL when it restarts, so the new run would otherwise wait that long
-// (measured 6.8 s at 10,000 nodes, make bench-scale "restart") to lead in
-// place of its own dead self, with every agent waiting on it. No other
+// TTL when it restarts, so the new run would otherwise wait that long to
+// lead in place of its own dead self, with every agent waiting on it. No other
 // controller can hold a lease there: the embedded etcd is a single member
 // whose only listener is a socket in this controller's private data_dir,
 // which a second controller refuses to share (startEmbedded). A failure
 // costs only the wait, so it is logged, not returned.
 //
 // The first lead then grants its loaded nodes the lease's TTL on top of
-// the reconnect grace: their agents used to spend that wait handshaking
-// with the standing-by controller, and 10,000 direct agents' handshakes
-// at once take longer than the grace alone on a small machine (docs/benchmarks.md,
-// "leading at once after a restart"). A node that died meanwhile is
+// the reconnect grace: their agents would have spent that wait
+// handshaking with the controller before it led, and a whole cluster's
+// direct handshakes at once can take longer than the grace alone on a
+// small machine. A node that died meanwhile is
 // declared lost no later than it was with the wait.
 func (c *Controller) dropPreviousLead(ctx context.Context) {
 	cli := c.store.Client()

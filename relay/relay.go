@@ -42,9 +42,9 @@ var upstreamKeepalive = keepalive.ClientParameters{Time: 10 * time.Second, Timeo
 // while the connection is down fails at once, without a packet sent (the
 // connection's own backoff, upstreamBackoff, paces the connection
 // attempts), and a controller that answers but does not serve yet (it is
-// starting, or an election is under way) serves within moments. Asked
-// once per second, relays reached a controller that had started serving
-// most of a second late, with their agents held (make bench-scale).
+// starting, or an election is under way) serves within moments: the
+// relay's agents, held meanwhile, should register within a fraction of a
+// second of a controller serving.
 const (
 	holdRetry = time.Second
 	callRetry = 100 * time.Millisecond

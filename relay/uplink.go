@@ -150,9 +150,9 @@ type agentStream struct {
 	// down queues what the controller sent the agent, up to agentBuffer
 	// messages; wake is called when it may have grown, and when the
 	// stream ends. A queue that grows as needed, rather than a channel of
-	// agentBuffer slots: at 10,000 agents those slots were 20 MB of the
-	// relay's heap, all of it scanned by every collection, to hold one
-	// message at a time.
+	// agentBuffer slots, which would be a fixed 2 KiB per agent of the
+	// relay's heap, scanned by every collection, to hold one message at a
+	// time.
 	mu   sync.Mutex
 	down [][]byte
 	wake func()
