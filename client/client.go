@@ -3,7 +3,7 @@
 // jobs.
 //
 // A Client talks to one controller or to a set of replicas: each call goes
-// to the leading one, following a standby's redirect, and a call made
+// to the leading one, following a follower's redirect, and a call made
 // while no controller leads (an election after a failover) is retried
 // until one does, within the call's deadline. Calls are mutual TLS with a
 // certificate from the cluster CA (`rdzvctl pki issue operator NAME`), and

@@ -229,7 +229,7 @@ func (c *Conn) each(ctx context.Context, framed bool, call func(ctx context.Cont
 // (success, NotFound, InvalidArgument...) ends the walk. electing says that
 // none served because an election is under way: a controller said no one
 // leads, or named a leader that could not be reached (the one that just
-// died, which standbys see leading until its lease runs out).
+// died, which followers see leading until its lease runs out).
 func (c *Conn) walk(ctx context.Context, framed bool, call func(ctx context.Context, addr string, cc *grpc.ClientConn) error) (electing bool, err error) {
 	relaysOnly := ctx.Value(relaysOnlyKey{}) != nil
 	c.mu.Lock()
@@ -471,7 +471,7 @@ func (s *stream) attempt(m any, open func() (grpc.ClientStream, error)) (grpc.Cl
 		err = s.replay(cs)
 	}
 	// A send fails with io.EOF when the controller has ended the stream (a
-	// standby's refusal, say): the receive says why.
+	// follower's refusal, say): the receive says why.
 	if err == nil || errors.Is(err, io.EOF) {
 		err = cs.RecvMsg(m)
 	}

@@ -27,7 +27,7 @@ import (
 
 // electing answers ListJobs as a controller does while an election is
 // under way, for its first refusals calls, then serves: no one leads, or,
-// with staleLeader, a standby still names the leader that died.
+// with staleLeader, a follower still names the leader that died.
 type electing struct {
 	rdzvv1.UnimplementedJobServiceServer
 	refusals    int64
@@ -38,7 +38,7 @@ type electing struct {
 func (e *electing) ListJobs(context.Context, *rdzvv1.ListJobsRequest) (*rdzvv1.ListJobsResponse, error) {
 	if e.calls.Add(1) <= e.refusals {
 		if e.staleLeader != "" {
-			return nil, wire.Error(wire.ReasonNotLeader, e.staleLeader, "a standby; the leader is "+e.staleLeader)
+			return nil, wire.Error(wire.ReasonNotLeader, e.staleLeader, "a follower; the leader is "+e.staleLeader)
 		}
 		return nil, wire.Error(wire.ReasonNoLeader, "", "no controller leads yet; retry")
 	}
@@ -102,7 +102,7 @@ func TestCallsWaitOutAnElection(t *testing.T) {
 	tests := []struct {
 		name     string
 		refusals int64
-		// leaderDied: the standby names a leader that no longer answers.
+		// leaderDied: the follower names a leader that no longer answers.
 		leaderDied bool
 		deadline   time.Duration
 		wantErr    bool
@@ -144,12 +144,12 @@ func TestCallsWaitOutAnElection(t *testing.T) {
 	}
 }
 
-// agentServer answers Connect as a controller: a standby refuses it,
+// agentServer answers Connect as a controller: a follower refuses it,
 // naming the leader, before reading anything; the leader reads the
 // register, confirms it, then acknowledges one heartbeat and ends.
 type agentServer struct {
 	rdzvv1.UnimplementedAgentServiceServer
-	// leader is set on a standby: where it sends agents.
+	// leader is set on a follower: where it sends agents.
 	leader    string
 	calls     atomic.Int64
 	registers chan string
@@ -158,7 +158,7 @@ type agentServer struct {
 func (a *agentServer) Connect(stream grpc.BidiStreamingServer[rdzvv1.ConnectRequest, rdzvv1.ConnectResponse]) error {
 	a.calls.Add(1)
 	if a.leader != "" {
-		return wire.Error(wire.ReasonNotLeader, a.leader, "a standby")
+		return wire.Error(wire.ReasonNotLeader, a.leader, "a follower")
 	}
 	m, err := stream.Recv()
 	if err != nil {
@@ -177,14 +177,14 @@ func (a *agentServer) Connect(stream grpc.BidiStreamingServer[rdzvv1.ConnectRequ
 	return stream.Send(&rdzvv1.ConnectResponse{Msg: &rdzvv1.ConnectResponse_HeartbeatAck{HeartbeatAck: &rdzvv1.HeartbeatAck{}}})
 }
 
-// A bidirectional stream opened on a standby goes to the leader it names,
+// A bidirectional stream opened on a follower goes to the leader it names,
 // its opening message with it, and then runs there both ways.
 func TestStreamFollowsTheLeader(t *testing.T) {
 	leader := &agentServer{registers: make(chan string, 1)}
 	leaderAddr, _ := serve(t, func(s *grpc.Server) { rdzvv1.RegisterAgentServiceServer(s, leader) })
-	standby := &agentServer{leader: leaderAddr}
-	standbyAddr, _ := serve(t, func(s *grpc.Server) { rdzvv1.RegisterAgentServiceServer(s, standby) })
-	c := insecureClient(t, standbyAddr, leaderAddr)
+	follower := &agentServer{leader: leaderAddr}
+	followerAddr, _ := serve(t, func(s *grpc.Server) { rdzvv1.RegisterAgentServiceServer(s, follower) })
+	c := insecureClient(t, followerAddr, leaderAddr)
 
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
@@ -197,7 +197,7 @@ func TestStreamFollowsTheLeader(t *testing.T) {
 	require.EqualValues(t, 1000, first.GetRegistered().GetHeartbeatIntervalMs())
 	require.Equal(t, "node-a", <-leader.registers, "the register sent before the first receive reaches the leader")
 	require.Equal(t, leaderAddr, c.Leader())
-	require.EqualValues(t, 1, standby.calls.Load())
+	require.EqualValues(t, 1, follower.calls.Load())
 
 	require.NoError(t, stream.Send(&rdzvv1.ConnectRequest{Msg: &rdzvv1.ConnectRequest_Heartbeat{Heartbeat: &rdzvv1.Heartbeat{Seq: 1}}}))
 	ack, err := stream.Recv()

@@ -45,7 +45,7 @@ type carrier struct {
 	relay pki.Identity
 	ctx   context.Context
 	// end ends the call with a cause: the lead ended (errLeadEnded; the
-	// relay is told where the leader is, as by a standby), the relay fell
+	// relay is told where the leader is, as by a follower), the relay fell
 	// behind, a frame broke the protocol.
 	end context.CancelCauseFunc
 	log *zap.Logger

@@ -24,7 +24,7 @@ type Config struct {
 	// specific host; it is never derived from the hostname.
 	AdvertiseAddr string `json:"advertise_addr"`
 	// LeaderLeaseTTL is how long a leader that stopped renewing its etcd
-	// lease (crashed, cut off) keeps the lead before a standby takes over.
+	// lease (crashed, cut off) keeps the lead before a follower takes over.
 	// etcd leases have whole seconds; it is rounded up.
 	LeaderLeaseTTL wire.Duration `json:"leader_lease_ttl"`
 	// DataDir holds the embedded etcd's data and its only listener, the

@@ -111,7 +111,7 @@ func (c *Controller) campaign(ctx context.Context) error {
 	}
 	c.setEtcdErr(nil)
 	// The session outlives ctx so that Close can still revoke the lease on
-	// shutdown: a standby then takes over at once instead of after the TTL.
+	// shutdown: a follower then takes over at once instead of after the TTL.
 	// The TTL also bounds how long Close tries.
 	sess, err := concurrency.NewSession(cli, concurrency.WithLease(lease.ID), concurrency.WithTTL(ttl),
 		concurrency.WithContext(context.WithoutCancel(ctx)))
@@ -120,7 +120,7 @@ func (c *Controller) campaign(ctx context.Context) error {
 	}
 	defer func() {
 		if err := sess.Close(); err != nil {
-			c.log.Warn("revoking the leader lease failed; a standby takes over when it expires", zap.Error(err))
+			c.log.Warn("revoking the leader lease failed; a follower takes over when it expires", zap.Error(err))
 		}
 	}()
 	// Leader work ends the moment the session does: a lease that could not
@@ -333,7 +333,7 @@ func (c *Controller) gate() error {
 		return wire.Error(wire.ReasonEtcdUnavailable, "", fmt.Sprintf(
 			"etcd unavailable (no quorum?): no controller can lead, changes are refused; running jobs continue: %s", v.etcdErr))
 	case v.addr != "" && v.addr != me:
-		return wire.Error(wire.ReasonNotLeader, v.addr, fmt.Sprintf("controller %s is a standby; the leader is %s", me, v.addr))
+		return wire.Error(wire.ReasonNotLeader, v.addr, fmt.Sprintf("controller %s is a follower; the leader is %s", me, v.addr))
 	}
 	return wire.Error(wire.ReasonNoLeader, "", fmt.Sprintf("controller %s does not lead yet (election or start-up under way); retry", me))
 }
