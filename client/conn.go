@@ -247,7 +247,7 @@ func (c *Conn) walk(ctx context.Context, framed bool, call func(ctx context.Cont
 	}
 	tried, down, named := map[string]bool{}, map[string]bool{}, map[string]bool{}
 	var refusal, unreachable error
-	noLeader := false
+	noLeader, skipped := false, false
 	hops := 0
 	for len(queue) > 0 && ctx.Err() == nil {
 		addr := queue[0]
@@ -260,6 +260,7 @@ func (c *Conn) walk(ctx context.Context, framed bool, call func(ctx context.Cont
 		switch {
 		case c.relays[addr] && !framed:
 			// A relay carries agents' streams only.
+			skipped = true
 			continue
 		case !framed || !c.framedTo(addr):
 			if cc, err = c.conn(addr); err != nil {
@@ -312,6 +313,9 @@ func (c *Conn) walk(ctx context.Context, framed bool, call func(ctx context.Cont
 	}
 	if unreachable != nil {
 		return false, unreachable
+	}
+	if ctx.Err() == nil && skipped {
+		return false, status.Error(codes.Unavailable, "no address to call: a relay carries agents' streams only")
 	}
 	return false, status.FromContextError(ctx.Err()).Err()
 }

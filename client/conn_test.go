@@ -409,6 +409,22 @@ func TestRelaysOnlyWithoutRelays(t *testing.T) {
 	require.ErrorContains(t, err, "no relays configured")
 }
 
+// A call that is not an agent's stream never goes to a relay: under
+// RelaysOnly it has nowhere to go.
+func TestRelaysCarryAgentStreamsOnly(t *testing.T) {
+	_, agentFiles := relayTLS(t)
+	cfg := client.DefaultConfig()
+	cfg.Endpoints, cfg.Relays, cfg.Logger = []string{closedPort(t)}, []string{closedPort(t)}, zaptest.NewLogger(t)
+	cfg.TLS = &client.TLS{Files: agentFiles}
+	c, err := client.New(cfg)
+	require.NoError(t, err)
+	defer func() { require.NoError(t, c.Close()) }()
+	_, err = c.ListJobs(client.RelaysOnly(context.Background()), &rdzvv1.ListJobsRequest{})
+	require.Equal(t, codes.Unavailable, status.Code(err), "%v", err)
+	require.ErrorContains(t, err, "a relay carries agents' streams only")
+	require.Empty(t, client.Dialled(c))
+}
+
 // A client with relays that went around them to a controller it could not
 // reach holds no connection to that controller afterwards, which gRPC
 // would dial again and again in the background (a call that is not an
