@@ -11,14 +11,13 @@ import (
 // Agents that register together heartbeat in step for as long as they stay
 // connected, if each starts its interval when it registers: a relay's
 // agents when a controller starts leading, every agent after a controller
-// restart. At 10,000 nodes (make bench-scale) all heartbeats then arrived
-// within 300-400 ms of each second and queued behind each other (p99
-// 62-290 ms).
+// restart. A whole cluster's heartbeats then arrive within a fraction of
+// each interval and queue behind each other.
 //
-// Spread uniformly instead, they left relays no frames to batch: a relay
-// carrying 1,000 agents saw one heartbeat a millisecond, sent one or two
-// per message to the controller, and ten such relays saturated the
-// benchmark's two cores (p50 1.2 s). So the interval is cut into slots of
+// Spread uniformly instead, they leave relays no frames to batch: a relay
+// carrying a thousand agents sees one heartbeat a millisecond and sends
+// one or two per message to the controller, so relays and controller spend
+// their CPU per message. So the interval is cut into slots of
 // beatSlot, each agent heartbeats at the start of its slot by the wall
 // clock, and the agents sharing a slot (a hundredth of the cluster at a
 // 1 s interval) arrive together, a batch for each relay; on clocks not in
@@ -35,7 +34,7 @@ type Beat struct {
 }
 
 // beatSlot is the width of a heartbeat slot. A slot's heartbeats queue
-// behind each other at a relay and at the controller: at 10,000 nodes
+// behind each other at a relay and at the controller: at wire.MaxNodes
 // and a 1 s interval a slot holds 100, a few milliseconds of work.
 const beatSlot = 10 * time.Millisecond
 

@@ -32,8 +32,8 @@ const (
 
 // Reconnect is the agent's reconnect backoff: jittered, doubling from
 // minBackoff to maxBackoff, and back to the start after a session that
-// lasted stableSession. Jitter keeps 10,000 agents from reconnecting in
-// lockstep after a controller restart. Exported for test/sim, whose
+// lasted stableSession. Jitter keeps a cluster's agents from reconnecting
+// in lockstep after a controller restart. Exported for test/sim, whose
 // simulated agents must come back as the agent does. The zero value is
 // ready to use.
 type Reconnect struct{ backoff time.Duration }

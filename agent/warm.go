@@ -48,9 +48,11 @@ const (
 	// standbyWait bounds a hand-off: the standby may still be importing
 	// the preload modules (a fresh one, on a loaded node).
 	standbyWait = 2 * time.Minute
-	// standbyLinger is how long a job's standby outlives its last
-	// generation here: the agent learns of a job's end only as the absence
-	// of its next assignment, and a restart's comes within seconds.
+	// standbyLinger is how long a job's idle standby outlives its last
+	// generation here when no stop order said the job ended (JobEnded
+	// drops it at once: Supervisor.Stop): a restart's next assignment
+	// comes within seconds, and a job whose end the agent never heard of
+	// (its controller gone meanwhile) does not keep a zygote for long.
 	standbyLinger = time.Minute
 )
 

@@ -3,7 +3,7 @@
 // jobs.
 //
 // A Client talks to one controller or to a set of replicas: each call goes
-// to the leading one, following a standby's redirect, and a call made
+// to the leading one, following a follower's redirect, and a call made
 // while no controller leads (an election after a failover) is retried
 // until one does, within the call's deadline. Calls are mutual TLS with a
 // certificate from the cluster CA (`rdzvctl pki issue operator NAME`), and
@@ -122,6 +122,9 @@ func (c Config) Validate() error {
 		if slices.Contains(c.Endpoints, r) {
 			errs = append(errs, fmt.Errorf("relays[%d]: %q is also an endpoint: a relay and a controller cannot share an address", i, r))
 		}
+	}
+	if len(c.Relays) > 0 && c.TLS == nil {
+		errs = append(errs, errors.New("relays: need tls (an agent's certificate): a relay admits agents by their certificate"))
 	}
 	switch {
 	case c.Insecure && c.TLS != nil:

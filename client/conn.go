@@ -51,8 +51,6 @@ type Conn struct {
 	mu     sync.Mutex
 	conns  map[string]*grpc.ClientConn
 	leader string
-	// grpcRelays are the relays that chose gRPC over frames.
-	grpcRelays map[string]bool
 	// parked are connections to relays between streams (park).
 	parked map[string]*parked
 }
@@ -65,25 +63,14 @@ type credentialsFunc func(addr string) (credentials.TransportCredentials, error)
 // newConn prepares connections to addrs (at least one); nothing is
 // dialled until a call.
 func newConn(addrs []string, creds credentialsFunc, log *zap.Logger, opts ...grpc.DialOption) *Conn {
-	return &Conn{addrs: addrs, creds: creds, log: log, opts: opts, dial: defaultDial, conns: map[string]*grpc.ClientConn{}, grpcRelays: map[string]bool{}, parked: map[string]*parked{}}
+	return &Conn{addrs: addrs, creds: creds, log: log, opts: opts, dial: defaultDial, conns: map[string]*grpc.ClientConn{}, parked: map[string]*parked{}}
 }
 
-// framedTo says whether an agent's stream to addr goes in frames: addr is a
-// relay, the client has TLS, and the relay did not choose gRPC.
+// framedTo says whether an agent's stream to addr goes in frames: addr is
+// a relay, and the client has TLS (Config.Validate requires it with
+// relays).
 func (c *Conn) framedTo(addr string) bool {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.relays[addr] && c.tlsFor != nil && !c.grpcRelays[addr]
-}
-
-// speaksGRPC records that the relay at addr chose gRPC over frames.
-func (c *Conn) speaksGRPC(addr string) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if !c.grpcRelays[addr] {
-		c.grpcRelays[addr] = true
-		c.log.Info("relay speaks grpc only: agent stream goes as a grpc call", zap.String("relay", addr))
-	}
+	return c.relays[addr] && c.tlsFor != nil
 }
 
 // Close closes every connection.
@@ -144,11 +131,10 @@ func (c *Conn) refused(addr string, cc *grpc.ClientConn, err error) {
 // forget drops the connection to addr, a controller that a client with
 // relays could not reach. Left alone, gRPC would dial it again in the
 // background until it answered, and then hold it idle: the client is back
-// through its relay by then. In a 10,000-node cold start through ten
-// relays, the 3,305 agents that went around a relay while the controller
-// started made as many handshakes, and held as many idle connections, at
-// the controller while it registered the others (make bench-scale). The
-// next walk that needs the controller dials it afresh. Relays, which go
+// through its relay by then. In a cold start through relays, every agent
+// that went around its relay while the controller started would make a
+// handshake, and hold an idle connection, at the controller while it
+// registers the others. The next walk that needs the controller dials it afresh. Relays, which go
 // first, and a client without relays, which has nothing else, keep theirs
 // reconnecting.
 func (c *Conn) forget(addr string, cc *grpc.ClientConn) {
@@ -214,8 +200,9 @@ const (
 // controller leads (an election: it ends within the leader lease), it walks
 // them again until the caller's deadline, so a failover is invisible to a
 // caller willing to wait: a refused call changed nothing, so repeating it
-// is safe. Without a deadline it does not wait. A framed call goes to a
-// relay that speaks frames with cc nil (framedTo).
+// is safe. Without a deadline it does not wait. A framed call (an agent's
+// stream) goes to a relay with cc nil (framedTo); other calls skip the
+// relays.
 func (c *Conn) each(ctx context.Context, framed bool, call func(ctx context.Context, addr string, cc *grpc.ClientConn) error) error {
 	_, hasDeadline := ctx.Deadline()
 	wait := electionRetryMin
@@ -242,7 +229,7 @@ func (c *Conn) each(ctx context.Context, framed bool, call func(ctx context.Cont
 // (success, NotFound, InvalidArgument...) ends the walk. electing says that
 // none served because an election is under way: a controller said no one
 // leads, or named a leader that could not be reached (the one that just
-// died, which standbys see leading until its lease runs out).
+// died, which followers see leading until its lease runs out).
 func (c *Conn) walk(ctx context.Context, framed bool, call func(ctx context.Context, addr string, cc *grpc.ClientConn) error) (electing bool, err error) {
 	relaysOnly := ctx.Value(relaysOnlyKey{}) != nil
 	c.mu.Lock()
@@ -260,7 +247,7 @@ func (c *Conn) walk(ctx context.Context, framed bool, call func(ctx context.Cont
 	}
 	tried, down, named := map[string]bool{}, map[string]bool{}, map[string]bool{}
 	var refusal, unreachable error
-	noLeader := false
+	noLeader, skipped := false, false
 	hops := 0
 	for len(queue) > 0 && ctx.Err() == nil {
 		addr := queue[0]
@@ -270,23 +257,22 @@ func (c *Conn) walk(ctx context.Context, framed bool, call func(ctx context.Cont
 		}
 		tried[addr] = true
 		var cc *grpc.ClientConn
-		if !framed || !c.framedTo(addr) {
+		switch {
+		case c.relays[addr] && !framed:
+			// A relay carries agents' streams only.
+			skipped = true
+			continue
+		case !framed || !c.framedTo(addr):
 			if cc, err = c.conn(addr); err != nil {
 				return false, err
 			}
-			if !connected(ctx, cc, untried(queue, tried)+1) || (c.relays[addr] && !connectedWithin(ctx, cc, relayConnectWait)) {
+			if !connected(ctx, cc, untried(queue, tried)+1) {
 				unreachable, down[addr] = status.Errorf(codes.Unavailable, "no connection to %s in time", addr), true
 				c.forget(addr, cc)
 				continue
 			}
 		}
 		err = call(ctx, addr, cc)
-		if errors.Is(err, errRelaySpeaksGRPC) {
-			c.speaksGRPC(addr)
-			tried[addr] = false
-			queue = append([]string{addr}, queue...)
-			continue
-		}
 		if err == nil {
 			c.served(addr)
 			return false, nil
@@ -328,6 +314,9 @@ func (c *Conn) walk(ctx context.Context, framed bool, call func(ctx context.Cont
 	if unreachable != nil {
 		return false, unreachable
 	}
+	if ctx.Err() == nil && skipped {
+		return false, status.Error(codes.Unavailable, "no address to call: a relay carries agents' streams only")
+	}
 	return false, status.FromContextError(ctx.Err()).Err()
 }
 
@@ -356,21 +345,14 @@ func untried(queue []string, tried map[string]bool) int {
 	return n
 }
 
-// relayConnectWait is how long a call waits for a relay to connect before
-// it goes on to the next address. An agent's stream has no deadline, and
+// relayConnectWait is how long an agent's stream waits for a relay to
+// connect (dialFramed) before it goes on to the next address. An agent's stream has no deadline, and
 // a relay cut off the network would otherwise hold it for the whole dial
 // timeout on every attempt. It is short of the vouched timeout (a minute
 // by default), so a relay's agents, still seen by their gossip peers, reach
 // a controller before their nodes are declared lost; and long enough for a
 // relay that a cold start keeps busy with a rack's handshakes.
 const relayConnectWait = 10 * time.Second
-
-// connectedWithin waits up to wait for cc to connect or fail.
-func connectedWithin(ctx context.Context, cc *grpc.ClientConn, wait time.Duration) bool {
-	wctx, cancel := context.WithTimeout(ctx, wait)
-	defer cancel()
-	return settled(wctx, cc)
-}
 
 // connected waits for cc to connect, for its share of the time left among
 // attempts, so that a host gone from the network cannot use up the whole
@@ -493,7 +475,7 @@ func (s *stream) attempt(m any, open func() (grpc.ClientStream, error)) (grpc.Cl
 		err = s.replay(cs)
 	}
 	// A send fails with io.EOF when the controller has ended the stream (a
-	// standby's refusal, say): the receive says why.
+	// follower's refusal, say): the receive says why.
 	if err == nil || errors.Is(err, io.EOF) {
 		err = cs.RecvMsg(m)
 	}

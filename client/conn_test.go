@@ -2,9 +2,11 @@ package client_test
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"io"
 	"net"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -13,17 +15,19 @@ import (
 	"go.uber.org/zap/zaptest"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/status"
 
 	"github.com/rdzv/rdzv/client"
 	"github.com/rdzv/rdzv/internal/testaddr"
+	"github.com/rdzv/rdzv/pki"
 	rdzvv1 "github.com/rdzv/rdzv/proto/rdzv/v1"
 	"github.com/rdzv/rdzv/wire"
 )
 
 // electing answers ListJobs as a controller does while an election is
 // under way, for its first refusals calls, then serves: no one leads, or,
-// with staleLeader, a standby still names the leader that died.
+// with staleLeader, a follower still names the leader that died.
 type electing struct {
 	rdzvv1.UnimplementedJobServiceServer
 	refusals    int64
@@ -34,7 +38,7 @@ type electing struct {
 func (e *electing) ListJobs(context.Context, *rdzvv1.ListJobsRequest) (*rdzvv1.ListJobsResponse, error) {
 	if e.calls.Add(1) <= e.refusals {
 		if e.staleLeader != "" {
-			return nil, wire.Error(wire.ReasonNotLeader, e.staleLeader, "a standby; the leader is "+e.staleLeader)
+			return nil, wire.Error(wire.ReasonNotLeader, e.staleLeader, "a follower; the leader is "+e.staleLeader)
 		}
 		return nil, wire.Error(wire.ReasonNoLeader, "", "no controller leads yet; retry")
 	}
@@ -98,7 +102,7 @@ func TestCallsWaitOutAnElection(t *testing.T) {
 	tests := []struct {
 		name     string
 		refusals int64
-		// leaderDied: the standby names a leader that no longer answers.
+		// leaderDied: the follower names a leader that no longer answers.
 		leaderDied bool
 		deadline   time.Duration
 		wantErr    bool
@@ -140,12 +144,12 @@ func TestCallsWaitOutAnElection(t *testing.T) {
 	}
 }
 
-// agentServer answers Connect as a controller: a standby refuses it,
+// agentServer answers Connect as a controller: a follower refuses it,
 // naming the leader, before reading anything; the leader reads the
 // register, confirms it, then acknowledges one heartbeat and ends.
 type agentServer struct {
 	rdzvv1.UnimplementedAgentServiceServer
-	// leader is set on a standby: where it sends agents.
+	// leader is set on a follower: where it sends agents.
 	leader    string
 	calls     atomic.Int64
 	registers chan string
@@ -154,7 +158,7 @@ type agentServer struct {
 func (a *agentServer) Connect(stream grpc.BidiStreamingServer[rdzvv1.ConnectRequest, rdzvv1.ConnectResponse]) error {
 	a.calls.Add(1)
 	if a.leader != "" {
-		return wire.Error(wire.ReasonNotLeader, a.leader, "a standby")
+		return wire.Error(wire.ReasonNotLeader, a.leader, "a follower")
 	}
 	m, err := stream.Recv()
 	if err != nil {
@@ -173,14 +177,14 @@ func (a *agentServer) Connect(stream grpc.BidiStreamingServer[rdzvv1.ConnectRequ
 	return stream.Send(&rdzvv1.ConnectResponse{Msg: &rdzvv1.ConnectResponse_HeartbeatAck{HeartbeatAck: &rdzvv1.HeartbeatAck{}}})
 }
 
-// A bidirectional stream opened on a standby goes to the leader it names,
+// A bidirectional stream opened on a follower goes to the leader it names,
 // its opening message with it, and then runs there both ways.
 func TestStreamFollowsTheLeader(t *testing.T) {
 	leader := &agentServer{registers: make(chan string, 1)}
 	leaderAddr, _ := serve(t, func(s *grpc.Server) { rdzvv1.RegisterAgentServiceServer(s, leader) })
-	standby := &agentServer{leader: leaderAddr}
-	standbyAddr, _ := serve(t, func(s *grpc.Server) { rdzvv1.RegisterAgentServiceServer(s, standby) })
-	c := insecureClient(t, standbyAddr, leaderAddr)
+	follower := &agentServer{leader: leaderAddr}
+	followerAddr, _ := serve(t, func(s *grpc.Server) { rdzvv1.RegisterAgentServiceServer(s, follower) })
+	c := insecureClient(t, followerAddr, leaderAddr)
 
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
@@ -193,7 +197,7 @@ func TestStreamFollowsTheLeader(t *testing.T) {
 	require.EqualValues(t, 1000, first.GetRegistered().GetHeartbeatIntervalMs())
 	require.Equal(t, "node-a", <-leader.registers, "the register sent before the first receive reaches the leader")
 	require.Equal(t, leaderAddr, c.Leader())
-	require.EqualValues(t, 1, standby.calls.Load())
+	require.EqualValues(t, 1, follower.calls.Load())
 
 	require.NoError(t, stream.Send(&rdzvv1.ConnectRequest{Msg: &rdzvv1.ConnectRequest_Heartbeat{Heartbeat: &rdzvv1.Heartbeat{Seq: 1}}}))
 	ack, err := stream.Recv()
@@ -281,26 +285,75 @@ func TestRefusedCertificateDropsTheConnection(t *testing.T) {
 // controller when it does not, and through the relay again at the next
 // stream once it is back, though the controller served last.
 func TestRelaysGoFirst(t *testing.T) {
+	ca := newTestCA(t)
+	loopback := net.IPv4(127, 0, 0, 1)
+	serverConf := func(id pki.Identity) *tls.Config {
+		is := ca.issue(t, id, loopback)
+		return &tls.Config{
+			MinVersion:   tls.VersionTLS13,
+			Certificates: []tls.Certificate{{Certificate: [][]byte{is.Cert.Raw}, PrivateKey: is.Key, Leaf: is.Cert}},
+			ClientAuth:   tls.RequireAndVerifyClientCert,
+			ClientCAs:    ca.pool(),
+		}
+	}
 	// Room for every stream that goes around the relay while it is away.
 	ctl := &agentServer{registers: make(chan string, 512)}
-	ctlAddr, _ := serve(t, func(s *grpc.Server) { rdzvv1.RegisterAgentServiceServer(s, ctl) })
-	relay := &agentServer{registers: make(chan string, 4)}
+	ctlAddr, _ := serve(t, func(s *grpc.Server) { rdzvv1.RegisterAgentServiceServer(s, ctl) },
+		grpc.Creds(credentials.NewTLS(serverConf(pki.Identity{Role: pki.RoleController, Name: "controller"}))))
+	relayConf := serverConf(pki.Identity{Role: pki.RoleRelay, Name: "rack-1"})
+	relayConf.NextProtos = []string{wire.AgentProtocol}
+	relayRegisters := make(chan string, 4)
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(t, err)
 	relayAddr := l.Addr().String()
+	// serveRelay registers each stream in frames, and holds it until the
+	// agent or stop closes it.
 	serveRelay := func(l net.Listener) (stop func()) {
-		s := grpc.NewServer()
-		rdzvv1.RegisterAgentServiceServer(s, relay)
-		done := make(chan struct{})
+		var wg sync.WaitGroup
+		var mu sync.Mutex
+		var conns []net.Conn
+		wg.Add(1)
 		go func() {
-			defer close(done)
-			_ = s.Serve(l)
+			defer wg.Done()
+			for {
+				c, err := l.Accept()
+				if err != nil {
+					return
+				}
+				mu.Lock()
+				conns = append(conns, c)
+				mu.Unlock()
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					tc := tls.Server(c, relayConf)
+					var m rdzvv1.ConnectRequest
+					if readMessage(tc, &m, true) != nil {
+						return
+					}
+					relayRegisters <- m.GetRegister().GetNode().GetName()
+					if writeMessage(tc, registered) != nil {
+						return
+					}
+					for readMessage(tc, &m, true) == nil {
+					}
+				}()
+			}
 		}()
-		return func() { s.Stop(); <-done }
+		return func() {
+			_ = l.Close()
+			mu.Lock()
+			for _, c := range conns {
+				_ = c.Close()
+			}
+			mu.Unlock()
+			wg.Wait()
+		}
 	}
 	stopRelay := serveRelay(l)
 	cfg := client.DefaultConfig()
-	cfg.Endpoints, cfg.Relays, cfg.Insecure, cfg.Logger = []string{ctlAddr}, []string{relayAddr}, true, zaptest.NewLogger(t)
+	cfg.Endpoints, cfg.Relays, cfg.Logger = []string{ctlAddr}, []string{relayAddr}, zaptest.NewLogger(t)
+	cfg.TLS = &client.TLS{Files: ca.files(t, ca.issue(t, pki.Identity{Role: pki.RoleAgent, Name: "node-a"}))}
 	c, err := client.New(cfg)
 	require.NoError(t, err)
 	t.Cleanup(func() { require.NoError(t, c.Close()) })
@@ -322,7 +375,7 @@ func TestRelaysGoFirst(t *testing.T) {
 	register()
 	require.Equal(t, relayAddr, c.Leader())
 	require.True(t, c.Relayed())
-	require.Equal(t, "node-a", <-relay.registers)
+	require.Equal(t, "node-a", <-relayRegisters)
 
 	stopRelay()
 	register()
@@ -340,14 +393,10 @@ func TestRelaysGoFirst(t *testing.T) {
 	l, err = net.Listen("tcp", relayAddr)
 	require.NoError(t, err)
 	t.Cleanup(serveRelay(l))
-	// gRPC reconnects to the relay after its backoff: the next streams go
-	// around it until then.
-	require.Eventually(t, func() bool {
-		return registerUnder(client.RelaysOnly(context.Background())) == nil
-	}, 20*time.Second, 100*time.Millisecond, "back through the relay")
+	require.NoError(t, registerUnder(client.RelaysOnly(context.Background())), "back through the relay")
 	require.Equal(t, relayAddr, c.Leader())
 	require.True(t, c.Relayed())
-	require.Equal(t, "node-a", <-relay.registers)
+	require.Equal(t, "node-a", <-relayRegisters)
 	require.Empty(t, ctl.registers, "relays only: never around the relay")
 }
 
@@ -360,24 +409,43 @@ func TestRelaysOnlyWithoutRelays(t *testing.T) {
 	require.ErrorContains(t, err, "no relays configured")
 }
 
+// A call that is not an agent's stream never goes to a relay: under
+// RelaysOnly it has nowhere to go.
+func TestRelaysCarryAgentStreamsOnly(t *testing.T) {
+	_, agentFiles := relayTLS(t)
+	cfg := client.DefaultConfig()
+	cfg.Endpoints, cfg.Relays, cfg.Logger = []string{closedPort(t)}, []string{closedPort(t)}, zaptest.NewLogger(t)
+	cfg.TLS = &client.TLS{Files: agentFiles}
+	c, err := client.New(cfg)
+	require.NoError(t, err)
+	defer func() { require.NoError(t, c.Close()) }()
+	_, err = c.ListJobs(client.RelaysOnly(context.Background()), &rdzvv1.ListJobsRequest{})
+	require.Equal(t, codes.Unavailable, status.Code(err), "%v", err)
+	require.ErrorContains(t, err, "a relay carries agents' streams only")
+	require.Empty(t, client.Dialled(c))
+}
+
 // A client with relays that went around them to a controller it could not
 // reach holds no connection to that controller afterwards, which gRPC
-// would dial again and again in the background; it keeps its relay's, and
-// a client without relays keeps the controller's.
+// would dial again and again in the background (a call that is not an
+// agent's stream does not go to a relay at all); a client without relays
+// keeps the controller's.
 func TestUnreachableControllerForgottenAroundRelays(t *testing.T) {
 	relay, ctl := closedPort(t), closedPort(t)
+	_, agentFiles := relayTLS(t)
 	tests := []struct {
 		name   string
 		relays []string
 		want   []string
 	}{
-		{name: "with a relay", relays: []string{relay}, want: []string{relay}},
+		{name: "with a relay", relays: []string{relay}},
 		{name: "without relays", want: []string{ctl}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			cfg := client.DefaultConfig()
-			cfg.Endpoints, cfg.Relays, cfg.Insecure, cfg.Logger = []string{ctl}, tt.relays, true, zaptest.NewLogger(t)
+			cfg.Endpoints, cfg.Relays, cfg.Logger = []string{ctl}, tt.relays, zaptest.NewLogger(t)
+			cfg.TLS = &client.TLS{Files: agentFiles}
 			c, err := client.New(cfg)
 			require.NoError(t, err)
 			defer func() { require.NoError(t, c.Close()) }()

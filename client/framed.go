@@ -19,11 +19,6 @@ import (
 	"github.com/rdzv/rdzv/wire"
 )
 
-// errRelaySpeaksGRPC is why a relay was not asked for a framed stream: its
-// handshake chose gRPC (a relay older than wire.AgentProtocol). The client
-// calls it with gRPC from then on.
-var errRelaySpeaksGRPC = errors.New("the relay speaks gRPC only")
-
 // The keepalive of a framed stream: wire's, shortened by tests.
 var keepaliveTime, keepaliveTimeout = wire.AgentKeepaliveTime, wire.AgentKeepaliveTimeout
 
@@ -41,8 +36,8 @@ type parked struct {
 
 // park keeps tc, whose stream the relay at addr ended, for the next
 // stream there: when a controller restarts, every relayed agent's stream
-// ends at once, and a new connection each, with its handshake, slowed the
-// controller's own start (make bench-scale).
+// ends at once, and a new connection each, with its handshake, would slow
+// the controller's own start.
 func (c *Conn) park(addr string, tc *tls.Conn) {
 	p := &parked{conn: tc}
 	c.mu.Lock()
@@ -93,8 +88,7 @@ func stale(cs any, err error) bool {
 
 // dialFramed opens an agent stream in frames (wire.AgentProtocol) to the
 // relay at addr: on the connection parked for it, unless fresh, or on a
-// new one, connected within relayConnectWait, as a relay's gRPC
-// connection must be.
+// new one, connected within relayConnectWait.
 func (c *Conn) dialFramed(ctx context.Context, addr string, fresh bool) (*framedStream, error) {
 	if !fresh {
 		if tc := c.unpark(addr); tc != nil {
@@ -107,7 +101,7 @@ func (c *Conn) dialFramed(ctx context.Context, addr string, fresh bool) (*framed
 	if err != nil {
 		return nil, err
 	}
-	conf.NextProtos = []string{wire.AgentProtocol, "h2"}
+	conf.NextProtos = []string{wire.AgentProtocol}
 	dctx, cancel := context.WithTimeout(ctx, relayConnectWait)
 	defer cancel()
 	raw, err := c.dial(dctx, addr)
@@ -119,9 +113,9 @@ func (c *Conn) dialFramed(ctx context.Context, addr string, fresh bool) (*framed
 		_ = raw.Close()
 		return nil, status.Errorf(codes.Unavailable, "tls handshake with relay %s: %v", addr, err)
 	}
-	if tc.ConnectionState().NegotiatedProtocol != wire.AgentProtocol {
+	if p := tc.ConnectionState().NegotiatedProtocol; p != wire.AgentProtocol {
 		_ = tc.Close()
-		return nil, errRelaySpeaksGRPC
+		return nil, status.Errorf(codes.Unavailable, "relay %s chose protocol %q in the handshake, not %s", addr, p, wire.AgentProtocol)
 	}
 	return newFramedStream(ctx, c, addr, tc), nil
 }

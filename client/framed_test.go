@@ -102,8 +102,7 @@ var (
 )
 
 // An agent's stream to a relay goes in frames over a connection of its
-// own when the relay speaks them, and as a gRPC call when it does not; the
-// stream is the same either way, its end included. A relay that falls
+// own, as a gRPC stream would to the controller, its end included. A relay that falls
 // silent is given up by the keepalive; one that answers its pings is kept.
 func TestRelayStreamTransports(t *testing.T) {
 	srvConf, agentFiles := relayTLS(t)
@@ -181,16 +180,6 @@ func TestRelayStreamTransports(t *testing.T) {
 			},
 			code: codes.Unavailable, wantErr: "silent for 300ms",
 		},
-		{
-			name: "a relay that speaks gRPC only",
-			relay: func(t *testing.T) string {
-				addr, _ := serve(t, func(s *grpc.Server) {
-					rdzvv1.RegisterAgentServiceServer(s, &agentServer{registers: make(chan string, 1)})
-				}, grpc.Creds(credentials.NewTLS(srvConf)))
-				return addr
-			},
-			code: codes.OK,
-		},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -230,6 +219,30 @@ func TestRelayStreamTransports(t *testing.T) {
 // controller ended) leaves its connection for the agent's next stream
 // there; a connection the relay closed meanwhile is replaced by a new one,
 // without going around the relay.
+// A relay's address that serves gRPC only (a controller's port, given as a
+// relay by mistake) fails the TLS handshake, as no protocol is common: the
+// agent's stream goes on to the next address.
+func TestRelayThatSpeaksGRPCOnly(t *testing.T) {
+	srvConf, agentFiles := relayTLS(t)
+	relay, _ := serve(t, func(s *grpc.Server) {
+		rdzvv1.RegisterAgentServiceServer(s, &agentServer{registers: make(chan string, 1)})
+	}, grpc.Creds(credentials.NewTLS(srvConf)))
+	cfg := client.DefaultConfig()
+	cfg.Endpoints, cfg.Relays, cfg.TLS, cfg.Logger = []string{closedPort(t)}, []string{relay}, &client.TLS{Files: agentFiles}, zaptest.NewLogger(t)
+	c, err := client.New(cfg)
+	require.NoError(t, err)
+	defer c.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	stream, err := c.Connect(client.RelaysOnly(ctx))
+	require.NoError(t, err)
+	require.NoError(t, stream.Send(&rdzvv1.ConnectRequest{Msg: &rdzvv1.ConnectRequest_Register{Register: &rdzvv1.Register{Node: &rdzvv1.NodeInfo{Name: "node-a"}}}}))
+	_, err = stream.Recv()
+	require.Equal(t, codes.Unavailable, status.Code(err), "%v", err)
+	require.ErrorContains(t, err, "tls handshake with relay")
+	require.Empty(t, client.Dialled(c), "no gRPC connection to the relay's address")
+}
+
 func TestRelayConnectionKept(t *testing.T) {
 	srvConf, agentFiles := relayTLS(t)
 	unavailable := status.Error(codes.Unavailable, "relay: its call to the controller ended")

@@ -12,11 +12,9 @@ import (
 
 // handshakeQueueWait bounds how long a connection waits for its turn to
 // handshake; then it goes ahead without one, short of the agents' 20 s
-// dial timeout (client.DefaultConfig). Closing it instead only made its
-// agent connect again after its backoff, behind the same queue: a cold
-// start of 10,000 agents on a 2-core controller (make bench-scale) that
-// closed the connections waiting 15 s turned 7,211 away and registered
-// in 28.5 s, against 13-17 s when none waited that long.
+// dial timeout (client.DefaultConfig). Closing it instead would only make
+// its agent connect again after its backoff, behind the same queue, and a
+// cold start would take longer.
 const handshakeQueueWait = 15 * time.Second
 
 // handshakeTimeout bounds one handshake, from its turn (or the end of its
@@ -27,11 +25,10 @@ const handshakeTimeout = 10 * time.Second
 // handshakeGate bounds the TLS handshakes the controller runs at once
 // (tls.max_handshakes). When every agent of a large cluster connects at
 // once (a cold start: no session to resume), thousands of handshakes in
-// flight shared the CPU with the heartbeats of the agents already
-// registered: everyone's wait grew together, registered nodes went silent
-// past the heartbeat timeout and were declared lost, and registered again,
-// which fed the storm (3,850 such losses in one 10,000-node run of make
-// bench-scale). Beyond the limit a connection waits its turn, in arrival
+// flight would share the CPU with the heartbeats of the agents already
+// registered: everyone's wait grows together, registered nodes go silent
+// past the heartbeat timeout and are declared lost, and register again,
+// which feeds the storm. Beyond the limit a connection waits its turn, in arrival
 // order and without using CPU, and the registered agents keep theirs. The
 // agents' side waits with it: each handshake needs the server's answer.
 // The gate never refuses a connection: one that waited handshakeQueueWait

@@ -162,8 +162,8 @@ func (a *authenticator) check(ctx context.Context, method string) (context.Conte
 // chain, as the relay forwarded it, and its verification here. The chain is
 // kept as DER and parsed again only if it must be verified in full (the CA
 // changed, or a certificate's validity ended: pki.VerifyClientAgain):
-// parsed, the chains of 10,000 relayed agents were a quarter of the
-// controller's heap (make bench-scale).
+// parsed, the chains of thousands of relayed agents would be a large part
+// of the controller's heap.
 type relayed struct {
 	relay        pki.Identity
 	ders         [][]byte

@@ -49,9 +49,16 @@ func (c *cluster) dialRaw(cert *pki.Issued) *grpc.ClientConn {
 // the controller's answer: the Registered message, or why not.
 func register(t *testing.T, conn *grpc.ClientConn, node string) error {
 	t.Helper()
+	return registerOn(t, rdzvv1.NewAgentServiceClient(conn), node)
+}
+
+// registerOn is register on an agent service: the controller's, or a
+// relay's (dialRelay).
+func registerOn(t *testing.T, agents rdzvv1.AgentServiceClient, node string) error {
+	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	stream, err := rdzvv1.NewAgentServiceClient(conn).Connect(ctx)
+	stream, err := agents.Connect(ctx)
 	if err != nil {
 		return err
 	}

@@ -20,9 +20,9 @@ import (
 
 // A relay carries each of its agents' streams as frames of one Carry call,
 // so that the controller holds no gRPC stream, goroutine or TLS state per
-// relayed agent, only its session: at 10,000 agents behind ten relays that
-// is ten streams, and a heartbeat is a frame in a batch, not a TLS record
-// and a system call of its own (make bench-scale, "With relays").
+// relayed agent, only its session: a cluster behind ten relays is ten
+// streams, and a heartbeat is a frame in a batch, not a TLS record and a
+// system call of its own.
 //
 // A carried stream behaves as a direct one would: the agent's certificate,
 // forwarded by the relay, is verified and tracked here (trackRelayed), the
@@ -45,7 +45,7 @@ type carrier struct {
 	relay pki.Identity
 	ctx   context.Context
 	// end ends the call with a cause: the lead ended (errLeadEnded; the
-	// relay is told where the leader is, as by a standby), the relay fell
+	// relay is told where the leader is, as by a follower), the relay fell
 	// behind, a frame broke the protocol.
 	end context.CancelCauseFunc
 	log *zap.Logger
@@ -104,9 +104,9 @@ func (s *relayService) Carry(stream rdzvv1.RelayService_CarryServer) error {
 	// behind the ones before it, by a goroutine of its own. An open
 	// verifies a certificate and takes the lock, and behind a thousand of
 	// them (a relay's agents registering at once), or behind the lock, a
-	// thousand agents' heartbeats went unread past their timeout: their
-	// nodes were declared lost, and registered again through the same
-	// queue (make bench-scale). A heartbeat needs neither.
+	// thousand agents' heartbeats could go unread past their timeout: their
+	// nodes would be declared lost, and register again through the same
+	// queue. A heartbeat needs neither.
 	ordered := wire.NewHandleQueue[upFrame]()
 	go func() {
 		for {
@@ -123,8 +123,8 @@ func (s *relayService) Carry(stream rdzvv1.RelayService_CarryServer) error {
 					continue
 				}
 				// Never waits: a receiver blocked behind a full backlog
-				// held its heartbeats up unseen, and a relay's agents were
-				// declared lost (make bench-scale).
+				// would hold its heartbeats up unseen, and a relay's
+				// agents would be declared lost.
 				if err := ordered.Put(u); err != nil {
 					end(err)
 					return

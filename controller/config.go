@@ -24,7 +24,7 @@ type Config struct {
 	// specific host; it is never derived from the hostname.
 	AdvertiseAddr string `json:"advertise_addr"`
 	// LeaderLeaseTTL is how long a leader that stopped renewing its etcd
-	// lease (crashed, cut off) keeps the lead before a standby takes over.
+	// lease (crashed, cut off) keeps the lead before a follower takes over.
 	// etcd leases have whole seconds; it is rounded up.
 	LeaderLeaseTTL wire.Duration `json:"leader_lease_ttl"`
 	// DataDir holds the embedded etcd's data and its only listener, the
@@ -196,11 +196,10 @@ func DefaultConfig() Config {
 			// renamed hosts do not pile up.
 			LostNodeMaxAge: dur(7 * 24 * time.Hour),
 		},
-		// make bench-scale's cold start of 10,000 agents on 2 cores: 16, 64
-		// and 256 all kept the registered agents' heartbeats on time (none
-		// lost, against 3-157 with no bound), 256 registered the fastest;
-		// a turn is held while the agent computes its reply, so more cores
-		// need more turns.
+		// Enough turns to keep a cold start of the whole cluster fast, few
+		// enough that the registered agents' heartbeats stay on time while
+		// it runs; a turn is held while the agent computes its reply, so
+		// more cores need more turns.
 		TLS:      TLSConfig{ReverifyInterval: dur(time.Minute), MaxHandshakes: 256},
 		LogLevel: "info",
 		HTTP:     httpserve.Config{Listen: DefaultHTTPListen},

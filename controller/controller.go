@@ -86,8 +86,8 @@ type Controller struct {
 	// seeds are the nodes that registered with gossip last (gossipSeeds).
 	seeds seedRing
 	jobs  map[string]*jobState
-	// standbys are what spares' agents were told to keep ready
-	// (standby.go), by node.
+	// standbys are the warm standbys spares' agents were told to keep
+	// ready (standby.go), by node.
 	standbys map[string]*toldStandby
 	// idle is where idle nodes keep standbys (placeIdleStandbys), placed
 	// at idleAt: at most every idleStandbyEvery unless a pass builds the
@@ -321,7 +321,7 @@ func (c *Controller) Run(ctx context.Context) error {
 	}
 	// Interceptors chain in order: authentication and authorization first,
 	// so that an unknown caller learns nothing from validation errors or
-	// leader redirects; then validation; then the standby's redirect.
+	// leader redirects; then validation; then the follower's redirect.
 	// The gRPC metrics come first, so that refused calls count too.
 	srv := grpc.NewServer(append(append(append([]grpc.ServerOption{
 		grpc.ChainUnaryInterceptor(c.metrics.grpc.UnaryServerInterceptor()),

@@ -63,19 +63,18 @@ func (c *Controller) elect(ctx context.Context) {
 
 // dropPreviousLead revokes the leader lease a killed run of this
 // controller left in its embedded etcd. etcd renews every lease for a full
-// TTL when it restarts, so the new run would otherwise wait that long
-// (measured 6.8 s at 10,000 nodes, make bench-scale "restart") to lead in
-// place of its own dead self, with every agent waiting on it. No other
+// TTL when it restarts, so the new run would otherwise wait that long to
+// lead in place of its own dead self, with every agent waiting on it. No other
 // controller can hold a lease there: the embedded etcd is a single member
 // whose only listener is a socket in this controller's private data_dir,
 // which a second controller refuses to share (startEmbedded). A failure
 // costs only the wait, so it is logged, not returned.
 //
 // The first lead then grants its loaded nodes the lease's TTL on top of
-// the reconnect grace: their agents used to spend that wait handshaking
-// with the standing-by controller, and 10,000 direct agents' handshakes
-// at once take longer than the grace alone on a small machine (docs/benchmarks.md,
-// "leading at once after a restart"). A node that died meanwhile is
+// the reconnect grace: their agents would have spent that wait
+// handshaking with the controller before it led, and a whole cluster's
+// direct handshakes at once can take longer than the grace alone on a
+// small machine. A node that died meanwhile is
 // declared lost no later than it was with the wait.
 func (c *Controller) dropPreviousLead(ctx context.Context) {
 	cli := c.store.Client()
@@ -112,7 +111,7 @@ func (c *Controller) campaign(ctx context.Context) error {
 	}
 	c.setEtcdErr(nil)
 	// The session outlives ctx so that Close can still revoke the lease on
-	// shutdown: a standby then takes over at once instead of after the TTL.
+	// shutdown: a follower then takes over at once instead of after the TTL.
 	// The TTL also bounds how long Close tries.
 	sess, err := concurrency.NewSession(cli, concurrency.WithLease(lease.ID), concurrency.WithTTL(ttl),
 		concurrency.WithContext(context.WithoutCancel(ctx)))
@@ -121,7 +120,7 @@ func (c *Controller) campaign(ctx context.Context) error {
 	}
 	defer func() {
 		if err := sess.Close(); err != nil {
-			c.log.Warn("revoking the leader lease failed; a standby takes over when it expires", zap.Error(err))
+			c.log.Warn("revoking the leader lease failed; a follower takes over when it expires", zap.Error(err))
 		}
 	}()
 	// Leader work ends the moment the session does: a lease that could not
@@ -334,7 +333,7 @@ func (c *Controller) gate() error {
 		return wire.Error(wire.ReasonEtcdUnavailable, "", fmt.Sprintf(
 			"etcd unavailable (no quorum?): no controller can lead, changes are refused; running jobs continue: %s", v.etcdErr))
 	case v.addr != "" && v.addr != me:
-		return wire.Error(wire.ReasonNotLeader, v.addr, fmt.Sprintf("controller %s is a standby; the leader is %s", me, v.addr))
+		return wire.Error(wire.ReasonNotLeader, v.addr, fmt.Sprintf("controller %s is a follower; the leader is %s", me, v.addr))
 	}
 	return wire.Error(wire.ReasonNoLeader, "", fmt.Sprintf("controller %s does not lead yet (election or start-up under way); retry", me))
 }

@@ -29,8 +29,8 @@ import (
 const embeddedStartTimeout = 60 * time.Second
 
 // EmbeddedMaxTxnOps is the embedded etcd's --max-txn-ops, eight times
-// etcd's default: the controller packs writes up to it, so that the
-// 10,000 worker reports of a generation at 10,000 nodes are about ten
+// etcd's default: the controller packs writes up to it, so that a
+// generation's worker reports at wire.MaxNodes are about ten
 // transactions, not eighty, and the next generation's round queues behind
 // fewer of them.
 const EmbeddedMaxTxnOps = 1024
@@ -39,11 +39,11 @@ const EmbeddedMaxTxnOps = 1024
 // snapshot to disk in memory after a restart (it replays them from the
 // WAL), and, behind each in-memory snapshot (every 100 entries), the
 // SnapshotCatchUpEntries a slow follower may need. A single member has no
-// follower, and at 10,000 nodes an entry is up to a ~100 KB transaction of
-// EmbeddedMaxTxnOps writes: etcd's defaults (10,000 and 5,000 entries)
-// let up to 5,100 entries stay in memory (about 40 MB at the benchmark's
-// average entry, 500 MB were they all full transactions), and replay up
-// to 10,000 entries on every restart. These bound it to about a thousand
+// follower, and at wire.MaxNodes an entry is up to a ~100 KB transaction
+// of EmbeddedMaxTxnOps writes: etcd's defaults (10,000 and 5,000 entries)
+// let up to 5,100 entries stay in memory (500 MB were they all full
+// transactions), and replay up to 10,000 entries on every restart. These
+// bound it to about a thousand
 // entries, and to two hundred once a hundred are written after a restart.
 const (
 	embeddedSnapshotCount  = 1000

@@ -198,10 +198,9 @@ func (ns *nodeState) selfReporter() int {
 
 // seedCandidates bounds how many nodes gossipSeeds considers, and
 // seedScan how many it looks at to find them: a pass over every node per
-// registration made a cold start of 10,000 agents O(N²) (13% of the
-// controller's CPU in make bench-scale), and so did looking until
-// seedCandidates fit when few nodes do (without gossip, none does: 7% at
-// 5,000). So it looks first among the nodes that registered with gossip
+// registration would make a cold start O(N²), and so would looking until
+// seedCandidates fit when few nodes do (without gossip, none does). So it
+// looks first among the nodes that registered with gossip
 // last (seedRing), which are almost always connected, and scans at most
 // seedScan others only if they fall short. Map iteration starts at a
 // random place, so those are a fair enough sample.

@@ -144,27 +144,27 @@ func leaderEvents(c *cluster) []*rdzvv1.Event {
 	return out
 }
 
-// The leader goes away mid-job: the standby takes over, the agents (given
-// the standby first) reconnect to it, and the job carries on in the same
+// The leader goes away mid-job: the follower takes over, the agents (given
+// the follower first) reconnect to it, and the job carries on in the same
 // generation to its end, with no attempt failed.
 func TestFailoverKeepsJobRunning(t *testing.T) {
 	h := newHACluster(t, 2)
 	first := h.leader()
-	standby := h.replicas[0]
-	if standby == first {
-		standby = h.replicas[1]
+	follower := h.replicas[0]
+	if follower == first {
+		follower = h.replicas[1]
 	}
-	// The standby learns who leads from etcd's watch, a moment after the
+	// The follower learns who leads from etcd's watch, a moment after the
 	// leader knows: until then it refuses with no leader to name.
 	var reason, hint string
 	require.Eventually(t, func() bool {
-		reason, hint = refusal(t, h.cluster, standby.addr)
+		reason, hint = refusal(t, h.cluster, follower.addr)
 		return reason != wire.ReasonNoLeader
-	}, waitTimeout, 20*time.Millisecond, "the standby never learned who leads")
+	}, waitTimeout, 20*time.Millisecond, "the follower never learned who leads")
 	require.Equal(t, wire.ReasonNotLeader, reason)
-	require.Equal(t, first.addr, hint, "the standby names the leader")
-	// Standby first: agents and API calls must follow its redirect.
-	h.clients(standby.addr, first.addr)
+	require.Equal(t, first.addr, hint, "the follower names the leader")
+	// Follower first: agents and API calls must follow its redirect.
+	h.clients(follower.addr, first.addr)
 
 	h.addAgent("node-a", 0, nil)
 	h.addAgent("node-b", 0, nil)
@@ -174,8 +174,8 @@ func TestFailoverKeepsJobRunning(t *testing.T) {
 	begin := time.Now()
 	first.stop()
 	require.Equal(t, running, h.getJob("train").GetState(), "a call made during the election waits for its end")
-	require.Same(t, standby, h.leader(first))
-	t.Logf("standby leads %s after the leader stopped", time.Since(begin).Round(time.Millisecond))
+	require.Same(t, follower, h.leader(first))
+	t.Logf("follower leads %s after the leader stopped", time.Since(begin).Round(time.Millisecond))
 	// Both agents reconnect to it and the job is still the same generation.
 	h.waitJob("train", func(j *rdzvv1.Job) bool {
 		return j.GetState() == running && j.GetGeneration() == before.GetGeneration() && len(j.GetAssignments()) == 2 &&
@@ -187,7 +187,7 @@ func TestFailoverKeepsJobRunning(t *testing.T) {
 	}
 	elected := leaderEvents(h.cluster)
 	require.Len(t, elected, 2, "one election per lead")
-	require.Contains(t, elected[1].GetMessage(), "controller "+standby.addr+" leads (previous leader: "+first.addr+")")
+	require.Contains(t, elected[1].GetMessage(), "controller "+follower.addr+" leads (previous leader: "+first.addr+")")
 
 	h.release("train")
 	j := h.waitJobState("train", succeeded)
@@ -231,7 +231,7 @@ func TestLeaseLossStepsDown(t *testing.T) {
 		reason, hint := refusal(t, h.cluster, first.addr)
 		return reason == wire.ReasonNotLeader && hint == second.addr
 	}, func() string { return "the deposed leader does not redirect to the new one" })
-	// It campaigns again, as a standby.
+	// It campaigns again, as a follower.
 	poll(t, func() bool {
 		resp, err := cli.Get(rpcCtx(t), store.CandidatesPrefix(), clientv3.WithPrefix())
 		return err == nil && len(resp.Kvs) == 2

@@ -651,18 +651,31 @@ func (c *cluster) connectFake(name string, workers ...*rdzvv1.WorkerStatus) *fak
 // connectFakeWith is connectFake presenting the certificate in files.
 func (c *cluster) connectFakeWith(files pki.Files, name string, workers ...*rdzvv1.WorkerStatus) *fakeAgent {
 	c.t.Helper()
-	return c.connectFakeOn(c.dial(files), name, workers...)
+	return c.connectFakeOn(rdzvv1.NewAgentServiceClient(c.dial(files)), name, workers...)
 }
 
-// connectFakeOn is connectFake on conn: to the controller, or to a relay.
-func (c *cluster) connectFakeOn(conn *grpc.ClientConn, name string, workers ...*rdzvv1.WorkerStatus) *fakeAgent {
+// connectFakeOn is connectFake on an agent service: the controller's, or
+// a relay's (dialRelay).
+func (c *cluster) connectFakeOn(agents rdzvv1.AgentServiceClient, name string, workers ...*rdzvv1.WorkerStatus) *fakeAgent {
 	t := c.t
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
-	stream, err := rdzvv1.NewAgentServiceClient(conn).Connect(ctx)
+	stream, err := agents.Connect(ctx)
 	require.NoError(t, err)
 	f := &fakeAgent{t: t, name: name, stream: stream, cancel: cancel, msgs: make(chan *rdzvv1.ConnectResponse, 64), acks: make(chan uint64, 64)}
 	f.ctx = ctx
+	// The register goes before the first receive: a stream through
+	// package client (a relay's, dialRelay) finds its server on that
+	// receive, with what was sent before it.
+	info := &rdzvv1.NodeInfo{Name: name, Address: "127.0.0.1", NcclInterface: "lo", AgentVersion: "fake"}
+	for i := range c.fakeGPUs {
+		info.Gpus = append(info.Gpus, &rdzvv1.GPU{Index: uint32(i)})
+	}
+	if c.gossip {
+		// Nothing listens there: the controller only hands it to peers.
+		info.GossipAddr = "127.0.0.1:7946"
+	}
+	f.send(&rdzvv1.ConnectRequest{Msg: &rdzvv1.ConnectRequest_Register{Register: &rdzvv1.Register{Node: info, Workers: workers}}})
 	received := make(chan struct{})
 	f.ended = received
 	go func() {
@@ -699,15 +712,6 @@ func (c *cluster) connectFakeOn(conn *grpc.ClientConn, name string, workers ...*
 		f.crash()
 		<-received
 	})
-	info := &rdzvv1.NodeInfo{Name: name, Address: "127.0.0.1", NcclInterface: "lo", AgentVersion: "fake"}
-	for i := range c.fakeGPUs {
-		info.Gpus = append(info.Gpus, &rdzvv1.GPU{Index: uint32(i)})
-	}
-	if c.gossip {
-		// Nothing listens there: the controller only hands it to peers.
-		info.GossipAddr = "127.0.0.1:7946"
-	}
-	f.send(&rdzvv1.ConnectRequest{Msg: &rdzvv1.ConnectRequest_Register{Register: &rdzvv1.Register{Node: info, Workers: workers}}})
 	require.NotNil(t, f.next().GetRegistered())
 	return f
 }

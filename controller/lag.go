@@ -24,8 +24,8 @@ import (
 
 // schedWaits are the runtime's histograms of what kept goroutines from
 // running: time spent runnable before running, and the world stopped (for
-// the collector, or for a goroutine profile, which at 10,000 agents'
-// goroutines stops it for seconds).
+// the collector, or for a goroutine profile, which with thousands of
+// agents' goroutines stops it for seconds).
 var schedWaits = []string{"/sched/latencies:seconds", "/sched/pauses/total/gc:seconds", "/sched/pauses/total/other:seconds"}
 
 // schedWait reads the longest wait since its previous read.

@@ -230,8 +230,8 @@ func nodeMatches(ns *nodeState, state rdzvv1.NodeState, states []rdzvv1.NodeStat
 const maxAttention = 20
 
 // summarizeNodes counts the nodes that match req in one pass under the
-// lock (no copy of any node but the few it names), so a summary of 10,000
-// nodes costs what one page of a list does.
+// lock (no copy of any node but the few it names), so a summary of the
+// whole cluster costs what one page of a list does.
 func (c *Controller) summarizeNodes(req *rdzvv1.SummarizeNodesRequest) *rdzvv1.SummarizeNodesResponse {
 	resp := &rdzvv1.SummarizeNodesResponse{}
 	states := map[rdzvv1.NodeState]*rdzvv1.NodeStateCount{}

@@ -16,7 +16,7 @@ import (
 // controller decides, under c.mu, at the cost of an atomic add; gauges are
 // computed when Prometheus scrapes, from a snapshot taken under c.mu, so
 // that nothing on the hot paths keeps them up to date. No series is per
-// node: at 10,000 nodes that would be the bulk of a scrape. Per-job series
+// node: on a large cluster that would be the bulk of a scrape. Per-job series
 // are bounded by limits.max_active_jobs and vanish with the job; their
 // label is job_name, since Prometheus sets job to the scrape job's name.
 

@@ -239,9 +239,9 @@ func healthOf(t *testing.T, c *cluster, addr string) healthpb.HealthCheckRespons
 	return resp.GetStatus()
 }
 
-// A standby with etcd is ready (it answers, redirecting clients); without
+// A follower with etcd is ready (it answers, redirecting clients); without
 // etcd no replica is, and each says why.
-func TestReadinessOfStandbys(t *testing.T) {
+func TestReadinessOfFollowers(t *testing.T) {
 	endpoint, stopEtcd := testetcd.Start(t, "ha-test")
 	c := &cluster{t: t}
 	c.log = testLogger(t)
@@ -252,12 +252,12 @@ func TestReadinessOfStandbys(t *testing.T) {
 		h.replicas = append(h.replicas, h.startReplica(testaddr.Free(t)))
 	}
 	lead := h.leader()
-	standby := h.replicas[0]
-	if standby == lead {
-		standby = h.replicas[1]
+	follower := h.replicas[0]
+	if follower == lead {
+		follower = h.replicas[1]
 	}
-	for _, r := range []*replica{lead, standby} {
-		// A standby is ready once it has read who leads.
+	for _, r := range []*replica{lead, follower} {
+		// A follower is ready once it has read who leads.
 		poll(t, func() bool {
 			code, _ := getStatus(t, "http://"+r.ctl.HTTP().Addr().String()+"/readyz")
 			return code == http.StatusOK
@@ -265,10 +265,10 @@ func TestReadinessOfStandbys(t *testing.T) {
 		require.Equal(t, healthpb.HealthCheckResponse_SERVING, healthOf(t, c, r.addr))
 	}
 	require.Equal(t, 1.0, scrape(t, lead.ctl.HTTP().Addr().String()).gauge(t, "rdzv_leader"))
-	require.Zero(t, scrape(t, standby.ctl.HTTP().Addr().String()).gauge(t, "rdzv_leader"))
+	require.Zero(t, scrape(t, follower.ctl.HTTP().Addr().String()).gauge(t, "rdzv_leader"))
 
 	stopEtcd()
-	for _, r := range []*replica{lead, standby} {
+	for _, r := range []*replica{lead, follower} {
 		poll(t, func() bool {
 			code, body := getStatus(t, "http://"+r.ctl.HTTP().Addr().String()+"/readyz")
 			return code == http.StatusServiceUnavailable && strings.Contains(body, "etcd unreachable")

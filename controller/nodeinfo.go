@@ -15,9 +15,8 @@ import (
 // its decisions read (placement, gossip, filters, summaries), and the whole
 // registration encoded, decoded only for the API and for writing the node
 // record. Decoded, an 8-GPU node with ten interfaces is some twenty
-// messages with their strings, maps and slices: about 3.4 KiB of the
-// controller's 9-10 KiB per node at 10,000 nodes (make bench-scale, heap
-// profile); encoded it is about 1.4 KB. A nodeInfo is never changed, only
+// messages with their strings, maps and slices, about a third of what the
+// controller holds per node; encoded it is about 1.4 KB. A nodeInfo is never changed, only
 // replaced; its zero value is a registration with nothing in it.
 type nodeInfo struct {
 	name, address, ncclInterface, gossipAddr string

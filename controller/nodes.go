@@ -29,7 +29,7 @@ func (c *Controller) register(sess *session, reg *rdzvv1.Register) {
 	defer c.mu.Unlock()
 	if !c.leading.Load() {
 		// The lead ended while this stream waited for the lock (the gate let
-		// it in before): registered into the view a standby drops, its
+		// it in before): registered into the view a follower drops, its
 		// reports would be judged against no jobs (stop orders for the
 		// workers of a running generation), and the next lead, which
 		// loads a fresh view, would never see its session while the

@@ -16,7 +16,7 @@ import (
 
 // A controller is ready (HTTP /readyz, gRPC grpc.health.v1 SERVING) while
 // it leads, or stands by with etcd reachable: either way it answers
-// clients usefully (a standby redirects them to the leader). It is not
+// clients usefully (a follower redirects them to the leader). It is not
 // while it starts, while etcd cannot be read (no controller can lead
 // then), and once it shuts down.
 
@@ -42,7 +42,7 @@ func (c *Controller) readiness() error {
 }
 
 // etcdProbeEvery is how often a controller asks etcd whether it answers.
-// A standby otherwise only waits on a watch and its lease's keepalive,
+// A follower otherwise only waits on a watch and its lease's keepalive,
 // neither of which fails when etcd is gone altogether.
 const etcdProbeEvery = 2 * time.Second
 
@@ -83,7 +83,7 @@ func newGRPCHealth() *grpchealth.Server {
 }
 
 // publicMethod reports whether method is answered to anyone, without a
-// client certificate and on a standby too: grpc.health.v1, which load
+// client certificate and on a follower too: grpc.health.v1, which load
 // balancers and orchestrators probe without the cluster's certificates.
 // It only says SERVING or NOT_SERVING, which the HTTP /readyz tells
 // anyone who reaches that listener as well; the connection is still TLS.

@@ -1,7 +1,6 @@
 package controller_test
 
 import (
-	"context"
 	"crypto/tls"
 	"encoding/binary"
 	"errors"
@@ -12,9 +11,7 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
-	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 
 	"github.com/rdzv/rdzv/controller"
@@ -223,27 +220,4 @@ func TestRelayRefusesOversizeMessage(t *testing.T) {
 		require.NotNil(t, m.GetRegistered(), "%v", &m)
 	}
 	require.Equal(t, "2", r.streams(t))
-
-	// An agent on gRPC (one older than frames): the same refusal.
-	conn := c.dialRelay(r, c.issue(pki.Identity{Role: pki.RoleAgent, Name: "node-c"}))
-	ctx, cancel := context.WithTimeout(context.Background(), waitTimeout)
-	defer cancel()
-	stream, err := conn.NewStream(ctx, &rdzvv1.AgentService_ServiceDesc.Streams[0], rdzvv1.AgentService_Connect_FullMethodName, grpc.ForceCodecV2(rawCodec{}))
-	require.NoError(t, err)
-	require.NoError(t, stream.SendMsg(&rdzvv1.ConnectRequest{Msg: &rdzvv1.ConnectRequest_Register{Register: &rdzvv1.Register{Node: &rdzvv1.NodeInfo{
-		Name: "node-c", Address: "127.0.0.1", NcclInterface: "lo", AgentVersion: "test"}}}}))
-	var m rdzvv1.ConnectResponse
-	require.NoError(t, stream.RecvMsg(&m))
-	require.NotNil(t, m.GetRegistered(), "%v", &m)
-	require.NoError(t, stream.SendMsg(make([]byte, wire.MaxMessageBytes)))
-	err = stream.RecvMsg(&m)
-	require.Equal(t, codes.ResourceExhausted, status.Code(err), "%v", err)
-	require.ErrorContains(t, err, "over the call's limit")
-	_, err = good.Write(mustMessage(t, &rdzvv1.ConnectRequest{Msg: &rdzvv1.ConnectRequest_Heartbeat{Heartbeat: &rdzvv1.Heartbeat{Seq: 9}}}))
-	require.NoError(t, err)
-	kind, p, err := wire.ReadFrame(good)
-	require.NoError(t, err)
-	require.Equal(t, wire.FrameMessage, kind)
-	require.NoError(t, proto.Unmarshal(p, &m))
-	require.Equal(t, uint64(9), m.GetHeartbeatAck().GetSeq(), "the neighbour's stream goes on: %v", &m)
 }

@@ -16,11 +16,11 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials"
-	"google.golang.org/grpc/mem"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 
 	"github.com/rdzv/rdzv/agent"
+	"github.com/rdzv/rdzv/client"
 	"github.com/rdzv/rdzv/internal/testaddr"
 	"github.com/rdzv/rdzv/pki"
 	rdzvv1 "github.com/rdzv/rdzv/proto/rdzv/v1"
@@ -96,18 +96,24 @@ func (r *runningRelay) streams(t *testing.T) string {
 	return ""
 }
 
-// dialRelay connects to the relay with files, as an agent whose relays
-// setting names it does.
-func (c *cluster) dialRelay(r *runningRelay, files pki.Files) *grpc.ClientConn {
+// dialRelay is an agent's service through the relay with files, as an
+// agent whose relays setting names it reaches it: its streams go to the
+// relay only (client.RelaysOnly), in frames.
+func (c *cluster) dialRelay(r *runningRelay, files pki.Files) rdzvv1.AgentServiceClient {
 	c.t.Helper()
-	rl, err := pki.NewReloader(files, nil, testLogger(c.t))
+	cfg := client.DefaultConfig()
+	cfg.Endpoints, cfg.Relays, cfg.TLS, cfg.Logger = []string{c.addr}, []string{r.addr}, &client.TLS{Files: files}, testLogger(c.t)
+	cl, err := client.New(cfg)
 	require.NoError(c.t, err)
-	conf, err := rl.RelayClientConfig(r.addr)
-	require.NoError(c.t, err)
-	conn, err := grpc.NewClient(r.addr, grpc.WithTransportCredentials(credentials.NewTLS(conf)))
-	require.NoError(c.t, err)
-	c.t.Cleanup(func() { _ = conn.Close() })
-	return conn
+	c.t.Cleanup(func() { _ = cl.Close() })
+	return relaysOnly{cl}
+}
+
+// relaysOnly opens its streams through the client's relays only.
+type relaysOnly struct{ *client.Client }
+
+func (r relaysOnly) Connect(ctx context.Context, opts ...grpc.CallOption) (grpc.BidiStreamingClient[rdzvv1.ConnectRequest, rdzvv1.ConnectResponse], error) {
+	return r.Client.Connect(client.RelaysOnly(ctx), opts...)
 }
 
 // TestRelayCarriesAgents: agents whose relays setting names a relay reach
@@ -350,7 +356,7 @@ func TestCarriedInvalidMessage(t *testing.T) {
 func TestRelayRefusesNonAgents(t *testing.T) {
 	c := newCluster(t)
 	r := c.startRelay("rack-1")
-	err := register(t, c.dialRelay(r, c.issue(pki.Identity{Role: pki.RoleOperator, Name: "alice"})), "alice")
+	err := registerOn(t, c.dialRelay(r, c.issue(pki.Identity{Role: pki.RoleOperator, Name: "alice"})), "alice")
 	require.Equal(t, codes.PermissionDenied, status.Code(err), "%v", err)
 	require.ErrorContains(t, err, "operator/alice may not call /rdzv.v1.AgentService/Connect through a relay: it carries agents only")
 
@@ -441,59 +447,6 @@ func TestAgentComesBackThroughItsRelay(t *testing.T) {
 	require.Equal(t, gen, c.waitRunning("back").GetGeneration(), "coming back did not restart the job")
 }
 
-// rawCodec sends a []byte as the encoded message it stands for, and
-// everything else as proto does: an agent whose message does not decode.
-type rawCodec struct{}
-
-func (rawCodec) Marshal(v any) (mem.BufferSlice, error) {
-	if b, ok := v.([]byte); ok {
-		return mem.BufferSlice{mem.SliceBuffer(b)}, nil
-	}
-	b, err := proto.Marshal(v.(proto.Message))
-	return mem.BufferSlice{mem.SliceBuffer(b)}, err
-}
-
-func (rawCodec) Unmarshal(data mem.BufferSlice, v any) error {
-	return proto.Unmarshal(data.Materialize(), v.(proto.Message))
-}
-
-func (rawCodec) Name() string { return "proto" }
-
-// TestRelayPassesMessagesEncoded: the relay passes an agent's messages on
-// without decoding them, so one that does not decode reaches the
-// controller, which ends that agent's stream with the reason; the relay's
-// call, and its other agents, go on.
-func TestRelayPassesMessagesEncoded(t *testing.T) {
-	c := newCluster(t)
-	r := c.startRelay("rack-1")
-	open := func(node string) grpc.ClientStream {
-		conn := c.dialRelay(r, c.issue(pki.Identity{Role: pki.RoleAgent, Name: node}))
-		ctx, cancel := context.WithTimeout(context.Background(), waitTimeout)
-		t.Cleanup(cancel)
-		stream, err := conn.NewStream(ctx, &rdzvv1.AgentService_ServiceDesc.Streams[0], rdzvv1.AgentService_Connect_FullMethodName, grpc.ForceCodecV2(rawCodec{}))
-		require.NoError(t, err)
-		require.NoError(t, stream.SendMsg(&rdzvv1.ConnectRequest{Msg: &rdzvv1.ConnectRequest_Register{Register: &rdzvv1.Register{Node: &rdzvv1.NodeInfo{
-			Name: node, Address: "127.0.0.1", NcclInterface: "lo", AgentVersion: "test"}}}}))
-		var m rdzvv1.ConnectResponse
-		require.NoError(t, stream.RecvMsg(&m))
-		require.NotNil(t, m.GetRegistered(), "%v", &m)
-		return stream
-	}
-	bad, good := open("node-a"), open("node-b")
-	poll(t, func() bool { return r.streams(t) == "2" }, func() string { return "the relay carries " + r.streams(t) + " streams" })
-
-	require.NoError(t, bad.SendMsg([]byte{0xff, 0xff}))
-	var m rdzvv1.ConnectResponse
-	err := bad.RecvMsg(&m)
-	require.Equal(t, codes.InvalidArgument, status.Code(err), "%v", err)
-	require.ErrorContains(t, err, "does not decode as a ConnectRequest")
-
-	require.NoError(t, good.SendMsg(&rdzvv1.ConnectRequest{Msg: &rdzvv1.ConnectRequest_Heartbeat{Heartbeat: &rdzvv1.Heartbeat{Seq: 1}}}))
-	require.NoError(t, good.RecvMsg(&m))
-	require.Equal(t, uint64(1), m.GetHeartbeatAck().GetSeq(), "the neighbour's stream goes on: %v", &m)
-	poll(t, func() bool { return r.streams(t) == "1" }, func() string { return "the relay carries " + r.streams(t) + " streams" })
-}
-
 // dialFramed opens an agent's stream in frames to the relay with files,
 // as an agent that speaks wire.AgentProtocol does, and registers node.
 func (c *cluster) dialFramed(r *runningRelay, files pki.Files, node string) *tls.Conn {
@@ -537,8 +490,8 @@ func writeFramedRegister(t *testing.T, conn *tls.Conn, node string) {
 	require.NoError(t, err)
 }
 
-// TestFramedAgentStreams: over frames as over gRPC, the relay carries
-// agents only; an agent's message that does not decode ends its own
+// TestFramedAgentStreams: the relay carries agents only, and passes their
+// messages on without decoding them; an agent's message that does not decode ends its own
 // stream, with the reason, and the connection carries the agent's next
 // stream; its neighbour's stream goes on, pings answered.
 func TestFramedAgentStreams(t *testing.T) {

@@ -465,7 +465,7 @@ type masterProbe struct {
 // a lost node's fencing deadline. node is the failed round's rank 0, whose
 // workers just stopped: ranks go by node name, so it is most often the next
 // round's rank 0 too, and its probe's round trip (up to a second on a
-// controller busy with 10,000 agents' stop reports) is then off the path
+// controller busy with every node's stop report) is then off the path
 // to the commit. Callers hold c.mu.
 func (c *Controller) probeAhead(js *jobState, node string) {
 	p := &masterProbe{node: node, at: c.clock.Now(), done: make(chan struct{})}

@@ -2,6 +2,7 @@ package controller
 
 import (
 	"context"
+	"errors"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -45,26 +46,26 @@ type session struct {
 	// read by liveness passes.
 	late atomic.Int64
 
+	// mu guards pending and sendErr.
 	mu sync.Mutex
 	// pending routes replies (port probe results, log chunks) by request id.
 	pending map[string]chan *rdzvv1.ConnectRequest
 
 	// Sending has no goroutine of its own: whoever queues a message while
-	// nobody sends starts a sender, which ends when the queue is empty;
-	// the stream's receiver sends its heartbeat acks itself when nobody
-	// does. A heartbeat then costs no hand-off between goroutines, and an
-	// idle session keeps no sender's stack.
-	stream  sender
-	clock   func() time.Time
-	sendMu  sync.Mutex
-	queue   []*rdzvv1.ConnectResponse
-	sending bool
-	sendErr error // why sending failed; the session ends with it
-	// closed refuses messages once the handler is returning; drained
-	// tells it the last sender stopped.
-	closed  bool
-	drained chan struct{}
+	// nobody sends starts a sender (out, on demand), which ends when the
+	// queue is empty; the stream's receiver sends its heartbeat acks
+	// itself when nobody does. A heartbeat then costs no hand-off between
+	// goroutines, and an idle session keeps no sender's stack.
+	stream sender
+	clock  func() time.Time
+	out    *wire.Queue[*rdzvv1.ConnectResponse]
+	// sendErr is why sending failed; the session ends with it.
+	sendErr error
 }
+
+// errSessionClosed refuses messages once the stream's handler is
+// returning (close).
+var errSessionClosed = errors.New("the agent's stream is closing")
 
 func newSession(parent context.Context, node string, stream sender, clock func() time.Time) *session {
 	ctx, cancel := context.WithCancel(parent)
@@ -76,7 +77,8 @@ func newSession(parent context.Context, node string, stream sender, clock func()
 // stream's, carry.go), which spares a context and its parent's record of
 // it per agent.
 func sessionOn(ctx context.Context, cancel context.CancelFunc, node string, stream sender, clock func() time.Time) *session {
-	s := &session{node: node, ctx: ctx, cancel: cancel, pending: map[string]chan *rdzvv1.ConnectRequest{}, stream: stream, clock: clock}
+	s := &session{node: node, ctx: ctx, cancel: cancel, pending: map[string]chan *rdzvv1.ConnectRequest{}, stream: stream, clock: clock,
+		out: wire.NewQueue[*rdzvv1.ConnectResponse](sendQueue)}
 	s.touch(clock())
 	return s
 }
@@ -131,44 +133,35 @@ func (s *session) sendNow(m *rdzvv1.ConnectResponse) bool {
 }
 
 // enqueue queues m; start says the caller is now the sender and must
-// drain (nobody was sending, so the queue was empty).
+// drain (nobody was sending). A full queue ends the session.
 func (s *session) enqueue(m *rdzvv1.ConnectResponse) (start, ok bool) {
-	s.sendMu.Lock()
-	defer s.sendMu.Unlock()
-	if s.closed || s.ctx.Err() != nil {
+	if s.ctx.Err() != nil {
 		return false, false
 	}
-	if len(s.queue) >= sendQueue {
+	start, err := s.out.Put(m)
+	if errors.Is(err, wire.ErrQueueFull) {
 		s.cancel()
-		return false, false
 	}
-	s.queue = append(s.queue, m)
-	if s.sending {
-		return false, true
-	}
-	s.sending = true
-	return true, true
+	return start, err == nil
 }
 
 // drain sends what is queued, in order, until the queue is empty or the
 // session ends; only the one sender runs it.
 func (s *session) drain() {
 	for {
-		s.sendMu.Lock()
-		if len(s.queue) == 0 || s.ctx.Err() != nil {
-			s.stopSending()
-			s.sendMu.Unlock()
+		if s.ctx.Err() != nil {
+			s.out.EndTurn()
 			return
 		}
-		m := s.queue[0]
-		s.queue[0] = nil
-		s.queue = s.queue[1:]
-		s.sendMu.Unlock()
+		m, ok := s.out.Next()
+		if !ok {
+			return
+		}
 		if err := s.stream.Send(m); err != nil {
-			s.sendMu.Lock()
+			s.mu.Lock()
 			s.sendErr = err
-			s.stopSending()
-			s.sendMu.Unlock()
+			s.mu.Unlock()
+			s.out.EndTurn()
 			s.cancel()
 			return
 		}
@@ -182,38 +175,16 @@ func (s *session) drain() {
 	}
 }
 
-// stopSending ends a sender's turn. Callers hold sendMu.
-func (s *session) stopSending() {
-	s.sending = false
-	s.queue = nil // the backing array of a burst is not kept
-	if s.drained != nil {
-		close(s.drained)
-		s.drained = nil
-	}
-}
-
 // close refuses further messages and waits for a running sender to stop:
 // gRPC forbids sending once the stream's handler has returned. A sender
 // blocked on flow control holds it up, as it held the handler up when the
 // handler sent.
-func (s *session) close() {
-	s.sendMu.Lock()
-	s.closed = true
-	var wait chan struct{}
-	if s.sending {
-		s.drained = make(chan struct{})
-		wait = s.drained
-	}
-	s.sendMu.Unlock()
-	if wait != nil {
-		<-wait
-	}
-}
+func (s *session) close() { s.out.Close(errSessionClosed) }
 
 // failed is why sending ended the session, if it did.
 func (s *session) failed() error {
-	s.sendMu.Lock()
-	defer s.sendMu.Unlock()
+	s.mu.Lock()
+	defer s.mu.Unlock()
 	return s.sendErr
 }
 

@@ -93,9 +93,8 @@ func TestSessionSendsInOrder(t *testing.T) {
 			require.Eventually(t, func() bool { return len(f.got()) == n }, 5*time.Second, time.Millisecond)
 			require.Equal(t, want, f.got())
 			require.Equal(t, 1, f.most, "one Send at a time")
-			s.sendMu.Lock()
-			require.False(t, s.sending, "no sender is left once the queue is empty")
-			s.sendMu.Unlock()
+			s.close() // waits for a sender still running: none is left once the queue is empty
+			require.False(t, s.send(ack(n)), "a closed session refuses messages")
 		})
 	}
 }

@@ -39,8 +39,8 @@ func (c *Controller) jobView(js *jobState) *rdzvv1.Job {
 // nodeView is the API form of a node, with the in-memory liveness and job.
 // It shares the record's messages rather than copying them: a node record
 // is never changed in place, only replaced (as ns.health is), and a deep
-// copy of every node listed was most of a 10,000-node listing's time and
-// garbage under c.mu (make bench-scale). The registration, kept encoded
+// copy of every node listed would be most of a large listing's time and
+// garbage under c.mu. The registration, kept encoded
 // (nodeInfo), is decoded afresh. TestNodeViewKeepsEveryField makes a field
 // added to Node come here too.
 func (c *Controller) nodeView(ns *nodeState) *rdzvv1.Node {

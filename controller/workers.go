@@ -52,8 +52,8 @@ func (c *Controller) applyWorkerStatus(node string, w *rdzvv1.WorkerStatus) {
 	ch := c.store.PutWorker(w.GetJob(), node, w, c.workerEvents(js, node, w)...)
 	if !alive && js.rec.GetState() == rdzvv1.JobState_JOB_STATE_RECOVERING {
 		// A survivor of the failed generation has stopped: the next
-		// round's commit supersedes the record, and at 10,000 nodes
-		// writing the reports first held that commit back by seconds.
+		// round's commit supersedes the record, and on a large cluster
+		// writing every report first would hold that commit back.
 		c.persistLazy(ch)
 		if nodes := js.round.GetNodes(); len(nodes) > 0 && nodes[0].GetNode() == node {
 			c.probeAhead(js, node)
@@ -67,8 +67,8 @@ func (c *Controller) applyWorkerStatus(node string, w *rdzvv1.WorkerStatus) {
 	if alive {
 		c.noteWorkersStarted(js)
 	}
-	// One line per node and generation is 10,000 lines per recovery on a
-	// large cluster; the generation's events say how it went (every worker
+	// One line per node and generation is a line per node per recovery on
+	// a large cluster; the generation's events say how it went (every worker
 	// running, every worker exited), so only failures are worth a line.
 	logAt := log.Debug
 	if w.GetState() == rdzvv1.WorkerState_WORKER_STATE_FAILED {

@@ -3,10 +3,10 @@ package controller
 import (
 	"context"
 	"slices"
-	"sync"
 	"time"
 
 	"github.com/rdzv/rdzv/controller/store"
+	"github.com/rdzv/rdzv/wire"
 )
 
 // The leader decides under c.mu and applies each decision to memory at
@@ -20,9 +20,9 @@ import (
 //
 // The writer commits what queued while its previous transaction was in
 // flight as one batch (store.Commit packs it into as few transactions as
-// etcd accepts): a burst of 10,000 worker reports is about ten
-// transactions at the embedded etcd's EmbeddedMaxTxnOps, not 10,000 round
-// trips under a lock.
+// etcd accepts): a burst of a worker report per node is about ten
+// transactions at wire.MaxNodes and the embedded etcd's
+// EmbeddedMaxTxnOps, not a round trip per report under a lock.
 
 // pendingWrite is a queued change (nil: a barrier that only waits for the
 // writes before it), what to do once it is durable, and who waits for it.
@@ -38,56 +38,29 @@ type pendingWrite struct {
 }
 
 // lazyWait bounds how long a lazy change waits for company: longer than a
-// 10,000-node recovery takes from its first STOPPED report to its commit,
+// recovery at wire.MaxNodes takes from its first STOPPED report to its
+// commit,
 // short enough that a recovery waiting on a long fencing deadline still
 // has the reports stored soon.
 const lazyWait = 5 * time.Second
 
-// writer is the queue of one lead; a new lead starts a new one.
-type writer struct {
-	mu     sync.Mutex
-	queue  []pendingWrite
-	failed error
-	wake   chan struct{}
-}
+// writer is the queue of one lead; a new lead starts a new one. Its
+// writer, writeLoop, runs for the lead's life.
+type writer struct{ q *wire.Queue[pendingWrite] }
 
-func newWriter() *writer { return &writer{wake: make(chan struct{}, 1)} }
+func newWriter() *writer { return &writer{q: wire.NewQueue[pendingWrite](0)} }
 
 func (w *writer) push(p pendingWrite) {
-	w.mu.Lock()
-	if err := w.failed; err != nil {
-		w.mu.Unlock()
-		if p.reply != nil {
-			p.reply <- err
-		}
-		return
-	}
-	w.queue = append(w.queue, p)
-	w.mu.Unlock()
-	select {
-	case w.wake <- struct{}{}:
-	default:
+	if _, err := w.q.Put(p); err != nil && p.reply != nil {
+		p.reply <- err
 	}
 }
 
-func (w *writer) take() []pendingWrite {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	q := w.queue
-	w.queue = nil
-	return q
-}
+func (w *writer) take() []pendingWrite { return w.q.Take() }
 
 // fail refuses everything queued and everything pushed from now on.
 func (w *writer) fail(err error, inFlight []pendingWrite) {
-	w.mu.Lock()
-	if w.failed == nil {
-		w.failed = err
-	}
-	q := append(inFlight, w.queue...)
-	w.queue = nil
-	w.mu.Unlock()
-	for _, p := range q {
+	for _, p := range append(inFlight, w.q.Fail(err)...) {
 		if p.reply != nil {
 			p.reply <- err
 		}
@@ -184,6 +157,7 @@ func (c *Controller) writeLoop(ctx context.Context, w *writer) {
 	var (
 		queued []pendingWrite
 		hold   = time.NewTimer(time.Hour)
+		wake   = w.q.Wake()
 	)
 	hold.Stop()
 	defer hold.Stop()
@@ -192,7 +166,7 @@ func (c *Controller) writeLoop(ctx context.Context, w *writer) {
 		case <-ctx.Done():
 			w.fail(store.ErrNotLeader, queued)
 			return
-		case <-w.wake:
+		case <-wake:
 		case <-hold.C:
 		}
 		queued = appendElided(queued, w.take())
@@ -224,9 +198,9 @@ func (c *Controller) writeLoop(ctx context.Context, w *writer) {
 				done = n
 			}
 			// c.mu only if something is to run under it: during a
-			// recovery 10,000 reports queue for it, and a writer waiting
-			// its turn behind them after every transaction of theirs was
-			// most of the time to the next round's commit.
+			// recovery a report per node queues for it, and a writer
+			// waiting its turn behind them after every transaction of
+			// theirs would delay the next round's commit.
 			if slices.ContainsFunc(queued[:done], func(p pendingWrite) bool { return p.then != nil }) {
 				c.mu.Lock()
 				for _, p := range queued[:done] {
@@ -252,11 +226,10 @@ func (c *Controller) writeLoop(ctx context.Context, w *writer) {
 // appendElided queues taken behind queued, and drops what taken makes
 // moot. Only a change that deletes or supersedes can (store.Elide): what
 // was queued before is elided already, and a later change is never
-// elided by an earlier one. So the 10,000 reports of a recovery, taken a
-// few at a time while they wait for the round's commit, do not each pass
-// over all those waiting (0.22 s of the controller's 2.9 s of CPU in a
-// 10,000-node recovery through relays, make bench-scale, and growing with
-// the square of the cluster).
+// elided by an earlier one. So the reports of a recovery, a report per
+// node taken a few at a time while they wait for the round's commit, do
+// not each pass over all those waiting, which would grow with the square
+// of the cluster.
 func appendElided(queued, taken []pendingWrite) []pendingWrite {
 	queued = append(queued, taken...)
 	if slices.ContainsFunc(taken, func(p pendingWrite) bool { return p.ch.Elides() }) {

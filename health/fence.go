@@ -86,8 +86,7 @@ func (h Heartbeat) SelfFence(silent time.Duration, c Cutoff) bool {
 // from every peer it watches fences. Its watchers' word declares it lost
 // once its heartbeat is a quarter interval overdue (ConfirmAt); the agent
 // waits half an interval, which spares a node whose heartbeat was merely
-// slow while its probes failed: a starved host (make bench-soak) is late
-// with both.
+// slow while its probes failed: a starved host is late with both.
 func (h Heartbeat) QuickSilence() time.Duration {
 	return min(h.Interval+h.Interval/2, h.Timeout)
 }

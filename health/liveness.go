@@ -12,17 +12,17 @@ const confirmLate = 4 // a quarter of an interval
 // been late: a starved host (CPU saturated, throttled) is late again by as
 // much and more, and then also misses its peers' probes, so their word is
 // no independent evidence of death until its silence is past twice its
-// recent lateness. A punctual node keeps the quarter interval. Measured by
-// make bench-soak: at 5% of a CPU, heartbeats came up to 0.5 s late and
-// peers reported the host unreachable, and it was declared lost again and
-// again (1.3 s silent) while alive.
+// recent lateness. A punctual node keeps the quarter interval. Without
+// this, a host starved to a sliver of a CPU, whose heartbeats come late
+// while its peers report it unreachable, would be declared lost again and
+// again while alive.
 const lateFactor = 2
 
 // DoubtFor is how long peers' word that a node is unreachable does not
 // count after they took it back without the node being lost: they called
-// a starved node dead and it was not (make bench-soak saw peers do so
-// every few seconds at 5% of a CPU). Meanwhile only the heartbeat timeout
-// declares it lost.
+// a starved node dead and it was not, and a starved node's peers may do
+// so every few seconds. Meanwhile only the heartbeat timeout declares it
+// lost.
 const DoubtFor = time.Minute
 
 // Verdict is the controller's judgement of one node's silence.

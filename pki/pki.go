@@ -363,12 +363,11 @@ func newSerial() (*big.Int, error) {
 // signature grows the stack it runs on (P-256's arithmetic keeps its
 // tables there), and the callers are streams' handlers, which then wait
 // for weeks using a few hundred bytes of it. Their stacks stayed grown
-// until collections shrank them, by half per collection: a relay
-// carrying 10,000 agents held 310 MB of goroutine stacks after they
-// registered instead of 228, and copying them smaller was a third to a
-// half of the CPU of the collection that did it, which its goroutines
-// mostly do themselves, stalling the heartbeats through it (make
-// bench-scale). This goroutine's stack is freed with it, for the next.
+// until collections shrank them, by half per collection: a relay or
+// controller with thousands of agents would hold far more stack than
+// they use, and copying the stacks smaller falls on the collections,
+// which its goroutines mostly do themselves, stalling heartbeats. This
+// goroutine's stack is freed with it, for the next.
 func verifyApart(leaf *x509.Certificate, opts x509.VerifyOptions) ([][]*x509.Certificate, error) {
 	type result struct {
 		chains [][]*x509.Certificate

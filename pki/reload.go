@@ -306,9 +306,9 @@ type ClientVerification struct {
 // VerifyClientAgain is VerifyClient for a chain that prev verified (the
 // zero value: never). While the same CA is loaded and every certificate of
 // the chain prev built is within its validity, the chain verifies as it did,
-// so it is neither asked for nor checked again: re-verifying the 10,000
-// agents' connections every tls.reverify_interval was a second of CPU each
-// time.
+// so it is neither asked for nor checked again: re-verifying every
+// agent's connection each tls.reverify_interval would cost CPU in
+// proportion to the cluster for no change.
 func (r *Reloader) VerifyClientAgain(chain Chain, prev ClientVerification) (ClientVerification, error) {
 	pool := r.current().pool
 	now := r.clock.Now()

@@ -1,12 +1,15 @@
 // Package relay is rdzv-relay: it carries the streams of many agents to
-// the controller as frames of one stream (rdzv.v1.RelayService.Carry). At
-// 10,000 nodes the controller's cost was per connection and per stream,
-// not per message (a TLS session, HTTP/2 transport and a few goroutines
-// each, and a system call or two for every heartbeat); a few relays, each
-// carrying thousands of agents, let the controller hold one stream per
-// relay, with every agent's messages batched on it, while each agent's
-// stream stays its own as far as the agent and the controller's logic can
-// tell.
+// the controller as frames of one stream (rdzv.v1.RelayService.Carry). A
+// directly connected agent costs the controller per connection and per
+// stream, not per message (a TLS session, HTTP/2 transport and a few
+// goroutines each, and a system call or two for every heartbeat); a few
+// relays, each carrying thousands of agents, let the controller hold one
+// stream per relay, with every agent's messages batched on it, while each
+// agent's stream stays its own as far as the agent and the controller's
+// logic can tell.
+//
+// Agents speak to the relay in frames over TLS (wire.AgentProtocol); the
+// relay speaks gRPC to the controller only.
 //
 // Trust: the relay's TLS handshake admits only a certificate that
 // verifies against the cluster CA and is off the leader's deny-list
@@ -29,7 +32,7 @@ import (
 	"github.com/rdzv/rdzv/wire/yamlcheck"
 )
 
-// DefaultListen is the relay's gRPC address for agents.
+// DefaultListen is the relay's address for agents (wire.AgentProtocol).
 const DefaultListen = "0.0.0.0:7071"
 
 // DefaultHTTPListen is the relay's metrics and health address.

@@ -12,7 +12,6 @@ import (
 
 	"go.uber.org/zap"
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 
@@ -21,8 +20,8 @@ import (
 )
 
 // handshakeTimeout bounds a connection's TLS handshake, as gRPC's own
-// connection timeout does for its server, but shorter: an agent's
-// handshake takes milliseconds, even at a cold start of 10,000.
+// connection timeout does for its server: an agent's handshake takes
+// milliseconds, even when a whole cluster connects at once.
 const handshakeTimeout = 20 * time.Second
 
 // writeTimeout bounds one write to a framed agent: an agent that does not
@@ -31,7 +30,7 @@ const handshakeTimeout = 20 * time.Second
 const writeTimeout = 10 * time.Second
 
 // accept takes connections until ctx ends, each to its handshake.
-func (r *Relay) accept(ctx context.Context, conf *tls.Config, h2 *grpcConns) error {
+func (r *Relay) accept(ctx context.Context, conf *tls.Config) error {
 	var pause time.Duration
 	for {
 		c, err := r.lis.Accept()
@@ -54,93 +53,30 @@ func (r *Relay) accept(ctx context.Context, conf *tls.Config, h2 *grpcConns) err
 		r.conns.Add(1)
 		go func() {
 			defer r.conns.Done()
-			r.handshake(ctx, c, conf, h2)
+			r.handshake(ctx, c, conf)
 		}()
 	}
 }
 
-// handshake makes c's TLS handshake, then serves an agent that speaks
-// wire.AgentProtocol, and hands any other connection to gRPC's server.
-func (r *Relay) handshake(ctx context.Context, c net.Conn, conf *tls.Config, h2 *grpcConns) {
+// handshake makes c's TLS handshake, then serves the agent. The
+// handshake admits only a verified agent certificate (Run) that chose
+// wire.AgentProtocol: a client that offered another protocol fails it, one
+// that offered none is refused here.
+func (r *Relay) handshake(ctx context.Context, c net.Conn, conf *tls.Config) {
 	tc := tls.Server(c, conf)
 	hctx, cancel := context.WithTimeout(ctx, handshakeTimeout)
 	err := tc.HandshakeContext(hctx)
 	cancel()
+	if err == nil && tc.ConnectionState().NegotiatedProtocol != wire.AgentProtocol {
+		err = fmt.Errorf("the client did not choose %s in the handshake", wire.AgentProtocol)
+	}
 	if err != nil {
 		r.refused(refusedHandshake, c.RemoteAddr().String(), err)
 		_ = c.Close()
 		return
 	}
-	if tc.ConnectionState().NegotiatedProtocol != wire.AgentProtocol {
-		h2.push(tc)
-		return
-	}
-	r.serveFramed(ctx, tc)
+	r.serveAgent(ctx, tc)
 }
-
-// grpcConns is the listener of the relay's gRPC server: the connections
-// whose handshake chose gRPC.
-type grpcConns struct {
-	addr  net.Addr
-	conns chan net.Conn
-	done  chan struct{}
-	once  sync.Once
-}
-
-func newGRPCConns(addr net.Addr) *grpcConns {
-	return &grpcConns{addr: addr, conns: make(chan net.Conn), done: make(chan struct{})}
-}
-
-// push hands c to the server, or closes it once the server stopped.
-func (l *grpcConns) push(c net.Conn) {
-	select {
-	case l.conns <- c:
-	case <-l.done:
-		_ = c.Close()
-	}
-}
-
-func (l *grpcConns) Accept() (net.Conn, error) {
-	select {
-	case c := <-l.conns:
-		return c, nil
-	case <-l.done:
-		return nil, net.ErrClosed
-	}
-}
-
-func (l *grpcConns) Close() error {
-	l.once.Do(func() { close(l.done) })
-	return nil
-}
-
-func (l *grpcConns) Addr() net.Addr { return l.addr }
-
-// handshaked is the gRPC server's transport security for connections the
-// relay has already made the TLS handshake of: it passes them on, with
-// what the handshake established, which carry reads the agent's
-// certificate chain from.
-type handshaked struct{}
-
-func (handshaked) ClientHandshake(context.Context, string, net.Conn) (net.Conn, credentials.AuthInfo, error) {
-	return nil, nil, errors.New("the relay's agent server does not dial")
-}
-
-func (handshaked) ServerHandshake(c net.Conn) (net.Conn, credentials.AuthInfo, error) {
-	tc, ok := c.(*tls.Conn)
-	if !ok {
-		return nil, nil, fmt.Errorf("a %T, not a TLS connection", c)
-	}
-	return c, credentials.TLSInfo{State: tc.ConnectionState(), CommonAuthInfo: credentials.CommonAuthInfo{SecurityLevel: credentials.PrivacyAndIntegrity}}, nil
-}
-
-func (handshaked) Info() credentials.ProtocolInfo {
-	return credentials.ProtocolInfo{SecurityProtocol: "tls"}
-}
-
-func (h handshaked) Clone() credentials.TransportCredentials { return h }
-
-func (handshaked) OverrideServerName(string) error { return nil }
 
 // agentConn is an agent's connection in frames (wire.AgentProtocol): its
 // streams, one after the other. One goroutine reads it (read); what goes
@@ -148,8 +84,8 @@ func (handshaked) OverrideServerName(string) error { return nil }
 // (wake) and gone when nothing does. A stream's end leaves the connection
 // open for the agent's next register: when the controller restarts, every
 // agent's stream ends at once, and a new connection each, with its
-// handshake, made 10,000 agents slow the controller's own start (make
-// bench-scale). The connection is closed when the agent closes it, falls
+// handshake, would slow the controller's own start. The connection is
+// closed when the agent closes it, falls
 // silent for wire.AgentIdleTimeout, or breaks the framing.
 type agentConn struct {
 	r   *Relay
@@ -164,17 +100,20 @@ type agentConn struct {
 	// opened says that a stream was opened on the connection (read only).
 	opened bool
 
+	// mu guards cur and pongs.
 	mu sync.Mutex
 	// cur is the stream under way, nil between streams.
-	cur *framedStream
-	// writing says that a writer runs; woken, that it was woken since it
-	// last looked.
-	writing, woken bool
-	pongs          int
+	cur *connStream
+	// pongs is how many pings wait for their answer.
+	pongs int
+	// out is the writer's turn (write, started on demand by wake): an item
+	// waiting says that something may be there to write, so one is
+	// enough, and a wake that finds it full has been heard already.
+	out *wire.Queue[struct{}]
 }
 
-// framedStream is one stream of an agentConn.
-type framedStream struct {
+// connStream is one stream of an agentConn.
+type connStream struct {
 	as *agentStream
 	// cancel ends the wait for a call (await).
 	cancel context.CancelFunc
@@ -184,11 +123,15 @@ type framedStream struct {
 	cl     *call
 }
 
-// serveFramed serves an agent's connection until it ends.
-func (r *Relay) serveFramed(ctx context.Context, tc *tls.Conn) {
-	ac := &agentConn{r: r, ctx: ctx, conn: tc, chain: tc.ConnectionState().PeerCertificates}
+// serveAgent serves an agent's connection until it ends.
+func (r *Relay) serveAgent(ctx context.Context, tc *tls.Conn) {
+	ac := newAgentConn(ctx, r, tc, tc.ConnectionState().PeerCertificates)
 	ac.unwatch = context.AfterFunc(ctx, func() { _ = tc.Close() })
 	ac.read()
+}
+
+func newAgentConn(ctx context.Context, r *Relay, conn net.Conn, chain []*x509.Certificate) *agentConn {
+	return &agentConn{r: r, ctx: ctx, conn: conn, chain: chain, out: wire.NewQueue[struct{}](1)}
 }
 
 // read serves the agent's frames until its connection ends: a register
@@ -252,17 +195,16 @@ func (ac *agentConn) read() {
 
 // goodbye tells an agent with no stream under way why its connection
 // closes, in one write that gives up at once on a peer that does not read.
+// It takes the writer's turn, and keeps it: the connection closes next.
 func (ac *agentConn) goodbye(why error) {
-	ac.mu.Lock()
-	defer ac.mu.Unlock()
-	if ac.writing {
-		return // the writer's frames would interleave; the close says enough
+	if start, err := ac.out.Put(struct{}{}); err != nil || !start {
+		return // a writer runs: its frames would interleave; the close says enough
 	}
 	_ = ac.conn.SetWriteDeadline(time.Now().Add(time.Second))
 	_, _ = ac.conn.Write(wire.AppendEnd(nil, why))
 }
 
-func (ac *agentConn) current() *framedStream {
+func (ac *agentConn) current() *connStream {
 	ac.mu.Lock()
 	defer ac.mu.Unlock()
 	return ac.cur
@@ -297,7 +239,7 @@ func (ac *agentConn) message(p []byte) {
 	}
 	ac.opened = true
 	ctx, cancel := context.WithCancel(ac.ctx)
-	st := &framedStream{as: newAgentStream(ac.wake), cancel: cancel, opened: make(chan struct{})}
+	st := &connStream{as: newAgentStream(ac.wake), cancel: cancel, opened: make(chan struct{})}
 	ac.mu.Lock()
 	ac.cur = st
 	ac.mu.Unlock()
@@ -312,13 +254,13 @@ func (ac *agentConn) message(p []byte) {
 	}()
 }
 
-// open checks the agent's certificate, as for each gRPC stream, and opens
+// open checks the agent's certificate again, at each stream, and opens
 // st on the controller's call, waiting for one if need be.
-func (ac *agentConn) open(ctx context.Context, st *framedStream, reg *rdzvv1.Register) {
+func (ac *agentConn) open(ctx context.Context, st *connStream, reg *rdzvv1.Register) {
 	err := ac.r.admit(ac.conn.RemoteAddr().String(), ac.chain)
 	var cl *call
 	if err == nil {
-		cl, err = ac.r.carrier.await(ctx)
+		cl, err = ac.r.uplink.await(ctx)
 	}
 	if err == nil {
 		err = cl.open(st.as, ac.chain, reg)
@@ -333,7 +275,7 @@ func (ac *agentConn) open(ctx context.Context, st *framedStream, reg *rdzvv1.Reg
 }
 
 // refuse ends st, which is on no call, with why.
-func (ac *agentConn) refuse(st *framedStream, why error) {
+func (ac *agentConn) refuse(st *connStream, why error) {
 	st.as.stop(why)
 	close(st.opened)
 }
@@ -346,7 +288,7 @@ func (ac *agentConn) close() {
 }
 
 // ended says whether the stream ended.
-func (st *framedStream) ended() bool {
+func (st *connStream) ended() bool {
 	select {
 	case <-st.as.gone:
 		return true
@@ -356,7 +298,7 @@ func (st *framedStream) ended() bool {
 }
 
 // end ends st from the relay's side, with why.
-func (ac *agentConn) end(st *framedStream, why error) {
+func (ac *agentConn) end(st *connStream, why error) {
 	st.cancel() // a stream still waiting for a call waits no more
 	<-st.opened
 	if st.cl != nil {
@@ -368,14 +310,10 @@ func (ac *agentConn) end(st *framedStream, why error) {
 
 // wake makes sure a writer runs.
 func (ac *agentConn) wake() {
-	ac.mu.Lock()
-	if ac.writing {
-		ac.woken = true
-		ac.mu.Unlock()
+	// ErrQueueFull: a wake waits for the running writer already.
+	if start, _ := ac.out.Put(struct{}{}); !start {
 		return
 	}
-	ac.writing = true
-	ac.mu.Unlock()
 	ac.r.conns.Add(1)
 	go func() {
 		defer ac.r.conns.Done()
@@ -383,14 +321,14 @@ func (ac *agentConn) wake() {
 	}()
 }
 
-// write sends what waits, in one TLS record, until nothing does; a stream
-// that ended gets its end.
+// write sends what waits, in one TLS record, as long as it is woken; a
+// stream that ended, once all it was sent is written, gets its end.
 func (ac *agentConn) write() {
 	var buf []byte
-	for {
+	for ac.out.TakeAll() != nil {
 		ac.mu.Lock()
 		pongs, st := ac.pongs, ac.cur
-		ac.pongs, ac.woken = 0, false
+		ac.pongs = 0
 		ac.mu.Unlock()
 		buf = buf[:0]
 		if st != nil {
@@ -403,24 +341,21 @@ func (ac *agentConn) write() {
 		}
 		if len(buf) > 0 {
 			ac.send(buf)
+		}
+		if st == nil || !st.ended() {
 			continue
 		}
 		ac.mu.Lock()
-		if ac.woken {
-			ac.mu.Unlock()
-			continue
-		}
-		if st != nil && st.ended() && ac.cur == st {
+		last := ac.cur == st
+		if last {
 			// Between streams from now: the agent's next register, which
 			// it sends once it read the end, opens the next.
 			ac.cur = nil
-			ac.mu.Unlock()
-			ac.finish(st)
-			continue
 		}
-		ac.writing = false
 		ac.mu.Unlock()
-		return
+		if last {
+			ac.finish(st)
+		}
 	}
 }
 
@@ -438,7 +373,7 @@ func (ac *agentConn) send(b []byte) {
 
 // finish sends the agent what the controller sent before st ended (a stop
 // order, say) and the status st ended with.
-func (ac *agentConn) finish(st *framedStream) {
+func (ac *agentConn) finish(st *connStream) {
 	<-st.opened
 	why := st.as.why
 	code := codes.OK

@@ -48,7 +48,8 @@ func FuzzFramedReader(f *testing.F) {
 			_, _ = b.Write(in)
 			_ = b.Close()
 		}()
-		ac := &agentConn{r: r, ctx: context.Background(), conn: a, unwatch: func() bool { return true }}
+		ac := newAgentConn(context.Background(), r, a, nil)
+		ac.unwatch = func() bool { return true }
 		ac.read()
 		r.conns.Wait()
 	})

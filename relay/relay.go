@@ -15,9 +15,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/backoff"
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/keepalive"
-	"google.golang.org/grpc/peer"
 	"google.golang.org/grpc/status"
 
 	"github.com/rdzv/rdzv/client"
@@ -40,13 +38,13 @@ var upstreamKeepalive = keepalive.ClientParameters{Time: 10 * time.Second, Timeo
 // through their relay, instead of after their own reconnect backoff and
 // with a handshake each.
 //
-// Meanwhile the carrier asks for a call once per callRetry. An attempt
+// Meanwhile the uplink asks for a call once per callRetry. An attempt
 // while the connection is down fails at once, without a packet sent (the
 // connection's own backoff, upstreamBackoff, paces the connection
 // attempts), and a controller that answers but does not serve yet (it is
-// starting, or an election is under way) serves within moments. Asked
-// once per second, relays reached a controller that had started serving
-// most of a second late, with their agents held (make bench-scale).
+// starting, or an election is under way) serves within moments: the
+// relay's agents, held meanwhile, should register within a fraction of a
+// second of a controller serving.
 const (
 	holdRetry = time.Second
 	callRetry = 100 * time.Millisecond
@@ -66,11 +64,6 @@ var upstreamBackoff = grpc.ConnectParams{
 // (Relay.refusals); rdzv_relay_refused_total counts them all.
 const refusalLines = 5
 
-// registerTimeout bounds the wait for an agent's first message, as the
-// controller's does: a connection that opens a stream and says nothing
-// holds no place on the controller for long.
-const registerTimeout = 30 * time.Second
-
 // Relay is rdzv-relay. Build it with New and run it with Run.
 type Relay struct {
 	cfg     Config
@@ -80,7 +73,7 @@ type Relay struct {
 	metrics *metrics
 	http    *httpserve.Server
 	reach   *reach
-	carrier *carrier
+	uplink  *uplink
 	// revoked is the leader's deny-list as last read (syncRevocations).
 	revoked *pki.DenyList
 	// refusals logs the refusals of peers, a few lines a second at most:
@@ -91,7 +84,7 @@ type Relay struct {
 	lis   net.Listener
 	ready chan struct{}
 	// conns counts the goroutines of the connections accepted, and of
-	// framed agents' streams: Run waits for them.
+	// agents' streams: Run waits for them.
 	conns sync.WaitGroup
 }
 
@@ -125,7 +118,7 @@ func New(cfg Config, log *zap.Logger) (*Relay, error) {
 		refusals: log.WithOptions(zap.WrapCore(func(c zapcore.Core) zapcore.Core {
 			return zapcore.NewSamplerWithOptions(c, time.Second, refusalLines, 0)
 		}))}
-	r.carrier = newCarrier(r)
+	r.uplink = newUplink(r)
 	if cfg.HTTP.Enabled() {
 		reg := httpserve.NewRegistry()
 		r.metrics.register(reg)
@@ -174,16 +167,11 @@ func (r *Relay) Run(ctx context.Context) error {
 	}
 	r.lis = lis
 	// The relay makes the TLS handshake, which admits only a client
-	// certificate that verifies and is not on the deny-list: nothing a
-	// peer sends past the handshake is read before that. ALPN then says
-	// whether the agent's stream goes as frames (wire.AgentProtocol) or
-	// as a gRPC call, on gRPC's server, which is handed the connection
-	// (grpcConns).
+	// certificate that verifies and is not on the deny-list, and only a
+	// peer that speaks wire.AgentProtocol: nothing a peer sends past the
+	// handshake is read before that.
 	conf := r.tls.VerifyingServerConfig(r.revoked.Check)
-	conf.NextProtos = []string{wire.AgentProtocol, "h2"}
-	h2 := newGRPCConns(lis.Addr())
-	srv := grpc.NewServer(append(wire.StreamServerOptions(), grpc.Creds(handshaked{}), grpc.ForceServerCodecV2(newPassThrough()))...)
-	rdzvv1.RegisterAgentServiceServer(srv, &service{r: r})
+	conf.NextProtos = []string{wire.AgentProtocol}
 	defer r.conns.Wait()
 	g, gctx := errgroup.WithContext(ctx)
 	if r.http != nil {
@@ -194,84 +182,21 @@ func (r *Relay) Run(ctx context.Context) error {
 	}
 	r.log.Info("relay serving", zap.Stringer("addr", lis.Addr()), zap.String("controller", r.cfg.Controller))
 	close(r.ready)
-	g.Go(func() error { r.carrier.run(gctx); return nil })
+	g.Go(func() error { r.uplink.run(gctx); return nil })
 	g.Go(func() error { r.syncRevocations(gctx); return nil })
-	g.Go(func() error { return r.accept(gctx, conf, h2) })
-	g.Go(func() error {
-		if err := srv.Serve(h2); err != nil && !errors.Is(err, grpc.ErrServerStopped) {
-			return fmt.Errorf("serving grpc: %w", err)
-		}
-		return nil
-	})
+	g.Go(func() error { return r.accept(gctx, conf) })
 	g.Go(func() error {
 		<-gctx.Done()
 		_ = lis.Close()
-		// Not a graceful stop: an agent's stream never ends by itself.
-		srv.Stop()
-		h2.Close()
 		return nil
 	})
 	return g.Wait()
 }
 
-// service is the relay's AgentService: each agent stream is carried to the
-// controller as frames of the relay's one call (carrier).
-type service struct {
-	rdzvv1.UnimplementedAgentServiceServer
-	r *Relay
-}
-
-func (s *service) Connect(down rdzvv1.AgentService_ConnectServer) error {
-	err := s.r.carry(down)
-	s.r.metrics.ended.WithLabelValues(status.Code(err).String()).Inc()
-	s.r.log.Debug("agent stream ended", zap.String("peer", peerAddr(down.Context())), zap.Error(err))
-	return err
-}
-
-// carry verifies the agent and carries its stream to the controller until
-// either side ends it. A refusal of the agent itself (its certificate, its
-// node name, an invalid message) reaches it with the controller's status;
-// the relay's call ending (a controller that stopped leading, restarted or
-// cannot be reached) reaches it as Unavailable, which makes it reconnect:
-// held by the relay while a controller's host answers, sent to its next
-// address when none does.
-func (r *Relay) carry(down rdzvv1.AgentService_ConnectServer) error {
-	ctx := down.Context()
-	var chain []*x509.Certificate
-	if p, _ := peer.FromContext(ctx); p != nil {
-		if info, ok := p.AuthInfo.(credentials.TLSInfo); ok {
-			chain = info.State.PeerCertificates
-		}
-	}
-	if err := r.admit(peerAddr(ctx), chain); err != nil {
-		return err
-	}
-	reg, err := wire.RecvRegister(down.Recv, registerTimeout)
-	if err != nil {
-		return err
-	}
-	cl, err := r.carrier.await(ctx)
-	if err != nil {
-		return err
-	}
-	ready := make(chan struct{}, 1)
-	as := newAgentStream(func() {
-		select {
-		case ready <- struct{}{}:
-		default:
-		}
-	})
-	if err := cl.open(as, chain, reg); err != nil {
-		return err
-	}
-	r.metrics.streams.Inc()
-	defer r.metrics.streams.Dec()
-	return cl.pump(down, as, ready)
-}
-
 // admit checks the certificate chain an agent presented, at each stream
 // it opens (the handshake checked it, perhaps long ago): the relay carries
-// agents only, each with a short chain.
+// agents only, each with a short chain. A refusal reaches the agent as the
+// stream's end status.
 func (r *Relay) admit(peer string, chain []*x509.Certificate) error {
 	v, err := r.tls.VerifyClientAgain(pki.ChainOf(chain), pki.ClientVerification{})
 	if err == nil {
@@ -327,11 +252,4 @@ func (r *Relay) syncRevocations(ctx context.Context) {
 		case <-t.C:
 		}
 	}
-}
-
-func peerAddr(ctx context.Context) string {
-	if p, _ := peer.FromContext(ctx); p != nil && p.Addr != nil {
-		return p.Addr.String()
-	}
-	return ""
 }

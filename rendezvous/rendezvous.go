@@ -3,7 +3,7 @@
 // tested; the controller feeds it snapshots and commits its decisions.
 //
 // Everything here is O(n log n) in the number of candidate nodes: a round
-// over 10,000 nodes is one filter and one sort.
+// over wire.MaxNodes nodes is one filter and one sort.
 package rendezvous
 
 import (

@@ -14,16 +14,14 @@ import (
 )
 
 // An agent's stream through a relay travels as length-prefixed frames over
-// the TLS connection, not as a gRPC call, when both ends speak AgentProtocol
-// (TLS's ALPN picks it; either end that does not falls back to gRPC's "h2"
-// on the same port). The stream is the same: ConnectRequest messages up,
-// ConnectResponse messages down, and a status to end it. What goes is what
-// a relay holds per agent: gRPC's server transport kept five goroutines and
-// some 28 KiB of heap per connection, all of it scanned by every one of the
-// relay's collections, whose marks were the steady heartbeat p99 at 10,000
-// agents (make bench-scale). A framed agent costs the relay the TLS
+// the TLS connection, not as a gRPC call: TLS's ALPN names AgentProtocol,
+// and a relay admits no other. The stream is the same as a direct one:
+// ConnectRequest messages up, ConnectResponse messages down, and a status
+// to end it. Frames keep what a relay holds per agent small: the TLS
 // connection, one goroutine reading it, and a writer only while messages
-// wait.
+// wait, where gRPC's server transport holds several goroutines and tens of
+// KiB of heap per connection, all of it scanned by every collection of a
+// relay that carries thousands of agents.
 //
 // A frame is a 4-byte big-endian length, then that many bytes: a kind, then
 // its payload.

@@ -2,8 +2,8 @@ package wire
 
 import (
 	"context"
+	"errors"
 	"fmt"
-	"sync"
 	"time"
 
 	"google.golang.org/protobuf/proto"
@@ -29,90 +29,66 @@ var ErrFramesBacklog = fmt.Errorf("%d frames wait: the call fell behind", CarryQ
 
 // CarryPace is the least time between two batches of one FrameQueue: a
 // frame that finds the queue idle leaves at once, and under load frames
-// gather for up to CarryPace. Through ten relays at 10,000 nodes (make
-// bench-scale), batches taken as soon as the previous one was sent were
-// small enough during a recovery's bursts (10,000 stop orders, reports
-// and assignments) that relays and the controller spent their CPU on
-// messages, and in three of five runs healthy nodes' heartbeats arrived
-// late enough to be declared lost; a fixed 2 ms linger before every batch
+// gather for up to CarryPace. Batches taken as soon as the previous one
+// was sent are small during a recovery's bursts (a stop order, a report
+// and an assignment per node), so relays and the controller would spend
+// their CPU per message and healthy nodes' heartbeats could arrive late
+// enough to be declared lost; a fixed linger before every batch would
 // cost timer wake-ups at steady, where a message rarely waits.
 const CarryPace = 2 * time.Millisecond
 
 // FrameQueue queues frames without blocking and hands them on in batches
 // (Run): whatever queued while the previous batch was taken care of, and
-// at least CarryPace after it started, goes in the next one.
+// at least CarryPace after it started, goes in the next one. Its writer,
+// Run, runs for the queue's life (Queue).
 type FrameQueue[F any] struct {
 	// size is a frame's encoded size, for CarryBatchBytes; nil when the
 	// batches are not sent but handled in this process, whole.
-	size   func(F) int
-	mu     sync.Mutex
-	queue  []F
-	failed error
-	wake   chan struct{}
+	size func(F) int
+	q    *Queue[F]
 }
 
 // NewFrameQueue makes an empty queue of frames to send.
 func NewFrameQueue[F proto.Message]() *FrameQueue[F] {
-	return &FrameQueue[F]{wake: make(chan struct{}, 1), size: func(f F) int { return proto.Size(f) }}
+	return &FrameQueue[F]{q: NewQueue[F](CarryQueue), size: func(f F) int { return proto.Size(f) }}
 }
 
 // NewHandleQueue makes an empty queue of frames to handle in this process:
 // Run hands on all that queued in one batch.
 func NewHandleQueue[F any]() *FrameQueue[F] {
-	return &FrameQueue[F]{wake: make(chan struct{}, 1)}
+	return &FrameQueue[F]{q: NewQueue[F](CarryQueue)}
 }
 
 // Put queues f without blocking. It fails once the queue failed (Run
-// returned, or CarryQueue frames wait, which fails it).
+// returned, or CarryQueue frames wait, which fails it and drops them).
 func (o *FrameQueue[F]) Put(f F) error {
-	o.mu.Lock()
-	defer o.mu.Unlock()
-	if o.failed != nil {
-		return o.failed
+	_, err := o.q.Put(f)
+	if errors.Is(err, ErrQueueFull) {
+		o.q.Fail(ErrFramesBacklog)
+		return ErrFramesBacklog
 	}
-	if len(o.queue) >= CarryQueue {
-		o.failed = ErrFramesBacklog
-		o.queue = nil
-		o.signal()
-		return o.failed
-	}
-	o.queue = append(o.queue, f)
-	o.signal()
-	return nil
-}
-
-func (o *FrameQueue[F]) signal() {
-	select {
-	case o.wake <- struct{}{}:
-	default:
-	}
+	return err
 }
 
 // Run hands what is queued to send, in order, in batches of at most
 // CarryBatchBytes of frames (a message's worth; any size for a handle
-// queue), until ctx ends, send
-// fails or the queue overflows; it returns why, and refuses frames from
-// then on.
+// queue), until ctx ends, send fails or the queue overflows; it returns
+// why, and refuses frames from then on.
 func (o *FrameQueue[F]) Run(ctx context.Context, send func([]F) error) error {
-	err := o.run(ctx, send)
-	o.mu.Lock()
-	if o.failed == nil {
-		o.failed = err
-	}
-	err, o.queue = o.failed, nil
-	o.mu.Unlock()
-	return err
+	o.q.Fail(o.run(ctx, send))
+	return o.q.Err()
 }
 
 func (o *FrameQueue[F]) run(ctx context.Context, send func([]F) error) error {
 	var last time.Time
+	wake := o.q.Wake()
 	pace := time.NewTimer(0)
 	defer pace.Stop()
 	for {
 		select {
 		case <-ctx.Done():
 			return context.Cause(ctx)
-		case <-o.wake:
+		case <-wake:
 		}
 		if wait := CarryPace - time.Since(last); wait > 0 {
 			pace.Reset(wait)
@@ -123,12 +99,9 @@ func (o *FrameQueue[F]) run(ctx context.Context, send func([]F) error) error {
 			}
 		}
 		last = time.Now()
-		o.mu.Lock()
-		frames, failed := o.queue, o.failed
-		o.queue = nil
-		o.mu.Unlock()
-		if failed != nil {
-			return failed
+		frames := o.q.Take()
+		if err := o.q.Err(); err != nil {
+			return err
 		}
 		for len(frames) > 0 {
 			n := len(frames)

@@ -15,7 +15,7 @@ const Domain = "rdzv"
 
 // Reasons a controller gives for not serving a call.
 const (
-	// ReasonNotLeader: a standby; the leader metadata says where to go.
+	// ReasonNotLeader: a follower (a controller that does not lead); the leader metadata says where to go.
 	ReasonNotLeader = "NOT_LEADER"
 	// ReasonNoLeader: no controller leads right now (an election or a new
 	// leader's start-up is under way); retry shortly.

@@ -18,7 +18,7 @@ func TestErrorRoundTrip(t *testing.T) {
 		wantLeader    string
 		wantIsRefusal bool
 	}{
-		{"standby naming the leader", Error(ReasonNotLeader, "10.0.0.1:7070", "standby"), ReasonNotLeader, "10.0.0.1:7070", true},
+		{"follower naming the leader", Error(ReasonNotLeader, "10.0.0.1:7070", "follower"), ReasonNotLeader, "10.0.0.1:7070", true},
 		{"no leader", Error(ReasonNoLeader, "", "election"), ReasonNoLeader, "", true},
 		{"etcd down", Error(ReasonEtcdUnavailable, "", "no quorum"), ReasonEtcdUnavailable, "", true},
 		{"wrapped", fmt.Errorf("registering: %w", Error(ReasonNotLeader, "b:1", "x")), ReasonNotLeader, "b:1", true},

@@ -17,15 +17,15 @@ const (
 	MaxGPUsPerNode  = 64
 	MaxProcsPerNode = 256
 	// MaxMessageBytes bounds every gRPC message in both directions; a round
-	// of 10,000 nodes fits.
+	// of MaxNodes nodes fits.
 	MaxMessageBytes = 16 << 20
 	// FlowWindow is every gRPC connection's and stream's HTTP/2 flow
 	// control window, both ways. Set, it turns off gRPC's bandwidth
 	// estimation, which otherwise answers nearly every message of a
 	// stream as slow as a heartbeat with a window update and a PING that
 	// the peer must answer: three writes and three reads on each side per
-	// heartbeat instead of one, most of a 10,000-node controller's
-	// heartbeat CPU (make bench-scale). 1 MiB moves a log chunk in one
+	// heartbeat instead of one, which would be most of the controller's
+	// heartbeat CPU. 1 MiB moves a log chunk in one
 	// round trip, and is less than the estimation may grow a window to.
 	FlowWindow = 1 << 20
 	// MaxSpecBytes bounds a job spec's encoded size. The job record is

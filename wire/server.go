@@ -27,19 +27,18 @@ func StreamServerOptions() []grpc.ServerOption {
 		// (a GOAWAY; the client dials again when it next calls). An agent
 		// that went around its relay and came back through it kept its
 		// direct connection open, idle, with gRPC's three goroutines and
-		// buffers at the controller: 3,787 of them after a 10,000-node
-		// cold start through relays (make bench-scale).
+		// buffers at the controller, one for each agent that went around
+		// its relay during a cold start.
 		grpc.KeepaliveParams(keepalive.ServerParameters{Time: 10 * time.Second, Timeout: 5 * time.Second, MaxConnectionIdle: MaxConnectionIdle}),
 		// Each agent holds a connection for weeks and sends a heartbeat a
 		// second: gRPC's default 32 KiB read and write buffers per
-		// connection were most of the controller's memory at scale (64 KiB
-		// of about 140 KiB per node at 1,000 nodes, make bench-scale). The
+		// connection would be most of the controller's memory per node. The
 		// write buffer is taken from a pool for each flush instead, and
 		// frames are read through TLS's own record buffer. The pool keeps
-		// what a burst (10,000 assignments) took until two GCs have passed:
-		// 8 KiB buffers, a quarter of the default, hold most messages whole
-		// (a larger one is flushed in parts) and halved what the pool held
-		// at 10,000 nodes (30 MiB instead of 60).
+		// what a burst (an assignment per node) took until two GCs have
+		// passed: 8 KiB buffers, a quarter of the default, hold most
+		// messages whole (a larger one is flushed in parts) and keep the
+		// pool small.
 		grpc.SharedWriteBuffer(true),
 		grpc.WriteBufferSize(8 << 10),
 		grpc.ReadBufferSize(0),

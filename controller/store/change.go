@@ -101,8 +101,8 @@ func (c *Change) Elides() bool { return c != nil && (len(c.ranges) > 0 || len(c.
 
 // Elide drops from changes the puts that a later change of the slice
 // deletes with a range or supersedes (a round's commit supersedes the
-// job's worker records, so the 10,000 STOPPED reports queued before it
-// need not be stored first), and sets a change left with no operation to
+// job's worker records, so the STOPPED reports queued before it, one per
+// node, need not be stored first), and sets a change left with no operation to
 // nil. pinned(i) marks a change someone waits on (an answer, a message
 // that rests on it): every change before it keeps all its writes, and so
 // does it, so that whatever learns of a durable change finds everything

@@ -35,8 +35,8 @@ var ErrUnavailable = errors.New("etcd unavailable (no quorum?)")
 // otherwise.
 const DefaultRequestTimeout = 5 * time.Second
 
-// pageSize bounds each range read so loading 10,000 nodes never builds one
-// huge response.
+// pageSize bounds each range read so loading wire.MaxNodes nodes never
+// builds one huge response.
 const pageSize = 500
 
 // Store reads and writes the key schema in keys.go. Every write is guarded
@@ -362,8 +362,8 @@ func (s *Store) rangeAll(ctx context.Context, prefix string, fn func(key string,
 
 // shallow is a copy of m that shares m's fields' values (messages, lists,
 // maps): the controller never changes a record in place, only replaces it,
-// so a deep copy to clear a few fields only costs (half of PutNode's CPU
-// in a 10,000-node cold start, make bench-scale).
+// so a deep copy to clear a few fields would only cost CPU on every
+// registration.
 func shallow[M proto.Message](m M) M {
 	src := m.ProtoReflect()
 	dst := src.New()
@@ -429,10 +429,9 @@ func (s *Store) UpdateJob(j *rdzvv1.Job, events ...*rdzvv1.Event) *Change {
 // rounds can never both commit. It starts a clean slate of worker statuses
 // without deleting the old ones: a worker record of an older generation
 // than its job's is superseded (LoadSnapshot leaves it out), and each node
-// of the new round overwrites its own. Deleting them in the commit was one
-// tombstone per node in its transaction: at 10,000 nodes, 0.9 s of etcd's
-// apply between a recovery's decision and its assignments (make
-// bench-scale).
+// of the new round overwrites its own. Deleting them in the commit would
+// be one tombstone per node in its transaction, etcd's apply time between
+// a recovery's decision and its assignments.
 func (s *Store) CommitRound(j *rdzvv1.Job, round *rdzvv1.Round, events ...*rdzvv1.Event) *Change {
 	name := j.GetSpec().GetName()
 	ch := newChange(fmt.Sprintf("committing round %d of job %s", round.GetGeneration(), name))

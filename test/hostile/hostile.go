@@ -413,7 +413,7 @@ func register(ctx context.Context, conn *grpc.ClientConn, node string, pad int) 
 }
 
 // refusedCalls calls the controller's API and registers at the relay
-// (gRPC and framed) with cert, over and over, each time on a new
+// (in frames, as agents do) with cert, over and over, each time on a new
 // connection.
 func (c *Cluster) refusedCalls(ctx context.Context, cert *tls.Certificate) string {
 	var t tally
@@ -423,10 +423,6 @@ func (c *Cluster) refusedCalls(ctx context.Context, cert *tls.Certificate) strin
 			_, err := rdzvv1.NewNodeServiceClient(conn).ListNodes(cctx, &rdzvv1.ListNodesRequest{})
 			cancel()
 			t.addErr("controller", err)
-			_ = conn.Close()
-		}
-		if conn, err := grpcConn(c.relay.Addr, cert); err == nil {
-			t.addErr("relay gRPC", register(ctx, conn, sim.Name(0), 0))
 			_ = conn.Close()
 		}
 		t.addErr("relay framed", c.framedRegister(ctx, cert, 0))
@@ -698,16 +694,14 @@ func (c *Cluster) manyConns(ctx context.Context) string {
 }
 
 // oversizedRegister registers with a valid agent certificate no agent
-// runs with, at the relay (gRPC and framed) and the controller, labels of
-// 15 MB.
+// runs with, at the relay (in frames) and the controller (gRPC), labels
+// of 15 MB.
 func (c *Cluster) oversizedRegister(ctx context.Context) string {
 	var t tally
 	workers(ctx, 2, func(ctx context.Context) {
-		for _, addr := range []string{c.relay.Addr, c.ctl.Addr} {
-			if conn, err := grpcConn(addr, &c.spare); err == nil {
-				t.addErr(c.where(addr)+" gRPC", register(ctx, conn, sim.Name(realAgents), bigBytes))
-				_ = conn.Close()
-			}
+		if conn, err := grpcConn(c.ctl.Addr, &c.spare); err == nil {
+			t.addErr("controller gRPC", register(ctx, conn, sim.Name(realAgents), bigBytes))
+			_ = conn.Close()
 		}
 		t.addErr("relay framed", c.framedRegister(ctx, &c.spare, bigBytes))
 	})

@@ -29,7 +29,7 @@ const (
 // ServerService says what a controller is: `rdzvctl version`.
 type ServerServiceClient interface {
 	// GetServerInfo answers with the leading controller's build and address
-	// (the client follows the leader, so a standby never answers).
+	// (the client follows the leader, so a follower never answers).
 	GetServerInfo(ctx context.Context, in *GetServerInfoRequest, opts ...grpc.CallOption) (*GetServerInfoResponse, error)
 }
 
@@ -58,7 +58,7 @@ func (c *serverServiceClient) GetServerInfo(ctx context.Context, in *GetServerIn
 // ServerService says what a controller is: `rdzvctl version`.
 type ServerServiceServer interface {
 	// GetServerInfo answers with the leading controller's build and address
-	// (the client follows the leader, so a standby never answers).
+	// (the client follows the leader, so a follower never answers).
 	GetServerInfo(context.Context, *GetServerInfoRequest) (*GetServerInfoResponse, error)
 	mustEmbedUnimplementedServerServiceServer()
 }

@@ -4,7 +4,6 @@ import (
 	"context"
 	"crypto/x509"
 	"errors"
-	"fmt"
 	"sync"
 	"time"
 
@@ -18,20 +17,29 @@ import (
 )
 
 // The relay carries all its agents' streams as frames of one Carry call to
-// the leading controller (rdzv.v1.RelayService). The carrier keeps that
+// the leading controller (rdzv.v1.RelayService). The uplink keeps that
 // call up: it opens one, serves it until it breaks (the controller
 // restarted, failed over, or stepped down and named the new leader), and
 // opens the next, one attempt per callRetry. While none is up, new agent
 // streams wait for one (await): one attempt per relay knocks at a
 // restarting controller, not one per agent, and the held agents register
-// the moment it leads, through their relay.
+// the moment it leads, through their relay. The relay's side of that call
+// is its uplink; the controller's is its carrier (controller/carry.go).
+
+// The relay passes its agents' messages on as they were encoded: an
+// agent's ConnectRequest goes into its frame as the agent sent it, and a
+// ConnectResponse reaches the agent as the controller encoded it. The
+// controller decodes and checks every message anyway; decoding and
+// encoding each again would cost the relay CPU and garbage for every
+// assignment (a job's whole spec) of a rendezvous.
 
 // agentBuffer bounds the frames waiting for one agent's stream; an agent
 // that does not read them is dropped, so it cannot hold up its neighbours.
 const agentBuffer = wire.AgentBacklog
 
-// carrier is the relay's Carry call, over its lifetimes.
-type carrier struct {
+// uplink is the relay's Carry call, over its lifetimes. Its one lock, mu,
+// guards cur and up.
+type uplink struct {
 	r *Relay
 
 	mu  sync.Mutex
@@ -40,10 +48,10 @@ type carrier struct {
 	up chan struct{}
 }
 
-func newCarrier(r *Relay) *carrier { return &carrier{r: r, up: make(chan struct{})} }
+func newUplink(r *Relay) *uplink { return &uplink{r: r, up: make(chan struct{})} }
 
 // run keeps a call up until ctx ends.
-func (ca *carrier) run(ctx context.Context) {
+func (ca *uplink) run(ctx context.Context) {
 	for ctx.Err() == nil {
 		cl, err := ca.dial(ctx)
 		if err != nil {
@@ -73,7 +81,7 @@ func (ca *carrier) run(ctx context.Context) {
 }
 
 // dial opens a call: the controller's first response says it serves it.
-func (ca *carrier) dial(ctx context.Context) (*call, error) {
+func (ca *uplink) dial(ctx context.Context) (*call, error) {
 	cctx, cancel := context.WithCancelCause(ctx)
 	stream, err := ca.r.client.Carry(cctx)
 	if err == nil {
@@ -89,7 +97,7 @@ func (ca *carrier) dial(ctx context.Context) (*call, error) {
 // await returns the call up now, waiting for one while a controller's host
 // answers (reach), up to maxHold; an agent is sent around the relay when
 // none does.
-func (ca *carrier) await(ctx context.Context) (*call, error) {
+func (ca *uplink) await(ctx context.Context) (*call, error) {
 	deadline := time.Now().Add(maxHold)
 	for {
 		ca.mu.Lock()
@@ -142,11 +150,11 @@ type agentStream struct {
 	// down queues what the controller sent the agent, up to agentBuffer
 	// messages; wake is called when it may have grown, and when the
 	// stream ends. A queue that grows as needed, rather than a channel of
-	// agentBuffer slots: at 10,000 agents those slots were 20 MB of the
-	// relay's heap, all of it scanned by every collection, to hold one
-	// message at a time.
+	// agentBuffer slots, which would be a fixed 2 KiB per agent of the
+	// relay's heap, scanned by every collection, to hold one message at a
+	// time.
 	mu   sync.Mutex
-	down []encoded
+	down [][]byte
 	wake func()
 }
 
@@ -155,7 +163,7 @@ func newAgentStream(wake func()) *agentStream {
 }
 
 // push queues m for the agent; false when agentBuffer messages wait.
-func (as *agentStream) push(m encoded) bool {
+func (as *agentStream) push(m []byte) bool {
 	as.mu.Lock()
 	full := len(as.down) >= agentBuffer
 	if !full {
@@ -169,7 +177,7 @@ func (as *agentStream) push(m encoded) bool {
 }
 
 // take empties the queue.
-func (as *agentStream) take() []encoded {
+func (as *agentStream) take() [][]byte {
 	as.mu.Lock()
 	defer as.mu.Unlock()
 	q := as.down
@@ -264,7 +272,7 @@ func (cl *call) open(as *agentStream, chain []*x509.Certificate, reg *rdzvv1.Reg
 
 // send passes an agent's message on, once fewer than agentBuffer of its
 // messages wait to be sent.
-func (cl *call) send(as *agentStream, m encoded) error {
+func (cl *call) send(as *agentStream, m []byte) error {
 	select {
 	case as.unsent <- struct{}{}:
 	case <-as.gone:
@@ -338,52 +346,3 @@ func (cl *call) endAll(why error) {
 
 // errAgentGone ends the stream of an agent that went away.
 var errAgentGone = errors.New("the agent closed its stream")
-
-// pump carries an agent's gRPC stream on cl until either side ends it; as
-// wakes it through ready.
-func (cl *call) pump(down rdzvv1.AgentService_ConnectServer, as *agentStream, ready <-chan struct{}) error {
-	go func() {
-		for {
-			var m encoded
-			if err := down.RecvMsg(&m); err != nil {
-				cl.close(as, fmt.Errorf("%w: %w", errAgentGone, err))
-				return
-			}
-			if err := cl.send(as, m); err != nil {
-				cl.close(as, err)
-				return
-			}
-		}
-	}()
-	for {
-		select {
-		case <-ready:
-			for _, m := range as.take() {
-				if err := down.SendMsg(&m); err != nil {
-					cl.close(as, err)
-					return err
-				}
-			}
-		case <-as.gone:
-			return as.finish(down)
-		case <-cl.ctx.Done():
-			// endAll says why, once the carrier sees the call broke.
-			<-as.gone
-			return as.finish(down)
-		}
-	}
-}
-
-// finish sends the agent what the controller sent before it ended the
-// stream (a stop order, say), and returns the status the stream ends with.
-func (as *agentStream) finish(down rdzvv1.AgentService_ConnectServer) error {
-	if errors.Is(as.why, errAgentGone) {
-		return nil
-	}
-	for _, m := range as.take() {
-		if err := down.SendMsg(&m); err != nil {
-			return err
-		}
-	}
-	return as.why
-}
