@@ -276,8 +276,11 @@ type JobSpec struct {
 	// A generation of a job that reported steps before, reporting none this
 	// long after its round committed, is hung; zero is off.
 	HealthStartupTimeout *durationpb.Duration `protobuf:"bytes,32,opt,name=health_startup_timeout,json=healthStartupTimeout,proto3" json:"health_startup_timeout,omitempty"`
-	unknownFields        protoimpl.UnknownFields
-	sizeCache            protoimpl.SizeCache
+	// In-memory checkpoints replicated to peers (docs/checkpoints.md);
+	// unset is off.
+	CheckpointMemory *CheckpointMemorySpec `protobuf:"bytes,33,opt,name=checkpoint_memory,json=checkpointMemory,proto3" json:"checkpoint_memory,omitempty"`
+	unknownFields    protoimpl.UnknownFields
+	sizeCache        protoimpl.SizeCache
 }
 
 func (x *JobSpec) Reset() {
@@ -534,6 +537,68 @@ func (x *JobSpec) GetHealthStartupTimeout() *durationpb.Duration {
 	return nil
 }
 
+func (x *JobSpec) GetCheckpointMemory() *CheckpointMemorySpec {
+	if x != nil {
+		return x.CheckpointMemory
+	}
+	return nil
+}
+
+// CheckpointMemorySpec is job.yaml's checkpoint.memory.
+type CheckpointMemorySpec struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// How many peer nodes hold a copy of each node's shards.
+	Replicas uint32 `protobuf:"varint,1,opt,name=replicas,proto3" json:"replicas,omitempty"`
+	// The most bytes of shards, own and replicas, a node keeps for the job.
+	MaxBytes      uint64 `protobuf:"varint,2,opt,name=max_bytes,json=maxBytes,proto3" json:"max_bytes,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CheckpointMemorySpec) Reset() {
+	*x = CheckpointMemorySpec{}
+	mi := &file_rdzv_v1_job_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CheckpointMemorySpec) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CheckpointMemorySpec) ProtoMessage() {}
+
+func (x *CheckpointMemorySpec) ProtoReflect() protoreflect.Message {
+	mi := &file_rdzv_v1_job_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CheckpointMemorySpec.ProtoReflect.Descriptor instead.
+func (*CheckpointMemorySpec) Descriptor() ([]byte, []int) {
+	return file_rdzv_v1_job_proto_rawDescGZIP(), []int{1}
+}
+
+func (x *CheckpointMemorySpec) GetReplicas() uint32 {
+	if x != nil {
+		return x.Replicas
+	}
+	return 0
+}
+
+func (x *CheckpointMemorySpec) GetMaxBytes() uint64 {
+	if x != nil {
+		return x.MaxBytes
+	}
+	return 0
+}
+
 // PreflightSpec is the round smoke test: before the training command, the
 // round's nodes run a short gloo all-reduce and timed transfers between
 // neighbours; a node whose links are slower than min_bandwidth_mbps is left
@@ -551,7 +616,7 @@ type PreflightSpec struct {
 
 func (x *PreflightSpec) Reset() {
 	*x = PreflightSpec{}
-	mi := &file_rdzv_v1_job_proto_msgTypes[1]
+	mi := &file_rdzv_v1_job_proto_msgTypes[2]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -563,7 +628,7 @@ func (x *PreflightSpec) String() string {
 func (*PreflightSpec) ProtoMessage() {}
 
 func (x *PreflightSpec) ProtoReflect() protoreflect.Message {
-	mi := &file_rdzv_v1_job_proto_msgTypes[1]
+	mi := &file_rdzv_v1_job_proto_msgTypes[2]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -576,7 +641,7 @@ func (x *PreflightSpec) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PreflightSpec.ProtoReflect.Descriptor instead.
 func (*PreflightSpec) Descriptor() ([]byte, []int) {
-	return file_rdzv_v1_job_proto_rawDescGZIP(), []int{1}
+	return file_rdzv_v1_job_proto_rawDescGZIP(), []int{2}
 }
 
 func (x *PreflightSpec) GetMinBandwidthMbps() float64 {
@@ -619,7 +684,7 @@ type NodeAssignment struct {
 
 func (x *NodeAssignment) Reset() {
 	*x = NodeAssignment{}
-	mi := &file_rdzv_v1_job_proto_msgTypes[2]
+	mi := &file_rdzv_v1_job_proto_msgTypes[3]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -631,7 +696,7 @@ func (x *NodeAssignment) String() string {
 func (*NodeAssignment) ProtoMessage() {}
 
 func (x *NodeAssignment) ProtoReflect() protoreflect.Message {
-	mi := &file_rdzv_v1_job_proto_msgTypes[2]
+	mi := &file_rdzv_v1_job_proto_msgTypes[3]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -644,7 +709,7 @@ func (x *NodeAssignment) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NodeAssignment.ProtoReflect.Descriptor instead.
 func (*NodeAssignment) Descriptor() ([]byte, []int) {
-	return file_rdzv_v1_job_proto_rawDescGZIP(), []int{2}
+	return file_rdzv_v1_job_proto_rawDescGZIP(), []int{3}
 }
 
 func (x *NodeAssignment) GetNode() string {
@@ -767,7 +832,7 @@ type Job struct {
 
 func (x *Job) Reset() {
 	*x = Job{}
-	mi := &file_rdzv_v1_job_proto_msgTypes[3]
+	mi := &file_rdzv_v1_job_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -779,7 +844,7 @@ func (x *Job) String() string {
 func (*Job) ProtoMessage() {}
 
 func (x *Job) ProtoReflect() protoreflect.Message {
-	mi := &file_rdzv_v1_job_proto_msgTypes[3]
+	mi := &file_rdzv_v1_job_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -792,7 +857,7 @@ func (x *Job) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Job.ProtoReflect.Descriptor instead.
 func (*Job) Descriptor() ([]byte, []int) {
-	return file_rdzv_v1_job_proto_rawDescGZIP(), []int{3}
+	return file_rdzv_v1_job_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *Job) GetSpec() *JobSpec {
@@ -1001,7 +1066,7 @@ type Incident struct {
 
 func (x *Incident) Reset() {
 	*x = Incident{}
-	mi := &file_rdzv_v1_job_proto_msgTypes[4]
+	mi := &file_rdzv_v1_job_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1013,7 +1078,7 @@ func (x *Incident) String() string {
 func (*Incident) ProtoMessage() {}
 
 func (x *Incident) ProtoReflect() protoreflect.Message {
-	mi := &file_rdzv_v1_job_proto_msgTypes[4]
+	mi := &file_rdzv_v1_job_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1026,7 +1091,7 @@ func (x *Incident) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Incident.ProtoReflect.Descriptor instead.
 func (*Incident) Descriptor() ([]byte, []int) {
-	return file_rdzv_v1_job_proto_rawDescGZIP(), []int{4}
+	return file_rdzv_v1_job_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *Incident) GetGeneration() uint64 {
@@ -1109,7 +1174,7 @@ type Checkpoint struct {
 
 func (x *Checkpoint) Reset() {
 	*x = Checkpoint{}
-	mi := &file_rdzv_v1_job_proto_msgTypes[5]
+	mi := &file_rdzv_v1_job_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1121,7 +1186,7 @@ func (x *Checkpoint) String() string {
 func (*Checkpoint) ProtoMessage() {}
 
 func (x *Checkpoint) ProtoReflect() protoreflect.Message {
-	mi := &file_rdzv_v1_job_proto_msgTypes[5]
+	mi := &file_rdzv_v1_job_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1134,7 +1199,7 @@ func (x *Checkpoint) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Checkpoint.ProtoReflect.Descriptor instead.
 func (*Checkpoint) Descriptor() ([]byte, []int) {
-	return file_rdzv_v1_job_proto_rawDescGZIP(), []int{5}
+	return file_rdzv_v1_job_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *Checkpoint) GetStep() uint64 {
@@ -1198,14 +1263,20 @@ type Assignment struct {
 	// a ring by node rank, at most two), reporting at once in its gossip view
 	// those it cannot reach: a dead node of a job is known to its peers long
 	// before its heartbeats are missed for good.
-	Watch         []*WatchedPeer `protobuf:"bytes,16,rep,name=watch,proto3" json:"watch,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Watch []*WatchedPeer `protobuf:"bytes,16,rep,name=watch,proto3" json:"watch,omitempty"`
+	// Resume from the in-memory checkpoint of this step, saved by
+	// resume_memory_generation, when memory_sources is set: where each of
+	// this node's ranks' shards is held. Empty: resume_from (durable).
+	ResumeMemoryStep       uint64         `protobuf:"varint,17,opt,name=resume_memory_step,json=resumeMemoryStep,proto3" json:"resume_memory_step,omitempty"`
+	ResumeMemoryGeneration uint64         `protobuf:"varint,18,opt,name=resume_memory_generation,json=resumeMemoryGeneration,proto3" json:"resume_memory_generation,omitempty"`
+	MemorySources          []*ShardSource `protobuf:"bytes,19,rep,name=memory_sources,json=memorySources,proto3" json:"memory_sources,omitempty"`
+	unknownFields          protoimpl.UnknownFields
+	sizeCache              protoimpl.SizeCache
 }
 
 func (x *Assignment) Reset() {
 	*x = Assignment{}
-	mi := &file_rdzv_v1_job_proto_msgTypes[6]
+	mi := &file_rdzv_v1_job_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1217,7 +1288,7 @@ func (x *Assignment) String() string {
 func (*Assignment) ProtoMessage() {}
 
 func (x *Assignment) ProtoReflect() protoreflect.Message {
-	mi := &file_rdzv_v1_job_proto_msgTypes[6]
+	mi := &file_rdzv_v1_job_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1230,7 +1301,7 @@ func (x *Assignment) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Assignment.ProtoReflect.Descriptor instead.
 func (*Assignment) Descriptor() ([]byte, []int) {
-	return file_rdzv_v1_job_proto_rawDescGZIP(), []int{6}
+	return file_rdzv_v1_job_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *Assignment) GetSpec() *JobSpec {
@@ -1310,6 +1381,89 @@ func (x *Assignment) GetWatch() []*WatchedPeer {
 	return nil
 }
 
+func (x *Assignment) GetResumeMemoryStep() uint64 {
+	if x != nil {
+		return x.ResumeMemoryStep
+	}
+	return 0
+}
+
+func (x *Assignment) GetResumeMemoryGeneration() uint64 {
+	if x != nil {
+		return x.ResumeMemoryGeneration
+	}
+	return 0
+}
+
+func (x *Assignment) GetMemorySources() []*ShardSource {
+	if x != nil {
+		return x.MemorySources
+	}
+	return nil
+}
+
+// ShardSource says which node holds a rank's in-memory shard, and that
+// node's peer address (its agent's checkpoint peer listener).
+type ShardSource struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Rank          uint32                 `protobuf:"varint,1,opt,name=rank,proto3" json:"rank,omitempty"`
+	Node          string                 `protobuf:"bytes,2,opt,name=node,proto3" json:"node,omitempty"`
+	Addr          string                 `protobuf:"bytes,3,opt,name=addr,proto3" json:"addr,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ShardSource) Reset() {
+	*x = ShardSource{}
+	mi := &file_rdzv_v1_job_proto_msgTypes[8]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ShardSource) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ShardSource) ProtoMessage() {}
+
+func (x *ShardSource) ProtoReflect() protoreflect.Message {
+	mi := &file_rdzv_v1_job_proto_msgTypes[8]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ShardSource.ProtoReflect.Descriptor instead.
+func (*ShardSource) Descriptor() ([]byte, []int) {
+	return file_rdzv_v1_job_proto_rawDescGZIP(), []int{8}
+}
+
+func (x *ShardSource) GetRank() uint32 {
+	if x != nil {
+		return x.Rank
+	}
+	return 0
+}
+
+func (x *ShardSource) GetNode() string {
+	if x != nil {
+		return x.Node
+	}
+	return ""
+}
+
+func (x *ShardSource) GetAddr() string {
+	if x != nil {
+		return x.Addr
+	}
+	return ""
+}
+
 type WatchedPeer struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	Node  string                 `protobuf:"bytes,1,opt,name=node,proto3" json:"node,omitempty"`
@@ -1321,7 +1475,7 @@ type WatchedPeer struct {
 
 func (x *WatchedPeer) Reset() {
 	*x = WatchedPeer{}
-	mi := &file_rdzv_v1_job_proto_msgTypes[7]
+	mi := &file_rdzv_v1_job_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1333,7 +1487,7 @@ func (x *WatchedPeer) String() string {
 func (*WatchedPeer) ProtoMessage() {}
 
 func (x *WatchedPeer) ProtoReflect() protoreflect.Message {
-	mi := &file_rdzv_v1_job_proto_msgTypes[7]
+	mi := &file_rdzv_v1_job_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1346,7 +1500,7 @@ func (x *WatchedPeer) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchedPeer.ProtoReflect.Descriptor instead.
 func (*WatchedPeer) Descriptor() ([]byte, []int) {
-	return file_rdzv_v1_job_proto_rawDescGZIP(), []int{7}
+	return file_rdzv_v1_job_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *WatchedPeer) GetNode() string {
@@ -1384,7 +1538,7 @@ type Event struct {
 
 func (x *Event) Reset() {
 	*x = Event{}
-	mi := &file_rdzv_v1_job_proto_msgTypes[8]
+	mi := &file_rdzv_v1_job_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1396,7 +1550,7 @@ func (x *Event) String() string {
 func (*Event) ProtoMessage() {}
 
 func (x *Event) ProtoReflect() protoreflect.Message {
-	mi := &file_rdzv_v1_job_proto_msgTypes[8]
+	mi := &file_rdzv_v1_job_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1409,7 +1563,7 @@ func (x *Event) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Event.ProtoReflect.Descriptor instead.
 func (*Event) Descriptor() ([]byte, []int) {
-	return file_rdzv_v1_job_proto_rawDescGZIP(), []int{8}
+	return file_rdzv_v1_job_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *Event) GetTime() *timestamppb.Timestamp {
@@ -1485,7 +1639,7 @@ type Round struct {
 
 func (x *Round) Reset() {
 	*x = Round{}
-	mi := &file_rdzv_v1_job_proto_msgTypes[9]
+	mi := &file_rdzv_v1_job_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1497,7 +1651,7 @@ func (x *Round) String() string {
 func (*Round) ProtoMessage() {}
 
 func (x *Round) ProtoReflect() protoreflect.Message {
-	mi := &file_rdzv_v1_job_proto_msgTypes[9]
+	mi := &file_rdzv_v1_job_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1510,7 +1664,7 @@ func (x *Round) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Round.ProtoReflect.Descriptor instead.
 func (*Round) Descriptor() ([]byte, []int) {
-	return file_rdzv_v1_job_proto_rawDescGZIP(), []int{9}
+	return file_rdzv_v1_job_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *Round) GetJob() string {
@@ -1559,7 +1713,7 @@ var File_rdzv_v1_job_proto protoreflect.FileDescriptor
 
 const file_rdzv_v1_job_proto_rawDesc = "" +
 	"\n" +
-	"\x11rdzv/v1/job.proto\x12\ardzv.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xb5\x0e\n" +
+	"\x11rdzv/v1/job.proto\x12\ardzv.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\x81\x0f\n" +
 	"\aJobSpec\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x1b\n" +
 	"\tnodes_min\x18\x02 \x01(\rR\bnodesMin\x12\x1b\n" +
@@ -1594,7 +1748,8 @@ const file_rdzv_v1_job_proto_rawDesc = "" +
 	"\x10health_preflight\x18\x1d \x01(\v2\x16.rdzv.v1.PreflightSpecR\x0fhealthPreflight\x12)\n" +
 	"\x10launcher_preload\x18\x1e \x03(\tR\x0flauncherPreload\x12U\n" +
 	"\x19health_checkpoint_timeout\x18\x1f \x01(\v2\x19.google.protobuf.DurationR\x17healthCheckpointTimeout\x12O\n" +
-	"\x16health_startup_timeout\x18  \x01(\v2\x19.google.protobuf.DurationR\x14healthStartupTimeout\x1a6\n" +
+	"\x16health_startup_timeout\x18  \x01(\v2\x19.google.protobuf.DurationR\x14healthStartupTimeout\x12J\n" +
+	"\x11checkpoint_memory\x18! \x01(\v2\x1d.rdzv.v1.CheckpointMemorySpecR\x10checkpointMemory\x1a6\n" +
 	"\bEnvEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\x1a;\n" +
@@ -1606,7 +1761,10 @@ const file_rdzv_v1_job_proto_rawDesc = "" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\x1a;\n" +
 	"\rEnvFilesEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\x88\x01\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"O\n" +
+	"\x14CheckpointMemorySpec\x12\x1a\n" +
+	"\breplicas\x18\x01 \x01(\rR\breplicas\x12\x1b\n" +
+	"\tmax_bytes\x18\x02 \x01(\x04R\bmaxBytes\"\x88\x01\n" +
 	"\rPreflightSpec\x12,\n" +
 	"\x12min_bandwidth_mbps\x18\x01 \x01(\x01R\x10minBandwidthMbps\x12\x14\n" +
 	"\x05bytes\x18\x02 \x01(\x04R\x05bytes\x123\n" +
@@ -1685,7 +1843,7 @@ const file_rdzv_v1_job_proto_rawDesc = "" +
 	"\x04node\x18\x04 \x01(\tR\x04node\x12;\n" +
 	"\vreported_at\x18\x05 \x01(\v2\x1a.google.protobuf.TimestampR\n" +
 	"reportedAt\x12\x16\n" +
-	"\x06source\x18\x06 \x01(\tR\x06source\"\x9f\x03\n" +
+	"\x06source\x18\x06 \x01(\tR\x06source\"\xc4\x04\n" +
 	"\n" +
 	"Assignment\x12$\n" +
 	"\x04spec\x18\x01 \x01(\v2\x10.rdzv.v1.JobSpecR\x04spec\x12\x1e\n" +
@@ -1705,7 +1863,14 @@ const file_rdzv_v1_job_proto_rawDesc = "" +
 	"resumeFrom\x12@\n" +
 	"\x0ejob_created_at\x18\n" +
 	" \x01(\v2\x1a.google.protobuf.TimestampR\fjobCreatedAt\x12*\n" +
-	"\x05watch\x18\x10 \x03(\v2\x14.rdzv.v1.WatchedPeerR\x05watch\"B\n" +
+	"\x05watch\x18\x10 \x03(\v2\x14.rdzv.v1.WatchedPeerR\x05watch\x12,\n" +
+	"\x12resume_memory_step\x18\x11 \x01(\x04R\x10resumeMemoryStep\x128\n" +
+	"\x18resume_memory_generation\x18\x12 \x01(\x04R\x16resumeMemoryGeneration\x12;\n" +
+	"\x0ememory_sources\x18\x13 \x03(\v2\x14.rdzv.v1.ShardSourceR\rmemorySources\"I\n" +
+	"\vShardSource\x12\x12\n" +
+	"\x04rank\x18\x01 \x01(\rR\x04rank\x12\x12\n" +
+	"\x04node\x18\x02 \x01(\tR\x04node\x12\x12\n" +
+	"\x04addr\x18\x03 \x01(\tR\x04addr\"B\n" +
 	"\vWatchedPeer\x12\x12\n" +
 	"\x04node\x18\x01 \x01(\tR\x04node\x12\x1f\n" +
 	"\vgossip_addr\x18\x02 \x01(\tR\n" +
@@ -1769,81 +1934,85 @@ func file_rdzv_v1_job_proto_rawDescGZIP() []byte {
 }
 
 var file_rdzv_v1_job_proto_enumTypes = make([]protoimpl.EnumInfo, 3)
-var file_rdzv_v1_job_proto_msgTypes = make([]protoimpl.MessageInfo, 15)
+var file_rdzv_v1_job_proto_msgTypes = make([]protoimpl.MessageInfo, 17)
 var file_rdzv_v1_job_proto_goTypes = []any{
 	(TrainingPhase)(0),            // 0: rdzv.v1.TrainingPhase
 	(JobState)(0),                 // 1: rdzv.v1.JobState
 	(WorkerState)(0),              // 2: rdzv.v1.WorkerState
 	(*JobSpec)(nil),               // 3: rdzv.v1.JobSpec
-	(*PreflightSpec)(nil),         // 4: rdzv.v1.PreflightSpec
-	(*NodeAssignment)(nil),        // 5: rdzv.v1.NodeAssignment
-	(*Job)(nil),                   // 6: rdzv.v1.Job
-	(*Incident)(nil),              // 7: rdzv.v1.Incident
-	(*Checkpoint)(nil),            // 8: rdzv.v1.Checkpoint
-	(*Assignment)(nil),            // 9: rdzv.v1.Assignment
-	(*WatchedPeer)(nil),           // 10: rdzv.v1.WatchedPeer
-	(*Event)(nil),                 // 11: rdzv.v1.Event
-	(*Round)(nil),                 // 12: rdzv.v1.Round
-	nil,                           // 13: rdzv.v1.JobSpec.EnvEntry
-	nil,                           // 14: rdzv.v1.JobSpec.SelectorEntry
-	nil,                           // 15: rdzv.v1.JobSpec.SecretEnvEntry
-	nil,                           // 16: rdzv.v1.JobSpec.EnvFilesEntry
-	nil,                           // 17: rdzv.v1.Job.MetricsEntry
-	(*durationpb.Duration)(nil),   // 18: google.protobuf.Duration
-	(*timestamppb.Timestamp)(nil), // 19: google.protobuf.Timestamp
+	(*CheckpointMemorySpec)(nil),  // 4: rdzv.v1.CheckpointMemorySpec
+	(*PreflightSpec)(nil),         // 5: rdzv.v1.PreflightSpec
+	(*NodeAssignment)(nil),        // 6: rdzv.v1.NodeAssignment
+	(*Job)(nil),                   // 7: rdzv.v1.Job
+	(*Incident)(nil),              // 8: rdzv.v1.Incident
+	(*Checkpoint)(nil),            // 9: rdzv.v1.Checkpoint
+	(*Assignment)(nil),            // 10: rdzv.v1.Assignment
+	(*ShardSource)(nil),           // 11: rdzv.v1.ShardSource
+	(*WatchedPeer)(nil),           // 12: rdzv.v1.WatchedPeer
+	(*Event)(nil),                 // 13: rdzv.v1.Event
+	(*Round)(nil),                 // 14: rdzv.v1.Round
+	nil,                           // 15: rdzv.v1.JobSpec.EnvEntry
+	nil,                           // 16: rdzv.v1.JobSpec.SelectorEntry
+	nil,                           // 17: rdzv.v1.JobSpec.SecretEnvEntry
+	nil,                           // 18: rdzv.v1.JobSpec.EnvFilesEntry
+	nil,                           // 19: rdzv.v1.Job.MetricsEntry
+	(*durationpb.Duration)(nil),   // 20: google.protobuf.Duration
+	(*timestamppb.Timestamp)(nil), // 21: google.protobuf.Timestamp
 }
 var file_rdzv_v1_job_proto_depIdxs = []int32{
-	13, // 0: rdzv.v1.JobSpec.env:type_name -> rdzv.v1.JobSpec.EnvEntry
-	14, // 1: rdzv.v1.JobSpec.selector:type_name -> rdzv.v1.JobSpec.SelectorEntry
-	18, // 2: rdzv.v1.JobSpec.rendezvous_last_call:type_name -> google.protobuf.Duration
-	18, // 3: rdzv.v1.JobSpec.rendezvous_timeout:type_name -> google.protobuf.Duration
-	18, // 4: rdzv.v1.JobSpec.restart_backoff_initial:type_name -> google.protobuf.Duration
-	18, // 5: rdzv.v1.JobSpec.restart_backoff_max:type_name -> google.protobuf.Duration
-	18, // 6: rdzv.v1.JobSpec.health_progress_timeout:type_name -> google.protobuf.Duration
-	15, // 7: rdzv.v1.JobSpec.secret_env:type_name -> rdzv.v1.JobSpec.SecretEnvEntry
-	16, // 8: rdzv.v1.JobSpec.env_files:type_name -> rdzv.v1.JobSpec.EnvFilesEntry
-	4,  // 9: rdzv.v1.JobSpec.health_preflight:type_name -> rdzv.v1.PreflightSpec
-	18, // 10: rdzv.v1.JobSpec.health_checkpoint_timeout:type_name -> google.protobuf.Duration
-	18, // 11: rdzv.v1.JobSpec.health_startup_timeout:type_name -> google.protobuf.Duration
-	18, // 12: rdzv.v1.PreflightSpec.timeout:type_name -> google.protobuf.Duration
-	2,  // 13: rdzv.v1.NodeAssignment.state:type_name -> rdzv.v1.WorkerState
-	3,  // 14: rdzv.v1.Job.spec:type_name -> rdzv.v1.JobSpec
-	1,  // 15: rdzv.v1.Job.state:type_name -> rdzv.v1.JobState
-	5,  // 16: rdzv.v1.Job.assignments:type_name -> rdzv.v1.NodeAssignment
-	19, // 17: rdzv.v1.Job.created_at:type_name -> google.protobuf.Timestamp
-	19, // 18: rdzv.v1.Job.started_at:type_name -> google.protobuf.Timestamp
-	19, // 19: rdzv.v1.Job.finished_at:type_name -> google.protobuf.Timestamp
-	8,  // 20: rdzv.v1.Job.latest_checkpoint:type_name -> rdzv.v1.Checkpoint
-	19, // 21: rdzv.v1.Job.progress_at:type_name -> google.protobuf.Timestamp
-	18, // 22: rdzv.v1.Job.training_time:type_name -> google.protobuf.Duration
-	18, // 23: rdzv.v1.Job.recovery_time:type_name -> google.protobuf.Duration
-	19, // 24: rdzv.v1.Job.recovery_started_at:type_name -> google.protobuf.Timestamp
-	19, // 25: rdzv.v1.Job.restart_not_before:type_name -> google.protobuf.Timestamp
-	19, // 26: rdzv.v1.Job.training_since:type_name -> google.protobuf.Timestamp
-	7,  // 27: rdzv.v1.Job.incidents:type_name -> rdzv.v1.Incident
-	0,  // 28: rdzv.v1.Job.phase:type_name -> rdzv.v1.TrainingPhase
-	18, // 29: rdzv.v1.Job.hang_timeout:type_name -> google.protobuf.Duration
-	17, // 30: rdzv.v1.Job.metrics:type_name -> rdzv.v1.Job.MetricsEntry
-	19, // 31: rdzv.v1.Incident.fault_at:type_name -> google.protobuf.Timestamp
-	19, // 32: rdzv.v1.Incident.detected_at:type_name -> google.protobuf.Timestamp
-	19, // 33: rdzv.v1.Incident.fenced_at:type_name -> google.protobuf.Timestamp
-	19, // 34: rdzv.v1.Incident.committed_at:type_name -> google.protobuf.Timestamp
-	19, // 35: rdzv.v1.Incident.started_at:type_name -> google.protobuf.Timestamp
-	19, // 36: rdzv.v1.Incident.first_step_at:type_name -> google.protobuf.Timestamp
-	19, // 37: rdzv.v1.Checkpoint.reported_at:type_name -> google.protobuf.Timestamp
-	3,  // 38: rdzv.v1.Assignment.spec:type_name -> rdzv.v1.JobSpec
-	19, // 39: rdzv.v1.Assignment.job_created_at:type_name -> google.protobuf.Timestamp
-	10, // 40: rdzv.v1.Assignment.watch:type_name -> rdzv.v1.WatchedPeer
-	19, // 41: rdzv.v1.Event.time:type_name -> google.protobuf.Timestamp
-	18, // 42: rdzv.v1.Event.detection_latency:type_name -> google.protobuf.Duration
-	7,  // 43: rdzv.v1.Event.incident:type_name -> rdzv.v1.Incident
-	5,  // 44: rdzv.v1.Round.nodes:type_name -> rdzv.v1.NodeAssignment
-	19, // 45: rdzv.v1.Round.committed_at:type_name -> google.protobuf.Timestamp
-	46, // [46:46] is the sub-list for method output_type
-	46, // [46:46] is the sub-list for method input_type
-	46, // [46:46] is the sub-list for extension type_name
-	46, // [46:46] is the sub-list for extension extendee
-	0,  // [0:46] is the sub-list for field type_name
+	15, // 0: rdzv.v1.JobSpec.env:type_name -> rdzv.v1.JobSpec.EnvEntry
+	16, // 1: rdzv.v1.JobSpec.selector:type_name -> rdzv.v1.JobSpec.SelectorEntry
+	20, // 2: rdzv.v1.JobSpec.rendezvous_last_call:type_name -> google.protobuf.Duration
+	20, // 3: rdzv.v1.JobSpec.rendezvous_timeout:type_name -> google.protobuf.Duration
+	20, // 4: rdzv.v1.JobSpec.restart_backoff_initial:type_name -> google.protobuf.Duration
+	20, // 5: rdzv.v1.JobSpec.restart_backoff_max:type_name -> google.protobuf.Duration
+	20, // 6: rdzv.v1.JobSpec.health_progress_timeout:type_name -> google.protobuf.Duration
+	17, // 7: rdzv.v1.JobSpec.secret_env:type_name -> rdzv.v1.JobSpec.SecretEnvEntry
+	18, // 8: rdzv.v1.JobSpec.env_files:type_name -> rdzv.v1.JobSpec.EnvFilesEntry
+	5,  // 9: rdzv.v1.JobSpec.health_preflight:type_name -> rdzv.v1.PreflightSpec
+	20, // 10: rdzv.v1.JobSpec.health_checkpoint_timeout:type_name -> google.protobuf.Duration
+	20, // 11: rdzv.v1.JobSpec.health_startup_timeout:type_name -> google.protobuf.Duration
+	4,  // 12: rdzv.v1.JobSpec.checkpoint_memory:type_name -> rdzv.v1.CheckpointMemorySpec
+	20, // 13: rdzv.v1.PreflightSpec.timeout:type_name -> google.protobuf.Duration
+	2,  // 14: rdzv.v1.NodeAssignment.state:type_name -> rdzv.v1.WorkerState
+	3,  // 15: rdzv.v1.Job.spec:type_name -> rdzv.v1.JobSpec
+	1,  // 16: rdzv.v1.Job.state:type_name -> rdzv.v1.JobState
+	6,  // 17: rdzv.v1.Job.assignments:type_name -> rdzv.v1.NodeAssignment
+	21, // 18: rdzv.v1.Job.created_at:type_name -> google.protobuf.Timestamp
+	21, // 19: rdzv.v1.Job.started_at:type_name -> google.protobuf.Timestamp
+	21, // 20: rdzv.v1.Job.finished_at:type_name -> google.protobuf.Timestamp
+	9,  // 21: rdzv.v1.Job.latest_checkpoint:type_name -> rdzv.v1.Checkpoint
+	21, // 22: rdzv.v1.Job.progress_at:type_name -> google.protobuf.Timestamp
+	20, // 23: rdzv.v1.Job.training_time:type_name -> google.protobuf.Duration
+	20, // 24: rdzv.v1.Job.recovery_time:type_name -> google.protobuf.Duration
+	21, // 25: rdzv.v1.Job.recovery_started_at:type_name -> google.protobuf.Timestamp
+	21, // 26: rdzv.v1.Job.restart_not_before:type_name -> google.protobuf.Timestamp
+	21, // 27: rdzv.v1.Job.training_since:type_name -> google.protobuf.Timestamp
+	8,  // 28: rdzv.v1.Job.incidents:type_name -> rdzv.v1.Incident
+	0,  // 29: rdzv.v1.Job.phase:type_name -> rdzv.v1.TrainingPhase
+	20, // 30: rdzv.v1.Job.hang_timeout:type_name -> google.protobuf.Duration
+	19, // 31: rdzv.v1.Job.metrics:type_name -> rdzv.v1.Job.MetricsEntry
+	21, // 32: rdzv.v1.Incident.fault_at:type_name -> google.protobuf.Timestamp
+	21, // 33: rdzv.v1.Incident.detected_at:type_name -> google.protobuf.Timestamp
+	21, // 34: rdzv.v1.Incident.fenced_at:type_name -> google.protobuf.Timestamp
+	21, // 35: rdzv.v1.Incident.committed_at:type_name -> google.protobuf.Timestamp
+	21, // 36: rdzv.v1.Incident.started_at:type_name -> google.protobuf.Timestamp
+	21, // 37: rdzv.v1.Incident.first_step_at:type_name -> google.protobuf.Timestamp
+	21, // 38: rdzv.v1.Checkpoint.reported_at:type_name -> google.protobuf.Timestamp
+	3,  // 39: rdzv.v1.Assignment.spec:type_name -> rdzv.v1.JobSpec
+	21, // 40: rdzv.v1.Assignment.job_created_at:type_name -> google.protobuf.Timestamp
+	12, // 41: rdzv.v1.Assignment.watch:type_name -> rdzv.v1.WatchedPeer
+	11, // 42: rdzv.v1.Assignment.memory_sources:type_name -> rdzv.v1.ShardSource
+	21, // 43: rdzv.v1.Event.time:type_name -> google.protobuf.Timestamp
+	20, // 44: rdzv.v1.Event.detection_latency:type_name -> google.protobuf.Duration
+	8,  // 45: rdzv.v1.Event.incident:type_name -> rdzv.v1.Incident
+	6,  // 46: rdzv.v1.Round.nodes:type_name -> rdzv.v1.NodeAssignment
+	21, // 47: rdzv.v1.Round.committed_at:type_name -> google.protobuf.Timestamp
+	48, // [48:48] is the sub-list for method output_type
+	48, // [48:48] is the sub-list for method input_type
+	48, // [48:48] is the sub-list for extension type_name
+	48, // [48:48] is the sub-list for extension extendee
+	0,  // [0:48] is the sub-list for field type_name
 }
 
 func init() { file_rdzv_v1_job_proto_init() }
@@ -1857,7 +2026,7 @@ func file_rdzv_v1_job_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_rdzv_v1_job_proto_rawDesc), len(file_rdzv_v1_job_proto_rawDesc)),
 			NumEnums:      3,
-			NumMessages:   15,
+			NumMessages:   17,
 			NumExtensions: 0,
 			NumServices:   0,
 		},
