@@ -149,3 +149,18 @@ func (js *jobState) memoryHeld(node string, held []*rdzvv1.MemoryHeld) {
 	}
 	js.memHeld[node] = held
 }
+
+// replicaPeers are the nodes a copies its shards to: those of the next
+// replicas node ranks of round, wrapping, that have a peer address.
+// Callers hold c.mu.
+func (c *Controller) replicaPeers(round *rdzvv1.Round, a *rdzvv1.NodeAssignment, replicas int) []*rdzvv1.ReplicaPeer {
+	nodes := round.GetNodes()
+	var out []*rdzvv1.ReplicaPeer
+	for i := 1; i <= replicas && i < len(nodes); i++ {
+		peer := nodes[(int(a.GetNodeRank())+i)%len(nodes)].GetNode()
+		if ns := c.nodes[peer]; ns != nil && ns.info.peerAddr != "" {
+			out = append(out, &rdzvv1.ReplicaPeer{Node: peer, Addr: ns.info.peerAddr})
+		}
+	}
+	return out
+}

@@ -49,7 +49,7 @@ func TestPickMemory(t *testing.T) {
 		{name: "two adjacent nodes lost", held: ring(1, 40), dead: []string{"a", "b"}, current: 1},
 		{name: "newest complete step wins", held: merge(ring(1, 40), ring(1, 50)), current: 1, want: memKey{1, 50}, ok: true},
 		{name: "a step missing a rank is not complete",
-			held: merge(ring(1, 40), map[string][]*rdzvv1.MemoryHeld{"a": {held(1, 50, 0, 1)}, "b": {held(1, 50, 2, 3)}}),
+			held:    merge(ring(1, 40), map[string][]*rdzvv1.MemoryHeld{"a": {held(1, 50, 0, 1)}, "b": {held(1, 50, 2, 3)}}),
 			current: 1, want: memKey{1, 40}, ok: true},
 		{name: "a later generation's step wins over a higher older one", held: merge(ring(1, 90), ring(2, 60)), current: 2, want: memKey{2, 60}, ok: true},
 		{name: "generations are never mixed",

@@ -511,6 +511,9 @@ func (c *Controller) assignmentOf(js *jobState, a *rdzvv1.NodeAssignment) *rdzvv
 		ResumeFrom: js.rec.GetLatestCheckpoint().GetPath(), JobCreatedAt: js.rec.GetCreatedAt(),
 		Watch: c.watchedPeers(js.round, a),
 	}
+	if m := js.rec.GetSpec().GetCheckpointMemory(); m != nil {
+		as.ReplicaPeers = c.replicaPeers(js.round, a, int(m.GetReplicas()))
+	}
 	if p := js.memPlan; p != nil {
 		as.ResumeMemoryStep, as.ResumeMemoryGeneration = p.key.step, p.key.generation
 		as.MemorySources = p.sources(a.GetNode(), a.GetNodeRank(), js.rec.GetSpec().GetProcsPerNode(), func(node string) string {

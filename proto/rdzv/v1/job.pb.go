@@ -1270,8 +1270,11 @@ type Assignment struct {
 	ResumeMemoryStep       uint64         `protobuf:"varint,17,opt,name=resume_memory_step,json=resumeMemoryStep,proto3" json:"resume_memory_step,omitempty"`
 	ResumeMemoryGeneration uint64         `protobuf:"varint,18,opt,name=resume_memory_generation,json=resumeMemoryGeneration,proto3" json:"resume_memory_generation,omitempty"`
 	MemorySources          []*ShardSource `protobuf:"bytes,19,rep,name=memory_sources,json=memorySources,proto3" json:"memory_sources,omitempty"`
-	unknownFields          protoimpl.UnknownFields
-	sizeCache              protoimpl.SizeCache
+	// With checkpoint.memory: the peers this node copies its shards to (the
+	// nodes of the next checkpoint_memory.replicas node ranks, wrapping).
+	ReplicaPeers  []*ReplicaPeer `protobuf:"bytes,20,rep,name=replica_peers,json=replicaPeers,proto3" json:"replica_peers,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Assignment) Reset() {
@@ -1402,6 +1405,66 @@ func (x *Assignment) GetMemorySources() []*ShardSource {
 	return nil
 }
 
+func (x *Assignment) GetReplicaPeers() []*ReplicaPeer {
+	if x != nil {
+		return x.ReplicaPeers
+	}
+	return nil
+}
+
+// ReplicaPeer is a node and its agent's checkpoint peer address.
+type ReplicaPeer struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Node          string                 `protobuf:"bytes,1,opt,name=node,proto3" json:"node,omitempty"`
+	Addr          string                 `protobuf:"bytes,2,opt,name=addr,proto3" json:"addr,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ReplicaPeer) Reset() {
+	*x = ReplicaPeer{}
+	mi := &file_rdzv_v1_job_proto_msgTypes[8]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ReplicaPeer) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ReplicaPeer) ProtoMessage() {}
+
+func (x *ReplicaPeer) ProtoReflect() protoreflect.Message {
+	mi := &file_rdzv_v1_job_proto_msgTypes[8]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ReplicaPeer.ProtoReflect.Descriptor instead.
+func (*ReplicaPeer) Descriptor() ([]byte, []int) {
+	return file_rdzv_v1_job_proto_rawDescGZIP(), []int{8}
+}
+
+func (x *ReplicaPeer) GetNode() string {
+	if x != nil {
+		return x.Node
+	}
+	return ""
+}
+
+func (x *ReplicaPeer) GetAddr() string {
+	if x != nil {
+		return x.Addr
+	}
+	return ""
+}
+
 // ShardSource says which node holds a rank's in-memory shard, and that
 // node's peer address (its agent's checkpoint peer listener).
 type ShardSource struct {
@@ -1415,7 +1478,7 @@ type ShardSource struct {
 
 func (x *ShardSource) Reset() {
 	*x = ShardSource{}
-	mi := &file_rdzv_v1_job_proto_msgTypes[8]
+	mi := &file_rdzv_v1_job_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1427,7 +1490,7 @@ func (x *ShardSource) String() string {
 func (*ShardSource) ProtoMessage() {}
 
 func (x *ShardSource) ProtoReflect() protoreflect.Message {
-	mi := &file_rdzv_v1_job_proto_msgTypes[8]
+	mi := &file_rdzv_v1_job_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1440,7 +1503,7 @@ func (x *ShardSource) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ShardSource.ProtoReflect.Descriptor instead.
 func (*ShardSource) Descriptor() ([]byte, []int) {
-	return file_rdzv_v1_job_proto_rawDescGZIP(), []int{8}
+	return file_rdzv_v1_job_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *ShardSource) GetRank() uint32 {
@@ -1475,7 +1538,7 @@ type WatchedPeer struct {
 
 func (x *WatchedPeer) Reset() {
 	*x = WatchedPeer{}
-	mi := &file_rdzv_v1_job_proto_msgTypes[9]
+	mi := &file_rdzv_v1_job_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1487,7 +1550,7 @@ func (x *WatchedPeer) String() string {
 func (*WatchedPeer) ProtoMessage() {}
 
 func (x *WatchedPeer) ProtoReflect() protoreflect.Message {
-	mi := &file_rdzv_v1_job_proto_msgTypes[9]
+	mi := &file_rdzv_v1_job_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1500,7 +1563,7 @@ func (x *WatchedPeer) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchedPeer.ProtoReflect.Descriptor instead.
 func (*WatchedPeer) Descriptor() ([]byte, []int) {
-	return file_rdzv_v1_job_proto_rawDescGZIP(), []int{9}
+	return file_rdzv_v1_job_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *WatchedPeer) GetNode() string {
@@ -1538,7 +1601,7 @@ type Event struct {
 
 func (x *Event) Reset() {
 	*x = Event{}
-	mi := &file_rdzv_v1_job_proto_msgTypes[10]
+	mi := &file_rdzv_v1_job_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1550,7 +1613,7 @@ func (x *Event) String() string {
 func (*Event) ProtoMessage() {}
 
 func (x *Event) ProtoReflect() protoreflect.Message {
-	mi := &file_rdzv_v1_job_proto_msgTypes[10]
+	mi := &file_rdzv_v1_job_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1563,7 +1626,7 @@ func (x *Event) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Event.ProtoReflect.Descriptor instead.
 func (*Event) Descriptor() ([]byte, []int) {
-	return file_rdzv_v1_job_proto_rawDescGZIP(), []int{10}
+	return file_rdzv_v1_job_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *Event) GetTime() *timestamppb.Timestamp {
@@ -1639,7 +1702,7 @@ type Round struct {
 
 func (x *Round) Reset() {
 	*x = Round{}
-	mi := &file_rdzv_v1_job_proto_msgTypes[11]
+	mi := &file_rdzv_v1_job_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1651,7 +1714,7 @@ func (x *Round) String() string {
 func (*Round) ProtoMessage() {}
 
 func (x *Round) ProtoReflect() protoreflect.Message {
-	mi := &file_rdzv_v1_job_proto_msgTypes[11]
+	mi := &file_rdzv_v1_job_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1664,7 +1727,7 @@ func (x *Round) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Round.ProtoReflect.Descriptor instead.
 func (*Round) Descriptor() ([]byte, []int) {
-	return file_rdzv_v1_job_proto_rawDescGZIP(), []int{11}
+	return file_rdzv_v1_job_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *Round) GetJob() string {
@@ -1843,7 +1906,7 @@ const file_rdzv_v1_job_proto_rawDesc = "" +
 	"\x04node\x18\x04 \x01(\tR\x04node\x12;\n" +
 	"\vreported_at\x18\x05 \x01(\v2\x1a.google.protobuf.TimestampR\n" +
 	"reportedAt\x12\x16\n" +
-	"\x06source\x18\x06 \x01(\tR\x06source\"\xc4\x04\n" +
+	"\x06source\x18\x06 \x01(\tR\x06source\"\xff\x04\n" +
 	"\n" +
 	"Assignment\x12$\n" +
 	"\x04spec\x18\x01 \x01(\v2\x10.rdzv.v1.JobSpecR\x04spec\x12\x1e\n" +
@@ -1866,7 +1929,11 @@ const file_rdzv_v1_job_proto_rawDesc = "" +
 	"\x05watch\x18\x10 \x03(\v2\x14.rdzv.v1.WatchedPeerR\x05watch\x12,\n" +
 	"\x12resume_memory_step\x18\x11 \x01(\x04R\x10resumeMemoryStep\x128\n" +
 	"\x18resume_memory_generation\x18\x12 \x01(\x04R\x16resumeMemoryGeneration\x12;\n" +
-	"\x0ememory_sources\x18\x13 \x03(\v2\x14.rdzv.v1.ShardSourceR\rmemorySources\"I\n" +
+	"\x0ememory_sources\x18\x13 \x03(\v2\x14.rdzv.v1.ShardSourceR\rmemorySources\x129\n" +
+	"\rreplica_peers\x18\x14 \x03(\v2\x14.rdzv.v1.ReplicaPeerR\freplicaPeers\"5\n" +
+	"\vReplicaPeer\x12\x12\n" +
+	"\x04node\x18\x01 \x01(\tR\x04node\x12\x12\n" +
+	"\x04addr\x18\x02 \x01(\tR\x04addr\"I\n" +
 	"\vShardSource\x12\x12\n" +
 	"\x04rank\x18\x01 \x01(\rR\x04rank\x12\x12\n" +
 	"\x04node\x18\x02 \x01(\tR\x04node\x12\x12\n" +
@@ -1934,7 +2001,7 @@ func file_rdzv_v1_job_proto_rawDescGZIP() []byte {
 }
 
 var file_rdzv_v1_job_proto_enumTypes = make([]protoimpl.EnumInfo, 3)
-var file_rdzv_v1_job_proto_msgTypes = make([]protoimpl.MessageInfo, 17)
+var file_rdzv_v1_job_proto_msgTypes = make([]protoimpl.MessageInfo, 18)
 var file_rdzv_v1_job_proto_goTypes = []any{
 	(TrainingPhase)(0),            // 0: rdzv.v1.TrainingPhase
 	(JobState)(0),                 // 1: rdzv.v1.JobState
@@ -1947,72 +2014,74 @@ var file_rdzv_v1_job_proto_goTypes = []any{
 	(*Incident)(nil),              // 8: rdzv.v1.Incident
 	(*Checkpoint)(nil),            // 9: rdzv.v1.Checkpoint
 	(*Assignment)(nil),            // 10: rdzv.v1.Assignment
-	(*ShardSource)(nil),           // 11: rdzv.v1.ShardSource
-	(*WatchedPeer)(nil),           // 12: rdzv.v1.WatchedPeer
-	(*Event)(nil),                 // 13: rdzv.v1.Event
-	(*Round)(nil),                 // 14: rdzv.v1.Round
-	nil,                           // 15: rdzv.v1.JobSpec.EnvEntry
-	nil,                           // 16: rdzv.v1.JobSpec.SelectorEntry
-	nil,                           // 17: rdzv.v1.JobSpec.SecretEnvEntry
-	nil,                           // 18: rdzv.v1.JobSpec.EnvFilesEntry
-	nil,                           // 19: rdzv.v1.Job.MetricsEntry
-	(*durationpb.Duration)(nil),   // 20: google.protobuf.Duration
-	(*timestamppb.Timestamp)(nil), // 21: google.protobuf.Timestamp
+	(*ReplicaPeer)(nil),           // 11: rdzv.v1.ReplicaPeer
+	(*ShardSource)(nil),           // 12: rdzv.v1.ShardSource
+	(*WatchedPeer)(nil),           // 13: rdzv.v1.WatchedPeer
+	(*Event)(nil),                 // 14: rdzv.v1.Event
+	(*Round)(nil),                 // 15: rdzv.v1.Round
+	nil,                           // 16: rdzv.v1.JobSpec.EnvEntry
+	nil,                           // 17: rdzv.v1.JobSpec.SelectorEntry
+	nil,                           // 18: rdzv.v1.JobSpec.SecretEnvEntry
+	nil,                           // 19: rdzv.v1.JobSpec.EnvFilesEntry
+	nil,                           // 20: rdzv.v1.Job.MetricsEntry
+	(*durationpb.Duration)(nil),   // 21: google.protobuf.Duration
+	(*timestamppb.Timestamp)(nil), // 22: google.protobuf.Timestamp
 }
 var file_rdzv_v1_job_proto_depIdxs = []int32{
-	15, // 0: rdzv.v1.JobSpec.env:type_name -> rdzv.v1.JobSpec.EnvEntry
-	16, // 1: rdzv.v1.JobSpec.selector:type_name -> rdzv.v1.JobSpec.SelectorEntry
-	20, // 2: rdzv.v1.JobSpec.rendezvous_last_call:type_name -> google.protobuf.Duration
-	20, // 3: rdzv.v1.JobSpec.rendezvous_timeout:type_name -> google.protobuf.Duration
-	20, // 4: rdzv.v1.JobSpec.restart_backoff_initial:type_name -> google.protobuf.Duration
-	20, // 5: rdzv.v1.JobSpec.restart_backoff_max:type_name -> google.protobuf.Duration
-	20, // 6: rdzv.v1.JobSpec.health_progress_timeout:type_name -> google.protobuf.Duration
-	17, // 7: rdzv.v1.JobSpec.secret_env:type_name -> rdzv.v1.JobSpec.SecretEnvEntry
-	18, // 8: rdzv.v1.JobSpec.env_files:type_name -> rdzv.v1.JobSpec.EnvFilesEntry
+	16, // 0: rdzv.v1.JobSpec.env:type_name -> rdzv.v1.JobSpec.EnvEntry
+	17, // 1: rdzv.v1.JobSpec.selector:type_name -> rdzv.v1.JobSpec.SelectorEntry
+	21, // 2: rdzv.v1.JobSpec.rendezvous_last_call:type_name -> google.protobuf.Duration
+	21, // 3: rdzv.v1.JobSpec.rendezvous_timeout:type_name -> google.protobuf.Duration
+	21, // 4: rdzv.v1.JobSpec.restart_backoff_initial:type_name -> google.protobuf.Duration
+	21, // 5: rdzv.v1.JobSpec.restart_backoff_max:type_name -> google.protobuf.Duration
+	21, // 6: rdzv.v1.JobSpec.health_progress_timeout:type_name -> google.protobuf.Duration
+	18, // 7: rdzv.v1.JobSpec.secret_env:type_name -> rdzv.v1.JobSpec.SecretEnvEntry
+	19, // 8: rdzv.v1.JobSpec.env_files:type_name -> rdzv.v1.JobSpec.EnvFilesEntry
 	5,  // 9: rdzv.v1.JobSpec.health_preflight:type_name -> rdzv.v1.PreflightSpec
-	20, // 10: rdzv.v1.JobSpec.health_checkpoint_timeout:type_name -> google.protobuf.Duration
-	20, // 11: rdzv.v1.JobSpec.health_startup_timeout:type_name -> google.protobuf.Duration
+	21, // 10: rdzv.v1.JobSpec.health_checkpoint_timeout:type_name -> google.protobuf.Duration
+	21, // 11: rdzv.v1.JobSpec.health_startup_timeout:type_name -> google.protobuf.Duration
 	4,  // 12: rdzv.v1.JobSpec.checkpoint_memory:type_name -> rdzv.v1.CheckpointMemorySpec
-	20, // 13: rdzv.v1.PreflightSpec.timeout:type_name -> google.protobuf.Duration
+	21, // 13: rdzv.v1.PreflightSpec.timeout:type_name -> google.protobuf.Duration
 	2,  // 14: rdzv.v1.NodeAssignment.state:type_name -> rdzv.v1.WorkerState
 	3,  // 15: rdzv.v1.Job.spec:type_name -> rdzv.v1.JobSpec
 	1,  // 16: rdzv.v1.Job.state:type_name -> rdzv.v1.JobState
 	6,  // 17: rdzv.v1.Job.assignments:type_name -> rdzv.v1.NodeAssignment
-	21, // 18: rdzv.v1.Job.created_at:type_name -> google.protobuf.Timestamp
-	21, // 19: rdzv.v1.Job.started_at:type_name -> google.protobuf.Timestamp
-	21, // 20: rdzv.v1.Job.finished_at:type_name -> google.protobuf.Timestamp
+	22, // 18: rdzv.v1.Job.created_at:type_name -> google.protobuf.Timestamp
+	22, // 19: rdzv.v1.Job.started_at:type_name -> google.protobuf.Timestamp
+	22, // 20: rdzv.v1.Job.finished_at:type_name -> google.protobuf.Timestamp
 	9,  // 21: rdzv.v1.Job.latest_checkpoint:type_name -> rdzv.v1.Checkpoint
-	21, // 22: rdzv.v1.Job.progress_at:type_name -> google.protobuf.Timestamp
-	20, // 23: rdzv.v1.Job.training_time:type_name -> google.protobuf.Duration
-	20, // 24: rdzv.v1.Job.recovery_time:type_name -> google.protobuf.Duration
-	21, // 25: rdzv.v1.Job.recovery_started_at:type_name -> google.protobuf.Timestamp
-	21, // 26: rdzv.v1.Job.restart_not_before:type_name -> google.protobuf.Timestamp
-	21, // 27: rdzv.v1.Job.training_since:type_name -> google.protobuf.Timestamp
+	22, // 22: rdzv.v1.Job.progress_at:type_name -> google.protobuf.Timestamp
+	21, // 23: rdzv.v1.Job.training_time:type_name -> google.protobuf.Duration
+	21, // 24: rdzv.v1.Job.recovery_time:type_name -> google.protobuf.Duration
+	22, // 25: rdzv.v1.Job.recovery_started_at:type_name -> google.protobuf.Timestamp
+	22, // 26: rdzv.v1.Job.restart_not_before:type_name -> google.protobuf.Timestamp
+	22, // 27: rdzv.v1.Job.training_since:type_name -> google.protobuf.Timestamp
 	8,  // 28: rdzv.v1.Job.incidents:type_name -> rdzv.v1.Incident
 	0,  // 29: rdzv.v1.Job.phase:type_name -> rdzv.v1.TrainingPhase
-	20, // 30: rdzv.v1.Job.hang_timeout:type_name -> google.protobuf.Duration
-	19, // 31: rdzv.v1.Job.metrics:type_name -> rdzv.v1.Job.MetricsEntry
-	21, // 32: rdzv.v1.Incident.fault_at:type_name -> google.protobuf.Timestamp
-	21, // 33: rdzv.v1.Incident.detected_at:type_name -> google.protobuf.Timestamp
-	21, // 34: rdzv.v1.Incident.fenced_at:type_name -> google.protobuf.Timestamp
-	21, // 35: rdzv.v1.Incident.committed_at:type_name -> google.protobuf.Timestamp
-	21, // 36: rdzv.v1.Incident.started_at:type_name -> google.protobuf.Timestamp
-	21, // 37: rdzv.v1.Incident.first_step_at:type_name -> google.protobuf.Timestamp
-	21, // 38: rdzv.v1.Checkpoint.reported_at:type_name -> google.protobuf.Timestamp
+	21, // 30: rdzv.v1.Job.hang_timeout:type_name -> google.protobuf.Duration
+	20, // 31: rdzv.v1.Job.metrics:type_name -> rdzv.v1.Job.MetricsEntry
+	22, // 32: rdzv.v1.Incident.fault_at:type_name -> google.protobuf.Timestamp
+	22, // 33: rdzv.v1.Incident.detected_at:type_name -> google.protobuf.Timestamp
+	22, // 34: rdzv.v1.Incident.fenced_at:type_name -> google.protobuf.Timestamp
+	22, // 35: rdzv.v1.Incident.committed_at:type_name -> google.protobuf.Timestamp
+	22, // 36: rdzv.v1.Incident.started_at:type_name -> google.protobuf.Timestamp
+	22, // 37: rdzv.v1.Incident.first_step_at:type_name -> google.protobuf.Timestamp
+	22, // 38: rdzv.v1.Checkpoint.reported_at:type_name -> google.protobuf.Timestamp
 	3,  // 39: rdzv.v1.Assignment.spec:type_name -> rdzv.v1.JobSpec
-	21, // 40: rdzv.v1.Assignment.job_created_at:type_name -> google.protobuf.Timestamp
-	12, // 41: rdzv.v1.Assignment.watch:type_name -> rdzv.v1.WatchedPeer
-	11, // 42: rdzv.v1.Assignment.memory_sources:type_name -> rdzv.v1.ShardSource
-	21, // 43: rdzv.v1.Event.time:type_name -> google.protobuf.Timestamp
-	20, // 44: rdzv.v1.Event.detection_latency:type_name -> google.protobuf.Duration
-	8,  // 45: rdzv.v1.Event.incident:type_name -> rdzv.v1.Incident
-	6,  // 46: rdzv.v1.Round.nodes:type_name -> rdzv.v1.NodeAssignment
-	21, // 47: rdzv.v1.Round.committed_at:type_name -> google.protobuf.Timestamp
-	48, // [48:48] is the sub-list for method output_type
-	48, // [48:48] is the sub-list for method input_type
-	48, // [48:48] is the sub-list for extension type_name
-	48, // [48:48] is the sub-list for extension extendee
-	0,  // [0:48] is the sub-list for field type_name
+	22, // 40: rdzv.v1.Assignment.job_created_at:type_name -> google.protobuf.Timestamp
+	13, // 41: rdzv.v1.Assignment.watch:type_name -> rdzv.v1.WatchedPeer
+	12, // 42: rdzv.v1.Assignment.memory_sources:type_name -> rdzv.v1.ShardSource
+	11, // 43: rdzv.v1.Assignment.replica_peers:type_name -> rdzv.v1.ReplicaPeer
+	22, // 44: rdzv.v1.Event.time:type_name -> google.protobuf.Timestamp
+	21, // 45: rdzv.v1.Event.detection_latency:type_name -> google.protobuf.Duration
+	8,  // 46: rdzv.v1.Event.incident:type_name -> rdzv.v1.Incident
+	6,  // 47: rdzv.v1.Round.nodes:type_name -> rdzv.v1.NodeAssignment
+	22, // 48: rdzv.v1.Round.committed_at:type_name -> google.protobuf.Timestamp
+	49, // [49:49] is the sub-list for method output_type
+	49, // [49:49] is the sub-list for method input_type
+	49, // [49:49] is the sub-list for extension type_name
+	49, // [49:49] is the sub-list for extension extendee
+	0,  // [0:49] is the sub-list for field type_name
 }
 
 func init() { file_rdzv_v1_job_proto_init() }
@@ -2026,7 +2095,7 @@ func file_rdzv_v1_job_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_rdzv_v1_job_proto_rawDesc), len(file_rdzv_v1_job_proto_rawDesc)),
 			NumEnums:      3,
-			NumMessages:   17,
+			NumMessages:   18,
 			NumExtensions: 0,
 			NumServices:   0,
 		},
