@@ -67,8 +67,14 @@ type shard struct {
 	data []byte
 }
 
-// memIndex is one job's shards on this node within maxBytes. A plain value
-// without I/O; memStore's lock guards it.
+// memMaxSteps bounds the steps a node keeps of a job, whatever their
+// size: a recovery wants the newest complete one, and the holdings ride on
+// every progress report that follows a change (the controller takes at
+// most 64 entries).
+const memMaxSteps = 16
+
+// memIndex is one job's shards on this node within maxBytes and
+// memMaxSteps steps. A plain value without I/O; memStore's lock guards it.
 type memIndex struct {
 	maxBytes int64
 	bytes    int64
@@ -89,7 +95,11 @@ func (x *memIndex) add(k shardKey, s *shard) (evicted []*shard, kept bool) {
 		evicted = append(evicted, old)
 	}
 	x.shards[k], x.bytes = s, x.bytes+s.size
-	if x.bytes <= x.maxBytes {
+	steps := map[stepKey]bool{}
+	for key := range x.shards {
+		steps[key.stepOf()] = true
+	}
+	if x.bytes <= x.maxBytes && len(steps) <= memMaxSteps {
 		return evicted, true
 	}
 	keys := slices.SortedFunc(func(yield func(shardKey) bool) {
@@ -100,19 +110,31 @@ func (x *memIndex) add(k shardKey, s *shard) (evicted []*shard, kept bool) {
 		}
 	}, func(a, b shardKey) int { return cmp.Or(a.stepOf().compare(b.stepOf()), cmp.Compare(a.rank, b.rank)) })
 	for _, key := range keys {
-		if x.bytes <= x.maxBytes {
+		if x.bytes <= x.maxBytes && len(steps) <= memMaxSteps {
 			break
 		}
 		if key.stepOf() == k.stepOf() {
 			continue
 		}
 		evicted = append(evicted, x.remove(key))
+		if !x.holdsStep(key.stepOf()) {
+			delete(steps, key.stepOf())
+		}
 	}
 	if x.bytes > x.maxBytes {
 		evicted = append(evicted, x.remove(k))
 		return evicted, false
 	}
 	return evicted, true
+}
+
+func (x *memIndex) holdsStep(s stepKey) bool {
+	for k := range x.shards {
+		if k.stepOf() == s {
+			return true
+		}
+	}
+	return false
 }
 
 func (x *memIndex) remove(k shardKey) *shard {

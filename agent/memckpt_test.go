@@ -40,11 +40,28 @@ func TestMemIndexEvictsOldestStepFirst(t *testing.T) {
 			held: []*rdzvv1.MemoryHeld{{Generation: 2, Step: 50, Ranks: []uint32{0}}, {Generation: 2, Step: 60, Ranks: []uint32{0}}}, bytes: 40},
 		{name: "a shard replaced counts once", max: 40, adds: []add{{shardKey{1, 10, 0}, 20}, {shardKey{1, 10, 0}, 30}},
 			held: []*rdzvv1.MemoryHeld{{Generation: 1, Step: 10, Ranks: []uint32{0}}}, bytes: 30},
+		{name: "at most memMaxSteps steps", adds: func() []add {
+			var out []add
+			for s := range uint64(memMaxSteps + 2) {
+				out = append(out, add{shardKey{1, s + 1, 0}, 1})
+			}
+			return out
+		}(), held: func() []*rdzvv1.MemoryHeld {
+			var out []*rdzvv1.MemoryHeld
+			for s := range uint64(memMaxSteps) {
+				out = append(out, &rdzvv1.MemoryHeld{Generation: 1, Step: s + 3, Ranks: []uint32{0}})
+			}
+			return out
+		}(), bytes: memMaxSteps},
 		{name: "a shard beyond the bound alone is not kept", max: 40, adds: []add{{shardKey{1, 10, 0}, 20}, {shardKey{1, 20, 0}, 50}},
 			held: []*rdzvv1.MemoryHeld{}, bytes: 0, notKept: true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			x := memIndex{maxBytes: tc.max}
+			if tc.max == 0 {
+				// At most memMaxSteps steps, whatever their size.
+				x.maxBytes = 1 << 40
+			}
 			kept := true
 			for _, a := range tc.adds {
 				_, kept = x.add(a.key, &shard{size: a.size})
