@@ -1144,7 +1144,7 @@ func TestFaultKillNodeMemoryCheckpoint(t *testing.T) {
 	c := newFaultCluster(t)
 	job := faultJob(t, c, "fault-memory", func(spec map[string]any) {
 		spec["nodes"] = map[string]any{"min": 2, "max": 2}
-		spec["command"] = append(spec["command"].([]any), "--memory")
+		spec["command"] = append(spec["command"].([]any), "--memory-every", "3")
 		spec["checkpoint"].(map[string]any)["memory"] = map[string]any{"replicas": 1, "max_bytes": 64 << 20}
 	})
 	before := c.waitCheckpoint(t, job.Name, checkpointEvery)
