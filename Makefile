@@ -106,6 +106,7 @@ FUZZ_TARGETS := \
 	./controller:FuzzRequests \
 	./controller:FuzzConnectRequest \
 	./agent:FuzzReportEndpoint \
+	./agent:FuzzShardRequest \
 	./wire:FuzzReadFrame \
 	./relay:FuzzFramedReader \
 	./client:FuzzFramedReader \

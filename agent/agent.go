@@ -222,6 +222,14 @@ func (a *Agent) Run(ctx context.Context) error {
 		defer gossip.Close()
 		info.GossipAddr = gossip.Addr()
 	}
+	var peers *peerServer
+	var peerLn net.Listener
+	if !a.cfg.Insecure && a.cfg.PeerPort >= 0 {
+		if peers, peerLn, err = a.listenPeers(info, sup.mem, log.Named("peers")); err != nil {
+			return err
+		}
+		info.PeerAddr = peerLn.Addr().String()
+	}
 	sess := newSession(info, sup, a.client, a.cfg.Controller, a.faults, gossip, log.Named("session"))
 	sess.health = nodeHealth
 	if l, ok := a.spawner.(leased); ok {
@@ -239,6 +247,10 @@ func (a *Agent) Run(ctx context.Context) error {
 	sessCtx, endSession := context.WithCancel(context.WithoutCancel(ctx))
 	g, gctx := errgroup.WithContext(ctx)
 	g.Go(func() error { return reports.serve(ln) })
+	if peers != nil {
+		g.Go(func() error { return peers.serve(peerLn) })
+		g.Go(func() error { <-gctx.Done(); peers.shutdown(); return nil })
+	}
 	g.Go(func() error {
 		defer endSession()
 		err := sup.Run(gctx)
@@ -402,4 +414,27 @@ func interfaceKind(k netif.Kind) rdzvv1.InterfaceKind {
 		return rdzvv1.InterfaceKind_INTERFACE_KIND_ETHERNET
 	}
 	return rdzvv1.InterfaceKind_INTERFACE_KIND_UNSPECIFIED
+}
+
+// listenPeers opens the listener where agents exchange in-memory
+// checkpoint shards (memckpt_peer.go), on the node's address, with the
+// agent's own certificate and the cluster CA, and gives mem the way to
+// dial its peers.
+func (a *Agent) listenPeers(info *rdzvv1.NodeInfo, mem *memStore, log *zap.Logger) (*peerServer, net.Listener, error) {
+	name := info.GetName()
+	r, err := pki.NewReloader(a.cfg.TLS, func(id pki.Identity) error {
+		if id != (pki.Identity{Role: pki.RoleAgent, Name: name}) {
+			return fmt.Errorf("is the certificate of %s, but this is node %q", id, name)
+		}
+		return nil
+	}, log.Named("tls"))
+	if err != nil {
+		return nil, nil, fmt.Errorf("loading the agent's tls files for its peers: %w", err)
+	}
+	ln, err := net.Listen("tcp", net.JoinHostPort(info.GetAddress(), strconv.Itoa(a.cfg.PeerPort)))
+	if err != nil {
+		return nil, nil, fmt.Errorf("listening for agent peers (peer_port): %w", err)
+	}
+	mem.peerTLS = r.AgentPeerClientConfig
+	return newPeerServer(mem, r.AgentPeerServerConfig(), log), ln, nil
 }

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"path/filepath"
 	"strings"
 	"time"
 
@@ -52,6 +53,14 @@ type Config struct {
 	// picks a free one, -1 turns gossip off (then a node that loses the
 	// controller fences itself without asking its peers).
 	GossipPort int `json:"gossip_port"`
+	// PeerPort is the port of the listener where agents exchange in-memory
+	// checkpoint shards (mutual TLS, agent certificates only), on the NCCL
+	// interface address; 0 picks a free one, -1 turns it off (shards then
+	// stay on their node). Off when the agent runs insecure.
+	PeerPort int `json:"peer_port"`
+	// MemoryCheckpointDir is where workers write in-memory checkpoint
+	// shards: shared memory, one directory per node, job and generation.
+	MemoryCheckpointDir string `json:"memory_checkpoint_dir"`
 	// StopGrace is how long workers get between SIGTERM and SIGKILL.
 	StopGrace wire.Duration `json:"stop_grace"`
 	// GPUHealth says which GPU faults are critical: they cordon the node.
@@ -110,7 +119,10 @@ func DefaultConfig() Config {
 		StateDir:   "/var/lib/rdzv/agent",
 		HTTP:       httpserve.Config{Listen: DefaultHTTPListen},
 		GossipPort: 7946,
-		StopGrace:  wire.Duration{Duration: 10 * time.Second},
+		PeerPort:   DefaultPeerPort,
+		// tmpfs: a shard costs a copy in memory, no disk.
+		MemoryCheckpointDir: "/dev/shm/rdzv-memckpt",
+		StopGrace:           wire.Duration{Duration: 10 * time.Second},
 		// A relay restarted for an upgrade gets its rack back within a
 		// minute or two: until then each of its agents costs the
 		// controller a connection, its TLS state and goroutines.
@@ -202,6 +214,12 @@ func (c Config) Validate() error {
 	}
 	if fe := wire.CheckPath("state_dir", c.StateDir, ""); fe != nil {
 		errs = append(errs, fe)
+	}
+	if c.PeerPort < -1 || c.PeerPort > 65535 {
+		errs = append(errs, wire.Fieldf("peer_port", "must be -1 (off), 0 (any) or a port, got %d", c.PeerPort))
+	}
+	if !filepath.IsAbs(c.MemoryCheckpointDir) {
+		errs = append(errs, wire.Fieldf("memory_checkpoint_dir", "must be an absolute path, got %s", wire.Quote(c.MemoryCheckpointDir)))
 	}
 	if c.GossipPort < -1 || c.GossipPort > 65535 {
 		errs = append(errs, wire.Fieldf("gossip_port", "must be -1 (off), 0 (any) or a port, got %d", c.GossipPort))

@@ -2,6 +2,7 @@ package agent
 
 import (
 	"context"
+	"crypto/sha256"
 	"crypto/subtle"
 	"encoding/hex"
 	"encoding/json"
@@ -22,6 +23,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap"
 	"golang.org/x/sys/unix"
+	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	rdzvv1 "github.com/rdzv/rdzv/proto/rdzv/v1"
@@ -121,6 +123,11 @@ type reportRequest struct {
 	// saved) or "done" (step was the last).
 	Phase   string                     `json:"phase"`
 	Metrics map[string]json.RawMessage `json:"metrics"`
+	// Rank, Size and Sha256 are for /v1/memory only: the rank's shard of
+	// step in the generation's in-memory checkpoint directory.
+	Rank   *int64 `json:"rank"`
+	Size   *int64 `json:"size"`
+	Sha256 string `json:"sha256"`
 }
 
 // stepPhases are the phases a step report may announce.
@@ -183,6 +190,7 @@ func newReportHandler(sup *Supervisor, log *zap.Logger, now func() time.Time) ht
 	mux := http.NewServeMux()
 	mux.HandleFunc("POST /v1/step", h.step)
 	mux.HandleFunc("POST /v1/checkpoint", h.checkpoint)
+	mux.HandleFunc("POST /v1/memory", h.memory)
 	return mux
 }
 
@@ -234,6 +242,69 @@ func (h *reportHandler) checkpoint(w http.ResponseWriter, r *http.Request) {
 	h.log.Info("checkpoint reported", zap.String("job", req.Job), zap.Uint64("generation", req.Generation),
 		zap.Uint64("step", step), zap.String("path", req.Path))
 	w.WriteHeader(http.StatusNoContent)
+}
+
+// memory enters an in-memory checkpoint shard the workers wrote
+// (memckpt.go).
+func (h *reportHandler) memory(w http.ResponseWriter, r *http.Request) {
+	token, ok := h.authenticate(w, r)
+	if !ok {
+		return
+	}
+	req, step, ok := h.decode(w, r)
+	if !ok {
+		return
+	}
+	rank, size, sum, err := parseMemoryReport(req)
+	if err == nil {
+		err = h.sup.reportMemory(token, req.Job, req.Generation, step, rank, size, sum)
+	}
+	if err != nil {
+		h.refuse(w, err)
+		return
+	}
+	w.WriteHeader(http.StatusNoContent)
+}
+
+// parseMemoryReport reads an in-memory shard report's rank, size and
+// checksum.
+func parseMemoryReport(req reportRequest) (uint32, int64, [sha256.Size]byte, error) {
+	var sum [sha256.Size]byte
+	switch {
+	case req.Phase != "" || req.Metrics != nil || req.Path != "":
+		return 0, 0, sum, errors.New("phase, metrics and path do not belong in an in-memory checkpoint report")
+	case req.Rank == nil || *req.Rank < 0 || *req.Rank > math.MaxUint32:
+		return 0, 0, sum, fmt.Errorf("rank: must be an integer from 0 to %d", uint32(math.MaxUint32))
+	case req.Size == nil || *req.Size < 0:
+		return 0, 0, sum, errors.New("size: must be the shard's size in bytes")
+	}
+	b, err := hex.DecodeString(req.Sha256)
+	if err != nil || len(b) != sha256.Size {
+		return 0, 0, sum, fmt.Errorf("sha256: must be %d hex digits", 2*sha256.Size)
+	}
+	copy(sum[:], b)
+	return uint32(*req.Rank), *req.Size, sum, nil
+}
+
+// reportMemory enters rank's shard of step of job's generation gen, whose
+// workers hold token.
+func (s *Supervisor) reportMemory(token []byte, job string, gen, step uint64, rank uint32, size int64, sum [sha256.Size]byte) error {
+	s.mu.Lock()
+	_, err := s.runningLocked(token, job, gen)
+	s.mu.Unlock()
+	if err != nil {
+		return err
+	}
+	if err := s.mem.reported(job, gen, step, rank, size, sum); err != nil {
+		return err
+	}
+	// A saved step is progress, and what carries the holdings.
+	s.mu.Lock()
+	if w, err := s.runningLocked(token, job, gen); err == nil {
+		w.advance(step, time.Now())
+	}
+	s.mu.Unlock()
+	return nil
 }
 
 // authenticate reads the report token and checks it is the running
@@ -487,9 +558,12 @@ func (s *Supervisor) Progress() *rdzvv1.Progress {
 	if w == nil || !w.hasStep {
 		return nil
 	}
+	// What the node holds of the job's in-memory checkpoints rides along:
+	// a save reports its step too (rdzv.checkpoint.save).
+	held, _ := s.mem.held(w.job)
 	// The map is replaced, never changed in place, so it can be shared.
 	return &rdzvv1.Progress{Job: w.job, Generation: w.generation, Step: w.step, At: timestamppb.New(w.stepAt),
-		Phase: w.phase, Metrics: w.metrics}
+		Phase: w.phase, Metrics: w.metrics, Memory: held}
 }
 
 // markReported records step as queued for w, and reports whether it was not
@@ -551,7 +625,8 @@ func (f *progressFilter) changed(p *rdzvv1.Progress) bool {
 		return false
 	}
 	if l := f.last; l != nil && l.GetJob() == p.GetJob() && l.GetGeneration() == p.GetGeneration() && l.GetStep() == p.GetStep() &&
-		l.GetPhase() == p.GetPhase() && maps.EqualFunc(l.GetMetrics(), p.GetMetrics(), sameMetric) {
+		l.GetPhase() == p.GetPhase() && maps.EqualFunc(l.GetMetrics(), p.GetMetrics(), sameMetric) &&
+		slices.EqualFunc(l.GetMemory(), p.GetMemory(), func(a, b *rdzvv1.MemoryHeld) bool { return proto.Equal(a, b) }) {
 		return false
 	}
 	f.last = p

@@ -46,6 +46,8 @@ const (
 // applied in the order the controller sent them, on one goroutine, so a stop
 // of generation N is always applied before the start of N+1.
 type Supervisor struct {
+	// mem holds the node's in-memory checkpoints (memckpt.go).
+	mem *memStore
 	// exits counts workers' ends by cause (metrics); nil counts nothing.
 	exits      *prometheus.CounterVec
 	stateDir   string
@@ -170,6 +172,7 @@ func NewSupervisor(cfg Config, node, iface, reportAddr string, spawner Spawner, 
 		standbyFloor: cfg.StandbyMinAvailableBytes,
 		meminfo:      func() ([]byte, error) { return os.ReadFile("/proc/meminfo") },
 	}
+	s.mem = newMemStore(cfg.MemoryCheckpointDir, node, log.Named("memckpt"))
 	if cfg.RunAs == "" {
 		s.dynUsers = newDynamicUsers(cfg.DynamicUsers, cfg.StateDir, log.Named("dynamic_users"))
 	}
@@ -351,6 +354,7 @@ func (s *Supervisor) Ordered(stop *rdzvv1.StopWorkers) {
 		s.stop(job, generation, reason, grace)
 		if ended {
 			s.dropIdleStandby(job)
+			s.mem.drop(job)
 		}
 	}
 }
@@ -816,7 +820,11 @@ func (s *Supervisor) start(a *rdzvv1.Assignment) (w *worker, err error) {
 	// its environment, cannot report for this one.
 	token := make([]byte, reportTokenBytes)
 	_, _ = rand.Read(token) // never fails; it would crash the agent first
-	env := s.env(a, p.jobEnv, token)
+	memEnv, err := s.mem.prepare(context.Background(), a, p.runAs.Credential)
+	if err != nil {
+		return nil, &preflightError{failure: wire.FailureMemoryFetch, err: err}
+	}
+	env := s.env(a, p.jobEnv, token, memEnv)
 	if kind == jobspec.KindWarm {
 		proc, err := s.warmStart(a, env, meta, token)
 		if err != nil {
@@ -970,7 +978,7 @@ func isDir(p string) bool {
 // agent's own environment but the locale and time zone: the agent runs as
 // root under systemd, and neither root's PATH nor its variables are the
 // workers' business.
-func (s *Supervisor) env(a *rdzvv1.Assignment, jobEnv map[string]string, reportToken []byte) []string {
+func (s *Supervisor) env(a *rdzvv1.Assignment, jobEnv map[string]string, reportToken []byte, memEnv map[string]string) []string {
 	spec := a.GetSpec()
 	gpus := make([]string, len(a.GetGpuIndices()))
 	for i, g := range a.GetGpuIndices() {
@@ -998,6 +1006,9 @@ func (s *Supervisor) env(a *rdzvv1.Assignment, jobEnv map[string]string, reportT
 		"RDZV_NNODES":         strconv.Itoa(int(a.GetNnodes())),
 		"RDZV_PROCS_PER_NODE": strconv.Itoa(int(a.GetProcsPerNode())),
 		reportTokenEnv:        hex.EncodeToString(reportToken),
+		// Set, even empty: a job cannot point them elsewhere.
+		memDirEnv:    memEnv[memDirEnv],
+		memResumeEnv: memEnv[memResumeEnv],
 	}
 	return s.envOf(jobEnv, rdzv)
 }

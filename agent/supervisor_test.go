@@ -95,6 +95,8 @@ func TestSupervisorLaunchesWithRendezvous(t *testing.T) {
 		"RDZV_NODE_RANK":       "1",
 		"RDZV_CHECKPOINT_DIR":  ckpt,
 		"RDZV_RESUME_FROM":     ckpt + "/step-100",
+		"RDZV_MEMCKPT_DIR":     "",
+		"RDZV_RESUME_MEMORY":   "",
 		"RDZV_AGENT_ADDR":      "127.0.0.1:7071",
 		"MASTER_ADDR":          "10.0.0.1",
 		"MASTER_PORT":          "29500",
@@ -497,7 +499,7 @@ func TestSupervisorEnvHasLastWord(t *testing.T) {
 		"RDZV_REPORT_TOKEN":    "job-env",
 		"JOB_VAR":              "from-job",
 	}
-	env := h.sup.env(a, a.Spec.Env, []byte{0xab})
+	env := h.sup.env(a, a.Spec.Env, []byte{0xab}, nil)
 
 	last := map[string]string{}
 	for _, kv := range env {

@@ -217,6 +217,13 @@ type jobState struct {
 	// training is the current generation's phase, step times and metrics
 	// (progress.go).
 	training training
+	// memHeld is what each node holds of the job's in-memory checkpoints
+	// (memckpt.go), in memory only; memSkip are the steps whose fetch
+	// failed, never picked again; memPlan is the current generation's
+	// in-memory resume, nil when it resumed otherwise.
+	memHeld map[string][]*rdzvv1.MemoryHeld
+	memSkip map[memKey]bool
+	memPlan *memPlan
 }
 
 // Option adjusts a Controller for tests.

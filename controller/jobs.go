@@ -16,6 +16,7 @@ import (
 	"github.com/rdzv/rdzv/controller/store"
 	"github.com/rdzv/rdzv/jobspec"
 	rdzvv1 "github.com/rdzv/rdzv/proto/rdzv/v1"
+	"github.com/rdzv/rdzv/wire"
 )
 
 var (
@@ -191,7 +192,14 @@ func (c *Controller) advanceJobAfter(js *jobState, exited []*rdzvv1.NodeAssignme
 				// The job's configuration does not fit the node (a missing
 				// workdir): every restart would fail the same way, into a
 				// crash loop. The operator fixes the job or the node.
-				if f := w.GetFailure(); f != "" {
+				if f := w.GetFailure(); f == wire.FailureMemoryFetch && js.memPlan != nil {
+					// Another attempt must not pick the same in-memory step:
+					// it resumes from an older complete one, or durably.
+					if js.memSkip == nil {
+						js.memSkip = map[memKey]bool{}
+					}
+					js.memSkip[js.memPlan.key] = true
+				} else if f != "" {
 					c.finish(js, rdzvv1.JobState_JOB_STATE_FAILED, fmt.Sprintf("%s: node %s (rank %d): %s; not restarted, as a restart would fail the same way: fix the job file or the node, then start the job again",
 						f, a.GetNode(), a.GetNodeRank(), strings.TrimPrefix(w.GetMessage(), f+": ")))
 					return

@@ -19,8 +19,8 @@ import (
 // controller holds per node; encoded it is about 1.4 KB. A nodeInfo is never changed, only
 // replaced; its zero value is a registration with nothing in it.
 type nodeInfo struct {
-	name, address, ncclInterface, gossipAddr string
-	labels                                   map[string]string
+	name, address, ncclInterface, gossipAddr, peerAddr string
+	labels                                             map[string]string
 	// gpuIndices are the node's GPUs as placement hands them out.
 	gpuIndices []uint32
 	// encoded is the NodeInfo, deterministically: equal registrations
@@ -39,7 +39,7 @@ func newNodeInfo(info *rdzvv1.NodeInfo) (nodeInfo, error) {
 		return nodeInfo{}, fmt.Errorf("encoding the registration of node %s: %w", info.GetName(), err)
 	}
 	ni := nodeInfo{
-		name: info.GetName(), address: info.GetAddress(), gossipAddr: info.GetGossipAddr(),
+		name: info.GetName(), address: info.GetAddress(), gossipAddr: info.GetGossipAddr(), peerAddr: info.GetPeerAddr(),
 		ncclInterface: internString(info.GetNcclInterface()), encoded: encoded,
 	}
 	if len(info.GetLabels()) > 0 {
@@ -69,7 +69,7 @@ func (ni nodeInfo) decode() *rdzvv1.NodeInfo {
 	if err := proto.Unmarshal(ni.encoded, info); err != nil {
 		// Unreachable: the bytes are this process's own encoding of a
 		// message. Show what is known rather than nothing.
-		return &rdzvv1.NodeInfo{Name: ni.name, Address: ni.address, NcclInterface: ni.ncclInterface, GossipAddr: ni.gossipAddr, Labels: ni.labels}
+		return &rdzvv1.NodeInfo{Name: ni.name, Address: ni.address, NcclInterface: ni.ncclInterface, GossipAddr: ni.gossipAddr, PeerAddr: ni.peerAddr, Labels: ni.labels}
 	}
 	return info
 }

@@ -194,6 +194,7 @@ func (c *Controller) progress(node string, p *rdzvv1.Progress) {
 	if js == nil || js.rec.GetGeneration() != p.GetGeneration() || js.rec.GetState() != rdzvv1.JobState_JOB_STATE_RUNNING || !js.member(node) {
 		return
 	}
+	js.memoryHeld(node, p.GetMemory())
 	now := c.clock.Now()
 	if advanced, first := js.noteProgress(node, p, now); advanced {
 		if first {

@@ -354,6 +354,14 @@ func (c *Controller) commit(ctx context.Context, term uint64, name string, place
 	if cp := rec.GetLatestCheckpoint(); cp != nil {
 		resume = fmt.Sprintf("from checkpoint step %d", cp.GetStep())
 	}
+	plan, resumeEv := c.planMemory(js, gen, len(placed))
+	if plan != nil {
+		resume = fmt.Sprintf("from in-memory step %d", plan.key.step)
+	}
+	events := []*rdzvv1.Event{nil}
+	if resumeEv != nil {
+		events = append(events, resumeEv)
+	}
 	rec.TrainingSince = timestamppb.New(now)
 	if rec.RecoveryStartedAt != nil {
 		// Still recovering until the new generation is back to training:
@@ -363,7 +371,8 @@ func (c *Controller) commit(ctx context.Context, term uint64, name string, place
 	}
 	ev := c.event(name, "", gen, EventRendezvousCommitted, "generation %d: %d nodes %s, master %s:%d, starting %s",
 		gen, len(placed), nodeList(placed), master, port, resume)
-	js.rec, js.round = rec, round
+	events[0] = ev
+	js.rec, js.round, js.memPlan = rec, round, plan
 	js.workers = map[string]*rdzvv1.WorkerStatus{}
 	js.lastCall = rendezvous.LastCall{}
 	js.progressed = false
@@ -372,7 +381,7 @@ func (c *Controller) commit(ctx context.Context, term uint64, name string, place
 		c.nodes[p.Name].generation = gen
 	}
 	c.metrics.committed(js, now)
-	c.persist(c.store.CommitRound(rec, round, ev), func() {
+	c.persist(c.store.CommitRound(rec, round, events...), func() {
 		log.Info("rendezvous committed", zap.Uint64("generation", gen), zap.Int("nodes", len(placed)),
 			zap.String("master_addr", master), zap.Uint32("master_port", port))
 		c.sendAssignments(js, round)
@@ -510,13 +519,26 @@ func newID() string {
 // assignmentOf builds the assignment of a, a node of the job's current
 // round. Callers hold c.mu.
 func (c *Controller) assignmentOf(js *jobState, a *rdzvv1.NodeAssignment) *rdzvv1.Assignment {
-	return &rdzvv1.Assignment{
+	as := &rdzvv1.Assignment{
 		Spec: js.rec.GetSpec(), Generation: js.round.GetGeneration(), NodeRank: a.GetNodeRank(),
 		Nnodes: uint32(len(js.round.GetNodes())), ProcsPerNode: js.rec.GetSpec().GetProcsPerNode(),
 		MasterAddr: js.round.GetMasterAddr(), MasterPort: js.round.GetMasterPort(), GpuIndices: a.GetGpuIndices(),
 		ResumeFrom: js.rec.GetLatestCheckpoint().GetPath(), JobCreatedAt: js.rec.GetCreatedAt(),
 		Watch: c.watchedPeers(js.round, a),
 	}
+	if m := js.rec.GetSpec().GetCheckpointMemory(); m != nil {
+		as.ReplicaPeers = c.replicaPeers(js.round, a, int(m.GetReplicas()))
+	}
+	if p := js.memPlan; p != nil {
+		as.ResumeMemoryStep, as.ResumeMemoryGeneration = p.key.step, p.key.generation
+		as.MemorySources = p.sources(a.GetNode(), a.GetNodeRank(), js.rec.GetSpec().GetProcsPerNode(), func(node string) string {
+			if ns := c.nodes[node]; ns != nil {
+				return ns.info.peerAddr
+			}
+			return ""
+		})
+	}
+	return as
 }
 
 // watchedPeers are the nodes a watches in its round: its neighbours in a

@@ -189,7 +189,8 @@ func validateConnectRequest(m *rdzvv1.ConnectRequest) error {
 	case *rdzvv1.ConnectRequest_WorkerStatus:
 		return validateWorkerStatus("worker_status", msg.WorkerStatus)
 	case *rdzvv1.ConnectRequest_Progress:
-		return errors.Join(nameErr("progress.job", msg.Progress.GetJob()), wire.CheckMetrics("progress.metrics", msg.Progress.GetMetrics()))
+		return errors.Join(nameErr("progress.job", msg.Progress.GetJob()), wire.CheckMetrics("progress.metrics", msg.Progress.GetMetrics()),
+			validateMemoryHeld(msg.Progress.GetMemory()))
 	case *rdzvv1.ConnectRequest_Checkpoint:
 		return validateCheckpointReport(msg.Checkpoint)
 	case *rdzvv1.ConnectRequest_PortProbeResult:
@@ -273,6 +274,11 @@ func validateNodeInfo(n *rdzvv1.NodeInfo) error {
 	if a := n.GetGossipAddr(); a != "" {
 		if _, err := netip.ParseAddrPort(a); err != nil {
 			errs = append(errs, fmt.Errorf("node.gossip_addr: must be empty or ip:port, got %q", clip(a)))
+		}
+	}
+	if a := n.GetPeerAddr(); a != "" {
+		if _, err := netip.ParseAddrPort(a); err != nil {
+			errs = append(errs, fmt.Errorf("node.peer_addr: must be empty or ip:port, got %q", clip(a)))
 		}
 	}
 	errs = append(errs, textErr("node.nccl_interface", n.GetNcclInterface(), maxShortText),
@@ -419,4 +425,23 @@ func recoverPanic(log *zap.Logger, method string, err *error) {
 		log.Error("panic serving request", zap.String("method", method), zap.String("panic", fmt.Sprint(r)), zap.Stack("stack"))
 		*err = status.Error(codes.Internal, "internal error serving "+method+"; the controller log has details")
 	}
+}
+
+// Bounds of a progress report's in-memory checkpoint holdings: a node holds
+// the steps its bound allows, of its own ranks and its peers'.
+const (
+	maxMemoryHeld      = 64
+	maxMemoryHeldRanks = 1024
+)
+
+func validateMemoryHeld(held []*rdzvv1.MemoryHeld) error {
+	if len(held) > maxMemoryHeld {
+		return fmt.Errorf("progress.memory: at most %d entries are allowed, got %d", maxMemoryHeld, len(held))
+	}
+	for i, h := range held {
+		if n := len(h.GetRanks()); n > maxMemoryHeldRanks {
+			return fmt.Errorf("progress.memory[%d].ranks: at most %d ranks are allowed, got %d", i, maxMemoryHeldRanks, n)
+		}
+	}
+	return nil
 }

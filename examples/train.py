@@ -71,6 +71,9 @@ def main():
     p.add_argument("--checkpoint-every", type=int, default=20)
     p.add_argument("--tick", action="store_true",
                    help="print an RDZV_TICK line for every step (fault-tolerance tests time generations by them)")
+    p.add_argument("--memory-every", type=int, default=0,
+                   help="save an in-memory checkpoint (rdzv.checkpoint) every this many steps (0: never), "
+                        "and resume from the one rdzv restored")
     p.add_argument("--fail-at-start", action="store_true",
                    help="exit with status 3 before training: a job that crash loops")
     p.add_argument("--hang-file", default="",
@@ -104,7 +107,13 @@ def main():
 
     start = 1
     resume_from = rdzv.resume_from()
-    if resume_from:
+    state = rdzv.checkpoint.load() if args.memory_every else None
+    if state is not None:
+        model.load_state_dict(state["model"])
+        opt.load_state_dict(state["opt"])
+        start = state["step"] + 1
+        log("RDZV_RESUMED", f"rank={rank}", f"step={state['step']}", "source=memory")
+    elif resume_from:
         ckpt = torch.load(os.path.join(resume_from, "model.pt"))
         model.load_state_dict(ckpt["model"])
         opt.load_state_dict(ckpt["opt"])
@@ -141,8 +150,11 @@ def main():
         # The last step is final: what follows (the final save, the exit) is
         # never taken for a hang.
         rdzv.report_step(step, final=step == args.steps, loss=loss.item())
+        if args.memory_every and step % args.memory_every == 0:
+            rdzv.checkpoint.save({"model": model.state_dict(), "opt": opt.state_dict(), "step": step}, step)
         time.sleep(args.step_time)
 
+    rdzv.checkpoint.wait()
     if args.final_save_time > 0:
         time.sleep(args.final_save_time)
 

@@ -87,7 +87,28 @@ type Checkpoint struct {
 	// Markers are file names whose presence in a step directory under Dir
 	// marks that checkpoint complete; any one suffices.
 	Markers []string `json:"markers"`
+	// Memory turns on in-memory checkpoints replicated to peers
+	// (docs/checkpoints.md); nil is off.
+	Memory *MemoryCheckpoint `json:"memory"`
 }
+
+// MemoryCheckpoint is checkpoint.memory.
+type MemoryCheckpoint struct {
+	// Replicas is how many peer nodes hold a copy of each node's shards:
+	// the nodes of the next node ranks, wrapping.
+	Replicas int `json:"replicas"`
+	// MaxBytes bounds the shards, own and replicas, a node keeps for the
+	// job; the oldest step goes first.
+	MaxBytes int64 `json:"max_bytes"`
+}
+
+// Defaults of checkpoint.memory.
+const (
+	DefaultMemoryReplicas = 1
+	DefaultMemoryMaxBytes = 8 << 30
+	// MaxMemoryReplicas bounds checkpoint.memory.replicas.
+	MaxMemoryReplicas = 3
+)
 
 type Restart struct {
 	// MaxRestarts is how many failed attempts are restarted before the job
@@ -270,6 +291,14 @@ func (s *Spec) Default() {
 	}
 	if len(s.Checkpoint.Markers) == 0 {
 		s.Checkpoint.Markers = append([]string(nil), DefaultMarkers...)
+	}
+	if m := s.Checkpoint.Memory; m != nil {
+		if m.Replicas == 0 {
+			m.Replicas = DefaultMemoryReplicas
+		}
+		if m.MaxBytes == 0 {
+			m.MaxBytes = DefaultMemoryMaxBytes
+		}
 	}
 	// ProgressTimeout stays unset: the controller derives it.
 	if s.Health.CheckpointTimeout == nil {

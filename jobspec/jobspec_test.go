@@ -22,7 +22,7 @@ command: ["train.py", "--lr", "3e-4"]
 workdir: /shared/llama
 env: {OMP_NUM_THREADS: "4"}
 selector: {pool: train}
-checkpoint: {dir: /shared/ckpt}
+checkpoint: {dir: /shared/ckpt, memory: {replicas: 1}}
 rendezvous: {last_call: 5s, timeout: 2m}
 launcher: {torchrun: /usr/bin/torchrun, extra_args: ["--redirects", "2"]}
 restart: {max_restarts: 5, backoff: {initial: 2s, max: 20s}}
@@ -138,6 +138,10 @@ func TestValidateRejects(t *testing.T) {
 		{"negative backoff", func(s *Spec) { s.Restart.Backoff.Initial = wire.Dur(-time.Second) }, "restart.backoff.initial"},
 		{"marker with a slash", func(s *Spec) { s.Checkpoint.Markers = []string{"../x"} }, "checkpoint.markers[0]: must be a plain file name"},
 		{"empty marker", func(s *Spec) { s.Checkpoint.Markers = []string{"COMPLETE", ""} }, "checkpoint.markers[1]"},
+		{"too many memory replicas", func(s *Spec) { s.Checkpoint.Memory = &MemoryCheckpoint{Replicas: 4, MaxBytes: 1 << 30} },
+			"checkpoint.memory.replicas: must be between 1 and 3 (got 4)"},
+		{"tiny memory bound", func(s *Spec) { s.Checkpoint.Memory = &MemoryCheckpoint{Replicas: 1, MaxBytes: 10} },
+			"checkpoint.memory.max_bytes: must be at least 1048576 (1 MiB) (got 10)"},
 		{"negative progress timeout", func(s *Spec) { s.Health.ProgressTimeout = wire.Dur(-time.Second) }, "health.progress_timeout"},
 		{"negative checkpoint timeout", func(s *Spec) { s.Health.CheckpointTimeout = wire.Dur(-time.Second) }, "health.checkpoint_timeout: must be 0s (off) or a positive duration (got -1s)"},
 		{"negative startup timeout", func(s *Spec) { s.Health.StartupTimeout = wire.Dur(-time.Second) }, "health.startup_timeout"},

@@ -37,6 +37,9 @@ func (s *Spec) ToProto() *rdzvv1.JobSpec {
 		LauncherPreload:    s.Launcher.Preload,
 		CheckpointMarkers:  s.Checkpoint.Markers,
 	}
+	if m := s.Checkpoint.Memory; m != nil {
+		p.CheckpointMemory = &rdzvv1.CheckpointMemorySpec{Replicas: uint32(m.Replicas), MaxBytes: uint64(m.MaxBytes)}
+	}
 	if s.Restart.MaxRestarts != nil {
 		p.RestartMaxRestarts = uint32(*s.Restart.MaxRestarts)
 	}
@@ -89,6 +92,10 @@ func FromProto(p *rdzvv1.JobSpec) *Spec {
 		Launcher: Launcher{Kind: p.GetLauncherKind(), KindReason: p.GetLauncherKindReason(), Torchrun: p.GetLauncherTorchrun(), Python: p.GetLauncherPython(), Module: p.GetLauncherModule(),
 			Executable: p.GetLauncherExecutable(), Argv: p.GetLauncherArgv(), ExtraArgs: p.GetLauncherExtraArgs(),
 			Preload: p.GetLauncherPreload()},
+	}
+	if m := p.GetCheckpointMemory(); m != nil {
+		// Beyond the bounds is invalid either way; clamped, Validate says so.
+		s.Checkpoint.Memory = &MemoryCheckpoint{Replicas: int(min(m.GetReplicas(), 1<<20)), MaxBytes: int64(min(m.GetMaxBytes(), math.MaxInt64))}
 	}
 	if p.RendezvousLastCall != nil {
 		s.Rendezvous.LastCall = wire.Dur(p.RendezvousLastCall.AsDuration())

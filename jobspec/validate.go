@@ -135,6 +135,14 @@ func (s *Spec) Validate() error {
 			add(fmt.Sprintf("checkpoint.markers[%d]", i), wire.Quote(m), "must be a plain file name")
 		}
 	}
+	if m := s.Checkpoint.Memory; m != nil {
+		if m.Replicas < 1 || m.Replicas > MaxMemoryReplicas {
+			add("checkpoint.memory.replicas", fmt.Sprint(m.Replicas), fmt.Sprintf("must be between 1 and %d", MaxMemoryReplicas))
+		}
+		if m.MaxBytes < 1<<20 {
+			add("checkpoint.memory.max_bytes", fmt.Sprint(m.MaxBytes), "must be at least 1048576 (1 MiB)")
+		}
+	}
 	if p := s.Health.ProgressTimeout; p != nil && p.Duration < 0 {
 		add("health.progress_timeout", durString(p), "must be unset (derived from the step time), 0s (off) or a positive duration")
 	}

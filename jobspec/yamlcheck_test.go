@@ -38,7 +38,7 @@ func TestParseMistakesSayWhereAndWhat(t *testing.T) {
 		{"env value a mapping", "name: a\nnodes: 1\ncommand: [x.py]\nenv: {A: {b: 1}}\n",
 			"line 4, column 10: env.A: expected text, got a mapping"},
 		{"section as text", "name: a\nnodes: 1\ncommand: [x.py]\ncheckpoint: /shared/ckpt\n",
-			`line 4, column 13: checkpoint: expected a mapping of dir, markers, got string "/shared/ckpt"`},
+			`line 4, column 13: checkpoint: expected a mapping of dir, markers, memory, got string "/shared/ckpt"`},
 		{"field given twice", "name: a\nnodes: 1\ncommand: [x.py]\nname: b\n",
 			"line 4, column 1: name: is given twice (first at line 1, column 1)"},
 		{"not yaml", "name: [unclosed\n", "parsing job: not valid YAML: yaml: line 1"},

@@ -445,3 +445,45 @@ func (r *Reloader) clientConfig(addr string, want Role) (*tls.Config, error) {
 		},
 	}, nil
 }
+
+// AgentPeerServerConfig is the TLS configuration of an agent's listener for
+// other agents (in-memory checkpoint replicas): VerifyingServerConfig,
+// accepting only agent certificates. The agent presents its own (client)
+// certificate as the server's: agents' certificates name no host.
+func (r *Reloader) AgentPeerServerConfig() *tls.Config {
+	return r.VerifyingServerConfig(func(v ClientVerification) error {
+		if v.ID.Role != RoleAgent {
+			return fmt.Errorf("only agents may connect to an agent's peer listener, not %s", v.ID)
+		}
+		return nil
+	})
+}
+
+// AgentPeerClientConfig is the TLS configuration for dialing node's agent
+// peer listener: it presents this daemon's certificate and accepts only
+// the agent certificate of node, signed by the CA as currently loaded.
+func (r *Reloader) AgentPeerClientConfig(node string) *tls.Config {
+	want := Identity{Role: RoleAgent, Name: node}
+	return &tls.Config{
+		MinVersion: tls.VersionTLS13,
+		// VerifyConnection below verifies the chain against the reloadable
+		// CA; an agent's certificate names no host to check.
+		InsecureSkipVerify: true,
+		GetClientCertificate: func(*tls.CertificateRequestInfo) (*tls.Certificate, error) {
+			return r.current().cert, nil
+		},
+		VerifyConnection: func(cs tls.ConnectionState) error {
+			if len(cs.PeerCertificates) == 0 {
+				return fmt.Errorf("agent %s sent no certificate", node)
+			}
+			id, err := verify(cs.PeerCertificates, r.current().pool, r.clock.Now(), x509.ExtKeyUsageClientAuth, "")
+			if err != nil {
+				return fmt.Errorf("agent %s: %w", node, err)
+			}
+			if id != want {
+				return fmt.Errorf("the peer listener of node %s presented the certificate of %s", node, id)
+			}
+			return nil
+		},
+	}
+}

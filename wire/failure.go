@@ -19,6 +19,12 @@ const (
 	FailureLauncherMissing = "launcher_missing"
 )
 
+// FailureMemoryFetch: the agent could not fetch a rank's in-memory
+// checkpoint shard from the peer holding it before starting the workers.
+// Unlike the others it is restarted: the next attempt resumes from another
+// in-memory step or from the durable checkpoint.
+const FailureMemoryFetch = "memory_fetch"
+
 // FailureLauncherOption: the node's own launcher reads one of the job's
 // launcher.extra_args as an option rdzv sets, or cannot start the
 // workers with one the job gave.

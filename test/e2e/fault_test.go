@@ -1136,3 +1136,77 @@ func requireMergedLogs(t *testing.T, c *cluster, job string) {
 		require.Equal(t, strings.Join(lines[len(lines)-3:], "")+"\n", tail, "--tail 3 on %s", h.Name)
 	}
 }
+
+// resumeMemoryMessage is the resume_memory event's message.
+var resumeMemoryMessage = regexp.MustCompile(`resumes from in-memory step (\d+) \(saved by generation (\d+)\)`)
+
+// A job with checkpoint.memory on two of the three nodes saves an in-memory
+// checkpoint every step; its node rank 1 dies with its agent. The job
+// resumes on the two nodes left, the idle one replacing the dead one (same
+// world), from the newest in-memory step: the new node fetches the dead
+// node's shards from the replica its peer kept, and every rank resumes at
+// that step, newer than the durable checkpoint.
+func TestFaultKillNodeMemoryCheckpoint(t *testing.T) {
+	c := newFaultCluster(t)
+	job := faultJob(t, c, "fault-memory", func(spec map[string]any) {
+		spec["nodes"] = map[string]any{"min": 2, "max": 2}
+		spec["command"] = append(spec["command"].([]any), "--memory-every", "3")
+		spec["checkpoint"].(map[string]any)["memory"] = map[string]any{"replicas": 1, "max_bytes": 64 << 20}
+	})
+	before := c.waitCheckpoint(t, job.Name, checkpointEvery)
+	// A few steps past the durable checkpoint, so the in-memory one is newer.
+	c.waitJob(t, job.Name, "a few steps past the checkpoint", func(j jobJSON) bool {
+		return j.Step >= before.LatestCheckpoint.Step+checkpointEvery/2
+	})
+	victim := 1
+	c.killHost(t, victim)
+	t.Logf("e2e: SIGKILLed everything on %s (latest durable checkpoint then: step %d)", c.agentHost(victim).Name, before.LatestCheckpoint.Step)
+	c.waitNodeState(t, victim, "NODE_STATE_LOST")
+
+	j := c.waitJob(t, job.Name, "finished", func(j jobJSON) bool { return finished(j.State) })
+	require.Equal(t, "JOB_STATE_SUCCEEDED", j.State, "reason: %s", j.Reason)
+	events := c.jobEvents(t, job.Name)
+	var memStep, durable uint64
+	for _, ev := range events {
+		switch ev.Kind {
+		case "checkpoint_recorded":
+			if ev.Generation == 1 {
+				m := checkpointMessage.FindStringSubmatch(ev.Message)
+				require.NotNil(t, m, "unexpected checkpoint_recorded message: %q", ev.Message)
+				durable = max(durable, uint64(atoi(t, m[1])))
+			}
+		case "resume_memory":
+			if ev.Generation == 2 {
+				m := resumeMemoryMessage.FindStringSubmatch(ev.Message)
+				require.NotNil(t, m, "unexpected resume_memory message: %q", ev.Message)
+				memStep = uint64(atoi(t, m[1]))
+				require.Equal(t, "1", m[2])
+			}
+			t.Logf("e2e: event %s generation %d: %s", ev.Kind, ev.Generation, ev.Message)
+		case "resume_durable":
+			t.Logf("e2e: event %s generation %d: %s", ev.Kind, ev.Generation, ev.Message)
+		}
+	}
+	require.Positive(t, memStep, "generation 2 did not resume from memory: %v", events)
+	require.Greater(t, memStep, durable, "the in-memory step must be newer than generation 1's newest durable checkpoint")
+	t.Logf("e2e: generation 2 resumed from in-memory step %d; newest durable checkpoint was step %d", memStep, durable)
+
+	// Every rank of generation 2 says it resumed from memory at that step.
+	resumed := map[string]string{}
+	for i := range agentHosts {
+		for gen, part := range byGeneration(t, c.nodeLog(t, i, job.Name)) {
+			if gen != 2 {
+				continue
+			}
+			for _, f := range taggedLines(part, "RDZV_RESUMED") {
+				require.Equal(t, "memory", f["source"], "%s: %v", c.agentHost(i).Name, f)
+				resumed[f["rank"]] = f["step"]
+				t.Logf("e2e: %s generation 2 rank %s RDZV_RESUMED step=%s source=%s", c.agentHost(i).Name, f["rank"], f["step"], f["source"])
+			}
+		}
+	}
+	require.Len(t, resumed, 2*procsPerNode, "every rank of generation 2 resumed: %v", resumed)
+	for rank, step := range resumed {
+		require.Equal(t, strconv.FormatUint(memStep, 10), step, "rank %s resumed at another step", rank)
+	}
+}

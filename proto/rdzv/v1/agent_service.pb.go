@@ -1004,7 +1004,11 @@ type Progress struct {
 	Phase TrainingPhase `protobuf:"varint,5,opt,name=phase,proto3,enum=rdzv.v1.TrainingPhase" json:"phase,omitempty"`
 	// The latest numeric metrics the workers reported with a step (e.g.
 	// loss), at most 16, names at most 64 characters; validated by the agent.
-	Metrics       map[string]float64 `protobuf:"bytes,6,rep,name=metrics,proto3" json:"metrics,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"fixed64,2,opt,name=value"`
+	Metrics map[string]float64 `protobuf:"bytes,6,rep,name=metrics,proto3" json:"metrics,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"fixed64,2,opt,name=value"`
+	// The in-memory checkpoint shards of the job this node holds, its own and
+	// replicas of its peers' (docs/checkpoints.md); sent whole when it
+	// changes.
+	Memory        []*MemoryHeld `protobuf:"bytes,7,rep,name=memory,proto3" json:"memory,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1081,6 +1085,75 @@ func (x *Progress) GetMetrics() map[string]float64 {
 	return nil
 }
 
+func (x *Progress) GetMemory() []*MemoryHeld {
+	if x != nil {
+		return x.Memory
+	}
+	return nil
+}
+
+// MemoryHeld is the ranks whose shards of one in-memory step, saved by
+// generation, a node holds.
+type MemoryHeld struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Generation    uint64                 `protobuf:"varint,1,opt,name=generation,proto3" json:"generation,omitempty"`
+	Step          uint64                 `protobuf:"varint,2,opt,name=step,proto3" json:"step,omitempty"`
+	Ranks         []uint32               `protobuf:"varint,3,rep,packed,name=ranks,proto3" json:"ranks,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *MemoryHeld) Reset() {
+	*x = MemoryHeld{}
+	mi := &file_rdzv_v1_agent_service_proto_msgTypes[11]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *MemoryHeld) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*MemoryHeld) ProtoMessage() {}
+
+func (x *MemoryHeld) ProtoReflect() protoreflect.Message {
+	mi := &file_rdzv_v1_agent_service_proto_msgTypes[11]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use MemoryHeld.ProtoReflect.Descriptor instead.
+func (*MemoryHeld) Descriptor() ([]byte, []int) {
+	return file_rdzv_v1_agent_service_proto_rawDescGZIP(), []int{11}
+}
+
+func (x *MemoryHeld) GetGeneration() uint64 {
+	if x != nil {
+		return x.Generation
+	}
+	return 0
+}
+
+func (x *MemoryHeld) GetStep() uint64 {
+	if x != nil {
+		return x.Step
+	}
+	return 0
+}
+
+func (x *MemoryHeld) GetRanks() []uint32 {
+	if x != nil {
+		return x.Ranks
+	}
+	return nil
+}
+
 // CheckpointReport announces a complete checkpoint.
 type CheckpointReport struct {
 	state      protoimpl.MessageState `protogen:"open.v1"`
@@ -1096,7 +1169,7 @@ type CheckpointReport struct {
 
 func (x *CheckpointReport) Reset() {
 	*x = CheckpointReport{}
-	mi := &file_rdzv_v1_agent_service_proto_msgTypes[11]
+	mi := &file_rdzv_v1_agent_service_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1108,7 +1181,7 @@ func (x *CheckpointReport) String() string {
 func (*CheckpointReport) ProtoMessage() {}
 
 func (x *CheckpointReport) ProtoReflect() protoreflect.Message {
-	mi := &file_rdzv_v1_agent_service_proto_msgTypes[11]
+	mi := &file_rdzv_v1_agent_service_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1121,7 +1194,7 @@ func (x *CheckpointReport) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CheckpointReport.ProtoReflect.Descriptor instead.
 func (*CheckpointReport) Descriptor() ([]byte, []int) {
-	return file_rdzv_v1_agent_service_proto_rawDescGZIP(), []int{11}
+	return file_rdzv_v1_agent_service_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *CheckpointReport) GetJob() string {
@@ -1182,7 +1255,7 @@ type StopWorkers struct {
 
 func (x *StopWorkers) Reset() {
 	*x = StopWorkers{}
-	mi := &file_rdzv_v1_agent_service_proto_msgTypes[12]
+	mi := &file_rdzv_v1_agent_service_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1194,7 +1267,7 @@ func (x *StopWorkers) String() string {
 func (*StopWorkers) ProtoMessage() {}
 
 func (x *StopWorkers) ProtoReflect() protoreflect.Message {
-	mi := &file_rdzv_v1_agent_service_proto_msgTypes[12]
+	mi := &file_rdzv_v1_agent_service_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1207,7 +1280,7 @@ func (x *StopWorkers) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StopWorkers.ProtoReflect.Descriptor instead.
 func (*StopWorkers) Descriptor() ([]byte, []int) {
-	return file_rdzv_v1_agent_service_proto_rawDescGZIP(), []int{12}
+	return file_rdzv_v1_agent_service_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *StopWorkers) GetJob() string {
@@ -1266,7 +1339,7 @@ type PrepareStandby struct {
 
 func (x *PrepareStandby) Reset() {
 	*x = PrepareStandby{}
-	mi := &file_rdzv_v1_agent_service_proto_msgTypes[13]
+	mi := &file_rdzv_v1_agent_service_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1278,7 +1351,7 @@ func (x *PrepareStandby) String() string {
 func (*PrepareStandby) ProtoMessage() {}
 
 func (x *PrepareStandby) ProtoReflect() protoreflect.Message {
-	mi := &file_rdzv_v1_agent_service_proto_msgTypes[13]
+	mi := &file_rdzv_v1_agent_service_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1291,7 +1364,7 @@ func (x *PrepareStandby) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PrepareStandby.ProtoReflect.Descriptor instead.
 func (*PrepareStandby) Descriptor() ([]byte, []int) {
-	return file_rdzv_v1_agent_service_proto_rawDescGZIP(), []int{13}
+	return file_rdzv_v1_agent_service_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *PrepareStandby) GetSpec() *JobSpec {
@@ -1328,7 +1401,7 @@ type PortProbe struct {
 
 func (x *PortProbe) Reset() {
 	*x = PortProbe{}
-	mi := &file_rdzv_v1_agent_service_proto_msgTypes[14]
+	mi := &file_rdzv_v1_agent_service_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1340,7 +1413,7 @@ func (x *PortProbe) String() string {
 func (*PortProbe) ProtoMessage() {}
 
 func (x *PortProbe) ProtoReflect() protoreflect.Message {
-	mi := &file_rdzv_v1_agent_service_proto_msgTypes[14]
+	mi := &file_rdzv_v1_agent_service_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1353,7 +1426,7 @@ func (x *PortProbe) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PortProbe.ProtoReflect.Descriptor instead.
 func (*PortProbe) Descriptor() ([]byte, []int) {
-	return file_rdzv_v1_agent_service_proto_rawDescGZIP(), []int{14}
+	return file_rdzv_v1_agent_service_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *PortProbe) GetRequestId() string {
@@ -1389,7 +1462,7 @@ type PortProbeResult struct {
 
 func (x *PortProbeResult) Reset() {
 	*x = PortProbeResult{}
-	mi := &file_rdzv_v1_agent_service_proto_msgTypes[15]
+	mi := &file_rdzv_v1_agent_service_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1401,7 +1474,7 @@ func (x *PortProbeResult) String() string {
 func (*PortProbeResult) ProtoMessage() {}
 
 func (x *PortProbeResult) ProtoReflect() protoreflect.Message {
-	mi := &file_rdzv_v1_agent_service_proto_msgTypes[15]
+	mi := &file_rdzv_v1_agent_service_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1414,7 +1487,7 @@ func (x *PortProbeResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PortProbeResult.ProtoReflect.Descriptor instead.
 func (*PortProbeResult) Descriptor() ([]byte, []int) {
-	return file_rdzv_v1_agent_service_proto_rawDescGZIP(), []int{15}
+	return file_rdzv_v1_agent_service_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *PortProbeResult) GetRequestId() string {
@@ -1458,7 +1531,7 @@ type LogTail struct {
 
 func (x *LogTail) Reset() {
 	*x = LogTail{}
-	mi := &file_rdzv_v1_agent_service_proto_msgTypes[16]
+	mi := &file_rdzv_v1_agent_service_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1470,7 +1543,7 @@ func (x *LogTail) String() string {
 func (*LogTail) ProtoMessage() {}
 
 func (x *LogTail) ProtoReflect() protoreflect.Message {
-	mi := &file_rdzv_v1_agent_service_proto_msgTypes[16]
+	mi := &file_rdzv_v1_agent_service_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1483,7 +1556,7 @@ func (x *LogTail) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LogTail.ProtoReflect.Descriptor instead.
 func (*LogTail) Descriptor() ([]byte, []int) {
-	return file_rdzv_v1_agent_service_proto_rawDescGZIP(), []int{16}
+	return file_rdzv_v1_agent_service_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *LogTail) GetRequestId() string {
@@ -1544,7 +1617,7 @@ type LogCancel struct {
 
 func (x *LogCancel) Reset() {
 	*x = LogCancel{}
-	mi := &file_rdzv_v1_agent_service_proto_msgTypes[17]
+	mi := &file_rdzv_v1_agent_service_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1556,7 +1629,7 @@ func (x *LogCancel) String() string {
 func (*LogCancel) ProtoMessage() {}
 
 func (x *LogCancel) ProtoReflect() protoreflect.Message {
-	mi := &file_rdzv_v1_agent_service_proto_msgTypes[17]
+	mi := &file_rdzv_v1_agent_service_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1569,7 +1642,7 @@ func (x *LogCancel) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LogCancel.ProtoReflect.Descriptor instead.
 func (*LogCancel) Descriptor() ([]byte, []int) {
-	return file_rdzv_v1_agent_service_proto_rawDescGZIP(), []int{17}
+	return file_rdzv_v1_agent_service_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *LogCancel) GetRequestId() string {
@@ -1592,7 +1665,7 @@ type LogChunk struct {
 
 func (x *LogChunk) Reset() {
 	*x = LogChunk{}
-	mi := &file_rdzv_v1_agent_service_proto_msgTypes[18]
+	mi := &file_rdzv_v1_agent_service_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1604,7 +1677,7 @@ func (x *LogChunk) String() string {
 func (*LogChunk) ProtoMessage() {}
 
 func (x *LogChunk) ProtoReflect() protoreflect.Message {
-	mi := &file_rdzv_v1_agent_service_proto_msgTypes[18]
+	mi := &file_rdzv_v1_agent_service_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1617,7 +1690,7 @@ func (x *LogChunk) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LogChunk.ProtoReflect.Descriptor instead.
 func (*LogChunk) Descriptor() ([]byte, []int) {
-	return file_rdzv_v1_agent_service_proto_rawDescGZIP(), []int{18}
+	return file_rdzv_v1_agent_service_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *LogChunk) GetRequestId() string {
@@ -1661,7 +1734,7 @@ type AgentRestarting struct {
 
 func (x *AgentRestarting) Reset() {
 	*x = AgentRestarting{}
-	mi := &file_rdzv_v1_agent_service_proto_msgTypes[19]
+	mi := &file_rdzv_v1_agent_service_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1673,7 +1746,7 @@ func (x *AgentRestarting) String() string {
 func (*AgentRestarting) ProtoMessage() {}
 
 func (x *AgentRestarting) ProtoReflect() protoreflect.Message {
-	mi := &file_rdzv_v1_agent_service_proto_msgTypes[19]
+	mi := &file_rdzv_v1_agent_service_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1686,7 +1759,7 @@ func (x *AgentRestarting) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AgentRestarting.ProtoReflect.Descriptor instead.
 func (*AgentRestarting) Descriptor() ([]byte, []int) {
-	return file_rdzv_v1_agent_service_proto_rawDescGZIP(), []int{19}
+	return file_rdzv_v1_agent_service_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *AgentRestarting) GetHoldMs() uint32 {
@@ -1777,7 +1850,7 @@ const file_rdzv_v1_agent_service_proto_rawDesc = "" +
 	"\amessage\x18\x06 \x01(\tR\amessage\x127\n" +
 	"\texited_at\x18\a \x01(\v2\x1a.google.protobuf.TimestampR\bexitedAt\x12-\n" +
 	"\x12preflight_excluded\x18\b \x01(\bR\x11preflightExcluded\x12\x18\n" +
-	"\afailure\x18\t \x01(\tR\afailure\"\xa0\x02\n" +
+	"\afailure\x18\t \x01(\tR\afailure\"\xcd\x02\n" +
 	"\bProgress\x12\x10\n" +
 	"\x03job\x18\x01 \x01(\tR\x03job\x12\x1e\n" +
 	"\n" +
@@ -1786,10 +1859,18 @@ const file_rdzv_v1_agent_service_proto_rawDesc = "" +
 	"\x04step\x18\x03 \x01(\x04R\x04step\x12*\n" +
 	"\x02at\x18\x04 \x01(\v2\x1a.google.protobuf.TimestampR\x02at\x12,\n" +
 	"\x05phase\x18\x05 \x01(\x0e2\x16.rdzv.v1.TrainingPhaseR\x05phase\x128\n" +
-	"\ametrics\x18\x06 \x03(\v2\x1e.rdzv.v1.Progress.MetricsEntryR\ametrics\x1a:\n" +
+	"\ametrics\x18\x06 \x03(\v2\x1e.rdzv.v1.Progress.MetricsEntryR\ametrics\x12+\n" +
+	"\x06memory\x18\a \x03(\v2\x13.rdzv.v1.MemoryHeldR\x06memory\x1a:\n" +
 	"\fMetricsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\x01R\x05value:\x028\x01\"\x84\x01\n" +
+	"\x05value\x18\x02 \x01(\x01R\x05value:\x028\x01\"V\n" +
+	"\n" +
+	"MemoryHeld\x12\x1e\n" +
+	"\n" +
+	"generation\x18\x01 \x01(\x04R\n" +
+	"generation\x12\x12\n" +
+	"\x04step\x18\x02 \x01(\x04R\x04step\x12\x14\n" +
+	"\x05ranks\x18\x03 \x03(\rR\x05ranks\"\x84\x01\n" +
 	"\x10CheckpointReport\x12\x10\n" +
 	"\x03job\x18\x01 \x01(\tR\x03job\x12\x1e\n" +
 	"\n" +
@@ -1858,7 +1939,7 @@ func file_rdzv_v1_agent_service_proto_rawDescGZIP() []byte {
 	return file_rdzv_v1_agent_service_proto_rawDescData
 }
 
-var file_rdzv_v1_agent_service_proto_msgTypes = make([]protoimpl.MessageInfo, 21)
+var file_rdzv_v1_agent_service_proto_msgTypes = make([]protoimpl.MessageInfo, 22)
 var file_rdzv_v1_agent_service_proto_goTypes = []any{
 	(*ConnectRequest)(nil),        // 0: rdzv.v1.ConnectRequest
 	(*ConnectResponse)(nil),       // 1: rdzv.v1.ConnectResponse
@@ -1871,68 +1952,70 @@ var file_rdzv_v1_agent_service_proto_goTypes = []any{
 	(*Heartbeat)(nil),             // 8: rdzv.v1.Heartbeat
 	(*WorkerStatus)(nil),          // 9: rdzv.v1.WorkerStatus
 	(*Progress)(nil),              // 10: rdzv.v1.Progress
-	(*CheckpointReport)(nil),      // 11: rdzv.v1.CheckpointReport
-	(*StopWorkers)(nil),           // 12: rdzv.v1.StopWorkers
-	(*PrepareStandby)(nil),        // 13: rdzv.v1.PrepareStandby
-	(*PortProbe)(nil),             // 14: rdzv.v1.PortProbe
-	(*PortProbeResult)(nil),       // 15: rdzv.v1.PortProbeResult
-	(*LogTail)(nil),               // 16: rdzv.v1.LogTail
-	(*LogCancel)(nil),             // 17: rdzv.v1.LogCancel
-	(*LogChunk)(nil),              // 18: rdzv.v1.LogChunk
-	(*AgentRestarting)(nil),       // 19: rdzv.v1.AgentRestarting
-	nil,                           // 20: rdzv.v1.Progress.MetricsEntry
-	(*Assignment)(nil),            // 21: rdzv.v1.Assignment
-	(*NodeInfo)(nil),              // 22: rdzv.v1.NodeInfo
-	(*HealthCheckResult)(nil),     // 23: rdzv.v1.HealthCheckResult
-	(*timestamppb.Timestamp)(nil), // 24: google.protobuf.Timestamp
-	(WorkerState)(0),              // 25: rdzv.v1.WorkerState
-	(TrainingPhase)(0),            // 26: rdzv.v1.TrainingPhase
-	(*durationpb.Duration)(nil),   // 27: google.protobuf.Duration
-	(*JobSpec)(nil),               // 28: rdzv.v1.JobSpec
+	(*MemoryHeld)(nil),            // 11: rdzv.v1.MemoryHeld
+	(*CheckpointReport)(nil),      // 12: rdzv.v1.CheckpointReport
+	(*StopWorkers)(nil),           // 13: rdzv.v1.StopWorkers
+	(*PrepareStandby)(nil),        // 14: rdzv.v1.PrepareStandby
+	(*PortProbe)(nil),             // 15: rdzv.v1.PortProbe
+	(*PortProbeResult)(nil),       // 16: rdzv.v1.PortProbeResult
+	(*LogTail)(nil),               // 17: rdzv.v1.LogTail
+	(*LogCancel)(nil),             // 18: rdzv.v1.LogCancel
+	(*LogChunk)(nil),              // 19: rdzv.v1.LogChunk
+	(*AgentRestarting)(nil),       // 20: rdzv.v1.AgentRestarting
+	nil,                           // 21: rdzv.v1.Progress.MetricsEntry
+	(*Assignment)(nil),            // 22: rdzv.v1.Assignment
+	(*NodeInfo)(nil),              // 23: rdzv.v1.NodeInfo
+	(*HealthCheckResult)(nil),     // 24: rdzv.v1.HealthCheckResult
+	(*timestamppb.Timestamp)(nil), // 25: google.protobuf.Timestamp
+	(WorkerState)(0),              // 26: rdzv.v1.WorkerState
+	(TrainingPhase)(0),            // 27: rdzv.v1.TrainingPhase
+	(*durationpb.Duration)(nil),   // 28: google.protobuf.Duration
+	(*JobSpec)(nil),               // 29: rdzv.v1.JobSpec
 }
 var file_rdzv_v1_agent_service_proto_depIdxs = []int32{
 	2,  // 0: rdzv.v1.ConnectRequest.register:type_name -> rdzv.v1.Register
 	8,  // 1: rdzv.v1.ConnectRequest.heartbeat:type_name -> rdzv.v1.Heartbeat
 	9,  // 2: rdzv.v1.ConnectRequest.worker_status:type_name -> rdzv.v1.WorkerStatus
-	15, // 3: rdzv.v1.ConnectRequest.port_probe_result:type_name -> rdzv.v1.PortProbeResult
-	18, // 4: rdzv.v1.ConnectRequest.log_chunk:type_name -> rdzv.v1.LogChunk
+	16, // 3: rdzv.v1.ConnectRequest.port_probe_result:type_name -> rdzv.v1.PortProbeResult
+	19, // 4: rdzv.v1.ConnectRequest.log_chunk:type_name -> rdzv.v1.LogChunk
 	10, // 5: rdzv.v1.ConnectRequest.progress:type_name -> rdzv.v1.Progress
-	11, // 6: rdzv.v1.ConnectRequest.checkpoint:type_name -> rdzv.v1.CheckpointReport
+	12, // 6: rdzv.v1.ConnectRequest.checkpoint:type_name -> rdzv.v1.CheckpointReport
 	7,  // 7: rdzv.v1.ConnectRequest.gossip_view:type_name -> rdzv.v1.GossipView
 	5,  // 8: rdzv.v1.ConnectRequest.gpu_fault:type_name -> rdzv.v1.GPUFault
-	19, // 9: rdzv.v1.ConnectRequest.restarting:type_name -> rdzv.v1.AgentRestarting
+	20, // 9: rdzv.v1.ConnectRequest.restarting:type_name -> rdzv.v1.AgentRestarting
 	3,  // 10: rdzv.v1.ConnectRequest.health:type_name -> rdzv.v1.HealthReport
 	4,  // 11: rdzv.v1.ConnectResponse.registered:type_name -> rdzv.v1.Registered
-	21, // 12: rdzv.v1.ConnectResponse.assignment:type_name -> rdzv.v1.Assignment
-	12, // 13: rdzv.v1.ConnectResponse.stop_workers:type_name -> rdzv.v1.StopWorkers
-	14, // 14: rdzv.v1.ConnectResponse.port_probe:type_name -> rdzv.v1.PortProbe
-	16, // 15: rdzv.v1.ConnectResponse.log_tail:type_name -> rdzv.v1.LogTail
-	17, // 16: rdzv.v1.ConnectResponse.log_cancel:type_name -> rdzv.v1.LogCancel
+	22, // 12: rdzv.v1.ConnectResponse.assignment:type_name -> rdzv.v1.Assignment
+	13, // 13: rdzv.v1.ConnectResponse.stop_workers:type_name -> rdzv.v1.StopWorkers
+	15, // 14: rdzv.v1.ConnectResponse.port_probe:type_name -> rdzv.v1.PortProbe
+	17, // 15: rdzv.v1.ConnectResponse.log_tail:type_name -> rdzv.v1.LogTail
+	18, // 16: rdzv.v1.ConnectResponse.log_cancel:type_name -> rdzv.v1.LogCancel
 	6,  // 17: rdzv.v1.ConnectResponse.heartbeat_ack:type_name -> rdzv.v1.HeartbeatAck
-	13, // 18: rdzv.v1.ConnectResponse.prepare_standby:type_name -> rdzv.v1.PrepareStandby
-	22, // 19: rdzv.v1.Register.node:type_name -> rdzv.v1.NodeInfo
+	14, // 18: rdzv.v1.ConnectResponse.prepare_standby:type_name -> rdzv.v1.PrepareStandby
+	23, // 19: rdzv.v1.Register.node:type_name -> rdzv.v1.NodeInfo
 	9,  // 20: rdzv.v1.Register.workers:type_name -> rdzv.v1.WorkerStatus
-	23, // 21: rdzv.v1.Register.health:type_name -> rdzv.v1.HealthCheckResult
-	23, // 22: rdzv.v1.HealthReport.results:type_name -> rdzv.v1.HealthCheckResult
-	24, // 23: rdzv.v1.GPUFault.at:type_name -> google.protobuf.Timestamp
-	25, // 24: rdzv.v1.WorkerStatus.state:type_name -> rdzv.v1.WorkerState
-	24, // 25: rdzv.v1.WorkerStatus.exited_at:type_name -> google.protobuf.Timestamp
-	24, // 26: rdzv.v1.Progress.at:type_name -> google.protobuf.Timestamp
-	26, // 27: rdzv.v1.Progress.phase:type_name -> rdzv.v1.TrainingPhase
-	20, // 28: rdzv.v1.Progress.metrics:type_name -> rdzv.v1.Progress.MetricsEntry
-	27, // 29: rdzv.v1.StopWorkers.grace:type_name -> google.protobuf.Duration
-	28, // 30: rdzv.v1.PrepareStandby.spec:type_name -> rdzv.v1.JobSpec
-	24, // 31: rdzv.v1.PrepareStandby.job_created_at:type_name -> google.protobuf.Timestamp
-	27, // 32: rdzv.v1.PrepareStandby.keep_for:type_name -> google.protobuf.Duration
-	24, // 33: rdzv.v1.LogTail.since:type_name -> google.protobuf.Timestamp
-	24, // 34: rdzv.v1.LogTail.run_created_at:type_name -> google.protobuf.Timestamp
-	0,  // 35: rdzv.v1.AgentService.Connect:input_type -> rdzv.v1.ConnectRequest
-	1,  // 36: rdzv.v1.AgentService.Connect:output_type -> rdzv.v1.ConnectResponse
-	36, // [36:37] is the sub-list for method output_type
-	35, // [35:36] is the sub-list for method input_type
-	35, // [35:35] is the sub-list for extension type_name
-	35, // [35:35] is the sub-list for extension extendee
-	0,  // [0:35] is the sub-list for field type_name
+	24, // 21: rdzv.v1.Register.health:type_name -> rdzv.v1.HealthCheckResult
+	24, // 22: rdzv.v1.HealthReport.results:type_name -> rdzv.v1.HealthCheckResult
+	25, // 23: rdzv.v1.GPUFault.at:type_name -> google.protobuf.Timestamp
+	26, // 24: rdzv.v1.WorkerStatus.state:type_name -> rdzv.v1.WorkerState
+	25, // 25: rdzv.v1.WorkerStatus.exited_at:type_name -> google.protobuf.Timestamp
+	25, // 26: rdzv.v1.Progress.at:type_name -> google.protobuf.Timestamp
+	27, // 27: rdzv.v1.Progress.phase:type_name -> rdzv.v1.TrainingPhase
+	21, // 28: rdzv.v1.Progress.metrics:type_name -> rdzv.v1.Progress.MetricsEntry
+	11, // 29: rdzv.v1.Progress.memory:type_name -> rdzv.v1.MemoryHeld
+	28, // 30: rdzv.v1.StopWorkers.grace:type_name -> google.protobuf.Duration
+	29, // 31: rdzv.v1.PrepareStandby.spec:type_name -> rdzv.v1.JobSpec
+	25, // 32: rdzv.v1.PrepareStandby.job_created_at:type_name -> google.protobuf.Timestamp
+	28, // 33: rdzv.v1.PrepareStandby.keep_for:type_name -> google.protobuf.Duration
+	25, // 34: rdzv.v1.LogTail.since:type_name -> google.protobuf.Timestamp
+	25, // 35: rdzv.v1.LogTail.run_created_at:type_name -> google.protobuf.Timestamp
+	0,  // 36: rdzv.v1.AgentService.Connect:input_type -> rdzv.v1.ConnectRequest
+	1,  // 37: rdzv.v1.AgentService.Connect:output_type -> rdzv.v1.ConnectResponse
+	37, // [37:38] is the sub-list for method output_type
+	36, // [36:37] is the sub-list for method input_type
+	36, // [36:36] is the sub-list for extension type_name
+	36, // [36:36] is the sub-list for extension extendee
+	0,  // [0:36] is the sub-list for field type_name
 }
 
 func init() { file_rdzv_v1_agent_service_proto_init() }
@@ -1971,7 +2054,7 @@ func file_rdzv_v1_agent_service_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_rdzv_v1_agent_service_proto_rawDesc), len(file_rdzv_v1_agent_service_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   21,
+			NumMessages:   22,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

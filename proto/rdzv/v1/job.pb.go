@@ -277,6 +277,9 @@ type JobSpec struct {
 	// A generation of a job that reported steps before, reporting none this
 	// long after its round committed, is hung; zero is off.
 	HealthStartupTimeout *durationpb.Duration `protobuf:"bytes,32,opt,name=health_startup_timeout,json=healthStartupTimeout,proto3" json:"health_startup_timeout,omitempty"`
+	// In-memory checkpoints replicated to peers (docs/checkpoints.md);
+	// unset is off.
+	CheckpointMemory *CheckpointMemorySpec `protobuf:"bytes,33,opt,name=checkpoint_memory,json=checkpointMemory,proto3" json:"checkpoint_memory,omitempty"`
 	// Why "auto" (or no kind) resolved to launcher_kind; empty for a kind
 	// the job named. Checked against jobspec.AutoKind, so never a job's own.
 	LauncherKindReason string `protobuf:"bytes,40,opt,name=launcher_kind_reason,json=launcherKindReason,proto3" json:"launcher_kind_reason,omitempty"`
@@ -538,11 +541,73 @@ func (x *JobSpec) GetHealthStartupTimeout() *durationpb.Duration {
 	return nil
 }
 
+func (x *JobSpec) GetCheckpointMemory() *CheckpointMemorySpec {
+	if x != nil {
+		return x.CheckpointMemory
+	}
+	return nil
+}
+
 func (x *JobSpec) GetLauncherKindReason() string {
 	if x != nil {
 		return x.LauncherKindReason
 	}
 	return ""
+}
+
+// CheckpointMemorySpec is job.yaml's checkpoint.memory.
+type CheckpointMemorySpec struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// How many peer nodes hold a copy of each node's shards.
+	Replicas uint32 `protobuf:"varint,1,opt,name=replicas,proto3" json:"replicas,omitempty"`
+	// The most bytes of shards, own and replicas, a node keeps for the job.
+	MaxBytes      uint64 `protobuf:"varint,2,opt,name=max_bytes,json=maxBytes,proto3" json:"max_bytes,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CheckpointMemorySpec) Reset() {
+	*x = CheckpointMemorySpec{}
+	mi := &file_rdzv_v1_job_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CheckpointMemorySpec) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CheckpointMemorySpec) ProtoMessage() {}
+
+func (x *CheckpointMemorySpec) ProtoReflect() protoreflect.Message {
+	mi := &file_rdzv_v1_job_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CheckpointMemorySpec.ProtoReflect.Descriptor instead.
+func (*CheckpointMemorySpec) Descriptor() ([]byte, []int) {
+	return file_rdzv_v1_job_proto_rawDescGZIP(), []int{1}
+}
+
+func (x *CheckpointMemorySpec) GetReplicas() uint32 {
+	if x != nil {
+		return x.Replicas
+	}
+	return 0
+}
+
+func (x *CheckpointMemorySpec) GetMaxBytes() uint64 {
+	if x != nil {
+		return x.MaxBytes
+	}
+	return 0
 }
 
 // PreflightSpec is the round smoke test: before the training command, the
@@ -562,7 +627,7 @@ type PreflightSpec struct {
 
 func (x *PreflightSpec) Reset() {
 	*x = PreflightSpec{}
-	mi := &file_rdzv_v1_job_proto_msgTypes[1]
+	mi := &file_rdzv_v1_job_proto_msgTypes[2]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -574,7 +639,7 @@ func (x *PreflightSpec) String() string {
 func (*PreflightSpec) ProtoMessage() {}
 
 func (x *PreflightSpec) ProtoReflect() protoreflect.Message {
-	mi := &file_rdzv_v1_job_proto_msgTypes[1]
+	mi := &file_rdzv_v1_job_proto_msgTypes[2]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -587,7 +652,7 @@ func (x *PreflightSpec) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PreflightSpec.ProtoReflect.Descriptor instead.
 func (*PreflightSpec) Descriptor() ([]byte, []int) {
-	return file_rdzv_v1_job_proto_rawDescGZIP(), []int{1}
+	return file_rdzv_v1_job_proto_rawDescGZIP(), []int{2}
 }
 
 func (x *PreflightSpec) GetMinBandwidthMbps() float64 {
@@ -630,7 +695,7 @@ type NodeAssignment struct {
 
 func (x *NodeAssignment) Reset() {
 	*x = NodeAssignment{}
-	mi := &file_rdzv_v1_job_proto_msgTypes[2]
+	mi := &file_rdzv_v1_job_proto_msgTypes[3]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -642,7 +707,7 @@ func (x *NodeAssignment) String() string {
 func (*NodeAssignment) ProtoMessage() {}
 
 func (x *NodeAssignment) ProtoReflect() protoreflect.Message {
-	mi := &file_rdzv_v1_job_proto_msgTypes[2]
+	mi := &file_rdzv_v1_job_proto_msgTypes[3]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -655,7 +720,7 @@ func (x *NodeAssignment) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NodeAssignment.ProtoReflect.Descriptor instead.
 func (*NodeAssignment) Descriptor() ([]byte, []int) {
-	return file_rdzv_v1_job_proto_rawDescGZIP(), []int{2}
+	return file_rdzv_v1_job_proto_rawDescGZIP(), []int{3}
 }
 
 func (x *NodeAssignment) GetNode() string {
@@ -778,7 +843,7 @@ type Job struct {
 
 func (x *Job) Reset() {
 	*x = Job{}
-	mi := &file_rdzv_v1_job_proto_msgTypes[3]
+	mi := &file_rdzv_v1_job_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -790,7 +855,7 @@ func (x *Job) String() string {
 func (*Job) ProtoMessage() {}
 
 func (x *Job) ProtoReflect() protoreflect.Message {
-	mi := &file_rdzv_v1_job_proto_msgTypes[3]
+	mi := &file_rdzv_v1_job_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -803,7 +868,7 @@ func (x *Job) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Job.ProtoReflect.Descriptor instead.
 func (*Job) Descriptor() ([]byte, []int) {
-	return file_rdzv_v1_job_proto_rawDescGZIP(), []int{3}
+	return file_rdzv_v1_job_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *Job) GetSpec() *JobSpec {
@@ -1012,7 +1077,7 @@ type Incident struct {
 
 func (x *Incident) Reset() {
 	*x = Incident{}
-	mi := &file_rdzv_v1_job_proto_msgTypes[4]
+	mi := &file_rdzv_v1_job_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1024,7 +1089,7 @@ func (x *Incident) String() string {
 func (*Incident) ProtoMessage() {}
 
 func (x *Incident) ProtoReflect() protoreflect.Message {
-	mi := &file_rdzv_v1_job_proto_msgTypes[4]
+	mi := &file_rdzv_v1_job_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1037,7 +1102,7 @@ func (x *Incident) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Incident.ProtoReflect.Descriptor instead.
 func (*Incident) Descriptor() ([]byte, []int) {
-	return file_rdzv_v1_job_proto_rawDescGZIP(), []int{4}
+	return file_rdzv_v1_job_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *Incident) GetGeneration() uint64 {
@@ -1120,7 +1185,7 @@ type Checkpoint struct {
 
 func (x *Checkpoint) Reset() {
 	*x = Checkpoint{}
-	mi := &file_rdzv_v1_job_proto_msgTypes[5]
+	mi := &file_rdzv_v1_job_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1132,7 +1197,7 @@ func (x *Checkpoint) String() string {
 func (*Checkpoint) ProtoMessage() {}
 
 func (x *Checkpoint) ProtoReflect() protoreflect.Message {
-	mi := &file_rdzv_v1_job_proto_msgTypes[5]
+	mi := &file_rdzv_v1_job_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1145,7 +1210,7 @@ func (x *Checkpoint) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Checkpoint.ProtoReflect.Descriptor instead.
 func (*Checkpoint) Descriptor() ([]byte, []int) {
-	return file_rdzv_v1_job_proto_rawDescGZIP(), []int{5}
+	return file_rdzv_v1_job_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *Checkpoint) GetStep() uint64 {
@@ -1209,14 +1274,23 @@ type Assignment struct {
 	// a ring by node rank, at most two), reporting at once in its gossip view
 	// those it cannot reach: a dead node of a job is known to its peers long
 	// before its heartbeats are missed for good.
-	Watch         []*WatchedPeer `protobuf:"bytes,16,rep,name=watch,proto3" json:"watch,omitempty"`
+	Watch []*WatchedPeer `protobuf:"bytes,16,rep,name=watch,proto3" json:"watch,omitempty"`
+	// Resume from the in-memory checkpoint of this step, saved by
+	// resume_memory_generation, when memory_sources is set: where each of
+	// this node's ranks' shards is held. Empty: resume_from (durable).
+	ResumeMemoryStep       uint64         `protobuf:"varint,17,opt,name=resume_memory_step,json=resumeMemoryStep,proto3" json:"resume_memory_step,omitempty"`
+	ResumeMemoryGeneration uint64         `protobuf:"varint,18,opt,name=resume_memory_generation,json=resumeMemoryGeneration,proto3" json:"resume_memory_generation,omitempty"`
+	MemorySources          []*ShardSource `protobuf:"bytes,19,rep,name=memory_sources,json=memorySources,proto3" json:"memory_sources,omitempty"`
+	// With checkpoint.memory: the peers this node copies its shards to (the
+	// nodes of the next checkpoint_memory.replicas node ranks, wrapping).
+	ReplicaPeers  []*ReplicaPeer `protobuf:"bytes,20,rep,name=replica_peers,json=replicaPeers,proto3" json:"replica_peers,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Assignment) Reset() {
 	*x = Assignment{}
-	mi := &file_rdzv_v1_job_proto_msgTypes[6]
+	mi := &file_rdzv_v1_job_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1228,7 +1302,7 @@ func (x *Assignment) String() string {
 func (*Assignment) ProtoMessage() {}
 
 func (x *Assignment) ProtoReflect() protoreflect.Message {
-	mi := &file_rdzv_v1_job_proto_msgTypes[6]
+	mi := &file_rdzv_v1_job_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1241,7 +1315,7 @@ func (x *Assignment) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Assignment.ProtoReflect.Descriptor instead.
 func (*Assignment) Descriptor() ([]byte, []int) {
-	return file_rdzv_v1_job_proto_rawDescGZIP(), []int{6}
+	return file_rdzv_v1_job_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *Assignment) GetSpec() *JobSpec {
@@ -1321,6 +1395,149 @@ func (x *Assignment) GetWatch() []*WatchedPeer {
 	return nil
 }
 
+func (x *Assignment) GetResumeMemoryStep() uint64 {
+	if x != nil {
+		return x.ResumeMemoryStep
+	}
+	return 0
+}
+
+func (x *Assignment) GetResumeMemoryGeneration() uint64 {
+	if x != nil {
+		return x.ResumeMemoryGeneration
+	}
+	return 0
+}
+
+func (x *Assignment) GetMemorySources() []*ShardSource {
+	if x != nil {
+		return x.MemorySources
+	}
+	return nil
+}
+
+func (x *Assignment) GetReplicaPeers() []*ReplicaPeer {
+	if x != nil {
+		return x.ReplicaPeers
+	}
+	return nil
+}
+
+// ReplicaPeer is a node and its agent's checkpoint peer address.
+type ReplicaPeer struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Node          string                 `protobuf:"bytes,1,opt,name=node,proto3" json:"node,omitempty"`
+	Addr          string                 `protobuf:"bytes,2,opt,name=addr,proto3" json:"addr,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ReplicaPeer) Reset() {
+	*x = ReplicaPeer{}
+	mi := &file_rdzv_v1_job_proto_msgTypes[8]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ReplicaPeer) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ReplicaPeer) ProtoMessage() {}
+
+func (x *ReplicaPeer) ProtoReflect() protoreflect.Message {
+	mi := &file_rdzv_v1_job_proto_msgTypes[8]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ReplicaPeer.ProtoReflect.Descriptor instead.
+func (*ReplicaPeer) Descriptor() ([]byte, []int) {
+	return file_rdzv_v1_job_proto_rawDescGZIP(), []int{8}
+}
+
+func (x *ReplicaPeer) GetNode() string {
+	if x != nil {
+		return x.Node
+	}
+	return ""
+}
+
+func (x *ReplicaPeer) GetAddr() string {
+	if x != nil {
+		return x.Addr
+	}
+	return ""
+}
+
+// ShardSource says which node holds a rank's in-memory shard, and that
+// node's peer address (its agent's checkpoint peer listener).
+type ShardSource struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Rank          uint32                 `protobuf:"varint,1,opt,name=rank,proto3" json:"rank,omitempty"`
+	Node          string                 `protobuf:"bytes,2,opt,name=node,proto3" json:"node,omitempty"`
+	Addr          string                 `protobuf:"bytes,3,opt,name=addr,proto3" json:"addr,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ShardSource) Reset() {
+	*x = ShardSource{}
+	mi := &file_rdzv_v1_job_proto_msgTypes[9]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ShardSource) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ShardSource) ProtoMessage() {}
+
+func (x *ShardSource) ProtoReflect() protoreflect.Message {
+	mi := &file_rdzv_v1_job_proto_msgTypes[9]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ShardSource.ProtoReflect.Descriptor instead.
+func (*ShardSource) Descriptor() ([]byte, []int) {
+	return file_rdzv_v1_job_proto_rawDescGZIP(), []int{9}
+}
+
+func (x *ShardSource) GetRank() uint32 {
+	if x != nil {
+		return x.Rank
+	}
+	return 0
+}
+
+func (x *ShardSource) GetNode() string {
+	if x != nil {
+		return x.Node
+	}
+	return ""
+}
+
+func (x *ShardSource) GetAddr() string {
+	if x != nil {
+		return x.Addr
+	}
+	return ""
+}
+
 type WatchedPeer struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	Node  string                 `protobuf:"bytes,1,opt,name=node,proto3" json:"node,omitempty"`
@@ -1332,7 +1549,7 @@ type WatchedPeer struct {
 
 func (x *WatchedPeer) Reset() {
 	*x = WatchedPeer{}
-	mi := &file_rdzv_v1_job_proto_msgTypes[7]
+	mi := &file_rdzv_v1_job_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1344,7 +1561,7 @@ func (x *WatchedPeer) String() string {
 func (*WatchedPeer) ProtoMessage() {}
 
 func (x *WatchedPeer) ProtoReflect() protoreflect.Message {
-	mi := &file_rdzv_v1_job_proto_msgTypes[7]
+	mi := &file_rdzv_v1_job_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1357,7 +1574,7 @@ func (x *WatchedPeer) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchedPeer.ProtoReflect.Descriptor instead.
 func (*WatchedPeer) Descriptor() ([]byte, []int) {
-	return file_rdzv_v1_job_proto_rawDescGZIP(), []int{7}
+	return file_rdzv_v1_job_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *WatchedPeer) GetNode() string {
@@ -1395,7 +1612,7 @@ type Event struct {
 
 func (x *Event) Reset() {
 	*x = Event{}
-	mi := &file_rdzv_v1_job_proto_msgTypes[8]
+	mi := &file_rdzv_v1_job_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1407,7 +1624,7 @@ func (x *Event) String() string {
 func (*Event) ProtoMessage() {}
 
 func (x *Event) ProtoReflect() protoreflect.Message {
-	mi := &file_rdzv_v1_job_proto_msgTypes[8]
+	mi := &file_rdzv_v1_job_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1420,7 +1637,7 @@ func (x *Event) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Event.ProtoReflect.Descriptor instead.
 func (*Event) Descriptor() ([]byte, []int) {
-	return file_rdzv_v1_job_proto_rawDescGZIP(), []int{8}
+	return file_rdzv_v1_job_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *Event) GetTime() *timestamppb.Timestamp {
@@ -1496,7 +1713,7 @@ type Round struct {
 
 func (x *Round) Reset() {
 	*x = Round{}
-	mi := &file_rdzv_v1_job_proto_msgTypes[9]
+	mi := &file_rdzv_v1_job_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1508,7 +1725,7 @@ func (x *Round) String() string {
 func (*Round) ProtoMessage() {}
 
 func (x *Round) ProtoReflect() protoreflect.Message {
-	mi := &file_rdzv_v1_job_proto_msgTypes[9]
+	mi := &file_rdzv_v1_job_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1521,7 +1738,7 @@ func (x *Round) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Round.ProtoReflect.Descriptor instead.
 func (*Round) Descriptor() ([]byte, []int) {
-	return file_rdzv_v1_job_proto_rawDescGZIP(), []int{9}
+	return file_rdzv_v1_job_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *Round) GetJob() string {
@@ -1570,7 +1787,7 @@ var File_rdzv_v1_job_proto protoreflect.FileDescriptor
 
 const file_rdzv_v1_job_proto_rawDesc = "" +
 	"\n" +
-	"\x11rdzv/v1/job.proto\x12\ardzv.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xe7\x0e\n" +
+	"\x11rdzv/v1/job.proto\x12\ardzv.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xb3\x0f\n" +
 	"\aJobSpec\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x1b\n" +
 	"\tnodes_min\x18\x02 \x01(\rR\bnodesMin\x12\x1b\n" +
@@ -1605,7 +1822,8 @@ const file_rdzv_v1_job_proto_rawDesc = "" +
 	"\x10health_preflight\x18\x1d \x01(\v2\x16.rdzv.v1.PreflightSpecR\x0fhealthPreflight\x12)\n" +
 	"\x10launcher_preload\x18\x1e \x03(\tR\x0flauncherPreload\x12U\n" +
 	"\x19health_checkpoint_timeout\x18\x1f \x01(\v2\x19.google.protobuf.DurationR\x17healthCheckpointTimeout\x12O\n" +
-	"\x16health_startup_timeout\x18  \x01(\v2\x19.google.protobuf.DurationR\x14healthStartupTimeout\x120\n" +
+	"\x16health_startup_timeout\x18  \x01(\v2\x19.google.protobuf.DurationR\x14healthStartupTimeout\x12J\n" +
+	"\x11checkpoint_memory\x18! \x01(\v2\x1d.rdzv.v1.CheckpointMemorySpecR\x10checkpointMemory\x120\n" +
 	"\x14launcher_kind_reason\x18( \x01(\tR\x12launcherKindReason\x1a6\n" +
 	"\bEnvEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
@@ -1618,7 +1836,10 @@ const file_rdzv_v1_job_proto_rawDesc = "" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\x1a;\n" +
 	"\rEnvFilesEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\x88\x01\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"O\n" +
+	"\x14CheckpointMemorySpec\x12\x1a\n" +
+	"\breplicas\x18\x01 \x01(\rR\breplicas\x12\x1b\n" +
+	"\tmax_bytes\x18\x02 \x01(\x04R\bmaxBytes\"\x88\x01\n" +
 	"\rPreflightSpec\x12,\n" +
 	"\x12min_bandwidth_mbps\x18\x01 \x01(\x01R\x10minBandwidthMbps\x12\x14\n" +
 	"\x05bytes\x18\x02 \x01(\x04R\x05bytes\x123\n" +
@@ -1697,7 +1918,7 @@ const file_rdzv_v1_job_proto_rawDesc = "" +
 	"\x04node\x18\x04 \x01(\tR\x04node\x12;\n" +
 	"\vreported_at\x18\x05 \x01(\v2\x1a.google.protobuf.TimestampR\n" +
 	"reportedAt\x12\x16\n" +
-	"\x06source\x18\x06 \x01(\tR\x06source\"\x9f\x03\n" +
+	"\x06source\x18\x06 \x01(\tR\x06source\"\xff\x04\n" +
 	"\n" +
 	"Assignment\x12$\n" +
 	"\x04spec\x18\x01 \x01(\v2\x10.rdzv.v1.JobSpecR\x04spec\x12\x1e\n" +
@@ -1717,7 +1938,18 @@ const file_rdzv_v1_job_proto_rawDesc = "" +
 	"resumeFrom\x12@\n" +
 	"\x0ejob_created_at\x18\n" +
 	" \x01(\v2\x1a.google.protobuf.TimestampR\fjobCreatedAt\x12*\n" +
-	"\x05watch\x18\x10 \x03(\v2\x14.rdzv.v1.WatchedPeerR\x05watch\"B\n" +
+	"\x05watch\x18\x10 \x03(\v2\x14.rdzv.v1.WatchedPeerR\x05watch\x12,\n" +
+	"\x12resume_memory_step\x18\x11 \x01(\x04R\x10resumeMemoryStep\x128\n" +
+	"\x18resume_memory_generation\x18\x12 \x01(\x04R\x16resumeMemoryGeneration\x12;\n" +
+	"\x0ememory_sources\x18\x13 \x03(\v2\x14.rdzv.v1.ShardSourceR\rmemorySources\x129\n" +
+	"\rreplica_peers\x18\x14 \x03(\v2\x14.rdzv.v1.ReplicaPeerR\freplicaPeers\"5\n" +
+	"\vReplicaPeer\x12\x12\n" +
+	"\x04node\x18\x01 \x01(\tR\x04node\x12\x12\n" +
+	"\x04addr\x18\x02 \x01(\tR\x04addr\"I\n" +
+	"\vShardSource\x12\x12\n" +
+	"\x04rank\x18\x01 \x01(\rR\x04rank\x12\x12\n" +
+	"\x04node\x18\x02 \x01(\tR\x04node\x12\x12\n" +
+	"\x04addr\x18\x03 \x01(\tR\x04addr\"B\n" +
 	"\vWatchedPeer\x12\x12\n" +
 	"\x04node\x18\x01 \x01(\tR\x04node\x12\x1f\n" +
 	"\vgossip_addr\x18\x02 \x01(\tR\n" +
@@ -1781,81 +2013,87 @@ func file_rdzv_v1_job_proto_rawDescGZIP() []byte {
 }
 
 var file_rdzv_v1_job_proto_enumTypes = make([]protoimpl.EnumInfo, 3)
-var file_rdzv_v1_job_proto_msgTypes = make([]protoimpl.MessageInfo, 15)
+var file_rdzv_v1_job_proto_msgTypes = make([]protoimpl.MessageInfo, 18)
 var file_rdzv_v1_job_proto_goTypes = []any{
 	(TrainingPhase)(0),            // 0: rdzv.v1.TrainingPhase
 	(JobState)(0),                 // 1: rdzv.v1.JobState
 	(WorkerState)(0),              // 2: rdzv.v1.WorkerState
 	(*JobSpec)(nil),               // 3: rdzv.v1.JobSpec
-	(*PreflightSpec)(nil),         // 4: rdzv.v1.PreflightSpec
-	(*NodeAssignment)(nil),        // 5: rdzv.v1.NodeAssignment
-	(*Job)(nil),                   // 6: rdzv.v1.Job
-	(*Incident)(nil),              // 7: rdzv.v1.Incident
-	(*Checkpoint)(nil),            // 8: rdzv.v1.Checkpoint
-	(*Assignment)(nil),            // 9: rdzv.v1.Assignment
-	(*WatchedPeer)(nil),           // 10: rdzv.v1.WatchedPeer
-	(*Event)(nil),                 // 11: rdzv.v1.Event
-	(*Round)(nil),                 // 12: rdzv.v1.Round
-	nil,                           // 13: rdzv.v1.JobSpec.EnvEntry
-	nil,                           // 14: rdzv.v1.JobSpec.SelectorEntry
-	nil,                           // 15: rdzv.v1.JobSpec.SecretEnvEntry
-	nil,                           // 16: rdzv.v1.JobSpec.EnvFilesEntry
-	nil,                           // 17: rdzv.v1.Job.MetricsEntry
-	(*durationpb.Duration)(nil),   // 18: google.protobuf.Duration
-	(*timestamppb.Timestamp)(nil), // 19: google.protobuf.Timestamp
+	(*CheckpointMemorySpec)(nil),  // 4: rdzv.v1.CheckpointMemorySpec
+	(*PreflightSpec)(nil),         // 5: rdzv.v1.PreflightSpec
+	(*NodeAssignment)(nil),        // 6: rdzv.v1.NodeAssignment
+	(*Job)(nil),                   // 7: rdzv.v1.Job
+	(*Incident)(nil),              // 8: rdzv.v1.Incident
+	(*Checkpoint)(nil),            // 9: rdzv.v1.Checkpoint
+	(*Assignment)(nil),            // 10: rdzv.v1.Assignment
+	(*ReplicaPeer)(nil),           // 11: rdzv.v1.ReplicaPeer
+	(*ShardSource)(nil),           // 12: rdzv.v1.ShardSource
+	(*WatchedPeer)(nil),           // 13: rdzv.v1.WatchedPeer
+	(*Event)(nil),                 // 14: rdzv.v1.Event
+	(*Round)(nil),                 // 15: rdzv.v1.Round
+	nil,                           // 16: rdzv.v1.JobSpec.EnvEntry
+	nil,                           // 17: rdzv.v1.JobSpec.SelectorEntry
+	nil,                           // 18: rdzv.v1.JobSpec.SecretEnvEntry
+	nil,                           // 19: rdzv.v1.JobSpec.EnvFilesEntry
+	nil,                           // 20: rdzv.v1.Job.MetricsEntry
+	(*durationpb.Duration)(nil),   // 21: google.protobuf.Duration
+	(*timestamppb.Timestamp)(nil), // 22: google.protobuf.Timestamp
 }
 var file_rdzv_v1_job_proto_depIdxs = []int32{
-	13, // 0: rdzv.v1.JobSpec.env:type_name -> rdzv.v1.JobSpec.EnvEntry
-	14, // 1: rdzv.v1.JobSpec.selector:type_name -> rdzv.v1.JobSpec.SelectorEntry
-	18, // 2: rdzv.v1.JobSpec.rendezvous_last_call:type_name -> google.protobuf.Duration
-	18, // 3: rdzv.v1.JobSpec.rendezvous_timeout:type_name -> google.protobuf.Duration
-	18, // 4: rdzv.v1.JobSpec.restart_backoff_initial:type_name -> google.protobuf.Duration
-	18, // 5: rdzv.v1.JobSpec.restart_backoff_max:type_name -> google.protobuf.Duration
-	18, // 6: rdzv.v1.JobSpec.health_progress_timeout:type_name -> google.protobuf.Duration
-	15, // 7: rdzv.v1.JobSpec.secret_env:type_name -> rdzv.v1.JobSpec.SecretEnvEntry
-	16, // 8: rdzv.v1.JobSpec.env_files:type_name -> rdzv.v1.JobSpec.EnvFilesEntry
-	4,  // 9: rdzv.v1.JobSpec.health_preflight:type_name -> rdzv.v1.PreflightSpec
-	18, // 10: rdzv.v1.JobSpec.health_checkpoint_timeout:type_name -> google.protobuf.Duration
-	18, // 11: rdzv.v1.JobSpec.health_startup_timeout:type_name -> google.protobuf.Duration
-	18, // 12: rdzv.v1.PreflightSpec.timeout:type_name -> google.protobuf.Duration
-	2,  // 13: rdzv.v1.NodeAssignment.state:type_name -> rdzv.v1.WorkerState
-	3,  // 14: rdzv.v1.Job.spec:type_name -> rdzv.v1.JobSpec
-	1,  // 15: rdzv.v1.Job.state:type_name -> rdzv.v1.JobState
-	5,  // 16: rdzv.v1.Job.assignments:type_name -> rdzv.v1.NodeAssignment
-	19, // 17: rdzv.v1.Job.created_at:type_name -> google.protobuf.Timestamp
-	19, // 18: rdzv.v1.Job.started_at:type_name -> google.protobuf.Timestamp
-	19, // 19: rdzv.v1.Job.finished_at:type_name -> google.protobuf.Timestamp
-	8,  // 20: rdzv.v1.Job.latest_checkpoint:type_name -> rdzv.v1.Checkpoint
-	19, // 21: rdzv.v1.Job.progress_at:type_name -> google.protobuf.Timestamp
-	18, // 22: rdzv.v1.Job.training_time:type_name -> google.protobuf.Duration
-	18, // 23: rdzv.v1.Job.recovery_time:type_name -> google.protobuf.Duration
-	19, // 24: rdzv.v1.Job.recovery_started_at:type_name -> google.protobuf.Timestamp
-	19, // 25: rdzv.v1.Job.restart_not_before:type_name -> google.protobuf.Timestamp
-	19, // 26: rdzv.v1.Job.training_since:type_name -> google.protobuf.Timestamp
-	7,  // 27: rdzv.v1.Job.incidents:type_name -> rdzv.v1.Incident
-	0,  // 28: rdzv.v1.Job.phase:type_name -> rdzv.v1.TrainingPhase
-	18, // 29: rdzv.v1.Job.hang_timeout:type_name -> google.protobuf.Duration
-	17, // 30: rdzv.v1.Job.metrics:type_name -> rdzv.v1.Job.MetricsEntry
-	19, // 31: rdzv.v1.Incident.fault_at:type_name -> google.protobuf.Timestamp
-	19, // 32: rdzv.v1.Incident.detected_at:type_name -> google.protobuf.Timestamp
-	19, // 33: rdzv.v1.Incident.fenced_at:type_name -> google.protobuf.Timestamp
-	19, // 34: rdzv.v1.Incident.committed_at:type_name -> google.protobuf.Timestamp
-	19, // 35: rdzv.v1.Incident.started_at:type_name -> google.protobuf.Timestamp
-	19, // 36: rdzv.v1.Incident.first_step_at:type_name -> google.protobuf.Timestamp
-	19, // 37: rdzv.v1.Checkpoint.reported_at:type_name -> google.protobuf.Timestamp
-	3,  // 38: rdzv.v1.Assignment.spec:type_name -> rdzv.v1.JobSpec
-	19, // 39: rdzv.v1.Assignment.job_created_at:type_name -> google.protobuf.Timestamp
-	10, // 40: rdzv.v1.Assignment.watch:type_name -> rdzv.v1.WatchedPeer
-	19, // 41: rdzv.v1.Event.time:type_name -> google.protobuf.Timestamp
-	18, // 42: rdzv.v1.Event.detection_latency:type_name -> google.protobuf.Duration
-	7,  // 43: rdzv.v1.Event.incident:type_name -> rdzv.v1.Incident
-	5,  // 44: rdzv.v1.Round.nodes:type_name -> rdzv.v1.NodeAssignment
-	19, // 45: rdzv.v1.Round.committed_at:type_name -> google.protobuf.Timestamp
-	46, // [46:46] is the sub-list for method output_type
-	46, // [46:46] is the sub-list for method input_type
-	46, // [46:46] is the sub-list for extension type_name
-	46, // [46:46] is the sub-list for extension extendee
-	0,  // [0:46] is the sub-list for field type_name
+	16, // 0: rdzv.v1.JobSpec.env:type_name -> rdzv.v1.JobSpec.EnvEntry
+	17, // 1: rdzv.v1.JobSpec.selector:type_name -> rdzv.v1.JobSpec.SelectorEntry
+	21, // 2: rdzv.v1.JobSpec.rendezvous_last_call:type_name -> google.protobuf.Duration
+	21, // 3: rdzv.v1.JobSpec.rendezvous_timeout:type_name -> google.protobuf.Duration
+	21, // 4: rdzv.v1.JobSpec.restart_backoff_initial:type_name -> google.protobuf.Duration
+	21, // 5: rdzv.v1.JobSpec.restart_backoff_max:type_name -> google.protobuf.Duration
+	21, // 6: rdzv.v1.JobSpec.health_progress_timeout:type_name -> google.protobuf.Duration
+	18, // 7: rdzv.v1.JobSpec.secret_env:type_name -> rdzv.v1.JobSpec.SecretEnvEntry
+	19, // 8: rdzv.v1.JobSpec.env_files:type_name -> rdzv.v1.JobSpec.EnvFilesEntry
+	5,  // 9: rdzv.v1.JobSpec.health_preflight:type_name -> rdzv.v1.PreflightSpec
+	21, // 10: rdzv.v1.JobSpec.health_checkpoint_timeout:type_name -> google.protobuf.Duration
+	21, // 11: rdzv.v1.JobSpec.health_startup_timeout:type_name -> google.protobuf.Duration
+	4,  // 12: rdzv.v1.JobSpec.checkpoint_memory:type_name -> rdzv.v1.CheckpointMemorySpec
+	21, // 13: rdzv.v1.PreflightSpec.timeout:type_name -> google.protobuf.Duration
+	2,  // 14: rdzv.v1.NodeAssignment.state:type_name -> rdzv.v1.WorkerState
+	3,  // 15: rdzv.v1.Job.spec:type_name -> rdzv.v1.JobSpec
+	1,  // 16: rdzv.v1.Job.state:type_name -> rdzv.v1.JobState
+	6,  // 17: rdzv.v1.Job.assignments:type_name -> rdzv.v1.NodeAssignment
+	22, // 18: rdzv.v1.Job.created_at:type_name -> google.protobuf.Timestamp
+	22, // 19: rdzv.v1.Job.started_at:type_name -> google.protobuf.Timestamp
+	22, // 20: rdzv.v1.Job.finished_at:type_name -> google.protobuf.Timestamp
+	9,  // 21: rdzv.v1.Job.latest_checkpoint:type_name -> rdzv.v1.Checkpoint
+	22, // 22: rdzv.v1.Job.progress_at:type_name -> google.protobuf.Timestamp
+	21, // 23: rdzv.v1.Job.training_time:type_name -> google.protobuf.Duration
+	21, // 24: rdzv.v1.Job.recovery_time:type_name -> google.protobuf.Duration
+	22, // 25: rdzv.v1.Job.recovery_started_at:type_name -> google.protobuf.Timestamp
+	22, // 26: rdzv.v1.Job.restart_not_before:type_name -> google.protobuf.Timestamp
+	22, // 27: rdzv.v1.Job.training_since:type_name -> google.protobuf.Timestamp
+	8,  // 28: rdzv.v1.Job.incidents:type_name -> rdzv.v1.Incident
+	0,  // 29: rdzv.v1.Job.phase:type_name -> rdzv.v1.TrainingPhase
+	21, // 30: rdzv.v1.Job.hang_timeout:type_name -> google.protobuf.Duration
+	20, // 31: rdzv.v1.Job.metrics:type_name -> rdzv.v1.Job.MetricsEntry
+	22, // 32: rdzv.v1.Incident.fault_at:type_name -> google.protobuf.Timestamp
+	22, // 33: rdzv.v1.Incident.detected_at:type_name -> google.protobuf.Timestamp
+	22, // 34: rdzv.v1.Incident.fenced_at:type_name -> google.protobuf.Timestamp
+	22, // 35: rdzv.v1.Incident.committed_at:type_name -> google.protobuf.Timestamp
+	22, // 36: rdzv.v1.Incident.started_at:type_name -> google.protobuf.Timestamp
+	22, // 37: rdzv.v1.Incident.first_step_at:type_name -> google.protobuf.Timestamp
+	22, // 38: rdzv.v1.Checkpoint.reported_at:type_name -> google.protobuf.Timestamp
+	3,  // 39: rdzv.v1.Assignment.spec:type_name -> rdzv.v1.JobSpec
+	22, // 40: rdzv.v1.Assignment.job_created_at:type_name -> google.protobuf.Timestamp
+	13, // 41: rdzv.v1.Assignment.watch:type_name -> rdzv.v1.WatchedPeer
+	12, // 42: rdzv.v1.Assignment.memory_sources:type_name -> rdzv.v1.ShardSource
+	11, // 43: rdzv.v1.Assignment.replica_peers:type_name -> rdzv.v1.ReplicaPeer
+	22, // 44: rdzv.v1.Event.time:type_name -> google.protobuf.Timestamp
+	21, // 45: rdzv.v1.Event.detection_latency:type_name -> google.protobuf.Duration
+	8,  // 46: rdzv.v1.Event.incident:type_name -> rdzv.v1.Incident
+	6,  // 47: rdzv.v1.Round.nodes:type_name -> rdzv.v1.NodeAssignment
+	22, // 48: rdzv.v1.Round.committed_at:type_name -> google.protobuf.Timestamp
+	49, // [49:49] is the sub-list for method output_type
+	49, // [49:49] is the sub-list for method input_type
+	49, // [49:49] is the sub-list for extension type_name
+	49, // [49:49] is the sub-list for extension extendee
+	0,  // [0:49] is the sub-list for field type_name
 }
 
 func init() { file_rdzv_v1_job_proto_init() }
@@ -1869,7 +2107,7 @@ func file_rdzv_v1_job_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_rdzv_v1_job_proto_rawDesc), len(file_rdzv_v1_job_proto_rawDesc)),
 			NumEnums:      3,
-			NumMessages:   15,
+			NumMessages:   18,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

@@ -329,7 +329,10 @@ type NodeInfo struct {
 	// Why nccl_interface was chosen, in words, for `rdzvctl nodes`.
 	NcclInterfaceReason string `protobuf:"bytes,9,opt,name=nccl_interface_reason,json=ncclInterfaceReason,proto3" json:"nccl_interface_reason,omitempty"`
 	// host:port of the agent's gossip (memberlist) endpoint; empty when off.
-	GossipAddr    string `protobuf:"bytes,10,opt,name=gossip_addr,json=gossipAddr,proto3" json:"gossip_addr,omitempty"`
+	GossipAddr string `protobuf:"bytes,10,opt,name=gossip_addr,json=gossipAddr,proto3" json:"gossip_addr,omitempty"`
+	// The agent's in-memory checkpoint peer listener (mutual TLS between
+	// agents), host:port; empty when it has none.
+	PeerAddr      string `protobuf:"bytes,11,opt,name=peer_addr,json=peerAddr,proto3" json:"peer_addr,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -430,6 +433,13 @@ func (x *NodeInfo) GetNcclInterfaceReason() string {
 func (x *NodeInfo) GetGossipAddr() string {
 	if x != nil {
 		return x.GossipAddr
+	}
+	return ""
+}
+
+func (x *NodeInfo) GetPeerAddr() string {
+	if x != nil {
+		return x.PeerAddr
 	}
 	return ""
 }
@@ -681,7 +691,7 @@ const file_rdzv_v1_node_proto_rawDesc = "" +
 	"\x02up\x18\x05 \x01(\bR\x02up\x12\x1d\n" +
 	"\n" +
 	"speed_mbps\x18\x06 \x01(\rR\tspeedMbps\x12!\n" +
-	"\frdma_devices\x18\a \x03(\tR\vrdmaDevices\"\xc5\x03\n" +
+	"\frdma_devices\x18\a \x03(\tR\vrdmaDevices\"\xe2\x03\n" +
 	"\bNodeInfo\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x125\n" +
 	"\x06labels\x18\x02 \x03(\v2\x1d.rdzv.v1.NodeInfo.LabelsEntryR\x06labels\x12 \n" +
@@ -696,7 +706,8 @@ const file_rdzv_v1_node_proto_rawDesc = "" +
 	"\x15nccl_interface_reason\x18\t \x01(\tR\x13ncclInterfaceReason\x12\x1f\n" +
 	"\vgossip_addr\x18\n" +
 	" \x01(\tR\n" +
-	"gossipAddr\x1a9\n" +
+	"gossipAddr\x12\x1b\n" +
+	"\tpeer_addr\x18\v \x01(\tR\bpeerAddr\x1a9\n" +
 	"\vLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xbb\x04\n" +

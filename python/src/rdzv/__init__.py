@@ -14,6 +14,9 @@ running this worker, and resume from the checkpoint rdzv chose.
                 rdzv.checkpoint_complete(path, step)   # after the save returned
     rdzv.report_done()                 # the final save and exit are not a hang
 
+In-memory checkpoints replicated to a peer node: rdzv.checkpoint.save and
+rdzv.checkpoint.load (docs/checkpoints.md).
+
 Outside rdzv every report does nothing. No report raises; bad arguments
 raise ValueError. Integrations for Hugging Face Transformers, PyTorch
 Lightning, DeepSpeed and torch.distributed.checkpoint live in
@@ -34,11 +37,13 @@ from rdzv._core import (
     saving,
     under_rdzv,
 )
+from rdzv import checkpoint
 
 __all__ = [
     "MARKER",
     "MAX_METRICS",
     "MAX_METRIC_NAME",
+    "checkpoint",
     "checkpoint_begin",
     "checkpoint_complete",
     "checkpoint_dir",

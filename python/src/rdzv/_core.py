@@ -287,6 +287,8 @@ _WHAT = {
     "step": "step report to the rdzv agent",
     "checkpoint": "checkpoint report to the rdzv agent",
     "marker": "writing the checkpoint's " + MARKER + " marker",
+    "memory": "in-memory checkpoint report to the rdzv agent",
+    "memckpt": "writing the in-memory checkpoint",
 }
 
 

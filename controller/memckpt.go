@@ -1,0 +1,166 @@
+package controller
+
+import (
+	"cmp"
+	"fmt"
+	"maps"
+	"slices"
+
+	rdzvv1 "github.com/rdzv/rdzv/proto/rdzv/v1"
+)
+
+// In-memory checkpoints (docs/checkpoints.md): every node reports, riding
+// on its progress messages, which shards of which (generation, step) it
+// holds, its own and its peers' replicas. The controller keeps that in
+// memory only (jobState.memHeld): after a controller failover the next
+// recovery resumes from the durable checkpoint, as before, until the agents
+// report again. At a commit whose world is the previous round's, pickMemory
+// chooses the step to resume from.
+
+// Event kinds of the checkpoint a new generation resumes from.
+const (
+	// EventResumeMemory: the generation resumes from an in-memory step held
+	// by the nodes.
+	EventResumeMemory = "resume_memory"
+	// EventResumeDurable: checkpoint.memory is on but no complete in-memory
+	// step survived (or the world changed, or fetching one failed): the
+	// generation resumes from the durable checkpoint.
+	EventResumeDurable = "resume_durable"
+)
+
+// memKey is one in-memory step of one generation.
+type memKey struct {
+	generation, step uint64
+}
+
+// memPlan is where each rank of a generation resuming from memory finds
+// its shard of step key.
+type memPlan struct {
+	key memKey
+	// holders are the nodes holding each rank's shard, sorted.
+	holders [][]string
+}
+
+// pickMemory is the newest in-memory step of which every rank of a world
+// of world ranks is held by a node alive says is usable: newest by
+// generation first, then step, as a later generation trained on from an
+// older state and its steps are the job's lineage now. Only shards of
+// generations up to current count (no report can name a later one), and
+// never skip (a step whose fetch failed before). A rank's shard counts only
+// whole, within one (generation, step): shards of different generations
+// are never mixed. ok is false when no step is complete.
+func pickMemory(held map[string][]*rdzvv1.MemoryHeld, alive func(node string) bool, world uint32, current uint64, skip map[memKey]bool) (memPlan, bool) {
+	if world == 0 {
+		return memPlan{}, false
+	}
+	byKey := map[memKey][][]string{}
+	for _, node := range slices.Sorted(maps.Keys(held)) {
+		if !alive(node) {
+			continue
+		}
+		for _, h := range held[node] {
+			k := memKey{h.GetGeneration(), h.GetStep()}
+			if k.generation > current || skip[k] {
+				continue
+			}
+			ranks := byKey[k]
+			if ranks == nil {
+				ranks = make([][]string, world)
+				byKey[k] = ranks
+			}
+			for _, r := range h.GetRanks() {
+				if r < world && !slices.Contains(ranks[r], node) {
+					ranks[r] = append(ranks[r], node)
+				}
+			}
+		}
+	}
+	keys := slices.SortedFunc(maps.Keys(byKey), func(a, b memKey) int {
+		return cmp.Or(cmp.Compare(b.generation, a.generation), cmp.Compare(b.step, a.step))
+	})
+	for _, k := range keys {
+		ranks := byKey[k]
+		if !slices.ContainsFunc(ranks, func(nodes []string) bool { return len(nodes) == 0 }) {
+			return memPlan{key: k, holders: ranks}, true
+		}
+	}
+	return memPlan{}, false
+}
+
+// sources are where node, of node rank rank with ppn ranks, fetches its
+// ranks' shards: from itself when it holds one, else from the first holder.
+// addr gives a node's peer address.
+func (p memPlan) sources(node string, rank, ppn uint32, addr func(node string) string) []*rdzvv1.ShardSource {
+	out := make([]*rdzvv1.ShardSource, 0, ppn)
+	for r := rank * ppn; r < (rank+1)*ppn && int(r) < len(p.holders); r++ {
+		from := p.holders[r][0]
+		if slices.Contains(p.holders[r], node) {
+			from = node
+		}
+		out = append(out, &rdzvv1.ShardSource{Rank: r, Node: from, Addr: addr(from)})
+	}
+	return out
+}
+
+// planMemory decides, at the commit of generation gen of js onto placed
+// nodes, whether it resumes from memory, and returns the event saying which
+// source it uses (nil when checkpoint.memory is off or there is nothing to
+// resume). Callers hold c.mu, before js.round becomes the new round.
+func (c *Controller) planMemory(js *jobState, gen uint64, nodes int) (*memPlan, *rdzvv1.Event) {
+	spec := js.rec.GetSpec()
+	name := spec.GetName()
+	if spec.GetCheckpointMemory() == nil || js.round == nil {
+		return nil, nil
+	}
+	durable := "from scratch"
+	if cp := js.rec.GetLatestCheckpoint(); cp != nil {
+		durable = fmt.Sprintf("from durable checkpoint step %d", cp.GetStep())
+	}
+	if prev := len(js.round.GetNodes()); prev != nodes {
+		return nil, c.event(name, "", gen, EventResumeDurable, "generation %d resumes %s: the world changed (%d nodes, was %d), so in-memory shards do not fit", gen, durable, nodes, prev)
+	}
+	world := uint32(nodes) * spec.GetProcsPerNode()
+	alive := func(node string) bool {
+		ns := c.nodes[node]
+		return ns != nil && ns.session != nil && ns.info.peerAddr != "" && ns.rec.GetState() != rdzvv1.NodeState_NODE_STATE_LOST
+	}
+	plan, ok := pickMemory(js.memHeld, alive, world, js.rec.GetGeneration(), js.memSkip)
+	if !ok {
+		return nil, c.event(name, "", gen, EventResumeDurable, "generation %d resumes %s: no in-memory step has every rank's shard on a node still here", gen, durable)
+	}
+	if cp := js.rec.GetLatestCheckpoint(); cp != nil && cp.GetStep() > plan.key.step && cp.GetGeneration() >= plan.key.generation {
+		return nil, c.event(name, "", gen, EventResumeDurable, "generation %d resumes %s: newer than in-memory step %d", gen, durable, plan.key.step)
+	}
+	return &plan, c.event(name, "", gen, EventResumeMemory, "generation %d resumes from in-memory step %d (saved by generation %d), held by the nodes", gen, plan.key.step, plan.key.generation)
+}
+
+// memoryHeld records what node holds of js's in-memory checkpoints, as of
+// its latest progress report. Callers hold c.mu.
+func (js *jobState) memoryHeld(node string, held []*rdzvv1.MemoryHeld) {
+	if js.rec.GetSpec().GetCheckpointMemory() == nil {
+		return
+	}
+	if js.memHeld == nil {
+		js.memHeld = map[string][]*rdzvv1.MemoryHeld{}
+	}
+	if len(held) == 0 {
+		delete(js.memHeld, node)
+		return
+	}
+	js.memHeld[node] = held
+}
+
+// replicaPeers are the nodes a copies its shards to: those of the next
+// replicas node ranks of round, wrapping, that have a peer address.
+// Callers hold c.mu.
+func (c *Controller) replicaPeers(round *rdzvv1.Round, a *rdzvv1.NodeAssignment, replicas int) []*rdzvv1.ReplicaPeer {
+	nodes := round.GetNodes()
+	var out []*rdzvv1.ReplicaPeer
+	for i := 1; i <= replicas && i < len(nodes); i++ {
+		peer := nodes[(int(a.GetNodeRank())+i)%len(nodes)].GetNode()
+		if ns := c.nodes[peer]; ns != nil && ns.info.peerAddr != "" {
+			out = append(out, &rdzvv1.ReplicaPeer{Node: peer, Addr: ns.info.peerAddr})
+		}
+	}
+	return out
+}

@@ -1,0 +1,94 @@
+package controller
+
+import (
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	rdzvv1 "github.com/rdzv/rdzv/proto/rdzv/v1"
+)
+
+func held(gen, step uint64, ranks ...uint32) *rdzvv1.MemoryHeld {
+	return &rdzvv1.MemoryHeld{Generation: gen, Step: step, Ranks: ranks}
+}
+
+func TestPickMemory(t *testing.T) {
+	// Three nodes of two ranks each; every node holds its own ranks and a
+	// replica of the previous node's (it is the next node rank).
+	ring := func(gen, step uint64) map[string][]*rdzvv1.MemoryHeld {
+		return map[string][]*rdzvv1.MemoryHeld{
+			"a": {held(gen, step, 0, 1, 4, 5)},
+			"b": {held(gen, step, 2, 3, 0, 1)},
+			"c": {held(gen, step, 4, 5, 2, 3)},
+		}
+	}
+	merge := func(ms ...map[string][]*rdzvv1.MemoryHeld) map[string][]*rdzvv1.MemoryHeld {
+		out := map[string][]*rdzvv1.MemoryHeld{}
+		for _, m := range ms {
+			for n, h := range m {
+				out[n] = append(out[n], h...)
+			}
+		}
+		return out
+	}
+	for _, tc := range []struct {
+		name    string
+		held    map[string][]*rdzvv1.MemoryHeld
+		dead    []string
+		current uint64
+		skip    map[memKey]bool
+		want    memKey
+		holders [][]string
+		ok      bool
+	}{
+		{name: "nothing held", held: nil, current: 1},
+		{name: "all alive", held: ring(1, 40), current: 1, want: memKey{1, 40}, ok: true,
+			holders: [][]string{{"a", "b"}, {"a", "b"}, {"b", "c"}, {"b", "c"}, {"a", "c"}, {"a", "c"}}},
+		{name: "one node lost, its replica survives", held: ring(1, 40), dead: []string{"b"}, current: 1, want: memKey{1, 40}, ok: true,
+			holders: [][]string{{"a"}, {"a"}, {"c"}, {"c"}, {"a", "c"}, {"a", "c"}}},
+		{name: "two adjacent nodes lost", held: ring(1, 40), dead: []string{"a", "b"}, current: 1},
+		{name: "newest complete step wins", held: merge(ring(1, 40), ring(1, 50)), current: 1, want: memKey{1, 50}, ok: true},
+		{name: "a step missing a rank is not complete",
+			held:    merge(ring(1, 40), map[string][]*rdzvv1.MemoryHeld{"a": {held(1, 50, 0, 1)}, "b": {held(1, 50, 2, 3)}}),
+			current: 1, want: memKey{1, 40}, ok: true},
+		{name: "a later generation's step wins over a higher older one", held: merge(ring(1, 90), ring(2, 60)), current: 2, want: memKey{2, 60}, ok: true},
+		{name: "generations are never mixed",
+			held: map[string][]*rdzvv1.MemoryHeld{"a": {held(1, 40, 0, 1, 2)}, "b": {held(2, 40, 3, 4, 5)}}, current: 2},
+		{name: "no generation beyond the current", held: merge(ring(1, 40), ring(3, 60)), current: 2, want: memKey{1, 40}, ok: true},
+		{name: "a step whose fetch failed is skipped", held: merge(ring(1, 40), ring(1, 50)), current: 1,
+			skip: map[memKey]bool{{1, 50}: true}, want: memKey{1, 40}, ok: true},
+		{name: "ranks beyond the world ignored", held: map[string][]*rdzvv1.MemoryHeld{"a": {held(1, 40, 0, 1, 2, 3, 4, 5, 6, 7)}},
+			current: 1, want: memKey{1, 40}, ok: true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			alive := func(n string) bool {
+				for _, d := range tc.dead {
+					if d == n {
+						return false
+					}
+				}
+				return true
+			}
+			plan, ok := pickMemory(tc.held, alive, 6, tc.current, tc.skip)
+			require.Equal(t, tc.ok, ok)
+			if !ok {
+				return
+			}
+			require.Equal(t, tc.want, plan.key)
+			if tc.holders != nil {
+				require.Equal(t, tc.holders, plan.holders)
+			}
+		})
+	}
+}
+
+func TestMemPlanSources(t *testing.T) {
+	plan := memPlan{key: memKey{1, 40}, holders: [][]string{{"a"}, {"a"}, {"c"}, {"c"}, {"a", "c"}, {"a", "c"}}}
+	addr := func(n string) string { return n + ":7947" }
+	// d replaces b at node rank 1: it fetches both ranks from c.
+	require.Equal(t, []*rdzvv1.ShardSource{{Rank: 2, Node: "c", Addr: "c:7947"}, {Rank: 3, Node: "c", Addr: "c:7947"}},
+		plan.sources("d", 1, 2, addr))
+	// c keeps its own.
+	require.Equal(t, []*rdzvv1.ShardSource{{Rank: 4, Node: "c", Addr: "c:7947"}, {Rank: 5, Node: "c", Addr: "c:7947"}},
+		plan.sources("c", 2, 2, addr))
+}
