@@ -445,7 +445,7 @@ func TestLaunchFromAssignment(t *testing.T) {
 		{
 			name: "torchrun: rendezvous then command",
 			a: &rdzvv1.Assignment{
-				Spec:   &rdzvv1.JobSpec{Command: []string{"train.py", "--lr", "3e-4"}},
+				Spec:   &rdzvv1.JobSpec{LauncherKind: "torchrun", Command: []string{"train.py", "--lr", "3e-4"}},
 				Nnodes: 16, NodeRank: 15, ProcsPerNode: 8, MasterAddr: "10.1.2.3", MasterPort: 29517,
 			},
 			program: "torchrun",
@@ -455,7 +455,7 @@ func TestLaunchFromAssignment(t *testing.T) {
 		{
 			name: "extra launcher args go before the command",
 			a: &rdzvv1.Assignment{
-				Spec:   &rdzvv1.JobSpec{Command: []string{"-m", "pkg.train"}, LauncherExtraArgs: []string{"--redirects", "3", "--max_restarts=0"}},
+				Spec:   &rdzvv1.JobSpec{LauncherKind: "torchrun", Command: []string{"-m", "pkg.train"}, LauncherExtraArgs: []string{"--redirects", "3", "--max_restarts=0"}},
 				Nnodes: 1, ProcsPerNode: 1, MasterAddr: "127.0.0.1", MasterPort: 29500,
 			},
 			program: "torchrun",
