@@ -23,8 +23,8 @@
 //	BENCH_VENV      the venv with torch and the peers (python/requirements/peers.txt;
 //	                default the checkout's .venv)
 //	BENCH_TORCH     venv (default): every system runs BENCH_VENV's torchrun and
-//	                Python; system: rdzv and torchrun run Debian's python3-torch
-//	                (the peers need torch >= 2.7 and are then refused)
+//	                Python; system: rdzv and torchrun elastic run Debian's
+//	                python3-torch (1.13), the peers (torch >= 2.7) still the venv's
 //	BENCH_GOODPUT   the goodput run's length (default 10m; 0: none): a fault every
 //	                60s rotating through the kinds; BENCH_GOODPUT_BASELINE the
 //	                fault-free run it is compared with (default the shorter of

@@ -79,7 +79,7 @@ func (b *bench) launcherArgv(system string, net *netns.Cluster, d runDirs, i, st
 	case "torchft":
 		// One replica group per host, each its own torchrun (a local c10d
 		// store on the host's address), restarting a dead worker in place.
-		args := []string{b.torchrun, "--nnodes=1", "--nproc_per_node=1", "--rdzv_backend=c10d",
+		args := []string{b.venvBin("torchrun"), "--nnodes=1", "--nproc_per_node=1", "--rdzv_backend=c10d",
 			"--rdzv_endpoint=" + h.IP + ":" + torchrunStorePort, "--rdzv_id=bench-" + h.Name,
 			"--max_restarts=" + strconv.Itoa(restarts), "--monitor_interval", "1",
 			"--redirects", "2", "--tee", "2", "--log_dir", logDir, b.torchftScript}
