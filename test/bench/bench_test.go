@@ -940,7 +940,7 @@ func (b *bench) report(results []result, took time.Duration) string {
 	fmt.Fprintf(&w, "  --ft-node-health-check-interval=%s --ft-enable-nic-monitor=false; workers send a rank heartbeat every step\n", nvrxCheckInterval)
 	fmt.Fprintf(&w, "  (RankMonitorClient) and resume from the newest complete checkpoint\n")
 	fmt.Fprintf(&w, "- torchft: torchft_lighthouse on h0 --min_replicas %d --heartbeat_timeout_ms %d --join_timeout_ms %d --quorum_tick_ms %d;\n",
-		torchftMinReplicas, torchftHeartbeatTimout.Milliseconds(), torchftJoinTimeout.Milliseconds(), torchftQuorumTick.Milliseconds())
+		torchftMinReplicas, torchftHeartbeatTimeout.Milliseconds(), torchftJoinTimeout.Milliseconds(), torchftQuorumTick.Milliseconds())
 	fmt.Fprintf(&w, "  one replica group per host (torchrun --nnodes=1 --max_restarts=%d), test/bench/bench_torchft.py: Manager(min_replica_size 2,\n", maxRestarts)
 	fmt.Fprintf(&w, "  timeout 5s, quorum_timeout 30s, async quorum), torchft DDP and ProcessGroupGloo, same model, data, step time, checkpoints\n")
 	fmt.Fprintf(&w, "- torch: rdzv and torchrun elastic %s (%s), nvrx and torchft the venv's (BENCH_TORCH); large state: %d MB extra in every checkpoint (BENCH_STATE_MB)\n", b.torch, b.torchrun, b.stateMB)

@@ -24,10 +24,10 @@ const (
 	// timeout; default 5 s); stragglers are waited for 1 s before a quorum
 	// is issued (rdzv's last_call; default 60 s, which would stall every
 	// reconfiguration by a minute); the quorum is re-checked every 100 ms.
-	torchftMinReplicas     = 2
-	torchftHeartbeatTimout = 3 * time.Second
-	torchftJoinTimeout     = time.Second
-	torchftQuorumTick      = 100 * time.Millisecond
+	torchftMinReplicas      = 2
+	torchftHeartbeatTimeout = 3 * time.Second
+	torchftJoinTimeout      = time.Second
+	torchftQuorumTick       = 100 * time.Millisecond
 )
 
 // launchers is one run of a launcher-based system on h1..h3.
@@ -118,7 +118,7 @@ func (b *bench) startLaunchers(t *testing.T, system string, net *netns.Cluster, 
 	if system == "torchft" {
 		l.aux = append(l.aux, net.Host(0).Start(t, "lighthouse", nil, b.venvBin("torchft_lighthouse"),
 			"--bind", "[::]:"+torchftLighthousePort, "--min_replicas", strconv.Itoa(torchftMinReplicas),
-			"--heartbeat_timeout_ms", strconv.FormatInt(torchftHeartbeatTimout.Milliseconds(), 10),
+			"--heartbeat_timeout_ms", strconv.FormatInt(torchftHeartbeatTimeout.Milliseconds(), 10),
 			"--join_timeout_ms", strconv.FormatInt(torchftJoinTimeout.Milliseconds(), 10),
 			"--quorum_tick_ms", strconv.FormatInt(torchftQuorumTick.Milliseconds(), 10)))
 	}
