@@ -122,10 +122,12 @@ fuzz:
 venv: $(VENV)/.installed
 venv-oldest: $(VENV_OLDEST)/.installed
 
-$(VENV)/.installed: python/requirements/ci.txt python/requirements/deepspeed.txt
+$(VENV)/.installed: python/requirements/ci.txt python/requirements/deepspeed.txt python/requirements/peers.txt
 	rm -rf $(VENV)
 	$(PYTHON) -m venv $(VENV)
 	$(VENV)/bin/pip install $(PIP_QUIET) --no-deps -r python/requirements/ci.txt
+	@# The recovery benchmark's peers (ft_launcher, torchft): see peers.txt.
+	$(VENV)/bin/pip install $(PIP_QUIET) --no-deps -r python/requirements/peers.txt
 	DS_BUILD_OPS=0 $(VENV)/bin/pip install $(PIP_QUIET) --no-deps --no-build-isolation -r python/requirements/deepspeed.txt
 	touch $@
 
@@ -189,12 +191,17 @@ bench:
 	$(GO) test -run '^$$' -bench . -benchmem ./rendezvous/
 	$(GO) test -run '^$$' -bench HeaderFlood -benchtime 1x ./relay/
 
-# Recovery time after faults, rdzv beside torchrun's elastic mode, on netns
-# hosts (root, python3-torch). Figures only; see test/bench/doc.go.
+# Recovery time after faults and goodput under a fault a minute, rdzv beside
+# torchrun's elastic mode, NVIDIA's ft_launcher and torchft (from the venv:
+# python/requirements/peers.txt), on netns hosts (root). Figures only; see
+# test/bench/doc.go. BENCH_GOODPUT=0 skips the goodput run, BENCH_FAULTS=none
+# runs only it; BENCH_SYSTEMS picks systems.
 BENCH_RUNS ?= 3
+BENCH_GOODPUT ?= 10m
 .PHONY: bench-recovery
-bench-recovery: build
-	BENCH_RUNS=$(BENCH_RUNS) RDZV_BIN_DIR=$(BIN) $(GO) test -tags bench -count=1 -v -timeout 60m ./test/bench/ -run TestBenchRecovery
+bench-recovery: build venv
+	BENCH_RUNS=$(BENCH_RUNS) BENCH_GOODPUT=$(BENCH_GOODPUT) BENCH_VENV=$(VENV) RDZV_BIN_DIR=$(BIN) \
+	  $(GO) test -tags bench -count=1 -v -timeout 180m ./test/bench/ -run TestBenchRecovery
 
 # Failure detector false positives over a soak with one host's CPU
 # saturated (root, python3-torch, tc). SOAK_DURATION=10m by default.

@@ -3,6 +3,7 @@
 package bench
 
 import (
+	"cmp"
 	"encoding/json"
 	"fmt"
 	"os"
@@ -40,7 +41,7 @@ const (
 	// complete checkpoint (step 40) exists to resume from.
 	injectAtStep = 50
 
-	torchrunBin       = "/usr/bin/torchrun"
+	systemTorchrun    = "/usr/bin/torchrun" // Debian's python3-torch (BENCH_TORCH=system)
 	torchrunStorePort = "29400"
 
 	readyTimeout    = 90 * time.Second
@@ -53,7 +54,9 @@ const (
 var (
 	allFaults = []string{"kill-worker", "kill-node", "cut-link", "hang"}
 	// rdzv-warm is rdzv with launcher.kind warm (standby workers).
-	allSystems = []string{"rdzv", "rdzv-warm", "torchrun"}
+	// nvrx is NVIDIA's ft_launcher, torchft is torchft's lighthouse and
+	// Manager (both from BENCH_VENV, see launchers_test.go).
+	allSystems = []string{"rdzv", "rdzv-warm", "torchrun", "nvrx", "torchft"}
 )
 
 // result is one measured run.
@@ -64,6 +67,9 @@ type result struct {
 	recovered bool
 	recovery  time.Duration // fault to first step after recovery
 	first     tick
+	// Steps done again after the resume (see setRecomputed).
+	hasRecomputed bool
+	recomputed    int
 
 	// rdzv only: the attempt_failed event.
 	hasEvent     bool
@@ -77,6 +83,13 @@ type result struct {
 type bench struct {
 	controllerBin, agentBin, ctlBin string
 	script                          string // bench_worker.py
+	torchftScript                   string // bench_torchft.py
+	venv                            string // the peers' venv (BENCH_VENV)
+	torch                           string // BENCH_TORCH: venv or system
+	torchrun, python                string // every system's torchrun and Python ("" python: the launcher's own)
+	stateMB                         int    // BENCH_STATE_MB
+	goodput, goodputBaseline        time.Duration
+	checkpoint                      string // BENCH_CHECKPOINT, bench_worker.py checks it
 	runs                            int
 	cap                             time.Duration
 	faults, systems                 []string
@@ -97,8 +110,8 @@ func TestBenchRecovery(t *testing.T) {
 					switch system {
 					case "rdzv", "rdzv-warm":
 						b.runRdzv(t, &r)
-					case "torchrun":
-						b.runTorchrun(t, &r)
+					default:
+						b.runLaunchers(t, &r)
 					}
 					t.Logf("bench: %s (run took %s)", r.summary(), time.Since(start).Round(time.Second))
 				})
@@ -106,7 +119,29 @@ func TestBenchRecovery(t *testing.T) {
 			}
 		}
 	}
+	var goodput []goodputRun
+	if b.goodput > 0 {
+		for _, system := range b.systems {
+			for _, faulty := range []bool{false, true} {
+				dur := b.goodput
+				if !faulty {
+					dur = b.goodputBaseline
+				}
+				t.Run(fmt.Sprintf("goodput/%s/faults=%v", system, faulty), func(t *testing.T) {
+					g := b.runGoodput(t, system, faulty, dur)
+					if g.failed != "" {
+						t.Errorf("bench: goodput %s: %s", system, g.failed)
+					}
+					t.Logf("bench: goodput %s faults=%v: %.0f useful steps in %s (%.2f/s)", system, faulty, g.useful, dur, g.rate())
+					goodput = append(goodput, g)
+				})
+			}
+		}
+	}
 	report := b.report(results, time.Since(begin))
+	if b.goodput > 0 {
+		report += b.goodputReport(goodput)
+	}
 	t.Logf("\n%s", report)
 	if out := os.Getenv("BENCH_OUT"); out != "" {
 		if err := os.WriteFile(out, []byte(report), 0o644); err != nil {
@@ -137,13 +172,32 @@ func setup(t *testing.T) *bench {
 		logDir:        os.Getenv("BENCH_LOG_DIR"),
 		rdzvConf:      os.Getenv("BENCH_TORCHRUN_RDZV_CONF"),
 	}
-	for _, p := range []string{b.controllerBin, b.agentBin, b.ctlBin, torchrunBin} {
+	for _, p := range []string{b.controllerBin, b.agentBin, b.ctlBin} {
 		if info, err := os.Stat(p); err != nil || info.Mode()&0o111 == 0 {
 			t.Fatalf("bench: %s is missing or not executable (run `make build`; torchrun comes with python3-torch)", p)
 		}
 	}
 	if b.script, err = filepath.Abs("bench_worker.py"); err != nil {
 		t.Fatal(err)
+	}
+	b.torchftScript = filepath.Join(filepath.Dir(b.script), "bench_torchft.py")
+	b.checkpoint = cmp.Or(os.Getenv("BENCH_CHECKPOINT"), "durable")
+	b.goodput = defaultGoodput
+	if s := os.Getenv("BENCH_GOODPUT"); s != "" {
+		if b.goodput, err = time.ParseDuration(s); err != nil || b.goodput < 0 {
+			t.Fatalf("bench: BENCH_GOODPUT=%q: want a duration (0: no goodput run)", s)
+		}
+	}
+	b.goodputBaseline = min(b.goodput, 2*time.Minute)
+	if s := os.Getenv("BENCH_GOODPUT_BASELINE"); s != "" {
+		if b.goodputBaseline, err = time.ParseDuration(s); err != nil || b.goodputBaseline <= 0 {
+			t.Fatalf("bench: BENCH_GOODPUT_BASELINE=%q: want a positive duration", s)
+		}
+	}
+	if s := os.Getenv("BENCH_STATE_MB"); s != "" {
+		if b.stateMB, err = strconv.Atoi(s); err != nil || b.stateMB < 0 {
+			t.Fatalf("bench: BENCH_STATE_MB=%q: want a non-negative integer (MB)", s)
+		}
 	}
 	if s := os.Getenv("BENCH_RUNS"); s != "" {
 		if b.runs, err = strconv.Atoi(s); err != nil || b.runs < 1 {
@@ -169,8 +223,43 @@ func setup(t *testing.T) *bench {
 		}
 		return out
 	}
-	b.faults = subset("BENCH_FAULTS", allFaults)
+	if os.Getenv("BENCH_FAULTS") != "none" { // none: the goodput run only
+		b.faults = subset("BENCH_FAULTS", allFaults)
+	} else {
+		b.faults = nil
+	}
 	b.systems = subset("BENCH_SYSTEMS", allSystems)
+	b.venv = os.Getenv("BENCH_VENV")
+	if b.venv == "" {
+		b.venv = filepath.Join("..", "..", ".venv")
+	}
+	if b.venv, err = filepath.Abs(b.venv); err != nil {
+		t.Fatal(err)
+	}
+	// One torch for every system by default: the peers need torch >= 2.7,
+	// so everything runs on BENCH_VENV's (the project's primary stack).
+	// BENCH_TORCH=system runs rdzv and torchrun elastic on Debian's 1.13
+	// (python3-torch), the peers still on the venv's.
+	b.torch = os.Getenv("BENCH_TORCH")
+	switch b.torch {
+	case "", "venv":
+		b.torch, b.torchrun, b.python = "venv", b.venvBin("torchrun"), b.venvBin("python")
+	case "system":
+		b.torchrun = systemTorchrun
+	default:
+		t.Fatalf("bench: BENCH_TORCH=%q: want venv or system", b.torch)
+	}
+	if info, err := os.Stat(b.torchrun); err != nil || info.Mode()&0o111 == 0 {
+		t.Fatalf("bench: %s is missing or not executable (BENCH_TORCH=%s; set BENCH_VENV, or BENCH_TORCH=system for python3-torch's)", b.torchrun, b.torch)
+	}
+	for _, s := range b.systems {
+		need := map[string][]string{"nvrx": {"ft_launcher"}, "torchft": {"torchrun", "torchft_lighthouse"}}[s]
+		for _, bin := range need {
+			if _, err := os.Stat(b.venvBin(bin)); err != nil {
+				t.Fatalf("bench: system %s needs %s (python/requirements/peers.txt, installed by `make venv`); set BENCH_VENV to a venv that has it", s, b.venvBin(bin))
+			}
+		}
+	}
 	if b.logDir != "" {
 		if err := os.MkdirAll(b.logDir, 0o755); err != nil {
 			t.Fatal(err)
@@ -200,8 +289,8 @@ func (b *bench) dirs(t *testing.T, r *result) runDirs {
 	return d
 }
 
-func trainArgs() []string {
-	return []string{"--steps", strconv.Itoa(trainSteps), "--step-time", stepTime, "--checkpoint-every", strconv.Itoa(checkpointEvery)}
+func trainArgs(steps int) []string {
+	return []string{"--steps", strconv.Itoa(steps), "--step-time", stepTime, "--checkpoint-every", strconv.Itoa(checkpointEvery)}
 }
 
 // killAll ends the run at once: every process on every host gets SIGKILL,
@@ -215,9 +304,13 @@ func killAll(net *netns.Cluster) {
 // rdzvCluster is the controller on h0 and an agent on each of h1..h<hosts>,
 // registered and ready.
 type rdzvCluster struct {
-	ctl      func(args ...string) (string, error) // rdzvctl on h0
-	daemons  []*netns.Proc                        // the controller, then the agents
-	diagnose func()                               // logs status, events and log tails
+	ctl     func(args ...string) (string, error) // rdzvctl on h0
+	daemons []*netns.Proc                        // the controller, then the agents
+	// startAgent starts host i's agent (again, after a kill-node);
+	// agents[i] is the latest one started there.
+	startAgent func(i int) *netns.Proc
+	agents     map[int]*netns.Proc
+	diagnose   func() // logs status, events and log tails
 }
 
 // startRdzv starts the controller and the agents with mutual TLS as in
@@ -231,7 +324,8 @@ func (b *bench) startRdzv(t *testing.T, net *netns.Cluster, d runDirs, hosts int
 	testpki.Run(t, b.ctlBin, "init", "--dir", pkiDir)
 	testpki.Run(t, b.ctlBin, "issue", "controller", "rdzv-controller", "--ip", h0.IP, "--dir", pkiDir)
 	testpki.Run(t, b.ctlBin, "issue", "operator", "bench", "--dir", pkiDir, "--out", filepath.Join(pkiDir, "rdzvctl"))
-	c := &rdzvCluster{ctl: func(args ...string) (string, error) { return ctl(h0, b.ctlBin, addr, pkiDir, ctlTimeout, args...) }}
+	c := &rdzvCluster{ctl: func(args ...string) (string, error) { return ctl(h0, b.ctlBin, addr, pkiDir, ctlTimeout, args...) },
+		agents: map[int]*netns.Proc{}}
 
 	ctrl := h0.Start(t, "controller", nil, append([]string{b.controllerBin, "--listen", addr,
 		"--heartbeat-interval", heartbeatInterval.String(), "--heartbeat-timeout", heartbeatTimeout.String(),
@@ -239,13 +333,21 @@ func (b *bench) startRdzv(t *testing.T, net *netns.Cluster, d runDirs, hosts int
 		testpki.DaemonArgs(pkiDir, "controller", "rdzv-controller")...)...)
 	c.daemons = []*netns.Proc{ctrl}
 	for i := 1; i <= hosts; i++ {
+		testpki.Run(t, b.ctlBin, "issue", "agent", net.Host(i).Name, "--dir", pkiDir)
+	}
+	c.startAgent = func(i int) *netns.Proc {
 		h := net.Host(i)
-		testpki.Run(t, b.ctlBin, "issue", "agent", h.Name, "--dir", pkiDir)
-		c.daemons = append(c.daemons, h.Start(t, "agent", nil, append([]string{b.agentBin, "--controller", addr,
+		p := h.Start(t, "agent", nil, append([]string{b.agentBin, "--controller", addr,
 			"--state-dir", filepath.Join(d.root, h.Name), "--stop-grace", agentStopGrace.String(),
 			// train.py writes checkpoints into root-owned directories.
 			"--run-as", "root", "--allow-root"},
-			testpki.DaemonArgs(pkiDir, "agent", h.Name)...)...))
+			testpki.DaemonArgs(pkiDir, "agent", h.Name)...)...)
+		c.daemons = append(c.daemons, p)
+		c.agents[i] = p
+		return p
+	}
+	for i := 1; i <= hosts; i++ {
+		c.startAgent(i)
 	}
 	c.diagnose = func() {
 		for _, args := range [][]string{{"status", jobName}, {"events", jobName}, {"events"}} {
@@ -300,33 +402,10 @@ func (b *bench) runRdzv(t *testing.T, r *result) {
 		return
 	}
 
-	jobPath := filepath.Join(d.root, "job.yaml")
-	if err := os.WriteFile(jobPath, b.rdzvJob(d, trainArgs(), r.system == "rdzv-warm"), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	if out, err := ctlRun("start", jobPath); err != nil {
-		fail("rdzvctl start: %v %s", err, out)
+	gaveUp, err := b.startRdzvJob(rc, d, trainSteps, r.system == "rdzv-warm", maxRestarts)
+	if err != nil {
+		fail("%v", err)
 		return
-	}
-
-	// gaveUp reports the job ending (it should not, short of 400 steps),
-	// polling the controller at most every 2s to spare the two cores.
-	var lastPoll time.Time
-	gaveUp := func() string {
-		if time.Since(lastPoll) < 2*time.Second {
-			return ""
-		}
-		lastPoll = time.Now()
-		out, err := ctlRun("-o", "json", "status", jobName)
-		var j jobJSON
-		if err != nil || decode(out, &j) != nil {
-			return ""
-		}
-		switch j.State {
-		case "JOB_STATE_FAILED", "JOB_STATE_SUCCEEDED", "JOB_STATE_STOPPED":
-			return fmt.Sprintf("job ended %s: %s", j.State, j.Reason)
-		}
-		return ""
 	}
 
 	before, err := waitUnderWay(d.ticks, gaveUp)
@@ -359,6 +438,7 @@ func (b *bench) runRdzv(t *testing.T, r *result) {
 	r.recovered, r.first, r.note = ok, first, why
 	if ok {
 		r.recovery = first.time().Sub(t0)
+		r.setRecomputed(readTicks(d.ticks), t0)
 		if first.gen == before[net.Host(victim).Name].gen {
 			r.note = "first step after the fault came from the failed generation " + first.gen
 		}
@@ -436,8 +516,38 @@ func (b *bench) runRdzv(t *testing.T, r *result) {
 	}
 }
 
+// startRdzvJob starts the benchmark's job on c and returns its gaveUp: the
+// job ending (it should not, short of its last step), polling the controller
+// at most every 2s to spare the two cores.
+func (b *bench) startRdzvJob(c *rdzvCluster, d runDirs, steps int, warm bool, restarts int) (func() string, error) {
+	jobPath := filepath.Join(d.root, "job.yaml")
+	if err := os.WriteFile(jobPath, b.rdzvJob(d, trainArgs(steps), warm, restarts), 0o644); err != nil {
+		return nil, err
+	}
+	if out, err := c.ctl("start", jobPath); err != nil {
+		return nil, fmt.Errorf("rdzvctl start: %w %s", err, out)
+	}
+	var lastPoll time.Time
+	return func() string {
+		if time.Since(lastPoll) < 2*time.Second {
+			return ""
+		}
+		lastPoll = time.Now()
+		out, err := c.ctl("-o", "json", "status", jobName)
+		var j jobJSON
+		if err != nil || decode(out, &j) != nil {
+			return ""
+		}
+		switch j.State {
+		case "JOB_STATE_FAILED", "JOB_STATE_SUCCEEDED", "JOB_STATE_STOPPED":
+			return fmt.Sprintf("job ended %s: %s", j.State, j.Reason)
+		}
+		return ""
+	}, nil
+}
+
 // rdzvJob is the job file: JSON, which is YAML too.
-func (b *bench) rdzvJob(d runDirs, train []string, warm bool) []byte {
+func (b *bench) rdzvJob(d runDirs, train []string, warm bool, restarts int) []byte {
 	spec := map[string]any{
 		"name":           jobName,
 		"nodes":          map[string]any{"min": nodeHosts - 1, "max": nodeHosts},
@@ -445,102 +555,35 @@ func (b *bench) rdzvJob(d runDirs, train []string, warm bool) []byte {
 		"command":        append([]string{filepath.Base(b.script)}, train...),
 		"workdir":        filepath.Dir(b.script),
 		"env": map[string]string{
-			"OMP_NUM_THREADS": "1",
-			"BENCH_TICK_DIR":  d.ticks,
-			"BENCH_HANG_DIR":  d.hang,
+			"OMP_NUM_THREADS":  "1",
+			"BENCH_TICK_DIR":   d.ticks,
+			"BENCH_HANG_DIR":   d.hang,
+			"BENCH_STATE_MB":   strconv.Itoa(b.stateMB),
+			"BENCH_CHECKPOINT": b.checkpoint,
 		},
 		"checkpoint": map[string]any{"dir": d.ckpt},
 		"rendezvous": map[string]any{"last_call": lastCall.String(), "timeout": "5m"},
-		"restart": map[string]any{"max_restarts": maxRestarts,
+		"restart": map[string]any{"max_restarts": restarts,
 			"backoff": map[string]any{"initial": backoffInitial.String(), "max": backoffMax.String()}},
 		"health": map[string]any{"progress_timeout": progressTimeout.String()},
 		"launcher": map[string]any{
-			"torchrun":   torchrunBin,
+			"torchrun":   b.torchrun,
 			"extra_args": []string{"--redirects", "2", "--tee", "2", "--log_dir", filepath.Join(d.root, "torchrun-logs"), "--monitor_interval", "1"},
 		},
 	}
+	if b.python != "" {
+		// The venv's Python has no rdzv installed: its standbys and
+		// workers import this checkout's.
+		spec["env"].(map[string]string)["PYTHONPATH"] = filepath.Join(filepath.Dir(b.script), "..", "..", "python", "src")
+	}
 	if warm {
 		spec["launcher"] = map[string]any{"kind": "warm"}
+		if b.python != "" {
+			spec["launcher"].(map[string]any)["python"] = b.python
+		}
 	}
 	data, _ := json.MarshalIndent(spec, "", "  ")
 	return data
-}
-
-func (b *bench) torchrunArgs(store, logDir string) []string {
-	args := []string{torchrunBin, "--nnodes=1:3", "--nproc_per_node=1", "--rdzv_backend=c10d",
-		"--rdzv_endpoint=" + store, "--rdzv_id=bench", "--max_restarts=3"}
-	if b.rdzvConf != "" {
-		args = append(args, "--rdzv_conf="+b.rdzvConf)
-	}
-	args = append(args, "--redirects", "2", "--tee", "2", "--log_dir", logDir, "--monitor_interval", "1", b.script)
-	return append(args, trainArgs()...)
-}
-
-func (b *bench) runTorchrun(t *testing.T, r *result) {
-	d := b.dirs(t, r)
-	net := netns.NewCluster(t, 1+nodeHosts, filepath.Join(d.root, "proc-logs"))
-	defer killAll(net)
-	store := net.Host(1).IP + ":" + torchrunStorePort
-	env := []string{"GLOO_SOCKET_IFNAME=eth0", "OMP_NUM_THREADS=1", "RDZV_CHECKPOINT_DIR=" + d.ckpt,
-		"BENCH_RESUME_LATEST=1", "BENCH_TICK_DIR=" + d.ticks, "BENCH_HANG_DIR=" + d.hang}
-	procs := map[int]*netns.Proc{}
-	for i := 1; i <= nodeHosts; i++ {
-		h := net.Host(i)
-		procs[i] = h.Start(t, "torchrun", env, b.torchrunArgs(store, filepath.Join(d.root, "torchrun-logs", h.Name))...)
-	}
-	diagnose := func() {
-		for i := 1; i <= nodeHosts; i++ {
-			t.Logf("bench: last lines of %s:\n%s", procs[i].LogPath(), sim.TailFile(procs[i].LogPath(), 15))
-		}
-	}
-	// gaveUp reports torchrun exiting on every node it still runs on.
-	faulted := false
-	gaveUp := func() string {
-		var exited []string
-		live := 0
-		for i := 1; i <= nodeHosts; i++ {
-			if faulted && i == victim && r.fault == "kill-node" {
-				continue
-			}
-			live++
-			select {
-			case <-procs[i].Exited():
-				exited = append(exited, fmt.Sprintf("%s: %v", procs[i].Host.Name, procs[i].Wait()))
-			default:
-			}
-		}
-		if (!faulted && len(exited) > 0) || (len(exited) == live) {
-			return "torchrun exited (" + strings.Join(exited, "; ") + ")"
-		}
-		return ""
-	}
-
-	before, err := waitUnderWay(d.ticks, gaveUp)
-	if err != nil {
-		r.failed = err.Error()
-		t.Errorf("bench: %s", r.failed)
-		diagnose()
-		return
-	}
-	faulted = true
-	t0, what, err := b.inject(net, r.fault, d, before)
-	if err != nil {
-		r.failed = fmt.Sprintf("injecting %s: %v", r.fault, err)
-		t.Errorf("bench: %s", r.failed)
-		diagnose()
-		return
-	}
-	t.Logf("bench: injected %s at %s: %s (h3 was at step %d)", r.fault, t0.Format("15:04:05.000"), what, before[net.Host(victim).Name].step)
-	first, ok, why := waitRecovery(d.ticks, t0, b.cap, gaveUp)
-	r.recovered, r.first, r.note = ok, first, why
-	if ok {
-		r.recovery = first.time().Sub(t0)
-		r.timeline = fmt.Sprintf("+%ss first step (step %d, restart %s, %s)", secs(r.recovery), first.step, strings.TrimPrefix(first.gen, "r"), first.host)
-		r.phases = append(workerPhases(readPhases(d.ticks), t0), phase{"step", r.recovery})
-	} else {
-		t.Logf("bench: torchrun elastic did not recover from %s: %s", r.fault, why)
-		diagnose()
-	}
 }
 
 // waitUnderWay waits until every node's worker has passed injectAtStep and
@@ -597,18 +640,7 @@ func waitStandbys(root string, gaveUp func() string) error {
 
 // waitRecovery waits for the first step of a worker started after t0.
 func waitRecovery(tickDir string, t0 time.Time, limit time.Duration, gaveUp func() string) (tick, bool, string) {
-	for {
-		if k, ok := firstTickAfter(readTicks(tickDir), t0); ok {
-			return k, true, ""
-		}
-		if why := gaveUp(); why != "" {
-			return tick{}, false, why
-		}
-		if time.Since(t0) > limit {
-			return tick{}, false, fmt.Sprintf("no recovery within %s", limit)
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
+	return waitFor(tickDir, t0, limit, gaveUp, firstTickAfter)
 }
 
 // inject applies the fault to h3 and returns when it took effect (taken
@@ -618,7 +650,8 @@ func (b *bench) inject(net *netns.Cluster, fault string, d runDirs, before map[s
 	switch fault {
 	case "kill-worker":
 		pid := before[h.Name].pid
-		if cl := cmdline(pid); !strings.Contains(cl, filepath.Base(b.script)) {
+		// bench_worker.py, or bench_torchft.py under torchft.
+		if cl := cmdline(pid); !strings.Contains(cl, filepath.Base(b.script)) && !strings.Contains(cl, filepath.Base(b.torchftScript)) {
 			return time.Time{}, "", fmt.Errorf("pid %d of %s's latest tick is not a worker: %q", pid, h.Name, cl)
 		}
 		t0 := time.Now()
@@ -672,11 +705,13 @@ type stats struct {
 	recovery, detection  time.Duration
 	toEvent              time.Duration
 	events               int
+	recomputed           int // median steps recomputed
+	recomputedRuns       int
 }
 
 func summarise(results []result, system, fault string) stats {
 	var s stats
-	var rec, det, ev []time.Duration
+	var rec, det, ev, redo []time.Duration
 	for _, r := range results {
 		if r.system != system || r.fault != fault {
 			continue
@@ -690,6 +725,10 @@ func summarise(results []result, system, fault string) stats {
 			s.recovered++
 			rec = append(rec, r.recovery)
 		}
+		if r.hasRecomputed {
+			s.recomputedRuns++
+			redo = append(redo, time.Duration(r.recomputed))
+		}
 		if r.hasEvent {
 			s.events++
 			det = append(det, r.detection)
@@ -697,6 +736,7 @@ func summarise(results []result, system, fault string) stats {
 		}
 	}
 	s.recovery, s.detection, s.toEvent = median(rec), median(det), median(ev)
+	s.recomputed = int(median(redo))
 	return s
 }
 
@@ -716,35 +756,86 @@ func (b *bench) recoveryCell(s stats) string {
 	return cell
 }
 
+// peerTargets prints issue 32's recovery target: rdzv, in its default
+// configuration and its best (per fault, the faster of rdzv and rdzv-warm),
+// ahead of every peer on fault → first step, as a ratio in the same run.
+func (b *bench) peerTargets(w *strings.Builder, results []result) {
+	for _, fault := range b.faults {
+		def := summarise(results, "rdzv", fault)
+		best, bestName := def, "rdzv"
+		if warm := summarise(results, "rdzv-warm", fault); warm.recovered > 0 && (best.recovered == 0 || warm.recovery < best.recovery) {
+			best, bestName = warm, "rdzv-warm"
+		}
+		for _, peer := range []string{"torchrun", "nvrx", "torchft"} {
+			ps := summarise(results, peer, fault)
+			if ps.n == 0 {
+				continue
+			}
+			for _, c := range []struct {
+				label string
+				s     stats
+			}{{"default (rdzv)", def}, {"best (" + bestName + ")", best}} {
+				if c.s.recovered == 0 {
+					fmt.Fprintf(w, "- %s: rdzv %s ahead of %s: rdzv did not recover (NOT met)\n", fault, c.label, peer)
+					continue
+				}
+				ahead := ps.recovered == 0 || ps.recovery > c.s.recovery
+				fmt.Fprintf(w, "- %s: rdzv %s ahead of %s on fault → first step: %s (%s)\n", fault, c.label, peer, b.ratio(ps, c.s), met(ahead))
+			}
+		}
+	}
+}
+
+// ratio is a peer's median recovery over a system's: how many times faster
+// the system recovered in the same run.
+func (b *bench) ratio(peer, sys stats) string {
+	switch {
+	case sys.recovered == 0 || peer.n == 0:
+		return "-"
+	case peer.recovered == 0:
+		return fmt.Sprintf("> %.1fx (peer did not recover)", b.cap.Seconds()/sys.recovery.Seconds())
+	}
+	return fmt.Sprintf("%.2fx", peer.recovery.Seconds()/sys.recovery.Seconds())
+}
+
 func (b *bench) report(results []result, took time.Duration) string {
 	var w strings.Builder
 	fmt.Fprintf(&w, "rdzv recovery benchmark: seconds from fault injection to the first training step after recovery\n")
 	fmt.Fprintf(&w, "median of %d run(s) per cell; (k/n) = runs that recovered within %s / runs\n\n", b.runs, b.cap)
-	fmt.Fprintf(&w, "| fault | system | recovery s | detection s | fault→attempt_failed s | torchrun elastic recovery s | torchrun / system |\n")
-	fmt.Fprintf(&w, "| --- | --- | --- | --- | --- | --- | --- |\n")
+	peers := []string{}
+	for _, p := range []string{"torchrun", "nvrx", "torchft"} {
+		if slices.Contains(b.systems, p) {
+			peers = append(peers, p)
+		}
+	}
+	fmt.Fprintf(&w, "| fault | system | recovery s | steps recomputed | detection s | fault→attempt_failed s |")
+	for _, p := range peers {
+		fmt.Fprintf(&w, " %s / system |", p)
+	}
+	fmt.Fprintf(&w, "\n|%s\n", strings.Repeat(" --- |", 6+len(peers)))
 	summaries := map[string][2]stats{}
 	for _, fault := range b.faults {
 		for _, system := range b.systems {
-			if system == "torchrun" {
-				continue
-			}
-			rd, tr := summarise(results, system, fault), summarise(results, "torchrun", fault)
+			rd := summarise(results, system, fault)
 			if system == "rdzv" {
-				summaries[fault] = [2]stats{rd, tr}
+				summaries[fault] = [2]stats{rd, summarise(results, "torchrun", fault)}
 			}
-			det, toEv := "-", "-"
+			det, toEv, recomputed := "-", "-", "-"
 			if rd.events > 0 {
 				det, toEv = secs(rd.detection), secs(rd.toEvent)
 			}
-			ratio := "-"
-			switch {
-			case rd.recovered == 0 || tr.n == 0:
-			case tr.recovered == 0:
-				ratio = fmt.Sprintf("> %.1fx (torchrun did not recover)", b.cap.Seconds()/rd.recovery.Seconds())
-			default:
-				ratio = fmt.Sprintf("%.1fx", tr.recovery.Seconds()/rd.recovery.Seconds())
+			if rd.recomputedRuns > 0 {
+				recomputed = strconv.Itoa(rd.recomputed)
 			}
-			fmt.Fprintf(&w, "| %s | %s | %s | %s | %s | %s | %s |\n", fault, system, b.recoveryCell(rd), det, toEv, b.recoveryCell(tr), ratio)
+			fmt.Fprintf(&w, "| %s | %s | %s | %s | %s | %s |", fault, system, b.recoveryCell(rd), recomputed, det, toEv)
+			for _, p := range peers {
+				cell := "-"
+				if strings.HasPrefix(system, "rdzv") {
+					cell = b.ratio(summarise(results, p, fault), rd)
+				}
+				fmt.Fprintf(&w, " %s |", cell)
+			}
+			fmt.Fprintf(&w, "\n")
 		}
 	}
 
@@ -776,6 +867,7 @@ func (b *bench) report(results []result, took time.Duration) string {
 	}
 
 	fmt.Fprintf(&w, "\nTargets (figures, not assertions):\n")
+	b.peerTargets(&w, results)
 	if s, ok := summaries["kill-node"]; ok && s[0].recovered > 0 && s[1].n > 0 {
 		if s[1].recovered > 0 {
 			r := s[1].recovery.Seconds() / s[0].recovery.Seconds()
@@ -816,6 +908,12 @@ func (b *bench) report(results []result, took time.Duration) string {
 	fmt.Fprintf(&w, "  launched = the new generation's workers_running (torchrun running on every node). Both systems, from the\n")
 	fmt.Fprintf(&w, "  workers' PHASE lines: python = first new worker process up; torch = last one to have imported torch;\n")
 	fmt.Fprintf(&w, "  pg = last one with its process group up (init_process_group returned); step = the first step after recovery.\n")
+	fmt.Fprintf(&w, "- torchft: recovery = fault to the survivors' first step committed in a new quorum (they never restart; a step\n")
+	fmt.Fprintf(&w, "  in flight that still commits in the old quorum does not count); rejoin = the victim's restarted replica group's\n")
+	fmt.Fprintf(&w, "  first committed step, after healing from a live peer (python/torch/pg are its start-up); waited for up to %s.\n", rejoinWait)
+	fmt.Fprintf(&w, "- steps recomputed: the furthest step any worker finished before the fault minus the step the first step after\n")
+	fmt.Fprintf(&w, "  recovery continues from (restart-based systems resume from the newest complete checkpoint; torchft from a peer).\n")
+	fmt.Fprintf(&w, "- X / system: X's median recovery over the row's, for rdzv's rows (> 1: rdzv faster).\n")
 
 	fmt.Fprintf(&w, "\nSettings:\n")
 	fmt.Fprintf(&w, "- hosts: network namespaces on one machine (test/netns), h0 the rdzv controller, h1..h3 training nodes; fault on h3\n")
@@ -828,14 +926,24 @@ func (b *bench) report(results []result, took time.Duration) string {
 	fmt.Fprintf(&w, "- rdzv: controller with embedded etcd, heartbeat interval %s, heartbeat timeout %s; agent stop_grace %s;\n", heartbeatInterval, heartbeatTimeout, agentStopGrace)
 	fmt.Fprintf(&w, "  job nodes {min: %d, max: %d}, rendezvous.last_call %s, restart.max_restarts %d, restart.backoff {initial: %s, max: %s},\n",
 		nodeHosts-1, nodeHosts, lastCall, maxRestarts, backoffInitial, backoffMax)
-	fmt.Fprintf(&w, "  health.progress_timeout %s; launcher %s --redirects 2 --tee 2 --monitor_interval 1; resume from RDZV_RESUME_FROM\n", progressTimeout, torchrunBin)
+	fmt.Fprintf(&w, "  health.progress_timeout %s; launcher %s --redirects 2 --tee 2 --monitor_interval 1; resume from RDZV_RESUME_FROM\n", progressTimeout, b.torchrun)
 	fmt.Fprintf(&w, "- rdzv-warm: the same rdzv job with launcher {kind: warm} (standby workers with torch imported, no torchrun)\n")
-	fmt.Fprintf(&w, "- torchrun elastic: %s --nnodes=1:3 --nproc_per_node=1 --rdzv_backend=c10d --rdzv_endpoint=<h1>:%s --rdzv_id=bench\n", torchrunBin, torchrunStorePort)
+	fmt.Fprintf(&w, "- torchrun elastic: %s --nnodes=1:3 --nproc_per_node=1 --rdzv_backend=c10d --rdzv_endpoint=<h1>:%s --rdzv_id=bench\n", b.torchrun, torchrunStorePort)
 	fmt.Fprintf(&w, "  --max_restarts=3 --redirects 2 --tee 2 --monitor_interval 1, GLOO_SOCKET_IFNAME=eth0, c10d rendezvous defaults (torch 1.13:\n")
 	fmt.Fprintf(&w, "  last_call_timeout 30s, join_timeout 600s, keep-alive every 5s, 3 misses); restarted workers resume from the newest complete checkpoint\n")
 	if b.rdzvConf != "" {
 		fmt.Fprintf(&w, "  NOT the defaults in this run: --rdzv_conf=%s (BENCH_TORCHRUN_RDZV_CONF)\n", b.rdzvConf)
 	}
+	fmt.Fprintf(&w, "- nvrx (nvidia-resiliency-ext ft_launcher): --nnodes=2:3 --nproc-per-node=1 --rdzv-backend=c10d --rdzv-endpoint=<h1>:%s\n", torchrunStorePort)
+	fmt.Fprintf(&w, "  --rdzv-conf=%s --max-restarts=%d --ft-restart-policy=any-failed --workers-stop-timeout=%s\n", nvrxRdzvConf, maxRestarts, nvrxWorkersStopTimeout)
+	fmt.Fprintf(&w, "  --ft-initial-rank-heartbeat-timeout=%s --ft-rank-heartbeat-timeout=%s --ft-workload-check-interval=%s\n", nvrxInitialHeartbeatTimeout, nvrxHeartbeatTimeout, nvrxCheckInterval)
+	fmt.Fprintf(&w, "  --ft-node-health-check-interval=%s --ft-enable-nic-monitor=false; workers send a rank heartbeat every step\n", nvrxCheckInterval)
+	fmt.Fprintf(&w, "  (RankMonitorClient) and resume from the newest complete checkpoint\n")
+	fmt.Fprintf(&w, "- torchft: torchft_lighthouse on h0 --min_replicas %d --heartbeat_timeout_ms %d --join_timeout_ms %d --quorum_tick_ms %d;\n",
+		torchftMinReplicas, torchftHeartbeatTimeout.Milliseconds(), torchftJoinTimeout.Milliseconds(), torchftQuorumTick.Milliseconds())
+	fmt.Fprintf(&w, "  one replica group per host (torchrun --nnodes=1 --max_restarts=%d), test/bench/bench_torchft.py: Manager(min_replica_size 2,\n", maxRestarts)
+	fmt.Fprintf(&w, "  timeout 5s, quorum_timeout 30s, async quorum), torchft DDP and ProcessGroupGloo, same model, data, step time, checkpoints\n")
+	fmt.Fprintf(&w, "- torch: rdzv and torchrun elastic %s (%s), nvrx and torchft the venv's (BENCH_TORCH); large state: %d MB extra in every checkpoint (BENCH_STATE_MB)\n", b.torch, b.torchrun, b.stateMB)
 	fmt.Fprintf(&w, "- cap: %s per fault (BENCH_CAP); runs: %d (BENCH_RUNS); total time %s\n", b.cap, b.runs, took.Round(time.Second))
 
 	fmt.Fprintf(&w, "\nRuns:\n")
@@ -846,7 +954,7 @@ func (b *bench) report(results []result, took time.Duration) string {
 }
 
 // phaseNames orders the phases of a recovery (see the report's Columns).
-var phaseNames = []string{"detect", "stopped", "commit", "launched", "python", "torch", "pg", "step"}
+var phaseNames = []string{"detect", "stopped", "commit", "launched", "python", "torch", "pg", "step", "rejoin"}
 
 func phaseList(ps []phase) string {
 	out := make([]string, len(ps))

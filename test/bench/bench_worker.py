@@ -4,10 +4,11 @@ it runs train.main() unchanged and hooks the per-step call train.py already
 makes, rdzv.report_step, to
 
   - append one line per step to $BENCH_TICK_DIR/<hostname>.ticks:
-      TICK host=<h> pid=<pid> started=<unix s> gen=<g> rank=<r> step=<s> t=<unix s>
+      TICK host=<h> pid=<pid> started=<unix s> gen=<g> rank=<r> world=<n> step=<s> t=<unix s>
     where started is when this process began (before importing torch), so
     the benchmark can tell a restarted worker from one that was already
-    running when the fault was injected;
+    running when the fault was injected, and world is the job's width (the
+    goodput run weighs a step taken by fewer nodes by its width);
   - append PHASE lines to the same file when torch is imported and when the
     process group is up:
       PHASE host=<h> pid=<pid> started=<unix s> gen=<g> phase=imported|pg t=<unix s>
@@ -19,6 +20,24 @@ checkpoint catalog) and no RDZV_RESUME_FROM, it resumes from the newest
 complete step-<N> directory in $RDZV_CHECKPOINT_DIR, which is what a
 restarted torchrun worker has to do for itself. Under rdzv the agent sets
 RDZV_RESUME_FROM.
+
+Under NVIDIA's ft_launcher (BENCH_NVRX=1) each step also sends the rank's
+heartbeat to ft_launcher's rank monitor (RankMonitorClient), which is how
+ft_launcher detects a hung rank; its own guide has the training loop call
+send_heartbeat() once per iteration.
+
+BENCH_CHECKPOINT selects where checkpoints go: "durable" (the default,
+train.py's torch.save into $RDZV_CHECKPOINT_DIR) or "memory" (rdzv's
+in-memory checkpoints, rdzv.checkpoint.save/load, once this tree has them;
+until then the worker exits at start with an error saying so).
+
+BENCH_STATE_MB=N (default 0) adds about N MB of optimizer-like state to
+every checkpoint (a float32 tensor built from code, saved and loaded with
+the model), so a checkpoint's write and load show in the recovery. It is not
+trained, so a step costs the same; only checkpoints grow.
+
+test/bench/bench_torchft.py imports this module for its TICK and PHASE
+lines and its hang hook, so both workers are observed the same way.
 """
 
 import os
@@ -50,12 +69,26 @@ def _write(line):
     os.write(_tick_fd, line.encode())  # one O_APPEND write per line
 
 
-def _tick(step, extra=""):
-    _write("TICK host=%s pid=%d started=%.6f gen=%s rank=%s step=%d t=%.6f%s\n" % (
-        HOST, os.getpid(), STARTED, GEN, os.environ.get("RANK", "?"), step, time.time(), extra))
+def tick(step, extra=""):
+    _write("TICK host=%s pid=%d started=%.6f gen=%s rank=%s world=%s step=%d t=%.6f%s\n" % (
+        HOST, os.getpid(), STARTED, GEN, os.environ.get("RANK", "?"), os.environ.get("WORLD_SIZE", "0"), step, time.time(), extra))
 
 
-def _phase(name):
+def hang_if_asked(step):
+    """Stop stepping without exiting when the benchmark asked this host to
+    hang (the file is removed first, so only this generation hangs)."""
+    if not os.path.exists(HANG_FILE):
+        return
+    try:
+        os.remove(HANG_FILE)
+    except OSError:
+        pass
+    tick(step, " hang=1")
+    while True:
+        time.sleep(3600)
+
+
+def phase(name):
     """PHASE lines mark a worker's start-up, so the benchmark can split a
     recovery's tail into its parts: the process started (python up), torch
     imported, process group up."""
@@ -63,18 +96,18 @@ def _phase(name):
 
 
 _report_step = rdzv.report_step
+_nvrx = None
+if os.environ.get("BENCH_NVRX") == "1":
+    from nvidia_resiliency_ext.fault_tolerance import RankMonitorClient
+
+    _nvrx = RankMonitorClient()
 
 
 def report_step(step, force=False, final=False, **metrics):
-    _tick(step)
-    if os.path.exists(HANG_FILE):
-        try:
-            os.remove(HANG_FILE)
-        except OSError:
-            pass
-        _tick(step, " hang=1")
-        while True:  # stop stepping without exiting
-            time.sleep(3600)
+    tick(step)
+    hang_if_asked(step)
+    if _nvrx is not None:
+        _nvrx.send_heartbeat()
     _report_step(step, force=force, final=final, **metrics)
 
 
@@ -82,17 +115,59 @@ rdzv.report_step = report_step
 
 import train  # noqa: E402  (examples/train.py; it calls rdzv.report_step every step)
 
-_phase("imported")
+phase("imported")
 _init_process_group = train.dist.init_process_group
 
 
 def init_process_group(*args, **kwargs):
     out = _init_process_group(*args, **kwargs)
-    _phase("pg")
+    phase("pg")
     return out
 
 
 train.dist.init_process_group = init_process_group
+
+if _nvrx is not None:
+    # Connect to ft_launcher's rank monitor once per worker, when torch is up:
+    # the initial heartbeat timeout covers the start-up before it.
+    _nvrx.init_workload_monitoring()
+
+CHECKPOINT = os.environ.get("BENCH_CHECKPOINT", "durable")
+STATE_MB = int(os.environ.get("BENCH_STATE_MB", "0"))
+
+
+def _checkpoint_mode():
+    if CHECKPOINT == "durable":
+        return
+    if CHECKPOINT == "memory" and hasattr(rdzv, "checkpoint") and hasattr(rdzv.checkpoint, "save"):
+        # The one place to wire rdzv's in-memory checkpoints in: replace
+        # train.save_checkpoint and the resume's torch.load with
+        # rdzv.checkpoint.save/load.
+        raise SystemExit("bench_worker: BENCH_CHECKPOINT=memory: wiring rdzv.checkpoint.save/load is not written yet")
+    raise SystemExit("bench_worker: BENCH_CHECKPOINT=%r: want durable (or memory once rdzv.checkpoint.save/load exist)" % CHECKPOINT)
+
+
+_checkpoint_mode()
+
+if STATE_MB > 0:
+    # Large state: an extra tensor in every checkpoint, built from code (no
+    # download), written by rank 0's torch.save and read by every rank's
+    # torch.load on resume, like an optimizer's moments would be.
+    _extra = train.torch.ones(STATE_MB * (1 << 20) // 4)
+    _torch_save, _torch_load = train.torch.save, train.torch.load
+
+    def _save(obj, path, *args, **kwargs):
+        if isinstance(obj, dict) and "opt" in obj:
+            obj = dict(obj, bench_state=_extra)
+        return _torch_save(obj, path, *args, **kwargs)
+
+    def _load(path, *args, **kwargs):
+        out = _torch_load(path, *args, **kwargs)
+        if isinstance(out, dict):
+            out.pop("bench_state", None)
+        return out
+
+    train.torch.save, train.torch.load = _save, _load
 
 
 def latest_complete(ckpt_dir):
@@ -109,7 +184,7 @@ def latest_complete(ckpt_dir):
         except ValueError:
             continue
         p = os.path.join(ckpt_dir, name)
-        if step > best and os.path.exists(os.path.join(p, train.MARKER)):
+        if step > best and os.path.exists(os.path.join(p, rdzv.MARKER)):
             best, path = step, p
     return path
 

@@ -1,6 +1,7 @@
 // Package bench measures how long a training job takes to recover from a
-// fault under rdzv and under torchrun's own elastic mode, side by side, on
-// network-namespace hosts (test/netns). Run it with `make bench-recovery`
+// fault under rdzv, torchrun's own elastic mode, NVIDIA's ft_launcher
+// (nvidia-resiliency-ext) and torchft, side by side, on network-namespace
+// hosts (test/netns), and the goodput of each under a fault a minute. Run it with `make bench-recovery`
 // (root, the built binaries, /usr/bin/torchrun). It prints figures; nothing
 // in it is a timed assertion, and it is not part of `make test`. Each run
 // also prints where its recovery's time went: the phases from the
@@ -14,8 +15,24 @@
 //	BENCH_RUNS      runs per fault and system (default 1, make sets 3); the table shows medians
 //	BENCH_CAP       how long to wait for recovery before reporting none (default 120s)
 //	BENCH_FAULTS    comma-separated subset of kill-worker,kill-node,cut-link,hang
-//	BENCH_SYSTEMS   comma-separated subset of rdzv,rdzv-warm,torchrun (rdzv-warm:
-//	                the rdzv job with launcher.kind warm, standby workers)
+//	                (also the goodput run's rotation); none: the goodput run only
+//	BENCH_SYSTEMS   comma-separated subset of rdzv,rdzv-warm,torchrun,nvrx,torchft
+//	                (rdzv-warm: the rdzv job with launcher.kind warm, standby
+//	                workers; nvrx: ft_launcher; torchft: lighthouse and Manager,
+//	                test/bench/bench_torchft.py; settings in launchers_test.go)
+//	BENCH_VENV      the venv with torch and the peers (python/requirements/peers.txt;
+//	                default the checkout's .venv)
+//	BENCH_TORCH     venv (default): every system runs BENCH_VENV's torchrun and
+//	                Python; system: rdzv and torchrun elastic run Debian's
+//	                python3-torch (1.13), the peers (torch >= 2.7) still the venv's
+//	BENCH_GOODPUT   the goodput run's length (default 10m; 0: none): a fault every
+//	                60s rotating through the kinds; BENCH_GOODPUT_BASELINE the
+//	                fault-free run it is compared with (default the shorter of
+//	                BENCH_GOODPUT and 2m)
+//	BENCH_STATE_MB  extra state in every checkpoint, MB (default 0; 1024 for the
+//	                large-state workload, so a checkpoint's load shows)
+//	BENCH_CHECKPOINT  durable (default) or memory (rdzv's in-memory checkpoints,
+//	                once wired in bench_worker.py)
 //	BENCH_OUT       also write the report to this file
 //	BENCH_TORCHRUN_RDZV_CONF  pass --rdzv_conf=VALUE to the torchrun baseline, e.g.
 //	                last_call_timeout=1 (the issue's baseline uses torchrun's defaults)

@@ -29,6 +29,21 @@ type tick struct {
 	step    int
 	t       float64 // unix seconds of the step
 	hang    bool
+	// torchft only: the quorum the step was committed in and its size
+	// (-1, 0 for the other systems).
+	quorum, participants int
+	world                int // the job's WORLD_SIZE (0: unknown)
+}
+
+// width is how many nodes took part in the step.
+func (k tick) width() int {
+	switch {
+	case k.participants > 0:
+		return k.participants
+	case k.world > 0:
+		return k.world
+	}
+	return nodeHosts
 }
 
 func (k tick) time() time.Time { return unixTime(k.t) }
@@ -62,7 +77,7 @@ func readTicks(dir string) []tick {
 }
 
 func parseTick(line string) (tick, bool) {
-	var k tick
+	k := tick{quorum: -1}
 	rest, ok := strings.CutPrefix(line, "TICK ")
 	if !ok {
 		return k, false
@@ -93,6 +108,12 @@ func parseTick(line string) (tick, bool) {
 			seen++
 		case "hang":
 			k.hang = true
+		case "quorum":
+			k.quorum, err = strconv.Atoi(val)
+		case "participants":
+			k.participants, err = strconv.Atoi(val)
+		case "world":
+			k.world, err = strconv.Atoi(val)
 		}
 		if err != nil {
 			return k, false

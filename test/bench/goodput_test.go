@@ -1,0 +1,267 @@
+//go:build bench
+
+package bench
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/rdzv/rdzv/test/netns"
+)
+
+// The goodput run (issue 32): each system trains for BENCH_GOODPUT with a
+// fault on h3 every goodputEvery, rotating through the fault kinds, and
+// again for BENCH_GOODPUT_BASELINE without faults; goodput is its useful
+// steps per second over the fault-free run's. Useful steps are the training
+// frontier's advance, from the furthest step reached at the start to the
+// furthest at the end, each step weighed by the share of the nodes that took
+// it (its width over 3: a step of 2 nodes trains on 2/3 of the samples), so
+// steps recomputed after a resume count once, and a stall or a width
+// reduction (torchft's, or rdzv's on 2 nodes) shows as fewer steps.
+const (
+	defaultGoodput = 10 * time.Minute
+	goodputEvery   = 60 * time.Second
+	// The first fault comes this long after training is under way, each
+	// following one goodputEvery later.
+	goodputFirst = 30 * time.Second
+	// goodputRepair after a fault, h3 is repaired as an operator's
+	// automation would: its link restored, its node daemon (rdzv's agent or
+	// the launcher) started again if it is gone. A hung worker is left to
+	// the system.
+	goodputRepair = 30 * time.Second
+	// Enough steps never to finish, and restarts never to run out (rdzv's
+	// and the launchers' restart budgets are for crash loops, not for a
+	// fault a minute).
+	goodputSteps    = 1_000_000
+	goodputRestarts = 1000
+)
+
+type goodputRun struct {
+	system   string
+	faulty   bool
+	duration time.Duration
+	useful   float64  // full-width steps of frontier advance over duration
+	faults   []string // what was injected, with its offset
+	failed   string   // the run could not start or measure
+	ended    string   // the system gave up before the end
+}
+
+func (g goodputRun) rate() float64 { return g.useful / g.duration.Seconds() }
+
+func (b *bench) goodputFaults() []string {
+	if len(b.faults) > 0 {
+		return b.faults
+	}
+	return allFaults
+}
+
+// runGoodput is one goodput (faulty) or baseline run of system.
+func (b *bench) runGoodput(t *testing.T, system string, faulty bool, dur time.Duration) goodputRun {
+	g := goodputRun{system: system, faulty: faulty, duration: dur}
+	kind := "baseline"
+	if faulty {
+		kind = "faults"
+	}
+	root := t.TempDir()
+	if b.logDir != "" {
+		root = filepath.Join(b.logDir, fmt.Sprintf("goodput-%s-%s", system, kind))
+		_ = os.RemoveAll(root)
+	}
+	d := runDirs{root: root, ticks: filepath.Join(root, "ticks"), hang: filepath.Join(root, "hang"), ckpt: filepath.Join(root, "ckpt")}
+	for _, p := range []string{d.ticks, d.hang, d.ckpt} {
+		if err := os.MkdirAll(p, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	net := netns.NewCluster(t, 1+nodeHosts, filepath.Join(d.root, "proc-logs"))
+	defer killAll(net)
+
+	var gaveUp func() string
+	var revive func() // starts h3's node daemon again if it is gone
+	var diagnose func()
+	var setFaulted func()
+	switch system {
+	case "rdzv", "rdzv-warm":
+		rc, err := b.startRdzv(t, net, d, nodeHosts)
+		if err != nil {
+			g.failed = err.Error()
+			rc.diagnose()
+			return g
+		}
+		if gaveUp, err = b.startRdzvJob(rc, d, goodputSteps, system == "rdzv-warm", goodputRestarts); err != nil {
+			g.failed = err.Error()
+			return g
+		}
+		diagnose, setFaulted = rc.diagnose, func() {}
+		revive = func() {
+			select {
+			case <-rc.agents[victim].Exited():
+				rc.startAgent(victim)
+			default:
+			}
+		}
+	default:
+		l := b.startLaunchers(t, system, net, d, goodputSteps, goodputRestarts)
+		gaveUp, diagnose = l.gaveUp, func() { l.diagnose(t) }
+		setFaulted = func() { l.faulted = true }
+		revive = func() {
+			select {
+			case <-l.procs[victim].Exited():
+				l.start(victim)
+			default:
+			}
+		}
+	}
+	if _, err := waitUnderWay(d.ticks, gaveUp); err != nil {
+		g.failed = err.Error()
+		diagnose()
+		return g
+	}
+	start := time.Now()
+	end := start.Add(dur)
+	faults := b.goodputFaults()
+	sleepUntil := func(at time.Time) bool {
+		for time.Now().Before(at) {
+			if why := gaveUp(); why != "" {
+				g.ended = why
+				return false
+			}
+			time.Sleep(200 * time.Millisecond)
+		}
+		return true
+	}
+	for k := 0; faulty; k++ {
+		at := start.Add(goodputFirst + time.Duration(k)*goodputEvery)
+		if !at.Before(end) || !sleepUntil(at) {
+			break
+		}
+		setFaulted()
+		fault := faults[k%len(faults)]
+		_, what, err := b.inject(net, fault, d, latestStepByHost(readTicks(d.ticks)))
+		if err != nil {
+			what = "not injected: " + err.Error()
+		}
+		g.faults = append(g.faults, fmt.Sprintf("+%.0fs %s (%s)", time.Since(start).Seconds(), fault, what))
+		t.Logf("bench: goodput %s: %s", system, g.faults[len(g.faults)-1])
+		repair := at.Add(goodputRepair)
+		if !repair.Before(end) || !sleepUntil(repair) {
+			break
+		}
+		if fault == "cut-link" {
+			if err := net.RestoreLink(victim); err != nil {
+				t.Errorf("bench: restoring h3's link: %v", err)
+			}
+		}
+		revive()
+	}
+	if g.ended == "" {
+		sleepUntil(end)
+	}
+	g.useful = usefulSteps(readTicks(d.ticks), start, end)
+	if g.ended != "" {
+		diagnose()
+	}
+	return g
+}
+
+// usefulSteps is the frontier's advance from start to end in full-width
+// steps: every step past the furthest one finished by start, up to the
+// furthest finished by end, weighed by the width of its last run before end.
+func usefulSteps(ticks []tick, start, end time.Time) float64 {
+	starts, ends := unixSeconds(start), unixSeconds(end)
+	s0 := 0
+	last := map[int]tick{}
+	for _, k := range ticks {
+		if k.t <= starts && k.step > s0 {
+			s0 = k.step
+		}
+		if k.t <= ends && !k.hang {
+			if cur, ok := last[k.step]; !ok || k.t > cur.t {
+				last[k.step] = k
+			}
+		}
+	}
+	useful := 0.0
+	for step, k := range last {
+		if step > s0 {
+			useful += float64(k.width()) / nodeHosts
+		}
+	}
+	return useful
+}
+
+// goodputReport is the goodput table and issue 32's goodput target.
+func (b *bench) goodputReport(runs []goodputRun) string {
+	var w strings.Builder
+	fmt.Fprintf(&w, "\nGoodput: useful steps per second with a fault every %s (rotating %s; first after %s, h3 repaired %s after each)\n",
+		goodputEvery, strings.Join(b.goodputFaults(), ","), goodputFirst, goodputRepair)
+	fmt.Fprintf(&w, "over the same system's rate without faults\n\n")
+	fmt.Fprintf(&w, "| system | faulty run s | faults | useful steps | steps/s | fault-free steps/s (s) | goodput |\n")
+	fmt.Fprintf(&w, "| --- | --- | --- | --- | --- | --- | --- |\n")
+	good := map[string]float64{}
+	for _, system := range b.systems {
+		var f, base *goodputRun
+		for i := range runs {
+			if runs[i].system == system {
+				if runs[i].faulty {
+					f = &runs[i]
+				} else {
+					base = &runs[i]
+				}
+			}
+		}
+		if f == nil || base == nil {
+			continue
+		}
+		cell := "-"
+		switch {
+		case f.failed != "" || base.failed != "":
+			cell = "error: " + f.failed + base.failed
+		case base.useful > 0:
+			good[system] = f.rate() / base.rate()
+			cell = fmt.Sprintf("%.1f %%", 100*good[system])
+		}
+		if f.ended != "" {
+			cell += " (gave up: " + f.ended + ")"
+		}
+		fmt.Fprintf(&w, "| %s | %.0f | %d | %.0f | %.2f | %.2f (%.0f) | %s |\n", system, f.duration.Seconds(), len(f.faults), f.useful, f.rate(), base.rate(), base.duration.Seconds(), cell)
+	}
+	fmt.Fprintf(&w, "\nGoodput targets (figures, not assertions):\n")
+	best, bestName := -1.0, ""
+	for _, s := range []string{"rdzv", "rdzv-warm"} {
+		if v, ok := good[s]; ok && v > best {
+			best, bestName = v, s
+		}
+	}
+	if bestName != "" {
+		fmt.Fprintf(&w, "- rdzv's best (%s) at least 90 %%: %.1f %% (%s)\n", bestName, 100*best, met(best >= 0.9))
+		for _, p := range []string{"torchrun", "nvrx", "torchft"} {
+			if v, ok := good[p]; ok {
+				fmt.Fprintf(&w, "- rdzv's best (%s) above %s: %.1f %% vs %.1f %% (%s)\n", bestName, p, 100*best, 100*v, met(best > v))
+			}
+		}
+	}
+	fmt.Fprintf(&w, "\nGoodput runs:\n")
+	for _, g := range runs {
+		kind := "fault-free"
+		if g.faulty {
+			kind = "faulty"
+		}
+		s := fmt.Sprintf("- %s %s %.0fs: %.0f useful steps", g.system, kind, g.duration.Seconds(), g.useful)
+		if g.failed != "" {
+			s += "; ERROR: " + g.failed
+		}
+		if g.ended != "" {
+			s += "; gave up: " + g.ended
+		}
+		if len(g.faults) > 0 {
+			s += "; " + strings.Join(g.faults, ", ")
+		}
+		fmt.Fprintf(&w, "%s\n", s)
+	}
+	return w.String()
+}
