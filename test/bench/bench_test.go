@@ -3,7 +3,6 @@
 package bench
 
 import (
-	"cmp"
 	"encoding/json"
 	"fmt"
 	"os"
@@ -56,7 +55,9 @@ var (
 	// rdzv-warm is rdzv with launcher.kind warm (standby workers).
 	// nvrx is NVIDIA's ft_launcher, torchft is torchft's lighthouse and
 	// Manager (both from BENCH_VENV, see launchers_test.go).
-	allSystems = []string{"rdzv", "rdzv-warm", "torchrun", "nvrx", "torchft"}
+	// rdzv-mem is rdzv-warm with in-memory checkpoints (checkpoint.memory,
+	// rdzv.checkpoint.save every step, replicated to the next node).
+	allSystems = []string{"rdzv", "rdzv-warm", "rdzv-mem", "torchrun", "nvrx", "torchft"}
 )
 
 // result is one measured run.
@@ -89,7 +90,6 @@ type bench struct {
 	torchrun, python                string // every system's torchrun and Python ("" python: the launcher's own)
 	stateMB                         int    // BENCH_STATE_MB
 	goodput, goodputBaseline        time.Duration
-	checkpoint                      string // BENCH_CHECKPOINT, bench_worker.py checks it
 	runs                            int
 	cap                             time.Duration
 	faults, systems                 []string
@@ -108,7 +108,7 @@ func TestBenchRecovery(t *testing.T) {
 				t.Run(fmt.Sprintf("%s/%s/run%d", fault, system, run), func(t *testing.T) {
 					start := time.Now()
 					switch system {
-					case "rdzv", "rdzv-warm":
+					case "rdzv", "rdzv-warm", "rdzv-mem":
 						b.runRdzv(t, &r)
 					default:
 						b.runLaunchers(t, &r)
@@ -181,7 +181,6 @@ func setup(t *testing.T) *bench {
 		t.Fatal(err)
 	}
 	b.torchftScript = filepath.Join(filepath.Dir(b.script), "bench_torchft.py")
-	b.checkpoint = cmp.Or(os.Getenv("BENCH_CHECKPOINT"), "durable")
 	b.goodput = defaultGoodput
 	if s := os.Getenv("BENCH_GOODPUT"); s != "" {
 		if b.goodput, err = time.ParseDuration(s); err != nil || b.goodput < 0 {
@@ -402,7 +401,7 @@ func (b *bench) runRdzv(t *testing.T, r *result) {
 		return
 	}
 
-	gaveUp, err := b.startRdzvJob(rc, d, trainSteps, r.system == "rdzv-warm", maxRestarts)
+	gaveUp, err := b.startRdzvJob(rc, d, trainSteps, r.system, maxRestarts)
 	if err != nil {
 		fail("%v", err)
 		return
@@ -413,7 +412,7 @@ func (b *bench) runRdzv(t *testing.T, r *result) {
 		fail("%v", err)
 		return
 	}
-	if r.system == "rdzv-warm" {
+	if r.system != "rdzv" {
 		// The standby that replaces the one the job started with imports
 		// torch for seconds after the start: a fault before it is ready
 		// measures a fresh start, not a warm one. In production faults
@@ -519,9 +518,9 @@ func (b *bench) runRdzv(t *testing.T, r *result) {
 // startRdzvJob starts the benchmark's job on c and returns its gaveUp: the
 // job ending (it should not, short of its last step), polling the controller
 // at most every 2s to spare the two cores.
-func (b *bench) startRdzvJob(c *rdzvCluster, d runDirs, steps int, warm bool, restarts int) (func() string, error) {
+func (b *bench) startRdzvJob(c *rdzvCluster, d runDirs, steps int, system string, restarts int) (func() string, error) {
 	jobPath := filepath.Join(d.root, "job.yaml")
-	if err := os.WriteFile(jobPath, b.rdzvJob(d, trainArgs(steps), warm, restarts), 0o644); err != nil {
+	if err := os.WriteFile(jobPath, b.rdzvJob(d, trainArgs(steps), system, restarts), 0o644); err != nil {
 		return nil, err
 	}
 	if out, err := c.ctl("start", jobPath); err != nil {
@@ -547,7 +546,12 @@ func (b *bench) startRdzvJob(c *rdzvCluster, d runDirs, steps int, warm bool, re
 }
 
 // rdzvJob is the job file: JSON, which is YAML too.
-func (b *bench) rdzvJob(d runDirs, train []string, warm bool, restarts int) []byte {
+// rdzvJob is the job of system rdzv (launcher.kind torchrun), rdzv-warm
+// (warm) or rdzv-mem (warm, and an in-memory checkpoint every step).
+func (b *bench) rdzvJob(d runDirs, train []string, system string, restarts int) []byte {
+	if system == "rdzv-mem" {
+		train = append(slices.Clone(train), "--memory-every", "1")
+	}
 	spec := map[string]any{
 		"name":           jobName,
 		"nodes":          map[string]any{"min": nodeHosts - 1, "max": nodeHosts},
@@ -555,11 +559,10 @@ func (b *bench) rdzvJob(d runDirs, train []string, warm bool, restarts int) []by
 		"command":        append([]string{filepath.Base(b.script)}, train...),
 		"workdir":        filepath.Dir(b.script),
 		"env": map[string]string{
-			"OMP_NUM_THREADS":  "1",
-			"BENCH_TICK_DIR":   d.ticks,
-			"BENCH_HANG_DIR":   d.hang,
-			"BENCH_STATE_MB":   strconv.Itoa(b.stateMB),
-			"BENCH_CHECKPOINT": b.checkpoint,
+			"OMP_NUM_THREADS": "1",
+			"BENCH_TICK_DIR":  d.ticks,
+			"BENCH_HANG_DIR":  d.hang,
+			"BENCH_STATE_MB":  strconv.Itoa(b.stateMB),
 		},
 		"checkpoint": map[string]any{"dir": d.ckpt},
 		"rendezvous": map[string]any{"last_call": lastCall.String(), "timeout": "5m"},
@@ -576,7 +579,10 @@ func (b *bench) rdzvJob(d runDirs, train []string, warm bool, restarts int) []by
 		// workers import this checkout's.
 		spec["env"].(map[string]string)["PYTHONPATH"] = filepath.Join(filepath.Dir(b.script), "..", "..", "python", "src")
 	}
-	if warm {
+	if system == "rdzv-mem" {
+		spec["checkpoint"] = map[string]any{"dir": d.ckpt, "memory": map[string]any{"replicas": 1}}
+	}
+	if system != "rdzv" {
 		spec["launcher"] = map[string]any{"kind": "warm"}
 		if b.python != "" {
 			spec["launcher"].(map[string]any)["python"] = b.python
@@ -763,8 +769,10 @@ func (b *bench) peerTargets(w *strings.Builder, results []result) {
 	for _, fault := range b.faults {
 		def := summarise(results, "rdzv", fault)
 		best, bestName := def, "rdzv"
-		if warm := summarise(results, "rdzv-warm", fault); warm.recovered > 0 && (best.recovered == 0 || warm.recovery < best.recovery) {
-			best, bestName = warm, "rdzv-warm"
+		for _, name := range []string{"rdzv-warm", "rdzv-mem"} {
+			if alt := summarise(results, name, fault); alt.recovered > 0 && (best.recovered == 0 || alt.recovery < best.recovery) {
+				best, bestName = alt, name
+			}
 		}
 		for _, peer := range []string{"torchrun", "nvrx", "torchft"} {
 			ps := summarise(results, peer, fault)
@@ -928,6 +936,7 @@ func (b *bench) report(results []result, took time.Duration) string {
 		nodeHosts-1, nodeHosts, lastCall, maxRestarts, backoffInitial, backoffMax)
 	fmt.Fprintf(&w, "  health.progress_timeout %s; launcher %s --redirects 2 --tee 2 --monitor_interval 1; resume from RDZV_RESUME_FROM\n", progressTimeout, b.torchrun)
 	fmt.Fprintf(&w, "- rdzv-warm: the same rdzv job with launcher {kind: warm} (standby workers with torch imported, no torchrun)\n")
+	fmt.Fprintf(&w, "- rdzv-mem: rdzv-warm with checkpoint.memory (replicas 1) and an in-memory checkpoint (rdzv.checkpoint.save) every step\n")
 	fmt.Fprintf(&w, "- torchrun elastic: %s --nnodes=1:3 --nproc_per_node=1 --rdzv_backend=c10d --rdzv_endpoint=<h1>:%s --rdzv_id=bench\n", b.torchrun, torchrunStorePort)
 	fmt.Fprintf(&w, "  --max_restarts=3 --redirects 2 --tee 2 --monitor_interval 1, GLOO_SOCKET_IFNAME=eth0, c10d rendezvous defaults (torch 1.13:\n")
 	fmt.Fprintf(&w, "  last_call_timeout 30s, join_timeout 600s, keep-alive every 5s, 3 misses); restarted workers resume from the newest complete checkpoint\n")

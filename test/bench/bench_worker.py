@@ -26,10 +26,9 @@ heartbeat to ft_launcher's rank monitor (RankMonitorClient), which is how
 ft_launcher detects a hung rank; its own guide has the training loop call
 send_heartbeat() once per iteration.
 
-BENCH_CHECKPOINT selects where checkpoints go: "durable" (the default,
-train.py's torch.save into $RDZV_CHECKPOINT_DIR) or "memory" (rdzv's
-in-memory checkpoints, rdzv.checkpoint.save/load, once this tree has them;
-until then the worker exits at start with an error saying so).
+Durable checkpoints are train.py's torch.save into $RDZV_CHECKPOINT_DIR;
+system rdzv-mem adds train.py's --memory-every 1 (rdzv.checkpoint.save every
+step, rdzv.checkpoint.load on a resume from memory).
 
 BENCH_STATE_MB=N (default 0) adds about N MB of optimizer-like state to
 every checkpoint (a float32 tensor built from code, saved and loaded with
@@ -132,22 +131,8 @@ if _nvrx is not None:
     # the initial heartbeat timeout covers the start-up before it.
     _nvrx.init_workload_monitoring()
 
-CHECKPOINT = os.environ.get("BENCH_CHECKPOINT", "durable")
 STATE_MB = int(os.environ.get("BENCH_STATE_MB", "0"))
 
-
-def _checkpoint_mode():
-    if CHECKPOINT == "durable":
-        return
-    if CHECKPOINT == "memory" and hasattr(rdzv, "checkpoint") and hasattr(rdzv.checkpoint, "save"):
-        # The one place to wire rdzv's in-memory checkpoints in: replace
-        # train.save_checkpoint and the resume's torch.load with
-        # rdzv.checkpoint.save/load.
-        raise SystemExit("bench_worker: BENCH_CHECKPOINT=memory: wiring rdzv.checkpoint.save/load is not written yet")
-    raise SystemExit("bench_worker: BENCH_CHECKPOINT=%r: want durable (or memory once rdzv.checkpoint.save/load exist)" % CHECKPOINT)
-
-
-_checkpoint_mode()
 
 if STATE_MB > 0:
     # Large state: an extra tensor in every checkpoint, built from code (no

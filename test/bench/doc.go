@@ -16,9 +16,10 @@
 //	BENCH_CAP       how long to wait for recovery before reporting none (default 120s)
 //	BENCH_FAULTS    comma-separated subset of kill-worker,kill-node,cut-link,hang
 //	                (also the goodput run's rotation); none: the goodput run only
-//	BENCH_SYSTEMS   comma-separated subset of rdzv,rdzv-warm,torchrun,nvrx,torchft
-//	                (rdzv-warm: the rdzv job with launcher.kind warm, standby
-//	                workers; nvrx: ft_launcher; torchft: lighthouse and Manager,
+//	BENCH_SYSTEMS   comma-separated subset of rdzv,rdzv-warm,rdzv-mem,torchrun,nvrx,torchft
+//	                (rdzv: launcher.kind torchrun; rdzv-warm: launcher.kind warm,
+//	                standby workers, what a script job gets by default; rdzv-mem:
+//	                rdzv-warm with an in-memory checkpoint every step; nvrx: ft_launcher; torchft: lighthouse and Manager,
 //	                test/bench/bench_torchft.py; settings in launchers_test.go)
 //	BENCH_VENV      the venv with torch and the peers (python/requirements/peers.txt;
 //	                default the checkout's .venv)
@@ -31,8 +32,6 @@
 //	                BENCH_GOODPUT and 2m)
 //	BENCH_STATE_MB  extra state in every checkpoint, MB (default 0; 1024 for the
 //	                large-state workload, so a checkpoint's load shows)
-//	BENCH_CHECKPOINT  durable (default) or memory (rdzv's in-memory checkpoints,
-//	                once wired in bench_worker.py)
 //	BENCH_OUT       also write the report to this file
 //	BENCH_TORCHRUN_RDZV_CONF  pass --rdzv_conf=VALUE to the torchrun baseline, e.g.
 //	                last_call_timeout=1 (the baseline uses torchrun's defaults)

@@ -45,7 +45,7 @@ type launchers struct {
 func (b *bench) launcherEnv(d runDirs) []string {
 	return []string{"GLOO_SOCKET_IFNAME=eth0", "OMP_NUM_THREADS=1", "RDZV_CHECKPOINT_DIR=" + d.ckpt,
 		"BENCH_RESUME_LATEST=1", "BENCH_TICK_DIR=" + d.ticks, "BENCH_HANG_DIR=" + d.hang,
-		"BENCH_STATE_MB=" + strconv.Itoa(b.stateMB), "BENCH_CHECKPOINT=" + b.checkpoint}
+		"BENCH_STATE_MB=" + strconv.Itoa(b.stateMB)}
 }
 
 // launcherArgv is host i's launcher command line for system.

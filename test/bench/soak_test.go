@@ -124,7 +124,7 @@ func TestBenchSoak(t *testing.T) {
 
 	jobPath := filepath.Join(d.root, "job.yaml")
 	train := []string{"--steps", strconv.Itoa(soakSteps), "--step-time", stepTime, "--checkpoint-every", strconv.Itoa(soakCheckpointEvery)}
-	if err := os.WriteFile(jobPath, b.rdzvJob(d, train, false, maxRestarts), 0o644); err != nil {
+	if err := os.WriteFile(jobPath, b.rdzvJob(d, train, "rdzv", maxRestarts), 0o644); err != nil {
 		t.Fatal(err)
 	}
 	if out, err := rc.ctl("start", jobPath); err != nil {
