@@ -314,9 +314,9 @@ func (c *cluster) addAgent(name string, gpus int, labels map[string]string, opts
 	// Workers run as the test's user: they write into c.workdir.
 	cfg.RunAs, cfg.AllowRoot = fmt.Sprintf("%d:%d", os.Geteuid(), os.Getegid()), true
 	cfg.TLS = c.issue(pki.Identity{Role: pki.RoleAgent, Name: name})
-	// Real gossip between the in-process agents, on ports the OS picks;
-	// metrics and health too.
-	cfg.GossipPort = 0
+	// Real gossip and checkpoint peer listeners between the in-process
+	// agents, on ports the OS picks; metrics and health too.
+	cfg.GossipPort, cfg.PeerPort = 0, 0
 	cfg.HTTP.Listen = "127.0.0.1:0"
 	for _, opt := range opts {
 		opt(&cfg)

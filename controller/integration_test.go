@@ -125,6 +125,8 @@ func TestJobRunsToSuccess(t *testing.T) {
 			"RDZV_NODE_RANK":       strconv.Itoa(rank),
 			"RDZV_CHECKPOINT_DIR":  "",
 			"RDZV_RESUME_FROM":     "",
+			"RDZV_MEMCKPT_DIR":     "",
+			"RDZV_RESUME_MEMORY":   "",
 			"RDZV_NNODES":          "2",
 			"RDZV_PROCS_PER_NODE":  "2",
 			"JOB_VAR":              "from-job",

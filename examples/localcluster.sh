@@ -134,7 +134,8 @@ lc_start_controller() {
 
 # lc_start_agent NAME INDEX [FLAGS...]: an agent for node NAME, logging to
 # $LC_DIR/NAME.log, its metrics on 127.0.0.1:$((LC_HTTP_PORT+INDEX)).
-# Agents sharing a machine each take any free gossip port. No agent comes
+# Agents sharing a machine each take any free gossip and checkpoint peer
+# port. No agent comes
 # back once the run ends (or a node is killed), so workers stop with their
 # agent instead of waiting restart_grace for one. Workers run as whoever
 # runs this (root allowed for that).
@@ -142,7 +143,7 @@ lc_start_agent() {
 	local name=$1 i=$2
 	shift 2
 	"$LC_BIN/rdzv-agent" --controller "$LC_CONTROLLER" --node-name "$name" \
-		--state-dir "$LC_DIR/$name" --gossip-port 0 --restart-grace 0 \
+		--state-dir "$LC_DIR/$name" --gossip-port 0 --peer-port 0 --restart-grace 0 \
 		--http-listen "127.0.0.1:$((LC_HTTP_PORT + i))" \
 		--run-as "$(id -u):$(id -g)" --allow-root \
 		--tls-cert "$LC_PKI/agent-$name.crt" --tls-key "$LC_PKI/agent-$name.key" --tls-ca "$LC_PKI/ca.crt" \

@@ -86,6 +86,7 @@ func config(args []string) (agent.Config, *cli.File, error) {
 	labels := fs.String("labels", "", "node labels k=v,k2=v2 (\"topology\" orders ranks)")
 	iface := fs.String("nccl-interface", "", "interface for NCCL/Gloo (default: picked automatically)")
 	gossipPort := fs.Int("gossip-port", def.GossipPort, "memberlist gossip port on the NCCL interface (0: any free port, -1: off)")
+	peerPort := fs.Int("peer-port", def.PeerPort, "in-memory checkpoint peer listener port on the NCCL interface (0: any free port, -1: off)")
 	fake := fs.Int("fake-gpus", 0, "pretend to have N GPUs, for scheduling tests on CPU hosts")
 	stateDir := fs.String("state-dir", def.StateDir, "directory for job logs and scratch workdirs")
 	grace := fs.Duration("stop-grace", def.StopGrace.Duration, "time between SIGTERM and SIGKILL when stopping workers")
@@ -109,6 +110,7 @@ func config(args []string) (agent.Config, *cli.File, error) {
 	override("labels", "labels", func() { cfg.Labels, labelsErr = cli.ParseLabels(*labels) })
 	override("nccl-interface", "nccl_interface", func() { cfg.NCCLInterface = *iface })
 	override("gossip-port", "gossip_port", func() { cfg.GossipPort = *gossipPort })
+	override("peer-port", "peer_port", func() { cfg.PeerPort = *peerPort })
 	override("fake-gpus", "fake_gpus", func() { cfg.FakeGPUs = *fake })
 	override("state-dir", "state_dir", func() { cfg.StateDir = *stateDir })
 	if abs, err := filepath.Abs(cfg.StateDir); err == nil {

@@ -90,7 +90,7 @@ func TestSecurity(t *testing.T) {
 	t.Run("an agent with another node's certificate", func(t *testing.T) {
 		other := c.agentHost(1).Name
 		argv := append([]string{c.agentBin, "--controller", c.controllerAddr, "--node-name", other,
-			"--state-dir", filepath.Join(c.dir, "impostor"), "--gossip-port", "-1"}, c.tlsArgs("agent", node)...)
+			"--state-dir", filepath.Join(c.dir, "impostor"), "--gossip-port", "-1", "--peer-port", "-1"}, c.tlsArgs("agent", node)...)
 		p := c.agentHost(0).Start(t, "impostor", nil, argv...)
 		select {
 		case <-p.Exited():
