@@ -158,7 +158,9 @@ const (
 func (h *warmHarness) assign(gen uint64, code int) *rdzvv1.Assignment {
 	a := h.assignment("warm", gen, "--lr", "1")
 	a.Spec.LauncherTorchrun = ""
-	a.Spec.LauncherKind, a.Spec.LauncherPython, a.Spec.LauncherPreload = "warm", warmPython, []string{"json"}
+	// An optional module that is not installed (as torch._dynamo is not
+	// under torch 1.x) leaves the standby up.
+	a.Spec.LauncherKind, a.Spec.LauncherPython, a.Spec.LauncherPreload = "warm", warmPython, []string{"json", "rdzv_not_installed?"}
 	a.Spec.Env = map[string]string{"MARKERS": h.markers, "EXIT_CODE": fmt.Sprint(code)}
 	a.MasterAddr, a.MasterPort = h.store.IP.String(), uint32(h.store.Port)
 	return a

@@ -80,8 +80,17 @@ var launcherKinds = map[string]*launcherKind{
 }
 
 // DefaultPreload is what a warm standby imports unless the job says
-// otherwise: the imports every torchrun worker pays for at its start.
-var DefaultPreload = []string{"torch", "torch.distributed"}
+// otherwise: the imports every torchrun worker pays for at its start, and
+// torch._dynamo, which torch 2.x imports lazily in DistributedDataParallel's
+// constructor (and FSDP's, and torch.compile), seconds of every restarted
+// worker's critical path (docs/gpu-check.md measures them). It is optional
+// (OptionalModule): torch 1.x has none.
+var DefaultPreload = []string{"torch", "torch.distributed", "torch.nn.parallel", "torch._dynamo" + OptionalModule}
+
+// OptionalModule ends a preload entry that a standby imports only if it is
+// installed: one it cannot import is left to the workers, which then import
+// it themselves (and fail as they would under torchrun).
+const OptionalModule = "?"
 
 // maxPreload bounds launcher.preload.
 const maxPreload = 64
@@ -419,9 +428,10 @@ func (s *Spec) validateWarm() []*wire.FieldError {
 		errs = append(errs, &wire.FieldError{Field: "launcher.preload", Value: fmt.Sprint(len(l.Preload)), Reason: fmt.Sprintf("at most %d modules are allowed", maxPreload)})
 	}
 	for i, m := range l.Preload {
-		if !pythonModule.MatchString(m) || len(m) > maxModuleLen {
+		name := strings.TrimSuffix(m, OptionalModule)
+		if !pythonModule.MatchString(name) || len(name) > maxModuleLen {
 			errs = append(errs, &wire.FieldError{Field: fmt.Sprintf("launcher.preload[%d]", i), Value: wire.Quote(m),
-				Reason: fmt.Sprintf("must be a dotted Python module name like torch.distributed, at most %d characters", maxModuleLen)})
+				Reason: fmt.Sprintf("must be a dotted Python module name like torch.distributed, optionally ending in %q (import it only if installed), at most %d characters", OptionalModule, maxModuleLen)})
 		}
 	}
 	if s.Health.Preflight != nil {

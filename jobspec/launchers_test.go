@@ -66,6 +66,8 @@ func TestValidateLauncherRejects(t *testing.T) {
 		{"preload for torchrun", "{kind: torchrun, preload: [torch]}", "[x.py]", "launcher.preload: applies only to launcher.kind warm, not torchrun"},
 		{"warm extra args", "{kind: warm, extra_args: [--nnodes=3]}", "[x.py]", `launcher.extra_args: does not apply to launcher.kind warm: there is no launcher to take options; the workers get torchrun's environment (got "--nnodes=3")`},
 		{"warm bad preload", "{kind: warm, preload: [torch, \"torch/nn\"]}", "[x.py]", `launcher.preload[1]: must be a dotted Python module name like torch.distributed`},
+		{"warm preload only a mark", "{kind: warm, preload: [torch, \"?\"]}", "[x.py]", `launcher.preload[1]: must be a dotted Python module name like torch.distributed, optionally ending in "?"`},
+		{"warm preload two marks", "{kind: warm, preload: [\"deepspeed??\"]}", "[x.py]", `launcher.preload[0]: must be a dotted Python module name`},
 		{"warm launcher option in command", "{kind: warm}", "[--nproc_per_node=8, x.py]", `command[0]: must be the training script or -m <module>: launcher.kind warm takes no launcher options`},
 		{"warm -m without module", "{kind: warm}", "[-m]", `command[1]: must be the module that -m runs`},
 		{"warm empty python", "{kind: warm, python: \" \"}", "[x.py]", `launcher.python: must name the python to run`},
@@ -107,6 +109,7 @@ func TestValidateLauncherAccepts(t *testing.T) {
 		"{kind: python-module, module: torch.distributed.run, extra_args: [--tee, \"3\"]}",
 		"{kind: warm}",
 		"{kind: warm, python: /opt/venv/bin/python, preload: [torch, numpy, my_pkg.model]}",
+		"{kind: warm, preload: [torch, \"deepspeed?\", \"transformers.models?\"]}",
 	} {
 		spec, err := Parse([]byte("name: llm\nnodes: 2\ncommand: [x.py]\nlauncher: " + launcher + "\n"))
 		require.NoError(t, err)

@@ -7,8 +7,10 @@ its workdir with the job's environment, before any assignment:
 
 COMMAND is the job's command, there for ps and the like to show what the
 standby is for; what it runs is the assignment's. It imports the preload
-MODULEs (torch, torch.distributed: the seconds every torchrun worker spends
-at its start), listens on SOCKET_DIR/SOCKET_NAME (a directory only the job's
+MODULEs (by default torch, torch.distributed, torch.nn.parallel and
+torch._dynamo: the seconds every torchrun worker spends at its start and in
+DistributedDataParallel's constructor); a MODULE ending in "?" is imported
+only if it can be (the workers import it themselves otherwise), listens on SOCKET_DIR/SOCKET_NAME (a directory only the job's
 user and root can enter) and waits. It takes a message only from a peer
 (SO_PEERCRED) that is root (the agent) or its own user, who can do anything
 it does anyway; anyone else is answered "error: ..." and the standby waits
@@ -73,7 +75,13 @@ def main():
     sys.stdout.reconfigure(write_through=True)
     sys.stderr.reconfigure(write_through=True)
     for module in preload:
-        importlib.import_module(module)
+        optional = module.endswith("?")
+        try:
+            importlib.import_module(module.rstrip("?"))
+        except ImportError as e:
+            if not optional:
+                raise
+            print("rdzv warm standby: optional preload %s not imported: %s" % (module, e), file=sys.stderr)
     msg = wait_for_assignment(sock_dir, sock_name)
     if not msg["store"]["serve"]:
         wait_for_store(msg["store"]["addr"], msg["store"]["port"])

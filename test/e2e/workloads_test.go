@@ -12,6 +12,8 @@ import (
 
 	"github.com/stretchr/testify/require"
 	"sigs.k8s.io/yaml"
+
+	"github.com/rdzv/rdzv/jobspec"
 )
 
 // The seed workloads of examples/workloads (see docs/workloads.md), each
@@ -56,7 +58,7 @@ type workload struct {
 func warmWorkload(preload ...string) func(spec map[string]any, venv string) {
 	return func(spec map[string]any, venv string) {
 		spec["launcher"] = map[string]any{"kind": "warm", "python": filepath.Join(venv, "bin", "python"),
-			"preload": append([]any{"torch", "torch.distributed"}, toAny(preload)...)}
+			"preload": append(toAny(jobspec.DefaultPreload), toAny(preload)...)}
 	}
 }
 

@@ -7,7 +7,10 @@
 #      real controller and agent, a worker SIGKILLed mid-run, and the job
 #      resumed in generation 2 from the newest complete checkpoint;
 #   3. the same under launcher.kind warm: generation 2 forked from a warm
-#      standby, its workers on CUDA.
+#      standby, its workers on CUDA;
+#   4. the default launcher (none named) with in-memory checkpoints of CUDA
+#      state every step: generation 2 resumes from the in-memory step the
+#      controller chose, newer than the durable one, its optimizer on CUDA.
 # Each step prints PASS, FAIL or SKIPPED, then the figures; the exit status
 # is non-zero when any step failed. Everything started is stopped on exit.
 #
@@ -37,7 +40,7 @@ CPU=${GPU_CHECK_CPU:-0}
 NODE=gpu-check-node
 # Steps of the job, a checkpoint every CKPT_EVERY; the worker is killed once
 # the checkpoint of KILL_AFTER is recorded.
-STEPS=150
+STEPS=300
 CKPT_EVERY=10
 KILL_AFTER=30
 WAIT=180 # bound on each wait for a job
@@ -175,10 +178,16 @@ else
 fi
 
 # job_file NAME LAUNCHER_YAML: a one-node job of train_gpu.py on all the
-# node's GPUs (or 2 CPU processes), checkpointing to its own directory.
+# node's GPUs (or 2 CPU processes), checkpointing to its own directory; a
+# variant named *memory* also saves in-memory checkpoints every step. An
+# empty LAUNCHER_YAML names no launcher (the default).
 job_file() {
-	local name=$1 launcher=$2 req=', "--allreduce-bytes", "4194304"'
+	local name=$1 launcher=$2 req=', "--allreduce-bytes", "4194304"' mem=""
 	((CPU)) || req=', "--require-cuda"'
+	if [[ $name == *memory* ]]; then
+		req+=', "--memory-every", "1"'
+		mem=$'\n  memory: {replicas: 1}'
+	fi
 	cat >"$LC_DIR/$name.yaml" <<EOF
 name: $name
 nodes: 1
@@ -192,10 +201,11 @@ env:
   PYTHONPATH: "$ROOT/python/src"
   PYTHONDONTWRITEBYTECODE: "1"
   GPU_CHECK_PIDS: "$ROOT/$LC_DIR/pids-$name"
-checkpoint: {dir: $ROOT/$LC_DIR/ckpt-$name}
+checkpoint:
+  dir: $ROOT/$LC_DIR/ckpt-$name$mem
 restart: {max_restarts: 2, backoff: {initial: 500ms, max: 2s}}
 rendezvous: {last_call: 0s, timeout: 2m}
-launcher: $launcher
+${launcher:+launcher: $launcher}
 EOF
 }
 
@@ -210,6 +220,24 @@ gen_pids() {
 		[[ $(tr '\0' ' ' <"/proc/$p/cmdline" 2>/dev/null) == *python* ]] && echo "$p"
 	done
 	return 0
+}
+
+# standby_ready JOB: the standby for JOB's next generation has imported its
+# preload (its socket exists: the zygote binds it after the imports; the
+# agent removes the socket of the one it handed the running generation).
+# Warm standbys are zygote processes whose arguments are the socket's
+# directory (.../warm/JOB) and name.
+standby_ready() {
+	local p args i ready=()
+	for p in /proc/[0-9]*; do
+		mapfile -d '' -t args <"$p/cmdline" 2>/dev/null || continue
+		for ((i = 0; i + 2 < ${#args[@]}; i++)); do
+			if [[ ${args[i]} == *rdzv_zygote.py && ${args[i + 1]} == */warm/$1 && -S ${args[i + 1]}/${args[i + 2]} ]]; then
+				ready+=("${args[i + 2]}")
+			fi
+		done
+	done
+	((${#ready[@]} > 0))
 }
 
 job_finished() { lc_job_is "$1" 'j["state"] in ("JOB_STATE_SUCCEEDED", "JOB_STATE_FAILED", "JOB_STATE_STOPPED")'; }
@@ -234,6 +262,13 @@ run_variant() {
 	workers=$(gen_pids "$name" 1)
 	if (($(wc -w <<<"$workers") != PROCS)); then
 		fail "$name: generation 1 has workers '$workers' running, expected $PROCS"
+		return
+	fi
+	if [[ $name == *warm* || $name == *default* ]] &&
+		! (lc_wait "$WAIT" "$name's standby for generation 2" standby_ready "$name"); then
+		# A fault long into a run finds the next standby ready; one right
+		# after the start would measure the standby's imports instead.
+		fail "$name: no warm standby ready for generation 2"
 		return
 	fi
 	pid=$(tail -n 1 <<<"$workers")
@@ -266,8 +301,24 @@ run_variant() {
 	# The newest checkpoint generation 1 completed (one may have completed
 	# between the kill and the reading of $latest).
 	latest=$(lc_ctl events "$name" -o json | lc_py_json 'max(int(re.search(r"step (\d+)", e["message"]).group(1)) for e in j["events"] if e["kind"] == "checkpoint_recorded" and int(e["generation"]) == 1)')
-	resumed=$(grep -o 'GPU_CHECK_RESUMED rank=0 generation=2 step=[0-9]*' <<<"$logs" | sed 's/.*step=//' | head -1 || true)
-	if [[ $resumed != "$latest" ]]; then
+	resumed=$(grep -o 'GPU_CHECK_RESUMED rank=0 generation=2 step=[0-9]* source=[a-z]*' <<<"$logs" | sed 's/.*step=//' | head -1 || true)
+	if [[ $name == *memory* ]]; then
+		# The in-memory step the controller chose (its resume_memory event),
+		# no older than the newest durable one, restored on every rank.
+		local mem
+		mem=$(lc_ctl events "$name" -o json | lc_py_json '",".join(re.search(r"in-memory step (\d+)", e["message"]).group(1) for e in j["events"] if e["kind"] == "resume_memory" and int(e["generation"]) == 2)')
+		if [[ -z $mem || $resumed != "$mem source=memory" ]] || ((mem < latest)); then
+			fail "$name: generation 2 resumed from '${resumed}', expected the in-memory step of its resume_memory event ('$mem'), not older than the durable step $latest"
+			ok=0
+		elif (($(grep -c "GPU_CHECK_RESUMED .*generation=2 step=$mem source=memory" <<<"$logs") != PROCS)); then
+			fail "$name: not every rank of generation 2 resumed from in-memory step $mem"
+			ok=0
+		elif ((!CPU)) && (($(grep -c "GPU_CHECK_RESUMED .*generation=2 .*source=memory optimizer_on=cuda$" <<<"$logs") != PROCS)); then
+			fail "$name: the restored optimizer state is not on CUDA on every rank: $(grep 'GPU_CHECK_RESUMED .*generation=2' <<<"$logs" | tr '\n' ';')"
+			ok=0
+		fi
+		latest="$mem (in memory; newest durable $latest)"
+	elif [[ $resumed != "$latest source=durable" ]]; then
 		fail "$name: generation 2 resumed from step '${resumed}', expected the newest complete checkpoint $latest"
 		ok=0
 	fi
@@ -285,7 +336,7 @@ run_variant() {
 		fail "$name: $((PROCS - cuda2)) of generation 2's workers without CUDA or CUDA_VISIBLE_DEVICES"
 		ok=0
 	fi
-	if [[ $name == *warm* ]]; then
+	if [[ $name == *warm* || $name == *default* ]]; then
 		# Generation 2 forked from the standby: every worker's parent is
 		# the agent's zygote, not a launcher.
 		[[ -n $workers2 ]] || { fail "$name: no worker of generation 2 seen running"; ok=0; }
@@ -309,5 +360,7 @@ run_variant() {
 
 run_variant gpu-check-torchrun "{kind: python-module, python: \"$PY\"}"
 run_variant gpu-check-warm "{kind: warm, python: \"$PY\"}"
+# No launcher named: auto, warm for a script.
+run_variant gpu-check-memory-default ""
 
 ((FAILED == 0))

@@ -7,13 +7,16 @@ It prints machine-readable lines check.sh looks for:
       device=<name> backend=<b>
   GPU_CHECK_ALLREDUCE generation=<g> bytes=<n> seconds=<s> busbw_gbps=<f>
       (rank 0, world size above 1)
-  GPU_CHECK_RESUMED rank=<r> generation=<g> step=<s> path=<dir>
+  GPU_CHECK_RESUMED rank=<r> generation=<g> step=<s> source=<durable|memory> [path=<dir>]
   GPU_CHECK_STEP rank=<r> generation=<g> step=<s> loss=<f>   every step
   GPU_CHECK_DONE rank=<r> generation=<g> steps=<n>
 
 With --require-cuda a worker without CUDA, or without CUDA_VISIBLE_DEVICES,
 exits 3 before training: the check must not pass on a node whose GPUs rdzv
-did not hand to the job. With GPU_CHECK_PIDS set, each worker writes its pid
+did not hand to the job. With --memory-every N every rank saves its model
+and optimizer state (CUDA tensors on a GPU) with rdzv.checkpoint.save every N
+steps and, when rdzv restores an in-memory step, resumes from it onto its
+device. With GPU_CHECK_PIDS set, each worker writes its pid
 to GPU_CHECK_PIDS/<generation>.<rank>.
 """
 
@@ -70,6 +73,7 @@ def main() -> None:
     p.add_argument("--checkpoint-every", type=int, default=10)
     p.add_argument("--require-cuda", action="store_true")
     p.add_argument("--allreduce-bytes", type=int, default=64 << 20)
+    p.add_argument("--memory-every", type=int, default=0)
     args = p.parse_args()
 
     rank = int(os.environ["RANK"])
@@ -104,15 +108,27 @@ def main() -> None:
     x = torch.randn(4096, 256, device=device)
     y = x @ torch.randn(256, 1, device=device)
     model = torch.nn.Sequential(torch.nn.Linear(256, 256), torch.nn.ReLU(), torch.nn.Linear(256, 1)).to(device)
-    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    # Momentum: the optimizer has state of its own (on the device) to save.
+    opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
     start = 1
     resume = rdzv.resume_from()
-    if resume:
+    state = rdzv.checkpoint.load() if args.memory_every else None
+    if state is not None:
+        # Saved from the device, restored as CPU tensors: load_state_dict
+        # copies them back onto the model's and optimizer's device.
+        model.load_state_dict(state["model"])
+        opt.load_state_dict(state["opt"])
+        start = state["step"] + 1
+        on = {t.device.type for t in opt.state_dict()["state"][0].values() if isinstance(t, torch.Tensor)}
+        log("GPU_CHECK_RESUMED", f"rank={rank}", f"generation={generation}", f"step={state['step']}", "source=memory",
+            f"optimizer_on={','.join(sorted(on))}")
+    elif resume:
         ckpt = torch.load(os.path.join(resume, "model.pt"), map_location=device)
         model.load_state_dict(ckpt["model"])
         opt.load_state_dict(ckpt["opt"])
         start = ckpt["step"] + 1
-        log("GPU_CHECK_RESUMED", f"rank={rank}", f"generation={generation}", f"step={ckpt['step']}", f"path={resume}")
+        log("GPU_CHECK_RESUMED", f"rank={rank}", f"generation={generation}", f"step={ckpt['step']}", "source=durable",
+            f"path={resume}")
     ddp = DistributedDataParallel(model, device_ids=[local_rank] if cuda else None)
     ckpt_dir = rdzv.checkpoint_dir()
     if rank == 0 and ckpt_dir:
@@ -127,8 +143,11 @@ def main() -> None:
         log("GPU_CHECK_STEP", f"rank={rank}", f"generation={generation}", f"step={step}", f"loss={loss.item():.6f}")
         if rank == 0 and ckpt_dir and step % args.checkpoint_every == 0:
             rdzv.checkpoint_complete(save(ckpt_dir, step, model, opt), step)
+        if args.memory_every and step % args.memory_every == 0:
+            rdzv.checkpoint.save({"step": step, "model": model.state_dict(), "opt": opt.state_dict()}, step)
         rdzv.report_step(step, force=step == args.steps)
         time.sleep(args.step_time)
+    rdzv.checkpoint.wait()
     log("GPU_CHECK_DONE", f"rank={rank}", f"generation={generation}", f"steps={args.steps}")
     dist.destroy_process_group()
 
