@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"os"
 	"path/filepath"
 	"slices"
@@ -126,6 +127,21 @@ func (x *memIndex) add(k shardKey, s *shard) (evicted []*shard, kept bool) {
 		return evicted, false
 	}
 	return evicted, true
+}
+
+// usage is the index's bytes in own shards (files in shared memory) and in
+// peers' replicas (in the agent's memory), and its steps.
+func (x *memIndex) usage() (own, replica int64, steps int) {
+	seen := map[stepKey]bool{}
+	for k, s := range x.shards {
+		if s.data != nil {
+			replica += s.size
+		} else {
+			own += s.size
+		}
+		seen[k.stepOf()] = true
+	}
+	return own, replica, len(seen)
 }
 
 func (x *memIndex) holdsStep(s stepKey) bool {
@@ -458,6 +474,20 @@ func (m *memStore) receive(job string, k shardKey, data []byte, sum [sha256.Size
 	return nil
 }
 
+// heldAll is what this node holds of every job's in-memory checkpoints,
+// for a registration: at most wire.MaxRegisterMemoryJobs jobs, by name.
+func (m *memStore) heldAll() []*rdzvv1.JobMemoryHeld {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	var out []*rdzvv1.JobMemoryHeld
+	for _, name := range slices.Sorted(maps.Keys(m.jobs)) {
+		if held := m.jobs[name].idx.held(); len(held) > 0 && len(out) < wire.MaxRegisterMemoryJobs {
+			out = append(out, &rdzvv1.JobMemoryHeld{Job: name, Held: held})
+		}
+	}
+	return out
+}
+
 // limit is the most bytes a shard of job may have here; 0 when this node
 // keeps none of job's.
 func (m *memStore) limit(job string) int64 {
@@ -478,6 +508,26 @@ func (m *memStore) held(job string) ([]*rdzvv1.MemoryHeld, int64) {
 		return j.idx.held(), j.idx.bytes
 	}
 	return nil, 0
+}
+
+// memUsage is one job's in-memory checkpoints on this node, for the
+// metrics.
+type memUsage struct {
+	job                 string
+	own, replica, limit int64
+	steps               int
+}
+
+// usage is every job's memUsage, in no order.
+func (m *memStore) usage() []memUsage {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	out := make([]memUsage, 0, len(m.jobs))
+	for name, j := range m.jobs {
+		own, replica, steps := j.idx.usage()
+		out = append(out, memUsage{job: name, own: own, replica: replica, limit: j.idx.maxBytes, steps: steps})
+	}
+	return out
 }
 
 // drop frees everything of job: it runs no further generation.

@@ -190,6 +190,13 @@ func TestMemoryCheckpointReplicationAndFetch(t *testing.T) {
 	held, bytes := stores["b"].held("train")
 	require.Equal(t, []*rdzvv1.MemoryHeld{{Generation: 1, Step: 40, Ranks: []uint32{0}}}, held)
 	require.Equal(t, int64(len(data)), bytes)
+	// The metrics tell a node's own shards (shared memory) from its peers'
+	// replicas (the agent's memory).
+	limit := stores["a"].limit("train")
+	require.Equal(t, []memUsage{{job: "train", own: int64(len(data)), limit: limit, steps: 1}}, stores["a"].usage())
+	require.Equal(t, []memUsage{{job: "train", replica: int64(len(data)), limit: limit, steps: 1}}, stores["b"].usage())
+	// And a registration carries them, so that a new leader knows them.
+	require.Equal(t, []*rdzvv1.JobMemoryHeld{{Job: "train", Held: held}}, stores["b"].heldAll())
 
 	// A report of another generation is refused.
 	require.ErrorIs(t, stores["a"].reported("train", 2, 41, 0, 1, sum), errMemOff)

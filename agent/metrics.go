@@ -125,10 +125,17 @@ var (
 	descViaRelay  = prometheus.NewDesc("rdzv_agent_via_relay", "1 while this agent is registered through one of its relays, else 0 (direct, or not registered).", nil, nil)
 	descGossip    = prometheus.NewDesc("rdzv_agent_gossip_members_alive", "Gossip members this node sees alive, itself included (absent with gossip off).", nil, nil)
 	descShims     = prometheus.NewDesc("rdzv_agent_shims", "Worker shims on this node (directories under state_dir/workers).", nil, nil)
+	descMemBytes  = prometheus.NewDesc("rdzv_agent_memory_checkpoint_bytes",
+		"Bytes of a job's in-memory checkpoints held on this node: held=own (its workers' shards, files in shared memory) or held=replica (peers' shards, in the agent's memory).", []string{"job", "held"}, nil)
+	descMemLimit = prometheus.NewDesc("rdzv_agent_memory_checkpoint_limit_bytes",
+		"A job's checkpoint.memory.max_bytes: the most bytes of its in-memory checkpoints this node keeps, own and replicas together.", []string{"job"}, nil)
+	descMemSteps = prometheus.NewDesc("rdzv_agent_memory_checkpoint_steps",
+		"Steps of a job's in-memory checkpoints of which this node holds at least one shard.", []string{"job"}, nil)
 )
 
 func (c agentCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{descWorkersRunning, descGPUs, descContact, descConnected, descViaRelay, descGossip, descShims} {
+	for _, d := range []*prometheus.Desc{descWorkersRunning, descGPUs, descContact, descConnected, descViaRelay, descGossip, descShims,
+		descMemBytes, descMemLimit, descMemSteps} {
 		ch <- d
 	}
 }
@@ -168,6 +175,12 @@ func (c agentCollector) Collect(ch chan<- prometheus.Metric) {
 	if rs.gossip != nil {
 		_, alive := rs.gossip.View()
 		ch <- prometheus.MustNewConstMetric(descGossip, prometheus.GaugeValue, float64(alive))
+	}
+	for _, u := range rs.sup.mem.usage() {
+		ch <- prometheus.MustNewConstMetric(descMemBytes, prometheus.GaugeValue, float64(u.own), u.job, "own")
+		ch <- prometheus.MustNewConstMetric(descMemBytes, prometheus.GaugeValue, float64(u.replica), u.job, "replica")
+		ch <- prometheus.MustNewConstMetric(descMemLimit, prometheus.GaugeValue, float64(u.limit), u.job)
+		ch <- prometheus.MustNewConstMetric(descMemSteps, prometheus.GaugeValue, float64(u.steps), u.job)
 	}
 }
 

@@ -196,7 +196,7 @@ func (s *agentSession) open(ctx context.Context) (_ *opened, err error) {
 	if err != nil {
 		return nil, fmt.Errorf("opening stream: %w", err)
 	}
-	reg := &rdzvv1.Register{Node: s.info, Workers: s.sup.Statuses(), Health: s.healthResults()}
+	reg := &rdzvv1.Register{Node: s.info, Workers: s.sup.Statuses(), Health: s.healthResults(), Memory: s.sup.mem.heldAll()}
 	registering := time.Now()
 	if err := stream.Send(&rdzvv1.ConnectRequest{Msg: &rdzvv1.ConnectRequest_Register{Register: reg}}); err != nil {
 		return nil, fmt.Errorf("sending register: %w", err)

@@ -92,3 +92,36 @@ func TestMemPlanSources(t *testing.T) {
 	require.Equal(t, []*rdzvv1.ShardSource{{Rank: 4, Node: "c", Addr: "c:7947"}, {Rank: 5, Node: "c", Addr: "c:7947"}},
 		plan.sources("c", 2, 2, addr))
 }
+
+// A registration replaces what the node holds of every job: a restarted
+// agent (nothing) drops its stale claims, a reconnecting one keeps its own,
+// and other nodes' holdings and jobs without checkpoint.memory are left
+// alone.
+func TestRegisterMemory(t *testing.T) {
+	memJob := func() *jobState {
+		return &jobState{rec: &rdzvv1.Job{Spec: &rdzvv1.JobSpec{Name: "train", CheckpointMemory: &rdzvv1.CheckpointMemorySpec{Replicas: 1}}},
+			memHeld: map[string][]*rdzvv1.MemoryHeld{"a": {held(1, 30, 0, 1)}, "b": {held(1, 30, 2, 3, 0, 1)}}}
+	}
+	for _, tc := range []struct {
+		name string
+		reg  []*rdzvv1.JobMemoryHeld
+		want map[string][]*rdzvv1.MemoryHeld
+	}{
+		{"a restarted agent holds nothing", nil,
+			map[string][]*rdzvv1.MemoryHeld{"a": {held(1, 30, 0, 1)}}},
+		{"a reconnecting agent holds what it held", []*rdzvv1.JobMemoryHeld{{Job: "train", Held: []*rdzvv1.MemoryHeld{held(1, 30, 2, 3, 0, 1)}}},
+			map[string][]*rdzvv1.MemoryHeld{"a": {held(1, 30, 0, 1)}, "b": {held(1, 30, 2, 3, 0, 1)}}},
+		{"a new leader learns a step", []*rdzvv1.JobMemoryHeld{{Job: "train", Held: []*rdzvv1.MemoryHeld{held(1, 36, 2, 3)}}},
+			map[string][]*rdzvv1.MemoryHeld{"a": {held(1, 30, 0, 1)}, "b": {held(1, 36, 2, 3)}}},
+		{"a job it does not know is ignored", []*rdzvv1.JobMemoryHeld{{Job: "gone", Held: []*rdzvv1.MemoryHeld{held(1, 36, 2, 3)}}},
+			map[string][]*rdzvv1.MemoryHeld{"a": {held(1, 30, 0, 1)}}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			plain := &jobState{rec: &rdzvv1.Job{Spec: &rdzvv1.JobSpec{Name: "plain"}}}
+			c := &Controller{jobs: map[string]*jobState{"train": memJob(), "plain": plain}}
+			c.registerMemory("b", tc.reg)
+			require.Equal(t, tc.want, c.jobs["train"].memHeld)
+			require.Nil(t, plain.memHeld, "a job without checkpoint.memory keeps no holdings")
+		})
+	}
+}

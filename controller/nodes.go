@@ -90,8 +90,25 @@ func (c *Controller) register(sess *session, reg *rdzvv1.Register) {
 		c.applyWorkerStatus(name, w)
 	}
 	c.resumeAssignment(ns, reported)
+	c.registerMemory(name, reg.GetMemory())
 	c.applyHealth(name, ns, reg.GetHealth())
 	c.wake()
+}
+
+// registerMemory replaces what node holds of every job's in-memory
+// checkpoints with what its agent registered holding: nothing after the
+// agent restarted (its replicas were in its memory), its own after a
+// reconnect, and a new leader's first knowledge of them. Callers hold c.mu.
+func (c *Controller) registerMemory(node string, held []*rdzvv1.JobMemoryHeld) {
+	by := make(map[string][]*rdzvv1.MemoryHeld, len(held))
+	for _, h := range held {
+		by[h.GetJob()] = h.GetHeld()
+	}
+	for name, js := range c.jobs {
+		if js.memHeld[node] != nil || by[name] != nil {
+			js.memoryHeld(node, by[name])
+		}
+	}
 }
 
 func fakeSuffix(info *rdzvv1.NodeInfo) string {

@@ -190,7 +190,7 @@ func validateConnectRequest(m *rdzvv1.ConnectRequest) error {
 		return validateWorkerStatus("worker_status", msg.WorkerStatus)
 	case *rdzvv1.ConnectRequest_Progress:
 		return errors.Join(nameErr("progress.job", msg.Progress.GetJob()), wire.CheckMetrics("progress.metrics", msg.Progress.GetMetrics()),
-			validateMemoryHeld(msg.Progress.GetMemory()))
+			validateMemoryHeld("progress.memory", msg.Progress.GetMemory()))
 	case *rdzvv1.ConnectRequest_Checkpoint:
 		return validateCheckpointReport(msg.Checkpoint)
 	case *rdzvv1.ConnectRequest_PortProbeResult:
@@ -236,6 +236,14 @@ func validateRegister(r *rdzvv1.Register) error {
 	} else {
 		for i, w := range r.GetWorkers() {
 			errs = append(errs, validateWorkerStatus(fmt.Sprintf("register.workers[%d]", i), w))
+		}
+	}
+	if len(r.GetMemory()) > wire.MaxRegisterMemoryJobs {
+		errs = append(errs, fmt.Errorf("register.memory: at most %d jobs, got %d", wire.MaxRegisterMemoryJobs, len(r.GetMemory())))
+	} else {
+		for i, m := range r.GetMemory() {
+			field := fmt.Sprintf("register.memory[%d]", i)
+			errs = append(errs, nameErr(field+".job", m.GetJob()), validateMemoryHeld(field+".held", m.GetHeld()))
 		}
 	}
 	return errors.Join(errs...)
@@ -434,13 +442,13 @@ const (
 	maxMemoryHeldRanks = 1024
 )
 
-func validateMemoryHeld(held []*rdzvv1.MemoryHeld) error {
+func validateMemoryHeld(field string, held []*rdzvv1.MemoryHeld) error {
 	if len(held) > maxMemoryHeld {
-		return fmt.Errorf("progress.memory: at most %d entries are allowed, got %d", maxMemoryHeld, len(held))
+		return fmt.Errorf("%s: at most %d entries are allowed, got %d", field, maxMemoryHeld, len(held))
 	}
 	for i, h := range held {
 		if n := len(h.GetRanks()); n > maxMemoryHeldRanks {
-			return fmt.Errorf("progress.memory[%d].ranks: at most %d ranks are allowed, got %d", i, maxMemoryHeldRanks, n)
+			return fmt.Errorf("%s[%d].ranks: at most %d ranks are allowed, got %d", field, i, maxMemoryHeldRanks, n)
 		}
 	}
 	return nil

@@ -45,6 +45,10 @@ const (
 	// MaxEnvValueBytes bounds one environment variable's value, whether
 	// given in the job or read from an env_files file on the node.
 	MaxEnvValueBytes = 32 << 10
+	// MaxRegisterMemoryJobs bounds the jobs whose in-memory checkpoint
+	// holdings a registering agent reports (Register.memory); an agent
+	// holding more reports the first, by name.
+	MaxRegisterMemoryJobs = 64
 	// MaxRequestIDBytes bounds the ids that pair agent replies with
 	// controller requests (the controller makes 16 hex digits).
 	MaxRequestIDBytes = 64

@@ -434,7 +434,12 @@ type Register struct {
 	// a restarted controller agree on the node's state.
 	Workers []*WorkerStatus `protobuf:"bytes,2,rep,name=workers,proto3" json:"workers,omitempty"`
 	// The node's health check verdicts as of now.
-	Health        []*HealthCheckResult `protobuf:"bytes,3,rep,name=health,proto3" json:"health,omitempty"`
+	Health []*HealthCheckResult `protobuf:"bytes,3,rep,name=health,proto3" json:"health,omitempty"`
+	// The in-memory checkpoint shards the node holds, per job, as Progress
+	// carries them: a restarted agent holds none, a reconnecting one still
+	// holds its own, and a new leader learns them without waiting for the
+	// next change.
+	Memory        []*JobMemoryHeld `protobuf:"bytes,4,rep,name=memory,proto3" json:"memory,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -490,6 +495,66 @@ func (x *Register) GetHealth() []*HealthCheckResult {
 	return nil
 }
 
+func (x *Register) GetMemory() []*JobMemoryHeld {
+	if x != nil {
+		return x.Memory
+	}
+	return nil
+}
+
+// JobMemoryHeld is what a node holds of one job's in-memory checkpoints.
+type JobMemoryHeld struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Job           string                 `protobuf:"bytes,1,opt,name=job,proto3" json:"job,omitempty"`
+	Held          []*MemoryHeld          `protobuf:"bytes,2,rep,name=held,proto3" json:"held,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *JobMemoryHeld) Reset() {
+	*x = JobMemoryHeld{}
+	mi := &file_rdzv_v1_agent_service_proto_msgTypes[3]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *JobMemoryHeld) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*JobMemoryHeld) ProtoMessage() {}
+
+func (x *JobMemoryHeld) ProtoReflect() protoreflect.Message {
+	mi := &file_rdzv_v1_agent_service_proto_msgTypes[3]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use JobMemoryHeld.ProtoReflect.Descriptor instead.
+func (*JobMemoryHeld) Descriptor() ([]byte, []int) {
+	return file_rdzv_v1_agent_service_proto_rawDescGZIP(), []int{3}
+}
+
+func (x *JobMemoryHeld) GetJob() string {
+	if x != nil {
+		return x.Job
+	}
+	return ""
+}
+
+func (x *JobMemoryHeld) GetHeld() []*MemoryHeld {
+	if x != nil {
+		return x.Held
+	}
+	return nil
+}
+
 // HealthReport carries every health check's verdict; the agent sends it
 // only when a verdict changed, so heartbeats cost nothing more.
 type HealthReport struct {
@@ -501,7 +566,7 @@ type HealthReport struct {
 
 func (x *HealthReport) Reset() {
 	*x = HealthReport{}
-	mi := &file_rdzv_v1_agent_service_proto_msgTypes[3]
+	mi := &file_rdzv_v1_agent_service_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -513,7 +578,7 @@ func (x *HealthReport) String() string {
 func (*HealthReport) ProtoMessage() {}
 
 func (x *HealthReport) ProtoReflect() protoreflect.Message {
-	mi := &file_rdzv_v1_agent_service_proto_msgTypes[3]
+	mi := &file_rdzv_v1_agent_service_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -526,7 +591,7 @@ func (x *HealthReport) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HealthReport.ProtoReflect.Descriptor instead.
 func (*HealthReport) Descriptor() ([]byte, []int) {
-	return file_rdzv_v1_agent_service_proto_rawDescGZIP(), []int{3}
+	return file_rdzv_v1_agent_service_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *HealthReport) GetResults() []*HealthCheckResult {
@@ -556,7 +621,7 @@ type Registered struct {
 
 func (x *Registered) Reset() {
 	*x = Registered{}
-	mi := &file_rdzv_v1_agent_service_proto_msgTypes[4]
+	mi := &file_rdzv_v1_agent_service_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -568,7 +633,7 @@ func (x *Registered) String() string {
 func (*Registered) ProtoMessage() {}
 
 func (x *Registered) ProtoReflect() protoreflect.Message {
-	mi := &file_rdzv_v1_agent_service_proto_msgTypes[4]
+	mi := &file_rdzv_v1_agent_service_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -581,7 +646,7 @@ func (x *Registered) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Registered.ProtoReflect.Descriptor instead.
 func (*Registered) Descriptor() ([]byte, []int) {
-	return file_rdzv_v1_agent_service_proto_rawDescGZIP(), []int{4}
+	return file_rdzv_v1_agent_service_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *Registered) GetHeartbeatIntervalMs() uint32 {
@@ -630,7 +695,7 @@ type GPUFault struct {
 
 func (x *GPUFault) Reset() {
 	*x = GPUFault{}
-	mi := &file_rdzv_v1_agent_service_proto_msgTypes[5]
+	mi := &file_rdzv_v1_agent_service_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -642,7 +707,7 @@ func (x *GPUFault) String() string {
 func (*GPUFault) ProtoMessage() {}
 
 func (x *GPUFault) ProtoReflect() protoreflect.Message {
-	mi := &file_rdzv_v1_agent_service_proto_msgTypes[5]
+	mi := &file_rdzv_v1_agent_service_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -655,7 +720,7 @@ func (x *GPUFault) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GPUFault.ProtoReflect.Descriptor instead.
 func (*GPUFault) Descriptor() ([]byte, []int) {
-	return file_rdzv_v1_agent_service_proto_rawDescGZIP(), []int{5}
+	return file_rdzv_v1_agent_service_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *GPUFault) GetGpuIndex() uint32 {
@@ -711,7 +776,7 @@ type HeartbeatAck struct {
 
 func (x *HeartbeatAck) Reset() {
 	*x = HeartbeatAck{}
-	mi := &file_rdzv_v1_agent_service_proto_msgTypes[6]
+	mi := &file_rdzv_v1_agent_service_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -723,7 +788,7 @@ func (x *HeartbeatAck) String() string {
 func (*HeartbeatAck) ProtoMessage() {}
 
 func (x *HeartbeatAck) ProtoReflect() protoreflect.Message {
-	mi := &file_rdzv_v1_agent_service_proto_msgTypes[6]
+	mi := &file_rdzv_v1_agent_service_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -736,7 +801,7 @@ func (x *HeartbeatAck) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HeartbeatAck.ProtoReflect.Descriptor instead.
 func (*HeartbeatAck) Descriptor() ([]byte, []int) {
-	return file_rdzv_v1_agent_service_proto_rawDescGZIP(), []int{6}
+	return file_rdzv_v1_agent_service_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *HeartbeatAck) GetSeq() uint64 {
@@ -768,7 +833,7 @@ type GossipView struct {
 
 func (x *GossipView) Reset() {
 	*x = GossipView{}
-	mi := &file_rdzv_v1_agent_service_proto_msgTypes[7]
+	mi := &file_rdzv_v1_agent_service_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -780,7 +845,7 @@ func (x *GossipView) String() string {
 func (*GossipView) ProtoMessage() {}
 
 func (x *GossipView) ProtoReflect() protoreflect.Message {
-	mi := &file_rdzv_v1_agent_service_proto_msgTypes[7]
+	mi := &file_rdzv_v1_agent_service_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -793,7 +858,7 @@ func (x *GossipView) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GossipView.ProtoReflect.Descriptor instead.
 func (*GossipView) Descriptor() ([]byte, []int) {
-	return file_rdzv_v1_agent_service_proto_rawDescGZIP(), []int{7}
+	return file_rdzv_v1_agent_service_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *GossipView) GetUnreachable() []string {
@@ -840,7 +905,7 @@ type Heartbeat struct {
 
 func (x *Heartbeat) Reset() {
 	*x = Heartbeat{}
-	mi := &file_rdzv_v1_agent_service_proto_msgTypes[8]
+	mi := &file_rdzv_v1_agent_service_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -852,7 +917,7 @@ func (x *Heartbeat) String() string {
 func (*Heartbeat) ProtoMessage() {}
 
 func (x *Heartbeat) ProtoReflect() protoreflect.Message {
-	mi := &file_rdzv_v1_agent_service_proto_msgTypes[8]
+	mi := &file_rdzv_v1_agent_service_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -865,7 +930,7 @@ func (x *Heartbeat) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Heartbeat.ProtoReflect.Descriptor instead.
 func (*Heartbeat) Descriptor() ([]byte, []int) {
-	return file_rdzv_v1_agent_service_proto_rawDescGZIP(), []int{8}
+	return file_rdzv_v1_agent_service_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *Heartbeat) GetSeq() uint64 {
@@ -899,7 +964,7 @@ type WorkerStatus struct {
 
 func (x *WorkerStatus) Reset() {
 	*x = WorkerStatus{}
-	mi := &file_rdzv_v1_agent_service_proto_msgTypes[9]
+	mi := &file_rdzv_v1_agent_service_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -911,7 +976,7 @@ func (x *WorkerStatus) String() string {
 func (*WorkerStatus) ProtoMessage() {}
 
 func (x *WorkerStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_rdzv_v1_agent_service_proto_msgTypes[9]
+	mi := &file_rdzv_v1_agent_service_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -924,7 +989,7 @@ func (x *WorkerStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WorkerStatus.ProtoReflect.Descriptor instead.
 func (*WorkerStatus) Descriptor() ([]byte, []int) {
-	return file_rdzv_v1_agent_service_proto_rawDescGZIP(), []int{9}
+	return file_rdzv_v1_agent_service_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *WorkerStatus) GetJob() string {
@@ -1015,7 +1080,7 @@ type Progress struct {
 
 func (x *Progress) Reset() {
 	*x = Progress{}
-	mi := &file_rdzv_v1_agent_service_proto_msgTypes[10]
+	mi := &file_rdzv_v1_agent_service_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1027,7 +1092,7 @@ func (x *Progress) String() string {
 func (*Progress) ProtoMessage() {}
 
 func (x *Progress) ProtoReflect() protoreflect.Message {
-	mi := &file_rdzv_v1_agent_service_proto_msgTypes[10]
+	mi := &file_rdzv_v1_agent_service_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1040,7 +1105,7 @@ func (x *Progress) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Progress.ProtoReflect.Descriptor instead.
 func (*Progress) Descriptor() ([]byte, []int) {
-	return file_rdzv_v1_agent_service_proto_rawDescGZIP(), []int{10}
+	return file_rdzv_v1_agent_service_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *Progress) GetJob() string {
@@ -1105,7 +1170,7 @@ type MemoryHeld struct {
 
 func (x *MemoryHeld) Reset() {
 	*x = MemoryHeld{}
-	mi := &file_rdzv_v1_agent_service_proto_msgTypes[11]
+	mi := &file_rdzv_v1_agent_service_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1117,7 +1182,7 @@ func (x *MemoryHeld) String() string {
 func (*MemoryHeld) ProtoMessage() {}
 
 func (x *MemoryHeld) ProtoReflect() protoreflect.Message {
-	mi := &file_rdzv_v1_agent_service_proto_msgTypes[11]
+	mi := &file_rdzv_v1_agent_service_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1130,7 +1195,7 @@ func (x *MemoryHeld) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MemoryHeld.ProtoReflect.Descriptor instead.
 func (*MemoryHeld) Descriptor() ([]byte, []int) {
-	return file_rdzv_v1_agent_service_proto_rawDescGZIP(), []int{11}
+	return file_rdzv_v1_agent_service_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *MemoryHeld) GetGeneration() uint64 {
@@ -1169,7 +1234,7 @@ type CheckpointReport struct {
 
 func (x *CheckpointReport) Reset() {
 	*x = CheckpointReport{}
-	mi := &file_rdzv_v1_agent_service_proto_msgTypes[12]
+	mi := &file_rdzv_v1_agent_service_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1181,7 +1246,7 @@ func (x *CheckpointReport) String() string {
 func (*CheckpointReport) ProtoMessage() {}
 
 func (x *CheckpointReport) ProtoReflect() protoreflect.Message {
-	mi := &file_rdzv_v1_agent_service_proto_msgTypes[12]
+	mi := &file_rdzv_v1_agent_service_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1194,7 +1259,7 @@ func (x *CheckpointReport) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CheckpointReport.ProtoReflect.Descriptor instead.
 func (*CheckpointReport) Descriptor() ([]byte, []int) {
-	return file_rdzv_v1_agent_service_proto_rawDescGZIP(), []int{12}
+	return file_rdzv_v1_agent_service_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *CheckpointReport) GetJob() string {
@@ -1255,7 +1320,7 @@ type StopWorkers struct {
 
 func (x *StopWorkers) Reset() {
 	*x = StopWorkers{}
-	mi := &file_rdzv_v1_agent_service_proto_msgTypes[13]
+	mi := &file_rdzv_v1_agent_service_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1267,7 +1332,7 @@ func (x *StopWorkers) String() string {
 func (*StopWorkers) ProtoMessage() {}
 
 func (x *StopWorkers) ProtoReflect() protoreflect.Message {
-	mi := &file_rdzv_v1_agent_service_proto_msgTypes[13]
+	mi := &file_rdzv_v1_agent_service_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1280,7 +1345,7 @@ func (x *StopWorkers) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StopWorkers.ProtoReflect.Descriptor instead.
 func (*StopWorkers) Descriptor() ([]byte, []int) {
-	return file_rdzv_v1_agent_service_proto_rawDescGZIP(), []int{13}
+	return file_rdzv_v1_agent_service_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *StopWorkers) GetJob() string {
@@ -1339,7 +1404,7 @@ type PrepareStandby struct {
 
 func (x *PrepareStandby) Reset() {
 	*x = PrepareStandby{}
-	mi := &file_rdzv_v1_agent_service_proto_msgTypes[14]
+	mi := &file_rdzv_v1_agent_service_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1351,7 +1416,7 @@ func (x *PrepareStandby) String() string {
 func (*PrepareStandby) ProtoMessage() {}
 
 func (x *PrepareStandby) ProtoReflect() protoreflect.Message {
-	mi := &file_rdzv_v1_agent_service_proto_msgTypes[14]
+	mi := &file_rdzv_v1_agent_service_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1364,7 +1429,7 @@ func (x *PrepareStandby) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PrepareStandby.ProtoReflect.Descriptor instead.
 func (*PrepareStandby) Descriptor() ([]byte, []int) {
-	return file_rdzv_v1_agent_service_proto_rawDescGZIP(), []int{14}
+	return file_rdzv_v1_agent_service_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *PrepareStandby) GetSpec() *JobSpec {
@@ -1401,7 +1466,7 @@ type PortProbe struct {
 
 func (x *PortProbe) Reset() {
 	*x = PortProbe{}
-	mi := &file_rdzv_v1_agent_service_proto_msgTypes[15]
+	mi := &file_rdzv_v1_agent_service_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1413,7 +1478,7 @@ func (x *PortProbe) String() string {
 func (*PortProbe) ProtoMessage() {}
 
 func (x *PortProbe) ProtoReflect() protoreflect.Message {
-	mi := &file_rdzv_v1_agent_service_proto_msgTypes[15]
+	mi := &file_rdzv_v1_agent_service_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1426,7 +1491,7 @@ func (x *PortProbe) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PortProbe.ProtoReflect.Descriptor instead.
 func (*PortProbe) Descriptor() ([]byte, []int) {
-	return file_rdzv_v1_agent_service_proto_rawDescGZIP(), []int{15}
+	return file_rdzv_v1_agent_service_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *PortProbe) GetRequestId() string {
@@ -1462,7 +1527,7 @@ type PortProbeResult struct {
 
 func (x *PortProbeResult) Reset() {
 	*x = PortProbeResult{}
-	mi := &file_rdzv_v1_agent_service_proto_msgTypes[16]
+	mi := &file_rdzv_v1_agent_service_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1474,7 +1539,7 @@ func (x *PortProbeResult) String() string {
 func (*PortProbeResult) ProtoMessage() {}
 
 func (x *PortProbeResult) ProtoReflect() protoreflect.Message {
-	mi := &file_rdzv_v1_agent_service_proto_msgTypes[16]
+	mi := &file_rdzv_v1_agent_service_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1487,7 +1552,7 @@ func (x *PortProbeResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PortProbeResult.ProtoReflect.Descriptor instead.
 func (*PortProbeResult) Descriptor() ([]byte, []int) {
-	return file_rdzv_v1_agent_service_proto_rawDescGZIP(), []int{16}
+	return file_rdzv_v1_agent_service_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *PortProbeResult) GetRequestId() string {
@@ -1531,7 +1596,7 @@ type LogTail struct {
 
 func (x *LogTail) Reset() {
 	*x = LogTail{}
-	mi := &file_rdzv_v1_agent_service_proto_msgTypes[17]
+	mi := &file_rdzv_v1_agent_service_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1543,7 +1608,7 @@ func (x *LogTail) String() string {
 func (*LogTail) ProtoMessage() {}
 
 func (x *LogTail) ProtoReflect() protoreflect.Message {
-	mi := &file_rdzv_v1_agent_service_proto_msgTypes[17]
+	mi := &file_rdzv_v1_agent_service_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1556,7 +1621,7 @@ func (x *LogTail) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LogTail.ProtoReflect.Descriptor instead.
 func (*LogTail) Descriptor() ([]byte, []int) {
-	return file_rdzv_v1_agent_service_proto_rawDescGZIP(), []int{17}
+	return file_rdzv_v1_agent_service_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *LogTail) GetRequestId() string {
@@ -1617,7 +1682,7 @@ type LogCancel struct {
 
 func (x *LogCancel) Reset() {
 	*x = LogCancel{}
-	mi := &file_rdzv_v1_agent_service_proto_msgTypes[18]
+	mi := &file_rdzv_v1_agent_service_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1629,7 +1694,7 @@ func (x *LogCancel) String() string {
 func (*LogCancel) ProtoMessage() {}
 
 func (x *LogCancel) ProtoReflect() protoreflect.Message {
-	mi := &file_rdzv_v1_agent_service_proto_msgTypes[18]
+	mi := &file_rdzv_v1_agent_service_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1642,7 +1707,7 @@ func (x *LogCancel) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LogCancel.ProtoReflect.Descriptor instead.
 func (*LogCancel) Descriptor() ([]byte, []int) {
-	return file_rdzv_v1_agent_service_proto_rawDescGZIP(), []int{18}
+	return file_rdzv_v1_agent_service_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *LogCancel) GetRequestId() string {
@@ -1665,7 +1730,7 @@ type LogChunk struct {
 
 func (x *LogChunk) Reset() {
 	*x = LogChunk{}
-	mi := &file_rdzv_v1_agent_service_proto_msgTypes[19]
+	mi := &file_rdzv_v1_agent_service_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1677,7 +1742,7 @@ func (x *LogChunk) String() string {
 func (*LogChunk) ProtoMessage() {}
 
 func (x *LogChunk) ProtoReflect() protoreflect.Message {
-	mi := &file_rdzv_v1_agent_service_proto_msgTypes[19]
+	mi := &file_rdzv_v1_agent_service_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1690,7 +1755,7 @@ func (x *LogChunk) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LogChunk.ProtoReflect.Descriptor instead.
 func (*LogChunk) Descriptor() ([]byte, []int) {
-	return file_rdzv_v1_agent_service_proto_rawDescGZIP(), []int{19}
+	return file_rdzv_v1_agent_service_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *LogChunk) GetRequestId() string {
@@ -1734,7 +1799,7 @@ type AgentRestarting struct {
 
 func (x *AgentRestarting) Reset() {
 	*x = AgentRestarting{}
-	mi := &file_rdzv_v1_agent_service_proto_msgTypes[20]
+	mi := &file_rdzv_v1_agent_service_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1746,7 +1811,7 @@ func (x *AgentRestarting) String() string {
 func (*AgentRestarting) ProtoMessage() {}
 
 func (x *AgentRestarting) ProtoReflect() protoreflect.Message {
-	mi := &file_rdzv_v1_agent_service_proto_msgTypes[20]
+	mi := &file_rdzv_v1_agent_service_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1759,7 +1824,7 @@ func (x *AgentRestarting) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AgentRestarting.ProtoReflect.Descriptor instead.
 func (*AgentRestarting) Descriptor() ([]byte, []int) {
-	return file_rdzv_v1_agent_service_proto_rawDescGZIP(), []int{20}
+	return file_rdzv_v1_agent_service_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *AgentRestarting) GetHoldMs() uint32 {
@@ -1808,11 +1873,15 @@ const file_rdzv_v1_agent_service_proto_rawDesc = "" +
 	"log_cancel\x18\x06 \x01(\v2\x12.rdzv.v1.LogCancelH\x00R\tlogCancel\x12<\n" +
 	"\rheartbeat_ack\x18\a \x01(\v2\x15.rdzv.v1.HeartbeatAckH\x00R\fheartbeatAck\x12B\n" +
 	"\x0fprepare_standby\x18\b \x01(\v2\x17.rdzv.v1.PrepareStandbyH\x00R\x0eprepareStandbyB\x05\n" +
-	"\x03msg\"\x96\x01\n" +
+	"\x03msg\"\xc6\x01\n" +
 	"\bRegister\x12%\n" +
 	"\x04node\x18\x01 \x01(\v2\x11.rdzv.v1.NodeInfoR\x04node\x12/\n" +
 	"\aworkers\x18\x02 \x03(\v2\x15.rdzv.v1.WorkerStatusR\aworkers\x122\n" +
-	"\x06health\x18\x03 \x03(\v2\x1a.rdzv.v1.HealthCheckResultR\x06health\"D\n" +
+	"\x06health\x18\x03 \x03(\v2\x1a.rdzv.v1.HealthCheckResultR\x06health\x12.\n" +
+	"\x06memory\x18\x04 \x03(\v2\x16.rdzv.v1.JobMemoryHeldR\x06memory\"J\n" +
+	"\rJobMemoryHeld\x12\x10\n" +
+	"\x03job\x18\x01 \x01(\tR\x03job\x12'\n" +
+	"\x04held\x18\x02 \x03(\v2\x13.rdzv.v1.MemoryHeldR\x04held\"D\n" +
 	"\fHealthReport\x124\n" +
 	"\aresults\x18\x01 \x03(\v2\x1a.rdzv.v1.HealthCheckResultR\aresults\"\xc3\x01\n" +
 	"\n" +
@@ -1939,83 +2008,86 @@ func file_rdzv_v1_agent_service_proto_rawDescGZIP() []byte {
 	return file_rdzv_v1_agent_service_proto_rawDescData
 }
 
-var file_rdzv_v1_agent_service_proto_msgTypes = make([]protoimpl.MessageInfo, 22)
+var file_rdzv_v1_agent_service_proto_msgTypes = make([]protoimpl.MessageInfo, 23)
 var file_rdzv_v1_agent_service_proto_goTypes = []any{
 	(*ConnectRequest)(nil),        // 0: rdzv.v1.ConnectRequest
 	(*ConnectResponse)(nil),       // 1: rdzv.v1.ConnectResponse
 	(*Register)(nil),              // 2: rdzv.v1.Register
-	(*HealthReport)(nil),          // 3: rdzv.v1.HealthReport
-	(*Registered)(nil),            // 4: rdzv.v1.Registered
-	(*GPUFault)(nil),              // 5: rdzv.v1.GPUFault
-	(*HeartbeatAck)(nil),          // 6: rdzv.v1.HeartbeatAck
-	(*GossipView)(nil),            // 7: rdzv.v1.GossipView
-	(*Heartbeat)(nil),             // 8: rdzv.v1.Heartbeat
-	(*WorkerStatus)(nil),          // 9: rdzv.v1.WorkerStatus
-	(*Progress)(nil),              // 10: rdzv.v1.Progress
-	(*MemoryHeld)(nil),            // 11: rdzv.v1.MemoryHeld
-	(*CheckpointReport)(nil),      // 12: rdzv.v1.CheckpointReport
-	(*StopWorkers)(nil),           // 13: rdzv.v1.StopWorkers
-	(*PrepareStandby)(nil),        // 14: rdzv.v1.PrepareStandby
-	(*PortProbe)(nil),             // 15: rdzv.v1.PortProbe
-	(*PortProbeResult)(nil),       // 16: rdzv.v1.PortProbeResult
-	(*LogTail)(nil),               // 17: rdzv.v1.LogTail
-	(*LogCancel)(nil),             // 18: rdzv.v1.LogCancel
-	(*LogChunk)(nil),              // 19: rdzv.v1.LogChunk
-	(*AgentRestarting)(nil),       // 20: rdzv.v1.AgentRestarting
-	nil,                           // 21: rdzv.v1.Progress.MetricsEntry
-	(*Assignment)(nil),            // 22: rdzv.v1.Assignment
-	(*NodeInfo)(nil),              // 23: rdzv.v1.NodeInfo
-	(*HealthCheckResult)(nil),     // 24: rdzv.v1.HealthCheckResult
-	(*timestamppb.Timestamp)(nil), // 25: google.protobuf.Timestamp
-	(WorkerState)(0),              // 26: rdzv.v1.WorkerState
-	(TrainingPhase)(0),            // 27: rdzv.v1.TrainingPhase
-	(*durationpb.Duration)(nil),   // 28: google.protobuf.Duration
-	(*JobSpec)(nil),               // 29: rdzv.v1.JobSpec
+	(*JobMemoryHeld)(nil),         // 3: rdzv.v1.JobMemoryHeld
+	(*HealthReport)(nil),          // 4: rdzv.v1.HealthReport
+	(*Registered)(nil),            // 5: rdzv.v1.Registered
+	(*GPUFault)(nil),              // 6: rdzv.v1.GPUFault
+	(*HeartbeatAck)(nil),          // 7: rdzv.v1.HeartbeatAck
+	(*GossipView)(nil),            // 8: rdzv.v1.GossipView
+	(*Heartbeat)(nil),             // 9: rdzv.v1.Heartbeat
+	(*WorkerStatus)(nil),          // 10: rdzv.v1.WorkerStatus
+	(*Progress)(nil),              // 11: rdzv.v1.Progress
+	(*MemoryHeld)(nil),            // 12: rdzv.v1.MemoryHeld
+	(*CheckpointReport)(nil),      // 13: rdzv.v1.CheckpointReport
+	(*StopWorkers)(nil),           // 14: rdzv.v1.StopWorkers
+	(*PrepareStandby)(nil),        // 15: rdzv.v1.PrepareStandby
+	(*PortProbe)(nil),             // 16: rdzv.v1.PortProbe
+	(*PortProbeResult)(nil),       // 17: rdzv.v1.PortProbeResult
+	(*LogTail)(nil),               // 18: rdzv.v1.LogTail
+	(*LogCancel)(nil),             // 19: rdzv.v1.LogCancel
+	(*LogChunk)(nil),              // 20: rdzv.v1.LogChunk
+	(*AgentRestarting)(nil),       // 21: rdzv.v1.AgentRestarting
+	nil,                           // 22: rdzv.v1.Progress.MetricsEntry
+	(*Assignment)(nil),            // 23: rdzv.v1.Assignment
+	(*NodeInfo)(nil),              // 24: rdzv.v1.NodeInfo
+	(*HealthCheckResult)(nil),     // 25: rdzv.v1.HealthCheckResult
+	(*timestamppb.Timestamp)(nil), // 26: google.protobuf.Timestamp
+	(WorkerState)(0),              // 27: rdzv.v1.WorkerState
+	(TrainingPhase)(0),            // 28: rdzv.v1.TrainingPhase
+	(*durationpb.Duration)(nil),   // 29: google.protobuf.Duration
+	(*JobSpec)(nil),               // 30: rdzv.v1.JobSpec
 }
 var file_rdzv_v1_agent_service_proto_depIdxs = []int32{
 	2,  // 0: rdzv.v1.ConnectRequest.register:type_name -> rdzv.v1.Register
-	8,  // 1: rdzv.v1.ConnectRequest.heartbeat:type_name -> rdzv.v1.Heartbeat
-	9,  // 2: rdzv.v1.ConnectRequest.worker_status:type_name -> rdzv.v1.WorkerStatus
-	16, // 3: rdzv.v1.ConnectRequest.port_probe_result:type_name -> rdzv.v1.PortProbeResult
-	19, // 4: rdzv.v1.ConnectRequest.log_chunk:type_name -> rdzv.v1.LogChunk
-	10, // 5: rdzv.v1.ConnectRequest.progress:type_name -> rdzv.v1.Progress
-	12, // 6: rdzv.v1.ConnectRequest.checkpoint:type_name -> rdzv.v1.CheckpointReport
-	7,  // 7: rdzv.v1.ConnectRequest.gossip_view:type_name -> rdzv.v1.GossipView
-	5,  // 8: rdzv.v1.ConnectRequest.gpu_fault:type_name -> rdzv.v1.GPUFault
-	20, // 9: rdzv.v1.ConnectRequest.restarting:type_name -> rdzv.v1.AgentRestarting
-	3,  // 10: rdzv.v1.ConnectRequest.health:type_name -> rdzv.v1.HealthReport
-	4,  // 11: rdzv.v1.ConnectResponse.registered:type_name -> rdzv.v1.Registered
-	22, // 12: rdzv.v1.ConnectResponse.assignment:type_name -> rdzv.v1.Assignment
-	13, // 13: rdzv.v1.ConnectResponse.stop_workers:type_name -> rdzv.v1.StopWorkers
-	15, // 14: rdzv.v1.ConnectResponse.port_probe:type_name -> rdzv.v1.PortProbe
-	17, // 15: rdzv.v1.ConnectResponse.log_tail:type_name -> rdzv.v1.LogTail
-	18, // 16: rdzv.v1.ConnectResponse.log_cancel:type_name -> rdzv.v1.LogCancel
-	6,  // 17: rdzv.v1.ConnectResponse.heartbeat_ack:type_name -> rdzv.v1.HeartbeatAck
-	14, // 18: rdzv.v1.ConnectResponse.prepare_standby:type_name -> rdzv.v1.PrepareStandby
-	23, // 19: rdzv.v1.Register.node:type_name -> rdzv.v1.NodeInfo
-	9,  // 20: rdzv.v1.Register.workers:type_name -> rdzv.v1.WorkerStatus
-	24, // 21: rdzv.v1.Register.health:type_name -> rdzv.v1.HealthCheckResult
-	24, // 22: rdzv.v1.HealthReport.results:type_name -> rdzv.v1.HealthCheckResult
-	25, // 23: rdzv.v1.GPUFault.at:type_name -> google.protobuf.Timestamp
-	26, // 24: rdzv.v1.WorkerStatus.state:type_name -> rdzv.v1.WorkerState
-	25, // 25: rdzv.v1.WorkerStatus.exited_at:type_name -> google.protobuf.Timestamp
-	25, // 26: rdzv.v1.Progress.at:type_name -> google.protobuf.Timestamp
-	27, // 27: rdzv.v1.Progress.phase:type_name -> rdzv.v1.TrainingPhase
-	21, // 28: rdzv.v1.Progress.metrics:type_name -> rdzv.v1.Progress.MetricsEntry
-	11, // 29: rdzv.v1.Progress.memory:type_name -> rdzv.v1.MemoryHeld
-	28, // 30: rdzv.v1.StopWorkers.grace:type_name -> google.protobuf.Duration
-	29, // 31: rdzv.v1.PrepareStandby.spec:type_name -> rdzv.v1.JobSpec
-	25, // 32: rdzv.v1.PrepareStandby.job_created_at:type_name -> google.protobuf.Timestamp
-	28, // 33: rdzv.v1.PrepareStandby.keep_for:type_name -> google.protobuf.Duration
-	25, // 34: rdzv.v1.LogTail.since:type_name -> google.protobuf.Timestamp
-	25, // 35: rdzv.v1.LogTail.run_created_at:type_name -> google.protobuf.Timestamp
-	0,  // 36: rdzv.v1.AgentService.Connect:input_type -> rdzv.v1.ConnectRequest
-	1,  // 37: rdzv.v1.AgentService.Connect:output_type -> rdzv.v1.ConnectResponse
-	37, // [37:38] is the sub-list for method output_type
-	36, // [36:37] is the sub-list for method input_type
-	36, // [36:36] is the sub-list for extension type_name
-	36, // [36:36] is the sub-list for extension extendee
-	0,  // [0:36] is the sub-list for field type_name
+	9,  // 1: rdzv.v1.ConnectRequest.heartbeat:type_name -> rdzv.v1.Heartbeat
+	10, // 2: rdzv.v1.ConnectRequest.worker_status:type_name -> rdzv.v1.WorkerStatus
+	17, // 3: rdzv.v1.ConnectRequest.port_probe_result:type_name -> rdzv.v1.PortProbeResult
+	20, // 4: rdzv.v1.ConnectRequest.log_chunk:type_name -> rdzv.v1.LogChunk
+	11, // 5: rdzv.v1.ConnectRequest.progress:type_name -> rdzv.v1.Progress
+	13, // 6: rdzv.v1.ConnectRequest.checkpoint:type_name -> rdzv.v1.CheckpointReport
+	8,  // 7: rdzv.v1.ConnectRequest.gossip_view:type_name -> rdzv.v1.GossipView
+	6,  // 8: rdzv.v1.ConnectRequest.gpu_fault:type_name -> rdzv.v1.GPUFault
+	21, // 9: rdzv.v1.ConnectRequest.restarting:type_name -> rdzv.v1.AgentRestarting
+	4,  // 10: rdzv.v1.ConnectRequest.health:type_name -> rdzv.v1.HealthReport
+	5,  // 11: rdzv.v1.ConnectResponse.registered:type_name -> rdzv.v1.Registered
+	23, // 12: rdzv.v1.ConnectResponse.assignment:type_name -> rdzv.v1.Assignment
+	14, // 13: rdzv.v1.ConnectResponse.stop_workers:type_name -> rdzv.v1.StopWorkers
+	16, // 14: rdzv.v1.ConnectResponse.port_probe:type_name -> rdzv.v1.PortProbe
+	18, // 15: rdzv.v1.ConnectResponse.log_tail:type_name -> rdzv.v1.LogTail
+	19, // 16: rdzv.v1.ConnectResponse.log_cancel:type_name -> rdzv.v1.LogCancel
+	7,  // 17: rdzv.v1.ConnectResponse.heartbeat_ack:type_name -> rdzv.v1.HeartbeatAck
+	15, // 18: rdzv.v1.ConnectResponse.prepare_standby:type_name -> rdzv.v1.PrepareStandby
+	24, // 19: rdzv.v1.Register.node:type_name -> rdzv.v1.NodeInfo
+	10, // 20: rdzv.v1.Register.workers:type_name -> rdzv.v1.WorkerStatus
+	25, // 21: rdzv.v1.Register.health:type_name -> rdzv.v1.HealthCheckResult
+	3,  // 22: rdzv.v1.Register.memory:type_name -> rdzv.v1.JobMemoryHeld
+	12, // 23: rdzv.v1.JobMemoryHeld.held:type_name -> rdzv.v1.MemoryHeld
+	25, // 24: rdzv.v1.HealthReport.results:type_name -> rdzv.v1.HealthCheckResult
+	26, // 25: rdzv.v1.GPUFault.at:type_name -> google.protobuf.Timestamp
+	27, // 26: rdzv.v1.WorkerStatus.state:type_name -> rdzv.v1.WorkerState
+	26, // 27: rdzv.v1.WorkerStatus.exited_at:type_name -> google.protobuf.Timestamp
+	26, // 28: rdzv.v1.Progress.at:type_name -> google.protobuf.Timestamp
+	28, // 29: rdzv.v1.Progress.phase:type_name -> rdzv.v1.TrainingPhase
+	22, // 30: rdzv.v1.Progress.metrics:type_name -> rdzv.v1.Progress.MetricsEntry
+	12, // 31: rdzv.v1.Progress.memory:type_name -> rdzv.v1.MemoryHeld
+	29, // 32: rdzv.v1.StopWorkers.grace:type_name -> google.protobuf.Duration
+	30, // 33: rdzv.v1.PrepareStandby.spec:type_name -> rdzv.v1.JobSpec
+	26, // 34: rdzv.v1.PrepareStandby.job_created_at:type_name -> google.protobuf.Timestamp
+	29, // 35: rdzv.v1.PrepareStandby.keep_for:type_name -> google.protobuf.Duration
+	26, // 36: rdzv.v1.LogTail.since:type_name -> google.protobuf.Timestamp
+	26, // 37: rdzv.v1.LogTail.run_created_at:type_name -> google.protobuf.Timestamp
+	0,  // 38: rdzv.v1.AgentService.Connect:input_type -> rdzv.v1.ConnectRequest
+	1,  // 39: rdzv.v1.AgentService.Connect:output_type -> rdzv.v1.ConnectResponse
+	39, // [39:40] is the sub-list for method output_type
+	38, // [38:39] is the sub-list for method input_type
+	38, // [38:38] is the sub-list for extension type_name
+	38, // [38:38] is the sub-list for extension extendee
+	0,  // [0:38] is the sub-list for field type_name
 }
 
 func init() { file_rdzv_v1_agent_service_proto_init() }
@@ -2054,7 +2126,7 @@ func file_rdzv_v1_agent_service_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_rdzv_v1_agent_service_proto_rawDesc), len(file_rdzv_v1_agent_service_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   22,
+			NumMessages:   23,
 			NumExtensions: 0,
 			NumServices:   1,
 		},
