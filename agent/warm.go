@@ -336,9 +336,10 @@ func (s *Supervisor) discardStandby(sb *standby) {
 }
 
 // lingerStandby drops job's standby unless a generation of it runs here
-// by standbyLinger from now.
+// by standbyLinger from now, on the supervisor's clock. Called on the
+// command goroutine.
 func (s *Supervisor) lingerStandby(job string) {
-	time.AfterFunc(standbyLinger, func() {
+	s.clock.AfterFunc(standbyLinger, func() {
 		select {
 		case s.cmds <- func() { s.dropIdleStandby(job) }:
 		default: // a busy agent drops it on the next assignment instead

@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jonboulle/clockwork"
 	"github.com/stretchr/testify/require"
 
 	rdzvv1 "github.com/rdzv/rdzv/proto/rdzv/v1"
@@ -259,7 +260,7 @@ func TestWarmStandby(t *testing.T) {
 
 // A failed generation leaves a standby for the next one. The stop that
 // says the job ended takes it at once; a stop of the generation alone
-// leaves it for the restart.
+// leaves it for the restart, for standbyLinger on the supervisor's clock.
 func TestWarmStandbyEndsWithTheJob(t *testing.T) {
 	for _, tc := range []struct {
 		name  string
@@ -270,6 +271,9 @@ func TestWarmStandbyEndsWithTheJob(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			h := newWarmHarness(t)
+			clock := clockwork.NewFakeClock()
+			// Read on the command goroutine only, after the next command is sent.
+			h.sup.clock = clock
 			h.sup.Assign(h.assign(1, 3))
 			h.expect("warm", 1, wRunning)
 			h.expect("warm", 1, wFailed)
@@ -290,6 +294,23 @@ func TestWarmStandbyEndsWithTheJob(t *testing.T) {
 			}
 			require.Same(t, sb, left, "the standby waits for the next generation")
 			require.NotEmpty(t, groupMembers(sb.proc.Pid()))
+
+			// No generation came: it goes once it has lingered.
+			clock.Advance(standbyLinger - time.Second)
+			h.sync()
+			h.sup.mu.Lock()
+			left = h.sup.standby
+			h.sup.mu.Unlock()
+			require.Same(t, sb, left, "the standby lingers for standbyLinger")
+			clock.Advance(time.Second)
+			require.Eventually(t, func() bool {
+				h.sync()
+				h.sup.mu.Lock()
+				defer h.sup.mu.Unlock()
+				return h.sup.standby == nil
+			}, waitTimeout, 10*time.Millisecond, "the standby is dropped after standbyLinger")
+			require.Eventually(t, func() bool { return len(groupMembers(sb.proc.Pid())) == 0 }, waitTimeout, 10*time.Millisecond,
+				"nothing of the standby is left")
 		})
 	}
 }
