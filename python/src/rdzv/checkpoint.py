@@ -21,8 +21,13 @@ has no checkpoint.memory) save() does nothing and load() returns None.
 The state is what torch.save takes (state_dicts: tensors, numbers, strings,
 lists and dicts of them); load() reads it with weights_only=True, and only
 if that refuses the file (other objects pickled in) without it: the file is
-the job's own, written by its own ranks. torch.distributed.checkpoint (DCP)
-is not supported: each rank saves its own state_dict.
+the job's own, written by its own ranks.
+
+A sharded state (FSDP2's, or DCP's get_state_dict(model, optim)) holds
+DTensors: each is saved as this rank's shard with its sharding and device
+mesh, as torch.save writes a DTensor, and set_state_dict(model, optim, ...)
+takes load()'s state back when the world size and the sharding are the
+same as when it was saved (docs/checkpoints.md, "With FSDP and DCP").
 
 Like every rdzv report, nothing here raises for trouble with the agent or
 the write: it is written to stderr once and training goes on. Bad arguments
@@ -35,6 +40,7 @@ import copy
 import hashlib
 import io
 import os
+import sys
 import threading
 from typing import Any, Optional
 
@@ -98,6 +104,8 @@ def _to_cpu(obj: Any) -> Any:
     next must not change the saved state."""
     import torch
 
+    # A DTensor stays one: its local shard copied to CPU, its sharding and
+    # mesh kept, as DCP's own CPU staging copies it (no collective).
     if isinstance(obj, torch.Tensor):
         return obj.detach().to("cpu", copy=True)
     if isinstance(obj, dict):
@@ -180,5 +188,26 @@ def load() -> Optional[Any]:
     except FileNotFoundError:
         raise
     except Exception:
-        # Not plain tensors and containers; the job's own file.
-        return torch.load(path, map_location="cpu", weights_only=False)
+        pass
+    # weights_only takes DTensors only once torch.distributed.tensor is
+    # imported, which a script calling load() before it builds its sharded
+    # model may not have done yet.
+    if _import_dtensor():
+        try:
+            return torch.load(path, map_location="cpu", weights_only=True)
+        except Exception:
+            pass
+    # Not plain tensors and containers; the job's own file.
+    return torch.load(path, map_location="cpu", weights_only=False)
+
+
+def _import_dtensor() -> bool:
+    """Imports torch.distributed.tensor; False when it was already imported
+    (nothing changed) or this torch has none."""
+    if "torch.distributed.tensor" in sys.modules:
+        return False
+    try:
+        import torch.distributed.tensor  # noqa: F401
+    except Exception:  # a torch built without torch.distributed
+        return False
+    return True
