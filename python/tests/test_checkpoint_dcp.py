@@ -14,9 +14,9 @@ from distributed import run_worker
 
 pytestmark = pytest.mark.frameworks
 torch = pytest.importorskip("torch")
-pytest.importorskip("torch.distributed.fsdp")
+fsdp = pytest.importorskip("torch.distributed.fsdp")
 pytest.importorskip("torch.distributed.checkpoint.state_dict")
-if not hasattr(__import__("torch.distributed.fsdp", fromlist=["fully_shard"]), "fully_shard"):
+if not hasattr(fsdp, "fully_shard"):
     pytest.skip("FSDP2 (torch.distributed.fsdp.fully_shard) needs torch >= 2.6", allow_module_level=True)
 
 
@@ -73,3 +73,10 @@ def test_fsdp2_state_restored_from_memory(agent: Agent, tmp_path: Path) -> None:
         assert want["model"]["0.weight"]["shape"] == [7, 5]
         assert set(want["optim"]["state"]["0.weight"]) == {"step", "exp_avg", "exp_avg_sq"}
         assert_same(got, want, "rank %d" % r)
+
+    # Another world (one rank here): the saved mesh is not the model's, and
+    # set_state_dict refuses it rather than loading rank 0's shard as the
+    # whole.
+    with pytest.raises(AssertionError, match="different meshes"):
+        run_worker("fsdp_memckpt_worker.py", ["load", str(tmp_path)],
+                   {"RDZV_MEMCKPT_DIR": str(memdir), "RDZV_RESUME_MEMORY": "3"}, world_size=1)
