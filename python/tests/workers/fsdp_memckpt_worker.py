@@ -14,7 +14,11 @@ set_state_dict and writes what each rank then holds to
 OUT/restored-rank-R.pt.
 
 Both print DONE <step> <rank>; load also prints WEIGHTS_ONLY <bool>, whether
-every torch.load it made was weights_only."""
+every torch.load it made was weights_only.
+
+FSDP_MEMCKPT_DEVICE=cuda runs it on the GPUs (NCCL, a CUDA mesh, one GPU per
+rank): the state saved is then CUDA DTensors, copied to CPU by rdzv; on a GPU
+machine, docs/gpu-check.md says how."""
 
 import os
 import sys
@@ -43,15 +47,18 @@ def local(obj: Any) -> Any:
     return obj
 
 
+DEVICE = os.environ.get("FSDP_MEMCKPT_DEVICE", "cpu")
+
+
 def build(seed: int) -> Tuple[torch.nn.Module, torch.optim.Optimizer]:
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
 
     torch.manual_seed(seed)
-    mesh = init_device_mesh("cpu", (dist.get_world_size(),))
+    mesh = init_device_mesh(DEVICE, (dist.get_world_size(),))
     # Dimensions that do not divide by two: uneven shards (one rank's is
     # padded) must come back as they were.
-    model = torch.nn.Sequential(torch.nn.Linear(5, 7), torch.nn.ReLU(), torch.nn.Linear(7, 3))
+    model = torch.nn.Sequential(torch.nn.Linear(5, 7), torch.nn.ReLU(), torch.nn.Linear(7, 3)).to(DEVICE)
     for layer in model:
         if isinstance(layer, torch.nn.Linear):
             fully_shard(layer, mesh=mesh)
@@ -61,7 +68,9 @@ def build(seed: int) -> Tuple[torch.nn.Module, torch.optim.Optimizer]:
 
 def main() -> None:
     mode, out = sys.argv[1], sys.argv[-1]
-    dist.init_process_group("gloo")
+    if DEVICE == "cuda":
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+    dist.init_process_group("nccl" if DEVICE == "cuda" else "gloo")
     rank = dist.get_rank()
     state: Dict[str, Any]
     if mode == "save":
@@ -71,7 +80,7 @@ def main() -> None:
         steps = int(sys.argv[2])
         for step in range(1, steps + 1):
             torch.manual_seed(100 + step)
-            model(torch.randn(4, 5)).square().sum().backward()
+            model(torch.randn(4, 5).to(DEVICE)).square().sum().backward()
             opt.step()
             opt.zero_grad()
             msd, osd = get_state_dict(model, opt)
