@@ -220,10 +220,13 @@ type jobState struct {
 	// memHeld is what each node holds of the job's in-memory checkpoints
 	// (memckpt.go), in memory only; memSkip are the steps whose fetch
 	// failed, never picked again; memPlan is the current generation's
-	// in-memory resume, nil when it resumed otherwise.
-	memHeld map[string][]*rdzvv1.MemoryHeld
-	memSkip map[memKey]bool
-	memPlan *memPlan
+	// in-memory resume, nil when it resumed otherwise; memSealed is what
+	// was held of earlier generations when the current one committed
+	// (sealMemory).
+	memHeld   map[string][]*rdzvv1.MemoryHeld
+	memSealed map[memKey][]uint32
+	memSkip   map[memKey]bool
+	memPlan   *memPlan
 }
 
 // Option adjusts a Controller for tests.

@@ -16,6 +16,16 @@ import (
 // recovery resumes from the durable checkpoint, as before, until the agents
 // report again. At a commit whose world is the previous round's, pickMemory
 // chooses the step to resume from.
+//
+// A node of the current generation also reports shards of earlier
+// generations: its own and its replicas, and those it fetched to resume.
+// Such a shard must have been known before its generation was fenced: a
+// fenced generation's node that resumes later (a stall, a frozen machine)
+// can still push a shard to a peer that runs on in the next generation,
+// and that peer would report it. So each commit seals what the job's
+// holdings show of the generations up to the one ending (sealMemory), and
+// later reports count shards of those generations only where sealed
+// (sealedOnly).
 
 // Event kinds of the checkpoint a new generation resumes from.
 const (
@@ -105,13 +115,15 @@ func (p memPlan) sources(node string, rank, ppn uint32, addr func(node string) s
 // planMemory decides, at the commit of generation gen of js onto placed
 // nodes, whether it resumes from memory, and returns the event saying which
 // source it uses (nil when checkpoint.memory is off or there is nothing to
-// resume). Callers hold c.mu, before js.round becomes the new round.
+// resume). It seals what is held of the generation ending (sealMemory).
+// Callers hold c.mu, before js.round becomes the new round.
 func (c *Controller) planMemory(js *jobState, gen uint64, nodes int) (*memPlan, *rdzvv1.Event) {
 	spec := js.rec.GetSpec()
 	name := spec.GetName()
 	if spec.GetCheckpointMemory() == nil || js.round == nil {
 		return nil, nil
 	}
+	js.memSealed = sealMemory(js.memHeld, js.rec.GetGeneration())
 	durable := "from scratch"
 	if cp := js.rec.GetLatestCheckpoint(); cp != nil {
 		durable = fmt.Sprintf("from durable checkpoint step %d", cp.GetStep())
@@ -134,12 +146,59 @@ func (c *Controller) planMemory(js *jobState, gen uint64, nodes int) (*memPlan, 
 	return &plan, c.event(name, "", gen, EventResumeMemory, "generation %d resumes from in-memory step %d (saved by generation %d), held by the nodes", gen, plan.key.step, plan.key.generation)
 }
 
+// sealMemory is, per step of generations up to gen, the ranks any node
+// holds, sorted: what a later generation's reports may still name of
+// them. Holdings of earlier generations are already sealed ones
+// (sealedOnly), so sealing again keeps their seal.
+func sealMemory(held map[string][]*rdzvv1.MemoryHeld, gen uint64) map[memKey][]uint32 {
+	sealed := map[memKey][]uint32{}
+	for _, hs := range held {
+		for _, h := range hs {
+			if k := (memKey{h.GetGeneration(), h.GetStep()}); k.generation <= gen {
+				sealed[k] = append(sealed[k], h.GetRanks()...)
+			}
+		}
+	}
+	for k, ranks := range sealed {
+		slices.Sort(ranks)
+		sealed[k] = slices.Compact(ranks)
+	}
+	return sealed
+}
+
+// sealedOnly is held, reported by a node of generation current, less the
+// shards of earlier generations that sealed does not name: written, or
+// made known, after their generation was fenced.
+func sealedOnly(held []*rdzvv1.MemoryHeld, current uint64, sealed map[memKey][]uint32) []*rdzvv1.MemoryHeld {
+	out := make([]*rdzvv1.MemoryHeld, 0, len(held))
+	for _, h := range held {
+		if h.GetGeneration() >= current {
+			out = append(out, h)
+			continue
+		}
+		known := sealed[memKey{h.GetGeneration(), h.GetStep()}]
+		var ranks []uint32
+		for _, r := range h.GetRanks() {
+			if _, ok := slices.BinarySearch(known, r); ok {
+				ranks = append(ranks, r)
+			}
+		}
+		if len(ranks) > 0 {
+			out = append(out, &rdzvv1.MemoryHeld{Generation: h.GetGeneration(), Step: h.GetStep(), Ranks: ranks})
+		}
+	}
+	return out
+}
+
 // memoryHeld records what node holds of js's in-memory checkpoints, as of
-// its latest progress report. Callers hold c.mu.
+// its latest progress report from the current generation, less what was
+// not known of earlier generations when they were fenced. Callers hold
+// c.mu.
 func (js *jobState) memoryHeld(node string, held []*rdzvv1.MemoryHeld) {
 	if js.rec.GetSpec().GetCheckpointMemory() == nil {
 		return
 	}
+	held = sealedOnly(held, js.rec.GetGeneration(), js.memSealed)
 	if js.memHeld == nil {
 		js.memHeld = map[string][]*rdzvv1.MemoryHeld{}
 	}

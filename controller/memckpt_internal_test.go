@@ -125,3 +125,41 @@ func TestRegisterMemory(t *testing.T) {
 		})
 	}
 }
+
+// A node of a fenced generation that resumes late (a stall) pushes a shard
+// of its generation to a peer that runs on in the next one, which reports
+// it: only what was held when the generation was fenced may count.
+func TestMemorySealedAtCommit(t *testing.T) {
+	// Generation 1 on a and b, two ranks each; at the fence, step 40 is
+	// complete and of step 43 only a's ranks were saved: b stalled first.
+	atFence := map[string][]*rdzvv1.MemoryHeld{
+		"a": {held(1, 40, 0, 1, 2, 3), held(1, 43, 0, 1)},
+		"b": {held(1, 40, 2, 3, 0, 1)},
+	}
+	sealed := sealMemory(atFence, 1)
+	require.Equal(t, map[memKey][]uint32{{1, 40}: {0, 1, 2, 3}, {1, 43}: {0, 1}}, sealed)
+
+	// Generation 2 runs on a and c and has saved nothing complete yet; b,
+	// resumed, has pushed its late shards of step 43 to a.
+	late := []*rdzvv1.MemoryHeld{held(1, 40, 0, 1, 2, 3), held(1, 43, 0, 1, 2, 3), held(2, 41, 0, 1)}
+	require.Equal(t, []*rdzvv1.MemoryHeld{held(1, 40, 0, 1, 2, 3), held(1, 43, 0, 1), held(2, 41, 0, 1)},
+		sealedOnly(late, 2, sealed))
+	// c fetched step 40's ranks 2 and 3 to resume: sealed, so they count.
+	fetched := []*rdzvv1.MemoryHeld{held(1, 40, 2, 3), held(1, 99, 2, 3)}
+	require.Equal(t, []*rdzvv1.MemoryHeld{held(1, 40, 2, 3)}, sealedOnly(fetched, 2, sealed))
+
+	now := map[string][]*rdzvv1.MemoryHeld{"a": sealedOnly(late, 2, sealed), "c": sealedOnly(fetched, 2, sealed)}
+	plan, ok := pickMemory(now, func(string) bool { return true }, 4, 2, nil)
+	require.True(t, ok)
+	require.Equal(t, memKey{1, 40}, plan.key, "the late shards must not complete step 43")
+	// Without the seal they would have.
+	plan, ok = pickMemory(map[string][]*rdzvv1.MemoryHeld{"a": late, "c": fetched}, func(string) bool { return true }, 4, 2, nil)
+	require.True(t, ok)
+	require.Equal(t, memKey{1, 43}, plan.key)
+
+	// Sealing again at the next commit keeps generation 1's seal and adds
+	// generation 2's holdings.
+	require.Equal(t, map[memKey][]uint32{{1, 40}: {0, 1, 2, 3}, {1, 43}: {0, 1}, {2, 41}: {0, 1}}, sealMemory(now, 2))
+	// After a failover nothing is sealed: earlier generations count no more.
+	require.Empty(t, sealedOnly(late[:2], 2, nil))
+}
