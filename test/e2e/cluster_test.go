@@ -47,8 +47,9 @@ type cluster struct {
 	t   *testing.T
 	net *netns.Cluster
 	dir string
-	// agentBase is the index of the first agent host.
-	agentBase int
+	// agentBase is the index of the first agent host, hosts the number of
+	// agent hosts (agentHosts unless a test asks for more).
+	agentBase, hosts int
 
 	controllerBin, agentBin, ctlBin string
 	// controllerAddr is where agents and rdzvctl reach the controller (a
@@ -87,13 +88,20 @@ func newCluster(t *testing.T) *cluster {
 // agent hosts, for controllers and etcd members.
 func newClusterHosts(t *testing.T, infraHosts int) *cluster {
 	t.Helper()
+	return newClusterSized(t, infraHosts, agentHosts)
+}
+
+// newClusterSized is newClusterHosts with hosts agent hosts rather than
+// agentHosts, for a test that needs more.
+func newClusterSized(t *testing.T, infraHosts, hosts int) *cluster {
+	t.Helper()
 	binDir := os.Getenv("RDZV_BIN_DIR")
 	if binDir == "" {
 		netns.SkipOrFail(t, "e2e: RDZV_BIN_DIR is not set: run `make e2e`, or `make build` and set RDZV_BIN_DIR to the bin directory")
 	}
 	binDir, err := filepath.Abs(binDir)
 	require.NoError(t, err)
-	c := &cluster{t: t, dir: t.TempDir(), agentBase: infraHosts, heartbeatTimeout: defaultHeartbeatTimeout, killed: map[int]bool{}}
+	c := &cluster{t: t, dir: t.TempDir(), agentBase: infraHosts, hosts: hosts, heartbeatTimeout: defaultHeartbeatTimeout, killed: map[int]bool{}}
 	for _, b := range []struct {
 		path *string
 		name string
@@ -106,12 +114,12 @@ func newClusterHosts(t *testing.T, infraHosts int) *cluster {
 	if _, err := os.Stat(torchrun); err != nil {
 		netns.SkipOrFail(t, "e2e: %s is missing (apt-get install python3-torch)", torchrun)
 	}
-	c.net = netns.NewCluster(t, infraHosts+agentHosts, filepath.Join(c.dir, "proc-logs"))
+	c.net = netns.NewCluster(t, infraHosts+hosts, filepath.Join(c.dir, "proc-logs"))
 	c.controllerAddr = c.controllerHost().IP + ":" + controllerPort
 	c.pkiDir = filepath.Join(c.dir, "pki")
 	c.pki(t, "init", "--dir", c.pkiDir)
 	c.pki(t, "issue", "controller", "rdzv-controller", "--ip", c.controllerHost().IP, "--dir", c.pkiDir)
-	for i := range agentHosts {
+	for i := range hosts {
 		c.pki(t, "issue", "agent", c.agentHost(i).Name, "--dir", c.pkiDir)
 	}
 	c.pki(t, "issue", "operator", "e2e", "--dir", c.pkiDir, "--out", filepath.Join(c.pkiDir, "rdzvctl"))
@@ -190,7 +198,7 @@ func (c *cluster) restartController() {
 // must name itself after its hostname.
 func (c *cluster) startAgents() {
 	c.t.Helper()
-	for i := range agentHosts {
+	for i := range c.hosts {
 		c.agents = append(c.agents, c.agentHost(i).Start(c.t, "agent", nil, c.agentArgv(i)...))
 	}
 }
@@ -320,7 +328,7 @@ func (c *cluster) waitNodes(t *testing.T, what string, ok func([]nodeJSON) bool)
 	for {
 		c.requireRunning(t)
 		nodes, err := c.nodes()
-		if err == nil && len(nodes) == agentHosts && ok(nodes) {
+		if err == nil && len(nodes) == c.hosts && ok(nodes) {
 			return nodes
 		}
 		if err == nil {

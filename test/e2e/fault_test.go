@@ -50,7 +50,13 @@ const (
 // daemons stop.
 func newFaultCluster(t *testing.T) *cluster {
 	t.Helper()
-	c := newCluster(t)
+	return newFaultClusterSized(t, agentHosts)
+}
+
+// newFaultClusterSized is newFaultCluster with hosts agent hosts.
+func newFaultClusterSized(t *testing.T, hosts int) *cluster {
+	t.Helper()
+	c := newClusterSized(t, 1, hosts)
 	c.heartbeatTimeout = faultHeartbeatTimeout
 	c.agentArgs = []string{"--stop-grace", faultStopGrace}
 	c.startEmbeddedController()
@@ -644,15 +650,26 @@ func (c *cluster) killWorker(t *testing.T, i int) string {
 // stays up, so its peers see their connections reset.
 func (c *cluster) killHost(t *testing.T, i int) {
 	t.Helper()
-	h := c.agentHost(i)
-	c.killed[i] = true
+	c.killHosts(t, i)
+}
+
+// killHosts is killHost for several agent hosts together: every process on
+// all of them is stopped before any is killed.
+func (c *cluster) killHosts(t *testing.T, hosts ...int) {
+	t.Helper()
+	for _, i := range hosts {
+		c.killed[i] = true
+	}
 	deadline := time.Now().Add(stopTimeout)
 	for {
-		pids := netnsPids(t, h)
+		var pids []int
+		for _, i := range hosts {
+			pids = append(pids, netnsPids(t, c.agentHost(i))...)
+		}
 		if len(pids) == 0 {
 			break
 		}
-		require.True(t, time.Now().Before(deadline), "processes still on %s %s after SIGKILL: %v", h.Name, stopTimeout, pids)
+		require.True(t, time.Now().Before(deadline), "processes still on agent hosts %v %s after SIGKILL: %v", hosts, stopTimeout, pids)
 		for _, sig := range []syscall.Signal{syscall.SIGSTOP, syscall.SIGKILL} {
 			for _, pid := range pids {
 				_ = syscall.Kill(pid, sig) // it may have exited since
@@ -660,7 +677,9 @@ func (c *cluster) killHost(t *testing.T, i int) {
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
-	<-c.agents[i].Exited()
+	for _, i := range hosts {
+		<-c.agents[i].Exited()
+	}
 }
 
 // liveGenerations lists, per generation, the processes of it alive on the
@@ -857,12 +876,14 @@ func parseTicks(t *testing.T, node, log string) []tick {
 // tells it.
 type roundInfo struct {
 	nodes []string
-	// resume is the checkpoint step it starts from, 0 from scratch.
+	// resume is the checkpoint step it starts from, 0 from scratch;
+	// memory is set when that is an in-memory step.
 	resume uint64
+	memory bool
 }
 
 var (
-	committedMessage  = regexp.MustCompile(`^generation (\d+): \d+ nodes \[([^\]]*)\], .*starting (?:from scratch|from checkpoint step (\d+))`)
+	committedMessage  = regexp.MustCompile(`^generation (\d+): \d+ nodes \[([^\]]*)\], .*starting (?:from scratch|from checkpoint step (\d+)|from in-memory step (\d+))`)
 	checkpointMessage = regexp.MustCompile(`^checkpoint step (\d+) complete \(\w+\): (\S+)$`)
 )
 
@@ -878,6 +899,9 @@ func parseRounds(t *testing.T, events []eventJSON) map[uint64]roundInfo {
 		r := roundInfo{nodes: strings.Fields(m[2])}
 		if m[3] != "" {
 			r.resume = uint64(atoi(t, m[3]))
+		}
+		if m[4] != "" {
+			r.resume, r.memory = uint64(atoi(t, m[4])), true
 		}
 		rounds[uint64(atoi(t, m[1]))] = r
 	}
@@ -1148,11 +1172,7 @@ var resumeMemoryMessage = regexp.MustCompile(`resumes from in-memory step (\d+) 
 // that step, newer than the durable checkpoint.
 func TestFaultKillNodeMemoryCheckpoint(t *testing.T) {
 	c := newFaultCluster(t)
-	job := faultJob(t, c, "fault-memory", func(spec map[string]any) {
-		spec["nodes"] = map[string]any{"min": 2, "max": 2}
-		spec["command"] = append(spec["command"].([]any), "--memory-every", "3")
-		spec["checkpoint"].(map[string]any)["memory"] = map[string]any{"replicas": 1, "max_bytes": 64 << 20}
-	})
+	job := faultJob(t, c, "fault-memory", memoryJob)
 	before := c.waitCheckpoint(t, job.Name, checkpointEvery)
 	// A few steps past the durable checkpoint, so the in-memory one is newer.
 	c.waitJob(t, job.Name, "a few steps past the checkpoint", func(j jobJSON) bool {

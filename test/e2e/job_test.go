@@ -360,7 +360,7 @@ func requireIdle(t *testing.T, c *cluster) {
 	t.Helper()
 	nodes, err := c.nodes()
 	require.NoError(t, err)
-	require.Len(t, nodes, agentHosts)
+	require.Len(t, nodes, c.hosts)
 	for i, n := range nodes {
 		require.Equal(t, c.agentHost(i).Name, n.Info.Name)
 		want := "NODE_STATE_READY"
