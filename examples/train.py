@@ -74,6 +74,9 @@ def main():
     p.add_argument("--memory-every", type=int, default=0,
                    help="save an in-memory checkpoint (rdzv.checkpoint) every this many steps (0: never), "
                         "and resume from the one rdzv restored")
+    p.add_argument("--memory-generations", type=int, default=0,
+                   help="save in memory only in generations up to this one (0: all): a later generation then "
+                        "fails, as far as memory goes, before its first save")
     p.add_argument("--fail-at-start", action="store_true",
                    help="exit with status 3 before training: a job that crash loops")
     p.add_argument("--hang-file", default="",
@@ -150,7 +153,8 @@ def main():
         # The last step is final: what follows (the final save, the exit) is
         # never taken for a hang.
         rdzv.report_step(step, final=step == args.steps, loss=loss.item())
-        if args.memory_every and step % args.memory_every == 0:
+        saves = not args.memory_generations or int(generation or 0) <= args.memory_generations
+        if args.memory_every and saves and step % args.memory_every == 0:
             rdzv.checkpoint.save({"model": model.state_dict(), "opt": opt.state_dict(), "step": step}, step)
         time.sleep(args.step_time)
 

@@ -1,14 +1,13 @@
 package e2e
 
 import (
-	"fmt"
+	"os"
+	"path/filepath"
 	"regexp"
-	"slices"
 	"strconv"
 	"strings"
 	"syscall"
 	"testing"
-	"time"
 
 	"github.com/stretchr/testify/require"
 )
@@ -176,114 +175,132 @@ func TestFaultKillReplicaPairMemoryCheckpoint(t *testing.T) {
 	c.requireResumedAt(t, job.Name, 2, durable, false)
 }
 
-// A node of an in-memory checkpointing job freezes whole (SIGSTOP of its
-// agent, its workers' shims and its workers: a frozen machine, with no
-// process left to notice). It is fenced when its heartbeats stop, and the
-// job goes on as generation 2 on the other node and the idle one. Then the
-// node thaws: its generation-1 processes run again until they see they are
-// fenced, and in that time may finish a save, report it and replicate it
-// to their peer, which trains on in generation 2 and reports what it
-// holds. A worker of generation 2 is killed once generation 2 has saved in
-// memory: generation 3 must resume from a step of the current lineage,
-// which generation 2 saved (its resume_memory names generation 2), or from
-// the durable checkpoint, never from a step of generation 1, and every rank
-// at that step. Nothing of generation 1 outlives the thaw, and the job
-// succeeds. Whether the thawed node does write late depends on where it
-// froze; TestMemorySealedAtCommit (controller) covers the late write itself.
-func TestFaultFrozenNodeMemoryCheckpoint(t *testing.T) {
+// A node of an in-memory checkpointing job stalls: its agent and its
+// workers' shims are SIGSTOPped, its workers train on. Each of their saves
+// now reports to an agent that does not answer: the report times out in
+// the worker but stays queued in the agent's listening socket. The node is
+// fenced when its heartbeats stop, and the job goes on as generation 2 on
+// the other node and the idle one, resuming from the newest in-memory step
+// complete at the fence. Then the node resumes: its agent takes the queued
+// reports of generation 1 (steps newer than the one generation 2 resumed
+// from, never complete before the fence) before it learns it was fenced,
+// and replicates them to its peer, which trains on in generation 2 and
+// reports what it holds. Generation 2 saves nothing in memory
+// (--memory-generations 1), so when a worker of it is killed, generation 3
+// resumes from generation 1's steps: it must resume from the very step
+// generation 2 did, never from a step only the late reports completed,
+// every rank at it, and the job succeeds with nothing of generation 1 left.
+// Before the controller sealed each generation's holdings at the next
+// commit (TestMemorySealedAtCommit), generation 3 resumed from such a step.
+func TestFaultStallMemoryCheckpoint(t *testing.T) {
 	c := newFaultCluster(t)
-	job := faultJob(t, c, "fault-memory-frozen", memoryJob)
-	before := c.waitCheckpoint(t, job.Name, checkpointEvery)
-	gen1 := c.waitJob(t, job.Name, "a few steps past the checkpoint", func(j jobJSON) bool {
-		return j.Step >= before.LatestCheckpoint.Step+checkpointEvery/2
+	job := faultJob(t, c, "fault-memory-stall", func(spec map[string]any) {
+		// Longer, with a durable checkpoint only at step 100 (and the
+		// end): one at generation 2's steps would be newer than generation
+		// 1's in-memory steps, and generation 3 would rightly resume from it.
+		spec["command"] = []any{"train.py", "--steps", "240", "--step-time", faultStepTime, "--checkpoint-every", "100", "--tick",
+			"--memory-generations", "1"}
+		memoryJob(spec)
 	})
-	frozen := c.hostOfRank(t, gen1, 1)
-	h := c.agentHost(frozen)
-	pids := c.freezeHost(t, frozen)
-	thawed := false
+	before := c.waitCheckpoint(t, job.Name, 100)
+	gen1 := c.waitJob(t, job.Name, "a few steps past the checkpoint", func(j jobJSON) bool {
+		return j.Step >= before.LatestCheckpoint.Step+4
+	})
+	stalled := c.hostOfRank(t, gen1, 1)
+	h := c.agentHost(stalled)
+	pids := c.stallNode(t, stalled)
+	resumed := false
+	resume := func() {
+		for _, pid := range pids {
+			_ = syscall.Kill(pid, syscall.SIGCONT) // it may have exited since
+		}
+		resumed = true
+	}
 	t.Cleanup(func() {
-		if !thawed {
-			thaw(pids)
+		if !resumed {
+			resume()
 		}
 	})
-	t.Logf("e2e: froze %d processes on %s at step %d (latest durable checkpoint then: step %d)", len(pids), h.Name, gen1.Step, before.LatestCheckpoint.Step)
-	c.waitNodeState(t, frozen, "NODE_STATE_LOST")
+	t.Logf("e2e: SIGSTOPped the agent and %d shims on %s at step %d", len(pids)-1, h.Name, gen1.Step)
+	c.waitNodeState(t, stalled, "NODE_STATE_LOST")
 	gen2 := c.waitJob(t, job.Name, "ran generation 2", func(j jobJSON) bool { return j.Generation >= 2 && j.State == "JOB_STATE_RUNNING" })
 	require.EqualValues(t, 2, gen2.Generation)
 	for _, a := range gen2.Assignments {
-		require.NotEqual(t, h.Name, a.Node, "generation 2 on the frozen node")
+		require.NotEqual(t, h.Name, a.Node, "generation 2 on the stalled node")
 	}
+	res2 := resumeOf(t, c.jobEvents(t, job.Name), 2)
+	require.Equal(t, "resume_memory", res2.kind, "generation 2 resumes from memory: the other node holds the stalled one's replicas")
+	require.EqualValues(t, 1, res2.savedBy)
+	// What the stalled node's workers saved past that step, reported only
+	// to their stalled agent: what the test is about.
+	late := lateShards(t, h.Name, job.Name, res2.step)
+	require.NotEmpty(t, late, "the stalled node's workers saved nothing after step %d: nothing to report late", res2.step)
+	t.Logf("e2e: %d shards of generation 1 newer than step %d on %s, reported only to its stalled agent: %v", len(late), res2.step, h.Name, late)
 
-	thaw(pids)
-	thawed = true
-	c.waitNodeState(t, frozen, "NODE_STATE_READY")
-	t.Logf("e2e: thawed %s; it is back, idle", h.Name)
-	r2 := parseRounds(t, c.jobEvents(t, job.Name))[2]
-	// Two saves of generation 2 past where it resumed (one every 3 steps).
-	gen2 = c.waitJob(t, job.Name, "generation 2 saved in memory", func(j jobJSON) bool {
-		require.EqualValues(t, 2, j.Generation, "the thawed node disturbed the job: %s", j.Reason)
-		return j.Step >= r2.resume+7
+	resume()
+	c.waitNodeState(t, stalled, "NODE_STATE_READY")
+	// Time for the late reports to reach the peer and its holdings the
+	// controller, which takes them with generation 2's step reports.
+	gen2 = c.waitJob(t, job.Name, "generation 2 trained on", func(j jobJSON) bool {
+		require.EqualValues(t, 2, j.Generation, "the resumed node disturbed the job: %s", j.Reason)
+		return j.Step >= res2.step+20
 	})
+	require.Less(t, gen2.Step, uint64(230), "generation 2 nearly done before its worker could be killed")
 	killed := c.killWorker(t, c.hostOfRank(t, gen2, 1))
-	t.Logf("e2e: SIGKILLed %s at step %d", killed, gen2.Step)
+	t.Logf("e2e: resumed %s; SIGKILLed %s at step %d", h.Name, killed, gen2.Step)
 
 	j := c.waitJob(t, job.Name, "finished", func(j jobJSON) bool { return finished(j.State) })
 	require.Equal(t, "JOB_STATE_SUCCEEDED", j.State, "reason: %s", j.Reason)
-	require.EqualValues(t, 3, j.Generation, "one restart for the frozen node, one for the killed worker")
+	require.EqualValues(t, 3, j.Generation, "one restart for the stalled node, one for the killed worker")
 	events := c.jobEvents(t, job.Name)
-	rounds := parseRounds(t, events)
-
-	res2 := resumeOf(t, events, 2)
-	require.Equal(t, r2.resume, res2.step)
 	res3 := resumeOf(t, events, 3)
-	r3 := rounds[3]
+	require.Equal(t, "resume_memory", res3.kind, "generation 1's step that generation 2 resumed from is still held")
+	require.EqualValues(t, 1, res3.savedBy)
+	require.Equal(t, res2.step, res3.step, "generation 3 must resume from the step generation 2 did: a newer step of generation 1 was completed only by reports after its fence")
+	r3 := parseRounds(t, events)[3]
+	require.True(t, r3.memory)
 	require.Equal(t, res3.step, r3.resume)
-	switch res3.kind {
-	case "resume_memory":
-		require.EqualValues(t, 2, res3.savedBy, "generation 3 must resume from what generation 2 saved, not from generation 1")
-		require.Greater(t, res3.step, r2.resume, "generation 2's step is one it trained")
-		require.True(t, r3.memory)
-	case "resume_durable":
-		require.False(t, r3.memory)
-	}
-	c.requireResumedAt(t, job.Name, 3, res3.step, res3.kind == "resume_memory")
+	c.requireResumedAt(t, job.Name, 3, res3.step, true)
 	c.waitStandbysGone(t, job)
 	requireOnlyAgents(t, c, nil)
 }
 
-// freezeHost SIGSTOPs every process on agent host i, its agent first, until
-// every one there is stopped, and returns them.
-func (c *cluster) freezeHost(t *testing.T, i int) []int {
+// stallNode SIGSTOPs the agent on agent host i and its workers' shims,
+// which would otherwise stop the workers when the agent's lease lapses,
+// and returns them, the agent first. The workers run on.
+func (c *cluster) stallNode(t *testing.T, i int) []int {
 	t.Helper()
-	h := c.agentHost(i)
 	agent := c.agents[i].Pid()
 	require.NoError(t, syscall.Kill(agent, syscall.SIGSTOP))
-	stopped := []int{agent}
-	deadline := time.Now().Add(stopTimeout)
-	for {
-		var running []string
-		for _, pid := range netnsPids(t, h) {
-			state := procStatus(pid, "State")
-			if state == "" || strings.HasPrefix(state, "T") || strings.HasPrefix(state, "Z") {
-				continue
-			}
-			running = append(running, fmt.Sprintf("%d (%s)", pid, state))
-			if !slices.Contains(stopped, pid) {
-				stopped = append(stopped, pid)
-			}
-			_ = syscall.Kill(pid, syscall.SIGSTOP) // it may have exited since
+	pids := []int{agent}
+	for _, pid := range netnsPids(t, c.agentHost(i)) {
+		if pid != agent && strings.Contains(strings.Join(procCmdline(pid), " "), "rdzv-agent shim") {
+			require.NoError(t, syscall.Kill(pid, syscall.SIGSTOP))
+			pids = append(pids, pid)
 		}
-		if len(running) == 0 {
-			return stopped
-		}
-		require.True(t, time.Now().Before(deadline), "processes on %s still running %s after SIGSTOP: %v", h.Name, stopTimeout, running)
-		time.Sleep(20 * time.Millisecond)
 	}
+	require.Greater(t, len(pids), 1, "no shim on %s", c.agentHost(i).Name)
+	return pids
 }
 
-// thaw SIGCONTs what freezeHost stopped, all at once, the agent first.
-func thaw(pids []int) {
-	for _, pid := range pids {
-		_ = syscall.Kill(pid, syscall.SIGCONT) // it may have exited since
+// lateShards lists the shard files of generation 1 of job on node newer
+// than step, in the agent's default in-memory checkpoint directory.
+func lateShards(t *testing.T, node, job string, step uint64) []string {
+	t.Helper()
+	entries, err := os.ReadDir(filepath.Join("/dev/shm/rdzv-memckpt", node, job, "g1"))
+	if err != nil {
+		t.Logf("e2e: %v", err)
+		return nil
 	}
+	var late []string
+	for _, e := range entries {
+		m := shardFile.FindStringSubmatch(e.Name())
+		if m != nil && uint64(atoi(t, m[1])) > step {
+			late = append(late, e.Name())
+		}
+	}
+	return late
 }
+
+// shardFile is an in-memory checkpoint shard's file name.
+var shardFile = regexp.MustCompile(`^step-(\d+)-rank-\d+\.pt$`)
