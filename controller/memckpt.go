@@ -190,15 +190,49 @@ func sealedOnly(held []*rdzvv1.MemoryHeld, current uint64, sealed map[memKey][]u
 	return out
 }
 
+// knownOnly is held less what known (what the node was known to hold) does
+// not name of generations current and later: what a node outside the
+// running generation registers can take away from its claims of the
+// current generation, never add to them. Such a node may have been fenced,
+// and have taken its workers' queued reports, late, on resuming.
+func knownOnly(held []*rdzvv1.MemoryHeld, current uint64, known []*rdzvv1.MemoryHeld) []*rdzvv1.MemoryHeld {
+	was := map[memKey][]uint32{}
+	for _, h := range known {
+		k := memKey{h.GetGeneration(), h.GetStep()}
+		was[k] = append(was[k], h.GetRanks()...)
+	}
+	out := make([]*rdzvv1.MemoryHeld, 0, len(held))
+	for _, h := range held {
+		if h.GetGeneration() < current {
+			out = append(out, h)
+			continue
+		}
+		var ranks []uint32
+		for _, r := range h.GetRanks() {
+			if slices.Contains(was[memKey{h.GetGeneration(), h.GetStep()}], r) {
+				ranks = append(ranks, r)
+			}
+		}
+		if len(ranks) > 0 {
+			out = append(out, &rdzvv1.MemoryHeld{Generation: h.GetGeneration(), Step: h.GetStep(), Ranks: ranks})
+		}
+	}
+	return out
+}
+
 // memoryHeld records what node holds of js's in-memory checkpoints, as of
-// its latest progress report from the current generation, less what was
-// not known of earlier generations when they were fenced. Callers hold
-// c.mu.
+// its latest progress report or registration, less what was not known of
+// earlier generations when they were fenced (sealedOnly) and, unless node
+// runs in the job's running generation, anything of the current one it
+// was not known to hold (knownOnly). Callers hold c.mu.
 func (js *jobState) memoryHeld(node string, held []*rdzvv1.MemoryHeld) {
 	if js.rec.GetSpec().GetCheckpointMemory() == nil {
 		return
 	}
 	held = sealedOnly(held, js.rec.GetGeneration(), js.memSealed)
+	if js.rec.GetState() != rdzvv1.JobState_JOB_STATE_RUNNING || !js.member(node) {
+		held = knownOnly(held, js.rec.GetGeneration(), js.memHeld[node])
+	}
 	if js.memHeld == nil {
 		js.memHeld = map[string][]*rdzvv1.MemoryHeld{}
 	}

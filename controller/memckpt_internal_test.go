@@ -96,29 +96,48 @@ func TestMemPlanSources(t *testing.T) {
 // A registration replaces what the node holds of every job: a restarted
 // agent (nothing) drops its stale claims, a reconnecting one keeps its own,
 // and other nodes' holdings and jobs without checkpoint.memory are left
-// alone.
+// alone. A node that does not run in the job's running generation (fenced,
+// the job recovering) can only take away from its claims of the current
+// generation: a stalled node's agent may have taken its workers' queued
+// reports, late, on resuming.
 func TestRegisterMemory(t *testing.T) {
-	memJob := func() *jobState {
-		return &jobState{rec: &rdzvv1.Job{Spec: &rdzvv1.JobSpec{Name: "train", CheckpointMemory: &rdzvv1.CheckpointMemorySpec{Replicas: 1}}},
+	memJob := func(state rdzvv1.JobState) *jobState {
+		return &jobState{rec: &rdzvv1.Job{Spec: &rdzvv1.JobSpec{Name: "train", CheckpointMemory: &rdzvv1.CheckpointMemorySpec{Replicas: 1}},
+			Generation: 1, State: state},
+			round:   &rdzvv1.Round{Nodes: []*rdzvv1.NodeAssignment{{Node: "a"}, {Node: "b", NodeRank: 1}}},
 			memHeld: map[string][]*rdzvv1.MemoryHeld{"a": {held(1, 30, 0, 1)}, "b": {held(1, 30, 2, 3, 0, 1)}}}
 	}
 	for _, tc := range []struct {
-		name string
-		reg  []*rdzvv1.JobMemoryHeld
-		want map[string][]*rdzvv1.MemoryHeld
+		name       string
+		recovering bool
+		reg        []*rdzvv1.JobMemoryHeld
+		want       map[string][]*rdzvv1.MemoryHeld
 	}{
-		{"a restarted agent holds nothing", nil,
-			map[string][]*rdzvv1.MemoryHeld{"a": {held(1, 30, 0, 1)}}},
-		{"a reconnecting agent holds what it held", []*rdzvv1.JobMemoryHeld{{Job: "train", Held: []*rdzvv1.MemoryHeld{held(1, 30, 2, 3, 0, 1)}}},
+		{"a fenced node cannot add a step", true, []*rdzvv1.JobMemoryHeld{{Job: "train", Held: []*rdzvv1.MemoryHeld{held(1, 30, 2, 3, 0, 1), held(1, 33, 2, 3)}}},
 			map[string][]*rdzvv1.MemoryHeld{"a": {held(1, 30, 0, 1)}, "b": {held(1, 30, 2, 3, 0, 1)}}},
-		{"a new leader learns a step", []*rdzvv1.JobMemoryHeld{{Job: "train", Held: []*rdzvv1.MemoryHeld{held(1, 36, 2, 3)}}},
+		{"a fenced node cannot add a rank", true, []*rdzvv1.JobMemoryHeld{{Job: "train", Held: []*rdzvv1.MemoryHeld{held(1, 30, 2, 3, 4)}}},
+			map[string][]*rdzvv1.MemoryHeld{"a": {held(1, 30, 0, 1)}, "b": {held(1, 30, 2, 3)}}},
+		{"a fenced node holds less", true, []*rdzvv1.JobMemoryHeld{{Job: "train", Held: []*rdzvv1.MemoryHeld{held(1, 30, 2, 3)}}},
+			map[string][]*rdzvv1.MemoryHeld{"a": {held(1, 30, 0, 1)}, "b": {held(1, 30, 2, 3)}}},
+		{"a restarted fenced node holds nothing", true, nil,
+			map[string][]*rdzvv1.MemoryHeld{"a": {held(1, 30, 0, 1)}}},
+
+		{"a restarted agent holds nothing", false, nil,
+			map[string][]*rdzvv1.MemoryHeld{"a": {held(1, 30, 0, 1)}}},
+		{"a reconnecting agent holds what it held", false, []*rdzvv1.JobMemoryHeld{{Job: "train", Held: []*rdzvv1.MemoryHeld{held(1, 30, 2, 3, 0, 1)}}},
+			map[string][]*rdzvv1.MemoryHeld{"a": {held(1, 30, 0, 1)}, "b": {held(1, 30, 2, 3, 0, 1)}}},
+		{"a new leader learns a step", false, []*rdzvv1.JobMemoryHeld{{Job: "train", Held: []*rdzvv1.MemoryHeld{held(1, 36, 2, 3)}}},
 			map[string][]*rdzvv1.MemoryHeld{"a": {held(1, 30, 0, 1)}, "b": {held(1, 36, 2, 3)}}},
-		{"a job it does not know is ignored", []*rdzvv1.JobMemoryHeld{{Job: "gone", Held: []*rdzvv1.MemoryHeld{held(1, 36, 2, 3)}}},
+		{"a job it does not know is ignored", false, []*rdzvv1.JobMemoryHeld{{Job: "gone", Held: []*rdzvv1.MemoryHeld{held(1, 36, 2, 3)}}},
 			map[string][]*rdzvv1.MemoryHeld{"a": {held(1, 30, 0, 1)}}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			plain := &jobState{rec: &rdzvv1.Job{Spec: &rdzvv1.JobSpec{Name: "plain"}}}
-			c := &Controller{jobs: map[string]*jobState{"train": memJob(), "plain": plain}}
+			state := rdzvv1.JobState_JOB_STATE_RUNNING
+			if tc.recovering {
+				state = rdzvv1.JobState_JOB_STATE_RECOVERING
+			}
+			c := &Controller{jobs: map[string]*jobState{"train": memJob(state), "plain": plain}}
 			c.registerMemory("b", tc.reg)
 			require.Equal(t, tc.want, c.jobs["train"].memHeld)
 			require.Nil(t, plain.memHeld, "a job without checkpoint.memory keeps no holdings")
