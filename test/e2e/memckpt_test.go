@@ -20,10 +20,15 @@ import (
 // memoryJob makes a fault job (faultJob) an in-memory checkpointing one on
 // exactly two nodes: a save every 3 steps, each node's shards replicated
 // to the other.
-func memoryJob(spec map[string]any) {
-	spec["nodes"] = map[string]any{"min": 2, "max": 2}
-	spec["command"] = append(spec["command"].([]any), "--memory-every", "3")
-	spec["checkpoint"].(map[string]any)["memory"] = map[string]any{"replicas": 1, "max_bytes": 64 << 20}
+func memoryJob(spec map[string]any) { memoryJobEvery(3)(spec) }
+
+// memoryJobEvery is memoryJob with a save every steps steps.
+func memoryJobEvery(steps int) func(spec map[string]any) {
+	return func(spec map[string]any) {
+		spec["nodes"] = map[string]any{"min": 2, "max": 2}
+		spec["command"] = append(spec["command"].([]any), "--memory-every", strconv.Itoa(steps))
+		spec["checkpoint"].(map[string]any)["memory"] = map[string]any{"replicas": 1, "max_bytes": 64 << 20}
+	}
 }
 
 // resumeDurableMessage is the resume_durable event's message when there is
@@ -201,7 +206,10 @@ func TestFaultStallMemoryCheckpoint(t *testing.T) {
 		// rightly resume from it.
 		spec["command"] = []any{"train.py", "--steps", strconv.Itoa(faultSteps), "--step-time", faultStepTime,
 			"--checkpoint-every", strconv.Itoa(stallDurableEvery), "--tick", "--memory-generations", "1"}
-		memoryJob(spec)
+		// A save every step: whatever step the stall comes in, the
+		// stalled node's workers save the next one, which its agent never
+		// took before the fence, before they notice anything.
+		memoryJobEvery(1)(spec)
 	})
 	before := c.waitCheckpoint(t, job.Name, stallDurableEvery)
 	gen1 := c.waitJob(t, job.Name, "a few steps past the checkpoint", func(j jobJSON) bool {
