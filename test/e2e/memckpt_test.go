@@ -197,7 +197,9 @@ func TestFaultKillReplicaPairMemoryCheckpoint(t *testing.T) {
 // generation 2 did, never from a step only the late reports completed,
 // every rank at it, and the job succeeds with nothing of generation 1 left.
 // Before the controller sealed each generation's holdings at the next
-// commit (TestMemorySealedAtCommit), generation 3 resumed from such a step.
+// commit (TestMemorySealedAtCommit) and let a registration from outside the
+// running generation only narrow a node's holdings (TestRegisterMemory),
+// generation 3 resumed from such a step.
 func TestFaultStallMemoryCheckpoint(t *testing.T) {
 	c := newFaultCluster(t)
 	job := faultJob(t, c, "fault-memory-stall", func(spec map[string]any) {
