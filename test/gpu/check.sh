@@ -42,6 +42,11 @@ NODE=gpu-check-node
 # the checkpoint of KILL_AFTER is recorded.
 STEPS=300
 CKPT_EVERY=10
+# The memory variant's durable interval, and how many steps past its
+# newest durable checkpoint it is killed (2 s of steps: the node's
+# holdings have been reported since).
+MEM_CKPT_EVERY=100
+MEM_PAST=40
 KILL_AFTER=30
 WAIT=180 # bound on each wait for a job
 
@@ -182,18 +187,22 @@ fi
 # variant named *memory* also saves in-memory checkpoints every step. An
 # empty LAUNCHER_YAML names no launcher (the default).
 job_file() {
-	local name=$1 launcher=$2 req=', "--allreduce-bytes", "4194304"' mem=""
+	local name=$1 launcher=$2 req=', "--allreduce-bytes", "4194304"' mem="" every=$CKPT_EVERY
 	((CPU)) || req=', "--require-cuda"'
 	if [[ $name == *memory* ]]; then
+		# Durable checkpoints far apart: the controller resumes from the
+		# newest step it knows of, and a node's in-memory holdings reach it
+		# with its progress reports (once a heartbeat), durable ones at once.
 		req+=', "--memory-every", "1"'
 		mem=$'\n  memory: {replicas: 1}'
+		every=$MEM_CKPT_EVERY
 	fi
 	cat >"$LC_DIR/$name.yaml" <<EOF
 name: $name
 nodes: 1
 gpus_per_node: $GPUS_PER_NODE
 procs_per_node: $PROCS
-command: ["train_gpu.py", "--steps", "$STEPS", "--checkpoint-every", "$CKPT_EVERY"$req]
+command: ["train_gpu.py", "--steps", "$STEPS", "--checkpoint-every", "$every"$req]
 workdir: $ROOT/test/gpu
 env:
   OMP_NUM_THREADS: "1"
@@ -269,6 +278,12 @@ run_variant() {
 		# A fault long into a run finds the next standby ready; one right
 		# after the start would measure the standby's imports instead.
 		fail "$name: no warm standby ready for generation 2"
+		return
+	fi
+	if [[ $name == *memory* ]] &&
+		! (lc_wait "$WAIT" "$name $MEM_PAST steps past its durable checkpoint" \
+			lc_job_is "$name" 'int(j.get("step", 0)) >= int(j["latest_checkpoint"]["step"]) + '$MEM_PAST' or j["state"] != "JOB_STATE_RUNNING"'); then
+		fail "$name: not $MEM_PAST steps past its durable checkpoint"
 		return
 	fi
 	pid=$(tail -n 1 <<<"$workers")
