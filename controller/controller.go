@@ -227,6 +227,13 @@ type jobState struct {
 	memSealed map[memKey][]uint32
 	memSkip   map[memKey]bool
 	memPlan   *memPlan
+	// growCheck marks a running job to be checked for growth on the next
+	// scheduling pass (noteGrowable); growTo is the width a grow restart
+	// aims for, until its round commits; grew is set from a grow until
+	// the restarted generation trains (it is no recovery from a fault).
+	growCheck bool
+	growTo    int
+	grew      bool
 }
 
 // Option adjusts a Controller for tests.

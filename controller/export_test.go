@@ -32,3 +32,7 @@ func (c *Controller) NoteLag() { c.noteLag() }
 
 // SpareStandbyRenew is how often a held spare is told again (standby.go).
 const SpareStandbyRenew = spareStandbyRenew
+
+// SchedulePass runs one scheduling pass now, as the loop does when woken,
+// so that a test knows every decision the state allows has been taken.
+func (c *Controller) SchedulePass(ctx context.Context) { c.schedule(ctx) }

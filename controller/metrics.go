@@ -46,6 +46,7 @@ type metrics struct {
 	jobsFinished   *prometheus.CounterVec
 	nodesLost      prometheus.Counter
 	checkpoints    prometheus.Counter
+	grows          prometheus.Counter
 	detection      *prometheus.HistogramVec
 	failedToCommit prometheus.Histogram
 	commitToStep   prometheus.Histogram
@@ -72,6 +73,8 @@ func newMetrics() *metrics {
 			Help: "Times a node was declared lost."}),
 		checkpoints: prometheus.NewCounter(prometheus.CounterOpts{Name: "rdzv_checkpoints_recorded_total",
 			Help: "Complete checkpoints recorded in jobs' catalogs."}),
+		grows: prometheus.NewCounter(prometheus.CounterOpts{Name: "rdzv_job_grows_total",
+			Help: "Generations stopped right after a checkpoint to restart the job on more nodes (nodes.grow)."}),
 		detection: prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "rdzv_failure_detection_seconds",
 			Help:    "From a fault (worker exit, last heartbeat, last step plus progress_timeout, GPU event) to the attempt_failed decision, by cause.",
 			Buckets: recoveryBuckets}, []string{"reason"}),
@@ -113,7 +116,7 @@ func newMetrics() *metrics {
 }
 
 func (m *metrics) collectors() []prometheus.Collector {
-	return []prometheus.Collector{m.rounds, m.attemptsFailed, m.restarts, m.jobsFinished, m.nodesLost, m.checkpoints,
+	return []prometheus.Collector{m.rounds, m.attemptsFailed, m.restarts, m.jobsFinished, m.nodesLost, m.checkpoints, m.grows,
 		m.detection, m.failedToCommit, m.commitToStep, m.recovery, m.heartbeatGap, m.etcdDuration, m.etcdErrors,
 		m.handshakesWait, m.handshakesOver, m.grpc}
 }

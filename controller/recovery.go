@@ -84,7 +84,10 @@ func (c *Controller) resumeTraining(js *jobState) {
 	if js.rec.GetRecoveryStartedAt() == nil {
 		return
 	}
-	c.metrics.recovery.Observe(c.clock.Now().Sub(js.rec.GetRecoveryStartedAt().AsTime()).Seconds())
+	if !js.grew {
+		c.metrics.recovery.Observe(c.clock.Now().Sub(js.rec.GetRecoveryStartedAt().AsTime()).Seconds())
+	}
+	js.grew = false
 	c.closeInterval(js.rec)
 	js.rec.TrainingSince = timestamppb.New(c.clock.Now())
 }
@@ -131,7 +134,7 @@ func (c *Controller) attemptFailed(js *jobState, cause, reason string, latency t
 	ev := c.event(name, "", gen, EventAttemptFailed, "generation %d failed: %s; restart %d of %d after %s backoff, %s (detected after %s)",
 		gen, reason, rec.GetRestarts(), spec.GetRestartMaxRestarts(), backoff, from, latency.Round(time.Millisecond))
 	ev.DetectionLatency = durationpb.New(latency)
-	js.rec = rec
+	js.rec, js.grew = rec, false
 	if at, ok := c.fencedAt(js); ok && !at.After(now) {
 		noteFenced(js, now) // every worker had exited already
 	}
@@ -249,6 +252,7 @@ func (c *Controller) checkpoint(node string, r *rdzvv1.CheckpointReport) {
 	js.progressed = true
 	c.metrics.checkpoints.Inc()
 	log.Info("checkpoint recorded", zap.String("path", r.GetPath()), zap.String("source", r.GetSource()))
+	c.noteGrowable(js)
 }
 
 func checkpointPathOK(dir, path string) error {

@@ -7,6 +7,7 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"fmt"
+	"slices"
 	"sort"
 	"time"
 
@@ -66,9 +67,10 @@ func (c *Controller) schedule(ctx context.Context) time.Time {
 	holding := c.holdingSpares()
 	warm := c.warmJobs()
 	placeIdle := len(warm) > 0 && !now.Before(c.idleAt.Add(idleStandbyEvery))
+	growing := c.growChecks()
 	var candidates []rendezvous.Candidate
-	if len(pending) > 0 || len(holding) > 0 || placeIdle {
-		// Only pending jobs, spares and idle standbys need them, and
+	if len(pending) > 0 || len(holding) > 0 || placeIdle || len(growing) > 0 {
+		// Only pending jobs, spares, idle standbys and growth need them, and
 		// building them is a pass over every node: the scheduler is woken
 		// by every worker exit, N of them in a recovery.
 		candidates = c.candidates()
@@ -114,9 +116,10 @@ func (c *Controller) schedule(ctx context.Context) time.Time {
 			continue
 		}
 		window := spec.GetRendezvousLastCall().AsDuration()
-		if prev := len(js.round.GetNodes()); js.rec.GetState() == rdzvv1.JobState_JOB_STATE_RECOVERING && rendezvous.Count(req, avail) >= prev {
-			// As many nodes as the failed generation had are ready: waiting
-			// for more would only lengthen the outage.
+		if prev := max(len(js.round.GetNodes()), js.growTo); js.rec.GetState() == rdzvv1.JobState_JOB_STATE_RECOVERING && rendezvous.Count(req, avail) >= prev {
+			// As many nodes as the failed generation had (or a grow aims
+			// for) are ready: waiting for more would only lengthen the
+			// outage.
 			window = 0
 		}
 		d := js.lastCall.Observe(now, rendezvous.Count(req, avail), req, window)
@@ -149,6 +152,11 @@ func (c *Controller) schedule(ctx context.Context) time.Time {
 		js.rec.Reason = d.Reason + "; committing rendezvous"
 		go c.commit(ctx, c.term, name, placed)
 	}
+	waiting := slices.ContainsFunc(pending, func(js *jobState) bool {
+		st := js.rec.GetState()
+		return !js.committing && (st == rdzvv1.JobState_JOB_STATE_PENDING || st == rdzvv1.JobState_JOB_STATE_RECOVERING)
+	})
+	c.growJobs(growing, candidates, taken, held, waiting)
 	for _, js := range c.jobs {
 		if js.rec.GetState() != rdzvv1.JobState_JOB_STATE_RECOVERING {
 			continue
@@ -372,7 +380,7 @@ func (c *Controller) commit(ctx context.Context, term uint64, name string, place
 	ev := c.event(name, "", gen, EventRendezvousCommitted, "generation %d: %d nodes %s, master %s:%d, starting %s",
 		gen, len(placed), nodeList(placed), master, port, resume)
 	events[0] = ev
-	js.rec, js.round, js.memPlan = rec, round, plan
+	js.rec, js.round, js.memPlan, js.growTo = rec, round, plan, 0
 	js.workers = map[string]*rdzvv1.WorkerStatus{}
 	js.lastCall = rendezvous.LastCall{}
 	js.progressed = false

@@ -80,7 +80,18 @@ type NodeRange struct {
 	// Spares is how many healthy idle nodes are held for the job while it
 	// runs, so that a recovery never waits for a free node.
 	Spares int `json:"spares"`
+	// Grow says when a job running on fewer than Max nodes takes eligible
+	// idle nodes: GrowCheckpoint (the default) restarts it on more nodes
+	// right after its next complete checkpoint, GrowNever keeps its width
+	// until a failure restarts it.
+	Grow string `json:"grow"`
 }
+
+// The values of nodes.grow.
+const (
+	GrowCheckpoint = "checkpoint"
+	GrowNever      = "never"
+)
 
 type Checkpoint struct {
 	Dir string `json:"dir"`
@@ -268,6 +279,9 @@ func Parse(data []byte) (*Spec, error) {
 func (s *Spec) Default() {
 	if s.Nodes.Max == 0 {
 		s.Nodes.Max = s.Nodes.Min
+	}
+	if s.Nodes.Grow == "" {
+		s.Nodes.Grow = GrowCheckpoint
 	}
 	if s.ProcsPerNode == 0 {
 		s.ProcsPerNode = max(s.GPUsPerNode, 1)

@@ -34,7 +34,7 @@ func TestParseGood(t *testing.T) {
 	require.NoError(t, err)
 	require.NoError(t, spec.Validate())
 	require.Equal(t, "llama-pretrain", spec.Name)
-	require.Equal(t, NodeRange{Min: 2, Max: 4, Spares: 1}, spec.Nodes)
+	require.Equal(t, NodeRange{Min: 2, Max: 4, Spares: 1, Grow: GrowCheckpoint}, spec.Nodes, "nodes.grow defaults to checkpoint")
 	require.Equal(t, 8, spec.ProcsPerNode, "procs_per_node defaults to gpus_per_node")
 	require.Equal(t, 5*time.Second, spec.Rendezvous.LastCall.Duration)
 	require.Equal(t, 2*time.Minute, spec.Rendezvous.Timeout.Duration)
@@ -116,6 +116,7 @@ func TestValidateRejects(t *testing.T) {
 		{"min above max", func(s *Spec) { s.Nodes.Min, s.Nodes.Max = 4, 2 }, "nodes.max: must be at least nodes.min (4) (got 2)"},
 		{"too many nodes", func(s *Spec) { s.Nodes.Max = wire.MaxNodes + 1 }, "nodes.max: must be at most"},
 		{"negative spares", func(s *Spec) { s.Nodes.Spares = -1 }, "nodes.spares: must be between 0 and 10000 (got -1)"},
+		{"unknown grow", func(s *Spec) { s.Nodes.Grow = "always" }, `nodes.grow: must be "checkpoint" or "never" (got "always")`},
 		{"negative gpus", func(s *Spec) { s.GPUsPerNode = -1 }, "gpus_per_node"},
 		{"procs zero", func(s *Spec) { s.ProcsPerNode = 0 }, "procs_per_node"},
 		{"empty command", func(s *Spec) { s.Command = nil }, "command: is required"},

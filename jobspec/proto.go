@@ -16,6 +16,7 @@ func (s *Spec) ToProto() *rdzvv1.JobSpec {
 		NodesMin:           uint32(s.Nodes.Min),
 		NodesMax:           uint32(s.Nodes.Max),
 		NodesSpares:        uint32(s.Nodes.Spares),
+		NodesGrow:          s.Nodes.Grow,
 		GpusPerNode:        uint32(s.GPUsPerNode),
 		ProcsPerNode:       uint32(s.ProcsPerNode),
 		Command:            s.Command,
@@ -78,7 +79,7 @@ func (s *Spec) ToProto() *rdzvv1.JobSpec {
 func FromProto(p *rdzvv1.JobSpec) *Spec {
 	s := &Spec{
 		Name:         p.GetName(),
-		Nodes:        NodeRange{Min: int(p.GetNodesMin()), Max: int(p.GetNodesMax()), Spares: int(p.GetNodesSpares())},
+		Nodes:        NodeRange{Min: int(p.GetNodesMin()), Max: int(p.GetNodesMax()), Spares: int(p.GetNodesSpares()), Grow: p.GetNodesGrow()},
 		GPUsPerNode:  int(p.GetGpusPerNode()),
 		ProcsPerNode: int(p.GetProcsPerNode()),
 		Command:      p.GetCommand(),

@@ -77,6 +77,9 @@ func (s *Spec) Validate() error {
 	if s.Nodes.Spares < 0 || s.Nodes.Spares > wire.MaxNodes {
 		add("nodes.spares", fmt.Sprint(s.Nodes.Spares), fmt.Sprintf("must be between 0 and %d", wire.MaxNodes))
 	}
+	if g := s.Nodes.Grow; g != GrowCheckpoint && g != GrowNever {
+		add("nodes.grow", fmt.Sprintf("%q", g), fmt.Sprintf("must be %q or %q", GrowCheckpoint, GrowNever))
+	}
 	if s.GPUsPerNode < 0 || s.GPUsPerNode > wire.MaxGPUsPerNode {
 		add("gpus_per_node", fmt.Sprint(s.GPUsPerNode), fmt.Sprintf("must be between 0 and %d", wire.MaxGPUsPerNode))
 	}

@@ -67,11 +67,12 @@ func TestParseMistakesSayWhereAndWhat(t *testing.T) {
 
 func TestParseNodesForms(t *testing.T) {
 	for in, want := range map[string]NodeRange{
-		"3":                {Min: 3, Max: 3},
-		"2-4":              {Min: 2, Max: 4},
-		`"2 - 4"`:          {Min: 2, Max: 4},
-		"{min: 2, max: 4}": {Min: 2, Max: 4},
-		"{min: 2}":         {Min: 2, Max: 2},
+		"3":                             {Min: 3, Max: 3, Grow: GrowCheckpoint},
+		"2-4":                           {Min: 2, Max: 4, Grow: GrowCheckpoint},
+		`"2 - 4"`:                       {Min: 2, Max: 4, Grow: GrowCheckpoint},
+		"{min: 2, max: 4}":              {Min: 2, Max: 4, Grow: GrowCheckpoint},
+		"{min: 2}":                      {Min: 2, Max: 2, Grow: GrowCheckpoint},
+		"{min: 2, max: 4, grow: never}": {Min: 2, Max: 4, Grow: GrowNever},
 	} {
 		spec, err := Parse([]byte("name: a\ncommand: [x.py]\nnodes: " + in + "\n"))
 		require.NoError(t, err, in)

@@ -326,3 +326,15 @@ func GPUWarning(req Requirements, candidates []Candidate) string {
 		"its workers will see none (CUDA_VISIBLE_DEVICES is empty); set gpus_per_node (and procs_per_node, one worker per GPU) "+
 		"for a GPU job, or ignore this for a CPU-only one", withGPUs, matching, most)
 }
+
+// Grow says whether a job of req running on running nodes should restart
+// on more, given the free candidates its round does not use: to is the
+// width the restart aims for, at most req.Max; ok is false when no
+// eligible node would join.
+func Grow(req Requirements, running int, candidates []Candidate) (to int, ok bool) {
+	if running >= req.Max {
+		return running, false
+	}
+	to = min(running+Count(req, candidates), req.Max)
+	return to, to > running
+}

@@ -283,3 +283,33 @@ func TestGPUWarning(t *testing.T) {
 	}
 	require.Empty(t, GPUWarning(Requirements{Min: 1}, nil))
 }
+
+func TestGrow(t *testing.T) {
+	busy := node("busy", 8, nil)
+	busy.Free = false
+	other := node("other", 8, map[string]string{"pool": "eval"})
+	for _, tt := range []struct {
+		name    string
+		running int
+		max     int
+		sel     map[string]string
+		cands   []Candidate
+		to      int
+		ok      bool
+	}{
+		{"one joins", 2, 3, nil, []Candidate{node("c", 8, nil)}, 3, true},
+		{"capped at max", 1, 3, nil, []Candidate{node("c", 8, nil), node("d", 8, nil), node("e", 8, nil)}, 3, true},
+		{"at max already", 3, 3, nil, []Candidate{node("c", 8, nil)}, 3, false},
+		{"none free", 2, 3, nil, []Candidate{busy}, 2, false},
+		{"selector mismatch", 2, 3, map[string]string{"pool": "train"}, []Candidate{other}, 2, false},
+		{"too few GPUs", 2, 3, nil, []Candidate{node("small", 4, nil)}, 2, false},
+		{"nothing", 2, 4, nil, nil, 2, false},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			req := Requirements{Min: 1, Max: tt.max, GPUsPerNode: 8, Selector: tt.sel}
+			to, ok := Grow(req, tt.running, tt.cands)
+			require.Equal(t, tt.ok, ok)
+			require.Equal(t, tt.to, to)
+		})
+	}
+}

@@ -71,13 +71,16 @@ func newFaultClusterSized(t *testing.T, hosts int) *cluster {
 // faultJob writes and submits a job derived from examples/job.yaml (as
 // writeJob adapts it): 2 to 3 nodes of procsPerNode workers, faultSteps
 // ticking steps with a checkpoint every checkpointEvery, up to 3 restarts
-// after a 500ms backoff. edit adjusts the spec further.
+// after a 500ms backoff. edit adjusts the spec further. It does not grow
+// back (nodes.grow never): each fault test follows one recovery, and a
+// node that returns would otherwise add a generation; TestFaultGrowBack
+// follows the default.
 func faultJob(t *testing.T, c *cluster, name string, edit func(spec map[string]any)) jobFile {
 	t.Helper()
 	base := writeJob(t, c.dir)
 	warm := false
 	path := base.variant(t, name, func(spec map[string]any) {
-		spec["nodes"] = map[string]any{"min": 2, "max": agentHosts}
+		spec["nodes"] = map[string]any{"min": 2, "max": agentHosts, "grow": "never"}
 		spec["command"] = []any{"train.py", "--steps", strconv.Itoa(faultSteps), "--step-time", faultStepTime,
 			"--checkpoint-every", strconv.Itoa(checkpointEvery), "--tick"}
 		spec["restart"] = map[string]any{"max_restarts": 3, "backoff": map[string]any{"initial": "500ms", "max": "5s"}}
@@ -1108,12 +1111,6 @@ func requireRecovered(t *testing.T, c *cluster, job jobFile, fault time.Time, be
 	t.Logf("e2e: events after the fault:%s", timeline.String())
 	recovery := first[2].Sub(fault)
 	require.Less(t, recovery, recoveryBound)
-	orDash := func(s *string) string {
-		if s == nil {
-			return "-"
-		}
-		return *s
-	}
 	t.Logf("e2e: figures: fault to attempt_failed %s (detection latency %s); fault to generation 2's first step %s (recovery); "+
 		"last step of generation 1 to first of generation 2 %s; job training_time %s, recovery_time %s; resumed from step %d; generation 1 reached step %d",
 		failedAt.Sub(fault).Round(time.Millisecond), latencies[0].Round(time.Millisecond), recovery.Round(time.Millisecond),
@@ -1123,6 +1120,14 @@ func requireRecovered(t *testing.T, c *cluster, job jobFile, fault time.Time, be
 
 // requireSequentialGenerations checks, from each generation's first and last
 // tick on any rank, that no two generations ever trained at the same time.
+// orDash is a duration the status may leave out, or "-".
+func orDash(s *string) string {
+	if s == nil {
+		return "-"
+	}
+	return *s
+}
+
 func requireSequentialGenerations(t *testing.T, first, last map[uint64]time.Time) {
 	t.Helper()
 	gens := make([]uint64, 0, len(first))

@@ -280,6 +280,11 @@ type JobSpec struct {
 	// In-memory checkpoints replicated to peers (docs/checkpoints.md);
 	// unset is off.
 	CheckpointMemory *CheckpointMemorySpec `protobuf:"bytes,33,opt,name=checkpoint_memory,json=checkpointMemory,proto3" json:"checkpoint_memory,omitempty"`
+	// When a running job below nodes_max takes eligible idle nodes: "checkpoint"
+	// restarts it on more nodes right after its next complete checkpoint;
+	// "never" keeps its width until a failure restarts it. Empty is "never" (a
+	// spec read from job.yaml names one: jobspec.Default).
+	NodesGrow string `protobuf:"bytes,34,opt,name=nodes_grow,json=nodesGrow,proto3" json:"nodes_grow,omitempty"`
 	// Why "auto" (or no kind) resolved to launcher_kind; empty for a kind
 	// the job named. Checked against jobspec.AutoKind, so never a job's own.
 	LauncherKindReason string `protobuf:"bytes,40,opt,name=launcher_kind_reason,json=launcherKindReason,proto3" json:"launcher_kind_reason,omitempty"`
@@ -546,6 +551,13 @@ func (x *JobSpec) GetCheckpointMemory() *CheckpointMemorySpec {
 		return x.CheckpointMemory
 	}
 	return nil
+}
+
+func (x *JobSpec) GetNodesGrow() string {
+	if x != nil {
+		return x.NodesGrow
+	}
+	return ""
 }
 
 func (x *JobSpec) GetLauncherKindReason() string {
@@ -1787,7 +1799,7 @@ var File_rdzv_v1_job_proto protoreflect.FileDescriptor
 
 const file_rdzv_v1_job_proto_rawDesc = "" +
 	"\n" +
-	"\x11rdzv/v1/job.proto\x12\ardzv.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xb3\x0f\n" +
+	"\x11rdzv/v1/job.proto\x12\ardzv.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xd2\x0f\n" +
 	"\aJobSpec\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x1b\n" +
 	"\tnodes_min\x18\x02 \x01(\rR\bnodesMin\x12\x1b\n" +
@@ -1823,7 +1835,9 @@ const file_rdzv_v1_job_proto_rawDesc = "" +
 	"\x10launcher_preload\x18\x1e \x03(\tR\x0flauncherPreload\x12U\n" +
 	"\x19health_checkpoint_timeout\x18\x1f \x01(\v2\x19.google.protobuf.DurationR\x17healthCheckpointTimeout\x12O\n" +
 	"\x16health_startup_timeout\x18  \x01(\v2\x19.google.protobuf.DurationR\x14healthStartupTimeout\x12J\n" +
-	"\x11checkpoint_memory\x18! \x01(\v2\x1d.rdzv.v1.CheckpointMemorySpecR\x10checkpointMemory\x120\n" +
+	"\x11checkpoint_memory\x18! \x01(\v2\x1d.rdzv.v1.CheckpointMemorySpecR\x10checkpointMemory\x12\x1d\n" +
+	"\n" +
+	"nodes_grow\x18\" \x01(\tR\tnodesGrow\x120\n" +
 	"\x14launcher_kind_reason\x18( \x01(\tR\x12launcherKindReason\x1a6\n" +
 	"\bEnvEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +

@@ -1,0 +1,113 @@
+package controller
+
+import (
+	"fmt"
+	"time"
+
+	"go.uber.org/zap"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	"github.com/rdzv/rdzv/jobspec"
+	rdzvv1 "github.com/rdzv/rdzv/proto/rdzv/v1"
+	"github.com/rdzv/rdzv/rendezvous"
+)
+
+// A job running on fewer than nodes.max nodes (it started short, or a
+// failure shrank it) grows back when eligible idle nodes are there: with
+// nodes.grow "checkpoint", at each complete checkpoint it reports the
+// scheduler checks for such nodes and, if any, stops the generation and
+// restarts it on more. Restarting right after a checkpoint recomputes
+// nothing; what it costs is one restart (fast with warm standbys, which
+// idle nodes keep for running warm jobs). A grow is no failure: no restart
+// is counted, no incident opened.
+
+// EventJobGrowing is the event of a generation stopped to grow the job.
+const EventJobGrowing = "job_growing"
+
+// noteGrowable marks a running job to be checked for growth on the next
+// scheduling pass: it just recorded a complete checkpoint, the cheapest
+// moment to restart. Callers hold c.mu.
+func (c *Controller) noteGrowable(js *jobState) {
+	spec := js.rec.GetSpec()
+	if spec.GetNodesGrow() == jobspec.GrowCheckpoint && len(js.round.GetNodes()) < int(spec.GetNodesMax()) {
+		js.growCheck = true
+		c.wake()
+	}
+}
+
+// growChecks lists the running jobs marked by noteGrowable, oldest first.
+// Callers hold c.mu.
+func (c *Controller) growChecks() []*jobState {
+	var out []*jobState
+	for _, js := range c.jobs {
+		if !js.growCheck {
+			continue
+		}
+		if js.rec.GetState() != rdzvv1.JobState_JOB_STATE_RUNNING {
+			js.growCheck = false
+			continue
+		}
+		out = append(out, js)
+	}
+	sortOldestFirst(out)
+	return out
+}
+
+// growJobs checks the marked jobs: each grows onto the free candidates no
+// pending job took (taken) and no job holds as a spare (held), unless a
+// job is still waiting for nodes (it has them first). Callers hold c.mu.
+func (c *Controller) growJobs(check []*jobState, candidates []rendezvous.Candidate, taken map[string]bool, held map[string]string, waiting bool) {
+	for _, js := range check {
+		js.growCheck = false
+		if waiting {
+			continue
+		}
+		avail := make([]rendezvous.Candidate, 0, len(candidates))
+		for _, cand := range candidates {
+			if !taken[cand.Name] && held[cand.Name] == "" && js.excluded[cand.Name] == "" {
+				avail = append(avail, cand)
+			}
+		}
+		req := requirements(js.rec.GetSpec())
+		from := len(js.round.GetNodes())
+		to, ok := rendezvous.Grow(req, from, avail)
+		if !ok {
+			continue
+		}
+		// The nodes a later job in this pass must not count on. Min 0
+		// cannot fall short: Plan never fails here.
+		req.Min, req.Max = 0, to-from
+		joining, _ := rendezvous.Plan(req, avail)
+		for _, p := range joining {
+			taken[p.Name] = true
+		}
+		c.grow(js, to)
+	}
+}
+
+// grow stops the current generation of a running job so that it restarts
+// on to nodes, from the checkpoint it just recorded. The restart commits as
+// soon as to nodes are ready, or after rendezvous.last_call with fewer.
+// Callers hold c.mu.
+func (c *Controller) grow(js *jobState, to int) {
+	name, gen := js.rec.GetSpec().GetName(), js.rec.GetGeneration()
+	from := len(js.round.GetNodes())
+	now := c.clock.Now()
+	rec := proto.Clone(js.rec).(*rdzvv1.Job)
+	c.closeInterval(rec)
+	rec.State = rdzvv1.JobState_JOB_STATE_RECOVERING
+	rec.RecoveryStartedAt = timestamppb.New(now)
+	rec.RestartNotBefore = timestamppb.New(now)
+	step := rec.GetLatestCheckpoint().GetStep()
+	rec.Reason = fmt.Sprintf("growing from %d to %d nodes: restarting from checkpoint step %d", from, to, step)
+	ev := c.event(name, "", gen, EventJobGrowing, "generation %d stops to grow the job from %d to %d nodes (nodes.max %d); it resumes from checkpoint step %d",
+		gen, from, to, js.rec.GetSpec().GetNodesMax(), step)
+	js.rec, js.growTo, js.grew = rec, to, true
+	js.pendingSince, js.lastCall = time.Time{}, rendezvous.LastCall{}
+	js.lastCall.OpenAt(now)
+	c.metrics.grows.Inc()
+	c.log.Info("growing job", zap.String("job", name), zap.Uint64("generation", gen), zap.Int("from_nodes", from),
+		zap.Int("to_nodes", to), zap.Uint64("checkpoint_step", step))
+	c.stopGeneration(js, ev, fmt.Sprintf("generation %d stops: the job grows from %d to %d nodes", gen, from, to))
+}
