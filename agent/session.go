@@ -322,7 +322,8 @@ func (s *agentSession) connect(ctx context.Context, next *opened) (moved *opened
 				beat.Next()
 				seq++
 				sent.Sending(seq, time.Now())
-				msgs = append(msgs, &rdzvv1.ConnectRequest{Msg: &rdzvv1.ConnectRequest_Heartbeat{Heartbeat: &rdzvv1.Heartbeat{Seq: seq}}})
+				hb := &rdzvv1.Heartbeat{Seq: seq, StandbyReady: s.sup.ReadyStandby()}
+				msgs = append(msgs, &rdzvv1.ConnectRequest{Msg: &rdzvv1.ConnectRequest_Heartbeat{Heartbeat: hb}})
 				// Riding on the heartbeat bounds progress messages to one per
 				// interval however often the workers report.
 				if p := s.sup.Progress(); progress.changed(p) {

@@ -616,3 +616,32 @@ func (sb *standby) gone() bool {
 		return false
 	}
 }
+
+// ReadyStandby is the job whose standby this node keeps ready for a job it
+// does not run (an idle node's or a spare's, kept at PrepareStandby), ""
+// for none. Ready is listening: the zygote listens once its imports are
+// done. The controller lets a job grow onto the node once it is
+// (Heartbeat.standby_ready). Called on the session's heartbeat goroutine.
+func (s *Supervisor) ReadyStandby() string {
+	s.mu.Lock()
+	sb := s.standby
+	if s.cur != nil || sb == nil || sb.until.IsZero() {
+		sb = nil
+	}
+	s.mu.Unlock()
+	if sb == nil {
+		return ""
+	}
+	select {
+	case <-sb.ready:
+	default:
+		return ""
+	}
+	if sb.err != nil || sb.gone() {
+		return ""
+	}
+	if err := viaDirFD(sb.dir, sb.sock, func(path string) error { _, err := os.Stat(path); return err }); err != nil {
+		return ""
+	}
+	return sb.job
+}

@@ -86,6 +86,7 @@ func (c *Controller) agentMessage(sess *session, m *rdzvv1.ConnectRequest) {
 	switch msg := m.GetMsg().(type) {
 	case *rdzvv1.ConnectRequest_Heartbeat:
 		sess.heartbeated.Store(true)
+		sess.noteStandby(msg.Heartbeat.GetStandbyReady())
 		c.metrics.heartbeat(sess.heartbeat(now, c.cfg.Heartbeat.Interval.Duration))
 		sess.sendNow(&rdzvv1.ConnectResponse{Msg: &rdzvv1.ConnectResponse_HeartbeatAck{HeartbeatAck: &rdzvv1.HeartbeatAck{Seq: msg.Heartbeat.GetSeq()}}})
 	case *rdzvv1.ConnectRequest_GpuFault:

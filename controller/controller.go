@@ -234,6 +234,12 @@ type jobState struct {
 	growCheck bool
 	growTo    int
 	grew      bool
+	// growSeen is when growth checks first saw each free eligible node
+	// (joinWait); ckptEvery is the time between the job's last two
+	// checkpoints of one generation (or from its start to its first), 0
+	// until known.
+	growSeen  map[string]time.Time
+	ckptEvery time.Duration
 }
 
 // Option adjusts a Controller for tests.

@@ -21,6 +21,26 @@ import (
 // nothing; what it costs is one restart (fast with warm standbys, which
 // idle nodes keep for running warm jobs). A grow is no failure: no restart
 // is counted, no incident opened.
+//
+// A node that has just come back has no standby yet: joining at once, its
+// workers would import torch while every other rank waits (3.3 s in
+// TestFaultGrowBack). A job that checkpoints often enough waits for it
+// (joinWait): the next checkpoint comes soon, and by then the standby is
+// ready. One that checkpoints rarely grows at once, cold: waiting a whole
+// checkpoint interval at reduced width would cost more than a cold start.
+
+// growStandbyWait bounds the wait for a joining node's standby: a grow
+// waits for one only while the job's checkpoints come at least this often,
+// and never for a node free for this long (one that cannot keep a standby:
+// low memory, a slow import).
+const growStandbyWait = 30 * time.Second
+
+// joinWait says whether a warm job's grow waits for a joining free node:
+// its standby of the job is not ready, the job's checkpoints come every
+// cadence (0: unknown), and the node has been seen free for seenFor.
+func joinWait(warm bool, readyStandby, job string, cadence, seenFor time.Duration) bool {
+	return warm && readyStandby != job && cadence > 0 && cadence <= growStandbyWait && seenFor < growStandbyWait
+}
 
 // EventJobGrowing is the event of a generation stopped to grow the job.
 const EventJobGrowing = "job_growing"
@@ -58,18 +78,42 @@ func (c *Controller) growChecks() []*jobState {
 // pending job took (taken) and no job holds as a spare (held), unless a
 // job is still waiting for nodes (it has them first). Callers hold c.mu.
 func (c *Controller) growJobs(check []*jobState, candidates []rendezvous.Candidate, taken map[string]bool, held map[string]string, waiting bool) {
+	now := c.clock.Now()
 	for _, js := range check {
 		js.growCheck = false
 		if waiting {
 			continue
 		}
-		avail := make([]rendezvous.Candidate, 0, len(candidates))
-		for _, cand := range candidates {
-			if !taken[cand.Name] && held[cand.Name] == "" && js.excluded[cand.Name] == "" {
-				avail = append(avail, cand)
-			}
-		}
 		req := requirements(js.rec.GetSpec())
+		name := js.rec.GetSpec().GetName()
+		warm := c.warm(name)
+		avail := make([]rendezvous.Candidate, 0, len(candidates))
+		seen := map[string]time.Time{}
+		wait := false
+		for _, cand := range candidates {
+			if taken[cand.Name] || held[cand.Name] != "" || js.excluded[cand.Name] != "" {
+				continue
+			}
+			avail = append(avail, cand)
+			if ok, _ := rendezvous.Eligible(req, cand); !ok || !warm {
+				continue
+			}
+			first, ok := js.growSeen[cand.Name]
+			if !ok {
+				first = now
+			}
+			seen[cand.Name] = first
+			ready := ""
+			if ns := c.nodes[cand.Name]; ns != nil && ns.session != nil {
+				ready = ns.session.readyStandby()
+			}
+			wait = wait || joinWait(warm, ready, name, js.ckptEvery, now.Sub(first))
+		}
+		// Only the nodes free now: a node busy in between starts afresh.
+		js.growSeen = seen
+		if wait {
+			continue
+		}
 		from := len(js.round.GetNodes())
 		to, ok := rendezvous.Grow(req, from, avail)
 		if !ok {
@@ -103,7 +147,7 @@ func (c *Controller) grow(js *jobState, to int) {
 	rec.Reason = fmt.Sprintf("growing from %d to %d nodes: restarting from checkpoint step %d", from, to, step)
 	ev := c.event(name, "", gen, EventJobGrowing, "generation %d stops to grow the job from %d to %d nodes (nodes.max %d); it resumes from checkpoint step %d",
 		gen, from, to, js.rec.GetSpec().GetNodesMax(), step)
-	js.rec, js.growTo, js.grew = rec, to, true
+	js.rec, js.growTo, js.grew, js.growSeen = rec, to, true, nil
 	js.pendingSince, js.lastCall = time.Time{}, rendezvous.LastCall{}
 	js.lastCall.OpenAt(now)
 	c.metrics.grows.Inc()

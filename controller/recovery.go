@@ -234,6 +234,14 @@ func (c *Controller) checkpoint(node string, r *rdzvv1.CheckpointReport) {
 		log.Warn("ignoring checkpoint with a bad path", zap.String("path", r.GetPath()), zap.Error(err))
 		return
 	}
+	// The cadence growth weighs (joinWait): since the generation's previous
+	// checkpoint, or for its first since it started (start-up included,
+	// so at most an overestimate).
+	if prev := js.rec.GetLatestCheckpoint(); prev.GetGeneration() == r.GetGeneration() && prev.GetReportedAt() != nil {
+		js.ckptEvery = c.clock.Now().Sub(prev.GetReportedAt().AsTime())
+	} else if started := js.rec.GetStartedAt(); started != nil {
+		js.ckptEvery = c.clock.Now().Sub(started.AsTime())
+	}
 	cp := &rdzvv1.Checkpoint{Step: r.GetStep(), Path: r.GetPath(), Generation: r.GetGeneration(), Node: node,
 		ReportedAt: timestamppb.New(c.clock.Now()), Source: r.GetSource()}
 	rec := proto.Clone(js.rec).(*rdzvv1.Job)

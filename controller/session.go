@@ -45,6 +45,10 @@ type session struct {
 	// heartbeat (health.Silence.Late). Written by the receiving goroutine,
 	// read by liveness passes.
 	late atomic.Int64
+	// standbyReady is the job whose standby the agent's latest heartbeat
+	// said is ready on the idle node (Heartbeat.standby_ready), "" for
+	// none. Written by the receiving goroutine, read by scheduling passes.
+	standbyReady atomic.Pointer[string]
 
 	// mu guards pending and sendErr.
 	mu sync.Mutex
@@ -105,6 +109,22 @@ func (s *session) heartbeat(now time.Time, interval time.Duration) time.Duration
 	late := time.Duration(s.late.Load())
 	s.late.Store(int64(max(gap-interval, late-late/lateDecay, 0)))
 	return gap
+}
+
+// readyStandby is the job whose standby the node keeps ready, "" for none.
+func (s *session) readyStandby() string {
+	if p := s.standbyReady.Load(); p != nil {
+		return *p
+	}
+	return ""
+}
+
+// noteStandby records a heartbeat's standby_ready, allocating only when it
+// changed: most heartbeats are of busy nodes and say none.
+func (s *session) noteStandby(job string) {
+	if s.readyStandby() != job {
+		s.standbyReady.Store(&job)
+	}
 }
 
 // lateness is health.Silence.Late of the session's agent.

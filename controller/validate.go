@@ -193,6 +193,10 @@ func validateConnectRequest(m *rdzvv1.ConnectRequest) error {
 			validateMemoryHeld("progress.memory", msg.Progress.GetMemory()))
 	case *rdzvv1.ConnectRequest_Checkpoint:
 		return validateCheckpointReport(msg.Checkpoint)
+	case *rdzvv1.ConnectRequest_Heartbeat:
+		if job := msg.Heartbeat.GetStandbyReady(); job != "" {
+			return nameErr("heartbeat.standby_ready", job)
+		}
 	case *rdzvv1.ConnectRequest_PortProbeResult:
 		r := msg.PortProbeResult
 		var errs []error

@@ -152,6 +152,8 @@ var validationCases = []struct {
 	{"register memory of a bad job name", connect(&rdzvv1.Register{Node: goodNodeInfo(), Memory: []*rdzvv1.JobMemoryHeld{{Job: "x/y"}}}), "register.memory[0].job:"},
 	{"register memory of too many steps", connect(&rdzvv1.Register{Node: goodNodeInfo(), Memory: []*rdzvv1.JobMemoryHeld{{Job: "train", Held: make([]*rdzvv1.MemoryHeld, 65)}}}), "register.memory[0].held: at most 64 entries"},
 	{"heartbeat", &rdzvv1.ConnectRequest{Msg: &rdzvv1.ConnectRequest_Heartbeat{Heartbeat: &rdzvv1.Heartbeat{Seq: 1}}}, ""},
+	{"heartbeat with a ready standby", &rdzvv1.ConnectRequest{Msg: &rdzvv1.ConnectRequest_Heartbeat{Heartbeat: &rdzvv1.Heartbeat{Seq: 1, StandbyReady: "train"}}}, ""},
+	{"heartbeat standby of a bad job name", &rdzvv1.ConnectRequest{Msg: &rdzvv1.ConnectRequest_Heartbeat{Heartbeat: &rdzvv1.Heartbeat{Seq: 1, StandbyReady: "x/y"}}}, "heartbeat.standby_ready:"},
 	{"unknown message kind", &rdzvv1.ConnectRequest{}, ""},
 	{"worker status", connect(&rdzvv1.WorkerStatus{Job: "train", Generation: 1, State: rdzvv1.WorkerState_WORKER_STATE_FAILED, Signal: "killed"}), ""},
 	{"worker status unknown state", connect(&rdzvv1.WorkerStatus{Job: "train", State: 99}), "worker_status.state: unknown worker state 99"},

@@ -13,8 +13,9 @@ var growingMessage = regexp.MustCompile(`^generation 2 stops to grow the job fro
 
 // A node cut off mid-run shrinks the job to two nodes; once its link is
 // back the job, with the default nodes.grow, grows back to three right
-// after its next checkpoint: generation 3 runs on all three, resumes from
-// that checkpoint (nothing recomputed but the steps trained while the
+// after its next checkpoint once h3 keeps a ready standby of the job:
+// generation 3 runs on all three, h3's ranks from that standby, resumes
+// from that checkpoint (nothing recomputed but the steps trained while the
 // stop order travelled), and the grow is no failure. The job succeeds.
 func TestFaultGrowBack(t *testing.T) {
 	c := newFaultCluster(t)
@@ -31,7 +32,15 @@ func TestFaultGrowBack(t *testing.T) {
 	c.waitNodeState(t, 2, "NODE_STATE_READY")
 	back := time.Now()
 
-	j := c.waitJob(t, job.Name, "finished", func(j jobJSON) bool { return finished(j.State) })
+	// When the standby that runs generation 3 on h3 started: it must be
+	// the idle node's, ready before the grow, not a cold one started by it.
+	var h3Standby time.Duration
+	j := c.waitJob(t, job.Name, "finished", func(j jobJSON) bool {
+		if started, ok := c.standbyStarts(t, "3")[c.agentHost(2).Name]; ok && (h3Standby == 0 || started < h3Standby) {
+			h3Standby = started
+		}
+		return finished(j.State)
+	})
 	require.Equal(t, "JOB_STATE_SUCCEEDED", j.State, "reason: %s", j.Reason)
 	require.EqualValues(t, 3, j.Generation, "one restart for the cut, one for the grow")
 	require.EqualValues(t, 1, j.Restarts, "a grow is no failure")
@@ -50,6 +59,10 @@ func TestFaultGrowBack(t *testing.T) {
 		}
 	}
 	require.NotZero(t, grewAt, "no job_growing event: %v", kinds(events))
+	require.NotZero(t, h3Standby, "generation 3 on h3 not seen running from a warm standby")
+	growingSinceBoot := sinceBoot() - time.Since(growing)
+	require.Less(t, h3Standby, growingSinceBoot, "h3's standby started %.3fs after job_growing: the grow did not wait for the idle node's standby",
+		(h3Standby - growingSinceBoot).Seconds())
 	rounds := parseRounds(t, events)
 	require.Equal(t, agentNames(c)[:2], rounds[2].nodes)
 	require.Equal(t, agentNames(c), rounds[3].nodes, "generation 3 runs on all three nodes")

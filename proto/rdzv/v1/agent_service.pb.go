@@ -897,8 +897,12 @@ func (x *GossipView) GetWatchedUnreachable() []string {
 }
 
 type Heartbeat struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Seq           uint64                 `protobuf:"varint,1,opt,name=seq,proto3" json:"seq,omitempty"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Seq   uint64                 `protobuf:"varint,1,opt,name=seq,proto3" json:"seq,omitempty"`
+	// The job whose warm standby this node keeps ready (imported, listening)
+	// for a job it does not run, as an idle node or a spare; empty when none.
+	// A job growing onto the node waits for it, within a bound.
+	StandbyReady  string `protobuf:"bytes,2,opt,name=standby_ready,json=standbyReady,proto3" json:"standby_ready,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -938,6 +942,13 @@ func (x *Heartbeat) GetSeq() uint64 {
 		return x.Seq
 	}
 	return 0
+}
+
+func (x *Heartbeat) GetStandbyReady() string {
+	if x != nil {
+		return x.StandbyReady
+	}
+	return ""
 }
 
 type WorkerStatus struct {
@@ -1905,9 +1916,10 @@ const file_rdzv_v1_agent_service_proto_rawDesc = "" +
 	"\ralive_members\x18\x02 \x01(\rR\faliveMembers\x12\x1b\n" +
 	"\twatch_job\x18\x03 \x01(\tR\bwatchJob\x12)\n" +
 	"\x10watch_generation\x18\x04 \x01(\x04R\x0fwatchGeneration\x12/\n" +
-	"\x13watched_unreachable\x18\x05 \x03(\tR\x12watchedUnreachable\"\x1d\n" +
+	"\x13watched_unreachable\x18\x05 \x03(\tR\x12watchedUnreachable\"B\n" +
 	"\tHeartbeat\x12\x10\n" +
-	"\x03seq\x18\x01 \x01(\x04R\x03seq\"\xbd\x02\n" +
+	"\x03seq\x18\x01 \x01(\x04R\x03seq\x12#\n" +
+	"\rstandby_ready\x18\x02 \x01(\tR\fstandbyReady\"\xbd\x02\n" +
 	"\fWorkerStatus\x12\x10\n" +
 	"\x03job\x18\x01 \x01(\tR\x03job\x12\x1e\n" +
 	"\n" +
