@@ -23,8 +23,8 @@ import (
 // is counted, no incident opened.
 //
 // A node that has just come back has no standby yet: joining at once, its
-// workers would import torch while every other rank waits (3.3 s in
-// TestFaultGrowBack). A job that checkpoints often enough waits for it
+// workers would import torch while every other rank waits. A job that
+// checkpoints often enough waits for it
 // (joinWait): the next checkpoint comes soon, and by then the standby is
 // ready. One that checkpoints rarely grows at once, cold: waiting a whole
 // checkpoint interval at reduced width would cost more than a cold start.
