@@ -384,20 +384,30 @@ func requireOnlyAgents(t *testing.T, c *cluster, spare func(pid int) bool) {
 		h := c.agentHost(i)
 		var others []string
 		agentSeen := false
-		for _, pid := range netnsPids(t, h) {
-			if pid == agent.Pid() && !c.killed[i] {
-				agentSeen = true
-				continue
+		// A process that has just exited (a dropped standby, a reparented
+		// child) may still be listed, or be a zombie its parent reaps a
+		// moment later: it must be gone within reapWait, not at the instant
+		// of the first look.
+		require.Eventually(t, func() bool {
+			others, agentSeen = nil, false
+			for _, pid := range netnsPids(t, h) {
+				if pid == agent.Pid() && !c.killed[i] {
+					agentSeen = true
+					continue
+				}
+				if spare != nil && spare(pid) || procStatus(pid, "State") == "" {
+					continue
+				}
+				others = append(others, fmt.Sprintf("%d (%s): %s", pid, procStatus(pid, "State"), strings.Join(procCmdline(pid), " ")))
 			}
-			if spare != nil && spare(pid) {
-				continue
-			}
-			others = append(others, fmt.Sprintf("%d: %s", pid, strings.Join(procCmdline(pid), " ")))
-		}
+			return len(others) == 0
+		}, reapWait, 50*time.Millisecond, "processes left on %s besides the agent: %q", h.Name, &others)
 		require.True(t, agentSeen || c.killed[i], "agent (pid %d) not found in %s", agent.Pid(), h.NS)
-		require.Empty(t, others, "processes left on %s besides the agent", h.Name)
 	}
 }
+
+// reapWait is how long a process that has exited may still be listed.
+const reapWait = 3 * time.Second
 
 // netnsPids lists the processes in h's network namespace.
 func netnsPids(t *testing.T, h *netns.Host) []int {
