@@ -33,6 +33,10 @@ PYTHON ?= /usr/bin/python3
 VENV := $(CURDIR)/.venv
 VENV_OLDEST := $(CURDIR)/.venv-oldest
 PIP_QUIET ?= -q
+# The venvs hold about 11 GB (torch's CUDA libraries, twice); pip's cache
+# would keep another copy of every wheel. CI machines' disks vary, so the
+# wheels are not cached (PIP_INSTALL="pip install" brings the cache back).
+PIP_INSTALL ?= pip install --no-cache-dir $(PIP_QUIET)
 
 all: build
 
@@ -125,16 +129,16 @@ venv-oldest: $(VENV_OLDEST)/.installed
 $(VENV)/.installed: python/requirements/ci.txt python/requirements/deepspeed.txt python/requirements/peers.txt
 	rm -rf $(VENV)
 	$(PYTHON) -m venv $(VENV)
-	$(VENV)/bin/pip install $(PIP_QUIET) --no-deps -r python/requirements/ci.txt
+	$(VENV)/bin/$(PIP_INSTALL) --no-deps -r python/requirements/ci.txt
 	@# The recovery benchmark's peers (ft_launcher, torchft): see peers.txt.
-	$(VENV)/bin/pip install $(PIP_QUIET) --no-deps -r python/requirements/peers.txt
-	DS_BUILD_OPS=0 $(VENV)/bin/pip install $(PIP_QUIET) --no-deps --no-build-isolation -r python/requirements/deepspeed.txt
+	$(VENV)/bin/$(PIP_INSTALL) --no-deps -r python/requirements/peers.txt
+	DS_BUILD_OPS=0 $(VENV)/bin/$(PIP_INSTALL) --no-deps --no-build-isolation -r python/requirements/deepspeed.txt
 	touch $@
 
 $(VENV_OLDEST)/.installed: python/requirements/oldest.txt
 	rm -rf $(VENV_OLDEST)
 	$(PYTHON) -m venv $(VENV_OLDEST)
-	$(VENV_OLDEST)/bin/pip install $(PIP_QUIET) --no-deps -r python/requirements/oldest.txt
+	$(VENV_OLDEST)/bin/$(PIP_INSTALL) --no-deps -r python/requirements/oldest.txt
 	touch $@
 
 # The rdzv Python package (python/, docs/python.md), installed into .venv the
@@ -143,7 +147,7 @@ $(VENV_OLDEST)/.installed: python/requirements/oldest.txt
 # those: PYTEST_FLAGS="-m 'not frameworks'").
 PYTEST_FLAGS ?=
 python-test: venv
-	$(VENV)/bin/pip install $(PIP_QUIET) --no-deps --no-build-isolation --force-reinstall ./python
+	$(VENV)/bin/$(PIP_INSTALL) --no-deps --no-build-isolation --force-reinstall ./python
 	cd python && $(VENV)/bin/python -m pytest -q -p no:cacheprovider $(PYTEST_FLAGS) tests
 
 e2e: build venv venv-oldest
