@@ -245,3 +245,24 @@ func TestMemoryCheckpointReplicationAndFetch(t *testing.T) {
 	_, err = os.Stat(filepath.Join(root, "a", "train"))
 	require.ErrorIs(t, err, os.ErrNotExist)
 }
+
+// An exit report carries what the node holds of the job's in-memory
+// checkpoints then; the status kept for registrations does not.
+func TestExitReportCarriesHoldings(t *testing.T) {
+	m := newMemStore(t.TempDir(), "a", zaptest.NewLogger(t))
+	t.Cleanup(func() { m.drop("train") })
+	spec := &rdzvv1.JobSpec{Name: "train", CheckpointMemory: &rdzvv1.CheckpointMemorySpec{Replicas: 1, MaxBytes: 1 << 20}}
+	env, err := m.prepare(context.Background(), &rdzvv1.Assignment{Spec: spec, Generation: 3}, nil)
+	require.NoError(t, err)
+	s := &Supervisor{mem: m}
+	st := &rdzvv1.WorkerStatus{Job: "train", Generation: 3, State: rdzvv1.WorkerState_WORKER_STATE_FAILED}
+	require.Same(t, st, s.withMemory(st), "nothing held: the report as it is")
+
+	data := []byte("rank one's state at step 7")
+	require.NoError(t, os.WriteFile(filepath.Join(env[memDirEnv], shardName(7, 1)), data, 0o600))
+	require.NoError(t, m.reported("train", 3, 7, 1, int64(len(data)), sha256.Sum256(data)))
+	got := s.withMemory(st)
+	require.Equal(t, []*rdzvv1.MemoryHeld{{Generation: 3, Step: 7, Ranks: []uint32{1}}}, got.GetMemory())
+	require.Nil(t, st.GetMemory(), "the kept status is not changed")
+	require.Equal(t, st.GetState(), got.GetState())
+}

@@ -567,7 +567,7 @@ func (s *Supervisor) watch(w *worker) {
 		s.ending = nil
 	}
 	s.mu.Unlock()
-	s.report(st)
+	s.report(s.withMemory(st))
 	close(w.done)
 	// The log just stopped growing: it counts toward the cap from now on.
 	s.pruneJobLogs()
@@ -638,7 +638,7 @@ func (s *Supervisor) record(st *rdzvv1.WorkerStatus) {
 	s.mu.Lock()
 	s.keep(st)
 	s.mu.Unlock()
-	s.report(st)
+	s.report(s.withMemory(st))
 }
 
 // keep puts an outcome in the history. Callers hold s.mu.
@@ -647,6 +647,21 @@ func (s *Supervisor) keep(st *rdzvv1.WorkerStatus) {
 	if len(s.history) > HistorySize {
 		s.history = s.history[len(s.history)-HistorySize:]
 	}
+}
+
+// withMemory is st with what this node holds of the job's in-memory
+// checkpoints now, for the controller to resume from the newest step its
+// workers saved (the heartbeat's holdings may be an interval old). st
+// itself stays as kept: the history goes into registrations, which carry
+// holdings of their own.
+func (s *Supervisor) withMemory(st *rdzvv1.WorkerStatus) *rdzvv1.WorkerStatus {
+	held, _ := s.mem.held(st.GetJob())
+	if len(held) == 0 {
+		return st
+	}
+	out := proto.CloneOf(st)
+	out.Memory = held
+	return out
 }
 
 // report counts an outcome and sends it to the controller.

@@ -233,6 +233,25 @@ func (js *jobState) memoryHeld(node string, held []*rdzvv1.MemoryHeld) {
 	if js.rec.GetState() != rdzvv1.JobState_JOB_STATE_RUNNING || !js.member(node) {
 		held = knownOnly(held, js.rec.GetGeneration(), js.memHeld[node])
 	}
+	js.setMemoryHeld(node, held)
+}
+
+// exitMemory records what node held of js's in-memory checkpoints as the
+// workers of js's current generation on it exited (WorkerStatus.memory),
+// in full, not only as knownOnly allows: the generation is still the
+// job's, its commit has not sealed it, and node, a member not lost, is
+// where those workers ran, so what they saved before exiting is of this
+// lineage. That is what lets a recovery resume from the step saved just
+// before the failure rather than from the one the last heartbeat carried.
+// Callers hold c.mu.
+func (js *jobState) exitMemory(node string, held []*rdzvv1.MemoryHeld) {
+	if js.rec.GetSpec().GetCheckpointMemory() == nil {
+		return
+	}
+	js.setMemoryHeld(node, sealedOnly(held, js.rec.GetGeneration(), js.memSealed))
+}
+
+func (js *jobState) setMemoryHeld(node string, held []*rdzvv1.MemoryHeld) {
 	if js.memHeld == nil {
 		js.memHeld = map[string][]*rdzvv1.MemoryHeld{}
 	}

@@ -182,3 +182,81 @@ func TestMemorySealedAtCommit(t *testing.T) {
 	// After a failover nothing is sealed: earlier generations count no more.
 	require.Empty(t, sealedOnly(late[:2], 2, nil))
 }
+
+// What a node of the job's current generation holds as its workers exit
+// (WorkerStatus.memory) counts in full, while the job recovers too: the
+// steps its workers saved after its last progress report are the newest
+// of the lineage. A registration while the job recovers may only narrow
+// (TestRegisterMemory); shards of generations the last commit sealed stay
+// filtered.
+func TestExitMemory(t *testing.T) {
+	js := &jobState{rec: &rdzvv1.Job{Spec: &rdzvv1.JobSpec{Name: "train", CheckpointMemory: &rdzvv1.CheckpointMemorySpec{Replicas: 1}},
+		Generation: 2, State: rdzvv1.JobState_JOB_STATE_RECOVERING},
+		round:     &rdzvv1.Round{Nodes: []*rdzvv1.NodeAssignment{{Node: "a"}, {Node: "b", NodeRank: 1}}},
+		memHeld:   map[string][]*rdzvv1.MemoryHeld{"a": {held(2, 30, 0, 1, 2, 3)}, "b": {held(2, 30, 2, 3, 0, 1)}},
+		memSealed: map[memKey][]uint32{{1, 10}: {0, 1, 2, 3}}}
+
+	js.memoryHeld("b", []*rdzvv1.MemoryHeld{held(2, 30, 2, 3, 0, 1), held(2, 34, 2, 3, 0, 1)})
+	require.Equal(t, []*rdzvv1.MemoryHeld{held(2, 30, 2, 3, 0, 1)}, js.memHeld["b"], "a progress report while recovering adds nothing")
+
+	js.exitMemory("b", []*rdzvv1.MemoryHeld{held(1, 10, 2, 3), held(1, 12, 2, 3), held(2, 30, 2, 3, 0, 1), held(2, 34, 2, 3, 0, 1)})
+	require.Equal(t, []*rdzvv1.MemoryHeld{held(1, 10, 2, 3), held(2, 30, 2, 3, 0, 1), held(2, 34, 2, 3, 0, 1)}, js.memHeld["b"],
+		"the exit adds step 34; generation 1's unsealed step 12 stays out")
+	js.exitMemory("a", []*rdzvv1.MemoryHeld{held(2, 34, 0, 1)})
+	plan, ok := pickMemory(js.memHeld, func(string) bool { return true }, 4, 2, nil)
+	require.True(t, ok)
+	require.Equal(t, memKey{2, 34}, plan.key, "the recovery resumes from the step saved just before the exits")
+
+	js.exitMemory("a", nil)
+	require.NotContains(t, js.memHeld, "a", "an exit holding nothing clears the node's holdings")
+
+	plain := &jobState{rec: &rdzvv1.Job{Spec: &rdzvv1.JobSpec{Name: "plain"}, Generation: 1}}
+	plain.exitMemory("a", []*rdzvv1.MemoryHeld{held(1, 3, 0)})
+	require.Nil(t, plain.memHeld, "a job without checkpoint.memory keeps no holdings")
+}
+
+// Only the first exit report of the current generation, from a member not
+// lost, brings holdings.
+func TestExitMemoryTakenFrom(t *testing.T) {
+	exit := func(gen uint64, state rdzvv1.WorkerState) *rdzvv1.WorkerStatus {
+		return &rdzvv1.WorkerStatus{Job: "train", Generation: gen, State: state, Memory: []*rdzvv1.MemoryHeld{held(gen, 34, 2, 3)}}
+	}
+	failed, stopped, running := rdzvv1.WorkerState_WORKER_STATE_FAILED, rdzvv1.WorkerState_WORKER_STATE_STOPPED, rdzvv1.WorkerState_WORKER_STATE_RUNNING
+	for _, tc := range []struct {
+		name     string
+		node     string
+		w        *rdzvv1.WorkerStatus
+		nodeLost bool
+		reported rdzvv1.WorkerState // what the controller has of node's workers
+		taken    bool
+	}{
+		{"the exit of the current generation", "b", exit(2, stopped), false, running, true},
+		{"a failure of the current generation", "b", exit(2, failed), false, running, true},
+		{"workers still running", "b", exit(2, running), false, running, false},
+		{"an earlier generation", "b", exit(1, stopped), false, running, false},
+		{"a node outside the round", "c", exit(2, stopped), false, running, false},
+		{"a lost node", "b", exit(2, stopped), true, running, false},
+		{"an exit already reported", "b", exit(2, stopped), false, failed, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			before := map[string][]*rdzvv1.MemoryHeld{"b": {held(2, 30, 2, 3)}}
+			js := &jobState{rec: &rdzvv1.Job{Spec: &rdzvv1.JobSpec{Name: "train", CheckpointMemory: &rdzvv1.CheckpointMemorySpec{Replicas: 1}},
+				Generation: 2, State: rdzvv1.JobState_JOB_STATE_RECOVERING},
+				round:   &rdzvv1.Round{Nodes: []*rdzvv1.NodeAssignment{{Node: "a"}, {Node: "b", NodeRank: 1}}},
+				memHeld: map[string][]*rdzvv1.MemoryHeld{"b": before["b"]},
+				workers: map[string]*rdzvv1.WorkerStatus{tc.node: {State: tc.reported}}}
+			state := rdzvv1.NodeState_NODE_STATE_BUSY
+			if tc.nodeLost {
+				state = rdzvv1.NodeState_NODE_STATE_LOST
+			}
+			c := &Controller{jobs: map[string]*jobState{"train": js},
+				nodes: map[string]*nodeState{tc.node: {rec: &rdzvv1.Node{State: state}}}}
+			c.exitMemory(tc.node, tc.w)
+			if tc.taken {
+				require.Equal(t, []*rdzvv1.MemoryHeld{held(2, 34, 2, 3)}, js.memHeld[tc.node])
+			} else {
+				require.Equal(t, before, js.memHeld)
+			}
+		})
+	}
+}

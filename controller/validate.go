@@ -239,7 +239,11 @@ func validateRegister(r *rdzvv1.Register) error {
 		errs = append(errs, fmt.Errorf("register.workers: at most %d, got %d", maxRegisterWorkers, len(r.GetWorkers())))
 	} else {
 		for i, w := range r.GetWorkers() {
-			errs = append(errs, validateWorkerStatus(fmt.Sprintf("register.workers[%d]", i), w))
+			field := fmt.Sprintf("register.workers[%d]", i)
+			errs = append(errs, validateWorkerStatus(field, w))
+			if n := len(w.GetMemory()); n > 0 {
+				errs = append(errs, fmt.Errorf("%s.memory: must be empty (a registration's holdings are register.memory), got %d entries", field, n))
+			}
 		}
 	}
 	if len(r.GetMemory()) > wire.MaxRegisterMemoryJobs {
@@ -323,7 +327,8 @@ func validateWorkerStatus(field string, w *rdzvv1.WorkerStatus) error {
 	if _, known := rdzvv1.WorkerState_name[int32(w.GetState())]; !known || w.GetState() == rdzvv1.WorkerState_WORKER_STATE_UNSPECIFIED {
 		errs = append(errs, fmt.Errorf("%s.state: unknown worker state %d", field, w.GetState()))
 	}
-	errs = append(errs, textErr(field+".signal", w.GetSignal(), maxShortText), textErr(field+".message", w.GetMessage(), wire.MaxTextBytes))
+	errs = append(errs, textErr(field+".signal", w.GetSignal(), maxShortText), textErr(field+".message", w.GetMessage(), wire.MaxTextBytes),
+		validateMemoryHeld(field+".memory", w.GetMemory()))
 	return errors.Join(errs...)
 }
 

@@ -8,15 +8,37 @@ import (
 	"time"
 
 	"go.uber.org/zap"
+	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	rdzvv1 "github.com/rdzv/rdzv/proto/rdzv/v1"
 )
 
+// workerStatus applies a worker report from node's stream. The holdings
+// an exit carries are taken first, so that a commit the exit completes
+// plans from them, and are not kept with the report.
 func (c *Controller) workerStatus(node string, w *rdzvv1.WorkerStatus) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	if w.GetMemory() != nil {
+		c.exitMemory(node, w)
+		w = proto.CloneOf(w)
+		w.Memory = nil
+	}
 	c.applyWorkerStatus(node, w)
+}
+
+// exitMemory takes the holdings of w, node's report, when it is the exit
+// of the job's current generation on node, a member not lost, reported
+// for the first time (jobState.exitMemory says why they count in full).
+// Callers hold c.mu.
+func (c *Controller) exitMemory(node string, w *rdzvv1.WorkerStatus) {
+	js, ns := c.jobs[w.GetJob()], c.nodes[node]
+	if js == nil || ns == nil || !terminalWorker(w.GetState()) || js.rec.GetGeneration() != w.GetGeneration() || !js.member(node) ||
+		ns.rec.GetState() == rdzvv1.NodeState_NODE_STATE_LOST || terminalWorker(js.workers[node].GetState()) {
+		return
+	}
+	js.exitMemory(node, w.GetMemory())
 }
 
 // applyWorkerStatus records a worker report and advances the job. Reports

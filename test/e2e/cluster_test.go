@@ -58,9 +58,11 @@ type cluster struct {
 	controllerArgs []string
 	controller     *netns.Proc
 	agents         []*netns.Proc // agents[i] runs on agentHost(i)
-	// heartbeatTimeout is the controller's --heartbeat-timeout, and
-	// agentArgs extra flags for every agent; set them before starting.
-	heartbeatTimeout string
+	// heartbeatTimeout is the controller's --heartbeat-timeout,
+	// heartbeatInterval its --heartbeat-interval when set, and agentArgs
+	// extra flags for every agent; set them before starting.
+	heartbeatTimeout  string
+	heartbeatInterval string
 	agentArgs        []string
 	// controllerWrap and agentWrap, when set, run the daemons under a
 	// wrapper command (the systemd units' sandboxes, systemd_test.go).
@@ -168,6 +170,9 @@ func (c *cluster) secretsKeyArgs() []string {
 func (c *cluster) startController(etcdArgs ...string) {
 	c.t.Helper()
 	c.controllerArgs = append([]string{"--listen", c.controllerAddr, "--heartbeat-timeout", c.heartbeatTimeout}, etcdArgs...)
+	if c.heartbeatInterval != "" {
+		c.controllerArgs = append(c.controllerArgs, "--heartbeat-interval", c.heartbeatInterval)
+	}
 	c.controllerArgs = append(c.controllerArgs, c.tlsArgs("controller", "rdzv-controller")...)
 	c.controller = c.controllerHost().Start(c.t, "controller", nil, c.controllerArgv()...)
 }

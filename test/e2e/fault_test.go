@@ -53,12 +53,16 @@ func newFaultCluster(t *testing.T) *cluster {
 	return newFaultClusterSized(t, agentHosts)
 }
 
-// newFaultClusterSized is newFaultCluster with hosts agent hosts.
-func newFaultClusterSized(t *testing.T, hosts int) *cluster {
+// newFaultClusterSized is newFaultCluster with hosts agent hosts; edits
+// adjust the cluster before its daemons start.
+func newFaultClusterSized(t *testing.T, hosts int, edits ...func(*cluster)) *cluster {
 	t.Helper()
 	c := newClusterSized(t, 1, hosts)
 	c.heartbeatTimeout = faultHeartbeatTimeout
 	c.agentArgs = []string{"--stop-grace", faultStopGrace}
+	for _, edit := range edits {
+		edit(c)
+	}
 	c.startEmbeddedController()
 	c.startAgents()
 	// Cleanups run last-registered first: this one runs while the daemons,

@@ -2,9 +2,11 @@ package e2e
 
 import (
 	"fmt"
+	"maps"
 	"os"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -330,4 +332,54 @@ func logTimeline(t *testing.T, events []eventJSON) {
 		fmt.Fprintf(&b, "\n  %+8.3fs gen %d %-20s %-3s %s", ev.Time.Sub(events[0].Time).Seconds(), ev.Generation, ev.Kind, ev.Node, ev.Message)
 	}
 	t.Logf("e2e: events:%s", b.String())
+}
+
+// A worker of a job that saves in memory every step is killed: generation
+// 2 resumes from the newest step every rank had saved, to within the save
+// in flight, not from what the nodes' last heartbeats said they held (up
+// to a heartbeat interval's worth of steps older). The agents' exit
+// reports carry their holdings (WorkerStatus.memory; TestExitMemory has
+// the controller's rule).
+func TestFaultKillWorkerMemoryCheckpoint(t *testing.T) {
+	// Two hosts, both the job's: every host's log has both generations.
+	// Heartbeats every 2 s (steps take 0.1 s): what they carry may be many
+	// steps behind.
+	c := newFaultClusterSized(t, 2, func(c *cluster) { c.heartbeatInterval, c.heartbeatTimeout = "2s", "6s" })
+	// The default launcher (warm): a worker's exit is reported within
+	// moments, well inside a heartbeat interval (torchrun's monitor takes
+	// longer than one, and a heartbeat would carry the holdings first).
+	job := faultJob(t, c, "fault-memory-worker", func(spec map[string]any) {
+		memoryJobEvery(1)(spec)
+		defaultLauncher(spec)
+	})
+	before := c.waitCheckpoint(t, job.Name, checkpointEvery)
+	gen1 := c.waitJob(t, job.Name, "a few steps past the checkpoint", func(j jobJSON) bool {
+		return j.Step >= before.LatestCheckpoint.Step+checkpointEvery/2
+	})
+	victim := c.hostOfRank(t, gen1, 1)
+	killed := c.killWorker(t, victim)
+	t.Logf("e2e: SIGKILLed %s", killed)
+
+	j := c.waitJob(t, job.Name, "finished", func(j jobJSON) bool { return finished(j.State) })
+	require.Equal(t, "JOB_STATE_SUCCEEDED", j.State, "reason: %s", j.Reason)
+	res := resumeOf(t, c.jobEvents(t, job.Name), 2)
+	require.Equal(t, "resume_memory", res.kind)
+	require.EqualValues(t, 1, res.savedBy)
+
+	// The newest step every rank of generation 1 finished. A rank saves a
+	// step after its tick, and a save waits for the one before it to be
+	// reported, so every rank had reported last-2 at least.
+	newest := map[int]int{}
+	for i := range c.hosts {
+		part := byGeneration(t, c.nodeLog(t, i, job.Name))[1]
+		for _, tk := range parseTicks(t, c.agentHost(i).Name, part) {
+			newest[tk.rank] = max(newest[tk.rank], tk.step)
+		}
+	}
+	require.Len(t, newest, 2*procsPerNode, "ticks of generation 1 by rank: %v", newest)
+	last := slices.Min(slices.Collect(maps.Values(newest)))
+	t.Logf("e2e: generation 1 finished step %d on every rank; generation 2 resumed from in-memory step %d (%d steps recomputed)",
+		last, res.step, uint64(last)-min(res.step, uint64(last)))
+	require.GreaterOrEqual(t, res.step+2, uint64(last), "generation 2 resumed from an older step than every rank had saved")
+	c.requireResumedAt(t, job.Name, 2, res.step, true)
 }

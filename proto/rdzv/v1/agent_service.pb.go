@@ -968,7 +968,14 @@ type WorkerStatus struct {
 	// this node and a restart would fail the same way: "workdir_missing",
 	// "checkpoint_dir_missing" or "launcher_missing" (wire.Failure*). Empty
 	// for every other end.
-	Failure       string `protobuf:"bytes,9,opt,name=failure,proto3" json:"failure,omitempty"`
+	Failure string `protobuf:"bytes,9,opt,name=failure,proto3" json:"failure,omitempty"`
+	// What the node holds of the job's in-memory checkpoints
+	// (checkpoint.memory) as its workers exit. Progress carries holdings at
+	// most once per heartbeat interval; this makes the controller's view
+	// exact at the exit, so a recovery resumes from the newest step saved.
+	// Only in the report to the controller: never in a stored worker record
+	// nor in Register.workers.
+	Memory        []*MemoryHeld `protobuf:"bytes,10,rep,name=memory,proto3" json:"memory,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1064,6 +1071,13 @@ func (x *WorkerStatus) GetFailure() string {
 		return x.Failure
 	}
 	return ""
+}
+
+func (x *WorkerStatus) GetMemory() []*MemoryHeld {
+	if x != nil {
+		return x.Memory
+	}
+	return nil
 }
 
 // Progress is the newest training step the workers reported; the agent sends
@@ -1919,7 +1933,7 @@ const file_rdzv_v1_agent_service_proto_rawDesc = "" +
 	"\x13watched_unreachable\x18\x05 \x03(\tR\x12watchedUnreachable\"B\n" +
 	"\tHeartbeat\x12\x10\n" +
 	"\x03seq\x18\x01 \x01(\x04R\x03seq\x12#\n" +
-	"\rstandby_ready\x18\x02 \x01(\tR\fstandbyReady\"\xbd\x02\n" +
+	"\rstandby_ready\x18\x02 \x01(\tR\fstandbyReady\"\xea\x02\n" +
 	"\fWorkerStatus\x12\x10\n" +
 	"\x03job\x18\x01 \x01(\tR\x03job\x12\x1e\n" +
 	"\n" +
@@ -1931,7 +1945,9 @@ const file_rdzv_v1_agent_service_proto_rawDesc = "" +
 	"\amessage\x18\x06 \x01(\tR\amessage\x127\n" +
 	"\texited_at\x18\a \x01(\v2\x1a.google.protobuf.TimestampR\bexitedAt\x12-\n" +
 	"\x12preflight_excluded\x18\b \x01(\bR\x11preflightExcluded\x12\x18\n" +
-	"\afailure\x18\t \x01(\tR\afailure\"\xcd\x02\n" +
+	"\afailure\x18\t \x01(\tR\afailure\x12+\n" +
+	"\x06memory\x18\n" +
+	" \x03(\v2\x13.rdzv.v1.MemoryHeldR\x06memory\"\xcd\x02\n" +
 	"\bProgress\x12\x10\n" +
 	"\x03job\x18\x01 \x01(\tR\x03job\x12\x1e\n" +
 	"\n" +
@@ -2083,23 +2099,24 @@ var file_rdzv_v1_agent_service_proto_depIdxs = []int32{
 	26, // 25: rdzv.v1.GPUFault.at:type_name -> google.protobuf.Timestamp
 	27, // 26: rdzv.v1.WorkerStatus.state:type_name -> rdzv.v1.WorkerState
 	26, // 27: rdzv.v1.WorkerStatus.exited_at:type_name -> google.protobuf.Timestamp
-	26, // 28: rdzv.v1.Progress.at:type_name -> google.protobuf.Timestamp
-	28, // 29: rdzv.v1.Progress.phase:type_name -> rdzv.v1.TrainingPhase
-	22, // 30: rdzv.v1.Progress.metrics:type_name -> rdzv.v1.Progress.MetricsEntry
-	12, // 31: rdzv.v1.Progress.memory:type_name -> rdzv.v1.MemoryHeld
-	29, // 32: rdzv.v1.StopWorkers.grace:type_name -> google.protobuf.Duration
-	30, // 33: rdzv.v1.PrepareStandby.spec:type_name -> rdzv.v1.JobSpec
-	26, // 34: rdzv.v1.PrepareStandby.job_created_at:type_name -> google.protobuf.Timestamp
-	29, // 35: rdzv.v1.PrepareStandby.keep_for:type_name -> google.protobuf.Duration
-	26, // 36: rdzv.v1.LogTail.since:type_name -> google.protobuf.Timestamp
-	26, // 37: rdzv.v1.LogTail.run_created_at:type_name -> google.protobuf.Timestamp
-	0,  // 38: rdzv.v1.AgentService.Connect:input_type -> rdzv.v1.ConnectRequest
-	1,  // 39: rdzv.v1.AgentService.Connect:output_type -> rdzv.v1.ConnectResponse
-	39, // [39:40] is the sub-list for method output_type
-	38, // [38:39] is the sub-list for method input_type
-	38, // [38:38] is the sub-list for extension type_name
-	38, // [38:38] is the sub-list for extension extendee
-	0,  // [0:38] is the sub-list for field type_name
+	12, // 28: rdzv.v1.WorkerStatus.memory:type_name -> rdzv.v1.MemoryHeld
+	26, // 29: rdzv.v1.Progress.at:type_name -> google.protobuf.Timestamp
+	28, // 30: rdzv.v1.Progress.phase:type_name -> rdzv.v1.TrainingPhase
+	22, // 31: rdzv.v1.Progress.metrics:type_name -> rdzv.v1.Progress.MetricsEntry
+	12, // 32: rdzv.v1.Progress.memory:type_name -> rdzv.v1.MemoryHeld
+	29, // 33: rdzv.v1.StopWorkers.grace:type_name -> google.protobuf.Duration
+	30, // 34: rdzv.v1.PrepareStandby.spec:type_name -> rdzv.v1.JobSpec
+	26, // 35: rdzv.v1.PrepareStandby.job_created_at:type_name -> google.protobuf.Timestamp
+	29, // 36: rdzv.v1.PrepareStandby.keep_for:type_name -> google.protobuf.Duration
+	26, // 37: rdzv.v1.LogTail.since:type_name -> google.protobuf.Timestamp
+	26, // 38: rdzv.v1.LogTail.run_created_at:type_name -> google.protobuf.Timestamp
+	0,  // 39: rdzv.v1.AgentService.Connect:input_type -> rdzv.v1.ConnectRequest
+	1,  // 40: rdzv.v1.AgentService.Connect:output_type -> rdzv.v1.ConnectResponse
+	40, // [40:41] is the sub-list for method output_type
+	39, // [39:40] is the sub-list for method input_type
+	39, // [39:39] is the sub-list for extension type_name
+	39, // [39:39] is the sub-list for extension extendee
+	0,  // [0:39] is the sub-list for field type_name
 }
 
 func init() { file_rdzv_v1_agent_service_proto_init() }
