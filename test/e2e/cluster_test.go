@@ -63,7 +63,7 @@ type cluster struct {
 	// extra flags for every agent; set them before starting.
 	heartbeatTimeout  string
 	heartbeatInterval string
-	agentArgs        []string
+	agentArgs         []string
 	// controllerWrap and agentWrap, when set, run the daemons under a
 	// wrapper command (the systemd units' sandboxes, systemd_test.go).
 	controllerWrap []string
