@@ -16,8 +16,11 @@ imports for them and for the hang hook), one TICK per committed step, with
 the quorum it was committed in:
   TICK ... step=<committed steps> t=<unix s> quorum=<id> participants=<n>
 Replica group 0 also saves a checkpoint every --checkpoint-every committed
-steps, as train.py's rank 0 does, so the step costs the same; torchft never
-reads it back (its recovery is from a peer).
+steps, as train.py's rank 0 does, so the step costs the same. A replica
+group reads the newest one back when it starts, as torchft's train_ddp.py
+does with its own checkpoints: that is what lets the job go on when every
+group restarted at once (a crash of all of them); a group that rejoins live
+peers starts behind them and recovers from a peer all the same.
 
 Settings, and why (torchft's docs and its train_ddp.py example):
   - Manager(min_replica_size=BENCH_TORCHFT_MIN, 2 like rdzv's nodes.min):
@@ -88,6 +91,14 @@ def main() -> None:
     ckpt_dir = os.environ.get("RDZV_CHECKPOINT_DIR", "")
     if REPLICA == 0 and ckpt_dir:
         os.makedirs(ckpt_dir, exist_ok=True)
+    resume = bw.latest_complete(ckpt_dir) if ckpt_dir else ""
+    if resume:
+        ckpt = torch.load(os.path.join(resume, "model.pt"))
+        load_state_dict(ckpt)
+        # The Manager's step is the committed step count, which the
+        # checkpoint's step is; batches_committed is only reported.
+        manager.load_state_dict({"step": ckpt["step"], "batches_committed": ckpt["step"] * REPLICAS})
+        print("RDZV_RESUMED replica=%d step=%d" % (REPLICA, ckpt["step"]), flush=True)
 
     while manager.current_step() < args.steps:
         step = manager.current_step() + 1
