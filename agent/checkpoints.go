@@ -148,10 +148,11 @@ func (s *Supervisor) scanLoop(w *worker, dir string, markers []string) {
 	}
 }
 
-// reportFound queues the checkpoints not yet reported in w's generation.
+// reportFound queues the checkpoints not yet reported in w's generation and
+// newer than the one it resumed from.
 func (s *Supervisor) reportFound(w *worker, found []FoundCheckpoint, log *zap.Logger) {
 	for _, c := range found {
-		if !s.markReported(w, c.Step) {
+		if w.resumed && c.Step <= w.resumeStep || !s.markReported(w, c.Step) {
 			continue
 		}
 		r := &rdzvv1.CheckpointReport{Job: w.job, Generation: w.generation, Step: c.Step, Path: c.Path, Source: sourceScan}

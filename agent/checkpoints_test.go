@@ -215,16 +215,18 @@ func (h *supHarness) queuedCheckpoints() []*rdzvv1.CheckpointReport {
 func TestSupervisorScansWhileRunning(t *testing.T) {
 	h := newSupervisor(t)
 	dir := t.TempDir()
-	makeTree(t, dir, "step-10/COMPLETE")
+	// Generation 3 resumes from step 5: the controller has nothing older.
+	makeTree(t, dir, "step-4/COMPLETE", "step-5/COMPLETE", "step-10/COMPLETE")
 	a := h.assignment("train", 3, "hang")
 	a.NodeRank, a.Spec.CheckpointDir = 0, dir
+	a.ResumeFrom, a.ResumeStep = filepath.Join(dir, "step-5"), 5
 	h.sup.Assign(a)
 	h.expect("train", 3, wRunning)
 
 	scan := func(step uint64, name string) *rdzvv1.CheckpointReport {
 		return &rdzvv1.CheckpointReport{Job: "train", Generation: 3, Step: step, Path: filepath.Join(dir, name), Source: "scan"}
 	}
-	requireProto(t, scan(10, "step-10"), h.nextCheckpoint(), "checkpoints of earlier generations are offered too")
+	requireProto(t, scan(10, "step-10"), h.nextCheckpoint(), "checkpoints of earlier generations newer than the resumed one are offered too")
 	makeTree(t, dir, "step-20/.metadata")
 	requireProto(t, scan(20, "step-20"), h.nextCheckpoint())
 

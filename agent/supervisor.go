@@ -135,6 +135,11 @@ type worker struct {
 	// scanStop and scanDone are set when this node scans checkpointDir.
 	scanStop chan struct{}
 	scanDone chan struct{}
+	// resumed is set when the generation resumes from a durable checkpoint
+	// of step resumeStep: the controller records none as old, so the scan
+	// does not report those (a directory may keep every checkpoint).
+	resumed    bool
+	resumeStep uint64
 
 	// Guarded by Supervisor.mu.
 	stopReason string
@@ -491,7 +496,8 @@ func (s *Supervisor) supervise(w *worker, a *rdzvv1.Assignment, announce bool) {
 
 func newWorker(a *rdzvv1.Assignment, proc Process, logPath string, token []byte, cred *syscall.Credential) *worker {
 	return &worker{job: a.GetSpec().GetName(), generation: a.GetGeneration(), checkpointDir: a.GetSpec().GetCheckpointDir(), proc: proc, logPath: logPath,
-		token: token, cred: cred, done: make(chan struct{}), reported: map[uint64]bool{}, releaseUser: func() {}}
+		token: token, cred: cred, done: make(chan struct{}), reported: map[uint64]bool{}, releaseUser: func() {},
+		resumed: a.GetResumeFrom() != "", resumeStep: a.GetResumeStep()}
 }
 
 func (s *Supervisor) watch(w *worker) {

@@ -72,6 +72,7 @@ func TestRecoveryResumesFromLatestCheckpoint(t *testing.T) {
 	require.Equal(t, uint64(2), a2.GetGeneration())
 	require.Equal(t, "/ckpt/train/step-20", a2.GetResumeFrom())
 	require.Equal(t, "/ckpt/train/step-20", b2.GetResumeFrom())
+	require.EqualValues(t, 20, a2.GetResumeStep(), "the resumed checkpoint's step: the scan reports nothing older")
 
 	// The fenced generation may not move the catalog any more.
 	a.checkpoint(a1, 30, "/ckpt/train/step-30")

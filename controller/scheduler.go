@@ -531,7 +531,7 @@ func (c *Controller) assignmentOf(js *jobState, a *rdzvv1.NodeAssignment) *rdzvv
 		Spec: js.rec.GetSpec(), Generation: js.round.GetGeneration(), NodeRank: a.GetNodeRank(),
 		Nnodes: uint32(len(js.round.GetNodes())), ProcsPerNode: js.rec.GetSpec().GetProcsPerNode(),
 		MasterAddr: js.round.GetMasterAddr(), MasterPort: js.round.GetMasterPort(), GpuIndices: a.GetGpuIndices(),
-		ResumeFrom: js.rec.GetLatestCheckpoint().GetPath(), JobCreatedAt: js.rec.GetCreatedAt(),
+		ResumeFrom: js.rec.GetLatestCheckpoint().GetPath(), ResumeStep: js.rec.GetLatestCheckpoint().GetStep(), JobCreatedAt: js.rec.GetCreatedAt(),
 		Watch: c.watchedPeers(js.round, a),
 	}
 	if m := js.rec.GetSpec().GetCheckpointMemory(); m != nil {

@@ -1279,6 +1279,9 @@ type Assignment struct {
 	MasterPort   uint32                 `protobuf:"varint,7,opt,name=master_port,json=masterPort,proto3" json:"master_port,omitempty"`
 	GpuIndices   []uint32               `protobuf:"varint,8,rep,packed,name=gpu_indices,json=gpuIndices,proto3" json:"gpu_indices,omitempty"`
 	ResumeFrom   string                 `protobuf:"bytes,9,opt,name=resume_from,json=resumeFrom,proto3" json:"resume_from,omitempty"`
+	// The step of resume_from: the controller records no checkpoint older
+	// than it, so the node's scan need not report those.
+	ResumeStep uint64 `protobuf:"varint,21,opt,name=resume_step,json=resumeStep,proto3" json:"resume_step,omitempty"`
 	// When the job was submitted: tells one run of a job name from a later
 	// run of the same name, whose node logs the agent keeps apart.
 	JobCreatedAt *timestamppb.Timestamp `protobuf:"bytes,10,opt,name=job_created_at,json=jobCreatedAt,proto3" json:"job_created_at,omitempty"`
@@ -1391,6 +1394,13 @@ func (x *Assignment) GetResumeFrom() string {
 		return x.ResumeFrom
 	}
 	return ""
+}
+
+func (x *Assignment) GetResumeStep() uint64 {
+	if x != nil {
+		return x.ResumeStep
+	}
+	return 0
 }
 
 func (x *Assignment) GetJobCreatedAt() *timestamppb.Timestamp {
@@ -1932,7 +1942,7 @@ const file_rdzv_v1_job_proto_rawDesc = "" +
 	"\x04node\x18\x04 \x01(\tR\x04node\x12;\n" +
 	"\vreported_at\x18\x05 \x01(\v2\x1a.google.protobuf.TimestampR\n" +
 	"reportedAt\x12\x16\n" +
-	"\x06source\x18\x06 \x01(\tR\x06source\"\xff\x04\n" +
+	"\x06source\x18\x06 \x01(\tR\x06source\"\xa0\x05\n" +
 	"\n" +
 	"Assignment\x12$\n" +
 	"\x04spec\x18\x01 \x01(\v2\x10.rdzv.v1.JobSpecR\x04spec\x12\x1e\n" +
@@ -1949,7 +1959,9 @@ const file_rdzv_v1_job_proto_rawDesc = "" +
 	"\vgpu_indices\x18\b \x03(\rR\n" +
 	"gpuIndices\x12\x1f\n" +
 	"\vresume_from\x18\t \x01(\tR\n" +
-	"resumeFrom\x12@\n" +
+	"resumeFrom\x12\x1f\n" +
+	"\vresume_step\x18\x15 \x01(\x04R\n" +
+	"resumeStep\x12@\n" +
 	"\x0ejob_created_at\x18\n" +
 	" \x01(\v2\x1a.google.protobuf.TimestampR\fjobCreatedAt\x12*\n" +
 	"\x05watch\x18\x10 \x03(\v2\x14.rdzv.v1.WatchedPeerR\x05watch\x12,\n" +
