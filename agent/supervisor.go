@@ -358,7 +358,7 @@ func (s *Supervisor) Ordered(stop *rdzvv1.StopWorkers) {
 	s.cmds <- func() {
 		s.stop(job, generation, reason, grace)
 		if ended {
-			s.dropIdleStandby(job)
+			s.dropIdleStandby(job, generation)
 			s.mem.drop(job)
 		}
 	}
@@ -563,7 +563,7 @@ func (s *Supervisor) watch(w *worker) {
 		// after this (keepStandby) sees the worker ended and drops it.
 		s.dropStandby(w.job)
 	} else {
-		s.lingerStandby(w.job)
+		s.lingerStandby(w.job, w.generation)
 	}
 	st := &rdzvv1.WorkerStatus{Job: w.job, Generation: w.generation, State: state, ExitCode: int32(exit.Code), Signal: exit.Signal,
 		Message: wire.ClipText(msg), ExitedAt: exitedAt, PreflightExcluded: excluded}

@@ -335,23 +335,29 @@ func (s *Supervisor) discardStandby(sb *standby) {
 	}
 }
 
-// lingerStandby drops job's standby unless a generation of it runs here
-// by standbyLinger from now, on the supervisor's clock. Called on the
-// command goroutine.
-func (s *Supervisor) lingerStandby(job string) {
+// lingerStandby drops job's standby, once generation gen's workers here
+// have exited, unless a later generation of the job is assigned here by
+// standbyLinger from now, on the supervisor's clock.
+func (s *Supervisor) lingerStandby(job string, gen uint64) {
 	s.clock.AfterFunc(standbyLinger, func() {
 		select {
-		case s.cmds <- func() { s.dropIdleStandby(job) }:
+		case s.cmds <- func() { s.dropIdleStandby(job, gen) }:
 		default: // a busy agent drops it on the next assignment instead
 		}
 	})
 }
 
-// dropIdleStandby drops job's standby unless the job's workers run here
-// (a newer generation, or a new run of the same name) or the controller
-// holds this node as the job's spare.
-func (s *Supervisor) dropIdleStandby(job string) {
-	if !s.Running(job) && !s.heldFor(job) {
+// dropIdleStandby drops job's standby unless a generation after gen was
+// assigned here since (its own exit lingers in turn: a restart a fault
+// after this one must find the standby its generation left, even while
+// between generations when this timer fires), the job's workers run here
+// (a new run of the same name) or the controller holds this node as the
+// job's spare.
+func (s *Supervisor) dropIdleStandby(job string, gen uint64) {
+	s.mu.Lock()
+	later := s.lastGen[job] > gen
+	s.mu.Unlock()
+	if !later && !s.Running(job) && !s.heldFor(job) {
 		s.dropStandby(job)
 	}
 }

@@ -315,6 +315,43 @@ func TestWarmStandbyEndsWithTheJob(t *testing.T) {
 	}
 }
 
+// The linger of an earlier generation's exit never drops the standby a
+// later generation left: with a fault a minute, the timer armed at one
+// exit used to fire between the next generation's exit and the following
+// assignment, which then waited for a fresh standby's imports.
+func TestWarmStandbyOutlivesAnEarlierLinger(t *testing.T) {
+	h := newWarmHarness(t)
+	clock := clockwork.NewFakeClock()
+	h.sup.clock = clock
+	standby := func() *standby {
+		h.sync()
+		h.sup.mu.Lock()
+		defer h.sup.mu.Unlock()
+		return h.sup.standby
+	}
+	h.sup.Assign(h.assign(1, 3))
+	h.expect("warm", 1, wRunning)
+	h.expect("warm", 1, wFailed)
+	h.readyStandby()
+
+	clock.Advance(standbyLinger / 2)
+	h.sup.Assign(h.assign(2, 3))
+	h.expect("warm", 2, wRunning)
+	h.expect("warm", 2, wFailed)
+	sb := h.readyStandby()
+
+	// Generation 1's linger is over; generation 2's is not. The timer's
+	// function runs on a goroutine of its own: a drop would follow within
+	// moments.
+	clock.Advance(standbyLinger / 2)
+	require.Never(t, func() bool { return standby() != sb }, time.Second, 10*time.Millisecond,
+		"generation 2's standby waits for generation 3")
+	require.NotEmpty(t, groupMembers(sb.proc.Pid()))
+	clock.Advance(standbyLinger / 2)
+	require.Eventually(t, func() bool { return standby() == nil }, waitTimeout, 10*time.Millisecond,
+		"the standby is dropped once generation 2's exit has lingered")
+}
+
 // A standby that died waiting never fails a generation: a fresh one takes
 // the assignment.
 func TestWarmStandbyCrashed(t *testing.T) {
