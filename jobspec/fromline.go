@@ -11,6 +11,8 @@ import (
 	"unicode"
 	"unicode/utf8"
 
+	"sigs.k8s.io/yaml"
+
 	"github.com/rdzv/rdzv/wire"
 )
 
@@ -264,20 +266,31 @@ func flowList(items []string) string {
 	return "[" + strings.Join(out, ", ") + "]"
 }
 
-// plainScalar reads back as the same string in YAML (no number, no
-// indicator); YAML's other words are quoted by flowScalar.
+// plainScalar is what flowScalar may leave unquoted: no YAML indicator,
+// nothing a flow list splits at.
 var plainScalar = regexp.MustCompile(`^(-{0,2}[A-Za-z_/]|\.{1,2}/)[A-Za-z0-9_./=-]*$`)
 
+// flowScalar is s as an item of a YAML flow list that job.yaml's parser
+// reads back as the string s: plain when it does, else quoted.
 func flowScalar(s string) string {
-	switch strings.ToLower(s) {
-	case "y", "n", "yes", "no", "on", "off", "true", "false", "null", "~", ".inf", "-.inf", ".nan":
-	default:
-		if plainScalar.MatchString(s) {
-			return s
-		}
+	if plainScalar.MatchString(s) && readsBack(s) {
+		return s
 	}
 	b, _ := json.Marshal(s) // a string always encodes
 	return string(b)
+}
+
+// readsBack reports whether s, unquoted in a flow list, is read by
+// job.yaml's own parser as the string s. YAML 1.1 takes words such as y,
+// off and null for other types, and numbers with their underscores
+// dropped: -_000 is 0.
+func readsBack(s string) bool {
+	var v []any
+	if err := yaml.Unmarshal([]byte("["+s+"]"), &v); err != nil || len(v) != 1 {
+		return false
+	}
+	got, ok := v[0].(string)
+	return ok && got == s
 }
 
 // YAML is a commented job.yaml for the translation, named name. line is

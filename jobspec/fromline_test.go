@@ -161,3 +161,25 @@ func TestFromShellLine(t *testing.T) {
 		require.ErrorIs(t, err, ErrNotALaunchLine, line)
 	}
 }
+
+// A command's words go into job.yaml plain only where YAML reads them back
+// as the same string.
+func TestFlowScalar(t *testing.T) {
+	for _, tc := range []struct{ in, want string }{
+		{"train.py", "train.py"},
+		{"--lr", "--lr"},
+		{"_private", "_private"},
+		{"./run.sh", "./run.sh"},
+		{"yes", `"yes"`},
+		{"Off", `"Off"`},
+		{"null", `"null"`},
+		{"1e-4", `"1e-4"`},
+		{"-_000", `"-_000"`}, // YAML 1.1 drops the underscore: 0
+		{"-_0x1F", `"-_0x1F"`},
+		{"a b", `"a b"`},
+	} {
+		t.Run(tc.in, func(t *testing.T) {
+			require.Equal(t, tc.want, flowScalar(tc.in))
+		})
+	}
+}
