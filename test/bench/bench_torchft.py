@@ -17,10 +17,11 @@ the quorum it was committed in:
   TICK ... step=<committed steps> t=<unix s> quorum=<id> participants=<n>
 Replica group 0 also saves a checkpoint every --checkpoint-every committed
 steps, as train.py's rank 0 does, so the step costs the same. A replica
-group reads the newest one back when it starts, as torchft's train_ddp.py
-does with its own checkpoints: that is what lets the job go on when every
-group restarted at once (a crash of all of them); a group that rejoins live
-peers starts behind them and recovers from a peer all the same.
+group reads the newest one back when it starts, as a user's script would
+(torchft's train_ddp.py example does not): that is what lets the job go on
+when every group restarted at once (a crash of all of them); a group that
+rejoins live peers starts behind them and recovers from a peer all the
+same.
 
 Settings, and why (torchft's docs and its train_ddp.py example):
   - Manager(min_replica_size=BENCH_TORCHFT_MIN, 2 like rdzv's nodes.min):
