@@ -254,7 +254,7 @@ func (a *Agent) Run(ctx context.Context) error {
 	g.Go(func() error {
 		defer endSession()
 		err := sup.Run(gctx)
-		sup.drain(shutdownFlush)
+		sess.flush(shutdownFlush)
 		// Only now: workers report until they are gone.
 		reports.shutdown()
 		return err

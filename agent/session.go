@@ -96,8 +96,8 @@ type agentSession struct {
 	// configured, the agent tries to come back through one (relay_return);
 	// 0 never.
 	relayReturn time.Duration
-	// farewells carries the last word of an agent that leaves its workers
-	// running; unbuffered, so a send succeeds only while connected.
+	// farewells carries the last word of an agent that leaves (see say);
+	// unbuffered, so a send succeeds only while connected.
 	farewells chan farewell
 }
 
@@ -111,6 +111,9 @@ func newSession(info *rdzvv1.NodeInfo, sup *Supervisor, client rdzvv1.AgentServi
 	return s
 }
 
+// farewell is a last word for the send loop: msg, or when msg is nil
+// every status update and checkpoint report queued so far. sent is
+// closed once it is on the stream.
 type farewell struct {
 	msg  *rdzvv1.ConnectRequest
 	sent chan struct{}
@@ -120,19 +123,30 @@ type farewell struct {
 // workers run on for hold; false if the controller could not be told, in
 // which case it goes by heartbeats and the workers must not outlive them.
 func (s *agentSession) announceRestart(hold time.Duration) bool {
-	f := farewell{sent: make(chan struct{}), msg: &rdzvv1.ConnectRequest{Msg: &rdzvv1.ConnectRequest_Restarting{
+	return s.say(&rdzvv1.ConnectRequest{Msg: &rdzvv1.ConnectRequest_Restarting{
 		Restarting: &rdzvv1.AgentRestarting{HoldMs: uint32(hold.Milliseconds())},
-	}}}
-	timeout := time.After(shutdownFlush)
+	}}, shutdownFlush)
+}
+
+// flush sends what the supervisor has queued (its workers' final status
+// on shutdown), waiting up to timeout; false if it could not be sent.
+func (s *agentSession) flush(timeout time.Duration) bool { return s.say(nil, timeout) }
+
+// say hands msg (nil: the queued updates) to the send loop and waits up
+// to timeout for it to be sent.
+func (s *agentSession) say(msg *rdzvv1.ConnectRequest, timeout time.Duration) bool {
+	f := farewell{sent: make(chan struct{}), msg: msg}
+	t := time.NewTimer(timeout)
+	defer t.Stop()
 	select {
 	case s.farewells <- f:
-	case <-timeout:
+	case <-t.C:
 		return false
 	}
 	select {
 	case <-f.sent:
 		return true
-	case <-timeout:
+	case <-t.C:
 		return false
 	}
 }
@@ -353,8 +367,14 @@ func (s *agentSession) connect(ctx context.Context, next *opened) (moved *opened
 			case f := <-s.faults:
 				msgs = append(msgs, &rdzvv1.ConnectRequest{Msg: &rdzvv1.ConnectRequest_GpuFault{GpuFault: f}})
 			case f := <-s.farewells:
-				if err := stream.Send(f.msg); err != nil {
-					return fmt.Errorf("sending to controller: %w", err)
+				last := []*rdzvv1.ConnectRequest{f.msg}
+				if f.msg == nil {
+					last = s.queued()
+				}
+				for _, m := range last {
+					if err := stream.Send(m); err != nil {
+						return fmt.Errorf("sending to controller: %w", err)
+					}
 				}
 				close(f.sent)
 			case <-relayTry:
@@ -401,6 +421,20 @@ func (s *agentSession) connect(ctx context.Context, next *opened) (moved *opened
 // errMoved ends the serving of a direct stream that a stream through a
 // relay replaced.
 var errMoved = errors.New("moved to a relay")
+
+// queued takes every checkpoint report and status update queued so far,
+// checkpoints first (as the loop sends them).
+func (s *agentSession) queued() []*rdzvv1.ConnectRequest {
+	msgs := s.pendingCheckpoints()
+	for {
+		select {
+		case st := <-s.sup.Updates():
+			msgs = append(msgs, &rdzvv1.ConnectRequest{Msg: &rdzvv1.ConnectRequest_WorkerStatus{WorkerStatus: st}})
+		default:
+			return msgs
+		}
+	}
+}
 
 // pendingCheckpoints takes every checkpoint report queued so far.
 func (s *agentSession) pendingCheckpoints() []*rdzvv1.ConnectRequest {

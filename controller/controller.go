@@ -22,6 +22,7 @@ import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/rdzv/rdzv/controller/keyring"
+	"github.com/rdzv/rdzv/controller/lifecycle"
 	"github.com/rdzv/rdzv/controller/store"
 	"github.com/rdzv/rdzv/health"
 	"github.com/rdzv/rdzv/internal/httpserve"
@@ -590,10 +591,6 @@ func activeJob(s rdzvv1.JobState) bool {
 		s == rdzvv1.JobState_JOB_STATE_FAILED || s == rdzvv1.JobState_JOB_STATE_STOPPED
 }
 
-func terminalJob(s rdzvv1.JobState) bool {
-	return s == rdzvv1.JobState_JOB_STATE_SUCCEEDED || s == rdzvv1.JobState_JOB_STATE_FAILED || s == rdzvv1.JobState_JOB_STATE_STOPPED
-}
-
 func terminalWorker(s rdzvv1.WorkerState) bool {
 	return s == rdzvv1.WorkerState_WORKER_STATE_SUCCEEDED || s == rdzvv1.WorkerState_WORKER_STATE_FAILED || s == rdzvv1.WorkerState_WORKER_STATE_STOPPED
 }
@@ -609,16 +606,16 @@ func (c *Controller) event(job, node string, generation uint64, kind, format str
 const (
 	EventNodeRegistered      = "node_registered"
 	EventNodeLost            = "node_lost"
-	EventJobSubmitted        = "job_submitted"
-	EventRendezvousCommitted = "rendezvous_committed"
+	EventJobSubmitted        = lifecycle.EventJobSubmitted
+	EventRendezvousCommitted = lifecycle.EventRendezvousCommitted
 	EventWorkersRunning      = "workers_running"
 	EventWorkersExited       = "workers_exited"
 	EventWorkerFailed        = "worker_failed"
-	EventJobSucceeded        = "job_succeeded"
-	EventJobFailed           = "job_failed"
-	EventJobStopping         = "job_stopping"
-	EventJobStopped          = "job_stopped"
-	EventAttemptFailed       = "attempt_failed"
+	EventJobSucceeded        = lifecycle.EventJobSucceeded
+	EventJobFailed           = lifecycle.EventJobFailed
+	EventJobStopping         = lifecycle.EventJobStopping
+	EventJobStopped          = lifecycle.EventJobStopped
+	EventAttemptFailed       = lifecycle.EventAttemptFailed
 	EventCheckpoint          = "checkpoint_recorded"
 	EventNodeCordoned        = "node_cordoned"
 	EventNodeUncordoned      = "node_uncordoned"
@@ -632,5 +629,7 @@ const (
 	EventTLSReloadRefused    = "tls_reload_refused"
 	EventNodeUnhealthy       = "node_unhealthy"
 	EventNodeHealthy         = "node_healthy"
-	EventPreflightExcluded   = "preflight_excluded"
+	EventPreflightExcluded   = lifecycle.EventPreflightExcluded
+	EventJobGrowing          = lifecycle.EventJobGrowing
+	EventRecovered           = lifecycle.EventRecovered
 )

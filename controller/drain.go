@@ -11,6 +11,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/rdzv/rdzv/buildinfo"
+	"github.com/rdzv/rdzv/controller/lifecycle"
 	"github.com/rdzv/rdzv/jobspec"
 	rdzvv1 "github.com/rdzv/rdzv/proto/rdzv/v1"
 	"github.com/rdzv/rdzv/rendezvous"
@@ -57,7 +58,8 @@ func (c *Controller) previewJob(specProto *rdzvv1.JobSpec) (*rdzvv1.Job, *rdzvv1
 	if err := c.admitJob(spec.Name); err != nil {
 		return nil, nil, err
 	}
-	job := &rdzvv1.Job{Spec: spec.ToProto(), State: rdzvv1.JobState_JOB_STATE_PENDING, Reason: "dry run: not stored"}
+	job := lifecycle.Submit(spec.ToProto(), 0, c.clock.Now()).Job
+	job.Reason = "dry run: not stored"
 	req := requirements(job.GetSpec())
 	candidates := c.candidates()
 	preview := &rdzvv1.PlacementPreview{}

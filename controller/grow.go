@@ -1,13 +1,11 @@
 package controller
 
 import (
-	"fmt"
 	"time"
 
 	"go.uber.org/zap"
-	"google.golang.org/protobuf/proto"
-	"google.golang.org/protobuf/types/known/timestamppb"
 
+	"github.com/rdzv/rdzv/controller/lifecycle"
 	"github.com/rdzv/rdzv/jobspec"
 	rdzvv1 "github.com/rdzv/rdzv/proto/rdzv/v1"
 	"github.com/rdzv/rdzv/rendezvous"
@@ -41,9 +39,6 @@ const growStandbyWait = 30 * time.Second
 func joinWait(warm bool, readyStandby, job string, cadence, seenFor time.Duration) bool {
 	return warm && readyStandby != job && cadence > 0 && cadence <= growStandbyWait && seenFor < growStandbyWait
 }
-
-// EventJobGrowing is the event of a generation stopped to grow the job.
-const EventJobGrowing = "job_growing"
 
 // noteGrowable marks a running job to be checked for growth on the next
 // scheduling pass: it just recorded a complete checkpoint, the cheapest
@@ -131,27 +126,17 @@ func (c *Controller) growJobs(check []*jobState, candidates []rendezvous.Candida
 }
 
 // grow stops the current generation of a running job so that it restarts
-// on to nodes, from the checkpoint it just recorded. The restart commits as
-// soon as to nodes are ready, or after rendezvous.last_call with fewer.
-// Callers hold c.mu.
+// on to nodes, from the checkpoint it just recorded (lifecycle.Grow). The
+// restart commits as soon as to nodes are ready, or after
+// rendezvous.last_call with fewer. Callers hold c.mu.
 func (c *Controller) grow(js *jobState, to int) {
-	name, gen := js.rec.GetSpec().GetName(), js.rec.GetGeneration()
 	from := len(js.round.GetNodes())
 	now := c.clock.Now()
-	rec := proto.Clone(js.rec).(*rdzvv1.Job)
-	c.closeInterval(rec)
-	rec.State = rdzvv1.JobState_JOB_STATE_RECOVERING
-	rec.RecoveryStartedAt = timestamppb.New(now)
-	rec.RestartNotBefore = timestamppb.New(now)
-	step := rec.GetLatestCheckpoint().GetStep()
-	rec.Reason = fmt.Sprintf("growing from %d to %d nodes: restarting from checkpoint step %d", from, to, step)
-	ev := c.event(name, "", gen, EventJobGrowing, "generation %d stops to grow the job from %d to %d nodes (nodes.max %d); it resumes from checkpoint step %d",
-		gen, from, to, js.rec.GetSpec().GetNodesMax(), step)
-	js.rec, js.growTo, js.grew, js.growSeen = rec, to, true, nil
+	c.log.Info("growing job", zap.String("job", js.rec.GetSpec().GetName()), zap.Uint64("generation", js.rec.GetGeneration()), zap.Int("from_nodes", from),
+		zap.Int("to_nodes", to), zap.Uint64("checkpoint_step", js.rec.GetLatestCheckpoint().GetStep()))
+	c.apply(js, lifecycle.Grow(js.rec, from, to, now))
+	js.growTo, js.grew, js.growSeen = to, true, nil
 	js.pendingSince, js.lastCall = time.Time{}, rendezvous.LastCall{}
 	js.lastCall.OpenAt(now)
 	c.metrics.grows.Inc()
-	c.log.Info("growing job", zap.String("job", name), zap.Uint64("generation", gen), zap.Int("from_nodes", from),
-		zap.Int("to_nodes", to), zap.Uint64("checkpoint_step", step))
-	c.stopGeneration(js, ev, fmt.Sprintf("generation %d stops: the job grows from %d to %d nodes", gen, from, to))
 }

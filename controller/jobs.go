@@ -6,13 +6,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"strings"
 	"time"
 
 	"go.uber.org/zap"
-	"google.golang.org/protobuf/proto"
-	"google.golang.org/protobuf/types/known/timestamppb"
 
+	"github.com/rdzv/rdzv/controller/lifecycle"
 	"github.com/rdzv/rdzv/controller/store"
 	"github.com/rdzv/rdzv/jobspec"
 	rdzvv1 "github.com/rdzv/rdzv/proto/rdzv/v1"
@@ -44,18 +42,12 @@ func (c *Controller) startJob(ctx context.Context, specProto *rdzvv1.JobSpec) (*
 		replace, generation = true, old.rec.GetGeneration()
 	}
 	now := c.clock.Now()
-	rec := &rdzvv1.Job{Spec: spec.ToProto(), State: rdzvv1.JobState_JOB_STATE_PENDING, Reason: "waiting for rendezvous",
-		Generation: generation, CreatedAt: timestamppb.New(now)}
-	launcher := "launcher " + spec.Launcher.Kind
-	if r := spec.Launcher.KindReason; r != "" {
-		launcher += " (auto: " + r + ")"
-	}
-	ev := c.event(name, "", generation, EventJobSubmitted, "job submitted: %d-%d nodes, %d GPUs and %d processes per node, %s",
-		spec.Nodes.Min, spec.Nodes.Max, spec.GPUsPerNode, spec.ProcsPerNode, launcher)
+	t := lifecycle.Submit(spec.ToProto(), generation, now)
+	rec := t.Job
 	js := &jobState{rec: rec, workers: map[string]*rdzvv1.WorkerStatus{}, pendingSince: now}
 	c.jobs[name] = js
 	view := c.jobView(js)
-	reply := c.persistWait(c.store.CreateJob(rec, replace, ev))
+	reply := c.persistWait(c.store.CreateJob(rec, replace, t.Event))
 	c.mu.Unlock()
 	if err := await(ctx, reply); err != nil {
 		return nil, fmt.Errorf("storing job %s: %w", name, err)
@@ -68,7 +60,7 @@ func (c *Controller) startJob(ctx context.Context, specProto *rdzvv1.JobSpec) (*
 // admitJob says why a job named name cannot be started now: one of that
 // name has not finished, or too many jobs are active. Callers hold c.mu.
 func (c *Controller) admitJob(name string) error {
-	if old := c.jobs[name]; old != nil && !terminalJob(old.rec.GetState()) {
+	if old := c.jobs[name]; old != nil && !lifecycle.Terminal(old.rec.GetState()) {
 		return fmt.Errorf("job %s is %s; stop it before starting it again: %w", name, stateName(old.rec.GetState()), errAlreadyExists)
 	}
 	if active := c.activeJobs(); active >= c.cfg.Limits.MaxActiveJobs {
@@ -82,7 +74,7 @@ func (c *Controller) admitJob(name string) error {
 func (c *Controller) activeJobs() int {
 	n := 0
 	for _, js := range c.jobs {
-		if !terminalJob(js.rec.GetState()) {
+		if !lifecycle.Terminal(js.rec.GetState()) {
 			n++
 		}
 	}
@@ -98,7 +90,7 @@ func (c *Controller) deleteJob(ctx context.Context, name string) error {
 		c.mu.Unlock()
 		return fmt.Errorf("job %s: %w", name, errNotFound)
 	}
-	if state := js.rec.GetState(); !terminalJob(state) {
+	if state := js.rec.GetState(); !lifecycle.Terminal(state) {
 		c.mu.Unlock()
 		return fmt.Errorf("job %s is %s; stop it first (rdzvctl stop %s), then delete it: %w", name, stateName(state), name, errNotFinished)
 	}
@@ -152,17 +144,8 @@ func (c *Controller) stopJob(ctx context.Context, name string) (*rdzvv1.Job, err
 		c.mu.Unlock()
 		return nil, fmt.Errorf("job %s: %w", name, errNotFound)
 	}
-	switch js.rec.GetState() {
-	case rdzvv1.JobState_JOB_STATE_PENDING:
-		c.finish(js, rdzvv1.JobState_JOB_STATE_STOPPED, "stopped by operator before it started")
-	case rdzvv1.JobState_JOB_STATE_RUNNING, rdzvv1.JobState_JOB_STATE_RECOVERING:
-		rec := proto.Clone(js.rec).(*rdzvv1.Job)
-		c.closeInterval(rec)
-		rec.State, rec.Reason = rdzvv1.JobState_JOB_STATE_STOPPING, "stopping: waiting for workers to exit"
-		js.rec = rec
-		c.persist(c.store.UpdateJob(rec, c.event(name, "", rec.GetGeneration(), EventJobStopping, "stop requested by operator")), func() {
-			c.stopWorkers(js, "stopped by operator", 0)
-		})
+	if t, ok := lifecycle.Stop(js.rec, c.clock.Now()); ok {
+		c.apply(js, t)
 		c.advanceJob(js)
 	}
 	view := c.jobView(js)
@@ -183,66 +166,91 @@ func (c *Controller) advanceJob(js *jobState) { c.advanceJobAfter(js, js.round.G
 // node and the round's count of successes, not at the whole round, which
 // was O(N²) under c.mu for a job's N exits.
 func (c *Controller) advanceJobAfter(js *jobState, exited []*rdzvv1.NodeAssignment) {
+	now := c.clock.Now()
 	switch js.rec.GetState() {
 	case rdzvv1.JobState_JOB_STATE_RUNNING:
+		exits := make([]lifecycle.Exit, 0, len(exited))
 		for _, a := range exited {
 			w := js.workers[a.GetNode()]
-			switch w.GetState() {
-			case rdzvv1.WorkerState_WORKER_STATE_FAILED, rdzvv1.WorkerState_WORKER_STATE_STOPPED:
-				// The job's configuration does not fit the node (a missing
-				// workdir): every restart would fail the same way, into a
-				// crash loop. The operator fixes the job or the node.
-				if f := w.GetFailure(); f == wire.FailureMemoryFetch && js.memPlan != nil {
-					// Another attempt must not pick the same in-memory step:
-					// it resumes from an older complete one, or durably.
-					if js.memSkip == nil {
-						js.memSkip = map[memKey]bool{}
-					}
-					js.memSkip[js.memPlan.key] = true
-				} else if f != "" {
-					c.finish(js, rdzvv1.JobState_JOB_STATE_FAILED, fmt.Sprintf("%s: node %s (rank %d): %s; not restarted, as a restart would fail the same way: fix the job file or the node, then start the job again",
-						f, a.GetNode(), a.GetNodeRank(), strings.TrimPrefix(w.GetMessage(), f+": ")))
-					return
-				}
-				c.attemptFailed(js, c.failureCause(a.GetNode()), fmt.Sprintf("node %s (rank %d): workers %s", a.GetNode(), a.GetNodeRank(), describeExit(w)), c.detectionLatency(w))
-				return
-			}
+			exits = append(exits, lifecycle.Exit{Node: a.GetNode(), Rank: a.GetNodeRank(), Worker: w,
+				Retry: w.GetFailure() == wire.FailureMemoryFetch && js.memPlan != nil})
 		}
-		if nodes := len(js.round.GetNodes()); js.succeeded.get(js, rdzvv1.WorkerState_WORKER_STATE_SUCCEEDED) == nodes {
-			c.finish(js, rdzvv1.JobState_JOB_STATE_SUCCEEDED, fmt.Sprintf("all %d nodes finished", nodes))
+		nodes := len(js.round.GetNodes())
+		switch verdict, e := lifecycle.Judge(exits, js.succeeded.get(js, rdzvv1.WorkerState_WORKER_STATE_SUCCEEDED), nodes); verdict {
+		case lifecycle.Broken:
+			c.apply(js, lifecycle.BrokenOn(js.rec, e, now))
+		case lifecycle.Failed:
+			if e.Retry {
+				// Another attempt must not pick the same in-memory step:
+				// it resumes from an older complete one, or durably.
+				if js.memSkip == nil {
+					js.memSkip = map[memKey]bool{}
+				}
+				js.memSkip[js.memPlan.key] = true
+			}
+			c.attemptFailed(js, c.failureCause(e.Node), e.Reason(), detectionLatency(e.Worker, now))
+		case lifecycle.Succeeded:
+			c.apply(js, lifecycle.Finish(js.rec, rdzvv1.JobState_JOB_STATE_SUCCEEDED, fmt.Sprintf("all %d nodes finished", nodes), now))
 		}
 	case rdzvv1.JobState_JOB_STATE_RECOVERING:
 		if c.fenced(js) {
-			noteFenced(js, c.clock.Now())
+			lifecycle.NoteFenced(js.rec, now)
 			c.wake()
 		}
 	case rdzvv1.JobState_JOB_STATE_STOPPING:
-		if !allExited(js) {
-			return
+		if allExited(js) {
+			c.apply(js, lifecycle.Stopped(js.rec, now))
 		}
-		c.finish(js, rdzvv1.JobState_JOB_STATE_STOPPED, "stopped by operator")
 	}
 }
 
-// finish moves a job to a terminal state and stops whatever still runs.
-// Callers hold c.mu.
-func (c *Controller) finish(js *jobState, state rdzvv1.JobState, reason string) {
-	name := js.rec.GetSpec().GetName()
-	rec := proto.Clone(js.rec).(*rdzvv1.Job)
-	c.closeInterval(rec)
-	rec.State, rec.Reason, rec.FinishedAt = state, reason, timestamppb.New(c.clock.Now())
-	kind := map[rdzvv1.JobState]string{
-		rdzvv1.JobState_JOB_STATE_SUCCEEDED: EventJobSucceeded,
-		rdzvv1.JobState_JOB_STATE_FAILED:    EventJobFailed,
-		rdzvv1.JobState_JOB_STATE_STOPPED:   EventJobStopped,
-	}[state]
-	js.rec = rec
-	c.metrics.finished(state)
-	c.persist(c.store.UpdateJob(rec, c.event(name, "", rec.GetGeneration(), kind, "%s", reason)), func() {
-		c.log.Info("job finished", zap.String("job", name), zap.String("state", stateName(state)), zap.String("reason", reason))
-		c.endWorkers(js, reason)
+// apply makes t the job's state: the one place where a transition's
+// record replaces js.rec. The record is written with t's event, and once
+// that is durable t's order goes to the workers of the generation t
+// left, unless the job has moved to another generation meanwhile (a
+// commit decided before the write was durable: none of the generation's
+// workers can still run then, and the next one's are not this order's
+// to stop). more are written with t's event. Callers hold c.mu.
+func (c *Controller) apply(js *jobState, t lifecycle.Transition, more ...*rdzvv1.Event) {
+	if t.Job == nil {
+		c.persist(c.store.AppendEvent(t.Event), nil)
+		return
+	}
+	name, gen, state := t.Job.GetSpec().GetName(), t.Job.GetGeneration(), t.Job.GetState()
+	js.rec = t.Job
+	events := append([]*rdzvv1.Event{t.Event}, more...)
+	ch := c.store.UpdateJob(t.Job, events...)
+	if t.Round != nil {
+		ch = c.store.CommitRound(t.Job, t.Round, events...)
+	}
+	if lifecycle.Terminal(state) {
+		c.metrics.finished(state)
+	}
+	c.persist(ch, func() {
+		if lifecycle.Terminal(state) {
+			c.log.Info("job finished", zap.String("job", name), zap.String("state", stateName(state)), zap.String("reason", t.Why))
+		}
+		if js.rec.GetGeneration() != gen {
+			return
+		}
+		switch t.Order {
+		case lifecycle.OrderStop:
+			c.stopWorkers(js, t.Why, 0)
+		case lifecycle.OrderStopFailed:
+			c.stopWorkers(js, t.Why, lifecycle.FailedStopGrace)
+		case lifecycle.OrderEnd:
+			c.endWorkers(js, t.Why)
+		case lifecycle.OrderAssign:
+			c.log.Info("rendezvous committed", zap.String("job", name), zap.Uint64("generation", gen), zap.Int("nodes", len(t.Round.GetNodes())),
+				zap.String("master_addr", t.Round.GetMasterAddr()), zap.Uint32("master_port", t.Round.GetMasterPort()))
+			c.sendAssignments(js, t.Round)
+		}
 	})
-	c.wake()
+	if t.Order == lifecycle.OrderStopFailed || t.Order == lifecycle.OrderEnd {
+		// The job may rendezvous again (after its backoff) or has let
+		// its nodes go: the scheduler has work.
+		c.wake()
+	}
 }
 
 // stopWorkers tells every node of the current round whose workers may still

@@ -7,6 +7,7 @@ import (
 
 	"go.uber.org/zap"
 
+	"github.com/rdzv/rdzv/controller/lifecycle"
 	"github.com/rdzv/rdzv/controller/store"
 	rdzvv1 "github.com/rdzv/rdzv/proto/rdzv/v1"
 )
@@ -68,7 +69,7 @@ func (c *Controller) prune(ctx context.Context) {
 	scopes := make([]string, 0, len(c.jobs))
 	for name, js := range c.jobs {
 		scopes = append(scopes, name)
-		if terminalJob(js.rec.GetState()) {
+		if lifecycle.Terminal(js.rec.GetState()) {
 			finished = append(finished, js)
 		}
 	}

@@ -9,6 +9,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc"
 
+	"github.com/rdzv/rdzv/controller/lifecycle"
 	rdzvv1 "github.com/rdzv/rdzv/proto/rdzv/v1"
 )
 
@@ -214,12 +215,12 @@ func (s stateCollector) Collect(ch chan<- prometheus.Metric) {
 				oldest = at
 			}
 		}
-		if terminalJob(st) {
+		if lifecycle.Terminal(st) {
 			continue
 		}
 		rec := &rdzvv1.Job{State: st, TrainingTime: js.rec.GetTrainingTime(), RecoveryTime: js.rec.GetRecoveryTime(),
 			TrainingSince: js.rec.GetTrainingSince(), RecoveryStartedAt: js.rec.GetRecoveryStartedAt()}
-		c.closeInterval(rec)
+		lifecycle.CloseInterval(rec, c.clock.Now())
 		perJob = append(perJob, jobGauges{name: name, ettr: ettr(rec), step: js.rec.GetStep(), gen: js.rec.GetGeneration()})
 	}
 	c.mu.Unlock()
@@ -255,7 +256,7 @@ func (s stateCollector) Collect(ch chan<- prometheus.Metric) {
 }
 
 // ettr is the effective training time ratio of a job whose open interval
-// was closed (closeInterval).
+// was closed (lifecycle.CloseInterval).
 func ettr(rec *rdzvv1.Job) float64 {
 	train, recover := rec.GetTrainingTime().AsDuration(), rec.GetRecoveryTime().AsDuration()
 	if train+recover <= 0 {

@@ -7,9 +7,8 @@ import (
 	"time"
 
 	"go.uber.org/zap"
-	"google.golang.org/protobuf/proto"
-	"google.golang.org/protobuf/types/known/timestamppb"
 
+	"github.com/rdzv/rdzv/controller/lifecycle"
 	rdzvv1 "github.com/rdzv/rdzv/proto/rdzv/v1"
 	"github.com/rdzv/rdzv/rendezvous"
 )
@@ -21,31 +20,14 @@ import (
 // Callers hold c.mu.
 func (c *Controller) preflightExcluded(js *jobState, node, verdict string) {
 	name := js.rec.GetSpec().GetName()
-	gen := js.rec.GetGeneration()
 	if js.excluded == nil {
 		js.excluded = map[string]string{}
 	}
 	js.excluded[node] = verdict
-	ev := c.event(name, node, gen, EventPreflightExcluded, "generation %d: node %s left out by the preflight test: %s", gen, node, verdict)
 	c.log.Warn("node left out by the preflight test", zap.String("job", name), zap.String("node", node), zap.String("verdict", verdict))
-	if js.rec.GetState() != rdzvv1.JobState_JOB_STATE_RUNNING {
-		// Another node's verdict already re-planned this generation.
-		c.persist(c.store.AppendEvent(ev), nil)
-		return
+	replan := js.rec.GetState() == rdzvv1.JobState_JOB_STATE_RUNNING
+	c.apply(js, lifecycle.Replan(js.rec, node, verdict, c.clock.Now()))
+	if replan {
+		js.pendingSince, js.lastCall = time.Time{}, rendezvous.LastCall{}
 	}
-	// Like a failed attempt, every node is told to stop; unlike one, no
-	// restart is counted and no backoff waited: the job did nothing wrong,
-	// the round was.
-	now := c.clock.Now()
-	rec := proto.Clone(js.rec).(*rdzvv1.Job)
-	c.closeInterval(rec)
-	rec.State = rdzvv1.JobState_JOB_STATE_RECOVERING
-	if rec.RecoveryStartedAt == nil {
-		rec.RecoveryStartedAt = timestamppb.New(now)
-	}
-	rec.RestartNotBefore = timestamppb.New(now)
-	rec.Reason = "re-planning the round without " + node + ", left out by the preflight test"
-	js.rec = rec
-	js.pendingSince, js.lastCall = time.Time{}, rendezvous.LastCall{}
-	c.stopGeneration(js, ev, "generation re-planned: node "+node+" left out by the preflight test")
 }

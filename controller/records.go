@@ -9,6 +9,7 @@ import (
 	"go.uber.org/zap"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
+	"github.com/rdzv/rdzv/controller/lifecycle"
 	"github.com/rdzv/rdzv/controller/store"
 	"github.com/rdzv/rdzv/jobspec"
 	rdzvv1 "github.com/rdzv/rdzv/proto/rdzv/v1"
@@ -63,13 +64,8 @@ func (c *Controller) screen(snap *store.Snapshot, now time.Time) {
 			delete(snap.Jobs, name)
 			continue
 		}
-		snap.Jobs[name] = store.Versioned[*rdzvv1.Job]{ModRevision: bad.ModRevision, Value: &rdzvv1.Job{
-			Spec: &rdzvv1.JobSpec{Name: name}, State: rdzvv1.JobState_JOB_STATE_FAILED, Generation: bad.Generation,
-			Reason: fmt.Sprintf("its record in etcd (%s) is invalid and was not acted on: %v; start the job again to replace it",
-				bad.Key, bad.Err),
-			// Retention counts the job's age from when it was found.
-			FinishedAt: timestamppb.New(now),
-		}}
+		snap.Jobs[name] = store.Versioned[*rdzvv1.Job]{ModRevision: bad.ModRevision, Value: lifecycle.Unreadable(name, bad.Generation,
+			fmt.Sprintf("its record in etcd (%s) is invalid and was not acted on: %v", bad.Key, bad.Err), now)}
 	}
 	unsealed := snap.Unsealed[:0]
 	for _, name := range snap.Unsealed {
@@ -127,12 +123,12 @@ func validateJobRecord(name string, j *rdzvv1.Job) error {
 			errs = append(errs, fmt.Errorf("latest_checkpoint.path: %q: %w", clip(cp.GetPath()), err))
 		}
 	}
-	// Shown by status and the dashboard: bounded as openIncident bounds them.
-	if n := len(j.GetIncidents()); n > maxIncidents {
-		errs = append(errs, fmt.Errorf("incidents: at most %d, got %d", maxIncidents, n))
+	// Shown by status and the dashboard: bounded as lifecycle.Fail bounds them.
+	if n := len(j.GetIncidents()); n > lifecycle.MaxIncidents {
+		errs = append(errs, fmt.Errorf("incidents: at most %d, got %d", lifecycle.MaxIncidents, n))
 	}
 	for i, inc := range j.GetIncidents() {
-		errs = append(errs, textErr(fmt.Sprintf("incidents[%d].reason", i), inc.GetReason(), maxIncidentReasonBytes+len("...")))
+		errs = append(errs, textErr(fmt.Sprintf("incidents[%d].reason", i), inc.GetReason(), lifecycle.MaxIncidentReasonBytes+len("...")))
 	}
 	return errors.Join(errs...)
 }

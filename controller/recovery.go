@@ -1,14 +1,13 @@
 package controller
 
 import (
-	"fmt"
 	"time"
 
 	"go.uber.org/zap"
 	"google.golang.org/protobuf/proto"
-	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
+	"github.com/rdzv/rdzv/controller/lifecycle"
 	"github.com/rdzv/rdzv/health"
 	rdzvv1 "github.com/rdzv/rdzv/proto/rdzv/v1"
 	"github.com/rdzv/rdzv/rendezvous"
@@ -17,11 +16,6 @@ import (
 
 // catalogSize bounds the checkpoint catalog kept in etcd per job.
 const catalogSize = 32
-
-// failedStopGrace is the SIGTERM grace of the workers of a failed or stale
-// generation. Their collectives are broken: they cannot save anything
-// useful, and the restart waits for them to be gone.
-const failedStopGrace = time.Second
 
 // fencedAt is when no worker of the job's current generation can still be
 // running: each has exited, or its node is lost and past the time its
@@ -52,92 +46,44 @@ func (c *Controller) fenced(js *jobState) bool {
 	return ok && !c.clock.Now().Before(at)
 }
 
-func (c *Controller) detectionLatency(w *rdzvv1.WorkerStatus) time.Duration {
+// detectionLatency is how long before now w's workers exited: the time
+// their exit took to be noticed, reported and decided on.
+func detectionLatency(w *rdzvv1.WorkerStatus, now time.Time) time.Duration {
 	if w.GetExitedAt() == nil {
 		return 0
 	}
-	return max(c.clock.Now().Sub(w.GetExitedAt().AsTime()), 0)
+	return max(now.Sub(w.GetExitedAt().AsTime()), 0)
 }
 
-// closeInterval adds the time since the job last entered RUNNING or
-// RECOVERING to its training or recovery total. Callers change the state
-// right after (or work on a copy for display), so no interval counts twice.
-func (c *Controller) closeInterval(rec *rdzvv1.Job) {
-	now := c.clock.Now()
-	if rec.GetState() != rdzvv1.JobState_JOB_STATE_RUNNING && rec.GetState() != rdzvv1.JobState_JOB_STATE_RECOVERING {
-		return
-	}
-	if rec.GetRecoveryStartedAt() != nil {
-		rec.RecoveryTime = durationpb.New(rec.GetRecoveryTime().AsDuration() + now.Sub(rec.GetRecoveryStartedAt().AsTime()))
-		rec.RecoveryStartedAt = nil
-	}
-	if rec.GetTrainingSince() != nil {
-		rec.TrainingTime = durationpb.New(rec.GetTrainingTime().AsDuration() + now.Sub(rec.GetTrainingSince().AsTime()))
-		rec.TrainingSince = nil
-	}
-}
-
-// resumeTraining marks a restarted generation as training again: its first
-// step report, or (for a job that reports no steps) all its workers running.
-// Until then the outage goes on, start-up included. Callers hold c.mu.
+// resumeTraining marks a restarted generation as training again
+// (lifecycle.ResumeTraining), timing its recovery unless it restarted to
+// grow. Callers hold c.mu.
 func (c *Controller) resumeTraining(js *jobState) {
-	if js.rec.GetRecoveryStartedAt() == nil {
-		return
+	took, ok := lifecycle.ResumeTraining(js.rec, c.clock.Now())
+	if ok && !js.grew {
+		c.metrics.recovery.Observe(took.Seconds())
 	}
-	if !js.grew {
-		c.metrics.recovery.Observe(c.clock.Now().Sub(js.rec.GetRecoveryStartedAt().AsTime()).Seconds())
+	js.grew = js.grew && !ok
+}
+
+// attemptFailed ends the current generation of a running job
+// (lifecycle.Fail): it is fenced (every node is told to kill its
+// workers), and the job either waits out its backoff to re-rendezvous and
+// resume from the latest complete checkpoint, or fails for good when
+// restarts are used up or it is crash looping. Callers hold c.mu.
+func (c *Controller) attemptFailed(js *jobState, cause, reason string, latency time.Duration) {
+	now := c.clock.Now()
+	t := lifecycle.Fail(js.rec, lifecycle.Failure{Reason: reason, Latency: latency, Progressed: js.progressed}, now)
+	restarting := t.Job.GetState() == rdzvv1.JobState_JOB_STATE_RECOVERING
+	c.metrics.attemptFailed(js, cause, latency, now, restarting)
+	if at, ok := c.fencedAt(js); ok && !at.After(now) {
+		lifecycle.NoteFenced(t.Job, now) // every worker had exited already
+	}
+	c.apply(js, t)
+	if !restarting {
+		return
 	}
 	js.grew = false
-	c.closeInterval(js.rec)
-	js.rec.TrainingSince = timestamppb.New(c.clock.Now())
-}
-
-// attemptFailed ends the current generation of a running job: it is fenced
-// (every node is told to kill its workers), and the job either waits out
-// its backoff to re-rendezvous and resume from the latest complete
-// checkpoint, or fails for good when restarts are used up or it is crash
-// looping. Callers hold c.mu.
-func (c *Controller) attemptFailed(js *jobState, cause, reason string, latency time.Duration) {
-	spec := js.rec.GetSpec()
-	name := spec.GetName()
-	gen := js.rec.GetGeneration()
-	now := c.clock.Now()
-	rec := proto.Clone(js.rec).(*rdzvv1.Job)
-	var crashLoop bool
-	rec.RestartsWithoutProgress, crashLoop = health.CrashLoop(rec.GetRestartsWithoutProgress(), js.progressed, now.Sub(rec.GetStartedAt().AsTime()))
-	restartsLeft := rec.GetRestarts() < spec.GetRestartMaxRestarts()
-	c.metrics.attemptFailed(js, cause, latency, now, restartsLeft && !crashLoop)
-	c.openIncident(rec, reason, latency)
-	switch {
-	case !restartsLeft:
-		// finish writes js.rec: this failure is in its incidents too.
-		c.openIncident(js.rec, reason, latency)
-		c.finish(js, rdzvv1.JobState_JOB_STATE_FAILED, fmt.Sprintf("%s; no restarts left (max_restarts %d)", reason, spec.GetRestartMaxRestarts()))
-		return
-	case crashLoop:
-		c.openIncident(js.rec, reason, latency)
-		c.finish(js, rdzvv1.JobState_JOB_STATE_FAILED, fmt.Sprintf("crash loop: %d attempts in a row failed without training progress; last: %s", rec.GetRestartsWithoutProgress(), reason))
-		return
-	}
-	c.closeInterval(rec)
-	backoff := restartBackoff(spec, rec.GetRestartsWithoutProgress())
-	rec.Restarts++
-	rec.State = rdzvv1.JobState_JOB_STATE_RECOVERING
-	// Recovery is timed from the fault, not from when it was noticed.
-	rec.RecoveryStartedAt = timestamppb.New(now.Add(-latency))
-	rec.RestartNotBefore = timestamppb.New(now.Add(backoff))
-	from := "from scratch"
-	if cp := rec.GetLatestCheckpoint(); cp != nil {
-		from = fmt.Sprintf("from checkpoint step %d", cp.GetStep())
-	}
-	rec.Reason = fmt.Sprintf("recovering: %s; restart %d of %d %s", reason, rec.GetRestarts(), spec.GetRestartMaxRestarts(), from)
-	ev := c.event(name, "", gen, EventAttemptFailed, "generation %d failed: %s; restart %d of %d after %s backoff, %s (detected after %s)",
-		gen, reason, rec.GetRestarts(), spec.GetRestartMaxRestarts(), backoff, from, latency.Round(time.Millisecond))
-	ev.DetectionLatency = durationpb.New(latency)
-	js.rec, js.grew = rec, false
-	if at, ok := c.fencedAt(js); ok && !at.After(now) {
-		noteFenced(js, now) // every worker had exited already
-	}
 	// The rendezvous timeout runs from when the job can rendezvous again
 	// (stopped everywhere, backoff over), not from the failure.
 	// Its last call for more nodes runs from now: nodes that come back
@@ -146,45 +92,9 @@ func (c *Controller) attemptFailed(js *jobState, cause, reason string, latency t
 	// outage.
 	js.pendingSince, js.lastCall = time.Time{}, rendezvous.LastCall{}
 	js.lastCall.OpenAt(now)
-	c.log.Warn("attempt failed, recovering", zap.String("job", name), zap.Uint64("generation", gen),
-		zap.String("reason", reason), zap.Duration("detection_latency", latency), zap.Duration("backoff", backoff))
-	c.stopGeneration(js, ev, fmt.Sprintf("generation %d failed: %s", gen, reason))
-}
-
-// stopGeneration writes js.rec, the job now recovering from its current
-// generation, with ev, and once that is durable tells the generation's
-// workers to stop within failedStopGrace, saying why. Callers hold c.mu.
-func (c *Controller) stopGeneration(js *jobState, ev *rdzvv1.Event, why string) {
-	gen := js.rec.GetGeneration()
-	c.persist(c.store.UpdateJob(js.rec, ev), func() {
-		// The next generation may have been decided before this was
-		// durable (backoff over, every worker exited): none of this
-		// generation's workers can still run then, and the next one's are
-		// not this one's to stop.
-		if js.rec.GetGeneration() == gen {
-			c.stopWorkers(js, why, failedStopGrace)
-		}
-	})
-	c.wake()
-}
-
-// restartBackoff is the wait before restarting after consecutive failures
-// in a row without progress: none after an attempt that trained (it is no
-// crash loop, and any wait is outage), else the initial backoff, doubled
-// per further such failure, capped at the maximum.
-func restartBackoff(spec *rdzvv1.JobSpec, consecutive uint32) time.Duration {
-	if consecutive == 0 {
-		return 0
-	}
-	d := spec.GetRestartBackoffInitial().AsDuration()
-	limit := spec.GetRestartBackoffMax().AsDuration()
-	for range consecutive - 1 {
-		if d >= limit/2 {
-			return limit
-		}
-		d *= 2
-	}
-	return min(d, limit)
+	c.log.Warn("attempt failed, recovering", zap.String("job", js.rec.GetSpec().GetName()), zap.Uint64("generation", js.rec.GetGeneration()),
+		zap.String("reason", reason), zap.Duration("detection_latency", latency),
+		zap.Duration("backoff", js.rec.GetRestartNotBefore().AsTime().Sub(now)))
 }
 
 // progress records a training step report: the step, the node's phase and

@@ -12,9 +12,9 @@ import (
 	"time"
 
 	"go.uber.org/zap"
-	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
+	"github.com/rdzv/rdzv/controller/lifecycle"
 	rdzvv1 "github.com/rdzv/rdzv/proto/rdzv/v1"
 	"github.com/rdzv/rdzv/rendezvous"
 )
@@ -112,7 +112,7 @@ func (c *Controller) schedule(ctx context.Context) time.Time {
 			js.pendingSince = now
 		}
 		if timeout := spec.GetRendezvousTimeout().AsDuration(); timeout > 0 && now.Sub(js.pendingSince) >= timeout {
-			c.finish(js, rdzvv1.JobState_JOB_STATE_FAILED, fmt.Sprintf("rendezvous timed out after %s: %s", timeout, rendezvous.Explain(req, avail)))
+			c.apply(js, lifecycle.Finish(js.rec, rdzvv1.JobState_JOB_STATE_FAILED, fmt.Sprintf("rendezvous timed out after %s: %s", timeout, rendezvous.Explain(req, avail)), now))
 			continue
 		}
 		window := spec.GetRendezvousLastCall().AsDuration()
@@ -172,10 +172,10 @@ func (c *Controller) schedule(ctx context.Context) time.Time {
 		case fencedAt.IsZero():
 			// Fenced by exit reports, which noted their time, unless a
 			// new leader found it so.
-			noteFenced(js, now)
+			lifecycle.NoteFenced(js.rec, now)
 		case !fencedAt.After(now):
 			// Fenced by the lost nodes' deadline, whenever a pass sees it.
-			noteFenced(js, fencedAt)
+			lifecycle.NoteFenced(js.rec, fencedAt)
 		}
 		at := js.rec.GetRestartNotBefore().AsTime()
 		if fencedAt.After(at) {
@@ -352,35 +352,17 @@ func (c *Controller) commit(ctx context.Context, term uint64, name string, place
 			Node: p.Name, NodeRank: uint32(p.Rank), Address: p.Address, NcclInterface: p.Interface, GpuIndices: p.GPUIndices,
 		})
 	}
-	rec := proto.Clone(js.rec).(*rdzvv1.Job)
-	noteCommitted(rec, gen, now)
-	rec.State, rec.Generation, rec.MasterAddr, rec.MasterPort = rdzvv1.JobState_JOB_STATE_RUNNING, gen, master, port
-	rec.Reason = fmt.Sprintf("running on %d nodes", len(placed))
-	rec.StartedAt = timestamppb.New(now)
-	rec.Step, rec.ProgressAt = 0, nil
-	resume := "from scratch"
-	if cp := rec.GetLatestCheckpoint(); cp != nil {
-		resume = fmt.Sprintf("from checkpoint step %d", cp.GetStep())
-	}
+	resume := ""
 	plan, resumeEv := c.planMemory(js, gen, len(placed))
 	if plan != nil {
 		resume = fmt.Sprintf("from in-memory step %d", plan.key.step)
 	}
-	events := []*rdzvv1.Event{nil}
+	var more []*rdzvv1.Event
 	if resumeEv != nil {
-		events = append(events, resumeEv)
+		more = append(more, resumeEv)
 	}
-	rec.TrainingSince = timestamppb.New(now)
-	if rec.RecoveryStartedAt != nil {
-		// Still recovering until the new generation is back to training:
-		// resumeTraining ends the interval.
-		rec.TrainingSince, rec.RestartNotBefore = nil, nil
-		rec.Reason += ", resumed " + resume
-	}
-	ev := c.event(name, "", gen, EventRendezvousCommitted, "generation %d: %d nodes %s, master %s:%d, starting %s",
-		gen, len(placed), nodeList(placed), master, port, resume)
-	events[0] = ev
-	js.rec, js.round, js.memPlan, js.growTo = rec, round, plan, 0
+	t := lifecycle.Committed(js.rec, lifecycle.Commit{Round: round, Nodes: nodeList(placed), Resume: resume}, now)
+	js.round, js.memPlan, js.growTo = round, plan, 0
 	js.workers = map[string]*rdzvv1.WorkerStatus{}
 	js.lastCall = rendezvous.LastCall{}
 	js.progressed = false
@@ -389,11 +371,7 @@ func (c *Controller) commit(ctx context.Context, term uint64, name string, place
 		c.nodes[p.Name].generation = gen
 	}
 	c.metrics.committed(js, now)
-	c.persist(c.store.CommitRound(rec, round, events...), func() {
-		log.Info("rendezvous committed", zap.Uint64("generation", gen), zap.Int("nodes", len(placed)),
-			zap.String("master_addr", master), zap.Uint32("master_port", port))
-		c.sendAssignments(js, round)
-	})
+	c.apply(js, t, more...)
 }
 
 // sendAssignments sends each node of round its assignment, unless the job

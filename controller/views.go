@@ -8,6 +8,7 @@ import (
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
+	"github.com/rdzv/rdzv/controller/lifecycle"
 	"github.com/rdzv/rdzv/jobspec"
 	rdzvv1 "github.com/rdzv/rdzv/proto/rdzv/v1"
 )
@@ -18,7 +19,7 @@ func (c *Controller) jobView(js *jobState) *rdzvv1.Job {
 	j := proto.Clone(js.rec).(*rdzvv1.Job)
 	j.Spec = jobspec.RedactSpec(j.GetSpec())
 	// Totals up to now, while still showing which interval is open.
-	c.closeInterval(j)
+	lifecycle.CloseInterval(j, c.clock.Now())
 	j.RecoveryStartedAt, j.TrainingSince = js.rec.GetRecoveryStartedAt(), js.rec.GetTrainingSince()
 	j.Spares = slices.Clone(js.spares)
 	viewTraining(j, js)

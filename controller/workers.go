@@ -11,6 +11,7 @@ import (
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/durationpb"
 
+	"github.com/rdzv/rdzv/controller/lifecycle"
 	rdzvv1 "github.com/rdzv/rdzv/proto/rdzv/v1"
 )
 
@@ -53,7 +54,7 @@ func (c *Controller) applyWorkerStatus(node string, w *rdzvv1.WorkerStatus) {
 	if !current {
 		if alive {
 			log.Warn("stopping workers of a stale generation")
-			c.sendStop(node, &rdzvv1.StopWorkers{Job: w.GetJob(), Generation: w.GetGeneration(), Reason: "stale generation"}, failedStopGrace)
+			c.sendStop(node, &rdzvv1.StopWorkers{Job: w.GetJob(), Generation: w.GetGeneration(), Reason: "stale generation"}, lifecycle.FailedStopGrace)
 		}
 		return
 	}
@@ -132,7 +133,7 @@ func (c *Controller) workerEvents(js *jobState, node string, w *rdzvv1.WorkerSta
 	job, gen := js.rec.GetSpec().GetName(), w.GetGeneration()
 	var evs []*rdzvv1.Event
 	if w.GetState() == rdzvv1.WorkerState_WORKER_STATE_FAILED && js.failed.get(js, rdzvv1.WorkerState_WORKER_STATE_FAILED) <= maxFailureEvents {
-		evs = append(evs, c.event(job, node, gen, EventWorkerFailed, "workers on %s %s", node, describeExit(w)))
+		evs = append(evs, c.event(job, node, gen, EventWorkerFailed, "workers on %s %s", node, lifecycle.DescribeExit(w)))
 	}
 	switch {
 	case w.GetState() == rdzvv1.WorkerState_WORKER_STATE_RUNNING:
@@ -176,22 +177,6 @@ func exitSummary(js *jobState) string {
 		parts = append(parts, fmt.Sprintf("%d failed (listed in worker_failed events)", failed))
 	}
 	return strings.Join(parts, ", ")
-}
-
-func describeExit(w *rdzvv1.WorkerStatus) string {
-	var what string
-	switch {
-	case w.GetState() == rdzvv1.WorkerState_WORKER_STATE_SUCCEEDED:
-		return "succeeded"
-	case w.GetSignal() != "":
-		what = "killed by signal " + w.GetSignal()
-	default:
-		what = fmt.Sprintf("exited with code %d", w.GetExitCode())
-	}
-	if w.GetMessage() != "" {
-		what += " (" + w.GetMessage() + ")"
-	}
-	return what
 }
 
 // release frees a node whose part in js is over.

@@ -19,6 +19,7 @@ import (
 	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
+	"github.com/rdzv/rdzv/controller/lifecycle"
 	rdzvv1 "github.com/rdzv/rdzv/proto/rdzv/v1"
 )
 
@@ -157,7 +158,7 @@ func waitForJob(ctx context.Context, jobs rdzvv1.JobServiceClient, name string, 
 			return nil, false, nil
 		}
 		created = job.GetCreatedAt().AsTime()
-		if terminalJob(job.GetState()) {
+		if lifecycle.Terminal(job.GetState()) {
 			return job, true, nil
 		}
 		switch st := job.GetState(); st {
@@ -237,14 +238,9 @@ func waitForJob(ctx context.Context, jobs rdzvv1.JobServiceClient, name string, 
 	}
 }
 
-// terminalJob reports whether a job in state st has ended.
-func terminalJob(st rdzvv1.JobState) bool {
-	return st == rdzvv1.JobState_JOB_STATE_SUCCEEDED || st == rdzvv1.JobState_JOB_STATE_FAILED || st == rdzvv1.JobState_JOB_STATE_STOPPED
-}
-
 // endsJob reports whether an event of kind ends a job.
 func endsJob(kind string) bool {
-	return kind == "job_succeeded" || kind == "job_failed" || kind == "job_stopped"
+	return kind == lifecycle.EventJobSucceeded || kind == lifecycle.EventJobFailed || kind == lifecycle.EventJobStopped
 }
 
 // incidentTable prints a job's incidents: each phase as the time since

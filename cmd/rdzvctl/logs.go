@@ -17,6 +17,7 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
+	"github.com/rdzv/rdzv/controller/lifecycle"
 	rdzvv1 "github.com/rdzv/rdzv/proto/rdzv/v1"
 	"github.com/rdzv/rdzv/wire"
 )
@@ -157,11 +158,11 @@ func (c *command) followLogs(ctx context.Context, client rdzvv1.JobServiceClient
 			case err != nil:
 				// A node's stream dropped, or its log is not there yet.
 				warn(err)
-			case terminalJob(st):
+			case lifecycle.Terminal(st):
 				// It had ended: all of it is printed.
 				return errors.Join(out.flush(), out.note(state))
 			}
-		case terminalJob(st):
+		case lifecycle.Terminal(st):
 			return errors.Join(out.flush(), out.note(state))
 		case st != rdzvv1.JobState_JOB_STATE_RUNNING && state != waiting:
 			next := "next"
