@@ -97,16 +97,23 @@ func resumed(rec *rdzvv1.Job) *rdzvv1.Incident {
 	return nil
 }
 
+// AwaitingWorkers reports whether rec's current generation recovers from
+// an open incident and not all its workers were seen running yet: only
+// then is WorkersRunning worth a look at the whole round.
+func AwaitingWorkers(rec *rdzvv1.Job) bool {
+	inc := resumed(rec)
+	return inc != nil && inc.StartedAt == nil
+}
+
 // WorkersRunning notes in rec, a running job's live record, that every
 // worker of the generation that recovers from its open incident runs. For
 // a job that reports no steps (closes) that ends the incident: ok is true
 // and t closes it.
 func WorkersRunning(rec *rdzvv1.Job, now time.Time, closes bool) (t Transition, ok bool) {
-	inc := resumed(rec)
-	if inc == nil || inc.StartedAt != nil {
+	if !AwaitingWorkers(rec) {
 		return Transition{}, false
 	}
-	inc.StartedAt = timestamppb.New(now)
+	resumed(rec).StartedAt = timestamppb.New(now)
 	if !closes {
 		return Transition{}, false
 	}
