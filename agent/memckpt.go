@@ -37,6 +37,9 @@ import (
 const (
 	memDirEnv    = "RDZV_MEMCKPT_DIR"
 	memResumeEnv = "RDZV_RESUME_MEMORY"
+	// memPersistEnv is checkpoint.memory.persist_every, for the workers'
+	// rdzv.checkpoint.save (python/src/rdzv/checkpoint.py).
+	memPersistEnv = "RDZV_MEMCKPT_PERSIST_EVERY"
 )
 
 // shardName is the file name of rank's shard of step in a generation's
@@ -269,6 +272,9 @@ func (m *memStore) prepare(ctx context.Context, a *rdzvv1.Assignment, cred *sysc
 	m.mu.Unlock()
 
 	env := map[string]string{memDirEnv: dir}
+	if n := mc.GetPersistEvery(); n > 0 {
+		env[memPersistEnv] = strconv.FormatUint(uint64(n), 10)
+	}
 	srcs := a.GetMemorySources()
 	if len(srcs) == 0 {
 		return env, nil

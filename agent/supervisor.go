@@ -323,16 +323,6 @@ func (s *Supervisor) Adopt(found []Adopted) {
 	}
 }
 
-// drain waits up to timeout for queued status updates to be taken, plus a
-// moment for the last one taken to leave on the stream.
-func (s *Supervisor) drain(timeout time.Duration) {
-	deadline := time.Now().Add(timeout)
-	for len(s.updates) > 0 && time.Now().Before(deadline) {
-		time.Sleep(20 * time.Millisecond)
-	}
-	time.Sleep(50 * time.Millisecond)
-}
-
 // Assign queues an assignment.
 func (s *Supervisor) Assign(a *rdzvv1.Assignment) {
 	s.cmds <- func() { s.assign(a) }
@@ -1028,8 +1018,9 @@ func (s *Supervisor) env(a *rdzvv1.Assignment, jobEnv map[string]string, reportT
 		"RDZV_PROCS_PER_NODE": strconv.Itoa(int(a.GetProcsPerNode())),
 		reportTokenEnv:        hex.EncodeToString(reportToken),
 		// Set, even empty: a job cannot point them elsewhere.
-		memDirEnv:    memEnv[memDirEnv],
-		memResumeEnv: memEnv[memResumeEnv],
+		memDirEnv:     memEnv[memDirEnv],
+		memResumeEnv:  memEnv[memResumeEnv],
+		memPersistEnv: memEnv[memPersistEnv],
 	}
 	return s.envOf(jobEnv, rdzv)
 }

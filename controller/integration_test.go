@@ -116,20 +116,21 @@ func TestJobRunsToSuccess(t *testing.T) {
 		require.Regexp(t, "^[0-9a-f]{64}$", rec.Env["RDZV_REPORT_TOKEN"], "workers get their generation's report token")
 		delete(rec.Env, "RDZV_REPORT_TOKEN")
 		require.Equal(t, map[string]string{
-			"GLOO_SOCKET_IFNAME":   "lo",
-			"NCCL_SOCKET_IFNAME":   "lo",
-			"CUDA_VISIBLE_DEVICES": "0,1",
-			"RDZV_JOB":             "train",
-			"RDZV_GENERATION":      "1",
-			"RDZV_NODE":            name,
-			"RDZV_NODE_RANK":       strconv.Itoa(rank),
-			"RDZV_CHECKPOINT_DIR":  "",
-			"RDZV_RESUME_FROM":     "",
-			"RDZV_MEMCKPT_DIR":     "",
-			"RDZV_RESUME_MEMORY":   "",
-			"RDZV_NNODES":          "2",
-			"RDZV_PROCS_PER_NODE":  "2",
-			"JOB_VAR":              "from-job",
+			"GLOO_SOCKET_IFNAME":         "lo",
+			"NCCL_SOCKET_IFNAME":         "lo",
+			"CUDA_VISIBLE_DEVICES":       "0,1",
+			"RDZV_JOB":                   "train",
+			"RDZV_GENERATION":            "1",
+			"RDZV_NODE":                  name,
+			"RDZV_NODE_RANK":             strconv.Itoa(rank),
+			"RDZV_CHECKPOINT_DIR":        "",
+			"RDZV_RESUME_FROM":           "",
+			"RDZV_MEMCKPT_DIR":           "",
+			"RDZV_RESUME_MEMORY":         "",
+			"RDZV_MEMCKPT_PERSIST_EVERY": "",
+			"RDZV_NNODES":                "2",
+			"RDZV_PROCS_PER_NODE":        "2",
+			"JOB_VAR":                    "from-job",
 		}, rec.Env, name)
 	}
 

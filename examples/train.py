@@ -2,7 +2,7 @@
 
 It prints machine-readable lines the e2e tests look for:
   RDZV_WORKER ... once per rank at start
-  RDZV_RESUMED rank=<r> step=<s>        when resuming from a checkpoint
+  RDZV_RESUMED rank=<r> step=<s> [source=memory|persisted]   when resuming from a checkpoint
   RDZV_STEP rank=<r> step=<s> loss=<f>  every 10 steps
   RDZV_DONE rank=<r> steps=<n> first_loss=<f> final_loss=<f>
   RDZV_TICK rank=<r> generation=<g> step=<s> time=<unix seconds>
@@ -115,7 +115,10 @@ def main():
         model.load_state_dict(state["model"])
         opt.load_state_dict(state["opt"])
         start = state["step"] + 1
-        log("RDZV_RESUMED", f"rank={rank}", f"step={state['step']}", "source=memory")
+        # From memory, or from a step saved in memory and persisted to
+        # checkpoint.dir (checkpoint.memory.persist_every).
+        source = "memory" if rdzv.checkpoint.resume_step() is not None else "persisted"
+        log("RDZV_RESUMED", f"rank={rank}", f"step={state['step']}", f"source={source}")
     elif resume_from:
         ckpt = torch.load(os.path.join(resume_from, "model.pt"))
         model.load_state_dict(ckpt["model"])

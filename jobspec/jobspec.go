@@ -111,6 +111,10 @@ type MemoryCheckpoint struct {
 	// MaxBytes bounds the shards, own and replicas, a node keeps for the
 	// job; the oldest step goes first.
 	MaxBytes int64 `json:"max_bytes"`
+	// PersistEvery makes a step saved in memory whose number is a
+	// multiple of it durable too: the workers write it to Dir in the
+	// background (docs/checkpoints.md). 0 never.
+	PersistEvery int `json:"persist_every"`
 }
 
 // Defaults of checkpoint.memory.
@@ -119,6 +123,8 @@ const (
 	DefaultMemoryMaxBytes = 8 << 30
 	// MaxMemoryReplicas bounds checkpoint.memory.replicas.
 	MaxMemoryReplicas = 3
+	// MaxPersistEvery bounds checkpoint.memory.persist_every.
+	MaxPersistEvery = 1_000_000
 )
 
 type Restart struct {

@@ -145,6 +145,12 @@ func (s *Spec) Validate() error {
 		if m.MaxBytes < 1<<20 {
 			add("checkpoint.memory.max_bytes", fmt.Sprint(m.MaxBytes), "must be at least 1048576 (1 MiB)")
 		}
+		switch {
+		case m.PersistEvery < 0 || m.PersistEvery > MaxPersistEvery:
+			add("checkpoint.memory.persist_every", fmt.Sprint(m.PersistEvery), fmt.Sprintf("must be between 0 (never) and %d", MaxPersistEvery))
+		case m.PersistEvery > 0 && s.Checkpoint.Dir == "":
+			add("checkpoint.memory.persist_every", fmt.Sprint(m.PersistEvery), "needs checkpoint.dir, where the steps are persisted")
+		}
 	}
 	if p := s.Health.ProgressTimeout; p != nil && p.Duration < 0 {
 		add("health.progress_timeout", durString(p), "must be unset (derived from the step time), 0s (off) or a positive duration")

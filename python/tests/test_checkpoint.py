@@ -94,3 +94,84 @@ def test_write_failure_does_not_raise(agent: Agent, tmp_path: Path, monkeypatch:
 def test_bad_step() -> None:
     with pytest.raises(ValueError):
         rdzv.checkpoint.save({}, -1)
+
+
+@pytest.fixture
+def persisting(memdir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """Persist every 2nd step of a 2-rank job to checkpoint.dir."""
+    ckpt = tmp_path / "ckpt"
+    ckpt.mkdir()
+    monkeypatch.setenv("RDZV_CHECKPOINT_DIR", str(ckpt))
+    monkeypatch.setenv("RDZV_MEMCKPT_PERSIST_EVERY", "2")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    return ckpt
+
+
+def save_as(monkeypatch: pytest.MonkeyPatch, rank: int, step: int) -> None:
+    monkeypatch.setenv("RANK", str(rank))
+    rdzv.checkpoint.save({"w": torch.full((3,), float(rank)), "step": step}, step)
+    rdzv.checkpoint.wait()
+
+
+def test_persist_every(agent: Agent, memdir: Path, persisting: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    for step in range(1, 5):
+        save_as(monkeypatch, 0, step)
+    assert sorted(p.name for p in persisting.iterdir()) == ["memory-step-2", "memory-step-4"]
+    step2 = persisting / "memory-step-2"
+    assert [p.name for p in step2.iterdir()] == ["g3-rank-0.pt"], "complete with one rank of two"
+    assert (step2 / "g3-rank-0.pt").read_bytes() == (memdir / "step-2-rank-0.pt").read_bytes()
+    assert stat.S_IMODE(os.stat(step2 / "g3-rank-0.pt").st_mode) == 0o600
+
+    # The last rank to write its file marks the step complete, once.
+    save_as(monkeypatch, 1, 2)
+    assert sorted(p.name for p in step2.iterdir()) == ["COMPLETE", "g3-rank-0.pt", "g3-rank-1.pt"]
+    assert (step2 / "COMPLETE").read_text() == '{"step": 2, "generation": 3, "world_size": 2}'
+    save_as(monkeypatch, 1, 4)
+    assert (persisting / "memory-step-4" / "COMPLETE").exists()
+    # Steps not due are not persisted.
+    save_as(monkeypatch, 1, 5)
+    assert not (persisting / "memory-step-5").exists()
+
+    # A generation's files never complete another's step: generation 4's
+    # rank 1 finds generation 3's rank 0 only.
+    save_as(monkeypatch, 0, 8)
+    monkeypatch.setenv("RDZV_GENERATION", "4")
+    save_as(monkeypatch, 1, 8)
+    assert sorted(p.name for p in (persisting / "memory-step-8").iterdir()) == ["g3-rank-0.pt", "g4-rank-1.pt"]
+    monkeypatch.setenv("RDZV_GENERATION", "3")
+
+    # Two complete steps are kept: step 6 complete, step 2 goes.
+    save_as(monkeypatch, 0, 6)
+    assert (persisting / "memory-step-2").exists()
+    save_as(monkeypatch, 1, 6)
+    assert sorted(p.name for p in persisting.iterdir()) == ["memory-step-4", "memory-step-6", "memory-step-8"]
+
+
+def test_persist_needs_a_checkpoint_dir(agent: Agent, memdir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("RDZV_MEMCKPT_PERSIST_EVERY", "1")
+    save_as(monkeypatch, 0, 1)
+    assert [p.name for p in memdir.iterdir()] == ["step-1-rank-0.pt"]
+
+
+def test_load_persisted(agent: Agent, memdir: Path, persisting: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    save_as(monkeypatch, 0, 2)
+    save_as(monkeypatch, 1, 2)
+    monkeypatch.setenv("RDZV_RESUME_FROM", str(persisting / "memory-step-2"))
+    monkeypatch.setenv("RANK", "1")
+    got = rdzv.checkpoint.load()
+    assert got["step"] == 2 and torch.equal(got["w"], torch.full((3,), 1.0))
+    # A larger world: rank 3 takes rank 1's (3 mod 2) replicated state.
+    monkeypatch.setenv("WORLD_SIZE", "4")
+    monkeypatch.setenv("RANK", "3")
+    assert torch.equal(rdzv.checkpoint.load()["w"], torch.full((3,), 1.0))
+    # Resuming from memory wins; another durable checkpoint is the job's.
+    monkeypatch.setenv("RDZV_RESUME_FROM", str(persisting))
+    assert rdzv.checkpoint.load() is None
+
+
+def test_sharded_state_refuses_another_world() -> None:
+    class DTensor:  # the name is what is checked: torch.distributed need not load
+        pass
+
+    assert rdzv.checkpoint._has_dtensor({"model": OrderedDict(w=[1, (2, DTensor())])})
+    assert not rdzv.checkpoint._has_dtensor({"model": OrderedDict(w=torch.ones(1))})

@@ -108,15 +108,12 @@ func (c *cluster) taggedOfGeneration(t *testing.T, job string, gen uint64, tag s
 }
 
 // requireResumedAt checks that every rank of generation gen said it resumed
-// at step, from memory exactly when memory is set, and trained to the end.
-func (c *cluster) requireResumedAt(t *testing.T, job string, gen, step uint64, memory bool) {
+// at step from source (train.py's: "memory", "persisted", or "" for its own
+// durable checkpoint), and trained to the end.
+func (c *cluster) requireResumedAt(t *testing.T, job string, gen, step uint64, source string) {
 	t.Helper()
 	resumed := c.taggedOfGeneration(t, job, gen, "RDZV_RESUMED")
 	require.Len(t, resumed, 2*procsPerNode, "generation %d: RDZV_RESUMED lines: %v", gen, resumed)
-	source := ""
-	if memory {
-		source = "memory"
-	}
 	for rank, f := range resumed {
 		require.Equal(t, strconv.FormatUint(step, 10), f["step"], "generation %d rank %s resumed at another step: %v", gen, rank, f)
 		require.Equal(t, source, f["source"], "generation %d rank %s resumed from another source: %v", gen, rank, f)
@@ -180,7 +177,68 @@ func TestFaultKillReplicaPairMemoryCheckpoint(t *testing.T) {
 	for _, v := range victims {
 		require.NotContains(t, r2.nodes, c.agentHost(v).Name, "generation 2 on a dead node")
 	}
-	c.requireResumedAt(t, job.Name, 2, durable, false)
+	c.requireResumedAt(t, job.Name, 2, durable, "")
+}
+
+// TestFaultKillReplicaPairPersisted is TestFaultKillReplicaPairMemoryCheckpoint
+// for a job whose only durable checkpoints are in-memory steps persisted to
+// checkpoint.dir (checkpoint.memory.persist_every; train.py saves none of
+// its own): the pair's shards die with it, and generation 2 resumes from
+// the newest persisted step, every rank reading its own shard of it back
+// with rdzv.checkpoint.load().
+func TestFaultKillReplicaPairPersisted(t *testing.T) {
+	const persistEvery = 6
+	c := newFaultClusterSized(t, 4)
+	job := faultJob(t, c, "fault-memory-persisted", func(spec map[string]any) {
+		memoryJob(spec)
+		cmd := spec["command"].([]any)
+		for i, arg := range cmd {
+			if arg == "--checkpoint-every" {
+				cmd[i+1] = "100000"
+			}
+		}
+		spec["checkpoint"].(map[string]any)["memory"].(map[string]any)["persist_every"] = persistEvery
+	})
+	persisted := regexp.MustCompile(`/memory-step-(\d+)$`)
+	before := c.waitCheckpoint(t, job.Name, persistEvery)
+	require.Regexp(t, persisted, before.LatestCheckpoint.Path, "a durable checkpoint the job did not save")
+	gen1 := c.waitJob(t, job.Name, "a few steps past a persisted step", func(j jobJSON) bool {
+		return j.LatestCheckpoint != nil && j.Step >= j.LatestCheckpoint.Step+persistEvery/2
+	})
+	victims := []int{c.hostOfRank(t, gen1, 0), c.hostOfRank(t, gen1, 1)}
+	c.killHosts(t, victims...)
+	t.Logf("e2e: SIGKILLed everything on %s and %s at step %d (latest persisted step then: %d)",
+		c.agentHost(victims[0]).Name, c.agentHost(victims[1]).Name, gen1.Step, gen1.LatestCheckpoint.Step)
+
+	j := c.waitJob(t, job.Name, "finished", func(j jobJSON) bool { return finished(j.State) })
+	require.Equal(t, "JOB_STATE_SUCCEEDED", j.State, "reason: %s", j.Reason)
+	require.EqualValues(t, 2, j.Generation, "one restart")
+	events := c.jobEvents(t, job.Name)
+	durable := newestDurable(t, events, 1)
+	require.GreaterOrEqual(t, durable, gen1.LatestCheckpoint.Step)
+	require.Zero(t, durable%persistEvery, "step %d was not due to be persisted", durable)
+
+	res := resumeOf(t, events, 2)
+	require.Equal(t, "resume_durable", res.kind)
+	require.Equal(t, durable, res.step, "generation 2 must resume from the newest persisted step")
+	var path string
+	for _, ev := range events {
+		if m := checkpointMessage.FindStringSubmatch(ev.Message); ev.Kind == "checkpoint_recorded" && m != nil && atoi(t, m[1]) == int(durable) {
+			path = m[2]
+		}
+	}
+	require.Regexp(t, persisted, path, "checkpoint step %d", durable)
+	c.requireResumedAt(t, job.Name, 2, durable, "persisted")
+	// The persisted steps kept: the newest two complete ones.
+	entries, err := os.ReadDir(filepath.Dir(path))
+	require.NoError(t, err)
+	var kept []string
+	for _, e := range entries {
+		if persisted.MatchString("/" + e.Name()) {
+			kept = append(kept, e.Name())
+		}
+	}
+	require.Len(t, kept, 2, "persisted steps kept: %v", kept)
 }
 
 // A node of an in-memory checkpointing job stalls: its agent and its
@@ -273,7 +331,7 @@ func TestFaultStallMemoryCheckpoint(t *testing.T) {
 	r3 := parseRounds(t, events)[3]
 	require.True(t, r3.memory)
 	require.Equal(t, res3.step, r3.resume)
-	c.requireResumedAt(t, job.Name, 3, res3.step, true)
+	c.requireResumedAt(t, job.Name, 3, res3.step, "memory")
 	logTimeline(t, events)
 	c.waitStandbysGone(t, job)
 	requireOnlyAgents(t, c, nil)
@@ -381,5 +439,5 @@ func TestFaultKillWorkerMemoryCheckpoint(t *testing.T) {
 	t.Logf("e2e: generation 1 finished step %d on every rank; generation 2 resumed from in-memory step %d (%d steps recomputed)",
 		last, res.step, uint64(last)-min(res.step, uint64(last)))
 	require.GreaterOrEqual(t, res.step+2, uint64(last), "generation 2 resumed from an older step than every rank had saved")
-	c.requireResumedAt(t, job.Name, 2, res.step, true)
+	c.requireResumedAt(t, job.Name, 2, res.step, "memory")
 }

@@ -573,7 +573,11 @@ type CheckpointMemorySpec struct {
 	// How many peer nodes hold a copy of each node's shards.
 	Replicas uint32 `protobuf:"varint,1,opt,name=replicas,proto3" json:"replicas,omitempty"`
 	// The most bytes of shards, own and replicas, a node keeps for the job.
-	MaxBytes      uint64 `protobuf:"varint,2,opt,name=max_bytes,json=maxBytes,proto3" json:"max_bytes,omitempty"`
+	MaxBytes uint64 `protobuf:"varint,2,opt,name=max_bytes,json=maxBytes,proto3" json:"max_bytes,omitempty"`
+	// An in-memory step whose number is a multiple of persist_every is
+	// also written to the job's checkpoint_dir by its workers, in the
+	// background; 0 never.
+	PersistEvery  uint32 `protobuf:"varint,3,opt,name=persist_every,json=persistEvery,proto3" json:"persist_every,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -618,6 +622,13 @@ func (x *CheckpointMemorySpec) GetReplicas() uint32 {
 func (x *CheckpointMemorySpec) GetMaxBytes() uint64 {
 	if x != nil {
 		return x.MaxBytes
+	}
+	return 0
+}
+
+func (x *CheckpointMemorySpec) GetPersistEvery() uint32 {
+	if x != nil {
+		return x.PersistEvery
 	}
 	return 0
 }
@@ -1860,10 +1871,11 @@ const file_rdzv_v1_job_proto_rawDesc = "" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\x1a;\n" +
 	"\rEnvFilesEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"O\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"t\n" +
 	"\x14CheckpointMemorySpec\x12\x1a\n" +
 	"\breplicas\x18\x01 \x01(\rR\breplicas\x12\x1b\n" +
-	"\tmax_bytes\x18\x02 \x01(\x04R\bmaxBytes\"\x88\x01\n" +
+	"\tmax_bytes\x18\x02 \x01(\x04R\bmaxBytes\x12#\n" +
+	"\rpersist_every\x18\x03 \x01(\rR\fpersistEvery\"\x88\x01\n" +
 	"\rPreflightSpec\x12,\n" +
 	"\x12min_bandwidth_mbps\x18\x01 \x01(\x01R\x10minBandwidthMbps\x12\x14\n" +
 	"\x05bytes\x18\x02 \x01(\x04R\x05bytes\x123\n" +

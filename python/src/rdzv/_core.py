@@ -289,6 +289,8 @@ _WHAT = {
     "marker": "writing the checkpoint's " + MARKER + " marker",
     "memory": "in-memory checkpoint report to the rdzv agent",
     "memckpt": "writing the in-memory checkpoint",
+    "persist": "persisting the in-memory checkpoint to checkpoint.dir",
+    "persist_busy": "persisting every checkpoint.memory.persist_every-th in-memory checkpoint",
 }
 
 

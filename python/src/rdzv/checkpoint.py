@@ -29,6 +29,21 @@ mesh, as torch.save writes a DTensor, and set_state_dict(model, optim, ...)
 takes load()'s state back when the world size and the sharding are the
 same as when it was saved (docs/checkpoints.md, "With FSDP and DCP").
 
+With checkpoint.memory.persist_every: M in job.yaml, every save whose step
+is a multiple of M is also written to the job's checkpoint.dir, on a
+thread of its own that save() never waits for (a persist still running
+when the next one is due skips that one): each rank writes
+memory-step-N/gG-rank-R.pt (G its generation; fsynced, then renamed into
+place), and the rank that finds every rank's file of its generation there
+writes the COMPLETE marker, naming that generation, which the agent's
+checkpoint scan recognises. A step is never made of two generations'
+files: a fenced generation's late write neither completes nor changes
+another's. Such a step is a durable checkpoint
+like any other: when no in-memory step survives (the two nodes holding a
+shard and its replica lost together), rdzv resumes from it, and load()
+returns it. The two newest complete steps are kept, older memory-step
+directories removed.
+
 Like every rdzv report, nothing here raises for trouble with the agent or
 the write: it is written to stderr once and training goes on. Bad arguments
 raise ValueError.
@@ -48,6 +63,12 @@ from rdzv import _core
 
 DIR_ENV = "RDZV_MEMCKPT_DIR"
 RESUME_ENV = "RDZV_RESUME_MEMORY"
+PERSIST_ENV = "RDZV_MEMCKPT_PERSIST_EVERY"
+# PERSISTED_PREFIX names a persisted step's directory in checkpoint.dir:
+# memory-step-N, a name the agent's scan takes as step N.
+PERSISTED_PREFIX = "memory-step-"
+# PERSISTED_KEEP is how many complete persisted steps are kept.
+PERSISTED_KEEP = 2
 
 
 def shard_name(step: int, rank: int) -> str:
@@ -70,6 +91,24 @@ def resume_step() -> Optional[int]:
         return int(v) if v else None
     except ValueError:
         return None
+
+
+def persist_every() -> int:
+    """Every how many steps a save is also persisted to checkpoint.dir
+    (RDZV_MEMCKPT_PERSIST_EVERY, job.yaml's
+    checkpoint.memory.persist_every); 0 never."""
+    try:
+        return max(int(os.environ.get(PERSIST_ENV, "") or 0), 0)
+    except ValueError:
+        return 0
+
+
+def world_size() -> int:
+    """The job's world size (WORLD_SIZE, as torchrun sets it), 1 alone."""
+    try:
+        return max(int(os.environ.get("WORLD_SIZE", "1")), 1)
+    except ValueError:
+        return 1
 
 
 def rank() -> int:
@@ -97,6 +136,8 @@ class _Saver:
 
 
 _saver = _Saver()
+# _persister is the persist in flight, if any; save() never waits for it.
+_persister = _Saver()
 
 
 def _to_cpu(obj: Any) -> Any:
@@ -140,9 +181,11 @@ def save(state: Any, step: int) -> None:
 
 
 def wait() -> None:
-    """Wait for the save in flight, if any, to be written and reported: at
-    the end of training, or before reading the file in a test."""
+    """Wait for the save in flight, if any, to be written and reported,
+    and then for its persist to checkpoint.dir, if one runs: at the end of
+    training, or before reading the file in a test."""
     _saver.wait()
+    _persister.wait()
 
 
 def _write(directory: str, state: Any, step: int, rank: int) -> None:
@@ -160,29 +203,169 @@ def _write(directory: str, state: Any, step: int, rank: int) -> None:
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
         with os.fdopen(fd, "wb") as f:
             f.write(data)
-        os.replace(tmp, os.path.join(directory, name))
+        path = os.path.join(directory, name)
+        os.replace(tmp, path)
         size = len(data)
         del data, buf
     except Exception as e:
         _core._warn("memckpt", e)
         return
+    _maybe_persist(path, step, rank)
     try:
         _core._post("memory", {"step": step, "rank": rank, "size": size, "sha256": digest})
     except Exception as e:
         _core._warn("memory", e)
 
 
+def _maybe_persist(path: str, step: int, rank: int) -> None:
+    """Start persisting the shard at path when step is due and no persist
+    is in flight. The shard is opened here: the agent may evict it from
+    memory before the persist reads it."""
+    every, ckpt = persist_every(), _core.checkpoint_dir()
+    if not every or not ckpt or step % every:
+        return
+    with _persister.lock:
+        busy = _persister.thread is not None and _persister.thread.is_alive()
+        if busy:
+            _core._warn("persist_busy", "step %d not persisted: the previous persist is still being written" % step)
+            return
+        try:
+            src = open(path, "rb")
+        except OSError as e:
+            _core._warn("persist", e)
+            return
+        t = threading.Thread(target=_persist, args=(src, ckpt, step, _core.generation(), rank, world_size()),
+                             name="rdzv-persist", daemon=True)
+        _persister.thread = t
+    t.start()
+
+
+def _persisted_name(generation: int, rank: int) -> str:
+    return "g%d-rank-%d.pt" % (generation, rank)
+
+
+def _persist(src: Any, ckpt: str, step: int, generation: int, rank: int, world: int) -> None:
+    """Write the shard open in src as ckpt/memory-step-N/gG-rank-R.pt, then
+    mark the step COMPLETE if every rank of generation G wrote its file."""
+    try:
+        with src:
+            d = os.path.join(ckpt, PERSISTED_PREFIX + str(step))
+            os.makedirs(d, mode=0o700, exist_ok=True)
+            name = _persisted_name(generation, rank)
+            tmp = os.path.join(d, ".%s.tmp-%d" % (name, os.getpid()))
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+            with os.fdopen(fd, "wb") as f:
+                while True:
+                    chunk = src.read(16 << 20)
+                    if not chunk:
+                        break
+                    f.write(chunk)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, os.path.join(d, name))
+            _fsync_dir(d)
+        _complete_if_whole(d, step, generation, world)
+    except Exception as e:
+        _core._warn("persist", e)
+
+
+def _complete_if_whole(d: str, step: int, generation: int, world: int) -> None:
+    """Write d's COMPLETE marker once every rank of generation has its
+    file in d. Each rank
+    looks after writing its own, so the last to finish sees them all; the
+    marker is created exclusively, so two that finish together write it
+    once. Then older persisted steps beyond the newest PERSISTED_KEEP
+    complete ones are removed."""
+    have = set(os.listdir(d))
+    if any(_persisted_name(generation, r) not in have for r in range(world)):
+        return
+    import json
+
+    try:
+        fd = os.open(os.path.join(d, _core.MARKER), os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    except FileExistsError:
+        return
+    with os.fdopen(fd, "w") as f:
+        json.dump({"step": step, "generation": generation, "world_size": world}, f)
+        f.flush()
+        os.fsync(f.fileno())
+    _fsync_dir(d)
+    _prune(os.path.dirname(d), step)
+
+
+def _prune(ckpt: str, newest: int) -> None:
+    """Remove the persisted steps older than the PERSISTED_KEEP newest
+    complete ones (newest, just completed, among them), complete or not."""
+    import shutil
+
+    steps = []
+    for n in os.listdir(ckpt):
+        if n.startswith(PERSISTED_PREFIX) and n[len(PERSISTED_PREFIX):].isdigit():
+            steps.append((int(n[len(PERSISTED_PREFIX):]), n))
+    complete = sorted(s for s, n in steps if s <= newest and os.path.isfile(os.path.join(ckpt, n, _core.MARKER)))
+    if len(complete) < PERSISTED_KEEP:
+        return
+    floor = complete[-PERSISTED_KEEP]
+    for s, n in steps:
+        if s < floor:
+            shutil.rmtree(os.path.join(ckpt, n), ignore_errors=True)
+
+
+def _fsync_dir(d: str) -> None:
+    fd = os.open(d, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
 def load() -> Optional[Any]:
-    """This rank's state of the in-memory step rdzv restored, or None when
-    the generation did not resume from memory (fresh start, or a durable
-    checkpoint: see rdzv.resume_from)."""
+    """This rank's state of the in-memory step rdzv restored, or of the
+    persisted one (checkpoint.memory.persist_every) it resumes from
+    durably; None otherwise (a fresh start, or another durable checkpoint:
+    see rdzv.resume_from)."""
     s = resume_step()
     d = directory()
     if s is None or d is None:
+        return _load_persisted()
+    return _load(os.path.join(d, shard_name(s, rank())))
+
+
+def _load_persisted() -> Optional[Any]:
+    """This rank's state of the persisted step the generation resumes
+    from durably (rdzv.resume_from() names a memory-step-N directory), or
+    None. Saved by another world size, a rank takes rank R modulo that
+    size's shard: right for a replicated state (DDP's), refused for a
+    sharded one."""
+    src = _core.resume_from()
+    if not src or not os.path.basename(os.path.normpath(src)).startswith(PERSISTED_PREFIX):
         return None
+    import json
+
+    with open(os.path.join(src, _core.MARKER)) as f:
+        marker = json.load(f)
+    saved, gen = int(marker["world_size"]), int(marker["generation"])
+    r = rank()
+    if saved == world_size():
+        return _load(os.path.join(src, _persisted_name(gen, r)))
+    state = _load(os.path.join(src, _persisted_name(gen, r % saved)))
+    if _has_dtensor(state):
+        raise RuntimeError("%s was saved by %d ranks and holds sharded tensors (DTensor); %d ranks cannot load it "
+                           "shard by shard: reshard it with torch.distributed.checkpoint" % (src, saved, world_size()))
+    return state
+
+
+def _has_dtensor(obj: Any) -> bool:
+    if isinstance(obj, dict):
+        return any(_has_dtensor(v) for v in obj.values())
+    if isinstance(obj, (list, tuple)):
+        return any(_has_dtensor(v) for v in obj)
+    return type(obj).__name__ == "DTensor"
+
+
+def _load(path: str) -> Any:
     import torch
 
-    path = os.path.join(d, shard_name(s, rank()))
     try:
         return torch.load(path, map_location="cpu", weights_only=True)
     except FileNotFoundError:
