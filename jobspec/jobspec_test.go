@@ -143,7 +143,9 @@ func TestValidateRejects(t *testing.T) {
 			"checkpoint.memory.replicas: must be between 1 and 3 (got 4)"},
 		{"tiny memory bound", func(s *Spec) { s.Checkpoint.Memory = &MemoryCheckpoint{Replicas: 1, MaxBytes: 10} },
 			"checkpoint.memory.max_bytes: must be at least 1048576 (1 MiB) (got 10)"},
-		{"negative persist_every", func(s *Spec) { s.Checkpoint.Memory = &MemoryCheckpoint{Replicas: 1, MaxBytes: 1 << 30, PersistEvery: -1} },
+		{"negative persist_every", func(s *Spec) {
+			s.Checkpoint.Memory = &MemoryCheckpoint{Replicas: 1, MaxBytes: 1 << 30, PersistEvery: -1}
+		},
 			"checkpoint.memory.persist_every: must be between 0 (never) and 1000000 (got -1)"},
 		{"persist_every without a dir", func(s *Spec) {
 			s.Checkpoint.Dir = ""
