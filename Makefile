@@ -195,6 +195,17 @@ bench:
 	$(GO) test -run '^$$' -bench . -benchmem ./rendezvous/
 	$(GO) test -run '^$$' -bench HeaderFlood -benchtime 1x ./relay/
 
+# About 1 GB of training state (BENCH_STATE_MB): the step's stall for an
+# in-memory checkpoint beside a durable torch.save, each load back, and a
+# shard's copy between two agents over mutual TLS (replicate, fetch).
+# Figures only: docs/benchmarks.md.
+BENCH_STATE_MB ?= 1024
+.PHONY: bench-memckpt
+bench-memckpt: venv
+	$(VENV)/bin/$(PIP_INSTALL) --no-deps --no-build-isolation --force-reinstall ./python
+	BENCH_STATE_MB=$(BENCH_STATE_MB) $(VENV)/bin/python test/bench/bench_memckpt.py
+	RDZV_BENCH_SHARD_MB=$(BENCH_STATE_MB) $(GO) test -run '^$$' -bench ShardPeerCopy -benchtime 3x ./agent/
+
 # Recovery time after faults and goodput under a fault a minute, rdzv beside
 # torchrun's elastic mode, NVIDIA's ft_launcher and torchft (from the venv:
 # python/requirements/peers.txt), on netns hosts (root). Figures only; see

@@ -409,9 +409,13 @@ func (m *memStore) replicateLoop(job string, j *memJob) {
 	}
 }
 
-// get is k's shard of job as held here, checked against its checksum. An
-// own shard's file is read as the job's user, without following a link:
-// the directory is that user's.
+// get is k's shard of job as held here. An own shard's file is read as the
+// job's user, without following a link (the directory is that user's), and
+// checked against the checksum its worker reported: the file may have
+// changed since. A replica is in this agent's memory, checked when it was
+// received and immutable since, so it is not hashed again (a gigabyte's
+// hash is about a second on a loaded core); whoever fetches it checks the
+// checksum sent with it anyway.
 func (m *memStore) get(job string, k shardKey) ([]byte, [sha256.Size]byte, error) {
 	m.mu.Lock()
 	j := m.jobs[job]
@@ -424,12 +428,12 @@ func (m *memStore) get(job string, k shardKey) ([]byte, [sha256.Size]byte, error
 	if s == nil {
 		return nil, [sha256.Size]byte{}, errShardMissing
 	}
-	data := s.data
-	if data == nil {
-		var err error
-		if data, err = readShard(s.path, s.size, cred); err != nil {
-			return nil, s.sum, err
-		}
+	if s.data != nil {
+		return s.data, s.sum, nil
+	}
+	data, err := readShard(s.path, s.size, cred)
+	if err != nil {
+		return nil, s.sum, err
 	}
 	if sha256.Sum256(data) != s.sum {
 		return nil, s.sum, errShardSum

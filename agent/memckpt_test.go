@@ -116,7 +116,7 @@ func FuzzShardRequest(f *testing.F) {
 
 // peerPKI issues agent certificates of one CA for names, and one of
 // another CA for "stranger".
-func peerPKI(t *testing.T, names ...string) map[string]*pki.Reloader {
+func peerPKI(t testing.TB, names ...string) map[string]*pki.Reloader {
 	t.Helper()
 	out := map[string]*pki.Reloader{}
 	for _, caName := range []string{"cluster", "other"} {
