@@ -147,6 +147,15 @@ def test_persist_every(agent: Agent, memdir: Path, persisting: Path, monkeypatch
     assert sorted(p.name for p in persisting.iterdir()) == ["memory-step-4", "memory-step-6", "memory-step-8"]
 
 
+def test_persist_alone_keeps_two_files(agent: Agent, memdir: Path, persisting: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Rank 1 never writes here (a directory this node sees alone): rank 0
+    # keeps its two newest files, not one per step.
+    for step in range(1, 11):
+        save_as(monkeypatch, 0, step)
+    assert sorted(p.name for p in persisting.iterdir()) == ["memory-step-10", "memory-step-8"]
+    assert [p.name for p in (persisting / "memory-step-8").iterdir()] == ["g3-rank-0.pt"]
+
+
 def test_persist_needs_a_checkpoint_dir(agent: Agent, memdir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("RDZV_MEMCKPT_PERSIST_EVERY", "1")
     save_as(monkeypatch, 0, 1)

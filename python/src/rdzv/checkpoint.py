@@ -264,33 +264,58 @@ def _persist(src: Any, ckpt: str, step: int, generation: int, rank: int, world: 
                 os.fsync(f.fileno())
             os.replace(tmp, os.path.join(d, name))
             _fsync_dir(d)
-        _complete_if_whole(d, step, generation, world)
+        if not _complete_if_whole(d, step, generation, world):
+            _prune_own(ckpt, step, generation, rank)
     except Exception as e:
         _core._warn("persist", e)
 
 
-def _complete_if_whole(d: str, step: int, generation: int, world: int) -> None:
+def _prune_own(ckpt: str, newest: int, generation: int, rank: int) -> None:
+    """Remove this rank's files of steps older than the PERSISTED_KEEP
+    newest it wrote that never completed. Where no step completes (a
+    checkpoint.dir each node sees alone, which is no durable checkpoint
+    of the job's), a rank keeps PERSISTED_KEEP files, not one per step; a
+    complete step is _prune's."""
+    name = _persisted_name(generation, rank)
+    mine = []
+    for n in os.listdir(ckpt):
+        if n.startswith(PERSISTED_PREFIX) and n[len(PERSISTED_PREFIX):].isdigit():
+            s = int(n[len(PERSISTED_PREFIX):])
+            if s <= newest and os.path.isfile(os.path.join(ckpt, n, name)):
+                mine.append((s, n))
+    mine.sort()
+    for s, n in mine[:-PERSISTED_KEEP]:
+        if not os.path.isfile(os.path.join(ckpt, n, _core.MARKER)):
+            try:
+                os.unlink(os.path.join(ckpt, n, name))
+                os.rmdir(os.path.join(ckpt, n))  # only once no rank's file is left
+            except OSError:
+                pass
+
+
+def _complete_if_whole(d: str, step: int, generation: int, world: int) -> bool:
     """Write d's COMPLETE marker once every rank of generation has its
-    file in d. Each rank
+    file in d; whether d is complete. Each rank
     looks after writing its own, so the last to finish sees them all; the
     marker is created exclusively, so two that finish together write it
     once. Then older persisted steps beyond the newest PERSISTED_KEEP
     complete ones are removed."""
     have = set(os.listdir(d))
     if any(_persisted_name(generation, r) not in have for r in range(world)):
-        return
+        return False
     import json
 
     try:
         fd = os.open(os.path.join(d, _core.MARKER), os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
     except FileExistsError:
-        return
+        return True
     with os.fdopen(fd, "w") as f:
         json.dump({"step": step, "generation": generation, "world_size": world}, f)
         f.flush()
         os.fsync(f.fileno())
     _fsync_dir(d)
     _prune(os.path.dirname(d), step)
+    return True
 
 
 def _prune(ckpt: str, newest: int) -> None:
