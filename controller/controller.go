@@ -203,7 +203,7 @@ type jobState struct {
 	membersOf         *rdzvv1.Round
 	succeeded, failed stateCount
 	// Where the last scans of the round for a worker not yet running, and
-	// for one not yet stopped, found one (see findInRound).
+	// for one not yet stopped, found one (see lifecycle.Find).
 	notRunningAt, notStoppedAt int
 	// spares are the idle nodes held for the job now (nodes.spares), as
 	// the last scheduling pass picked them.

@@ -18,26 +18,19 @@ import (
 const catalogSize = 32
 
 // fencedAt is when no worker of the job's current generation can still be
-// running: each has exited, or its node is lost and past the time its
-// agent, if merely cut off, has killed its own workers. ok is false while a
-// connected node's workers run, which only its report can change. Only once
-// fenced may the next generation start: two generations never run at once.
+// running (lifecycle.FencedAt), from what this controller knows of the
+// round's nodes. Callers hold c.mu.
 func (c *Controller) fencedAt(js *jobState) (at time.Time, ok bool) {
-	live := findInRound(js.round, &js.notStoppedAt, func(a *rdzvv1.NodeAssignment) bool {
-		ns := c.nodes[a.GetNode()]
-		return ns != nil && ns.rec.GetState() != rdzvv1.NodeState_NODE_STATE_LOST && !terminalWorker(js.workers[a.GetNode()].GetState())
-	})
-	if live {
-		return time.Time{}, false
-	}
-	for _, a := range js.round.GetNodes() {
-		// Its worker status says failed, but only because it was lost: the
-		// processes may live on until the agent fences itself.
-		if ns := c.nodes[a.GetNode()]; ns != nil && ns.rec.GetState() == rdzvv1.NodeState_NODE_STATE_LOST && ns.fencedBy.After(at) {
-			at = ns.fencedBy
+	return lifecycle.FencedAt(js.round, &js.notStoppedAt, func(node string) lifecycle.Member {
+		ns := c.nodes[node]
+		switch {
+		case ns == nil:
+			return lifecycle.Member{}
+		case ns.rec.GetState() == rdzvv1.NodeState_NODE_STATE_LOST:
+			return lifecycle.Member{FencedBy: ns.fencedBy}
 		}
-	}
-	return at, true
+		return lifecycle.Member{Running: !terminalWorker(js.workers[node].GetState())}
+	})
 }
 
 // fenced reports whether the job's current generation is fenced by now.

@@ -188,7 +188,7 @@ func (c *Controller) release(node string, js *jobState) {
 }
 
 func allRunning(js *jobState) bool {
-	return !findInRound(js.round, &js.notRunningAt, func(a *rdzvv1.NodeAssignment) bool {
+	return !lifecycle.Find(js.round, &js.notRunningAt, func(a *rdzvv1.NodeAssignment) bool {
 		return js.workers[a.GetNode()].GetState() != rdzvv1.WorkerState_WORKER_STATE_RUNNING
 	})
 }
@@ -196,33 +196,9 @@ func allRunning(js *jobState) bool {
 // allExited reports whether the workers of every node of js's round have
 // exited (or their node was lost, which records them failed).
 func allExited(js *jobState) bool {
-	return !findInRound(js.round, &js.notStoppedAt, func(a *rdzvv1.NodeAssignment) bool {
+	return !lifecycle.Find(js.round, &js.notStoppedAt, func(a *rdzvv1.NodeAssignment) bool {
 		return !terminalWorker(js.workers[a.GetNode()].GetState())
 	})
-}
-
-// findInRound reports whether any node of the round satisfies match. It
-// starts where its last search (*from) found one, wrapping around, and
-// leaves *from at the node it finds. Whether one is found does not depend
-// on where the search starts; starting there is what keeps a burst of N
-// worker reports, each asking whether any node is still running (or not
-// yet running), from costing O(N²) under c.mu: reports arrive about in rank
-// order, so the node found last time is the next to report, and a search
-// from the first rank would pass every node that reported already.
-func findInRound(r *rdzvv1.Round, from *int, match func(*rdzvv1.NodeAssignment) bool) bool {
-	nodes := r.GetNodes()
-	if len(nodes) == 0 {
-		return false
-	}
-	start := *from % len(nodes)
-	for i := range nodes {
-		j := (start + i) % len(nodes)
-		if match(nodes[j]) {
-			*from = j
-			return true
-		}
-	}
-	return false
 }
 
 // member reports whether node is in the job's current round. Callers hold

@@ -46,41 +46,6 @@ func TestMemberFollowsTheRound(t *testing.T) {
 	}
 }
 
-// findInRound's answer must not depend on where its search starts: the
-// start is only a hint carried over from the previous search.
-func TestFindInRound(t *testing.T) {
-	r := &rdzvv1.Round{}
-	for _, n := range []string{"a", "b", "c", "d"} {
-		r.Nodes = append(r.Nodes, &rdzvv1.NodeAssignment{Node: n})
-	}
-	tests := []struct {
-		name     string
-		round    *rdzvv1.Round
-		matching map[string]bool
-		found    bool
-		at       []string // where the search may stop, by start
-	}{
-		{"none", r, map[string]bool{}, false, nil},
-		{"no round", nil, map[string]bool{"a": true}, false, nil},
-		{"one", r, map[string]bool{"c": true}, true, []string{"c", "c", "c", "c", "c", "c"}},
-		{"two", r, map[string]bool{"a": true, "c": true}, true, []string{"a", "c", "c", "a", "a", "c"}},
-		{"all", r, map[string]bool{"a": true, "b": true, "c": true, "d": true}, true, []string{"a", "b", "c", "d", "a", "b"}},
-	}
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			// Starts past the end wrap around, as after a smaller round.
-			for start := range 6 {
-				from := start
-				found := findInRound(tt.round, &from, func(a *rdzvv1.NodeAssignment) bool { return tt.matching[a.GetNode()] })
-				require.Equal(t, tt.found, found, "start %d", start)
-				if found {
-					require.Equal(t, tt.at[start], tt.round.GetNodes()[from].GetNode(), "start %d", start)
-				}
-			}
-		})
-	}
-}
-
 // The counts follow the round and its reports: counted once when the
 // round is replaced, then kept per report, never twice for one node.
 func TestStateCount(t *testing.T) {

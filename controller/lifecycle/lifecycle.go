@@ -12,6 +12,9 @@
 //	RUNNING ──Fail (no restart left, crash loop), Judge: broken──▶ FAILED
 //	PENDING, RECOVERING ──rendezvous timeout (Finish)──▶ FAILED
 //	PENDING ──Stop──▶ STOPPED;  RUNNING, RECOVERING ──Stop──▶ STOPPING ──every worker exited (Finish)──▶ STOPPED
+//
+// A RECOVERING job commits its next generation only once the failed one is
+// fenced (FencedAt): two generations never run at once.
 package lifecycle
 
 import (

@@ -314,3 +314,67 @@ func TestImportsDoNoIO(t *testing.T) {
 		})
 	}
 }
+
+// Find's answer must not depend on where its search starts: the
+// start is only a hint carried over from the previous search.
+func TestFind(t *testing.T) {
+	r := &rdzvv1.Round{}
+	for _, n := range []string{"a", "b", "c", "d"} {
+		r.Nodes = append(r.Nodes, &rdzvv1.NodeAssignment{Node: n})
+	}
+	tests := []struct {
+		name     string
+		round    *rdzvv1.Round
+		matching map[string]bool
+		found    bool
+		at       []string // where the search may stop, by start
+	}{
+		{"none", r, map[string]bool{}, false, nil},
+		{"no round", nil, map[string]bool{"a": true}, false, nil},
+		{"one", r, map[string]bool{"c": true}, true, []string{"c", "c", "c", "c", "c", "c"}},
+		{"two", r, map[string]bool{"a": true, "c": true}, true, []string{"a", "c", "c", "a", "a", "c"}},
+		{"all", r, map[string]bool{"a": true, "b": true, "c": true, "d": true}, true, []string{"a", "b", "c", "d", "a", "b"}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			// Starts past the end wrap around, as after a smaller round.
+			for start := range 6 {
+				from := start
+				found := Find(tt.round, &from, func(a *rdzvv1.NodeAssignment) bool { return tt.matching[a.GetNode()] })
+				require.Equal(t, tt.found, found, "start %d", start)
+				if found {
+					require.Equal(t, tt.at[start], tt.round.GetNodes()[from].GetNode(), "start %d", start)
+				}
+			}
+		})
+	}
+}
+
+// TestFencedAt: a generation is fenced once no connected node's workers
+// run, at the latest of its lost nodes' own fencing deadlines.
+func TestFencedAt(t *testing.T) {
+	r := &rdzvv1.Round{Nodes: []*rdzvv1.NodeAssignment{{Node: "h1"}, {Node: "h2"}, {Node: "h3"}}}
+	for _, tc := range []struct {
+		name    string
+		members map[string]Member
+		at      time.Time
+		ok      bool
+	}{
+		{"every worker exited", map[string]Member{}, time.Time{}, true},
+		{"a connected node's workers run", map[string]Member{"h2": {Running: true}}, time.Time{}, false},
+		{"lost nodes: the latest deadline", map[string]Member{"h1": {FencedBy: t0.Add(time.Second)}, "h3": {FencedBy: t0.Add(3 * time.Second)}},
+			t0.Add(3 * time.Second), true},
+		{"a lost node beside one that runs", map[string]Member{"h1": {FencedBy: t0}, "h3": {Running: true}}, time.Time{}, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			for start := range 4 {
+				cursor := start
+				at, ok := FencedAt(r, &cursor, func(node string) Member { return tc.members[node] })
+				require.Equal(t, tc.ok, ok, "start %d", start)
+				require.Equal(t, tc.at, at, "start %d", start)
+			}
+		})
+	}
+	_, ok := FencedAt(nil, new(int), func(string) Member { return Member{Running: true} })
+	require.True(t, ok, "no round: nothing runs")
+}
