@@ -3,6 +3,7 @@ from __future__ import annotations
 import hashlib
 import os
 import stat
+import time
 from collections import OrderedDict
 from pathlib import Path
 
@@ -140,11 +141,20 @@ def test_persist_every(agent: Agent, memdir: Path, persisting: Path, monkeypatch
     assert sorted(p.name for p in (persisting / "memory-step-8").iterdir()) == ["g3-rank-0.pt", "g4-rank-1.pt"]
     monkeypatch.setenv("RDZV_GENERATION", "3")
 
-    # Two complete steps are kept: step 6 complete, step 2 goes.
+    # Two complete steps are kept; an older complete one only goes once
+    # its COMPLETE is PERSISTED_GRACE old: the step the controller would
+    # resume from may trail the newest.
     save_as(monkeypatch, 0, 6)
-    assert (persisting / "memory-step-2").exists()
     save_as(monkeypatch, 1, 6)
-    assert sorted(p.name for p in persisting.iterdir()) == ["memory-step-4", "memory-step-6", "memory-step-8"]
+    assert (persisting / "memory-step-2").exists(), "removed within the grace"
+    old = time.time() - rdzv.checkpoint.PERSISTED_GRACE - 1
+    os.utime(persisting / "memory-step-2" / "COMPLETE", (old, old))
+    os.utime(persisting / "memory-step-4" / "COMPLETE", (old, old))
+    monkeypatch.setenv("RDZV_RESUME_FROM", str(persisting / "memory-step-4"))  # never the one resumed from
+    save_as(monkeypatch, 0, 10)
+    save_as(monkeypatch, 1, 10)
+    # Step 8 is incomplete but newer than the kept ones: it may complete yet.
+    assert sorted(p.name for p in persisting.iterdir()) == ["memory-step-10", "memory-step-4", "memory-step-6", "memory-step-8"]
 
 
 def test_persist_alone_keeps_two_files(agent: Agent, memdir: Path, persisting: Path, monkeypatch: pytest.MonkeyPatch) -> None:

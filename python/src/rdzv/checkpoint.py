@@ -41,8 +41,9 @@ files: a fenced generation's late write neither completes nor changes
 another's. Such a step is a durable checkpoint
 like any other: when no in-memory step survives (the two nodes holding a
 shard and its replica lost together), rdzv resumes from it, and load()
-returns it. The two newest complete steps are kept, older memory-step
-directories removed.
+returns it. The two newest complete steps are kept; an older one is
+removed once its COMPLETE is a minute old (the step rdzv would resume from
+may trail the newest by a few), an older incomplete one at once.
 
 Like every rdzv report, nothing here raises for trouble with the agent or
 the write: it is written to stderr once and training goes on. Bad arguments
@@ -67,8 +68,14 @@ PERSIST_ENV = "RDZV_MEMCKPT_PERSIST_EVERY"
 # PERSISTED_PREFIX names a persisted step's directory in checkpoint.dir:
 # memory-step-N, a name the agent's scan takes as step N.
 PERSISTED_PREFIX = "memory-step-"
-# PERSISTED_KEEP is how many complete persisted steps are kept.
+# PERSISTED_KEEP is how many complete persisted steps are always kept;
+# an older complete one is removed only once its COMPLETE is
+# PERSISTED_GRACE seconds old. The controller records a step when node
+# rank 0's scan (every 2 s) reports it, so the step it would resume from
+# may trail the newest complete ones by a few; it is never removed under
+# it while training runs on.
 PERSISTED_KEEP = 2
+PERSISTED_GRACE = 60.0
 
 
 def shard_name(step: int, rank: int) -> str:
@@ -295,11 +302,10 @@ def _prune_own(ckpt: str, newest: int, generation: int, rank: int) -> None:
 
 def _complete_if_whole(d: str, step: int, generation: int, world: int) -> bool:
     """Write d's COMPLETE marker once every rank of generation has its
-    file in d; whether d is complete. Each rank
-    looks after writing its own, so the last to finish sees them all; the
-    marker is created exclusively, so two that finish together write it
-    once. Then older persisted steps beyond the newest PERSISTED_KEEP
-    complete ones are removed."""
+    file in d; whether d is complete. Each rank looks after writing its
+    own, so the last to finish sees them all; the marker is created
+    exclusively, so two that finish together write it once. Then older
+    persisted steps are pruned (_prune)."""
     have = set(os.listdir(d))
     if any(_persisted_name(generation, r) not in have for r in range(world)):
         return False
@@ -320,8 +326,11 @@ def _complete_if_whole(d: str, step: int, generation: int, world: int) -> bool:
 
 def _prune(ckpt: str, newest: int) -> None:
     """Remove the persisted steps older than the PERSISTED_KEEP newest
-    complete ones (newest, just completed, among them), complete or not."""
+    complete ones (newest, just completed, among them): an incomplete one
+    at once, a complete one once its COMPLETE is PERSISTED_GRACE seconds
+    old; never the one this generation resumed from."""
     import shutil
+    import time
 
     steps = []
     for n in os.listdir(ckpt):
@@ -331,9 +340,17 @@ def _prune(ckpt: str, newest: int) -> None:
     if len(complete) < PERSISTED_KEEP:
         return
     floor = complete[-PERSISTED_KEEP]
+    resumed = os.path.normpath(_core.resume_from() or "")
     for s, n in steps:
-        if s < floor:
-            shutil.rmtree(os.path.join(ckpt, n), ignore_errors=True)
+        d = os.path.join(ckpt, n)
+        if s >= floor or os.path.normpath(d) == resumed:
+            continue
+        try:
+            if time.time() - os.stat(os.path.join(d, _core.MARKER)).st_mtime < PERSISTED_GRACE:
+                continue
+        except FileNotFoundError:
+            pass  # incomplete: never a checkpoint to resume from
+        shutil.rmtree(d, ignore_errors=True)
 
 
 def _fsync_dir(d: str) -> None:
