@@ -90,6 +90,9 @@ type bench struct {
 	torchrun, python                string // every system's torchrun and Python ("" python: the launcher's own)
 	stateMB                         int    // BENCH_STATE_MB
 	goodput, goodputBaseline        time.Duration
+	// goodputSpares are hosts beyond the 3 training ones in the goodput
+	// run, for the systems that keep spare nodes (goodputUsesSpares).
+	goodputSpares int
 	runs                            int
 	cap                             time.Duration
 	faults, systems                 []string
@@ -191,6 +194,12 @@ func setup(t *testing.T) *bench {
 	if s := os.Getenv("BENCH_GOODPUT_BASELINE"); s != "" {
 		if b.goodputBaseline, err = time.ParseDuration(s); err != nil || b.goodputBaseline <= 0 {
 			t.Fatalf("bench: BENCH_GOODPUT_BASELINE=%q: want a positive duration", s)
+		}
+	}
+	b.goodputSpares = defaultGoodputSpares
+	if s := os.Getenv("BENCH_GOODPUT_SPARES"); s != "" {
+		if b.goodputSpares, err = strconv.Atoi(s); err != nil || b.goodputSpares < 0 || b.goodputSpares > maxGoodputSpares {
+			t.Fatalf("bench: BENCH_GOODPUT_SPARES=%q: want 0 to %d (hosts beyond the 3 that train)", s, maxGoodputSpares)
 		}
 	}
 	if s := os.Getenv("BENCH_STATE_MB"); s != "" {
@@ -295,7 +304,7 @@ func trainArgs(steps int) []string {
 // killAll ends the run at once: every process on every host gets SIGKILL,
 // so the harness's graceful teardown finds nothing left to wait for.
 func killAll(net *netns.Cluster) {
-	for i := nodeHosts; i >= 0; i-- {
+	for i := net.Hosts() - 1; i >= 0; i-- {
 		_, _ = killNamespace(net.Host(i).NS)
 	}
 }
@@ -426,7 +435,7 @@ func (b *bench) runRdzv(t *testing.T, r *result) {
 			return
 		}
 	}
-	t0, what, err := b.inject(net, r.fault, d, before)
+	t0, what, err := b.inject(net, r.fault, d, before, victim)
 	if err != nil {
 		fail("injecting %s: %v", r.fault, err)
 		return
@@ -651,8 +660,8 @@ func waitRecovery(tickDir string, t0 time.Time, limit time.Duration, gaveUp func
 
 // inject applies the fault to h3 and returns when it took effect (taken
 // just before the action) and what was done.
-func (b *bench) inject(net *netns.Cluster, fault string, d runDirs, before map[string]tick) (time.Time, string, error) {
-	h := net.Host(victim)
+func (b *bench) inject(net *netns.Cluster, fault string, d runDirs, before map[string]tick, v int) (time.Time, string, error) {
+	h := net.Host(v)
 	switch fault {
 	case "kill-worker":
 		pid := before[h.Name].pid
@@ -671,7 +680,7 @@ func (b *bench) inject(net *netns.Cluster, fault string, d runDirs, before map[s
 		return t0, fmt.Sprintf("SIGKILL to all %d processes on %s", n, h.Name), err
 	case "cut-link":
 		t0 := time.Now()
-		return t0, fmt.Sprintf("link of %s down (%s)", h.Name, h.Veth), net.CutLink(victim)
+		return t0, fmt.Sprintf("link of %s down (%s)", h.Name, h.Veth), net.CutLink(v)
 	case "hang":
 		t0 := time.Now()
 		p := filepath.Join(d.hang, "hang-"+h.Name)

@@ -14,7 +14,8 @@ import (
 )
 
 // The goodput run (issue 32): each system trains for BENCH_GOODPUT with a
-// fault on h3 every goodputEvery, rotating through the fault kinds, and
+// fault every goodputEvery on a host that trains (goodputVictim), rotating
+// through the fault kinds, and
 // again for BENCH_GOODPUT_BASELINE without faults; goodput is its useful
 // steps per second over the fault-free run's. Useful steps are the training
 // frontier's advance, from the furthest step reached at the start to the
@@ -38,12 +39,40 @@ const (
 	// fault a minute).
 	goodputSteps    = 1_000_000
 	goodputRestarts = 1000
+	// One spare host by default (BENCH_GOODPUT_SPARES), as a cluster that
+	// wants a lost node replaced at once keeps: without one, each lost node
+	// leaves the job at 2/3 width until its repair.
+	defaultGoodputSpares = 1
+	maxGoodputSpares     = 2
 )
+
+// goodputUsesSpares reports whether system keeps spare hosts of its own:
+// rdzv (nodes.max 3; an idle node keeps a warm standby for the job),
+// torchrun and ft_launcher (--nnodes=...:3; a node past max_nodes waits in
+// the rendezvous's redundancy list). torchft has none: its replica groups
+// are its width, and a lost one is restarted by whatever scheduler runs it
+// (here, the harness's repair).
+func goodputUsesSpares(system string) bool { return system != "torchft" }
+
+// goodputVictim is the host the next fault hits: the highest-numbered one
+// past h1 (which holds torchrun's c10d store) whose worker took a step in
+// the last 2 s, so that with a spare the fault follows the job onto the
+// host that replaced the last victim. h3 when none qualifies.
+func goodputVictim(latest map[string]tick, net *netns.Cluster, hosts int, now time.Time) int {
+	nows := unixSeconds(now)
+	for i := hosts; i >= 2; i-- {
+		if k, ok := latest[net.Host(i).Name]; ok && !k.hang && nows-k.t < 2 {
+			return i
+		}
+	}
+	return victim
+}
 
 type goodputRun struct {
 	system   string
 	faulty   bool
 	duration time.Duration
+	hosts    int      // training hosts and spares
 	useful   float64  // full-width steps of frontier advance over duration
 	faults   []string // what was injected, with its offset
 	failed   string   // the run could not start or measure
@@ -77,16 +106,21 @@ func (b *bench) runGoodput(t *testing.T, system string, faulty bool, dur time.Du
 			t.Fatal(err)
 		}
 	}
-	net := netns.NewCluster(t, 1+nodeHosts, filepath.Join(d.root, "proc-logs"))
+	hosts := nodeHosts
+	if goodputUsesSpares(system) {
+		hosts += b.goodputSpares
+	}
+	g.hosts = hosts
+	net := netns.NewCluster(t, 1+hosts, filepath.Join(d.root, "proc-logs"))
 	defer killAll(net)
 
 	var gaveUp func() string
-	var revive func() // starts h3's node daemon again if it is gone
+	var revive func(v int) // starts v's node daemon again if it is gone
 	var diagnose func()
-	var setFaulted func()
+	var setFaulted func(v int)
 	switch system {
 	case "rdzv", "rdzv-warm", "rdzv-mem":
-		rc, err := b.startRdzv(t, net, d, nodeHosts)
+		rc, err := b.startRdzv(t, net, d, hosts)
 		if err != nil {
 			g.failed = err.Error()
 			rc.diagnose()
@@ -96,27 +130,28 @@ func (b *bench) runGoodput(t *testing.T, system string, faulty bool, dur time.Du
 			g.failed = err.Error()
 			return g
 		}
-		diagnose, setFaulted = rc.diagnose, func() {}
-		revive = func() {
+		diagnose, setFaulted = rc.diagnose, func(int) {}
+		revive = func(v int) {
 			select {
-			case <-rc.agents[victim].Exited():
-				rc.startAgent(victim)
+			case <-rc.agents[v].Exited():
+				rc.startAgent(v)
 			default:
 			}
 			// Repaired, the node is back in service: the automation that
 			// fixed it also lifts the cordon rdzv's flaky-node rule puts on
-			// a node lost 3 times within the hour (h3 is, within 4 minutes
-			// of a fault a minute). Nothing to lift is no error to care about.
-			_, _ = rc.ctl("nodes", "uncordon", net.Host(victim).Name)
+			// a node lost 3 times within the hour (a victim can be, within
+			// 4 minutes of a fault a minute). Nothing to lift is no error to
+			// care about.
+			_, _ = rc.ctl("nodes", "uncordon", net.Host(v).Name)
 		}
 	default:
-		l := b.startLaunchers(t, system, net, d, goodputSteps, goodputRestarts)
+		l := b.startLaunchers(t, system, net, d, hosts, goodputSteps, goodputRestarts)
 		gaveUp, diagnose = l.gaveUp, func() { l.diagnose(t) }
-		setFaulted = func() { l.faulted = true }
-		revive = func() {
+		setFaulted = func(v int) { l.faulted[v] = true }
+		revive = func(v int) {
 			select {
-			case <-l.procs[victim].Exited():
-				l.start(victim)
+			case <-l.procs[v].Exited():
+				l.start(v)
 			default:
 			}
 		}
@@ -144,9 +179,11 @@ func (b *bench) runGoodput(t *testing.T, system string, faulty bool, dur time.Du
 		if !at.Before(end) || !sleepUntil(at) {
 			break
 		}
-		setFaulted()
 		fault := faults[k%len(faults)]
-		_, what, err := b.inject(net, fault, d, latestStepByHost(readTicks(d.ticks)))
+		latest := latestStepByHost(readTicks(d.ticks))
+		v := goodputVictim(latest, net, hosts, time.Now())
+		setFaulted(v)
+		_, what, err := b.inject(net, fault, d, latest, v)
 		if err != nil {
 			what = "not injected: " + err.Error()
 		}
@@ -157,11 +194,11 @@ func (b *bench) runGoodput(t *testing.T, system string, faulty bool, dur time.Du
 			break
 		}
 		if fault == "cut-link" {
-			if err := net.RestoreLink(victim); err != nil {
-				t.Errorf("bench: restoring h3's link: %v", err)
+			if err := net.RestoreLink(v); err != nil {
+				t.Errorf("bench: restoring %s's link: %v", net.Host(v).Name, err)
 			}
 		}
-		revive()
+		revive(v)
 	}
 	if g.ended == "" {
 		sleepUntil(end)
@@ -202,11 +239,13 @@ func usefulSteps(ticks []tick, start, end time.Time) float64 {
 // goodputReport is the goodput table and issue 32's goodput target.
 func (b *bench) goodputReport(runs []goodputRun) string {
 	var w strings.Builder
-	fmt.Fprintf(&w, "\nGoodput: useful steps per second with a fault every %s (rotating %s; first after %s, h3 repaired %s after each)\n",
-		goodputEvery, strings.Join(b.goodputFaults(), ","), goodputFirst, goodputRepair)
+	fmt.Fprintf(&w, "\nGoodput: useful steps per second with a fault every %s (rotating %s; first after %s, on the highest-numbered\n",
+		goodputEvery, strings.Join(b.goodputFaults(), ","), goodputFirst)
+	fmt.Fprintf(&w, "host past h1 that trains, repaired %s after each), %d training hosts and %d spare(s) for the systems that keep spares\n",
+		goodputRepair, nodeHosts, b.goodputSpares)
 	fmt.Fprintf(&w, "over the same system's rate without faults\n\n")
-	fmt.Fprintf(&w, "| system | faulty run s | faults | useful steps | steps/s | fault-free steps/s (s) | goodput |\n")
-	fmt.Fprintf(&w, "| --- | --- | --- | --- | --- | --- | --- |\n")
+	fmt.Fprintf(&w, "| system | hosts | faulty run s | faults | useful steps | steps/s | fault-free steps/s (s) | goodput |\n")
+	fmt.Fprintf(&w, "| --- | --- | --- | --- | --- | --- | --- | --- |\n")
 	good := map[string]float64{}
 	for _, system := range b.systems {
 		var f, base *goodputRun
@@ -233,7 +272,7 @@ func (b *bench) goodputReport(runs []goodputRun) string {
 		if f.ended != "" {
 			cell += " (gave up: " + f.ended + ")"
 		}
-		fmt.Fprintf(&w, "| %s | %.0f | %d | %.0f | %.2f | %.2f (%.0f) | %s |\n", system, f.duration.Seconds(), len(f.faults), f.useful, f.rate(), base.rate(), base.duration.Seconds(), cell)
+		fmt.Fprintf(&w, "| %s | %d | %.0f | %d | %.0f | %.2f | %.2f (%.0f) | %s |\n", system, f.hosts, f.duration.Seconds(), len(f.faults), f.useful, f.rate(), base.rate(), base.duration.Seconds(), cell)
 	}
 	fmt.Fprintf(&w, "\nGoodput targets (figures, not assertions):\n")
 	best, bestName := -1.0, ""

@@ -36,8 +36,12 @@ type launchers struct {
 	procs  map[int]*netns.Proc // each training host's launcher, the latest one started
 	start  func(i int) *netns.Proc
 	aux    []*netns.Proc // torchft's lighthouse
-	// faulted: from now on the victim's launcher may be gone.
-	faulted bool
+	// hosts are the hosts with a launcher, h1..hN (the training hosts and
+	// the goodput run's spares).
+	hosts int
+	// faulted are the hosts a fault was injected on: their launcher may be
+	// gone from then on.
+	faulted map[int]bool
 }
 
 // launcherEnv is every launcher's environment: the worker's hooks and
@@ -103,9 +107,11 @@ const (
 
 func (b *bench) venvBin(name string) string { return filepath.Join(b.venv, "bin", name) }
 
-// startLaunchers starts system's launchers on h1..h3 (and torchft's
-// lighthouse on h0).
-func (b *bench) startLaunchers(t *testing.T, system string, net *netns.Cluster, d runDirs, steps, restarts int) *launchers {
+// startLaunchers starts system's launchers on h1..h<hosts> (and torchft's
+// lighthouse on h0). Beyond 3 hosts, torchrun and ft_launcher keep the
+// others as spares (--nnodes=...:3: a node past max_nodes waits in the
+// rendezvous's redundancy list until a participant is lost).
+func (b *bench) startLaunchers(t *testing.T, system string, net *netns.Cluster, d runDirs, hosts, steps, restarts int) *launchers {
 	env := b.launcherEnv(d)
 	switch system {
 	case "nvrx":
@@ -114,7 +120,7 @@ func (b *bench) startLaunchers(t *testing.T, system string, net *netns.Cluster, 
 		env = append(env, "TORCHFT_LIGHTHOUSE=http://"+net.Host(0).IP+":"+torchftLighthousePort,
 			"NUM_REPLICA_GROUPS="+strconv.Itoa(nodeHosts))
 	}
-	l := &launchers{system: system, procs: map[int]*netns.Proc{}}
+	l := &launchers{system: system, hosts: hosts, procs: map[int]*netns.Proc{}, faulted: map[int]bool{}}
 	if system == "torchft" {
 		l.aux = append(l.aux, net.Host(0).Start(t, "lighthouse", nil, b.venvBin("torchft_lighthouse"),
 			"--bind", "[::]:"+torchftLighthousePort, "--min_replicas", strconv.Itoa(torchftMinReplicas),
@@ -131,7 +137,7 @@ func (b *bench) startLaunchers(t *testing.T, system string, net *netns.Cluster, 
 		l.procs[i] = p
 		return p
 	}
-	for i := 1; i <= nodeHosts; i++ {
+	for i := 1; i <= hosts; i++ {
 		l.start(i)
 	}
 	return l
@@ -142,8 +148,8 @@ func (b *bench) startLaunchers(t *testing.T, system string, net *netns.Cluster, 
 func (l *launchers) gaveUp() string {
 	var exited []string
 	live := 0
-	for i := 1; i <= nodeHosts; i++ {
-		if l.faulted && i == victim {
+	for i := 1; i <= l.hosts; i++ {
+		if l.faulted[i] {
 			continue
 		}
 		live++
@@ -153,7 +159,7 @@ func (l *launchers) gaveUp() string {
 		default:
 		}
 	}
-	if (!l.faulted && len(exited) > 0) || len(exited) == live {
+	if (len(l.faulted) == 0 && len(exited) > 0) || len(exited) == live {
 		return l.system + " launcher exited (" + strings.Join(exited, "; ") + ")"
 	}
 	for _, p := range l.aux {
@@ -167,7 +173,7 @@ func (l *launchers) gaveUp() string {
 }
 
 func (l *launchers) diagnose(t *testing.T) {
-	for i := 1; i <= nodeHosts; i++ {
+	for i := 1; i <= l.hosts; i++ {
 		t.Logf("bench: last lines of %s:\n%s", l.procs[i].LogPath(), sim.TailFile(l.procs[i].LogPath(), 20))
 	}
 	for _, p := range l.aux {
@@ -181,7 +187,7 @@ func (b *bench) runLaunchers(t *testing.T, r *result) {
 	d := b.dirs(t, r)
 	net := netns.NewCluster(t, 1+nodeHosts, filepath.Join(d.root, "proc-logs"))
 	defer killAll(net)
-	l := b.startLaunchers(t, r.system, net, d, trainSteps, maxRestarts)
+	l := b.startLaunchers(t, r.system, net, d, nodeHosts, trainSteps, maxRestarts)
 	before, err := waitUnderWay(d.ticks, l.gaveUp)
 	if err != nil {
 		r.failed = err.Error()
@@ -189,8 +195,8 @@ func (b *bench) runLaunchers(t *testing.T, r *result) {
 		l.diagnose(t)
 		return
 	}
-	l.faulted = true
-	t0, what, err := b.inject(net, r.fault, d, before)
+	l.faulted[victim] = true
+	t0, what, err := b.inject(net, r.fault, d, before, victim)
 	if err != nil {
 		r.failed = fmt.Sprintf("injecting %s: %v", r.fault, err)
 		t.Errorf("bench: %s", r.failed)

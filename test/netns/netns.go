@@ -126,6 +126,9 @@ func NewCluster(t testing.TB, hosts int, logDir string) *Cluster {
 // Host returns host i.
 func (c *Cluster) Host(i int) *Host { return c.hosts[i] }
 
+// Hosts is how many hosts the cluster has, h0 included.
+func (c *Cluster) Hosts() int { return len(c.hosts) }
+
 // CutLink takes host i's link down: its namespace keeps its address but
 // nothing reaches it or leaves it.
 func (c *Cluster) CutLink(i int) error { return ip("link", "set", c.hosts[i].Veth, "down") }
