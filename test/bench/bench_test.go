@@ -92,12 +92,12 @@ type bench struct {
 	goodput, goodputBaseline        time.Duration
 	// goodputSpares are hosts beyond the 3 training ones in the goodput
 	// run, for the systems that keep spare nodes (goodputUsesSpares).
-	goodputSpares int
-	runs                            int
-	cap                             time.Duration
-	faults, systems                 []string
-	logDir                          string
-	rdzvConf                        string // extra torchrun --rdzv_conf, off by default
+	goodputSpares   int
+	runs            int
+	cap             time.Duration
+	faults, systems []string
+	logDir          string
+	rdzvConf        string // extra torchrun --rdzv_conf, off by default
 }
 
 func TestBenchRecovery(t *testing.T) {
