@@ -54,6 +54,7 @@ func TestSelfFenceCountsOnlyAcknowledgements(t *testing.T) {
 	}
 	cfg := DefaultConfig()
 	cfg.Controller, cfg.NodeName, cfg.StateDir, cfg.GossipPort = fc.serve(t), "node-a", t.TempDir(), -1
+	cfg.MemoryCheckpointDir = t.TempDir() // not the node's /dev/shm, which an agent's start sweeps
 	cfg.HTTP.Listen = ""
 	runAsSelf(&cfg)
 	cfg.Insecure = true // the fake controller serves plaintext

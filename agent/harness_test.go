@@ -119,6 +119,8 @@ func newSupervisor(t *testing.T, edits ...func(*Config)) *supHarness {
 	cfg.Controller = "127.0.0.1:7070"
 	cfg.StateDir = t.TempDir()
 	h.stateDir = cfg.StateDir
+	// Not the node's /dev/shm: an agent's start frees what it finds there.
+	cfg.MemoryCheckpointDir = t.TempDir()
 	cfg.StopGrace.Duration = 2 * time.Second
 	cfg.RestartGrace.Duration = 0
 	runAsSelf(&cfg)

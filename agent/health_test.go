@@ -35,6 +35,7 @@ func firstForwarded(t *testing.T, gpuHealth health.GPUConfig, faults replayFault
 	}
 	cfg := DefaultConfig()
 	cfg.Controller, cfg.NodeName, cfg.StateDir, cfg.GossipPort = fc.serve(t), "node-a", t.TempDir(), -1
+	cfg.MemoryCheckpointDir = t.TempDir() // not the node's /dev/shm, which an agent's start sweeps
 	cfg.HTTP.Listen = ""
 	cfg.Insecure = true // the fake controller serves plaintext
 	cfg.GPUHealth = gpuHealth

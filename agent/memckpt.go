@@ -260,16 +260,7 @@ func (m *memStore) prepare(ctx context.Context, a *rdzvv1.Assignment, cred *sysc
 			return nil, fmt.Errorf("handing the in-memory checkpoint directory to the job's user: %w", err)
 		}
 	}
-	m.mu.Lock()
-	j := m.jobs[job]
-	if j == nil {
-		j = &memJob{queue: make(chan shardKey, 256)}
-		m.jobs[job] = j
-		go m.replicateLoop(job, j)
-	}
-	j.idx.maxBytes = int64(min(mc.GetMaxBytes(), 1<<62))
-	j.gen, j.dir, j.cred, j.peers = gen, dir, cred, a.GetReplicaPeers()
-	m.mu.Unlock()
+	j := m.track(a, dir, cred)
 
 	env := map[string]string{memDirEnv: dir}
 	if n := mc.GetPersistEvery(); n > 0 {
@@ -302,6 +293,61 @@ func (m *memStore) prepare(ctx context.Context, a *rdzvv1.Assignment, cred *sysc
 	}
 	env[memResumeEnv] = strconv.FormatUint(step, 10)
 	return env, nil
+}
+
+// track makes a's generation the one whose shards job's index takes from
+// now on, in dir, and returns the job's entry.
+func (m *memStore) track(a *rdzvv1.Assignment, dir string, cred *syscall.Credential) *memJob {
+	job := a.GetSpec().GetName()
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	j := m.jobs[job]
+	if j == nil {
+		j = &memJob{queue: make(chan shardKey, 256)}
+		m.jobs[job] = j
+		go m.replicateLoop(job, j)
+	}
+	j.idx.maxBytes = int64(min(a.GetSpec().GetCheckpointMemory().GetMaxBytes(), 1<<62))
+	j.gen, j.dir, j.cred, j.peers = a.GetGeneration(), dir, cred, a.GetReplicaPeers()
+	return j
+}
+
+// adopt takes the reports of new shards from a's generation, whose workers
+// a previous agent left running (Supervisor.Adopt), as prepare would have
+// for its start. The shards they saved before are not indexed: that
+// agent's index, with their checksums, went with it. Their files stay in
+// the generation's directory, at most the job's max_bytes, until the job
+// ends (drop).
+func (m *memStore) adopt(a *rdzvv1.Assignment, cred *syscall.Credential) {
+	if a.GetSpec().GetCheckpointMemory() == nil || wire.ValidateName("job", a.GetSpec().GetName()) != nil {
+		return
+	}
+	m.track(a, filepath.Join(m.root, a.GetSpec().GetName(), "g"+strconv.FormatUint(a.GetGeneration(), 10)), cred)
+}
+
+// sweep frees what a previous agent left in shared memory, every job's
+// directory but keep's (the adopted workers' job; "" for none): that
+// agent's index of them went with it, so nothing would ever serve or free
+// them, and tmpfs pages are the node's memory. Call it before the first
+// registration, once adoption is done.
+func (m *memStore) sweep(keep string) {
+	entries, err := os.ReadDir(m.root)
+	if err != nil {
+		if !errors.Is(err, os.ErrNotExist) {
+			m.log.Warn("listing in-memory checkpoints left by a previous agent failed", zap.String("dir", m.root), zap.Error(err))
+		}
+		return
+	}
+	for _, e := range entries {
+		if e.Name() == keep {
+			continue
+		}
+		if err := os.RemoveAll(filepath.Join(m.root, e.Name())); err != nil {
+			m.log.Warn("removing in-memory checkpoints left by a previous agent failed", zap.String("job", e.Name()), zap.Error(err))
+			continue
+		}
+		m.log.Info("in-memory checkpoints left by a previous agent freed", zap.String("job", e.Name()))
+	}
 }
 
 // shardFor is k's shard: this node's when src names it, else src's.
@@ -552,10 +598,13 @@ func (m *memStore) drop(job string) {
 		close(j.queue)
 	}
 	m.mu.Unlock()
-	if j == nil {
+	// Files too when the index has none: an adopted generation's shards
+	// from before this agent started are in no index.
+	dir := filepath.Join(m.root, job)
+	if _, err := os.Lstat(dir); errors.Is(err, os.ErrNotExist) {
 		return
 	}
-	if err := os.RemoveAll(filepath.Join(m.root, job)); err != nil {
+	if err := os.RemoveAll(dir); err != nil {
 		m.log.Warn("removing in-memory checkpoints failed", zap.String("job", job), zap.Error(err))
 	}
 	m.log.Info("in-memory checkpoints freed", zap.String("job", job))

@@ -266,3 +266,51 @@ func TestExitReportCarriesHoldings(t *testing.T) {
 	require.Nil(t, st.GetMemory(), "the kept status is not changed")
 	require.Equal(t, st.GetState(), got.GetState())
 }
+
+// TestMemoryLeftByAPreviousAgent: an agent that starts frees the shards a
+// previous agent left in shared memory, which no index of its own holds,
+// except those of the job whose workers it adopted. It takes the adopted
+// generation's new shards, and the job's end frees its directory, old
+// shards and all.
+func TestMemoryLeftByAPreviousAgent(t *testing.T) {
+	ignore := goleak.IgnoreCurrent()
+	t.Cleanup(func() { goleak.VerifyNone(t, ignore) })
+	root := t.TempDir()
+	node := filepath.Join(root, "a")
+	for _, dir := range []string{"gone/g3", "adopted/g1", "adopted/g2"} {
+		require.NoError(t, os.MkdirAll(filepath.Join(node, dir), 0o700))
+		require.NoError(t, os.WriteFile(filepath.Join(node, dir, shardName(7, 0)), []byte("left behind"), 0o600))
+	}
+	m := newMemStore(root, "a", zaptest.NewLogger(t))
+	spec := &rdzvv1.JobSpec{Name: "adopted", CheckpointMemory: &rdzvv1.CheckpointMemorySpec{Replicas: 1, MaxBytes: 1 << 20}}
+	m.adopt(&rdzvv1.Assignment{Spec: spec, Generation: 2}, nil)
+	m.sweep("adopted")
+	entries, err := os.ReadDir(node)
+	require.NoError(t, err)
+	require.Len(t, entries, 1)
+	require.Equal(t, "adopted", entries[0].Name(), "the adopted job's directory is kept, every other one freed")
+
+	// A shard the adopted generation saves from now on is taken; one of
+	// another generation is not.
+	data := []byte("saved after the agent restarted")
+	require.NoError(t, os.WriteFile(filepath.Join(node, "adopted", "g2", shardName(9, 0)), data, 0o600))
+	require.NoError(t, m.reported("adopted", 2, 9, 0, int64(len(data)), sha256.Sum256(data)))
+	require.ErrorIs(t, m.reported("adopted", 1, 9, 0, int64(len(data)), sha256.Sum256(data)), errMemOff)
+	held, _ := m.held("adopted")
+	require.Equal(t, []*rdzvv1.MemoryHeld{{Generation: 2, Step: 9, Ranks: []uint32{0}}}, held)
+	got, _, err := m.get("adopted", shardKey{2, 9, 0})
+	require.NoError(t, err)
+	require.Equal(t, data, got)
+
+	m.drop("adopted")
+	_, err = os.Stat(filepath.Join(node, "adopted"))
+	require.ErrorIs(t, err, os.ErrNotExist, "the job's end frees its shards, those of no index too")
+
+	// A job this agent never indexed is freed at its end as well.
+	require.NoError(t, os.MkdirAll(filepath.Join(node, "unknown", "g1"), 0o700))
+	m.drop("unknown")
+	_, err = os.Stat(filepath.Join(node, "unknown"))
+	require.ErrorIs(t, err, os.ErrNotExist)
+	// And sweeping nothing is no error.
+	newMemStore(filepath.Join(root, "none"), "a", zaptest.NewLogger(t)).sweep("")
+}

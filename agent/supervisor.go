@@ -262,13 +262,17 @@ func (s *Supervisor) OnHandover(announce func(hold time.Duration) bool) { s.anno
 // before the first registration reports them. Only one job runs on a node;
 // should several be found, the newest generation is kept. For a warm job
 // still running, the next standby is started, as after any start: the
-// previous agent killed its own when it stopped.
+// previous agent killed its own when it stopped. What the previous agent
+// left in shared memory goes too, but the kept job's (memStore.sweep).
 func (s *Supervisor) Adopt(found []Adopted) {
 	// warm is the kept generation's assignment if it runs on under a warm
 	// standby.
 	var (
 		warm *rdzvv1.Assignment
 		kept *worker
+		// adopted is the last generation supervised, the one kept.
+		adopted     *rdzvv1.Assignment
+		adoptedCred *syscall.Credential
 	)
 	for _, f := range found {
 		a := &rdzvv1.Assignment{}
@@ -310,6 +314,7 @@ func (s *Supervisor) Adopt(found []Adopted) {
 		// Not announced as started: the registration reports it running,
 		// and it may well have ended while no agent was here.
 		s.supervise(w, a, false)
+		adopted, adoptedCred = a, f.Credential
 		warm = nil
 		if f.Live && jobspec.FromProto(a.GetSpec()).Launcher.Kind == jobspec.KindWarm {
 			warm, kept = a, w
@@ -318,6 +323,13 @@ func (s *Supervisor) Adopt(found []Adopted) {
 	if s.dynUsers != nil {
 		s.dynUsers.prune()
 	}
+	// The kept generation is the only one left (one job runs on a node).
+	keep := ""
+	if adopted != nil {
+		keep = adopted.GetSpec().GetName()
+		s.mem.adopt(adopted, adoptedCred)
+	}
+	s.mem.sweep(keep)
 	if warm != nil {
 		s.keepStandby(s.spawnStandby(warm), kept)
 	}

@@ -310,6 +310,8 @@ func (c *cluster) addAgent(name string, gpus int, labels map[string]string, opts
 	cfg.Labels = labels
 	cfg.FakeGPUs = gpus
 	cfg.StateDir = t.TempDir()
+	// Not the node's /dev/shm: an agent's start frees what it finds there.
+	cfg.MemoryCheckpointDir = t.TempDir()
 	cfg.StopGrace.Duration = 2 * time.Second
 	// Workers run as the test's user: they write into c.workdir.
 	cfg.RunAs, cfg.AllowRoot = fmt.Sprintf("%d:%d", os.Geteuid(), os.Getegid()), true

@@ -1238,4 +1238,16 @@ func TestFaultKillNodeMemoryCheckpoint(t *testing.T) {
 	for rank, step := range resumed {
 		require.Equal(t, strconv.FormatUint(memStep, 10), step, "rank %s resumed at another step", rank)
 	}
+
+	// The job's end frees its shards on every node whose agent runs; the
+	// killed node's agent frees them when it starts again.
+	c.agents[victim], c.killed[victim] = c.agentHost(victim).Start(t, "agent", nil, c.agentArgv(victim)...), false
+	deadline := time.Now().Add(recoveryBound)
+	for i := range agentHosts {
+		dir := filepath.Join("/dev/shm/rdzv-memckpt", c.agentHost(i).Name, job.Name)
+		for _, err := os.Stat(dir); err == nil; _, err = os.Stat(dir) {
+			require.True(t, time.Now().Before(deadline), "%s still holds %s after the job ended", c.agentHost(i).Name, dir)
+			time.Sleep(pollEvery)
+		}
+	}
 }
