@@ -255,6 +255,7 @@ func (a *Agent) Run(ctx context.Context) error {
 		defer endSession()
 		err := sup.Run(gctx)
 		sess.flush(shutdownFlush)
+		sess.end(shutdownFlush)
 		// Only now: workers report until they are gone.
 		reports.shutdown()
 		return err

@@ -99,11 +99,15 @@ type agentSession struct {
 	// farewells carries the last word of an agent that leaves (see say);
 	// unbuffered, so a send succeeds only while connected.
 	farewells chan farewell
+	// ending is set once the agent leaves (end): loop reconnects no more.
+	// ended is closed when loop has returned.
+	ending atomic.Bool
+	ended  chan struct{}
 }
 
 func newSession(info *rdzvv1.NodeInfo, sup *Supervisor, client rdzvv1.AgentServiceClient, controllers string, faults <-chan *rdzvv1.GPUFault, gossip *Gossip, log *zap.Logger) *agentSession {
 	s := &agentSession{info: info, sup: sup, client: client, controllers: controllers, faults: faults, gossip: gossip, log: log, farewells: make(chan farewell),
-		renew: make(chan struct{}, 1)}
+		renew: make(chan struct{}, 1), ended: make(chan struct{})}
 	sup.OnHandover(s.announceRestart)
 	s.heardAt(time.Now())
 	unregistered := health.Unregistered
@@ -112,10 +116,12 @@ func newSession(info *rdzvv1.NodeInfo, sup *Supervisor, client rdzvv1.AgentServi
 }
 
 // farewell is a last word for the send loop: msg, or when msg is nil
-// every status update and checkpoint report queued so far. sent is
-// closed once it is on the stream.
+// every status update and checkpoint report queued so far; with end, the
+// end of what this agent sends (CloseSend). sent is closed once it is on
+// the stream.
 type farewell struct {
 	msg  *rdzvv1.ConnectRequest
+	end  bool
 	sent chan struct{}
 }
 
@@ -131,6 +137,32 @@ func (s *agentSession) announceRestart(hold time.Duration) bool {
 // flush sends what the supervisor has queued (its workers' final status
 // on shutdown), waiting up to timeout; false if it could not be sent.
 func (s *agentSession) flush(timeout time.Duration) bool { return s.say(nil, timeout) }
+
+// end closes the stream from this side, once what was said before is
+// sent, and waits up to timeout for the controller to close its own: a
+// message whose Send has returned may still be in the transport's buffers,
+// and cancelling the stream drops it. An agent's last words (its restart
+// announcement, its workers' final status) were lost so. From then on the
+// session does not reconnect.
+func (s *agentSession) end(timeout time.Duration) {
+	s.ending.Store(true)
+	if !s.connected.Load() {
+		return // no stream to close; loop stops at its next turn
+	}
+	t := time.NewTimer(timeout)
+	defer t.Stop()
+	select {
+	case s.farewells <- farewell{end: true, sent: make(chan struct{})}:
+	case <-s.ended:
+		return
+	case <-t.C:
+		return
+	}
+	select {
+	case <-s.ended:
+	case <-t.C:
+	}
+}
 
 // say hands msg (nil: the queued updates) to the send loop and waits up
 // to timeout for it to be sent.
@@ -159,17 +191,18 @@ type relayed interface{ Relayed() bool }
 // ends. Finding the leader among the controllers, and following a
 // standby's redirect at once, is the client's part.
 func (s *agentSession) loop(ctx context.Context) {
+	defer close(s.ended)
 	var backoff Reconnect
 	failures := 0
 	var next *opened
-	for ctx.Err() == nil {
+	for ctx.Err() == nil && !s.ending.Load() {
 		started := time.Now()
 		moved, err := s.connect(ctx, next)
 		if next = moved; next != nil {
 			s.log.Info("back through a relay, direct stream dropped")
 			continue
 		}
-		if ctx.Err() != nil {
+		if ctx.Err() != nil || s.ending.Load() {
 			return
 		}
 		wait, fresh := backoff.After(time.Since(started))
@@ -367,6 +400,15 @@ func (s *agentSession) connect(ctx context.Context, next *opened) (moved *opened
 			case f := <-s.faults:
 				msgs = append(msgs, &rdzvv1.ConnectRequest{Msg: &rdzvv1.ConnectRequest_GpuFault{GpuFault: f}})
 			case f := <-s.farewells:
+				if f.end {
+					// The receiver goes on until the controller, having
+					// read everything, ends the stream.
+					close(f.sent)
+					if err := stream.CloseSend(); err != nil {
+						return fmt.Errorf("closing the stream to the controller: %w", err)
+					}
+					return nil
+				}
 				last := []*rdzvv1.ConnectRequest{f.msg}
 				if f.msg == nil {
 					last = s.queued()
