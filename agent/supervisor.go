@@ -270,7 +270,9 @@ func (s *Supervisor) Adopt(found []Adopted) {
 	var (
 		warm *rdzvv1.Assignment
 		kept *worker
-		// adopted is the last generation supervised, the one kept.
+		// adopted is the last generation supervised, the one kept, if its
+		// workers may still run (a dead shim's are gone: nothing keeps
+		// their shards).
 		adopted     *rdzvv1.Assignment
 		adoptedCred *syscall.Credential
 	)
@@ -314,7 +316,10 @@ func (s *Supervisor) Adopt(found []Adopted) {
 		// Not announced as started: the registration reports it running,
 		// and it may well have ended while no agent was here.
 		s.supervise(w, a, false)
-		adopted, adoptedCred = a, f.Credential
+		adopted, adoptedCred = nil, nil
+		if f.Live {
+			adopted, adoptedCred = a, f.Credential
+		}
 		warm = nil
 		if f.Live && jobspec.FromProto(a.GetSpec()).Launcher.Kind == jobspec.KindWarm {
 			warm, kept = a, w

@@ -165,7 +165,7 @@ func (s *jobService) GetJob(_ context.Context, req *rdzvv1.GetJobRequest) (*rdzv
 	if js == nil {
 		return nil, status.Errorf(codes.NotFound, "job %s not found", req.GetName())
 	}
-	return &rdzvv1.GetJobResponse{Job: s.c.jobView(js)}, nil
+	return &rdzvv1.GetJobResponse{Job: js.apiView(s.c.clock.Now())}, nil
 }
 
 func (s *jobService) ListJobs(_ context.Context, req *rdzvv1.ListJobsRequest) (*rdzvv1.ListJobsResponse, error) {
@@ -308,7 +308,7 @@ func (s *jobService) logTargets(req *rdzvv1.StreamLogsRequest) ([]logTarget, *ti
 		return nil, nil, status.Errorf(codes.NotFound, "job %s not found", req.GetJob())
 	}
 	var targets []logTarget
-	for _, a := range js.round.GetNodes() {
+	for _, a := range js.members.Round().GetNodes() {
 		if req.GetAllNodes() || req.GetNode() == a.GetNode() || req.GetNode() == "" && a.GetNodeRank() == 0 {
 			targets = append(targets, logTarget{node: a.GetNode(), rank: a.GetNodeRank()})
 		}

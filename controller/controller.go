@@ -32,6 +32,14 @@ import (
 	"github.com/rdzv/rdzv/wire"
 )
 
+// nodeTable is the nodes this lead knows, by name, and the questions asked
+// of all of them (scheduling candidates, gossip evidence, ring and replica
+// peers). Guarded by Controller.mu.
+type nodeTable map[string]*nodeState
+
+// jobTable is the jobs this lead knows, by name. Guarded by Controller.mu.
+type jobTable map[string]*jobState
+
 // Controller is the rdzv-controller daemon.
 type Controller struct {
 	cfg   Config
@@ -81,12 +89,12 @@ type Controller struct {
 	addr  net.Addr
 
 	mu    sync.Mutex
-	nodes map[string]*nodeState
+	nodes nodeTable
 	// carriers are the relays' Carry calls this lead serves (carry.go).
 	carriers map[*carrier]struct{}
 	// seeds are the nodes that registered with gossip last (gossipSeeds).
 	seeds seedRing
-	jobs  map[string]*jobState
+	jobs  jobTable
 	// standbys are the warm standbys spares' agents were told to keep
 	// ready (standby.go), by node.
 	standbys map[string]*toldStandby
@@ -178,9 +186,9 @@ type nodeState struct {
 }
 
 type jobState struct {
-	rec     *rdzvv1.Job
-	round   *rdzvv1.Round
-	workers map[string]*rdzvv1.WorkerStatus
+	rec *rdzvv1.Job
+	// members is the current round and its workers' reports.
+	members lifecycle.Members
 	// Scheduling state for a pending job, in memory only.
 	lastCall     rendezvous.LastCall
 	committing   bool
@@ -196,15 +204,6 @@ type jobState struct {
 	// catalog holds the steps of the checkpoint catalog, oldest first, so
 	// that it can be kept to catalogSize entries.
 	catalog []uint64
-	// members indexes the nodes of membersOf, the round it was built for
-	// (see assignment); succeeded and failed count the round's nodes whose
-	// workers succeeded or failed (see stateCount).
-	members           map[string]*rdzvv1.NodeAssignment
-	membersOf         *rdzvv1.Round
-	succeeded, failed stateCount
-	// Where the last scans of the round for a worker not yet running, and
-	// for one not yet stopped, found one (see lifecycle.Find).
-	notRunningAt, notStoppedAt int
 	// spares are the idle nodes held for the job now (nodes.spares), as
 	// the last scheduling pass picked them.
 	spares []string
@@ -548,16 +547,15 @@ func (c *Controller) load(ctx context.Context) error {
 		c.nodes[name] = ns
 	}
 	for name, v := range snap.Jobs {
-		js := &jobState{rec: v.Value, round: snap.Rounds[name], workers: snap.Workers[name], pendingSince: now, catalog: snap.Checkpoints[name]}
-		if js.workers == nil {
-			js.workers = map[string]*rdzvv1.WorkerStatus{}
-		}
+		js := &jobState{rec: v.Value, pendingSince: now, catalog: snap.Checkpoints[name]}
+		js.members.Reset(snap.Rounds[name], snap.Workers[name])
 		c.jobs[name] = js
-		if !activeJob(js.rec.GetState()) || js.round == nil || js.round.GetGeneration() != js.rec.GetGeneration() {
+		round := js.members.Round()
+		if !activeJob(js.rec.GetState()) || round == nil || round.GetGeneration() != js.rec.GetGeneration() {
 			continue
 		}
-		for _, a := range js.round.GetNodes() {
-			if ns := c.nodes[a.GetNode()]; ns != nil && !terminalWorker(js.workers[a.GetNode()].GetState()) {
+		for _, a := range round.GetNodes() {
+			if ns := c.nodes[a.GetNode()]; ns != nil && !lifecycle.TerminalWorker(js.members.Worker(a.GetNode()).GetState()) {
 				ns.job, ns.generation = name, js.rec.GetGeneration()
 			}
 		}
@@ -573,7 +571,7 @@ func (c *Controller) load(ctx context.Context) error {
 // Callers hold c.mu.
 func (c *Controller) reconcile() {
 	for _, js := range c.jobs {
-		if activeJob(js.rec.GetState()) && js.round != nil && js.round.GetGeneration() == js.rec.GetGeneration() {
+		if activeJob(js.rec.GetState()) && js.members.Round() != nil && js.members.Round().GetGeneration() == js.rec.GetGeneration() {
 			c.advanceJob(js)
 		}
 	}
@@ -591,10 +589,6 @@ func activeJob(s rdzvv1.JobState) bool {
 		s == rdzvv1.JobState_JOB_STATE_FAILED || s == rdzvv1.JobState_JOB_STATE_STOPPED
 }
 
-func terminalWorker(s rdzvv1.WorkerState) bool {
-	return s == rdzvv1.WorkerState_WORKER_STATE_SUCCEEDED || s == rdzvv1.WorkerState_WORKER_STATE_FAILED || s == rdzvv1.WorkerState_WORKER_STATE_STOPPED
-}
-
 func (c *Controller) event(job, node string, generation uint64, kind, format string, args ...any) *rdzvv1.Event {
 	return &rdzvv1.Event{
 		Time: timestamppb.New(c.clock.Now()), Job: job, Node: node, Generation: generation,
@@ -608,9 +602,9 @@ const (
 	EventNodeLost            = "node_lost"
 	EventJobSubmitted        = lifecycle.EventJobSubmitted
 	EventRendezvousCommitted = lifecycle.EventRendezvousCommitted
-	EventWorkersRunning      = "workers_running"
-	EventWorkersExited       = "workers_exited"
-	EventWorkerFailed        = "worker_failed"
+	EventWorkersRunning      = lifecycle.EventWorkersRunning
+	EventWorkersExited       = lifecycle.EventWorkersExited
+	EventWorkerFailed        = lifecycle.EventWorkerFailed
 	EventJobSucceeded        = lifecycle.EventJobSucceeded
 	EventJobFailed           = lifecycle.EventJobFailed
 	EventJobStopping         = lifecycle.EventJobStopping

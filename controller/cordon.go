@@ -20,8 +20,8 @@ func (c *Controller) cordon(ctx context.Context, name string, cordoned bool, rea
 		return nil, fmt.Errorf("node %s: %w", name, errNotFound)
 	}
 	c.setCordon(name, cordoned, reason)
-	view := c.nodeView(c.nodes[name])
-	reply := c.barrier()
+	view := c.nodes[name].apiView()
+	reply := c.writes.barrier()
 	c.mu.Unlock()
 	if err := await(ctx, reply); err != nil {
 		return nil, fmt.Errorf("changing cordon of node %s: %w", name, err)
@@ -43,7 +43,7 @@ func (c *Controller) setCordon(name string, cordoned bool, reason string) {
 		// Uncordoning ends a drain too.
 		kind, what, rec.CordonReason, rec.Draining = EventNodeUncordoned, "uncordoned", "", false
 	}
-	c.persist(putNode(c.store, ns, rec, ns.info.decode(), c.event("", name, 0, kind, "node %s %s", name, what)), nil)
+	c.writes.persist(putNode(c.store, ns, rec, ns.info.decode(), c.event("", name, 0, kind, "node %s %s", name, what)), nil)
 	c.log.Info("node cordon changed", zap.String("node", name), zap.Bool("cordoned", cordoned), zap.String("reason", reason))
 	c.wake()
 }
@@ -61,7 +61,7 @@ func (c *Controller) gpuFault(node string, f *rdzvv1.GPUFault) {
 		return
 	}
 	ev := c.event(ns.job, node, ns.generation, EventGPUFault, "node %s: %s", node, f.GetMessage())
-	c.persist(c.store.AppendEvent(ev), nil)
+	c.writes.persist(c.store.AppendEvent(ev), nil)
 	c.setCordon(node, true, "GPU fault: "+f.GetMessage())
 	js := c.jobs[ns.job]
 	if js == nil || js.rec.GetState() != rdzvv1.JobState_JOB_STATE_RUNNING || js.rec.GetGeneration() != ns.generation {

@@ -33,15 +33,15 @@ func (c *Controller) drain(ctx context.Context, name, reason string, now bool) (
 	if !ns.rec.GetDraining() || ns.rec.GetCordonReason() != reason {
 		rec := proto.Clone(ns.rec).(*rdzvv1.Node)
 		rec.Cordoned, rec.CordonReason, rec.Draining = true, reason, true
-		c.persist(putNode(c.store, ns, rec, ns.info.decode(), c.event("", name, 0, EventNodeDraining, "node %s draining: %s", name, reason)), nil)
+		c.writes.persist(putNode(c.store, ns, rec, ns.info.decode(), c.event("", name, 0, EventNodeDraining, "node %s draining: %s", name, reason)), nil)
 		c.log.Info("node draining", zap.String("node", name), zap.String("reason", reason), zap.Bool("now", now))
 	}
 	if js := c.jobs[ns.job]; now && js != nil && js.rec.GetState() == rdzvv1.JobState_JOB_STATE_RUNNING && js.rec.GetGeneration() == ns.generation {
 		c.attemptFailed(js, causeDrain, fmt.Sprintf("node %s drained now by an operator", name), 0)
 	}
 	c.wake()
-	view := c.nodeView(ns)
-	reply := c.barrier()
+	view := ns.apiView()
+	reply := c.writes.barrier()
 	c.mu.Unlock()
 	if err := await(ctx, reply); err != nil {
 		return nil, fmt.Errorf("draining node %s: %w", name, err)
@@ -61,7 +61,7 @@ func (c *Controller) previewJob(specProto *rdzvv1.JobSpec) (*rdzvv1.Job, *rdzvv1
 	job := lifecycle.Submit(spec.ToProto(), 0, c.clock.Now()).Job
 	job.Reason = "dry run: not stored"
 	req := requirements(job.GetSpec())
-	candidates := c.candidates()
+	candidates := c.nodes.candidates()
 	preview := &rdzvv1.PlacementPreview{}
 	placed, err := rendezvous.Plan(req, candidates)
 	if err != nil {

@@ -174,7 +174,7 @@ func (c *Controller) lead(ctx context.Context, stepDown context.CancelFunc, l st
 	c.electedAt = begin
 	c.leading.Store(true)
 	c.refreshHealth()
-	w := newWriter()
+	w := newWriter(c.store, &c.mu, c.writeFailed)
 	c.writes = w
 	c.leadEnded = make(chan struct{})
 	loaded := c.clock.Now().Sub(begin)
@@ -184,7 +184,7 @@ func (c *Controller) lead(ctx context.Context, stepDown context.CancelFunc, l st
 	}
 	ev := c.event("", "", 0, EventLeaderElected, "controller %s leads (previous leader: %s); %d jobs and %d nodes loaded from etcd in %s",
 		me, previous, len(c.jobs), len(c.nodes), loaded.Round(time.Millisecond))
-	c.persist(c.store.AppendEvent(ev), nil)
+	c.writes.persist(c.store.AppendEvent(ev), nil)
 	c.reseal(c.unsealed)
 	c.unsealed = nil
 	c.reconcile()
@@ -192,7 +192,7 @@ func (c *Controller) lead(ctx context.Context, stepDown context.CancelFunc, l st
 	c.log.Info("leading", zap.String("advertise_addr", me), zap.String("previous_leader", previous), zap.Duration("load", loaded))
 
 	g, gctx := errgroup.WithContext(ctx)
-	g.Go(func() error { c.writeLoop(gctx, w); return nil })
+	g.Go(func() error { w.run(gctx); return nil })
 	g.Go(func() error { c.scheduleLoop(gctx); return nil })
 	g.Go(func() error { c.livenessLoop(gctx); return nil })
 	g.Go(func() error { c.maintainLoop(gctx); return nil })

@@ -89,10 +89,9 @@ func (c *Controller) gossipView(node string, v *rdzvv1.GossipView) {
 
 // gossipVotes counts, over the connected nodes whose gossip has peers, how
 // many report each node unreachable, and how many such reporters there are.
-// Callers hold c.mu.
-func (c *Controller) gossipVotes() (votes map[string]int, reporters int) {
+func (nt nodeTable) gossipVotes() (votes map[string]int, reporters int) {
 	votes = map[string]int{}
-	for _, ns := range c.nodes {
+	for _, ns := range nt {
 		if !ns.reporting() {
 			continue
 		}
@@ -107,9 +106,8 @@ func (c *Controller) gossipVotes() (votes map[string]int, reporters int) {
 // unreachableTo reports whether any connected node's gossip lists node
 // unreachable, however few peers it sees itself: the controller's evidence
 // that node's agent, if alive, counts itself cut off (health.Loss).
-// Callers hold c.mu.
-func (c *Controller) unreachableTo(node string) bool {
-	for name, ns := range c.nodes {
+func (nt nodeTable) unreachableTo(node string) bool {
+	for name, ns := range nt {
 		if name != node && ns.session != nil && ns.view != nil && ns.rec.GetState() != rdzvv1.NodeState_NODE_STATE_LOST && ns.view.unreachable[node] {
 			return true
 		}
@@ -125,15 +123,15 @@ func (c *Controller) unreachableTo(node string) bool {
 // and while that round is the job's current one. Callers hold c.mu.
 func (c *Controller) watchersCut(node, job string, generation uint64) time.Time {
 	js := c.jobs[job]
-	if js == nil || generation == 0 || js.round.GetGeneration() != generation {
+	if js == nil || generation == 0 || js.members.Round().GetGeneration() != generation {
 		return time.Time{}
 	}
-	a := js.assignment(node)
+	a := js.members.Assignment(node)
 	if a == nil {
 		return time.Time{}
 	}
 	var cut time.Time
-	watchers := c.watchedPeers(js.round, a)
+	watchers := c.nodes.watchedPeers(js.members.Round(), a)
 	for _, p := range watchers {
 		w := c.nodes[p.GetNode()]
 		if w == nil || w.session == nil || w.rec.GetState() == rdzvv1.NodeState_NODE_STATE_LOST || w.view == nil ||
@@ -221,8 +219,8 @@ func (r *seedRing) add(name string) {
 }
 
 // gossipSeeds picks a few connected nodes' gossip addresses for node to
-// join through. Callers hold c.mu.
-func (c *Controller) gossipSeeds(node string) []string {
+// join through, first among ring's.
+func (nt nodeTable) gossipSeeds(ring *seedRing, node string) []string {
 	var seeds []string
 	seen := 0
 	consider := func(name string, ns *nodeState) {
@@ -238,8 +236,8 @@ func (c *Controller) gossipSeeds(node string) []string {
 			seeds[j] = addr
 		}
 	}
-	for _, name := range c.seeds.names {
-		if ns := c.nodes[name]; ns != nil {
+	for _, name := range ring.names {
+		if ns := nt[name]; ns != nil {
 			consider(name, ns)
 		}
 	}
@@ -248,11 +246,11 @@ func (c *Controller) gossipSeeds(node string) []string {
 	// stream could make it a seed: a scan would find none it does not (a
 	// cold start of agents without gossip spent 42% of its registrations
 	// here).
-	if len(seeds) == maxGossipSeeds || c.seeds.next <= len(c.seeds.names) {
+	if len(seeds) == maxGossipSeeds || ring.next <= len(ring.names) {
 		return seeds
 	}
 	scanned := 0
-	for name, ns := range c.nodes {
+	for name, ns := range nt {
 		if seen >= seedCandidates || scanned == seedScan {
 			break
 		}

@@ -67,7 +67,7 @@ func TestGossipSeeds(t *testing.T) {
 				}
 			}
 			for range 20 {
-				seeds := c.gossipSeeds("self")
+				seeds := c.nodes.gossipSeeds(&c.seeds, "self")
 				require.Len(t, seeds, tt.want)
 				for _, s := range seeds {
 					require.True(t, good[s], "seed %s is not a connected live node with gossip", s)

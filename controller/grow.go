@@ -45,17 +45,16 @@ func joinWait(warm bool, readyStandby, job string, cadence, seenFor time.Duratio
 // moment to restart. Callers hold c.mu.
 func (c *Controller) noteGrowable(js *jobState) {
 	spec := js.rec.GetSpec()
-	if spec.GetNodesGrow() == jobspec.GrowCheckpoint && len(js.round.GetNodes()) < int(spec.GetNodesMax()) {
+	if spec.GetNodesGrow() == jobspec.GrowCheckpoint && len(js.members.Round().GetNodes()) < int(spec.GetNodesMax()) {
 		js.growCheck = true
 		c.wake()
 	}
 }
 
 // growChecks lists the running jobs marked by noteGrowable, oldest first.
-// Callers hold c.mu.
-func (c *Controller) growChecks() []*jobState {
+func (jt jobTable) growChecks() []*jobState {
 	var out []*jobState
-	for _, js := range c.jobs {
+	for _, js := range jt {
 		if !js.growCheck {
 			continue
 		}
@@ -81,7 +80,7 @@ func (c *Controller) growJobs(check []*jobState, candidates []rendezvous.Candida
 		}
 		req := requirements(js.rec.GetSpec())
 		name := js.rec.GetSpec().GetName()
-		warm := c.warm(name)
+		warm := c.jobs.warm(name)
 		avail := make([]rendezvous.Candidate, 0, len(candidates))
 		seen := map[string]time.Time{}
 		wait := false
@@ -109,7 +108,7 @@ func (c *Controller) growJobs(check []*jobState, candidates []rendezvous.Candida
 		if wait {
 			continue
 		}
-		from := len(js.round.GetNodes())
+		from := len(js.members.Round().GetNodes())
 		to, ok := rendezvous.Grow(req, from, avail)
 		if !ok {
 			continue
@@ -130,7 +129,7 @@ func (c *Controller) growJobs(check []*jobState, candidates []rendezvous.Candida
 // restart commits as soon as to nodes are ready, or after
 // rendezvous.last_call with fewer. Callers hold c.mu.
 func (c *Controller) grow(js *jobState, to int) {
-	from := len(js.round.GetNodes())
+	from := len(js.members.Round().GetNodes())
 	now := c.clock.Now()
 	c.log.Info("growing job", zap.String("job", js.rec.GetSpec().GetName()), zap.Uint64("generation", js.rec.GetGeneration()), zap.Int("from_nodes", from),
 		zap.Int("to_nodes", to), zap.Uint64("checkpoint_step", js.rec.GetLatestCheckpoint().GetStep()))

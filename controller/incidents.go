@@ -11,7 +11,7 @@ import (
 // runs, and closes the incident if the job reports no steps. Callers hold
 // c.mu.
 func (c *Controller) noteWorkersStarted(js *jobState) {
-	if !lifecycle.AwaitingWorkers(js.rec) || !allRunning(js) {
+	if !lifecycle.AwaitingWorkers(js.rec) || !js.members.AllRunning() {
 		return
 	}
 	if t, ok := lifecycle.WorkersRunning(js.rec, c.clock.Now(), !js.reportsSteps); ok {

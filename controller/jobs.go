@@ -44,10 +44,10 @@ func (c *Controller) startJob(ctx context.Context, specProto *rdzvv1.JobSpec) (*
 	now := c.clock.Now()
 	t := lifecycle.Submit(spec.ToProto(), generation, now)
 	rec := t.Job
-	js := &jobState{rec: rec, workers: map[string]*rdzvv1.WorkerStatus{}, pendingSince: now}
+	js := &jobState{rec: rec, pendingSince: now}
 	c.jobs[name] = js
-	view := c.jobView(js)
-	reply := c.persistWait(c.store.CreateJob(rec, replace, t.Event))
+	view := js.apiView(now)
+	reply := c.writes.persistWait(c.store.CreateJob(rec, replace, t.Event))
 	c.mu.Unlock()
 	if err := await(ctx, reply); err != nil {
 		return nil, fmt.Errorf("storing job %s: %w", name, err)
@@ -61,19 +61,19 @@ func (c *Controller) startJob(ctx context.Context, specProto *rdzvv1.JobSpec) (*
 // name has not finished, or too many jobs are active. Callers hold c.mu.
 func (c *Controller) admitJob(name string) error {
 	if old := c.jobs[name]; old != nil && !lifecycle.Terminal(old.rec.GetState()) {
-		return fmt.Errorf("job %s is %s; stop it before starting it again: %w", name, stateName(old.rec.GetState()), errAlreadyExists)
+		return fmt.Errorf("job %s is %s; stop it before starting it again: %w", name, lifecycle.StateName(old.rec.GetState()), errAlreadyExists)
 	}
-	if active := c.activeJobs(); active >= c.cfg.Limits.MaxActiveJobs {
+	if active := c.jobs.activeJobs(); active >= c.cfg.Limits.MaxActiveJobs {
 		return fmt.Errorf("job %s refused: %d jobs are pending or running, the most limits.max_active_jobs (%d) allows; "+
 			"wait for one to finish or stop one: %w", name, active, c.cfg.Limits.MaxActiveJobs, errTooManyJobs)
 	}
 	return nil
 }
 
-// activeJobs counts the jobs that have not finished. Callers hold c.mu.
-func (c *Controller) activeJobs() int {
+// activeJobs counts the jobs that have not finished.
+func (jt jobTable) activeJobs() int {
 	n := 0
-	for _, js := range c.jobs {
+	for _, js := range jt {
 		if !lifecycle.Terminal(js.rec.GetState()) {
 			n++
 		}
@@ -92,19 +92,19 @@ func (c *Controller) deleteJob(ctx context.Context, name string) error {
 	}
 	if state := js.rec.GetState(); !lifecycle.Terminal(state) {
 		c.mu.Unlock()
-		return fmt.Errorf("job %s is %s; stop it first (rdzvctl stop %s), then delete it: %w", name, stateName(state), name, errNotFinished)
+		return fmt.Errorf("job %s is %s; stop it first (rdzvctl stop %s), then delete it: %w", name, lifecycle.StateName(state), name, errNotFinished)
 	}
-	if node := c.heldJobs()[name]; node != "" {
+	if node := c.nodes.heldJobs()[name]; node != "" {
 		c.mu.Unlock()
 		return fmt.Errorf("job %s is %s, but its workers on node %s have not confirmed they exited yet; retry in a moment: %w",
-			name, stateName(js.rec.GetState()), node, errNotFinished)
+			name, lifecycle.StateName(js.rec.GetState()), node, errNotFinished)
 	}
 	by := "operator"
 	if id, ok := identityFrom(ctx); ok {
 		by = id.String()
 	}
-	reply := c.persistWait(c.dropJob(js, c.event("", "", 0, EventJobDeleted, "job %s (%s, generation %d) deleted by %s",
-		name, stateName(js.rec.GetState()), js.rec.GetGeneration(), by)))
+	reply := c.writes.persistWait(c.dropJob(js, c.event("", "", 0, EventJobDeleted, "job %s (%s, generation %d) deleted by %s",
+		name, lifecycle.StateName(js.rec.GetState()), js.rec.GetGeneration(), by)))
 	c.mu.Unlock()
 	if err := await(ctx, reply); err != nil {
 		return fmt.Errorf("deleting job %s: %w", name, err)
@@ -114,10 +114,10 @@ func (c *Controller) deleteJob(ctx context.Context, name string) error {
 }
 
 // heldJobs maps each job that some node's workers have not confirmed
-// leaving to one such node. Callers hold c.mu.
-func (c *Controller) heldJobs() map[string]string {
+// leaving to one such node.
+func (nt nodeTable) heldJobs() map[string]string {
 	held := map[string]string{}
-	for name, ns := range c.nodes {
+	for name, ns := range nt {
 		if ns.job != "" {
 			held[ns.job] = name
 		}
@@ -148,9 +148,9 @@ func (c *Controller) stopJob(ctx context.Context, name string) (*rdzvv1.Job, err
 		c.apply(js, t)
 		c.advanceJob(js)
 	}
-	view := c.jobView(js)
+	view := js.apiView(c.clock.Now())
 	// Answered once the stop (and whatever it led to) is durable.
-	reply := c.barrier()
+	reply := c.writes.barrier()
 	c.mu.Unlock()
 	if err := await(ctx, reply); err != nil {
 		return nil, fmt.Errorf("stopping job %s: %w", name, err)
@@ -159,7 +159,7 @@ func (c *Controller) stopJob(ctx context.Context, name string) (*rdzvv1.Job, err
 }
 
 // advanceJob moves a running or stopping job on from its workers' states.
-func (c *Controller) advanceJob(js *jobState) { c.advanceJobAfter(js, js.round.GetNodes()) }
+func (c *Controller) advanceJob(js *jobState) { c.advanceJobAfter(js, js.members.Round().GetNodes()) }
 
 // advanceJobAfter is advanceJob where only the workers of exited may have
 // failed since the job was last advanced: a worker report looks at its own
@@ -171,12 +171,12 @@ func (c *Controller) advanceJobAfter(js *jobState, exited []*rdzvv1.NodeAssignme
 	case rdzvv1.JobState_JOB_STATE_RUNNING:
 		exits := make([]lifecycle.Exit, 0, len(exited))
 		for _, a := range exited {
-			w := js.workers[a.GetNode()]
+			w := js.members.Worker(a.GetNode())
 			exits = append(exits, lifecycle.Exit{Node: a.GetNode(), Rank: a.GetNodeRank(), Worker: w,
 				Retry: w.GetFailure() == wire.FailureMemoryFetch && js.memPlan != nil})
 		}
-		nodes := len(js.round.GetNodes())
-		switch verdict, e := lifecycle.Judge(exits, js.succeeded.get(js, rdzvv1.WorkerState_WORKER_STATE_SUCCEEDED), nodes); verdict {
+		nodes := len(js.members.Round().GetNodes())
+		switch verdict, e := lifecycle.Judge(exits, js.members.Succeeded(), nodes); verdict {
 		case lifecycle.Broken:
 			c.apply(js, lifecycle.BrokenOn(js.rec, e, now))
 		case lifecycle.Failed:
@@ -188,7 +188,7 @@ func (c *Controller) advanceJobAfter(js *jobState, exited []*rdzvv1.NodeAssignme
 				}
 				js.memSkip[js.memPlan.key] = true
 			}
-			c.attemptFailed(js, c.failureCause(e.Node), e.Reason(), detectionLatency(e.Worker, now))
+			c.attemptFailed(js, c.nodes.failureCause(e.Node), e.Reason(), detectionLatency(e.Worker, now))
 		case lifecycle.Succeeded:
 			c.apply(js, lifecycle.Finish(js.rec, rdzvv1.JobState_JOB_STATE_SUCCEEDED, fmt.Sprintf("all %d nodes finished", nodes), now))
 		}
@@ -198,7 +198,7 @@ func (c *Controller) advanceJobAfter(js *jobState, exited []*rdzvv1.NodeAssignme
 			c.wake()
 		}
 	case rdzvv1.JobState_JOB_STATE_STOPPING:
-		if allExited(js) {
+		if js.members.AllExited() {
 			c.apply(js, lifecycle.Stopped(js.rec, now))
 		}
 	}
@@ -213,7 +213,7 @@ func (c *Controller) advanceJobAfter(js *jobState, exited []*rdzvv1.NodeAssignme
 // to stop). more are written with t's event. Callers hold c.mu.
 func (c *Controller) apply(js *jobState, t lifecycle.Transition, more ...*rdzvv1.Event) {
 	if t.Job == nil {
-		c.persist(c.store.AppendEvent(t.Event), nil)
+		c.writes.persist(c.store.AppendEvent(t.Event), nil)
 		return
 	}
 	name, gen, state := t.Job.GetSpec().GetName(), t.Job.GetGeneration(), t.Job.GetState()
@@ -226,9 +226,9 @@ func (c *Controller) apply(js *jobState, t lifecycle.Transition, more ...*rdzvv1
 	if lifecycle.Terminal(state) {
 		c.metrics.finished(state)
 	}
-	c.persist(ch, func() {
+	c.writes.persist(ch, func() {
 		if lifecycle.Terminal(state) {
-			c.log.Info("job finished", zap.String("job", name), zap.String("state", stateName(state)), zap.String("reason", t.Why))
+			c.log.Info("job finished", zap.String("job", name), zap.String("state", lifecycle.StateName(state)), zap.String("reason", t.Why))
 		}
 		if js.rec.GetGeneration() != gen {
 			return
@@ -257,25 +257,37 @@ func (c *Controller) apply(js *jobState, t lifecycle.Transition, more ...*rdzvv1
 // run to stop them, within grace if positive (else the agent's stop_grace).
 // Callers hold c.mu.
 func (c *Controller) stopWorkers(js *jobState, reason string, grace time.Duration) {
-	for _, a := range js.round.GetNodes() {
-		if !terminalWorker(js.workers[a.GetNode()].GetState()) {
-			c.sendStop(a.GetNode(), &rdzvv1.StopWorkers{Job: js.rec.GetSpec().GetName(), Generation: js.rec.GetGeneration(), Reason: reason}, grace)
+	for _, a := range js.members.Round().GetNodes() {
+		if !lifecycle.TerminalWorker(js.members.Worker(a.GetNode()).GetState()) {
+			c.nodes.sendStop(a.GetNode(), &rdzvv1.StopWorkers{Job: js.rec.GetSpec().GetName(), Generation: js.rec.GetGeneration(), Reason: reason}, grace)
 		}
 	}
 }
 
 // endWorkers is stopWorkers for a job that finished, saying so: an agent
-// then drops the job's warm standby at once. A warm job's nodes are told
-// even where its workers have exited: a standby outlives the generation
-// it was started beside, waiting for the next one, and without word of
-// the end it held the job's preloaded Python for a minute (standbyLinger
-// in agent/warm.go) after every job that failed or was stopped. Callers
-// hold c.mu.
+// then drops what it keeps for the job's next generation, at once. A warm
+// job's nodes are told even where its workers have exited: a standby
+// outlives the generation it was started beside, waiting for the next
+// one, and without word of the end it held the job's preloaded Python for
+// a minute (standbyLinger in agent/warm.go) after every job that failed or
+// was stopped. So are the nodes that hold the job's in-memory checkpoints,
+// in its round or not (an earlier generation's, a replica): their shared
+// memory is freed only on that word, or when their agent next starts.
+// Callers hold c.mu.
 func (c *Controller) endWorkers(js *jobState, reason string) {
-	warm := c.warm(js.rec.GetSpec().GetName())
-	for _, a := range js.round.GetNodes() {
-		if warm || !terminalWorker(js.workers[a.GetNode()].GetState()) {
-			c.sendStop(a.GetNode(), &rdzvv1.StopWorkers{Job: js.rec.GetSpec().GetName(), Generation: js.rec.GetGeneration(), Reason: reason, JobEnded: true}, 0)
+	name := js.rec.GetSpec().GetName()
+	warm, memory := c.jobs.warm(name), js.rec.GetSpec().GetCheckpointMemory() != nil
+	end := func(node string) {
+		c.nodes.sendStop(node, &rdzvv1.StopWorkers{Job: name, Generation: js.rec.GetGeneration(), Reason: reason, JobEnded: true}, 0)
+	}
+	for _, a := range js.members.Round().GetNodes() {
+		if warm || memory || !lifecycle.TerminalWorker(js.members.Worker(a.GetNode()).GetState()) {
+			end(a.GetNode())
+		}
+	}
+	for node := range js.memHeld {
+		if !js.members.Member(node) {
+			end(node)
 		}
 	}
 }

@@ -176,9 +176,10 @@ func (c *Controller) listJobs(req *rdzvv1.ListJobsRequest) (*rdzvv1.ListJobsResp
 		}
 	}
 	sortKeyed(items)
-	view := c.jobView
+	now := c.clock.Now()
+	view := func(js *jobState) *rdzvv1.Job { return js.apiView(now) }
 	if req.GetView() != rdzvv1.JobView_JOB_VIEW_FULL {
-		view = func(js *jobState) *rdzvv1.Job { return summarize(c.jobView(js)) }
+		view = func(js *jobState) *rdzvv1.Job { return summarize(js.apiView(now)) }
 	}
 	jobs, next := fillPage(jobsToken, items, pageSize(req.GetPageSize(), defaultJobPageSize, maxJobPageSize), view)
 	return &rdzvv1.ListJobsResponse{Jobs: jobs, NextPageToken: next}, nil
@@ -215,7 +216,7 @@ func (c *Controller) listNodes(req *rdzvv1.ListNodesRequest) (*rdzvv1.ListNodesR
 		items = append(items, keyed[*nodeState]{name, ns})
 	}
 	sortKeyed(items)
-	nodes, next := fillPage(nodesToken, items, pageSize(req.GetPageSize(), defaultNodePageSize, maxNodePageSize), c.nodeView)
+	nodes, next := fillPage(nodesToken, items, pageSize(req.GetPageSize(), defaultNodePageSize, maxNodePageSize), (*nodeState).apiView)
 	return &rdzvv1.ListNodesResponse{Nodes: nodes, NextPageToken: next}, nil
 }
 
@@ -281,7 +282,7 @@ func (c *Controller) summarizeNodes(req *rdzvv1.SummarizeNodesRequest) *rdzvv1.S
 	resp.AttentionTotal = int32(len(attention))
 	sortKeyed(attention)
 	for _, k := range attention[:min(len(attention), maxAttention)] {
-		resp.Attention = append(resp.Attention, c.nodeView(k.item))
+		resp.Attention = append(resp.Attention, k.item.apiView())
 	}
 	for _, sc := range states {
 		resp.States = append(resp.States, sc)

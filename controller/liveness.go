@@ -49,7 +49,7 @@ func (c *Controller) checkLiveness() (next time.Time) {
 	defer c.mu.Unlock()
 	now := c.clock.Now()
 	policy := c.cfg.Heartbeat.policy()
-	votes, reporters := c.gossipVotes()
+	votes, reporters := c.nodes.gossipVotes()
 	lag := c.lag.Max(now)
 	warned := 0
 	for name, ns := range c.nodes {
@@ -106,10 +106,10 @@ func (c *Controller) markLost(name string, ns *nodeState, now, lastSeen time.Tim
 	rec.RestartHoldUntil = nil
 	ns.accused = false // peers were right: no doubt when it comes back
 	c.metrics.nodesLost.Inc()
-	c.persist(putNode(c.store, ns, rec, ns.info.decode(), c.event(ns.job, name, ns.generation, EventNodeLost, "node %s lost: %s", name, reason)), nil)
+	c.writes.persist(putNode(c.store, ns, rec, ns.info.decode(), c.event(ns.job, name, ns.generation, EventNodeLost, "node %s lost: %s", name, reason)), nil)
 	loss := health.Loss{
 		At: now, LastSeen: lastSeen, Heard: ns.heard, ElectedAt: c.electedAt, HoldUntil: ns.restartHold,
-		Gossips: ns.info.gossipAddr != "", Unreachable: c.unreachableTo(name), WatchersCut: c.watchersCut(name, ns.job, ns.generation),
+		Gossips: ns.info.gossipAddr != "", Unreachable: c.nodes.unreachableTo(name), WatchersCut: c.watchersCut(name, ns.job, ns.generation),
 	}
 	ns.fencedBy, ns.lost = c.cfg.Heartbeat.policy().FencedBy(loss), nil
 	if loss.WatchersCut.IsZero() && ns.job != "" && ns.generation != 0 {

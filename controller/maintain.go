@@ -78,13 +78,13 @@ func (c *Controller) prune(ctx context.Context) {
 	sort.Slice(finished, func(i, j int) bool {
 		return finished[i].rec.GetFinishedAt().AsTime().After(finished[j].rec.GetFinishedAt().AsTime())
 	})
-	held := c.heldJobs()
+	held := c.nodes.heldJobs()
 	for i, js := range finished {
 		name := js.rec.GetSpec().GetName()
 		if i < r.MaxFinishedJobs && now.Sub(js.rec.GetFinishedAt().AsTime()) <= r.FinishedJobMaxAge.Duration || held[name] != "" {
 			continue
 		}
-		c.persist(c.dropJob(js), nil)
+		c.writes.persist(c.dropJob(js), nil)
 		c.log.Info("finished job deleted (retention)", zap.String("job", name), zap.Time("finished_at", js.rec.GetFinishedAt().AsTime()))
 	}
 	c.pruneNodes(now)
@@ -126,7 +126,7 @@ func (c *Controller) pruneNodes(now time.Time) {
 			continue
 		}
 		delete(c.nodes, name)
-		c.persist(c.store.DeleteNode(name, c.event("", name, 0, EventNodeDeleted, "node %s deleted: lost for %s, longer than retention.lost_node_max_age (%s)",
+		c.writes.persist(c.store.DeleteNode(name, c.event("", name, 0, EventNodeDeleted, "node %s deleted: lost for %s, longer than retention.lost_node_max_age (%s)",
 			name, lostFor.Round(time.Second), maxAge)), nil)
 		c.log.Info("lost node deleted (retention)", zap.String("node", name), zap.Duration("lost_for", lostFor))
 	}

@@ -116,11 +116,11 @@ func (p memPlan) sources(node string, rank, ppn uint32, addr func(node string) s
 // nodes, whether it resumes from memory, and returns the event saying which
 // source it uses (nil when checkpoint.memory is off or there is nothing to
 // resume). It seals what is held of the generation ending (sealMemory).
-// Callers hold c.mu, before js.round becomes the new round.
+// Callers hold c.mu, before js.members.Round() becomes the new round.
 func (c *Controller) planMemory(js *jobState, gen uint64, nodes int) (*memPlan, *rdzvv1.Event) {
 	spec := js.rec.GetSpec()
 	name := spec.GetName()
-	if spec.GetCheckpointMemory() == nil || js.round == nil {
+	if spec.GetCheckpointMemory() == nil || js.members.Round() == nil {
 		return nil, nil
 	}
 	js.memSealed = sealMemory(js.memHeld, js.rec.GetGeneration())
@@ -128,7 +128,7 @@ func (c *Controller) planMemory(js *jobState, gen uint64, nodes int) (*memPlan, 
 	if cp := js.rec.GetLatestCheckpoint(); cp != nil {
 		durable = fmt.Sprintf("from durable checkpoint step %d", cp.GetStep())
 	}
-	if prev := len(js.round.GetNodes()); prev != nodes {
+	if prev := len(js.members.Round().GetNodes()); prev != nodes {
 		return nil, c.event(name, "", gen, EventResumeDurable, "generation %d resumes %s: the world changed (%d nodes, was %d), so in-memory shards do not fit", gen, durable, nodes, prev)
 	}
 	world := uint32(nodes) * spec.GetProcsPerNode()
@@ -230,7 +230,7 @@ func (js *jobState) memoryHeld(node string, held []*rdzvv1.MemoryHeld) {
 		return
 	}
 	held = sealedOnly(held, js.rec.GetGeneration(), js.memSealed)
-	if js.rec.GetState() != rdzvv1.JobState_JOB_STATE_RUNNING || !js.member(node) {
+	if js.rec.GetState() != rdzvv1.JobState_JOB_STATE_RUNNING || !js.members.Member(node) {
 		held = knownOnly(held, js.rec.GetGeneration(), js.memHeld[node])
 	}
 	js.setMemoryHeld(node, held)
@@ -264,13 +264,12 @@ func (js *jobState) setMemoryHeld(node string, held []*rdzvv1.MemoryHeld) {
 
 // replicaPeers are the nodes a copies its shards to: those of the next
 // replicas node ranks of round, wrapping, that have a peer address.
-// Callers hold c.mu.
-func (c *Controller) replicaPeers(round *rdzvv1.Round, a *rdzvv1.NodeAssignment, replicas int) []*rdzvv1.ReplicaPeer {
+func (nt nodeTable) replicaPeers(round *rdzvv1.Round, a *rdzvv1.NodeAssignment, replicas int) []*rdzvv1.ReplicaPeer {
 	nodes := round.GetNodes()
 	var out []*rdzvv1.ReplicaPeer
 	for i := 1; i <= replicas && i < len(nodes); i++ {
 		peer := nodes[(int(a.GetNodeRank())+i)%len(nodes)].GetNode()
-		if ns := c.nodes[peer]; ns != nil && ns.info.peerAddr != "" {
+		if ns := nt[peer]; ns != nil && ns.info.peerAddr != "" {
 			out = append(out, &rdzvv1.ReplicaPeer{Node: peer, Addr: ns.info.peerAddr})
 		}
 	}

@@ -102,10 +102,10 @@ func TestMemPlanSources(t *testing.T) {
 // reports, late, on resuming.
 func TestRegisterMemory(t *testing.T) {
 	memJob := func(state rdzvv1.JobState) *jobState {
-		return &jobState{rec: &rdzvv1.Job{Spec: &rdzvv1.JobSpec{Name: "train", CheckpointMemory: &rdzvv1.CheckpointMemorySpec{Replicas: 1}},
+		return withMembers(&jobState{rec: &rdzvv1.Job{Spec: &rdzvv1.JobSpec{Name: "train", CheckpointMemory: &rdzvv1.CheckpointMemorySpec{Replicas: 1}},
 			Generation: 1, State: state},
-			round:   &rdzvv1.Round{Nodes: []*rdzvv1.NodeAssignment{{Node: "a"}, {Node: "b", NodeRank: 1}}},
-			memHeld: map[string][]*rdzvv1.MemoryHeld{"a": {held(1, 30, 0, 1)}, "b": {held(1, 30, 2, 3, 0, 1)}}}
+			memHeld: map[string][]*rdzvv1.MemoryHeld{"a": {held(1, 30, 0, 1)}, "b": {held(1, 30, 2, 3, 0, 1)}}},
+			&rdzvv1.Round{Nodes: []*rdzvv1.NodeAssignment{{Node: "a"}, {Node: "b", NodeRank: 1}}}, nil)
 	}
 	for _, tc := range []struct {
 		name       string
@@ -138,7 +138,7 @@ func TestRegisterMemory(t *testing.T) {
 				state = rdzvv1.JobState_JOB_STATE_RECOVERING
 			}
 			c := &Controller{jobs: map[string]*jobState{"train": memJob(state), "plain": plain}}
-			c.registerMemory("b", tc.reg)
+			c.jobs.registerMemory("b", tc.reg)
 			require.Equal(t, tc.want, c.jobs["train"].memHeld)
 			require.Nil(t, plain.memHeld, "a job without checkpoint.memory keeps no holdings")
 		})
@@ -190,11 +190,11 @@ func TestMemorySealedAtCommit(t *testing.T) {
 // (TestRegisterMemory); shards of generations the last commit sealed stay
 // filtered.
 func TestExitMemory(t *testing.T) {
-	js := &jobState{rec: &rdzvv1.Job{Spec: &rdzvv1.JobSpec{Name: "train", CheckpointMemory: &rdzvv1.CheckpointMemorySpec{Replicas: 1}},
+	js := withMembers(&jobState{rec: &rdzvv1.Job{Spec: &rdzvv1.JobSpec{Name: "train", CheckpointMemory: &rdzvv1.CheckpointMemorySpec{Replicas: 1}},
 		Generation: 2, State: rdzvv1.JobState_JOB_STATE_RECOVERING},
-		round:     &rdzvv1.Round{Nodes: []*rdzvv1.NodeAssignment{{Node: "a"}, {Node: "b", NodeRank: 1}}},
 		memHeld:   map[string][]*rdzvv1.MemoryHeld{"a": {held(2, 30, 0, 1, 2, 3)}, "b": {held(2, 30, 2, 3, 0, 1)}},
-		memSealed: map[memKey][]uint32{{1, 10}: {0, 1, 2, 3}}}
+		memSealed: map[memKey][]uint32{{1, 10}: {0, 1, 2, 3}}},
+		&rdzvv1.Round{Nodes: []*rdzvv1.NodeAssignment{{Node: "a"}, {Node: "b", NodeRank: 1}}}, nil)
 
 	js.memoryHeld("b", []*rdzvv1.MemoryHeld{held(2, 30, 2, 3, 0, 1), held(2, 34, 2, 3, 0, 1)})
 	require.Equal(t, []*rdzvv1.MemoryHeld{held(2, 30, 2, 3, 0, 1)}, js.memHeld["b"], "a progress report while recovering adds nothing")
@@ -240,11 +240,11 @@ func TestExitMemoryTakenFrom(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			before := map[string][]*rdzvv1.MemoryHeld{"b": {held(2, 30, 2, 3)}}
-			js := &jobState{rec: &rdzvv1.Job{Spec: &rdzvv1.JobSpec{Name: "train", CheckpointMemory: &rdzvv1.CheckpointMemorySpec{Replicas: 1}},
+			js := withMembers(&jobState{rec: &rdzvv1.Job{Spec: &rdzvv1.JobSpec{Name: "train", CheckpointMemory: &rdzvv1.CheckpointMemorySpec{Replicas: 1}},
 				Generation: 2, State: rdzvv1.JobState_JOB_STATE_RECOVERING},
-				round:   &rdzvv1.Round{Nodes: []*rdzvv1.NodeAssignment{{Node: "a"}, {Node: "b", NodeRank: 1}}},
-				memHeld: map[string][]*rdzvv1.MemoryHeld{"b": before["b"]},
-				workers: map[string]*rdzvv1.WorkerStatus{tc.node: {State: tc.reported}}}
+				memHeld: map[string][]*rdzvv1.MemoryHeld{"b": before["b"]}},
+				&rdzvv1.Round{Nodes: []*rdzvv1.NodeAssignment{{Node: "a"}, {Node: "b", NodeRank: 1}}},
+				map[string]*rdzvv1.WorkerStatus{tc.node: {State: tc.reported}})
 			state := rdzvv1.NodeState_NODE_STATE_BUSY
 			if tc.nodeLost {
 				state = rdzvv1.NodeState_NODE_STATE_LOST

@@ -284,8 +284,8 @@ func jobStateLabel(s rdzvv1.JobState) string {
 
 // failureCause is the reason label of a failed worker status: node_lost
 // when its node was declared lost, else worker_exit.
-func (c *Controller) failureCause(node string) string {
-	if ns := c.nodes[node]; ns != nil && ns.rec.GetState() == rdzvv1.NodeState_NODE_STATE_LOST {
+func (nt nodeTable) failureCause(node string) string {
+	if ns := nt[node]; ns != nil && ns.rec.GetState() == rdzvv1.NodeState_NODE_STATE_LOST {
 		return causeNodeLost
 	}
 	return causeWorkerExit

@@ -61,7 +61,7 @@ func (c *Controller) register(sess *session, reg *rdzvv1.Register) {
 			c.nodes[name] = ns
 		}
 		ns.info = ni
-		c.persist(putNode(c.store, ns, rec, info, ev), nil)
+		c.writes.persist(putNode(c.store, ns, rec, info, ev), nil)
 		c.log.Info("node registered", zap.String("node", name), zap.Int("gpus", len(info.GetGpus())),
 			zap.String("interface", info.GetNcclInterface()), zap.String("address", info.GetAddress()))
 	}
@@ -81,7 +81,7 @@ func (c *Controller) register(sess *session, reg *rdzvv1.Register) {
 		HeartbeatIntervalMs: uint32(c.cfg.Heartbeat.Interval.Milliseconds()),
 		HeartbeatTimeoutMs:  uint32(c.cfg.Heartbeat.Timeout.Milliseconds()),
 		VouchedTimeoutMs:    uint32(c.cfg.Heartbeat.VouchedTimeout.Milliseconds()),
-		GossipSeeds:         c.gossipSeeds(name),
+		GossipSeeds:         c.nodes.gossipSeeds(&c.seeds, name),
 	}}})
 
 	reported := map[string]bool{}
@@ -90,7 +90,7 @@ func (c *Controller) register(sess *session, reg *rdzvv1.Register) {
 		c.applyWorkerStatus(name, w)
 	}
 	c.resumeAssignment(ns, reported)
-	c.registerMemory(name, reg.GetMemory())
+	c.jobs.registerMemory(name, reg.GetMemory())
 	c.applyHealth(name, ns, reg.GetHealth())
 	c.wake()
 }
@@ -98,13 +98,13 @@ func (c *Controller) register(sess *session, reg *rdzvv1.Register) {
 // registerMemory replaces what node holds of every job's in-memory
 // checkpoints with what its agent registered holding: nothing after the
 // agent restarted (its replicas were in its memory), its own after a
-// reconnect, and a new leader's first knowledge of them. Callers hold c.mu.
-func (c *Controller) registerMemory(node string, held []*rdzvv1.JobMemoryHeld) {
+// reconnect, and a new leader's first knowledge of them.
+func (jt jobTable) registerMemory(node string, held []*rdzvv1.JobMemoryHeld) {
 	by := make(map[string][]*rdzvv1.MemoryHeld, len(held))
 	for _, h := range held {
 		by[h.GetJob()] = h.GetHeld()
 	}
-	for name, js := range c.jobs {
+	for name, js := range jt {
 		if js.memHeld[node] != nil || by[name] != nil {
 			js.memoryHeld(node, by[name])
 		}
@@ -126,7 +126,7 @@ func (c *Controller) resumeAssignment(ns *nodeState, reported map[string]bool) {
 		return
 	}
 	js := c.jobs[ns.job]
-	if js == nil || js.rec.GetGeneration() != ns.generation || js.round == nil {
+	if js == nil || js.rec.GetGeneration() != ns.generation || js.members.Round() == nil {
 		return
 	}
 	name := ns.info.name
@@ -140,14 +140,14 @@ func (c *Controller) resumeAssignment(ns *nodeState, reported map[string]bool) {
 		})
 		return
 	}
-	switch js.workers[name].GetState() {
+	switch js.members.Worker(name).GetState() {
 	case rdzvv1.WorkerState_WORKER_STATE_UNSPECIFIED, rdzvv1.WorkerState_WORKER_STATE_ASSIGNED:
 		// The round may have been decided but not written yet. To this node
 		// alone: the others have theirs.
-		round := js.round
+		round := js.members.Round()
 		for _, a := range round.GetNodes() {
 			if a.GetNode() == name {
-				c.afterDurable(func() { c.sendAssignment(js, round, a) })
+				c.writes.afterDurable(func() { c.sendAssignment(js, round, a) })
 			}
 		}
 	case rdzvv1.WorkerState_WORKER_STATE_RUNNING:
@@ -183,7 +183,7 @@ func (c *Controller) agentRestarting(node string, sess *session, r *rdzvv1.Agent
 	rec := proto.Clone(ns.rec).(*rdzvv1.Node)
 	rec.RestartHoldUntil = timestamppb.New(ns.restartHold)
 	ev := c.event(ns.job, node, ns.generation, EventAgentRestarting, "agent on %s restarting; its workers run on for up to %s", node, hold)
-	c.persist(putNode(c.store, ns, rec, ns.info.decode(), ev), nil)
+	c.writes.persist(putNode(c.store, ns, rec, ns.info.decode(), ev), nil)
 }
 
 // disconnect forgets a stream unless a newer one replaced it. The node stays

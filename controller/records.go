@@ -92,7 +92,7 @@ func (c *Controller) screen(snap *store.Snapshot, now time.Time) {
 // plaintext, or a key rotation. Callers hold c.mu.
 func (c *Controller) reseal(names []string) {
 	for _, name := range names {
-		c.persist(c.store.UpdateJob(c.jobs[name].rec), func() {
+		c.writes.persist(c.store.UpdateJob(c.jobs[name].rec), func() {
 			c.log.Info("job secrets sealed with the primary key", zap.String("job", name))
 		})
 	}

@@ -19,23 +19,23 @@ const catalogSize = 32
 
 // fencedAt is when no worker of the job's current generation can still be
 // running (lifecycle.FencedAt), from what this controller knows of the
-// round's nodes. Callers hold c.mu.
-func (c *Controller) fencedAt(js *jobState) (at time.Time, ok bool) {
-	return lifecycle.FencedAt(js.round, &js.notStoppedAt, func(node string) lifecycle.Member {
-		ns := c.nodes[node]
+// round's nodes.
+func (nt nodeTable) fencedAt(js *jobState) (at time.Time, ok bool) {
+	return js.members.FencedAt(func(node string, running bool) lifecycle.Member {
+		ns := nt[node]
 		switch {
 		case ns == nil:
 			return lifecycle.Member{}
 		case ns.rec.GetState() == rdzvv1.NodeState_NODE_STATE_LOST:
 			return lifecycle.Member{FencedBy: ns.fencedBy}
 		}
-		return lifecycle.Member{Running: !terminalWorker(js.workers[node].GetState())}
+		return lifecycle.Member{Running: running}
 	})
 }
 
 // fenced reports whether the job's current generation is fenced by now.
 func (c *Controller) fenced(js *jobState) bool {
-	at, ok := c.fencedAt(js)
+	at, ok := c.nodes.fencedAt(js)
 	return ok && !c.clock.Now().Before(at)
 }
 
@@ -69,7 +69,7 @@ func (c *Controller) attemptFailed(js *jobState, cause, reason string, latency t
 	t := lifecycle.Fail(js.rec, lifecycle.Failure{Reason: reason, Latency: latency, Progressed: js.progressed}, now)
 	restarting := t.Job.GetState() == rdzvv1.JobState_JOB_STATE_RECOVERING
 	c.metrics.attemptFailed(js, cause, latency, now, restarting)
-	if at, ok := c.fencedAt(js); ok && !at.After(now) {
+	if at, ok := c.nodes.fencedAt(js); ok && !at.After(now) {
 		lifecycle.NoteFenced(t.Job, now) // every worker had exited already
 	}
 	c.apply(js, t)
@@ -97,7 +97,7 @@ func (c *Controller) progress(node string, p *rdzvv1.Progress) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	js := c.jobs[p.GetJob()]
-	if js == nil || js.rec.GetGeneration() != p.GetGeneration() || js.rec.GetState() != rdzvv1.JobState_JOB_STATE_RUNNING || !js.member(node) {
+	if js == nil || js.rec.GetGeneration() != p.GetGeneration() || js.rec.GetState() != rdzvv1.JobState_JOB_STATE_RUNNING || !js.members.Member(node) {
 		return
 	}
 	js.memoryHeld(node, p.GetMemory())
@@ -119,7 +119,7 @@ func (c *Controller) checkpoint(node string, r *rdzvv1.CheckpointReport) {
 	defer c.mu.Unlock()
 	log := c.log.With(zap.String("node", node), zap.String("job", r.GetJob()), zap.Uint64("generation", r.GetGeneration()), zap.Uint64("step", r.GetStep()))
 	js := c.jobs[r.GetJob()]
-	if js == nil || js.rec.GetGeneration() != r.GetGeneration() || js.rec.GetState() != rdzvv1.JobState_JOB_STATE_RUNNING || !js.member(node) {
+	if js == nil || js.rec.GetGeneration() != r.GetGeneration() || js.rec.GetState() != rdzvv1.JobState_JOB_STATE_RUNNING || !js.members.Member(node) {
 		log.Warn("ignoring checkpoint from a stale generation")
 		return
 	}
@@ -155,7 +155,7 @@ func (c *Controller) checkpoint(node string, r *rdzvv1.CheckpointReport) {
 	}
 	ev := c.event(r.GetJob(), node, r.GetGeneration(), EventCheckpoint, "checkpoint step %d complete (%s): %s", r.GetStep(), r.GetSource(), r.GetPath())
 	js.rec = rec
-	c.persist(c.store.RecordCheckpoint(rec, cp, keepFrom, ev), nil)
+	c.writes.persist(c.store.RecordCheckpoint(rec, cp, keepFrom, ev), nil)
 	js.catalog = append(js.catalog, r.GetStep())
 	if len(js.catalog) > catalogSize {
 		js.catalog = js.catalog[len(js.catalog)-catalogSize:]

@@ -74,17 +74,16 @@ func TestScheduleWakesWhenRecoveryMayStart(t *testing.T) {
 			if tt.peerRunning {
 				peer = rdzvv1.WorkerState_WORKER_STATE_RUNNING
 			}
-			c.jobs["train"] = &jobState{
+			c.jobs["train"] = withMembers(&jobState{
 				rec: &rdzvv1.Job{
 					Spec:  &rdzvv1.JobSpec{Name: "train", NodesMin: 1, NodesMax: 2},
 					State: rdzvv1.JobState_JOB_STATE_RECOVERING, Generation: 1, RestartNotBefore: timestamppb.New(tt.backoffEnds),
-				},
-				round: &rdzvv1.Round{Generation: 1, Nodes: []*rdzvv1.NodeAssignment{{Node: "node-a"}, {Node: "node-b", NodeRank: 1}}},
-				workers: map[string]*rdzvv1.WorkerStatus{
+				}},
+				&rdzvv1.Round{Generation: 1, Nodes: []*rdzvv1.NodeAssignment{{Node: "node-a"}, {Node: "node-b", NodeRank: 1}}},
+				map[string]*rdzvv1.WorkerStatus{
 					"node-a": {Job: "train", Generation: 1, State: peer},
 					"node-b": {Job: "train", Generation: 1, State: rdzvv1.WorkerState_WORKER_STATE_FAILED},
-				},
-			}
+				})
 			require.Equal(t, tt.want, c.schedule(context.Background()))
 		})
 	}

@@ -168,7 +168,7 @@ func (c *Controller) revoke(ctx context.Context, req *rdzvv1.RevokeCertificateRe
 	ev := c.event("", node, 0, EventCertRevoked, "%s revoked by %s (reason: %q); open connections presenting it are closed", target, r.GetRevokedBy(), r.GetReason())
 	reply := make(chan error, 1)
 	c.mu.Lock()
-	c.queueWrite(pendingWrite{ch: c.store.PutRevocation(r, ev), reply: reply, then: func() {
+	c.writes.queue(pendingWrite{ch: c.store.PutRevocation(r, ev), reply: reply, then: func() {
 		c.revoked.Add(r)
 		c.kickReverify()
 	}})
@@ -209,7 +209,7 @@ func (c *Controller) loadRevocations(entries map[string]*rdzvv1.Revocation, drop
 // expired. Callers hold c.mu.
 func (c *Controller) expireRevocations(now time.Time) {
 	for _, r := range c.revoked.Expire(now) {
-		c.persist(c.store.DeleteRevocation(r), nil)
+		c.writes.persist(c.store.DeleteRevocation(r), nil)
 		c.log.Info("revocation dropped: every certificate it revokes has expired", zap.String("target", revocationTarget(r)),
 			zap.Time("not_after", r.GetNotAfter().AsTime()))
 	}
@@ -277,5 +277,5 @@ func (c *Controller) reportRefusedReload() {
 	ev := c.event("", "", 0, EventTLSReloadRefused,
 		"controller %s refused its changed TLS files and keeps its previous certificate and CA: %v. Replace a CA in steps (docs/operating.md#replacing-the-ca): old and new CA together in %s, every certificate reissued from the new CA, then the old CA removed",
 		c.cfg.Advertised(), *p, c.cfg.TLS.CA)
-	c.persist(c.store.AppendEvent(ev), nil)
+	c.writes.persist(c.store.AppendEvent(ev), nil)
 }

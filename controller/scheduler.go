@@ -64,23 +64,23 @@ func (c *Controller) schedule(ctx context.Context) time.Time {
 	defer c.mu.Unlock()
 	now := c.clock.Now()
 	pending := c.pendingJobs(now)
-	holding := c.holdingSpares()
+	holding := c.jobs.holdingSpares()
 	warm := c.warmJobs()
 	placeIdle := len(warm) > 0 && !now.Before(c.idleAt.Add(idleStandbyEvery))
-	growing := c.growChecks()
+	growing := c.jobs.growChecks()
 	var candidates []rendezvous.Candidate
 	if len(pending) > 0 || len(holding) > 0 || placeIdle || len(growing) > 0 {
 		// Only pending jobs, spares, idle standbys and growth need them, and
 		// building them is a pass over every node: the scheduler is woken
 		// by every worker exit, N of them in a recovery.
-		candidates = c.candidates()
+		candidates = c.nodes.candidates()
 	}
 	held := holdSpares(holding, candidates)
 	switch {
 	case len(warm) == 0:
 		c.idle = nil
 	case candidates != nil:
-		c.idle, c.idleAt = placeIdleStandbys(warm, candidates, c.withRounds(held, warm), c.toldJobs()), now
+		c.idle, c.idleAt = placeIdleStandbys(warm, candidates, c.jobs.withRounds(held, warm), c.toldJobs()), now
 	}
 	c.tellSpares(held, c.idle)
 	var prefer map[string]map[string]bool
@@ -94,8 +94,8 @@ func (c *Controller) schedule(ctx context.Context) time.Time {
 		spec := js.rec.GetSpec()
 		name := spec.GetName()
 		req := requirements(spec)
-		if c.warm(name) {
-			req.Prefer = preferStandbys(prefer[name], js.round)
+		if c.jobs.warm(name) {
+			req.Prefer = preferStandbys(prefer[name], js.members.Round())
 		}
 		avail := make([]rendezvous.Candidate, 0, len(candidates))
 		heldElsewhere := 0
@@ -116,7 +116,7 @@ func (c *Controller) schedule(ctx context.Context) time.Time {
 			continue
 		}
 		window := spec.GetRendezvousLastCall().AsDuration()
-		if prev := max(len(js.round.GetNodes()), js.growTo); js.rec.GetState() == rdzvv1.JobState_JOB_STATE_RECOVERING && rendezvous.Count(req, avail) >= prev {
+		if prev := max(len(js.members.Round().GetNodes()), js.growTo); js.rec.GetState() == rdzvv1.JobState_JOB_STATE_RECOVERING && rendezvous.Count(req, avail) >= prev {
 			// As many nodes as the failed generation had (or a grow aims
 			// for) are ready: waiting for more would only lengthen the
 			// outage.
@@ -164,7 +164,7 @@ func (c *Controller) schedule(ctx context.Context) time.Time {
 		// Woken when the backoff is over and the lost nodes have fenced
 		// themselves, not at the next periodic pass: that would add up to
 		// scheduleInterval to every recovery.
-		fencedAt, ok := c.fencedAt(js)
+		fencedAt, ok := c.nodes.fencedAt(js)
 		if !ok {
 			continue // a worker's exit report wakes the loop
 		}
@@ -191,9 +191,9 @@ func (c *Controller) schedule(ctx context.Context) time.Time {
 // holdingSpares lists the jobs that hold spare nodes now (nodes.spares,
 // while running or recovering), oldest first, and forgets the spares of
 // every other job.
-func (c *Controller) holdingSpares() []*jobState {
+func (jt jobTable) holdingSpares() []*jobState {
 	var out []*jobState
-	for _, js := range c.jobs {
+	for _, js := range jt {
 		st := js.rec.GetState()
 		if js.rec.GetSpec().GetNodesSpares() == 0 || (st != rdzvv1.JobState_JOB_STATE_RUNNING && st != rdzvv1.JobState_JOB_STATE_RECOVERING) {
 			js.spares = nil
@@ -221,7 +221,7 @@ func holdSpares(holding []*jobState, candidates []rendezvous.Candidate) map[stri
 		req := requirements(spec)
 		req.Min, req.Max = 0, int(spec.GetNodesSpares())
 		if js.rec.GetState() == rdzvv1.JobState_JOB_STATE_RECOVERING {
-			req.Max += len(js.round.GetNodes())
+			req.Max += len(js.members.Round().GetNodes())
 		}
 		avail := make([]rendezvous.Candidate, 0, len(candidates))
 		for _, cand := range candidates {
@@ -277,7 +277,7 @@ func sortOldestFirst(jobs []*jobState) {
 // but likely not meant, judged against the nodes registered now.
 func (c *Controller) submitWarnings(spec *rdzvv1.JobSpec) []string {
 	c.mu.Lock()
-	candidates := c.candidates()
+	candidates := c.nodes.candidates()
 	c.mu.Unlock()
 	if w := rendezvous.GPUWarning(requirements(spec), candidates); w != "" {
 		return []string{w}
@@ -287,9 +287,9 @@ func (c *Controller) submitWarnings(spec *rdzvv1.JobSpec) []string {
 
 // candidates lists every known node; Free only for nodes that are ready,
 // connected and idle.
-func (c *Controller) candidates() []rendezvous.Candidate {
-	out := make([]rendezvous.Candidate, 0, len(c.nodes))
-	for name, ns := range c.nodes {
+func (nt nodeTable) candidates() []rendezvous.Candidate {
+	out := make([]rendezvous.Candidate, 0, len(nt))
+	for name, ns := range nt {
 		info := &ns.info
 		out = append(out, rendezvous.Candidate{
 			Name: name, Labels: info.labels, GPUs: info.gpuIndices,
@@ -362,8 +362,8 @@ func (c *Controller) commit(ctx context.Context, term uint64, name string, place
 		more = append(more, resumeEv)
 	}
 	t := lifecycle.Committed(js.rec, lifecycle.Commit{Round: round, Nodes: nodeList(placed), Resume: resume}, now)
-	js.round, js.memPlan, js.growTo = round, plan, 0
-	js.workers = map[string]*rdzvv1.WorkerStatus{}
+	js.members.Reset(round, nil)
+	js.memPlan, js.growTo = plan, 0
 	js.lastCall = rendezvous.LastCall{}
 	js.progressed = false
 	js.training.newGeneration()
@@ -386,7 +386,7 @@ func (c *Controller) sendAssignments(js *jobState, round *rdzvv1.Round) {
 // sendAssignment is sendAssignments for one node of round. Callers hold
 // c.mu.
 func (c *Controller) sendAssignment(js *jobState, round *rdzvv1.Round, a *rdzvv1.NodeAssignment) {
-	if js.round != round || c.jobs[js.rec.GetSpec().GetName()] != js {
+	if js.members.Round() != round || c.jobs[js.rec.GetSpec().GetName()] != js {
 		return
 	}
 	ns := c.nodes[a.GetNode()]
@@ -506,14 +506,14 @@ func newID() string {
 // round. Callers hold c.mu.
 func (c *Controller) assignmentOf(js *jobState, a *rdzvv1.NodeAssignment) *rdzvv1.Assignment {
 	as := &rdzvv1.Assignment{
-		Spec: js.rec.GetSpec(), Generation: js.round.GetGeneration(), NodeRank: a.GetNodeRank(),
-		Nnodes: uint32(len(js.round.GetNodes())), ProcsPerNode: js.rec.GetSpec().GetProcsPerNode(),
-		MasterAddr: js.round.GetMasterAddr(), MasterPort: js.round.GetMasterPort(), GpuIndices: a.GetGpuIndices(),
+		Spec: js.rec.GetSpec(), Generation: js.members.Round().GetGeneration(), NodeRank: a.GetNodeRank(),
+		Nnodes: uint32(len(js.members.Round().GetNodes())), ProcsPerNode: js.rec.GetSpec().GetProcsPerNode(),
+		MasterAddr: js.members.Round().GetMasterAddr(), MasterPort: js.members.Round().GetMasterPort(), GpuIndices: a.GetGpuIndices(),
 		ResumeFrom: js.rec.GetLatestCheckpoint().GetPath(), ResumeStep: js.rec.GetLatestCheckpoint().GetStep(), JobCreatedAt: js.rec.GetCreatedAt(),
-		Watch: c.watchedPeers(js.round, a),
+		Watch: c.nodes.watchedPeers(js.members.Round(), a),
 	}
 	if m := js.rec.GetSpec().GetCheckpointMemory(); m != nil {
-		as.ReplicaPeers = c.replicaPeers(js.round, a, int(m.GetReplicas()))
+		as.ReplicaPeers = c.nodes.replicaPeers(js.members.Round(), a, int(m.GetReplicas()))
 	}
 	if p := js.memPlan; p != nil {
 		as.ResumeMemoryStep, as.ResumeMemoryGeneration = p.key.step, p.key.generation
@@ -531,8 +531,8 @@ func (c *Controller) assignmentOf(js *jobState, a *rdzvv1.NodeAssignment) *rdzvv
 // ring by node rank. Every node is watched by two peers (one in a round of
 // two), so a dead node's peers know within a few probes, at a constant
 // cost per node whatever the job's size. Peers without gossip are left
-// out. Callers hold c.mu.
-func (c *Controller) watchedPeers(round *rdzvv1.Round, a *rdzvv1.NodeAssignment) []*rdzvv1.WatchedPeer {
+// out.
+func (nt nodeTable) watchedPeers(round *rdzvv1.Round, a *rdzvv1.NodeAssignment) []*rdzvv1.WatchedPeer {
 	nodes := round.GetNodes()
 	n := len(nodes)
 	var out []*rdzvv1.WatchedPeer
@@ -541,7 +541,7 @@ func (c *Controller) watchedPeers(round *rdzvv1.Round, a *rdzvv1.NodeAssignment)
 		if peer == a.GetNode() || (len(out) == 1 && out[0].GetNode() == peer) {
 			continue
 		}
-		if ns := c.nodes[peer]; ns != nil && ns.info.gossipAddr != "" {
+		if ns := nt[peer]; ns != nil && ns.info.gossipAddr != "" {
 			out = append(out, &rdzvv1.WatchedPeer{Node: peer, GossipAddr: ns.info.gossipAddr})
 		}
 	}

@@ -64,7 +64,7 @@ func (c *Controller) tellSpares(spares, idle map[string]string) {
 		case ns == nil || ns.session != told.sess:
 			// The agent's next session starts with nothing told.
 			delete(c.standbys, node)
-		case c.warm(held[node]):
+		case c.jobs.warm(held[node]):
 			// Told again below, the same job or another.
 		case ns.job == told.job:
 			// Assigned the job: the assignment takes the standby; a drop
@@ -77,7 +77,7 @@ func (c *Controller) tellSpares(spares, idle map[string]string) {
 	}
 	for node, job := range held {
 		js, ns := c.jobs[job], c.nodes[node]
-		if !c.warm(job) || ns == nil || ns.session == nil {
+		if !c.jobs.warm(job) || ns == nil || ns.session == nil {
 			continue
 		}
 		created := js.rec.GetCreatedAt().AsTime()
@@ -105,7 +105,7 @@ func (c *Controller) warmJobs() []standbyJob {
 	var warm []*jobState
 	for _, js := range c.jobs {
 		st := js.rec.GetState()
-		if (st == rdzvv1.JobState_JOB_STATE_RUNNING || st == rdzvv1.JobState_JOB_STATE_RECOVERING) && c.warm(js.rec.GetSpec().GetName()) {
+		if (st == rdzvv1.JobState_JOB_STATE_RUNNING || st == rdzvv1.JobState_JOB_STATE_RECOVERING) && c.jobs.warm(js.rec.GetSpec().GetName()) {
 			warm = append(warm, js)
 		}
 	}
@@ -122,12 +122,12 @@ func (c *Controller) warmJobs() []standbyJob {
 // jobs' current rounds, for placeIdleStandbys: such a node keeps its own
 // job's standby (the agent starts one as each generation starts, and
 // drops it when told the job ended), so one whose workers finished before
-// the others' is no idle node to tell. Callers hold c.mu.
-func (c *Controller) withRounds(held map[string]string, jobs []standbyJob) map[string]string {
+// the others' is no idle node to tell.
+func (jt jobTable) withRounds(held map[string]string, jobs []standbyJob) map[string]string {
 	out := make(map[string]string, len(held))
 	maps.Copy(out, held)
 	for _, j := range jobs {
-		for _, a := range c.jobs[j.name].round.GetNodes() {
+		for _, a := range jt[j.name].members.Round().GetNodes() {
 			if out[a.GetNode()] == "" {
 				out[a.GetNode()] = j.name
 			}
@@ -175,10 +175,9 @@ func preferStandbys(told map[string]bool, round *rdzvv1.Round) map[string]bool {
 	return prefer
 }
 
-// warm reports whether job exists and is of launcher.kind warm. Callers
-// hold c.mu.
-func (c *Controller) warm(job string) bool {
-	js := c.jobs[job]
+// warm reports whether job exists and is of launcher.kind warm.
+func (jt jobTable) warm(job string) bool {
+	js := jt[job]
 	return js != nil && js.rec.GetSpec().GetLauncherKind() == jobspec.KindWarm
 }
 

@@ -4,6 +4,7 @@ package controller
 
 import (
 	"slices"
+	"time"
 
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/timestamppb"
@@ -13,23 +14,24 @@ import (
 	rdzvv1 "github.com/rdzv/rdzv/proto/rdzv/v1"
 )
 
-// jobView is the API form of a job: its record plus the current round's
-// assignments and worker states.
-func (c *Controller) jobView(js *jobState) *rdzvv1.Job {
+// apiView is the API form of a job at now: its record plus the current
+// round's assignments and worker states.
+func (js *jobState) apiView(now time.Time) *rdzvv1.Job {
 	j := proto.Clone(js.rec).(*rdzvv1.Job)
 	j.Spec = jobspec.RedactSpec(j.GetSpec())
 	// Totals up to now, while still showing which interval is open.
-	lifecycle.CloseInterval(j, c.clock.Now())
+	lifecycle.CloseInterval(j, now)
 	j.RecoveryStartedAt, j.TrainingSince = js.rec.GetRecoveryStartedAt(), js.rec.GetTrainingSince()
 	j.Spares = slices.Clone(js.spares)
 	viewTraining(j, js)
-	if js.round == nil || js.round.GetGeneration() != js.rec.GetGeneration() {
+	round := js.members.Round()
+	if round == nil || round.GetGeneration() != js.rec.GetGeneration() {
 		return j
 	}
-	for _, a := range js.round.GetNodes() {
+	for _, a := range round.GetNodes() {
 		v := proto.Clone(a).(*rdzvv1.NodeAssignment)
 		v.State = rdzvv1.WorkerState_WORKER_STATE_ASSIGNED
-		if w := js.workers[a.GetNode()]; w != nil {
+		if w := js.members.Worker(a.GetNode()); w != nil {
 			v.State, v.ExitCode, v.Signal, v.Message = w.GetState(), w.GetExitCode(), w.GetSignal(), w.GetMessage()
 		}
 		j.Assignments = append(j.Assignments, v)
@@ -37,14 +39,14 @@ func (c *Controller) jobView(js *jobState) *rdzvv1.Job {
 	return j
 }
 
-// nodeView is the API form of a node, with the in-memory liveness and job.
+// apiView is the API form of a node, with the in-memory liveness and job.
 // It shares the record's messages rather than copying them: a node record
 // is never changed in place, only replaced (as ns.health is), and a deep
 // copy of every node listed would be most of a large listing's time and
 // garbage under c.mu. The registration, kept encoded
 // (nodeInfo), is decoded afresh. TestNodeViewKeepsEveryField makes a field
 // added to Node come here too.
-func (c *Controller) nodeView(ns *nodeState) *rdzvv1.Node {
+func (ns *nodeState) apiView() *rdzvv1.Node {
 	r := ns.rec
 	seen := ns.lastSeen
 	if ns.session != nil {
@@ -79,16 +81,4 @@ func viewState(ns *nodeState) rdzvv1.NodeState {
 		return rdzvv1.NodeState_NODE_STATE_DRAINED
 	}
 	return s
-}
-
-func stateName(s rdzvv1.JobState) string {
-	name := s.String()
-	if v, ok := rdzvv1.JobState_name[int32(s)]; ok {
-		name = v
-	}
-	const prefix = "JOB_STATE_"
-	if len(name) > len(prefix) {
-		return name[len(prefix):]
-	}
-	return name
 }

@@ -12,7 +12,7 @@ import (
 	rdzvv1 "github.com/rdzv/rdzv/proto/rdzv/v1"
 )
 
-// nodeView builds the API's node field by field, sharing the record's
+// apiView builds the API's node field by field, sharing the record's
 // messages and decoding its registration: every field of a record with all of them set reaches the
 // view, those the controller keeps in memory from memory, the rest as
 // recorded. A field added to Node fails here until the view shows it.
@@ -41,7 +41,7 @@ func TestNodeViewKeepsEveryField(t *testing.T) {
 	ns := testNode(t, rec)
 	ns.lastSeen, ns.job, ns.generation, ns.health = time.Unix(5, 0), "train", 7, health
 
-	view := (&Controller{}).nodeView(ns)
+	view := ns.apiView()
 	v := view.ProtoReflect()
 	for i := range fields.Len() {
 		require.True(t, v.Has(fields.Get(i)), "the view drops %s", fields.Get(i).Name())
@@ -63,7 +63,7 @@ func TestNodeViewKeepsEveryField(t *testing.T) {
 }
 
 // BenchmarkNodeView is one node of a listing as the API builds it, its
-// registration decoded, against the deep copy of its record that nodeView
+// registration decoded, against the deep copy of its record that apiView
 // made before the registration was kept encoded (the baseline, in the same
 // run): an 8-GPU node as the agent's discovery describes it.
 func BenchmarkNodeView(b *testing.B) {
@@ -78,7 +78,6 @@ func BenchmarkNodeView(b *testing.B) {
 	rec := &rdzvv1.Node{Info: info, State: rdzvv1.NodeState_NODE_STATE_READY, RegisteredAt: now, StateChangedAt: now}
 	ns := testNode(b, rec)
 	ns.lastSeen = time.Now()
-	c := &Controller{}
 	b.Run("deep copy (before)", func(b *testing.B) {
 		b.ReportAllocs()
 		for b.Loop() {
@@ -89,7 +88,7 @@ func BenchmarkNodeView(b *testing.B) {
 	b.Run("view", func(b *testing.B) {
 		b.ReportAllocs()
 		for b.Loop() {
-			c.nodeView(ns)
+			ns.apiView()
 		}
 	})
 }

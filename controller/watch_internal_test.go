@@ -40,7 +40,7 @@ func TestWatchedPeers(t *testing.T) {
 			}
 			for r, want := range tt.want {
 				var got []string
-				for _, p := range c.watchedPeers(round, round.GetNodes()[r]) {
+				for _, p := range c.nodes.watchedPeers(round, round.GetNodes()[r]) {
 					require.Equal(t, c.nodes[p.GetNode()].info.gossipAddr, p.GetGossipAddr())
 					got = append(got, p.GetNode())
 				}

@@ -3,6 +3,7 @@ package controller
 import (
 	"context"
 	"slices"
+	"sync"
 	"time"
 
 	"github.com/rdzv/rdzv/controller/store"
@@ -28,7 +29,8 @@ import (
 // writes before it), what to do once it is durable, and who waits for it.
 type pendingWrite struct {
 	ch *store.Change
-	// then runs under c.mu once ch and everything before it is durable.
+	// then runs under the Controller's mu once ch and everything before it
+	// is durable.
 	then  func()
 	reply chan error
 	// lazy marks a change no one waits on that a change soon to follow may
@@ -44,19 +46,38 @@ type pendingWrite struct {
 // has the reports stored soon.
 const lazyWait = 5 * time.Second
 
-// writer is the queue of one lead; a new lead starts a new one. Its
-// writer, writeLoop, runs for the lead's life.
-type writer struct{ q *wire.Queue[pendingWrite] }
+// writer persists one lead's decisions in order; a new lead starts a new
+// one. Its queue takes changes from whoever decides (holding the
+// Controller's mu); its one goroutine, run, commits them for the lead's
+// life and runs what waits on them under mu. A nil writer (not leading)
+// refuses everything: the view that made the decision is dropped before
+// the next lead.
+type writer struct {
+	q     *wire.Queue[pendingWrite]
+	store *store.Store
+	// mu is the Controller's: then runs under it.
+	mu *sync.Mutex
+	// failed is told, under mu, of the write that failed (the lead steps
+	// down).
+	failed func(what string, err error)
+}
 
-func newWriter() *writer { return &writer{q: wire.NewQueue[pendingWrite](0)} }
+func newWriter(st *store.Store, mu *sync.Mutex, failed func(what string, err error)) *writer {
+	return &writer{q: wire.NewQueue[pendingWrite](0), store: st, mu: mu, failed: failed}
+}
 
-func (w *writer) push(p pendingWrite) {
+// queue adds p behind everything queued before it.
+func (w *writer) queue(p pendingWrite) {
+	if w == nil {
+		if p.reply != nil {
+			p.reply <- store.ErrNotLeader
+		}
+		return
+	}
 	if _, err := w.q.Put(p); err != nil && p.reply != nil {
 		p.reply <- err
 	}
 }
-
-func (w *writer) take() []pendingWrite { return w.q.Take() }
 
 // fail refuses everything queued and everything pushed from now on.
 func (w *writer) fail(err error, inFlight []pendingWrite) {
@@ -68,69 +89,58 @@ func (w *writer) fail(err error, inFlight []pendingWrite) {
 }
 
 // persist queues ch behind every change queued before it; then, if not
-// nil, runs under c.mu once it is durable. Callers hold c.mu and have
-// applied the change to memory already.
-func (c *Controller) persist(ch *store.Change, then func()) {
-	c.queueWrite(pendingWrite{ch: ch, then: then})
+// nil, runs under mu once it is durable. The caller has applied the change
+// to memory already.
+func (w *writer) persist(ch *store.Change, then func()) {
+	w.queue(pendingWrite{ch: ch, then: then})
 }
 
 // persistLazy is persist for a change that no one waits on and that the
 // next round's commit is likely to make moot: a report of the failed
 // generation's workers having stopped, which that commit supersedes with
-// the rest of the job's worker records (store.CommitRound). Unless something that must be written
-// queues behind it, it waits up to lazyWait, so that the commit finds it
-// still queued and it is never written (elideSuperseded). Written or not,
-// nothing is lost: the agent reports its workers again whenever it
-// registers, and a controller that takes over without the report
-// treats the node's workers as maybe running, as before the report.
-func (c *Controller) persistLazy(ch *store.Change) {
-	c.queueWrite(pendingWrite{ch: ch, lazy: true, held: time.Now()})
+// the rest of the job's worker records (store.CommitRound). Unless
+// something that must be written queues behind it, it waits up to
+// lazyWait, so that the commit finds it still queued and it is never
+// written (elideSuperseded). Written or not, nothing is lost: the agent
+// reports its workers again whenever it registers, and a controller that
+// takes over without the report treats the node's workers as maybe
+// running, as before the report.
+func (w *writer) persistLazy(ch *store.Change) {
+	w.queue(pendingWrite{ch: ch, lazy: true, held: time.Now()})
 }
 
 // persistWait is persist for an API call, whose answer must wait until the
-// change is durable: the caller waits on the channel after releasing c.mu.
-func (c *Controller) persistWait(ch *store.Change) <-chan error {
+// change is durable: the caller waits on the channel after releasing mu.
+func (w *writer) persistWait(ch *store.Change) <-chan error {
 	reply := make(chan error, 1)
-	c.queueWrite(pendingWrite{ch: ch, reply: reply})
+	w.queue(pendingWrite{ch: ch, reply: reply})
 	return reply
 }
 
-// barrier is answered once every change queued so far is durable. Callers
-// hold c.mu and wait on it after releasing it.
-func (c *Controller) barrier() <-chan error {
+// barrier is answered once every change queued so far is durable; the
+// caller waits on it after releasing mu.
+func (w *writer) barrier() <-chan error {
 	reply := make(chan error, 1)
-	c.queueWrite(pendingWrite{reply: reply})
+	w.queue(pendingWrite{reply: reply})
 	return reply
+}
+
+// afterDurable runs then under mu once every change queued so far is
+// durable: for messages that rest on state decided but maybe not yet
+// written (an assignment re-sent to a reconnecting agent).
+func (w *writer) afterDurable(then func()) {
+	w.queue(pendingWrite{then: then})
 }
 
 // settle waits until every decision made so far is durable.
 func (c *Controller) settle(ctx context.Context) error {
 	c.mu.Lock()
-	reply := c.barrier()
+	reply := c.writes.barrier()
 	c.mu.Unlock()
 	return await(ctx, reply)
 }
 
-// afterDurable runs then under c.mu once every change queued so far is
-// durable: for messages that rest on state decided but maybe not yet
-// written (an assignment re-sent to a reconnecting agent).
-func (c *Controller) afterDurable(then func()) {
-	c.queueWrite(pendingWrite{then: then})
-}
-
-func (c *Controller) queueWrite(p pendingWrite) {
-	if c.writes == nil {
-		// Not leading: nothing may be written, and the view that made this
-		// decision is dropped before the next lead.
-		if p.reply != nil {
-			p.reply <- store.ErrNotLeader
-		}
-		return
-	}
-	c.writes.push(p)
-}
-
-// await waits for a persistWait answer without holding c.mu.
+// await waits for a persistWait answer without holding the Controller's mu.
 func await(ctx context.Context, reply <-chan error) error {
 	select {
 	case err := <-reply:
@@ -149,11 +159,11 @@ func holdUntil(queued []pendingWrite) time.Time {
 	return queued[0].held.Add(lazyWait)
 }
 
-// writeLoop is the writer of one lead, until ctx ends or a write fails.
-// Lazy changes wait in queued, up to lazyWait, until something else comes.
-// Their wait is the writer's own pacing, not the cluster's time, so it
-// runs on the real clock.
-func (c *Controller) writeLoop(ctx context.Context, w *writer) {
+// run writes for one lead, until ctx ends or a write fails. Lazy changes
+// wait in queued, up to lazyWait, until something else comes. Their wait
+// is the writer's own pacing, not the cluster's time, so it runs on the
+// real clock.
+func (w *writer) run(ctx context.Context) {
 	var (
 		queued []pendingWrite
 		hold   = time.NewTimer(time.Hour)
@@ -169,7 +179,7 @@ func (c *Controller) writeLoop(ctx context.Context, w *writer) {
 		case <-wake:
 		case <-hold.C:
 		}
-		queued = appendElided(queued, w.take())
+		queued = appendElided(queued, w.q.Take())
 		for len(queued) > 0 {
 			if until := holdUntil(queued); !until.IsZero() {
 				if wait := time.Until(until); wait > 0 {
@@ -187,28 +197,28 @@ func (c *Controller) writeLoop(ctx context.Context, w *writer) {
 			}
 			done := max(len(changes), 1)
 			if len(changes) > 0 {
-				n, _, err := c.store.Commit(ctx, changes)
+				n, _, err := w.store.Commit(ctx, changes)
 				if err != nil {
-					c.mu.Lock()
-					c.writeFailed(changes[0].String(), err)
-					c.mu.Unlock()
+					w.mu.Lock()
+					w.failed(changes[0].String(), err)
+					w.mu.Unlock()
 					w.fail(err, queued)
 					return
 				}
 				done = n
 			}
-			// c.mu only if something is to run under it: during a
+			// mu only if something is to run under it: during a
 			// recovery a report per node queues for it, and a writer
 			// waiting its turn behind them after every transaction of
 			// theirs would delay the next round's commit.
 			if slices.ContainsFunc(queued[:done], func(p pendingWrite) bool { return p.then != nil }) {
-				c.mu.Lock()
+				w.mu.Lock()
 				for _, p := range queued[:done] {
 					if p.then != nil {
 						p.then()
 					}
 				}
-				c.mu.Unlock()
+				w.mu.Unlock()
 			}
 			for _, p := range queued[:done] {
 				if p.reply != nil {
@@ -218,7 +228,7 @@ func (c *Controller) writeLoop(ctx context.Context, w *writer) {
 			// What queued meanwhile joins the rest now, not after it:
 			// a round's commit then elides the reports still waiting
 			// ahead of it.
-			queued = appendElided(queued[done:], w.take())
+			queued = appendElided(queued[done:], w.q.Take())
 		}
 	}
 }
