@@ -103,8 +103,8 @@ func TestOnWorkerReport(t *testing.T) {
 		prev rdzvv1.WorkerState
 		// other is the other node's workers' state (default assigned).
 		other rdzvv1.WorkerState
-		w    *rdzvv1.WorkerStatus
-		want Report // Events checked by kind only, in wantEvents
+		w     *rdzvv1.WorkerStatus
+		want  Report // Events checked by kind only, in wantEvents
 		// wantEvents are the kinds of the events recorded with the report.
 		wantEvents []string
 	}{
