@@ -114,5 +114,5 @@ func (c *Controller) agentMessage(sess *session, m *rdzvv1.ConnectRequest) {
 	// handled: behind the lock, when thousands of worker reports
 	// queue for it at once. Real time, like the runtime's own
 	// account of waits (lag.go): it measures this host's work.
-	c.heldUp.note(time.Since(handling))
+	c.lag.heldUp.note(time.Since(handling))
 }

@@ -133,7 +133,7 @@ func (s *relayService) Carry(stream rdzvv1.RelayService_CarryServer) error {
 			// The heartbeats behind this message waited while it was
 			// handled: the controller's lag, not their silence (lag.go).
 			// Real time, as there.
-			c.heldUp.note(time.Since(received))
+			c.lag.heldUp.note(time.Since(received))
 		}
 	}()
 	go func() {

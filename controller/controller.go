@@ -95,14 +95,8 @@ type Controller struct {
 	// seeds are the nodes that registered with gossip last (gossipSeeds).
 	seeds seedRing
 	jobs  jobTable
-	// standbys are the warm standbys spares' agents were told to keep
-	// ready (standby.go), by node.
-	standbys map[string]*toldStandby
-	// idle is where idle nodes keep standbys (placeIdleStandbys), placed
-	// at idleAt: at most every idleStandbyEvery unless a pass builds the
-	// candidates anyway (standby.go).
-	idle   map[string]string
-	idleAt time.Time
+	// standbys are the warm standbys agents were told to keep (standby.go).
+	standbys standbyTable
 	// term counts the times this process took the lead, so that work begun
 	// under one lead (a commit in flight) never lands in the next.
 	term uint64
@@ -130,12 +124,8 @@ type Controller struct {
 	// (see dropJob).
 	generationFloor uint64
 	// lag is the controller's own recent lag (lag.go), credited to every
-	// node's silence, as waited and heldUp measure it; behind is set while
-	// it exceeds a heartbeat interval.
-	lag    *health.LagWindow
-	waited func() time.Duration
-	heldUp longest
-	behind bool
+	// node's silence.
+	lag *lagMeter
 }
 
 type nodeState struct {
@@ -267,7 +257,7 @@ func New(cfg Config, log *zap.Logger, opts ...Option) (*Controller, error) {
 		carriers:  map[*carrier]struct{}{},
 		jobs:      map[string]*jobState{},
 
-		lag: health.NewLagWindow(cfg.Heartbeat.Timeout.Duration),
+		lag: newLagMeter(cfg.Heartbeat.Timeout.Duration, cfg.Heartbeat.Interval.Duration, log.Named("liveness")),
 
 		revoked:      newDenyList(),
 		reverifyKick: make(chan struct{}, 1),
@@ -276,8 +266,6 @@ func New(cfg Config, log *zap.Logger, opts ...Option) (*Controller, error) {
 		registry:   httpserve.NewRegistry(),
 		grpcHealth: newGRPCHealth(),
 	}
-	sched := newSchedWait()
-	c.waited = func() time.Duration { return max(sched.longest(), c.heldUp.take()) }
 	for _, o := range opts {
 		o(c)
 	}

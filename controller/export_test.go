@@ -23,12 +23,12 @@ func (c *Controller) CheckLiveness() { c.checkLiveness() }
 // time): a controller on a fake clock must not credit its nodes with the
 // test machine's scheduling.
 func WithLag(waited func() time.Duration) Option {
-	return func(ctl *Controller) { ctl.waited = waited }
+	return func(ctl *Controller) { ctl.lag.waited = waited }
 }
 
 // NoteLag measures the controller's lag as the liveness loop does before
 // each pass, so that a test knows the next pass credits it.
-func (c *Controller) NoteLag() { c.noteLag() }
+func (c *Controller) NoteLag() { c.lag.note(c.clock.Now()) }
 
 // SpareStandbyRenew is how often a held spare is told again (standby.go).
 const SpareStandbyRenew = spareStandbyRenew

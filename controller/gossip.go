@@ -75,7 +75,10 @@ func (c *Controller) gossipView(node string, v *rdzvv1.GossipView) {
 	}
 	ns.view = view
 	for name := range view.watchedDown {
-		c.tightenFencing(name)
+		if by, ok := c.nodes.tightenFencing(c.jobs, name, c.cfg.Heartbeat.policy()); ok {
+			c.log.Info("lost node's fencing deadline shortened by its watchers' word", zap.String("node", name), zap.Time("fenced_by", by))
+			c.wake() // the recovery waits for it
+		}
 	}
 	if news {
 		// Judged now, not at the next liveness tick: a peer's word is what
@@ -115,14 +118,14 @@ func (nt nodeTable) unreachableTo(node string) bool {
 	return false
 }
 
-// watchersCut is when the last of the peers that watch node in generation
-// of job (its ring neighbours in that round, which it watches in turn)
-// began to report, from their own probes of that round's assignment, that
-// it does not answer; zero unless every one of them does, so that node, if
-// alive, is cut off from every peer it watches (health.Loss.WatchersCut),
-// and while that round is the job's current one. Callers hold c.mu.
-func (c *Controller) watchersCut(node, job string, generation uint64) time.Time {
-	js := c.jobs[job]
+// watchersCut is when the last of the peers that watch node in
+// generation of js (its ring neighbours in that round, which it watches in
+// turn) began to report, from their own probes of that round's
+// assignment, that it does not answer; zero unless every one of them does,
+// so that node, if alive, is cut off from every peer it watches
+// (health.Loss.WatchersCut), and while that round is the job's current
+// one. js may be nil (no such job).
+func (nt nodeTable) watchersCut(js *jobState, node string, generation uint64) time.Time {
 	if js == nil || generation == 0 || js.members.Round().GetGeneration() != generation {
 		return time.Time{}
 	}
@@ -130,10 +133,10 @@ func (c *Controller) watchersCut(node, job string, generation uint64) time.Time 
 	if a == nil {
 		return time.Time{}
 	}
+	job := js.rec.GetSpec().GetName()
 	var cut time.Time
-	watchers := c.nodes.watchedPeers(js.members.Round(), a)
-	for _, p := range watchers {
-		w := c.nodes[p.GetNode()]
+	for _, p := range nt.watchedPeers(js.members.Round(), a) {
+		w := nt[p.GetNode()]
 		if w == nil || w.session == nil || w.rec.GetState() == rdzvv1.NodeState_NODE_STATE_LOST || w.view == nil ||
 			w.view.watchJob != job || w.view.watchGen != generation {
 			return time.Time{}
@@ -160,23 +163,24 @@ type lostFencing struct {
 // tightenFencing applies the quick bound (health.Loss.WatchersCut) to a
 // node declared lost before all of its watchers said they cannot reach
 // it: the first one's word declares it once its heartbeat is overdue, and
-// the others' comes a moment later. Callers hold c.mu.
-func (c *Controller) tightenFencing(node string) {
-	ns := c.nodes[node]
+// the others' comes a moment later. It returns the node's new fencing
+// deadline, ok false when it did not move.
+func (nt nodeTable) tightenFencing(jt jobTable, node string, policy health.Heartbeat) (by time.Time, ok bool) {
+	ns := nt[node]
 	if ns == nil || ns.lost == nil || ns.rec.GetState() != rdzvv1.NodeState_NODE_STATE_LOST {
-		return
+		return time.Time{}, false
 	}
-	cut := c.watchersCut(node, ns.lost.job, ns.lost.generation)
+	cut := nt.watchersCut(jt[ns.lost.job], node, ns.lost.generation)
 	if cut.IsZero() {
-		return
+		return time.Time{}, false
 	}
 	loss := ns.lost.loss
 	loss.WatchersCut, ns.lost = cut, nil
-	if by := c.cfg.Heartbeat.policy().FencedBy(loss); by.Before(ns.fencedBy) {
-		c.log.Info("lost node's fencing deadline shortened by its watchers' word", zap.String("node", node), zap.Time("fenced_by", by))
-		ns.fencedBy = by
-		c.wake() // the recovery waits for it
+	if by = policy.FencedBy(loss); !by.Before(ns.fencedBy) {
+		return time.Time{}, false
 	}
+	ns.fencedBy = by
+	return by, true
 }
 
 // reporting is whether the node's view counts: it is connected and its

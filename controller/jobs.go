@@ -193,7 +193,7 @@ func (c *Controller) advanceJobAfter(js *jobState, exited []*rdzvv1.NodeAssignme
 			c.apply(js, lifecycle.Finish(js.rec, rdzvv1.JobState_JOB_STATE_SUCCEEDED, fmt.Sprintf("all %d nodes finished", nodes), now))
 		}
 	case rdzvv1.JobState_JOB_STATE_RECOVERING:
-		if c.fenced(js) {
+		if c.nodes.fenced(js, c.clock.Now()) {
 			lifecycle.NoteFenced(js.rec, now)
 			c.wake()
 		}

@@ -3,10 +3,13 @@ package controller
 import (
 	"math"
 	rtmetrics "runtime/metrics"
+	"sync"
 	"sync/atomic"
 	"time"
 
 	"go.uber.org/zap"
+
+	"github.com/rdzv/rdzv/health"
 )
 
 // The controller's own lag, credited to every node's silence (see
@@ -77,22 +80,53 @@ func (l *longest) note(d time.Duration) {
 
 func (l *longest) take() time.Duration { return time.Duration(l.d.Swap(0)) }
 
-// noteLag records the controller's lag before a liveness pass. Operators
-// are told when it starts and stops sparing nodes (beyond a heartbeat
-// interval), not at every pass.
-func (c *Controller) noteLag() {
-	lag := c.waited()
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	now := c.clock.Now()
-	c.lag.Observe(now, lag)
-	behind := c.lag.Max(now) > c.cfg.Heartbeat.Interval.Duration
-	if behind != c.behind {
-		c.behind = behind
-		if behind {
-			c.log.Named("liveness").Warn("controller behind its agents: their silence is judged net of its lag", zap.Duration("lag", lag))
-		} else {
-			c.log.Named("liveness").Info("controller caught up with its agents")
-		}
+// lagMeter is the controller's own recent lag, credited to every node's
+// silence. waited measures it (the runtime's waits, and heldUp, the
+// longest any stream's receiver spent on one message); window keeps the
+// recent worst; behind is set while that exceeds a heartbeat interval.
+// waited is set before Run and called by the liveness loop alone; heldUp
+// is atomic; window and behind are guarded by mu.
+type lagMeter struct {
+	log      *zap.Logger
+	interval time.Duration
+	waited   func() time.Duration
+	heldUp   longest
+
+	mu     sync.Mutex
+	window *health.LagWindow
+	behind bool
+}
+
+func newLagMeter(timeout, interval time.Duration, log *zap.Logger) *lagMeter {
+	m := &lagMeter{log: log, interval: interval, window: health.NewLagWindow(timeout)}
+	sched := newSchedWait()
+	m.waited = func() time.Duration { return max(sched.longest(), m.heldUp.take()) }
+	return m
+}
+
+// note records the lag measured since the previous note, at now, before
+// a liveness pass. Operators are told when it starts and stops sparing
+// nodes (beyond a heartbeat interval), not at every pass.
+func (m *lagMeter) note(now time.Time) {
+	lag := m.waited()
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.window.Observe(now, lag)
+	behind := m.window.Max(now) > m.interval
+	if behind == m.behind {
+		return
 	}
+	m.behind = behind
+	if behind {
+		m.log.Warn("controller behind its agents: their silence is judged net of its lag", zap.Duration("lag", lag))
+	} else {
+		m.log.Info("controller caught up with its agents")
+	}
+}
+
+// max is the worst lag within the window before now.
+func (m *lagMeter) max(now time.Time) time.Duration {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.window.Max(now)
 }

@@ -31,7 +31,7 @@ func (c *Controller) livenessLoop(ctx context.Context) {
 		case <-ctx.Done():
 			return
 		case <-ticker.Chan():
-			c.noteLag()
+			c.lag.note(c.clock.Now())
 		case <-confirm.Chan():
 		case <-c.peersKick:
 		}
@@ -50,7 +50,7 @@ func (c *Controller) checkLiveness() (next time.Time) {
 	now := c.clock.Now()
 	policy := c.cfg.Heartbeat.policy()
 	votes, reporters := c.nodes.gossipVotes()
-	lag := c.lag.Max(now)
+	lag := c.lag.max(now)
 	warned := 0
 	for name, ns := range c.nodes {
 		if warned < maxExpiryWarningsPerPass && c.warnCertExpiry(now, ns) {
@@ -109,7 +109,7 @@ func (c *Controller) markLost(name string, ns *nodeState, now, lastSeen time.Tim
 	c.writes.persist(putNode(c.store, ns, rec, ns.info.decode(), c.event(ns.job, name, ns.generation, EventNodeLost, "node %s lost: %s", name, reason)), nil)
 	loss := health.Loss{
 		At: now, LastSeen: lastSeen, Heard: ns.heard, ElectedAt: c.electedAt, HoldUntil: ns.restartHold,
-		Gossips: ns.info.gossipAddr != "", Unreachable: c.nodes.unreachableTo(name), WatchersCut: c.watchersCut(name, ns.job, ns.generation),
+		Gossips: ns.info.gossipAddr != "", Unreachable: c.nodes.unreachableTo(name), WatchersCut: c.nodes.watchersCut(c.jobs[ns.job], name, ns.generation),
 	}
 	ns.fencedBy, ns.lost = c.cfg.Heartbeat.policy().FencedBy(loss), nil
 	if loss.WatchersCut.IsZero() && ns.job != "" && ns.generation != 0 {

@@ -34,9 +34,9 @@ func (nt nodeTable) fencedAt(js *jobState) (at time.Time, ok bool) {
 }
 
 // fenced reports whether the job's current generation is fenced by now.
-func (c *Controller) fenced(js *jobState) bool {
-	at, ok := c.nodes.fencedAt(js)
-	return ok && !c.clock.Now().Before(at)
+func (nt nodeTable) fenced(js *jobState, now time.Time) bool {
+	at, ok := nt.fencedAt(js)
+	return ok && !now.Before(at)
 }
 
 // detectionLatency is how long before now w's workers exited: the time

@@ -63,10 +63,10 @@ func (c *Controller) schedule(ctx context.Context) time.Time {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	now := c.clock.Now()
-	pending := c.pendingJobs(now)
+	pending := c.jobs.pending(c.nodes, now)
 	holding := c.jobs.holdingSpares()
-	warm := c.warmJobs()
-	placeIdle := len(warm) > 0 && !now.Before(c.idleAt.Add(idleStandbyEvery))
+	warm := c.jobs.warmJobs()
+	placeIdle := len(warm) > 0 && !now.Before(c.standbys.idleAt.Add(idleStandbyEvery))
 	growing := c.jobs.growChecks()
 	var candidates []rendezvous.Candidate
 	if len(pending) > 0 || len(holding) > 0 || placeIdle || len(growing) > 0 {
@@ -78,14 +78,14 @@ func (c *Controller) schedule(ctx context.Context) time.Time {
 	held := holdSpares(holding, candidates)
 	switch {
 	case len(warm) == 0:
-		c.idle = nil
+		c.standbys.idle = nil
 	case candidates != nil:
-		c.idle, c.idleAt = placeIdleStandbys(warm, candidates, c.jobs.withRounds(held, warm), c.toldJobs()), now
+		c.standbys.idle, c.standbys.idleAt = placeIdleStandbys(warm, candidates, c.jobs.withRounds(held, warm), c.standbys.jobs()), now
 	}
-	c.tellSpares(held, c.idle)
+	c.standbys.tell(c.nodes, c.jobs, held, c.standbys.idle, now, c.log)
 	var prefer map[string]map[string]bool
 	if len(pending) > 0 {
-		prefer = c.standbyNodes()
+		prefer = c.standbys.nodes()
 	}
 	taken := map[string]bool{}
 	var next time.Time
@@ -240,12 +240,12 @@ func holdSpares(holding []*jobState, candidates []rendezvous.Candidate) map[stri
 	return held
 }
 
-// pendingJobs lists the jobs waiting for a rendezvous: new ones, and
+// pending lists the jobs waiting for a rendezvous: new ones, and
 // recovering ones whose backoff is over and whose previous generation has
 // no live worker left anywhere (so two generations never run at once).
-func (c *Controller) pendingJobs(now time.Time) []*jobState {
+func (jt jobTable) pending(nt nodeTable, now time.Time) []*jobState {
 	var out []*jobState
-	for _, js := range c.jobs {
+	for _, js := range jt {
 		if js.committing {
 			continue
 		}
@@ -253,7 +253,7 @@ func (c *Controller) pendingJobs(now time.Time) []*jobState {
 		case rdzvv1.JobState_JOB_STATE_PENDING:
 			out = append(out, js)
 		case rdzvv1.JobState_JOB_STATE_RECOVERING:
-			if c.fenced(js) && !now.Before(js.rec.GetRestartNotBefore().AsTime()) {
+			if nt.fenced(js, now) && !now.Before(js.rec.GetRestartNotBefore().AsTime()) {
 				out = append(out, js)
 			}
 		}

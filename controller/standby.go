@@ -41,15 +41,27 @@ type toldStandby struct {
 	at      time.Time
 }
 
-// tellSpares tells the agent of every spare held for a warm job, and of
-// every idle node placed to keep one (placeIdleStandbys: node to job), to
-// keep its standby (again when due), and every agent told before whose
-// node is neither to drop it. Only in memory: a new session or a new
-// leader starts with nothing told and tells again, and what an agent is
-// never told again it drops after spareStandbyKeep. Callers hold c.mu.
-func (c *Controller) tellSpares(spares, idle map[string]string) {
-	if c.standbys == nil {
-		c.standbys = map[string]*toldStandby{}
+// standbyTable is what agents were told of warm standbys, in memory only: a
+// new session or a new leader starts with nothing told and tells again,
+// and what an agent is never told again it drops after spareStandbyKeep.
+// Guarded by Controller.mu.
+type standbyTable struct {
+	// told is the standby each node's agent was told to keep, by node.
+	told map[string]*toldStandby
+	// idle is where idle nodes keep standbys (placeIdleStandbys), placed
+	// at idleAt: at most every idleStandbyEvery unless a pass builds the
+	// candidates anyway.
+	idle   map[string]string
+	idleAt time.Time
+}
+
+// tell tells the agent of every spare held for a warm job, and of every
+// idle node placed to keep one (placeIdleStandbys: node to job), to keep
+// its standby (again when due), and every agent told before whose node is
+// neither to drop it.
+func (st *standbyTable) tell(nt nodeTable, jt jobTable, spares, idle map[string]string, now time.Time, log *zap.Logger) {
+	if st.told == nil {
+		st.told = map[string]*toldStandby{}
 	}
 	held := spares
 	if len(idle) > 0 {
@@ -57,31 +69,30 @@ func (c *Controller) tellSpares(spares, idle map[string]string) {
 		maps.Copy(held, idle)
 		maps.Copy(held, spares)
 	}
-	now := c.clock.Now()
-	for node, told := range c.standbys {
-		ns := c.nodes[node]
+	for node, told := range st.told {
+		ns := nt[node]
 		switch {
 		case ns == nil || ns.session != told.sess:
 			// The agent's next session starts with nothing told.
-			delete(c.standbys, node)
-		case c.jobs.warm(held[node]):
+			delete(st.told, node)
+		case jt.warm(held[node]):
 			// Told again below, the same job or another.
 		case ns.job == told.job:
 			// Assigned the job: the assignment takes the standby; a drop
 			// sent before the assignment arrives would kill it.
-			delete(c.standbys, node)
+			delete(st.told, node)
 		default:
 			ns.session.send(&rdzvv1.ConnectResponse{Msg: &rdzvv1.ConnectResponse_PrepareStandby{PrepareStandby: &rdzvv1.PrepareStandby{}}})
-			delete(c.standbys, node)
+			delete(st.told, node)
 		}
 	}
 	for node, job := range held {
-		js, ns := c.jobs[job], c.nodes[node]
-		if !c.jobs.warm(job) || ns == nil || ns.session == nil {
+		js, ns := jt[job], nt[node]
+		if !jt.warm(job) || ns == nil || ns.session == nil {
 			continue
 		}
 		created := js.rec.GetCreatedAt().AsTime()
-		told := c.standbys[node]
+		told := st.told[node]
 		if told != nil && told.sess == ns.session && told.job == job && told.created.Equal(created) && now.Sub(told.at) < spareStandbyRenew {
 			continue
 		}
@@ -90,22 +101,22 @@ func (c *Controller) tellSpares(spares, idle map[string]string) {
 			if spares[node] == "" {
 				msg = "idle node keeps a warm standby"
 			}
-			c.log.Info(msg, zap.String("node", node), zap.String("job", job))
+			log.Info(msg, zap.String("node", node), zap.String("job", job))
 		}
 		ns.session.send(&rdzvv1.ConnectResponse{Msg: &rdzvv1.ConnectResponse_PrepareStandby{PrepareStandby: &rdzvv1.PrepareStandby{
 			Spec: js.rec.GetSpec(), JobCreatedAt: js.rec.GetCreatedAt(), KeepFor: durationpb.New(spareStandbyKeep),
 		}}})
-		c.standbys[node] = &toldStandby{sess: ns.session, job: job, created: created, at: now}
+		st.told[node] = &toldStandby{sess: ns.session, job: job, created: created, at: now}
 	}
 }
 
 // warmJobs are the running (or recovering) jobs of launcher.kind warm,
-// oldest first, for placeIdleStandbys. Callers hold c.mu.
-func (c *Controller) warmJobs() []standbyJob {
+// oldest first, for placeIdleStandbys.
+func (jt jobTable) warmJobs() []standbyJob {
 	var warm []*jobState
-	for _, js := range c.jobs {
+	for _, js := range jt {
 		st := js.rec.GetState()
-		if (st == rdzvv1.JobState_JOB_STATE_RUNNING || st == rdzvv1.JobState_JOB_STATE_RECOVERING) && c.jobs.warm(js.rec.GetSpec().GetName()) {
+		if (st == rdzvv1.JobState_JOB_STATE_RUNNING || st == rdzvv1.JobState_JOB_STATE_RECOVERING) && jt.warm(js.rec.GetSpec().GetName()) {
 			warm = append(warm, js)
 		}
 	}
@@ -136,22 +147,21 @@ func (jt jobTable) withRounds(held map[string]string, jobs []standbyJob) map[str
 	return out
 }
 
-// toldJobs is the job each node's agent was last told to keep a standby
-// for, in this session. Callers hold c.mu.
-func (c *Controller) toldJobs() map[string]string {
-	out := make(map[string]string, len(c.standbys))
-	for node, told := range c.standbys {
+// jobs is the job each node's agent was last told to keep a standby for,
+// in this session.
+func (st *standbyTable) jobs() map[string]string {
+	out := make(map[string]string, len(st.told))
+	for node, told := range st.told {
 		out[node] = told.job
 	}
 	return out
 }
 
-// standbyNodes are, per job, the nodes told to keep its standby: a round
-// of the job prefers them (rendezvous.Requirements.Prefer). Callers hold
-// c.mu.
-func (c *Controller) standbyNodes() map[string]map[string]bool {
+// nodes are, per job, the nodes told to keep its standby: a round of the
+// job prefers them (rendezvous.Requirements.Prefer).
+func (st *standbyTable) nodes() map[string]map[string]bool {
 	out := map[string]map[string]bool{}
-	for node, told := range c.standbys {
+	for node, told := range st.told {
 		if out[told.job] == nil {
 			out[told.job] = map[string]bool{}
 		}
