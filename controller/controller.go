@@ -560,7 +560,7 @@ func (c *Controller) load(ctx context.Context) error {
 func (c *Controller) reconcile() {
 	for _, js := range c.jobs {
 		if activeJob(js.rec.GetState()) && js.members.Round() != nil && js.members.Round().GetGeneration() == js.rec.GetGeneration() {
-			c.advanceJob(js)
+			c.advanceJob(js, js.members.Round().GetNodes())
 		}
 	}
 }
@@ -578,8 +578,13 @@ func activeJob(s rdzvv1.JobState) bool {
 }
 
 func (c *Controller) event(job, node string, generation uint64, kind, format string, args ...any) *rdzvv1.Event {
+	return newEvent(c.clock.Now(), job, node, generation, kind, format, args...)
+}
+
+// newEvent is an event of kind at now, its message formatted.
+func newEvent(now time.Time, job, node string, generation uint64, kind, format string, args ...any) *rdzvv1.Event {
 	return &rdzvv1.Event{
-		Time: timestamppb.New(c.clock.Now()), Job: job, Node: node, Generation: generation,
+		Time: timestamppb.New(now), Job: job, Node: node, Generation: generation,
 		Kind: kind, Message: fmt.Sprintf(format, args...),
 	}
 }

@@ -55,7 +55,7 @@ func (c *Controller) previewJob(specProto *rdzvv1.JobSpec) (*rdzvv1.Job, *rdzvv1
 	spec := jobspec.FromProto(specProto)
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if err := c.admitJob(spec.Name); err != nil {
+	if err := c.jobs.admit(spec.Name, c.cfg.Limits.MaxActiveJobs); err != nil {
 		return nil, nil, err
 	}
 	job := lifecycle.Submit(spec.ToProto(), 0, c.clock.Now()).Job

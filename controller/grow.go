@@ -42,13 +42,14 @@ func joinWait(warm bool, readyStandby, job string, cadence, seenFor time.Duratio
 
 // noteGrowable marks a running job to be checked for growth on the next
 // scheduling pass: it just recorded a complete checkpoint, the cheapest
-// moment to restart. Callers hold c.mu.
-func (c *Controller) noteGrowable(js *jobState) {
+// moment to restart. It returns whether it did (the scheduler has work).
+func (js *jobState) noteGrowable() bool {
 	spec := js.rec.GetSpec()
-	if spec.GetNodesGrow() == jobspec.GrowCheckpoint && len(js.members.Round().GetNodes()) < int(spec.GetNodesMax()) {
-		js.growCheck = true
-		c.wake()
+	if spec.GetNodesGrow() != jobspec.GrowCheckpoint || len(js.members.Round().GetNodes()) >= int(spec.GetNodesMax()) {
+		return false
 	}
+	js.growCheck = true
+	return true
 }
 
 // growChecks lists the running jobs marked by noteGrowable, oldest first.

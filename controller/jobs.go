@@ -33,7 +33,7 @@ func (c *Controller) startJob(ctx context.Context, specProto *rdzvv1.JobSpec) (*
 	spec := jobspec.FromProto(specProto)
 	c.mu.Lock()
 	name := spec.Name
-	if err := c.admitJob(name); err != nil {
+	if err := c.jobs.admit(name, c.cfg.Limits.MaxActiveJobs); err != nil {
 		c.mu.Unlock()
 		return nil, err
 	}
@@ -57,15 +57,16 @@ func (c *Controller) startJob(ctx context.Context, specProto *rdzvv1.JobSpec) (*
 	return view, nil
 }
 
-// admitJob says why a job named name cannot be started now: one of that
-// name has not finished, or too many jobs are active. Callers hold c.mu.
-func (c *Controller) admitJob(name string) error {
-	if old := c.jobs[name]; old != nil && !lifecycle.Terminal(old.rec.GetState()) {
+// admit says why a job named name cannot be started now: one of that
+// name has not finished, or maxActive jobs are active already
+// (limits.max_active_jobs).
+func (jt jobTable) admit(name string, maxActive int) error {
+	if old := jt[name]; old != nil && !lifecycle.Terminal(old.rec.GetState()) {
 		return fmt.Errorf("job %s is %s; stop it before starting it again: %w", name, lifecycle.StateName(old.rec.GetState()), errAlreadyExists)
 	}
-	if active := c.jobs.activeJobs(); active >= c.cfg.Limits.MaxActiveJobs {
+	if active := jt.activeJobs(); active >= maxActive {
 		return fmt.Errorf("job %s refused: %d jobs are pending or running, the most limits.max_active_jobs (%d) allows; "+
-			"wait for one to finish or stop one: %w", name, active, c.cfg.Limits.MaxActiveJobs, errTooManyJobs)
+			"wait for one to finish or stop one: %w", name, active, maxActive, errTooManyJobs)
 	}
 	return nil
 }
@@ -146,7 +147,7 @@ func (c *Controller) stopJob(ctx context.Context, name string) (*rdzvv1.Job, err
 	}
 	if t, ok := lifecycle.Stop(js.rec, c.clock.Now()); ok {
 		c.apply(js, t)
-		c.advanceJob(js)
+		c.advanceJob(js, js.members.Round().GetNodes())
 	}
 	view := js.apiView(c.clock.Now())
 	// Answered once the stop (and whatever it led to) is durable.
@@ -158,14 +159,12 @@ func (c *Controller) stopJob(ctx context.Context, name string) (*rdzvv1.Job, err
 	return view, nil
 }
 
-// advanceJob moves a running or stopping job on from its workers' states.
-func (c *Controller) advanceJob(js *jobState) { c.advanceJobAfter(js, js.members.Round().GetNodes()) }
-
-// advanceJobAfter is advanceJob where only the workers of exited may have
-// failed since the job was last advanced: a worker report looks at its own
-// node and the round's count of successes, not at the whole round, which
-// was O(N²) under c.mu for a job's N exits.
-func (c *Controller) advanceJobAfter(js *jobState, exited []*rdzvv1.NodeAssignment) {
+// advanceJob moves a running or stopping job on from its workers' states,
+// where only the workers of exited (the whole round, when not known) may
+// have failed since the job was last advanced: a worker report looks at
+// its own node and the round's count of successes, not at the whole round,
+// which was O(N²) under c.mu for a job's N exits.
+func (c *Controller) advanceJob(js *jobState, exited []*rdzvv1.NodeAssignment) {
 	now := c.clock.Now()
 	switch js.rec.GetState() {
 	case rdzvv1.JobState_JOB_STATE_RUNNING:
@@ -235,15 +234,15 @@ func (c *Controller) apply(js *jobState, t lifecycle.Transition, more ...*rdzvv1
 		}
 		switch t.Order {
 		case lifecycle.OrderStop:
-			c.stopWorkers(js, t.Why, 0)
+			c.nodes.stopWorkers(js, t.Why, 0)
 		case lifecycle.OrderStopFailed:
-			c.stopWorkers(js, t.Why, lifecycle.FailedStopGrace)
+			c.nodes.stopWorkers(js, t.Why, lifecycle.FailedStopGrace)
 		case lifecycle.OrderEnd:
-			c.endWorkers(js, t.Why)
+			c.nodes.endWorkers(js, t.Why)
 		case lifecycle.OrderAssign:
 			c.log.Info("rendezvous committed", zap.String("job", name), zap.Uint64("generation", gen), zap.Int("nodes", len(t.Round.GetNodes())),
 				zap.String("master_addr", t.Round.GetMasterAddr()), zap.Uint32("master_port", t.Round.GetMasterPort()))
-			c.sendAssignments(js, t.Round)
+			c.nodes.sendAssignments(c.jobs, js, t.Round)
 		}
 	})
 	if t.Order == lifecycle.OrderStopFailed || t.Order == lifecycle.OrderEnd {
@@ -255,11 +254,10 @@ func (c *Controller) apply(js *jobState, t lifecycle.Transition, more ...*rdzvv1
 
 // stopWorkers tells every node of the current round whose workers may still
 // run to stop them, within grace if positive (else the agent's stop_grace).
-// Callers hold c.mu.
-func (c *Controller) stopWorkers(js *jobState, reason string, grace time.Duration) {
+func (nt nodeTable) stopWorkers(js *jobState, reason string, grace time.Duration) {
 	for _, a := range js.members.Round().GetNodes() {
 		if !lifecycle.TerminalWorker(js.members.Worker(a.GetNode()).GetState()) {
-			c.nodes.sendStop(a.GetNode(), &rdzvv1.StopWorkers{Job: js.rec.GetSpec().GetName(), Generation: js.rec.GetGeneration(), Reason: reason}, grace)
+			nt.sendStop(a.GetNode(), &rdzvv1.StopWorkers{Job: js.rec.GetSpec().GetName(), Generation: js.rec.GetGeneration(), Reason: reason}, grace)
 		}
 	}
 }
@@ -273,12 +271,11 @@ func (c *Controller) stopWorkers(js *jobState, reason string, grace time.Duratio
 // was stopped. So are the nodes that hold the job's in-memory checkpoints,
 // in its round or not (an earlier generation's, a replica): their shared
 // memory is freed only on that word, or when their agent next starts.
-// Callers hold c.mu.
-func (c *Controller) endWorkers(js *jobState, reason string) {
+func (nt nodeTable) endWorkers(js *jobState, reason string) {
 	name := js.rec.GetSpec().GetName()
-	warm, memory := c.jobs.warm(name), js.rec.GetSpec().GetCheckpointMemory() != nil
+	warm, memory := js.rec.GetSpec().GetLauncherKind() == jobspec.KindWarm, js.rec.GetSpec().GetCheckpointMemory() != nil
 	end := func(node string) {
-		c.nodes.sendStop(node, &rdzvv1.StopWorkers{Job: name, Generation: js.rec.GetGeneration(), Reason: reason, JobEnded: true}, 0)
+		nt.sendStop(node, &rdzvv1.StopWorkers{Job: name, Generation: js.rec.GetGeneration(), Reason: reason, JobEnded: true}, 0)
 	}
 	for _, a := range js.members.Round().GetNodes() {
 		if warm || memory || !lifecycle.TerminalWorker(js.members.Worker(a.GetNode()).GetState()) {

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"maps"
 	"slices"
+	"time"
 
 	rdzvv1 "github.com/rdzv/rdzv/proto/rdzv/v1"
 )
@@ -116,8 +117,8 @@ func (p memPlan) sources(node string, rank, ppn uint32, addr func(node string) s
 // nodes, whether it resumes from memory, and returns the event saying which
 // source it uses (nil when checkpoint.memory is off or there is nothing to
 // resume). It seals what is held of the generation ending (sealMemory).
-// Callers hold c.mu, before js.members.Round() becomes the new round.
-func (c *Controller) planMemory(js *jobState, gen uint64, nodes int) (*memPlan, *rdzvv1.Event) {
+// It is asked before js.members.Round() becomes the new round.
+func (nt nodeTable) planMemory(js *jobState, gen uint64, nodes int, now time.Time) (*memPlan, *rdzvv1.Event) {
 	spec := js.rec.GetSpec()
 	name := spec.GetName()
 	if spec.GetCheckpointMemory() == nil || js.members.Round() == nil {
@@ -129,21 +130,21 @@ func (c *Controller) planMemory(js *jobState, gen uint64, nodes int) (*memPlan, 
 		durable = fmt.Sprintf("from durable checkpoint step %d", cp.GetStep())
 	}
 	if prev := len(js.members.Round().GetNodes()); prev != nodes {
-		return nil, c.event(name, "", gen, EventResumeDurable, "generation %d resumes %s: the world changed (%d nodes, was %d), so in-memory shards do not fit", gen, durable, nodes, prev)
+		return nil, newEvent(now, name, "", gen, EventResumeDurable, "generation %d resumes %s: the world changed (%d nodes, was %d), so in-memory shards do not fit", gen, durable, nodes, prev)
 	}
 	world := uint32(nodes) * spec.GetProcsPerNode()
 	alive := func(node string) bool {
-		ns := c.nodes[node]
+		ns := nt[node]
 		return ns != nil && ns.session != nil && ns.info.peerAddr != "" && ns.rec.GetState() != rdzvv1.NodeState_NODE_STATE_LOST
 	}
 	plan, ok := pickMemory(js.memHeld, alive, world, js.rec.GetGeneration(), js.memSkip)
 	if !ok {
-		return nil, c.event(name, "", gen, EventResumeDurable, "generation %d resumes %s: no in-memory step has every rank's shard on a node still here", gen, durable)
+		return nil, newEvent(now, name, "", gen, EventResumeDurable, "generation %d resumes %s: no in-memory step has every rank's shard on a node still here", gen, durable)
 	}
 	if cp := js.rec.GetLatestCheckpoint(); cp != nil && cp.GetStep() > plan.key.step && cp.GetGeneration() >= plan.key.generation {
-		return nil, c.event(name, "", gen, EventResumeDurable, "generation %d resumes %s: newer than in-memory step %d", gen, durable, plan.key.step)
+		return nil, newEvent(now, name, "", gen, EventResumeDurable, "generation %d resumes %s: newer than in-memory step %d", gen, durable, plan.key.step)
 	}
-	return &plan, c.event(name, "", gen, EventResumeMemory, "generation %d resumes from in-memory step %d (saved by generation %d), held by the nodes", gen, plan.key.step, plan.key.generation)
+	return &plan, newEvent(now, name, "", gen, EventResumeMemory, "generation %d resumes from in-memory step %d (saved by generation %d), held by the nodes", gen, plan.key.step, plan.key.generation)
 }
 
 // sealMemory is, per step of generations up to gen, the ranks any node

@@ -251,7 +251,7 @@ func TestExitMemoryTakenFrom(t *testing.T) {
 			}
 			c := &Controller{jobs: map[string]*jobState{"train": js},
 				nodes: map[string]*nodeState{tc.node: {rec: &rdzvv1.Node{State: state}}}}
-			c.exitMemory(tc.node, tc.w)
+			c.jobs.exitMemory(c.nodes, tc.node, tc.w)
 			if tc.taken {
 				require.Equal(t, []*rdzvv1.MemoryHeld{held(2, 34, 2, 3)}, js.memHeld[tc.node])
 			} else {

@@ -147,7 +147,7 @@ func (c *Controller) resumeAssignment(ns *nodeState, reported map[string]bool) {
 		round := js.members.Round()
 		for _, a := range round.GetNodes() {
 			if a.GetNode() == name {
-				c.writes.afterDurable(func() { c.sendAssignment(js, round, a) })
+				c.writes.afterDurable(func() { c.nodes.sendAssignment(c.jobs, js, round, a) })
 			}
 		}
 	case rdzvv1.WorkerState_WORKER_STATE_RUNNING:

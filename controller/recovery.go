@@ -49,14 +49,14 @@ func detectionLatency(w *rdzvv1.WorkerStatus, now time.Time) time.Duration {
 }
 
 // resumeTraining marks a restarted generation as training again
-// (lifecycle.ResumeTraining), timing its recovery unless it restarted to
-// grow. Callers hold c.mu.
-func (c *Controller) resumeTraining(js *jobState) {
-	took, ok := lifecycle.ResumeTraining(js.rec, c.clock.Now())
-	if ok && !js.grew {
-		c.metrics.recovery.Observe(took.Seconds())
-	}
+// (lifecycle.ResumeTraining). It returns how long the recovery took, ok
+// false if the job was not recovering or restarted to grow (no recovery
+// from a fault).
+func (js *jobState) resumeTraining(now time.Time) (took time.Duration, ok bool) {
+	took, ok = lifecycle.ResumeTraining(js.rec, now)
+	grew := js.grew
 	js.grew = js.grew && !ok
+	return took, ok && !grew
 }
 
 // attemptFailed ends the current generation of a running job
@@ -106,8 +106,12 @@ func (c *Controller) progress(node string, p *rdzvv1.Progress) {
 		if first {
 			c.metrics.firstStep(js, now)
 		}
-		c.resumeTraining(js)
-		c.noteFirstStep(js)
+		if took, ok := js.resumeTraining(now); ok {
+			c.metrics.recovery.Observe(took.Seconds())
+		}
+		if t, ok := lifecycle.FirstStep(js.rec, now); ok {
+			c.apply(js, t)
+		}
 	}
 }
 
@@ -163,7 +167,9 @@ func (c *Controller) checkpoint(node string, r *rdzvv1.CheckpointReport) {
 	js.progressed = true
 	c.metrics.checkpoints.Inc()
 	log.Info("checkpoint recorded", zap.String("path", r.GetPath()), zap.String("source", r.GetSource()))
-	c.noteGrowable(js)
+	if js.noteGrowable() {
+		c.wake()
+	}
 }
 
 func checkpointPathOK(dir, path string) error {

@@ -14,6 +14,8 @@ import (
 	"go.uber.org/zap"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
+	"github.com/jonboulle/clockwork"
+
 	"github.com/rdzv/rdzv/controller/lifecycle"
 	rdzvv1 "github.com/rdzv/rdzv/proto/rdzv/v1"
 	"github.com/rdzv/rdzv/rendezvous"
@@ -307,7 +309,14 @@ func (nt nodeTable) candidates() []rendezvous.Candidate {
 // generation, then every agent gets its assignment.
 func (c *Controller) commit(ctx context.Context, term uint64, name string, placed []rendezvous.Placed) {
 	log := c.log.With(zap.String("job", name))
-	port, probeErr := c.masterPort(ctx, name, placed[0].Name)
+	c.mu.Lock()
+	var ahead *masterProbe
+	if js := c.jobs[name]; js != nil {
+		ahead, js.probe = js.probe, nil
+	}
+	sess := c.nodes.sessionOf(placed[0].Name)
+	c.mu.Unlock()
+	port, probeErr := masterPort(ctx, c.clock, ahead, sess, placed[0].Name, c.cfg.MasterPortRange)
 
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -353,7 +362,7 @@ func (c *Controller) commit(ctx context.Context, term uint64, name string, place
 		})
 	}
 	resume := ""
-	plan, resumeEv := c.planMemory(js, gen, len(placed))
+	plan, resumeEv := c.nodes.planMemory(js, gen, len(placed), now)
 	if plan != nil {
 		resume = fmt.Sprintf("from in-memory step %d", plan.key.step)
 	}
@@ -374,26 +383,33 @@ func (c *Controller) commit(ctx context.Context, term uint64, name string, place
 	c.apply(js, t, more...)
 }
 
-// sendAssignments sends each node of round its assignment, unless the job
-// moved on meanwhile (the node then learns of the newer state instead).
-// Callers hold c.mu.
-func (c *Controller) sendAssignments(js *jobState, round *rdzvv1.Round) {
+// sendAssignments sends each node of round, js's, its assignment, unless
+// the job moved on meanwhile (the node then learns of the newer state
+// instead).
+func (nt nodeTable) sendAssignments(jt jobTable, js *jobState, round *rdzvv1.Round) {
 	for _, a := range round.GetNodes() {
-		c.sendAssignment(js, round, a)
+		nt.sendAssignment(jt, js, round, a)
 	}
 }
 
-// sendAssignment is sendAssignments for one node of round. Callers hold
-// c.mu.
-func (c *Controller) sendAssignment(js *jobState, round *rdzvv1.Round, a *rdzvv1.NodeAssignment) {
-	if js.members.Round() != round || c.jobs[js.rec.GetSpec().GetName()] != js {
+// sendAssignment is sendAssignments for one node of round.
+func (nt nodeTable) sendAssignment(jt jobTable, js *jobState, round *rdzvv1.Round, a *rdzvv1.NodeAssignment) {
+	if js.members.Round() != round || jt[js.rec.GetSpec().GetName()] != js {
 		return
 	}
-	ns := c.nodes[a.GetNode()]
+	ns := nt[a.GetNode()]
 	if ns == nil || ns.session == nil || ns.job != js.rec.GetSpec().GetName() || ns.generation != round.GetGeneration() {
 		return
 	}
-	ns.session.send(&rdzvv1.ConnectResponse{Msg: &rdzvv1.ConnectResponse_Assignment{Assignment: c.assignmentOf(js, a)}})
+	ns.session.send(&rdzvv1.ConnectResponse{Msg: &rdzvv1.ConnectResponse_Assignment{Assignment: nt.assignmentOf(js, a)}})
+}
+
+// sessionOf is node's session, nil when it is unknown or not connected.
+func (nt nodeTable) sessionOf(node string) *session {
+	if ns := nt[node]; ns != nil {
+		return ns.session
+	}
+	return nil
 }
 
 func nodeList(placed []rendezvous.Placed) string {
@@ -407,13 +423,9 @@ func nodeList(placed []rendezvous.Placed) string {
 	return fmt.Sprint(names)
 }
 
-func (c *Controller) probeMasterPort(ctx context.Context, node string) (uint32, error) {
-	c.mu.Lock()
-	var sess *session
-	if ns := c.nodes[node]; ns != nil {
-		sess = ns.session
-	}
-	c.mu.Unlock()
+// probeMasterPort asks node's agent, on sess (nil: not connected), for a
+// free master port in ports.
+func probeMasterPort(ctx context.Context, clock clockwork.Clock, sess *session, node string, ports PortRange) (uint32, error) {
 	if sess == nil {
 		return 0, fmt.Errorf("probing master port on %s: %w: node not connected", node, errUnavailable)
 	}
@@ -421,9 +433,9 @@ func (c *Controller) probeMasterPort(ctx context.Context, node string) (uint32, 
 	replies := sess.expect(id, 1)
 	defer sess.forget(id)
 	sess.send(&rdzvv1.ConnectResponse{Msg: &rdzvv1.ConnectResponse_PortProbe{PortProbe: &rdzvv1.PortProbe{
-		RequestId: id, PortMin: uint32(c.cfg.MasterPortRange.Min), PortMax: uint32(c.cfg.MasterPortRange.Max),
+		RequestId: id, PortMin: uint32(ports.Min), PortMax: uint32(ports.Max),
 	}}})
-	timer := c.clock.NewTimer(portProbeTimeout)
+	timer := clock.NewTimer(portProbeTimeout)
 	defer timer.Stop()
 	select {
 	case m := <-replies:
@@ -446,7 +458,8 @@ func (c *Controller) probeMasterPort(ctx context.Context, node string) (uint32, 
 // meanwhile.
 const probeAheadFresh = 10 * time.Second
 
-// masterProbe is a master port probe made ahead of a commit.
+// masterProbe is a master port probe made ahead of a commit. port and err
+// are written once, before done is closed.
 type masterProbe struct {
 	node string
 	at   time.Time
@@ -455,45 +468,39 @@ type masterProbe struct {
 	err  error
 }
 
-// probeAhead probes node's master port for js's next round while the
-// recovery still waits for the failed generation to stop everywhere or for
-// a lost node's fencing deadline. node is the failed round's rank 0, whose
-// workers just stopped: ranks go by node name, so it is most often the next
-// round's rank 0 too, and its probe's round trip (up to a second on a
-// controller busy with every node's stop report) is then off the path
-// to the commit. Callers hold c.mu.
-func (c *Controller) probeAhead(js *jobState, node string) {
-	p := &masterProbe{node: node, at: c.clock.Now(), done: make(chan struct{})}
-	js.probe = p
+// startProbe probes node's master port, on sess, for a job's next round
+// while the recovery still waits for the failed generation to stop
+// everywhere or for a lost node's fencing deadline. node is the failed
+// round's rank 0, whose workers just stopped: ranks go by node name, so it
+// is most often the next round's rank 0 too, and its probe's round trip
+// (up to a second on a controller busy with every node's stop report) is
+// then off the path to the commit.
+func startProbe(clock clockwork.Clock, sess *session, node string, ports PortRange) *masterProbe {
+	p := &masterProbe{node: node, at: clock.Now(), done: make(chan struct{})}
 	go func() {
 		// Bounded by portProbeTimeout and by the session, which a lead
 		// that ends ends too.
-		p.port, p.err = c.probeMasterPort(context.Background(), node)
+		p.port, p.err = probeMasterPort(context.Background(), clock, sess, node, ports)
 		close(p.done)
 	}()
+	return p
 }
 
-// masterPort is the master port of a round of job whose rank 0 is node:
-// the one probed ahead if it was node's, answered and fresh, else a new
-// probe's.
-func (c *Controller) masterPort(ctx context.Context, job, node string) (uint32, error) {
-	c.mu.Lock()
-	var p *masterProbe
-	if js := c.jobs[job]; js != nil {
-		p, js.probe = js.probe, nil
-	}
-	c.mu.Unlock()
-	if p != nil && p.node == node {
+// masterPort is the master port of a round whose rank 0 is node: ahead's
+// (the probe made ahead of the commit, may be nil) if it was node's,
+// answered and fresh, else a new probe's on sess.
+func masterPort(ctx context.Context, clock clockwork.Clock, ahead *masterProbe, sess *session, node string, ports PortRange) (uint32, error) {
+	if ahead != nil && ahead.node == node {
 		select {
-		case <-p.done:
-			if p.err == nil && c.clock.Since(p.at) < probeAheadFresh {
-				return p.port, nil
+		case <-ahead.done:
+			if ahead.err == nil && clock.Since(ahead.at) < probeAheadFresh {
+				return ahead.port, nil
 			}
 		case <-ctx.Done():
 			return 0, ctx.Err()
 		}
 	}
-	return c.probeMasterPort(ctx, node)
+	return probeMasterPort(ctx, clock, sess, node, ports)
 }
 
 func newID() string {
@@ -503,22 +510,22 @@ func newID() string {
 }
 
 // assignmentOf builds the assignment of a, a node of the job's current
-// round. Callers hold c.mu.
-func (c *Controller) assignmentOf(js *jobState, a *rdzvv1.NodeAssignment) *rdzvv1.Assignment {
+// round.
+func (nt nodeTable) assignmentOf(js *jobState, a *rdzvv1.NodeAssignment) *rdzvv1.Assignment {
 	as := &rdzvv1.Assignment{
 		Spec: js.rec.GetSpec(), Generation: js.members.Round().GetGeneration(), NodeRank: a.GetNodeRank(),
 		Nnodes: uint32(len(js.members.Round().GetNodes())), ProcsPerNode: js.rec.GetSpec().GetProcsPerNode(),
 		MasterAddr: js.members.Round().GetMasterAddr(), MasterPort: js.members.Round().GetMasterPort(), GpuIndices: a.GetGpuIndices(),
 		ResumeFrom: js.rec.GetLatestCheckpoint().GetPath(), ResumeStep: js.rec.GetLatestCheckpoint().GetStep(), JobCreatedAt: js.rec.GetCreatedAt(),
-		Watch: c.nodes.watchedPeers(js.members.Round(), a),
+		Watch: nt.watchedPeers(js.members.Round(), a),
 	}
 	if m := js.rec.GetSpec().GetCheckpointMemory(); m != nil {
-		as.ReplicaPeers = c.nodes.replicaPeers(js.members.Round(), a, int(m.GetReplicas()))
+		as.ReplicaPeers = nt.replicaPeers(js.members.Round(), a, int(m.GetReplicas()))
 	}
 	if p := js.memPlan; p != nil {
 		as.ResumeMemoryStep, as.ResumeMemoryGeneration = p.key.step, p.key.generation
 		as.MemorySources = p.sources(a.GetNode(), a.GetNodeRank(), js.rec.GetSpec().GetProcsPerNode(), func(node string) string {
-			if ns := c.nodes[node]; ns != nil {
+			if ns := nt[node]; ns != nil {
 				return ns.info.peerAddr
 			}
 			return ""

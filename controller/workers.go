@@ -20,7 +20,7 @@ func (c *Controller) workerStatus(node string, w *rdzvv1.WorkerStatus) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if w.GetMemory() != nil {
-		c.exitMemory(node, w)
+		c.jobs.exitMemory(c.nodes, node, w)
 		w = proto.CloneOf(w)
 		w.Memory = nil
 	}
@@ -30,9 +30,8 @@ func (c *Controller) workerStatus(node string, w *rdzvv1.WorkerStatus) {
 // exitMemory takes the holdings of w, node's report, when it is the exit
 // of the job's current generation on node, a member not lost, reported
 // for the first time (jobState.exitMemory says why they count in full).
-// Callers hold c.mu.
-func (c *Controller) exitMemory(node string, w *rdzvv1.WorkerStatus) {
-	js, ns := c.jobs[w.GetJob()], c.nodes[node]
+func (jt jobTable) exitMemory(nt nodeTable, node string, w *rdzvv1.WorkerStatus) {
+	js, ns := jt[w.GetJob()], nt[node]
 	if js == nil || ns == nil || !lifecycle.TerminalWorker(w.GetState()) || js.rec.GetGeneration() != w.GetGeneration() || !js.members.Member(node) ||
 		ns.rec.GetState() == rdzvv1.NodeState_NODE_STATE_LOST || lifecycle.TerminalWorker(js.members.Worker(node).GetState()) {
 		return
@@ -67,16 +66,20 @@ func (c *Controller) applyWorkerStatus(node string, w *rdzvv1.WorkerStatus) {
 		// writing every report first would hold that commit back.
 		c.writes.persistLazy(ch)
 		if nodes := js.members.Round().GetNodes(); len(nodes) > 0 && nodes[0].GetNode() == node {
-			c.probeAhead(js, node)
+			js.probe = startProbe(c.clock, c.nodes.sessionOf(node), node, c.cfg.MasterPortRange)
 		}
 	} else {
 		c.writes.persist(ch, nil)
 	}
 	if r.AllRunning && !js.reportsSteps {
-		c.resumeTraining(js)
+		if took, ok := js.resumeTraining(c.clock.Now()); ok {
+			c.metrics.recovery.Observe(took.Seconds())
+		}
 	}
-	if !r.Exited {
-		c.noteWorkersStarted(js)
+	if !r.Exited && lifecycle.AwaitingWorkers(js.rec) && js.members.AllRunning() {
+		if t, ok := lifecycle.WorkersRunning(js.rec, c.clock.Now(), !js.reportsSteps); ok {
+			c.apply(js, t)
+		}
 	}
 	// One line per node and generation is a line per node per recovery on
 	// a large cluster; the generation's events say how it went (every worker
@@ -93,19 +96,24 @@ func (c *Controller) applyWorkerStatus(node string, w *rdzvv1.WorkerStatus) {
 		// delayed every agent's next message behind them.
 		return
 	}
-	c.release(node, js)
+	if c.nodes.release(node, js) {
+		c.wake()
+	}
 	if w.GetPreflightExcluded() && js.rec.GetSpec().GetHealthPreflight() != nil {
 		c.preflightExcluded(js, node, w.GetMessage())
 	}
-	c.advanceJobAfter(js, []*rdzvv1.NodeAssignment{js.members.Assignment(node)})
+	c.advanceJob(js, []*rdzvv1.NodeAssignment{js.members.Assignment(node)})
 }
 
-// release frees a node whose part in js is over.
-func (c *Controller) release(node string, js *jobState) {
-	if ns := c.nodes[node]; ns != nil && ns.job == js.rec.GetSpec().GetName() {
-		ns.job, ns.generation = "", 0
-		c.wake()
+// release frees a node whose part in js is over; freed is whether it was
+// js's.
+func (nt nodeTable) release(node string, js *jobState) (freed bool) {
+	ns := nt[node]
+	if ns == nil || ns.job != js.rec.GetSpec().GetName() {
+		return false
 	}
+	ns.job, ns.generation = "", 0
+	return true
 }
 
 // sendStop sends stop to node's agent, within grace if positive (else the
