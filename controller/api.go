@@ -145,17 +145,21 @@ func (l *logStreamLimit) take(job string, viewer bool, d int) {
 
 func (s *jobService) StartJob(ctx context.Context, req *rdzvv1.StartJobRequest) (*rdzvv1.StartJobResponse, error) {
 	if req.GetDryRun() {
-		job, preview, err := s.c.previewJob(req.GetSpec())
+		s.c.mu.Lock()
+		err := s.c.jobs.admit(req.GetSpec().GetName(), s.c.cfg.Limits.MaxActiveJobs)
+		candidates := s.c.nodes.candidates()
+		s.c.mu.Unlock()
 		if err != nil {
 			return nil, toStatus(err)
 		}
-		return &rdzvv1.StartJobResponse{Job: job, Placement: preview, Warnings: s.c.submitWarnings(req.GetSpec())}, nil
+		job, preview := previewJob(req.GetSpec(), candidates, s.c.clock.Now())
+		return &rdzvv1.StartJobResponse{Job: job, Placement: preview, Warnings: submitWarnings(req.GetSpec(), candidates)}, nil
 	}
-	job, err := s.c.startJob(ctx, req.GetSpec())
+	job, warnings, err := s.c.startJob(ctx, req.GetSpec())
 	if err != nil {
 		return nil, toStatus(err)
 	}
-	return &rdzvv1.StartJobResponse{Job: job, Warnings: s.c.submitWarnings(req.GetSpec())}, nil
+	return &rdzvv1.StartJobResponse{Job: job, Warnings: warnings}, nil
 }
 
 func (s *jobService) GetJob(_ context.Context, req *rdzvv1.GetJobRequest) (*rdzvv1.GetJobResponse, error) {
@@ -169,11 +173,13 @@ func (s *jobService) GetJob(_ context.Context, req *rdzvv1.GetJobRequest) (*rdzv
 }
 
 func (s *jobService) ListJobs(_ context.Context, req *rdzvv1.ListJobsRequest) (*rdzvv1.ListJobsResponse, error) {
-	resp, err := s.c.listJobs(req)
+	tok, err := decodePageToken(req.GetPageToken(), jobsToken)
 	if err != nil {
 		return nil, status.Error(codes.InvalidArgument, err.Error())
 	}
-	return resp, nil
+	s.c.mu.Lock()
+	defer s.c.mu.Unlock()
+	return s.c.jobs.list(req, tok, s.c.clock.Now()), nil
 }
 
 func (s *jobService) StopJob(ctx context.Context, req *rdzvv1.StopJobRequest) (*rdzvv1.StopJobResponse, error) {
@@ -201,9 +207,48 @@ func (s *jobService) ListEvents(ctx context.Context, req *rdzvv1.ListEventsReque
 			return nil, status.Errorf(codes.NotFound, "job %s not found", job)
 		}
 	}
-	resp, err := s.c.listEvents(ctx, req)
+	resp, err := s.listEvents(ctx, req)
 	if err != nil {
 		return nil, toStatus(err)
+	}
+	return resp, nil
+}
+
+// listEvents reads a page of events from etcd.
+func (s *jobService) listEvents(ctx context.Context, req *rdzvv1.ListEventsRequest) (*rdzvv1.ListEventsResponse, error) {
+	// Events are read from etcd: first let every decision made so far land
+	// there, so that events agree with the states the API has shown.
+	if err := s.c.settle(ctx); err != nil {
+		return nil, fmt.Errorf("listing events: %w", err)
+	}
+	scope := store.ClusterScope
+	if req.GetJob() != "" {
+		scope = req.GetJob()
+	}
+	list := eventsToken + scope
+	tok, err := decodePageToken(req.GetPageToken(), list)
+	if err != nil {
+		return nil, err
+	}
+	// The newest `limit` events in all pages: the first page finds where
+	// they start, each token carries how many are left.
+	left := int(req.GetLimit())
+	if left == 0 {
+		left = defaultEventLimit
+	}
+	if tok.After != "" {
+		left = tok.Left
+	}
+	events, cursor, more, err := s.c.store.ListEvents(ctx, scope, store.EventPage{
+		After: tok.After, Newest: left, MaxBytes: wire.MaxPageBytes,
+		Limit: min(left, pageSize(req.GetPageSize(), defaultEventPageSize, maxEventPageSize)),
+	})
+	if err != nil {
+		return nil, err
+	}
+	resp := &rdzvv1.ListEventsResponse{Events: events}
+	if left -= len(events); more && left > 0 {
+		resp.NextPageToken = pageToken{List: list, After: cursor, Left: left}.encode()
 	}
 	return resp, nil
 }
@@ -340,15 +385,19 @@ type nodeService struct {
 }
 
 func (s *nodeService) ListNodes(_ context.Context, req *rdzvv1.ListNodesRequest) (*rdzvv1.ListNodesResponse, error) {
-	resp, err := s.c.listNodes(req)
+	tok, err := decodePageToken(req.GetPageToken(), nodesToken)
 	if err != nil {
 		return nil, status.Error(codes.InvalidArgument, err.Error())
 	}
-	return resp, nil
+	s.c.mu.Lock()
+	defer s.c.mu.Unlock()
+	return s.c.nodes.list(req, tok), nil
 }
 
 func (s *nodeService) SummarizeNodes(_ context.Context, req *rdzvv1.SummarizeNodesRequest) (*rdzvv1.SummarizeNodesResponse, error) {
-	return s.c.summarizeNodes(req), nil
+	s.c.mu.Lock()
+	defer s.c.mu.Unlock()
+	return s.c.nodes.summarize(req), nil
 }
 
 func (s *nodeService) CordonNode(ctx context.Context, req *rdzvv1.CordonNodeRequest) (*rdzvv1.CordonNodeResponse, error) {

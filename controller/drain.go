@@ -6,6 +6,7 @@ package controller
 import (
 	"context"
 	"fmt"
+	"time"
 
 	"go.uber.org/zap"
 	"google.golang.org/protobuf/proto"
@@ -49,24 +50,18 @@ func (c *Controller) drain(ctx context.Context, name, reason string, now bool) (
 	return view, nil
 }
 
-// previewJob validates a spec as startJob would and says where the
-// scheduler would place it with the nodes free now, storing nothing.
-func (c *Controller) previewJob(specProto *rdzvv1.JobSpec) (*rdzvv1.Job, *rdzvv1.PlacementPreview, error) {
-	spec := jobspec.FromProto(specProto)
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if err := c.jobs.admit(spec.Name, c.cfg.Limits.MaxActiveJobs); err != nil {
-		return nil, nil, err
-	}
-	job := lifecycle.Submit(spec.ToProto(), 0, c.clock.Now()).Job
+// previewJob is the job a spec, admitted, would start as, and where the
+// scheduler would place it among candidates (the nodes now), storing
+// nothing.
+func previewJob(specProto *rdzvv1.JobSpec, candidates []rendezvous.Candidate, now time.Time) (*rdzvv1.Job, *rdzvv1.PlacementPreview) {
+	job := lifecycle.Submit(jobspec.FromProto(specProto).ToProto(), 0, now).Job
 	job.Reason = "dry run: not stored"
 	req := requirements(job.GetSpec())
-	candidates := c.nodes.candidates()
 	preview := &rdzvv1.PlacementPreview{}
 	placed, err := rendezvous.Plan(req, candidates)
 	if err != nil {
 		preview.Reason = "would wait for nodes: " + rendezvous.Explain(req, candidates)
-		return job, preview, nil
+		return job, preview
 	}
 	for _, p := range placed {
 		preview.Nodes = append(preview.Nodes, &rdzvv1.NodeAssignment{
@@ -74,7 +69,7 @@ func (c *Controller) previewJob(specProto *rdzvv1.JobSpec) (*rdzvv1.Job, *rdzvv1
 		})
 	}
 	preview.Reason = fmt.Sprintf("would run on %d nodes now (%s)", len(placed), rendezvous.Explain(req, candidates))
-	return job, preview, nil
+	return job, preview
 }
 
 type serverService struct {

@@ -29,13 +29,15 @@ var (
 // validated on the way in. A finished job of the same name is replaced; its
 // generation count carries on so that no late report from the old job can
 // be mistaken for the new one.
-func (c *Controller) startJob(ctx context.Context, specProto *rdzvv1.JobSpec) (*rdzvv1.Job, error) {
+// It returns the job as stored, and what rdzvctl shows of the spec as
+// likely not meant (submitWarnings).
+func (c *Controller) startJob(ctx context.Context, specProto *rdzvv1.JobSpec) (*rdzvv1.Job, []string, error) {
 	spec := jobspec.FromProto(specProto)
 	c.mu.Lock()
 	name := spec.Name
 	if err := c.jobs.admit(name, c.cfg.Limits.MaxActiveJobs); err != nil {
 		c.mu.Unlock()
-		return nil, err
+		return nil, nil, err
 	}
 	replace, generation := false, c.generationFloor
 	if old := c.jobs[name]; old != nil {
@@ -47,14 +49,15 @@ func (c *Controller) startJob(ctx context.Context, specProto *rdzvv1.JobSpec) (*
 	js := &jobState{rec: rec, pendingSince: now}
 	c.jobs[name] = js
 	view := js.apiView(now)
+	warnings := submitWarnings(specProto, c.nodes.candidates())
 	reply := c.writes.persistWait(c.store.CreateJob(rec, replace, t.Event))
 	c.mu.Unlock()
 	if err := await(ctx, reply); err != nil {
-		return nil, fmt.Errorf("storing job %s: %w", name, err)
+		return nil, nil, fmt.Errorf("storing job %s: %w", name, err)
 	}
 	c.log.Info("job submitted", zap.String("job", name))
 	c.wake()
-	return view, nil
+	return view, warnings, nil
 }
 
 // admit says why a job named name cannot be started now: one of that

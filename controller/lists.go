@@ -6,17 +6,16 @@ package controller
 // outgrow the gRPC message limit and fail for everyone.
 
 import (
-	"context"
 	"encoding/base64"
 	"encoding/json"
 	"fmt"
 	"maps"
 	"slices"
 	"sort"
+	"time"
 
 	"google.golang.org/protobuf/proto"
 
-	"github.com/rdzv/rdzv/controller/store"
 	rdzvv1 "github.com/rdzv/rdzv/proto/rdzv/v1"
 	"github.com/rdzv/rdzv/rendezvous"
 	"github.com/rdzv/rdzv/wire"
@@ -159,15 +158,10 @@ func jobSortKey(js *jobState) string {
 	return fmt.Sprintf("%020d/%s", max(js.rec.GetCreatedAt().AsTime().UnixNano(), 0), js.rec.GetSpec().GetName())
 }
 
-func (c *Controller) listJobs(req *rdzvv1.ListJobsRequest) (*rdzvv1.ListJobsResponse, error) {
-	tok, err := decodePageToken(req.GetPageToken(), jobsToken)
-	if err != nil {
-		return nil, err
-	}
-	c.mu.Lock()
-	defer c.mu.Unlock()
+// list is the page of jobs req asks for, from tok on, as seen at now.
+func (jt jobTable) list(req *rdzvv1.ListJobsRequest, tok pageToken, now time.Time) *rdzvv1.ListJobsResponse {
 	var items []keyed[*jobState]
-	for _, js := range c.jobs {
+	for _, js := range jt {
 		if len(req.GetStates()) > 0 && !slices.Contains(req.GetStates(), js.rec.GetState()) {
 			continue
 		}
@@ -176,13 +170,12 @@ func (c *Controller) listJobs(req *rdzvv1.ListJobsRequest) (*rdzvv1.ListJobsResp
 		}
 	}
 	sortKeyed(items)
-	now := c.clock.Now()
 	view := func(js *jobState) *rdzvv1.Job { return js.apiView(now) }
 	if req.GetView() != rdzvv1.JobView_JOB_VIEW_FULL {
 		view = func(js *jobState) *rdzvv1.Job { return summarize(js.apiView(now)) }
 	}
 	jobs, next := fillPage(jobsToken, items, pageSize(req.GetPageSize(), defaultJobPageSize, maxJobPageSize), view)
-	return &rdzvv1.ListJobsResponse{Jobs: jobs, NextPageToken: next}, nil
+	return &rdzvv1.ListJobsResponse{Jobs: jobs, NextPageToken: next}
 }
 
 // summarize trims a job view to JOB_VIEW_SUMMARY: without the fields whose
@@ -201,15 +194,10 @@ func summarize(j *rdzvv1.Job) *rdzvv1.Job {
 	return j
 }
 
-func (c *Controller) listNodes(req *rdzvv1.ListNodesRequest) (*rdzvv1.ListNodesResponse, error) {
-	tok, err := decodePageToken(req.GetPageToken(), nodesToken)
-	if err != nil {
-		return nil, err
-	}
-	c.mu.Lock()
-	defer c.mu.Unlock()
+// list is the page of nodes req asks for, from tok on.
+func (nt nodeTable) list(req *rdzvv1.ListNodesRequest, tok pageToken) *rdzvv1.ListNodesResponse {
 	var items []keyed[*nodeState]
-	for name, ns := range c.nodes {
+	for name, ns := range nt {
 		if name <= tok.After || !nodeMatches(ns, viewState(ns), req.GetStates(), req.GetSelector()) {
 			continue
 		}
@@ -217,7 +205,7 @@ func (c *Controller) listNodes(req *rdzvv1.ListNodesRequest) (*rdzvv1.ListNodesR
 	}
 	sortKeyed(items)
 	nodes, next := fillPage(nodesToken, items, pageSize(req.GetPageSize(), defaultNodePageSize, maxNodePageSize), (*nodeState).apiView)
-	return &rdzvv1.ListNodesResponse{Nodes: nodes, NextPageToken: next}, nil
+	return &rdzvv1.ListNodesResponse{Nodes: nodes, NextPageToken: next}
 }
 
 // nodeMatches is the filter of node lists and summaries: one of states
@@ -230,17 +218,15 @@ func nodeMatches(ns *nodeState, state rdzvv1.NodeState, states []rdzvv1.NodeStat
 // names: the rest are a --state away.
 const maxAttention = 20
 
-// summarizeNodes counts the nodes that match req in one pass under the
-// lock (no copy of any node but the few it names), so a summary of the
-// whole cluster costs what one page of a list does.
-func (c *Controller) summarizeNodes(req *rdzvv1.SummarizeNodesRequest) *rdzvv1.SummarizeNodesResponse {
+// summarize counts the nodes that match req in one pass (no copy of any
+// node but the few it names), so a summary of the whole cluster costs what
+// one page of a list does.
+func (nt nodeTable) summarize(req *rdzvv1.SummarizeNodesRequest) *rdzvv1.SummarizeNodesResponse {
 	resp := &rdzvv1.SummarizeNodesResponse{}
 	states := map[rdzvv1.NodeState]*rdzvv1.NodeStateCount{}
 	jobs := map[string]int32{}
 	var attention []keyed[*nodeState]
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	for name, ns := range c.nodes {
+	for name, ns := range nt {
 		state := viewState(ns)
 		if !nodeMatches(ns, state, req.GetStates(), req.GetSelector()) {
 			continue
@@ -292,42 +278,4 @@ func (c *Controller) summarizeNodes(req *rdzvv1.SummarizeNodesRequest) *rdzvv1.S
 		resp.Jobs = append(resp.Jobs, &rdzvv1.JobNodeCount{Job: job, Nodes: jobs[job]})
 	}
 	return resp
-}
-
-func (c *Controller) listEvents(ctx context.Context, req *rdzvv1.ListEventsRequest) (*rdzvv1.ListEventsResponse, error) {
-	// Events are read from etcd: first let every decision made so far land
-	// there, so that events agree with the states the API has shown.
-	if err := c.settle(ctx); err != nil {
-		return nil, fmt.Errorf("listing events: %w", err)
-	}
-	scope := store.ClusterScope
-	if req.GetJob() != "" {
-		scope = req.GetJob()
-	}
-	list := eventsToken + scope
-	tok, err := decodePageToken(req.GetPageToken(), list)
-	if err != nil {
-		return nil, err
-	}
-	// The newest `limit` events in all pages: the first page finds where
-	// they start, each token carries how many are left.
-	left := int(req.GetLimit())
-	if left == 0 {
-		left = defaultEventLimit
-	}
-	if tok.After != "" {
-		left = tok.Left
-	}
-	events, cursor, more, err := c.store.ListEvents(ctx, scope, store.EventPage{
-		After: tok.After, Newest: left, MaxBytes: wire.MaxPageBytes,
-		Limit: min(left, pageSize(req.GetPageSize(), defaultEventPageSize, maxEventPageSize)),
-	})
-	if err != nil {
-		return nil, err
-	}
-	resp := &rdzvv1.ListEventsResponse{Events: events}
-	if left -= len(events); more && left > 0 {
-		resp.NextPageToken = pageToken{List: list, After: cursor, Left: left}.encode()
-	}
-	return resp, nil
 }

@@ -276,11 +276,9 @@ func sortOldestFirst(jobs []*jobState) {
 }
 
 // submitWarnings are what rdzvctl shows of a submitted spec that is valid
-// but likely not meant, judged against the nodes registered now.
-func (c *Controller) submitWarnings(spec *rdzvv1.JobSpec) []string {
-	c.mu.Lock()
-	candidates := c.nodes.candidates()
-	c.mu.Unlock()
+// but likely not meant, judged against candidates, the nodes registered
+// now.
+func submitWarnings(spec *rdzvv1.JobSpec, candidates []rendezvous.Candidate) []string {
 	if w := rendezvous.GPUWarning(requirements(spec), candidates); w != "" {
 		return []string{w}
 	}
