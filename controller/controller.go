@@ -183,7 +183,7 @@ type jobState struct {
 	lastCall     rendezvous.LastCall
 	committing   bool
 	pendingSince time.Time
-	// probe is the next round's master port, probed ahead (probeAhead).
+	// probe is the next round's master port, probed ahead (startProbe).
 	probe *masterProbe
 	// progressed is set once the current generation reported a new step or
 	// checkpoint; a failure without it counts toward a crash loop.

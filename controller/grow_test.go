@@ -4,6 +4,8 @@ import (
 	"context"
 	"testing"
 
+	"github.com/rdzv/rdzv/controller"
+
 	"github.com/stretchr/testify/require"
 
 	"github.com/rdzv/rdzv/jobspec"
@@ -108,6 +110,6 @@ func TestGrowYieldsToWaitingJob(t *testing.T) {
 // schedulePass runs a scheduling pass and waits for what it wrote.
 func (c *cluster) schedulePass() {
 	c.t.Helper()
-	c.ctl.SchedulePass(context.Background())
+	controller.SchedulePass(context.Background(), c.ctl)
 	c.settle()
 }

@@ -516,7 +516,7 @@ func (c *cluster) etcdKeys(prefix string) []string {
 // API shows them as soon as they are made, etcd a write later.
 func (c *cluster) settle() {
 	c.t.Helper()
-	require.NoError(c.t, c.ctl.Settle(rpcCtx(c.t)))
+	require.NoError(c.t, controller.Settle(rpcCtx(c.t), c.ctl))
 }
 
 // advance moves the fake clock on by d and runs a liveness pass at the
@@ -546,7 +546,7 @@ func (c *cluster) advance(d time.Duration, alive ...string) {
 // one it knows has run.
 func (c *cluster) checkLiveness() {
 	c.t.Helper()
-	c.ctl.CheckLiveness()
+	controller.CheckLiveness(c.ctl)
 	c.settle()
 }
 

@@ -4,6 +4,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/rdzv/rdzv/controller"
+
 	"github.com/stretchr/testify/require"
 
 	rdzvv1 "github.com/rdzv/rdzv/proto/rdzv/v1"
@@ -16,7 +18,7 @@ func silentUnderLag(c *cluster, lag, d time.Duration) {
 	c.t.Helper()
 	c.lag.Store(int64(lag))
 	for step := heartbeatTimeout / 4; d > 0; d -= step {
-		c.ctl.NoteLag()
+		controller.NoteLag(c.ctl)
 		c.advance(min(step, d), "node-a")
 	}
 }
