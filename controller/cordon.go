@@ -74,18 +74,18 @@ func (c *Controller) gpuFault(node string, f *rdzvv1.GPUFault) {
 	c.attemptFailed(js, causeGPUFault, fmt.Sprintf("node %s: GPU fault: %s", node, f.GetMessage()), latency)
 }
 
-// countLoss records that a node was lost while running a job, and cordons
-// it once that has happened flaky_nodes.losses times within the window: a
-// node that keeps dropping out would otherwise be picked again and fail
-// each job it joins. Callers hold c.mu.
-func (c *Controller) countLoss(name string, ns *nodeState) {
-	rule := health.Flaky{Losses: c.cfg.FlakyNodes.Losses, Window: c.cfg.FlakyNodes.Window.Duration}
+// countLoss records that the node was lost while running a job at now,
+// and says why to cordon it once that has happened rule.Losses times
+// within the window (flaky_nodes): a node that keeps dropping out would
+// otherwise be picked again and fail each job it joins. cordon is empty
+// when it stays as it is.
+func (ns *nodeState) countLoss(rule health.Flaky, now time.Time) (cordon string) {
 	var flaky bool
-	ns.losses, flaky = rule.Record(ns.losses, c.clock.Now())
+	ns.losses, flaky = rule.Record(ns.losses, now)
 	if !flaky || ns.rec.GetCordoned() {
-		return
+		return ""
 	}
-	reason := fmt.Sprintf("lost %d times within %s while running jobs", len(ns.losses), rule.Window)
-	c.setCordon(name, true, reason)
+	cordon = fmt.Sprintf("lost %d times within %s while running jobs", len(ns.losses), rule.Window)
 	ns.losses = nil
+	return cordon
 }

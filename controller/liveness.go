@@ -124,7 +124,9 @@ func (c *Controller) markLost(name string, ns *nodeState, now, lastSeen time.Tim
 		return
 	}
 	if js := c.jobs[ns.job]; js != nil && js.rec.GetGeneration() == ns.generation && ns.generation != 0 {
-		c.countLoss(name, ns)
+		if reason := ns.countLoss(health.Flaky{Losses: c.cfg.FlakyNodes.Losses, Window: c.cfg.FlakyNodes.Window.Duration}, c.clock.Now()); reason != "" {
+			c.setCordon(name, true, reason)
+		}
 		c.applyWorkerStatus(name, &rdzvv1.WorkerStatus{
 			Job: ns.job, Generation: ns.generation, State: rdzvv1.WorkerState_WORKER_STATE_FAILED,
 			ExitCode: -1, Message: "node lost: " + reason, ExitedAt: timestamppb.New(lastSeen),
