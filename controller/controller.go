@@ -603,7 +603,7 @@ const (
 	EventJobStopping         = lifecycle.EventJobStopping
 	EventJobStopped          = lifecycle.EventJobStopped
 	EventAttemptFailed       = lifecycle.EventAttemptFailed
-	EventCheckpoint          = "checkpoint_recorded"
+	EventCheckpoint          = lifecycle.EventCheckpoint
 	EventNodeCordoned        = "node_cordoned"
 	EventNodeUncordoned      = "node_uncordoned"
 	EventGPUFault            = "gpu_fault"

@@ -4,8 +4,6 @@ import (
 	"time"
 
 	"go.uber.org/zap"
-	"google.golang.org/protobuf/proto"
-	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/rdzv/rdzv/controller/lifecycle"
 	"github.com/rdzv/rdzv/health"
@@ -115,51 +113,40 @@ func (c *Controller) progress(node string, p *rdzvv1.Progress) {
 	}
 }
 
-// checkpoint adds a complete checkpoint to the job's catalog. Only the
-// current generation of a running job may report one: a fenced generation
-// must never become the one the job resumes from.
+// checkpoint adds a complete checkpoint to the job's catalog, as
+// lifecycle.OnCheckpoint decides.
 func (c *Controller) checkpoint(node string, r *rdzvv1.CheckpointReport) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	log := c.log.With(zap.String("node", node), zap.String("job", r.GetJob()), zap.Uint64("generation", r.GetGeneration()), zap.Uint64("step", r.GetStep()))
 	js := c.jobs[r.GetJob()]
-	if js == nil || js.rec.GetGeneration() != r.GetGeneration() || js.rec.GetState() != rdzvv1.JobState_JOB_STATE_RUNNING || !js.members.Member(node) {
+	var d lifecycle.Checkpointed
+	if js == nil {
+		d = lifecycle.OnCheckpoint(nil, node, false, false, r, c.clock.Now())
+	} else {
+		d = lifecycle.OnCheckpoint(js.rec, node, js.members.Member(node), js.reportsSteps, r, c.clock.Now())
+	}
+	switch {
+	case d.Stale:
 		log.Warn("ignoring checkpoint from a stale generation")
 		return
-	}
-	if latest := js.rec.GetLatestCheckpoint(); latest != nil && r.GetStep() <= latest.GetStep() {
+	case d.Ignored != "":
+		log.Info("ignoring checkpoint", zap.String("reason", d.Ignored), zap.Uint64("progress_step", js.rec.GetStep()))
 		return
-	}
-	if r.GetSource() == "scan" && js.reportsSteps && r.GetStep() > js.rec.GetStep() {
-		// Found on disk beyond where this generation has trained: written by
-		// a generation that was being stopped, which must never become the
-		// one to resume from.
-		log.Info("ignoring scanned checkpoint ahead of this generation's progress", zap.Uint64("progress_step", js.rec.GetStep()))
+	case d.Job == nil:
 		return
 	}
 	if err := checkpointPathOK(js.rec.GetSpec().GetCheckpointDir(), r.GetPath()); err != nil {
 		log.Warn("ignoring checkpoint with a bad path", zap.String("path", r.GetPath()), zap.Error(err))
 		return
 	}
-	// The cadence growth weighs (joinWait): since the generation's previous
-	// checkpoint, or for its first since it started (start-up included,
-	// so at most an overestimate).
-	if prev := js.rec.GetLatestCheckpoint(); prev.GetGeneration() == r.GetGeneration() && prev.GetReportedAt() != nil {
-		js.ckptEvery = c.clock.Now().Sub(prev.GetReportedAt().AsTime())
-	} else if started := js.rec.GetStartedAt(); started != nil {
-		js.ckptEvery = c.clock.Now().Sub(started.AsTime())
-	}
-	cp := &rdzvv1.Checkpoint{Step: r.GetStep(), Path: r.GetPath(), Generation: r.GetGeneration(), Node: node,
-		ReportedAt: timestamppb.New(c.clock.Now()), Source: r.GetSource()}
-	rec := proto.Clone(js.rec).(*rdzvv1.Job)
-	rec.LatestCheckpoint = cp
+	js.ckptEvery = d.Every
 	var keepFrom uint64
 	if n := len(js.catalog); n >= catalogSize {
 		keepFrom = js.catalog[n-catalogSize+1]
 	}
-	ev := c.event(r.GetJob(), node, r.GetGeneration(), EventCheckpoint, "checkpoint step %d complete (%s): %s", r.GetStep(), r.GetSource(), r.GetPath())
-	js.rec = rec
-	c.writes.persist(c.store.RecordCheckpoint(rec, cp, keepFrom, ev), nil)
+	js.rec = d.Job
+	c.writes.persist(c.store.RecordCheckpoint(d.Job, d.Checkpoint, keepFrom, d.Event), nil)
 	js.catalog = append(js.catalog, r.GetStep())
 	if len(js.catalog) > catalogSize {
 		js.catalog = js.catalog[len(js.catalog)-catalogSize:]
