@@ -48,6 +48,9 @@ const (
 	// standbyWait bounds a hand-off: the standby may still be importing
 	// the preload modules (a fresh one, on a loaded node).
 	standbyWait = 2 * time.Minute
+	// standbyDialEvery paces the hand-off's dials while the standby is
+	// not yet listening.
+	standbyDialEvery = 10 * time.Millisecond
 	// standbyLinger is how long a job's idle standby outlives its last
 	// generation here when no stop order said the job ended (JobEnded
 	// drops it at once: Supervisor.Ordered): a restart's next assignment
@@ -409,9 +412,15 @@ func (s *Supervisor) handOffTo(sb *standby, a *rdzvv1.Assignment, env []string, 
 var errStandbyExited = errors.New("the warm standby exited before its assignment")
 
 // handOff sends msg to the standby, waiting for it to listen (it may
-// still be importing), and for its answer.
+// still be importing), and for its answer. The wait for the socket is on
+// the real clock, not the supervisor's: it paces dials against another
+// process's progress, which no test clock could advance, and the
+// connection's deadline is the kernel's.
 func handOff(sb *standby, msg []byte) error {
-	deadline := time.Now().Add(standbyWait)
+	deadline := time.NewTimer(standbyWait)
+	defer deadline.Stop()
+	retry := time.NewTicker(standbyDialEvery)
+	defer retry.Stop()
 	var conn net.Conn
 	for {
 		err := viaDirFD(sb.dir, sb.sock, func(path string) (err error) {
@@ -424,12 +433,10 @@ func handOff(sb *standby, msg []byte) error {
 		select {
 		case <-sb.exited:
 			return errStandbyExited
-		default:
-		}
-		if time.Now().After(deadline) {
+		case <-deadline.C:
 			return fmt.Errorf("the warm standby did not listen within %s: %w", standbyWait, err)
+		case <-retry.C:
 		}
-		time.Sleep(10 * time.Millisecond)
 	}
 	defer conn.Close()
 	_ = conn.SetDeadline(time.Now().Add(shimRequestTimeout))
