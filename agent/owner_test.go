@@ -297,3 +297,18 @@ func TestSupervisorOwnerStandby(t *testing.T) {
 		})
 	}
 }
+
+// Workers that exited before the agent stopped are reported as they
+// ended, not as stopped by the shutdown.
+func TestSupervisorOwnerExitBeforeShutdown(t *testing.T) {
+	h := newOwnerHarness(t)
+	h.sup.Assign(h.assignment("train", 1, "hang"))
+	h.expect("train", 1, wRunning)
+	w := h.sup.view.Load().cur
+	h.launched().end(Exit{Code: 3})
+	<-w.exited
+	h.stop()
+	st := h.expect("train", 1, wFailed)
+	require.EqualValues(t, 3, st.GetExitCode())
+	require.Empty(t, st.GetMessage())
+}

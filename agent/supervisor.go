@@ -285,6 +285,16 @@ func (s *Supervisor) shutdown() {
 	// A standby has nothing to hand over: the next agent starts its own.
 	s.dropStandby("")
 	w := s.cur
+	if w != nil {
+		select {
+		case <-w.exited:
+			// Ended before the agent did: the exit is this agent's to
+			// report, and nothing is left to hand over.
+			s.ended(w)
+			return
+		default:
+		}
+	}
 	if w == nil || s.restartGrace <= 0 || !s.spawner.HandsOver() {
 		s.stopCurrent("agent shutting down")
 		return
@@ -300,6 +310,14 @@ func (s *Supervisor) shutdown() {
 	if err := w.proc.Detach(hold); err != nil {
 		// Its shim goes by the orphan timeout then, which is safe either way.
 		s.log.Error("handing workers over failed", zap.String("job", w.job), zap.Error(err))
+		return
+	}
+	// Detach ends Wait, and so the watch goroutine. Workers that exited
+	// before they were marked handed over were watched as this agent's:
+	// their exit is reported here.
+	<-w.exited
+	if !w.exit.handedOver {
+		s.ended(w)
 		return
 	}
 	s.log.Info("workers left running for the next agent", zap.String("job", w.job), zap.Uint64("generation", w.generation),
@@ -536,8 +554,12 @@ func newWorker(a *rdzvv1.Assignment, proc Process, logPath string, token []byte,
 
 // workerExit is what the watch goroutine learnt of the workers' exit.
 type workerExit struct {
-	exit     Exit
-	exitedAt *timestamppb.Timestamp
+	// handedOver is whether the workers had been handed over when Wait
+	// returned: their exit is then the next agent's, and the fields after
+	// exitedAt are not set.
+	handedOver bool
+	exit       Exit
+	exitedAt   *timestamppb.Timestamp
 	// reason is the process's own account of the exit (Process.Reason).
 	reason string
 	// verdict is the preflight's, when it excluded this node.
@@ -550,9 +572,9 @@ type workerExit struct {
 // state of the Supervisor's.
 func (s *Supervisor) watch(w *worker) {
 	exit := w.proc.Wait()
-	w.exit = workerExit{exit: exit, exitedAt: timestamppb.New(s.clock.Now())}
+	w.exit = workerExit{handedOver: w.handedOver.Load(), exit: exit, exitedAt: timestamppb.New(s.clock.Now())}
 	defer close(w.exited)
-	if w.handedOver.Load() {
+	if w.exit.handedOver {
 		w.stopScan()
 		return
 	}
