@@ -119,7 +119,7 @@ func hasMarker(dirfd int, markers []string) bool {
 func (s *Supervisor) scanLoop(w *worker, dir string, markers []string) {
 	defer close(w.scanDone)
 	log := s.log.With(zap.String("job", w.job), zap.Uint64("generation", w.generation), zap.String("checkpoint_dir", dir))
-	ticker := time.NewTicker(s.scanEvery)
+	ticker := s.clock.NewTicker(s.scanEvery)
 	defer ticker.Stop()
 	var lastErr string
 	for {
@@ -143,7 +143,7 @@ func (s *Supervisor) scanLoop(w *worker, dir string, markers []string) {
 				s.reportFound(w, found, log)
 			}
 			return
-		case <-ticker.C:
+		case <-ticker.Chan():
 		}
 	}
 }
@@ -152,7 +152,7 @@ func (s *Supervisor) scanLoop(w *worker, dir string, markers []string) {
 // newer than the one it resumed from.
 func (s *Supervisor) reportFound(w *worker, found []FoundCheckpoint, log *zap.Logger) {
 	for _, c := range found {
-		if w.resumed && c.Step <= w.resumeStep || !s.markReported(w, c.Step) {
+		if w.resumed && c.Step <= w.resumeStep || !w.markReported(c.Step) {
 			continue
 		}
 		r := &rdzvv1.CheckpointReport{Job: w.job, Generation: w.generation, Step: c.Step, Path: c.Path, Source: sourceScan}

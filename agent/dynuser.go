@@ -6,7 +6,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"github.com/rdzv/rdzv/wire"
 	"hash/fnv"
 	"os"
 	"os/user"
@@ -17,6 +16,8 @@ import (
 	"syscall"
 
 	"go.uber.org/zap"
+
+	"github.com/rdzv/rdzv/wire"
 )
 
 // Dynamic users. A job that names no run_as, on an agent whose own run_as

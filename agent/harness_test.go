@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/google/go-cmp/cmp"
+	"github.com/jonboulle/clockwork"
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
 	"go.uber.org/zap"
@@ -166,6 +167,14 @@ func (h *supHarness) start() {
 		})
 	}
 	t.Cleanup(h.stop)
+}
+
+// setClock has the supervisor run on clock: Run reads it as it starts, so
+// it is stopped (with nothing running yet) and started again on it.
+func (h *supHarness) setClock(clock clockwork.Clock) {
+	h.stop()
+	h.sup.clock = clock
+	h.start()
 }
 
 // assignment is rank 1 of 2 on GPUs 2 and 3, running fakeTorchrun with

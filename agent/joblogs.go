@@ -160,7 +160,7 @@ func (s *Supervisor) pruneJobLogs() {
 	if s.jobLogs.MaxBytes <= 0 {
 		return
 	}
-	removed, err := pruneLogs(filepath.Join(s.stateDir, "logs"), s.Running, s.jobLogs.MaxBytes, s.jobLogs.MaxAge.Duration, time.Now())
+	removed, err := pruneLogs(filepath.Join(s.stateDir, "logs"), s.Running, s.jobLogs.MaxBytes, s.jobLogs.MaxAge.Duration, s.clock.Now())
 	if err != nil {
 		s.log.Warn("pruning job logs failed", zap.Error(err))
 	}

@@ -82,7 +82,7 @@ type reportServer struct {
 
 func newReportServer(sup *Supervisor, requests *prometheus.CounterVec, log *zap.Logger) *reportServer {
 	return &reportServer{srv: &http.Server{
-		Handler:           countStatus(newReportHandler(sup, log, time.Now), requests),
+		Handler:           countStatus(newReportHandler(sup, log, sup.clock.Now), requests),
 		ReadHeaderTimeout: 5 * time.Second,
 		ReadTimeout:       10 * time.Second,
 		WriteTimeout:      10 * time.Second,
@@ -289,21 +289,18 @@ func parseMemoryReport(req reportRequest) (uint32, int64, [sha256.Size]byte, err
 // reportMemory enters rank's shard of step of job's generation gen, whose
 // workers hold token.
 func (s *Supervisor) reportMemory(token []byte, job string, gen, step uint64, rank uint32, size int64, sum [sha256.Size]byte) error {
-	s.mu.Lock()
-	_, err := s.runningLocked(token, job, gen)
-	s.mu.Unlock()
-	if err != nil {
+	if _, err := s.running(token, job, gen); err != nil {
 		return err
 	}
 	if err := s.mem.reported(job, gen, step, rank, size, sum); err != nil {
 		return err
 	}
 	// A saved step is progress, and what carries the holdings.
-	s.mu.Lock()
-	if w, err := s.runningLocked(token, job, gen); err == nil {
-		w.advance(step, time.Now())
+	if w, err := s.running(token, job, gen); err == nil {
+		w.mu.Lock()
+		w.advance(step, s.clock.Now())
+		w.mu.Unlock()
 	}
-	s.mu.Unlock()
 	return nil
 }
 
@@ -433,41 +430,38 @@ func checkCheckpointPath(dir, path string, cred *syscall.Credential) error {
 }
 
 // tokenAccepted reports whether token is the running workers' report token.
-func (s *Supervisor) tokenAccepted(token []byte) bool {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.tokenAcceptedLocked(token)
-}
+func (s *Supervisor) tokenAccepted(token []byte) bool { return tokenOf(s.view.Load().cur, token) }
 
-func (s *Supervisor) tokenAcceptedLocked(token []byte) bool {
-	w := s.cur
+// tokenOf reports whether token is w's report token (w nil: none runs).
+func tokenOf(w *worker, token []byte) bool {
 	// Constant time: how much of a guess matched must not show in how long
 	// the answer takes. A worker adopted without a token (started by an
 	// agent before tokens) accepts none.
 	return w != nil && len(w.token) == reportTokenBytes && subtle.ConstantTimeCompare(token, w.token) == 1
 }
 
-// runningLocked returns the running worker when token is its report token
-// and it is job's generation gen. Neither error names what runs here.
-func (s *Supervisor) runningLocked(token []byte, job string, gen uint64) (*worker, error) {
-	if !s.tokenAcceptedLocked(token) {
+// running returns the running worker when token is its report token and
+// it is job's generation gen. Neither error names what runs here.
+func (s *Supervisor) running(token []byte, job string, gen uint64) (*worker, error) {
+	w := s.view.Load().cur
+	if !tokenOf(w, token) {
 		return nil, errTokenRefused
 	}
-	if w := s.cur; w.job != job || w.generation != gen {
+	if w.job != job || w.generation != gen {
 		return nil, fmt.Errorf("job %s generation %d is %w: the report token is another generation's", job, gen, errNotRunning)
 	}
-	return s.cur, nil
+	return w, nil
 }
 
 // reportStep records that job's generation gen, whose workers hold token,
 // reached step at at, in phase, with metrics (nil: none).
 func (s *Supervisor) reportStep(token []byte, job string, gen, step uint64, phase rdzvv1.TrainingPhase, metrics map[string]float64, at time.Time) error {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	w, err := s.runningLocked(token, job, gen)
+	w, err := s.running(token, job, gen)
 	if err != nil {
 		return err
 	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
 	w.advance(step, at)
 	w.enter(phase, step)
 	if metrics != nil && (w.metrics == nil || step >= w.metricsStep) {
@@ -480,6 +474,7 @@ func (s *Supervisor) reportStep(token []byte, job string, gen, step uint64, phas
 // rank's older step must not look like the job going backwards. A step
 // past the checkpoint being saved ends the save: training went on (after a
 // rank's quicker save, or a save that failed and was never completed).
+// Callers hold w.mu, as for enter and saved.
 func (w *worker) advance(step uint64, at time.Time) {
 	if !w.hasStep || step > w.step {
 		w.step, w.stepAt, w.hasStep = step, at, true
@@ -522,9 +517,7 @@ func (w *worker) saved(step uint64) {
 // checkpointTarget is the checkpoint directory of job's generation gen and
 // the user its workers run as, when that is what runs here under token.
 func (s *Supervisor) checkpointTarget(token []byte, job string, gen uint64) (string, *syscall.Credential, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	w, err := s.runningLocked(token, job, gen)
+	w, err := s.running(token, job, gen)
 	if err != nil {
 		return "", nil, err
 	}
@@ -534,17 +527,15 @@ func (s *Supervisor) checkpointTarget(token []byte, job string, gen uint64) (str
 // reportCheckpoint queues a checkpoint the workers saved. A saved step is
 // also progress.
 func (s *Supervisor) reportCheckpoint(token []byte, job string, gen, step uint64, path string, at time.Time) error {
-	s.mu.Lock()
-	w, err := s.runningLocked(token, job, gen)
-	if err == nil {
-		w.advance(step, at)
-		w.saved(step)
-		w.reported[step] = true
-	}
-	s.mu.Unlock()
+	w, err := s.running(token, job, gen)
 	if err != nil {
 		return err
 	}
+	w.mu.Lock()
+	w.advance(step, at)
+	w.saved(step)
+	w.reported[step] = true
+	w.mu.Unlock()
 	s.queueCheckpoint(&rdzvv1.CheckpointReport{Job: job, Generation: gen, Step: step, Path: path, Source: sourceHelper}, true)
 	return nil
 }
@@ -552,10 +543,13 @@ func (s *Supervisor) reportCheckpoint(token []byte, job string, gen, step uint64
 // Progress is the newest step the running workers reported, their phase
 // and latest metrics, nil before their first report.
 func (s *Supervisor) Progress() *rdzvv1.Progress {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	w := s.cur
-	if w == nil || !w.hasStep {
+	w := s.view.Load().cur
+	if w == nil {
+		return nil
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if !w.hasStep {
 		return nil
 	}
 	// What the node holds of the job's in-memory checkpoints rides along:
@@ -568,9 +562,9 @@ func (s *Supervisor) Progress() *rdzvv1.Progress {
 
 // markReported records step as queued for w, and reports whether it was not
 // already.
-func (s *Supervisor) markReported(w *worker, step uint64) bool {
-	s.mu.Lock()
-	defer s.mu.Unlock()
+func (w *worker) markReported(step uint64) bool {
+	w.mu.Lock()
+	defer w.mu.Unlock()
 	if w.reported[step] {
 		return false
 	}
@@ -581,10 +575,10 @@ func (s *Supervisor) markReported(w *worker, step uint64) bool {
 // unmarkReported forgets a queued step that never left, so the scanner
 // offers it again.
 func (s *Supervisor) unmarkReported(job string, gen, step uint64) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if w := s.cur; w != nil && w.job == job && w.generation == gen {
+	if w := s.view.Load().cur; w != nil && w.job == job && w.generation == gen {
+		w.mu.Lock()
 		delete(w.reported, step)
+		w.mu.Unlock()
 	}
 }
 

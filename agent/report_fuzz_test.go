@@ -56,6 +56,7 @@ func FuzzReportEndpoint(f *testing.F) {
 	}
 	sup := NewSupervisor(Config{StateDir: dir, StopGrace: DefaultConfig().StopGrace}, "node-a", "lo", "", ExecSpawner{}, zap.NewNop())
 	sup.cur = &worker{job: "train", generation: 2, checkpointDir: ckpt, token: token, reported: map[uint64]bool{}}
+	sup.publish()
 	handler := newReportHandler(sup, zap.NewNop(), time.Now)
 	f.Fuzz(func(t *testing.T, checkpoint bool, auth string, body []byte) {
 		path := "/v1/step"

@@ -50,10 +50,9 @@ func reportEndpoint(t *testing.T, h *supHarness) *httptest.Server {
 
 // token is the running workers' report token.
 func (h *supHarness) token() []byte {
-	h.sup.mu.Lock()
-	defer h.sup.mu.Unlock()
-	require.NotNil(h.t, h.sup.cur, "no workers run")
-	return h.sup.cur.token
+	w := h.sup.view.Load().cur
+	require.NotNil(h.t, w, "no workers run")
+	return w.token
 }
 
 // bearer is the Authorization header carrying token.
@@ -529,11 +528,9 @@ func TestCheckpointQueueDropsOldest(t *testing.T) {
 	require.EqualValues(t, 2, got[0].GetStep(), "the oldest report made room")
 	require.EqualValues(t, checkpointQueueSize+1, got[len(got)-1].GetStep())
 
-	h.sup.mu.Lock()
-	w := h.sup.cur
-	h.sup.mu.Unlock()
-	require.True(t, h.sup.markReported(w, 1), "the dropped step can be found by the scanner again")
-	require.False(t, h.sup.markReported(w, 2))
+	w := h.sup.view.Load().cur
+	require.True(t, w.markReported(1), "the dropped step can be found by the scanner again")
+	require.False(t, w.markReported(2))
 }
 
 func TestProgressFilter(t *testing.T) {

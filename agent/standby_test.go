@@ -21,8 +21,7 @@ const spareKeep = 90 * time.Second
 // are of one run of the job.
 func (h *warmHarness) spare() *clockwork.FakeClock {
 	clock := clockwork.NewFakeClock()
-	// Read on the command goroutine only, after the next command is sent.
-	h.sup.clock = clock
+	h.setClock(clock)
 	return clock
 }
 
@@ -48,9 +47,7 @@ func prepareFor(a *rdzvv1.Assignment) *rdzvv1.PrepareStandby {
 }
 
 func (h *warmHarness) currentStandby() *standby {
-	h.sup.mu.Lock()
-	defer h.sup.mu.Unlock()
-	return h.sup.standby
+	return h.sup.view.Load().standby
 }
 
 // An idle spare told to prepare a standby starts one that runs nothing of
@@ -76,9 +73,7 @@ func TestSpareStandbyTaken(t *testing.T) {
 
 	h.sup.Assign(a)
 	h.expect("warm", 1, wRunning)
-	h.sup.mu.Lock()
-	pid := h.sup.cur.proc.Pid()
-	h.sup.mu.Unlock()
+	pid := h.sup.view.Load().cur.proc.Pid()
 	require.Equal(t, sb.proc.Pid(), pid, "the generation is handed to the prepared standby")
 	require.Empty(t, h.sup.ReadyStandby(), "a node running the job keeps no idle standby")
 	h.expect("warm", 1, wSucceeded)
@@ -117,7 +112,7 @@ func TestSpareStandbyDropped(t *testing.T) {
 			return "warm-b"
 		}},
 		{"memory runs low", func(h *warmHarness, _ *clockwork.FakeClock) string {
-			// Read on the command goroutine, after the command is sent.
+			// Read on the run goroutine, after the command is sent.
 			h.sup.meminfo = func() ([]byte, error) { return []byte("MemTotal: 8000000 kB\nMemAvailable: 1024 kB\n"), nil }
 			h.sup.PrepareStandby(prepareFor(h.spareAssign(1, 0)))
 			h.sync()

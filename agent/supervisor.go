@@ -45,6 +45,17 @@ const (
 // Supervisor runs at most one job's workers on this node. Commands are
 // applied in the order the controller sent them, on one goroutine, so a stop
 // of generation N is always applied before the start of N+1.
+//
+// Ownership: the worker state (cur, ending, lastGen, history, standby,
+// standbySeq, and each worker's stopReason) is owned by the run goroutine,
+// the one in Run (and, before Run starts, Adopt's caller): only it reads or
+// writes them, so none needs a lock. A worker's watch goroutine writes
+// nothing of the Supervisor's: it closes the worker's exited channel, and
+// the run goroutine handles the exit (ended). Other goroutines (the
+// session's heartbeat and registration, the report endpoint, the
+// checkpoint scanner) read the immutable snapshot the run goroutine
+// publishes (view) after every change; what they write, a worker's
+// progress, is guarded by that worker's own lock.
 type Supervisor struct {
 	// mem holds the node's in-memory checkpoints (memckpt.go).
 	mem *memStore
@@ -93,16 +104,18 @@ type Supervisor struct {
 	// jobLogs bounds the job logs kept on the node (joblogs.go).
 	jobLogs JobLogsConfig
 
-	// standbySeq numbers warm standbys; used on the command goroutine (and
-	// by Adopt, before it runs). It starts at the clock, not at 0, so that
-	// no standby takes the name, and so the shim directory, of one a
-	// previous agent left running for an adopted generation.
-	standbySeq uint64
-	// clock times a spare's standby (PrepareStandby).
+	// clock is every wait and timestamp of the supervisor's: standbys'
+	// lingering and expiry, log pruning, checkpoint scans, report times.
+	// Tests replace it before the command that is to read it.
 	clock clockwork.Clock
 
-	mu  sync.Mutex
-	cur *worker
+	// Owned by the run goroutine (see the type's comment).
+	//
+	// standbySeq numbers warm standbys. It starts at the clock, not at 0,
+	// so that no standby takes the name, and so the shim directory, of one
+	// a previous agent left running for an adopted generation.
+	standbySeq uint64
+	cur        *worker
 	// ending is the worker whose exit is being handled: no longer cur,
 	// its status not yet in history. Statuses reports it running.
 	ending  *worker
@@ -111,10 +124,27 @@ type Supervisor struct {
 	// standby is the warm standby (warm.go) for the next generation.
 	standby *standby
 
+	// view is what the run goroutine last published for the others.
+	view atomic.Pointer[supView]
+
 	// torch is what the node's torch says of its torchrun (torch.go).
 	torch *torchprobe.Cache
 }
 
+// supView is a snapshot of the run goroutine's state for other goroutines;
+// never changed once published.
+type supView struct {
+	cur, ending *worker
+	history     []*rdzvv1.WorkerStatus
+	standby     *standby
+	// spare is set when standby is kept as an idle spare's (its until is
+	// set).
+	spare bool
+}
+
+// worker is one generation's workers on this node. Its fields from job to
+// resumeStep are set before it is published and never change; the rest
+// say who owns them.
 type worker struct {
 	job           string
 	generation    uint64
@@ -126,7 +156,6 @@ type worker struct {
 	cred    *syscall.Credential
 	proc    Process
 	logPath string
-	done    chan struct{}
 	// preflight is set when the round smoke test runs before the launcher.
 	preflight bool
 	// releaseUser gives back the workers' hold on their dynamic user once
@@ -141,10 +170,20 @@ type worker struct {
 	resumed    bool
 	resumeStep uint64
 
-	// Guarded by Supervisor.mu.
+	// exited is closed by the watch goroutine once the workers have exited
+	// and been swept; exit, which it writes, is read only after that.
+	exited chan struct{}
+	exit   workerExit
+
+	// stopReason is owned by the run goroutine.
 	stopReason string
-	// handedOver is set when the workers are left to the next agent.
-	handedOver bool
+	// handedOver is set by the run goroutine before the workers are left
+	// to the next agent, and read by the watch goroutine once they are.
+	handedOver atomic.Bool
+
+	// mu guards the progress the workers reported, from step on: the
+	// report endpoint writes it, the heartbeat and the scanner read it.
+	mu sync.Mutex
 	// step is the highest step the workers reported, at stepAt.
 	step    uint64
 	stepAt  time.Time
@@ -171,18 +210,26 @@ func NewSupervisor(cfg Config, node, iface, reportAddr string, spawner Spawner, 
 		updates:      make(chan *rdzvv1.WorkerStatus, 64),
 		checkpoints:  make(chan *rdzvv1.CheckpointReport, checkpointQueueSize),
 		lastGen:      map[string]uint64{},
-		standbySeq:   uint64(time.Now().UnixNano()),
 		clock:        clockwork.NewRealClock(),
 		torch:        torchprobe.NewCache(torchprobe.Run, filepath.Join(cfg.StateDir, torchProbeDir)),
 		standbyFloor: cfg.StandbyMinAvailableBytes,
 		meminfo:      func() ([]byte, error) { return os.ReadFile("/proc/meminfo") },
 	}
+	s.standbySeq = uint64(s.clock.Now().UnixNano())
 	s.mem = newMemStore(cfg.MemoryCheckpointDir, node, log.Named("memckpt"))
 	if cfg.RunAs == "" {
 		s.dynUsers = newDynamicUsers(cfg.DynamicUsers, cfg.StateDir, log.Named("dynamic_users"))
 	}
 	s.SetOrphanTimeout(health.Unregistered.OrphanTimeout())
+	s.publish()
 	return s
+}
+
+// publish makes the run goroutine's state as it is now the one other
+// goroutines see; it is called after every change to it.
+func (s *Supervisor) publish() {
+	s.view.Store(&supView{cur: s.cur, ending: s.ending, history: slices.Clone(s.history), standby: s.standby,
+		spare: s.standby != nil && !s.standby.until.IsZero()})
 }
 
 // SetOrphanTimeout sets how long workers started from now on outlive an
@@ -201,19 +248,27 @@ func (s *Supervisor) Updates() <-chan *rdzvv1.WorkerStatus { return s.updates }
 // on disk, for the controller's catalog.
 func (s *Supervisor) Checkpoints() <-chan *rdzvv1.CheckpointReport { return s.checkpoints }
 
-// Run applies commands until ctx ends, then stops any running worker.
+// Run applies commands and handles the workers' exits until ctx ends,
+// then stops any running worker. Its goroutine is the run goroutine, the
+// owner of the worker state.
 func (s *Supervisor) Run(ctx context.Context) error {
 	s.pruneJobLogs()
 	var prune <-chan time.Time
 	if every := s.jobLogs.PruneInterval.Duration; every > 0 {
-		t := time.NewTicker(every)
+		t := s.clock.NewTicker(every)
 		defer t.Stop()
-		prune = t.C
+		prune = t.Chan()
 	}
 	for {
+		var exited <-chan struct{}
+		if s.cur != nil {
+			exited = s.cur.exited
+		}
 		select {
 		case cmd := <-s.cmds:
 			cmd()
+		case <-exited:
+			s.ended(s.cur)
 		case <-prune:
 			s.pruneJobLogs()
 		case <-ctx.Done():
@@ -229,9 +284,17 @@ func (s *Supervisor) Run(ctx context.Context) error {
 func (s *Supervisor) shutdown() {
 	// A standby has nothing to hand over: the next agent starts its own.
 	s.dropStandby("")
-	s.mu.Lock()
 	w := s.cur
-	s.mu.Unlock()
+	if w != nil {
+		select {
+		case <-w.exited:
+			// Ended before the agent did: the exit is this agent's to
+			// report, and nothing is left to hand over.
+			s.ended(w)
+			return
+		default:
+		}
+	}
 	if w == nil || s.restartGrace <= 0 || !s.spawner.HandsOver() {
 		s.stopCurrent("agent shutting down")
 		return
@@ -243,12 +306,18 @@ func (s *Supervisor) shutdown() {
 		s.log.Warn("could not tell the controller; workers run on only for the orphan timeout")
 		hold = 0
 	}
-	s.mu.Lock()
-	w.handedOver = true
-	s.mu.Unlock()
+	w.handedOver.Store(true)
 	if err := w.proc.Detach(hold); err != nil {
 		// Its shim goes by the orphan timeout then, which is safe either way.
 		s.log.Error("handing workers over failed", zap.String("job", w.job), zap.Error(err))
+		return
+	}
+	// Detach ends Wait, and so the watch goroutine. Workers that exited
+	// before they were marked handed over were watched as this agent's:
+	// their exit is reported here.
+	<-w.exited
+	if !w.exit.handedOver {
+		s.ended(w)
 		return
 	}
 	s.log.Info("workers left running for the next agent", zap.String("job", w.job), zap.Uint64("generation", w.generation),
@@ -259,7 +328,8 @@ func (s *Supervisor) shutdown() {
 func (s *Supervisor) OnHandover(announce func(hold time.Duration) bool) { s.announce = announce }
 
 // Adopt takes over the workers a previous agent on this node left running,
-// before the first registration reports them. Only one job runs on a node;
+// before the first registration reports them. It is called before Run,
+// on what becomes the run goroutine's state. Only one job runs on a node;
 // should several be found, the newest generation is kept. For a warm job
 // still running, the next standby is started, as after any start: the
 // previous agent killed its own when it stopped. What the previous agent
@@ -269,7 +339,6 @@ func (s *Supervisor) Adopt(found []Adopted) {
 	// standby.
 	var (
 		warm *rdzvv1.Assignment
-		kept *worker
 		// adopted is the last generation supervised, the one kept, if its
 		// workers may still run (a dead shim's are gone: nothing keeps
 		// their shards).
@@ -284,20 +353,15 @@ func (s *Supervisor) Adopt(found []Adopted) {
 			continue
 		}
 		job, gen := a.GetSpec().GetName(), a.GetGeneration()
-		s.mu.Lock()
-		cur := s.cur
-		s.mu.Unlock()
-		if cur != nil && cur.generation >= gen {
+		if cur := s.cur; cur != nil && cur.generation >= gen {
 			s.log.Warn("killing an adopted worker of an older generation", zap.String("job", job), zap.Uint64("generation", gen))
 			_ = f.Proc.Kill(0)
 			continue
 		}
-		if cur != nil {
+		if s.cur != nil {
 			s.kill(fmt.Sprintf("replaced by adopted generation %d of job %s", gen, job), 0)
 		}
-		s.mu.Lock()
 		s.lastGen[job] = max(s.lastGen[job], gen)
-		s.mu.Unlock()
 		logPath, err := s.LogPath(job)
 		if err != nil {
 			s.log.Error("killing an adopted worker of a job with an unusable name", zap.String("job", job), zap.Error(err))
@@ -322,7 +386,7 @@ func (s *Supervisor) Adopt(found []Adopted) {
 		}
 		warm = nil
 		if f.Live && jobspec.FromProto(a.GetSpec()).Launcher.Kind == jobspec.KindWarm {
-			warm, kept = a, w
+			warm = a
 		}
 	}
 	if s.dynUsers != nil {
@@ -336,7 +400,7 @@ func (s *Supervisor) Adopt(found []Adopted) {
 	}
 	s.mem.sweep(keep)
 	if warm != nil {
-		s.keepStandby(s.spawnStandby(warm), kept)
+		s.keepStandby(s.spawnStandby(warm))
 	}
 }
 
@@ -372,11 +436,7 @@ func (s *Supervisor) Ordered(stop *rdzvv1.StopWorkers) {
 }
 
 // Busy reports whether any workers run here.
-func (s *Supervisor) Busy() bool {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.cur != nil
-}
+func (s *Supervisor) Busy() bool { return s.view.Load().cur != nil }
 
 // Fence queues killing whatever runs, whichever job it belongs to, at once
 // (no SIGTERM grace: a fenced worker must not get to write a checkpoint on
@@ -391,15 +451,14 @@ func (s *Supervisor) Fence(reason string, done func()) {
 
 // Statuses is what this node runs and recently ran, for registration.
 func (s *Supervisor) Statuses() []*rdzvv1.WorkerStatus {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	out := append([]*rdzvv1.WorkerStatus(nil), s.history...)
+	v := s.view.Load()
+	out := slices.Clone(v.history)
 	// A worker whose exit is being handled still counts as running: left
 	// out of a registration, its node would be taken for one whose
 	// agent lost its workers ("agent reconnected without its workers"),
 	// failing a generation that may have succeeded. The exit follows on
 	// the stream once recorded.
-	for _, w := range []*worker{s.ending, s.cur} {
+	for _, w := range []*worker{v.ending, v.cur} {
 		if w != nil {
 			out = append(out, &rdzvv1.WorkerStatus{Job: w.job, Generation: w.generation, State: rdzvv1.WorkerState_WORKER_STATE_RUNNING})
 		}
@@ -409,30 +468,22 @@ func (s *Supervisor) Statuses() []*rdzvv1.WorkerStatus {
 
 // Running reports whether job's workers are running here.
 func (s *Supervisor) Running(job string) bool {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.cur != nil && s.cur.job == job
+	w := s.view.Load().cur
+	return w != nil && w.job == job
 }
 
 func (s *Supervisor) assign(a *rdzvv1.Assignment) {
 	job, gen := a.GetSpec().GetName(), a.GetGeneration()
 	log := s.log.With(zap.String("job", job), zap.Uint64("generation", gen), zap.Uint32("node_rank", a.GetNodeRank()))
-	s.mu.Lock()
-	last := s.lastGen[job]
-	cur := s.cur
-	s.mu.Unlock()
-	if gen <= last {
+	if last := s.lastGen[job]; gen <= last {
 		log.Warn("rejecting stale assignment", zap.Uint64("latest_generation", last))
 		return
 	}
-	if cur != nil {
+	if s.cur != nil {
 		s.stopCurrent(fmt.Sprintf("replaced by generation %d of job %s", gen, job))
 	}
-	s.mu.Lock()
 	s.lastGen[job] = gen
-	other := s.standby != nil && s.standby.job != job
-	s.mu.Unlock()
-	if other {
+	if s.standby != nil && s.standby.job != job {
 		s.dropStandby("")
 	}
 
@@ -463,21 +514,16 @@ func (s *Supervisor) assign(a *rdzvv1.Assignment) {
 	log.Info("workers started", zap.Int("pid", w.proc.Pid()), zap.String("master_addr", a.GetMasterAddr()), zap.Uint32("master_port", a.GetMasterPort()))
 	s.supervise(w, a, true)
 	if spec.Launcher.Kind == jobspec.KindWarm {
-		s.keepStandby(s.spawnStandby(a), w)
+		s.keepStandby(s.spawnStandby(a))
 	}
 }
 
-// keepStandby makes sb the standby for the generation after w's, unless w
-// has already ended: its exit then found no standby to drop, and a
-// generation that ended that soon is better served by a fresh one.
-func (s *Supervisor) keepStandby(sb *standby, w *worker) {
-	s.mu.Lock()
+// keepStandby makes sb the standby for the generation after the running
+// one. The run goroutine handles that generation's exit only after this,
+// so the exit drops or lingers sb as it would any standby.
+func (s *Supervisor) keepStandby(sb *standby) {
 	s.standby = sb
-	ended := s.cur != w
-	s.mu.Unlock()
-	if ended {
-		s.dropStandby(sb.job)
-	}
+	s.publish()
 }
 
 // supervise makes w the running worker and watches it until it exits.
@@ -489,9 +535,8 @@ func (s *Supervisor) supervise(w *worker, a *rdzvv1.Assignment, announce bool) {
 	if scan {
 		w.scanStop, w.scanDone = make(chan struct{}), make(chan struct{})
 	}
-	s.mu.Lock()
 	s.cur = w
-	s.mu.Unlock()
+	s.publish()
 	if announce {
 		s.emit(&rdzvv1.WorkerStatus{Job: w.job, Generation: w.generation, State: rdzvv1.WorkerState_WORKER_STATE_RUNNING})
 	}
@@ -503,22 +548,34 @@ func (s *Supervisor) supervise(w *worker, a *rdzvv1.Assignment, announce bool) {
 
 func newWorker(a *rdzvv1.Assignment, proc Process, logPath string, token []byte, cred *syscall.Credential) *worker {
 	return &worker{job: a.GetSpec().GetName(), generation: a.GetGeneration(), checkpointDir: a.GetSpec().GetCheckpointDir(), proc: proc, logPath: logPath,
-		token: token, cred: cred, done: make(chan struct{}), reported: map[uint64]bool{}, releaseUser: func() {},
+		token: token, cred: cred, exited: make(chan struct{}), reported: map[uint64]bool{}, releaseUser: func() {},
 		resumed: a.GetResumeFrom() != "", resumeStep: a.GetResumeStep()}
 }
 
+// workerExit is what the watch goroutine learnt of the workers' exit.
+type workerExit struct {
+	// handedOver is whether the workers had been handed over when Wait
+	// returned: their exit is then the next agent's, and the fields after
+	// exitedAt are not set.
+	handedOver bool
+	exit       Exit
+	exitedAt   *timestamppb.Timestamp
+	// reason is the process's own account of the exit (Process.Reason).
+	reason string
+	// verdict is the preflight's, when it excluded this node.
+	verdict  string
+	excluded bool
+}
+
+// watch waits for w's workers to exit, sweeps what they left and closes
+// w.exited; the run goroutine takes it from there (ended). It touches no
+// state of the Supervisor's.
 func (s *Supervisor) watch(w *worker) {
 	exit := w.proc.Wait()
-	exitedAt := timestamppb.Now()
-	s.mu.Lock()
-	handedOver := w.handedOver
-	s.mu.Unlock()
-	if handedOver {
-		if w.scanStop != nil {
-			close(w.scanStop)
-			<-w.scanDone
-		}
-		close(w.done)
+	w.exit = workerExit{handedOver: w.handedOver.Load(), exit: exit, exitedAt: timestamppb.New(s.clock.Now())}
+	defer close(w.exited)
+	if w.exit.handedOver {
+		w.stopScan()
 		return
 	}
 	// torchrun has exited; anything it left in its group (a worker that
@@ -529,22 +586,31 @@ func (s *Supervisor) watch(w *worker) {
 	w.releaseUser()
 	// The last scan is queued before the exit is reported, so the
 	// controller has it when it picks the checkpoint to resume from.
+	w.stopScan()
+	w.exit.reason = w.proc.Reason()
+	if w.preflight {
+		w.exit.verdict, w.exit.excluded = preflightVerdict(w.logPath, exit)
+	}
+}
+
+// stopScan ends w's checkpoint scanner, if it has one, after its last scan.
+func (w *worker) stopScan() {
 	if w.scanStop != nil {
 		close(w.scanStop)
 		<-w.scanDone
 	}
-	s.mu.Lock()
-	reason := w.stopReason
-	s.mu.Unlock()
+}
+
+// ended records and reports the exit of w, whose exited is closed. On the
+// run goroutine.
+func (s *Supervisor) ended(w *worker) {
+	reason, exit := w.stopReason, w.exit.exit
 	state := rdzvv1.WorkerState_WORKER_STATE_FAILED
-	msg := ""
+	msg, excluded := "", false
 	if reason == "" {
-		msg = w.proc.Reason()
-	}
-	verdict, excluded := "", false
-	if reason == "" && w.preflight {
-		if verdict, excluded = preflightVerdict(w.logPath, exit); excluded {
-			msg = verdict
+		msg = w.exit.reason
+		if excluded = w.exit.excluded; excluded {
+			msg = w.exit.verdict
 		}
 	}
 	switch {
@@ -556,46 +622,39 @@ func (s *Supervisor) watch(w *worker) {
 	// The closing line goes in before the worker stops counting as running,
 	// so `rdzvctl logs -f` always ends with it.
 	appendLog(w.logPath, fmt.Sprintf("=== rdzv: generation %d ended: %s exit_code=%d signal=%q %s\n", w.generation, state, exit.Code, exit.Signal, msg))
-	s.mu.Lock()
 	if s.cur == w {
 		s.cur, s.ending = nil, w
+		s.publish()
 	}
-	s.mu.Unlock()
 	s.log.Info("workers exited", zap.String("job", w.job), zap.Uint64("generation", w.generation),
 		zap.Int("exit_code", exit.Code), zap.String("signal", exit.Signal), zap.String("state", state.String()))
 	if state == rdzvv1.WorkerState_WORKER_STATE_SUCCEEDED {
 		// The job is done: no generation follows. Killed before the exit
 		// is reported, so anything that follows the report (the job's end,
-		// a check that the node is idle) finds it gone. A standby kept
-		// after this (keepStandby) sees the worker ended and drops it.
+		// a check that the node is idle) finds it gone.
 		s.dropStandby(w.job)
 	} else {
 		s.lingerStandby(w.job, w.generation)
 	}
 	st := &rdzvv1.WorkerStatus{Job: w.job, Generation: w.generation, State: state, ExitCode: int32(exit.Code), Signal: exit.Signal,
-		Message: wire.ClipText(msg), ExitedAt: exitedAt, PreflightExcluded: excluded}
-	s.mu.Lock()
+		Message: wire.ClipText(msg), ExitedAt: w.exit.exitedAt, PreflightExcluded: excluded}
 	s.keep(st)
 	if s.ending == w {
 		s.ending = nil
 	}
-	s.mu.Unlock()
+	s.publish()
 	s.report(s.withMemory(st))
-	close(w.done)
 	// The log just stopped growing: it counts toward the cap from now on.
 	s.pruneJobLogs()
 }
 
 func (s *Supervisor) stop(job string, gen uint64, reason string, grace time.Duration) {
-	s.mu.Lock()
-	cur := s.cur
 	if gen > s.lastGen[job] {
 		// A stop for a generation never started here fences it: a late
 		// assignment for it is rejected.
 		s.lastGen[job] = gen
 	}
-	s.mu.Unlock()
-	if cur != nil && cur.job == job && cur.generation == gen {
+	if cur := s.cur; cur != nil && cur.job == job && cur.generation == gen {
 		s.kill(reason, grace)
 		return
 	}
@@ -612,26 +671,25 @@ func (s *Supervisor) stop(job string, gen uint64, reason string, grace time.Dura
 // and waits until its status is recorded.
 func (s *Supervisor) stopCurrent(reason string) { s.kill(reason, s.stopGrace) }
 
+// kill stops the running worker, if any, with grace between SIGTERM and
+// SIGKILL, and waits for its exit (on its exited channel) and records it.
 func (s *Supervisor) kill(reason string, grace time.Duration) {
-	s.mu.Lock()
 	w := s.cur
-	if w != nil && w.stopReason == "" {
-		w.stopReason = reason
-	}
-	s.mu.Unlock()
 	if w == nil {
 		return
+	}
+	if w.stopReason == "" {
+		w.stopReason = reason
 	}
 	s.log.Info("stopping workers", zap.String("job", w.job), zap.Uint64("generation", w.generation), zap.String("reason", reason))
 	if err := w.proc.Kill(grace); err != nil {
 		s.log.Error("stopping workers failed", zap.String("job", w.job), zap.Error(err))
 	}
-	<-w.done
+	<-w.exited
+	s.ended(w)
 }
 
 func (s *Supervisor) lastStatus(job string, gen uint64) *rdzvv1.WorkerStatus {
-	s.mu.Lock()
-	defer s.mu.Unlock()
 	for i := len(s.history) - 1; i >= 0; i-- {
 		if h := s.history[i]; h.GetJob() == job && h.GetGeneration() == gen {
 			return h
@@ -648,13 +706,12 @@ func (s *Supervisor) finished(job string, gen uint64, state rdzvv1.WorkerState, 
 
 // record keeps an outcome in the history and reports it.
 func (s *Supervisor) record(st *rdzvv1.WorkerStatus) {
-	s.mu.Lock()
 	s.keep(st)
-	s.mu.Unlock()
+	s.publish()
 	s.report(s.withMemory(st))
 }
 
-// keep puts an outcome in the history. Callers hold s.mu.
+// keep puts an outcome in the history.
 func (s *Supervisor) keep(st *rdzvv1.WorkerStatus) {
 	s.history = append(s.history, st)
 	if len(s.history) > HistorySize {
@@ -839,7 +896,7 @@ func (s *Supervisor) start(a *rdzvv1.Assignment) (w *worker, err error) {
 		how = fmt.Sprintf(" (%d workers from a warm standby)", a.GetProcsPerNode())
 	}
 	fmt.Fprintf(out, "=== rdzv: job %s generation %d node %s rank %d/%d started %s: %s %s%s\n",
-		job, a.GetGeneration(), s.node, a.GetNodeRank(), a.GetNnodes(), time.Now().UTC().Format(time.RFC3339Nano), launcher, strings.Join(args, " "), how)
+		job, a.GetGeneration(), s.node, a.GetNodeRank(), a.GetNnodes(), s.clock.Now().UTC().Format(time.RFC3339Nano), launcher, strings.Join(args, " "), how)
 	meta, err := proto.Marshal(a)
 	if err != nil {
 		return nil, fmt.Errorf("encoding the assignment: %w", err)

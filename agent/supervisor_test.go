@@ -205,9 +205,8 @@ func TestStatusesWhileWorkersExit(t *testing.T) {
 	// A standby still starting holds the exit's handling open: a job's
 	// success waits for its standby, to kill it before the exit is told.
 	ready := make(chan struct{})
-	h.sup.mu.Lock()
+	// Written before the Assign that has the run goroutine read it.
 	h.sup.standby = &standby{job: "train", ready: ready}
-	h.sup.mu.Unlock()
 
 	h.sup.Assign(h.assignment("train", 1, "ok"))
 	h.expect("train", 1, wRunning)

@@ -48,15 +48,20 @@ const (
 	// standbyWait bounds a hand-off: the standby may still be importing
 	// the preload modules (a fresh one, on a loaded node).
 	standbyWait = 2 * time.Minute
+	// standbyDialEvery paces the hand-off's dials while the standby is
+	// not yet listening.
+	standbyDialEvery = 10 * time.Millisecond
 	// standbyLinger is how long a job's idle standby outlives its last
 	// generation here when no stop order said the job ended (JobEnded
-	// drops it at once: Supervisor.Stop): a restart's next assignment
+	// drops it at once: Supervisor.Ordered): a restart's next assignment
 	// comes within seconds, and a job whose end the agent never heard of
 	// (its controller gone meanwhile) does not keep a zygote for long.
 	standbyLinger = time.Minute
 )
 
-// standby is one started zygote waiting for an assignment.
+// standby is one started zygote waiting for an assignment. The Supervisor's
+// run goroutine owns it; the goroutine spawnStandby starts sets proc, err
+// and torch before closing ready, and closes exited.
 type standby struct {
 	job string
 	// spec and created are the job it was started for: a standby serves
@@ -76,7 +81,7 @@ type standby struct {
 	// workers' environment; nil when it could not be asked. Set with proc.
 	torch *torchprobe.Result
 	// until is set on a standby kept as an idle spare's (PrepareStandby):
-	// it is dropped then unless told again. Guarded by Supervisor.mu.
+	// it is dropped then unless told again. Owned by the run goroutine.
 	until time.Time
 }
 
@@ -284,13 +289,12 @@ func (s *Supervisor) startStandby(sb *standby) (_ Process, release func(), err e
 // takeStandby returns the standby started for a's job and run, waiting
 // for its spawn to finish, or nil if there is none fit to use.
 func (s *Supervisor) takeStandby(a *rdzvv1.Assignment) *standby {
-	s.mu.Lock()
 	sb := s.standby
-	s.standby = nil
-	s.mu.Unlock()
 	if sb == nil {
 		return nil
 	}
+	s.standby = nil
+	s.publish()
 	<-sb.ready
 	select {
 	case <-sb.exited:
@@ -308,18 +312,14 @@ func (s *Supervisor) takeStandby(a *rdzvv1.Assignment) *standby {
 
 // dropStandby kills the standby of job ("" for any).
 func (s *Supervisor) dropStandby(job string) {
-	s.mu.Lock()
 	sb := s.standby
-	if sb != nil && (job == "" || sb.job == job) {
-		s.standby = nil
-	} else {
-		sb = nil
+	if sb == nil || job != "" && sb.job != job {
+		return
 	}
-	s.mu.Unlock()
-	if sb != nil {
-		<-sb.ready
-		s.discardStandby(sb)
-	}
+	s.standby = nil
+	s.publish()
+	<-sb.ready
+	s.discardStandby(sb)
 }
 
 // discardStandby kills an unused standby: it has run nothing of the job's,
@@ -354,10 +354,9 @@ func (s *Supervisor) lingerStandby(job string, gen uint64) {
 // (a new run of the same name) or the controller holds this node as the
 // job's spare.
 func (s *Supervisor) dropIdleStandby(job string, gen uint64) {
-	s.mu.Lock()
 	later := s.lastGen[job] > gen
-	s.mu.Unlock()
-	if !later && !s.Running(job) && !s.heldFor(job) {
+	running := s.cur != nil && s.cur.job == job
+	if !later && !running && !s.heldFor(job) {
 		s.dropStandby(job)
 	}
 }
@@ -413,9 +412,15 @@ func (s *Supervisor) handOffTo(sb *standby, a *rdzvv1.Assignment, env []string, 
 var errStandbyExited = errors.New("the warm standby exited before its assignment")
 
 // handOff sends msg to the standby, waiting for it to listen (it may
-// still be importing), and for its answer.
+// still be importing), and for its answer. The wait for the socket is on
+// the real clock, not the supervisor's: it paces dials against another
+// process's progress, which no test clock could advance, and the
+// connection's deadline is the kernel's.
 func handOff(sb *standby, msg []byte) error {
-	deadline := time.Now().Add(standbyWait)
+	deadline := time.NewTimer(standbyWait)
+	defer deadline.Stop()
+	retry := time.NewTicker(standbyDialEvery)
+	defer retry.Stop()
 	var conn net.Conn
 	for {
 		err := viaDirFD(sb.dir, sb.sock, func(path string) (err error) {
@@ -428,12 +433,10 @@ func handOff(sb *standby, msg []byte) error {
 		select {
 		case <-sb.exited:
 			return errStandbyExited
-		default:
-		}
-		if time.Now().After(deadline) {
+		case <-deadline.C:
 			return fmt.Errorf("the warm standby did not listen within %s: %w", standbyWait, err)
+		case <-retry.C:
 		}
-		time.Sleep(10 * time.Millisecond)
 	}
 	defer conn.Close()
 	_ = conn.SetDeadline(time.Now().Add(shimRequestTimeout))
@@ -492,10 +495,8 @@ func (s *Supervisor) prepareStandby(p *rdzvv1.PrepareStandby) {
 		s.log.Warn("ignoring an invalid standby request", zap.Error(err))
 		return
 	}
-	s.mu.Lock()
-	busy, sb := s.cur != nil, s.standby
-	s.mu.Unlock()
-	if busy {
+	sb := s.standby
+	if s.cur != nil {
 		return
 	}
 	if p.GetSpec() == nil {
@@ -516,19 +517,14 @@ func (s *Supervisor) prepareStandby(p *rdzvv1.PrepareStandby) {
 	// Shaped as the assignment it stands for, for takeStandby.
 	want := &rdzvv1.Assignment{Spec: p.GetSpec(), JobCreatedAt: p.GetJobCreatedAt()}
 	until := s.clock.Now().Add(p.GetKeepFor().AsDuration())
-	if sb != nil && sb.fits(want) && !sb.gone() {
-		s.mu.Lock()
-		sb.until = until
-		s.mu.Unlock()
-	} else {
+	if sb == nil || !sb.fits(want) || sb.gone() {
 		s.dropStandby("")
 		s.log.Info("starting a warm standby on a spare", zap.String("job", want.GetSpec().GetName()))
 		sb = s.spawnStandby(want)
-		s.mu.Lock()
-		sb.until = until
 		s.standby = sb
-		s.mu.Unlock()
 	}
+	sb.until = until
+	s.publish()
 	s.expireStandby(sb, p.GetKeepFor().AsDuration())
 }
 
@@ -576,25 +572,21 @@ func standbyMemoryOK(avail uint64, found bool, floor uint64) bool {
 }
 
 // expireStandby drops sb once its until has passed, unless it was renewed,
-// taken or replaced by then. A busy command queue is tried again shortly:
-// a standby must not outlive its promise for good.
+// taken or replaced by then. A busy command queue is tried again shortly
+// (while the snapshot still shows sb kept): a standby must not outlive its
+// promise for good. The timer's goroutine only sends the check to the run
+// goroutine.
 func (s *Supervisor) expireStandby(sb *standby, after time.Duration) {
 	s.clock.AfterFunc(after, func() {
 		select {
 		case s.cmds <- func() {
-			s.mu.Lock()
-			due := s.standby == sb && !sb.until.IsZero() && !sb.until.After(s.clock.Now())
-			s.mu.Unlock()
-			if due {
+			if s.standby == sb && !sb.until.IsZero() && !sb.until.After(s.clock.Now()) {
 				s.log.Info("dropping the warm standby of a spare not told again", zap.String("job", sb.job))
 				s.dropStandby("")
 			}
 		}:
 		default:
-			s.mu.Lock()
-			kept := s.standby == sb
-			s.mu.Unlock()
-			if kept {
+			if s.view.Load().standby == sb {
 				s.expireStandby(sb, time.Second)
 			}
 		}
@@ -603,8 +595,6 @@ func (s *Supervisor) expireStandby(sb *standby, after time.Duration) {
 
 // heldFor reports whether this node keeps job's standby as a spare's.
 func (s *Supervisor) heldFor(job string) bool {
-	s.mu.Lock()
-	defer s.mu.Unlock()
 	return s.standby != nil && s.standby.job == job && s.standby.until.After(s.clock.Now())
 }
 
@@ -629,13 +619,9 @@ func (sb *standby) gone() bool {
 // done. The controller lets a job grow onto the node once it is
 // (Heartbeat.standby_ready). Called on the session's heartbeat goroutine.
 func (s *Supervisor) ReadyStandby() string {
-	s.mu.Lock()
-	sb := s.standby
-	if s.cur != nil || sb == nil || sb.until.IsZero() {
-		sb = nil
-	}
-	s.mu.Unlock()
-	if sb == nil {
+	v := s.view.Load()
+	sb := v.standby
+	if v.cur != nil || sb == nil || !v.spare {
 		return ""
 	}
 	select {

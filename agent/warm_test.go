@@ -187,9 +187,7 @@ func (h *warmHarness) readyStandby() *standby {
 	// The standby is kept after the generation's RUNNING is reported.
 	var sb *standby
 	require.Eventually(h.t, func() bool {
-		h.sup.mu.Lock()
-		defer h.sup.mu.Unlock()
-		sb = h.sup.standby
+		sb = h.sup.view.Load().standby
 		return sb != nil
 	}, waitTimeout, 10*time.Millisecond, "a standby is started for the next generation")
 	<-sb.ready
@@ -250,9 +248,7 @@ func TestWarmStandby(t *testing.T) {
 		"2: 65534 0 4 True 1 --lr 1", "3: 65534 1 4 True 1 --lr 1",
 		"2: 65534 0 4 True 2 --lr 1", "3: 65534 1 4 True 2 --lr 1",
 	}, h.readMarkers())
-	h.sup.mu.Lock()
-	left := h.sup.standby
-	h.sup.mu.Unlock()
+	left := h.sup.view.Load().standby
 	require.Nil(t, left, "the standby of a finished job is killed before its exit is reported")
 	require.Empty(t, groupMembers(nextPid), "nothing of the next standby is left when the exit is reported")
 	require.Empty(t, groupMembers(standbyPid), "nothing of the used standby is left")
@@ -272,8 +268,7 @@ func TestWarmStandbyEndsWithTheJob(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			h := newWarmHarness(t)
 			clock := clockwork.NewFakeClock()
-			// Read on the command goroutine only, after the next command is sent.
-			h.sup.clock = clock
+			h.setClock(clock)
 			h.sup.Assign(h.assign(1, 3))
 			h.expect("warm", 1, wRunning)
 			h.expect("warm", 1, wFailed)
@@ -284,9 +279,7 @@ func TestWarmStandbyEndsWithTheJob(t *testing.T) {
 			// status again.
 			h.expect("warm", 1, wFailed)
 			h.sync()
-			h.sup.mu.Lock()
-			left := h.sup.standby
-			h.sup.mu.Unlock()
+			left := h.sup.view.Load().standby
 			if tc.ended {
 				require.Nil(t, left, "no standby is kept for a job that ended")
 				require.Empty(t, groupMembers(sb.proc.Pid()), "nothing of the standby is left")
@@ -298,16 +291,12 @@ func TestWarmStandbyEndsWithTheJob(t *testing.T) {
 			// No generation came: it goes once it has lingered.
 			clock.Advance(standbyLinger - time.Second)
 			h.sync()
-			h.sup.mu.Lock()
-			left = h.sup.standby
-			h.sup.mu.Unlock()
+			left = h.sup.view.Load().standby
 			require.Same(t, sb, left, "the standby lingers for standbyLinger")
 			clock.Advance(time.Second)
 			require.Eventually(t, func() bool {
 				h.sync()
-				h.sup.mu.Lock()
-				defer h.sup.mu.Unlock()
-				return h.sup.standby == nil
+				return h.sup.view.Load().standby == nil
 			}, waitTimeout, 10*time.Millisecond, "the standby is dropped after standbyLinger")
 			require.Eventually(t, func() bool { return len(groupMembers(sb.proc.Pid())) == 0 }, waitTimeout, 10*time.Millisecond,
 				"nothing of the standby is left")
@@ -322,12 +311,10 @@ func TestWarmStandbyEndsWithTheJob(t *testing.T) {
 func TestWarmStandbyOutlivesAnEarlierLinger(t *testing.T) {
 	h := newWarmHarness(t)
 	clock := clockwork.NewFakeClock()
-	h.sup.clock = clock
+	h.setClock(clock)
 	standby := func() *standby {
 		h.sync()
-		h.sup.mu.Lock()
-		defer h.sup.mu.Unlock()
-		return h.sup.standby
+		return h.sup.view.Load().standby
 	}
 	h.sup.Assign(h.assign(1, 3))
 	h.expect("warm", 1, wRunning)
@@ -484,9 +471,7 @@ func TestWarmStoreServed(t *testing.T) {
 			addr := net.JoinHostPort(a.MasterAddr, fmt.Sprint(a.MasterPort))
 			h.sup.Assign(a)
 			h.expect("warm", 1, wRunning)
-			h.sup.mu.Lock()
-			pgid := h.sup.cur.proc.Pid()
-			h.sup.mu.Unlock()
+			pgid := h.sup.view.Load().cur.proc.Pid()
 			conn, err := net.Dial("tcp", addr)
 			require.NoError(t, err, "the store listens once the hand-off is answered, while the workers wait at the gate")
 			require.NoError(t, conn.Close())
@@ -596,9 +581,7 @@ func TestWarmStandbyAfterAgentRestart(t *testing.T) {
 	next.sup.Assign(assign(2))
 	next.expect("warm", 1, wStopped)
 	next.expect("warm", 2, wRunning)
-	next.sup.mu.Lock()
-	launcher := next.sup.cur.proc.Pid()
-	next.sup.mu.Unlock()
+	launcher := next.sup.view.Load().cur.proc.Pid()
 	require.Equal(t, sb.proc.Pid(), launcher, "generation 2 is handed to the standby started after the adoption")
 	require.NoError(t, os.Remove(hold))
 	next.expect("warm", 2, wSucceeded)
