@@ -36,8 +36,8 @@ type election struct {
 	cli *clientv3.Client
 	// timeout bounds each etcd request; ttl is the leader lease's.
 	timeout, ttl time.Duration
-	// me is this controller's advertised address; embedded is set when
-	// it runs its own etcd.
+	// embedded is set when the controller runs its own etcd; me is its
+	// advertised address.
 	embedded bool
 	me       string
 	gate     *leaderGate
@@ -53,7 +53,7 @@ type election struct {
 	revokedGrace time.Duration
 }
 
-// elect campaigns for the lead until ctx ends, leading whenever it wins
+// run campaigns for the lead until ctx ends, leading whenever it wins
 // and campaigning again whenever it loses the lead. Embedded mode takes the
 // same path; it simply always wins.
 func (e *election) run(ctx context.Context) {
