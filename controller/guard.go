@@ -48,10 +48,11 @@ type guard struct {
 	reloadRefused atomic.Pointer[error]
 }
 
-// newGuard loads the controller's TLS files, unless cfg is insecure.
+// newGuard loads the controller's TLS files, unless cfg is insecure. log
+// is the controller's: the reloader and the authenticator name their own.
 func newGuard(cfg Config, clock clockwork.Clock, log *zap.Logger, m *metrics) (*guard, error) {
 	g := &guard{
-		cfg: cfg.TLS, clock: clock, log: log, me: cfg.Advertised(),
+		cfg: cfg.TLS, clock: clock, log: log.Named("security"), me: cfg.Advertised(),
 		handshakesWait: m.handshakesWait, handshakesOver: m.handshakesOver,
 		revoked: newDenyList(), reverifyKick: make(chan struct{}, 1),
 	}
