@@ -28,7 +28,7 @@ func (a *agentService) Connect(stream rdzvv1.AgentService_ConnectServer) error {
 		return err
 	}
 	name := reg.GetNode().GetName()
-	if err := c.checkNodeIdentity(stream.Context(), name); err != nil {
+	if err := c.guard.checkNodeIdentity(stream.Context(), name); err != nil {
 		c.log.Named("agent").Warn("registration refused", zap.String("node", name), zap.Error(err))
 		return err
 	}

@@ -252,17 +252,6 @@ type identityStream struct {
 
 func (s *identityStream) Context() context.Context { return s.ctx }
 
-// checkNodeIdentity refuses an agent registering as a node other than the
-// one its certificate names: a node's certificate can only ever speak for
-// that node, its heartbeats and its reports.
-func (c *Controller) checkNodeIdentity(ctx context.Context, node string) error {
-	if c.cfg.Insecure {
-		return nil
-	}
-	id, _ := identityFrom(ctx)
-	return nodeIdentity(id, node)
-}
-
 // nodeIdentity refuses id, an agent's verified identity (directly or
 // through a relay), registering as node unless its certificate names it.
 func nodeIdentity(id pki.Identity, node string) error {

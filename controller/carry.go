@@ -78,9 +78,9 @@ func (s *relayService) Carry(stream rdzvv1.RelayService_CarryServer) error {
 	ca := &carrier{c: c, relay: relay, ctx: ctx, end: end, log: c.log.Named("relay").With(zap.Stringer("relay", relay)),
 		streams: map[uint64]*carried{}, out: wire.NewFrameQueue[*rdzvv1.DownFrame]()}
 	c.mu.Lock()
-	if !c.leading.Load() {
+	if !c.gate.leading() {
 		c.mu.Unlock()
-		return c.gate()
+		return c.gate.check()
 	}
 	c.carriers[ca] = struct{}{}
 	c.mu.Unlock()
@@ -166,7 +166,7 @@ func (ca *carrier) status() error {
 	}
 	cause := context.Cause(ca.ctx)
 	if errors.Is(cause, errLeadEnded) {
-		return ca.c.gate()
+		return ca.c.gate.check()
 	}
 	if _, ok := status.FromError(cause); ok {
 		return cause
@@ -257,7 +257,7 @@ func (ca *carrier) open(id uint64, o *rdzvv1.OpenStream) error {
 	if dup {
 		return status.Errorf(codes.InvalidArgument, "stream %d opened twice", id)
 	}
-	if err := c.gate(); err != nil {
+	if err := c.gate.check(); err != nil {
 		// Not leading any more: the relay is sent to the leader, with all
 		// its agents.
 		return err
@@ -268,7 +268,7 @@ func (ca *carrier) open(id uint64, o *rdzvv1.OpenStream) error {
 		return nil
 	}
 	name := reg.GetNode().GetName()
-	r, err := c.auth.relayedAgent(ca.relay, o.GetCertificateChain())
+	r, err := c.guard.auth.relayedAgent(ca.relay, o.GetCertificateChain())
 	if err == nil {
 		err = nodeIdentity(r.verification.ID, name)
 	}

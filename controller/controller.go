@@ -16,12 +16,9 @@ import (
 	"go.uber.org/zap"
 	"golang.org/x/sync/errgroup"
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials"
-	grpchealth "google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
-	"github.com/rdzv/rdzv/controller/keyring"
 	"github.com/rdzv/rdzv/controller/lifecycle"
 	"github.com/rdzv/rdzv/controller/store"
 	"github.com/rdzv/rdzv/health"
@@ -47,38 +44,21 @@ type Controller struct {
 	clock clockwork.Clock
 	// listener, when set, replaces listening on cfg.Listen (tests).
 	listener net.Listener
-	// tls serves the controller's certificate and verifies callers'; nil
-	// when insecure.
-	tls *pki.Reloader
-	// auth and conns authenticate calls and track connections (nil when
-	// insecure); revoked is the certificate deny-list (see revoke.go).
-	auth    *authenticator
-	conns   *clientConns
-	revoked *denyList
-	// reverifyKick asks for open connections to be verified again;
-	// reloadRefused is a refused TLS reload not reported yet.
-	reverifyKick  chan struct{}
-	reloadRefused atomic.Pointer[error]
+	// guard is the controller's TLS, authentication and deny-list.
+	guard *guard
 
 	// metrics count decisions (metrics.go); registry is all the HTTP
 	// listener exports; http is that listener, nil when off.
 	metrics  *metrics
 	registry *prometheus.Registry
 	http     *httpserve.Server
-	// grpcHealth is grpc.health.v1 on the gRPC port (probes.go); stopping
-	// is set once Run's context ended.
-	grpcHealth *grpchealth.Server
-	stopping   atomic.Bool
-	// etcdDown is why etcd did not answer the last probe (probeEtcd); nil
-	// when it did.
-	etcdDown atomic.Pointer[error]
+	// probe is the readiness the HTTP /readyz and grpc.health.v1 tell.
+	probe *probe
 
 	store *store.Store
-	// leading is set while this controller leads and has its view loaded;
-	// the API serves only then (see gate).
-	leading atomic.Bool
-	// view is who leads, as last seen in etcd, for redirecting clients.
-	view atomic.Pointer[leaderView]
+	// gate is whether this controller leads, and who does if not: the
+	// API serves only while it leads.
+	gate *leaderGate
 	// kick wakes the scheduler after anything that may let a job start.
 	kick chan struct{}
 	// peersKick wakes the liveness loop when a gossip view reports a node
@@ -97,18 +77,9 @@ type Controller struct {
 	jobs  jobTable
 	// standbys are the warm standbys agents were told to keep (standby.go).
 	standbys standbyTable
-	// term counts the times this process took the lead, so that work begun
-	// under one lead (a commit in flight) never lands in the next.
-	term uint64
-	// revokedGrace is added to the reconnect grace of the first lead after
-	// dropPreviousLead revoked this controller's own lease from a killed
-	// run; only the election goroutine uses it.
-	revokedGrace time.Duration
-	// electedAt is when the current lead began; stepDown ends it, and
-	// stepDownReason says why.
-	electedAt      time.Time
-	stepDown       context.CancelFunc
-	stepDownReason string
+	// tenure is the current lead, or the last one once it ended; nil
+	// until this controller first leads.
+	tenure *tenure
 	// writes persists this lead's decisions (see writer.go); nil while not
 	// leading.
 	writes *writer
@@ -259,30 +230,27 @@ func New(cfg Config, log *zap.Logger, opts ...Option) (*Controller, error) {
 
 		lag: newLagMeter(cfg.Heartbeat.Timeout.Duration, cfg.Heartbeat.Interval.Duration, log.Named("liveness")),
 
-		revoked:      newDenyList(),
-		reverifyKick: make(chan struct{}, 1),
-
-		metrics:    newMetrics(),
-		registry:   httpserve.NewRegistry(),
-		grpcHealth: newGRPCHealth(),
+		metrics:  newMetrics(),
+		registry: httpserve.NewRegistry(),
 	}
 	for _, o := range opts {
 		o(c)
 	}
+	c.gate = newLeaderGate(cfg.Advertised())
+	c.probe = newProbe(c.gate, c.clock, cfg.Etcd.RequestTimeout.Duration)
+	c.gate.changed = c.probe.refresh
+	g, err := newGuard(cfg, c.clock, log, c.metrics)
+	if err != nil {
+		return nil, err
+	}
+	c.guard = g
 	c.registry.MustRegister(append(c.metrics.collectors(), stateCollector{c})...)
 	if cfg.HTTP.Enabled() {
-		s, err := httpserve.New(cfg.HTTP, c.registry, c.readiness, log.Named("http"))
+		s, err := httpserve.New(cfg.HTTP, c.registry, c.probe.readiness, log.Named("http"))
 		if err != nil {
 			return nil, err
 		}
 		c.http = s
-	}
-	if !cfg.Insecure {
-		r, err := pki.NewReloader(cfg.TLS.Files, wantController, log.Named("tls"), pki.WithReloadHook(c.tlsReloaded))
-		if err != nil {
-			return nil, fmt.Errorf("loading the controller's tls files: %w", err)
-		}
-		c.tls = r
 	}
 	return c, nil
 }
@@ -294,13 +262,13 @@ func (c *Controller) Ready() <-chan struct{} { return c.ready }
 func (c *Controller) Addr() net.Addr { return c.addr }
 
 // Leading reports whether this controller leads and serves the API.
-func (c *Controller) Leading() bool { return c.leading.Load() }
+func (c *Controller) Leading() bool { return c.gate.leading() }
 
 // Run connects to etcd and serves until ctx ends, campaigning for the lead
 // all along: it leads (loads state, runs jobs) when it wins, and redirects
 // clients to the leader while it stands by.
 func (c *Controller) Run(ctx context.Context) error {
-	keys, err := c.openKeyring()
+	keys, err := openKeyring(c.cfg, c.clock.Now(), c.log)
 	if err != nil {
 		return err
 	}
@@ -337,11 +305,11 @@ func (c *Controller) Run(ctx context.Context) error {
 	srv := grpc.NewServer(append(append(append([]grpc.ServerOption{
 		grpc.ChainUnaryInterceptor(c.metrics.grpc.UnaryServerInterceptor()),
 		grpc.ChainStreamInterceptor(c.metrics.grpc.StreamServerInterceptor()),
-	}, c.securityOptions(keys)...),
+	}, c.guard.serverOptions(c.cfg.Listen)...),
 		grpc.ChainUnaryInterceptor(unaryGuard(c.log.Named("api"))),
 		grpc.ChainStreamInterceptor(streamGuard(c.log.Named("api"))),
-		grpc.ChainUnaryInterceptor(c.unaryGate),
-		grpc.ChainStreamInterceptor(c.streamGate),
+		grpc.ChainUnaryInterceptor(c.gate.unary),
+		grpc.ChainStreamInterceptor(c.gate.stream),
 	), wire.StreamServerOptions()...)...)
 	rdzvv1.RegisterAgentServiceServer(srv, &agentService{c: c})
 	rdzvv1.RegisterRelayServiceServer(srv, &relayService{c: c})
@@ -349,7 +317,7 @@ func (c *Controller) Run(ctx context.Context) error {
 	rdzvv1.RegisterNodeServiceServer(srv, &nodeService{c: c})
 	rdzvv1.RegisterCertificateServiceServer(srv, &certificateService{c: c})
 	rdzvv1.RegisterServerServiceServer(srv, &serverService{c: c})
-	healthpb.RegisterHealthServer(srv, c.grpcHealth)
+	healthpb.RegisterHealthServer(srv, c.probe.health)
 	c.metrics.grpc.InitializeMetrics(srv)
 	c.addr = lis.Addr()
 	c.log.Info("controller serving", zap.Stringer("addr", c.addr), zap.String("advertise_addr", c.cfg.Advertised()), zap.Bool("embedded_etcd", c.cfg.Embedded()))
@@ -367,29 +335,33 @@ func (c *Controller) Run(ctx context.Context) error {
 	// With TLS, the splitter makes the handshakes and hands unverified
 	// clients to a server of their own (preauth.go).
 	var pre *grpc.Server
-	if c.tls == nil {
+	if c.guard.tls == nil {
 		g.Go(serve(srv, lis))
 	} else {
-		sp := newSplitter(lis, c.handshakeCreds(keys), func(chain pki.Chain) error {
-			_, err := c.auth.verify(chain, pki.ClientVerification{})
+		sp := newSplitter(lis, c.guard.handshakeCreds(keys), func(chain pki.Chain) error {
+			_, err := c.guard.auth.verify(chain, pki.ClientVerification{})
 			return err
-		}, c.conns, c.clock, c.log.Named("auth"))
+		}, c.guard.conns, c.clock, c.log.Named("auth"))
 		pre = grpc.NewServer(append(preauthServerOptions(),
 			grpc.ChainUnaryInterceptor(c.metrics.grpc.UnaryServerInterceptor()),
 			grpc.ChainStreamInterceptor(c.metrics.grpc.StreamServerInterceptor()),
 			grpc.UnknownServiceHandler(sp.refuse))...)
-		healthpb.RegisterHealthServer(pre, c.grpcHealth)
+		healthpb.RegisterHealthServer(pre, c.probe.health)
 		g.Go(func() error { return sp.run(gctx) })
 		g.Go(serve(srv, sp.api))
 		g.Go(serve(pre, sp.pre))
 	}
-	g.Go(func() error { c.watchLeader(gctx); return nil })
-	g.Go(func() error { c.elect(gctx); return nil })
-	g.Go(func() error { c.probeEtcd(gctx); return nil })
+	el := &election{
+		cli: cli, timeout: c.cfg.Etcd.RequestTimeout.Duration, ttl: c.cfg.LeaderLeaseTTL.Duration,
+		embedded: c.cfg.Embedded(), me: c.cfg.Advertised(), gate: c.gate, clock: c.clock, log: c.log.Named("election"),
+		lead: c.lead,
+	}
+	g.Go(func() error { el.watchLeader(gctx); return nil })
+	g.Go(func() error { el.run(gctx); return nil })
+	g.Go(func() error { c.probe.probeEtcd(gctx, cli); return nil })
 	g.Go(func() error {
 		<-gctx.Done()
-		c.stopping.Store(true)
-		c.grpcHealth.Shutdown()
+		c.probe.stop()
 		// Agent streams never end by themselves; end them so the graceful
 		// stop only waits for operator calls in flight.
 		c.endSessions()
@@ -399,38 +371,6 @@ func (c *Controller) Run(ctx context.Context) error {
 	err = g.Wait()
 	c.log.Info("controller stopped")
 	return err
-}
-
-// securityOptions are mutual TLS and per-call authentication and
-// authorization, or nothing at all (and a warning) when insecure. TLS
-// session tickets are sealed with keys derived from the secrets keyring,
-// which every replica shares: agents resume their sessions with a
-// restarted or new leader (pki.Reloader.ServerConfig).
-func (c *Controller) securityOptions(keys *keyring.Keyring) []grpc.ServerOption {
-	if c.tls == nil {
-		c.log.Warn("insecure mode: no tls and no authentication; anyone who reaches the listen address can run commands on every node (use only for local tests)",
-			zap.String("listen", c.cfg.Listen))
-		return nil
-	}
-	c.auth = &authenticator{tls: c.tls, revoked: c.revoked, log: refusalLogger(c.log.Named("auth"))}
-	c.conns = newClientConns(c.clock, c.log.Named("auth"))
-	c.log.Info("mutual tls enabled", zap.Stringer("identity", c.tls.Identity()))
-	return []grpc.ServerOption{
-		grpc.Creds(handedCreds{}),
-		grpc.ChainUnaryInterceptor(c.auth.unary),
-		grpc.ChainStreamInterceptor(c.auth.stream),
-	}
-}
-
-// handshakeCreds make the TLS handshakes of a controller with TLS (see
-// splitter), in turns of the handshake gate.
-func (c *Controller) handshakeCreds(keys *keyring.Keyring) credentials.TransportCredentials {
-	return gatedCreds{
-		TransportCredentials: credentials.NewTLS(c.tls.ServerConfig(func(epoch int64) [32]byte {
-			return keys.Derive(fmt.Sprintf("tls session ticket key %d", epoch))
-		})),
-		gate: newHandshakeGate(c.cfg.TLS.MaxHandshakes, c.clock, c.metrics.handshakesWait, c.metrics.handshakesOver),
-	}
 }
 
 func (c *Controller) endSessions() {
@@ -487,7 +427,7 @@ const reconnectGrace = 10 * time.Second
 // lead, from records validated first (see screen). Nodes start with a fresh
 // liveness clock plus reconnectGrace, so a new leader never declares a node
 // lost merely because it just started.
-func (c *Controller) load(ctx context.Context) error {
+func (c *Controller) load(ctx context.Context, extraGrace time.Duration) error {
 	snap, err := c.store.Load(ctx)
 	if err != nil {
 		return fmt.Errorf("loading state from etcd: %w", err)
@@ -499,11 +439,10 @@ func (c *Controller) load(ctx context.Context) error {
 	now := c.clock.Now()
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	c.loadRevocations(revoked, badRevocations)
+	c.guard.loadRevocations(revoked, badRevocations)
 	c.screen(snap, now)
 	c.nodes, c.jobs = map[string]*nodeState{}, map[string]*jobState{}
-	grace := reconnectGrace + c.cfg.Heartbeat.Timeout.Duration + c.revokedGrace
-	c.revokedGrace = 0
+	grace := reconnectGrace + c.cfg.Heartbeat.Timeout.Duration + extraGrace
 	for name, v := range snap.Nodes {
 		ni, err := newNodeInfo(v.Value.GetInfo())
 		if err != nil {

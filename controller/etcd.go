@@ -164,15 +164,15 @@ func startEmbedded(ctx context.Context, cfg Config, log *zap.Logger) (e *embedde
 // embedded etcd. With external etcd, or a file named explicitly, a missing
 // file is an error: a fresh key there would not open what the other
 // replicas sealed (or a mistyped path would hide the real keyring).
-func (c *Controller) openKeyring() (*keyring.Keyring, error) {
-	path := c.cfg.SecretsKeyPath()
-	create := c.cfg.Embedded() && c.cfg.SecretsKeyFile == ""
+func openKeyring(cfg Config, now time.Time, log *zap.Logger) (*keyring.Keyring, error) {
+	path := cfg.SecretsKeyPath()
+	create := cfg.Embedded() && cfg.SecretsKeyFile == ""
 	if create {
-		if err := privateDir(c.cfg.DataDir, c.log); err != nil {
+		if err := privateDir(cfg.DataDir, log); err != nil {
 			return nil, err
 		}
 	}
-	keys, created, err := keyring.LoadOrCreate(path, create, c.clock.Now())
+	keys, created, err := keyring.LoadOrCreate(path, create, now)
 	if errors.Is(err, fs.ErrNotExist) {
 		return nil, fmt.Errorf("secrets_key_file: %s does not exist; with external etcd or an explicit secrets_key_file it is not created: make one (docs/jobs.md#secrets) and give every controller replica the same file: %w", path, err)
 	}
@@ -180,9 +180,9 @@ func (c *Controller) openKeyring() (*keyring.Keyring, error) {
 		return nil, fmt.Errorf("secrets_key_file: %w", err)
 	}
 	if created {
-		c.log.Info("secrets key file created; back it up: without it, stored jobs' secret_env cannot be read", zap.String("path", path))
+		log.Info("secrets key file created; back it up: without it, stored jobs' secret_env cannot be read", zap.String("path", path))
 	}
-	c.log.Info("secrets keyring loaded", zap.String("path", path), zap.String("primary_key", keys.Primary()))
+	log.Info("secrets keyring loaded", zap.String("path", path), zap.String("primary_key", keys.Primary()))
 	return keys, nil
 }
 

@@ -108,7 +108,7 @@ func (c *Controller) markLost(name string, ns *nodeState, now, lastSeen time.Tim
 	c.metrics.nodesLost.Inc()
 	c.writes.persist(putNode(c.store, ns, rec, ns.info.decode(), c.event(ns.job, name, ns.generation, EventNodeLost, "node %s lost: %s", name, reason)), nil)
 	loss := health.Loss{
-		At: now, LastSeen: lastSeen, Heard: ns.heard, ElectedAt: c.electedAt, HoldUntil: ns.restartHold,
+		At: now, LastSeen: lastSeen, Heard: ns.heard, ElectedAt: c.tenure.began, HoldUntil: ns.restartHold,
 		Gossips: ns.info.gossipAddr != "", Unreachable: c.nodes.unreachableTo(name), WatchersCut: c.nodes.watchersCut(c.jobs[ns.job], name, ns.generation),
 	}
 	ns.fencedBy, ns.lost = c.cfg.Heartbeat.policy().FencedBy(loss), nil

@@ -88,7 +88,9 @@ func (c *Controller) prune(ctx context.Context) {
 		c.log.Info("finished job deleted (retention)", zap.String("job", name), zap.Time("finished_at", js.rec.GetFinishedAt().AsTime()))
 	}
 	c.pruneNodes(now)
-	c.expireRevocations(now)
+	for _, r := range c.guard.expireRevocations(now) {
+		c.writes.persist(c.store.DeleteRevocation(r), nil)
+	}
 	c.mu.Unlock()
 
 	cutoff := now.Add(-r.EventMaxAge.Duration)

@@ -237,16 +237,16 @@ func (s stateCollector) Collect(ch chan<- prometheus.Metric) {
 	}
 	ch <- prometheus.MustNewConstMetric(descPendingAge, prometheus.GaugeValue, age)
 	leader := 0.0
-	if c.leading.Load() {
+	if c.gate.leading() {
 		leader = 1
 	}
 	ch <- prometheus.MustNewConstMetric(descLeader, prometheus.GaugeValue, leader)
 	ch <- prometheus.MustNewConstMetric(descAgents, prometheus.GaugeValue, float64(agents))
 	ch <- prometheus.MustNewConstMetric(descRelayed, prometheus.GaugeValue, float64(relayed))
 	ch <- prometheus.MustNewConstMetric(descRelays, prometheus.GaugeValue, float64(relays))
-	if c.tls != nil {
-		ch <- prometheus.MustNewConstMetric(descCertExpiry, prometheus.GaugeValue, c.tls.NotAfter().Sub(now).Seconds(), "controller")
-		ch <- prometheus.MustNewConstMetric(descCertExpiry, prometheus.GaugeValue, c.tls.CANotAfter().Sub(now).Seconds(), "ca")
+	if tls := c.guard.tls; tls != nil {
+		ch <- prometheus.MustNewConstMetric(descCertExpiry, prometheus.GaugeValue, tls.NotAfter().Sub(now).Seconds(), "controller")
+		ch <- prometheus.MustNewConstMetric(descCertExpiry, prometheus.GaugeValue, tls.CANotAfter().Sub(now).Seconds(), "ca")
 	}
 	for _, j := range perJob {
 		ch <- prometheus.MustNewConstMetric(descJobETTR, prometheus.GaugeValue, j.ettr, j.name)

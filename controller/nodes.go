@@ -27,7 +27,7 @@ func (c *Controller) register(sess *session, reg *rdzvv1.Register) {
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if !c.leading.Load() {
+	if !c.gate.leading() {
 		// The lead ended while this stream waited for the lock (the gate let
 		// it in before): registered into the view a follower drops, its
 		// reports would be judged against no jobs (stop orders for the

@@ -4,8 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync/atomic"
 	"time"
 
+	"github.com/jonboulle/clockwork"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	grpchealth "google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
@@ -20,22 +22,44 @@ import (
 // while it starts, while etcd cannot be read (no controller can lead
 // then), and once it shuts down.
 
+// probe is the controller's readiness, served by the HTTP /readyz and
+// grpc.health.v1. Its own state is atomics and the health server (safe
+// for concurrent use): probeEtcd sets etcdDown, Run's end sets stopping,
+// and whoever changes the gate's state refreshes it.
+type probe struct {
+	gate  *leaderGate
+	clock clockwork.Clock
+	// timeout bounds each probe of etcd.
+	timeout time.Duration
+
+	health   *grpchealth.Server
+	stopping atomic.Bool
+	// etcdDown is why etcd did not answer the last probe; nil when it did.
+	etcdDown atomic.Pointer[error]
+}
+
+func newProbe(gate *leaderGate, clock clockwork.Clock, timeout time.Duration) *probe {
+	p := &probe{gate: gate, clock: clock, timeout: timeout, health: grpchealth.NewServer()}
+	p.health.SetServingStatus("", healthpb.HealthCheckResponse_NOT_SERVING)
+	return p
+}
+
 // readiness says why the controller is not ready; nil when it is.
-func (c *Controller) readiness() error {
-	if c.stopping.Load() {
+func (p *probe) readiness() error {
+	if p.stopping.Load() {
 		return errors.New("shutting down")
 	}
-	if c.leading.Load() {
+	if p.gate.leading() {
 		return nil
 	}
-	v := c.view.Load()
+	v, ok := p.gate.seen()
 	switch {
-	case v == nil:
+	case !ok:
 		return errors.New("starting: etcd not reached yet")
 	case v.etcdErr != "":
 		return fmt.Errorf("etcd unreachable: %s", v.etcdErr)
 	}
-	if err := c.etcdDown.Load(); err != nil {
+	if err := p.etcdDown.Load(); err != nil {
 		return fmt.Errorf("etcd unreachable: %w", *err)
 	}
 	return nil
@@ -48,38 +72,48 @@ const etcdProbeEvery = 2 * time.Second
 
 // probeEtcd keeps etcdDown current until ctx ends: a cheap count of the
 // election's candidates.
-func (c *Controller) probeEtcd(ctx context.Context) {
+func (p *probe) probeEtcd(ctx context.Context, cli *clientv3.Client) {
 	for {
-		rctx, cancel := context.WithTimeout(ctx, c.cfg.Etcd.RequestTimeout.Duration)
-		_, err := c.store.Client().Get(rctx, store.CandidatesPrefix(), clientv3.WithPrefix(), clientv3.WithCountOnly())
+		rctx, cancel := context.WithTimeout(ctx, p.timeout)
+		_, err := cli.Get(rctx, store.CandidatesPrefix(), clientv3.WithPrefix(), clientv3.WithCountOnly())
 		cancel()
 		if ctx.Err() != nil {
 			return
 		}
 		if err != nil {
-			c.etcdDown.Store(&err)
+			p.etcdDown.Store(&err)
 		} else {
-			c.etcdDown.Store(nil)
+			p.etcdDown.Store(nil)
 		}
-		c.refreshHealth()
-		c.sleep(ctx, etcdProbeEvery)
+		p.refresh()
+		sleep(ctx, p.clock, etcdProbeEvery)
 	}
 }
 
-// refreshHealth brings the gRPC health status in line with readiness;
-// called wherever leading or the leader view changes. It does no I/O.
-func (c *Controller) refreshHealth() {
+// refresh brings the gRPC health status in line with readiness; called
+// wherever an input of readiness changes. It does no I/O.
+func (p *probe) refresh() {
 	st := healthpb.HealthCheckResponse_SERVING
-	if c.readiness() != nil {
+	if p.readiness() != nil {
 		st = healthpb.HealthCheckResponse_NOT_SERVING
 	}
-	c.grpcHealth.SetServingStatus("", st)
+	p.health.SetServingStatus("", st)
 }
 
-func newGRPCHealth() *grpchealth.Server {
-	s := grpchealth.NewServer()
-	s.SetServingStatus("", healthpb.HealthCheckResponse_NOT_SERVING)
-	return s
+// stop makes the controller unready for good, as it shuts down.
+func (p *probe) stop() {
+	p.stopping.Store(true)
+	p.health.Shutdown()
+}
+
+// sleep waits d on clock, or until ctx ends.
+func sleep(ctx context.Context, clock clockwork.Clock, d time.Duration) {
+	timer := clock.NewTimer(d)
+	defer timer.Stop()
+	select {
+	case <-ctx.Done():
+	case <-timer.Chan():
+	}
 }
 
 // publicMethod reports whether method is answered to anyone, without a

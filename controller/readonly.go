@@ -23,7 +23,7 @@ func (c *Controller) ReadOnly() ReadOnly {
 // check is what the gRPC interceptors check before a read: the lead, and
 // the request itself.
 func (r ReadOnly) check(req any) error {
-	if err := r.jobs.c.gate(); err != nil {
+	if err := r.jobs.c.gate.check(); err != nil {
 		return err
 	}
 	return validateRequest(req)

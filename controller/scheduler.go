@@ -152,7 +152,7 @@ func (c *Controller) schedule(ctx context.Context) time.Time {
 		}
 		js.committing = true
 		js.rec.Reason = d.Reason + "; committing rendezvous"
-		go c.commit(ctx, c.term, name, placed)
+		go c.commit(ctx, c.tenure.term, name, placed)
 	}
 	waiting := slices.ContainsFunc(pending, func(js *jobState) bool {
 		st := js.rec.GetState()
@@ -319,7 +319,7 @@ func (c *Controller) commit(ctx context.Context, term uint64, name string, place
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	js := c.jobs[name]
-	if js == nil || c.term != term || !c.leading.Load() {
+	if js == nil || c.tenure.term != term || !c.gate.leading() {
 		// Planned under a lead that has ended: the view it was made from
 		// is gone.
 		return
