@@ -516,10 +516,6 @@ func activeJob(s rdzvv1.JobState) bool {
 		s == rdzvv1.JobState_JOB_STATE_FAILED || s == rdzvv1.JobState_JOB_STATE_STOPPED
 }
 
-func (c *Controller) event(job, node string, generation uint64, kind, format string, args ...any) *rdzvv1.Event {
-	return newEvent(c.clock.Now(), job, node, generation, kind, format, args...)
-}
-
 // newEvent is an event of kind at now, its message formatted.
 func newEvent(now time.Time, job, node string, generation uint64, kind, format string, args ...any) *rdzvv1.Event {
 	return &rdzvv1.Event{

@@ -43,7 +43,7 @@ func (c *Controller) setCordon(name string, cordoned bool, reason string) {
 		// Uncordoning ends a drain too.
 		kind, what, rec.CordonReason, rec.Draining = EventNodeUncordoned, "uncordoned", "", false
 	}
-	c.writes.persist(putNode(c.store, ns, rec, ns.info.decode(), c.event("", name, 0, kind, "node %s %s", name, what)), nil)
+	c.writes.persist(putNode(c.store, ns, rec, ns.info.decode(), newEvent(c.clock.Now(), "", name, 0, kind, "node %s %s", name, what)), nil)
 	c.log.Info("node cordon changed", zap.String("node", name), zap.Bool("cordoned", cordoned), zap.String("reason", reason))
 	c.wake()
 }
@@ -60,7 +60,7 @@ func (c *Controller) gpuFault(node string, f *rdzvv1.GPUFault) {
 	if ns == nil {
 		return
 	}
-	ev := c.event(ns.job, node, ns.generation, EventGPUFault, "node %s: %s", node, f.GetMessage())
+	ev := newEvent(c.clock.Now(), ns.job, node, ns.generation, EventGPUFault, "node %s: %s", node, f.GetMessage())
 	c.writes.persist(c.store.AppendEvent(ev), nil)
 	c.setCordon(node, true, "GPU fault: "+f.GetMessage())
 	js := c.jobs[ns.job]

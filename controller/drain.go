@@ -34,7 +34,7 @@ func (c *Controller) drain(ctx context.Context, name, reason string, now bool) (
 	if !ns.rec.GetDraining() || ns.rec.GetCordonReason() != reason {
 		rec := proto.Clone(ns.rec).(*rdzvv1.Node)
 		rec.Cordoned, rec.CordonReason, rec.Draining = true, reason, true
-		c.writes.persist(putNode(c.store, ns, rec, ns.info.decode(), c.event("", name, 0, EventNodeDraining, "node %s draining: %s", name, reason)), nil)
+		c.writes.persist(putNode(c.store, ns, rec, ns.info.decode(), newEvent(c.clock.Now(), "", name, 0, EventNodeDraining, "node %s draining: %s", name, reason)), nil)
 		c.log.Info("node draining", zap.String("node", name), zap.String("reason", reason), zap.Bool("now", now))
 	}
 	if js := c.jobs[ns.job]; now && js != nil && js.rec.GetState() == rdzvv1.JobState_JOB_STATE_RUNNING && js.rec.GetGeneration() == ns.generation {

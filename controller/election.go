@@ -192,7 +192,7 @@ func (c *Controller) lead(ctx context.Context, t *tenure, l store.Leadership, pr
 	if previous == "" {
 		previous = "none"
 	}
-	ev := c.event("", "", 0, EventLeaderElected, "controller %s leads (previous leader: %s); %d jobs and %d nodes loaded from etcd in %s",
+	ev := newEvent(c.clock.Now(), "", "", 0, EventLeaderElected, "controller %s leads (previous leader: %s); %d jobs and %d nodes loaded from etcd in %s",
 		me, previous, len(c.jobs), len(c.nodes), loaded.Round(time.Millisecond))
 	c.writes.persist(c.store.AppendEvent(ev), nil)
 	c.reseal(c.unsealed)

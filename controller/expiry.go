@@ -316,7 +316,7 @@ func (c *Controller) warnCertExpiry(now time.Time, ns *nodeState) bool {
 	sess.expiryWarned = true
 	name := ns.info.name
 	c.log.Warn("agent certificate expires soon", zap.String("node", name), zap.Time("not_after", sess.certNotAfter))
-	ev := c.event("", name, 0, EventCertExpiring, "the certificate of agent %s expires at %s (in %s): renew it (rdzvctl pki issue agent %s) and install it on the node; an agent with an expired certificate is refused",
+	ev := newEvent(c.clock.Now(), "", name, 0, EventCertExpiring, "the certificate of agent %s expires at %s (in %s): renew it (rdzvctl pki issue agent %s) and install it on the node; an agent with an expired certificate is refused",
 		name, sess.certNotAfter.UTC().Format(time.RFC3339), roundDuration(sess.certNotAfter.Sub(now)), name)
 	c.writes.persist(c.store.AppendEvent(ev), nil)
 	return true

@@ -107,7 +107,7 @@ func (c *Controller) deleteJob(ctx context.Context, name string) error {
 	if id, ok := identityFrom(ctx); ok {
 		by = id.String()
 	}
-	reply := c.writes.persistWait(c.dropJob(js, c.event("", "", 0, EventJobDeleted, "job %s (%s, generation %d) deleted by %s",
+	reply := c.writes.persistWait(c.dropJob(js, newEvent(c.clock.Now(), "", "", 0, EventJobDeleted, "job %s (%s, generation %d) deleted by %s",
 		name, lifecycle.StateName(js.rec.GetState()), js.rec.GetGeneration(), by)))
 	c.mu.Unlock()
 	if err := await(ctx, reply); err != nil {

@@ -106,7 +106,7 @@ func (c *Controller) markLost(name string, ns *nodeState, now, lastSeen time.Tim
 	rec.RestartHoldUntil = nil
 	ns.accused = false // peers were right: no doubt when it comes back
 	c.metrics.nodesLost.Inc()
-	c.writes.persist(putNode(c.store, ns, rec, ns.info.decode(), c.event(ns.job, name, ns.generation, EventNodeLost, "node %s lost: %s", name, reason)), nil)
+	c.writes.persist(putNode(c.store, ns, rec, ns.info.decode(), newEvent(c.clock.Now(), ns.job, name, ns.generation, EventNodeLost, "node %s lost: %s", name, reason)), nil)
 	loss := health.Loss{
 		At: now, LastSeen: lastSeen, Heard: ns.heard, ElectedAt: c.tenure.began, HoldUntil: ns.restartHold,
 		Gossips: ns.info.gossipAddr != "", Unreachable: c.nodes.unreachableTo(name), WatchersCut: c.nodes.watchersCut(c.jobs[ns.job], name, ns.generation),

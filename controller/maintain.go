@@ -128,7 +128,7 @@ func (c *Controller) pruneNodes(now time.Time) {
 			continue
 		}
 		delete(c.nodes, name)
-		c.writes.persist(c.store.DeleteNode(name, c.event("", name, 0, EventNodeDeleted, "node %s deleted: lost for %s, longer than retention.lost_node_max_age (%s)",
+		c.writes.persist(c.store.DeleteNode(name, newEvent(c.clock.Now(), "", name, 0, EventNodeDeleted, "node %s deleted: lost for %s, longer than retention.lost_node_max_age (%s)",
 			name, lostFor.Round(time.Second), maxAge)), nil)
 		c.log.Info("lost node deleted (retention)", zap.String("node", name), zap.Duration("lost_for", lostFor))
 	}

@@ -41,11 +41,11 @@ func (c *Controller) applyHealth(name string, ns *nodeState, results []*rdzvv1.H
 		ok, known := was[r.GetName()]
 		switch {
 		case !r.GetOk() && (ok || !known):
-			ev := c.event("", name, 0, EventNodeUnhealthy, "node %s: health check %s failing: %s", name, r.GetName(), r.GetMessage())
+			ev := newEvent(c.clock.Now(), "", name, 0, EventNodeUnhealthy, "node %s: health check %s failing: %s", name, r.GetName(), r.GetMessage())
 			c.writes.persist(c.store.AppendEvent(ev), nil)
 			c.log.Warn("node health check failing", zap.String("node", name), zap.String("check", r.GetName()), zap.String("reason", r.GetMessage()))
 		case r.GetOk() && known && !ok:
-			ev := c.event("", name, 0, EventNodeHealthy, "node %s: health check %s passing again", name, r.GetName())
+			ev := newEvent(c.clock.Now(), "", name, 0, EventNodeHealthy, "node %s: health check %s passing again", name, r.GetName())
 			c.writes.persist(c.store.AppendEvent(ev), nil)
 			c.log.Info("node health check passing again", zap.String("node", name), zap.String("check", r.GetName()))
 			recovered = true

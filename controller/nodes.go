@@ -54,7 +54,7 @@ func (c *Controller) register(sess *session, reg *rdzvv1.Register) {
 			// lifts it.
 			rec.Cordoned, rec.CordonReason = ns.rec.GetCordoned(), ns.rec.GetCordonReason()
 		}
-		ev := c.event("", name, 0, EventNodeRegistered, "node %s registered: %d GPUs%s, interface %s (%s), address %s, agent %s",
+		ev := newEvent(c.clock.Now(), "", name, 0, EventNodeRegistered, "node %s registered: %d GPUs%s, interface %s (%s), address %s, agent %s",
 			name, len(info.GetGpus()), fakeSuffix(info), info.GetNcclInterface(), info.GetNcclInterfaceReason(), info.GetAddress(), info.GetAgentVersion())
 		if ns == nil {
 			ns = &nodeState{}
@@ -182,7 +182,7 @@ func (c *Controller) agentRestarting(node string, sess *session, r *rdzvv1.Agent
 	// agent (and gossip with it) is down.
 	rec := proto.Clone(ns.rec).(*rdzvv1.Node)
 	rec.RestartHoldUntil = timestamppb.New(ns.restartHold)
-	ev := c.event(ns.job, node, ns.generation, EventAgentRestarting, "agent on %s restarting; its workers run on for up to %s", node, hold)
+	ev := newEvent(c.clock.Now(), ns.job, node, ns.generation, EventAgentRestarting, "agent on %s restarting; its workers run on for up to %s", node, hold)
 	c.writes.persist(putNode(c.store, ns, rec, ns.info.decode(), ev), nil)
 }
 

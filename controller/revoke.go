@@ -133,7 +133,7 @@ func (c *Controller) revoke(ctx context.Context, req *rdzvv1.RevokeCertificateRe
 		return nil, err
 	}
 	target := revocationTarget(r)
-	ev := c.event("", node, 0, EventCertRevoked, "%s revoked by %s (reason: %q); open connections presenting it are closed", target, r.GetRevokedBy(), r.GetReason())
+	ev := newEvent(c.clock.Now(), "", node, 0, EventCertRevoked, "%s revoked by %s (reason: %q); open connections presenting it are closed", target, r.GetRevokedBy(), r.GetReason())
 	reply := make(chan error, 1)
 	c.mu.Lock()
 	c.writes.queue(pendingWrite{ch: c.store.PutRevocation(r, ev), reply: reply, then: func() { c.guard.enforce(r) }})
