@@ -63,6 +63,9 @@ func TestDashboardInABrowser(t *testing.T) {
 
 	c.startJob(c.recoverable("train", 2, 3))
 	a1, b1 := a.run(), b.run()
+	// Both RUNNING reports recorded before a's failure: b's, taken after it,
+	// would be answered with a second stop (the job no longer runs).
+	c.waitJob("train", func(j *rdzvv1.Job) bool { return allWorkers(j, rdzvv1.WorkerState_WORKER_STATE_RUNNING) })
 	a.step(a1, 5)
 	a.report(a1, rdzvv1.WorkerState_WORKER_STATE_FAILED, 1)
 	b.expectStop(b1)
