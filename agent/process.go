@@ -4,9 +4,11 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -161,20 +163,32 @@ const groupSweepTimeout = 30 * time.Second
 
 func (p *execProcess) Kill(grace time.Duration) error {
 	pgid := p.Pid()
+	// The launcher's group and those of every process found below it:
+	// torchrun (torch 2.x) starts each worker in a session of its own, so
+	// a signal to the launcher's group alone does not reach them, and a
+	// launcher SIGKILLed before its workers leaves them to init, running
+	// on. Each scan adds what is below the launcher then, before any
+	// SIGKILL can orphan it.
+	groups := map[int]bool{pgid: true}
 	// No grace means no SIGTERM either: a fenced worker must not get to run
 	// a shutdown handler (a checkpoint save) at all.
-	if grace > 0 && p.groupAlive(pgid) {
+	if grace > 0 && p.alive(groups) {
 		_ = syscall.Kill(-pgid, syscall.SIGTERM)
 		deadline := time.Now().Add(grace)
-		for time.Now().Before(deadline) && p.groupAlive(pgid) && !p.onlyLauncherLeft(pgid) {
+		for time.Now().Before(deadline) && p.alive(groups) && !p.onlyLauncherLeft(pgid, groups) {
 			time.Sleep(50 * time.Millisecond)
 		}
 	}
 	deadline := time.Now().Add(groupSweepTimeout)
-	for p.groupAlive(pgid) {
-		_ = syscall.Kill(-pgid, syscall.SIGKILL)
+	for p.alive(groups) {
+		for g := range groups {
+			_ = syscall.Kill(-g, syscall.SIGKILL)
+		}
+		for _, pid := range p.members(groups) {
+			_ = syscall.Kill(pid, syscall.SIGKILL) // one that left for a group it may not be killed by
+		}
 		if time.Now().After(deadline) {
-			return fmt.Errorf("process group %d still has members %v after SIGKILL", pgid, p.members(pgid))
+			return fmt.Errorf("process groups %v still have members after SIGKILL", slices.Sorted(maps.Keys(groups)))
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
@@ -186,25 +200,28 @@ func (p *execProcess) Kill(grace time.Duration) error {
 // launcher remains. torchrun (1.13) then waits minutes for its peers inside
 // a call that ignores SIGTERM; its workers, the ones holding GPUs, have
 // already exited, so the rest of the grace would only delay recovery.
-func (p *execProcess) onlyLauncherLeft(pgid int) bool {
-	members := p.members(pgid)
+func (p *execProcess) onlyLauncherLeft(pgid int, groups map[int]bool) bool {
+	members := p.members(groups)
 	return len(members) == 1 && members[0] == pgid
 }
 
-// groupAlive reports whether any process other than a zombie is in the
-// group. The launcher itself counts until reaped.
-func (p *execProcess) groupAlive(pgid int) bool {
+// alive reports whether any process other than a zombie is in groups,
+// adding to groups those of the processes below them. The launcher itself
+// counts until reaped.
+func (p *execProcess) alive(groups map[int]bool) bool {
+	members := p.members(groups)
 	select {
 	case <-p.done:
-		return len(p.members(pgid)) > 0
+		return len(members) > 0
 	default:
 		return true
 	}
 }
 
-// members lists live (non-zombie) processes whose process group is pgid, by
-// reading /proc/<pid>/stat.
-func (p *execProcess) members(pgid int) []int {
+// members lists the live (non-zombie) processes in groups, by reading
+// /proc/<pid>/stat, and adds to groups the process group of every process
+// below one of them (a child, a grandchild, whatever its group).
+func (p *execProcess) members(groups map[int]bool) []int {
 	root := p.procRoot
 	if root == "" {
 		root = "/proc"
@@ -213,7 +230,8 @@ func (p *execProcess) members(pgid int) []int {
 	if err != nil {
 		return nil
 	}
-	var pids []int
+	type proc struct{ pid, ppid, pgrp int }
+	var procs []proc
 	for _, e := range entries {
 		pid, err := strconv.Atoi(e.Name())
 		if err != nil {
@@ -233,9 +251,34 @@ func (p *execProcess) members(pgid int) []int {
 		if len(fields) < 3 || fields[0] == "Z" || fields[0] == "X" {
 			continue
 		}
-		if g, err := strconv.Atoi(fields[2]); err == nil && g == pgid {
-			pids = append(pids, pid)
+		ppid, err1 := strconv.Atoi(fields[1])
+		pgrp, err2 := strconv.Atoi(fields[2])
+		if err1 == nil && err2 == nil {
+			procs = append(procs, proc{pid, ppid, pgrp})
 		}
 	}
+	// A process is a member when its group is one of groups or its parent
+	// is a member: until nothing is added (one pass per level of the tree).
+	// A member that joined this process's own group (a job may, within the
+	// shim's session) is killed with its launcher's group, never by
+	// signalling that group: it holds the shim.
+	own := syscall.Getpgrp()
+	in := map[int]bool{}
+	for added := true; added; {
+		added = false
+		for _, pr := range procs {
+			if !in[pr.pid] && (groups[pr.pgrp] || in[pr.ppid]) {
+				in[pr.pid], added = true, true
+				if pr.pgrp != own && pr.pgrp > 1 {
+					groups[pr.pgrp] = true
+				}
+			}
+		}
+	}
+	pids := make([]int, 0, len(in))
+	for pid := range in {
+		pids = append(pids, pid)
+	}
+	slices.Sort(pids)
 	return pids
 }

@@ -1,6 +1,7 @@
 package agent
 
 import (
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -162,4 +163,36 @@ func TestExecSpawnerRunsInDirWithEnv(t *testing.T) {
 func TestExecSpawnerMissingBinary(t *testing.T) {
 	_, err := ExecSpawner{}.Spawn(ProcessSpec{Path: "/nonexistent/torchrun", Dir: t.TempDir(), Output: &syncBuffer{}})
 	require.ErrorContains(t, err, "/nonexistent/torchrun")
+}
+
+// TestExecProcessKillsWorkersInSessionsOfTheirOwn: torchrun (torch 2.x)
+// starts each worker with start_new_session, outside the launcher's
+// group. A stop, and a fence (no grace: the launcher SIGKILLed at once),
+// must still end them, not leave them running under init.
+func TestExecProcessKillsWorkersInSessionsOfTheirOwn(t *testing.T) {
+	for _, grace := range []time.Duration{0, 500 * time.Millisecond} {
+		t.Run(grace.String(), func(t *testing.T) {
+			p, out := spawnShell(t, `setsid sleep 300 & echo "worker $!"; echo ready; wait`)
+			var worker int
+			require.Eventually(t, func() bool {
+				_, err := fmt.Sscanf(out(), "worker %d\n", &worker)
+				return err == nil && strings.Contains(out(), "ready") && processLive(worker)
+			}, waitTimeout, 10*time.Millisecond, "the worker never started: %q", out())
+			require.NotContains(t, groupMembers(p.Pid()), worker, "the worker leads a group of its own")
+
+			require.NoError(t, p.Kill(grace))
+			require.False(t, processLive(worker), "worker %d outlived its launcher", worker)
+		})
+	}
+}
+
+// processLive reports whether pid runs (is neither gone nor a zombie).
+func processLive(pid int) bool {
+	stat, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return false
+	}
+	s := string(stat)
+	i := strings.LastIndexByte(s, ')')
+	return i >= 0 && len(s) > i+2 && s[i+2] != 'Z' && s[i+2] != 'X'
 }
