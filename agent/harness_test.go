@@ -53,7 +53,7 @@ func runTestShim(args []string) int {
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
-	if err := (Shim{Dir: args[1], Ready: os.Stdout, Log: log}).Run(ctx); err != nil {
+	if err := (Shim{Dir: args[1], Ready: os.Stdout, Log: log, Subreaper: true}).Run(ctx); err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
 	}

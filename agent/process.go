@@ -87,6 +87,13 @@ type Spawner interface {
 type ExecSpawner struct {
 	// ProcRoot is where to look for leftover group members (default /proc).
 	ProcRoot string
+	// Reaper says that the calling process is a child subreaper
+	// (PR_SET_CHILD_SUBREAPER) that spawns nothing but this one launcher,
+	// as a shim is: every child of it counts as the launcher's, so that
+	// workers orphaned by a launcher that died on its own (torchrun
+	// OOM-killed), reparented to it rather than to init, are still found
+	// and killed with the rest.
+	Reaper bool
 }
 
 func (s ExecSpawner) Spawn(spec ProcessSpec) (Process, error) {
@@ -105,7 +112,7 @@ func (s ExecSpawner) Spawn(spec ProcessSpec) (Process, error) {
 	if err := cmd.Start(); err != nil {
 		return nil, fmt.Errorf("starting %s: %w", spec.Path, err)
 	}
-	p := &execProcess{cmd: cmd, procRoot: s.ProcRoot, done: make(chan struct{})}
+	p := &execProcess{cmd: cmd, procRoot: s.ProcRoot, reaper: s.Reaper, done: make(chan struct{})}
 	go p.reap()
 	return p, nil
 }
@@ -120,6 +127,7 @@ func (ExecSpawner) Adopt() ([]Adopted, error) { return nil, nil }
 type execProcess struct {
 	cmd      *exec.Cmd
 	procRoot string
+	reaper   bool
 	done     chan struct{}
 	exit     Exit
 }
@@ -222,7 +230,51 @@ func (p *execProcess) alive(groups map[int]bool) bool {
 // /proc/<pid>/stat, and adds to groups the process group of every process
 // below one of them (a child, a grandchild, whatever its group).
 func (p *execProcess) members(groups map[int]bool) []int {
-	root := p.procRoot
+	var procs []procStat
+	for _, pr := range readProcs(p.procRoot) {
+		if pr.state != 'Z' && pr.state != 'X' {
+			procs = append(procs, pr)
+		}
+	}
+	// A process is a member when its group is one of groups or its parent
+	// is a member (or, for a reaper, is this process): until nothing is
+	// added (one pass per level of the tree). A member that joined this
+	// process's own group (a job may, within the shim's session) is killed
+	// with its launcher's group, never by signalling that group: it holds
+	// the shim.
+	own, self := syscall.Getpgrp(), -1
+	if p.reaper {
+		self = os.Getpid()
+	}
+	in := map[int]bool{}
+	for added := true; added; {
+		added = false
+		for _, pr := range procs {
+			if !in[pr.pid] && (groups[pr.pgrp] || in[pr.ppid] || pr.ppid == self) {
+				in[pr.pid], added = true, true
+				if pr.pgrp != own && pr.pgrp > 1 {
+					groups[pr.pgrp] = true
+				}
+			}
+		}
+	}
+	pids := make([]int, 0, len(in))
+	for pid := range in {
+		pids = append(pids, pid)
+	}
+	slices.Sort(pids)
+	return pids
+}
+
+// procStat is what members and the shim's reaper read of a process.
+type procStat struct {
+	pid, ppid, pgrp int
+	state           byte
+}
+
+// readProcs lists the processes under root (default /proc) from each
+// /proc/<pid>/stat; a process that vanished meanwhile is left out.
+func readProcs(root string) []procStat {
 	if root == "" {
 		root = "/proc"
 	}
@@ -230,8 +282,7 @@ func (p *execProcess) members(groups map[int]bool) []int {
 	if err != nil {
 		return nil
 	}
-	type proc struct{ pid, ppid, pgrp int }
-	var procs []proc
+	var procs []procStat
 	for _, e := range entries {
 		pid, err := strconv.Atoi(e.Name())
 		if err != nil {
@@ -248,37 +299,14 @@ func (p *execProcess) members(groups map[int]bool) []int {
 			continue
 		}
 		fields := strings.Fields(s[i+1:])
-		if len(fields) < 3 || fields[0] == "Z" || fields[0] == "X" {
+		if len(fields) < 3 || len(fields[0]) != 1 {
 			continue
 		}
 		ppid, err1 := strconv.Atoi(fields[1])
 		pgrp, err2 := strconv.Atoi(fields[2])
 		if err1 == nil && err2 == nil {
-			procs = append(procs, proc{pid, ppid, pgrp})
+			procs = append(procs, procStat{pid: pid, ppid: ppid, pgrp: pgrp, state: fields[0][0]})
 		}
 	}
-	// A process is a member when its group is one of groups or its parent
-	// is a member: until nothing is added (one pass per level of the tree).
-	// A member that joined this process's own group (a job may, within the
-	// shim's session) is killed with its launcher's group, never by
-	// signalling that group: it holds the shim.
-	own := syscall.Getpgrp()
-	in := map[int]bool{}
-	for added := true; added; {
-		added = false
-		for _, pr := range procs {
-			if !in[pr.pid] && (groups[pr.pgrp] || in[pr.ppid]) {
-				in[pr.pid], added = true, true
-				if pr.pgrp != own && pr.pgrp > 1 {
-					groups[pr.pgrp] = true
-				}
-			}
-		}
-	}
-	pids := make([]int, 0, len(in))
-	for pid := range in {
-		pids = append(pids, pid)
-	}
-	slices.Sort(pids)
-	return pids
+	return procs
 }

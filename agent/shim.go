@@ -9,6 +9,7 @@ import (
 	"io"
 	"net"
 	"os"
+	"os/signal"
 	"path/filepath"
 	"strconv"
 	"syscall"
@@ -119,6 +120,13 @@ type Shim struct {
 	Clock clockwork.Clock
 	// Boot reads the boot clock the lease is on; nil is CLOCK_BOOTTIME.
 	Boot func() time.Duration
+	// Subreaper makes this process the child subreaper of what runs below
+	// the launcher (PR_SET_CHILD_SUBREAPER): workers that a launcher dying
+	// on its own leaves behind (torchrun 2.x starts each in a session of
+	// its own) come to the shim, not init, and go with the launcher's
+	// group. The shim command sets it; the setting is the whole process's,
+	// which a test running a shim in its own process must not take on.
+	Subreaper bool
 }
 
 // Run starts the launcher and serves the agent until the launcher's process
@@ -152,7 +160,15 @@ func (sh Shim) Run(ctx context.Context) error {
 	if sh.Spawner != nil {
 		go readLeases(sh.Spawner, stdinLeases, spawnerGone)
 	}
-	proc, err := ExecSpawner{}.Spawn(ProcessSpec{Path: spec.Path, Args: spec.Args, Dir: spec.Dir, Env: spec.Env, Output: out, Credential: spec.Credential})
+	reaper := false
+	if sh.Subreaper {
+		if err := unix.Prctl(unix.PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0); err != nil {
+			log.Warn("becoming the workers' subreaper failed", zap.Error(err))
+		} else {
+			reaper = true
+		}
+	}
+	proc, err := ExecSpawner{Reaper: reaper}.Spawn(ProcessSpec{Path: spec.Path, Args: spec.Args, Dir: spec.Dir, Env: spec.Env, Output: out, Credential: spec.Credential})
 	if err != nil {
 		return err
 	}
@@ -176,7 +192,33 @@ func (sh Shim) Run(ctx context.Context) error {
 	s := &shimServer{dir: dir, spec: spec, proc: proc, log: log, clock: clock, boot: boot, conns: make(chan net.Conn), reqs: make(chan connRequest), gone: make(chan net.Conn),
 		spawnerGone: spawnerGone, stdinLeases: stdinLeases, quit: make(chan struct{})}
 	go s.accept(ln)
+	if reaper {
+		go reapOrphans(proc.Pid(), s.quit)
+	}
 	return s.run(ctx)
+}
+
+// reapOrphans reaps the processes reparented to this shim as they exit:
+// every child but the launcher, whose status os/exec collects. Left
+// unreaped they would hold their pids until the shim exits, days later
+// for a job whose workers start helpers that outlive their parents.
+func reapOrphans(launcher int, quit <-chan struct{}) {
+	chld := make(chan os.Signal, 1)
+	signal.Notify(chld, syscall.SIGCHLD)
+	defer signal.Stop(chld)
+	self := os.Getpid()
+	for {
+		select {
+		case <-quit:
+			return
+		case <-chld:
+		}
+		for _, pr := range readProcs("") {
+			if pr.ppid == self && pr.pid != launcher && pr.state == 'Z' {
+				_, _ = unix.Wait4(pr.pid, nil, unix.WNOHANG, nil)
+			}
+		}
+	}
 }
 
 // readLeases passes on the leases the spawning agent writes to stdin, one

@@ -9,6 +9,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"syscall"
 	"testing"
 	"time"
 
@@ -191,4 +192,56 @@ func TestAttachTakesAnExitSentBeforeTheRequest(t *testing.T) {
 		require.Equal(t, 42, p.Pid(), "attempt %d: the pid of the exit that answered attach", i)
 		ln.Close()
 	}
+}
+
+// A launcher that dies on its own (torchrun OOM-killed) leaves its workers,
+// each in a session of its own as torchrun 2.x starts them, to its shim,
+// their subreaper: they are gone by the time the exit is reported, not
+// training on under init. While the launcher runs, the shim reaps what is
+// reparented to it and exits.
+func TestShimKillsWhatALauncherThatDiedLeft(t *testing.T) {
+	needPython(t)
+	h := newSupervisor(t)
+	dir := t.TempDir()
+	workerPid, helperPid, die := filepath.Join(dir, "worker"), filepath.Join(dir, "helper"), filepath.Join(dir, "die")
+	script := fmt.Sprintf(`
+import os, signal, subprocess, time
+w = subprocess.Popen(["sleep", "300"], start_new_session=True)
+subprocess.run(["sh", "-c", "sleep 0.2 & echo $! > %[2]s.tmp; mv %[2]s.tmp %[2]s"], check=True)
+with open(%[1]q + ".tmp", "w") as f:
+    f.write(str(w.pid))
+os.rename(%[1]q + ".tmp", %[1]q)
+while not os.path.exists(%[3]q):
+    time.sleep(0.02)
+os.kill(os.getpid(), signal.SIGKILL)
+`, workerPid, helperPid, die)
+	h.sup.Assign(h.assignment("train", 1, "py", "-c", script))
+	h.expect("train", 1, wRunning)
+
+	readPid := func(path string) int {
+		var pid int
+		require.Eventually(t, func() bool {
+			b, err := os.ReadFile(path)
+			if err != nil {
+				return false
+			}
+			_, err = fmt.Sscan(string(b), &pid)
+			return err == nil
+		}, waitTimeout, 10*time.Millisecond, "%s never written", path)
+		return pid
+	}
+	worker, helper := readPid(workerPid), readPid(helperPid)
+	t.Cleanup(func() { _ = syscall.Kill(worker, syscall.SIGKILL) }) // should the test fail
+	require.True(t, processLive(worker))
+	// The helper's parent, sh, exited at once: it came to the shim, which
+	// reaps it when it exits. Unreaped, it would stay a zombie.
+	require.Eventually(t, func() bool {
+		_, err := os.Stat(fmt.Sprintf("/proc/%d", helper))
+		return os.IsNotExist(err)
+	}, waitTimeout, 10*time.Millisecond, "the orphaned helper %d was never reaped", helper)
+
+	require.NoError(t, os.WriteFile(die, nil, 0o644))
+	st := h.expect("train", 1, wFailed)
+	require.Equal(t, "SIGKILL", st.GetSignal())
+	require.False(t, processLive(worker), "worker %d outlived its launcher", worker)
 }

@@ -65,7 +65,7 @@ func shim(args []string) {
 	if err != nil {
 		cli.Fatal("rdzv-agent shim", err)
 	}
-	cli.RunDaemon("rdzv-agent shim", log, agent.Shim{Dir: *dir, Ready: os.Stdout, Spawner: os.Stdin, Log: log.Named("shim")})
+	cli.RunDaemon("rdzv-agent shim", log, agent.Shim{Dir: *dir, Ready: os.Stdout, Spawner: os.Stdin, Log: log.Named("shim"), Subreaper: true})
 }
 
 // about is the start of --help.
