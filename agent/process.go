@@ -41,6 +41,9 @@ type ProcessSpec struct {
 	// Credential, when set, is the user and groups the process runs as
 	// (from ResolveRunAs).
 	Credential *syscall.Credential
+	// Nice is the launcher's nice value, and its session's; 0 is
+	// workerNice. Only a shim applies it.
+	Nice int
 }
 
 // Exit is how a worker's launcher ended.

@@ -75,6 +75,9 @@ type shimSpec struct {
 	// Lease is the workers' first lease, in nanoseconds on the boot clock
 	// (CLOCK_BOOTTIME); 0 holds them to none.
 	Lease int64 `json:"lease,omitempty"`
+	// Nice is the launcher's nice value and its session's; 0 is
+	// workerNice.
+	Nice int `json:"nice,omitempty"`
 }
 
 // shimRequest is a line from the agent.
@@ -172,7 +175,11 @@ func (sh Shim) Run(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	yieldCPU(proc.Pid(), log)
+	nice := spec.Nice
+	if nice == 0 {
+		nice = workerNice
+	}
+	yieldCPU(proc.Pid(), nice, log)
 	if err := writeJSON(filepath.Join(dir, shimStateFile), shimStatus{Pid: proc.Pid()}); err != nil {
 		_ = proc.Kill(0)
 		return err
@@ -506,18 +513,54 @@ var errShimGone = errors.New("shim vanished without an exit status")
 // the controller; the agent takes little of it.
 const workerNice = 10
 
-// yieldCPU lowers the priority of the launcher just started, before it
-// forks workers, which inherit it, and of its session's autogroup (the
+// standbyNice is a warm standby's nice value until its hand-off: the
+// lowest priority. A standby prepares (starts Python, imports torch: CPU
+// seconds) on the nodes where its job trains, right after each restart:
+// it should run on what the workers leave idle and wait while they need
+// the CPU, not take an equal share from the job's first steps. Its
+// hand-off raises it to workerNice (raisePriority) before it forks the
+// workers, which needs CAP_SYS_NICE: without it, standbys start at
+// workerNice.
+const standbyNice = 19
+
+// yieldCPU lowers the priority of the launcher just started to nice, before
+// it forks workers, which inherit it, and of its session's autogroup (the
 // shim's own session), which is what the scheduler weighs against the
 // agent's where autogroups are on (a shell, not a systemd unit). Failing
 // either only costs the agent its lead.
-func yieldCPU(pid int, log *zap.Logger) {
-	if err := unix.Setpriority(unix.PRIO_PROCESS, pid, workerNice); err != nil {
+func yieldCPU(pid, nice int, log *zap.Logger) {
+	if err := unix.Setpriority(unix.PRIO_PROCESS, pid, nice); err != nil {
 		log.Warn("lowering the launcher's priority failed", zap.Error(err))
 	}
-	if err := os.WriteFile("/proc/self/autogroup", []byte(strconv.Itoa(workerNice)), 0); err != nil && !errors.Is(err, os.ErrNotExist) {
+	if err := os.WriteFile("/proc/self/autogroup", []byte(strconv.Itoa(nice)), 0); err != nil && !errors.Is(err, os.ErrNotExist) {
 		log.Debug("lowering the session's autogroup priority failed", zap.Error(err))
 	}
+}
+
+// raisePriority gives pid, a standby's process being handed its
+// assignment, and its session's autogroup the workers' priority back
+// before it forks them. Raising a nice value needs CAP_SYS_NICE
+// (canRaisePriority).
+func raisePriority(pid int) error {
+	if err := unix.Setpriority(unix.PRIO_PROCESS, pid, workerNice); err != nil {
+		return fmt.Errorf("raising the standby's priority: %w", err)
+	}
+	err := os.WriteFile(fmt.Sprintf("/proc/%d/autogroup", pid), []byte(strconv.Itoa(workerNice)), 0)
+	if err != nil && !errors.Is(err, os.ErrNotExist) {
+		return fmt.Errorf("raising the standby's autogroup priority: %w", err)
+	}
+	return nil
+}
+
+// canRaisePriority reports whether this process holds CAP_SYS_NICE, which
+// raisePriority needs.
+func canRaisePriority() bool {
+	hdr := unix.CapUserHeader{Version: unix.LINUX_CAPABILITY_VERSION_3}
+	var data [2]unix.CapUserData
+	if err := unix.Capget(&hdr, &data[0]); err != nil {
+		return false
+	}
+	return data[unix.CAP_SYS_NICE/32].Effective&(1<<(unix.CAP_SYS_NICE%32)) != 0
 }
 
 // bootTime reads CLOCK_BOOTTIME, the clock leases are on: shared by every

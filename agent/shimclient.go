@@ -164,7 +164,7 @@ func (s ShimSpawner) Spawn(spec ProcessSpec) (Process, error) {
 	if spec.LogPath == "" {
 		return nil, errors.New("a shim needs the path of its worker's log")
 	}
-	ss := shimSpec{Path: spec.Path, Args: spec.Args, Dir: spec.Dir, Env: spec.Env, LogPath: spec.LogPath, OrphanTimeout: spec.OrphanTimeout, Credential: spec.Credential,
+	ss := shimSpec{Path: spec.Path, Args: spec.Args, Dir: spec.Dir, Env: spec.Env, LogPath: spec.LogPath, OrphanTimeout: spec.OrphanTimeout, Credential: spec.Credential, Nice: spec.Nice,
 		Lease: int64(s.Leases.current())}
 	if err := writeJSON(filepath.Join(dir, shimSpecFile), ss); err != nil {
 		return nil, err

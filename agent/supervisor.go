@@ -85,6 +85,9 @@ type Supervisor struct {
 	scanEvery    time.Duration
 	log          *zap.Logger
 	spawner      Spawner
+	// standbyNice is the nice value standbys start at (ProcessSpec.Nice):
+	// standbyNice when this agent may raise it at the hand-off, else 0.
+	standbyNice int
 
 	cmds        chan func()
 	updates     chan *rdzvv1.WorkerStatus
@@ -216,6 +219,9 @@ func NewSupervisor(cfg Config, node, iface, reportAddr string, spawner Spawner, 
 		meminfo:      func() ([]byte, error) { return os.ReadFile("/proc/meminfo") },
 	}
 	s.standbySeq = uint64(s.clock.Now().UnixNano())
+	if canRaisePriority() {
+		s.standbyNice = standbyNice
+	}
 	s.mem = newMemStore(cfg.MemoryCheckpointDir, node, log.Named("memckpt"))
 	if cfg.RunAs == "" {
 		s.dynUsers = newDynamicUsers(cfg.DynamicUsers, cfg.StateDir, log.Named("dynamic_users"))

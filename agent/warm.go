@@ -276,7 +276,7 @@ func (s *Supervisor) startStandby(sb *standby) (_ Process, release func(), err e
 	defer out.Close()
 	args := append(append(append([]string{"-u", script, sb.dir, sb.sock}, l.Preload...), "--"), sb.spec.GetCommand()...)
 	proc, err := s.spawner.Spawn(ProcessSpec{Path: python, Args: args, Dir: p.workdir, Env: standbyEnv(sb.spec, s.baseEnv(p.jobEnv)), Output: out, LogPath: p.logPath,
-		Credential: p.runAs.Credential, ID: sb.job + "." + strings.TrimSuffix(sb.sock, ".sock"), OrphanTimeout: time.Duration(s.orphanTimeout.Load())})
+		Credential: p.runAs.Credential, ID: sb.job + "." + strings.TrimSuffix(sb.sock, ".sock"), OrphanTimeout: time.Duration(s.orphanTimeout.Load()), Nice: s.standbyNice})
 	if err != nil {
 		return nil, nil, err
 	}
@@ -399,6 +399,13 @@ func (s *Supervisor) handOffTo(sb *standby, a *rdzvv1.Assignment, env []string, 
 	}); ok {
 		if err := m.SetMeta(meta, token); err != nil {
 			s.log.Warn("recording the standby's assignment failed; a restarted agent kills it instead of adopting it", zap.Error(err))
+		}
+	}
+	// Raised first, so that a standby still importing (a fault soon after
+	// the last) finishes at the workers' priority too.
+	if s.standbyNice != 0 {
+		if err := raisePriority(sb.proc.Pid()); err != nil {
+			s.log.Warn("the workers run at the standby's priority", zap.String("job", sb.job), zap.Error(err))
 		}
 	}
 	if err := handOff(sb, msg); err != nil {

@@ -112,7 +112,7 @@ while sum(1 for p in glob.glob(os.path.join(d, "*-*")) if not p.endswith(".tmp")
     time.sleep(0.01)
 while os.path.exists(os.environ.get("HOLD", "")):
     time.sleep(0.01)
-sys.exit(int(os.environ["EXIT_CODE"]))
+sys.exit(int(os.environ.get("EXIT_CODE_" + gen, os.environ.get("EXIT_CODE"))))
 `
 
 // warmHarness runs warm jobs as nobody, whose workers record what they
@@ -180,6 +180,26 @@ func (h *warmHarness) readMarkers() []string {
 	return out
 }
 
+// workerPids are the pids of generation gen's workers that wrote their
+// marker.
+func (h *warmHarness) workerPids(gen string) []int {
+	entries, err := os.ReadDir(h.markers)
+	require.NoError(h.t, err)
+	var pids []int
+	for _, e := range entries {
+		var pid int
+		if _, err := fmt.Sscanf(e.Name(), "%d-", &pid); err != nil || strings.HasSuffix(e.Name(), ".tmp") {
+			continue
+		}
+		b, err := os.ReadFile(filepath.Join(h.markers, e.Name()))
+		require.NoError(h.t, err)
+		if strings.Fields(string(b))[4] == gen {
+			pids = append(pids, pid)
+		}
+	}
+	return pids
+}
+
 // readyStandby is the standby started for the next generation, once it
 // listens (its imports done).
 func (h *warmHarness) readyStandby() *standby {
@@ -206,10 +226,13 @@ func TestWarmStandby(t *testing.T) {
 	h := newWarmHarness(t)
 	// Generation 2's workers wait while hold exists; generation 1's find
 	// none.
+	// The same spec for both, as a job's generations have: a standby
+	// serves only the spec it was started for.
 	hold := filepath.Join(h.workdir, "hold")
-	assign := func(gen uint64, code int) *rdzvv1.Assignment {
-		a := h.assign(gen, code)
-		a.Spec.Env["HOLD"] = hold
+	assign := func(gen uint64, _ int) *rdzvv1.Assignment {
+		a := h.assign(gen, 0)
+		delete(a.Spec.Env, "EXIT_CODE")
+		a.Spec.Env["EXIT_CODE_1"], a.Spec.Env["EXIT_CODE_2"], a.Spec.Env["HOLD"] = "3", "0", hold
 		return a
 	}
 
@@ -232,6 +255,10 @@ func TestWarmStandby(t *testing.T) {
 	info, err := os.Stat(sb.dir)
 	require.NoError(t, err)
 	require.Equal(t, os.FileMode(0o700), info.Mode().Perm(), "only the job's user and root reach the standby's socket")
+	raises := canRaisePriority()
+	if raises {
+		require.Equal(t, standbyNice, procStatField(t, sb.proc.Pid(), 16), "a standby prepares at the lowest priority")
+	}
 
 	// Generation 2 is handed to it, and succeeds: the job's last, so no
 	// standby is left once its exit is reported, not even the one started
@@ -241,6 +268,23 @@ func TestWarmStandby(t *testing.T) {
 	h.sup.Assign(assign(2, 0))
 	h.expect("warm", 2, wRunning)
 	nextPid := h.readyStandby().proc.Pid()
+	// Generation 2's workers hold, the standby's children: their pids name
+	// their markers.
+	var workers []int
+	require.Eventually(t, func() bool {
+		workers = h.workerPids("2")
+		return len(workers) == 2
+	}, waitTimeout, 10*time.Millisecond)
+	for _, pid := range workers {
+		require.Equal(t, standbyPid, procStatField(t, pid, 1), "generation 2 is handed to the standby")
+		if raises {
+			require.Equal(t, workerNice, procStatField(t, pid, 16), "generation 2's worker %d runs at the workers' priority", pid)
+		}
+	}
+	if raises {
+		require.Equal(t, workerNice, procStatField(t, standbyPid, 16), "the used standby is raised at its hand-off")
+		require.Equal(t, standbyNice, procStatField(t, nextPid, 16), "the next standby prepares at the lowest priority")
+	}
 	require.NoError(t, os.Remove(hold))
 	st := h.expect("warm", 2, wSucceeded)
 	require.Equal(t, int32(0), st.GetExitCode())
@@ -589,4 +633,18 @@ func TestWarmStandbyAfterAgentRestart(t *testing.T) {
 		"2: 65534 0 4 True 1 --lr 1", "3: 65534 1 4 True 1 --lr 1",
 		"2: 65534 0 4 True 2 --lr 1", "3: 65534 1 4 True 2 --lr 1",
 	}, next.readMarkers())
+}
+
+// procStatField is field i, counted from 0 after the parenthesised
+// command (0 the state, 1 the ppid, 16 the nice value), of
+// /proc/<pid>/stat.
+func procStatField(t *testing.T, pid, i int) int {
+	t.Helper()
+	stat, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	require.NoError(t, err)
+	s := string(stat)
+	fields := strings.Fields(s[strings.LastIndexByte(s, ')')+1:])
+	v, err := strconv.Atoi(fields[i])
+	require.NoError(t, err)
+	return v
 }
