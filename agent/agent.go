@@ -249,7 +249,12 @@ func (a *Agent) Run(ctx context.Context) error {
 	g.Go(func() error { return reports.serve(ln) })
 	if peers != nil {
 		g.Go(func() error { return peers.serve(peerLn) })
-		g.Go(func() error { <-gctx.Done(); peers.shutdown(); return nil })
+		g.Go(func() error {
+			<-gctx.Done()
+			peers.shutdown()
+			sup.mem.clients.closeAll()
+			return nil
+		})
 	}
 	g.Go(func() error {
 		defer endSession()

@@ -15,6 +15,7 @@ import (
 	"strconv"
 	"sync"
 	"syscall"
+	"time"
 
 	"go.uber.org/zap"
 	"golang.org/x/sys/unix"
@@ -212,6 +213,8 @@ type memStore struct {
 	// peerTLS is the TLS configuration for dialing node's peer listener;
 	// nil when the agent runs without TLS: shards then stay on the node.
 	peerTLS func(node string) *tls.Config
+	// clients are the HTTP clients to peers, with their connections.
+	clients peerClients
 
 	mu   sync.Mutex
 	jobs map[string]*memJob
@@ -358,7 +361,7 @@ func (m *memStore) shardFor(ctx context.Context, job string, k shardKey, src *rd
 	if m.peerTLS == nil {
 		return nil, [sha256.Size]byte{}, errors.New("this agent runs without TLS, so it has no peers to fetch from")
 	}
-	return fetchShard(ctx, m.peerTLS(src.GetNode()), src.GetAddr(), job, k, m.limit(job))
+	return fetchShard(ctx, m.clients.get(src.GetNode(), m.peerTLS, time.Now()), src.GetAddr(), job, k, m.limit(job))
 }
 
 // writeShard creates path, a new file, with data, for cred's user, 0600.
@@ -444,7 +447,7 @@ func (m *memStore) replicateLoop(job string, j *memJob) {
 		}
 		for _, p := range peers {
 			ctx, cancel := context.WithTimeout(context.Background(), peerTimeout)
-			err := pushShard(ctx, m.peerTLS(p.GetNode()), p.GetAddr(), job, k, data, sum)
+			err := pushShard(ctx, m.clients.get(p.GetNode(), m.peerTLS, time.Now()), p.GetAddr(), job, k, data, sum)
 			cancel()
 			if err != nil {
 				m.log.Warn("replicating shard failed", zap.String("job", job), zap.String("peer", p.GetNode()), zap.Uint64("step", k.step), zap.Uint32("rank", k.rank), zap.Error(err))

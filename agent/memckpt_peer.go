@@ -13,6 +13,7 @@ import (
 	"net/http"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"go.uber.org/zap"
@@ -204,20 +205,80 @@ func (h *peerHandler) refuse(w http.ResponseWriter, status int, err error) {
 	http.Error(w, err.Error(), status)
 }
 
-// peerClient is an HTTP client for one peer, over conf.
+// peerClient is an HTTP client for one peer, over conf. Its connection is
+// kept between requests, for at most peerIdle idle: a replica a step, each
+// over a connection of its own, cost a TLS handshake at both ends per
+// shard.
 func peerClient(conf *tls.Config) *http.Client {
-	return &http.Client{Transport: &http.Transport{TLSClientConfig: conf, ForceAttemptHTTP2: false, DisableKeepAlives: true,
+	return &http.Client{Transport: &http.Transport{TLSClientConfig: conf, ForceAttemptHTTP2: false,
+		MaxIdleConnsPerHost: 1, IdleConnTimeout: peerIdle,
 		TLSHandshakeTimeout: peerHeaderTimeout, ResponseHeaderTimeout: peerTimeout}}
 }
 
+const (
+	// peerIdle is how long a client keeps an idle connection to a peer,
+	// under the peer server's IdleTimeout.
+	peerIdle = 30 * time.Second
+	// peerClientAge is how long a client is used before a new one (new
+	// connections, a new handshake) replaces it: a peer whose certificate
+	// was revoked since it was verified is not sent shards for longer.
+	peerClientAge = time.Minute
+)
+
+// peerClients keeps one client per peer node, so that connections are
+// reused (peerClient), each replaced after peerClientAge. Its lock guards
+// the map only: requests run outside it.
+type peerClients struct {
+	mu   sync.Mutex
+	byID map[string]peerClientEntry
+}
+
+type peerClientEntry struct {
+	client *http.Client
+	made   time.Time
+}
+
+// get is the client for node at now, over conf(node) when a new one is
+// made. Clients past their age, node's and any other's, are dropped,
+// their idle connections closed.
+func (p *peerClients) get(node string, conf func(string) *tls.Config, now time.Time) *http.Client {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for id, e := range p.byID {
+		if now.Sub(e.made) >= peerClientAge {
+			e.client.CloseIdleConnections()
+			delete(p.byID, id)
+		}
+	}
+	if e, ok := p.byID[node]; ok {
+		return e.client
+	}
+	if p.byID == nil {
+		p.byID = map[string]peerClientEntry{}
+	}
+	c := peerClient(conf(node))
+	p.byID[node] = peerClientEntry{client: c, made: now}
+	return c
+}
+
+// closeAll closes every client's idle connections and forgets them.
+func (p *peerClients) closeAll() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for id, e := range p.byID {
+		e.client.CloseIdleConnections()
+		delete(p.byID, id)
+	}
+}
+
 // pushShard sends k's shard of job to the peer at addr.
-func pushShard(ctx context.Context, conf *tls.Config, addr, job string, k shardKey, data []byte, sum [sha256.Size]byte) error {
+func pushShard(ctx context.Context, client *http.Client, addr, job string, k shardKey, data []byte, sum [sha256.Size]byte) error {
 	req, err := http.NewRequestWithContext(ctx, http.MethodPut, "https://"+addr+shardPath(job, k), bytes.NewReader(data))
 	if err != nil {
 		return err
 	}
 	req.Header.Set(shardSumHeader, hex.EncodeToString(sum[:]))
-	resp, err := peerClient(conf).Do(req)
+	resp, err := client.Do(req)
 	if err != nil {
 		return err
 	}
@@ -231,13 +292,13 @@ func pushShard(ctx context.Context, conf *tls.Config, addr, job string, k shardK
 
 // fetchShard gets k's shard of job from the peer at addr, at most limit
 // bytes of it, checked against the checksum the peer sends.
-func fetchShard(ctx context.Context, conf *tls.Config, addr, job string, k shardKey, limit int64) ([]byte, [sha256.Size]byte, error) {
+func fetchShard(ctx context.Context, client *http.Client, addr, job string, k shardKey, limit int64) ([]byte, [sha256.Size]byte, error) {
 	var sum [sha256.Size]byte
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "https://"+addr+shardPath(job, k), nil)
 	if err != nil {
 		return nil, sum, err
 	}
-	resp, err := peerClient(conf).Do(req)
+	resp, err := client.Do(req)
 	if err != nil {
 		return nil, sum, err
 	}

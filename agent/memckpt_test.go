@@ -3,6 +3,7 @@ package agent
 import (
 	"context"
 	"crypto/sha256"
+	"crypto/tls"
 	"errors"
 	"net"
 	"os"
@@ -222,23 +223,24 @@ func TestMemoryCheckpointReplicationAndFetch(t *testing.T) {
 
 	// An agent certificate of another CA gets no shard in.
 	stranger := certs["stranger"].AgentPeerClientConfig("b")
-	require.Error(t, pushShard(ctx, stranger, addrs["b"], "train", shardKey{1, 50, 0}, data, sum))
+	require.Error(t, pushShard(ctx, peerClient(stranger), addrs["b"], "train", shardKey{1, 50, 0}, data, sum))
 	// Nor one beyond the job's bound, nor for a job b does not run.
 	big := make([]byte, 2<<20)
-	err = pushShard(ctx, certs["a"].AgentPeerClientConfig("b"), addrs["b"], "train", shardKey{1, 50, 0}, big, sha256.Sum256(big))
+	err = pushShard(ctx, peerClient(certs["a"].AgentPeerClientConfig("b")), addrs["b"], "train", shardKey{1, 50, 0}, big, sha256.Sum256(big))
 	require.Error(t, err)
 	// b answers 413 and closes without reading the body, so the client may
 	// see the connection reset before the answer.
 	if !errors.Is(err, syscall.ECONNRESET) && !errors.Is(err, syscall.EPIPE) {
 		require.ErrorContains(t, err, "413")
 	}
-	require.ErrorContains(t, pushShard(ctx, certs["a"].AgentPeerClientConfig("b"), addrs["b"], "other", shardKey{1, 50, 0}, data, sum), "404")
+	require.ErrorContains(t, pushShard(ctx, peerClient(certs["a"].AgentPeerClientConfig("b")), addrs["b"], "other", shardKey{1, 50, 0}, data, sum), "404")
 	// A client dialing b as if it were c refuses b's certificate.
-	_, _, err = fetchShard(ctx, certs["a"].AgentPeerClientConfig("c"), addrs["b"], "train", shardKey{1, 40, 0}, 1<<20)
+	_, _, err = fetchShard(ctx, peerClient(certs["a"].AgentPeerClientConfig("c")), addrs["b"], "train", shardKey{1, 40, 0}, 1<<20)
 	require.ErrorContains(t, err, "presented the certificate of agent/b")
 
 	for _, n := range []string{"a", "b", "c"} {
 		stores[n].drop("train")
+		stores[n].clients.closeAll()
 		h, _ := stores[n].held("train")
 		require.Empty(t, h)
 	}
@@ -313,4 +315,27 @@ func TestMemoryLeftByAPreviousAgent(t *testing.T) {
 	require.ErrorIs(t, err, os.ErrNotExist)
 	// And sweeping nothing is no error.
 	newMemStore(filepath.Join(root, "none"), "a", zaptest.NewLogger(t)).sweep("")
+}
+
+// A peer's client, with its kept connection, is reused until
+// peerClientAge, then replaced: a peer whose certificate was revoked
+// since its handshake is not sent shards for longer. Clients past their
+// age are dropped whichever node is asked for.
+func TestPeerClientsAge(t *testing.T) {
+	var made []string
+	conf := func(node string) *tls.Config { made = append(made, node); return &tls.Config{ServerName: node} }
+	var p peerClients
+	t0 := time.Unix(1000, 0)
+	b := p.get("b", conf, t0)
+	require.Same(t, b, p.get("b", conf, t0.Add(peerClientAge-time.Second)), "reused within its age")
+	c := p.get("c", conf, t0.Add(peerClientAge/2))
+	require.NotSame(t, b, c, "one client per node")
+	b2 := p.get("b", conf, t0.Add(peerClientAge))
+	require.NotSame(t, b, b2, "replaced at its age")
+	require.Len(t, p.byID, 2)
+	p.get("b", conf, t0.Add(peerClientAge+peerClientAge/2))
+	require.NotContains(t, p.byID, "c", "c's client, past its age, is dropped")
+	require.Equal(t, []string{"b", "c", "b"}, made)
+	p.closeAll()
+	require.Empty(t, p.byID)
 }
