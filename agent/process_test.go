@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -173,12 +174,13 @@ func TestExecProcessKillsWorkersInSessionsOfTheirOwn(t *testing.T) {
 	for _, grace := range []time.Duration{0, 500 * time.Millisecond} {
 		t.Run(grace.String(), func(t *testing.T) {
 			p, out := spawnShell(t, `setsid sleep 300 & echo "worker $!"; echo ready; wait`)
+			// Until setsid(2) has run in the forked child, the worker is
+			// still in the launcher's group.
 			var worker int
 			require.Eventually(t, func() bool {
 				_, err := fmt.Sscanf(out(), "worker %d\n", &worker)
-				return err == nil && strings.Contains(out(), "ready") && processLive(worker)
-			}, waitTimeout, 10*time.Millisecond, "the worker never started: %q", out())
-			require.NotContains(t, groupMembers(p.Pid()), worker, "the worker leads a group of its own")
+				return err == nil && strings.Contains(out(), "ready") && processLive(worker) && !slices.Contains(groupMembers(p.Pid()), worker)
+			}, waitTimeout, 10*time.Millisecond, "the worker never started in a session of its own: %q", out())
 
 			require.NoError(t, p.Kill(grace))
 			require.False(t, processLive(worker), "worker %d outlived its launcher", worker)
