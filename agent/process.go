@@ -269,10 +269,10 @@ func (p *execProcess) members(groups map[int]bool) []int {
 	return pids
 }
 
-// procStat is what members and the shim's reaper read of a process.
+// procStat is what members and the shim read of a process.
 type procStat struct {
-	pid, ppid, pgrp int
-	state           byte
+	pid, ppid, pgrp, sid int
+	state                byte
 }
 
 // readProcs lists the processes under root (default /proc) from each
@@ -295,20 +295,21 @@ func readProcs(root string) []procStat {
 		if err != nil {
 			continue
 		}
-		// Fields after the parenthesised command: state ppid pgrp ...
+		// Fields after the parenthesised command: state ppid pgrp session ...
 		s := string(stat)
 		i := strings.LastIndexByte(s, ')')
 		if i < 0 {
 			continue
 		}
 		fields := strings.Fields(s[i+1:])
-		if len(fields) < 3 || len(fields[0]) != 1 {
+		if len(fields) < 4 || len(fields[0]) != 1 {
 			continue
 		}
 		ppid, err1 := strconv.Atoi(fields[1])
 		pgrp, err2 := strconv.Atoi(fields[2])
-		if err1 == nil && err2 == nil {
-			procs = append(procs, procStat{pid: pid, ppid: ppid, pgrp: pgrp, state: fields[0][0]})
+		sid, err3 := strconv.Atoi(fields[3])
+		if err1 == nil && err2 == nil && err3 == nil {
+			procs = append(procs, procStat{pid: pid, ppid: ppid, pgrp: pgrp, sid: sid, state: fields[0][0]})
 		}
 	}
 	return procs

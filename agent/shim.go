@@ -11,6 +11,7 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"syscall"
 	"time"
@@ -202,7 +203,73 @@ func (sh Shim) Run(ctx context.Context) error {
 	if reaper {
 		go reapOrphans(proc.Pid(), s.quit)
 	}
+	go yieldSessions(proc.Pid(), nice, s.quit, log)
 	return s.run(ctx)
+}
+
+const (
+	// sessionScanFast is how often yieldSessions looks for new sessions
+	// while the workers start, for sessionScanFastFor; then every
+	// sessionScanSlow.
+	sessionScanFast    = 100 * time.Millisecond
+	sessionScanFastFor = time.Minute
+	sessionScanSlow    = 5 * time.Second
+)
+
+// yieldSessions gives the sessions that processes below the launcher
+// start the nice value yieldCPU gave the shim's session's autogroup.
+// torchrun 2.x starts each worker in a session of its own, and where
+// autogroups are on (a shell, not a systemd unit) each session is weighed
+// against the agent's as a whole, whatever its processes' nice values:
+// three workers importing torch at once, each in an autogroup at nice 0,
+// took the agents' CPU at a job's start and leases lapsed. It looks often
+// while the workers start, then seldom, until quit. On the real clock, not
+// the shim's: it paces looks at other processes' progress, which no test
+// clock advances.
+func yieldSessions(launcher, nice int, quit <-chan struct{}, log *zap.Logger) {
+	done := map[int]bool{}
+	start := time.Now()
+	for {
+		every := sessionScanSlow
+		if time.Since(start) < sessionScanFastFor {
+			every = sessionScanFast
+		}
+		select {
+		case <-quit:
+			return
+		case <-time.After(every):
+		}
+		for _, pid := range newSessions(readProcs(""), launcher, done) {
+			err := os.WriteFile(fmt.Sprintf("/proc/%d/autogroup", pid), []byte(strconv.Itoa(nice)), 0)
+			if err != nil && !errors.Is(err, os.ErrNotExist) {
+				log.Debug("lowering a worker session's autogroup priority failed", zap.Int("session", pid), zap.Error(err))
+			}
+		}
+	}
+}
+
+// newSessions lists the leaders of the sessions below launcher (its
+// descendants whose session is their own) that are not in done, and adds
+// them to it.
+func newSessions(procs []procStat, launcher int, done map[int]bool) []int {
+	below := map[int]bool{launcher: true}
+	for added := true; added; {
+		added = false
+		for _, p := range procs {
+			if !below[p.pid] && below[p.ppid] {
+				below[p.pid], added = true, true
+			}
+		}
+	}
+	var leaders []int
+	for _, p := range procs {
+		if p.pid != launcher && below[p.pid] && p.sid == p.pid && !done[p.pid] {
+			done[p.pid] = true
+			leaders = append(leaders, p.pid)
+		}
+	}
+	slices.Sort(leaders)
+	return leaders
 }
 
 // reapOrphans reaps the processes reparented to this shim as they exit:
