@@ -203,7 +203,9 @@ func (sh Shim) Run(ctx context.Context) error {
 	if reaper {
 		go reapOrphans(proc.Pid(), s.quit)
 	}
-	go yieldSessions(proc.Pid(), nice, s.quit, log)
+	// workerNice, not nice: a standby starts no session before its
+	// hand-off, and its workers' sessions after it are the workers'.
+	go yieldSessions(proc.Pid(), workerNice, s.quit, log)
 	return s.run(ctx)
 }
 
