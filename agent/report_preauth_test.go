@@ -2,6 +2,7 @@ package agent
 
 import (
 	"bufio"
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -9,6 +10,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -92,10 +94,15 @@ func TestUnauthenticatedReportIsNotRead(t *testing.T) {
 			require.NoError(t, err)
 			require.Equal(t, tt.want, resp.StatusCode)
 			_, _ = io.Copy(io.Discard, resp.Body)
-			// The server closes the connection: the read ends.
+			// The server closes the connection: the read ends. It ends in
+			// EOF, or in a reset where the server's close found our unread
+			// body in its buffer before this read saw the FIN (net/http
+			// waits 500 ms after its FIN; a loaded -race run is slower).
 			require.NoError(t, conn.SetReadDeadline(time.Now().Add(time.Minute)))
 			_, err = conn.Read(make([]byte, 1))
-			require.ErrorIs(t, err, io.EOF)
+			if !errors.Is(err, syscall.ECONNRESET) {
+				require.ErrorIs(t, err, io.EOF)
+			}
 			require.NoError(t, conn.Close())
 			wg.Wait()
 			read := lis.read.Load() - before
