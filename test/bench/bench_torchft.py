@@ -71,11 +71,19 @@ def main() -> None:
     opt = torch.optim.SGD(model.parameters(), lr=0.05)
 
     def state_dict():
-        return {"model": model.state_dict(), "opt": opt.state_dict()}
+        sd = {"model": model.state_dict(), "opt": opt.state_dict()}
+        if bw.STATE_MB > 0:
+            # The large-state workload's extra state is the replica's too:
+            # a rejoining group heals it from a live peer, as it would an
+            # optimizer's moments, not only from a checkpoint.
+            sd["bench_state"] = bw.extra_state
+        return sd
 
     def load_state_dict(sd):
         model.load_state_dict(sd["model"])
         opt.load_state_dict(sd["opt"])
+        if "bench_state" in sd:  # a peer's; a checkpoint's load drops it
+            bw.extra_state.copy_(sd["bench_state"])
 
     manager = Manager(
         pg=ProcessGroupGloo(timeout=timeout),

@@ -138,12 +138,12 @@ if STATE_MB > 0:
     # Large state: an extra tensor in every checkpoint, built from code (no
     # download), written by rank 0's torch.save and read by every rank's
     # torch.load on resume, like an optimizer's moments would be.
-    _extra = train.torch.ones(STATE_MB * (1 << 20) // 4)
+    extra_state = train.torch.ones(STATE_MB * (1 << 20) // 4)
     _torch_save, _torch_load = train.torch.save, train.torch.load
 
     def _save(obj, path, *args, **kwargs):
         if isinstance(obj, dict) and "opt" in obj:
-            obj = dict(obj, bench_state=_extra)
+            obj = dict(obj, bench_state=extra_state)
         return _torch_save(obj, path, *args, **kwargs)
 
     def _load(path, *args, **kwargs):
