@@ -82,9 +82,10 @@ type Spawner interface {
 	Adopt() ([]Adopted, error)
 }
 
-// ExecSpawner runs workers as real processes, each in its own process group
-// so that their parent can signal torchrun and every worker it forked at
-// once. In production that parent is the worker's shim (see shim.go),
+// ExecSpawner runs workers as real processes, each launcher in a session
+// (and so a process group) of its own: its parent can signal torchrun and
+// every worker it forked at once, and the launcher's session's autogroup
+// can be given the workers' priority without the parent's (yieldCPU). In production that parent is the worker's shim (see shim.go),
 // which runs the launcher with it; the agent itself spawns through
 // ShimSpawner.
 type ExecSpawner struct {
@@ -108,7 +109,7 @@ func (s ExecSpawner) Spawn(spec ProcessSpec) (Process, error) {
 	// workers in time), and Pdeathsig would only reach the launcher, not the
 	// workers it forked. Nor does systemd stop them: the agent's unit has
 	// KillMode=process, which signals the agent alone.
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Credential: spec.Credential}
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true, Credential: spec.Credential}
 	// With a pipe for output, Wait would also wait for every group member
 	// still holding it; the launcher's exit is what matters here.
 	cmd.WaitDelay = time.Second
@@ -241,10 +242,10 @@ func (p *execProcess) members(groups map[int]bool) []int {
 	}
 	// A process is a member when its group is one of groups or its parent
 	// is a member (or, for a reaper, is this process): until nothing is
-	// added (one pass per level of the tree). A member that joined this
-	// process's own group (a job may, within the shim's session) is killed
-	// with its launcher's group, never by signalling that group: it holds
-	// the shim.
+	// added (one pass per level of the tree). A member in this process's
+	// own group (which a job cannot join from the session of its own it
+	// starts in) would be killed with its launcher's group, never by
+	// signalling that group: it holds the caller.
 	own, self := syscall.Getpgrp(), -1
 	if p.reaper {
 		self = os.Getpid()

@@ -219,7 +219,7 @@ const (
 )
 
 // yieldSessions gives the sessions that processes below the launcher
-// start the nice value yieldCPU gave the shim's session's autogroup.
+// start the nice value yieldCPU gave the launcher's session's autogroup.
 // torchrun 2.x starts each worker in a session of its own, and where
 // autogroups are on (a shell, not a systemd unit) each session is weighed
 // against the agent's as a whole, whatever its processes' nice values:
@@ -593,15 +593,20 @@ const workerNice = 10
 const standbyNice = 19
 
 // yieldCPU lowers the priority of the launcher just started to nice, before
-// it forks workers, which inherit it, and of its session's autogroup (the
-// shim's own session), which is what the scheduler weighs against the
-// agent's where autogroups are on (a shell, not a systemd unit). Failing
-// either only costs the agent its lead.
+// it forks workers, which inherit it, and of its session's autogroup, which
+// is what the scheduler weighs against the agent's where autogroups are on
+// (a shell, not a systemd unit). The launcher's session is its own
+// (ExecSpawner), not the shim's: the shim enforces the lease and must not
+// wait behind what it fences. A shim in a standby's nice-19 autogroup read
+// its renewals late under a large checkpoint's load, found the lease
+// lapsed and killed a healthy generation. Failing either only costs the
+// agent its lead.
 func yieldCPU(pid, nice int, log *zap.Logger) {
 	if err := unix.Setpriority(unix.PRIO_PROCESS, pid, nice); err != nil {
 		log.Warn("lowering the launcher's priority failed", zap.Error(err))
 	}
-	if err := os.WriteFile("/proc/self/autogroup", []byte(strconv.Itoa(nice)), 0); err != nil && !errors.Is(err, os.ErrNotExist) {
+	err := os.WriteFile(fmt.Sprintf("/proc/%d/autogroup", pid), []byte(strconv.Itoa(nice)), 0)
+	if err != nil && !errors.Is(err, os.ErrNotExist) {
 		log.Debug("lowering the session's autogroup priority failed", zap.Error(err))
 	}
 }

@@ -250,13 +250,13 @@ os.kill(os.getpid(), signal.SIGKILL)
 // 2.x's workers, each a session leader), each once, and nothing outside.
 func TestNewSessions(t *testing.T) {
 	procs := []procStat{
-		{pid: 100, ppid: 90, pgrp: 100, sid: 90},   // the launcher, in the shim's session
+		{pid: 100, ppid: 90, pgrp: 100, sid: 100},  // the launcher, in a session of its own
 		{pid: 101, ppid: 100, pgrp: 101, sid: 101}, // a worker in a session of its own
 		{pid: 102, ppid: 100, pgrp: 102, sid: 102}, // another
 		{pid: 103, ppid: 101, pgrp: 101, sid: 101}, // a worker's data loader, in its session
 		{pid: 104, ppid: 103, pgrp: 104, sid: 104}, // a helper below it that started one
 		{pid: 200, ppid: 1, pgrp: 200, sid: 200},   // not the job's
-		{pid: 105, ppid: 100, pgrp: 100, sid: 90},  // a child in the launcher's session
+		{pid: 105, ppid: 100, pgrp: 100, sid: 100}, // a child in the launcher's session
 	}
 	done := map[int]bool{}
 	require.Equal(t, []int{101, 102, 104}, newSessions(procs, 100, done))
