@@ -85,9 +85,9 @@ type Spawner interface {
 // ExecSpawner runs workers as real processes, each launcher in a session
 // (and so a process group) of its own: its parent can signal torchrun and
 // every worker it forked at once, and the launcher's session's autogroup
-// can be given the workers' priority without the parent's (yieldCPU). In production that parent is the worker's shim (see shim.go),
-// which runs the launcher with it; the agent itself spawns through
-// ShimSpawner.
+// can be given the workers' priority without the parent's (yieldCPU). In
+// production that parent is the worker's shim (see shim.go), which runs
+// the launcher with it; the agent itself spawns through ShimSpawner.
 type ExecSpawner struct {
 	// ProcRoot is where to look for leftover group members (default /proc).
 	ProcRoot string

@@ -597,10 +597,9 @@ const standbyNice = 19
 // is what the scheduler weighs against the agent's where autogroups are on
 // (a shell, not a systemd unit). The launcher's session is its own
 // (ExecSpawner), not the shim's: the shim enforces the lease and must not
-// wait behind what it fences. A shim in a standby's nice-19 autogroup read
-// its renewals late under a large checkpoint's load, found the lease
-// lapsed and killed a healthy generation. Failing either only costs the
-// agent its lead.
+// wait behind what it fences, or it reads its renewals late, finds the
+// lease lapsed and kills a healthy generation. Failing either only costs
+// the agent its lead.
 func yieldCPU(pid, nice int, log *zap.Logger) {
 	if err := unix.Setpriority(unix.PRIO_PROCESS, pid, nice); err != nil {
 		log.Warn("lowering the launcher's priority failed", zap.Error(err))

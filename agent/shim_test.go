@@ -4,11 +4,14 @@ import (
 	"bufio"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net"
 	"os"
 	"path/filepath"
+	"strconv"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -263,4 +266,26 @@ func TestNewSessions(t *testing.T) {
 	require.Empty(t, newSessions(procs, 100, done), "each once")
 	procs = append(procs, procStat{pid: 106, ppid: 100, pgrp: 106, sid: 106})
 	require.Equal(t, []int{106}, newSessions(procs, 100, done))
+}
+
+// yieldCPU lowers the launcher, in a session of its own, and its session's
+// autogroup, never the caller's: the shim that calls it enforces the lease
+// and must not wait behind what it fences.
+func TestYieldCPULeavesTheCaller(t *testing.T) {
+	autogroup := func(pid string) string {
+		b, err := os.ReadFile("/proc/" + pid + "/autogroup")
+		if errors.Is(err, os.ErrNotExist) {
+			t.Skip("no autogroups in this kernel")
+		}
+		require.NoError(t, err)
+		return strings.TrimSpace(string(b))
+	}
+	mine := autogroup("self")
+	p, _ := spawnShell(t, "sleep 60")
+	pid := p.Pid()
+	require.Equal(t, pid, procStatField(t, pid, 3), "the launcher leads a session of its own")
+	yieldCPU(pid, workerNice, zaptest.NewLogger(t))
+	require.Equal(t, workerNice, procStatField(t, pid, 16))
+	require.True(t, strings.HasSuffix(autogroup(strconv.Itoa(pid)), fmt.Sprintf(" nice %d", workerNice)), autogroup(strconv.Itoa(pid)))
+	require.Equal(t, mine, autogroup("self"), "the caller's autogroup is unchanged")
 }
