@@ -34,28 +34,42 @@ type leasedShim struct {
 
 func startLeasedShim(t *testing.T, lease time.Duration) *leasedShim {
 	t.Helper()
-	return startLeasedShimFrom(t, lease, nil)
+	return startShimWith(t, shimStart{lease: lease})
 }
 
-// startLeasedShimFrom starts it with spawner as its stdin.
-func startLeasedShimFrom(t *testing.T, lease time.Duration, spawner io.Reader) *leasedShim {
+// shimStart is how a test starts a leased shim.
+type shimStart struct {
+	lease time.Duration
+	// boot is the boot clock at its start.
+	boot time.Duration
+	// stdin is the shim's stdin, its spawning agent's end.
+	stdin io.Reader
+	// unattached: no agent attaches to it.
+	unattached bool
+}
+
+func startShimWith(t *testing.T, start shimStart) *leasedShim {
 	t.Helper()
 	dir := t.TempDir()
 	require.NoError(t, writeJSON(filepath.Join(dir, shimSpecFile), shimSpec{
-		Path: "/bin/sleep", Args: []string{"60"}, Dir: dir, LogPath: filepath.Join(dir, "job.log"), OrphanTimeout: time.Hour, Lease: int64(lease),
+		Path: "/bin/sleep", Args: []string{"60"}, Dir: dir, LogPath: filepath.Join(dir, "job.log"), OrphanTimeout: time.Hour, Lease: int64(start.lease),
 	}))
 	readyR, readyW, err := os.Pipe()
 	require.NoError(t, err)
 	defer readyR.Close()
 	s := &leasedShim{dir: dir, clock: clockwork.NewFakeClock(), boot: &atomic.Int64{}, done: make(chan error, 1)}
+	s.boot.Store(int64(start.boot))
 	go func() {
-		s.done <- Shim{Dir: dir, Ready: readyW, Spawner: spawner, Log: zaptest.NewLogger(t), Clock: s.clock,
+		s.done <- Shim{Dir: dir, Ready: readyW, Spawner: start.stdin, Log: zaptest.NewLogger(t), Clock: s.clock,
 			Boot: func() time.Duration { return time.Duration(s.boot.Load()) }}.Run(context.Background())
 	}()
 	line, err := bufio.NewReader(readyR).ReadString('\n')
 	require.NoError(t, err)
 	_, err = fmt.Sscanf(line, shimReady+" %d", &s.pid)
 	require.NoError(t, err, "ready line %q", line)
+	if start.unattached {
+		return s
+	}
 	require.NoError(t, viaDirFD(dir, shimSocket, func(path string) (err error) {
 		s.conn, err = net.Dial("unix", path)
 		return err
@@ -84,9 +98,22 @@ func (s *leasedShim) check(t *testing.T) {
 	s.clock.Advance(health.LeaseCheckEvery)
 }
 
-// fenced waits for the shim to end with the lease's reason.
+// draining waits for the shim to wait out health.LeaseDrain, for the
+// renewals on their way, before it fences: its lease ticker and the
+// drain's timer wait on the clock.
+func (s *leasedShim) draining(t *testing.T) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), waitTimeout)
+	defer cancel()
+	require.NoError(t, s.clock.BlockUntilContext(ctx, 2))
+}
+
+// fenced lets the shim's drain run out and waits for it to end with the
+// lease's reason.
 func (s *leasedShim) fenced(t *testing.T) {
 	t.Helper()
+	s.draining(t)
+	s.clock.Advance(health.LeaseDrain)
 	select {
 	case err := <-s.done:
 		require.NoError(t, err)
@@ -119,15 +146,61 @@ func TestShimKillsWorkersOnceTheLeaseLapses(t *testing.T) {
 }
 
 // A shim that was stopped with its agent (a frozen cgroup) may find a
-// renewal waiting when it runs again, sent before the stop: the lease
-// lapsed meanwhile, and the workers die before anything is served.
-func TestShimChecksTheLeaseBeforeARenewal(t *testing.T) {
-	s := startLeasedShim(t, 10*time.Second)
-	s.boot.Store(int64(11 * time.Second))
-	b, _ := json.Marshal(shimRequest{Op: "lease", Lease: int64(time.Minute)})
-	_, err := s.conn.Write(append(b, '\n'))
-	require.NoError(t, err)
-	s.fenced(t)
+// renewal waiting when it runs again: one sent after the lease lapsed (the
+// agent ran again first), or of unknown age, does not count, and the
+// workers die before anything is served.
+func TestShimRefusesARenewalSentAfterTheLapse(t *testing.T) {
+	tests := []struct {
+		name string
+		sent time.Duration
+	}{
+		{"age unknown", 0},
+		{"sent as it lapsed", 10 * time.Second},
+		{"sent after", 10500 * time.Millisecond},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			s := startLeasedShim(t, 10*time.Second)
+			s.boot.Store(int64(11 * time.Second))
+			b, _ := json.Marshal(shimRequest{Op: "lease", Lease: int64(time.Minute), Sent: int64(tt.sent)})
+			_, err := s.conn.Write(append(b, '\n'))
+			require.NoError(t, err)
+			s.fenced(t)
+		})
+	}
+}
+
+// A shim that ran late (a loaded node) takes a renewal sent before its
+// lease lapsed, as it would have in time: read before its next check, or
+// while it drains its socket after the check found the lease lapsed.
+func TestShimTakesALateRenewalSentInTime(t *testing.T) {
+	renewal := shimRequest{Op: "lease", Lease: int64(time.Minute), Sent: int64(9 * time.Second)}
+	tests := []struct {
+		name string
+		read func(t *testing.T, s *leasedShim)
+	}{
+		{"read before the check", func(t *testing.T, s *leasedShim) {
+			s.request(t, renewal)
+			s.check(t)
+		}},
+		{"read while draining", func(t *testing.T, s *leasedShim) {
+			s.check(t)
+			s.draining(t)
+			s.request(t, renewal)
+		}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			s := startLeasedShim(t, 10*time.Second)
+			s.boot.Store(int64(11 * time.Second))
+			tt.read(t, s)
+			s.request(t, shimRequest{Op: "attach"})
+			require.NotEmpty(t, groupMembers(s.pid), "renewed")
+			s.boot.Store(int64(time.Minute))
+			s.check(t)
+			s.fenced(t)
+		})
+	}
 }
 
 // Handed over for a restart the controller was told of, the workers' lease
@@ -160,17 +233,30 @@ func TestShimLeaseAfterAHoldIsTheNextAgents(t *testing.T) {
 }
 
 // A shim slow to start (a loaded node) finds the lease it was started with
-// lapsed, but the renewals its agent wrote to its stdin meanwhile count.
+// lapsed: the renewals its agent wrote to its stdin meanwhile count if they
+// were sent before the lapse.
 func TestShimTakesRenewalsThroughStdinWhileStarting(t *testing.T) {
-	r, w := io.Pipe()
-	t.Cleanup(func() { w.Close() })
-	boot := int64(20 * time.Second)
-	go func() { _, _ = fmt.Fprintf(w, "%d\n", 30*time.Second) }()
-	s := startLeasedShimFrom(t, 10*time.Second, r)
-	s.boot.Store(boot)
-	s.check(t)
-	require.NotEmpty(t, groupMembers(s.pid), "renewed through stdin")
-	s.boot.Store(int64(30 * time.Second))
-	s.check(t)
-	s.fenced(t)
+	tests := []struct {
+		name    string
+		sent    time.Duration
+		renewed bool
+	}{
+		{"sent in time", 9 * time.Second, true},
+		{"sent after the lapse", 15 * time.Second, false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			r, w := io.Pipe()
+			t.Cleanup(func() { w.Close() })
+			go func() { _, _ = fmt.Fprintf(w, "%d %d\n", 30*time.Second, tt.sent) }()
+			s := startShimWith(t, shimStart{lease: 10 * time.Second, boot: 20 * time.Second, stdin: r, unattached: !tt.renewed})
+			if tt.renewed {
+				s.check(t)
+				require.NotEmpty(t, groupMembers(s.pid), "renewed through stdin")
+				s.boot.Store(int64(30 * time.Second))
+				s.check(t)
+			}
+			s.fenced(t)
+		})
+	}
 }

@@ -93,9 +93,14 @@ type shimRequest struct {
 	// Lease is a deadline granted (op "lease"), or the end of the hold
 	// (op "hold"), in nanoseconds on the boot clock; an absolute time, so
 	// that a request read late, by a shim that was stopped, grants no more
-	// than it did when sent. The agent also writes it, a line of decimal
-	// digits, to the shim's stdin until it attaches.
+	// than it did when sent. The agent also writes it, with Sent, a line of
+	// two decimal numbers, to the shim's stdin until it attaches.
 	Lease int64 `json:"lease,omitempty"`
+	// Sent is when the agent granted Lease (op "lease"), on the boot clock:
+	// a shim that runs late takes a renewal sent before its lease lapsed,
+	// never one sent after (health.LeaseRenews). 0, an older agent's, counts
+	// only if read in time.
+	Sent int64 `json:"sent,omitempty"`
 }
 
 // shimStatus is a line from the shim: the answer to every request, and
@@ -160,7 +165,7 @@ func (sh Shim) Run(ctx context.Context) error {
 	// The agent that started the shim renews the lease through stdin until
 	// it attaches: read from the start, so that renewals sent while this
 	// shim was starting count at its first check.
-	spawnerGone, stdinLeases := make(chan struct{}), make(chan int64, 1)
+	spawnerGone, stdinLeases := make(chan struct{}), make(chan renewal, stdinBacklog)
 	if sh.Spawner != nil {
 		go readLeases(sh.Spawner, stdinLeases, spawnerGone)
 	}
@@ -297,21 +302,36 @@ func reapOrphans(launcher int, quit <-chan struct{}) {
 	}
 }
 
-// readLeases passes on the leases the spawning agent writes to stdin, one
-// a line, the latest only, and closes gone at its end.
-func readLeases(r io.Reader, leases chan int64, gone chan<- struct{}) {
+// renewal is a lease the agent granted at sent, both on the boot clock.
+type renewal struct{ lease, sent int64 }
+
+// stdinBacklog is how many renewals from stdin wait for a starting shim,
+// the oldest dropped first: more than a second of them (one every fence
+// check), all of which a shim that ran late may still take.
+const stdinBacklog = 16
+
+// readLeases passes on the renewals the spawning agent writes to stdin,
+// "LEASE SENT" a line, and closes gone at its end.
+func readLeases(r io.Reader, leases chan renewal, gone chan<- struct{}) {
 	defer close(gone)
 	sc := bufio.NewScanner(r)
 	for sc.Scan() {
-		l, err := strconv.ParseInt(sc.Text(), 10, 64)
-		if err != nil {
+		var l renewal
+		if _, err := fmt.Sscan(sc.Text(), &l.lease, &l.sent); err != nil {
 			continue
 		}
-		select {
-		case <-leases:
-		default:
+		for {
+			select {
+			case leases <- l:
+			default:
+				select {
+				case <-leases:
+				default:
+				}
+				continue
+			}
+			break
 		}
-		leases <- l
 	}
 }
 
@@ -326,9 +346,10 @@ type shimServer struct {
 	reqs  chan connRequest
 	gone  chan net.Conn
 	// spawnerGone is closed when the agent that started the shim closed
-	// its stdin, or died; stdinLeases has the latest lease it wrote there.
+	// its stdin, or died; stdinLeases has the latest renewals it wrote
+	// there.
 	spawnerGone chan struct{}
-	stdinLeases chan int64
+	stdinLeases chan renewal
 	// quit is closed when run returns: no one serves connections after.
 	quit chan struct{}
 }
@@ -402,15 +423,58 @@ func (s *shimServer) run(ctx context.Context) error {
 		killing, reason = true, why
 		go func() { _ = s.proc.Kill(grace) }()
 	}
-	// lapsed kills the group once its lease has lapsed; checked on every
-	// tick and before any request is served, so that a shim stopped with
-	// its agent kills its workers first thing when it runs again.
+	// renew takes a renewal sent at sent unless the lease had lapsed by
+	// then (health.LeaseRenews).
+	var grant func(l int64)
+	renew := func(l, sent int64) {
+		if !killing && health.LeaseRenews(time.Duration(lease), time.Duration(sent), s.boot()) {
+			grant(l)
+		}
+	}
+	// late takes, for health.LeaseDrain, the renewals on their way to a
+	// shim that found its lease lapsed: run late, it is woken by its clock
+	// before it has read its socket or stdin. Other requests are refused,
+	// as to a lapsed lease; a kill is done. It reports whether the lease
+	// holds again.
+	late := func() bool {
+		drain := s.clock.NewTimer(health.LeaseDrain)
+		defer drain.Stop()
+		for time.Duration(lease) <= s.boot() && !killing {
+			select {
+			case r := <-s.stdinLeases:
+				renew(r.lease, r.sent)
+			case r := <-s.reqs:
+				if r.conn != owner {
+					continue
+				}
+				switch r.req.Op {
+				case "lease":
+					renew(r.req.Lease, r.req.Sent)
+				case "kill":
+					kill(r.req.Grace, "")
+				}
+				s.send(owner, shimStatus{Pid: s.proc.Pid()})
+			case <-drain.Chan():
+				return false
+			}
+		}
+		return !killing
+	}
+	// lapsed kills the group once its lease has lapsed and no renewal on
+	// its way renews it; checked on every tick and before any request is
+	// served, so that a shim stopped with its agent kills its workers
+	// first thing when it runs again.
 	lapsed := func() bool {
 		if lease == 0 || killing || time.Duration(lease) > s.boot() {
 			return killing
 		}
-		s.log.Warn("lease lapsed, fencing workers", zap.Duration("lapsed_for", s.boot()-time.Duration(lease)))
-		kill(0, "fenced: lease lapsed (agent not running)")
+		if late() {
+			return false
+		}
+		if !killing {
+			s.log.Warn("lease lapsed, fencing workers", zap.Duration("lapsed_for", s.boot()-time.Duration(lease)))
+			kill(0, "fenced: lease lapsed (agent not running)")
+		}
 		return true
 	}
 	// Checked only while there is a lease to check.
@@ -436,16 +500,19 @@ func (s *shimServer) run(ctx context.Context) error {
 	// not the latest grant: except a hold's, which holds only until the
 	// next agent is heard, and which its first grant replaces.
 	held := false
-	grant := func(l int64) {
+	grant = func(l int64) {
 		if held || l > lease {
 			held = false
 			setLease(l)
 		}
 	}
-	select {
-	case l := <-s.stdinLeases:
-		grant(l)
-	default:
+	for pending := true; pending; {
+		select {
+		case r := <-s.stdinLeases:
+			renew(r.lease, r.sent)
+		default:
+			pending = false
+		}
 	}
 	lapsed()
 	orphaned := func() {
@@ -474,13 +541,15 @@ func (s *shimServer) run(ctx context.Context) error {
 			go s.read(conn)
 		case <-leaseCheck:
 			lapsed()
-		case l := <-s.stdinLeases:
-			if !lapsed() {
-				grant(l)
-			}
+		case r := <-s.stdinLeases:
+			renew(r.lease, r.sent)
+			lapsed()
 		case r := <-s.reqs:
 			if r.conn != owner {
 				continue
+			}
+			if r.req.Op == "lease" {
+				renew(r.req.Lease, r.req.Sent)
 			}
 			if lapsed() {
 				s.send(owner, shimStatus{Pid: s.proc.Pid()})
@@ -495,8 +564,6 @@ func (s *shimServer) run(ctx context.Context) error {
 					setLease(r.req.Lease)
 					held = true
 				}
-			case "lease":
-				grant(r.req.Lease)
 			}
 			s.send(owner, shimStatus{Pid: s.proc.Pid()})
 		case conn := <-s.gone:

@@ -51,6 +51,8 @@ func (s ShimSpawner) LeaseHolder() *Leases { return s.Leases }
 type Leases struct {
 	mu    sync.Mutex
 	until time.Duration
+	// sent is when until was granted, on the boot clock.
+	sent  time.Duration
 	shims map[*shimProcess]bool
 	// starting are the stdins of shims not attached yet, which take
 	// their renewals there.
@@ -62,10 +64,13 @@ type Leases struct {
 const leaseWrite = 50 * time.Millisecond
 
 // Renew grants every shim the lease until (boot clock), shortening it too:
-// each lease is the bound as of its grant.
+// each lease is the bound as of its grant. It is stamped with the time of
+// the call, no earlier than the state it was computed from, so that a
+// shim reading it late takes it only if its lease held by then.
 func (l *Leases) Renew(until time.Duration) {
+	sent := bootTime()
 	l.mu.Lock()
-	l.until = until
+	l.until, l.sent = until, sent
 	shims := make([]*shimProcess, 0, len(l.shims))
 	for p := range l.shims {
 		shims = append(shims, p)
@@ -78,10 +83,10 @@ func (l *Leases) Renew(until time.Duration) {
 	for _, w := range starting {
 		// A pipe's buffer takes far more renewals than a shim's start
 		// lasts; one that ended already says so here, harmlessly.
-		_, _ = fmt.Fprintf(w, "%d\n", int64(until))
+		_, _ = fmt.Fprintf(w, "%d %d\n", int64(until), int64(sent))
 	}
 	for _, p := range shims {
-		if err := p.requestWithin(shimRequest{Op: "lease", Lease: int64(until)}, leaseWrite); err != nil {
+		if err := p.requestWithin(shimRequest{Op: "lease", Lease: int64(until), Sent: int64(sent)}, leaseWrite); err != nil {
 			p.log.Debug("renewing a shim's lease failed", zap.String("dir", p.dir), zap.Error(err))
 		}
 	}
@@ -109,10 +114,10 @@ func (l *Leases) starts(w io.Writer) (stop func()) {
 		l.starting = map[io.Writer]bool{}
 	}
 	l.starting[w] = true
-	until := l.until
+	until, sent := l.until, l.sent
 	l.mu.Unlock()
 	if until != 0 {
-		_, _ = fmt.Fprintf(w, "%d\n", int64(until))
+		_, _ = fmt.Fprintf(w, "%d %d\n", int64(until), int64(sent))
 	}
 	return func() {
 		l.mu.Lock()

@@ -206,6 +206,11 @@ func (h Heartbeat) FencedBy(l Loss) time.Time {
 const (
 	// LeaseCheckEvery is how often a shim checks its lease.
 	LeaseCheckEvery = 50 * time.Millisecond
+	// LeaseDrain is how long a shim that finds its lease lapsed still
+	// takes the renewals already on their way before it kills: one that
+	// ran late (a loaded node) is woken by its clock before it has read
+	// its socket, where a renewal sent in time may wait (LeaseRenews).
+	LeaseDrain = 20 * time.Millisecond
 	// reportLag is how long after a node stopped answering its watchers
 	// can say so, at the earliest.
 	reportLag = WatchFailures*WatchTimeout - WatchEvery
@@ -231,7 +236,8 @@ const (
 // earliest (TestLeaseAgrees runs the rounds).
 // A node that watches no peer has no such word on its side: it goes by
 // the heartbeat timeout. Each bound adds FenceMargin, which covers the
-// shim's check, at most LeaseCheckEvery past the lease, and the kill.
+// shim's check, at most LeaseCheckEvery past the lease, its LeaseDrain and
+// the kill.
 func (h Heartbeat) LeaseUntil(heard, answered time.Time, watching bool) time.Time {
 	if h.Timeout <= 0 {
 		// No timeout known, no bound: nothing to hold the workers to.
@@ -247,5 +253,19 @@ func (h Heartbeat) LeaseUntil(heard, answered time.Time, watching bool) time.Tim
 			until = vouched
 		}
 	}
-	return until.Add(FenceMargin - LeaseCheckEvery - fenceKill)
+	return until.Add(FenceMargin - LeaseCheckEvery - LeaseDrain - fenceKill)
+}
+
+// LeaseRenews reports whether a shim whose lease runs until lease takes,
+// at now, a renewal its agent sent at sent (all on the boot clock; a zero
+// lease holds to none, a zero sent is unknown). A renewal is what
+// LeaseUntil allowed when it was sent, so one sent while the lease held
+// grants nothing more read late than read in time, however late: the
+// controller's bound covers it either way. One sent after the lease
+// lapsed never counts, nor one of unknown age read after: by then the
+// controller may have moved the job on, and an agent that ran again
+// (a thawed cgroup) computes its next lease from peers that answer again,
+// not from the word that kept the old one.
+func LeaseRenews(lease, sent, now time.Duration) bool {
+	return lease == 0 || now < lease || (sent != 0 && sent < lease)
 }

@@ -142,7 +142,7 @@ func stallCase(h Heartbeat, watchers int, heard bool, phase, outage, stall, tick
 	for check.Before(lease) {
 		check = check.Add(LeaseCheckEvery)
 	}
-	c.leaseGone = check.Add(fenceKill)
+	c.leaseGone = check.Add(LeaseDrain + fenceKill)
 	// SelfFence alone: the agent's first check once it runs again.
 	first := resume.Add(time.Duration(rng.Int64N(int64(FenceCheckEvery))))
 	for check := first; ; check = check.Add(FenceCheckEvery) {
@@ -167,7 +167,7 @@ func earliest(a, b time.Time) time.Time {
 func TestLeaseUntil(t *testing.T) {
 	h := Heartbeat{Interval: time.Second, Timeout: 3 * time.Second, Vouched: 9 * time.Second}
 	heard := t0
-	margin := FenceMargin - LeaseCheckEvery - fenceKill
+	margin := FenceMargin - LeaseCheckEvery - LeaseDrain - fenceKill
 	tests := []struct {
 		name     string
 		answered time.Time
@@ -187,4 +187,31 @@ func TestLeaseUntil(t *testing.T) {
 		})
 	}
 	require.True(t, Heartbeat{}.LeaseUntil(heard, heard, true).IsZero(), "no timeout: no lease")
+}
+
+// TestLeaseRenews: a renewal counts if the lease held when it was sent,
+// whenever it is read; never if it was sent after the lapse or, of unknown
+// age, read after it.
+func TestLeaseRenews(t *testing.T) {
+	const lease = 10 * time.Second
+	tests := []struct {
+		name        string
+		lease, sent time.Duration
+		now         time.Duration
+		want        bool
+	}{
+		{"no lease to hold", 0, 0, 11 * time.Second, true},
+		{"read in time", lease, 9 * time.Second, 9 * time.Second, true},
+		{"read in time, age unknown", lease, 0, 9 * time.Second, true},
+		{"sent in time, read late", lease, 9 * time.Second, 12 * time.Second, true},
+		{"sent as it lapsed", lease, lease, 12 * time.Second, false},
+		{"sent after the lapse", lease, 11 * time.Second, 12 * time.Second, false},
+		{"age unknown, read late", lease, 0, 12 * time.Second, false},
+		{"read as it lapses", lease, 0, lease, false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			require.Equal(t, tt.want, LeaseRenews(tt.lease, tt.sent, tt.now))
+		})
+	}
 }
