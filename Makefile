@@ -72,8 +72,10 @@ lint: tools
 	$(GO) vet ./...
 	@# Every relative link and #anchor in README.md and docs/ resolves (test/doccheck).
 	$(GO) test -count=1 -run 'TestDocLinks|TestReadmeIsShort' ./test/doccheck
-	@# The benchmarks are built only with their tag; keep them compiling.
+	@# The benchmarks are built only with their tag; keep them compiling,
+	@# and the measurements their reports are made of right (no hosts, no root).
 	$(GO) vet -tags bench ./test/bench/...
+	$(GO) test -tags bench -count=1 -run 'TestMeasures' ./test/bench/
 	@# The controller, relay and CLI must not need cgo (only agent/gpu/nvmlgpu imports go-nvml),
 	@# nor must a program built on package client (examples/goclient, built so it cannot rot).
 	CGO_ENABLED=0 $(GO) build -o /dev/null ./cmd/rdzv-controller ./cmd/rdzvctl ./cmd/rdzv-relay ./examples/goclient

@@ -92,7 +92,11 @@ type bench struct {
 	goodput, goodputBaseline        time.Duration
 	// goodputSpares are hosts beyond the 3 training ones in the goodput
 	// run, for the systems that keep spare nodes (goodputUsesSpares).
-	goodputSpares   int
+	goodputSpares int
+	// goodputPaired: the faulty run's windows alternate, a fault in one
+	// and none in the next, and the fault-free windows are the baseline
+	// (BENCH_GOODPUT_PAIRED); no separate baseline run.
+	goodputPaired   bool
 	runs            int
 	cap             time.Duration
 	faults, systems []string
@@ -126,6 +130,9 @@ func TestBenchRecovery(t *testing.T) {
 	if b.goodput > 0 {
 		for _, system := range b.systems {
 			for _, faulty := range []bool{false, true} {
+				if b.goodputPaired && !faulty {
+					continue
+				}
 				dur := b.goodput
 				if !faulty {
 					dur = b.goodputBaseline
@@ -194,6 +201,11 @@ func setup(t *testing.T) *bench {
 	if s := os.Getenv("BENCH_GOODPUT_BASELINE"); s != "" {
 		if b.goodputBaseline, err = time.ParseDuration(s); err != nil || b.goodputBaseline <= 0 {
 			t.Fatalf("bench: BENCH_GOODPUT_BASELINE=%q: want a positive duration", s)
+		}
+	}
+	if s := os.Getenv("BENCH_GOODPUT_PAIRED"); s != "" {
+		if b.goodputPaired, err = strconv.ParseBool(s); err != nil {
+			t.Fatalf("bench: BENCH_GOODPUT_PAIRED=%q: want a boolean (1: fault-free windows between the faulty ones are the baseline)", s)
 		}
 	}
 	b.goodputSpares = defaultGoodputSpares

@@ -71,4 +71,21 @@ func TestMeasures(t *testing.T) {
 		}
 		require.InDelta(t, 2.0, usefulSteps(ticks, t0, time.Unix(110, 0)), 1e-9) // 3 steps at 2/3 width
 	})
+
+	t.Run("paired goodput: fault windows over the fault-free ones, and their width", func(t *testing.T) {
+		ticks := []tick{
+			k("TICK host=h1 pid=1 started=90 gen=1 rank=0 world=3 step=10 t=101"),
+			k("TICK host=h1 pid=2 started=103 gen=2 rank=0 world=2 step=11 t=104"),
+			k("TICK host=h1 pid=2 started=103 gen=2 rank=0 world=3 step=12 t=112"),
+		}
+		require.False(t, fullWidth(ticks, t0, time.Unix(110, 0)), "step 11 ran on 2 nodes")
+		require.True(t, fullWidth(ticks, time.Unix(110, 0), time.Unix(120, 0)))
+		g := goodputRun{pairs: []goodputPair{{fault: 9, clean: 10}, {fault: 10, clean: 10}}}
+		fault, clean, ratio := g.pairedGoodput()
+		require.InDelta(t, 19.0, fault, 1e-9)
+		require.InDelta(t, 20.0, clean, 1e-9)
+		require.InDelta(t, 0.95, ratio, 1e-9)
+		_, _, ratio = goodputRun{}.pairedGoodput()
+		require.Zero(t, ratio, "no pairs, no figure")
+	})
 }
