@@ -320,17 +320,14 @@ func readLeases(r io.Reader, leases chan renewal, gone chan<- struct{}) {
 		if _, err := fmt.Sscan(sc.Text(), &l.lease, &l.sent); err != nil {
 			continue
 		}
-		for {
+		select {
+		case leases <- l:
+		default: // full: the oldest goes; the only sender, this finds room
 			select {
-			case leases <- l:
+			case <-leases:
 			default:
-				select {
-				case <-leases:
-				default:
-				}
-				continue
 			}
-			break
+			leases <- l
 		}
 	}
 }
@@ -423,9 +420,37 @@ func (s *shimServer) run(ctx context.Context) error {
 		killing, reason = true, why
 		go func() { _ = s.proc.Kill(grace) }()
 	}
+	// Checked only while there is a lease to check.
+	var (
+		leaseTicker clockwork.Ticker
+		leaseCheck  <-chan time.Time
+	)
+	setLease := func(l int64) {
+		lease = l
+		if l != 0 && leaseTicker == nil {
+			leaseTicker = s.clock.NewTicker(health.LeaseCheckEvery)
+			leaseCheck = leaseTicker.Chan()
+		}
+	}
+	defer func() {
+		if leaseTicker != nil {
+			leaseTicker.Stop()
+		}
+	}()
+	setLease(s.spec.Lease)
+	// Each lease the agent grants holds for a loss of the node declared
+	// any time after (health.LeaseUntil), so the latest deadline counts,
+	// not the latest grant: except a hold's, which holds only until the
+	// next agent is heard, and which its first grant replaces.
+	held := false
+	grant := func(l int64) {
+		if held || l > lease {
+			held = false
+			setLease(l)
+		}
+	}
 	// renew takes a renewal sent at sent unless the lease had lapsed by
 	// then (health.LeaseRenews).
-	var grant func(l int64)
 	renew := func(l, sent int64) {
 		if !killing && health.LeaseRenews(time.Duration(lease), time.Duration(sent), s.boot()) {
 			grant(l)
@@ -477,35 +502,7 @@ func (s *shimServer) run(ctx context.Context) error {
 		}
 		return true
 	}
-	// Checked only while there is a lease to check.
-	var (
-		leaseTicker clockwork.Ticker
-		leaseCheck  <-chan time.Time
-	)
-	setLease := func(l int64) {
-		lease = l
-		if l != 0 && leaseTicker == nil {
-			leaseTicker = s.clock.NewTicker(health.LeaseCheckEvery)
-			leaseCheck = leaseTicker.Chan()
-		}
-	}
-	defer func() {
-		if leaseTicker != nil {
-			leaseTicker.Stop()
-		}
-	}()
-	setLease(s.spec.Lease)
-	// Each lease the agent grants holds for a loss of the node declared
-	// any time after (health.LeaseUntil), so the latest deadline counts,
-	// not the latest grant: except a hold's, which holds only until the
-	// next agent is heard, and which its first grant replaces.
-	held := false
-	grant = func(l int64) {
-		if held || l > lease {
-			held = false
-			setLease(l)
-		}
-	}
+	// What the agent wrote to stdin while this shim started comes first.
 	for pending := true; pending; {
 		select {
 		case r := <-s.stdinLeases:

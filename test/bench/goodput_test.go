@@ -217,7 +217,7 @@ func (b *bench) runGoodput(t *testing.T, system string, faulty bool, dur time.Du
 	var injected []time.Time
 	for k := 0; faulty; k++ {
 		at := start.Add(goodputFirst + time.Duration(k)*period)
-		if !at.Before(end) || !sleepUntil(at) {
+		if !at.Before(end) || (b.goodputPaired && at.Add(period).After(end)) || !sleepUntil(at) {
 			break
 		}
 		fault := faults[k%len(faults)]
