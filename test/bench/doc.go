@@ -32,10 +32,10 @@
 //	                BENCH_GOODPUT and 2m)
 //	BENCH_GOODPUT_PAIRED  1: the goodput run is its own baseline: after its
 //	                first 30s, a minute that starts with a fault and a minute
-//	                without, in turn (BENCH_GOODPUT=16m30s holds 8 such pairs);
-//	                goodput is the fault minutes' useful steps over those of
-//	                the fault-free minute after each, and no separate baseline
-//	                run is made
+//	                without, in turn (BENCH_GOODPUT=16m30s holds 8 such pairs,
+//	                2 of each kind); goodput is the mean over the fault kinds
+//	                of their minutes' useful steps over those of the fault-free
+//	                minute after each, and no separate baseline run is made
 //	BENCH_STATE_MB  extra state in every checkpoint, MB (default 0; 1024 for the
 //	                large-state workload, so a checkpoint's load shows), and in
 //	                torchft's replica state, which a rejoining group heals from

@@ -31,7 +31,8 @@ import (
 // starts with a fault (and holds its repair) and one without, and goodput
 // is the useful steps of the fault windows over those of the fault-free
 // windows right after each, so that a drift of the machine's speed weighs
-// on both alike. Each fault window still holds one fault a minute, with
+// on both alike; each fault kind's figure weighs alike in the mean, as in a
+// long rotation. Each fault window still holds one fault a minute, with
 // what it costs within the minute: detection, restart, recomputed steps,
 // the repair. What a system still pays a minute after a fault (a group
 // that has not rejoined, a width not restored) lowers its baseline, not
@@ -97,24 +98,35 @@ type goodputRun struct {
 func (g goodputRun) rate() float64 { return g.useful / g.duration.Seconds() }
 
 // goodputPair is the useful steps of a window of goodputEvery that starts
-// with a fault, and of the fault-free one after it; cleanFull is whether
-// every step of the fault-free one ran at full width.
+// with a fault of kind, and of the fault-free one after it; cleanFull is
+// whether every step of the fault-free one ran at full width.
 type goodputPair struct {
+	kind         string
 	fault, clean float64
 	cleanFull    bool
 }
 
-// pairedGoodput is the fault windows' useful steps over the fault-free
-// windows', 0 with none.
-func (g goodputRun) pairedGoodput() (fault, clean, ratio float64) {
+// pairedGoodput is, for each fault kind, its windows' useful steps over
+// the fault-free windows after them, and goodput, their mean: each kind
+// weighs alike, as in a rotation through them, however many pairs of each
+// the run held (7 pairs of 4 kinds hold one kind once). 0 with none.
+func (g goodputRun) pairedGoodput() (byKind map[string]float64, goodput float64) {
+	fault, clean := map[string]float64{}, map[string]float64{}
 	for _, p := range g.pairs {
-		fault += p.fault
-		clean += p.clean
+		fault[p.kind] += p.fault
+		clean[p.kind] += p.clean
 	}
-	if clean > 0 {
-		ratio = fault / clean
+	byKind = map[string]float64{}
+	for kind, c := range clean {
+		if c > 0 {
+			byKind[kind] = fault[kind] / c
+			goodput += byKind[kind]
+		}
 	}
-	return fault, clean, ratio
+	if len(byKind) > 0 {
+		goodput /= float64(len(byKind))
+	}
+	return byKind, goodput
 }
 
 func (b *bench) goodputFaults() []string {
@@ -214,7 +226,11 @@ func (b *bench) runGoodput(t *testing.T, system string, faulty bool, dur time.Du
 	if b.goodputPaired {
 		period = 2 * goodputEvery
 	}
-	var injected []time.Time
+	type injection struct {
+		at   time.Time
+		kind string
+	}
+	var injected []injection
 	for k := 0; faulty; k++ {
 		at := start.Add(goodputFirst + time.Duration(k)*period)
 		if !at.Before(end) || (b.goodputPaired && at.Add(period).After(end)) || !sleepUntil(at) {
@@ -224,7 +240,7 @@ func (b *bench) runGoodput(t *testing.T, system string, faulty bool, dur time.Du
 		latest := latestStepByHost(readTicks(d.ticks))
 		v := goodputVictim(latest, net, hosts, time.Now())
 		setFaulted(v)
-		injected = append(injected, at)
+		injected = append(injected, injection{at, fault})
 		_, what, err := b.inject(net, fault, d, latest, v)
 		if err != nil {
 			what = "not injected: " + err.Error()
@@ -248,12 +264,12 @@ func (b *bench) runGoodput(t *testing.T, system string, faulty bool, dur time.Du
 	ticks := readTicks(d.ticks)
 	g.useful = usefulSteps(ticks, start, end)
 	if b.goodputPaired {
-		for _, at := range injected {
-			mid, next := at.Add(goodputEvery), at.Add(2*goodputEvery)
+		for _, in := range injected {
+			mid, next := in.at.Add(goodputEvery), in.at.Add(2*goodputEvery)
 			if next.After(end) {
 				break
 			}
-			g.pairs = append(g.pairs, goodputPair{fault: usefulSteps(ticks, at, mid), clean: usefulSteps(ticks, mid, next), cleanFull: fullWidth(ticks, mid, next)})
+			g.pairs = append(g.pairs, goodputPair{kind: in.kind, fault: usefulSteps(ticks, in.at, mid), clean: usefulSteps(ticks, mid, next), cleanFull: fullWidth(ticks, mid, next)})
 		}
 	}
 	if g.ended != "" {
@@ -310,21 +326,40 @@ func (b *bench) goodputReport(runs []goodputRun) string {
 	good := map[string]float64{}
 	if b.goodputPaired {
 		fmt.Fprintf(&w, "in the same run's fault-free windows: each fault window of %s is followed by one without a fault\n\n", goodputEvery)
-		fmt.Fprintf(&w, "| system | hosts | faulty run s | pairs | useful steps, fault windows | fault-free windows | goodput | fault-free steps/s: min-max | fault-free windows at full width |\n")
-		fmt.Fprintf(&w, "| --- | --- | --- | --- | --- | --- | --- | --- | --- |\n")
+		fmt.Fprintf(&w, "goodput is the mean of the fault kinds' figures (fault windows' useful steps over the fault-free windows' after them), each kind weighed alike\n\n")
+		kinds := b.goodputFaults()
+		fmt.Fprintf(&w, "| system | hosts | faulty run s | pairs | %s | goodput | fault-free steps/s: min-max | fault-free windows at full width |\n", strings.Join(kinds, " | "))
+		fmt.Fprintf(&w, "|%s\n", strings.Repeat(" --- |", 7+len(kinds)))
 		for _, system := range b.systems {
 			for _, g := range runs {
 				if g.system != system || !g.faulty {
 					continue
 				}
-				fault, clean, ratio := g.pairedGoodput()
+				byKind, ratio := g.pairedGoodput()
+				var perKind []string
+				for _, kind := range kinds {
+					n := 0
+					for _, p := range g.pairs {
+						if p.kind == kind {
+							n++
+						}
+					}
+					if v, ok := byKind[kind]; ok {
+						perKind = append(perKind, fmt.Sprintf("%.1f %% (%d)", 100*v, n))
+					} else {
+						perKind = append(perKind, "-")
+					}
+				}
 				cell := "-"
 				switch {
 				case g.failed != "":
 					cell = "error: " + g.failed
-				case clean > 0:
+				case len(byKind) > 0:
 					good[system] = ratio
 					cell = fmt.Sprintf("%.1f %%", 100*ratio)
+					if len(byKind) < len(kinds) {
+						cell += fmt.Sprintf(" (%d of %d kinds)", len(byKind), len(kinds))
+					}
 				}
 				if g.ended != "" {
 					cell += " (gave up: " + g.ended + ")"
@@ -340,7 +375,7 @@ func (b *bench) goodputReport(runs []goodputRun) string {
 						full++
 					}
 				}
-				fmt.Fprintf(&w, "| %s | %d | %.0f | %d | %.0f | %.0f | %s | %.2f-%.2f | %d of %d |\n", system, g.hosts, g.duration.Seconds(), len(g.pairs), fault, clean, cell, lo, hi, full, len(g.pairs))
+				fmt.Fprintf(&w, "| %s | %d | %.0f | %d | %s | %s | %.2f-%.2f | %d of %d |\n", system, g.hosts, g.duration.Seconds(), len(g.pairs), strings.Join(perKind, " | "), cell, lo, hi, full, len(g.pairs))
 			}
 		}
 	} else {
@@ -408,7 +443,7 @@ func (b *bench) goodputReport(runs []goodputRun) string {
 			s += "; " + strings.Join(g.faults, ", ")
 		}
 		for i, p := range g.pairs {
-			s += fmt.Sprintf("\n  - pair %d: %.0f useful steps with the fault, %.0f without", i+1, p.fault, p.clean)
+			s += fmt.Sprintf("\n  - pair %d, %s: %.0f useful steps with the fault, %.0f without", i+1, p.kind, p.fault, p.clean)
 			if !p.cleanFull {
 				s += " (not all at full width)"
 			}

@@ -80,12 +80,18 @@ func TestMeasures(t *testing.T) {
 		}
 		require.False(t, fullWidth(ticks, t0, time.Unix(110, 0)), "step 11 ran on 2 nodes")
 		require.True(t, fullWidth(ticks, time.Unix(110, 0), time.Unix(120, 0)))
-		g := goodputRun{pairs: []goodputPair{{fault: 9, clean: 10}, {fault: 10, clean: 10}}}
-		fault, clean, ratio := g.pairedGoodput()
-		require.InDelta(t, 19.0, fault, 1e-9)
-		require.InDelta(t, 20.0, clean, 1e-9)
-		require.InDelta(t, 0.95, ratio, 1e-9)
-		_, _, ratio = goodputRun{}.pairedGoodput()
+		// Three pairs of one kind and one of another: each kind weighs
+		// alike, not each pair.
+		g := goodputRun{pairs: []goodputPair{
+			{kind: "kill-worker", fault: 10, clean: 10},
+			{kind: "kill-worker", fault: 10, clean: 10},
+			{kind: "hang", fault: 8, clean: 10},
+			{kind: "kill-worker", fault: 10, clean: 10},
+		}}
+		byKind, ratio := g.pairedGoodput()
+		require.Equal(t, map[string]float64{"kill-worker": 1.0, "hang": 0.8}, byKind)
+		require.InDelta(t, 0.9, ratio, 1e-9)
+		_, ratio = goodputRun{}.pairedGoodput()
 		require.Zero(t, ratio, "no pairs, no figure")
 	})
 }
