@@ -234,29 +234,61 @@ func TestShimLeaseAfterAHoldIsTheNextAgents(t *testing.T) {
 
 // A shim slow to start (a loaded node) finds the lease it was started with
 // lapsed: the renewals its agent wrote to its stdin meanwhile count if they
-// were sent before the lapse.
+// were sent before the lapse, and an older agent's, of unknown age, if
+// read before it.
 func TestShimTakesRenewalsThroughStdinWhileStarting(t *testing.T) {
 	tests := []struct {
 		name    string
-		sent    time.Duration
+		line    string // renews to 30 s
+		boot    time.Duration
 		renewed bool
 	}{
-		{"sent in time", 9 * time.Second, true},
-		{"sent after the lapse", 15 * time.Second, false},
+		{"sent in time", fmt.Sprintf("%d %d", 30*time.Second, 9*time.Second), 20 * time.Second, true},
+		{"sent after the lapse", fmt.Sprintf("%d %d", 30*time.Second, 15*time.Second), 20 * time.Second, false},
+		{"an older agent's, read in time", fmt.Sprintf("%d", 30*time.Second), 5 * time.Second, true},
+		{"an older agent's, read after the lapse", fmt.Sprintf("%d", 30*time.Second), 20 * time.Second, false},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			r, w := io.Pipe()
 			t.Cleanup(func() { w.Close() })
-			go func() { _, _ = fmt.Fprintf(w, "%d %d\n", 30*time.Second, tt.sent) }()
-			s := startShimWith(t, shimStart{lease: 10 * time.Second, boot: 20 * time.Second, stdin: r, unattached: !tt.renewed})
+			go func() { _, _ = fmt.Fprintln(w, tt.line) }()
+			s := startShimWith(t, shimStart{lease: 10 * time.Second, boot: tt.boot, stdin: r, unattached: !tt.renewed})
 			if tt.renewed {
+				s.check(t)
+				s.boot.Store(int64(25 * time.Second)) // past the first lease
 				s.check(t)
 				require.NotEmpty(t, groupMembers(s.pid), "renewed through stdin")
 				s.boot.Store(int64(30 * time.Second))
 				s.check(t)
 			}
 			s.fenced(t)
+		})
+	}
+}
+
+func TestParseRenewal(t *testing.T) {
+	tests := []struct {
+		line string
+		want renewal
+		ok   bool
+	}{
+		{line: "30000000000 9000000000", want: renewal{lease: 30e9, sent: 9e9}, ok: true},
+		{line: " 30 9 ", want: renewal{lease: 30, sent: 9}, ok: true},
+		{line: "30", want: renewal{lease: 30}, ok: true},
+		{line: ""},
+		{line: "30 9 1"},
+		{line: "-30 9"},
+		{line: "30 -9"},
+		{line: "30s"},
+		{line: "LEASE 30"},
+		{line: "99999999999999999999"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.line, func(t *testing.T) {
+			got, ok := parseRenewal(tt.line)
+			require.Equal(t, tt.ok, ok)
+			require.Equal(t, tt.want, got)
 		})
 	}
 }

@@ -24,6 +24,7 @@ import (
 	"go.uber.org/zap"
 	"golang.org/x/sys/unix"
 	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	rdzvv1 "github.com/rdzv/rdzv/proto/rdzv/v1"
@@ -556,8 +557,14 @@ func (s *Supervisor) Progress() *rdzvv1.Progress {
 	// a save reports its step too (rdzv.checkpoint.save).
 	held, _ := s.mem.held(w.job)
 	// The map is replaced, never changed in place, so it can be shared.
-	return &rdzvv1.Progress{Job: w.job, Generation: w.generation, Step: w.step, At: timestamppb.New(w.stepAt),
+	p := &rdzvv1.Progress{Job: w.job, Generation: w.generation, Step: w.step, At: timestamppb.New(w.stepAt),
 		Phase: w.phase, Metrics: w.metrics, Memory: held}
+	// The step's age lets the controller date it (progress waits for the
+	// heartbeat): measured on this clock, which dated the step.
+	if age := s.clock.Since(w.stepAt); age > 0 {
+		p.Age = durationpb.New(age)
+	}
+	return p
 }
 
 // markReported records step as queued for w, and reports whether it was not

@@ -493,7 +493,7 @@ func TestProgressFollowsCurrentWorker(t *testing.T) {
 	tok := h.token()
 	require.NoError(t, h.sup.reportStep(tok, "train", 1, 50, stepsPhase, nil, t0))
 	require.NoError(t, h.sup.reportStep(tok, "train", 1, 49, stepsPhase, nil, t0.Add(time.Second)), "a slower rank's step is accepted")
-	requireProto(t, &rdzvv1.Progress{Job: "train", Generation: 1, Step: 50, At: timestamppb.New(t0), Phase: stepsPhase}, h.sup.Progress(),
+	requireProto(t, &rdzvv1.Progress{Job: "train", Generation: 1, Step: 50, At: timestamppb.New(t0), Phase: stepsPhase}, progressAged(t, h.sup, t0),
 		"the highest step is kept, with the time it was reached")
 	require.NoError(t, h.sup.reportCheckpoint(tok, "train", 1, 60, "/ckpt/step-60", t0.Add(2*time.Second)))
 	requireProto(t, &rdzvv1.Progress{Job: "train", Generation: 1, Step: 60, At: timestamppb.New(t0.Add(2 * time.Second)), Phase: stepsPhase}, h.sup.Progress(),
@@ -511,6 +511,21 @@ func TestProgressFollowsCurrentWorker(t *testing.T) {
 	h.sup.Stop("train", 2, "done")
 	h.expect("train", 2, wStopped)
 	require.Nil(t, h.sup.Progress(), "no progress without workers")
+}
+
+// progressAged is sup's progress, whose step was reached at at (on the
+// real clock the supervisor runs on), with its age checked and then
+// cleared so that the rest compares exactly.
+func progressAged(t *testing.T, sup *Supervisor, at time.Time) *rdzvv1.Progress {
+	t.Helper()
+	atLeast := time.Since(at)
+	p := sup.Progress()
+	atMost := time.Since(at)
+	require.NotNil(t, p)
+	age := p.GetAge().AsDuration()
+	require.True(t, age >= atLeast && age <= atMost, "age %s, want %s to %s", age, atLeast, atMost)
+	p.Age = nil
+	return p
 }
 
 func TestCheckpointQueueDropsOldest(t *testing.T) {

@@ -13,6 +13,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strconv"
+	"strings"
 	"syscall"
 	"time"
 
@@ -310,14 +311,14 @@ type renewal struct{ lease, sent int64 }
 // check), all of which a shim that ran late may still take.
 const stdinBacklog = 16
 
-// readLeases passes on the renewals the spawning agent writes to stdin,
-// "LEASE SENT" a line, and closes gone at its end.
+// readLeases passes on the renewals the spawning agent writes to stdin
+// (parseRenewal), and closes gone at its end.
 func readLeases(r io.Reader, leases chan renewal, gone chan<- struct{}) {
 	defer close(gone)
 	sc := bufio.NewScanner(r)
 	for sc.Scan() {
-		var l renewal
-		if _, err := fmt.Sscan(sc.Text(), &l.lease, &l.sent); err != nil {
+		l, ok := parseRenewal(sc.Text())
+		if !ok {
 			continue
 		}
 		select {
@@ -330,6 +331,27 @@ func readLeases(r io.Reader, leases chan renewal, gone chan<- struct{}) {
 			leases <- l
 		}
 	}
+}
+
+// parseRenewal parses a stdin renewal line: "LEASE SENT", boot-clock
+// nanoseconds, or "LEASE" alone from an agent that predates SENT (during
+// an upgrade, an agent still running the old binary starts its shims from
+// the new one on disk), whose renewal is of unknown age
+// (health.LeaseRenews). Anything else is no renewal.
+func parseRenewal(line string) (renewal, bool) {
+	f := strings.Fields(line)
+	if len(f) < 1 || len(f) > 2 {
+		return renewal{}, false
+	}
+	var n [2]int64
+	for i, s := range f {
+		v, err := strconv.ParseInt(s, 10, 64)
+		if err != nil || v < 0 {
+			return renewal{}, false
+		}
+		n[i] = v
+	}
+	return renewal{lease: n[0], sent: n[1]}, true
 }
 
 type shimServer struct {

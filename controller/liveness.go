@@ -15,11 +15,13 @@ import (
 	rdzvv1 "github.com/rdzv/rdzv/proto/rdzv/v1"
 )
 
-// livenessLoop declares nodes lost when their heartbeats stop. Liveness is
-// in memory: etcd is written only when a node changes state. Besides its
-// ticks it runs a pass when a peer reports a node unreachable, and when such
-// a node's silence is long enough for that word to count (health.ConfirmAt),
-// so a dead node is declared lost without waiting for a tick.
+// livenessLoop declares nodes lost when their heartbeats stop, and running
+// jobs hung when their training stops (checkHangs). Liveness is in memory:
+// etcd is written only when a node changes state. Besides its ticks it
+// runs a pass when a peer reports a node unreachable, when such a node's
+// silence is long enough for that word to count (health.ConfirmAt), and
+// when a job's hang timeout runs out (health.HangAt), so a dead node or a
+// hang is declared without waiting for a tick.
 func (c *Controller) livenessLoop(ctx context.Context) {
 	ticker := c.clock.NewTicker(max(c.cfg.Heartbeat.Interval.Duration/2, 50*time.Millisecond))
 	defer ticker.Stop()
@@ -33,20 +35,50 @@ func (c *Controller) livenessLoop(ctx context.Context) {
 		case <-ticker.Chan():
 			c.lag.note(c.clock.Now())
 		case <-confirm.Chan():
-		case <-c.peersKick:
+		case <-c.livenessKick:
 		}
-		if next := c.checkLiveness(); !next.IsZero() {
+		if next := c.livenessPass(); !next.IsZero() {
 			confirm.Reset(max(next.Sub(c.clock.Now()), 0))
 		}
 	}
 }
 
-// checkLiveness is one liveness pass. It returns the earliest time a node
-// that peers report unreachable becomes silent long enough for their word
-// to declare it lost; zero if none is waiting for that.
-func (c *Controller) checkLiveness() (next time.Time) {
+// livenessPass is the liveness loop's pass: checkLiveness, noting under the
+// same lock when the loop wakes next (livenessWake).
+func (c *Controller) livenessPass() time.Time {
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	c.livenessWake = c.checkLivenessLocked()
+	return c.livenessWake
+}
+
+// wakeLivenessBy makes the liveness loop run a pass by at (zero: never):
+// it kicks the loop when at comes before the wake the loop is armed for,
+// so that a job's first hang deadline, or one that moved earlier, is not
+// left to the next tick. Callers hold c.mu.
+func (c *Controller) wakeLivenessBy(at time.Time) {
+	if at.IsZero() || (!c.livenessWake.IsZero() && !at.Before(c.livenessWake)) {
+		return
+	}
+	c.livenessWake = at
+	select {
+	case c.livenessKick <- struct{}{}:
+	default:
+	}
+}
+
+// checkLiveness is one liveness pass. It returns the earliest time a node
+// that peers report unreachable becomes silent long enough for their word
+// to declare it lost, or a running job becomes hung; zero if none is
+// waiting for that.
+func (c *Controller) checkLiveness() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.checkLivenessLocked()
+}
+
+// checkLivenessLocked is checkLiveness for callers that hold c.mu.
+func (c *Controller) checkLivenessLocked() (next time.Time) {
 	now := c.clock.Now()
 	policy := c.cfg.Heartbeat.policy()
 	votes, reporters := c.nodes.gossipVotes()
@@ -95,7 +127,9 @@ func (c *Controller) checkLiveness() (next time.Time) {
 			next = at
 		}
 	}
-	c.checkHangs(now)
+	if at := c.checkHangs(now); !at.IsZero() && (next.IsZero() || at.Before(next)) {
+		next = at
+	}
 	return next
 }
 

@@ -39,15 +39,16 @@ type training struct {
 	metricsStep uint64
 }
 
-// noteProgress records p, node's report, at now: the job's step when it
-// advanced (advanced; first when it is the generation's first step), the
-// node's phase and the metrics.
-func (js *jobState) noteProgress(node string, p *rdzvv1.Progress, now time.Time) (advanced, first bool) {
+// noteProgress records p, node's report that arrived at now and whose step
+// came at stepAt (health.StepDated): the job's step when it advanced
+// (advanced; first when it is the generation's first step), the node's
+// phase and the metrics.
+func (js *jobState) noteProgress(node string, p *rdzvv1.Progress, now, stepAt time.Time) (advanced, first bool) {
 	first = js.rec.GetProgressAt() == nil
 	if first || p.GetStep() > js.rec.GetStep() {
 		js.rec.Step, js.rec.ProgressAt = p.GetStep(), timestamppb.New(now)
 		js.progressed, js.reportsSteps = true, true
-		js.training.advanced(now)
+		js.training.advanced(stepAt)
 		advanced = true
 	}
 	js.training.report(node, p, now)
@@ -60,12 +61,17 @@ func (t *training) newGeneration() {
 	*t = training{gaps: t.gaps}
 }
 
-// advanced notes that the job's step advanced at now.
-func (t *training) advanced(now time.Time) {
-	if t.clockIsStep && len(t.saving) == 0 && !t.done {
-		t.gaps = health.NoteStepGap(t.gaps, now.Sub(t.clock))
+// advanced notes that the job's step advanced at at, or when the clock
+// last started if that is later (a node's step dated before another's
+// report, or before a save ended): the clock never runs back.
+func (t *training) advanced(at time.Time) {
+	if at.Before(t.clock) {
+		at = t.clock
 	}
-	t.clock, t.clockIsStep = now, true
+	if t.clockIsStep && len(t.saving) == 0 && !t.done {
+		t.gaps = health.NoteStepGap(t.gaps, at.Sub(t.clock))
+	}
+	t.clock, t.clockIsStep = at, true
 }
 
 // report notes node's phase and metrics from p at now.

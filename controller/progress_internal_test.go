@@ -11,7 +11,8 @@ import (
 )
 
 // The job's phase and the step gaps the derived timeout learns from, as
-// its nodes' reports arrive: a save's time and the start are no step's.
+// its nodes' reports arrive: a save's time and the start are no step's, and
+// a step is dated by its age, never before the clock last started.
 func TestTrainingFromReports(t *testing.T) {
 	const (
 		steps  = rdzvv1.TrainingPhase_TRAINING_PHASE_STEPS
@@ -20,6 +21,7 @@ func TestTrainingFromReports(t *testing.T) {
 	)
 	type report struct {
 		at    time.Duration
+		age   time.Duration // the step came this long before the report arrived
 		node  string
 		step  uint64
 		phase rdzvv1.TrainingPhase
@@ -46,6 +48,14 @@ func TestTrainingFromReports(t *testing.T) {
 		{name: "the steps clock starts when the save ends",
 			reports:   []report{{at: 5, node: "a", step: 1}, {at: 7, node: "a", step: 2, phase: saving}, {at: 30, node: "a", step: 2}, {at: 31, node: "a", step: 3}},
 			wantPhase: health.PhaseSteps, wantSince: 31, wantGaps: []time.Duration{2}},
+		{name: "a step is dated by its age", reports: []report{{at: 5, node: "a", step: 1}, {at: 10, age: 2, node: "a", step: 2}},
+			wantPhase: health.PhaseSteps, wantSince: 8, wantGaps: []time.Duration{3}},
+		{name: "a step dated before another node's does not run the clock back",
+			reports:   []report{{at: 5, node: "a", step: 1}, {at: 7, node: "b", step: 2}, {at: 8, age: 4, node: "a", step: 3}},
+			wantPhase: health.PhaseSteps, wantSince: 7, wantGaps: []time.Duration{2}},
+		{name: "a step dated before its save ended is dated at the end",
+			reports:   []report{{at: 5, node: "a", step: 1}, {at: 7, node: "a", step: 2, phase: saving}, {at: 30, node: "a", step: 2}, {at: 31, age: 5, node: "a", step: 3}},
+			wantPhase: health.PhaseSteps, wantSince: 30, wantGaps: []time.Duration{2}},
 		{name: "done is final", reports: []report{{at: 5, node: "a", step: 9, phase: done}, {at: 6, node: "b", step: 9, phase: saving}, {at: 7, node: "b", step: 10}},
 			wantPhase: health.PhaseDone},
 	}
@@ -54,7 +64,8 @@ func TestTrainingFromReports(t *testing.T) {
 			t0 := time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC)
 			js := &jobState{rec: &rdzvv1.Job{}}
 			for _, r := range tt.reports {
-				js.noteProgress(r.node, &rdzvv1.Progress{Step: r.step, Phase: r.phase}, t0.Add(r.at*time.Second))
+				arrived := t0.Add(r.at * time.Second)
+				js.noteProgress(r.node, &rdzvv1.Progress{Step: r.step, Phase: r.phase}, arrived, arrived.Add(-r.age*time.Second))
 			}
 			require.Equal(t, tt.wantPhase, js.phase())
 			if tt.wantPhase == health.PhaseSteps {

@@ -8,6 +8,7 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
+	"github.com/rdzv/rdzv/controller"
 	"github.com/rdzv/rdzv/health"
 	rdzvv1 "github.com/rdzv/rdzv/proto/rdzv/v1"
 )
@@ -23,9 +24,41 @@ const (
 // forwards the workers' reports.
 func (f *fakeAgent) progress(a *rdzvv1.Assignment, step uint64, phase rdzvv1.TrainingPhase, metrics map[string]float64) {
 	f.t.Helper()
+	f.progressAged(a, step, phase, metrics, 0)
+}
+
+// progressAged is progress for a step the workers reported age before.
+func (f *fakeAgent) progressAged(a *rdzvv1.Assignment, step uint64, phase rdzvv1.TrainingPhase, metrics map[string]float64, age time.Duration) {
+	f.t.Helper()
 	f.send(&rdzvv1.ConnectRequest{Msg: &rdzvv1.ConnectRequest_Progress{Progress: &rdzvv1.Progress{
 		Job: a.GetSpec().GetName(), Generation: a.GetGeneration(), Step: step, At: timestamppb.Now(), Phase: phase, Metrics: metrics,
+		Age: durationpb.New(age),
 	}}})
+}
+
+// A hang is declared when progress_timeout has passed since the last step
+// came, dated by the report's age (it rode on a heartbeat), and at once:
+// not from the report's arrival, nor at the liveness loop's next tick.
+func TestHangDeclaredWhenItsTimeoutRunsOut(t *testing.T) {
+	c := newFakeClockCluster(t, func(cfg *controller.Config) {
+		// Ticks a minute apart: only the wake at the deadline finds it.
+		cfg.Heartbeat.Interval.Duration, cfg.Heartbeat.Timeout.Duration = 2*time.Minute, 5*time.Minute
+	})
+	a := c.connectFake("node-a")
+	a.keepAlive()
+	spec := c.recoverable("dated", 1, 2)
+	spec.HealthProgressTimeout = durationpb.New(2 * time.Second)
+	c.startJob(spec)
+	a1 := a.run()
+	a.progressAged(a1, 10, phaseSteps, nil, 1500*time.Millisecond)
+	c.inPhase("dated", 10, phaseSteps)
+
+	c.clock.Advance(400 * time.Millisecond)
+	c.checkLiveness()
+	require.Equal(t, running, c.getJob("dated").GetState(), "1.9 s since the step")
+	c.clock.Advance(100 * time.Millisecond)
+	j := c.waitJobState("dated", recovering)
+	require.Contains(t, j.GetReason(), "hang: no training progress for 2s (last step 10, health.progress_timeout 2s)")
 }
 
 // inPhase waits for job's view to be in phase at step.

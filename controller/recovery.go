@@ -100,7 +100,8 @@ func (c *Controller) progress(node string, p *rdzvv1.Progress) {
 	}
 	js.memoryHeld(node, p.GetMemory())
 	now := c.clock.Now()
-	if advanced, first := js.noteProgress(node, p, now); advanced {
+	stepAt := health.StepDated(now, p.GetAge().AsDuration(), c.cfg.Heartbeat.Timeout.Duration)
+	if advanced, first := js.noteProgress(node, p, now, stepAt); advanced {
 		if first {
 			c.metrics.firstStep(js, now)
 		}
@@ -111,6 +112,10 @@ func (c *Controller) progress(node string, p *rdzvv1.Progress) {
 			c.apply(js, t)
 		}
 	}
+	// The report may have started the job's steps clock or a save's, so
+	// its first deadline or an earlier one.
+	_, since, timeout := js.hangTimeout()
+	c.wakeLivenessBy(health.HangAt(since, timeout))
 }
 
 // checkpoint adds a complete checkpoint to the job's catalog, as
@@ -167,8 +172,10 @@ func checkpointPathOK(dir, path string) error {
 }
 
 // checkHangs restarts running jobs whose training stopped advancing, each
-// by the timeout of the phase it is in (hangTimeout). Callers hold c.mu.
-func (c *Controller) checkHangs(now time.Time) {
+// by the timeout of the phase it is in (hangTimeout), and returns when the
+// next of the others would be hung if nothing changes; zero if none can
+// be. Callers hold c.mu.
+func (c *Controller) checkHangs(now time.Time) (next time.Time) {
 	for _, js := range c.jobs {
 		if js.rec.GetState() != rdzvv1.JobState_JOB_STATE_RUNNING {
 			continue
@@ -176,6 +183,9 @@ func (c *Controller) checkHangs(now time.Time) {
 		phase, since, timeout := js.hangTimeout()
 		if stalled, hung := health.Hang(now, since, timeout); hung {
 			c.attemptFailed(js, causeHang, hangReason(js, phase, stalled, timeout), stalled-timeout)
+		} else if at := health.HangAt(since, timeout); !at.IsZero() && (next.IsZero() || at.Before(next)) {
+			next = at
 		}
 	}
+	return next
 }

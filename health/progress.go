@@ -91,6 +91,17 @@ func HangTimeout(phase Phase, t HangTimeouts, gaps []time.Duration, reportsSteps
 	}
 }
 
+// StepDated is when a reported step came, by the controller's clock: the
+// report arrived at arrived, and its agent says its workers reported the
+// step age before it sent it (progress rides on the heartbeat, so it may
+// wait a whole interval). The age counts for at most limit, the heartbeat
+// timeout (an agent silent longer is lost anyway), and a negative one for
+// nothing. The time in transit is not taken off, so a step is never dated
+// before it came: a hang is declared no sooner than its timeout.
+func StepDated(arrived time.Time, age, limit time.Duration) time.Time {
+	return arrived.Add(-min(max(age, 0), max(limit, 0)))
+}
+
 // NoteStepGap adds gap, the time between two step reports, to gaps, keeping
 // the latest StepGapWindow. It may reuse gaps' array.
 func NoteStepGap(gaps []time.Duration, gap time.Duration) []time.Duration {

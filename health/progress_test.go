@@ -73,3 +73,24 @@ func TestNoteStepGap(t *testing.T) {
 	require.Equal(t, time.Duration(StepGapWindow+5), gaps[len(gaps)-1])
 	require.Len(t, NoteStepGap(gaps, 0), StepGapWindow, "a zero gap (two reports at once) is no sample")
 }
+
+func TestStepDated(t *testing.T) {
+	arrived := time.Date(2030, 1, 1, 0, 0, 10, 0, time.UTC)
+	const limit = 3 * time.Second
+	tests := []struct {
+		name string
+		age  time.Duration
+		want time.Time
+	}{
+		{name: "unset: the arrival", want: arrived},
+		{name: "waited for the heartbeat", age: 800 * time.Millisecond, want: arrived.Add(-800 * time.Millisecond)},
+		{name: "at most the limit", age: time.Hour, want: arrived.Add(-limit)},
+		{name: "a negative age counts for nothing", age: -time.Second, want: arrived},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			require.Equal(t, tt.want, StepDated(arrived, tt.age, limit))
+		})
+	}
+	require.Equal(t, arrived, StepDated(arrived, time.Second, 0), "no limit known: the arrival")
+}

@@ -2,15 +2,26 @@ package health
 
 import "time"
 
-// Hang reports whether a job's training has stalled: nothing for longer
-// than timeout since its phase's clock started at since (see HangTimeout).
-// Detection is off when timeout is zero or less, and with a zero since.
+// Hang reports whether a job's training has stalled: nothing for timeout
+// since its phase's clock started at since (see HangTimeout), and for how
+// long. Detection is off when timeout is zero or less, and with a zero
+// since.
 func Hang(now, since time.Time, timeout time.Duration) (stalled time.Duration, hung bool) {
-	if timeout <= 0 || since.IsZero() {
+	at := HangAt(since, timeout)
+	if at.IsZero() {
 		return 0, false
 	}
-	stalled = now.Sub(since)
-	return stalled, stalled > timeout
+	return now.Sub(since), !now.Before(at)
+}
+
+// HangAt is when a job whose phase's clock started at since becomes hung
+// by timeout (Hang), zero when detection is off: the controller wakes then
+// rather than at its next periodic pass.
+func HangAt(since time.Time, timeout time.Duration) time.Time {
+	if timeout <= 0 || since.IsZero() {
+		return time.Time{}
+	}
+	return since.Add(timeout)
 }
 
 const (

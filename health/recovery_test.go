@@ -17,7 +17,8 @@ func TestHang(t *testing.T) {
 		hung    bool
 	}{
 		{name: "stepping", since: now.Add(-time.Second), timeout: 5 * time.Second, stalled: time.Second},
-		{name: "exactly the timeout is not a hang", since: now.Add(-5 * time.Second), timeout: 5 * time.Second, stalled: 5 * time.Second},
+		{name: "just short of the timeout", since: now.Add(-5*time.Second + time.Nanosecond), timeout: 5 * time.Second, stalled: 5*time.Second - time.Nanosecond},
+		{name: "the timeout is a hang", since: now.Add(-5 * time.Second), timeout: 5 * time.Second, stalled: 5 * time.Second, hung: true},
 		{name: "stalled past the timeout", since: now.Add(-7 * time.Second), timeout: 5 * time.Second, stalled: 7 * time.Second, hung: true},
 		{name: "off with no timeout", since: now.Add(-time.Hour), timeout: 0},
 		{name: "off with a negative timeout", since: now.Add(-time.Hour), timeout: -time.Second},
@@ -28,6 +29,16 @@ func TestHang(t *testing.T) {
 			stalled, hung := Hang(now, tt.since, tt.timeout)
 			require.Equal(t, tt.hung, hung)
 			require.Equal(t, tt.stalled, stalled)
+			at := HangAt(tt.since, tt.timeout)
+			if tt.stalled == 0 {
+				require.True(t, at.IsZero(), "detection off: no time to wake at")
+				return
+			}
+			require.Equal(t, tt.since.Add(tt.timeout), at)
+			_, hungAt := Hang(at, tt.since, tt.timeout)
+			require.True(t, hungAt, "hung at HangAt")
+			_, hungBefore := Hang(at.Add(-time.Nanosecond), tt.since, tt.timeout)
+			require.False(t, hungBefore, "not hung before HangAt")
 		})
 	}
 }

@@ -264,11 +264,9 @@ func (b *bench) runGoodput(t *testing.T, system string, faulty bool, dur time.Du
 	ticks := readTicks(d.ticks)
 	g.useful = usefulSteps(ticks, start, end)
 	if b.goodputPaired {
+		// Only faults whose fault-free minute fits before end were injected.
 		for _, in := range injected {
 			mid, next := in.at.Add(goodputEvery), in.at.Add(2*goodputEvery)
-			if next.After(end) {
-				break
-			}
 			g.pairs = append(g.pairs, goodputPair{kind: in.kind, fault: usefulSteps(ticks, in.at, mid), clean: usefulSteps(ticks, mid, next), cleanFull: fullWidth(ticks, mid, next)})
 		}
 	}

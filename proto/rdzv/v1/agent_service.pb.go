@@ -1098,7 +1098,15 @@ type Progress struct {
 	// The in-memory checkpoint shards of the job this node holds, its own and
 	// replicas of its peers' (docs/checkpoints.md); sent whole when it
 	// changes.
-	Memory        []*MemoryHeld `protobuf:"bytes,7,rep,name=memory,proto3" json:"memory,omitempty"`
+	Memory []*MemoryHeld `protobuf:"bytes,7,rep,name=memory,proto3" json:"memory,omitempty"`
+	// How long before this message was sent the node's workers reported
+	// step, by the agent's clock. Progress rides on the heartbeat, so it may
+	// leave a whole interval after the step: the controller dates the step
+	// at its arrival less age (at most the heartbeat timeout), so that a
+	// hang is declared progress_timeout after the last step, not after the
+	// message that carried it. Unset from an agent that predates it: the
+	// arrival.
+	Age           *durationpb.Duration `protobuf:"bytes,8,opt,name=age,proto3" json:"age,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1178,6 +1186,13 @@ func (x *Progress) GetMetrics() map[string]float64 {
 func (x *Progress) GetMemory() []*MemoryHeld {
 	if x != nil {
 		return x.Memory
+	}
+	return nil
+}
+
+func (x *Progress) GetAge() *durationpb.Duration {
+	if x != nil {
+		return x.Age
 	}
 	return nil
 }
@@ -1947,7 +1962,7 @@ const file_rdzv_v1_agent_service_proto_rawDesc = "" +
 	"\x12preflight_excluded\x18\b \x01(\bR\x11preflightExcluded\x12\x18\n" +
 	"\afailure\x18\t \x01(\tR\afailure\x12+\n" +
 	"\x06memory\x18\n" +
-	" \x03(\v2\x13.rdzv.v1.MemoryHeldR\x06memory\"\xcd\x02\n" +
+	" \x03(\v2\x13.rdzv.v1.MemoryHeldR\x06memory\"\xfa\x02\n" +
 	"\bProgress\x12\x10\n" +
 	"\x03job\x18\x01 \x01(\tR\x03job\x12\x1e\n" +
 	"\n" +
@@ -1957,7 +1972,8 @@ const file_rdzv_v1_agent_service_proto_rawDesc = "" +
 	"\x02at\x18\x04 \x01(\v2\x1a.google.protobuf.TimestampR\x02at\x12,\n" +
 	"\x05phase\x18\x05 \x01(\x0e2\x16.rdzv.v1.TrainingPhaseR\x05phase\x128\n" +
 	"\ametrics\x18\x06 \x03(\v2\x1e.rdzv.v1.Progress.MetricsEntryR\ametrics\x12+\n" +
-	"\x06memory\x18\a \x03(\v2\x13.rdzv.v1.MemoryHeldR\x06memory\x1a:\n" +
+	"\x06memory\x18\a \x03(\v2\x13.rdzv.v1.MemoryHeldR\x06memory\x12+\n" +
+	"\x03age\x18\b \x01(\v2\x19.google.protobuf.DurationR\x03age\x1a:\n" +
 	"\fMetricsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\x01R\x05value:\x028\x01\"V\n" +
@@ -2104,19 +2120,20 @@ var file_rdzv_v1_agent_service_proto_depIdxs = []int32{
 	28, // 30: rdzv.v1.Progress.phase:type_name -> rdzv.v1.TrainingPhase
 	22, // 31: rdzv.v1.Progress.metrics:type_name -> rdzv.v1.Progress.MetricsEntry
 	12, // 32: rdzv.v1.Progress.memory:type_name -> rdzv.v1.MemoryHeld
-	29, // 33: rdzv.v1.StopWorkers.grace:type_name -> google.protobuf.Duration
-	30, // 34: rdzv.v1.PrepareStandby.spec:type_name -> rdzv.v1.JobSpec
-	26, // 35: rdzv.v1.PrepareStandby.job_created_at:type_name -> google.protobuf.Timestamp
-	29, // 36: rdzv.v1.PrepareStandby.keep_for:type_name -> google.protobuf.Duration
-	26, // 37: rdzv.v1.LogTail.since:type_name -> google.protobuf.Timestamp
-	26, // 38: rdzv.v1.LogTail.run_created_at:type_name -> google.protobuf.Timestamp
-	0,  // 39: rdzv.v1.AgentService.Connect:input_type -> rdzv.v1.ConnectRequest
-	1,  // 40: rdzv.v1.AgentService.Connect:output_type -> rdzv.v1.ConnectResponse
-	40, // [40:41] is the sub-list for method output_type
-	39, // [39:40] is the sub-list for method input_type
-	39, // [39:39] is the sub-list for extension type_name
-	39, // [39:39] is the sub-list for extension extendee
-	0,  // [0:39] is the sub-list for field type_name
+	29, // 33: rdzv.v1.Progress.age:type_name -> google.protobuf.Duration
+	29, // 34: rdzv.v1.StopWorkers.grace:type_name -> google.protobuf.Duration
+	30, // 35: rdzv.v1.PrepareStandby.spec:type_name -> rdzv.v1.JobSpec
+	26, // 36: rdzv.v1.PrepareStandby.job_created_at:type_name -> google.protobuf.Timestamp
+	29, // 37: rdzv.v1.PrepareStandby.keep_for:type_name -> google.protobuf.Duration
+	26, // 38: rdzv.v1.LogTail.since:type_name -> google.protobuf.Timestamp
+	26, // 39: rdzv.v1.LogTail.run_created_at:type_name -> google.protobuf.Timestamp
+	0,  // 40: rdzv.v1.AgentService.Connect:input_type -> rdzv.v1.ConnectRequest
+	1,  // 41: rdzv.v1.AgentService.Connect:output_type -> rdzv.v1.ConnectResponse
+	41, // [41:42] is the sub-list for method output_type
+	40, // [40:41] is the sub-list for method input_type
+	40, // [40:40] is the sub-list for extension type_name
+	40, // [40:40] is the sub-list for extension extendee
+	0,  // [0:40] is the sub-list for field type_name
 }
 
 func init() { file_rdzv_v1_agent_service_proto_init() }
