@@ -61,19 +61,21 @@ type Controller struct {
 	gate *leaderGate
 	// kick wakes the scheduler after anything that may let a job start.
 	kick chan struct{}
-	// livenessKick wakes the liveness loop: a gossip view reports a node
-	// unreachable that it did not before, or a job's hang deadline comes
-	// before the loop's next wake (wakeLivenessBy).
-	livenessKick chan struct{}
+	// peersKick wakes the liveness loop when a gossip view reports a node
+	// unreachable that it did not before.
+	peersKick chan struct{}
+	// hangKick wakes the liveness loop for a hangPass: a job's hang
+	// deadline comes before the loop's next hang wake (wakeHangPassBy).
+	hangKick chan struct{}
 	// ready is closed once the gRPC server accepts connections.
 	ready chan struct{}
 	addr  net.Addr
 
 	mu    sync.Mutex
 	nodes nodeTable
-	// livenessWake is when the liveness loop wakes next besides its ticks,
-	// zero if at none (livenessPass, wakeLivenessBy).
-	livenessWake time.Time
+	// hangWake is when the liveness loop runs its next hangPass, zero if
+	// at none (hangPass, wakeHangPassBy).
+	hangWake time.Time
 	// carriers are the relays' Carry calls this lead serves (carry.go).
 	carriers map[*carrier]struct{}
 	// seeds are the nodes that registered with gossip last (gossipSeeds).
@@ -222,15 +224,16 @@ func New(cfg Config, log *zap.Logger, opts ...Option) (*Controller, error) {
 		return nil, fmt.Errorf("invalid controller config: %w", err)
 	}
 	c := &Controller{
-		cfg:          cfg,
-		log:          log,
-		clock:        clockwork.NewRealClock(),
-		kick:         make(chan struct{}, 1),
-		livenessKick: make(chan struct{}, 1),
-		ready:        make(chan struct{}),
-		nodes:        map[string]*nodeState{},
-		carriers:     map[*carrier]struct{}{},
-		jobs:         map[string]*jobState{},
+		cfg:       cfg,
+		log:       log,
+		clock:     clockwork.NewRealClock(),
+		kick:      make(chan struct{}, 1),
+		peersKick: make(chan struct{}, 1),
+		hangKick:  make(chan struct{}, 1),
+		ready:     make(chan struct{}),
+		nodes:     map[string]*nodeState{},
+		carriers:  map[*carrier]struct{}{},
+		jobs:      map[string]*jobState{},
 
 		lag: newLagMeter(cfg.Heartbeat.Timeout.Duration, cfg.Heartbeat.Interval.Duration, log.Named("liveness")),
 

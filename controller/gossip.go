@@ -84,7 +84,7 @@ func (c *Controller) gossipView(node string, v *rdzvv1.GossipView) {
 		// Judged now, not at the next liveness tick: a peer's word is what
 		// declares a dead node lost early.
 		select {
-		case c.livenessKick <- struct{}{}:
+		case c.peersKick <- struct{}{}:
 		default:
 		}
 	}

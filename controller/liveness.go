@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/jonboulle/clockwork"
 	"go.uber.org/zap"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/timestamppb"
@@ -16,18 +17,27 @@ import (
 )
 
 // livenessLoop declares nodes lost when their heartbeats stop, and running
-// jobs hung when their training stops (checkHangs). Liveness is in memory:
-// etcd is written only when a node changes state. Besides its ticks it
-// runs a pass when a peer reports a node unreachable, when such a node's
-// silence is long enough for that word to count (health.ConfirmAt), and
-// when a job's hang timeout runs out (health.HangAt), so a dead node or a
-// hang is declared without waiting for a tick.
+// jobs hung when their training stops. Liveness is in memory: etcd is
+// written only when a node changes state. Besides its ticks it runs a pass
+// when a peer reports a node unreachable, and when such a node's silence is
+// long enough for that word to count (health.ConfirmAt), so a dead node is
+// declared lost without waiting for a tick. At a job's hang deadline
+// (health.HangAt), or when a report brings one before the loop's next
+// (wakeHangPassBy), it runs a pass over the running jobs alone
+// (hangPass), which costs nothing per node however often jobs' deadlines
+// come.
 func (c *Controller) livenessLoop(ctx context.Context) {
 	ticker := c.clock.NewTicker(max(c.cfg.Heartbeat.Interval.Duration/2, 50*time.Millisecond))
 	defer ticker.Stop()
 	confirm := c.clock.NewTimer(time.Hour)
 	confirm.Stop()
 	defer confirm.Stop()
+	hang := c.clock.NewTimer(time.Hour)
+	hang.Stop()
+	defer hang.Stop()
+	// Each term of leadership starts its own loop: a hang wake noted by the
+	// last one's is no timer of this one's.
+	c.armHangPass(hang)
 	for {
 		select {
 		case <-ctx.Done():
@@ -35,50 +45,58 @@ func (c *Controller) livenessLoop(ctx context.Context) {
 		case <-ticker.Chan():
 			c.lag.note(c.clock.Now())
 		case <-confirm.Chan():
-		case <-c.livenessKick:
+		case <-c.peersKick:
+		case <-hang.Chan():
+			c.armHangPass(hang)
+			continue
+		case <-c.hangKick:
+			c.armHangPass(hang)
+			continue
 		}
-		if next := c.livenessPass(); !next.IsZero() {
+		if next := c.checkLiveness(); !next.IsZero() {
 			confirm.Reset(max(next.Sub(c.clock.Now()), 0))
 		}
 	}
 }
 
-// livenessPass is the liveness loop's pass: checkLiveness, noting under the
-// same lock when the loop wakes next (livenessWake).
-func (c *Controller) livenessPass() time.Time {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	c.livenessWake = c.checkLivenessLocked()
-	return c.livenessWake
+// armHangPass runs a hangPass and arms timer for the next deadline.
+func (c *Controller) armHangPass(timer clockwork.Timer) {
+	if next := c.hangPass(); !next.IsZero() {
+		timer.Reset(max(next.Sub(c.clock.Now()), 0))
+	}
 }
 
-// wakeLivenessBy makes the liveness loop run a pass by at (zero: never):
-// it kicks the loop when at comes before the wake the loop is armed for,
-// so that a job's first hang deadline, or one that moved earlier, is not
-// left to the next tick. Callers hold c.mu.
-func (c *Controller) wakeLivenessBy(at time.Time) {
-	if at.IsZero() || (!c.livenessWake.IsZero() && !at.Before(c.livenessWake)) {
+// hangPass restarts the running jobs that are hung (checkHangs) and
+// returns the next deadline of the others, noting it under the same lock
+// as the loop's next hang wake (hangWake).
+func (c *Controller) hangPass() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.hangWake = c.checkHangs(c.clock.Now())
+	return c.hangWake
+}
+
+// wakeHangPassBy makes the liveness loop run a hangPass by at (zero:
+// never): it kicks the loop when at comes before the hang wake the loop is
+// armed for, so that a job's first deadline, or one that moved earlier (a
+// save's), is not left to the next tick. Callers hold c.mu.
+func (c *Controller) wakeHangPassBy(at time.Time) {
+	if at.IsZero() || (!c.hangWake.IsZero() && !at.Before(c.hangWake)) {
 		return
 	}
-	c.livenessWake = at
+	c.hangWake = at
 	select {
-	case c.livenessKick <- struct{}{}:
+	case c.hangKick <- struct{}{}:
 	default:
 	}
 }
 
 // checkLiveness is one liveness pass. It returns the earliest time a node
 // that peers report unreachable becomes silent long enough for their word
-// to declare it lost, or a running job becomes hung; zero if none is
-// waiting for that.
-func (c *Controller) checkLiveness() time.Time {
+// to declare it lost; zero if none is waiting for that.
+func (c *Controller) checkLiveness() (next time.Time) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	return c.checkLivenessLocked()
-}
-
-// checkLivenessLocked is checkLiveness for callers that hold c.mu.
-func (c *Controller) checkLivenessLocked() (next time.Time) {
 	now := c.clock.Now()
 	policy := c.cfg.Heartbeat.policy()
 	votes, reporters := c.nodes.gossipVotes()
@@ -127,9 +145,8 @@ func (c *Controller) checkLivenessLocked() (next time.Time) {
 			next = at
 		}
 	}
-	if at := c.checkHangs(now); !at.IsZero() && (next.IsZero() || at.Before(next)) {
-		next = at
-	}
+	// The ticks judge hangs too; hangPass arms the deadlines' wake.
+	c.checkHangs(now)
 	return next
 }
 

@@ -115,7 +115,7 @@ func (c *Controller) progress(node string, p *rdzvv1.Progress) {
 	// The report may have started the job's steps clock or a save's, so
 	// its first deadline or an earlier one.
 	_, since, timeout := js.hangTimeout()
-	c.wakeLivenessBy(health.HangAt(since, timeout))
+	c.wakeHangPassBy(health.HangAt(since, timeout))
 }
 
 // checkpoint adds a complete checkpoint to the job's catalog, as
