@@ -38,6 +38,11 @@ import (
 const (
 	memDirEnv    = "RDZV_MEMCKPT_DIR"
 	memResumeEnv = "RDZV_RESUME_MEMORY"
+	// memResumeWorldEnv is the world size that saved the step of
+	// memResumeEnv: another than the generation's when the job's state is
+	// replicated (checkpoint.memory.replicated), and rank R then reads the
+	// shard of rank R modulo it, which prepare fetched under that rank.
+	memResumeWorldEnv = "RDZV_RESUME_MEMORY_WORLD"
 	// memPersistEnv is checkpoint.memory.persist_every, for the workers'
 	// rdzv.checkpoint.save (python/src/rdzv/checkpoint.py).
 	memPersistEnv = "RDZV_MEMCKPT_PERSIST_EVERY"
@@ -295,6 +300,7 @@ func (m *memStore) prepare(ctx context.Context, a *rdzvv1.Assignment, cred *sysc
 		m.mu.Unlock()
 	}
 	env[memResumeEnv] = strconv.FormatUint(step, 10)
+	env[memResumeWorldEnv] = strconv.FormatUint(uint64(cmp.Or(a.GetResumeMemoryWorldSize(), a.GetNnodes()*a.GetProcsPerNode())), 10)
 	return env, nil
 }
 

@@ -1098,9 +1098,10 @@ func (s *Supervisor) env(a *rdzvv1.Assignment, jobEnv map[string]string, reportT
 		"RDZV_PROCS_PER_NODE": strconv.Itoa(int(a.GetProcsPerNode())),
 		reportTokenEnv:        hex.EncodeToString(reportToken),
 		// Set, even empty: a job cannot point them elsewhere.
-		memDirEnv:     memEnv[memDirEnv],
-		memResumeEnv:  memEnv[memResumeEnv],
-		memPersistEnv: memEnv[memPersistEnv],
+		memDirEnv:         memEnv[memDirEnv],
+		memResumeEnv:      memEnv[memResumeEnv],
+		memResumeWorldEnv: memEnv[memResumeWorldEnv],
+		memPersistEnv:     memEnv[memPersistEnv],
 	}
 	return s.envOf(jobEnv, rdzv)
 }

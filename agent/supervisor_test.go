@@ -97,6 +97,7 @@ func TestSupervisorLaunchesWithRendezvous(t *testing.T) {
 		"RDZV_RESUME_FROM":           ckpt + "/step-100",
 		"RDZV_MEMCKPT_DIR":           "",
 		"RDZV_RESUME_MEMORY":         "",
+		"RDZV_RESUME_MEMORY_WORLD":   "",
 		"RDZV_MEMCKPT_PERSIST_EVERY": "",
 		"RDZV_AGENT_ADDR":            "127.0.0.1:7071",
 		"MASTER_ADDR":                "10.0.0.1",

@@ -189,8 +189,9 @@ type jobState struct {
 	// failed, never picked again; memPlan is the current generation's
 	// in-memory resume, nil when it resumed otherwise; memSealed is what
 	// was held of earlier generations when the current one committed
-	// (sealMemory).
+	// (sealMemory); memWorld is each generation's world size (noteWorld).
 	memHeld   map[string][]*rdzvv1.MemoryHeld
+	memWorld  map[uint64]uint32
 	memSealed map[memKey][]uint32
 	memSkip   map[memKey]bool
 	memPlan   *memPlan

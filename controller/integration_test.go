@@ -127,6 +127,7 @@ func TestJobRunsToSuccess(t *testing.T) {
 			"RDZV_RESUME_FROM":           "",
 			"RDZV_MEMCKPT_DIR":           "",
 			"RDZV_RESUME_MEMORY":         "",
+			"RDZV_RESUME_MEMORY_WORLD":   "",
 			"RDZV_MEMCKPT_PERSIST_EVERY": "",
 			"RDZV_NNODES":                "2",
 			"RDZV_PROCS_PER_NODE":        "2",

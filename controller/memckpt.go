@@ -15,8 +15,12 @@ import (
 // holds, its own and its peers' replicas. The controller keeps that in
 // memory only (jobState.memHeld): after a controller failover the next
 // recovery resumes from the durable checkpoint, as before, until the agents
-// report again. At a commit whose world is the previous round's, pickMemory
-// chooses the step to resume from.
+// report again. At a commit, pickMemory chooses the step to resume from:
+// one saved by a world of the new generation's size or, for a job whose
+// state is replicated (checkpoint.memory.replicated), by any. The world
+// size of each generation is kept beside the holdings (memWorld), also in
+// memory only; after a failover only the running generation's is known
+// (its round), so only its steps count then.
 //
 // A node of the current generation also reports shards of earlier
 // generations: its own and its replicas, and those it fetched to resume.
@@ -34,7 +38,8 @@ const (
 	// by the nodes.
 	EventResumeMemory = "resume_memory"
 	// EventResumeDurable: checkpoint.memory is on but no complete in-memory
-	// step survived (or the world changed, or fetching one failed): the
+	// step survived (or the world changed and the state is not replicated,
+	// or fetching one failed): the
 	// generation resumes from the durable checkpoint.
 	EventResumeDurable = "resume_durable"
 )
@@ -48,19 +53,25 @@ type memKey struct {
 // its shard of step key.
 type memPlan struct {
 	key memKey
-	// holders are the nodes holding each rank's shard, sorted.
+	// saved is the world size that saved the step; holders are the nodes
+	// holding each of its ranks' shards, sorted.
+	saved   uint32
 	holders [][]string
 }
 
-// pickMemory is the newest in-memory step of which every rank of a world
-// of world ranks is held by a node alive says is usable: newest by
-// generation first, then step, as a later generation trained on from an
-// older state and its steps are the job's lineage now. Only shards of
-// generations up to current count (no report can name a later one), and
-// never skip (a step whose fetch failed before). A rank's shard counts only
-// whole, within one (generation, step): shards of different generations
-// are never mixed. ok is false when no step is complete.
-func pickMemory(held map[string][]*rdzvv1.MemoryHeld, alive func(node string) bool, world uint32, current uint64, skip map[memKey]bool) (memPlan, bool) {
+// pickMemory is the newest in-memory step whose every rank, of the world
+// that saved it, is held by a node alive says is usable, and that fits a
+// generation of world ranks: saved by a world of that size, or by any
+// when replicated (every rank's state is the same, so a rank takes that of
+// its rank modulo the saving world's). Newest by generation first, then
+// step, as a later generation trained on from an older state and its steps
+// are the job's lineage now. worldOf gives a generation's world size, 0
+// when unknown: its steps are never picked. Only shards of generations up
+// to current count (no report can name a later one), and never skip (a
+// step whose fetch failed before). A rank's shard counts only whole,
+// within one (generation, step): shards of different generations are
+// never mixed. ok is false when no step fits.
+func pickMemory(held map[string][]*rdzvv1.MemoryHeld, alive func(node string) bool, worldOf func(gen uint64) uint32, world uint32, replicated bool, current uint64, skip map[memKey]bool) (memPlan, bool) {
 	if world == 0 {
 		return memPlan{}, false
 	}
@@ -71,16 +82,17 @@ func pickMemory(held map[string][]*rdzvv1.MemoryHeld, alive func(node string) bo
 		}
 		for _, h := range held[node] {
 			k := memKey{h.GetGeneration(), h.GetStep()}
-			if k.generation > current || skip[k] {
+			saved := worldOf(k.generation)
+			if k.generation > current || skip[k] || saved == 0 || (saved != world && !replicated) {
 				continue
 			}
 			ranks := byKey[k]
 			if ranks == nil {
-				ranks = make([][]string, world)
+				ranks = make([][]string, saved)
 				byKey[k] = ranks
 			}
 			for _, r := range h.GetRanks() {
-				if r < world && !slices.Contains(ranks[r], node) {
+				if r < saved && !slices.Contains(ranks[r], node) {
 					ranks[r] = append(ranks[r], node)
 				}
 			}
@@ -92,23 +104,31 @@ func pickMemory(held map[string][]*rdzvv1.MemoryHeld, alive func(node string) bo
 	for _, k := range keys {
 		ranks := byKey[k]
 		if !slices.ContainsFunc(ranks, func(nodes []string) bool { return len(nodes) == 0 }) {
-			return memPlan{key: k, holders: ranks}, true
+			return memPlan{key: k, saved: uint32(len(ranks)), holders: ranks}, true
 		}
 	}
 	return memPlan{}, false
 }
 
-// sources are where node, of node rank rank with ppn ranks, fetches its
-// ranks' shards: from itself when it holds one, else from the first holder.
-// addr gives a node's peer address.
+// sources are where node, of node rank rank with ppn ranks, fetches the
+// shards its ranks resume from, each once: that of saved rank r modulo
+// the saving world's size for its rank r, from itself when it holds one,
+// else from the first holder. addr gives a node's peer address.
 func (p memPlan) sources(node string, rank, ppn uint32, addr func(node string) string) []*rdzvv1.ShardSource {
 	out := make([]*rdzvv1.ShardSource, 0, ppn)
-	for r := rank * ppn; r < (rank+1)*ppn && int(r) < len(p.holders); r++ {
-		from := p.holders[r][0]
-		if slices.Contains(p.holders[r], node) {
+	if p.saved == 0 {
+		return out
+	}
+	for r := rank * ppn; r < (rank+1)*ppn; r++ {
+		s := r % p.saved
+		if slices.ContainsFunc(out, func(src *rdzvv1.ShardSource) bool { return src.GetRank() == s }) {
+			continue
+		}
+		from := p.holders[s][0]
+		if slices.Contains(p.holders[s], node) {
 			from = node
 		}
-		out = append(out, &rdzvv1.ShardSource{Rank: r, Node: from, Addr: addr(from)})
+		out = append(out, &rdzvv1.ShardSource{Rank: s, Node: from, Addr: addr(from)})
 	}
 	return out
 }
@@ -125,26 +145,54 @@ func (nt nodeTable) planMemory(js *jobState, gen uint64, nodes int, now time.Tim
 		return nil, nil
 	}
 	js.memSealed = sealMemory(js.memHeld, js.rec.GetGeneration())
+	ending := js.rec.GetGeneration()
+	world := uint32(nodes) * spec.GetProcsPerNode()
+	js.noteWorld(ending, uint32(len(js.members.Round().GetNodes()))*spec.GetProcsPerNode())
+	js.noteWorld(gen, world)
 	durable := "from scratch"
 	if cp := js.rec.GetLatestCheckpoint(); cp != nil {
 		durable = fmt.Sprintf("from durable checkpoint step %d", cp.GetStep())
 	}
-	if prev := len(js.members.Round().GetNodes()); prev != nodes {
-		return nil, newEvent(now, name, "", gen, EventResumeDurable, "generation %d resumes %s: the world changed (%d nodes, was %d), so in-memory shards do not fit", gen, durable, nodes, prev)
-	}
-	world := uint32(nodes) * spec.GetProcsPerNode()
 	alive := func(node string) bool {
 		ns := nt[node]
 		return ns != nil && ns.session != nil && ns.info.peerAddr != "" && ns.rec.GetState() != rdzvv1.NodeState_NODE_STATE_LOST
 	}
-	plan, ok := pickMemory(js.memHeld, alive, world, js.rec.GetGeneration(), js.memSkip)
+	replicated := spec.GetCheckpointMemory().GetReplicated()
+	plan, ok := pickMemory(js.memHeld, alive, func(g uint64) uint32 { return js.memWorld[g] }, world, replicated, ending, js.memSkip)
 	if !ok {
+		if prev := len(js.members.Round().GetNodes()); prev != nodes && !replicated {
+			return nil, newEvent(now, name, "", gen, EventResumeDurable, "generation %d resumes %s: the world changed (%d nodes, was %d), so in-memory shards do not fit (checkpoint.memory.replicated is off)", gen, durable, nodes, prev)
+		}
 		return nil, newEvent(now, name, "", gen, EventResumeDurable, "generation %d resumes %s: no in-memory step has every rank's shard on a node still here", gen, durable)
 	}
 	if cp := js.rec.GetLatestCheckpoint(); cp != nil && cp.GetStep() > plan.key.step && cp.GetGeneration() >= plan.key.generation {
 		return nil, newEvent(now, name, "", gen, EventResumeDurable, "generation %d resumes %s: newer than in-memory step %d", gen, durable, plan.key.step)
 	}
+	if plan.saved != world {
+		return &plan, newEvent(now, name, "", gen, EventResumeMemory, "generation %d resumes from in-memory step %d (saved by generation %d), held by the nodes; saved by %d ranks, so rank r takes the shard of rank r mod %d", gen, plan.key.step, plan.key.generation, plan.saved, plan.saved)
+	}
 	return &plan, newEvent(now, name, "", gen, EventResumeMemory, "generation %d resumes from in-memory step %d (saved by generation %d), held by the nodes", gen, plan.key.step, plan.key.generation)
+}
+
+// noteWorld records gen's world size for the steps it saves (memWorld),
+// forgetting those of generations no node holds a step of any longer.
+func (js *jobState) noteWorld(gen uint64, world uint32) {
+	if js.memWorld == nil {
+		js.memWorld = map[uint64]uint32{}
+	}
+	js.memWorld[gen] = world
+	for g := range js.memWorld {
+		if g >= js.rec.GetGeneration() {
+			continue
+		}
+		held := false
+		for _, hs := range js.memHeld {
+			held = held || slices.ContainsFunc(hs, func(h *rdzvv1.MemoryHeld) bool { return h.GetGeneration() == g })
+		}
+		if !held {
+			delete(js.memWorld, g)
+		}
+	}
 }
 
 // sealMemory is, per step of generations up to gen, the ranks any node

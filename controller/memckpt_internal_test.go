@@ -1,6 +1,7 @@
 package controller
 
 import (
+	"cmp"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -37,9 +38,14 @@ func TestPickMemory(t *testing.T) {
 		dead    []string
 		current uint64
 		skip    map[memKey]bool
-		want    memKey
-		holders [][]string
-		ok      bool
+		// worlds are the generations' world sizes (default 6 each); world
+		// is the new generation's (default 6).
+		worlds     map[uint64]uint32
+		world      uint32
+		replicated bool
+		want       memKey
+		holders    [][]string
+		ok         bool
 	}{
 		{name: "nothing held", held: nil, current: 1},
 		{name: "all alive", held: ring(1, 40), current: 1, want: memKey{1, 40}, ok: true,
@@ -59,6 +65,16 @@ func TestPickMemory(t *testing.T) {
 			skip: map[memKey]bool{{1, 50}: true}, want: memKey{1, 40}, ok: true},
 		{name: "ranks beyond the world ignored", held: map[string][]*rdzvv1.MemoryHeld{"a": {held(1, 40, 0, 1, 2, 3, 4, 5, 6, 7)}},
 			current: 1, want: memKey{1, 40}, ok: true},
+		{name: "a step of another world does not fit", held: ring(1, 40), dead: []string{"b"}, current: 1, world: 4},
+		{name: "a replicated state's step fits another world", held: ring(1, 40), dead: []string{"b"}, current: 1, world: 4, replicated: true,
+			want: memKey{1, 40}, ok: true, holders: [][]string{{"a"}, {"a"}, {"c"}, {"c"}, {"a", "c"}, {"a", "c"}}},
+		{name: "a replicated state's step must be whole in the world that saved it",
+			held: map[string][]*rdzvv1.MemoryHeld{"a": {held(1, 40, 0, 1)}, "c": {held(1, 40, 2, 3)}}, current: 1, world: 4, replicated: true},
+		{name: "an older generation of the same world fits, a newer one of another does not",
+			held:   merge(ring(1, 40), map[string][]*rdzvv1.MemoryHeld{"a": {held(2, 60, 0, 1, 2, 3)}}),
+			worlds: map[uint64]uint32{1: 6, 2: 4}, current: 2, want: memKey{1, 40}, ok: true},
+		{name: "the steps of a generation of unknown world never fit", held: merge(ring(1, 90), ring(2, 60)),
+			worlds: map[uint64]uint32{2: 6}, current: 2, skip: map[memKey]bool{{2, 60}: true}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			alive := func(n string) bool {
@@ -69,7 +85,14 @@ func TestPickMemory(t *testing.T) {
 				}
 				return true
 			}
-			plan, ok := pickMemory(tc.held, alive, 6, tc.current, tc.skip)
+			worldOf := func(g uint64) uint32 {
+				if tc.worlds == nil {
+					return 6
+				}
+				return tc.worlds[g]
+			}
+			world := cmp.Or(tc.world, 6)
+			plan, ok := pickMemory(tc.held, alive, worldOf, world, tc.replicated, tc.current, tc.skip)
 			require.Equal(t, tc.ok, ok)
 			if !ok {
 				return
@@ -83,7 +106,7 @@ func TestPickMemory(t *testing.T) {
 }
 
 func TestMemPlanSources(t *testing.T) {
-	plan := memPlan{key: memKey{1, 40}, holders: [][]string{{"a"}, {"a"}, {"c"}, {"c"}, {"a", "c"}, {"a", "c"}}}
+	plan := memPlan{key: memKey{1, 40}, saved: 6, holders: [][]string{{"a"}, {"a"}, {"c"}, {"c"}, {"a", "c"}, {"a", "c"}}}
 	addr := func(n string) string { return n + ":7947" }
 	// d replaces b at node rank 1: it fetches both ranks from c.
 	require.Equal(t, []*rdzvv1.ShardSource{{Rank: 2, Node: "c", Addr: "c:7947"}, {Rank: 3, Node: "c", Addr: "c:7947"}},
@@ -91,6 +114,15 @@ func TestMemPlanSources(t *testing.T) {
 	// c keeps its own.
 	require.Equal(t, []*rdzvv1.ShardSource{{Rank: 4, Node: "c", Addr: "c:7947"}, {Rank: 5, Node: "c", Addr: "c:7947"}},
 		plan.sources("c", 2, 2, addr))
+
+	// A replicated state saved by 2 ranks, resumed by 4 (two nodes of two):
+	// ranks 2 and 3 take ranks 0 and 1's shards.
+	grown := memPlan{key: memKey{1, 40}, saved: 2, holders: [][]string{{"a", "b"}, {"b"}}}
+	require.Equal(t, []*rdzvv1.ShardSource{{Rank: 0, Node: "a", Addr: "a:7947"}, {Rank: 1, Node: "b", Addr: "b:7947"}},
+		grown.sources("a", 1, 2, addr))
+	// Saved by one rank: every rank takes its shard, fetched once.
+	one := memPlan{key: memKey{1, 40}, saved: 1, holders: [][]string{{"a"}}}
+	require.Equal(t, []*rdzvv1.ShardSource{{Rank: 0, Node: "a", Addr: "a:7947"}}, one.sources("d", 1, 2, addr))
 }
 
 // A registration replaces what the node holds of every job: a restarted
@@ -168,11 +200,12 @@ func TestMemorySealedAtCommit(t *testing.T) {
 	require.Equal(t, []*rdzvv1.MemoryHeld{held(1, 40, 2, 3)}, sealedOnly(fetched, 2, sealed))
 
 	now := map[string][]*rdzvv1.MemoryHeld{"a": sealedOnly(late, 2, sealed), "c": sealedOnly(fetched, 2, sealed)}
-	plan, ok := pickMemory(now, func(string) bool { return true }, 4, 2, nil)
+	four := func(uint64) uint32 { return 4 }
+	plan, ok := pickMemory(now, func(string) bool { return true }, four, 4, false, 2, nil)
 	require.True(t, ok)
 	require.Equal(t, memKey{1, 40}, plan.key, "the late shards must not complete step 43")
 	// Without the seal they would have.
-	plan, ok = pickMemory(map[string][]*rdzvv1.MemoryHeld{"a": late, "c": fetched}, func(string) bool { return true }, 4, 2, nil)
+	plan, ok = pickMemory(map[string][]*rdzvv1.MemoryHeld{"a": late, "c": fetched}, func(string) bool { return true }, four, 4, false, 2, nil)
 	require.True(t, ok)
 	require.Equal(t, memKey{1, 43}, plan.key)
 
@@ -203,7 +236,7 @@ func TestExitMemory(t *testing.T) {
 	require.Equal(t, []*rdzvv1.MemoryHeld{held(1, 10, 2, 3), held(2, 30, 2, 3, 0, 1), held(2, 34, 2, 3, 0, 1)}, js.memHeld["b"],
 		"the exit adds step 34; generation 1's unsealed step 12 stays out")
 	js.exitMemory("a", []*rdzvv1.MemoryHeld{held(2, 34, 0, 1)})
-	plan, ok := pickMemory(js.memHeld, func(string) bool { return true }, 4, 2, nil)
+	plan, ok := pickMemory(js.memHeld, func(string) bool { return true }, func(uint64) uint32 { return 4 }, 4, false, 2, nil)
 	require.True(t, ok)
 	require.Equal(t, memKey{2, 34}, plan.key, "the recovery resumes from the step saved just before the exits")
 

@@ -521,7 +521,7 @@ func (nt nodeTable) assignmentOf(js *jobState, a *rdzvv1.NodeAssignment) *rdzvv1
 		as.ReplicaPeers = nt.replicaPeers(js.members.Round(), a, int(m.GetReplicas()))
 	}
 	if p := js.memPlan; p != nil {
-		as.ResumeMemoryStep, as.ResumeMemoryGeneration = p.key.step, p.key.generation
+		as.ResumeMemoryStep, as.ResumeMemoryGeneration, as.ResumeMemoryWorldSize = p.key.step, p.key.generation, p.saved
 		as.MemorySources = p.sources(a.GetNode(), a.GetNodeRank(), js.rec.GetSpec().GetProcsPerNode(), func(node string) string {
 			if ns := nt[node]; ns != nil {
 				return ns.info.peerAddr

@@ -115,6 +115,13 @@ type MemoryCheckpoint struct {
 	// multiple of it durable too: the workers write it to Dir in the
 	// background (docs/checkpoints.md). 0 never.
 	PersistEvery int `json:"persist_every"`
+	// Replicated says every rank's state is the same (DDP's), so a
+	// generation whose world size changed (a node lost and none to take
+	// its place, or the job grown back) resumes from memory too, rank R
+	// from the shard of rank R modulo the saving world size. Without it
+	// such a generation resumes from the durable checkpoint: a sharded
+	// state (FSDP, DCP, ZeRO partitions) does not fit another world.
+	Replicated bool `json:"replicated"`
 }
 
 // Defaults of checkpoint.memory.

@@ -39,7 +39,7 @@ func (s *Spec) ToProto() *rdzvv1.JobSpec {
 		CheckpointMarkers:  s.Checkpoint.Markers,
 	}
 	if m := s.Checkpoint.Memory; m != nil {
-		p.CheckpointMemory = &rdzvv1.CheckpointMemorySpec{Replicas: uint32(m.Replicas), MaxBytes: uint64(m.MaxBytes), PersistEvery: uint32(m.PersistEvery)}
+		p.CheckpointMemory = &rdzvv1.CheckpointMemorySpec{Replicas: uint32(m.Replicas), MaxBytes: uint64(m.MaxBytes), PersistEvery: uint32(m.PersistEvery), Replicated: m.Replicated}
 	}
 	if s.Restart.MaxRestarts != nil {
 		p.RestartMaxRestarts = uint32(*s.Restart.MaxRestarts)
@@ -97,7 +97,7 @@ func FromProto(p *rdzvv1.JobSpec) *Spec {
 	if m := p.GetCheckpointMemory(); m != nil {
 		// Beyond the bounds is invalid either way; clamped, Validate says so.
 		s.Checkpoint.Memory = &MemoryCheckpoint{Replicas: int(min(m.GetReplicas(), 1<<20)), MaxBytes: int64(min(m.GetMaxBytes(), math.MaxInt64)),
-			PersistEvery: int(min(m.GetPersistEvery(), 1<<30))}
+			PersistEvery: int(min(m.GetPersistEvery(), 1<<30)), Replicated: m.GetReplicated()}
 	}
 	if p.RendezvousLastCall != nil {
 		s.Rendezvous.LastCall = wire.Dur(p.RendezvousLastCall.AsDuration())

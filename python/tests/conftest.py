@@ -75,7 +75,7 @@ def fresh_state(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     rdzv environment."""
     monkeypatch.setattr(rdzv._core, "_state", rdzv._core._State())
     for name in ("RDZV_AGENT_ADDR", "RDZV_JOB", "RDZV_GENERATION", "RDZV_REPORT_TOKEN",
-                 "RDZV_RESUME_FROM", "RDZV_CHECKPOINT_DIR", "RDZV_MEMCKPT_DIR", "RDZV_RESUME_MEMORY", "RANK",
+                 "RDZV_RESUME_FROM", "RDZV_CHECKPOINT_DIR", "RDZV_MEMCKPT_DIR", "RDZV_RESUME_MEMORY", "RDZV_RESUME_MEMORY_WORLD", "RANK",
                  "RDZV_MEMCKPT_PERSIST_EVERY", "WORLD_SIZE"):
         monkeypatch.delenv(name, raising=False)
     yield

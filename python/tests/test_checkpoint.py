@@ -30,6 +30,10 @@ class Box:
         self.v = 3
 
 
+class DTensor:
+    """Stands for torch's: the type's name is what load() checks."""
+
+
 def test_off_without_directory(agent: Agent) -> None:
     rdzv.checkpoint.save({"w": torch.ones(2)}, 1)
     rdzv.checkpoint.wait()
@@ -186,6 +190,42 @@ def test_load_persisted(agent: Agent, memdir: Path, persisting: Path, monkeypatc
     # Resuming from memory wins; another durable checkpoint is the job's.
     monkeypatch.setenv("RDZV_RESUME_FROM", str(persisting))
     assert rdzv.checkpoint.load() is None
+
+
+def test_load_saved_by_another_world(memdir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    save_as(monkeypatch, 0, 5)
+    save_as(monkeypatch, 1, 5)
+    monkeypatch.setenv("RDZV_RESUME_MEMORY", "5")
+    monkeypatch.setenv("RDZV_RESUME_MEMORY_WORLD", "2")
+    # The same world: each rank its own.
+    monkeypatch.setenv("RANK", "1")
+    assert torch.equal(rdzv.checkpoint.load()["w"], torch.full((3,), 1.0))
+    # A larger world: rank 2 takes rank 0's (2 mod 2) replicated state.
+    monkeypatch.setenv("WORLD_SIZE", "3")
+    monkeypatch.setenv("RANK", "2")
+    assert torch.equal(rdzv.checkpoint.load()["w"], torch.full((3,), 0.0))
+    # A smaller one: rank 0 its own.
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    monkeypatch.setenv("RANK", "0")
+    assert torch.equal(rdzv.checkpoint.load()["w"], torch.full((3,), 0.0))
+    # Unset (an older agent): the same world, each rank its own.
+    monkeypatch.delenv("RDZV_RESUME_MEMORY_WORLD")
+    monkeypatch.setenv("RANK", "1")
+    assert torch.equal(rdzv.checkpoint.load()["w"], torch.full((3,), 1.0))
+
+
+def test_sharded_state_saved_by_another_world_is_refused(memdir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("RANK", "0")
+    rdzv.checkpoint.save({"model": {"w": DTensor()}}, 7)
+    rdzv.checkpoint.wait()
+    monkeypatch.setenv("RDZV_RESUME_MEMORY", "7")
+    monkeypatch.setenv("RDZV_RESUME_MEMORY_WORLD", "2")
+    assert isinstance(rdzv.checkpoint.load()["model"]["w"], DTensor)
+    monkeypatch.setenv("WORLD_SIZE", "3")
+    with pytest.raises(RuntimeError, match="sharded tensors"):
+        rdzv.checkpoint.load()
 
 
 def test_sharded_state_refuses_another_world() -> None:

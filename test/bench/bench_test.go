@@ -601,7 +601,7 @@ func (b *bench) rdzvJob(d runDirs, train []string, system string, restarts int) 
 		spec["env"].(map[string]string)["PYTHONPATH"] = filepath.Join(filepath.Dir(b.script), "..", "..", "python", "src")
 	}
 	if system == "rdzv-mem" {
-		spec["checkpoint"] = map[string]any{"dir": d.ckpt, "memory": map[string]any{"replicas": 1}}
+		spec["checkpoint"] = map[string]any{"dir": d.ckpt, "memory": map[string]any{"replicas": 1, "replicated": true}}
 	}
 	if system != "rdzv" {
 		spec["launcher"] = map[string]any{"kind": "warm"}
@@ -962,7 +962,7 @@ func (b *bench) report(results []result, took time.Duration) string {
 		nodeHosts-1, nodeHosts, lastCall, maxRestarts, backoffInitial, backoffMax)
 	fmt.Fprintf(&w, "  health.progress_timeout %s; launcher %s --redirects 2 --tee 2 --monitor_interval 1; resume from RDZV_RESUME_FROM\n", progressTimeout, b.torchrun)
 	fmt.Fprintf(&w, "- rdzv-warm: the same rdzv job with launcher {kind: warm} (standby workers with torch imported, no torchrun)\n")
-	fmt.Fprintf(&w, "- rdzv-mem: rdzv-warm with checkpoint.memory (replicas 1) and an in-memory checkpoint (rdzv.checkpoint.save) every step\n")
+	fmt.Fprintf(&w, "- rdzv-mem: rdzv-warm with checkpoint.memory (replicas 1, replicated: DDP's state) and an in-memory checkpoint (rdzv.checkpoint.save) every step\n")
 	fmt.Fprintf(&w, "- torchrun elastic: %s --nnodes=1:3 --nproc_per_node=1 --rdzv_backend=c10d --rdzv_endpoint=<h1>:%s --rdzv_id=bench\n", b.torchrun, torchrunStorePort)
 	fmt.Fprintf(&w, "  --max_restarts=3 --redirects 2 --tee 2 --monitor_interval 1, GLOO_SOCKET_IFNAME=eth0, c10d rendezvous defaults (torch 1.13:\n")
 	fmt.Fprintf(&w, "  last_call_timeout 30s, join_timeout 600s, keep-alive every 5s, 3 misses); restarted workers resume from the newest complete checkpoint\n")

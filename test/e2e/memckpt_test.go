@@ -180,6 +180,48 @@ func TestFaultKillReplicaPairMemoryCheckpoint(t *testing.T) {
 	c.requireResumedAt(t, job.Name, 2, durable, "")
 }
 
+// A node of a three-node job whose state is replicated
+// (checkpoint.memory.replicated: DDP's) dies and no idle node takes its
+// place: the world shrinks from six ranks to four, and generation 2
+// resumes from the newest in-memory step all the same. The step is whole
+// in the world that saved it (the lost node's shards survive on its
+// replica peer); every rank of generation 2 reads its shard of it back, at
+// a step newer than the newest durable checkpoint.
+func TestFaultKillNodeMemoryShrinks(t *testing.T) {
+	c := newFaultCluster(t)
+	job := faultJob(t, c, "fault-memory-shrink", func(spec map[string]any) {
+		memoryJob(spec)
+		spec["nodes"] = map[string]any{"min": 2, "max": agentHosts}
+		spec["checkpoint"].(map[string]any)["memory"].(map[string]any)["replicated"] = true
+	})
+	before := c.waitCheckpoint(t, job.Name, checkpointEvery)
+	gen1 := c.waitJob(t, job.Name, "a few steps past the checkpoint on every node", func(j jobJSON) bool {
+		return len(j.Assignments) == agentHosts && j.Step >= before.LatestCheckpoint.Step+checkpointEvery/2
+	})
+	victim := c.hostOfRank(t, gen1, 1)
+	c.killHost(t, victim)
+	t.Logf("e2e: SIGKILLed everything on %s at step %d (latest durable checkpoint then: step %d)",
+		c.agentHost(victim).Name, gen1.Step, before.LatestCheckpoint.Step)
+	c.waitNodeState(t, victim, "NODE_STATE_LOST")
+
+	j := c.waitJob(t, job.Name, "finished", func(j jobJSON) bool { return finished(j.State) })
+	require.Equal(t, "JOB_STATE_SUCCEEDED", j.State, "reason: %s", j.Reason)
+	require.EqualValues(t, 2, j.Generation, "one restart")
+	events := c.jobEvents(t, job.Name)
+	durable := newestDurable(t, events, 1)
+
+	res := resumeOf(t, events, 2)
+	require.Equal(t, "resume_memory", res.kind, "generation 2 must resume from memory though the world shrank")
+	require.EqualValues(t, 1, res.savedBy)
+	require.Greater(t, res.step, durable, "the in-memory step must be newer than generation 1's newest durable checkpoint")
+	require.Contains(t, res.message, fmt.Sprintf("saved by %d ranks", agentHosts*procsPerNode), "the saving world")
+	r2 := parseRounds(t, events)[2]
+	require.True(t, r2.memory, "generation 2 committed to a durable checkpoint")
+	require.Len(t, r2.nodes, agentHosts-1, "generation 2 shrank")
+	require.NotContains(t, r2.nodes, c.agentHost(victim).Name, "generation 2 on the dead node")
+	c.requireResumedAt(t, job.Name, 2, res.step, "memory")
+}
+
 // TestFaultKillReplicaPairPersisted is TestFaultKillReplicaPairMemoryCheckpoint
 // for a job whose only durable checkpoints are in-memory steps persisted to
 // checkpoint.dir (checkpoint.memory.persist_every; train.py saves none of

@@ -577,7 +577,11 @@ type CheckpointMemorySpec struct {
 	// An in-memory step whose number is a multiple of persist_every is
 	// also written to the job's checkpoint_dir by its workers, in the
 	// background; 0 never.
-	PersistEvery  uint32 `protobuf:"varint,3,opt,name=persist_every,json=persistEvery,proto3" json:"persist_every,omitempty"`
+	PersistEvery uint32 `protobuf:"varint,3,opt,name=persist_every,json=persistEvery,proto3" json:"persist_every,omitempty"`
+	// Every rank's state is the same (DDP's): a generation of another world
+	// size may resume from an in-memory step, rank R from the shard of rank
+	// R modulo the world size that saved it.
+	Replicated    bool `protobuf:"varint,4,opt,name=replicated,proto3" json:"replicated,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -631,6 +635,13 @@ func (x *CheckpointMemorySpec) GetPersistEvery() uint32 {
 		return x.PersistEvery
 	}
 	return 0
+}
+
+func (x *CheckpointMemorySpec) GetReplicated() bool {
+	if x != nil {
+		return x.Replicated
+	}
+	return false
 }
 
 // PreflightSpec is the round smoke test: before the training command, the
@@ -1307,6 +1318,11 @@ type Assignment struct {
 	ResumeMemoryStep       uint64         `protobuf:"varint,17,opt,name=resume_memory_step,json=resumeMemoryStep,proto3" json:"resume_memory_step,omitempty"`
 	ResumeMemoryGeneration uint64         `protobuf:"varint,18,opt,name=resume_memory_generation,json=resumeMemoryGeneration,proto3" json:"resume_memory_generation,omitempty"`
 	MemorySources          []*ShardSource `protobuf:"bytes,19,rep,name=memory_sources,json=memorySources,proto3" json:"memory_sources,omitempty"`
+	// The world size that saved resume_memory_step, when memory_sources is
+	// set. Another than this generation's only with
+	// checkpoint_memory.replicated: a rank's shard is then that of its rank
+	// modulo it, which memory_sources name.
+	ResumeMemoryWorldSize uint32 `protobuf:"varint,22,opt,name=resume_memory_world_size,json=resumeMemoryWorldSize,proto3" json:"resume_memory_world_size,omitempty"`
 	// With checkpoint.memory: the peers this node copies its shards to (the
 	// nodes of the next checkpoint_memory.replicas node ranks, wrapping).
 	ReplicaPeers  []*ReplicaPeer `protobuf:"bytes,20,rep,name=replica_peers,json=replicaPeers,proto3" json:"replica_peers,omitempty"`
@@ -1447,6 +1463,13 @@ func (x *Assignment) GetMemorySources() []*ShardSource {
 		return x.MemorySources
 	}
 	return nil
+}
+
+func (x *Assignment) GetResumeMemoryWorldSize() uint32 {
+	if x != nil {
+		return x.ResumeMemoryWorldSize
+	}
+	return 0
 }
 
 func (x *Assignment) GetReplicaPeers() []*ReplicaPeer {
@@ -1871,11 +1894,14 @@ const file_rdzv_v1_job_proto_rawDesc = "" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\x1a;\n" +
 	"\rEnvFilesEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"t\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\x94\x01\n" +
 	"\x14CheckpointMemorySpec\x12\x1a\n" +
 	"\breplicas\x18\x01 \x01(\rR\breplicas\x12\x1b\n" +
 	"\tmax_bytes\x18\x02 \x01(\x04R\bmaxBytes\x12#\n" +
-	"\rpersist_every\x18\x03 \x01(\rR\fpersistEvery\"\x88\x01\n" +
+	"\rpersist_every\x18\x03 \x01(\rR\fpersistEvery\x12\x1e\n" +
+	"\n" +
+	"replicated\x18\x04 \x01(\bR\n" +
+	"replicated\"\x88\x01\n" +
 	"\rPreflightSpec\x12,\n" +
 	"\x12min_bandwidth_mbps\x18\x01 \x01(\x01R\x10minBandwidthMbps\x12\x14\n" +
 	"\x05bytes\x18\x02 \x01(\x04R\x05bytes\x123\n" +
@@ -1954,7 +1980,7 @@ const file_rdzv_v1_job_proto_rawDesc = "" +
 	"\x04node\x18\x04 \x01(\tR\x04node\x12;\n" +
 	"\vreported_at\x18\x05 \x01(\v2\x1a.google.protobuf.TimestampR\n" +
 	"reportedAt\x12\x16\n" +
-	"\x06source\x18\x06 \x01(\tR\x06source\"\xa0\x05\n" +
+	"\x06source\x18\x06 \x01(\tR\x06source\"\xd9\x05\n" +
 	"\n" +
 	"Assignment\x12$\n" +
 	"\x04spec\x18\x01 \x01(\v2\x10.rdzv.v1.JobSpecR\x04spec\x12\x1e\n" +
@@ -1979,7 +2005,8 @@ const file_rdzv_v1_job_proto_rawDesc = "" +
 	"\x05watch\x18\x10 \x03(\v2\x14.rdzv.v1.WatchedPeerR\x05watch\x12,\n" +
 	"\x12resume_memory_step\x18\x11 \x01(\x04R\x10resumeMemoryStep\x128\n" +
 	"\x18resume_memory_generation\x18\x12 \x01(\x04R\x16resumeMemoryGeneration\x12;\n" +
-	"\x0ememory_sources\x18\x13 \x03(\v2\x14.rdzv.v1.ShardSourceR\rmemorySources\x129\n" +
+	"\x0ememory_sources\x18\x13 \x03(\v2\x14.rdzv.v1.ShardSourceR\rmemorySources\x127\n" +
+	"\x18resume_memory_world_size\x18\x16 \x01(\rR\x15resumeMemoryWorldSize\x129\n" +
 	"\rreplica_peers\x18\x14 \x03(\v2\x14.rdzv.v1.ReplicaPeerR\freplicaPeers\"5\n" +
 	"\vReplicaPeer\x12\x12\n" +
 	"\x04node\x18\x01 \x01(\tR\x04node\x12\x12\n" +

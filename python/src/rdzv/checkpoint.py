@@ -64,6 +64,10 @@ from rdzv import _core
 
 DIR_ENV = "RDZV_MEMCKPT_DIR"
 RESUME_ENV = "RDZV_RESUME_MEMORY"
+# RESUME_WORLD_ENV is the world size that saved the step of RESUME_ENV;
+# another than this generation's only for a job whose state is replicated
+# (checkpoint.memory.replicated).
+RESUME_WORLD_ENV = "RDZV_RESUME_MEMORY_WORLD"
 PERSIST_ENV = "RDZV_MEMCKPT_PERSIST_EVERY"
 # PERSISTED_PREFIX names a persisted step's directory in checkpoint.dir:
 # memory-step-N, a name the agent's scan takes as step N.
@@ -365,12 +369,25 @@ def load() -> Optional[Any]:
     """This rank's state of the in-memory step rdzv restored, or of the
     persisted one (checkpoint.memory.persist_every) it resumes from
     durably; None otherwise (a fresh start, or another durable checkpoint:
-    see rdzv.resume_from)."""
+    see rdzv.resume_from). Saved by another world size (a job with
+    checkpoint.memory.replicated whose world changed), a rank takes rank R
+    modulo that size's shard, and a sharded state is refused."""
     s = resume_step()
     d = directory()
     if s is None or d is None:
         return _load_persisted()
-    return _load(os.path.join(d, shard_name(s, rank())))
+    saved = _saved_world()
+    if saved in (0, world_size()):
+        return _load(os.path.join(d, shard_name(s, rank())))
+    return _load_replicated(os.path.join(d, shard_name(s, rank() % saved)), saved)
+
+
+def _saved_world() -> int:
+    """RESUME_WORLD_ENV, 0 when unset (an older agent: the same world)."""
+    try:
+        return max(int(os.environ.get(RESUME_WORLD_ENV, "") or "0"), 0)
+    except ValueError:
+        return 0
 
 
 def _load_persisted() -> Optional[Any]:
@@ -390,10 +407,16 @@ def _load_persisted() -> Optional[Any]:
     r = rank()
     if saved == world_size():
         return _load(os.path.join(src, _persisted_name(gen, r)))
-    state = _load(os.path.join(src, _persisted_name(gen, r % saved)))
+    return _load_replicated(os.path.join(src, _persisted_name(gen, r % saved)), saved)
+
+
+def _load_replicated(path: str, saved: int) -> Any:
+    """The state at path, saved by a world of saved ranks, for a rank of
+    another world: only a replicated state fits, never a sharded one."""
+    state = _load(path)
     if _has_dtensor(state):
         raise RuntimeError("%s was saved by %d ranks and holds sharded tensors (DTensor); %d ranks cannot load it "
-                           "shard by shard: reshard it with torch.distributed.checkpoint" % (src, saved, world_size()))
+                           "shard by shard: reshard it with torch.distributed.checkpoint" % (path, saved, world_size()))
     return state
 
 
