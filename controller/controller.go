@@ -205,9 +205,15 @@ type jobState struct {
 	// growSeen is when growth checks first saw each free eligible node
 	// (joinWait); ckptEvery is the time between the job's last two
 	// checkpoints of one generation (or from its start to its first), 0
-	// until known.
-	growSeen  map[string]time.Time
-	ckptEvery time.Duration
+	// until known. For a job whose in-memory state is replicated, a new
+	// in-memory step is as good a moment to grow (noteMemoryStep):
+	// memNewest is the current generation's newest one heard of, at
+	// memNewestAt, and memEvery the time between the last two new ones.
+	growSeen    map[string]time.Time
+	ckptEvery   time.Duration
+	memNewest   uint64
+	memNewestAt time.Time
+	memEvery    time.Duration
 }
 
 // Option adjusts a Controller for tests.

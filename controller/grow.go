@@ -20,6 +20,12 @@ import (
 // idle nodes keep for running warm jobs). A grow is no failure: no restart
 // is counted, no incident opened.
 //
+// A job whose in-memory checkpoints are replicated
+// (checkpoint.memory.replicated) grows at its in-memory steps too: the
+// grown generation resumes from the newest one, whatever the world that
+// saved it (planMemory), so it recomputes at most the steps since, and it
+// need not wait for a durable checkpoint that may be an hour away.
+//
 // A node that has just come back has no standby yet: joining at once, its
 // workers would import torch while every other rank waits. A job that
 // checkpoints often enough waits for it
@@ -50,6 +56,40 @@ func (js *jobState) noteGrowable() bool {
 	}
 	js.growCheck = true
 	return true
+}
+
+// noteMemoryStep notes, for a job whose in-memory state is replicated,
+// the newest in-memory step of its current generation that held (a
+// member's progress report) names, at now. It returns whether that step is
+// newer than any before: a moment to grow (noteGrowable).
+func (js *jobState) noteMemoryStep(held []*rdzvv1.MemoryHeld, now time.Time) bool {
+	if !js.rec.GetSpec().GetCheckpointMemory().GetReplicated() {
+		return false
+	}
+	newest := js.memNewest
+	for _, h := range held {
+		if h.GetGeneration() == js.rec.GetGeneration() {
+			newest = max(newest, h.GetStep())
+		}
+	}
+	if newest == js.memNewest {
+		return false
+	}
+	if !js.memNewestAt.IsZero() {
+		js.memEvery = now.Sub(js.memNewestAt)
+	}
+	js.memNewest, js.memNewestAt = newest, now
+	return true
+}
+
+// growCadence is how often the job offers a moment to grow: its durable
+// checkpoints' interval or, if shorter, its replicated in-memory steps';
+// 0 while neither is known.
+func (js *jobState) growCadence() time.Duration {
+	if js.memEvery > 0 && (js.ckptEvery == 0 || js.memEvery < js.ckptEvery) {
+		return js.memEvery
+	}
+	return js.ckptEvery
 }
 
 // growChecks lists the running jobs marked by noteGrowable, oldest first.
@@ -102,7 +142,7 @@ func (c *Controller) growJobs(check []*jobState, candidates []rendezvous.Candida
 			if ns := c.nodes[cand.Name]; ns != nil && ns.session != nil {
 				ready = ns.session.readyStandby()
 			}
-			wait = wait || joinWait(warm, ready, name, js.ckptEvery, now.Sub(first))
+			wait = wait || joinWait(warm, ready, name, js.growCadence(), now.Sub(first))
 		}
 		// Only the nodes free now: a node busy in between starts afresh.
 		js.growSeen = seen
@@ -126,7 +166,8 @@ func (c *Controller) growJobs(check []*jobState, candidates []rendezvous.Candida
 }
 
 // grow stops the current generation of a running job so that it restarts
-// on to nodes, from the checkpoint it just recorded (lifecycle.Grow). The
+// on to nodes, from the checkpoint it just recorded or, with replicated
+// in-memory checkpoints, the newest in-memory step (lifecycle.Grow). The
 // restart commits as soon as to nodes are ready, or after
 // rendezvous.last_call with fewer. Callers hold c.mu.
 func (c *Controller) grow(js *jobState, to int) {
@@ -134,7 +175,7 @@ func (c *Controller) grow(js *jobState, to int) {
 	now := c.clock.Now()
 	c.log.Info("growing job", zap.String("job", js.rec.GetSpec().GetName()), zap.Uint64("generation", js.rec.GetGeneration()), zap.Int("from_nodes", from),
 		zap.Int("to_nodes", to), zap.Uint64("checkpoint_step", js.rec.GetLatestCheckpoint().GetStep()))
-	c.apply(js, lifecycle.Grow(js.rec, from, to, now))
+	c.apply(js, lifecycle.Grow(js.rec, from, to, js.rec.GetSpec().GetCheckpointMemory().GetReplicated(), now))
 	js.growTo, js.grew, js.growSeen = to, true, nil
 	js.pendingSince, js.lastCall = time.Time{}, rendezvous.LastCall{}
 	js.lastCall.OpenAt(now)

@@ -2,6 +2,7 @@ package controller_test
 
 import (
 	"context"
+	"fmt"
 	"testing"
 
 	"github.com/rdzv/rdzv/controller"
@@ -80,6 +81,51 @@ func TestGrowBackAtCheckpoint(t *testing.T) {
 }
 
 // Idle nodes go to a job waiting for nodes before a running one grows.
+// A job whose in-memory state is replicated grows back at an in-memory
+// step, not only at a durable checkpoint: its grown generation resumes
+// from memory whatever the world that saved the step. One whose state is
+// not replicated waits for a durable checkpoint, as the grown world could
+// not use its shards.
+func TestGrowBackAtInMemoryStep(t *testing.T) {
+	for _, replicated := range []bool{true, false} {
+		t.Run(fmt.Sprintf("replicated=%t", replicated), func(t *testing.T) {
+			c := newCluster(t)
+			three := c.threeNodes("grow", func(s *rdzvv1.JobSpec) {
+				s.NodesGrow = jobspec.GrowCheckpoint
+				s.CheckpointMemory = &rdzvv1.CheckpointMemorySpec{Replicas: 1, MaxBytes: 1 << 30, Replicated: replicated}
+			})
+			a, b, z, a1, b1 := three.agents[0], three.agents[1], three.agents[2], three.gen1[0], three.gen1[1]
+			z.crash()
+			c.waitJobState("grow", recovering)
+			a.expectStop(a1)
+			b.expectStop(b1)
+			a2, b2 := a.run(), b.run()
+			c.waitJob("grow", func(j *rdzvv1.Job) bool { return j.GetGeneration() == 2 && j.GetState() == running })
+
+			z = c.connectFake("node-z")
+			z.keepAlive()
+			c.waitIdle("node-z")
+			a.saved(a2, 7, 0, 1)
+			if !replicated {
+				a.heartbeat(99) // acknowledged after the report before it
+				c.schedulePass()
+				require.EqualValues(t, 2, c.getJob("grow").GetGeneration(), "no grow before a durable checkpoint")
+				return
+			}
+			ev := c.waitEvent("grow", "job_growing")
+			require.Contains(t, ev.GetMessage(), "from 2 to 3 nodes")
+			require.Contains(t, ev.GetMessage(), "resumes from the newest in-memory step")
+			a.expectStop(a2)
+			b.expectStop(b2)
+			for _, f := range []*fakeAgent{a, b, z} {
+				require.EqualValues(t, 3, f.run().GetGeneration())
+			}
+			j := c.waitJob("grow", func(j *rdzvv1.Job) bool { return j.GetGeneration() == 3 && j.GetState() == running })
+			require.EqualValues(t, 1, j.GetRestarts(), "a grow is no failure")
+		})
+	}
+}
+
 func TestGrowYieldsToWaitingJob(t *testing.T) {
 	c := newCluster(t)
 	three := c.threeNodes("wide")

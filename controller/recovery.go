@@ -100,6 +100,9 @@ func (c *Controller) progress(node string, p *rdzvv1.Progress) {
 	}
 	js.memoryHeld(node, p.GetMemory())
 	now := c.clock.Now()
+	if js.noteMemoryStep(p.GetMemory(), now) && js.noteGrowable() {
+		c.wake()
+	}
 	stepAt := health.StepDated(now, p.GetAge().AsDuration(), c.cfg.Heartbeat.Timeout.Duration)
 	if advanced, first := js.noteProgress(node, p, now, stepAt); advanced {
 		if first {

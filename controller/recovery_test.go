@@ -39,6 +39,15 @@ func (f *fakeAgent) step(a *rdzvv1.Assignment, step uint64) {
 	}}})
 }
 
+// saved reports step as saved in memory, its shards of ranks held here.
+func (f *fakeAgent) saved(a *rdzvv1.Assignment, step uint64, ranks ...uint32) {
+	f.t.Helper()
+	f.send(&rdzvv1.ConnectRequest{Msg: &rdzvv1.ConnectRequest_Progress{Progress: &rdzvv1.Progress{
+		Job: a.GetSpec().GetName(), Generation: a.GetGeneration(), Step: step, At: timestamppb.Now(),
+		Memory: []*rdzvv1.MemoryHeld{{Generation: a.GetGeneration(), Step: step, Ranks: ranks}},
+	}}})
+}
+
 // A worker failure fences the generation on every node and restarts the
 // job from the newest complete checkpoint, never from a stale generation's.
 func TestRecoveryResumesFromLatestCheckpoint(t *testing.T) {

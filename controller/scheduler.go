@@ -374,6 +374,7 @@ func (c *Controller) commit(ctx context.Context, term uint64, name string, place
 	js.lastCall = rendezvous.LastCall{}
 	js.progressed = false
 	js.training.newGeneration()
+	js.memNewest, js.memNewestAt = 0, time.Time{}
 	for _, p := range placed {
 		c.nodes[p.Name].generation = gen
 	}

@@ -217,18 +217,23 @@ func Backoff(spec *rdzvv1.JobSpec, consecutive uint32) time.Duration {
 
 // Grow stops the current generation of a running job so that it restarts
 // on to nodes (from the from it runs on), from the checkpoint it just
-// recorded. Growing is no failure: no restart is counted, no backoff.
-func Grow(rec *rdzvv1.Job, from, to int, now time.Time) Transition {
+// recorded or, fromMemory, from the newest in-memory step (a replicated
+// state's, which fits the grown world). Growing is no failure: no restart
+// is counted, no backoff.
+func Grow(rec *rdzvv1.Job, from, to int, fromMemory bool, now time.Time) Transition {
 	gen := rec.GetGeneration()
 	next := proto.CloneOf(rec)
 	CloseInterval(next, now)
 	next.State = rdzvv1.JobState_JOB_STATE_RECOVERING
 	next.RecoveryStartedAt = timestamppb.New(now)
 	next.RestartNotBefore = timestamppb.New(now)
-	step := next.GetLatestCheckpoint().GetStep()
-	next.Reason = fmt.Sprintf("growing from %d to %d nodes: restarting from checkpoint step %d", from, to, step)
-	ev := event(next, "", now, EventJobGrowing, "generation %d stops to grow the job from %d to %d nodes (nodes.max %d); it resumes from checkpoint step %d",
-		gen, from, to, rec.GetSpec().GetNodesMax(), step)
+	resume := fmt.Sprintf("checkpoint step %d", next.GetLatestCheckpoint().GetStep())
+	if fromMemory {
+		resume = "the newest in-memory step"
+	}
+	next.Reason = fmt.Sprintf("growing from %d to %d nodes: restarting from %s", from, to, resume)
+	ev := event(next, "", now, EventJobGrowing, "generation %d stops to grow the job from %d to %d nodes (nodes.max %d); it resumes from %s",
+		gen, from, to, rec.GetSpec().GetNodesMax(), resume)
 	return Transition{Job: next, Event: ev, Order: OrderStopFailed, Why: fmt.Sprintf("generation %d stops: the job grows from %d to %d nodes", gen, from, to)}
 }
 

@@ -1,6 +1,7 @@
 package e2e
 
 import (
+	"fmt"
 	"regexp"
 	"strconv"
 	"testing"
@@ -98,4 +99,68 @@ func TestFaultGrowBack(t *testing.T) {
 		growing.Sub(back).Seconds(), grewAt, lastStep, committed.Sub(growing).Seconds(), firstAt.Sub(growing).Seconds(), firstAt.Sub(lastAt).Seconds())
 	c.waitStandbysGone(t, job)
 	requireOnlyAgents(t, c, nil)
+}
+
+// TestFaultGrowBackFromMemory is TestFaultGrowBack for a job whose state is
+// replicated in memory (checkpoint.memory.replicated) and that saves no
+// durable checkpoint of its own: the cut shrinks it from six ranks to four
+// and generation 2 resumes from the newest in-memory step; once h3 is back
+// the job grows at an in-memory step, not at a durable checkpoint, and
+// generation 3 resumes from memory again, its six ranks reading the shards
+// that generation 2's four saved (rank r that of rank r mod 4).
+func TestFaultGrowBackFromMemory(t *testing.T) {
+	c := newFaultCluster(t)
+	job := faultJob(t, c, "fault-grow-memory", func(spec map[string]any) {
+		memoryJob(spec)
+		delete(spec, "launcher") // the default launcher
+		spec["nodes"] = map[string]any{"min": 2, "max": agentHosts}
+		spec["checkpoint"].(map[string]any)["memory"].(map[string]any)["replicated"] = true
+		cmd := spec["command"].([]any)
+		for i, arg := range cmd {
+			if arg == "--checkpoint-every" {
+				cmd[i+1] = "100000"
+			}
+		}
+	})
+	c.waitJob(t, job.Name, "training on every node", func(j jobJSON) bool { return len(j.Assignments) == agentHosts && j.Step >= 6 })
+
+	require.NoError(t, c.net.CutLink(3)) // h3, agent host 2
+	c.waitNodeState(t, 2, "NODE_STATE_LOST")
+	c.waitJob(t, job.Name, "ran generation 2", func(j jobJSON) bool { return j.Generation == 2 && j.State == "JOB_STATE_RUNNING" })
+	require.NoError(t, c.net.RestoreLink(3))
+	c.waitNodeState(t, 2, "NODE_STATE_READY")
+
+	j := c.waitJob(t, job.Name, "finished", func(j jobJSON) bool { return finished(j.State) })
+	require.Equal(t, "JOB_STATE_SUCCEEDED", j.State, "reason: %s", j.Reason)
+	require.EqualValues(t, 3, j.Generation, "one restart for the cut, one for the grow")
+	require.EqualValues(t, 1, j.Restarts, "a grow is no failure")
+	events := c.jobEvents(t, job.Name)
+	require.Zero(t, newestDurable(t, events, 1)+newestDurable(t, events, 2), "a durable checkpoint: the grow could have followed it")
+
+	shrunk := resumeOf(t, events, 2)
+	require.Equal(t, "resume_memory", shrunk.kind, "generation 2 resumes from memory though the world shrank")
+	require.EqualValues(t, 1, shrunk.savedBy)
+	require.Contains(t, shrunk.message, fmt.Sprintf("saved by %d ranks", agentHosts*procsPerNode))
+	var growing string
+	for _, ev := range events {
+		if ev.Kind == "job_growing" {
+			growing = ev.Message
+		}
+	}
+	require.Equal(t, "generation 2 stops to grow the job from 2 to 3 nodes (nodes.max 3); it resumes from the newest in-memory step", growing)
+	grown := resumeOf(t, events, 3)
+	require.Equal(t, "resume_memory", grown.kind, "generation 3 resumes from memory though the world grew")
+	require.EqualValues(t, 2, grown.savedBy, "from a step generation 2 saved")
+	require.Contains(t, grown.message, fmt.Sprintf("saved by %d ranks", (agentHosts-1)*procsPerNode))
+	require.Greater(t, grown.step, shrunk.step)
+	rounds := parseRounds(t, events)
+	require.Len(t, rounds[2].nodes, agentHosts-1)
+	require.Equal(t, agentNames(c), rounds[3].nodes, "generation 3 runs on all three nodes")
+
+	resumed := c.taggedOfGeneration(t, job.Name, 3, "RDZV_RESUMED")
+	require.Len(t, resumed, agentHosts*procsPerNode, "generation 3: RDZV_RESUMED lines: %v", resumed)
+	for rank, f := range resumed {
+		require.Equal(t, strconv.FormatUint(grown.step, 10), f["step"], "generation 3 rank %s resumed at another step: %v", rank, f)
+		require.Equal(t, "memory", f["source"], "generation 3 rank %s resumed from another source: %v", rank, f)
+	}
 }
