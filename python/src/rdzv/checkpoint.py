@@ -379,7 +379,8 @@ def load() -> Optional[Any]:
     saved = _saved_world()
     if saved in (0, world_size()):
         return _load(os.path.join(d, shard_name(s, rank())))
-    return _load_replicated(os.path.join(d, shard_name(s, rank() % saved)), saved)
+    return _load_replicated(os.path.join(d, shard_name(s, rank() % saved)), saved,
+                            "the job sets checkpoint.memory.replicated, which a sharded state must not")
 
 
 def _saved_world() -> int:
@@ -407,16 +408,18 @@ def _load_persisted() -> Optional[Any]:
     r = rank()
     if saved == world_size():
         return _load(os.path.join(src, _persisted_name(gen, r)))
-    return _load_replicated(os.path.join(src, _persisted_name(gen, r % saved)), saved)
+    return _load_replicated(os.path.join(src, _persisted_name(gen, r % saved)), saved,
+                            "reshard it with torch.distributed.checkpoint")
 
 
-def _load_replicated(path: str, saved: int) -> Any:
+def _load_replicated(path: str, saved: int, remedy: str) -> Any:
     """The state at path, saved by a world of saved ranks, for a rank of
-    another world: only a replicated state fits, never a sharded one."""
+    another world: only a replicated state fits, never a sharded one (the
+    error says remedy)."""
     state = _load(path)
     if _has_dtensor(state):
         raise RuntimeError("%s was saved by %d ranks and holds sharded tensors (DTensor); %d ranks cannot load it "
-                           "shard by shard: reshard it with torch.distributed.checkpoint" % (path, saved, world_size()))
+                           "shard by shard: %s" % (path, saved, world_size(), remedy))
     return state
 
 
