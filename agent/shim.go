@@ -520,7 +520,9 @@ func (s *shimServer) run(ctx context.Context) error {
 		}
 		if !killing {
 			s.log.Warn("lease lapsed, fencing workers", zap.Duration("lapsed_for", s.boot()-time.Duration(lease)))
-			kill(0, "fenced: lease lapsed (agent not running)")
+			// The agent did not extend it: stalled, or cut off (its
+			// self-fence comes at about the same time, by design).
+			kill(0, "fenced: lease lapsed (not extended by the agent: stalled or cut off)")
 		}
 		return true
 	}

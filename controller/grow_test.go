@@ -122,6 +122,10 @@ func TestGrowBackAtInMemoryStep(t *testing.T) {
 			}
 			j := c.waitJob("grow", func(j *rdzvv1.Job) bool { return j.GetGeneration() == 3 && j.GetState() == running })
 			require.EqualValues(t, 1, j.GetRestarts(), "a grow is no failure")
+			// These agents run no peer listener: both restarts fell back.
+			m := scrape(t, c.httpAddr())
+			require.Equal(t, 2.0, m.counter(t, "rdzv_resumes_total", "source", "durable"))
+			require.Zero(t, m.counter(t, "rdzv_resumes_total", "source", "memory"))
 		})
 	}
 }

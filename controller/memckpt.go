@@ -181,15 +181,14 @@ func (js *jobState) noteWorld(gen uint64, world uint32) {
 		js.memWorld = map[uint64]uint32{}
 	}
 	js.memWorld[gen] = world
+	held := map[uint64]bool{}
+	for _, hs := range js.memHeld {
+		for _, h := range hs {
+			held[h.GetGeneration()] = true
+		}
+	}
 	for g := range js.memWorld {
-		if g >= js.rec.GetGeneration() {
-			continue
-		}
-		held := false
-		for _, hs := range js.memHeld {
-			held = held || slices.ContainsFunc(hs, func(h *rdzvv1.MemoryHeld) bool { return h.GetGeneration() == g })
-		}
-		if !held {
+		if g < js.rec.GetGeneration() && !held[g] {
 			delete(js.memWorld, g)
 		}
 	}

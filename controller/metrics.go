@@ -48,6 +48,7 @@ type metrics struct {
 	nodesLost      prometheus.Counter
 	checkpoints    prometheus.Counter
 	grows          prometheus.Counter
+	resumes        *prometheus.CounterVec
 	detection      *prometheus.HistogramVec
 	failedToCommit prometheus.Histogram
 	commitToStep   prometheus.Histogram
@@ -75,7 +76,10 @@ func newMetrics() *metrics {
 		checkpoints: prometheus.NewCounter(prometheus.CounterOpts{Name: "rdzv_checkpoints_recorded_total",
 			Help: "Complete checkpoints recorded in jobs' catalogs."}),
 		grows: prometheus.NewCounter(prometheus.CounterOpts{Name: "rdzv_job_grows_total",
-			Help: "Generations stopped right after a checkpoint to restart the job on more nodes (nodes.grow)."}),
+			Help: "Generations stopped right after a checkpoint (or a replicated in-memory step) to restart the job on more nodes (nodes.grow)."}),
+		resumes: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "rdzv_resumes_total",
+			Help: "Restarted generations of jobs with checkpoint.memory, by source: memory (an in-memory step the nodes held) or durable (the fallback)."},
+			[]string{"source"}),
 		detection: prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "rdzv_failure_detection_seconds",
 			Help:    "From a fault (worker exit, last heartbeat, last step plus progress_timeout, GPU event) to the attempt_failed decision, by cause.",
 			Buckets: recoveryBuckets}, []string{"reason"}),
@@ -113,11 +117,14 @@ func newMetrics() *metrics {
 	for _, s := range []string{"succeeded", "failed", "stopped"} {
 		m.jobsFinished.WithLabelValues(s)
 	}
+	for _, s := range []string{resumeSourceMemory, resumeSourceDurable} {
+		m.resumes.WithLabelValues(s)
+	}
 	return m
 }
 
 func (m *metrics) collectors() []prometheus.Collector {
-	return []prometheus.Collector{m.rounds, m.attemptsFailed, m.restarts, m.jobsFinished, m.nodesLost, m.checkpoints, m.grows,
+	return []prometheus.Collector{m.rounds, m.attemptsFailed, m.restarts, m.jobsFinished, m.nodesLost, m.checkpoints, m.grows, m.resumes,
 		m.detection, m.failedToCommit, m.commitToStep, m.recovery, m.heartbeatGap, m.etcdDuration, m.etcdErrors,
 		m.handshakesWait, m.handshakesOver, m.grpc}
 }
@@ -310,6 +317,23 @@ func (m *metrics) committed(js *jobState, now time.Time) {
 	if !js.failedAt.IsZero() {
 		m.failedToCommit.Observe(now.Sub(js.failedAt).Seconds())
 		js.failedAt, js.recommittedAt = time.Time{}, now
+	}
+}
+
+// Sources of a restarted generation's state, the label of rdzv_resumes_total.
+const (
+	resumeSourceMemory  = "memory"
+	resumeSourceDurable = "durable"
+)
+
+// resumed counts a restarted generation of a job with checkpoint.memory by
+// the kind of the event planMemory chose it with.
+func (m *metrics) resumed(kind string) {
+	switch kind {
+	case EventResumeMemory:
+		m.resumes.WithLabelValues(resumeSourceMemory).Inc()
+	case EventResumeDurable:
+		m.resumes.WithLabelValues(resumeSourceDurable).Inc()
 	}
 }
 

@@ -186,6 +186,9 @@ func TestMetricsThroughFailureAndRecovery(t *testing.T) {
 	require.Equal(t, 1.0, m.gauge(t, "rdzv_jobs", "state", "succeeded"))
 	require.Equal(t, 2.0, m.gauge(t, "rdzv_nodes", "state", "ready"))
 	require.False(t, m.has("rdzv_job_step", "job_name", "train"), "a finished job's series are gone")
+	for _, source := range []string{"memory", "durable"} {
+		require.Zero(t, m.counter(t, "rdzv_resumes_total", "source", source), "a job without checkpoint.memory resumes from neither")
+	}
 }
 
 // /healthz, /readyz and grpc.health.v1: the latter answers a caller

@@ -367,6 +367,7 @@ func (c *Controller) commit(ctx context.Context, term uint64, name string, place
 	var more []*rdzvv1.Event
 	if resumeEv != nil {
 		more = append(more, resumeEv)
+		c.metrics.resumed(resumeEv.GetKind())
 	}
 	t := lifecycle.Committed(js.rec, lifecycle.Commit{Round: round, Nodes: nodeList(placed), Resume: resume}, now)
 	js.members.Reset(round, nil)

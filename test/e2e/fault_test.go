@@ -232,7 +232,10 @@ func testFaultCutLink(t *testing.T, edit func(spec map[string]any)) {
 	run := requireRecovered(t, c, job, fault, before)
 	require.Equal(t, agentNames(c)[:2], run.rounds[2].nodes, "generation 2 runs on the reachable nodes")
 	require.EqualValues(t, 2, run.status.Generation, "the node coming back does not disturb the job")
-	require.Contains(t, c.nodeLog(t, 2, job.Name), "self-fenced", "h3 stopped its own workers")
+	// The agent's self-fence and its shims' leases (which it cannot extend
+	// once cut off) end at about the same time, by design
+	// (health.LeaseUntil): either may kill first.
+	require.Regexp(t, `self-fenced|fenced: lease lapsed`, c.nodeLog(t, 2, job.Name), "h3 stopped its own workers")
 }
 
 // The agent alone restarts (systemctl restart, an upgrade) while its
